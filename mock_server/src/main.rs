@@ -1,0 +1,2 @@
+//! mockserve binary.
+fn main() {}

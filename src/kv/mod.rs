@@ -1,0 +1,3 @@
+//! KV cache: the paged block pool with prefix caching, and the events it emits.
+pub mod event;
+pub use event::{KvEvent, KvEventData, StoredBlock};

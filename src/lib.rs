@@ -1,0 +1,5 @@
+//! servesim: a simulated LLM inference engine.
+pub mod ids;
+pub mod kv;
+pub mod time;
+pub mod tokens;
