@@ -158,3 +158,29 @@ mod tests {
         assert_eq!(inc.sequence, all.sequence);
     }
 }
+
+/// A hasher for keys that are already uniformly distributed hashes (block hashes, ids): it
+/// passes the `u64` through instead of hashing it again.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PassThroughHasher(u64);
+
+impl std::hash::Hasher for PassThroughHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only reached for keys that are not a single u64; fold them in deterministically.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// A `HashMap` keyed by hashes, without rehashing them.
+pub type HashKeyMap<K, V> =
+    std::collections::HashMap<K, V, std::hash::BuildHasherDefault<PassThroughHasher>>;

@@ -1,0 +1,542 @@
+//! The paged KV block pool of one worker: ref-counted active blocks, an LRU of inactive cached
+//! blocks (on a logical clock), prefix lookup by sequence hash, and the KV events it emits.
+//!
+//! A request holds a list of [`BlockRef`]s covering the tokens it has scheduled. Full blocks are
+//! shared by sequence hash (that is the prefix cache); the block being filled is private
+//! ([`BlockRef::Partial`]) until its last token is scheduled, when it is promoted to a full block
+//! (or collapses onto an identical block another request already cached).
+
+use std::collections::BTreeMap;
+
+use crate::kv::event::{KvEventData, StoredBlock};
+use crate::tokens::{HashKeyMap, LocalBlockHash, SequenceHash};
+
+/// One block held by a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockRef {
+    /// A full block in the prefix cache, shared by every request whose sequence contains it.
+    Full(SequenceHash),
+    /// A block still being filled (or any block when prefix caching is off): private.
+    Partial,
+}
+
+/// Not enough free or evictable blocks for an allocation; the scheduler must preempt or wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("KV cache exhausted: {needed} new blocks needed, {available} free or evictable")]
+pub struct CapacityExhausted {
+    /// Blocks the allocation needed beyond those it could reuse.
+    pub needed: usize,
+    /// Blocks that were free or evictable.
+    pub available: usize,
+}
+
+/// What a prefix lookup found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefixMatch {
+    /// Leading blocks present in the cache (active or inactive).
+    pub blocks: usize,
+    /// Of those, the leading blocks held by running requests (they cost no new capacity).
+    pub active_blocks: usize,
+}
+
+#[derive(Clone, Debug)]
+struct CachedBlock {
+    /// Requests holding this block; 0 means inactive (in the LRU, evictable).
+    refs: u32,
+    /// LRU position while inactive.
+    stamp: u64,
+}
+
+/// The block pool of one worker.
+#[derive(Clone, Debug)]
+pub struct KvPool {
+    /// Total blocks (`num_gpu_blocks`).
+    capacity: usize,
+    /// Whether full blocks are shared by hash; when off every block is private and no events flow.
+    prefix_caching: bool,
+    /// Every full block in the cache, active or inactive.
+    cached: HashKeyMap<SequenceHash, CachedBlock>,
+    /// Inactive cached blocks by LRU stamp: the first entry is evicted first.
+    lru: BTreeMap<u64, SequenceHash>,
+    /// Logical clock for LRU stamps: bumped on every release, never a wall clock.
+    clock: u64,
+    /// Cached blocks with `refs > 0`.
+    num_active_full: usize,
+    /// Private blocks held by requests.
+    num_partial: usize,
+    /// Events not yet drained by the worker.
+    events: Vec<KvEventData>,
+}
+
+impl KvPool {
+    /// An empty pool of `capacity` blocks.
+    pub fn new(capacity: usize, prefix_caching: bool) -> KvPool {
+        KvPool {
+            capacity,
+            prefix_caching,
+            cached: HashKeyMap::default(),
+            lru: BTreeMap::new(),
+            clock: 0,
+            num_active_full: 0,
+            num_partial: 0,
+            events: Vec::new(),
+        }
+    }
+
+    /// Total blocks.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Blocks held by running requests (shared full blocks count once).
+    pub fn num_active_blocks(&self) -> usize {
+        self.num_active_full + self.num_partial
+    }
+
+    /// Cached blocks nobody holds: reusable on a prefix hit, evictable otherwise.
+    pub fn num_inactive_blocks(&self) -> usize {
+        self.lru.len()
+    }
+
+    /// Blocks neither active nor cached.
+    pub fn num_free_blocks(&self) -> usize {
+        self.capacity - self.num_active_blocks() - self.num_inactive_blocks()
+    }
+
+    /// Whether the pool shares full blocks by hash.
+    pub fn prefix_caching(&self) -> bool {
+        self.prefix_caching
+    }
+
+    /// True when `hash` is cached (active or inactive).
+    pub fn contains(&self, hash: SequenceHash) -> bool {
+        self.cached.contains_key(&hash)
+    }
+
+    /// The longest run of leading `hashes` present in the cache.
+    pub fn lookup_prefix(&self, hashes: &[SequenceHash]) -> PrefixMatch {
+        let mut m = PrefixMatch::default();
+        if !self.prefix_caching {
+            return m;
+        }
+        let mut all_active = true;
+        for h in hashes {
+            match self.cached.get(h) {
+                Some(b) => {
+                    m.blocks += 1;
+                    all_active &= b.refs > 0;
+                    if all_active {
+                        m.active_blocks += 1;
+                    }
+                }
+                None => break,
+            }
+        }
+        m
+    }
+
+    /// Extends `held` so that it covers `num_tokens` tokens of a sequence whose full blocks have
+    /// the sequence hashes `hashes` (and local hashes `locals`, for events). Blocks below
+    /// `num_tokens / block_size` are full (shared by hash); a trailing partial block is private.
+    ///
+    /// All or nothing: on [`CapacityExhausted`] nothing changed.
+    pub fn allocate(
+        &mut self,
+        held: &mut Vec<BlockRef>,
+        seq: SequenceBlocks<'_>,
+        num_tokens: usize,
+        block_size: usize,
+    ) -> Result<(), CapacityExhausted> {
+        let target = num_tokens.div_ceil(block_size);
+        let full_target = if self.prefix_caching {
+            (num_tokens / block_size).min(seq.hashes.len())
+        } else {
+            0
+        };
+        if target <= held.len() && !held[..full_target.min(held.len())].contains(&BlockRef::Partial) {
+            return Ok(());
+        }
+
+        // Count what this allocation costs before changing anything.
+        let mut new_blocks = 0usize;
+        let mut freed = 0usize;
+        let mut reactivated = 0usize;
+        for i in 0..target {
+            let existing = held.get(i).copied();
+            let wants_full = i < full_target;
+            match (existing, wants_full) {
+                (Some(BlockRef::Full(_)), _) | (Some(BlockRef::Partial), false) => {}
+                (Some(BlockRef::Partial), true) => {
+                    if let Some(b) = self.cached.get(&seq.hashes[i]) {
+                        freed += 1;
+                        reactivated += usize::from(b.refs == 0);
+                    }
+                }
+                (None, true) => match self.cached.get(&seq.hashes[i]) {
+                    Some(b) => reactivated += usize::from(b.refs == 0),
+                    None => new_blocks += 1,
+                },
+                (None, false) => new_blocks += 1,
+            }
+        }
+        let available = self.num_free_blocks() + freed + (self.lru.len() - reactivated);
+        if new_blocks > available {
+            return Err(CapacityExhausted { needed: new_blocks, available });
+        }
+
+        let mut stored: Vec<StoredBlock> = Vec::new();
+        let mut stored_parent: Option<SequenceHash> = None;
+        let mut removed: Vec<SequenceHash> = Vec::new();
+        for i in 0..target {
+            let existing = held.get(i).copied();
+            if i >= full_target {
+                if existing.is_none() {
+                    self.make_room(&mut removed);
+                    self.num_partial += 1;
+                    held.push(BlockRef::Partial);
+                }
+                continue;
+            }
+            if let Some(BlockRef::Full(_)) = existing {
+                continue;
+            }
+            let hash = seq.hashes[i];
+            if existing == Some(BlockRef::Partial) {
+                // Promote: the partial block's slot becomes the full block, or is released when
+                // the same block is already cached.
+                self.num_partial -= 1;
+                if self.cached.contains_key(&hash) {
+                    self.acquire_cached(hash);
+                } else {
+                    self.insert_new(hash, i, &seq, &mut stored, &mut stored_parent);
+                }
+                held[i] = BlockRef::Full(hash);
+            } else {
+                if self.cached.contains_key(&hash) {
+                    self.acquire_cached(hash);
+                } else {
+                    self.make_room(&mut removed);
+                    self.insert_new(hash, i, &seq, &mut stored, &mut stored_parent);
+                }
+                held.push(BlockRef::Full(hash));
+            }
+        }
+        if !removed.is_empty() {
+            self.events.push(KvEventData::Removed { seq_hashes: removed });
+        }
+        if !stored.is_empty() {
+            self.events.push(KvEventData::Stored { parent: stored_parent, blocks: stored });
+        }
+        Ok(())
+    }
+
+    /// Releases a request's blocks, tail first, so that its suffix is evicted before the prefix
+    /// it may share with others.
+    pub fn release(&mut self, held: &mut Vec<BlockRef>) {
+        while let Some(b) = held.pop() {
+            match b {
+                BlockRef::Partial => self.num_partial -= 1,
+                BlockRef::Full(h) => {
+                    let clock = &mut self.clock;
+                    let entry = self.cached.get_mut(&h).expect("held full block is cached");
+                    entry.refs -= 1;
+                    if entry.refs == 0 {
+                        *clock += 1;
+                        entry.stamp = *clock;
+                        self.lru.insert(*clock, h);
+                        self.num_active_full -= 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Drops every inactive block (a `Cleared` event when anything was cached).
+    pub fn clear_inactive(&mut self) {
+        let hashes: Vec<SequenceHash> = self.lru.values().copied().collect();
+        for h in &hashes {
+            self.cached.remove(h);
+        }
+        self.lru.clear();
+        if !hashes.is_empty() {
+            self.events.push(KvEventData::Removed { seq_hashes: hashes });
+        }
+    }
+
+    /// Takes the events emitted since the last call.
+    pub fn drain_events(&mut self) -> Vec<KvEventData> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// True when events are waiting to be drained.
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
+    fn acquire_cached(&mut self, hash: SequenceHash) {
+        let entry = self.cached.get_mut(&hash).expect("caller checked the block is cached");
+        if entry.refs == 0 {
+            self.lru.remove(&entry.stamp);
+            self.num_active_full += 1;
+        }
+        entry.refs += 1;
+    }
+
+    fn insert_new(
+        &mut self,
+        hash: SequenceHash,
+        index: usize,
+        seq: &SequenceBlocks<'_>,
+        stored: &mut Vec<StoredBlock>,
+        stored_parent: &mut Option<SequenceHash>,
+    ) {
+        self.cached.insert(hash, CachedBlock { refs: 1, stamp: 0 });
+        self.num_active_full += 1;
+        let parent = index.checked_sub(1).map(|p| seq.hashes[p]);
+        // One Stored event per contiguous run; a gap starts a new event.
+        if stored.last().map(|b| Some(b.seq_hash)) != Some(parent) {
+            if !stored.is_empty() {
+                self.events.push(KvEventData::Stored {
+                    parent: *stored_parent,
+                    blocks: std::mem::take(stored),
+                });
+            }
+            *stored_parent = parent;
+        }
+        stored.push(StoredBlock { seq_hash: hash, local_hash: seq.locals[index] });
+    }
+
+    /// Frees one slot by evicting the least recently released inactive block if the pool is full.
+    fn make_room(&mut self, removed: &mut Vec<SequenceHash>) {
+        if self.num_free_blocks() > 0 {
+            return;
+        }
+        if let Some((_, victim)) = self.lru.pop_first() {
+            self.cached.remove(&victim);
+            removed.push(victim);
+        }
+    }
+
+    /// Checks every internal count against the data it summarises. Panics on a violation.
+    pub fn assert_invariants(&self) {
+        let active = self.cached.values().filter(|b| b.refs > 0).count();
+        assert_eq!(active, self.num_active_full, "active full block count");
+        let inactive = self.cached.len() - active;
+        assert_eq!(inactive, self.lru.len(), "every inactive block is in the LRU once");
+        for (stamp, h) in &self.lru {
+            let b = self.cached.get(h).expect("LRU entry is cached");
+            assert_eq!(b.refs, 0, "LRU holds only inactive blocks");
+            assert_eq!(b.stamp, *stamp, "LRU stamp matches the block");
+            assert!(*stamp <= self.clock, "stamps come from the logical clock");
+        }
+        assert!(
+            self.num_active_blocks() + self.num_inactive_blocks() <= self.capacity,
+            "pool over capacity: {} active + {} inactive > {}",
+            self.num_active_blocks(),
+            self.num_inactive_blocks(),
+            self.capacity
+        );
+        if !self.prefix_caching {
+            assert!(self.cached.is_empty(), "no shared blocks without prefix caching");
+        }
+    }
+
+    /// Reference counts, for tests that hold requests' block lists.
+    pub fn refs(&self, hash: SequenceHash) -> u32 {
+        self.cached.get(&hash).map_or(0, |b| b.refs)
+    }
+}
+
+/// The block hashes of a sequence, as the pool needs them to allocate.
+#[derive(Clone, Copy, Debug)]
+pub struct SequenceBlocks<'a> {
+    /// Sequence hash of every full block.
+    pub hashes: &'a [SequenceHash],
+    /// Local hash of every full block (same length).
+    pub locals: &'a [LocalBlockHash],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokens::BlockHashes;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    const BS: usize = 4;
+
+    fn seq(tokens: &[u32]) -> BlockHashes {
+        BlockHashes::of(tokens, BS)
+    }
+
+    fn blocks(h: &BlockHashes) -> SequenceBlocks<'_> {
+        SequenceBlocks { hashes: &h.sequence, locals: &h.local }
+    }
+
+    #[test]
+    fn shared_prefix_is_allocated_once_and_released_tail_first() {
+        let mut pool = KvPool::new(10, true);
+        let a = seq(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        let b = seq(&[1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0]);
+        let (mut ha, mut hb) = (Vec::new(), Vec::new());
+        pool.allocate(&mut ha, blocks(&a), 10, BS).unwrap();
+        assert_eq!(ha.len(), 3);
+        assert_eq!(pool.num_active_blocks(), 3);
+        let ev = pool.drain_events();
+        assert_eq!(ev.len(), 1);
+        assert!(matches!(&ev[0], KvEventData::Stored { parent: None, blocks } if blocks.len() == 2));
+
+        assert_eq!(pool.lookup_prefix(&b.sequence), PrefixMatch { blocks: 2, active_blocks: 2 });
+        pool.allocate(&mut hb, blocks(&b), 12, BS).unwrap();
+        assert_eq!(pool.num_active_blocks(), 4, "two shared + one partial + one new");
+        let ev = pool.drain_events();
+        assert_eq!(
+            ev,
+            vec![KvEventData::Stored {
+                parent: Some(b.sequence[1]),
+                blocks: vec![StoredBlock { seq_hash: b.sequence[2], local_hash: b.local[2] }]
+            }]
+        );
+        assert_eq!(pool.refs(a.sequence[0]), 2);
+        pool.assert_invariants();
+
+        pool.release(&mut ha);
+        pool.release(&mut hb);
+        assert_eq!(pool.num_active_blocks(), 0);
+        assert_eq!(pool.num_inactive_blocks(), 3);
+        pool.assert_invariants();
+        // b released last: its tail is the oldest inactive block, its first block the newest.
+        let order: Vec<SequenceHash> = pool.lru.values().copied().collect();
+        assert_eq!(order, vec![b.sequence[2], b.sequence[1], b.sequence[0]]);
+        assert_eq!(pool.lookup_prefix(&b.sequence), PrefixMatch { blocks: 3, active_blocks: 0 });
+    }
+
+    #[test]
+    fn eviction_takes_the_least_recently_released_block() {
+        let mut pool = KvPool::new(2, true);
+        let a = seq(&[1, 1, 1, 1, 2, 2, 2, 2]);
+        let mut ha = Vec::new();
+        pool.allocate(&mut ha, blocks(&a), 8, BS).unwrap();
+        pool.release(&mut ha);
+        pool.drain_events();
+        let c = seq(&[9, 9, 9, 9]);
+        let mut hc = Vec::new();
+        pool.allocate(&mut hc, blocks(&c), 4, BS).unwrap();
+        // The tail block of `a` (released first) is evicted, its prefix stays.
+        assert_eq!(pool.lookup_prefix(&a.sequence).blocks, 1);
+        let ev = pool.drain_events();
+        assert_eq!(ev[0], KvEventData::Removed { seq_hashes: vec![a.sequence[1]] });
+        pool.assert_invariants();
+    }
+
+    #[test]
+    fn exhausted_allocation_changes_nothing() {
+        let mut pool = KvPool::new(2, true);
+        let a = seq(&[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        let mut ha = Vec::new();
+        let err = pool.allocate(&mut ha, blocks(&a), 9, BS).unwrap_err();
+        assert_eq!(err, CapacityExhausted { needed: 3, available: 2 });
+        assert!(ha.is_empty());
+        assert_eq!(pool.num_active_blocks(), 0);
+        assert!(!pool.has_events());
+        pool.assert_invariants();
+    }
+
+    #[test]
+    fn partial_block_promotes_or_collapses_onto_a_cached_twin() {
+        let mut pool = KvPool::new(8, true);
+        let full = seq(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        let mut h1 = Vec::new();
+        let mut h2 = Vec::new();
+        // Both requests schedule 6 tokens: one full block shared, one private partial each.
+        pool.allocate(&mut h1, blocks(&full), 6, BS).unwrap();
+        pool.allocate(&mut h2, blocks(&full), 6, BS).unwrap();
+        assert_eq!(pool.num_active_blocks(), 3);
+        pool.allocate(&mut h1, blocks(&full), 8, BS).unwrap();
+        assert_eq!(h1[1], BlockRef::Full(full.sequence[1]));
+        pool.allocate(&mut h2, blocks(&full), 8, BS).unwrap();
+        assert_eq!(pool.num_active_blocks(), 2, "the second partial collapsed onto the first");
+        assert_eq!(pool.refs(full.sequence[1]), 2);
+        pool.assert_invariants();
+    }
+
+    #[test]
+    fn without_prefix_caching_every_block_is_private() {
+        let mut pool = KvPool::new(8, false);
+        let a = seq(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        let (mut h1, mut h2) = (Vec::new(), Vec::new());
+        pool.allocate(&mut h1, blocks(&a), 8, BS).unwrap();
+        pool.allocate(&mut h2, blocks(&a), 8, BS).unwrap();
+        assert_eq!(pool.num_active_blocks(), 4);
+        assert_eq!(pool.lookup_prefix(&a.sequence).blocks, 0);
+        pool.release(&mut h1);
+        assert_eq!(pool.num_free_blocks(), 6);
+        assert!(!pool.has_events());
+        pool.assert_invariants();
+    }
+
+    #[test]
+    fn invariants_hold_over_many_random_operations() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let mut pool = KvPool::new(40, true);
+        // A few prompt families sharing prefixes.
+        let families: Vec<Vec<u32>> = (0..4).map(|f| (0..64).map(|i| f * 1000 + i / 3).collect()).collect();
+        let mut live: Vec<(BlockHashes, Vec<BlockRef>, usize)> = Vec::new();
+        for step in 0..5000 {
+            match rng.gen_range(0..10) {
+                0..=4 => {
+                    let f = &families[rng.gen_range(0..families.len())];
+                    let mut tokens = f[..rng.gen_range(1..f.len())].to_vec();
+                    tokens.extend((0..rng.gen_range(0..12)).map(|_| rng.gen_range(0..5)));
+                    let h = seq(&tokens);
+                    let n = rng.gen_range(1..=tokens.len());
+                    let mut held = Vec::new();
+                    let before = (pool.num_active_blocks(), pool.num_inactive_blocks());
+                    match pool.allocate(&mut held, blocks(&h), n, BS) {
+                        Ok(()) => {
+                            assert_eq!(held.len(), n.div_ceil(BS));
+                            live.push((h, held, n));
+                        }
+                        Err(_) => {
+                            assert!(held.is_empty());
+                            assert_eq!(before, (pool.num_active_blocks(), pool.num_inactive_blocks()));
+                        }
+                    }
+                }
+                5..=6 if !live.is_empty() => {
+                    // Grow a live sequence (chunked prefill / decode).
+                    let i = rng.gen_range(0..live.len());
+                    let (h, held, n) = &mut live[i];
+                    let max = h.len() * BS;
+                    if *n < max {
+                        let target = (*n + rng.gen_range(1..=6)).min(max);
+                        if pool.allocate(held, blocks(h), target, BS).is_ok() {
+                            *n = target;
+                        }
+                    }
+                }
+                7..=8 if !live.is_empty() => {
+                    let i = rng.gen_range(0..live.len());
+                    let (_, mut held, _) = live.swap_remove(i);
+                    pool.release(&mut held);
+                }
+                9 if step % 97 == 0 => pool.clear_inactive(),
+                _ => {}
+            }
+            pool.assert_invariants();
+            // Every held full block has a positive refcount equal to its holders.
+            let mut refs: HashKeyMap<SequenceHash, u32> = HashKeyMap::default();
+            for (_, held, _) in &live {
+                for b in held {
+                    if let BlockRef::Full(h) = b {
+                        *refs.entry(*h).or_default() += 1;
+                    }
+                }
+            }
+            for (h, r) in &refs {
+                assert_eq!(pool.refs(*h), *r);
+            }
+            pool.drain_events();
+        }
+    }
+}
