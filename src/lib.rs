@@ -1,6 +1,11 @@
 //! servesim: a simulated LLM inference engine.
+pub mod cluster;
 pub mod ids;
 pub mod kv;
 pub mod perf;
+pub mod request;
+pub mod router;
+pub mod scheduler;
 pub mod time;
 pub mod tokens;
+pub mod worker;

@@ -154,12 +154,20 @@ mod tests {
     use super::*;
 
     fn prefill(tokens: usize) -> PrefillBatch {
-        PrefillBatch { num_requests: 1, total_isl: tokens, total_prefix: 0 }
+        PrefillBatch {
+            num_requests: 1,
+            total_isl: tokens,
+            total_prefix: 0,
+        }
     }
 
     fn decode(u: f64) -> DecodeBatch {
         let total = 1_000_000;
-        DecodeBatch { num_requests: 1, active_kv_tokens: (u * total as f64) as usize, total_kv_tokens: total }
+        DecodeBatch {
+            num_requests: 1,
+            active_kv_tokens: (u * total as f64) as usize,
+            total_kv_tokens: total,
+        }
     }
 
     #[test]
@@ -177,7 +185,11 @@ mod tests {
         assert!((p.decode_ms(&decode(0.5)) - 26.31).abs() < 1e-9);
         assert!((p.decode_ms(&decode(1.0)) - 34.01).abs() < 1e-9);
         // Utilisation is clamped to 1 and an empty batch costs nothing.
-        let over = DecodeBatch { num_requests: 1, active_kv_tokens: 3, total_kv_tokens: 1 };
+        let over = DecodeBatch {
+            num_requests: 1,
+            active_kv_tokens: 3,
+            total_kv_tokens: 1,
+        };
         assert!((p.decode_ms(&over) - 34.01).abs() < 1e-9);
         assert_eq!(p.decode_ms(&DecodeBatch::default()), 0.0);
     }
@@ -185,7 +197,11 @@ mod tests {
     #[test]
     fn batch_tokens_use_integer_means() {
         // Two requests: isl 100 and 51, prefixes 0 and 10: means 75 and 5 -> 2 * 70.
-        let b = PrefillBatch { num_requests: 2, total_isl: 151, total_prefix: 10 };
+        let b = PrefillBatch {
+            num_requests: 2,
+            total_isl: 151,
+            total_prefix: 10,
+        };
         assert_eq!(b.new_tokens(), 140);
     }
 
@@ -198,13 +214,19 @@ mod tests {
         };
         assert_eq!(s.prefill(&prefill(1000)), SimDuration(16_053));
         assert_eq!(s.decode(&decode(0.0)), SimDuration(1_435));
-        let unscaled = ScaledLatency { speedup_ratio: 0.0, ..s.clone() };
+        let unscaled = ScaledLatency {
+            speedup_ratio: 0.0,
+            ..s.clone()
+        };
         assert_eq!(unscaled.decode(&decode(0.0)), SimDuration(5_740));
     }
 
     #[test]
     fn fixed_model_ignores_sizes() {
-        let f = Fixed { prefill_ms: 10.0, decode_ms: 2.0 };
+        let f = Fixed {
+            prefill_ms: 10.0,
+            decode_ms: 2.0,
+        };
         assert_eq!(f.prefill_ms(&prefill(5)), 10.0);
         assert_eq!(f.prefill_ms(&prefill(0)), 0.0);
         assert_eq!(f.decode_ms(&decode(0.9)), 2.0);

@@ -153,7 +153,8 @@ impl KvPool {
         } else {
             0
         };
-        if target <= held.len() && !held[..full_target.min(held.len())].contains(&BlockRef::Partial) {
+        if target <= held.len() && !held[..full_target.min(held.len())].contains(&BlockRef::Partial)
+        {
             return Ok(());
         }
 
@@ -181,7 +182,10 @@ impl KvPool {
         }
         let available = self.num_free_blocks() + freed + (self.lru.len() - reactivated);
         if new_blocks > available {
-            return Err(CapacityExhausted { needed: new_blocks, available });
+            return Err(CapacityExhausted {
+                needed: new_blocks,
+                available,
+            });
         }
 
         let mut stored: Vec<StoredBlock> = Vec::new();
@@ -222,10 +226,15 @@ impl KvPool {
             }
         }
         if !removed.is_empty() {
-            self.events.push(KvEventData::Removed { seq_hashes: removed });
+            self.events.push(KvEventData::Removed {
+                seq_hashes: removed,
+            });
         }
         if !stored.is_empty() {
-            self.events.push(KvEventData::Stored { parent: stored_parent, blocks: stored });
+            self.events.push(KvEventData::Stored {
+                parent: stored_parent,
+                blocks: stored,
+            });
         }
         Ok(())
     }
@@ -259,7 +268,8 @@ impl KvPool {
         }
         self.lru.clear();
         if !hashes.is_empty() {
-            self.events.push(KvEventData::Removed { seq_hashes: hashes });
+            self.events
+                .push(KvEventData::Removed { seq_hashes: hashes });
         }
     }
 
@@ -274,7 +284,10 @@ impl KvPool {
     }
 
     fn acquire_cached(&mut self, hash: SequenceHash) {
-        let entry = self.cached.get_mut(&hash).expect("caller checked the block is cached");
+        let entry = self
+            .cached
+            .get_mut(&hash)
+            .expect("caller checked the block is cached");
         if entry.refs == 0 {
             self.lru.remove(&entry.stamp);
             self.num_active_full += 1;
@@ -303,7 +316,10 @@ impl KvPool {
             }
             *stored_parent = parent;
         }
-        stored.push(StoredBlock { seq_hash: hash, local_hash: seq.locals[index] });
+        stored.push(StoredBlock {
+            seq_hash: hash,
+            local_hash: seq.locals[index],
+        });
     }
 
     /// Frees one slot by evicting the least recently released inactive block if the pool is full.
@@ -322,7 +338,11 @@ impl KvPool {
         let active = self.cached.values().filter(|b| b.refs > 0).count();
         assert_eq!(active, self.num_active_full, "active full block count");
         let inactive = self.cached.len() - active;
-        assert_eq!(inactive, self.lru.len(), "every inactive block is in the LRU once");
+        assert_eq!(
+            inactive,
+            self.lru.len(),
+            "every inactive block is in the LRU once"
+        );
         for (stamp, h) in &self.lru {
             let b = self.cached.get(h).expect("LRU entry is cached");
             assert_eq!(b.refs, 0, "LRU holds only inactive blocks");
@@ -337,7 +357,10 @@ impl KvPool {
             self.capacity
         );
         if !self.prefix_caching {
-            assert!(self.cached.is_empty(), "no shared blocks without prefix caching");
+            assert!(
+                self.cached.is_empty(),
+                "no shared blocks without prefix caching"
+            );
         }
     }
 
@@ -370,7 +393,10 @@ mod tests {
     }
 
     fn blocks(h: &BlockHashes) -> SequenceBlocks<'_> {
-        SequenceBlocks { hashes: &h.sequence, locals: &h.local }
+        SequenceBlocks {
+            hashes: &h.sequence,
+            locals: &h.local,
+        }
     }
 
     #[test]
@@ -384,17 +410,32 @@ mod tests {
         assert_eq!(pool.num_active_blocks(), 3);
         let ev = pool.drain_events();
         assert_eq!(ev.len(), 1);
-        assert!(matches!(&ev[0], KvEventData::Stored { parent: None, blocks } if blocks.len() == 2));
+        assert!(
+            matches!(&ev[0], KvEventData::Stored { parent: None, blocks } if blocks.len() == 2)
+        );
 
-        assert_eq!(pool.lookup_prefix(&b.sequence), PrefixMatch { blocks: 2, active_blocks: 2 });
+        assert_eq!(
+            pool.lookup_prefix(&b.sequence),
+            PrefixMatch {
+                blocks: 2,
+                active_blocks: 2
+            }
+        );
         pool.allocate(&mut hb, blocks(&b), 12, BS).unwrap();
-        assert_eq!(pool.num_active_blocks(), 4, "two shared + one partial + one new");
+        assert_eq!(
+            pool.num_active_blocks(),
+            4,
+            "two shared + one partial + one new"
+        );
         let ev = pool.drain_events();
         assert_eq!(
             ev,
             vec![KvEventData::Stored {
                 parent: Some(b.sequence[1]),
-                blocks: vec![StoredBlock { seq_hash: b.sequence[2], local_hash: b.local[2] }]
+                blocks: vec![StoredBlock {
+                    seq_hash: b.sequence[2],
+                    local_hash: b.local[2]
+                }]
             }]
         );
         assert_eq!(pool.refs(a.sequence[0]), 2);
@@ -408,7 +449,13 @@ mod tests {
         // b released last: its tail is the oldest inactive block, its first block the newest.
         let order: Vec<SequenceHash> = pool.lru.values().copied().collect();
         assert_eq!(order, vec![b.sequence[2], b.sequence[1], b.sequence[0]]);
-        assert_eq!(pool.lookup_prefix(&b.sequence), PrefixMatch { blocks: 3, active_blocks: 0 });
+        assert_eq!(
+            pool.lookup_prefix(&b.sequence),
+            PrefixMatch {
+                blocks: 3,
+                active_blocks: 0
+            }
+        );
     }
 
     #[test]
@@ -425,7 +472,12 @@ mod tests {
         // The tail block of `a` (released first) is evicted, its prefix stays.
         assert_eq!(pool.lookup_prefix(&a.sequence).blocks, 1);
         let ev = pool.drain_events();
-        assert_eq!(ev[0], KvEventData::Removed { seq_hashes: vec![a.sequence[1]] });
+        assert_eq!(
+            ev[0],
+            KvEventData::Removed {
+                seq_hashes: vec![a.sequence[1]]
+            }
+        );
         pool.assert_invariants();
     }
 
@@ -435,7 +487,13 @@ mod tests {
         let a = seq(&[1, 2, 3, 4, 5, 6, 7, 8, 9]);
         let mut ha = Vec::new();
         let err = pool.allocate(&mut ha, blocks(&a), 9, BS).unwrap_err();
-        assert_eq!(err, CapacityExhausted { needed: 3, available: 2 });
+        assert_eq!(
+            err,
+            CapacityExhausted {
+                needed: 3,
+                available: 2
+            }
+        );
         assert!(ha.is_empty());
         assert_eq!(pool.num_active_blocks(), 0);
         assert!(!pool.has_events());
@@ -455,7 +513,11 @@ mod tests {
         pool.allocate(&mut h1, blocks(&full), 8, BS).unwrap();
         assert_eq!(h1[1], BlockRef::Full(full.sequence[1]));
         pool.allocate(&mut h2, blocks(&full), 8, BS).unwrap();
-        assert_eq!(pool.num_active_blocks(), 2, "the second partial collapsed onto the first");
+        assert_eq!(
+            pool.num_active_blocks(),
+            2,
+            "the second partial collapsed onto the first"
+        );
         assert_eq!(pool.refs(full.sequence[1]), 2);
         pool.assert_invariants();
     }
@@ -480,7 +542,9 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         let mut pool = KvPool::new(40, true);
         // A few prompt families sharing prefixes.
-        let families: Vec<Vec<u32>> = (0..4).map(|f| (0..64).map(|i| f * 1000 + i / 3).collect()).collect();
+        let families: Vec<Vec<u32>> = (0..4)
+            .map(|f| (0..64).map(|i| f * 1000 + i / 3).collect())
+            .collect();
         let mut live: Vec<(BlockHashes, Vec<BlockRef>, usize)> = Vec::new();
         for step in 0..5000 {
             match rng.gen_range(0..10) {
@@ -499,7 +563,10 @@ mod tests {
                         }
                         Err(_) => {
                             assert!(held.is_empty());
-                            assert_eq!(before, (pool.num_active_blocks(), pool.num_inactive_blocks()));
+                            assert_eq!(
+                                before,
+                                (pool.num_active_blocks(), pool.num_inactive_blocks())
+                            );
                         }
                     }
                 }

@@ -1,0 +1,89 @@
+//! Active load of one worker as the router tracks it: the blocks of its active requests and the
+//! prompt tokens it has yet to prefill.
+
+use std::collections::BTreeMap;
+
+use crate::ids::RequestId;
+use crate::tokens::{HashKeyMap, SequenceHash};
+
+#[derive(Clone, Debug)]
+struct Active {
+    hashes: Vec<SequenceHash>,
+    /// Prompt tokens not cached at routing time; 0 once prefill completed.
+    prefill_tokens: usize,
+}
+
+/// Requests routed to a worker and not yet finished.
+#[derive(Clone, Debug, Default)]
+pub struct WorkerLoad {
+    /// Active requests by id.
+    requests: BTreeMap<RequestId, Active>,
+    /// Distinct blocks across active requests, with how many requests hold each.
+    blocks: HashKeyMap<SequenceHash, u32>,
+    /// Sum of `prefill_tokens` over active requests.
+    prefill_tokens: usize,
+}
+
+impl WorkerLoad {
+    /// Prompt tokens routed here and not yet prefilled.
+    pub fn active_prefill_tokens(&self) -> usize {
+        self.prefill_tokens
+    }
+
+    /// Distinct blocks of active requests.
+    pub fn active_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Active requests.
+    pub fn active_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// How many of `hashes` are not blocks of an active request here.
+    pub fn new_blocks(&self, hashes: &[SequenceHash]) -> usize {
+        hashes
+            .iter()
+            .filter(|h| !self.blocks.contains_key(h))
+            .count()
+    }
+
+    /// Records a routed request.
+    pub fn add(&mut self, id: RequestId, hashes: &[SequenceHash], prefill_tokens: usize) {
+        for h in hashes {
+            *self.blocks.entry(*h).or_default() += 1;
+        }
+        self.prefill_tokens += prefill_tokens;
+        self.requests.insert(
+            id,
+            Active {
+                hashes: hashes.to_vec(),
+                prefill_tokens,
+            },
+        );
+    }
+
+    /// The request's prefill is done.
+    pub fn mark_prefill_completed(&mut self, id: RequestId) {
+        if let Some(a) = self.requests.get_mut(&id) {
+            self.prefill_tokens -= a.prefill_tokens;
+            a.prefill_tokens = 0;
+        }
+    }
+
+    /// The request left.
+    pub fn free(&mut self, id: RequestId) {
+        let Some(a) = self.requests.remove(&id) else {
+            return;
+        };
+        self.prefill_tokens -= a.prefill_tokens;
+        for h in &a.hashes {
+            if let Some(c) = self.blocks.get_mut(h) {
+                *c -= 1;
+                if *c == 0 {
+                    self.blocks.remove(h);
+                }
+            }
+        }
+    }
+}

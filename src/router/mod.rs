@@ -1,0 +1,371 @@
+//! Request routing over workers: round-robin, seeded random, or KV-aware (prefix overlap from the
+//! workers' KV events plus each worker's active load).
+//!
+//! The KV-aware cost of worker `w` for a request of `isl` tokens whose first `overlap(w)` blocks
+//! are cached on `w` is (lower wins)
+//!
+//! ```text
+//! prefill_blocks(w) = (active_prefill_tokens(w) + isl - overlap(w) * block_size) / block_size
+//! decode_blocks(w)  = active_blocks(w) + request blocks not already active on w
+//! cost(w)           = overlap_score_weight * prefill_blocks(w) + decode_blocks(w)
+//! ```
+
+mod load;
+
+pub use load::WorkerLoad;
+
+use std::collections::VecDeque;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::ids::{RequestId, WorkerId};
+use crate::kv::{KvEvent, KvEventData};
+use crate::tokens::{HashKeyMap, SequenceHash};
+
+/// How requests are spread over workers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RouterMode {
+    /// Each worker in turn.
+    RoundRobin,
+    /// Uniformly at random (seeded).
+    Random,
+    /// Lowest KV-aware cost.
+    #[default]
+    KvRouter,
+}
+
+impl std::str::FromStr for RouterMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "round-robin" | "round_robin" => Ok(RouterMode::RoundRobin),
+            "random" => Ok(RouterMode::Random),
+            "kv-router" | "kv_router" | "kv" => Ok(RouterMode::KvRouter),
+            _ => Err(format!(
+                "unknown router mode {s:?} (expected round-robin, random or kv-router)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for RouterMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RouterMode::RoundRobin => "round-robin",
+            RouterMode::Random => "random",
+            RouterMode::KvRouter => "kv-router",
+        })
+    }
+}
+
+/// Router settings.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct RouterConfig {
+    /// Routing policy.
+    pub mode: RouterMode,
+    /// Weight of prefill blocks against decode blocks in the KV cost.
+    pub overlap_score_weight: f64,
+    /// 0 picks the lowest cost; above 0 samples a softmax over normalised costs.
+    pub temperature: f64,
+    /// Queue at the router while every worker's active prefill tokens exceed this multiple of
+    /// `max_num_batched_tokens`. None routes at once.
+    pub queue_threshold: Option<f64>,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            mode: RouterMode::KvRouter,
+            overlap_score_weight: 1.0,
+            temperature: 0.0,
+            queue_threshold: None,
+        }
+    }
+}
+
+/// What the router needs to know about a request.
+#[derive(Clone, Copy, Debug)]
+pub struct RouteRequest<'a> {
+    /// Prompt tokens.
+    pub isl: usize,
+    /// Sequence hashes of the prompt's full blocks.
+    pub seq_hashes: &'a [SequenceHash],
+}
+
+/// The routing decision for one request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// Chosen worker.
+    pub worker: WorkerId,
+    /// Prompt blocks the indexer believed cached on that worker.
+    pub overlap_blocks: usize,
+}
+
+/// The router: policy state, the KV indexer and the active load of each worker.
+#[derive(Debug)]
+pub struct Router {
+    /// Settings.
+    config: RouterConfig,
+    /// Engine block size (the router hashes at the same granularity).
+    block_size: usize,
+    /// Per-pass token budget of the workers, for the busy test.
+    max_num_batched_tokens: usize,
+    /// Next worker for round-robin.
+    rr_next: usize,
+    /// Random choice and tie-breaks.
+    rng: ChaCha8Rng,
+    /// Which workers hold which blocks, from KV events.
+    indexer: HashKeyMap<SequenceHash, WorkerSet>,
+    /// Blocks each worker holds per the indexer.
+    tree_sizes: Vec<usize>,
+    /// Active requests per worker.
+    loads: Vec<WorkerLoad>,
+    /// Requests parked while every worker is busy, in arrival order.
+    pending: VecDeque<RequestId>,
+}
+
+/// A small set of worker ids (bitset over up to 64 workers, sorted list beyond).
+#[derive(Clone, Debug, Default)]
+struct WorkerSet(Vec<u32>);
+
+impl WorkerSet {
+    fn insert(&mut self, w: u32) {
+        if let Err(i) = self.0.binary_search(&w) {
+            self.0.insert(i, w);
+        }
+    }
+    fn remove(&mut self, w: u32) -> bool {
+        match self.0.binary_search(&w) {
+            Ok(i) => {
+                self.0.remove(i);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+    fn contains(&self, w: u32) -> bool {
+        self.0.binary_search(&w).is_ok()
+    }
+}
+
+impl Router {
+    /// A router over `num_workers` workers.
+    pub fn new(
+        config: RouterConfig,
+        num_workers: usize,
+        block_size: usize,
+        max_num_batched_tokens: usize,
+        seed: u64,
+    ) -> Router {
+        Router {
+            config,
+            block_size,
+            max_num_batched_tokens,
+            rr_next: 0,
+            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_0f_7047e4),
+            indexer: HashKeyMap::default(),
+            tree_sizes: vec![0; num_workers],
+            loads: (0..num_workers).map(|_| WorkerLoad::default()).collect(),
+            pending: VecDeque::new(),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RouterConfig {
+        &self.config
+    }
+
+    /// Number of workers routed over.
+    pub fn num_workers(&self) -> usize {
+        self.loads.len()
+    }
+
+    /// Active load of a worker.
+    pub fn load(&self, worker: WorkerId) -> &WorkerLoad {
+        &self.loads[worker.0 as usize]
+    }
+
+    /// Requests parked at the router.
+    pub fn pending(&self) -> &VecDeque<RequestId> {
+        &self.pending
+    }
+
+    /// True when the request must wait at the router (queueing on and every worker busy).
+    pub fn all_busy(&self) -> bool {
+        let Some(threshold) = self.config.queue_threshold else {
+            return false;
+        };
+        let limit = threshold * self.max_num_batched_tokens as f64;
+        self.loads
+            .iter()
+            .all(|l| l.active_prefill_tokens() as f64 > limit)
+    }
+
+    /// Parks a request until a worker has room.
+    pub fn park(&mut self, id: RequestId) {
+        self.pending.push_back(id);
+    }
+
+    /// The next parked request, if a worker has room for it.
+    pub fn unpark(&mut self) -> Option<RequestId> {
+        if self.all_busy() {
+            return None;
+        }
+        self.pending.pop_front()
+    }
+
+    /// Forgets a parked request (cancelled before routing).
+    pub fn forget_parked(&mut self, id: RequestId) -> bool {
+        let before = self.pending.len();
+        self.pending.retain(|&p| p != id);
+        before != self.pending.len()
+    }
+
+    /// Leading prompt blocks cached on each worker, per the KV events seen so far.
+    pub fn overlaps(&self, seq_hashes: &[SequenceHash]) -> Vec<usize> {
+        let n = self.loads.len();
+        let mut overlap = vec![0usize; n];
+        for (depth, h) in seq_hashes.iter().enumerate() {
+            let Some(set) = self.indexer.get(h) else {
+                break;
+            };
+            let mut alive = 0;
+            for &w in &set.0 {
+                if overlap[w as usize] == depth {
+                    overlap[w as usize] = depth + 1;
+                    alive += 1;
+                }
+            }
+            if alive == 0 {
+                break;
+            }
+        }
+        overlap
+    }
+
+    /// The KV-aware cost of every worker for a request (lower is better).
+    pub fn costs(&self, request: RouteRequest<'_>) -> Vec<f64> {
+        let overlap = self.overlaps(request.seq_hashes);
+        let bs = self.block_size as f64;
+        self.loads
+            .iter()
+            .zip(&overlap)
+            .map(|(load, &o)| {
+                let new_tokens = request.isl.saturating_sub(o * self.block_size);
+                let prefill_blocks = (load.active_prefill_tokens() + new_tokens) as f64 / bs;
+                let decode_blocks = load.active_blocks() + load.new_blocks(request.seq_hashes);
+                self.config.overlap_score_weight * prefill_blocks + decode_blocks as f64
+            })
+            .collect()
+    }
+
+    /// Chooses a worker for a request and records it as active there.
+    pub fn route(&mut self, id: RequestId, request: RouteRequest<'_>) -> Decision {
+        let n = self.loads.len();
+        let overlap = self.overlaps(request.seq_hashes);
+        let worker = match self.config.mode {
+            RouterMode::RoundRobin => {
+                let w = self.rr_next;
+                self.rr_next = (self.rr_next + 1) % n;
+                w
+            }
+            RouterMode::Random => self.rng.gen_range(0..n),
+            RouterMode::KvRouter => {
+                let costs = self.costs(request);
+                self.select(&costs)
+            }
+        };
+        let o = overlap[worker];
+        let prefill_tokens = request.isl.saturating_sub(o * self.block_size);
+        self.loads[worker].add(id, request.seq_hashes, prefill_tokens);
+        Decision {
+            worker: WorkerId(worker as u32),
+            overlap_blocks: o,
+        }
+    }
+
+    /// Argmin with a seeded uniform tie-break at temperature 0, else softmax sampling.
+    fn select(&mut self, costs: &[f64]) -> usize {
+        let min = costs.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = costs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if self.config.temperature <= 0.0 || max - min <= f64::EPSILON * max.abs().max(1.0) {
+            let tied: Vec<usize> = (0..costs.len())
+                .filter(|&i| costs[i] - min <= 1e-9 * min.abs().max(1.0))
+                .collect();
+            return if tied.len() == 1 {
+                tied[0]
+            } else {
+                tied[self.rng.gen_range(0..tied.len())]
+            };
+        }
+        let weights: Vec<f64> = costs
+            .iter()
+            .map(|c| (-(c - min) / ((max - min) * self.config.temperature)).exp())
+            .collect();
+        let total: f64 = weights.iter().sum();
+        let mut draw = self.rng.gen::<f64>() * total;
+        for (i, w) in weights.iter().enumerate() {
+            if draw < *w {
+                return i;
+            }
+            draw -= w;
+        }
+        costs.len() - 1
+    }
+
+    /// The request produced its first token: its prompt no longer loads the worker's prefill.
+    pub fn mark_prefill_completed(&mut self, worker: WorkerId, id: RequestId) {
+        self.loads[worker.0 as usize].mark_prefill_completed(id);
+    }
+
+    /// The request finished or was cancelled.
+    pub fn free(&mut self, worker: WorkerId, id: RequestId) {
+        self.loads[worker.0 as usize].free(id);
+    }
+
+    /// Applies a worker's KV event to the indexer.
+    pub fn apply_kv_event(&mut self, event: &KvEvent) {
+        let w = event.worker.0;
+        let wi = w as usize;
+        match &event.data {
+            KvEventData::Stored { blocks, .. } => {
+                for b in blocks {
+                    let set = self.indexer.entry(b.seq_hash).or_default();
+                    if !set.contains(w) {
+                        set.insert(w);
+                        self.tree_sizes[wi] += 1;
+                    }
+                }
+            }
+            KvEventData::Removed { seq_hashes } => {
+                for h in seq_hashes {
+                    if let Some(set) = self.indexer.get_mut(h) {
+                        if set.remove(w) {
+                            self.tree_sizes[wi] -= 1;
+                        }
+                        if set.0.is_empty() {
+                            self.indexer.remove(h);
+                        }
+                    }
+                }
+            }
+            KvEventData::Cleared => {
+                self.indexer.retain(|_, set| {
+                    set.remove(w);
+                    !set.0.is_empty()
+                });
+                self.tree_sizes[wi] = 0;
+            }
+        }
+    }
+
+    /// Blocks each worker holds per the indexer.
+    pub fn tree_sizes(&self) -> &[usize] {
+        &self.tree_sizes
+    }
+}
+
+#[cfg(test)]
+mod tests;

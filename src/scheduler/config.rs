@@ -1,0 +1,195 @@
+//! Engine settings shared by every scheduler flavour.
+
+use std::sync::Arc;
+
+use crate::perf::{Polynomial, ScaledLatency};
+
+/// Which engine's batching behaviour to simulate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineType {
+    /// vLLM v1: running first, FIFO admission, chunked prefill, LIFO preemption.
+    #[default]
+    Vllm,
+    /// SGLang: new-token-ratio reservation, extend passes, retraction.
+    Sglang,
+    /// TRT-LLM guaranteed-no-evict: reserve to completion, never preempt.
+    Trtllm,
+}
+
+impl std::str::FromStr for EngineType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "vllm" => Ok(EngineType::Vllm),
+            "sglang" => Ok(EngineType::Sglang),
+            "trtllm" => Ok(EngineType::Trtllm),
+            _ => Err(format!(
+                "unknown engine type {s:?} (expected vllm, sglang or trtllm)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for EngineType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EngineType::Vllm => "vllm",
+            EngineType::Sglang => "sglang",
+            EngineType::Trtllm => "trtllm",
+        })
+    }
+}
+
+/// Which running request vLLM preempts when KV blocks run out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PreemptionMode {
+    /// The newest running request (vLLM v1).
+    #[default]
+    Lifo,
+    /// The oldest running request.
+    Fifo,
+}
+
+impl std::str::FromStr for PreemptionMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "lifo" => Ok(PreemptionMode::Lifo),
+            "fifo" => Ok(PreemptionMode::Fifo),
+            _ => Err(format!(
+                "unknown preemption mode {s:?} (expected lifo or fifo)"
+            )),
+        }
+    }
+}
+
+/// SGLang scheduler constants.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct SglangConfig {
+    /// Prompt tokens admitted per pass at most.
+    pub max_prefill_tokens: usize,
+    /// Largest prefill chunk per pass.
+    pub chunked_prefill_size: usize,
+    /// Cap on a request's remaining output counted in the reservation.
+    pub clip_max_new_tokens: usize,
+    /// Initial reserved share of remaining output (before conservativeness).
+    pub init_new_token_ratio: f64,
+    /// Lowest ratio, as a fraction of the initial one.
+    pub min_new_token_ratio_factor: f64,
+    /// Passes to decay from the initial to the lowest ratio.
+    pub new_token_ratio_decay_steps: u32,
+    /// Multiplies the initial ratio.
+    pub schedule_conservativeness: f64,
+}
+
+impl Default for SglangConfig {
+    fn default() -> Self {
+        SglangConfig {
+            max_prefill_tokens: 16384,
+            chunked_prefill_size: 8192,
+            clip_max_new_tokens: 4096,
+            init_new_token_ratio: 0.7,
+            min_new_token_ratio_factor: 0.14,
+            new_token_ratio_decay_steps: 600,
+            schedule_conservativeness: 1.0,
+        }
+    }
+}
+
+impl SglangConfig {
+    /// The ratio at start and after every retraction.
+    pub fn init_new_token_ratio(&self) -> f64 {
+        self.init_new_token_ratio * self.schedule_conservativeness
+    }
+}
+
+/// Everything one simulated worker needs to know.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Batching flavour.
+    pub engine_type: EngineType,
+    /// KV blocks in the GPU pool.
+    pub num_gpu_blocks: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Running requests at most.
+    pub max_num_seqs: usize,
+    /// Tokens scheduled per pass at most.
+    pub max_num_batched_tokens: usize,
+    /// Share full blocks by hash across requests.
+    pub enable_prefix_caching: bool,
+    /// Split long prompts over several passes.
+    pub enable_chunked_prefill: bool,
+    /// vLLM preemption order.
+    pub preemption_mode: PreemptionMode,
+    /// Context length limit (prompt + output), if any.
+    pub max_model_len: Option<usize>,
+    /// Pass timing.
+    pub latency: ScaledLatency,
+    /// SGLang constants (used with `EngineType::Sglang`).
+    pub sglang: SglangConfig,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            engine_type: EngineType::Vllm,
+            num_gpu_blocks: 16384,
+            block_size: 64,
+            max_num_seqs: 256,
+            max_num_batched_tokens: 8192,
+            enable_prefix_caching: true,
+            enable_chunked_prefill: true,
+            preemption_mode: PreemptionMode::Lifo,
+            max_model_len: None,
+            latency: ScaledLatency {
+                model: Arc::new(Polynomial::default()),
+                speedup_ratio: 1.0,
+                decode_speedup_ratio: 1.0,
+            },
+            sglang: SglangConfig::default(),
+        }
+    }
+}
+
+/// A setting that cannot work.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid engine setting: {0}")]
+pub struct ConfigError(pub String);
+
+impl EngineConfig {
+    /// Checks that the settings can work together.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError(m.to_string()));
+        if self.block_size == 0 {
+            return bad("--block-size must be positive");
+        }
+        if self.num_gpu_blocks == 0 {
+            return bad("--num-gpu-blocks must be positive");
+        }
+        if self.max_num_seqs == 0 {
+            return bad("--max-num-seqs must be positive");
+        }
+        if self.max_num_batched_tokens == 0 {
+            return bad("--max-num-batched-tokens must be positive");
+        }
+        let ratios = [
+            self.latency.speedup_ratio,
+            self.latency.decode_speedup_ratio,
+        ];
+        if ratios.iter().any(|r| r.is_nan() || *r <= 0.0) {
+            return bad("speed-up ratios must be positive (inf means no delay)");
+        }
+        if self.engine_type == EngineType::Sglang
+            && self.sglang.chunked_prefill_size % self.block_size != 0
+        {
+            return bad("SGLang's chunked prefill size must be a multiple of --block-size");
+        }
+        if self.max_model_len == Some(0) {
+            return bad("--max-model-len must be positive");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,850 @@
+//! Continuous batching, one pass at a time, in three flavours (vLLM, SGLang, TRT-LLM).
+//!
+//! A [`Scheduler`] owns one worker's waiting and running queues and its [`KvPool`]. Each call to
+//! [`Scheduler::start_pass`] decides what the next pass computes (running requests first, then
+//! admissions from the head of the waiting queue), allocates KV blocks (preempting when they run
+//! out), and returns the pass duration from the latency model. [`Scheduler::finish_pass`] then
+//! emits one token for every request that was ready, and completes those that reached their
+//! output limit.
+
+mod config;
+pub use config::{ConfigError, EngineConfig, EngineType, PreemptionMode, SglangConfig};
+
+use std::collections::VecDeque;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::ids::RequestId;
+use crate::kv::{BlockRef, KvEventData, KvPool, SequenceBlocks};
+use crate::perf::{DecodeBatch, PrefillBatch};
+use crate::request::EngineRequest;
+use crate::time::SimDuration;
+use crate::tokens::{BlockHashes, Token};
+
+/// Something a pass did that the outside world needs to know.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SchedulerEvent {
+    /// The request was admitted (again, after a preemption) with this many prompt tokens served
+    /// from the prefix cache.
+    Admitted {
+        /// The request.
+        id: RequestId,
+        /// Prompt tokens found in the cache and not recomputed.
+        reused_tokens: usize,
+    },
+    /// The request was preempted; it keeps its generated tokens and recomputes later.
+    Preempted {
+        /// The request.
+        id: RequestId,
+    },
+    /// One output token.
+    Token {
+        /// The request.
+        id: RequestId,
+        /// The token id.
+        token: Token,
+        /// 1 for the first token.
+        index: usize,
+    },
+    /// The request generated its last token; its blocks are released.
+    Finished {
+        /// The request.
+        id: RequestId,
+    },
+    /// The request can never run here (prompt longer than the context or the KV pool).
+    Rejected {
+        /// The request.
+        id: RequestId,
+        /// Why.
+        reason: RejectReason,
+    },
+}
+
+/// Why a request was rejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RejectReason {
+    /// The prompt does not fit the context length.
+    ExceedsMaxModelLen {
+        /// Prompt tokens.
+        prompt_tokens: usize,
+        /// The limit.
+        max_model_len: usize,
+    },
+    /// The prompt needs more blocks than the whole pool has.
+    ExceedsKvCapacity {
+        /// Blocks the prompt needs.
+        blocks_needed: usize,
+        /// Blocks in the pool.
+        num_gpu_blocks: usize,
+    },
+}
+
+impl std::fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RejectReason::ExceedsMaxModelLen { prompt_tokens, max_model_len } => write!(
+                f,
+                "prompt of {prompt_tokens} tokens does not fit the context length of {max_model_len}"
+            ),
+            RejectReason::ExceedsKvCapacity { blocks_needed, num_gpu_blocks } => write!(
+                f,
+                "prompt needs {blocks_needed} KV blocks but the pool has {num_gpu_blocks}"
+            ),
+        }
+    }
+}
+
+/// The result of planning a pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PassPlan {
+    /// How long the pass takes (prefill then decode).
+    pub duration: SimDuration,
+    /// New prompt tokens computed.
+    pub prefill_tokens: usize,
+    /// Requests that emit a token at the end of the pass.
+    pub decoding: usize,
+}
+
+/// Where a request is in its life on this worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Waiting,
+    Running,
+}
+
+/// One request on this worker.
+#[derive(Debug)]
+struct Seq {
+    id: RequestId,
+    /// Hashes of every full block of prompt + generated tokens.
+    hashes: BlockHashes,
+    /// Tokens after the last full block.
+    tail: Vec<Token>,
+    prompt_len: usize,
+    /// Tokens generated so far (kept across preemption).
+    generated: usize,
+    max_output: usize,
+    /// Caller-chosen output ids, consumed in order.
+    planned: Vec<Token>,
+    /// Tokens whose KV is computed (or cached) on this worker.
+    computed: usize,
+    /// Tokens scheduled in the current pass.
+    scheduled: usize,
+    /// KV blocks held.
+    blocks: Vec<BlockRef>,
+    phase: Phase,
+    /// The prefill-batch contribution of this pass, refunded if the request is preempted.
+    prefill_isl: usize,
+    prefill_prefix: usize,
+}
+
+impl Seq {
+    fn len(&self) -> usize {
+        self.prompt_len + self.generated
+    }
+
+    fn push_token(&mut self, token: Token, block_size: usize) {
+        self.tail.push(token);
+        self.generated += 1;
+        if self.tail.len() == block_size {
+            self.hashes.push_block(&self.tail);
+            self.tail.clear();
+        }
+    }
+
+    fn remaining_output(&self) -> usize {
+        self.max_output - self.generated
+    }
+}
+
+/// Counters a worker exposes for metrics and routing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SchedulerStats {
+    /// Requests waiting for admission.
+    pub waiting: usize,
+    /// Requests admitted and not finished.
+    pub running: usize,
+    /// KV blocks held by running requests.
+    pub active_blocks: usize,
+    /// Cached blocks nobody holds.
+    pub inactive_blocks: usize,
+    /// Preemptions so far.
+    pub preemptions: u64,
+}
+
+/// One worker's batching scheduler and KV pool.
+#[derive(Debug)]
+pub struct Scheduler {
+    /// Engine settings (validated).
+    config: EngineConfig,
+    /// The worker's KV pool.
+    pool: KvPool,
+    /// Every request on this worker, by slot; `None` slots are free for reuse.
+    seqs: Vec<Option<Seq>>,
+    free_slots: Vec<usize>,
+    /// Admission order (front first); holds slots.
+    waiting: VecDeque<usize>,
+    /// Scheduling order (front first); holds slots.
+    running: Vec<usize>,
+    /// Token ids for requests without planned output.
+    rng: ChaCha8Rng,
+    /// SGLang's adaptive share of each running request's remaining output reserved at admission.
+    new_token_ratio: f64,
+    /// Slots that emit a token when the current pass ends.
+    ready: Vec<usize>,
+    /// True between `start_pass` and `finish_pass`.
+    in_pass: bool,
+    preemptions: u64,
+    /// Events produced while planning, drained by the worker.
+    events: Vec<SchedulerEvent>,
+}
+
+impl Scheduler {
+    /// A scheduler with an empty pool. `seed` drives generated token ids.
+    pub fn new(config: EngineConfig, seed: u64) -> Scheduler {
+        let pool = KvPool::new(config.num_gpu_blocks, config.enable_prefix_caching);
+        let new_token_ratio = config.sglang.init_new_token_ratio();
+        Scheduler {
+            config,
+            pool,
+            seqs: Vec::new(),
+            free_slots: Vec::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            new_token_ratio,
+            ready: Vec::new(),
+            in_pass: false,
+            preemptions: 0,
+            events: Vec::new(),
+        }
+    }
+
+    /// The engine settings.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The KV pool (read only).
+    pub fn pool(&self) -> &KvPool {
+        &self.pool
+    }
+
+    /// Queues a request. Its prompt blocks must be hashed at this engine's block size.
+    pub fn enqueue(&mut self, id: RequestId, request: EngineRequest) {
+        let mut max_output = request.max_output_tokens;
+        if self.config.engine_type == EngineType::Trtllm {
+            // Guaranteed-no-evict reserves to completion: the output cannot outgrow the pool.
+            let capacity = self.config.num_gpu_blocks * self.config.block_size;
+            max_output = max_output.min(capacity.saturating_sub(request.prompt.len));
+        }
+        let seq = Seq {
+            id,
+            hashes: request.prompt.blocks,
+            tail: request.prompt.tail,
+            prompt_len: request.prompt.len,
+            generated: 0,
+            max_output,
+            planned: request.output_tokens,
+            computed: 0,
+            scheduled: 0,
+            blocks: Vec::new(),
+            phase: Phase::Waiting,
+            prefill_isl: 0,
+            prefill_prefix: 0,
+        };
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.seqs[s] = Some(seq);
+                s
+            }
+            None => {
+                self.seqs.push(Some(seq));
+                self.seqs.len() - 1
+            }
+        };
+        self.waiting.push_back(slot);
+    }
+
+    /// Removes a request (the client went away), releasing its blocks. Returns false when it is
+    /// not here. Must not be called during a pass for a request in it; the worker defers those.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        let Some(slot) = self.slot_of(id) else {
+            return false;
+        };
+        self.waiting.retain(|&s| s != slot);
+        self.running.retain(|&s| s != slot);
+        self.ready.retain(|&s| s != slot);
+        self.remove(slot);
+        true
+    }
+
+    /// True when a pass would do something.
+    pub fn has_work(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// Whether `id` is scheduled in the pass in progress.
+    pub fn in_current_pass(&self, id: RequestId) -> bool {
+        self.in_pass && self.slot_of(id).is_some_and(|s| self.running.contains(&s))
+    }
+
+    /// Counters for metrics and routing.
+    pub fn stats(&self) -> SchedulerStats {
+        SchedulerStats {
+            waiting: self.waiting.len(),
+            running: self.running.len(),
+            active_blocks: self.pool.num_active_blocks(),
+            inactive_blocks: self.pool.num_inactive_blocks(),
+            preemptions: self.preemptions,
+        }
+    }
+
+    /// Takes the scheduler events produced so far.
+    pub fn drain_events(&mut self) -> Vec<SchedulerEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Takes the KV events produced so far.
+    pub fn drain_kv_events(&mut self) -> Vec<KvEventData> {
+        self.pool.drain_events()
+    }
+
+    /// Plans the next pass: schedules running requests, admits waiting ones, allocates their KV,
+    /// and returns the pass duration; `None` when there is nothing to do.
+    pub fn start_pass(&mut self) -> Option<PassPlan> {
+        debug_assert!(!self.in_pass, "start_pass during a pass");
+        if !self.has_work() {
+            return None;
+        }
+        let mut pass = PassState {
+            budget: self.config.max_num_batched_tokens,
+            batch: PrefillBatch::default(),
+            preempted_any: false,
+            scheduled_any: false,
+        };
+        match self.config.engine_type {
+            EngineType::Vllm | EngineType::Trtllm => {
+                self.schedule_running(&mut pass);
+                self.admit_waiting(&mut pass);
+            }
+            EngineType::Sglang => self.schedule_sglang(&mut pass),
+        }
+        if !pass.scheduled_any {
+            return None;
+        }
+        let prefill = self.config.latency.prefill(&pass.batch);
+        // Requests whose KV covers their whole sequence after this pass emit a token at its end.
+        let mut ready = std::mem::take(&mut self.ready);
+        ready.clear();
+        let mut active_kv_tokens = 0usize;
+        for &slot in &self.running {
+            let s = self.seq(slot);
+            if s.scheduled > 0 && s.computed + s.scheduled >= s.len() {
+                ready.push(slot);
+                active_kv_tokens += s.len();
+            }
+        }
+        let total_kv_tokens = self.config.num_gpu_blocks * self.config.block_size;
+        if self.config.engine_type == EngineType::Sglang {
+            active_kv_tokens = active_kv_tokens.min(total_kv_tokens);
+        }
+        let decode = self.config.latency.decode(&DecodeBatch {
+            num_requests: ready.len(),
+            active_kv_tokens,
+            total_kv_tokens,
+        });
+        let plan = PassPlan {
+            duration: prefill + decode,
+            prefill_tokens: pass.batch.new_tokens(),
+            decoding: ready.len(),
+        };
+        self.ready = ready;
+        self.in_pass = true;
+        if self.config.engine_type == EngineType::Sglang {
+            let s = &self.config.sglang;
+            let min = s.init_new_token_ratio() * s.min_new_token_ratio_factor;
+            let step = (s.init_new_token_ratio() - min) / s.new_token_ratio_decay_steps as f64;
+            self.new_token_ratio = (self.new_token_ratio - step).max(min);
+        }
+        Some(plan)
+    }
+
+    /// Ends the pass planned by [`Scheduler::start_pass`]: commits computed tokens, emits one token
+    /// per ready request and completes those that are done.
+    pub fn finish_pass(&mut self) {
+        if !self.in_pass {
+            return;
+        }
+        self.in_pass = false;
+        let block_size = self.config.block_size;
+        for &slot in &self.running {
+            let s = self.seqs[slot].as_mut().expect("running slot is live");
+            s.computed += s.scheduled;
+            s.scheduled = 0;
+            s.prefill_isl = 0;
+            s.prefill_prefix = 0;
+        }
+        let ready = std::mem::take(&mut self.ready);
+        let mut finished = Vec::new();
+        for &slot in &ready {
+            let s = self.seqs[slot].as_mut().expect("ready slot is live");
+            let index = s.generated;
+            let token = match s.planned.get(index) {
+                Some(&t) => t,
+                None => self.rng.gen(),
+            };
+            s.push_token(token, block_size);
+            self.events.push(SchedulerEvent::Token {
+                id: s.id,
+                token,
+                index: s.generated,
+            });
+            let at_limit = self.config.max_model_len.is_some_and(|m| s.len() >= m);
+            if s.generated >= s.max_output || at_limit {
+                finished.push(slot);
+            }
+        }
+        self.ready = ready;
+        for slot in finished {
+            let id = self.seq(slot).id;
+            self.running.retain(|&s| s != slot);
+            self.remove(slot);
+            self.events.push(SchedulerEvent::Finished { id });
+        }
+    }
+
+    fn seq(&self, slot: usize) -> &Seq {
+        self.seqs[slot].as_ref().expect("slot is live")
+    }
+
+    fn seq_mut(&mut self, slot: usize) -> &mut Seq {
+        self.seqs[slot].as_mut().expect("slot is live")
+    }
+
+    fn slot_of(&self, id: RequestId) -> Option<usize> {
+        self.seqs
+            .iter()
+            .position(|s| s.as_ref().is_some_and(|s| s.id == id))
+    }
+
+    fn remove(&mut self, slot: usize) {
+        if let Some(mut s) = self.seqs[slot].take() {
+            self.pool.release(&mut s.blocks);
+            self.free_slots.push(slot);
+        }
+    }
+
+    /// Tries to extend `slot`'s KV to `target` tokens, preempting (vLLM) or retracting (SGLang)
+    /// others while the pool is exhausted. Returns false when `slot` itself was preempted or
+    /// nothing could be freed.
+    fn allocate_or_preempt(&mut self, slot: usize, target: usize, pass: &mut PassState) -> bool {
+        let block_size = self.config.block_size;
+        loop {
+            let s = self.seqs[slot].as_mut().expect("slot is live");
+            let seq = SequenceBlocks {
+                hashes: &s.hashes.sequence,
+                locals: &s.hashes.local,
+            };
+            if self
+                .pool
+                .allocate(&mut s.blocks, seq, target, block_size)
+                .is_ok()
+            {
+                return true;
+            }
+            if self.config.engine_type == EngineType::Trtllm
+                || self.seq(slot).phase == Phase::Waiting
+            {
+                return false;
+            }
+            let Some(victim) = self.pick_victim() else {
+                return false;
+            };
+            self.preempt(victim, pass);
+            if victim == slot {
+                return false;
+            }
+        }
+    }
+
+    /// The running request to preempt: newest (LIFO) or oldest (FIFO) for vLLM, fewest generated
+    /// tokens for SGLang.
+    fn pick_victim(&self) -> Option<usize> {
+        match self.config.engine_type {
+            EngineType::Sglang => self
+                .running
+                .iter()
+                .rev()
+                .min_by_key(|&&s| self.seq(s).generated)
+                .copied(),
+            _ => match self.config.preemption_mode {
+                PreemptionMode::Lifo => self.running.last().copied(),
+                PreemptionMode::Fifo => self.running.first().copied(),
+            },
+        }
+    }
+
+    fn preempt(&mut self, slot: usize, pass: &mut PassState) {
+        self.running.retain(|&s| s != slot);
+        let s = self.seqs[slot].as_mut().expect("victim is live");
+        // Refund what it scheduled in this pass.
+        pass.budget += s.scheduled;
+        if s.prefill_isl > 0 {
+            pass.batch.num_requests -= 1;
+            pass.batch.total_isl -= s.prefill_isl;
+            pass.batch.total_prefix -= s.prefill_prefix;
+        }
+        s.scheduled = 0;
+        s.prefill_isl = 0;
+        s.prefill_prefix = 0;
+        s.computed = 0;
+        s.phase = Phase::Waiting;
+        let id = s.id;
+        let mut blocks = std::mem::take(&mut s.blocks);
+        self.pool.release(&mut blocks);
+        self.waiting.push_front(slot);
+        self.preemptions += 1;
+        pass.preempted_any = true;
+        if self.config.engine_type == EngineType::Sglang {
+            self.new_token_ratio = self.config.sglang.init_new_token_ratio();
+        }
+        self.events.push(SchedulerEvent::Preempted { id });
+    }
+
+    /// Records `tokens` scheduled for `slot` starting at `before`, with the prefill accounting of
+    /// the latency model.
+    fn commit_schedule(&mut self, slot: usize, before: usize, tokens: usize, pass: &mut PassState) {
+        let s = self.seq_mut(slot);
+        s.scheduled = tokens;
+        let prompt_before = before.min(s.prompt_len);
+        let prompt_after = (before + tokens).min(s.prompt_len);
+        if prompt_after > prompt_before {
+            s.prefill_isl = prompt_after;
+            s.prefill_prefix = prompt_before;
+            pass.batch.num_requests += 1;
+            pass.batch.total_isl += prompt_after;
+            pass.batch.total_prefix += prompt_before;
+        }
+        pass.budget -= tokens;
+        pass.scheduled_any = true;
+    }
+
+    /// vLLM / TRT-LLM step 1: running requests in order, under the token budget.
+    fn schedule_running(&mut self, pass: &mut PassState) {
+        let mut i = 0;
+        while i < self.running.len() && pass.budget > 0 {
+            let slot = self.running[i];
+            let s = self.seq(slot);
+            let before = s.computed;
+            let remaining = s.len() - before;
+            if remaining == 0 {
+                i += 1;
+                continue;
+            }
+            let prompt_remaining = s.prompt_len.saturating_sub(before);
+            if !self.config.enable_chunked_prefill && prompt_remaining > pass.budget {
+                break;
+            }
+            let desired = remaining.min(pass.budget);
+            if !self.allocate_or_preempt(slot, before + desired, pass) {
+                // The request itself was preempted (or could not grow): the running list changed.
+                if !self.running.contains(&slot) {
+                    continue;
+                }
+                break;
+            }
+            self.commit_schedule(slot, before, desired, pass);
+            // Preemptions remove later entries only (LIFO) or earlier ones (FIFO).
+            i = self
+                .running
+                .iter()
+                .position(|&s| s == slot)
+                .map_or(i, |p| p + 1);
+        }
+    }
+
+    /// Prefix-cache hit for a request about to be admitted, after the vLLM rule that the last
+    /// prompt token is always computed. Returns (cached tokens, blocks already active).
+    fn cached_prefix(&self, slot: usize) -> (usize, usize) {
+        let s = self.seq(slot);
+        let bs = self.config.block_size;
+        let m = self.pool.lookup_prefix(&s.hashes.sequence);
+        let mut cached = (m.blocks * bs).min(s.len());
+        if self.config.engine_type != EngineType::Trtllm {
+            let max_cached = (s.len().saturating_sub(1)) / bs * bs;
+            cached = cached.min(max_cached);
+        }
+        (cached, m.active_blocks.min(cached / bs))
+    }
+
+    fn reject_reason(&self, slot: usize) -> Option<RejectReason> {
+        let s = self.seq(slot);
+        if let Some(max) = self.config.max_model_len {
+            if s.prompt_len >= max {
+                return Some(RejectReason::ExceedsMaxModelLen {
+                    prompt_tokens: s.prompt_len,
+                    max_model_len: max,
+                });
+            }
+        }
+        let blocks_needed = s.len().div_ceil(self.config.block_size);
+        if blocks_needed > self.config.num_gpu_blocks {
+            return Some(RejectReason::ExceedsKvCapacity {
+                blocks_needed,
+                num_gpu_blocks: self.config.num_gpu_blocks,
+            });
+        }
+        None
+    }
+
+    /// Blocks a running TRT-LLM request may still claim before it completes.
+    fn reserved_blocks(&self) -> usize {
+        let bs = self.config.block_size;
+        self.running
+            .iter()
+            .map(|&slot| {
+                let s = self.seq(slot);
+                (s.prompt_len + s.max_output)
+                    .div_ceil(bs)
+                    .saturating_sub(s.blocks.len())
+            })
+            .sum()
+    }
+
+    /// vLLM / TRT-LLM step 2: FIFO admission from the head of the waiting queue.
+    fn admit_waiting(&mut self, pass: &mut PassState) {
+        let bs = self.config.block_size;
+        while !pass.preempted_any
+            && pass.budget > 0
+            && self.running.len() < self.config.max_num_seqs
+        {
+            let Some(&slot) = self.waiting.front() else {
+                break;
+            };
+            if let Some(reason) = self.reject_reason(slot) {
+                self.waiting.pop_front();
+                let id = self.seq(slot).id;
+                self.remove(slot);
+                self.events.push(SchedulerEvent::Rejected { id, reason });
+                continue;
+            }
+            let (cached, active_cached_blocks) = self.cached_prefix(slot);
+            let s = self.seq(slot);
+            let available = self.pool.capacity() - self.pool.num_active_blocks();
+            let fits = match self.config.engine_type {
+                EngineType::Trtllm => {
+                    let needed = (s.prompt_len + s.max_output).div_ceil(bs) - active_cached_blocks;
+                    needed <= available.saturating_sub(self.reserved_blocks())
+                }
+                _ => s.len().div_ceil(bs) - active_cached_blocks <= available,
+            };
+            if !fits {
+                break;
+            }
+            let prompt_remaining = s.prompt_len.saturating_sub(cached);
+            if !self.config.enable_chunked_prefill && prompt_remaining > pass.budget {
+                break;
+            }
+            let desired = (s.len() - cached).min(pass.budget);
+            if !self.allocate_or_preempt(slot, cached + desired, pass) {
+                break;
+            }
+            self.waiting.pop_front();
+            let s = self.seq_mut(slot);
+            s.computed = cached;
+            s.phase = Phase::Running;
+            let id = s.id;
+            self.running.push(slot);
+            self.events.push(SchedulerEvent::Admitted {
+                id,
+                reused_tokens: cached,
+            });
+            self.commit_schedule(slot, cached, desired, pass);
+        }
+    }
+
+    /// SGLang: continue chunked prefills, admit under the new-token-ratio reservation, and when
+    /// nothing is prefilled decode every running request (retracting while the pool is short).
+    fn schedule_sglang(&mut self, pass: &mut PassState) {
+        let bs = self.config.block_size;
+        let cfg = self.config.sglang.clone();
+        let mut rem_chunk = cfg.chunked_prefill_size;
+        let mut rem_input = cfg.max_prefill_tokens;
+        // In-progress chunked prefills continue first.
+        let mut i = 0;
+        while i < self.running.len() {
+            let slot = self.running[i];
+            let s = self.seq(slot);
+            let remaining_prompt = s.prompt_len.saturating_sub(s.computed);
+            if remaining_prompt == 0 || rem_chunk < bs {
+                i += 1;
+                continue;
+            }
+            let before = s.computed;
+            let chunk = if remaining_prompt <= rem_chunk {
+                remaining_prompt
+            } else {
+                rem_chunk / bs * bs
+            };
+            // A request whose prompt is done also computes the tokens generated before a retraction.
+            let chunk = if chunk == remaining_prompt {
+                s.len() - before
+            } else {
+                chunk
+            };
+            pass.budget = usize::MAX;
+            if !self.allocate_or_preempt(slot, before + chunk, pass) {
+                i += 1;
+                continue;
+            }
+            self.commit_schedule(slot, before, chunk, pass);
+            rem_chunk = rem_chunk.saturating_sub(chunk.div_ceil(bs) * bs);
+            rem_input = rem_input.saturating_sub(chunk);
+            i += 1;
+        }
+        // Admission under the reservation for running requests' future output.
+        let capacity_tokens = (self.pool.num_free_blocks() + self.pool.num_inactive_blocks()) * bs;
+        let reserved: f64 = self
+            .running
+            .iter()
+            .map(|&s| {
+                self.seq(s).remaining_output().min(cfg.clip_max_new_tokens) as f64
+                    * self.new_token_ratio
+            })
+            .sum();
+        let mut rem_total = capacity_tokens as f64 - reserved;
+        while self.running.len() < self.config.max_num_seqs {
+            let Some(&slot) = self.waiting.front() else {
+                break;
+            };
+            if let Some(reason) = self.reject_reason(slot) {
+                self.waiting.pop_front();
+                let id = self.seq(slot).id;
+                self.remove(slot);
+                self.events.push(SchedulerEvent::Rejected { id, reason });
+                continue;
+            }
+            let (cached, _) = self.cached_prefix(slot);
+            let s = self.seq(slot);
+            let extend = s.len() - cached;
+            let chunk = if extend <= rem_chunk {
+                extend
+            } else {
+                rem_chunk / bs * bs
+            };
+            if chunk == 0 {
+                break;
+            }
+            let charged = chunk.div_ceil(bs) * bs;
+            let reserve = if chunk == extend {
+                s.remaining_output().min(cfg.clip_max_new_tokens) as f64
+            } else {
+                0.0
+            };
+            if charged as f64 + reserve >= rem_total || charged > rem_input || charged > rem_chunk {
+                break;
+            }
+            pass.budget = usize::MAX;
+            if !self.allocate_or_preempt(slot, cached + chunk, pass) {
+                break;
+            }
+            self.waiting.pop_front();
+            let s = self.seq_mut(slot);
+            s.computed = cached;
+            s.phase = Phase::Running;
+            let id = s.id;
+            self.running.push(slot);
+            self.events.push(SchedulerEvent::Admitted {
+                id,
+                reused_tokens: cached,
+            });
+            self.commit_schedule(slot, cached, chunk, pass);
+            rem_total -= charged as f64 + reserve;
+            rem_chunk -= charged;
+            rem_input -= charged.min(rem_input);
+        }
+        if pass.batch.num_requests > 0 {
+            return;
+        }
+        // Decode step: every running request whose prompt is done grows by one token.
+        let mut i = 0;
+        while i < self.running.len() {
+            let slot = self.running[i];
+            let s = self.seq(slot);
+            let before = s.computed;
+            let remaining = s.len() - before;
+            if before < s.prompt_len || remaining == 0 {
+                i += 1;
+                continue;
+            }
+            if self.allocate_or_preempt(slot, before + remaining, pass) {
+                self.commit_schedule(slot, before, remaining, pass);
+            }
+            i = self
+                .running
+                .iter()
+                .position(|&s| s == slot)
+                .map_or(i, |p| p + 1);
+        }
+    }
+
+    /// Checks the scheduler's bookkeeping and the pool's. Panics on a violation.
+    pub fn assert_invariants(&self) {
+        self.pool.assert_invariants();
+        let mut seen = vec![false; self.seqs.len()];
+        for &slot in self.waiting.iter().chain(&self.running) {
+            assert!(!seen[slot], "slot {slot} queued twice");
+            seen[slot] = true;
+            let s = self.seq(slot);
+            assert!(s.generated <= s.max_output, "generated past the limit");
+            assert_eq!(
+                s.hashes.len(),
+                s.len() / self.config.block_size,
+                "hash chain length"
+            );
+            assert_eq!(
+                s.tail.len(),
+                s.len() % self.config.block_size,
+                "tail length"
+            );
+        }
+        for &slot in &self.waiting {
+            let s = self.seq(slot);
+            assert_eq!(s.phase, Phase::Waiting);
+            assert!(s.blocks.is_empty(), "waiting request holds no blocks");
+            assert_eq!(s.computed, 0);
+        }
+        for &slot in &self.running {
+            let s = self.seq(slot);
+            assert_eq!(s.phase, Phase::Running);
+            assert!(
+                s.computed + s.scheduled <= s.len(),
+                "computed past the sequence"
+            );
+            assert!(s.blocks.len() >= (s.computed + s.scheduled).div_ceil(self.config.block_size));
+        }
+        assert!(
+            self.running.len() <= self.config.max_num_seqs,
+            "max_num_seqs exceeded"
+        );
+        let live = self.seqs.iter().filter(|s| s.is_some()).count();
+        assert_eq!(
+            live,
+            self.waiting.len() + self.running.len(),
+            "every live request is queued"
+        );
+    }
+}
+
+/// Per-pass accumulators.
+struct PassState {
+    budget: usize,
+    batch: PrefillBatch,
+    preempted_any: bool,
+    scheduled_any: bool,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,136 @@
+//! One simulated worker: a scheduler with its KV pool, run one pass at a time on the caller's
+//! clock, tagging its KV events with the worker id and a per-worker sequence number.
+
+use crate::ids::{RequestId, WorkerId};
+use crate::kv::KvEvent;
+use crate::request::EngineRequest;
+use crate::scheduler::{EngineConfig, PassPlan, Scheduler, SchedulerEvent, SchedulerStats};
+use crate::time::SimTime;
+
+/// A worker and the pass it is running, if any.
+#[derive(Debug)]
+pub struct Worker {
+    /// This worker's id.
+    id: WorkerId,
+    /// Batching and KV state.
+    scheduler: Scheduler,
+    /// End of the pass in progress; None while idle.
+    pass_end: Option<SimTime>,
+    /// Next KV event id (per worker, from 0).
+    next_event_id: u64,
+    /// Passes run so far.
+    passes: u64,
+    /// Simulated time spent in passes, for utilisation.
+    busy_us: u64,
+}
+
+impl Worker {
+    /// An idle worker with an empty pool.
+    pub fn new(id: WorkerId, config: EngineConfig, seed: u64) -> Worker {
+        Worker {
+            id,
+            scheduler: Scheduler::new(config, seed),
+            pass_end: None,
+            next_event_id: 0,
+            passes: 0,
+            busy_us: 0,
+        }
+    }
+
+    /// This worker's id.
+    pub fn id(&self) -> WorkerId {
+        self.id
+    }
+
+    /// The scheduler (read only).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    /// End of the pass in progress.
+    pub fn pass_end(&self) -> Option<SimTime> {
+        self.pass_end
+    }
+
+    /// True when idle with work queued: the caller should start a pass now.
+    pub fn wants_pass(&self) -> bool {
+        self.pass_end.is_none() && self.scheduler.has_work()
+    }
+
+    /// Queues a request.
+    pub fn enqueue(&mut self, id: RequestId, request: EngineRequest) {
+        self.scheduler.enqueue(id, request);
+    }
+
+    /// Drops a request and frees its blocks at once.
+    pub fn cancel(&mut self, id: RequestId) -> bool {
+        self.scheduler.cancel(id)
+    }
+
+    /// Starts a pass at `now` if idle with work; returns its end time.
+    pub fn start_pass(&mut self, now: SimTime) -> Option<SimTime> {
+        if self.pass_end.is_some() {
+            return self.pass_end;
+        }
+        let PassPlan { duration, .. } = self.scheduler.start_pass()?;
+        let end = now + duration;
+        self.pass_end = Some(end);
+        self.passes += 1;
+        self.busy_us += duration.as_micros();
+        Some(end)
+    }
+
+    /// Ends the pass in progress (the caller has reached its end time).
+    pub fn finish_pass(&mut self) {
+        self.scheduler.finish_pass();
+        self.pass_end = None;
+    }
+
+    /// Scheduler events since the last call.
+    pub fn drain_events(&mut self) -> Vec<SchedulerEvent> {
+        self.scheduler.drain_events()
+    }
+
+    /// KV events since the last call, tagged with this worker's id and sequence numbers.
+    pub fn drain_kv_events(&mut self) -> Vec<KvEvent> {
+        self.scheduler
+            .drain_kv_events()
+            .into_iter()
+            .map(|data| {
+                let event_id = self.next_event_id;
+                self.next_event_id += 1;
+                KvEvent {
+                    worker: self.id,
+                    event_id,
+                    data,
+                }
+            })
+            .collect()
+    }
+
+    /// Counters for metrics.
+    pub fn stats(&self) -> WorkerStats {
+        WorkerStats {
+            worker: self.id,
+            scheduler: self.scheduler.stats(),
+            num_gpu_blocks: self.scheduler.config().num_gpu_blocks,
+            passes: self.passes,
+            busy_us: self.busy_us,
+        }
+    }
+}
+
+/// A worker's counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct WorkerStats {
+    /// The worker.
+    pub worker: WorkerId,
+    /// Queue and KV counters.
+    pub scheduler: SchedulerStats,
+    /// Pool size.
+    pub num_gpu_blocks: usize,
+    /// Passes run.
+    pub passes: u64,
+    /// Simulated microseconds spent in passes.
+    pub busy_us: u64,
+}
