@@ -3,3 +3,4 @@ pub mod ids;
 pub mod kv;
 pub mod time;
 pub mod tokens;
+pub mod trace;
