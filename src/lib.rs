@@ -2,10 +2,12 @@
 pub mod cluster;
 pub mod ids;
 pub mod kv;
+pub mod metrics;
 pub mod perf;
 pub mod request;
 pub mod router;
 pub mod scheduler;
 pub mod time;
 pub mod tokens;
+pub mod trace;
 pub mod worker;
