@@ -238,6 +238,11 @@ impl Cluster {
             .min()
     }
 
+    /// The earliest end of a pass in progress.
+    pub fn next_pass_end(&self) -> Option<SimTime> {
+        self.workers.iter().filter_map(Worker::pass_end).min()
+    }
+
     /// Finishes every pass due by `now`, then starts passes on idle workers with work (again
     /// while passes take no time).
     pub fn advance(&mut self, now: SimTime) -> Vec<Output> {

@@ -4,6 +4,7 @@ pub mod ids;
 pub mod kv;
 pub mod metrics;
 pub mod perf;
+pub mod replay;
 pub mod request;
 pub mod router;
 pub mod scheduler;

@@ -332,18 +332,30 @@ impl Scheduler {
             EngineType::Sglang => self.schedule_sglang(&mut pass),
         }
         if !pass.scheduled_any {
-            return None;
+            // Preempting every running request leaves room that admission skipped this time.
+            return if pass.preempted_any {
+                self.start_pass()
+            } else {
+                None
+            };
         }
         let prefill = self.config.latency.prefill(&pass.batch);
         // Requests whose KV covers their whole sequence after this pass emit a token at its end.
         let mut ready = std::mem::take(&mut self.ready);
         ready.clear();
         let mut active_kv_tokens = 0usize;
+        let mut num_decoding = 0usize;
         for &slot in &self.running {
             let s = self.seq(slot);
             if s.scheduled > 0 && s.computed + s.scheduled >= s.len() {
                 ready.push(slot);
-                active_kv_tokens += s.len();
+                // A request that finished its prompt in this pass emits its first token with
+                // the others but adds no decode work (Dynamo's timing: TTFT of a lone request is
+                // its prefill time).
+                if s.prefill_isl == 0 {
+                    num_decoding += 1;
+                    active_kv_tokens += s.len();
+                }
             }
         }
         let total_kv_tokens = self.config.num_gpu_blocks * self.config.block_size;
@@ -351,7 +363,7 @@ impl Scheduler {
             active_kv_tokens = active_kv_tokens.min(total_kv_tokens);
         }
         let decode = self.config.latency.decode(&DecodeBatch {
-            num_requests: ready.len(),
+            num_requests: num_decoding,
             active_kv_tokens,
             total_kv_tokens,
         });

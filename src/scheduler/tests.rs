@@ -69,12 +69,16 @@ fn single_request_timing_matches_the_polynomial_by_hand() {
         -25.74 * u * u + 54.01 * u + 5.74
     };
     let us = |ms: f64| (ms * 1000.0).round() as u64;
-    // Pass 1: prefill of 1000 tokens, then the first token's decode step over 1000 tokens.
-    let t1 = us(4.209989e-07 * 1e6 + 1.518344e-02 * 1000.0 + 16.50142) + us(decode(1000.0));
+    // Pass 1 prefills 1000 tokens; its first token comes at the end of the prefill (nobody
+    // decodes yet). Later passes are decode steps over the growing context.
+    let t1 = us(4.209989e-07 * 1e6 + 1.518344e-02 * 1000.0 + 16.50142);
     let t2 = t1 + us(decode(1001.0));
     let t3 = t2 + us(decode(1002.0));
     assert_eq!(token_times(&passes, RequestId(0)), vec![t1, t2, t3]);
-    assert_eq!(t1, 32_106 + 5_791);
+    assert_eq!(
+        (t1, t2, t3),
+        (32_106, 32_106 + 5_792, 32_106 + 5_792 + 5_792)
+    );
     assert!(matches!(
         passes[0].1[0],
         SchedulerEvent::Admitted {
@@ -102,10 +106,11 @@ fn chunked_prefill_splits_long_prompts_by_the_token_budget() {
     let tokens: Vec<u32> = (0..600).collect();
     s.enqueue(RequestId(7), request(&tokens, 64, 2));
     let passes = run(&mut s);
-    // 256 + 256 + 88 prompt tokens: the first token comes with the third pass (prefill + decode).
+    // 256 + 256 + 88 prompt tokens: the first token ends the third pass (prefill only, nobody
+    // was decoding), the second a decode step.
     assert_eq!(
         token_times(&passes, RequestId(7)),
-        vec![10_000 * 3 + 1_000, 10_000 * 3 + 2_000]
+        vec![10_000 * 3, 10_000 * 3 + 1_000]
     );
 }
 
@@ -154,7 +159,7 @@ fn prefix_hits_shorten_prefill_time() {
     run(&mut s);
     let mut next = shared.clone();
     next.extend(5000..5100);
-    s.enqueue(RequestId(1), request(&next, 64, 1));
+    s.enqueue(RequestId(1), request(&next, 64, 2));
     let passes = run(&mut s);
     let new_tokens = 100; // 2048 cached, 100 new
     let prefill = model.prefill_ms(&PrefillBatch {
@@ -171,15 +176,14 @@ fn prefix_hits_shorten_prefill_time() {
         .new_tokens(),
         new_tokens
     );
+    assert_eq!(passes[0].0, (prefill * 1000.0).round() as u64);
+    // The second token: one decode step over the 2149-token context.
     let decode = model.decode_ms(&DecodeBatch {
         num_requests: 1,
-        active_kv_tokens: 2148,
+        active_kv_tokens: 2149,
         total_kv_tokens: 16384 * 64,
     });
-    assert_eq!(
-        passes[0].0,
-        (prefill * 1000.0).round() as u64 + (decode * 1000.0).round() as u64
-    );
+    assert_eq!(passes[1].0 - passes[0].0, (decode * 1000.0).round() as u64);
 }
 
 #[test]

@@ -1,0 +1,105 @@
+//! `mockserve replay TRACE`: the engine on a virtual clock over a Mooncake trace.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use servesim::replay::{replay, ReplayConfig, ReplayOutcome};
+use servesim::trace::{self, TraceOptions};
+
+use crate::args::EngineArgs;
+
+/// Offline replay flags (Dynamo's offline_replay_bench flags and defaults).
+#[derive(Args, Clone, Debug)]
+pub struct ReplayArgs {
+    /// Mooncake JSONL trace.
+    pub trace: PathBuf,
+
+    /// Divides arrival timestamps and inter-turn delays.
+    #[arg(long, default_value_t = 4.0)]
+    pub arrival_speedup_ratio: f64,
+
+    /// Prompt tokens per trace hash id.
+    #[arg(long, default_value_t = 512)]
+    pub trace_block_size: usize,
+
+    /// Write the report as pretty JSON.
+    #[arg(long, value_name = "PATH")]
+    pub report_json: Option<PathBuf>,
+
+    /// Write one JSON line per request.
+    #[arg(long, value_name = "PATH")]
+    pub per_request_jsonl: Option<PathBuf>,
+
+    /// Run the replay this many times in-process (the last run is reported).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub iterations: u32,
+
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// Runs the replay, prints the report and writes the requested files.
+pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
+    let cluster = args.engine.cluster_config()?;
+    if args.trace_block_size == 0 {
+        anyhow::bail!("--trace-block-size must be positive");
+    }
+    let options = TraceOptions {
+        trace_block_size: args.trace_block_size,
+        arrival_speedup_ratio: args.arrival_speedup_ratio,
+    };
+    let trace = trace::load(&args.trace, &options)?;
+    let config = ReplayConfig {
+        cluster,
+        trace_block_size: args.trace_block_size,
+    };
+    let show_progress = !args.quiet && std::io::stderr().is_terminal();
+    let mut outcome = None;
+    for _ in 0..args.iterations {
+        let bar = show_progress.then(|| {
+            let bar = indicatif::ProgressBar::new(trace.num_requests() as u64);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "replay {bar:40} {pos}/{len} requests {elapsed}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            bar
+        });
+        let result = replay(&trace, &config, |done, _| {
+            if let Some(b) = &bar {
+                b.set_position(done as u64);
+            }
+        });
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        outcome = Some(result?);
+    }
+    let outcome = outcome.context("no iteration ran")?;
+    if let Some(path) = &args.report_json {
+        let json = serde_json::to_string_pretty(&outcome.report)?;
+        std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+        println!("Saved report to {}", path.display());
+    }
+    if let Some(path) = &args.per_request_jsonl {
+        let file =
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        let mut w = std::io::BufWriter::new(file);
+        for record in &outcome.records {
+            serde_json::to_writer(&mut w, record)?;
+            w.write_all(b"\n")?;
+        }
+        w.flush()
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!("Offline replay report");
+    print!("{}", outcome.report);
+    Ok(outcome)
+}
