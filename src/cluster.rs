@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use crate::ids::{RequestId, WorkerId};
 use crate::request::EngineRequest;
-use crate::router::{RouteRequest, Router, RouterConfig};
+use crate::router::{RouteRequest, Router, RouterConfig, RouterMode};
 use crate::scheduler::{ConfigError, EngineConfig, RejectReason, SchedulerEvent};
 use crate::time::SimTime;
 use crate::worker::{Worker, WorkerStats};
@@ -51,6 +51,11 @@ impl ClusterConfig {
         self.engine.validate()?;
         if self.num_workers == 0 {
             return Err(ConfigError("--num-workers must be at least 1".into()));
+        }
+        if self.router.queue_threshold.is_some() && self.router.mode != RouterMode::KvRouter {
+            return Err(ConfigError(
+                "--router-queue-threshold needs --router-mode kv-router".into(),
+            ));
         }
         if self.router.temperature.is_nan() || self.router.temperature < 0.0 {
             return Err(ConfigError("--router-temperature must be >= 0".into()));

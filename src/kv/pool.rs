@@ -153,8 +153,10 @@ impl KvPool {
         } else {
             0
         };
-        if target <= held.len() && !held[..full_target.min(held.len())].contains(&BlockRef::Partial)
-        {
+        // Only the last held block can be partial: every block before it is full already.
+        let first = held.len().saturating_sub(1);
+        let last_needs_promotion = held.last() == Some(&BlockRef::Partial) && first < full_target;
+        if target <= held.len() && !last_needs_promotion {
             return Ok(());
         }
 
@@ -162,7 +164,7 @@ impl KvPool {
         let mut new_blocks = 0usize;
         let mut freed = 0usize;
         let mut reactivated = 0usize;
-        for i in 0..target {
+        for i in first..target {
             let existing = held.get(i).copied();
             let wants_full = i < full_target;
             match (existing, wants_full) {
@@ -191,7 +193,7 @@ impl KvPool {
         let mut stored: Vec<StoredBlock> = Vec::new();
         let mut stored_parent: Option<SequenceHash> = None;
         let mut removed: Vec<SequenceHash> = Vec::new();
-        for i in 0..target {
+        for i in first..target {
             let existing = held.get(i).copied();
             if i >= full_target {
                 if existing.is_none() {

@@ -126,27 +126,58 @@ pub struct Router {
     pending: VecDeque<RequestId>,
 }
 
-/// A small set of worker ids (bitset over up to 64 workers, sorted list beyond).
+/// A set of worker ids: a bitmask for the first 64 workers (no allocation), a sorted list beyond.
 #[derive(Clone, Debug, Default)]
-struct WorkerSet(Vec<u32>);
+struct WorkerSet {
+    low: u64,
+    high: Vec<u32>,
+}
 
 impl WorkerSet {
-    fn insert(&mut self, w: u32) {
-        if let Err(i) = self.0.binary_search(&w) {
-            self.0.insert(i, w);
+    fn insert(&mut self, w: u32) -> bool {
+        if w < 64 {
+            let had = self.low & (1 << w) != 0;
+            self.low |= 1 << w;
+            return !had;
+        }
+        match self.high.binary_search(&w) {
+            Ok(_) => false,
+            Err(i) => {
+                self.high.insert(i, w);
+                true
+            }
         }
     }
+
     fn remove(&mut self, w: u32) -> bool {
-        match self.0.binary_search(&w) {
+        if w < 64 {
+            let had = self.low & (1 << w) != 0;
+            self.low &= !(1 << w);
+            return had;
+        }
+        match self.high.binary_search(&w) {
             Ok(i) => {
-                self.0.remove(i);
+                self.high.remove(i);
                 true
             }
             Err(_) => false,
         }
     }
-    fn contains(&self, w: u32) -> bool {
-        self.0.binary_search(&w).is_ok()
+
+    fn is_empty(&self) -> bool {
+        self.low == 0 && self.high.is_empty()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        let mut low = self.low;
+        std::iter::from_fn(move || {
+            (low != 0).then(|| {
+                let w = low.trailing_zeros();
+                low &= low - 1;
+                w
+            })
+        })
+        .chain(self.high.iter().copied())
     }
 }
 
@@ -232,7 +263,7 @@ impl Router {
                 break;
             };
             let mut alive = 0;
-            for &w in &set.0 {
+            for w in set.iter() {
                 if overlap[w as usize] == depth {
                     overlap[w as usize] = depth + 1;
                     alive += 1;
@@ -264,7 +295,6 @@ impl Router {
     /// Chooses a worker for a request and records it as active there.
     pub fn route(&mut self, id: RequestId, request: RouteRequest<'_>) -> Decision {
         let n = self.loads.len();
-        let overlap = self.overlaps(request.seq_hashes);
         let worker = match self.config.mode {
             RouterMode::RoundRobin => {
                 let w = self.rr_next;
@@ -277,7 +307,15 @@ impl Router {
                 self.select(&costs)
             }
         };
-        let o = overlap[worker];
+        if self.config.mode != RouterMode::KvRouter {
+            // Load-blind policies keep no index and no per-worker block sets.
+            self.loads[worker].add(id, &[], request.isl);
+            return Decision {
+                worker: WorkerId(worker as u32),
+                overlap_blocks: 0,
+            };
+        }
+        let o = self.overlaps(request.seq_hashes)[worker];
         let prefill_tokens = request.isl.saturating_sub(o * self.block_size);
         self.loads[worker].add(id, request.seq_hashes, prefill_tokens);
         Decision {
@@ -327,14 +365,15 @@ impl Router {
 
     /// Applies a worker's KV event to the indexer.
     pub fn apply_kv_event(&mut self, event: &KvEvent) {
+        if self.config.mode != RouterMode::KvRouter {
+            return;
+        }
         let w = event.worker.0;
         let wi = w as usize;
         match &event.data {
             KvEventData::Stored { blocks, .. } => {
                 for b in blocks {
-                    let set = self.indexer.entry(b.seq_hash).or_default();
-                    if !set.contains(w) {
-                        set.insert(w);
+                    if self.indexer.entry(b.seq_hash).or_default().insert(w) {
                         self.tree_sizes[wi] += 1;
                     }
                 }
@@ -345,7 +384,7 @@ impl Router {
                         if set.remove(w) {
                             self.tree_sizes[wi] -= 1;
                         }
-                        if set.0.is_empty() {
+                        if set.is_empty() {
                             self.indexer.remove(h);
                         }
                     }
@@ -354,7 +393,7 @@ impl Router {
             KvEventData::Cleared => {
                 self.indexer.retain(|_, set| {
                     set.remove(w);
-                    !set.0.is_empty()
+                    !set.is_empty()
                 });
                 self.tree_sizes[wi] = 0;
             }
