@@ -298,8 +298,12 @@ impl Cluster {
 
     /// Moves a worker's events into outputs and the router's bookkeeping.
     fn collect(&mut self, w: usize, time: SimTime, out: &mut Vec<Output>) {
-        for event in self.workers[w].drain_kv_events() {
-            self.router.apply_kv_event(&event);
+        // KV events reach the router when the pass that produced them ends (Dynamo's pass-end
+        // visibility): a worker in a pass keeps them until then.
+        if self.workers[w].pass_end().is_none() {
+            for event in self.workers[w].drain_kv_events() {
+                self.router.apply_kv_event(&event);
+            }
         }
         let worker = WorkerId(w as u32);
         let mut freed = false;

@@ -584,11 +584,15 @@ impl Scheduler {
         let bs = self.config.block_size;
         let m = self.pool.lookup_prefix(&s.hashes.sequence);
         let mut cached = (m.blocks * bs).min(s.len());
-        if self.config.engine_type != EngineType::Trtllm {
+        let active_blocks = m.active_blocks.min(cached / bs);
+        if self.config.engine_type == EngineType::Trtllm {
+            // Block-level reuse, but the last token is still computed to produce logits.
+            cached = cached.min(s.len().saturating_sub(1));
+        } else {
             let max_cached = (s.len().saturating_sub(1)) / bs * bs;
             cached = cached.min(max_cached);
         }
-        (cached, m.active_blocks.min(cached / bs))
+        (cached, active_blocks.min(cached.div_ceil(bs)))
     }
 
     fn reject_reason(&self, slot: usize) -> Option<RejectReason> {
