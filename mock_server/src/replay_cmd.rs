@@ -40,6 +40,7 @@ pub struct ReplayArgs {
     #[arg(long, short)]
     pub quiet: bool,
 
+    /// Engine, router and cluster settings.
     #[command(flatten)]
     pub engine: EngineArgs,
 }

@@ -1,1 +1,192 @@
+use super::*;
+use crate::kv::StoredBlock;
+use crate::tokens::{LocalBlockHash, SequenceHash};
 
+fn h(i: u64) -> SequenceHash {
+    SequenceHash(0x1000 + i)
+}
+
+fn stored(worker: u32, hashes: &[SequenceHash]) -> KvEvent {
+    KvEvent {
+        worker: WorkerId(worker),
+        event_id: 0,
+        data: KvEventData::Stored {
+            parent: None,
+            blocks: hashes
+                .iter()
+                .map(|&s| StoredBlock {
+                    seq_hash: s,
+                    local_hash: LocalBlockHash(s.0),
+                })
+                .collect(),
+        },
+    }
+}
+
+/// Three workers, block size 4, a request of 8 blocks (32 tokens):
+/// - w0: nothing cached, idle: prefill 32/4 = 8, decode 0 + 8 new = 8 -> 16
+/// - w1: 6 blocks cached but another request still prefilling 40 tokens over 10 other blocks:
+///   prefill (40 + 8)/4 = 12, decode 10 + 8 = 18 -> 30
+/// - w2: 4 blocks cached, a decoding request holds those 4: prefill 16/4 = 4,
+///   decode 4 + 4 new = 8 -> 12 (chosen)
+#[test]
+fn kv_cost_on_a_hand_built_three_worker_example() {
+    let mut r = Router::new(RouterConfig::default(), 3, 4, 8192, 0);
+    let req: Vec<SequenceHash> = (0..8).map(h).collect();
+    r.apply_kv_event(&stored(1, &req[..6]));
+    r.apply_kv_event(&stored(2, &req[..4]));
+    let other: Vec<SequenceHash> = (100..110).map(h).collect();
+    r.loads[1].add(RequestId(90), &other, 40);
+    r.loads[2].add(RequestId(91), &req[..4], 0);
+    assert_eq!(r.overlaps(&req), vec![0, 6, 4]);
+    let costs = r.costs(RouteRequest {
+        isl: 32,
+        seq_hashes: &req,
+    });
+    assert_eq!(costs, vec![16.0, 30.0, 12.0]);
+    let d = r.route(
+        RequestId(1),
+        RouteRequest {
+            isl: 32,
+            seq_hashes: &req,
+        },
+    );
+    assert_eq!(
+        d,
+        Decision {
+            worker: WorkerId(2),
+            overlap_blocks: 4
+        }
+    );
+    // The routed request now loads w2: 16 prefill tokens, its 8 blocks active.
+    assert_eq!(r.load(WorkerId(2)).active_prefill_tokens(), 16);
+    assert_eq!(r.load(WorkerId(2)).active_blocks(), 8);
+    r.mark_prefill_completed(WorkerId(2), RequestId(1));
+    assert_eq!(r.load(WorkerId(2)).active_prefill_tokens(), 0);
+    r.free(WorkerId(2), RequestId(1));
+    assert_eq!(
+        r.load(WorkerId(2)).active_blocks(),
+        4,
+        "the other request still holds 4"
+    );
+}
+
+#[test]
+fn overlap_is_the_contiguous_prefix_only() {
+    let mut r = Router::new(RouterConfig::default(), 2, 4, 8192, 0);
+    let req: Vec<SequenceHash> = (0..5).map(h).collect();
+    // Worker 0 holds blocks 0, 1 and 3 (not 2): overlap 2.
+    r.apply_kv_event(&stored(0, &[req[0], req[1], req[3]]));
+    r.apply_kv_event(&stored(1, &req[..5]));
+    assert_eq!(r.overlaps(&req), vec![2, 5]);
+    r.apply_kv_event(&KvEvent {
+        worker: WorkerId(1),
+        event_id: 1,
+        data: KvEventData::Removed {
+            seq_hashes: vec![req[0]],
+        },
+    });
+    assert_eq!(r.overlaps(&req), vec![2, 0]);
+    assert_eq!(r.tree_sizes(), &[3, 4]);
+    r.apply_kv_event(&KvEvent {
+        worker: WorkerId(0),
+        event_id: 1,
+        data: KvEventData::Cleared,
+    });
+    assert_eq!(r.overlaps(&req), vec![0, 0]);
+    assert_eq!(r.tree_sizes(), &[0, 4]);
+}
+
+#[test]
+fn ties_break_by_seeded_draw_and_weight_zero_ignores_prefill() {
+    let req: Vec<SequenceHash> = (0..4).map(h).collect();
+    let pick = |seed| {
+        let mut r = Router::new(RouterConfig::default(), 4, 4, 8192, seed);
+        r.route(
+            RequestId(0),
+            RouteRequest {
+                isl: 16,
+                seq_hashes: &req,
+            },
+        )
+        .worker
+    };
+    assert_eq!(pick(7), pick(7), "same seed, same choice");
+    let picks: std::collections::BTreeSet<WorkerId> = (0..32).map(pick).collect();
+    assert!(
+        picks.len() > 1,
+        "ties are not always broken towards one worker"
+    );
+
+    let config = RouterConfig {
+        overlap_score_weight: 0.0,
+        ..RouterConfig::default()
+    };
+    let mut r = Router::new(config, 2, 4, 8192, 0);
+    r.loads[0].add(RequestId(9), &[], 4000);
+    assert_eq!(
+        r.costs(RouteRequest {
+            isl: 16,
+            seq_hashes: &req
+        }),
+        vec![4.0, 4.0]
+    );
+}
+
+#[test]
+fn round_robin_cycles_and_queueing_parks_while_all_are_busy() {
+    let config = RouterConfig {
+        mode: RouterMode::RoundRobin,
+        ..RouterConfig::default()
+    };
+    let mut r = Router::new(config, 3, 4, 8192, 0);
+    let ws: Vec<u32> = (0..6)
+        .map(|i| {
+            r.route(
+                RequestId(i),
+                RouteRequest {
+                    isl: 8,
+                    seq_hashes: &[],
+                },
+            )
+            .worker
+            .0
+        })
+        .collect();
+    assert_eq!(ws, vec![0, 1, 2, 0, 1, 2]);
+
+    let config = RouterConfig {
+        queue_threshold: Some(1.0),
+        ..RouterConfig::default()
+    };
+    let mut r = Router::new(config, 2, 4, 100, 0);
+    assert!(!r.all_busy());
+    r.loads[0].add(RequestId(1), &[], 101);
+    assert!(!r.all_busy(), "one worker still has room");
+    r.loads[1].add(RequestId(2), &[], 150);
+    assert!(r.all_busy());
+    r.park(RequestId(3));
+    assert_eq!(r.unpark(), None);
+    r.mark_prefill_completed(WorkerId(1), RequestId(2));
+    assert_eq!(r.unpark(), Some(RequestId(3)));
+}
+
+#[test]
+fn softmax_sampling_prefers_cheap_workers() {
+    let config = RouterConfig {
+        temperature: 0.5,
+        ..RouterConfig::default()
+    };
+    let mut r = Router::new(config, 2, 4, 8192, 3);
+    let mut cheap = 0;
+    for i in 0..400 {
+        let pick = r.select(&[1.0, 3.0]);
+        cheap += usize::from(pick == 0);
+        let _ = i;
+    }
+    // p(0) = 1 / (1 + e^-2) = 0.88
+    assert!(
+        (320..380).contains(&cheap),
+        "cheap worker picked {cheap} of 400 times"
+    );
+}

@@ -1,0 +1,130 @@
+use std::sync::Arc;
+
+use servesim::cluster::ClusterConfig;
+use servesim::metrics::WALL_CLOCK_KEYS;
+use servesim::perf::{Fixed, ScaledLatency};
+use servesim::replay::{replay, ReplayConfig};
+use servesim::router::{RouterConfig, RouterMode};
+use servesim::scheduler::EngineConfig;
+use servesim::trace::{self, TraceOptions};
+
+use crate::fixture;
+
+fn config(num_workers: usize, mode: RouterMode) -> ReplayConfig {
+    ReplayConfig {
+        cluster: ClusterConfig {
+            num_workers,
+            router: RouterConfig {
+                mode,
+                ..RouterConfig::default()
+            },
+            ..ClusterConfig::default()
+        },
+        trace_block_size: 512,
+    }
+}
+
+fn report_json(trace: &trace::Trace, config: &ReplayConfig) -> serde_json::Value {
+    let outcome = replay(trace, config, |_, _| {}).expect("replay runs");
+    let mut v = serde_json::to_value(&outcome.report).expect("report serialises");
+    for key in WALL_CLOCK_KEYS {
+        v[key] = serde_json::Value::Null;
+    }
+    v
+}
+
+#[test]
+fn same_seed_and_trace_give_byte_identical_reports() {
+    let trace = trace::load(&fixture("trace_small.jsonl"), &TraceOptions::default())
+        .expect("fixture loads");
+    for mode in [
+        RouterMode::KvRouter,
+        RouterMode::RoundRobin,
+        RouterMode::Random,
+    ] {
+        let c = config(3, mode);
+        let a = serde_json::to_string(&report_json(&trace, &c)).unwrap();
+        let b = serde_json::to_string(&report_json(&trace, &c)).unwrap();
+        assert_eq!(a, b, "{mode}");
+        let v: serde_json::Value = serde_json::from_str(&a).unwrap();
+        assert_eq!(v["completed_requests"], v["num_requests"]);
+    }
+}
+
+#[test]
+fn single_request_ttft_and_e2e_by_hand() {
+    // One request of 1000 tokens (2 hash ids of 512, clamped) and 3 output tokens.
+    let text = r#"{"timestamp": 0, "input_length": 1000, "output_length": 3, "hash_ids": [1, 2]}"#;
+    let trace = trace::parse(text.as_bytes(), "one.jsonl", &TraceOptions::default()).unwrap();
+    let outcome = replay(&trace, &config(1, RouterMode::RoundRobin), |_, _| {}).unwrap();
+    let r = &outcome.report;
+    // Prefill of 1000 tokens: 4.209989e-07 * 1000^2 + 1.518344e-02 * 1000 + 16.50142 = 32.1059 ms.
+    assert_eq!(r.ttft.mean, 32.106);
+    // Two decode steps at u = 1001 and 1002 tokens of 16384 * 64: 5.7916 ms each (rounded to us).
+    let step_us = |len: f64| {
+        let u = len / (16384.0 * 64.0);
+        ((-25.74 * u * u + 54.01 * u + 5.74) * 1000.0).round()
+    };
+    assert_eq!((step_us(1001.0), step_us(1002.0)), (5792.0, 5792.0));
+    assert_eq!(
+        (r.e2e_latency.mean * 1000.0).round(),
+        32_106.0 + 5_792.0 + 5_792.0
+    );
+    assert_eq!(r.total_output_tokens, 3);
+    assert_eq!(r.prefix_cache_reused_ratio, 0.0);
+}
+
+#[test]
+fn a_repeated_prompt_reuses_its_cached_prefix() {
+    let text = concat!(
+        r#"{"timestamp": 0, "input_length": 1000, "output_length": 3, "hash_ids": [1, 2]}"#,
+        "\n",
+        r#"{"timestamp": 1000, "input_length": 1000, "output_length": 3, "hash_ids": [1, 2]}"#,
+    );
+    let trace = trace::parse(text.as_bytes(), "two.jsonl", &TraceOptions::default()).unwrap();
+    let outcome = replay(&trace, &config(1, RouterMode::KvRouter), |_, _| {}).unwrap();
+    // 15 full blocks of 64 (960 tokens) are cached; 40 tokens recomputed: 17.109 ms.
+    assert_eq!(outcome.records[1].reused_input_tokens, 960);
+    assert_eq!(outcome.records[1].ttft_ms, Some(17.109));
+    assert_eq!(outcome.report.prefix_cache_reused_ratio, 960.0 / 2000.0);
+}
+
+#[test]
+fn sessions_wait_for_the_previous_turn() {
+    let text = concat!(
+        r#"{"session_id": "a", "timestamp": 0, "input_length": 100, "output_length": 2, "hash_ids": [1]}"#,
+        "\n",
+        r#"{"session_id": "a", "delay": 50, "input_length": 200, "output_length": 2, "hash_ids": [1]}"#,
+    );
+    let trace = trace::parse(text.as_bytes(), "s.jsonl", &TraceOptions::default()).unwrap();
+    let mut c = config(1, RouterMode::RoundRobin);
+    c.cluster.engine = EngineConfig {
+        latency: ScaledLatency {
+            model: Arc::new(Fixed {
+                prefill_ms: 10.0,
+                decode_ms: 1.0,
+            }),
+            speedup_ratio: 1.0,
+            decode_speedup_ratio: 1.0,
+        },
+        ..EngineConfig::default()
+    };
+    let outcome = replay(&trace, &c, |_, _| {}).unwrap();
+    // Turn 0: first token at 10 ms (prefill), second at 11; turn 1 arrives at 11 + 50.
+    assert_eq!(outcome.records[0].finish_ms, Some(11.0));
+    assert_eq!(outcome.records[1].arrival_ms, 61.0);
+    assert_eq!(outcome.records[1].ttft_ms, Some(10.0));
+}
+
+#[test]
+fn kv_routing_beats_round_robin_on_prefix_reuse() {
+    let trace = trace::load(&fixture("trace_small.jsonl"), &TraceOptions::default()).unwrap();
+    let kv = replay(&trace, &config(4, RouterMode::KvRouter), |_, _| {}).unwrap();
+    let rr = replay(&trace, &config(4, RouterMode::RoundRobin), |_, _| {}).unwrap();
+    assert!(
+        kv.report.prefix_cache_reused_ratio > rr.report.prefix_cache_reused_ratio,
+        "kv {} vs rr {}",
+        kv.report.prefix_cache_reused_ratio,
+        rr.report.prefix_cache_reused_ratio
+    );
+}

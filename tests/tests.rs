@@ -1,0 +1,14 @@
+//! End-to-end tests of servesim, one test binary.
+//!
+//! - `replay`: the offline replay through the library (determinism, hand-checked timings).
+//! - `replay_cli`: `mockserve replay` parsed and run in-process (flags, files, errors).
+
+mod replay;
+mod replay_cli;
+
+/// Path of a file under `fixtures/`.
+pub fn fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures")
+        .join(name)
+}
