@@ -422,7 +422,7 @@ impl ConcurrentRadixTreeCompressed {
         };
         let (idx, len) = {
             let g = read(&node);
-            (g.seqs.iter().position(|s| *s == h), g.seqs.len())
+            (g.seqs.iter().rposition(|s| *s == h), g.seqs.len())
         };
         let Some(idx) = idx else {
             return true;
