@@ -1,6 +1,7 @@
 //! servesim: a simulated LLM inference engine.
 pub mod cluster;
 pub mod ids;
+pub mod indexer;
 pub mod kv;
 pub mod metrics;
 pub mod perf;
