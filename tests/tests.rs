@@ -1,4 +1,5 @@
 //! End-to-end tests of servesim, one test binary.
+#![allow(clippy::unwrap_used)]
 //!
 //! - `replay`: the offline replay through the library (determinism, hand-checked timings).
 //! - `replay_cli`: `mockserve replay` parsed and run in-process (flags, files, errors).
