@@ -2,4 +2,5 @@
 pub mod ids;
 pub mod kv;
 pub mod time;
+pub mod tokenizer;
 pub mod tokens;
