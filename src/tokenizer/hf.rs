@@ -1,5 +1,8 @@
 //! [`HfTokenizer`]: a HuggingFace `tokenizer.json` behind the [`Tokenizer`] trait, for exact token
 //! counts of a real model.
+//!
+//! Checked by hand against `transformers` for DeepSeek-V3 (129,280 ids): plain text and the
+//! rendered chat template give the same ids as the model's own Jinja template.
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -35,9 +35,11 @@ pub use words::LOREM_WORDS;
 
 /// A tokenizer: what mockserve and loadgen need from one, builtin or loaded from a file.
 ///
-/// `encode` never produces special tokens: special-token strings inside the text are encoded as
-/// plain text (so user content cannot forge role markers). Special tokens are inserted by the
-/// chat template, which looks them up with [`Tokenizer::special_token_id`].
+/// `encode` does not produce special tokens: special-token strings inside the text are encoded as
+/// plain text, so user content cannot forge a BOS or the builtin role markers. (A loaded
+/// `tokenizer.json` may declare role markers as *non-special* added tokens, as DeepSeek-V3 does
+/// for `<｜User｜>`; those match inside text exactly as with the real tokenizer.) The chat template
+/// inserts markers itself, looking them up with [`Tokenizer::special_token_id`].
 pub trait Tokenizer: Send + Sync {
     /// Token ids of `text`, without any BOS/EOS or other special tokens.
     fn encode(&self, text: &str) -> Vec<u32>;
@@ -48,7 +50,7 @@ pub trait Tokenizer: Send + Sync {
     /// Number of ids (including special and added tokens).
     fn vocab_size(&self) -> usize;
 
-    /// Id of the special token whose text is exactly `token`, `None` when it has none.
+    /// Id of the special or added token whose text is exactly `token`, `None` when it has none.
     fn special_token_id(&self, token: &str) -> Option<u32>;
 
     /// Words to draw generated answers from (see [`AnswerWords`] for the guarantee).
