@@ -10,6 +10,7 @@ pub mod request;
 pub mod router;
 pub mod scheduler;
 pub mod time;
+pub mod tokenizer;
 pub mod tokens;
 pub mod trace;
 pub mod worker;
