@@ -141,8 +141,12 @@ impl ScaledLatency {
     }
 }
 
+/// Divides by the speed-up ratio; an infinite ratio means no delay at all, and a ratio that is
+/// not positive leaves the time unscaled (Dynamo's behaviour; validation rejects those).
 fn scale(ms: f64, ratio: f64) -> f64 {
-    if ratio.is_finite() && ratio > 0.0 {
+    if ratio == f64::INFINITY {
+        0.0
+    } else if ratio.is_finite() && ratio > 0.0 {
         ms / ratio
     } else {
         ms
