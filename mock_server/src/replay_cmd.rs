@@ -40,6 +40,7 @@ pub struct ReplayArgs {
     #[arg(long, short)]
     pub quiet: bool,
 
+    /// Simulated engine and routing flags.
     #[command(flatten)]
     pub engine: EngineArgs,
 }

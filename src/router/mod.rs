@@ -164,7 +164,7 @@ impl Router {
             block_size,
             max_num_batched_tokens,
             rr_next: 0,
-            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_0f_7047e4),
+            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_0f70_47e4),
             indexer: HashKeyMap::default(),
             tree_sizes: vec![0; num_workers],
             loads: (0..num_workers).map(|_| WorkerLoad::default()).collect(),
