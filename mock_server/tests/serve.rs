@@ -640,3 +640,90 @@ fn bare_mockserve_means_serve() -> Result<()> {
         .is_some());
     Ok(())
 }
+
+#[tokio::test]
+async fn engine_rejection_mid_stream_is_an_error_event() -> Result<()> {
+    let mut cfg = config(None);
+    cfg.cluster.engine.num_gpu_blocks = 2;
+    let server = start(cfg).await?;
+    let body = chat_body(
+        &json!([user(&long_question())]),
+        json!({"stream": true, "max_tokens": 4}),
+    );
+    let response = within(
+        server
+            .client
+            .post(format!("{}/v1/chat/completions", server.base))
+            .json(&body)
+            .send(),
+    )
+    .await??;
+    let events = read_sse(response, Instant::now()).await?;
+    assert_eq!(events.len(), 3, "{events:?}");
+    let role: Value = serde_json::from_str(&events[0].0)?;
+    assert_eq!(role["choices"][0]["delta"]["role"], "assistant");
+    let error: Value = serde_json::from_str(&events[1].0)?;
+    assert_eq!(error["error"]["type"], "invalid_request_error");
+    assert_eq!(events[2].0, "[DONE]");
+
+    // Not streamed, the same rejection is a plain 400.
+    let whole = chat_body(&json!([user(&long_question())]), json!({"max_tokens": 4}));
+    let response = within(
+        server
+            .client
+            .post(format!("{}/v1/chat/completions", server.base))
+            .json(&whole)
+            .send(),
+    )
+    .await??;
+    assert_eq!(response.status(), 400);
+    Ok(())
+}
+
+#[tokio::test]
+async fn completions_take_token_id_prompts() -> Result<()> {
+    let state = AppState::new(config(None))?;
+    let body = json!({"model": "mock-model", "prompt": [[5, 6, 7, 8, 9]], "max_tokens": 3});
+    let (s, b) = post(&state, "/v1/completions", &body).await?;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["object"], "text_completion");
+    assert_eq!(b["usage"]["prompt_tokens"], 5);
+    assert_eq!(b["usage"]["completion_tokens"], 3);
+    assert_eq!(
+        WordCodec
+            .encode(b["choices"][0]["text"].as_str().unwrap_or(""))
+            .len(),
+        3
+    );
+    Ok(())
+}
+
+/// The real binary prints its address and serves.
+#[tokio::test]
+async fn binary_smoke_test() -> Result<()> {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mockserve"))
+        .args([
+            "--port",
+            "0",
+            "--speedup-ratio",
+            "inf",
+            "--num-workers",
+            "1",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let mut line = String::new();
+    within(tokio::io::BufReader::new(stdout).read_line(&mut line)).await??;
+    let url = line
+        .trim()
+        .strip_prefix("mockserve listening on ")
+        .context("no address line")?
+        .to_string();
+    let response = within(reqwest::get(format!("{url}/health"))).await??;
+    assert_eq!(response.status(), 200);
+    child.kill().await?;
+    Ok(())
+}

@@ -2,6 +2,22 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`,
 //! `GET /metrics`. Every error is an [`ApiError`] body.
+//!
+//! Wire behaviour worth knowing:
+//! - The engine always generates exactly the output limit (`max_completion_tokens`, else
+//!   `max_tokens`, else `--default-max-tokens`), so `finish_reason` is always `length`. `stop`,
+//!   `ignore_eos`, `min_tokens`, `temperature`, `tools` and the like are accepted and ignored:
+//!   stop strings are never emitted. Unknown top-level fields are ignored.
+//! - `n` other than 1 is a 400 (`param: "n"`); `/v1/completions` takes one prompt only.
+//! - Streams start with the `role` chunk at once; an engine rejection after that is a final
+//!   `data: {"error":…}` event and `data: [DONE]`.
+//! - `usage.prompt_tokens_details.cached_tokens` is the prefix-cache hit at first admission.
+//! - With `--reasoning-ratio R`, the first floor(R * limit) chat tokens are reasoning:
+//!   `delta.reasoning_content` (or `<think>…</think>` in content with `--reasoning-format inline`).
+//! - `nvext.agent_hints` must only hold `priority`, `strict_priority`, `osl`,
+//!   `speculative_prefill`, `latency_sensitivity`; only `speculative_prefill` acts (chat only):
+//!   after the last chunk the conversation plus the answer is submitted with one output token.
+//!   It is dropped silently when the `--max-waiting` queue is full.
 
 pub mod error;
 pub mod metrics;
@@ -193,7 +209,10 @@ async fn generate(
     };
     let turn = Turn {
         header: Header {
-            id: format!("{prefix}-{:016x}{:08x}", seed, number),
+            id: format!(
+                "{prefix}-{:032x}",
+                xxhash_rust::xxh3::xxh3_128_with_seed(&number.to_le_bytes(), state.started)
+            ),
             created: unix_now(),
             model: params.model,
             flavor,
