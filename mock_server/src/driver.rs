@@ -334,3 +334,88 @@ async fn sleep_until(deadline: Option<Instant>) {
         tokio::time::sleep_until(d).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use servesim::cluster::ClusterConfig;
+    use servesim::perf::Fixed;
+    use servesim::request::Prompt;
+
+    use super::*;
+
+    fn handle() -> EngineHandle {
+        let mut config = ClusterConfig::default();
+        config.num_workers = 1;
+        config.engine.block_size = 4;
+        config.engine.latency.model = Arc::new(Fixed {
+            prefill_ms: 20.0,
+            decode_ms: 5.0,
+        });
+        let cluster = Cluster::new(config).expect("valid config");
+        EngineHandle::spawn(cluster, None)
+    }
+
+    fn request(max_output_tokens: usize) -> EngineRequest {
+        EngineRequest {
+            prompt: Prompt::from_tokens(&[1, 2, 3, 4, 5, 6], 4),
+            max_output_tokens,
+            output_tokens: vec![7, 8, 9],
+        }
+    }
+
+    // Paused time (no sockets here): simulated microseconds map 1:1 to tokio time.
+    #[tokio::test(start_paused = true)]
+    async fn tokens_arrive_at_simulated_times() {
+        let engine = handle();
+        let start = Instant::now();
+        let mut sub = engine.submit(request(3)).await.expect("submitted");
+        let mut seen = Vec::new();
+        while let Some(event) = sub.events.recv().await {
+            let done = event == Event::Finished;
+            if let Event::Token { token, index } = event {
+                seen.push((token, index, start.elapsed().as_millis()));
+            }
+            if done {
+                sub.mark_done();
+                break;
+            }
+        }
+        assert_eq!(seen, vec![(7, 1, 20), (8, 2, 25), (9, 3, 30)]);
+        let live = engine.snapshot().await.expect("snapshot");
+        assert_eq!(live.cluster.active_requests, 0);
+        assert_eq!(live.prompt_tokens, 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropping_a_submission_cancels_it() {
+        let engine = handle();
+        let mut sub = engine.submit(request(1000)).await.expect("submitted");
+        while let Some(event) = sub.events.recv().await {
+            if matches!(event, Event::Token { index: 3, .. }) {
+                break;
+            }
+        }
+        drop(sub);
+        let live = engine.snapshot().await.expect("snapshot");
+        assert_eq!(live.cluster.active_requests, 0);
+        assert_eq!(live.cancelled, 1);
+        assert_eq!(live.cluster.workers[0].scheduler.active_blocks, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_queue_refuses_submissions() {
+        let mut config = ClusterConfig::default();
+        config.num_workers = 1;
+        config.engine.max_num_seqs = 1;
+        let engine = EngineHandle::spawn(Cluster::new(config).expect("valid"), Some(1));
+        let _running = engine.submit(request(10)).await.expect("runs");
+        let _waiting = engine.submit(request(10)).await.expect("waits");
+        let third = engine.submit(request(10)).await;
+        assert!(
+            matches!(third, Err(SubmitError::Overloaded { waiting: 1 })),
+            "{third:?}"
+        );
+    }
+}
