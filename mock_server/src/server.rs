@@ -77,7 +77,7 @@ pub struct ServeArgs {
 /// [`ServerConfig::from_args`] (flags).
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    /// The simulated cluster; `engine.max_model_len` is set from `max_model_len`.
+    /// The simulated cluster; the server sets its `engine.max_model_len` to `max_model_len`.
     pub cluster: ClusterConfig,
     /// Served model name.
     pub model_name: String,
@@ -106,16 +106,8 @@ impl Default for ServerConfig {
 }
 
 impl ServerConfig {
-    /// Defaults (as the flags') around a cluster configuration. An infinite speed-up ratio in it
-    /// is replaced by a finite one that makes every pass take no time.
+    /// Defaults (as the flags') around a cluster configuration.
     pub fn new(mut cluster: ClusterConfig) -> ServerConfig {
-        let latency = &mut cluster.engine.latency;
-        if latency.speedup_ratio == f64::INFINITY {
-            latency.speedup_ratio = NO_DELAY_SPEEDUP;
-        }
-        if latency.decode_speedup_ratio == f64::INFINITY {
-            latency.decode_speedup_ratio = NO_DELAY_SPEEDUP;
-        }
         let max_model_len = cluster.engine.max_model_len.unwrap_or(131072);
         cluster.engine.max_model_len = Some(max_model_len);
         ServerConfig {
@@ -149,6 +141,22 @@ impl ServerConfig {
         Ok(config)
     }
 
+    /// The engine settings the live driver runs: `max_model_len` copied in, and an infinite
+    /// speed-up ratio (which the engine would treat as "unscaled") replaced by a finite one that
+    /// makes every pass take 0 µs, so `--speedup-ratio inf` means no delays.
+    pub fn live_cluster(&self) -> ClusterConfig {
+        let mut cluster = self.cluster.clone();
+        cluster.engine.max_model_len = Some(self.max_model_len);
+        let latency = &mut cluster.engine.latency;
+        if latency.speedup_ratio == f64::INFINITY {
+            latency.speedup_ratio = NO_DELAY_SPEEDUP;
+        }
+        if latency.decode_speedup_ratio == f64::INFINITY {
+            latency.decode_speedup_ratio = NO_DELAY_SPEEDUP;
+        }
+        cluster
+    }
+
     /// Checks the server settings (the cluster's are checked when it is built).
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: &str| Err(ConfigError(m.to_string()));
@@ -161,9 +169,6 @@ impl ServerConfig {
         if self.max_model_len == 0 {
             return bad("--max-model-len must be positive");
         }
-        if self.cluster.engine.max_model_len != Some(self.max_model_len) {
-            return bad("cluster.engine.max_model_len must equal max_model_len");
-        }
         self.cluster.validate()
     }
 }
@@ -174,7 +179,6 @@ pub async fn serve(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    config.validate()?;
     let state = AppState::new(config)?;
     serve_state(listener, state, shutdown).await
 }

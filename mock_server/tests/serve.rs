@@ -613,7 +613,12 @@ fn bare_mockserve_means_serve() -> Result<()> {
     assert!(cli.command.is_none());
     assert_eq!(cli.serve.port, 0);
     let config = ServerConfig::from_args(&cli.serve)?;
-    assert!(config.cluster.engine.latency.speedup_ratio.is_finite());
+    assert!(config
+        .live_cluster()
+        .engine
+        .latency
+        .speedup_ratio
+        .is_finite());
     assert_eq!(config.cluster.engine.max_model_len, Some(131072));
 
     let cli = Cli::try_parse_from([

@@ -65,9 +65,11 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Builds the cluster and spawns its driver on the current tokio runtime.
+    /// Validates the settings, builds the cluster and spawns its driver on the current tokio
+    /// runtime.
     pub fn new(config: ServerConfig) -> Result<AppState, servesim::scheduler::ConfigError> {
-        let cluster = Cluster::new(config.cluster.clone())?;
+        config.validate()?;
+        let cluster = Cluster::new(config.live_cluster())?;
         let block_size = cluster.block_size();
         let engine = EngineHandle::spawn(cluster, config.max_waiting);
         Ok(AppState {
