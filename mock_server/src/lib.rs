@@ -1,25 +1,64 @@
 //! mockserve: an OpenAI-compatible server and an offline replay over the servesim engine.
 //!
-//! [`Cli`] is the command line; [`run`] executes it. The engine flags ([`args::EngineArgs`]) are
-//! shared by every subcommand.
+//! - [`Cli`] is the command line and [`run`] executes it; bare `mockserve` means `mockserve serve`.
+//! - [`server::serve`] runs the HTTP API on a listener with a [`server::ServerConfig`] until a
+//!   shutdown future resolves; [`api::app`] is the axum router (for `oneshot` tests).
+//! - [`driver::EngineHandle`] is the live driver: one task owning the simulated cluster.
+//! - [`text::TextCodec`] is the tokenizer seam (a word-level stand-in for now).
+//!
+//! Embedding the server in-process:
+//!
+//! ```
+//! # fn main() -> anyhow::Result<()> {
+//! use mock_server::server::{serve, ServerConfig};
+//! let rt = tokio::runtime::Runtime::new()?;
+//! rt.block_on(async {
+//!     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//!     let addr = listener.local_addr()?;
+//!     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//!     let server = tokio::spawn(serve(listener, ServerConfig::default(), async {
+//!         let _ = stopped.await;
+//!     }));
+//!     println!("serving on http://{addr}");
+//!     let _ = stop.send(());
+//!     server.await??;
+//!     anyhow::Ok(())
+//! })
+//! # }
+//! ```
 
+pub mod api;
 pub mod args;
+pub mod driver;
 pub mod replay_cmd;
+pub mod server;
+pub mod text;
 
 use clap::{Parser, Subcommand};
 
-/// mockserve: a simulated LLM serving backend.
+/// mockserve: a simulated LLM serving backend. Without a subcommand it serves.
 #[derive(Parser, Debug)]
-#[command(name = "mockserve", version, about)]
+#[command(
+    name = "mockserve",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
 pub struct Cli {
-    /// What to run.
+    /// What to run (default: serve).
     #[command(subcommand)]
-    pub command: Command,
+    pub command: Option<Command>,
+
+    /// Serve flags when no subcommand is given.
+    #[command(flatten)]
+    pub serve: server::ServeArgs,
 }
 
 /// Subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Serve the OpenAI-compatible API over the simulated engine (the default).
+    Serve(server::ServeArgs),
     /// Replay a Mooncake trace on a virtual clock and report Dynamo-compatible metrics.
     Replay(replay_cmd::ReplayArgs),
 }
@@ -27,6 +66,8 @@ pub enum Command {
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Replay(args) => replay_cmd::run(&args).map(|_| ()),
+        None => server::run(&cli.serve),
+        Some(Command::Serve(args)) => server::run(&args),
+        Some(Command::Replay(args)) => replay_cmd::run(&args).map(|_| ()),
     }
 }

@@ -1,0 +1,270 @@
+//! The OpenAI-compatible HTTP API: [`app`] builds the axum router over an [`AppState`].
+//!
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`,
+//! `GET /metrics`. Every error is an [`ApiError`] body.
+//!
+//! Wire behaviour worth knowing:
+//! - The engine always generates exactly the output limit (`max_completion_tokens`, else
+//!   `max_tokens`, else `--default-max-tokens`), so `finish_reason` is always `length`. `stop`,
+//!   `ignore_eos`, `min_tokens`, `temperature`, `tools` and the like are accepted and ignored:
+//!   stop strings are never emitted. Unknown top-level fields are ignored.
+//! - `n` other than 1 is a 400 (`param: "n"`); `/v1/completions` takes one prompt only.
+//! - Streams start with the `role` chunk at once; an engine rejection after that is a final
+//!   `data: {"error":…}` event and `data: [DONE]`.
+//! - `usage.prompt_tokens_details.cached_tokens` is the prefix-cache hit at first admission.
+//! - With `--reasoning-ratio R`, the first floor(R * limit) chat tokens are reasoning:
+//!   `delta.reasoning_content` (or `<think>…</think>` in content with `--reasoning-format inline`).
+//! - `nvext.agent_hints` must only hold `priority`, `strict_priority`, `osl`,
+//!   `speculative_prefill`, `latency_sensitivity`; only `speculative_prefill` acts (chat only):
+//!   after the last chunk the conversation plus the answer is submitted with one output token.
+//!   It is dropped silently when the `--max-waiting` queue is full.
+
+pub mod error;
+pub mod metrics;
+pub mod protocol;
+pub mod turn;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+use servesim::cluster::Cluster;
+use servesim::request::{EngineRequest, Prompt};
+
+pub use error::ApiError;
+use metrics::ServerMetrics;
+use protocol::{ApiJson, ChatRequest, CompletionRequest, GenerationParams, PromptInput};
+use turn::{Flavor, Header, SpecPrefill, Turn};
+
+use crate::driver::EngineHandle;
+use crate::server::ServerConfig;
+
+/// Everything a handler needs; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    /// Validated settings.
+    pub config: Arc<ServerConfig>,
+    /// The live engine.
+    pub engine: EngineHandle,
+    /// Request counters for `/metrics`.
+    pub metrics: Arc<ServerMetrics>,
+    /// Numbers requests (ids, default answer seeds).
+    pub counter: Arc<AtomicU64>,
+    /// The engine's block size (prompts are hashed with it).
+    pub block_size: usize,
+    /// Unix seconds at start (model `created`).
+    pub started: u64,
+}
+
+impl AppState {
+    /// Validates the settings, builds the cluster and spawns its driver on the current tokio
+    /// runtime.
+    pub fn new(config: ServerConfig) -> Result<AppState, servesim::scheduler::ConfigError> {
+        config.validate()?;
+        let cluster = Cluster::new(config.live_cluster())?;
+        let block_size = cluster.block_size();
+        let engine = EngineHandle::spawn(cluster, config.max_waiting);
+        Ok(AppState {
+            config: Arc::new(config),
+            engine,
+            metrics: Arc::default(),
+            counter: Arc::default(),
+            block_size,
+            started: unix_now(),
+        })
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The router with every route.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics::handler))
+        .fallback(|uri: Uri| async move { ApiError::route_not_found(uri.path()) })
+        .with_state(state)
+}
+
+fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &state.config.api_key else {
+        return Ok(());
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(key.as_str()) {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorized())
+    }
+}
+
+async fn chat_completions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<ApiJson, ApiError>,
+) -> Response {
+    state.metrics.chat_requests.fetch_add(1, Ordering::Relaxed);
+    let result = async {
+        check_auth(&state, &headers)?;
+        let request = ChatRequest::parse(&body?.0)?;
+        let prompt = state.config.codec.render_chat(&request.messages, true);
+        let spec = request.params.speculative_prefill().then(|| SpecPrefill {
+            messages: request.messages.clone(),
+        });
+        generate(&state, request.params, prompt, Flavor::Chat, spec).await
+    }
+    .await;
+    result.unwrap_or_else(|e| state.metrics.fail(e))
+}
+
+async fn completions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<ApiJson, ApiError>,
+) -> Response {
+    state
+        .metrics
+        .completion_requests
+        .fetch_add(1, Ordering::Relaxed);
+    let result = async {
+        check_auth(&state, &headers)?;
+        let request = CompletionRequest::parse(&body?.0)?;
+        let prompt = match request.prompt {
+            PromptInput::Text(text) => state.config.codec.encode(&text),
+            PromptInput::Tokens(ids) => ids,
+        };
+        generate(&state, request.params, prompt, Flavor::Text, None).await
+    }
+    .await;
+    result.unwrap_or_else(|e| state.metrics.fail(e))
+}
+
+/// Checks limits, plans the answer, submits it and answers (streamed or whole).
+async fn generate(
+    state: &AppState,
+    params: GenerationParams,
+    prompt: Vec<u32>,
+    flavor: Flavor,
+    spec_prefill: Option<SpecPrefill>,
+) -> Result<Response, ApiError> {
+    let config = &state.config;
+    if params.model != config.model_name {
+        return Err(ApiError::model_not_found(&params.model));
+    }
+    let prompt_len = prompt.len();
+    let max_len = config.max_model_len;
+    let max_tokens = match params.max_tokens {
+        Some(n) if prompt_len + n > max_len => {
+            return Err(ApiError::context_length(max_len, prompt_len, n))
+        }
+        Some(n) => n,
+        None if prompt_len >= max_len => {
+            return Err(ApiError::context_length(max_len, prompt_len, 1))
+        }
+        None => config.default_max_tokens.min(max_len - prompt_len),
+    };
+    let number = state.counter.fetch_add(1, Ordering::Relaxed);
+    let seed = params.seed.unwrap_or_else(|| {
+        config
+            .seed
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(number)
+    });
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let output_tokens = config.codec.answer_tokens(&mut rng, max_tokens);
+    let request = EngineRequest {
+        prompt: Prompt::from_tokens(&prompt, state.block_size),
+        max_output_tokens: max_tokens,
+        output_tokens,
+    };
+    let submission = state.engine.submit(request).await?;
+    state
+        .metrics
+        .prompt_tokens
+        .fetch_add(prompt_len as u64, Ordering::Relaxed);
+    let reasoning_tokens = match flavor {
+        Flavor::Chat => (config.reasoning_ratio * max_tokens as f64).floor() as usize,
+        Flavor::Text => 0,
+    };
+    let prefix = match flavor {
+        Flavor::Chat => "chatcmpl",
+        Flavor::Text => "cmpl",
+    };
+    let turn = Turn {
+        header: Header {
+            id: format!(
+                "{prefix}-{:032x}",
+                xxhash_rust::xxh3::xxh3_128_with_seed(&number.to_le_bytes(), state.started)
+            ),
+            created: unix_now(),
+            model: params.model,
+            flavor,
+        },
+        submission,
+        state: state.clone(),
+        prompt_tokens: prompt_len,
+        reasoning_tokens,
+        completion_tokens: 0,
+        cached_tokens: None,
+        spec_prefill,
+        content: String::new(),
+        done: false,
+    };
+    if params.stream {
+        let body = axum::body::Body::from_stream(turn::sse_stream(turn, params.include_usage));
+        let mut response = body.into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+        Ok(response)
+    } else {
+        Ok(Json(turn::collect(turn).await?).into_response())
+    }
+}
+
+async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Err(e) = check_auth(&state, &headers) {
+        return e.into_response();
+    }
+    let name = &state.config.model_name;
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": name,
+            "object": "model",
+            "created": state.started,
+            "owned_by": "mockserve",
+            "root": name,
+            "parent": null,
+            "max_model_len": state.config.max_model_len,
+        }],
+    }))
+    .into_response()
+}
+
+async fn health() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}

@@ -1,0 +1,384 @@
+//! Request parsing: the [`ApiJson`] extractor and the validated [`ChatRequest`] /
+//! [`CompletionRequest`] values, with OpenAI error bodies naming the field at fault.
+//!
+//! Bodies are parsed to a JSON object first and each known field is then read with its own type,
+//! so a wrong type names its `param`. Unknown top-level fields are ignored (clients send vendor
+//! extras); `nvext.agent_hints` is strict, as in Dynamo.
+
+use axum::extract::{FromRequest, Request};
+use axum::http::{header, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::error::ApiError;
+use crate::text::{ChatMessage, Role};
+
+/// A JSON object body; any rejection is an [`ApiError`].
+#[derive(Debug)]
+pub struct ApiJson(pub Map<String, Value>);
+
+impl<S: Send + Sync> FromRequest<S> for ApiJson {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let is_json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .is_some_and(|mime| {
+                let mime = mime.trim().to_ascii_lowercase();
+                mime == "application/json" || mime.ends_with("+json")
+            });
+        if !is_json {
+            return Err(ApiError {
+                status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                ..ApiError::invalid(
+                    "Expected request with `Content-Type: application/json`",
+                    None,
+                )
+            });
+        }
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::invalid(format!("Could not read the body: {e}"), None))?;
+        match serde_json::from_slice::<Value>(&bytes) {
+            Ok(Value::Object(map)) => Ok(ApiJson(map)),
+            Ok(_) => Err(ApiError::invalid(
+                "The request body must be a JSON object",
+                None,
+            )),
+            Err(e) => Err(ApiError::invalid(
+                format!("We could not parse the JSON body of your request: {e}"),
+                None,
+            )),
+        }
+    }
+}
+
+/// `nvext.agent_hints` (Dynamo): unknown fields are rejected.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AgentHints {
+    /// Soft priority (accepted, not yet used by the engine).
+    pub priority: Option<i32>,
+    /// Router queue tier (accepted, not yet used).
+    pub strict_priority: Option<u32>,
+    /// Expected output tokens (accepted, not yet used).
+    pub osl: Option<u32>,
+    /// Warm the next turn's prefix after this one finishes.
+    pub speculative_prefill: Option<bool>,
+    /// Deprecated queue shift in seconds (accepted, not yet used).
+    pub latency_sensitivity: Option<f64>,
+}
+
+/// Dynamo's `nvext` request extension; only `agent_hints` is read, other fields are ignored.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct NvExt {
+    /// Agent hints.
+    pub agent_hints: Option<AgentHints>,
+    /// The older spelling of the hint, directly under `nvext`.
+    pub speculative_prefill: Option<bool>,
+}
+
+/// Fields shared by chat and text completions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerationParams {
+    /// Requested model name.
+    pub model: String,
+    /// Output limit (`max_completion_tokens`, else `max_tokens`); None means the default.
+    pub max_tokens: Option<usize>,
+    /// Stream SSE chunks.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// Seeds the answer's words.
+    pub seed: Option<u64>,
+    /// Dynamo extension.
+    pub nvext: NvExt,
+}
+
+impl GenerationParams {
+    /// Whether the request asked for speculative prefill of its next turn.
+    pub fn speculative_prefill(&self) -> bool {
+        self.nvext
+            .agent_hints
+            .as_ref()
+            .and_then(|h| h.speculative_prefill)
+            .or(self.nvext.speculative_prefill)
+            .unwrap_or(false)
+    }
+}
+
+/// A validated `POST /v1/chat/completions` body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatRequest {
+    /// Shared fields.
+    pub params: GenerationParams,
+    /// The conversation.
+    pub messages: Vec<ChatMessage>,
+}
+
+/// A `/v1/completions` prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PromptInput {
+    /// Text, tokenized by the server.
+    Text(String),
+    /// Token ids as given.
+    Tokens(Vec<u32>),
+}
+
+/// A validated `POST /v1/completions` body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompletionRequest {
+    /// Shared fields.
+    pub params: GenerationParams,
+    /// The prompt.
+    pub prompt: PromptInput,
+}
+
+/// Reads an optional field with its type; `null` counts as absent.
+fn field<T: DeserializeOwned>(
+    body: &Map<String, Value>,
+    name: &str,
+) -> Result<Option<T>, ApiError> {
+    match body.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => serde_json::from_value(v.clone())
+            .map(Some)
+            .map_err(|e| ApiError::invalid(format!("Invalid value for '{name}': {e}"), Some(name))),
+    }
+}
+
+fn positive(body: &Map<String, Value>, name: &str) -> Result<Option<usize>, ApiError> {
+    match field::<i64>(body, name)? {
+        None => Ok(None),
+        Some(v) if v >= 1 => Ok(Some(v as usize)),
+        Some(v) => Err(ApiError::invalid(
+            format!("Invalid '{name}': {v}. It must be at least 1."),
+            Some(name),
+        )),
+    }
+}
+
+fn generation_params(body: &Map<String, Value>) -> Result<GenerationParams, ApiError> {
+    let model = match body.get("model") {
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid(
+                "you must provide a model parameter",
+                Some("model"),
+            ))
+        }
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "Invalid type for 'model': expected a string",
+                Some("model"),
+            ))
+        }
+    };
+    let max_tokens = match positive(body, "max_completion_tokens")? {
+        Some(v) => {
+            positive(body, "max_tokens")?;
+            Some(v)
+        }
+        None => positive(body, "max_tokens")?,
+    };
+    if let Some(n) = field::<i64>(body, "n")? {
+        if n != 1 {
+            return Err(ApiError::invalid(
+                format!("Invalid 'n': {n}. This server only generates one choice (n = 1)."),
+                Some("n"),
+            ));
+        }
+    }
+    let stream = field::<bool>(body, "stream")?.unwrap_or(false);
+    let include_usage = match field::<Map<String, Value>>(body, "stream_options")? {
+        Some(options) => field::<bool>(&options, "include_usage")
+            .map_err(|e| ApiError {
+                param: Some("stream_options.include_usage".into()),
+                ..e
+            })?
+            .unwrap_or(false),
+        None => false,
+    };
+    let seed = field::<i64>(body, "seed")?.map(|s| s as u64);
+    if let Some(t) = field::<f64>(body, "temperature")? {
+        if !(0.0..=2.0).contains(&t) {
+            return Err(ApiError::invalid(
+                format!("Invalid 'temperature': {t}. It must be between 0 and 2."),
+                Some("temperature"),
+            ));
+        }
+    }
+    // Accepted for compatibility; the engine always generates exactly the output limit.
+    field::<bool>(body, "ignore_eos")?;
+    field::<u64>(body, "min_tokens")?;
+    match body.get("stop") {
+        None | Some(Value::Null) | Some(Value::String(_)) => {}
+        Some(Value::Array(items)) if items.iter().all(Value::is_string) => {}
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "Invalid type for 'stop': expected a string or an array of strings",
+                Some("stop"),
+            ))
+        }
+    }
+    let nvext = match body.get("nvext") {
+        None | Some(Value::Null) => NvExt::default(),
+        Some(v) => serde_json::from_value(v.clone()).map_err(|e| {
+            ApiError::invalid(
+                format!("Invalid 'nvext': {e}"),
+                Some(if e.to_string().contains("unknown field") {
+                    "nvext.agent_hints"
+                } else {
+                    "nvext"
+                }),
+            )
+        })?,
+    };
+    Ok(GenerationParams {
+        model,
+        max_tokens,
+        stream,
+        include_usage: stream && include_usage,
+        seed,
+        nvext,
+    })
+}
+
+fn message_content(value: Option<&Value>, i: usize) -> Result<String, ApiError> {
+    let param = format!("messages[{i}].content");
+    match value {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for part in parts {
+                match part.get("text") {
+                    Some(Value::String(t)) => {
+                        if !text.is_empty() {
+                            text.push('\n');
+                        }
+                        text.push_str(t);
+                    }
+                    _ if part.is_object() => {}
+                    _ => {
+                        return Err(ApiError::invalid(
+                            format!("Invalid content part in '{param}'"),
+                            Some(&param),
+                        ))
+                    }
+                }
+            }
+            Ok(text)
+        }
+        Some(_) => Err(ApiError::invalid(
+            format!("Invalid type for '{param}': expected a string or an array of parts"),
+            Some(&param),
+        )),
+    }
+}
+
+impl ChatRequest {
+    /// Validates a chat body.
+    pub fn parse(body: &Map<String, Value>) -> Result<ChatRequest, ApiError> {
+        let params = generation_params(body)?;
+        let raw = match body.get("messages") {
+            None | Some(Value::Null) => {
+                return Err(ApiError::invalid(
+                    "Missing required parameter: 'messages'.",
+                    Some("messages"),
+                ))
+            }
+            Some(Value::Array(items)) => items,
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "Invalid type for 'messages': expected an array of messages",
+                    Some("messages"),
+                ))
+            }
+        };
+        if raw.is_empty() {
+            return Err(ApiError::invalid(
+                "Invalid 'messages': empty array. Expected an array with minimum length 1.",
+                Some("messages"),
+            ));
+        }
+        let mut messages = Vec::with_capacity(raw.len());
+        for (i, m) in raw.iter().enumerate() {
+            let Some(m) = m.as_object() else {
+                return Err(ApiError::invalid(
+                    format!("Invalid type for 'messages[{i}]': expected an object"),
+                    Some(&format!("messages[{i}]")),
+                ));
+            };
+            let role_param = format!("messages[{i}].role");
+            let role = match m.get("role") {
+                Some(Value::String(r)) => Role::parse(r).ok_or_else(|| {
+                    ApiError::invalid(
+                        format!(
+                            "Invalid value for '{role_param}': {r:?}. Supported values are: \
+                             'system', 'developer', 'user', 'assistant' and 'tool'."
+                        ),
+                        Some(&role_param),
+                    )
+                })?,
+                _ => {
+                    return Err(ApiError::invalid(
+                        format!("Missing or invalid '{role_param}'"),
+                        Some(&role_param),
+                    ))
+                }
+            };
+            messages.push(ChatMessage {
+                role,
+                content: message_content(m.get("content"), i)?,
+            });
+        }
+        Ok(ChatRequest { params, messages })
+    }
+}
+
+impl CompletionRequest {
+    /// Validates a text-completion body. One prompt only (a string, `[string]`, `[int]` or
+    /// `[[int]]` with one element).
+    pub fn parse(body: &Map<String, Value>) -> Result<CompletionRequest, ApiError> {
+        let params = generation_params(body)?;
+        let bad = || {
+            ApiError::invalid(
+                "Invalid 'prompt': expected a string, an array of token ids, or a one-element \
+                 array of either (batched prompts are not supported)",
+                Some("prompt"),
+            )
+        };
+        let ids = |items: &[Value]| -> Result<Vec<u32>, ApiError> {
+            items
+                .iter()
+                .map(|v| {
+                    v.as_u64()
+                        .and_then(|t| u32::try_from(t).ok())
+                        .ok_or_else(bad)
+                })
+                .collect()
+        };
+        let prompt = match body.get("prompt") {
+            None | Some(Value::Null) => {
+                return Err(ApiError::invalid(
+                    "Missing required parameter: 'prompt'.",
+                    Some("prompt"),
+                ))
+            }
+            Some(Value::String(s)) => PromptInput::Text(s.clone()),
+            Some(Value::Array(items)) => match items.as_slice() {
+                [Value::String(s)] => PromptInput::Text(s.clone()),
+                [Value::Array(inner)] => PromptInput::Tokens(ids(inner)?),
+                [] => return Err(bad()),
+                items => PromptInput::Tokens(ids(items)?),
+            },
+            Some(_) => return Err(bad()),
+        };
+        Ok(CompletionRequest { params, prompt })
+    }
+}

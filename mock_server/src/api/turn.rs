@@ -1,0 +1,344 @@
+//! One generation as the client sees it: engine [`Event`]s become reasoning and content deltas,
+//! then chat or text-completion chunks, SSE frames or one final response object.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+
+use axum::body::Bytes;
+use futures_util::Stream;
+use serde_json::{json, Value};
+use servesim::request::{EngineRequest, Prompt};
+
+use super::error::ApiError;
+use super::AppState;
+use crate::driver::{Event, Submission};
+use crate::server::ReasoningFormat;
+use crate::text::{ChatMessage, Role};
+
+/// Sent as `system_fingerprint` on every response.
+pub const SYSTEM_FINGERPRINT: &str = "fp_mockserve";
+
+/// Chat or legacy text completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`.
+    Text,
+}
+
+/// Response identity shared by every chunk.
+#[derive(Clone, Debug)]
+pub struct Header {
+    /// `chatcmpl-…` or `cmpl-…`.
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// Echoed model name.
+    pub model: String,
+    /// Which API.
+    pub flavor: Flavor,
+}
+
+/// What happens after the last chunk, when the request asked for speculative prefill.
+#[derive(Clone, Debug)]
+pub struct SpecPrefill {
+    /// The request's messages; the answer is appended as an assistant message.
+    pub messages: Vec<ChatMessage>,
+}
+
+/// A request in flight.
+#[derive(Debug)]
+pub struct Turn {
+    /// Ids and names.
+    pub header: Header,
+    /// The engine request's events.
+    pub submission: Submission,
+    /// Server state (codec, metrics, engine handle).
+    pub state: AppState,
+    /// Prompt length in tokens.
+    pub prompt_tokens: usize,
+    /// The first this many output tokens are reasoning.
+    pub reasoning_tokens: usize,
+    /// Output tokens received so far.
+    pub completion_tokens: usize,
+    /// Prompt tokens reused from the prefix cache at first admission.
+    pub cached_tokens: Option<usize>,
+    /// Set when the next turn's prefix should be warmed.
+    pub spec_prefill: Option<SpecPrefill>,
+    /// Content text so far (kept only for speculative prefill).
+    pub content: String,
+    /// The request finished (or failed).
+    pub done: bool,
+}
+
+/// The next thing to tell the client.
+#[derive(Debug)]
+pub enum Step {
+    /// Text for one output token.
+    Delta {
+        /// Reasoning text (separate format).
+        reasoning: Option<String>,
+        /// Content text.
+        content: Option<String>,
+    },
+    /// Generation ended at the output limit.
+    Finished,
+    /// Generation failed.
+    Error(ApiError),
+}
+
+impl Turn {
+    /// Waits for the next client-visible step.
+    pub async fn next(&mut self) -> Step {
+        loop {
+            let Some(event) = self.submission.events.recv().await else {
+                self.done = true;
+                self.submission.mark_done();
+                return Step::Error(ApiError::from(crate::driver::SubmitError::Stopped));
+            };
+            match event {
+                Event::Admitted { reused_tokens } => {
+                    self.cached_tokens.get_or_insert(reused_tokens);
+                }
+                Event::Preempted => {}
+                Event::Token { token, index } => {
+                    self.completion_tokens += 1;
+                    return self.delta(token, index);
+                }
+                Event::Finished => {
+                    self.finish();
+                    return Step::Finished;
+                }
+                Event::Rejected(reason) => {
+                    self.done = true;
+                    self.submission.mark_done();
+                    return Step::Error(reason.into());
+                }
+            }
+        }
+    }
+
+    fn delta(&mut self, token: u32, index: usize) -> Step {
+        let word = self.state.config.codec.decode(&[token]);
+        let step = if index <= self.reasoning_tokens {
+            match self.state.config.reasoning_format {
+                ReasoningFormat::Separate => Step::Delta {
+                    reasoning: Some(word),
+                    content: None,
+                },
+                ReasoningFormat::Inline => {
+                    let open = if index == 1 { "<think>" } else { "" };
+                    let close = if index == self.reasoning_tokens {
+                        "</think>"
+                    } else {
+                        ""
+                    };
+                    Step::Delta {
+                        reasoning: None,
+                        content: Some(format!("{open}{word}{close}")),
+                    }
+                }
+            }
+        } else {
+            Step::Delta {
+                reasoning: None,
+                content: Some(word),
+            }
+        };
+        if self.spec_prefill.is_some() {
+            if let Step::Delta {
+                content: Some(c), ..
+            } = &step
+            {
+                self.content.push_str(c);
+            }
+        }
+        step
+    }
+
+    fn finish(&mut self) {
+        self.done = true;
+        self.submission.mark_done();
+        let metrics = &self.state.metrics;
+        metrics.finished.fetch_add(1, Ordering::Relaxed);
+        metrics
+            .generation_tokens
+            .fetch_add(self.completion_tokens as u64, Ordering::Relaxed);
+        if let Some(spec) = self.spec_prefill.take() {
+            let mut messages = spec.messages;
+            messages.push(ChatMessage {
+                role: Role::Assistant,
+                content: std::mem::take(&mut self.content),
+            });
+            let tokens = self.state.config.codec.render_chat(&messages, false);
+            let request = EngineRequest {
+                prompt: Prompt::from_tokens(&tokens, self.state.block_size),
+                max_output_tokens: 1,
+                output_tokens: Vec::new(),
+            };
+            if self.state.engine.submit_detached(request) {
+                metrics.speculative_prefills.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The `usage` object.
+    pub fn usage(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens.unwrap_or(0)},
+        })
+    }
+
+    fn chunk(&self, choices: Value) -> Value {
+        let object = match self.header.flavor {
+            Flavor::Chat => "chat.completion.chunk",
+            Flavor::Text => "text_completion",
+        };
+        json!({
+            "id": self.header.id,
+            "object": object,
+            "created": self.header.created,
+            "model": self.header.model,
+            "system_fingerprint": SYSTEM_FINGERPRINT,
+            "choices": choices,
+        })
+    }
+
+    fn choice_chunk(&self, delta: Value, text: &str, finish_reason: Option<&str>) -> Value {
+        let choice = match self.header.flavor {
+            Flavor::Chat => json!({
+                "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason,
+            }),
+            Flavor::Text => json!({
+                "index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason,
+            }),
+        };
+        self.chunk(json!([choice]))
+    }
+
+    /// The opening `delta.role = "assistant"` chunk (chat only).
+    pub fn role_chunk(&self) -> Option<Value> {
+        (self.header.flavor == Flavor::Chat)
+            .then(|| self.choice_chunk(json!({"role": "assistant", "content": ""}), "", None))
+    }
+
+    /// The chunk of one step's text.
+    pub fn delta_chunk(&self, reasoning: Option<String>, content: Option<String>) -> Value {
+        let text = format!(
+            "{}{}",
+            reasoning.as_deref().unwrap_or(""),
+            content.as_deref().unwrap_or("")
+        );
+        let mut delta = serde_json::Map::new();
+        if let Some(r) = reasoning {
+            delta.insert("reasoning_content".into(), Value::String(r));
+        }
+        if let Some(c) = content {
+            delta.insert("content".into(), Value::String(c));
+        }
+        self.choice_chunk(Value::Object(delta), &text, None)
+    }
+
+    /// The chunk carrying `finish_reason`.
+    pub fn finish_chunk(&self) -> Value {
+        self.choice_chunk(json!({}), "", Some("length"))
+    }
+
+    /// The `choices: []` chunk with usage.
+    pub fn usage_chunk(&self) -> Value {
+        let mut chunk = self.chunk(json!([]));
+        chunk["usage"] = self.usage();
+        chunk
+    }
+}
+
+fn frame(value: &Value) -> Bytes {
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+/// The SSE body of a streamed turn. Dropping it (client gone) cancels the engine request.
+pub fn sse_stream(
+    turn: Turn,
+    include_usage: bool,
+) -> impl Stream<Item = Result<Bytes, Infallible>> {
+    let mut pending = VecDeque::new();
+    if let Some(role) = turn.role_chunk() {
+        pending.push_back(frame(&role));
+    }
+    futures_util::stream::unfold((turn, pending), move |(mut turn, mut pending)| async move {
+        loop {
+            if let Some(bytes) = pending.pop_front() {
+                return Some((Ok(bytes), (turn, pending)));
+            }
+            if turn.done {
+                return None;
+            }
+            match turn.next().await {
+                Step::Delta { reasoning, content } => {
+                    pending.push_back(frame(&turn.delta_chunk(reasoning, content)));
+                }
+                Step::Finished => {
+                    pending.push_back(frame(&turn.finish_chunk()));
+                    if include_usage {
+                        pending.push_back(frame(&turn.usage_chunk()));
+                    }
+                    pending.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                }
+                Step::Error(e) => {
+                    turn.state.metrics.failed.fetch_add(1, Ordering::Relaxed);
+                    pending.push_back(frame(&e.body()));
+                    pending.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                }
+            }
+        }
+    })
+}
+
+/// Runs a turn to the end and returns the single response object.
+pub async fn collect(mut turn: Turn) -> Result<Value, ApiError> {
+    let mut reasoning = String::new();
+    let mut content = String::new();
+    loop {
+        match turn.next().await {
+            Step::Delta {
+                reasoning: r,
+                content: c,
+            } => {
+                reasoning.push_str(r.as_deref().unwrap_or(""));
+                content.push_str(c.as_deref().unwrap_or(""));
+            }
+            Step::Finished => break,
+            Step::Error(e) => return Err(e),
+        }
+    }
+    let choice = match turn.header.flavor {
+        Flavor::Chat => {
+            let mut message = json!({"role": "assistant", "content": content});
+            if !reasoning.is_empty() {
+                message["reasoning_content"] = Value::String(reasoning);
+            }
+            json!({"index": 0, "message": message, "logprobs": null, "finish_reason": "length"})
+        }
+        Flavor::Text => json!({
+            "index": 0, "text": content, "logprobs": null, "finish_reason": "length",
+        }),
+    };
+    let object = match turn.header.flavor {
+        Flavor::Chat => "chat.completion",
+        Flavor::Text => "text_completion",
+    };
+    Ok(json!({
+        "id": turn.header.id,
+        "object": object,
+        "created": turn.header.created,
+        "model": turn.header.model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+        "choices": [choice],
+        "usage": turn.usage(),
+    }))
+}

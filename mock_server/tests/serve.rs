@@ -1,0 +1,734 @@
+//! `mockserve serve`: error bodies through `app().oneshot`, streaming and caching over a real
+//! `127.0.0.1:0` socket with reqwest.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use clap::Parser;
+use futures_util::StreamExt;
+use http_body_util::BodyExt;
+use mock_server::api::{app, AppState};
+use mock_server::server::{serve_state, ReasoningFormat, ServeArgs, ServerConfig};
+use mock_server::text::{ChatMessage, Role, TextCodec, WordCodec};
+use mock_server::Cli;
+use serde_json::{json, Value};
+use servesim::cluster::ClusterConfig;
+use servesim::perf::Fixed;
+use tokio::time::{timeout, Instant};
+use tower::ServiceExt;
+
+const BLOCK_SIZE: usize = 16;
+
+async fn within<T>(f: impl Future<Output = T>) -> Result<T> {
+    timeout(Duration::from_secs(10), f)
+        .await
+        .context("timed out")
+}
+
+/// One worker, 16-token blocks, fixed pass times (None = no delay).
+fn config(fixed_ms: Option<(f64, f64)>) -> ServerConfig {
+    let mut cluster = ClusterConfig::default();
+    cluster.num_workers = 1;
+    cluster.engine.block_size = BLOCK_SIZE;
+    match fixed_ms {
+        Some((prefill_ms, decode_ms)) => {
+            cluster.engine.latency.model = Arc::new(Fixed {
+                prefill_ms,
+                decode_ms,
+            });
+        }
+        None => cluster.engine.latency.speedup_ratio = f64::INFINITY,
+    }
+    ServerConfig::new(cluster)
+}
+
+fn chat_body(messages: &Value, extra: Value) -> Value {
+    let mut body = json!({"model": "mock-model", "messages": messages});
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        b.extend(e.clone());
+    }
+    body
+}
+
+fn user(text: &str) -> Value {
+    json!({"role": "user", "content": text})
+}
+
+async fn oneshot_raw(state: &AppState, request: Request<Body>) -> Result<(StatusCode, Value)> {
+    let response = within(app(state.clone()).oneshot(request)).await??;
+    let status = response.status();
+    let bytes = within(response.into_body().collect()).await??.to_bytes();
+    let value = serde_json::from_slice(&bytes)
+        .with_context(|| format!("not JSON: {}", String::from_utf8_lossy(&bytes)))?;
+    Ok((status, value))
+}
+
+async fn post(state: &AppState, path: &str, body: &Value) -> Result<(StatusCode, Value)> {
+    let request = Request::post(path)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))?;
+    oneshot_raw(state, request).await
+}
+
+/// Asserts an OpenAI error body and returns its `error` object.
+fn error_of(status: StatusCode, body: &Value, want: StatusCode) -> Result<&Value> {
+    assert_eq!(status, want, "body: {body}");
+    let error = &body["error"];
+    for key in ["message", "type", "param", "code"] {
+        assert!(error.get(key).is_some(), "missing {key} in {body}");
+    }
+    assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()));
+    Ok(error)
+}
+
+#[tokio::test]
+async fn request_errors_have_openai_bodies() -> Result<()> {
+    let state = AppState::new(config(None))?;
+    let msgs = json!([user("hi")]);
+
+    let malformed = Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Body::from("{\"model\": "))?;
+    let (s, b) = oneshot_raw(&state, malformed).await?;
+    assert_eq!(
+        error_of(s, &b, StatusCode::BAD_REQUEST)?["type"],
+        "invalid_request_error"
+    );
+
+    let text = Request::post("/v1/chat/completions")
+        .header("content-type", "text/plain")
+        .body(Body::from(chat_body(&msgs, json!({})).to_string()))?;
+    let (s, b) = oneshot_raw(&state, text).await?;
+    error_of(s, &b, StatusCode::UNSUPPORTED_MEDIA_TYPE)?;
+
+    let cases: Vec<(Value, StatusCode, Option<&str>, Option<&str>)> = vec![
+        (
+            json!({"messages": msgs}),
+            StatusCode::BAD_REQUEST,
+            Some("model"),
+            None,
+        ),
+        (
+            json!({"model": "mock-model"}),
+            StatusCode::BAD_REQUEST,
+            Some("messages"),
+            None,
+        ),
+        (
+            json!({"model": "mock-model", "messages": "hi"}),
+            StatusCode::BAD_REQUEST,
+            Some("messages"),
+            None,
+        ),
+        (
+            json!({"model": "mock-model", "messages": []}),
+            StatusCode::BAD_REQUEST,
+            Some("messages"),
+            None,
+        ),
+        (
+            json!({"model": "mock-model", "messages": [{"role": "wizard", "content": "x"}]}),
+            StatusCode::BAD_REQUEST,
+            Some("messages[0].role"),
+            None,
+        ),
+        (
+            json!({"model": 3, "messages": msgs}),
+            StatusCode::BAD_REQUEST,
+            Some("model"),
+            None,
+        ),
+        (
+            chat_body(&msgs, json!({"max_tokens": 0})),
+            StatusCode::BAD_REQUEST,
+            Some("max_tokens"),
+            None,
+        ),
+        (
+            chat_body(&msgs, json!({"max_completion_tokens": -3})),
+            StatusCode::BAD_REQUEST,
+            Some("max_completion_tokens"),
+            None,
+        ),
+        (
+            chat_body(&msgs, json!({"max_tokens": "ten"})),
+            StatusCode::BAD_REQUEST,
+            Some("max_tokens"),
+            None,
+        ),
+        (
+            chat_body(&msgs, json!({"stream": "yes"})),
+            StatusCode::BAD_REQUEST,
+            Some("stream"),
+            None,
+        ),
+        (
+            chat_body(&msgs, json!({"n": 2})),
+            StatusCode::BAD_REQUEST,
+            Some("n"),
+            None,
+        ),
+        (
+            chat_body(&msgs, json!({"max_tokens": 131072})),
+            StatusCode::BAD_REQUEST,
+            Some("messages"),
+            Some("context_length_exceeded"),
+        ),
+        (
+            json!({"model": "gpt-9", "messages": msgs}),
+            StatusCode::NOT_FOUND,
+            Some("model"),
+            Some("model_not_found"),
+        ),
+    ];
+    for (body, want, param, code) in cases {
+        let (s, b) = post(&state, "/v1/chat/completions", &body).await?;
+        let error = error_of(s, &b, want).with_context(|| body.to_string())?;
+        assert_eq!(error["param"].as_str(), param, "{body} -> {b}");
+        if let Some(code) = code {
+            assert_eq!(error["code"], code, "{b}");
+        }
+    }
+
+    let hints = chat_body(
+        &msgs,
+        json!({"nvext": {"agent_hints": {"speculative": true}}}),
+    );
+    let (s, b) = post(&state, "/v1/chat/completions", &hints).await?;
+    let message = error_of(s, &b, StatusCode::BAD_REQUEST)?["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    for allowed in [
+        "priority",
+        "strict_priority",
+        "osl",
+        "speculative_prefill",
+        "latency_sensitivity",
+    ] {
+        assert!(message.contains(allowed), "{message}");
+    }
+
+    let (s, b) = post(&state, "/v1/nope", &json!({})).await?;
+    error_of(s, &b, StatusCode::NOT_FOUND)?;
+    let (s, b) = post(&state, "/v1/completions", &json!({"model": "mock-model"})).await?;
+    assert_eq!(error_of(s, &b, StatusCode::BAD_REQUEST)?["param"], "prompt");
+    Ok(())
+}
+
+#[tokio::test]
+async fn accepted_extras_auth_and_queue_bound() -> Result<()> {
+    let state = AppState::new(config(None))?;
+    let body = chat_body(
+        &json!([{"role": "system", "content": [{"type": "text", "text": "be brief"}]}, user("hi")]),
+        json!({
+            "max_tokens": 4, "temperature": 0.7, "seed": 3, "ignore_eos": true, "min_tokens": 1,
+            "stop": ["\n"], "tools": [], "some_vendor_field": {"x": 1}, "n": 1,
+            "nvext": {"agent_hints": {"priority": 1, "osl": 4, "latency_sensitivity": 1.5},
+                      "greed_sampling": true},
+        }),
+    );
+    let (s, b) = post(&state, "/v1/chat/completions", &body).await?;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["object"], "chat.completion");
+    assert_eq!(b["choices"][0]["finish_reason"], "length");
+    assert_eq!(b["usage"]["completion_tokens"], 4);
+
+    let mut keyed = config(None);
+    keyed.api_key = Some("sekrit".into());
+    let keyed = AppState::new(keyed)?;
+    let (s, b) = post(&keyed, "/v1/chat/completions", &body).await?;
+    assert_eq!(
+        error_of(s, &b, StatusCode::UNAUTHORIZED)?["code"],
+        "invalid_api_key"
+    );
+    let request = Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer sekrit")
+        .body(Body::from(body.to_string()))?;
+    assert_eq!(oneshot_raw(&keyed, request).await?.0, StatusCode::OK);
+
+    let mut bounded = config(None);
+    bounded.max_waiting = Some(0);
+    let bounded = AppState::new(bounded)?;
+    let (s, b) = post(&bounded, "/v1/chat/completions", &body).await?;
+    assert_eq!(
+        error_of(s, &b, StatusCode::TOO_MANY_REQUESTS)?["code"],
+        "rate_limit_exceeded"
+    );
+
+    let models = Request::get("/v1/models").body(Body::empty())?;
+    let (s, b) = oneshot_raw(&state, models).await?;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(b["data"][0]["id"], "mock-model");
+    let health = Request::get("/health").body(Body::empty())?;
+    assert_eq!(oneshot_raw(&state, health).await?.0, StatusCode::OK);
+    Ok(())
+}
+
+/// A server on 127.0.0.1:0; dropping it shuts the server down.
+struct TestServer {
+    base: String,
+    state: AppState,
+    client: reqwest::Client,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn start(config: ServerConfig) -> Result<TestServer> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr: SocketAddr = listener.local_addr()?;
+    let state = AppState::new(config)?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(serve_state(listener, state.clone(), async {
+        let _ = stopped.await;
+    }));
+    Ok(TestServer {
+        base: format!("http://{addr}"),
+        state,
+        client: reqwest::Client::new(),
+        _stop: stop,
+    })
+}
+
+/// SSE `data:` payloads with the time each arrived (since `t0`).
+async fn read_sse(response: reqwest::Response, t0: Instant) -> Result<Vec<(String, Duration)>> {
+    assert_eq!(response.status(), 200);
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        content_type.starts_with("text/event-stream"),
+        "{content_type}"
+    );
+    let mut stream = response.bytes_stream();
+    let mut buffer = String::new();
+    let mut events = Vec::new();
+    while let Some(chunk) = within(stream.next()).await? {
+        buffer.push_str(std::str::from_utf8(&chunk?)?);
+        while let Some(end) = buffer.find("\n\n") {
+            let event: String = buffer.drain(..end + 2).collect();
+            let data = event
+                .trim_end()
+                .strip_prefix("data: ")
+                .context("event without data")?;
+            events.push((data.to_string(), t0.elapsed()));
+        }
+    }
+    if !buffer.is_empty() {
+        bail!("trailing bytes {buffer:?}");
+    }
+    Ok(events)
+}
+
+/// A streamed chat turn, checked against the wire checklist.
+struct Streamed {
+    content: String,
+    reasoning: String,
+    usage: Value,
+    /// Arrival of each chunk with text.
+    token_times: Vec<Duration>,
+}
+
+async fn stream_chat(server: &TestServer, body: &Value) -> Result<Streamed> {
+    let t0 = Instant::now();
+    let response = within(
+        server
+            .client
+            .post(format!("{}/v1/chat/completions", server.base))
+            .json(body)
+            .send(),
+    )
+    .await??;
+    let events = read_sse(response, t0).await?;
+    let (last, _) = events.last().context("no events")?;
+    assert_eq!(last, "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|(d, _)| serde_json::from_str(d))
+        .collect::<Result<_, _>>()?;
+    let first = &chunks[0];
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(first["choices"][0]["delta"]["content"], "");
+    assert!(first["id"]
+        .as_str()
+        .is_some_and(|id| id.starts_with("chatcmpl-")));
+    for c in &chunks {
+        assert!(c.get("error").is_none(), "{c}");
+        assert_eq!(c["object"], "chat.completion.chunk");
+        for key in ["id", "created", "model", "system_fingerprint"] {
+            assert_eq!(c[key], first[key], "{key} differs: {c}");
+        }
+    }
+    let usage_chunk = chunks.last().filter(|c| c["choices"] == json!([]));
+    let with_choices = &chunks[..chunks.len() - usize::from(usage_chunk.is_some())];
+    let (finish, body_chunks) = with_choices.split_last().context("no finish chunk")?;
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    let mut streamed = Streamed {
+        content: String::new(),
+        reasoning: String::new(),
+        usage: usage_chunk
+            .map(|c| c["usage"].clone())
+            .unwrap_or(Value::Null),
+        token_times: Vec::new(),
+    };
+    for (i, c) in body_chunks.iter().enumerate() {
+        assert!(c["choices"][0]["finish_reason"].is_null(), "{c}");
+        if i == 0 {
+            continue;
+        }
+        let delta = &c["choices"][0]["delta"];
+        streamed
+            .content
+            .push_str(delta["content"].as_str().unwrap_or_default());
+        streamed
+            .reasoning
+            .push_str(delta["reasoning_content"].as_str().unwrap_or_default());
+        streamed.token_times.push(events[i].1);
+    }
+    Ok(streamed)
+}
+
+#[tokio::test]
+async fn streams_per_the_wire_checklist() -> Result<()> {
+    let server = start(config(None)).await?;
+    let body = chat_body(
+        &json!([user("tell me a story")]),
+        json!({"stream": true, "max_tokens": 12, "stream_options": {"include_usage": true}}),
+    );
+    let turn = stream_chat(&server, &body).await?;
+    assert_eq!(turn.token_times.len(), 12);
+    assert_eq!(turn.usage["completion_tokens"], 12);
+    let prompt = turn.usage["prompt_tokens"]
+        .as_u64()
+        .context("prompt_tokens")?;
+    assert_eq!(turn.usage["total_tokens"], prompt + 12);
+    assert!(turn.usage["prompt_tokens_details"]["cached_tokens"].is_u64());
+    assert_eq!(WordCodec.encode(&turn.content).len(), 12);
+
+    // Without include_usage there is no usage chunk.
+    let plain = chat_body(
+        &json!([user("again")]),
+        json!({"stream": true, "max_completion_tokens": 3}),
+    );
+    assert!(stream_chat(&server, &plain).await?.usage.is_null());
+
+    // Non-streaming gives the same usage shape.
+    let whole = chat_body(&json!([user("tell me a story")]), json!({"max_tokens": 5}));
+    let response = within(
+        server
+            .client
+            .post(format!("{}/v1/chat/completions", server.base))
+            .json(&whole)
+            .send(),
+    )
+    .await??;
+    let b: Value = within(response.json()).await??;
+    assert_eq!(b["object"], "chat.completion");
+    assert_eq!(b["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(b["usage"]["completion_tokens"], 5);
+    assert_eq!(b["usage"]["prompt_tokens"], prompt);
+
+    // Legacy completions stream text_completion chunks.
+    let response = within(
+        server
+            .client
+            .post(format!("{}/v1/completions", server.base))
+            .json(
+                &json!({"model": "mock-model", "prompt": "once upon a time", "max_tokens": 4,
+                          "stream": true, "stream_options": {"include_usage": true}}),
+            )
+            .send(),
+    )
+    .await??;
+    let events = read_sse(response, Instant::now()).await?;
+    assert_eq!(events.len(), 4 + 1 + 1 + 1);
+    let first: Value = serde_json::from_str(&events[0].0)?;
+    assert_eq!(first["object"], "text_completion");
+    assert!(first["id"]
+        .as_str()
+        .is_some_and(|id| id.starts_with("cmpl-")));
+    let usage: Value = serde_json::from_str(&events[5].0)?;
+    assert_eq!(usage["usage"]["prompt_tokens"], 4);
+
+    let metrics = within(server.client.get(format!("{}/metrics", server.base)).send()).await??;
+    let text = within(metrics.text()).await??;
+    assert!(text.contains("mockserve_request_success_total 4"), "{text}");
+    assert!(text.contains("mockserve_num_requests_running{worker=\"0\"} 0"));
+    Ok(())
+}
+
+fn long_question() -> String {
+    (0..40)
+        .map(|i| format!("word{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[tokio::test]
+async fn next_turn_hits_the_prefix_cache() -> Result<()> {
+    let server = start(config(None)).await?;
+    let stream =
+        json!({"stream": true, "max_tokens": 20, "stream_options": {"include_usage": true}});
+    let turn1_msgs = json!([user(&long_question())]);
+    let turn1 = stream_chat(&server, &chat_body(&turn1_msgs, stream.clone())).await?;
+    let turn2_msgs = json!([
+        user(&long_question()),
+        {"role": "assistant", "content": turn1.content},
+        user("and then?"),
+    ]);
+    let turn2 = stream_chat(&server, &chat_body(&turn2_msgs, stream)).await?;
+    let cached = turn2.usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .context("cached")?;
+    let turn1_len = turn1.usage["total_tokens"].as_u64().context("total")?;
+    // Everything of turn 1 in full blocks, prompt and answer, is reused.
+    let block = BLOCK_SIZE as u64;
+    assert!(
+        cached >= (turn1_len - 1) / block * block,
+        "{cached} of {turn1_len}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn speculative_prefill_warms_the_whole_conversation() -> Result<()> {
+    // Half of each answer is reasoning, which the template drops from history: without
+    // speculative prefill the next turn reuses only turn 1's prompt.
+    let mut cfg = config(None);
+    cfg.reasoning_ratio = 0.5;
+    cfg.reasoning_format = ReasoningFormat::Separate;
+    let server = start(cfg).await?;
+    let block = BLOCK_SIZE as u64;
+    for (question, spec) in [("first", false), ("second", true)] {
+        let q = format!("{question} {}", long_question());
+        let extra = json!({"stream": true, "max_tokens": 40,
+            "stream_options": {"include_usage": true},
+            "nvext": {"agent_hints": {"speculative_prefill": spec}}});
+        let turn1 = stream_chat(&server, &chat_body(&json!([user(&q)]), extra.clone())).await?;
+        assert_eq!(WordCodec.encode(&turn1.reasoning).len(), 20);
+        let history = [
+            ChatMessage {
+                role: Role::User,
+                content: q.clone(),
+            },
+            ChatMessage {
+                role: Role::Assistant,
+                content: turn1.content.clone(),
+            },
+        ];
+        let conversation = WordCodec.render_chat(&history, false).len() as u64;
+        let turn2_msgs = json!([user(&q), {"role": "assistant", "content": turn1.content},
+                                user("go on")]);
+        let turn2 = stream_chat(&server, &chat_body(&turn2_msgs, extra)).await?;
+        let cached = turn2.usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .context("cached")?;
+        let whole = conversation / block * block;
+        if spec {
+            assert!(cached >= whole, "{cached} < {whole}");
+        } else {
+            assert!(
+                cached < whole,
+                "{cached} >= {whole} without speculative prefill"
+            );
+        }
+    }
+    let metrics = within(server.client.get(format!("{}/metrics", server.base)).send()).await??;
+    let text = within(metrics.text()).await??;
+    // Turn 1 and turn 2 of the second conversation both asked for it.
+    assert!(
+        text.contains("mockserve_speculative_prefills_total 2"),
+        "{text}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn fixed_latency_sets_ttft_and_token_gaps() -> Result<()> {
+    let server = start(config(Some((20.0, 5.0)))).await?;
+    let body = chat_body(
+        &json!([user("timing")]),
+        json!({"stream": true, "max_tokens": 10}),
+    );
+    let turn = stream_chat(&server, &body).await?;
+    let times = &turn.token_times;
+    assert_eq!(times.len(), 10);
+    assert!(times[0] >= Duration::from_millis(20), "ttft {:?}", times[0]);
+    assert!(times[0] < Duration::from_millis(500), "ttft {:?}", times[0]);
+    let span = times[9] - times[0];
+    // Nine gaps of 5 ms, with generous slack for a loaded CI machine.
+    assert!(span >= Duration::from_millis(36), "span {span:?}");
+    assert!(span < Duration::from_millis(900), "span {span:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn dropping_the_stream_frees_the_request() -> Result<()> {
+    let server = start(config(Some((1.0, 2.0)))).await?;
+    let body = chat_body(
+        &json!([user(&long_question())]),
+        json!({"stream": true, "max_tokens": 5000}),
+    );
+    let response = within(
+        server
+            .client
+            .post(format!("{}/v1/chat/completions", server.base))
+            .json(&body)
+            .send(),
+    )
+    .await??;
+    let mut stream = response.bytes_stream();
+    for _ in 0..3 {
+        within(stream.next()).await?.context("stream ended")??;
+    }
+    let live = within(server.state.engine.snapshot()).await??;
+    assert_eq!(live.cluster.active_requests, 1);
+    drop(stream);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let live = within(server.state.engine.snapshot()).await??;
+        if live.cluster.active_requests == 0 {
+            assert_eq!(live.cluster.workers[0].scheduler.active_blocks, 0);
+            assert_eq!(live.cancelled, 1);
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("request still active: {live:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[test]
+fn bare_mockserve_means_serve() -> Result<()> {
+    let cli = Cli::try_parse_from(["mockserve", "--port", "0", "--speedup-ratio", "inf"])?;
+    assert!(cli.command.is_none());
+    assert_eq!(cli.serve.port, 0);
+    let config = ServerConfig::from_args(&cli.serve)?;
+    assert!(config
+        .live_cluster()
+        .engine
+        .latency
+        .speedup_ratio
+        .is_finite());
+    assert_eq!(config.cluster.engine.max_model_len, Some(131072));
+
+    let cli = Cli::try_parse_from([
+        "mockserve",
+        "serve",
+        "--reasoning-ratio",
+        "0.25",
+        "--reasoning-format",
+        "inline",
+        "--fixed-latency",
+        "20,5",
+    ])?;
+    let Some(mock_server::Command::Serve(args)) = cli.command else {
+        bail!("expected serve");
+    };
+    let args: ServeArgs = args;
+    assert_eq!(ServerConfig::from_args(&args)?.reasoning_ratio, 0.25);
+    assert!(Cli::try_parse_from(["mockserve", "--reasoning-ratio", "2"])
+        .map_err(anyhow::Error::from)
+        .and_then(|c| Ok(ServerConfig::from_args(&c.serve)?))
+        .is_err());
+    assert!(Cli::try_parse_from(["mockserve", "replay", "trace.jsonl"])?
+        .command
+        .is_some());
+    Ok(())
+}
+
+#[tokio::test]
+async fn engine_rejection_mid_stream_is_an_error_event() -> Result<()> {
+    let mut cfg = config(None);
+    cfg.cluster.engine.num_gpu_blocks = 2;
+    let server = start(cfg).await?;
+    let body = chat_body(
+        &json!([user(&long_question())]),
+        json!({"stream": true, "max_tokens": 4}),
+    );
+    let response = within(
+        server
+            .client
+            .post(format!("{}/v1/chat/completions", server.base))
+            .json(&body)
+            .send(),
+    )
+    .await??;
+    let events = read_sse(response, Instant::now()).await?;
+    assert_eq!(events.len(), 3, "{events:?}");
+    let role: Value = serde_json::from_str(&events[0].0)?;
+    assert_eq!(role["choices"][0]["delta"]["role"], "assistant");
+    let error: Value = serde_json::from_str(&events[1].0)?;
+    assert_eq!(error["error"]["type"], "invalid_request_error");
+    assert_eq!(events[2].0, "[DONE]");
+
+    // Not streamed, the same rejection is a plain 400.
+    let whole = chat_body(&json!([user(&long_question())]), json!({"max_tokens": 4}));
+    let response = within(
+        server
+            .client
+            .post(format!("{}/v1/chat/completions", server.base))
+            .json(&whole)
+            .send(),
+    )
+    .await??;
+    assert_eq!(response.status(), 400);
+    Ok(())
+}
+
+#[tokio::test]
+async fn completions_take_token_id_prompts() -> Result<()> {
+    let state = AppState::new(config(None))?;
+    let body = json!({"model": "mock-model", "prompt": [[5, 6, 7, 8, 9]], "max_tokens": 3});
+    let (s, b) = post(&state, "/v1/completions", &body).await?;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["object"], "text_completion");
+    assert_eq!(b["usage"]["prompt_tokens"], 5);
+    assert_eq!(b["usage"]["completion_tokens"], 3);
+    assert_eq!(
+        WordCodec
+            .encode(b["choices"][0]["text"].as_str().unwrap_or(""))
+            .len(),
+        3
+    );
+    Ok(())
+}
+
+/// The real binary prints its address and serves.
+#[tokio::test]
+async fn binary_smoke_test() -> Result<()> {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mockserve"))
+        .args([
+            "--port",
+            "0",
+            "--speedup-ratio",
+            "inf",
+            "--num-workers",
+            "1",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let mut line = String::new();
+    within(tokio::io::BufReader::new(stdout).read_line(&mut line)).await??;
+    let url = line
+        .trim()
+        .strip_prefix("mockserve listening on ")
+        .context("no address line")?
+        .to_string();
+    let response = within(reqwest::get(format!("{url}/health"))).await??;
+    assert_eq!(response.status(), 200);
+    child.kill().await?;
+    Ok(())
+}
