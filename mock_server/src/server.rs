@@ -14,10 +14,9 @@ use tokio::net::TcpListener;
 
 use crate::api::{app, AppState};
 use crate::args::EngineArgs;
-use crate::text::{default_codec, TextCodec};
+use crate::text::{default_codec, TextCodec, TokenizerCodec};
 
 /// Stand-in for `--speedup-ratio inf`: large enough that every pass rounds to 0 µs.
-const NO_DELAY_SPEEDUP: f64 = 1e12;
 
 /// How reasoning tokens are streamed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -67,6 +66,11 @@ pub struct ServeArgs {
     /// Output limit when a request sets neither max_completion_tokens nor max_tokens.
     #[arg(long, default_value_t = 256)]
     pub default_max_tokens: usize,
+
+    /// HuggingFace `tokenizer.json` for exact token counts of a real model (default: the
+    /// built-in tokenizer, no download).
+    #[arg(long, value_name = "PATH")]
+    pub tokenizer: Option<std::path::PathBuf>,
 
     /// Simulated engine and routing flags.
     #[command(flatten)]
@@ -137,23 +141,25 @@ impl ServerConfig {
             default_max_tokens: args.default_max_tokens,
             ..ServerConfig::new(cluster)
         };
+        let config = match &args.tokenizer {
+            Some(path) => {
+                let codec =
+                    TokenizerCodec::from_file(path).map_err(|e| ConfigError(e.to_string()))?;
+                ServerConfig {
+                    codec: Arc::new(codec),
+                    ..config
+                }
+            }
+            None => config,
+        };
         config.validate()?;
         Ok(config)
     }
 
-    /// The engine settings the live driver runs: `max_model_len` copied in, and an infinite
-    /// speed-up ratio (which the engine would treat as "unscaled") replaced by a finite one that
-    /// makes every pass take 0 µs, so `--speedup-ratio inf` means no delays.
+    /// The engine settings the live driver runs: the server's `max_model_len` copied in.
     pub fn live_cluster(&self) -> ClusterConfig {
         let mut cluster = self.cluster.clone();
         cluster.engine.max_model_len = Some(self.max_model_len);
-        let latency = &mut cluster.engine.latency;
-        if latency.speedup_ratio == f64::INFINITY {
-            latency.speedup_ratio = NO_DELAY_SPEEDUP;
-        }
-        if latency.decode_speedup_ratio == f64::INFINITY {
-            latency.decode_speedup_ratio = NO_DELAY_SPEEDUP;
-        }
         cluster
     }
 

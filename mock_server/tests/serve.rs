@@ -14,7 +14,7 @@ use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use mock_server::api::{app, AppState};
 use mock_server::server::{serve_state, ReasoningFormat, ServeArgs, ServerConfig};
-use mock_server::text::{ChatMessage, Role, TextCodec, WordCodec};
+use mock_server::text::{default_codec, ChatMessage};
 use mock_server::Cli;
 use serde_json::{json, Value};
 use servesim::cluster::ClusterConfig;
@@ -411,7 +411,7 @@ async fn streams_per_the_wire_checklist() -> Result<()> {
         .context("prompt_tokens")?;
     assert_eq!(turn.usage["total_tokens"], prompt + 12);
     assert!(turn.usage["prompt_tokens_details"]["cached_tokens"].is_u64());
-    assert_eq!(WordCodec.encode(&turn.content).len(), 12);
+    assert_eq!(default_codec().encode(&turn.content).len(), 12);
 
     // Without include_usage there is no usage chunk.
     let plain = chat_body(
@@ -456,7 +456,8 @@ async fn streams_per_the_wire_checklist() -> Result<()> {
         .as_str()
         .is_some_and(|id| id.starts_with("cmpl-")));
     let usage: Value = serde_json::from_str(&events[5].0)?;
-    assert_eq!(usage["usage"]["prompt_tokens"], 4);
+    let prompt_tokens = default_codec().encode("once upon a time").len();
+    assert_eq!(usage["usage"]["prompt_tokens"], prompt_tokens);
 
     let metrics = within(server.client.get(format!("{}/metrics", server.base)).send()).await??;
     let text = within(metrics.text()).await??;
@@ -513,18 +514,12 @@ async fn speculative_prefill_warms_the_whole_conversation() -> Result<()> {
             "stream_options": {"include_usage": true},
             "nvext": {"agent_hints": {"speculative_prefill": spec}}});
         let turn1 = stream_chat(&server, &chat_body(&json!([user(&q)]), extra.clone())).await?;
-        assert_eq!(WordCodec.encode(&turn1.reasoning).len(), 20);
+        assert_eq!(default_codec().encode(&turn1.reasoning).len(), 20);
         let history = [
-            ChatMessage {
-                role: Role::User,
-                content: q.clone(),
-            },
-            ChatMessage {
-                role: Role::Assistant,
-                content: turn1.content.clone(),
-            },
+            ChatMessage::user(q.clone()),
+            ChatMessage::assistant(turn1.content.clone()),
         ];
-        let conversation = WordCodec.render_chat(&history, false).len() as u64;
+        let conversation = default_codec().render_chat(&history, false).len() as u64;
         let turn2_msgs = json!([user(&q), {"role": "assistant", "content": turn1.content},
                                 user("go on")]);
         let turn2 = stream_chat(&server, &chat_body(&turn2_msgs, extra)).await?;
@@ -613,12 +608,14 @@ fn bare_mockserve_means_serve() -> Result<()> {
     assert!(cli.command.is_none());
     assert_eq!(cli.serve.port, 0);
     let config = ServerConfig::from_args(&cli.serve)?;
-    assert!(config
-        .live_cluster()
-        .engine
-        .latency
-        .speedup_ratio
-        .is_finite());
+    // An infinite speed-up makes every pass take no time.
+    let latency = config.live_cluster().engine.latency;
+    let batch = servesim::perf::DecodeBatch {
+        num_requests: 4,
+        active_kv_tokens: 1000,
+        total_kv_tokens: 1 << 20,
+    };
+    assert_eq!(latency.decode(&batch), servesim::time::SimDuration::ZERO);
     assert_eq!(config.cluster.engine.max_model_len, Some(131072));
 
     let cli = Cli::try_parse_from([
@@ -695,7 +692,7 @@ async fn completions_take_token_id_prompts() -> Result<()> {
     assert_eq!(b["usage"]["prompt_tokens"], 5);
     assert_eq!(b["usage"]["completion_tokens"], 3);
     assert_eq!(
-        WordCodec
+        default_codec()
             .encode(b["choices"][0]["text"].as_str().unwrap_or(""))
             .len(),
         3

@@ -189,8 +189,14 @@ async fn generate(
             .wrapping_mul(0x9E37_79B9_7F4A_7C15)
             .wrapping_add(number)
     });
+    let reasoning_tokens = match flavor {
+        Flavor::Chat => (config.reasoning_ratio * max_tokens as f64).floor() as usize,
+        Flavor::Text => 0,
+    };
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let output_tokens = config.codec.answer_tokens(&mut rng, max_tokens);
+    let output_tokens = config
+        .codec
+        .answer_tokens(&mut rng, reasoning_tokens, max_tokens);
     let request = EngineRequest {
         prompt: Prompt::from_tokens(&prompt, state.block_size),
         max_output_tokens: max_tokens,
@@ -201,10 +207,6 @@ async fn generate(
         .metrics
         .prompt_tokens
         .fetch_add(prompt_len as u64, Ordering::Relaxed);
-    let reasoning_tokens = match flavor {
-        Flavor::Chat => (config.reasoning_ratio * max_tokens as f64).floor() as usize,
-        Flavor::Text => 0,
-    };
     let prefix = match flavor {
         Flavor::Chat => "chatcmpl",
         Flavor::Text => "cmpl",

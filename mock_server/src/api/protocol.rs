@@ -316,7 +316,7 @@ impl ChatRequest {
             };
             let role_param = format!("messages[{i}].role");
             let role = match m.get("role") {
-                Some(Value::String(r)) => Role::parse(r).ok_or_else(|| {
+                Some(Value::String(r)) => parse_role(r).ok_or_else(|| {
                     ApiError::invalid(
                         format!(
                             "Invalid value for '{role_param}': {r:?}. Supported values are: \
@@ -332,10 +332,10 @@ impl ChatRequest {
                     ))
                 }
             };
-            messages.push(ChatMessage {
+            messages.push(ChatMessage::new(
                 role,
-                content: message_content(m.get("content"), i)?,
-            });
+                message_content(m.get("content"), i)?,
+            ));
         }
         Ok(ChatRequest { params, messages })
     }
@@ -381,4 +381,16 @@ impl CompletionRequest {
         };
         Ok(CompletionRequest { params, prompt })
     }
+}
+
+/// An OpenAI role name.
+fn parse_role(s: &str) -> Option<Role> {
+    Some(match s {
+        "system" => Role::System,
+        "developer" => Role::Developer,
+        "user" => Role::User,
+        "assistant" => Role::Assistant,
+        "tool" => Role::Tool,
+        _ => return None,
+    })
 }

@@ -168,10 +168,10 @@ impl Turn {
             .fetch_add(self.completion_tokens as u64, Ordering::Relaxed);
         if let Some(spec) = self.spec_prefill.take() {
             let mut messages = spec.messages;
-            messages.push(ChatMessage {
-                role: Role::Assistant,
-                content: std::mem::take(&mut self.content),
-            });
+            messages.push(ChatMessage::new(
+                Role::Assistant,
+                std::mem::take(&mut self.content),
+            ));
             let tokens = self.state.config.codec.render_chat(&messages, false);
             let request = EngineRequest {
                 prompt: Prompt::from_tokens(&tokens, self.state.block_size),
