@@ -16,7 +16,6 @@ use crate::api::{app, AppState};
 use crate::args::EngineArgs;
 use crate::text::{default_codec, TextCodec, TokenizerCodec};
 
-/// Stand-in for `--speedup-ratio inf`: large enough that every pass rounds to 0 µs.
 
 /// How reasoning tokens are streamed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
