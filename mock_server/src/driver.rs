@@ -347,7 +347,6 @@ mod tests {
 
     fn handle() -> EngineHandle {
         let mut config = ClusterConfig::default();
-        config.num_workers = 1;
         config.engine.block_size = 4;
         config.engine.latency.model = Arc::new(Fixed {
             prefill_ms: 20.0,
@@ -407,7 +406,6 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_full_queue_refuses_submissions() {
         let mut config = ClusterConfig::default();
-        config.num_workers = 1;
         config.engine.max_num_seqs = 1;
         let engine = EngineHandle::spawn(Cluster::new(config).expect("valid"), Some(1));
         let _running = engine.submit(request(10)).await.expect("runs");
