@@ -390,3 +390,149 @@ pub struct ClusterStats {
     /// Requests submitted and not finished, rejected or cancelled.
     pub active_requests: usize,
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    use super::*;
+    use crate::perf::{Fixed, ScaledLatency};
+    use crate::request::Prompt;
+    use crate::scheduler::EngineType;
+
+    fn small(engine_type: EngineType, mode: RouterMode) -> ClusterConfig {
+        ClusterConfig {
+            engine: EngineConfig {
+                engine_type,
+                num_gpu_blocks: 48,
+                block_size: 8,
+                max_num_seqs: 6,
+                max_num_batched_tokens: 64,
+                latency: ScaledLatency {
+                    model: Arc::new(Fixed {
+                        prefill_ms: 2.0,
+                        decode_ms: 1.0,
+                    }),
+                    speedup_ratio: 1.0,
+                    decode_speedup_ratio: 1.0,
+                },
+                sglang: crate::scheduler::SglangConfig {
+                    chunked_prefill_size: 64,
+                    max_prefill_tokens: 128,
+                    ..Default::default()
+                },
+                ..EngineConfig::default()
+            },
+            num_workers: 3,
+            router: RouterConfig {
+                mode,
+                queue_threshold: (mode == RouterMode::KvRouter).then_some(2.0),
+                ..RouterConfig::default()
+            },
+            seed: 5,
+        }
+    }
+
+    /// Random submissions, cancellations and clock jumps on every engine and router: invariants
+    /// after every step; every request not cancelled ends with all its tokens (or a rejection).
+    #[test]
+    fn invariants_hold_over_random_operations() {
+        for engine_type in [EngineType::Vllm, EngineType::Sglang, EngineType::Trtllm] {
+            for mode in [
+                RouterMode::KvRouter,
+                RouterMode::RoundRobin,
+                RouterMode::Random,
+            ] {
+                let mut cluster = Cluster::new(small(engine_type, mode)).unwrap();
+                let mut rng = ChaCha8Rng::seed_from_u64(17);
+                let mut want: BTreeMap<RequestId, usize> = BTreeMap::new();
+                let mut got: BTreeMap<RequestId, usize> = BTreeMap::new();
+                let mut ended: BTreeMap<RequestId, bool> = BTreeMap::new();
+                let mut now = SimTime::ZERO;
+                for step in 0..3000 {
+                    match rng.gen_range(0..10) {
+                        0..=3 if step < 2000 => {
+                            let family = rng.gen_range(0..4u32);
+                            let len = rng.gen_range(1..120);
+                            let tokens: Vec<u32> = (0..len)
+                                .map(|i| {
+                                    if i < 60 {
+                                        family * 100 + i
+                                    } else {
+                                        rng.gen_range(0..9)
+                                    }
+                                })
+                                .collect();
+                            let out = rng.gen_range(1..20);
+                            let request = EngineRequest {
+                                prompt: Prompt::from_tokens(&tokens, 8),
+                                max_output_tokens: out,
+                                output_tokens: Vec::new(),
+                            };
+                            let id = cluster.submit(request, now);
+                            want.insert(id, out);
+                        }
+                        4 if !want.is_empty() => {
+                            let id = RequestId(rng.gen_range(0..want.len() as u64));
+                            if cluster.cancel(id, now) {
+                                ended.insert(id, false);
+                            }
+                        }
+                        _ => {
+                            now = cluster.next_event_time().map_or(now, |t| t.max(now));
+                        }
+                    }
+                    for out in cluster.advance(now) {
+                        match out {
+                            Output::Token { id, index, .. } => {
+                                let n = got.entry(id).or_default();
+                                *n += 1;
+                                assert_eq!(*n, index, "tokens in order");
+                            }
+                            Output::Finished { id, .. } | Output::Rejected { id, .. } => {
+                                assert!(ended.insert(id, true).is_none(), "{id} ends once");
+                            }
+                            _ => {}
+                        }
+                    }
+                    cluster.assert_invariants();
+                }
+                while let Some(t) = cluster.next_event_time() {
+                    now = t.max(now);
+                    for out in cluster.advance(now) {
+                        match out {
+                            Output::Token { id, .. } => *got.entry(id).or_default() += 1,
+                            Output::Finished { id, .. } | Output::Rejected { id, .. } => {
+                                ended.insert(id, true);
+                            }
+                            _ => {}
+                        }
+                    }
+                    cluster.assert_invariants();
+                }
+                assert_eq!(
+                    cluster.snapshot().active_requests,
+                    0,
+                    "{engine_type} {mode}: all done"
+                );
+                for (id, out) in &want {
+                    match ended.get(id) {
+                        Some(true) => assert!(
+                            got.get(id).copied().unwrap_or(0) == *out || got.get(id).is_none(),
+                            "{engine_type} {mode} {id}: {got:?} of {out}"
+                        ),
+                        Some(false) => {}
+                        None => panic!("{engine_type} {mode}: {id} never ended"),
+                    }
+                }
+                for w in cluster.snapshot().workers {
+                    assert_eq!(w.scheduler.active_blocks, 0, "blocks released");
+                }
+            }
+        }
+    }
+}

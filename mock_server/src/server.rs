@@ -16,7 +16,6 @@ use crate::api::{app, AppState};
 use crate::args::EngineArgs;
 use crate::text::{default_codec, TextCodec, TokenizerCodec};
 
-
 /// How reasoning tokens are streamed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum ReasoningFormat {
