@@ -137,6 +137,8 @@ struct Seq {
     /// The prefill-batch contribution of this pass, refunded if the request is preempted.
     prefill_isl: usize,
     prefill_prefix: usize,
+    /// Preempted (SGLang: retracted) at least once.
+    retracted: bool,
 }
 
 impl Seq {
@@ -253,6 +255,7 @@ impl Scheduler {
             phase: Phase::Waiting,
             prefill_isl: 0,
             prefill_prefix: 0,
+            retracted: false,
         };
         let slot = match self.free_slots.pop() {
             Some(s) => {
@@ -513,6 +516,7 @@ impl Scheduler {
         s.prefill_prefix = 0;
         s.computed = 0;
         s.phase = Phase::Waiting;
+        s.retracted = true;
         let id = s.id;
         let mut blocks = std::mem::take(&mut s.blocks);
         self.pool.release(&mut blocks);
@@ -771,11 +775,16 @@ impl Scheduler {
             s.computed = cached;
             s.phase = Phase::Running;
             let id = s.id;
+            let first_admission = !s.retracted;
             self.running.push(slot);
-            self.events.push(SchedulerEvent::Admitted {
-                id,
-                reused_tokens: cached,
-            });
+            // A retracted request resumes without a new admission record (as Dynamo's SGLang
+            // model reports it): its reuse is what it found the first time.
+            if first_admission {
+                self.events.push(SchedulerEvent::Admitted {
+                    id,
+                    reused_tokens: cached,
+                });
+            }
             self.commit_schedule(slot, cached, chunk, pass);
             rem_total -= charged as f64 + reserve;
             rem_chunk -= charged;
