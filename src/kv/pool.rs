@@ -262,7 +262,7 @@ impl KvPool {
         }
     }
 
-    /// Drops every inactive block (a `Cleared` event when anything was cached).
+    /// Drops every inactive block (a `Removed` event for them).
     pub fn clear_inactive(&mut self) {
         let hashes: Vec<SequenceHash> = self.lru.values().copied().collect();
         for h in &hashes {
@@ -273,6 +273,18 @@ impl KvPool {
             self.events
                 .push(KvEventData::Removed { seq_hashes: hashes });
         }
+    }
+
+    /// Empties the prefix cache when no request holds a block (vLLM's `reset_prefix_cache`),
+    /// emitting `Cleared`. Returns false, changing nothing, while blocks are in use.
+    pub fn reset(&mut self) -> bool {
+        if self.num_active_blocks() > 0 {
+            return false;
+        }
+        self.cached.clear();
+        self.lru.clear();
+        self.events.push(KvEventData::Cleared);
+        true
     }
 
     /// Takes the events emitted since the last call.
@@ -540,6 +552,21 @@ mod tests {
     }
 
     #[test]
+    fn reset_empties_an_idle_cache_with_a_cleared_event() {
+        let mut pool = KvPool::new(4, true);
+        let a = seq(&[1, 2, 3, 4]);
+        let mut held = Vec::new();
+        pool.allocate(&mut held, blocks(&a), 4, BS).unwrap();
+        assert!(!pool.reset(), "a held block blocks the reset");
+        pool.release(&mut held);
+        pool.drain_events();
+        assert!(pool.reset());
+        assert_eq!(pool.drain_events(), vec![KvEventData::Cleared]);
+        assert_eq!(pool.lookup_prefix(&a.sequence).blocks, 0);
+        pool.assert_invariants();
+    }
+
+    #[test]
     fn invariants_hold_over_many_random_operations() {
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         let mut pool = KvPool::new(40, true);
@@ -590,6 +617,14 @@ mod tests {
                     pool.release(&mut held);
                 }
                 9 if step % 97 == 0 => pool.clear_inactive(),
+                9 if step % 89 == 0 && live.is_empty() => {
+                    assert!(pool.reset());
+                    assert_eq!(pool.num_free_blocks(), pool.capacity());
+                }
+                9 if step % 83 == 0 => {
+                    let idle = live.is_empty();
+                    assert_eq!(pool.reset(), idle, "reset only when nothing is held");
+                }
                 _ => {}
             }
             pool.assert_invariants();
