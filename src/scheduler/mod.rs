@@ -582,21 +582,16 @@ impl Scheduler {
     }
 
     /// Prefix-cache hit for a request about to be admitted, after the vLLM rule that the last
-    /// prompt token is always computed. Returns (cached tokens, blocks already active).
+    /// prompt token is always computed: a block-aligned, fully cached prompt recomputes its last
+    /// block. Every engine flavour follows it (Dynamo's TRT-LLM model measurably does too).
+    /// Returns (cached tokens, blocks already active).
     fn cached_prefix(&self, slot: usize) -> (usize, usize) {
         let s = self.seq(slot);
         let bs = self.config.block_size;
         let m = self.pool.lookup_prefix(&s.hashes.sequence);
-        let mut cached = (m.blocks * bs).min(s.len());
-        let active_blocks = m.active_blocks.min(cached / bs);
-        if self.config.engine_type == EngineType::Trtllm {
-            // Block-level reuse, but the last token is still computed to produce logits.
-            cached = cached.min(s.len().saturating_sub(1));
-        } else {
-            let max_cached = (s.len().saturating_sub(1)) / bs * bs;
-            cached = cached.min(max_cached);
-        }
-        (cached, active_blocks.min(cached.div_ceil(bs)))
+        let max_cached = (s.len().saturating_sub(1)) / bs * bs;
+        let cached = (m.blocks * bs).min(max_cached);
+        (cached, m.active_blocks.min(cached / bs))
     }
 
     fn reject_reason(&self, slot: usize) -> Option<RejectReason> {
