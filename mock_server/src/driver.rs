@@ -295,6 +295,8 @@ impl Driver {
     fn dispatch(&mut self, outputs: Vec<Output>) {
         for output in outputs {
             let (id, event, last) = match output {
+                // The hand-off is visible in the cluster's counters (snapshot), not to the client.
+                Output::KvTransfer { .. } => continue,
                 Output::Admitted {
                     id, reused_tokens, ..
                 } => {
@@ -346,8 +348,10 @@ mod tests {
     use super::*;
 
     fn handle() -> EngineHandle {
-        let mut config = ClusterConfig::default();
-        config.num_workers = 1;
+        let mut config = ClusterConfig {
+            num_workers: 1,
+            ..ClusterConfig::default()
+        };
         config.engine.block_size = 4;
         config.engine.latency.model = Arc::new(Fixed {
             prefill_ms: 20.0,
@@ -406,8 +410,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_full_queue_refuses_submissions() {
-        let mut config = ClusterConfig::default();
-        config.num_workers = 1;
+        let mut config = ClusterConfig {
+            num_workers: 1,
+            ..ClusterConfig::default()
+        };
         config.engine.max_num_seqs = 1;
         let engine = EngineHandle::spawn(Cluster::new(config).expect("valid"), Some(1));
         let _running = engine.submit(request(10)).await.expect("runs");

@@ -32,8 +32,10 @@ async fn within<T>(f: impl Future<Output = T>) -> Result<T> {
 
 /// One worker, 16-token blocks, fixed pass times (None = no delay).
 fn config(fixed_ms: Option<(f64, f64)>) -> ServerConfig {
-    let mut cluster = ClusterConfig::default();
-    cluster.num_workers = 1;
+    let mut cluster = ClusterConfig {
+        num_workers: 1,
+        ..ClusterConfig::default()
+    };
     cluster.engine.block_size = BLOCK_SIZE;
     match fixed_ms {
         Some((prefill_ms, decode_ms)) => {
