@@ -99,6 +99,21 @@ impl KvPool {
             .unwrap_or_default()
     }
 
+    /// Marks inactive blocks among `hashes` as just used, the first one last (so a prefix is
+    /// evicted after its suffix). Active and unknown blocks are left alone.
+    pub fn touch(&mut self, hashes: &[SequenceHash]) {
+        for h in hashes.iter().rev() {
+            if let Some(b) = self.cached.get_mut(h) {
+                if b.refs == 0 {
+                    self.lru.remove(&b.stamp);
+                    self.clock += 1;
+                    b.stamp = self.clock;
+                    self.lru.insert(self.clock, *h);
+                }
+            }
+        }
+    }
+
     /// Registers blocks that arrived from another tier as inactive cached blocks, in prefix order
     /// (`parent` precedes `blocks[0]`). Blocks already cached are skipped; no block inserted here
     /// evicts another one inserted by the same call, so at most `free + inactive` blocks go in.

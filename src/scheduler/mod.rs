@@ -314,6 +314,12 @@ impl Scheduler {
             else {
                 continue;
             };
+            // Keep the request's G1 prefix: the onboarded blocks must not evict it.
+            if let Some(slot) = self.slot_of(onboard.id) {
+                let s = self.seqs[slot].as_ref().expect("slot is live");
+                let prefix = &s.hashes.sequence[..onboard.start.min(s.hashes.len())];
+                self.pool.touch(prefix);
+            }
             self.pool.insert_inactive(onboard.parent, &onboard.blocks);
             if let Some(off) = &mut self.offload {
                 off.onboarded_blocks += onboard.blocks.len() as u64;
