@@ -12,7 +12,7 @@ use serde::ser::SerializeMap;
 use serde::{Serialize, Serializer};
 
 use crate::ids::{RequestId, WorkerId};
-use crate::time::SimTime;
+use crate::time::{SimDuration, SimTime};
 
 /// Report keys that depend on host wall-clock time; blank them to compare reports byte for byte.
 pub const WALL_CLOCK_KEYS: [&str; 3] = [
@@ -350,6 +350,10 @@ pub struct RequestRecord {
     pub max_output_tokens: usize,
     /// Prompt tokens found in the prefix cache at the latest admission.
     pub reused_input_tokens: usize,
+    /// Of those, tokens onboarded from the host tier (G2).
+    pub g2_reused_input_tokens: usize,
+    /// Disaggregated mode: time its prompt KV took to reach the decode worker.
+    pub kv_transfer_ms: Option<f64>,
     /// Completed, rejected or incomplete.
     pub status: RequestStatus,
 }
@@ -405,6 +409,43 @@ pub struct ReplayReport {
     pub e2e_latency: Distribution,
     /// `1000 / gap_ms` over every positive token gap (tokens/s; sketch percentiles).
     pub output_token_throughput_per_user: Distribution,
+    /// Disaggregated-serving figures (extra keys after Dynamo's), when disaggregated.
+    pub disagg: Option<DisaggFigures>,
+    /// Host-tier (G2) figures (extra keys after Dynamo's), when G2 is on.
+    pub g2: Option<G2Figures>,
+}
+
+/// Figures of a disaggregated run (not in Dynamo's report; written after its keys).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DisaggFigures {
+    /// Prefill→decode hand-offs.
+    pub kv_transfers: u64,
+    /// Mean hand-off time (ms).
+    pub mean_kv_transfer_ms: f64,
+    /// Summed hand-off time (ms).
+    pub total_kv_transfer_ms: f64,
+    /// Prefill workers.
+    pub num_prefill_workers: u64,
+    /// Decode workers.
+    pub num_decode_workers: u64,
+    /// Share of the run's duration the prefill workers spent in passes (mean over workers).
+    pub prefill_pool_utilization: f64,
+    /// Share of the run's duration the decode workers spent in passes (mean over workers).
+    pub decode_pool_utilization: f64,
+}
+
+/// Figures of the host tier (not in Dynamo's report; written after its keys).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct G2Figures {
+    /// Σ prompt tokens onboarded from G2 at the latest admission (completed requests); they are
+    /// also counted in `prefix_cache_reused_ratio`.
+    pub g2_reused_tokens: u64,
+    /// `g2_reused_tokens` / Σ input tokens.
+    pub g2_prefix_cache_reused_ratio: f64,
+    /// Blocks offloaded G1→G2 (transfers completed), all workers.
+    pub g2_offloaded_blocks: u64,
+    /// Blocks onboarded G2→G1 (transfers completed), all workers.
+    pub g2_onboarded_blocks: u64,
 }
 
 /// A report value: integers stay integers in JSON.
@@ -477,6 +518,42 @@ impl ReplayReport {
         }
         for (stat, v) in self.output_token_throughput_per_user.named() {
             out.push((format!("{stat}_output_token_throughput_per_user"), Real(v)));
+        }
+        out.extend(self.extra_figures());
+        out
+    }
+
+    /// The keys beyond Dynamo's (disaggregation, host tier), in output order.
+    fn extra_figures(&self) -> Vec<(String, Figure)> {
+        use Figure::{Count, Real};
+        let mut out: Vec<(String, Figure)> = Vec::new();
+        if let Some(d) = &self.disagg {
+            out.extend([
+                ("num_prefill_workers".into(), Count(d.num_prefill_workers)),
+                ("num_decode_workers".into(), Count(d.num_decode_workers)),
+                ("kv_transfers".into(), Count(d.kv_transfers)),
+                ("mean_kv_transfer_ms".into(), Real(d.mean_kv_transfer_ms)),
+                ("total_kv_transfer_ms".into(), Real(d.total_kv_transfer_ms)),
+                (
+                    "prefill_pool_utilization".into(),
+                    Real(d.prefill_pool_utilization),
+                ),
+                (
+                    "decode_pool_utilization".into(),
+                    Real(d.decode_pool_utilization),
+                ),
+            ]);
+        }
+        if let Some(g) = &self.g2 {
+            out.extend([
+                ("g2_reused_tokens".into(), Count(g.g2_reused_tokens)),
+                (
+                    "g2_prefix_cache_reused_ratio".into(),
+                    Real(g.g2_prefix_cache_reused_ratio),
+                ),
+                ("g2_offloaded_blocks".into(), Count(g.g2_offloaded_blocks)),
+                ("g2_onboarded_blocks".into(), Count(g.g2_onboarded_blocks)),
+            ]);
         }
         out
     }
@@ -597,7 +674,18 @@ impl fmt::Display for ReplayReport {
             row(f, label, d)?;
         }
         writeln!(f, "Per-user output throughput (tokens/s)")?;
-        row(f, "tok/s/user", &self.output_token_throughput_per_user)
+        row(f, "tok/s/user", &self.output_token_throughput_per_user)?;
+        let extras = self.extra_figures();
+        if !extras.is_empty() {
+            writeln!(f, "Disaggregation and host tier")?;
+            for (k, v) in extras {
+                match v {
+                    Figure::Count(n) => writeln!(f, "  {k:<W$} {n}")?,
+                    Figure::Real(x) => writeln!(f, "  {k:<W$} {x:.6}")?,
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -613,6 +701,8 @@ struct RequestState {
     first_admit: Option<SimTime>,
     first_reused: usize,
     latest_reused: usize,
+    latest_g2_reused: usize,
+    kv_transfer: Option<SimDuration>,
     first_token: Option<SimTime>,
     second_token: Option<SimTime>,
     last_token: Option<SimTime>,
@@ -693,6 +783,8 @@ impl Collector {
             first_admit: None,
             first_reused: 0,
             latest_reused: 0,
+            latest_g2_reused: 0,
+            kv_transfer: None,
             first_token: None,
             second_token: None,
             last_token: None,
@@ -725,6 +817,22 @@ impl Collector {
             }
             s.latest_reused = reused_tokens;
             s.worker = Some(worker);
+        }
+    }
+
+    /// The admission just recorded by [`Collector::on_admit`] had `tokens` of its reused prompt
+    /// tokens onboarded from the host tier (G2).
+    pub fn on_g2_reuse(&mut self, id: RequestId, tokens: usize) {
+        if let Some(s) = self.get_mut(id) {
+            s.latest_g2_reused = tokens;
+        }
+    }
+
+    /// Disaggregated mode: the request's prompt KV takes `duration` to reach its decode worker.
+    pub fn on_kv_transfer(&mut self, id: RequestId, duration: SimDuration) {
+        if let Some(s) = self.get_mut(id) {
+            let total = s.kv_transfer.unwrap_or(SimDuration::ZERO) + duration;
+            s.kv_transfer = Some(total);
         }
     }
 
@@ -794,7 +902,7 @@ impl Collector {
         };
         let (mut ttft, mut ttst, mut tpot, mut e2e) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let (mut reused, mut first_reused) = (0u64, 0u64);
+        let (mut reused, mut first_reused, mut g2_reused) = (0u64, 0u64, 0u64);
         let mut duration_ms: f64 = 0.0;
         let mut records = Vec::with_capacity(requests.len());
         for (id, s) in requests {
@@ -824,6 +932,7 @@ impl Collector {
                 report.total_output_tokens += s.num_tokens;
                 reused += s.latest_reused as u64;
                 first_reused += s.first_reused as u64;
+                g2_reused += s.latest_g2_reused as u64;
                 if let Some(t) = s.finished {
                     duration_ms = duration_ms.max(ms(t));
                 }
@@ -850,6 +959,8 @@ impl Collector {
                 output_length: s.num_tokens,
                 max_output_tokens: s.max_output,
                 reused_input_tokens: s.latest_reused,
+                g2_reused_input_tokens: s.latest_g2_reused,
+                kv_transfer_ms: s.kv_transfer.map(SimDuration::as_millis_f64),
                 status,
             });
         }
@@ -888,6 +999,13 @@ impl Collector {
         report.e2e_latency = Distribution::from_samples(&mut e2e);
         report.itl = itl.distribution();
         report.output_token_throughput_per_user = per_user_throughput.distribution();
+        // Filled in by the replay when G2 is on; the token count is only known here.
+        report.g2 = Some(G2Figures {
+            g2_reused_tokens: g2_reused,
+            g2_prefix_cache_reused_ratio: ratio(g2_reused, report.total_input_tokens),
+            ..G2Figures::default()
+        })
+        .filter(|_| g2_reused > 0);
         (report, records)
     }
 }

@@ -8,12 +8,13 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::cluster::{Cluster, ClusterConfig, Output};
+use crate::cluster::{Cluster, ClusterConfig, ClusterStats, Output};
 use crate::ids::RequestId;
-use crate::metrics::{Collector, ReplayReport, RequestRecord};
+use crate::metrics::{Collector, DisaggFigures, G2Figures, ReplayReport, RequestRecord};
 use crate::request::{EngineRequest, Prompt};
 use crate::scheduler::ConfigError;
-use crate::time::SimTime;
+use crate::scheduler::WorkerRole;
+use crate::time::{SimDuration, SimTime};
 use crate::tokens::{sequence_hashes, BlockHashes};
 use crate::trace::{LocalHashCache, Trace, Turn};
 
@@ -96,7 +97,12 @@ pub fn replay(
                     worker,
                     time,
                     reused_tokens,
-                } => collector.on_admit(id, time, reused_tokens, worker),
+                    g2_reused_tokens,
+                } => {
+                    collector.on_admit(id, time, reused_tokens, worker);
+                    collector.on_g2_reuse(id, g2_reused_tokens);
+                }
+                Output::KvTransfer { id, duration, .. } => collector.on_kv_transfer(id, duration),
                 Output::Token { id, time, .. } => collector.on_token(id, time),
                 Output::Preempted { .. } => {}
                 Output::Finished { id, time } | Output::Rejected { id, time, .. } => {
@@ -166,18 +172,72 @@ pub fn replay(
             in_flight,
         });
     }
-    let preemptions = cluster
-        .snapshot()
-        .workers
-        .iter()
-        .map(|w| w.scheduler.preemptions)
-        .sum();
-    let (report, records) = collector.finish(started.elapsed());
+    let stats = cluster.snapshot();
+    let preemptions = stats.workers.iter().map(|w| w.scheduler.preemptions).sum();
+    let (mut report, records) = collector.finish(started.elapsed());
+    add_topology_figures(&mut report, &stats, config);
     Ok(ReplayOutcome {
         report,
         records,
         preemptions,
     })
+}
+
+/// Adds the disaggregation and host-tier figures (extra keys after Dynamo's) when those
+/// features are on; an aggregated run without G2 keeps exactly Dynamo's keys.
+fn add_topology_figures(report: &mut ReplayReport, stats: &ClusterStats, config: &ReplayConfig) {
+    let duration_us = report.duration_ms * 1000.0;
+    let utilization = |role: WorkerRole| {
+        let busy: Vec<u64> = stats
+            .workers
+            .iter()
+            .filter(|w| w.role == role)
+            .map(|w| w.busy_us)
+            .collect();
+        if busy.is_empty() || duration_us <= 0.0 {
+            return (busy.len() as u64, 0.0);
+        }
+        let total: u64 = busy.iter().sum();
+        (
+            busy.len() as u64,
+            total as f64 / (busy.len() as f64 * duration_us),
+        )
+    };
+    report.disagg = match config.cluster.serving {
+        crate::cluster::ServingMode::Aggregated => None,
+        crate::cluster::ServingMode::Disagg { .. } => {
+            let (num_prefill_workers, prefill_pool_utilization) = utilization(WorkerRole::Prefill);
+            let (num_decode_workers, decode_pool_utilization) = utilization(WorkerRole::Decode);
+            let total_ms = SimDuration(stats.kv_transfer_us).as_millis_f64();
+            Some(DisaggFigures {
+                kv_transfers: stats.kv_transfers,
+                mean_kv_transfer_ms: if stats.kv_transfers > 0 {
+                    total_ms / stats.kv_transfers as f64
+                } else {
+                    0.0
+                },
+                total_kv_transfer_ms: total_ms,
+                num_prefill_workers,
+                num_decode_workers,
+                prefill_pool_utilization,
+                decode_pool_utilization,
+            })
+        }
+    };
+    let g2_reused = report.g2.take().unwrap_or_default();
+    report.g2 = config.cluster.engine.g2.as_ref().map(|_| G2Figures {
+        g2_offloaded_blocks: stats
+            .workers
+            .iter()
+            .map(|w| w.scheduler.g2_offloaded_blocks)
+            .sum(),
+        g2_onboarded_blocks: stats
+            .workers
+            .iter()
+            .map(|w| w.scheduler.g2_onboarded_blocks)
+            .sum(),
+        ..g2_reused
+    });
 }
 
 /// The engine request for a trace turn: block hashes computed without materialising the prompt.

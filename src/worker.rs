@@ -1,9 +1,11 @@
-//! One simulated worker: a scheduler with its KV pool, run one pass at a time on the caller's
-//! clock, tagging its KV events with the worker id and a per-worker sequence number.
+//! One simulated worker: a scheduler with its KV pool (and host tier), run one pass at a time on
+//! the caller's clock, tagging its KV events with the worker id and a per-worker sequence number.
+//! Its role (aggregated, prefill or decode) comes from its engine config.
 
 use crate::ids::{RequestId, WorkerId};
 use crate::kv::KvEvent;
 use crate::request::EngineRequest;
+pub use crate::scheduler::WorkerRole;
 use crate::scheduler::{EngineConfig, PassPlan, Scheduler, SchedulerEvent, SchedulerStats};
 use crate::time::SimTime;
 
@@ -52,6 +54,29 @@ impl Worker {
         self.pass_end
     }
 
+    /// Aggregated, prefill or decode.
+    pub fn role(&self) -> WorkerRole {
+        self.scheduler.config().role
+    }
+
+    /// When the worker next needs the caller: the end of its pass or of a G2 onboard.
+    pub fn next_timer(&self) -> Option<SimTime> {
+        match (self.pass_end, self.scheduler.next_transfer_end()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// When the next G2 onboard completes.
+    pub fn next_transfer_end(&self) -> Option<SimTime> {
+        self.scheduler.next_transfer_end()
+    }
+
+    /// Completes the G2 transfers due by `now`.
+    pub fn advance_transfers(&mut self, now: SimTime) {
+        self.scheduler.advance_transfers(now);
+    }
+
     /// True when idle with work queued: the caller should start a pass now.
     pub fn wants_pass(&self) -> bool {
         self.pass_end.is_none() && self.scheduler.has_work()
@@ -72,6 +97,7 @@ impl Worker {
         if self.pass_end.is_some() {
             return self.pass_end;
         }
+        self.scheduler.advance_transfers(now);
         let PassPlan { duration, .. } = self.scheduler.start_pass()?;
         let end = now + duration;
         self.pass_end = Some(end);
@@ -112,6 +138,7 @@ impl Worker {
     pub fn stats(&self) -> WorkerStats {
         WorkerStats {
             worker: self.id,
+            role: self.role(),
             scheduler: self.scheduler.stats(),
             num_gpu_blocks: self.scheduler.config().num_gpu_blocks,
             passes: self.passes,
@@ -125,6 +152,8 @@ impl Worker {
 pub struct WorkerStats {
     /// The worker.
     pub worker: WorkerId,
+    /// Its role in the topology.
+    pub role: WorkerRole,
     /// Queue and KV counters.
     pub scheduler: SchedulerStats,
     /// Pool size.

@@ -92,3 +92,122 @@ fn invalid_settings_are_rejected_before_running() {
     assert!(Cli::try_parse_from(["mockserve", "replay", t, "--engine-type", "tgi"]).is_err());
     assert!(Cli::try_parse_from(["mockserve", "replay", t, "--iterations", "0"]).is_err());
 }
+
+#[test]
+fn dynamos_disagg_command_runs_and_reports_the_transfers() {
+    let dir = std::env::temp_dir().join(format!("servesim-disagg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let report = dir.join("report.json");
+    let trace = fixture("trace_small.jsonl");
+    let outcome = mock_server::replay_cmd::run(&match cli(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--serving-mode",
+        "disagg",
+        "--num-prefill-workers",
+        "2",
+        "--num-decode-workers",
+        "2",
+        "--kv-bytes-per-token",
+        "131072",
+        "--report-json",
+        report.to_str().unwrap(),
+        "-q",
+    ])
+    .command
+    {
+        Some(mock_server::Command::Replay(args)) => args,
+        other => panic!("{other:?}"),
+    })
+    .expect("disagg replay runs");
+    assert_eq!(
+        outcome.report.completed_requests,
+        outcome.report.num_requests
+    );
+    let d = outcome.report.disagg.clone().expect("disagg figures");
+    assert_eq!(d.kv_transfers, outcome.report.num_requests);
+    assert!(d.mean_kv_transfer_ms > 0.0);
+    assert!(d.prefill_pool_utilization > 0.0 && d.decode_pool_utilization > 0.0);
+    for r in &outcome.records {
+        // input * 131072 B / 64 GB/s, to the microsecond.
+        let expected = (r.input_length as f64 * 131_072.0 / 64e3).round() / 1000.0;
+        assert_eq!(r.kv_transfer_ms, Some(expected));
+    }
+    let text = std::fs::read_to_string(&report).unwrap();
+    let dynamo_last = text
+        .find("\"std_output_token_throughput_per_user\"")
+        .unwrap();
+    assert!(text.find("\"mean_kv_transfer_ms\"").unwrap() > dynamo_last);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn disagg_and_g2_flags_that_cannot_work_are_rejected() {
+    let trace = fixture("trace_small.jsonl");
+    let t = trace.to_str().unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--num-prefill-workers", "2"],
+            "only applies to --serving-mode disagg",
+        ),
+        (
+            &["--kv-transfer-bandwidth", "10"],
+            "only applies to --serving-mode disagg",
+        ),
+        (&["--num-g2-blocks", "100"], "needs --kv-bytes-per-token"),
+        (
+            &[
+                "--num-g2-blocks",
+                "100",
+                "--kv-bytes-per-token",
+                "1000",
+                "--engine-type",
+                "sglang",
+            ],
+            "needs --engine-type vllm",
+        ),
+        (&["--bandwidth-g2-to-g1-gbps", "3"], "need --num-g2-blocks"),
+    ];
+    for (flags, needle) in cases {
+        let mut args = vec!["replay", t, "-q"];
+        args.extend_from_slice(flags);
+        let err = run(cli(&args)).unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(msg.contains(needle), "{flags:?}: {msg}");
+    }
+}
+
+#[test]
+fn g2_replay_reports_host_tier_hits() {
+    let trace = fixture("trace_small.jsonl");
+    let args = match cli(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--num-workers",
+        "1",
+        "--num-gpu-blocks",
+        "160",
+        "--num-g2-blocks",
+        "4096",
+        "--kv-bytes-per-token",
+        "131072",
+        "-q",
+    ])
+    .command
+    {
+        Some(mock_server::Command::Replay(args)) => args,
+        other => panic!("{other:?}"),
+    };
+    let outcome = mock_server::replay_cmd::run(&args).expect("G2 replay runs");
+    let g2 = outcome.report.g2.clone().expect("G2 figures");
+    assert_eq!(
+        outcome.report.completed_requests,
+        outcome.report.num_requests
+    );
+    let from_records: usize = outcome
+        .records
+        .iter()
+        .map(|r| r.g2_reused_input_tokens)
+        .sum();
+    assert_eq!(g2.g2_reused_tokens, from_records as u64);
+}

@@ -1,13 +1,40 @@
 //! Engine, router and cluster flags shared by `mockserve serve` and `mockserve replay`, and their
 //! conversion into a validated [`ClusterConfig`].
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
-use servesim::cluster::ClusterConfig;
+use servesim::cluster::{ClusterConfig, KvTransferConfig, KvTransferTimingMode, ServingMode};
+use servesim::kv::G2Config;
 use servesim::perf::{Fixed, LatencyModel, Polynomial, ScaledLatency};
 use servesim::router::{RouterConfig, RouterMode};
-use servesim::scheduler::{ConfigError, EngineConfig, EngineType, PreemptionMode, SglangConfig};
+use servesim::scheduler::{
+    ConfigError, EngineConfig, EngineType, PreemptionMode, SglangConfig, WorkerRole,
+};
+
+/// `--serving-mode`: one pool of workers, or prefill and decode pools.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ServingModeFlag {
+    /// Workers prefill and decode.
+    #[default]
+    Aggregated,
+    /// Prefill pool and decode pool with a KV hand-off.
+    Disagg,
+}
+
+impl std::str::FromStr for ServingModeFlag {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "aggregated" | "agg" => Ok(ServingModeFlag::Aggregated),
+            "disagg" | "disaggregated" => Ok(ServingModeFlag::Disagg),
+            _ => Err(format!(
+                "unknown serving mode {s:?} (expected aggregated or disagg)"
+            )),
+        }
+    }
+}
 
 /// Simulated engine and routing flags.
 #[derive(Args, Clone, Debug)]
@@ -80,6 +107,96 @@ pub struct EngineArgs {
     /// Seed of the router's tie-breaks and the generated token ids.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+
+    /// Serving topology: aggregated (--num-workers workers) or disagg (a prefill pool and a
+    /// decode pool; --num-workers is ignored).
+    #[arg(long, default_value = "aggregated")]
+    pub serving_mode: ServingModeFlag,
+
+    /// Disagg: prefill workers (KV-aware router) [default: 1].
+    #[arg(long)]
+    pub num_prefill_workers: Option<usize>,
+
+    /// Disagg: decode workers (load-aware router) [default: 1].
+    #[arg(long)]
+    pub num_decode_workers: Option<usize>,
+
+    /// KV bytes per token (all layers, K and V): times the disagg hand-off and G2 transfers.
+    #[arg(long, conflicts_with = "model_config")]
+    pub kv_bytes_per_token: Option<u64>,
+
+    /// A Hugging Face config.json to derive --kv-bytes-per-token from (num_hidden_layers x 2 x
+    /// num_key_value_heads x head_dim x dtype bytes).
+    #[arg(long, value_name = "PATH")]
+    pub model_config: Option<PathBuf>,
+
+    /// Disagg: prefill→decode KV bandwidth in GB/s (1e9 bytes), 0 disables the delay; not
+    /// divided by --speedup-ratio [default: 64].
+    #[arg(long, value_name = "GBPS")]
+    pub kv_transfer_bandwidth: Option<f64>,
+
+    /// Disagg: charge the full prompt, or only the blocks missing at the decode worker:
+    /// full-prompt or destination-missing [default: full-prompt].
+    #[arg(long)]
+    pub kv_transfer_timing_mode: Option<KvTransferTimingMode>,
+
+    /// Host-memory (G2) KV blocks per worker: GPU evictions are offloaded there and prefixes
+    /// found there are onboarded before admission. Needs --kv-bytes-per-token and vllm.
+    #[arg(long)]
+    pub num_g2_blocks: Option<usize>,
+
+    /// G1→G2 (offload) link bandwidth in GB/s, shared by concurrent transfers; 0 = instant
+    /// [default: 14].
+    #[arg(long, value_name = "GBPS")]
+    pub bandwidth_g1_to_g2_gbps: Option<f64>,
+
+    /// G2→G1 (onboard) link bandwidth in GB/s, shared by concurrent transfers; 0 = instant
+    /// [default: 14].
+    #[arg(long, value_name = "GBPS")]
+    pub bandwidth_g2_to_g1_gbps: Option<f64>,
+}
+
+/// KV bytes per token of a Hugging Face `config.json`:
+/// `num_hidden_layers * 2 * num_key_value_heads * head_dim * dtype_bytes`, with
+/// `num_key_value_heads` falling back to `num_attention_heads`, `head_dim` taken from the file or
+/// else `hidden_size / num_attention_heads`, and `torch_dtype` bytes (float32 4; float16 and
+/// bfloat16 2; fp8 and int8 1; anything else 2), as Dynamo's mocker derives it.
+pub fn kv_bytes_per_token_of(config: &serde_json::Value) -> Result<u64, String> {
+    let config = config.get("text_config").unwrap_or(config);
+    let int = |key: &str| config.get(key).and_then(serde_json::Value::as_u64);
+    let layers = int("num_hidden_layers").ok_or("model config has no num_hidden_layers")?;
+    let heads = int("num_attention_heads").ok_or("model config has no num_attention_heads")?;
+    if heads == 0 {
+        return Err("model config has num_attention_heads = 0".into());
+    }
+    let kv_heads = int("num_key_value_heads")
+        .or(int("num_kv_heads"))
+        .unwrap_or(heads);
+    let head_dim = match int("head_dim") {
+        Some(d) => d,
+        None => int("hidden_size").ok_or("model config has no hidden_size or head_dim")? / heads,
+    };
+    let dtype = config
+        .get("torch_dtype")
+        .or(config.get("dtype"))
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("auto")
+        .to_ascii_lowercase();
+    let dtype_bytes = match dtype.as_str() {
+        "float32" | "fp32" => 4,
+        d if d.contains("fp8") || d.contains("float8") || d == "int8" => 1,
+        _ => 2,
+    };
+    Ok(layers * 2 * kv_heads * head_dim * dtype_bytes)
+}
+
+fn read_model_config(path: &Path) -> Result<u64, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError(format!("--model-config {}: {e}", path.display())))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| ConfigError(format!("--model-config {}: {e}", path.display())))?;
+    kv_bytes_per_token_of(&json)
+        .map_err(|e| ConfigError(format!("--model-config {}: {e}", path.display())))
 }
 
 fn parse_fixed(s: &str) -> Result<Fixed, String> {
@@ -98,6 +215,63 @@ fn parse_fixed(s: &str) -> Result<Fixed, String> {
 impl EngineArgs {
     /// The validated cluster configuration these flags describe.
     pub fn cluster_config(&self) -> Result<ClusterConfig, ConfigError> {
+        let bad = |m: &str| Err(ConfigError(m.to_string()));
+        let kv_bytes_per_token = match (&self.model_config, self.kv_bytes_per_token) {
+            (Some(path), _) => Some(read_model_config(path)?),
+            (None, Some(0)) => return bad("--kv-bytes-per-token must be positive"),
+            (None, b) => b,
+        };
+        let serving = match self.serving_mode {
+            ServingModeFlag::Aggregated => {
+                let disagg_flags = [
+                    ("--num-prefill-workers", self.num_prefill_workers.is_some()),
+                    ("--num-decode-workers", self.num_decode_workers.is_some()),
+                    (
+                        "--kv-transfer-bandwidth",
+                        self.kv_transfer_bandwidth.is_some(),
+                    ),
+                    (
+                        "--kv-transfer-timing-mode",
+                        self.kv_transfer_timing_mode.is_some(),
+                    ),
+                ];
+                if let Some((flag, _)) = disagg_flags.iter().find(|(_, given)| *given) {
+                    return Err(ConfigError(format!(
+                        "{flag} only applies to --serving-mode disagg"
+                    )));
+                }
+                ServingMode::Aggregated
+            }
+            ServingModeFlag::Disagg => ServingMode::Disagg {
+                num_prefill_workers: self.num_prefill_workers.unwrap_or(1),
+                num_decode_workers: self.num_decode_workers.unwrap_or(1),
+                kv_transfer: KvTransferConfig {
+                    kv_bytes_per_token,
+                    bandwidth_gbps: self.kv_transfer_bandwidth.unwrap_or(64.0),
+                    timing_mode: self.kv_transfer_timing_mode.unwrap_or_default(),
+                },
+            },
+        };
+        let g2 = match self.num_g2_blocks {
+            None => {
+                if self.bandwidth_g1_to_g2_gbps.is_some() || self.bandwidth_g2_to_g1_gbps.is_some()
+                {
+                    return bad("--bandwidth-g1-to-g2-gbps and --bandwidth-g2-to-g1-gbps need --num-g2-blocks");
+                }
+                None
+            }
+            Some(num_blocks) => {
+                let Some(kv_bytes_per_token) = kv_bytes_per_token else {
+                    return bad("--num-g2-blocks needs --kv-bytes-per-token (or --model-config) to time its transfers");
+                };
+                Some(G2Config {
+                    num_blocks,
+                    kv_bytes_per_token,
+                    bandwidth_g1_to_g2_gbps: self.bandwidth_g1_to_g2_gbps.unwrap_or(14.0),
+                    bandwidth_g2_to_g1_gbps: self.bandwidth_g2_to_g1_gbps.unwrap_or(14.0),
+                })
+            }
+        };
         let model: Arc<dyn LatencyModel> = match self.fixed_latency {
             Some(f) => Arc::new(f),
             None => Arc::new(Polynomial::default()),
@@ -119,6 +293,8 @@ impl EngineArgs {
                     decode_speedup_ratio: self.decode_speedup_ratio,
                 },
                 sglang: SglangConfig::default(),
+                role: WorkerRole::Aggregated,
+                g2,
             },
             num_workers: self.num_workers,
             router: RouterConfig {
@@ -128,8 +304,31 @@ impl EngineArgs {
                 queue_threshold: self.router_queue_threshold,
             },
             seed: self.seed,
+            serving,
         };
         config.validate()?;
         Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_bytes_per_token_from_a_llama_like_config() {
+        // Llama-3-8B: 32 layers, 8 KV heads, head dim 4096/32 = 128, bf16.
+        let cfg = serde_json::json!({
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "hidden_size": 4096, "torch_dtype": "bfloat16"
+        });
+        assert_eq!(kv_bytes_per_token_of(&cfg), Ok(32 * 2 * 8 * 128 * 2));
+        // No KV heads: falls back to attention heads; explicit head_dim wins; fp32 is 4 bytes.
+        let cfg = serde_json::json!({
+            "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
+            "head_dim": 32, "torch_dtype": "float32"
+        });
+        assert_eq!(kv_bytes_per_token_of(&cfg), Ok(2 * 2 * 4 * 32 * 4));
+        assert!(kv_bytes_per_token_of(&serde_json::json!({})).is_err());
     }
 }

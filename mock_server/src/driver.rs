@@ -295,6 +295,8 @@ impl Driver {
     fn dispatch(&mut self, outputs: Vec<Output>) {
         for output in outputs {
             let (id, event, last) = match output {
+                // The hand-off is visible in the cluster's counters (snapshot), not to the client.
+                Output::KvTransfer { .. } => continue,
                 Output::Admitted {
                     id, reused_tokens, ..
                 } => {
@@ -385,6 +387,45 @@ mod tests {
         let live = engine.snapshot().await.expect("snapshot");
         assert_eq!(live.cluster.active_requests, 0);
         assert_eq!(live.prompt_tokens, 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn disagg_hand_off_is_a_timed_event_of_the_driver() {
+        use servesim::cluster::{KvTransferConfig, ServingMode};
+        let mut config = ClusterConfig {
+            serving: ServingMode::Disagg {
+                num_prefill_workers: 1,
+                num_decode_workers: 1,
+                kv_transfer: KvTransferConfig {
+                    kv_bytes_per_token: Some(1_000_000),
+                    bandwidth_gbps: 1.0,
+                    ..KvTransferConfig::default()
+                },
+            },
+            ..ClusterConfig::default()
+        };
+        config.engine.block_size = 4;
+        config.engine.latency.model = Arc::new(Fixed {
+            prefill_ms: 20.0,
+            decode_ms: 5.0,
+        });
+        let engine = EngineHandle::spawn(Cluster::new(config).expect("valid"), None);
+        let start = Instant::now();
+        let mut sub = engine.submit(request(3)).await.expect("submitted");
+        let mut seen = Vec::new();
+        while let Some(event) = sub.events.recv().await {
+            if let Event::Token { index, .. } = event {
+                seen.push((index, start.elapsed().as_millis()));
+            }
+            if event == Event::Finished {
+                sub.mark_done();
+                break;
+            }
+        }
+        // Prefill 20 ms, 6 prompt tokens at 1 ms each over the link, then 5 ms decode steps.
+        assert_eq!(seen, vec![(1, 31), (2, 36), (3, 41)]);
+        let live = engine.snapshot().await.expect("snapshot");
+        assert_eq!(live.cluster.kv_transfer_us, 6_000);
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,5 +1,7 @@
-//! KV cache: the paged block pool with prefix caching, and the events it emits.
+//! KV cache: the paged block pool with prefix caching, the events it emits, and the host (G2) tier.
 pub mod event;
 pub use event::{KvEvent, KvEventData, StoredBlock};
 pub mod pool;
 pub use pool::{BlockRef, CapacityExhausted, KvPool, PrefixMatch, SequenceBlocks};
+pub mod tier;
+pub use tier::{G2Config, G2Tier, SharedLink};

@@ -66,6 +66,8 @@ pub struct KvPool {
     num_partial: usize,
     /// Events not yet drained by the worker.
     events: Vec<KvEventData>,
+    /// Evicted blocks not yet taken by the G2 tier; None when nobody takes them (no G2).
+    evicted: Option<Vec<SequenceHash>>,
 }
 
 impl KvPool {
@@ -80,7 +82,98 @@ impl KvPool {
             num_active_full: 0,
             num_partial: 0,
             events: Vec::new(),
+            evicted: None,
         }
+    }
+
+    /// Keeps a list of evicted blocks for [`KvPool::take_evicted`] (the G2 tier offloads them).
+    pub fn track_evictions(&mut self) {
+        self.evicted.get_or_insert_with(Vec::new);
+    }
+
+    /// Blocks evicted since the last call, in eviction order (empty unless tracked).
+    pub fn take_evicted(&mut self) -> Vec<SequenceHash> {
+        self.evicted
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Marks inactive blocks among `hashes` as just used, the first one last (so a prefix is
+    /// evicted after its suffix). Active and unknown blocks are left alone.
+    pub fn touch(&mut self, hashes: &[SequenceHash]) {
+        for h in hashes.iter().rev() {
+            if let Some(b) = self.cached.get_mut(h) {
+                if b.refs == 0 {
+                    self.lru.remove(&b.stamp);
+                    self.clock += 1;
+                    b.stamp = self.clock;
+                    self.lru.insert(self.clock, *h);
+                }
+            }
+        }
+    }
+
+    /// Registers blocks that arrived from another tier as inactive cached blocks, in prefix order
+    /// (`parent` precedes `blocks[0]`). Blocks already cached are skipped; no block inserted here
+    /// evicts another one inserted by the same call, so at most `free + inactive` blocks go in.
+    /// The tail gets the oldest LRU stamp, as on release. Returns the blocks inserted.
+    pub fn insert_inactive(
+        &mut self,
+        parent: Option<SequenceHash>,
+        blocks: &[StoredBlock],
+    ) -> usize {
+        if !self.prefix_caching {
+            return 0;
+        }
+        let room = self.num_free_blocks() + self.num_inactive_blocks();
+        let new: Vec<StoredBlock> = blocks
+            .iter()
+            .filter(|b| !self.cached.contains_key(&b.seq_hash))
+            .take(room)
+            .copied()
+            .collect();
+        let mut removed = Vec::new();
+        let n = new.len() as u64;
+        let base = self.clock;
+        self.clock += n;
+        for (i, b) in new.iter().enumerate() {
+            // The new stamps are above every existing one: eviction takes older blocks first.
+            self.make_room(&mut removed);
+            let stamp = base + n - i as u64;
+            self.cached
+                .insert(b.seq_hash, CachedBlock { refs: 0, stamp });
+            self.lru.insert(stamp, b.seq_hash);
+        }
+        if !removed.is_empty() {
+            self.events.push(KvEventData::Removed {
+                seq_hashes: removed,
+            });
+        }
+        // One Stored event per contiguous run of inserted blocks.
+        let mut run_parent = parent;
+        let mut run: Vec<StoredBlock> = Vec::new();
+        let inserted: HashKeyMap<SequenceHash, ()> = new.iter().map(|b| (b.seq_hash, ())).collect();
+        for b in blocks {
+            if inserted.contains_key(&b.seq_hash) {
+                run.push(*b);
+            } else if !run.is_empty() {
+                self.events.push(KvEventData::Stored {
+                    parent: run_parent,
+                    blocks: std::mem::take(&mut run),
+                });
+            }
+            if run.is_empty() {
+                run_parent = Some(b.seq_hash);
+            }
+        }
+        if !run.is_empty() {
+            self.events.push(KvEventData::Stored {
+                parent: run_parent,
+                blocks: run,
+            });
+        }
+        new.len()
     }
 
     /// Total blocks.
@@ -268,6 +361,9 @@ impl KvPool {
         for h in &hashes {
             self.cached.remove(h);
         }
+        if let Some(evicted) = &mut self.evicted {
+            evicted.extend_from_slice(&hashes);
+        }
         self.lru.clear();
         if !hashes.is_empty() {
             self.events
@@ -344,6 +440,9 @@ impl KvPool {
         if let Some((_, victim)) = self.lru.pop_first() {
             self.cached.remove(&victim);
             removed.push(victim);
+            if let Some(evicted) = &mut self.evicted {
+                evicted.push(victim);
+            }
         }
     }
 

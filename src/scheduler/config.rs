@@ -2,7 +2,32 @@
 
 use std::sync::Arc;
 
+use crate::kv::G2Config;
 use crate::perf::{Polynomial, ScaledLatency};
+
+/// What a worker does in the serving topology.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkerRole {
+    /// Prefill and decode (aggregated serving).
+    #[default]
+    Aggregated,
+    /// Disaggregated prefill: runs prompts with one output token, then hands the KV over.
+    Prefill,
+    /// Disaggregated decode: never prefills; a prompt's KV arrives over the link and counts as
+    /// computed on admission, so the request joins the decode batch at once.
+    Decode,
+}
+
+impl std::fmt::Display for WorkerRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WorkerRole::Aggregated => "aggregated",
+            WorkerRole::Prefill => "prefill",
+            WorkerRole::Decode => "decode",
+        })
+    }
+}
 
 /// Which engine's batching behaviour to simulate.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -130,6 +155,10 @@ pub struct EngineConfig {
     pub latency: ScaledLatency,
     /// SGLang constants (used with `EngineType::Sglang`).
     pub sglang: SglangConfig,
+    /// Role in the serving topology (set by the cluster for disaggregated pools).
+    pub role: WorkerRole,
+    /// Host-memory KV tier (KVBM G2), if any.
+    pub g2: Option<G2Config>,
 }
 
 impl Default for EngineConfig {
@@ -150,6 +179,8 @@ impl Default for EngineConfig {
                 decode_speedup_ratio: 1.0,
             },
             sglang: SglangConfig::default(),
+            role: WorkerRole::Aggregated,
+            g2: None,
         }
     }
 }
@@ -189,6 +220,28 @@ impl EngineConfig {
         }
         if self.max_model_len == Some(0) {
             return bad("--max-model-len must be positive");
+        }
+        if let Some(g2) = &self.g2 {
+            if self.engine_type != EngineType::Vllm {
+                return bad(
+                    "--num-g2-blocks needs --engine-type vllm (as in Dynamo's KVBM mocker)",
+                );
+            }
+            if !self.enable_prefix_caching {
+                return bad("--num-g2-blocks needs prefix caching (drop --no-prefix-caching)");
+            }
+            if g2.num_blocks == 0 {
+                return bad("--num-g2-blocks must be positive");
+            }
+            if g2.kv_bytes_per_token == 0 {
+                return bad(
+                    "--num-g2-blocks needs --kv-bytes-per-token (or --model-config) to time transfers",
+                );
+            }
+            let bws = [g2.bandwidth_g1_to_g2_gbps, g2.bandwidth_g2_to_g1_gbps];
+            if bws.iter().any(|b| b.is_nan() || *b < 0.0) {
+                return bad("--bandwidth-g1-to-g2-gbps and --bandwidth-g2-to-g1-gbps must be >= 0 (0 = instant)");
+            }
         }
         Ok(())
     }

@@ -8,19 +8,21 @@
 //! output limit.
 
 mod config;
-pub use config::{ConfigError, EngineConfig, EngineType, PreemptionMode, SglangConfig};
+pub use config::{ConfigError, EngineConfig, EngineType, PreemptionMode, SglangConfig, WorkerRole};
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::ids::RequestId;
-use crate::kv::{BlockRef, KvEventData, KvPool, SequenceBlocks};
+use crate::kv::{
+    BlockRef, G2Config, G2Tier, KvEventData, KvPool, SequenceBlocks, SharedLink, StoredBlock,
+};
 use crate::perf::{DecodeBatch, PrefillBatch};
 use crate::request::EngineRequest;
-use crate::time::SimDuration;
-use crate::tokens::{BlockHashes, Token};
+use crate::time::{SimDuration, SimTime};
+use crate::tokens::{BlockHashes, SequenceHash, Token};
 
 /// Something a pass did that the outside world needs to know.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,8 +32,11 @@ pub enum SchedulerEvent {
     Admitted {
         /// The request.
         id: RequestId,
-        /// Prompt tokens found in the cache and not recomputed.
+        /// Prompt tokens found in the cache and not recomputed (G1 hits, onboarded G2 included).
         reused_tokens: usize,
+        /// Of those, tokens whose blocks were onboarded from the host tier (G2) for this
+        /// admission.
+        g2_reused_tokens: usize,
     },
     /// The request was preempted; it keeps its generated tokens and recomputes later.
     Preempted {
@@ -139,6 +144,9 @@ struct Seq {
     prefill_prefix: usize,
     /// Preempted (SGLang: retracted) at least once.
     retracted: bool,
+    /// Blocks `[start, end)` onboarded from G2 for the coming admission; None when none. Also
+    /// stops a second onboard before the request is admitted.
+    onboarded: Option<(usize, usize)>,
 }
 
 impl Seq {
@@ -173,6 +181,46 @@ pub struct SchedulerStats {
     pub inactive_blocks: usize,
     /// Preemptions so far.
     pub preemptions: u64,
+    /// Requests parked while their prefix is onboarded from G2.
+    pub awaiting_onboard: usize,
+    /// Blocks resident in the G2 tier.
+    pub g2_resident_blocks: usize,
+    /// Blocks offloaded to G2 so far (transfers completed).
+    pub g2_offloaded_blocks: u64,
+    /// Blocks onboarded from G2 so far (transfers completed).
+    pub g2_onboarded_blocks: u64,
+}
+
+/// The host tier of a scheduler, its two links and the transfers in flight.
+#[derive(Debug)]
+struct Offload {
+    /// Bytes of one block (`block_size * kv_bytes_per_token`).
+    block_bytes: f64,
+    /// Host blocks.
+    tier: G2Tier,
+    /// G1→G2 link.
+    offload_link: SharedLink,
+    /// G2→G1 link.
+    onboard_link: SharedLink,
+    /// Offload batches in flight by tag: the blocks each carries.
+    offloading: BTreeMap<u64, Vec<SequenceHash>>,
+    /// Onboards in flight by tag.
+    onboarding: BTreeMap<u64, Onboard>,
+    /// Next transfer tag.
+    next_tag: u64,
+    /// Blocks onboarded so far.
+    onboarded_blocks: u64,
+}
+
+/// An onboard in flight: the request waiting for it and the blocks it brings.
+#[derive(Debug)]
+struct Onboard {
+    id: RequestId,
+    /// Block before `blocks[0]` (None at the start of the sequence).
+    parent: Option<SequenceHash>,
+    /// Index of `blocks[0]` in the request's sequence.
+    start: usize,
+    blocks: Vec<StoredBlock>,
 }
 
 /// One worker's batching scheduler and KV pool.
@@ -200,13 +248,32 @@ pub struct Scheduler {
     preemptions: u64,
     /// Events produced while planning, drained by the worker.
     events: Vec<SchedulerEvent>,
+    /// The latest time the worker reported (transfers start then).
+    now: SimTime,
+    /// Host tier, when configured.
+    offload: Option<Offload>,
+    /// Slots parked while an onboard is in flight (no blocks held).
+    awaiting: Vec<usize>,
 }
 
 impl Scheduler {
     /// A scheduler with an empty pool. `seed` drives generated token ids.
     pub fn new(config: EngineConfig, seed: u64) -> Scheduler {
-        let pool = KvPool::new(config.num_gpu_blocks, config.enable_prefix_caching);
+        let mut pool = KvPool::new(config.num_gpu_blocks, config.enable_prefix_caching);
         let new_token_ratio = config.sglang.init_new_token_ratio();
+        let offload = config.g2.as_ref().map(|g2: &G2Config| {
+            pool.track_evictions();
+            Offload {
+                block_bytes: (config.block_size as u64 * g2.kv_bytes_per_token) as f64,
+                tier: G2Tier::new(g2.num_blocks),
+                offload_link: SharedLink::new(g2.bandwidth_g1_to_g2_gbps),
+                onboard_link: SharedLink::new(g2.bandwidth_g2_to_g1_gbps),
+                offloading: BTreeMap::new(),
+                onboarding: BTreeMap::new(),
+                next_tag: 0,
+                onboarded_blocks: 0,
+            }
+        });
         Scheduler {
             config,
             pool,
@@ -220,7 +287,126 @@ impl Scheduler {
             in_pass: false,
             preemptions: 0,
             events: Vec::new(),
+            now: SimTime::ZERO,
+            offload,
+            awaiting: Vec::new(),
         }
+    }
+
+    /// Moves the clock to `now`: completes the G2 transfers due by then (offloaded blocks become
+    /// resident; onboarded blocks become inactive cached blocks and their request goes back to
+    /// the front of the waiting queue). The worker calls it before every pass and at
+    /// [`Scheduler::next_transfer_end`].
+    pub fn advance_transfers(&mut self, now: SimTime) {
+        self.now = self.now.max(now);
+        let Some(off) = &mut self.offload else {
+            return;
+        };
+        for tag in off.offload_link.advance(now) {
+            for h in off.offloading.remove(&tag).unwrap_or_default() {
+                off.tier.arrive(h);
+            }
+        }
+        let done = off.onboard_link.advance(now);
+        for tag in done {
+            let Some(onboard) = self
+                .offload
+                .as_mut()
+                .and_then(|off| off.onboarding.remove(&tag))
+            else {
+                continue;
+            };
+            // Keep the request's G1 prefix: the onboarded blocks must not evict it.
+            if let Some(slot) = self.slot_of(onboard.id) {
+                let s = self.seqs[slot].as_ref().expect("slot is live");
+                let prefix = &s.hashes.sequence[..onboard.start.min(s.hashes.len())];
+                self.pool.touch(prefix);
+            }
+            self.pool.insert_inactive(onboard.parent, &onboard.blocks);
+            if let Some(off) = &mut self.offload {
+                off.onboarded_blocks += onboard.blocks.len() as u64;
+            }
+            if let Some(slot) = self.slot_of(onboard.id) {
+                self.awaiting.retain(|&s| s != slot);
+                let end = onboard.start + onboard.blocks.len();
+                self.seq_mut(slot).onboarded = Some((onboard.start, end));
+                self.waiting.push_front(slot);
+            }
+        }
+        self.offload_evicted();
+    }
+
+    /// When the next onboard completes (offloads need no wake-up: residency is brought up to
+    /// date whenever the clock moves).
+    pub fn next_transfer_end(&self) -> Option<SimTime> {
+        self.offload
+            .as_ref()
+            .and_then(|off| off.onboard_link.next_completion())
+    }
+
+    /// Starts one offload transfer for the blocks the pool evicted since the last call.
+    fn offload_evicted(&mut self) {
+        let Some(off) = &mut self.offload else {
+            return;
+        };
+        let evicted = self.pool.take_evicted();
+        let batch: Vec<SequenceHash> = evicted
+            .into_iter()
+            .filter(|&h| off.tier.reserve(h))
+            .collect();
+        if batch.is_empty() {
+            return;
+        }
+        let tag = off.next_tag;
+        off.next_tag += 1;
+        off.offload_link
+            .start(self.now, tag, batch.len() as f64 * off.block_bytes);
+        off.offloading.insert(tag, batch);
+    }
+
+    /// vLLM with G2: when the blocks after the G1 prefix match continue in G2, parks the request
+    /// and starts onboarding them. Returns true when parked.
+    fn try_onboard(&mut self, slot: usize) -> bool {
+        let Some(off) = &mut self.offload else {
+            return false;
+        };
+        let s = self.seqs[slot].as_ref().expect("slot is live");
+        if s.onboarded.is_some() {
+            return false;
+        }
+        let bs = self.config.block_size;
+        let g1 = self.pool.lookup_prefix(&s.hashes.sequence).blocks;
+        // Only blocks that can count as cached (the last token is always computed).
+        let usable = (s.len().saturating_sub(1) / bs).min(s.hashes.len());
+        if g1 >= usable {
+            return false;
+        }
+        let k = off.tier.lookup_prefix(&s.hashes.sequence[g1..usable]);
+        if k == 0 {
+            return false;
+        }
+        let hashes = &s.hashes.sequence[g1..g1 + k];
+        off.tier.touch_all(hashes);
+        let blocks: Vec<StoredBlock> = (g1..g1 + k)
+            .map(|i| StoredBlock {
+                seq_hash: s.hashes.sequence[i],
+                local_hash: s.hashes.local[i],
+            })
+            .collect();
+        let tag = off.next_tag;
+        off.next_tag += 1;
+        off.onboard_link
+            .start(self.now, tag, k as f64 * off.block_bytes);
+        off.onboarding.insert(
+            tag,
+            Onboard {
+                id: s.id,
+                parent: g1.checked_sub(1).map(|p| s.hashes.sequence[p]),
+                start: g1,
+                blocks,
+            },
+        );
+        true
     }
 
     /// The engine settings.
@@ -256,6 +442,7 @@ impl Scheduler {
             prefill_isl: 0,
             prefill_prefix: 0,
             retracted: false,
+            onboarded: None,
         };
         let slot = match self.free_slots.pop() {
             Some(s) => {
@@ -279,6 +466,7 @@ impl Scheduler {
         self.waiting.retain(|&s| s != slot);
         self.running.retain(|&s| s != slot);
         self.ready.retain(|&s| s != slot);
+        self.awaiting.retain(|&s| s != slot);
         self.remove(slot);
         true
     }
@@ -301,6 +489,10 @@ impl Scheduler {
             active_blocks: self.pool.num_active_blocks(),
             inactive_blocks: self.pool.num_inactive_blocks(),
             preemptions: self.preemptions,
+            awaiting_onboard: self.awaiting.len(),
+            g2_resident_blocks: self.offload.as_ref().map_or(0, |o| o.tier.num_resident()),
+            g2_offloaded_blocks: self.offload.as_ref().map_or(0, |o| o.tier.offloaded_blocks),
+            g2_onboarded_blocks: self.offload.as_ref().map_or(0, |o| o.onboarded_blocks),
         }
     }
 
@@ -333,6 +525,9 @@ impl Scheduler {
                 self.admit_waiting(&mut pass);
             }
             EngineType::Sglang => self.schedule_sglang(&mut pass),
+        }
+        if self.offload.is_some() {
+            self.offload_evicted();
         }
         if !pass.scheduled_any {
             // Preempting every running request leaves room that admission skipped this time.
@@ -532,11 +727,12 @@ impl Scheduler {
     /// Records `tokens` scheduled for `slot` starting at `before`, with the prefill accounting of
     /// the latency model.
     fn commit_schedule(&mut self, slot: usize, before: usize, tokens: usize, pass: &mut PassState) {
-        let s = self.seq_mut(slot);
+        let decode_only = self.config.role == WorkerRole::Decode;
+        let s = self.seqs[slot].as_mut().expect("slot is live");
         s.scheduled = tokens;
         let prompt_before = before.min(s.prompt_len);
         let prompt_after = (before + tokens).min(s.prompt_len);
-        if prompt_after > prompt_before {
+        if prompt_after > prompt_before && !decode_only {
             s.prefill_isl = prompt_after;
             s.prefill_prefix = prompt_before;
             pass.batch.num_requests += 1;
@@ -589,6 +785,12 @@ impl Scheduler {
         let s = self.seq(slot);
         let bs = self.config.block_size;
         let m = self.pool.lookup_prefix(&s.hashes.sequence);
+        if self.config.role == WorkerRole::Decode {
+            // The KV arrived from the prefill worker: everything but the token being decoded
+            // counts as computed.
+            let cached = s.len().saturating_sub(1);
+            return (cached, m.active_blocks.min(cached / bs));
+        }
         let max_cached = (s.len().saturating_sub(1)) / bs * bs;
         let cached = (m.blocks * bs).min(max_cached);
         (cached, m.active_blocks.min(cached / bs))
@@ -645,6 +847,11 @@ impl Scheduler {
                 self.events.push(SchedulerEvent::Rejected { id, reason });
                 continue;
             }
+            if self.offload.is_some() && self.try_onboard(slot) {
+                self.waiting.pop_front();
+                self.awaiting.push(slot);
+                continue;
+            }
             let (cached, active_cached_blocks) = self.cached_prefix(slot);
             let s = self.seq(slot);
             let available = self.pool.capacity() - self.pool.num_active_blocks();
@@ -670,11 +877,16 @@ impl Scheduler {
             let s = self.seq_mut(slot);
             s.computed = cached;
             s.phase = Phase::Running;
+            let g2_reused_tokens = match s.onboarded.take() {
+                Some((start, end)) => cached.min(end * bs).saturating_sub(start * bs),
+                None => 0,
+            };
             let id = s.id;
             self.running.push(slot);
             self.events.push(SchedulerEvent::Admitted {
                 id,
                 reused_tokens: cached,
+                g2_reused_tokens,
             });
             self.commit_schedule(slot, cached, desired, pass);
         }
@@ -778,6 +990,7 @@ impl Scheduler {
                 self.events.push(SchedulerEvent::Admitted {
                     id,
                     reused_tokens: cached,
+                    g2_reused_tokens: 0,
                 });
             }
             self.commit_schedule(slot, cached, chunk, pass);
@@ -830,6 +1043,38 @@ impl Scheduler {
                 "tail length"
             );
         }
+        for &slot in &self.awaiting {
+            assert!(!seen[slot], "slot {slot} parked and queued");
+            seen[slot] = true;
+            let s = self.seq(slot);
+            assert_eq!(s.phase, Phase::Waiting);
+            assert!(
+                s.blocks.is_empty(),
+                "a request awaiting onboard holds no blocks"
+            );
+        }
+        if let Some(off) = &self.offload {
+            off.tier.assert_invariants();
+            off.offload_link.assert_invariants();
+            off.onboard_link.assert_invariants();
+            let arriving: usize = off.offloading.values().map(Vec::len).sum();
+            assert_eq!(
+                arriving,
+                off.tier.num_arriving(),
+                "arriving G2 blocks are in flight"
+            );
+            assert_eq!(off.offloading.len(), off.offload_link.in_flight());
+            assert_eq!(off.onboarding.len(), off.onboard_link.in_flight());
+            for &slot in &self.awaiting {
+                let id = self.seq(slot).id;
+                assert!(
+                    off.onboarding.values().any(|o| o.id == id),
+                    "a parked request has an onboard in flight"
+                );
+            }
+        } else {
+            assert!(self.awaiting.is_empty());
+        }
         for &slot in &self.waiting {
             let s = self.seq(slot);
             assert_eq!(s.phase, Phase::Waiting);
@@ -852,7 +1097,7 @@ impl Scheduler {
         let live = self.seqs.iter().filter(|s| s.is_some()).count();
         assert_eq!(
             live,
-            self.waiting.len() + self.running.len(),
+            self.waiting.len() + self.running.len() + self.awaiting.len(),
             "every live request is queued"
         );
     }

@@ -146,8 +146,46 @@ pub async fn handler(State(state): State<AppState>) -> Response {
         "Requests waiting at the router.",
         &[(String::new(), live.cluster.parked as f64)],
     );
+    metric(
+        &mut out,
+        "kv_transfers_total",
+        "counter",
+        "Disaggregated prefill-to-decode KV hand-offs started.",
+        &[(String::new(), live.cluster.kv_transfers as f64)],
+    );
+    metric(
+        &mut out,
+        "kv_transfer_seconds_total",
+        "counter",
+        "Simulated time spent moving prompt KV from prefill to decode workers.",
+        &[(String::new(), live.cluster.kv_transfer_us as f64 / 1e6)],
+    );
+    metric(
+        &mut out,
+        "kv_transfers_in_flight",
+        "gauge",
+        "KV hand-offs in flight.",
+        &[(String::new(), live.cluster.kv_transfers_in_flight as f64)],
+    );
+    // Per-pool utilisation: simulated pass time per worker of the pool since the start.
+    let mut pools: Vec<(String, f64)> = Vec::new();
+    for w in &live.cluster.workers {
+        let label = format!("{{pool=\"{}\"}}", w.role);
+        match pools.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, busy)) => *busy += w.busy_us as f64 / 1e6,
+            None => pools.push((label, w.busy_us as f64 / 1e6)),
+        }
+    }
+    metric(
+        &mut out,
+        "pool_busy_seconds_total",
+        "counter",
+        "Simulated seconds the workers of each pool spent in passes (divide by uptime and \
+         worker count for utilisation).",
+        &pools,
+    );
     type Sample = fn(&servesim::worker::WorkerStats) -> f64;
-    let per_worker: [(&str, &str, &str, Sample); 5] = [
+    let per_worker: [(&str, &str, &str, Sample); 8] = [
         ("num_requests_running", "gauge", "Running requests.", |w| {
             w.scheduler.running as f64
         }),
@@ -169,6 +207,24 @@ pub async fn handler(State(state): State<AppState>) -> Response {
         ("num_preemptions_total", "counter", "Preemptions.", |w| {
             w.scheduler.preemptions as f64
         }),
+        (
+            "g2_resident_blocks",
+            "gauge",
+            "KV blocks resident in the host tier (G2).",
+            |w| w.scheduler.g2_resident_blocks as f64,
+        ),
+        (
+            "g2_onboarded_blocks_total",
+            "counter",
+            "KV blocks onboarded from the host tier.",
+            |w| w.scheduler.g2_onboarded_blocks as f64,
+        ),
+        (
+            "worker_busy_seconds_total",
+            "counter",
+            "Simulated seconds spent in passes.",
+            |w| w.busy_us as f64 / 1e6,
+        ),
     ];
     for (name, kind, help, sample) in per_worker {
         let samples: Vec<(String, f64)> = live
