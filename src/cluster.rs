@@ -436,7 +436,9 @@ impl Cluster {
             id,
             RouteRequest {
                 isl: request.prompt.len,
+                local_hashes: &request.prompt.blocks.local,
                 seq_hashes: &request.prompt.blocks.sequence,
+                now: self.now,
             },
         );
         self.placement.insert(id, decision.worker);

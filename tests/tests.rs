@@ -3,7 +3,9 @@
 //!
 //! - `replay`: the offline replay through the library (determinism, hand-checked timings).
 //! - `replay_cli`: `mockserve replay` parsed and run in-process (flags, files, errors).
+//! - `mooncake_bench`: the indexer benchmark end to end on a fixture trace (counts, JSON, sweep).
 
+mod mooncake_bench;
 mod replay;
 mod replay_cli;
 

@@ -100,6 +100,11 @@ pub struct EngineArgs {
     #[arg(long)]
     pub router_queue_threshold: Option<f64>,
 
+    /// KV router without KV events: it remembers its own routing decisions for 120 s
+    /// (Dynamo's approximate mode) instead of indexing the workers' KV events.
+    #[arg(long)]
+    pub no_kv_events: bool,
+
     /// Replace the polynomial latency model by constant times: PREFILL_MS,DECODE_MS.
     #[arg(long, value_name = "PREFILL_MS,DECODE_MS", value_parser = parse_fixed)]
     pub fixed_latency: Option<Fixed>,
@@ -302,6 +307,8 @@ impl EngineArgs {
                 overlap_score_weight: self.overlap_score_weight,
                 temperature: self.router_temperature,
                 queue_threshold: self.router_queue_threshold,
+                use_kv_events: !self.no_kv_events,
+                ..RouterConfig::default()
             },
             seed: self.seed,
             serving,

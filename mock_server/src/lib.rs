@@ -30,6 +30,7 @@
 pub mod api;
 pub mod args;
 pub mod driver;
+pub mod mooncake_cmd;
 pub mod replay_cmd;
 pub mod server;
 pub mod text;

@@ -11,7 +11,8 @@
 //!   lookups run while events are applied;
 //! - [`BranchSharded`]: reference trees sharded by a hash of the first K blocks, exact on
 //!   shallow queries and on continuations that cross the K boundary;
-//! - [`ApproximateIndexer`]: routing decisions with a TTL and a size cap.
+//! - [`ApproximateIndexer`]: routing decisions with a TTL and a size cap;
+//! - [`FlatIndex`]: one map from sequence hash to workers (the KV router's default).
 //!
 //! Semantics shared by all (see [`RadixTree`] for details): the answer for a worker depends only
 //! on the set of blocks it currently holds; a block whose prefix was evicted stays indexed (it
@@ -32,6 +33,7 @@ use crate::tokens::{LocalBlockHash, SequenceHash};
 
 mod approx;
 mod compressed;
+mod flat;
 mod radix;
 mod sharded;
 #[cfg(test)]
@@ -40,6 +42,7 @@ mod tests;
 pub use approx::{ApproximateConfig, ApproximateIndexer};
 
 pub use compressed::ConcurrentRadixTreeCompressed;
+pub use flat::FlatIndex;
 pub use radix::RadixTree;
 pub use sharded::BranchSharded;
 
@@ -72,7 +75,7 @@ pub struct IndexerStats {
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum IndexerError {
     /// An indexer name that is not one of [`IndexerKind`]'s.
-    #[error("unknown indexer `{0}` (expected radix-tree, concurrent-radix-tree-compressed, branch-sharded or approximate)")]
+    #[error("unknown indexer `{0}` (expected radix-tree, concurrent-radix-tree-compressed, branch-sharded, approximate or flat)")]
     UnknownKind(String),
     /// A routing decision whose two hash lists differ in length.
     #[error("{local} local hashes but {seq} sequence hashes")]
@@ -88,6 +91,17 @@ pub enum IndexerError {
 pub trait KvIndexer {
     /// Per-worker contiguous prefix matches of `local_hashes`, plus every worker's tree size.
     fn find_matches(&self, local_hashes: &[LocalBlockHash]) -> OverlapScores;
+    /// [`find_matches`](KvIndexer::find_matches) for a caller that already has the query's
+    /// sequence hashes (`seq_hashes[i]` chains `local_hashes[..=i]`); indexers keyed by sequence
+    /// hash use them instead of rehashing.
+    fn find_matches_hashed(
+        &self,
+        local_hashes: &[LocalBlockHash],
+        seq_hashes: &[SequenceHash],
+    ) -> OverlapScores {
+        let _ = seq_hashes;
+        self.find_matches(local_hashes)
+    }
     /// Applies one KV event. A Stored event whose parent the worker does not hold, and removed
     /// hashes the worker does not hold, are skipped and counted in [`IndexerStats`].
     fn apply(&mut self, event: &KvEvent);
@@ -193,15 +207,18 @@ pub enum IndexerKind {
     BranchSharded,
     /// [`ApproximateIndexer`].
     Approximate,
+    /// [`FlatIndex`].
+    Flat,
 }
 
 impl IndexerKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [IndexerKind; 4] = [
+    pub const ALL: [IndexerKind; 5] = [
         IndexerKind::RadixTree,
         IndexerKind::ConcurrentRadixTreeCompressed,
         IndexerKind::BranchSharded,
         IndexerKind::Approximate,
+        IndexerKind::Flat,
     ];
 
     /// The kebab-case name used on the command line.
@@ -211,6 +228,7 @@ impl IndexerKind {
             IndexerKind::ConcurrentRadixTreeCompressed => "concurrent-radix-tree-compressed",
             IndexerKind::BranchSharded => "branch-sharded",
             IndexerKind::Approximate => "approximate",
+            IndexerKind::Flat => "flat",
         }
     }
 
@@ -230,6 +248,7 @@ impl IndexerKind {
                 Box::new(BranchSharded::new(config.num_shards, config.prefix_depth))
             }
             IndexerKind::Approximate => Box::new(ApproximateIndexer::new(config.approximate)),
+            IndexerKind::Flat => Box::new(FlatIndex::new()),
         }
     }
 }

@@ -210,6 +210,7 @@ struct Variants {
     crtc: ConcurrentRadixTreeCompressed,
     sharded: Vec<BranchSharded>,
     locked: Locked<RadixTree>,
+    flat: FlatIndex,
 }
 
 impl Variants {
@@ -223,6 +224,7 @@ impl Variants {
                 BranchSharded::new(5, 5),
             ],
             locked: Locked::new(RadixTree::new()),
+            flat: FlatIndex::new(),
         }
     }
     fn all(&mut self) -> Vec<(String, &mut dyn KvIndexer)> {
@@ -233,10 +235,12 @@ impl Variants {
             v.push((name, s));
         }
         v.push(("locked".into(), &mut self.locked));
+        v.push(("flat".into(), &mut self.flat));
         v
     }
     fn assert_invariants(&self) {
         self.crtc.assert_invariants();
+        self.flat.assert_invariants();
         for s in &self.sharded {
             s.assert_invariants();
         }

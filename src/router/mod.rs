@@ -20,8 +20,10 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::ids::{RequestId, WorkerId};
-use crate::kv::{KvEvent, KvEventData};
-use crate::tokens::{HashKeyMap, SequenceHash};
+use crate::indexer::{ApproximateConfig, ApproximateIndexer, FlatIndex, KvIndexer};
+use crate::kv::KvEvent;
+use crate::time::SimTime;
+use crate::tokens::{LocalBlockHash, SequenceHash};
 
 /// How requests are spread over workers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -72,6 +74,12 @@ pub struct RouterConfig {
     /// Queue at the router while every worker's active prefill tokens exceed this multiple of
     /// `max_num_batched_tokens`. None routes at once.
     pub queue_threshold: Option<f64>,
+    /// Learn the workers' caches from their KV events (true), or assume each routed request's
+    /// blocks stay cached on its worker for `approximate.ttl` (false: `--no-kv-events`).
+    pub use_kv_events: bool,
+    /// TTL and size cap of the approximate index (used without KV events).
+    #[serde(skip)]
+    pub approximate: ApproximateConfig,
 }
 
 impl Default for RouterConfig {
@@ -81,6 +89,8 @@ impl Default for RouterConfig {
             overlap_score_weight: 1.0,
             temperature: 0.0,
             queue_threshold: None,
+            use_kv_events: true,
+            approximate: ApproximateConfig::default(),
         }
     }
 }
@@ -90,8 +100,12 @@ impl Default for RouterConfig {
 pub struct RouteRequest<'a> {
     /// Prompt tokens.
     pub isl: usize,
+    /// Local hashes of the prompt's full blocks.
+    pub local_hashes: &'a [LocalBlockHash],
     /// Sequence hashes of the prompt's full blocks.
     pub seq_hashes: &'a [SequenceHash],
+    /// When the request is routed (ages the approximate index).
+    pub now: SimTime,
 }
 
 /// The routing decision for one request.
@@ -116,68 +130,23 @@ pub struct Router {
     rr_next: usize,
     /// Random choice and tie-breaks.
     rng: ChaCha8Rng,
-    /// Which workers hold which blocks, from KV events.
-    indexer: HashKeyMap<SequenceHash, WorkerSet>,
-    /// Blocks each worker holds per the indexer.
-    tree_sizes: Vec<usize>,
+    /// Which workers hold which blocks: from KV events, or from routing decisions.
+    indexer: RouterIndex,
     /// Active requests per worker.
     loads: Vec<WorkerLoad>,
     /// Requests parked while every worker is busy, in arrival order.
     pending: VecDeque<RequestId>,
 }
 
-/// A set of worker ids: a bitmask for the first 64 workers (no allocation), a sorted list beyond.
-#[derive(Clone, Debug, Default)]
-struct WorkerSet {
-    low: u64,
-    high: Vec<u32>,
-}
+/// The router's indexer behind the [`KvIndexer`] trait: [`FlatIndex`] with KV events,
+/// [`ApproximateIndexer`] (routing decisions with a TTL) without.
+struct RouterIndex(Box<dyn KvIndexer + Send>);
 
-impl WorkerSet {
-    fn insert(&mut self, w: u32) -> bool {
-        if w < 64 {
-            let had = self.low & (1 << w) != 0;
-            self.low |= 1 << w;
-            return !had;
-        }
-        match self.high.binary_search(&w) {
-            Ok(_) => false,
-            Err(i) => {
-                self.high.insert(i, w);
-                true
-            }
-        }
-    }
-
-    fn remove(&mut self, w: u32) -> bool {
-        if w < 64 {
-            let had = self.low & (1 << w) != 0;
-            self.low &= !(1 << w);
-            return had;
-        }
-        match self.high.binary_search(&w) {
-            Ok(i) => {
-                self.high.remove(i);
-                true
-            }
-            Err(_) => false,
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.low == 0 && self.high.is_empty()
-    }
-
-    fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        let mut low = self.low;
-        std::iter::from_fn(move || {
-            (low != 0).then(|| {
-                let w = low.trailing_zeros();
-                low &= low - 1;
-                w
-            })
-        })
-        .chain(self.high.iter().copied())
+impl std::fmt::Debug for RouterIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouterIndex")
+            .field("stats", &self.0.stats())
+            .finish_non_exhaustive()
     }
 }
 
@@ -191,15 +160,18 @@ impl Router {
         seed: u64,
     ) -> Router {
         Router {
-            config,
             block_size,
             max_num_batched_tokens,
             rr_next: 0,
             rng: ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_f047_e400),
-            indexer: HashKeyMap::default(),
-            tree_sizes: vec![0; num_workers],
+            indexer: RouterIndex(if config.use_kv_events {
+                Box::new(FlatIndex::new())
+            } else {
+                Box::new(ApproximateIndexer::new(config.approximate))
+            }),
             loads: (0..num_workers).map(|_| WorkerLoad::default()).collect(),
             pending: VecDeque::new(),
+            config,
         }
     }
 
@@ -254,23 +226,17 @@ impl Router {
         before != self.pending.len()
     }
 
-    /// Leading prompt blocks cached on each worker, per the KV events seen so far.
-    pub fn overlaps(&self, seq_hashes: &[SequenceHash]) -> Vec<usize> {
-        let n = self.loads.len();
-        let mut overlap = vec![0usize; n];
-        for (depth, h) in seq_hashes.iter().enumerate() {
-            let Some(set) = self.indexer.get(h) else {
-                break;
-            };
-            let mut alive = 0;
-            for w in set.iter() {
-                if overlap[w as usize] == depth {
-                    overlap[w as usize] = depth + 1;
-                    alive += 1;
-                }
-            }
-            if alive == 0 {
-                break;
+    /// Leading prompt blocks cached on each worker, per the indexer.
+    pub fn overlaps(&self, request: RouteRequest<'_>) -> Vec<usize> {
+        let mut overlap = vec![0usize; self.loads.len()];
+        let scores = self
+            .indexer
+            .0
+            .find_matches_hashed(request.local_hashes, request.seq_hashes)
+            .scores;
+        for (w, s) in scores {
+            if let Some(o) = overlap.get_mut(w.0 as usize) {
+                *o = s as usize;
             }
         }
         overlap
@@ -278,11 +244,14 @@ impl Router {
 
     /// The KV-aware cost of every worker for a request (lower is better).
     pub fn costs(&self, request: RouteRequest<'_>) -> Vec<f64> {
-        let overlap = self.overlaps(request.seq_hashes);
+        self.costs_given(request, &self.overlaps(request))
+    }
+
+    fn costs_given(&self, request: RouteRequest<'_>, overlap: &[usize]) -> Vec<f64> {
         let bs = self.block_size as f64;
         self.loads
             .iter()
-            .zip(&overlap)
+            .zip(overlap)
             .map(|(load, &o)| {
                 let new_tokens = request.isl.saturating_sub(o * self.block_size);
                 let prefill_blocks = (load.active_prefill_tokens() + new_tokens) as f64 / bs;
@@ -295,31 +264,46 @@ impl Router {
     /// Chooses a worker for a request and records it as active there.
     pub fn route(&mut self, id: RequestId, request: RouteRequest<'_>) -> Decision {
         let n = self.loads.len();
-        let worker = match self.config.mode {
+        let (worker, o) = match self.config.mode {
             RouterMode::RoundRobin => {
                 let w = self.rr_next;
                 self.rr_next = (self.rr_next + 1) % n;
-                w
+                (w, None)
             }
-            RouterMode::Random => self.rng.gen_range(0..n),
+            RouterMode::Random => (self.rng.gen_range(0..n), None),
             RouterMode::KvRouter => {
-                let costs = self.costs(request);
-                self.select(&costs)
+                if !self.config.use_kv_events {
+                    self.indexer.0.expire(request.now);
+                }
+                let overlap = self.overlaps(request);
+                let costs = self.costs_given(request, &overlap);
+                let w = self.select(&costs);
+                (w, Some(overlap[w]))
             }
         };
-        if self.config.mode != RouterMode::KvRouter {
+        let Some(o) = o else {
             // Load-blind policies keep no index and no per-worker block sets.
             self.loads[worker].add(id, &[], request.isl);
             return Decision {
                 worker: WorkerId(worker as u32),
                 overlap_blocks: 0,
             };
+        };
+        let worker_id = WorkerId(worker as u32);
+        if !self.config.use_kv_events {
+            // The lengths agree for requests hashed by the engine; a mismatch only skips the
+            // record (the index then under-estimates this worker's cache).
+            let _ = self.indexer.0.record_routing(
+                worker_id,
+                request.local_hashes,
+                request.seq_hashes,
+                request.now,
+            );
         }
-        let o = self.overlaps(request.seq_hashes)[worker];
         let prefill_tokens = request.isl.saturating_sub(o * self.block_size);
         self.loads[worker].add(id, request.seq_hashes, prefill_tokens);
         Decision {
-            worker: WorkerId(worker as u32),
+            worker: worker_id,
             overlap_blocks: o,
         }
     }
@@ -363,46 +347,23 @@ impl Router {
         self.loads[worker.0 as usize].free(id);
     }
 
-    /// Applies a worker's KV event to the indexer.
+    /// Applies a worker's KV event to the indexer (ignored without KV events).
     pub fn apply_kv_event(&mut self, event: &KvEvent) {
-        if self.config.mode != RouterMode::KvRouter {
+        if self.config.mode != RouterMode::KvRouter || !self.config.use_kv_events {
             return;
         }
-        let w = event.worker.0;
-        let wi = w as usize;
-        match &event.data {
-            KvEventData::Stored { blocks, .. } => {
-                for b in blocks {
-                    if self.indexer.entry(b.seq_hash).or_default().insert(w) {
-                        self.tree_sizes[wi] += 1;
-                    }
-                }
-            }
-            KvEventData::Removed { seq_hashes } => {
-                for h in seq_hashes {
-                    if let Some(set) = self.indexer.get_mut(h) {
-                        if set.remove(w) {
-                            self.tree_sizes[wi] -= 1;
-                        }
-                        if set.is_empty() {
-                            self.indexer.remove(h);
-                        }
-                    }
-                }
-            }
-            KvEventData::Cleared => {
-                self.indexer.retain(|_, set| {
-                    set.remove(w);
-                    !set.is_empty()
-                });
-                self.tree_sizes[wi] = 0;
-            }
-        }
+        self.indexer.0.apply(event);
     }
 
     /// Blocks each worker holds per the indexer.
-    pub fn tree_sizes(&self) -> &[usize] {
-        &self.tree_sizes
+    pub fn tree_sizes(&self) -> Vec<usize> {
+        let mut sizes = vec![0; self.loads.len()];
+        for (w, n) in self.indexer.0.find_matches(&[]).tree_sizes {
+            if let Some(s) = sizes.get_mut(w.0 as usize) {
+                *s = n;
+            }
+        }
+        sizes
     }
 }
 

@@ -1,6 +1,17 @@
 use super::*;
-use crate::kv::StoredBlock;
-use crate::tokens::{LocalBlockHash, SequenceHash};
+use crate::kv::{KvEventData, StoredBlock};
+use crate::time::{SimDuration, SimTime};
+use crate::tokens::{sequence_hashes, LocalBlockHash, SequenceHash};
+
+/// A lookup by sequence hashes only (the flat index ignores local hashes).
+fn request(seq_hashes: &[SequenceHash]) -> RouteRequest<'_> {
+    RouteRequest {
+        isl: seq_hashes.len() * 4,
+        local_hashes: &[],
+        seq_hashes,
+        now: SimTime::ZERO,
+    }
+}
 
 fn h(i: u64) -> SequenceHash {
     SequenceHash(0x1000 + i)
@@ -38,10 +49,12 @@ fn kv_cost_on_a_hand_built_three_worker_example() {
     let other: Vec<SequenceHash> = (100..110).map(h).collect();
     r.loads[1].add(RequestId(90), &other, 40);
     r.loads[2].add(RequestId(91), &req[..4], 0);
-    assert_eq!(r.overlaps(&req), vec![0, 6, 4]);
+    assert_eq!(r.overlaps(request(&req)), vec![0, 6, 4]);
     let costs = r.costs(RouteRequest {
         isl: 32,
         seq_hashes: &req,
+        local_hashes: &[],
+        now: SimTime::ZERO,
     });
     assert_eq!(costs, vec![16.0, 30.0, 12.0]);
     let d = r.route(
@@ -49,6 +62,8 @@ fn kv_cost_on_a_hand_built_three_worker_example() {
         RouteRequest {
             isl: 32,
             seq_hashes: &req,
+            local_hashes: &[],
+            now: SimTime::ZERO,
         },
     );
     assert_eq!(
@@ -78,7 +93,7 @@ fn overlap_is_the_contiguous_prefix_only() {
     // Worker 0 holds blocks 0, 1 and 3 (not 2): overlap 2.
     r.apply_kv_event(&stored(0, &[req[0], req[1], req[3]]));
     r.apply_kv_event(&stored(1, &req[..5]));
-    assert_eq!(r.overlaps(&req), vec![2, 5]);
+    assert_eq!(r.overlaps(request(&req)), vec![2, 5]);
     r.apply_kv_event(&KvEvent {
         worker: WorkerId(1),
         event_id: 1,
@@ -86,15 +101,15 @@ fn overlap_is_the_contiguous_prefix_only() {
             seq_hashes: vec![req[0]],
         },
     });
-    assert_eq!(r.overlaps(&req), vec![2, 0]);
-    assert_eq!(r.tree_sizes(), &[3, 4]);
+    assert_eq!(r.overlaps(request(&req)), vec![2, 0]);
+    assert_eq!(r.tree_sizes(), vec![3, 4]);
     r.apply_kv_event(&KvEvent {
         worker: WorkerId(0),
         event_id: 1,
         data: KvEventData::Cleared,
     });
-    assert_eq!(r.overlaps(&req), vec![0, 0]);
-    assert_eq!(r.tree_sizes(), &[0, 4]);
+    assert_eq!(r.overlaps(request(&req)), vec![0, 0]);
+    assert_eq!(r.tree_sizes(), vec![0, 4]);
 }
 
 #[test]
@@ -107,6 +122,8 @@ fn ties_break_by_seeded_draw_and_weight_zero_ignores_prefill() {
             RouteRequest {
                 isl: 16,
                 seq_hashes: &req,
+                local_hashes: &[],
+                now: SimTime::ZERO,
             },
         )
         .worker
@@ -127,7 +144,9 @@ fn ties_break_by_seeded_draw_and_weight_zero_ignores_prefill() {
     assert_eq!(
         r.costs(RouteRequest {
             isl: 16,
-            seq_hashes: &req
+            seq_hashes: &req,
+            local_hashes: &[],
+            now: SimTime::ZERO,
         }),
         vec![4.0, 4.0]
     );
@@ -147,6 +166,8 @@ fn round_robin_cycles_and_queueing_parks_while_all_are_busy() {
                 RouteRequest {
                     isl: 8,
                     seq_hashes: &[],
+                    local_hashes: &[],
+                    now: SimTime::ZERO,
                 },
             )
             .worker
@@ -189,4 +210,45 @@ fn softmax_sampling_prefers_cheap_workers() {
         (320..380).contains(&cheap),
         "cheap worker picked {cheap} of 400 times"
     );
+}
+
+#[test]
+fn without_kv_events_routing_decisions_are_remembered_for_the_ttl() {
+    let config = RouterConfig {
+        use_kv_events: false,
+        ..RouterConfig::default()
+    };
+    let mut r = Router::new(config, 3, 4, 8192, 0);
+    let local: Vec<LocalBlockHash> = (1..=6).map(LocalBlockHash).collect();
+    let seq = sequence_hashes(&local);
+    let at = |now: SimTime| RouteRequest {
+        isl: 24,
+        local_hashes: &local,
+        seq_hashes: &seq,
+        now,
+    };
+    let first = r.route(RequestId(1), at(SimTime::ZERO));
+    assert_eq!(first.overlap_blocks, 0);
+    r.free(first.worker, RequestId(1));
+    // KV events are ignored: only the routing decision counts.
+    r.apply_kv_event(&stored(2, &seq));
+    let mut expect = vec![0; 3];
+    expect[first.worker.0 as usize] = 6;
+    assert_eq!(r.overlaps(at(SimTime::ZERO)), expect);
+    let second = r.route(
+        RequestId(2),
+        at(SimTime::ZERO + SimDuration::from_millis(1000)),
+    );
+    assert_eq!(
+        second,
+        Decision {
+            worker: first.worker,
+            overlap_blocks: 6
+        }
+    );
+    r.free(second.worker, RequestId(2));
+    // 120 s after the last routing the blocks are forgotten.
+    let late = SimTime::ZERO + SimDuration::from_millis(122_000);
+    let third = r.route(RequestId(3), at(late));
+    assert_eq!(third.overlap_blocks, 0);
 }

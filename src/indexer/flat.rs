@@ -1,0 +1,239 @@
+//! The flat indexer: one hash map from sequence hash to the set of workers holding that block
+//! (the KV router's original structure, kept because it is the fastest on its workloads).
+
+use std::collections::BTreeMap;
+
+use super::{IndexerStats, KvIndexer, OverlapScores};
+use crate::ids::WorkerId;
+use crate::kv::event::{KvEvent, KvEventData};
+use crate::tokens::{sequence_hashes, HashKeyMap, LocalBlockHash, SequenceHash};
+
+/// A set of worker ids: a bitmask for the first 64 workers (no allocation), a sorted list beyond.
+#[derive(Clone, Debug, Default)]
+struct WorkerSet {
+    /// Workers 0..64, one bit each.
+    low: u64,
+    /// Workers from 64 up, sorted.
+    high: Vec<u32>,
+}
+
+impl WorkerSet {
+    fn insert(&mut self, w: u32) -> bool {
+        if w < 64 {
+            let had = self.low & (1 << w) != 0;
+            self.low |= 1 << w;
+            return !had;
+        }
+        match self.high.binary_search(&w) {
+            Ok(_) => false,
+            Err(i) => {
+                self.high.insert(i, w);
+                true
+            }
+        }
+    }
+
+    fn remove(&mut self, w: u32) -> bool {
+        if w < 64 {
+            let had = self.low & (1 << w) != 0;
+            self.low &= !(1 << w);
+            return had;
+        }
+        match self.high.binary_search(&w) {
+            Ok(i) => {
+                self.high.remove(i);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn contains(&self, w: u32) -> bool {
+        if w < 64 {
+            self.low & (1 << w) != 0
+        } else {
+            self.high.binary_search(&w).is_ok()
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.low == 0 && self.high.is_empty()
+    }
+
+    /// Members in increasing order.
+    fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        let mut low = self.low;
+        std::iter::from_fn(move || {
+            (low != 0).then(|| {
+                let w = low.trailing_zeros();
+                low &= low - 1;
+                w
+            })
+        })
+        .chain(self.high.iter().copied())
+    }
+}
+
+/// Indexer keyed by [`SequenceHash`]: `hash -> workers holding that block`.
+///
+/// A sequence hash names a block together with its whole prefix, so a worker's contiguous match
+/// is the number of leading query hashes whose set contains it; no tree is needed. Lookups
+/// given only local hashes chain them into sequence hashes first; the router, which has both,
+/// calls [`KvIndexer::find_matches_hashed`] and skips that step. Event semantics are the
+/// reference's ([`RadixTree`](super::RadixTree)): a Stored event whose parent the worker does not
+/// hold is skipped and counted, unknown removed hashes are counted, Cleared drops the worker.
+/// Cleared and worker removal scan the whole map.
+#[derive(Clone, Debug, Default)]
+pub struct FlatIndex {
+    /// Which workers hold each block.
+    blocks: HashKeyMap<SequenceHash, WorkerSet>,
+    /// Blocks per worker (workers holding none are absent).
+    sizes: BTreeMap<WorkerId, usize>,
+    /// What happened to the events applied so far.
+    stats: IndexerStats,
+}
+
+impl FlatIndex {
+    /// An empty index.
+    pub fn new() -> FlatIndex {
+        FlatIndex::default()
+    }
+
+    /// True when `worker` holds the block `seq_hash`.
+    pub fn holds(&self, worker: WorkerId, seq_hash: SequenceHash) -> bool {
+        self.blocks
+            .get(&seq_hash)
+            .is_some_and(|s| s.contains(worker.0))
+    }
+
+    /// Per-worker contiguous matches of a query given by its sequence hashes.
+    pub fn match_scores(&self, seq_hashes: &[SequenceHash]) -> BTreeMap<WorkerId, u32> {
+        let mut scores = BTreeMap::new();
+        let mut active: Vec<u32> = Vec::new();
+        let mut depth = 0u32;
+        for h in seq_hashes {
+            let Some(set) = self.blocks.get(h) else {
+                break;
+            };
+            if depth == 0 {
+                active.extend(set.iter());
+            } else {
+                active.retain(|&w| {
+                    let keep = set.contains(w);
+                    if !keep {
+                        scores.insert(WorkerId(w), depth);
+                    }
+                    keep
+                });
+            }
+            if active.is_empty() {
+                break;
+            }
+            depth += 1;
+        }
+        for w in active {
+            scores.insert(WorkerId(w), depth);
+        }
+        scores
+    }
+
+    fn add(&mut self, worker: WorkerId, h: SequenceHash) {
+        if self.blocks.entry(h).or_default().insert(worker.0) {
+            *self.sizes.entry(worker).or_insert(0) += 1;
+        }
+    }
+
+    fn remove(&mut self, worker: WorkerId, h: SequenceHash) -> bool {
+        let Some(set) = self.blocks.get_mut(&h) else {
+            return false;
+        };
+        let had = set.remove(worker.0);
+        if set.is_empty() {
+            self.blocks.remove(&h);
+        }
+        if had {
+            if let Some(n) = self.sizes.get_mut(&worker) {
+                *n -= 1;
+                if *n == 0 {
+                    self.sizes.remove(&worker);
+                }
+            }
+        }
+        had
+    }
+
+    fn clear(&mut self, worker: WorkerId) {
+        if self.sizes.remove(&worker).is_none() {
+            return;
+        }
+        self.blocks.retain(|_, set| {
+            set.remove(worker.0);
+            !set.is_empty()
+        });
+    }
+
+    /// Checks the per-worker sizes against the map (tests).
+    pub fn assert_invariants(&self) {
+        let mut sizes: BTreeMap<WorkerId, usize> = BTreeMap::new();
+        for set in self.blocks.values() {
+            assert!(!set.is_empty(), "empty worker sets are dropped");
+            for w in set.iter() {
+                *sizes.entry(WorkerId(w)).or_insert(0) += 1;
+            }
+        }
+        assert_eq!(sizes, self.sizes, "tree sizes vs worker sets");
+    }
+}
+
+impl KvIndexer for FlatIndex {
+    fn find_matches(&self, local_hashes: &[LocalBlockHash]) -> OverlapScores {
+        self.find_matches_hashed(local_hashes, &sequence_hashes(local_hashes))
+    }
+
+    fn find_matches_hashed(
+        &self,
+        _local_hashes: &[LocalBlockHash],
+        seq_hashes: &[SequenceHash],
+    ) -> OverlapScores {
+        OverlapScores {
+            scores: self.match_scores(seq_hashes),
+            tree_sizes: self.sizes.clone(),
+        }
+    }
+
+    fn apply(&mut self, event: &KvEvent) {
+        let w = event.worker;
+        match &event.data {
+            KvEventData::Stored { parent, blocks } => {
+                if parent.is_some_and(|p| !self.holds(w, p)) {
+                    self.stats.unknown_parent_events += 1;
+                    return;
+                }
+                for b in blocks {
+                    self.add(w, b.seq_hash);
+                }
+                self.stats.events_applied += 1;
+            }
+            KvEventData::Removed { seq_hashes } => {
+                for &h in seq_hashes {
+                    if !self.remove(w, h) {
+                        self.stats.unknown_removed_hashes += 1;
+                    }
+                }
+                self.stats.events_applied += 1;
+            }
+            KvEventData::Cleared => {
+                self.clear(w);
+                self.stats.events_applied += 1;
+            }
+        }
+    }
+
+    fn remove_worker(&mut self, worker: WorkerId) {
+        self.clear(worker);
+    }
+
+    fn stats(&self) -> IndexerStats {
+        self.stats
+    }
+}
