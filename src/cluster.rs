@@ -701,7 +701,9 @@ impl Cluster {
             id,
             RouteRequest {
                 isl: request.prompt.len,
+                local_hashes: &request.prompt.blocks.local,
                 seq_hashes: &request.prompt.blocks.sequence,
+                now: time,
             },
         );
         let worker = pool.first + decision.worker.0 as usize;
@@ -1327,7 +1329,7 @@ mod random_ops_tests {
                 for (id, out) in &want {
                     match ended.get(id) {
                         Some(true) => assert!(
-                            got.get(id).copied().unwrap_or(0) == *out || got.get(id).is_none(),
+                            got.get(id).is_none_or(|n| n == out),
                             "{engine_type} {mode} {id}: {got:?} of {out}"
                         ),
                         Some(false) => {}
