@@ -234,7 +234,12 @@ pub fn svg(rows: &[TurnRow], a_name: &str, b_name: &str) -> String {
 }
 
 /// A chart line: colour, label, dashed, value of a row.
-type Series = (&'static str, &'static str, bool, fn(&TurnRow) -> Option<f64>);
+type Series = (
+    &'static str,
+    &'static str,
+    bool,
+    fn(&TurnRow) -> Option<f64>,
+);
 
 /// The smallest 1/2/5 x 10^k at or above `v` (1 for v <= 0).
 fn nice_ceiling(v: f64) -> f64 {
@@ -303,7 +308,7 @@ mod tests {
         ];
         let t = table(&rows, "a.json", "b.json");
         assert!(t.contains("0.50x"), "{t}");
-        assert!(t.lines().nth(4).is_some_and(|l| l.contains(" - ")));
+        assert!(t.lines().nth(5).is_some_and(|l| l.contains(" - ")));
         let s = svg(&rows, "a<.json", "b.json");
         assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
         assert_eq!(s.matches("<polyline").count(), 4);

@@ -12,8 +12,8 @@ use serde_json::{json, Value};
 use crate::error::LoadgenError;
 
 /// Think time (ms) between turns when loadgen drives its embedded server and `--mean-delay-ms` is
-/// not given: Dynamo's 5000 ms divided by the embedded default speed-up (10), so the first run
-/// finishes in seconds while the answers still interleave.
+/// not given: Dynamo's 5000 ms divided by the embedded default decode speed-up (10), so the first
+/// run finishes in seconds while the answers still interleave.
 pub const EMBEDDED_MEAN_DELAY_MS: u64 = 500;
 
 /// Think time (ms) between turns against `--url` when `--mean-delay-ms` is not given (Dynamo's).
@@ -102,7 +102,9 @@ pub struct MultiturnArgs {
 /// reasoning share, with defaults that make speculative prefill visible.
 #[derive(Args, Clone, Debug)]
 #[command(
-    mut_arg("speedup_ratio", |a| a.default_value("10")),
+    mut_arg("decode_speedup_ratio", |a| a
+        .default_value("10")
+        .help("Divides decode time further; the embedded default 10 keeps runs short while prefill (TTFT) runs at the profiled speed")),
     mut_arg("seed", |a| a
         .default_value("42")
         .help("Seed of the workload (think times, user text) and of the embedded server"))
