@@ -1,0 +1,317 @@
+//! `loadgen compare A.json B.json [--svg chart.svg]`: per-turn TTFT of two runs side by side, and
+//! a hand-written SVG line chart of it.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+use crate::error::LoadgenError;
+use crate::report::{PerTurnStats, Results};
+
+/// `loadgen compare` flags.
+#[derive(Args, Clone, Debug)]
+pub struct CompareArgs {
+    /// Results of run A (the baseline), as written by --output.
+    pub a: PathBuf,
+    /// Results of run B.
+    pub b: PathBuf,
+    /// Also write a line chart of per-turn TTFT p50/p95 to this SVG file.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+}
+
+/// One turn of the comparison, in ms.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TurnRow {
+    /// 0-based turn.
+    pub turn: usize,
+    /// A's p50 and p95 (None when A has no successes on this turn).
+    pub a: Option<(f64, f64)>,
+    /// B's.
+    pub b: Option<(f64, f64)>,
+}
+
+/// Loads a results file (loadgen's or Dynamo multiturn_bench's).
+pub fn load(path: &Path) -> Result<Results, LoadgenError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadgenError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|e| LoadgenError::BadResults {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+fn find(rows: &[PerTurnStats], turn: usize) -> Option<(f64, f64)> {
+    rows.iter()
+        .find(|r| r.turn == turn)
+        .map(|r| (r.p50_us as f64 / 1000.0, r.p95_us as f64 / 1000.0))
+}
+
+/// Per-turn TTFT rows of two runs.
+pub fn rows(a: &Results, b: &Results) -> Vec<TurnRow> {
+    let turns = a
+        .per_turn_ttft
+        .iter()
+        .chain(&b.per_turn_ttft)
+        .map(|r| r.turn + 1)
+        .max()
+        .unwrap_or(0);
+    (0..turns)
+        .map(|turn| TurnRow {
+            turn,
+            a: find(&a.per_turn_ttft, turn),
+            b: find(&b.per_turn_ttft, turn),
+        })
+        .collect()
+}
+
+fn cell(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.1}"))
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if a > 0.0 => format!("{:.2}x", b / a),
+        _ => "-".into(),
+    }
+}
+
+/// The comparison table.
+pub fn table(rows: &[TurnRow], a_name: &str, b_name: &str) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "Per-Turn TTFT: A = {a_name}, B = {b_name} (B/A < 1: B is faster)"
+    );
+    let _ = writeln!(
+        o,
+        "  {:>6} {:>12} {:>12} {:>8} {:>12} {:>12} {:>8}",
+        "Turn", "A P50(ms)", "B P50(ms)", "B/A", "A P95(ms)", "B P95(ms)", "B/A"
+    );
+    let _ = writeln!(o, "  {}", "-".repeat(78));
+    for r in rows {
+        let (a50, a95) = (r.a.map(|v| v.0), r.a.map(|v| v.1));
+        let (b50, b95) = (r.b.map(|v| v.0), r.b.map(|v| v.1));
+        let _ = writeln!(
+            o,
+            "  {:>6} {:>12} {:>12} {:>8} {:>12} {:>12} {:>8}",
+            r.turn + 1,
+            cell(a50),
+            cell(b50),
+            ratio(a50, b50),
+            cell(a95),
+            cell(b95),
+            ratio(a95, b95)
+        );
+    }
+    o
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// A line chart of per-turn TTFT (p50 solid, p95 dashed) for both runs.
+pub fn svg(rows: &[TurnRow], a_name: &str, b_name: &str) -> String {
+    let (w, h) = (720.0, 420.0);
+    let (left, right, top, bottom) = (70.0, 200.0, 40.0, 50.0);
+    let (pw, ph) = (w - left - right, h - top - bottom);
+    let max_y = rows
+        .iter()
+        .flat_map(|r| [r.a, r.b])
+        .flatten()
+        .map(|(_, p95)| p95)
+        .fold(0.0_f64, f64::max);
+    let max_y = nice_ceiling(max_y);
+    let n = rows.len().max(1);
+    let x = |turn: usize| {
+        if n == 1 {
+            left + pw / 2.0
+        } else {
+            left + pw * turn as f64 / (n - 1) as f64
+        }
+    };
+    let y = |v: f64| top + ph - ph * v / max_y;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(o, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(
+        o,
+        r#"<text x="{}" y="22" text-anchor="middle" font-size="15">Per-turn TTFT (ms)</text>"#,
+        left + pw / 2.0
+    );
+    for i in 0..=5 {
+        let v = max_y * i as f64 / 5.0;
+        let yy = y(v);
+        let _ = writeln!(
+            o,
+            r##"<line x1="{left}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+            left + pw,
+            left - 6.0,
+            yy + 4.0,
+            trim_num(v)
+        );
+    }
+    for r in rows {
+        let xx = x(r.turn);
+        let _ = writeln!(
+            o,
+            r#"<text x="{xx:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+            top + ph + 18.0,
+            r.turn + 1
+        );
+    }
+    let _ = writeln!(
+        o,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">turn</text>"#,
+        left + pw / 2.0,
+        h - 10.0
+    );
+    let _ = writeln!(
+        o,
+        r##"<line x1="{left}" y1="{top}" x2="{left}" y2="{:.1}" stroke="#333"/><line x1="{left}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#333"/>"##,
+        top + ph,
+        top + ph,
+        left + pw,
+        top + ph
+    );
+    let series: [Series; 4] = [
+        ("#1f77b4", "A p50", false, |r| r.a.map(|v| v.0)),
+        ("#1f77b4", "A p95", true, |r| r.a.map(|v| v.1)),
+        ("#d62728", "B p50", false, |r| r.b.map(|v| v.0)),
+        ("#d62728", "B p95", true, |r| r.b.map(|v| v.1)),
+    ];
+    for (i, (color, label, dashed, get)) in series.iter().enumerate() {
+        let points: Vec<String> = rows
+            .iter()
+            .filter_map(|r| get(r).map(|v| format!("{:.1},{:.1}", x(r.turn), y(v))))
+            .collect();
+        let dash = if *dashed {
+            r#" stroke-dasharray="6,4""#
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            o,
+            r#"<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="{}"/>"#,
+            points.join(" ")
+        );
+        for p in &points {
+            let (px, py) = p.split_once(',').unwrap_or(("0", "0"));
+            let _ = writeln!(o, r#"<circle cx="{px}" cy="{py}" r="3" fill="{color}"/>"#);
+        }
+        let ly = top + 10.0 + 20.0 * i as f64;
+        let lx = left + pw + 15.0;
+        let _ = writeln!(
+            o,
+            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{color}" stroke-width="2"{dash}/><text x="{}" y="{}">{label}</text>"#,
+            lx + 25.0,
+            lx + 30.0,
+            ly + 4.0
+        );
+    }
+    let _ = writeln!(
+        o,
+        r#"<text x="{}" y="{}" font-size="11">A: {}</text><text x="{}" y="{}" font-size="11">B: {}</text>"#,
+        left + pw + 15.0,
+        top + 100.0,
+        esc(a_name),
+        left + pw + 15.0,
+        top + 116.0,
+        esc(b_name)
+    );
+    o.push_str("</svg>\n");
+    o
+}
+
+/// A chart line: colour, label, dashed, value of a row.
+type Series = (
+    &'static str,
+    &'static str,
+    bool,
+    fn(&TurnRow) -> Option<f64>,
+);
+
+/// The smallest 1/2/5 x 10^k at or above `v` (1 for v <= 0).
+fn nice_ceiling(v: f64) -> f64 {
+    if v <= 0.0 || !v.is_finite() {
+        return 1.0;
+    }
+    let mag = 10f64.powf(v.log10().floor());
+    for m in [1.0, 2.0, 5.0, 10.0] {
+        if m * mag >= v {
+            return m * mag;
+        }
+    }
+    10.0 * mag
+}
+
+fn trim_num(v: f64) -> String {
+    let s = format!("{v:.2}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// Runs `loadgen compare`; returns the printed table.
+pub fn run(args: &CompareArgs) -> Result<String, LoadgenError> {
+    let (a, b) = (load(&args.a)?, load(&args.b)?);
+    let (an, bn) = (args.a.display().to_string(), args.b.display().to_string());
+    let rows = rows(&a, &b);
+    let text = table(&rows, &an, &bn);
+    if let Some(path) = &args.svg {
+        std::fs::write(path, svg(&rows, &an, &bn)).map_err(|source| LoadgenError::Io {
+            path: path.clone(),
+            source,
+        })?;
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nice_ceilings() {
+        assert_eq!(nice_ceiling(0.0), 1.0);
+        assert_eq!(nice_ceiling(3.2), 5.0);
+        assert_eq!(nice_ceiling(12.0), 20.0);
+        assert_eq!(nice_ceiling(100.0), 100.0);
+    }
+
+    #[test]
+    fn table_and_svg_show_both_runs() {
+        let rows = vec![
+            TurnRow {
+                turn: 0,
+                a: Some((10.0, 12.0)),
+                b: Some((10.0, 11.0)),
+            },
+            TurnRow {
+                turn: 1,
+                a: Some((20.0, 30.0)),
+                b: Some((10.0, 15.0)),
+            },
+            TurnRow {
+                turn: 2,
+                a: None,
+                b: Some((9.0, 9.5)),
+            },
+        ];
+        let t = table(&rows, "a.json", "b.json");
+        assert!(t.contains("0.50x"), "{t}");
+        assert!(t.lines().nth(5).is_some_and(|l| l.contains(" - ")));
+        let s = svg(&rows, "a<.json", "b.json");
+        assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
+        assert_eq!(s.matches("<polyline").count(), 4);
+        assert!(s.contains("a&lt;.json"));
+    }
+}

@@ -1,0 +1,404 @@
+//! Results of a multi-turn run: Dynamo's statistics ([`StatsReport`], [`PerTurnStats`]), the JSON
+//! document ([`Results`], Dynamo's keys plus loadgen's) and the console report.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::client::{Failure, TokenSource};
+
+/// Dynamo's aggregate statistics (`LatencyStats`), plus the mean; all in µs.
+///
+/// Ranks as Dynamo: sorted `s`, `p50 = s[n/2]`, `p95 = s[n*95/100]`, `p99 = s[n*99/100]`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StatsReport {
+    /// Smallest.
+    pub min_us: u64,
+    /// Median (Dynamo's rank).
+    pub p50_us: u64,
+    /// 95th percentile.
+    pub p95_us: u64,
+    /// 99th percentile.
+    pub p99_us: u64,
+    /// Largest.
+    pub max_us: u64,
+    /// Arithmetic mean (loadgen addition).
+    #[serde(default)]
+    pub mean_us: u64,
+}
+
+impl StatsReport {
+    /// Statistics of a sample; None when empty.
+    pub fn of(values: &[u64]) -> Option<StatsReport> {
+        if values.is_empty() {
+            return None;
+        }
+        let mut s = values.to_vec();
+        s.sort_unstable();
+        let n = s.len();
+        Some(StatsReport {
+            min_us: s[0],
+            p50_us: s[n / 2],
+            p95_us: s[n * 95 / 100],
+            p99_us: s[n * 99 / 100],
+            max_us: s[n - 1],
+            mean_us: (s.iter().map(|&v| v as u128).sum::<u128>() / n as u128) as u64,
+        })
+    }
+}
+
+/// Dynamo's per-turn statistics (no p99 in Dynamo; loadgen adds it and the mean).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PerTurnStats {
+    /// 0-based turn.
+    pub turn: usize,
+    /// Successful requests of this turn.
+    pub count: usize,
+    /// Smallest.
+    pub min_us: u64,
+    /// Median.
+    pub p50_us: u64,
+    /// 95th percentile.
+    pub p95_us: u64,
+    /// Largest.
+    pub max_us: u64,
+    /// 99th percentile (loadgen addition).
+    #[serde(default)]
+    pub p99_us: u64,
+    /// Mean (loadgen addition).
+    #[serde(default)]
+    pub mean_us: u64,
+}
+
+/// One request as Dynamo's `raw_results` lists it, plus loadgen's fields.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RawResult {
+    /// 0-based user.
+    pub user_id: usize,
+    /// 0-based turn.
+    pub turn: usize,
+    /// Send to first answer token (0 when failed; the end when no answer token came).
+    pub ttft_us: u64,
+    /// Send to the end of the stream.
+    pub total_latency_us: u64,
+    /// Succeeded.
+    pub success: bool,
+    /// Send to the first token of any kind, reasoning included.
+    #[serde(default)]
+    pub ttft_any_us: Option<u64>,
+    /// Send to the response headers.
+    #[serde(default)]
+    pub headers_us: Option<u64>,
+    /// Send to the first reasoning token.
+    #[serde(default)]
+    pub first_reasoning_us: Option<u64>,
+    /// Token chunks received.
+    #[serde(default)]
+    pub chunks: u64,
+    /// Output tokens.
+    #[serde(default)]
+    pub output_tokens: u64,
+    /// `usage` or `chunks`.
+    #[serde(default)]
+    pub output_tokens_source: Option<TokenSource>,
+    /// The user message's tokens, when known exactly.
+    #[serde(default)]
+    pub user_tokens: Option<usize>,
+    /// `usage.prompt_tokens`.
+    #[serde(default)]
+    pub prompt_tokens: Option<u64>,
+    /// `usage.prompt_tokens_details.cached_tokens`.
+    #[serde(default)]
+    pub cached_tokens: Option<u64>,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<Failure>,
+}
+
+/// Throughput over the run's wall time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Throughput {
+    /// From the first send to the last end, in seconds.
+    pub duration_s: f64,
+    /// Output tokens of successful requests.
+    pub output_tokens: u64,
+    /// `usage` when every successful request reported usage, else `chunks` (or `mixed`).
+    pub output_tokens_source: String,
+    /// Output tokens per second.
+    pub output_tokens_per_s: f64,
+    /// Successful requests per second.
+    pub requests_per_s: f64,
+}
+
+/// The `--output` document: Dynamo's keys first, loadgen's after.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Results {
+    /// Users.
+    pub num_users: usize,
+    /// Turns per user.
+    pub num_turns: usize,
+    /// Requests sent.
+    pub total_requests: usize,
+    /// Succeeded.
+    pub successful_requests: usize,
+    /// Failed.
+    pub failed_requests: usize,
+    /// The hint was sent.
+    pub speculative_prefill: bool,
+    /// TTFT (first answer token) of successful requests.
+    pub aggregate_ttft: Option<StatsReport>,
+    /// End-to-end latency of successful requests.
+    pub aggregate_latency: Option<StatsReport>,
+    /// TTFT per turn.
+    pub per_turn_ttft: Vec<PerTurnStats>,
+    /// Latency per turn.
+    pub per_turn_latency: Vec<PerTurnStats>,
+    /// Every request, by user then turn.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub raw_results: Vec<RawResult>,
+    /// Time to the first token of any kind (reasoning included).
+    #[serde(default)]
+    pub aggregate_ttft_any: Option<StatsReport>,
+    /// Same, per turn.
+    #[serde(default)]
+    pub per_turn_ttft_any: Vec<PerTurnStats>,
+    /// Gaps between consecutive token chunks, pooled over successful requests.
+    #[serde(default)]
+    pub aggregate_inter_chunk: Option<StatsReport>,
+    /// Throughput.
+    #[serde(default)]
+    pub throughput: Option<Throughput>,
+    /// Failure reason -> count.
+    #[serde(default)]
+    pub failure_reasons: BTreeMap<String, usize>,
+    /// Every setting and the target.
+    #[serde(default)]
+    pub config: Value,
+}
+
+fn per_turn(
+    records: &[RawResult],
+    num_turns: usize,
+    f: impl Fn(&RawResult) -> Option<u64>,
+) -> Vec<PerTurnStats> {
+    (0..num_turns)
+        .filter_map(|turn| {
+            let v: Vec<u64> = records
+                .iter()
+                .filter(|r| r.success && r.turn == turn)
+                .filter_map(&f)
+                .collect();
+            StatsReport::of(&v).map(|s| PerTurnStats {
+                turn,
+                count: v.len(),
+                min_us: s.min_us,
+                p50_us: s.p50_us,
+                p95_us: s.p95_us,
+                max_us: s.max_us,
+                p99_us: s.p99_us,
+                mean_us: s.mean_us,
+            })
+        })
+        .collect()
+}
+
+/// What the driver hands the report: records plus the pooled chunk gaps.
+#[derive(Clone, Debug, Default)]
+pub struct RunData {
+    /// Requests in (user, turn) order.
+    pub records: Vec<RawResult>,
+    /// Inter-chunk gaps of successful requests, µs.
+    pub chunk_gaps_us: Vec<u64>,
+    /// Wall time of the run, seconds.
+    pub duration_s: f64,
+}
+
+impl Results {
+    /// Computes the statistics of a run.
+    pub fn build(
+        data: RunData,
+        num_users: usize,
+        num_turns: usize,
+        speculative_prefill: bool,
+        config: Value,
+    ) -> Results {
+        let records = data.records;
+        let ok: Vec<&RawResult> = records.iter().filter(|r| r.success).collect();
+        let ttft: Vec<u64> = ok.iter().map(|r| r.ttft_us).collect();
+        let latency: Vec<u64> = ok.iter().map(|r| r.total_latency_us).collect();
+        let ttft_any: Vec<u64> = ok.iter().filter_map(|r| r.ttft_any_us).collect();
+        let output_tokens: u64 = ok.iter().map(|r| r.output_tokens).sum();
+        let usage = ok
+            .iter()
+            .filter(|r| r.output_tokens_source == Some(TokenSource::Usage))
+            .count();
+        let source = if usage == ok.len() {
+            "usage"
+        } else if usage == 0 {
+            "chunks"
+        } else {
+            "mixed"
+        };
+        let mut failure_reasons = BTreeMap::new();
+        for f in records.iter().filter_map(|r| r.error.as_ref()) {
+            *failure_reasons.entry(f.reason()).or_insert(0) += 1;
+        }
+        let d = data.duration_s.max(1e-9);
+        Results {
+            num_users,
+            num_turns,
+            total_requests: records.len(),
+            successful_requests: ok.len(),
+            failed_requests: records.len() - ok.len(),
+            speculative_prefill,
+            aggregate_ttft: StatsReport::of(&ttft),
+            aggregate_latency: StatsReport::of(&latency),
+            per_turn_ttft: per_turn(&records, num_turns, |r| Some(r.ttft_us)),
+            per_turn_latency: per_turn(&records, num_turns, |r| Some(r.total_latency_us)),
+            aggregate_ttft_any: StatsReport::of(&ttft_any),
+            per_turn_ttft_any: per_turn(&records, num_turns, |r| r.ttft_any_us),
+            aggregate_inter_chunk: StatsReport::of(&data.chunk_gaps_us),
+            throughput: Some(Throughput {
+                duration_s: data.duration_s,
+                output_tokens,
+                output_tokens_source: source.to_string(),
+                output_tokens_per_s: output_tokens as f64 / d,
+                requests_per_s: ok.len() as f64 / d,
+            }),
+            failure_reasons,
+            raw_results: records,
+            config,
+        }
+    }
+
+    /// True when TTFT-any differs from TTFT somewhere (reasoning came first).
+    fn ttft_any_differs(&self) -> bool {
+        self.raw_results
+            .iter()
+            .any(|r| r.success && r.ttft_any_us.is_some_and(|a| a != r.ttft_us))
+    }
+
+    /// The console report (Dynamo's layout, then loadgen's additions).
+    pub fn console(&self) -> String {
+        let mut o = String::new();
+        let _ = writeln!(o, "\n========================================");
+        let _ = writeln!(o, "Multiturn Benchmark Results");
+        let _ = writeln!(o, "========================================\n");
+        let _ = writeln!(
+            o,
+            "Users: {}, Turns: {}, Completed: {}/{}\n",
+            self.num_users, self.num_turns, self.successful_requests, self.total_requests
+        );
+        if self.failed_requests > 0 {
+            let _ = writeln!(o, "Failed requests: {}", self.failed_requests);
+            for (reason, n) in &self.failure_reasons {
+                let _ = writeln!(o, "  {n:>6}  {reason}");
+            }
+            let _ = writeln!(o);
+        }
+        aggregate(&mut o, "Aggregate TTFT:", self.aggregate_ttft.as_ref());
+        aggregate(
+            &mut o,
+            "Aggregate Request Latency:",
+            self.aggregate_latency.as_ref(),
+        );
+        table(&mut o, "Per-Turn TTFT:", &self.per_turn_ttft);
+        table(&mut o, "Per-Turn Request Latency:", &self.per_turn_latency);
+        if self.ttft_any_differs() {
+            aggregate(
+                &mut o,
+                "Aggregate Time to First Token of any kind (reasoning included):",
+                self.aggregate_ttft_any.as_ref(),
+            );
+            table(
+                &mut o,
+                "Per-Turn Time to First Token of any kind:",
+                &self.per_turn_ttft_any,
+            );
+        }
+        aggregate(
+            &mut o,
+            "Inter-Chunk Latency:",
+            self.aggregate_inter_chunk.as_ref(),
+        );
+        if let Some(t) = &self.throughput {
+            let _ = writeln!(o, "Throughput:");
+            let _ = writeln!(
+                o,
+                "  output tokens/s: {:>10.1}   ({} tokens, counted from {})",
+                t.output_tokens_per_s, t.output_tokens, t.output_tokens_source
+            );
+            let _ = writeln!(o, "  requests/s:      {:>10.2}", t.requests_per_s);
+        }
+        o
+    }
+}
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+fn aggregate(o: &mut String, title: &str, s: Option<&StatsReport>) {
+    let _ = writeln!(o, "{title}");
+    match s {
+        Some(s) => {
+            for (name, v) in [
+                ("min", s.min_us),
+                ("p50", s.p50_us),
+                ("p95", s.p95_us),
+                ("p99", s.p99_us),
+                ("max", s.max_us),
+                ("mean", s.mean_us),
+            ] {
+                let _ = writeln!(o, "  {:<5} {:>12.1}ms", format!("{name}:"), ms(v));
+            }
+        }
+        None => {
+            let _ = writeln!(o, "  (no successful requests)");
+        }
+    }
+    let _ = writeln!(o);
+}
+
+fn table(o: &mut String, title: &str, rows: &[PerTurnStats]) {
+    let _ = writeln!(o, "{title}");
+    let _ = writeln!(
+        o,
+        "  {:>6} {:>8} {:>12} {:>12} {:>12} {:>12}",
+        "Turn", "Count", "Min(ms)", "P50(ms)", "P95(ms)", "Max(ms)"
+    );
+    let _ = writeln!(o, "  {}", "-".repeat(66));
+    for r in rows {
+        let _ = writeln!(
+            o,
+            "  {:>6} {:>8} {:>12.1} {:>12.1} {:>12.1} {:>12.1}",
+            r.turn + 1,
+            r.count,
+            ms(r.min_us),
+            ms(r.p50_us),
+            ms(r.p95_us),
+            ms(r.max_us)
+        );
+    }
+    let _ = writeln!(o);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dynamo_ranks() {
+        let s = StatsReport::of(&[5, 1, 4, 2, 3]).unwrap();
+        assert_eq!(
+            (s.min_us, s.p50_us, s.p95_us, s.p99_us, s.max_us, s.mean_us),
+            (1, 3, 5, 5, 5, 3)
+        );
+        let v: Vec<u64> = (1..=100).collect();
+        let s = StatsReport::of(&v).unwrap();
+        assert_eq!((s.p50_us, s.p95_us, s.p99_us), (51, 96, 100));
+        assert!(StatsReport::of(&[]).is_none());
+    }
+}

@@ -1,0 +1,505 @@
+//! End-to-end tests of `loadgen multiturn` and `loadgen compare`: in-process against the embedded
+//! mockserve and against tiny axum stubs on 127.0.0.1:0, plus one smoke test of the binary.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use clap::Parser;
+use loadgen::config::MultiturnArgs;
+use loadgen::report::Results;
+use loadgen::{Cli, Command, LoadgenError};
+use serde_json::{json, Value};
+use tokio::time::timeout;
+
+async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
+    timeout(Duration::from_secs(secs), f)
+        .await
+        .context("timed out")
+}
+
+fn args(flags: &[&str]) -> MultiturnArgs {
+    let mut argv = vec!["loadgen", "multiturn"];
+    argv.extend_from_slice(flags);
+    match Cli::try_parse_from(argv).expect("valid flags").command {
+        Command::Multiturn(a) => a,
+        Command::Compare(_) => unreachable!(),
+    }
+}
+
+/// Runs `loadgen multiturn FLAGS` in-process; returns the results and the verdict.
+async fn multiturn(flags: &[&str]) -> Result<(Results, Result<(), LoadgenError>)> {
+    let config = args(flags).config()?;
+    let results = within(30, loadgen::multiturn::multiturn(&config)).await??;
+    let verdict = loadgen::multiturn::verdict(&results, config.max_failure_rate);
+    Ok((results, verdict))
+}
+
+fn temp_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("loadgen-test-{}-{name}", std::process::id()))
+}
+
+/// Serves `app` on 127.0.0.1:0; returns its base URL (the task ends with the test's runtime).
+async fn stub(app: Router) -> Result<String> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(format!("http://{addr}"))
+}
+
+fn models(ids: &[&str]) -> Router {
+    let data: Vec<Value> = ids
+        .iter()
+        .map(|id| json!({"id": id, "object": "model"}))
+        .collect();
+    let body = json!({"object": "list", "data": data});
+    Router::new().route("/v1/models", get(move || async move { Json(body) }))
+}
+
+fn sse_ok(content: &str) -> String {
+    let chunk = json!({"choices": [{"index": 0, "delta": {"content": content}}]});
+    let usage = json!({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}});
+    format!("data: {chunk}\r\n\r\ndata:{usage}\n\ndata: [DONE]\n\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_and_json_schema() -> Result<()> {
+    let out = temp_path("schema.json");
+    let out_s = out.display().to_string();
+    let (results, verdict) = multiturn(&[
+        "--num-users",
+        "3",
+        "--num-turns",
+        "2",
+        "--num-user-tokens",
+        "40",
+        "--max-completion-tokens",
+        "20",
+        "--mean-delay-ms",
+        "0",
+        "--speedup-ratio",
+        "inf",
+        "--reasoning-ratio",
+        "0.25",
+        "--output",
+        &out_s,
+    ])
+    .await?;
+    verdict?;
+    assert_eq!(
+        (results.total_requests, results.successful_requests),
+        (6, 6)
+    );
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out)?)?;
+    let _ = std::fs::remove_file(&out);
+    for key in [
+        "num_users",
+        "num_turns",
+        "total_requests",
+        "successful_requests",
+        "failed_requests",
+        "speculative_prefill",
+        "aggregate_ttft",
+        "aggregate_latency",
+        "per_turn_ttft",
+        "per_turn_latency",
+        "raw_results",
+        "config",
+        "aggregate_ttft_any",
+        "throughput",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}");
+    }
+    assert_eq!(v["num_users"], 3);
+    assert_eq!(v["failed_requests"], 0);
+    assert_eq!(v["speculative_prefill"], false);
+    for k in ["min_us", "p50_us", "p95_us", "p99_us", "max_us"] {
+        assert!(v["aggregate_ttft"][k].is_u64(), "{k}");
+    }
+    let turns = v["per_turn_ttft"].as_array().context("per_turn_ttft")?;
+    assert_eq!(turns.len(), 2);
+    assert_eq!(
+        (turns[1]["turn"].clone(), turns[1]["count"].clone()),
+        (json!(1), json!(3))
+    );
+    let raw = v["raw_results"].as_array().context("raw_results")?;
+    assert_eq!(raw.len(), 6);
+    let order: Vec<(u64, u64)> = raw
+        .iter()
+        .map(|r| {
+            (
+                r["user_id"].as_u64().unwrap_or(99),
+                r["turn"].as_u64().unwrap_or(99),
+            )
+        })
+        .collect();
+    assert_eq!(order, [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]);
+    for r in raw {
+        assert_eq!(r["success"], true);
+        assert_eq!(r["output_tokens"], 20);
+        assert_eq!(r["output_tokens_source"], "usage");
+        assert_eq!(r["user_tokens"], 40);
+        // 5 of 20 tokens are reasoning: the first token of any kind comes before the answer.
+        assert!(r["ttft_any_us"].as_u64() <= r["ttft_us"].as_u64());
+        assert!(r["first_reasoning_us"].is_u64());
+    }
+    // The second turn resends the history: its prompt is longer and partly cached.
+    assert!(raw[1]["prompt_tokens"].as_u64() > raw[0]["prompt_tokens"].as_u64());
+    assert_eq!(v["config"]["target"], "embedded");
+    assert_eq!(v["config"]["seed"], 42);
+    assert_eq!(v["config"]["user_tokens_exact"], true);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ping_is_one_short_request() -> Result<()> {
+    let (results, verdict) = multiturn(&["--ping", "--speedup-ratio", "inf"]).await?;
+    verdict?;
+    assert_eq!(
+        (results.num_users, results.num_turns, results.total_requests),
+        (1, 1, 1)
+    );
+    assert_eq!(results.raw_results[0].output_tokens, 50);
+    assert_eq!(results.raw_results[0].user_tokens, Some(50));
+    assert_eq!(results.config["mean_delay_ms"], 0);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_detection_errors_and_override() -> Result<()> {
+    let none = stub(models(&[])).await?;
+    let err = multiturn(&["--url", &none, "--num-users", "1"]).await.err();
+    let err = err.context("expected an error")?;
+    assert!(
+        matches!(
+            err.downcast_ref::<LoadgenError>(),
+            Some(LoadgenError::NoModels { .. })
+        ),
+        "{err}"
+    );
+
+    let two = stub(models(&["a", "b"])).await?;
+    let err = multiturn(&["--url", &two])
+        .await
+        .err()
+        .context("expected an error")?;
+    match err.downcast_ref::<LoadgenError>() {
+        Some(LoadgenError::MultipleModels { models, .. }) => assert_eq!(models, &["a", "b"]),
+        _ => panic!("unexpected {err}"),
+    }
+    assert!(err.to_string().contains("--model"));
+
+    let app = models(&["a", "b"]).route(
+        "/v1/chat/completions",
+        post(|Json(body): Json<Value>| async move {
+            assert_eq!(body["model"], "b");
+            sse_ok("hi ")
+        }),
+    );
+    let url = stub(app).await?;
+    let (results, verdict) = multiturn(&[
+        "--url",
+        &url,
+        "--model",
+        "b",
+        "--num-users",
+        "2",
+        "--num-turns",
+        "2",
+        "--mean-delay-ms",
+        "0",
+    ])
+    .await?;
+    verdict?;
+    assert_eq!(results.successful_requests, 4);
+    assert_eq!(results.raw_results[0].prompt_tokens, Some(7));
+    assert_eq!(
+        results.raw_results[0].user_tokens, None,
+        "heuristic sizing with --url"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_counted_with_reasons() -> Result<()> {
+    let app = models(&["m"]).route(
+        "/v1/chat/completions",
+        post(|| async {
+            (
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "{\"error\":{\"message\":\"boom\"}}",
+            )
+        }),
+    );
+    let url = stub(app).await?;
+    let (results, verdict) = multiturn(&[
+        "--url",
+        &url,
+        "--num-users",
+        "2",
+        "--num-turns",
+        "2",
+        "--mean-delay-ms",
+        "0",
+    ])
+    .await?;
+    assert!(matches!(verdict, Err(LoadgenError::AllFailed { total: 4 })));
+    assert_eq!(
+        (results.failed_requests, results.successful_requests),
+        (4, 0)
+    );
+    assert_eq!(results.failure_reasons.get("HTTP 500"), Some(&4));
+    assert!(results.aggregate_ttft.is_none());
+
+    // One user of three gets a stream that breaks after the first chunk; others succeed.
+    let app = models(&["m"]).route(
+        "/v1/chat/completions",
+        post(|Json(body): Json<Value>| async move {
+            let system = body["messages"][0]["content"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            if system.contains("user 0.") {
+                // The first chunk, a pause (so the headers are flushed), then a broken body.
+                let chunks = futures_util::stream::unfold(0, |step| async move {
+                    match step {
+                        0 => Some((
+                            Ok::<_, std::io::Error>(Bytes::from(
+                                "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n",
+                            )),
+                            1,
+                        )),
+                        1 => {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            Some((Err(std::io::Error::other("dropped")), 2))
+                        }
+                        _ => None,
+                    }
+                });
+                Body::from_stream(chunks)
+            } else if system.contains("user 1.") {
+                Body::from("data: {\"error\":{\"message\":\"engine stopped\"}}\n\ndata: [DONE]\n\n")
+            } else {
+                Body::from(sse_ok("fine "))
+            }
+        }),
+    );
+    let url = stub(app).await?;
+    let flags = [
+        "--url",
+        &url,
+        "--num-users",
+        "4",
+        "--num-turns",
+        "1",
+        "--mean-delay-ms",
+        "0",
+    ];
+    let (results, verdict) = multiturn(&flags).await?;
+    assert!(matches!(
+        verdict,
+        Err(LoadgenError::TooManyFailures {
+            failed: 2,
+            total: 4,
+            ..
+        })
+    ));
+    assert_eq!(results.failed_requests, 2);
+    assert!(
+        results
+            .failure_reasons
+            .keys()
+            .any(|k| k.starts_with("stream:")),
+        "{:?}",
+        results.failure_reasons
+    );
+    assert_eq!(
+        results.failure_reasons.get("server error: engine stopped"),
+        Some(&1)
+    );
+    let mut lenient = flags.to_vec();
+    lenient.extend(["--max-failure-rate", "0.5"]);
+    let (_, verdict) = multiturn(&lenient).await?;
+    verdict?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_workload_is_determined_by_the_seed() -> Result<()> {
+    let seen: Arc<Mutex<Vec<Value>>> = Arc::default();
+    let app = Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(
+                |State(seen): State<Arc<Mutex<Vec<Value>>>>, Json(body): Json<Value>| async move {
+                    // Short critical section, never across an await.
+                    if let Ok(mut s) = seen.lock() {
+                        s.push(body["messages"].clone());
+                    }
+                    sse_ok("same answer ")
+                },
+            ),
+        )
+        .with_state(seen.clone())
+        .merge(models(&["m"]));
+    let url = stub(app).await?;
+    let mut runs = Vec::new();
+    for seed in ["5", "5", "6"] {
+        let (_, verdict) = multiturn(&[
+            "--url",
+            &url,
+            "--num-users",
+            "3",
+            "--num-turns",
+            "3",
+            "--mean-delay-ms",
+            "1",
+            "--seed",
+            seed,
+        ])
+        .await?;
+        verdict?;
+        let mut bodies: Vec<String> = std::mem::take(&mut *seen.lock().expect("lock"))
+            .iter()
+            .map(Value::to_string)
+            .collect();
+        bodies.sort();
+        runs.push(bodies);
+    }
+    assert_eq!(runs[0].len(), 9);
+    assert_eq!(runs[0], runs[1]);
+    assert_ne!(runs[0], runs[2]);
+    // Full history resent: the third turn carries system + 3 user + 2 assistant messages.
+    assert!(runs[0]
+        .iter()
+        .any(|b| b.matches("\"role\":\"user\"").count() == 3
+            && b.matches("\"role\":\"assistant\"").count() == 2));
+    Ok(())
+}
+
+/// The speculative-prefill A/B with the embedded defaults (fewer users, turns and think time so
+/// that it runs in seconds): from the second turn on, the hinted run's p50 TTFT is lower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speculative_prefill_lowers_ttft_after_the_first_turn() -> Result<()> {
+    let base = [
+        "--num-users",
+        "4",
+        "--num-turns",
+        "3",
+        "--mean-delay-ms",
+        "300",
+    ];
+    let mut spec = base.to_vec();
+    spec.push("--speculative-prefill");
+    // One after the other: concurrent runs would compete for the CPU of a small machine.
+    let (a, va) = multiturn(&base).await?;
+    let (b, vb) = multiturn(&spec).await?;
+    va?;
+    vb?;
+    // The mechanism: the hinted run's later turns find their history cached.
+    let cached = |r: &Results| -> u64 {
+        r.raw_results
+            .iter()
+            .filter(|x| x.turn > 0)
+            .filter_map(|x| x.cached_tokens)
+            .sum()
+    };
+    assert!(
+        cached(&b) > 2 * cached(&a),
+        "cached {} vs {}",
+        cached(&b),
+        cached(&a)
+    );
+    assert!(b.speculative_prefill && !a.speculative_prefill);
+    for turn in 1..3 {
+        let (ta, tb) = (a.per_turn_ttft[turn], b.per_turn_ttft[turn]);
+        assert_eq!((ta.turn, tb.turn), (turn, turn));
+        assert!(
+            (tb.p50_us as f64) < 0.95 * ta.p50_us as f64,
+            "turn {}: baseline p50 {} us, speculative {} us",
+            turn + 1,
+            ta.p50_us,
+            tb.p50_us
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_reads_two_results_files() -> Result<()> {
+    let (a, b) = (temp_path("cmp-a.json"), temp_path("cmp-b.json"));
+    let svg = temp_path("cmp.svg");
+    let (sa, sb) = (a.display().to_string(), b.display().to_string());
+    for (path, extra) in [(&sa, None), (&sb, Some("--speculative-prefill"))] {
+        let mut flags = vec![
+            "--num-users",
+            "2",
+            "--num-turns",
+            "2",
+            "--mean-delay-ms",
+            "0",
+            "--max-completion-tokens",
+            "10",
+            "--speedup-ratio",
+            "inf",
+            "--output",
+            path,
+        ];
+        flags.extend(extra);
+        multiturn(&flags).await?.1?;
+    }
+    let svg_s = svg.display().to_string();
+    let cli = Cli::try_parse_from(["loadgen", "compare", &sa, &sb, "--svg", &svg_s])?;
+    let Command::Compare(cmp) = cli.command else {
+        panic!("compare")
+    };
+    let table = loadgen::compare::run(&cmp)?;
+    assert_eq!(
+        table
+            .lines()
+            .filter(|l| l.trim_start().starts_with(['1', '2']))
+            .count(),
+        2,
+        "{table}"
+    );
+    let chart = std::fs::read_to_string(&svg)?;
+    assert!(chart.starts_with("<svg") && chart.contains("<polyline"));
+    for p in [a, b, svg] {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_smoke_ping() -> Result<()> {
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadgen"))
+        .args(["multiturn", "--ping", "--speedup-ratio", "inf"])
+        .kill_on_drop(true)
+        .output();
+    let out = within(30, child).await??;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("Multiturn Benchmark Results"));
+    assert!(stdout.contains("Completed: 1/1"));
+    assert!(stdout.contains("Auto-detected model: mock-model"));
+
+    let bad = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadgen"))
+        .args(["multiturn", "--num-users", "0"])
+        .kill_on_drop(true)
+        .output();
+    let out = within(30, bad).await??;
+    assert!(!out.status.success());
+    Ok(())
+}
