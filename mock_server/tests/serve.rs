@@ -728,3 +728,122 @@ async fn binary_smoke_test() -> Result<()> {
     child.kill().await?;
     Ok(())
 }
+
+/// Posts a JSON body over the socket and returns status, headers and the parsed body.
+async fn post_json(
+    server: &TestServer,
+    body: String,
+) -> Result<(StatusCode, reqwest::header::HeaderMap, Value)> {
+    let response = within(
+        server
+            .client
+            .post(format!("{}/v1/chat/completions", server.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send(),
+    )
+    .await??;
+    let status = StatusCode::from_u16(response.status().as_u16())?;
+    let headers = response.headers().clone();
+    let body = within(response.json::<Value>()).await??;
+    Ok((status, headers, body))
+}
+
+/// Polls worker 0's scheduler counters until `ok` holds (5 s at most).
+async fn wait_for(
+    server: &TestServer,
+    ok: impl Fn(&servesim::scheduler::SchedulerStats) -> bool,
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let live = within(server.state.engine.snapshot()).await??;
+        if ok(&live.cluster.workers[0].scheduler) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("condition never held: {live:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test]
+async fn overload_and_oversize_errors_leave_other_requests_alone() -> Result<()> {
+    let mut cfg = config(Some((5.0, 5.0)));
+    cfg.cluster.engine.max_num_seqs = 1;
+    cfg.max_waiting = Some(1);
+    cfg.max_body_bytes = 4096;
+    let server = Arc::new(start(cfg).await?);
+    let stream =
+        json!({"stream": true, "max_tokens": 40, "stream_options": {"include_usage": true}});
+    let running = {
+        let server = Arc::clone(&server);
+        let body = chat_body(&json!([user("first")]), stream.clone());
+        tokio::spawn(async move { stream_chat(&server, &body).await })
+    };
+    wait_for(&server, |w| w.running == 1).await?;
+    let waiting = {
+        let server = Arc::clone(&server);
+        let body = chat_body(&json!([user("second")]), stream);
+        tokio::spawn(async move { stream_chat(&server, &body).await })
+    };
+    wait_for(&server, |w| w.running == 1 && w.waiting == 1).await?;
+
+    // Queue full: 429 with retry-after.
+    let small = chat_body(&json!([user("third")]), json!({"max_tokens": 2}));
+    let (s, headers, b) = post_json(&server, small.to_string()).await?;
+    assert_eq!(
+        error_of(s, &b, StatusCode::TOO_MANY_REQUESTS)?["code"],
+        "rate_limit_exceeded"
+    );
+    let retry: u64 = headers
+        .get("retry-after")
+        .context("no retry-after")?
+        .to_str()?
+        .parse()?;
+    assert!(retry >= 1);
+
+    // Body over --max-body-bytes: 413, OpenAI-shaped.
+    let huge = chat_body(&json!([user(&"x ".repeat(4000))]), json!({}));
+    let (s, _, b) = post_json(&server, huge.to_string()).await?;
+    assert_eq!(
+        error_of(s, &b, StatusCode::PAYLOAD_TOO_LARGE)?["code"],
+        "request_too_large"
+    );
+    // Malformed JSON on the same server.
+    let (s, _, b) = post_json(&server, "{\"model\":".into()).await?;
+    error_of(s, &b, StatusCode::BAD_REQUEST)?;
+
+    // The two accepted streams run to completion untouched.
+    for task in [running, waiting] {
+        let turn = within(task).await???;
+        assert_eq!(turn.token_times.len(), 40);
+        assert_eq!(turn.usage["completion_tokens"], 40);
+    }
+    let live = within(server.state.engine.snapshot()).await??;
+    assert_eq!(live.cluster.active_requests, 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn oversized_body_is_413_through_the_router() -> Result<()> {
+    let mut cfg = config(None);
+    cfg.max_body_bytes = 100;
+    let state = AppState::new(cfg)?;
+    let body = chat_body(&json!([user(&"y".repeat(200))]), json!({}));
+    let (s, b) = post(&state, "/v1/chat/completions", &body).await?;
+    error_of(s, &b, StatusCode::PAYLOAD_TOO_LARGE)?;
+    // Without a Content-Length (a streamed body), the limit still holds.
+    let chunks: Vec<Result<String, std::io::Error>> = vec![Ok(body.to_string())];
+    let request = Request::post("/v1/completions")
+        .header("content-type", "application/json")
+        .body(Body::from_stream(futures_util::stream::iter(chunks)))?;
+    let (s, b) = oneshot_raw(&state, request).await?;
+    error_of(s, &b, StatusCode::PAYLOAD_TOO_LARGE)?;
+    let ok = chat_body(&json!([user("hi")]), json!({"max_tokens": 1}));
+    assert_eq!(
+        post(&state, "/v1/chat/completions", &ok).await?.0,
+        StatusCode::OK
+    );
+    Ok(())
+}

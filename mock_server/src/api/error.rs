@@ -73,6 +73,18 @@ impl ApiError {
         }
     }
 
+    /// 413 for a body over `--max-body-bytes`.
+    pub fn payload_too_large() -> ApiError {
+        ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: "The request body is larger than this server accepts (--max-body-bytes)."
+                .into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_too_large"),
+        }
+    }
+
     /// 400 when prompt + output limit exceed the context length.
     pub fn context_length(max_model_len: usize, prompt: usize, output: usize) -> ApiError {
         ApiError::invalid(

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, HeaderValue, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -92,6 +92,7 @@ fn unix_now() -> u64 {
 
 /// The router with every route.
 pub fn app(state: AppState) -> Router {
+    let body_limit = DefaultBodyLimit::max(state.config.max_body_bytes);
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
@@ -99,6 +100,7 @@ pub fn app(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics::handler))
         .fallback(|uri: Uri| async move { ApiError::route_not_found(uri.path()) })
+        .layer(body_limit)
         .with_state(state)
 }
 

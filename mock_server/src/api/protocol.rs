@@ -40,9 +40,16 @@ impl<S: Send + Sync> FromRequest<S> for ApiJson {
                 )
             });
         }
+        // The router's `DefaultBodyLimit` applies here: an oversized body is a 413.
         let bytes = axum::body::Bytes::from_request(req, state)
             .await
-            .map_err(|e| ApiError::invalid(format!("Could not read the body: {e}"), None))?;
+            .map_err(|e| {
+                if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::payload_too_large()
+                } else {
+                    ApiError::invalid(format!("Could not read the body: {e}"), None)
+                }
+            })?;
         match serde_json::from_slice::<Value>(&bytes) {
             Ok(Value::Object(map)) => Ok(ApiJson(map)),
             Ok(_) => Err(ApiError::invalid(
