@@ -324,6 +324,31 @@ impl Router {
         }
     }
 
+    /// Records a request as active on a worker the caller chose (a pinned request), exactly as
+    /// [`Router::route`] records its own choice. `worker` must be in range.
+    pub fn route_to(
+        &mut self,
+        id: RequestId,
+        worker: WorkerId,
+        request: RouteRequest<'_>,
+    ) -> Decision {
+        let w = worker.0 as usize;
+        if self.config.mode != RouterMode::KvRouter {
+            self.loads[w].add(id, &[], request.isl);
+            return Decision {
+                worker,
+                overlap_blocks: 0,
+            };
+        }
+        let o = self.overlaps(request.seq_hashes)[w];
+        let prefill_tokens = request.isl.saturating_sub(o * self.block_size);
+        self.loads[w].add(id, request.seq_hashes, prefill_tokens);
+        Decision {
+            worker,
+            overlap_blocks: o,
+        }
+    }
+
     /// Argmin with a seeded uniform tie-break at temperature 0, else softmax sampling.
     fn select(&mut self, costs: &[f64]) -> usize {
         let min = costs.iter().copied().fold(f64::INFINITY, f64::min);
