@@ -458,10 +458,12 @@ async fn streams_per_the_wire_checklist() -> Result<()> {
     let prompt_tokens = default_codec().encode("once upon a time").len();
     assert_eq!(usage["usage"]["prompt_tokens"], prompt_tokens);
 
-    let metrics = within(server.client.get(format!("{}/metrics", server.base)).send()).await??;
-    let text = within(metrics.text()).await??;
-    assert!(text.contains("mockserve_request_success_total 4"), "{text}");
-    assert!(text.contains("mockserve_num_requests_running{worker=\"0\"} 0"));
+    let m = scrape(&server).await?;
+    assert_eq!(
+        m.get("vllm:request_success_total{worker=\"0\"}"),
+        Some(&4.0)
+    );
+    assert_eq!(m.get("vllm:num_requests_running{worker=\"0\"}"), Some(&0.0));
     Ok(())
 }
 
@@ -535,12 +537,11 @@ async fn speculative_prefill_warms_the_whole_conversation() -> Result<()> {
             );
         }
     }
-    let metrics = within(server.client.get(format!("{}/metrics", server.base)).send()).await??;
-    let text = within(metrics.text()).await??;
     // Turn 1 and turn 2 of the second conversation both asked for it.
-    assert!(
-        text.contains("mockserve_speculative_prefills_total 2"),
-        "{text}"
+    let m = scrape(&server).await?;
+    assert_eq!(
+        m.get("servesim_speculative_prefill_submitted_total"),
+        Some(&2.0)
     );
     Ok(())
 }
@@ -845,5 +846,289 @@ async fn oversized_body_is_413_through_the_router() -> Result<()> {
         post(&state, "/v1/chat/completions", &ok).await?.0,
         StatusCode::OK
     );
+    Ok(())
+}
+
+/// Scrapes `/metrics`, checks every line is valid exposition text and returns the samples by
+/// `name{labels}`.
+async fn scrape(server: &TestServer) -> Result<std::collections::BTreeMap<String, f64>> {
+    let response = within(server.client.get(format!("{}/metrics", server.base)).send()).await??;
+    assert_eq!(response.status(), 200);
+    let text = within(response.text()).await??;
+    parse_exposition(&text)
+}
+
+fn valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+fn parse_exposition(text: &str) -> Result<std::collections::BTreeMap<String, f64>> {
+    let mut samples = std::collections::BTreeMap::new();
+    let mut typed = std::collections::BTreeMap::new();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.last(), Some(&"# EOF"), "{text}");
+    for line in &lines[..lines.len() - 1] {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let name = rest.split(' ').next().unwrap_or_default();
+            assert!(valid_name(name), "{line}");
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split(' ');
+            let (name, kind) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+            assert!(valid_name(name), "{line}");
+            assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
+            typed.insert(name.to_string(), kind.to_string());
+        } else {
+            let (series, value) = line.rsplit_once(' ').context("no value")?;
+            let value: f64 = value
+                .parse()
+                .with_context(|| format!("bad value in {line}"))?;
+            let name = series.split('{').next().unwrap_or_default();
+            assert!(valid_name(name), "{line}");
+            if let Some(labels) = series.strip_prefix(name) {
+                if !labels.is_empty() {
+                    let inner = labels
+                        .strip_prefix('{')
+                        .and_then(|l| l.strip_suffix('}'))
+                        .context("bad labels")?;
+                    for pair in inner.split(',') {
+                        let (k, v) = pair.split_once('=').context("bad label")?;
+                        assert!(valid_name(k) && !k.contains(':'), "{line}");
+                        assert!(v.starts_with('"') && v.ends_with('"'), "{line}");
+                    }
+                }
+            }
+            let family = ["_total", "_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s).filter(|f| typed.contains_key(*f)))
+                .unwrap_or(name);
+            assert!(typed.contains_key(family), "sample before its TYPE: {line}");
+            samples.insert(series.to_string(), value);
+        }
+    }
+    Ok(samples)
+}
+
+#[tokio::test]
+async fn metrics_parse_and_move() -> Result<()> {
+    let mut cfg = config(Some((2.0, 1.0)));
+    cfg.cluster.num_workers = 2;
+    let server = start(cfg).await?;
+    let before = scrape(&server).await?;
+    let names = [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:inter_token_latency_seconds_count",
+        "vllm:e2e_request_latency_seconds_count",
+    ];
+    for name in names {
+        for w in 0..2 {
+            let key = format!("{name}{{worker=\"{w}\"}}");
+            assert_eq!(before.get(&key), Some(&0.0), "{key}");
+        }
+    }
+    // Two turns pinned to worker 1: the second hits the prefix cache.
+    let q = long_question();
+    let body = chat_body(
+        &json!([user(&q)]),
+        json!({"max_tokens": 5, "nvext": {"backend_instance_id": 1}}),
+    );
+    let (s, _, b1) = post_json(&server, body.to_string()).await?;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _, b2) = post_json(&server, body.to_string()).await?;
+    assert_eq!(s, StatusCode::OK);
+    let after = scrape(&server).await?;
+    let at = |name: &str, w: u32| {
+        after
+            .get(&format!("{name}{{worker=\"{w}\"}}"))
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    let prompt = b1["usage"]["prompt_tokens"].as_f64().context("prompt")?;
+    let hits = b2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_f64()
+        .context("cached")?;
+    assert!(hits > 0.0);
+    assert_eq!(at("vllm:prompt_tokens_total", 1), 2.0 * prompt);
+    assert_eq!(at("vllm:prefix_cache_queries_total", 1), 2.0 * prompt);
+    assert_eq!(at("vllm:prefix_cache_hits_total", 1), hits);
+    assert_eq!(at("vllm:generation_tokens_total", 1), 10.0);
+    assert_eq!(at("vllm:time_to_first_token_seconds_count", 1), 2.0);
+    assert_eq!(at("vllm:inter_token_latency_seconds_count", 1), 8.0);
+    assert_eq!(at("vllm:e2e_request_latency_seconds_count", 1), 2.0);
+    // Two 2 ms prefills, at most a pass late each.
+    let ttft_sum = at("vllm:time_to_first_token_seconds_sum", 1);
+    assert!((0.004..0.5).contains(&ttft_sum), "{ttft_sum}");
+    assert_eq!(at("vllm:generation_tokens_total", 0), 0.0);
+    assert_eq!(at("servesim_router_requests_total", 1), 2.0);
+    assert_eq!(
+        after.get("servesim_router_pinned_requests_total"),
+        Some(&2.0)
+    );
+    assert_eq!(
+        after.get("servesim_http_requests_total{endpoint=\"chat\"}"),
+        Some(&2.0)
+    );
+    assert_eq!(
+        after
+            .get("vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",worker=\"1\"}")
+            .or_else(
+                || after.get("vllm:time_to_first_token_seconds_bucket{worker=\"1\",le=\"+Inf\"}")
+            ),
+        Some(&2.0)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn nvext_is_strict_and_pins_workers() -> Result<()> {
+    let mut cfg = config(Some((20.0, 5.0)));
+    cfg.cluster.num_workers = 3;
+    let server = start(cfg).await?;
+    let msgs = json!([user("hello there")]);
+    let cases = [
+        (json!({"nvext": {"bogus": 1}}), "nvext.bogus"),
+        (
+            json!({"nvext": {"agent_hints": {"speculative": true}}}),
+            "nvext.agent_hints.speculative",
+        ),
+        (json!({"nvext": {"backend_instance_id": "one"}}), "nvext"),
+        (json!({"nvext": 7}), "nvext"),
+        (
+            json!({"nvext": {"backend_instance_id": 3}}),
+            "nvext.backend_instance_id",
+        ),
+    ];
+    for (extra, param) in cases {
+        let body = chat_body(&msgs, extra);
+        let (s, _, b) = post_json(&server, body.to_string()).await?;
+        let error = error_of(s, &b, StatusCode::BAD_REQUEST).with_context(|| body.to_string())?;
+        assert_eq!(error["param"], param, "{b}");
+    }
+    // Every field of Dynamo's nvext (union across versions) is accepted.
+    let everything = json!({"nvext": {
+        "greed_sampling": true, "use_raw_prompt": false, "annotations": ["a"],
+        "backend_instance_id": 2, "token_data": [1, 2], "max_thinking_tokens": 10,
+        "cache_salt": "s", "extra_fields": ["worker_id", "timing", "stop_reason"],
+        "metadata_upload": {"url": "http://x"}, "prefill_worker_id": 2, "decode_worker_id": 2,
+        "dp_rank": 0, "prefill_dp_rank": 0,
+        "agent_hints": {"priority": 1, "strict_priority": 0, "osl": 3,
+                        "speculative_prefill": false, "latency_sensitivity": 1.2},
+        "agent_context": {"session_id": "s"}, "request_timestamp_ms": 1.5,
+        "session_control": {"session_id": "s", "action": "open"},
+        "routing_constraints": {"required_taints": []}, "router": {"ttft_target": 100.0},
+        "speculative_prefill": false,
+    }, "max_tokens": 3});
+    let started_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as u64;
+    let (s, _, b) = post_json(&server, chat_body(&msgs, everything).to_string()).await?;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let nvext = &b["nvext"];
+    assert_eq!(nvext["worker_id"]["decode_worker_id"], 2, "{b}");
+    assert_eq!(nvext["worker_id"]["prefill_worker_id"], 2, "{b}");
+    let timing = &nvext["timing"];
+    let received = timing["request_received_ms"].as_u64().context("received")?;
+    assert!(
+        received >= started_ms && received < started_ms + 5000,
+        "{timing}"
+    );
+    let ttft = timing["ttft_ms"].as_f64().context("ttft")?;
+    let total = timing["total_time_ms"].as_f64().context("total")?;
+    // One 20 ms prefill, then two 5 ms decode steps.
+    assert!((19.0..1000.0).contains(&ttft), "{timing}");
+    assert!(total >= ttft + 9.0, "{timing}");
+    let first = timing["first_token_ms"].as_u64().context("first")?;
+    let last = timing["last_token_ms"].as_u64().context("last")?;
+    assert!(received <= first && first <= last, "{timing}");
+
+    // The header wins over the body; streamed, nvext rides on the finish chunk only.
+    let t0 = Instant::now();
+    let response = within(
+        server
+            .client
+            .post(format!("{}/v1/chat/completions", server.base))
+            .header("x-dynamo-worker-instance-id", "1")
+            .json(&chat_body(
+                &msgs,
+                json!({"stream": true, "max_tokens": 2,
+                       "nvext": {"backend_instance_id": 2, "extra_fields": ["worker_id"]}}),
+            ))
+            .send(),
+    )
+    .await??;
+    let events = read_sse(response, t0).await?;
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|(d, _)| serde_json::from_str(d))
+        .collect::<Result<_, _>>()?;
+    let with_nvext: Vec<&Value> = chunks.iter().filter(|c| c.get("nvext").is_some()).collect();
+    assert_eq!(with_nvext.len(), 1, "{chunks:?}");
+    assert_eq!(with_nvext[0]["choices"][0]["finish_reason"], "length");
+    assert_eq!(with_nvext[0]["nvext"]["worker_id"]["decode_worker_id"], 1);
+    assert!(with_nvext[0]["nvext"].get("timing").is_none());
+
+    for bad in ["7", "x"] {
+        let response = within(
+            server
+                .client
+                .post(format!("{}/v1/chat/completions", server.base))
+                .header("x-worker-instance-id", bad)
+                .json(&chat_body(&msgs, json!({"max_tokens": 1})))
+                .send(),
+        )
+        .await??;
+        let status = StatusCode::from_u16(response.status().as_u16())?;
+        let b: Value = within(response.json()).await??;
+        error_of(status, &b, StatusCode::BAD_REQUEST)?;
+    }
+    // Without extra_fields there is no response nvext.
+    let (_, _, b) = post_json(
+        &server,
+        chat_body(&msgs, json!({"max_tokens": 1})).to_string(),
+    )
+    .await?;
+    assert!(b.get("nvext").is_none(), "{b}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn same_seed_same_answers() -> Result<()> {
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let cli = Cli::try_parse_from(["mockserve", "--seed", "42", "--speedup-ratio", "inf"])?;
+        let server = start(ServerConfig::from_args(&cli.serve)?).await?;
+        let stream =
+            json!({"stream": true, "max_tokens": 16, "stream_options": {"include_usage": true}});
+        let turn = stream_chat(&server, &chat_body(&json!([user("same")]), stream)).await?;
+        let (_, _, whole) = post_json(
+            &server,
+            chat_body(&json!([user("same")]), json!({"max_tokens": 16})).to_string(),
+        )
+        .await?;
+        answers.push((
+            turn.content,
+            turn.usage,
+            whole["choices"][0]["message"]["content"].clone(),
+            whole["usage"].clone(),
+        ));
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert!(!answers[0].0.is_empty());
+    // Another seed gives other words.
+    let cli = Cli::try_parse_from(["mockserve", "--seed", "43", "--speedup-ratio", "inf"])?;
+    let server = start(ServerConfig::from_args(&cli.serve)?).await?;
+    let stream = json!({"stream": true, "max_tokens": 16});
+    let other = stream_chat(&server, &chat_body(&json!([user("same")]), stream)).await?;
+    assert_ne!(other.content, answers[0].0);
     Ok(())
 }

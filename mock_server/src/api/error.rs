@@ -122,6 +122,10 @@ impl From<SubmitError> for ApiError {
                 param: None,
                 code: Some("rate_limit_exceeded"),
             },
+            SubmitError::NoSuchWorker { .. } => {
+                ApiError::invalid(e.to_string(), Some("nvext.backend_instance_id"))
+                    .with_code("invalid_worker_id")
+            }
             SubmitError::Stopped => ApiError {
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 message: "The server is shutting down.".into(),
