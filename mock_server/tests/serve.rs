@@ -1132,3 +1132,86 @@ async fn same_seed_same_answers() -> Result<()> {
     assert_ne!(other.content, answers[0].0);
     Ok(())
 }
+
+/// Speculative prefill makes turn 2 faster by exactly what the latency model charges for the
+/// prompt tokens it no longer computes.
+#[tokio::test]
+async fn speculative_prefill_cuts_ttft_as_the_model_predicts() -> Result<()> {
+    use servesim::perf::{LatencyModel, Polynomial, PrefillBatch};
+    // 4 ms per new prompt token (+5 ms per pass), 1 ms per decode step: big, clean differences.
+    let model = Polynomial {
+        prefill: [0.0, 4.0, 5.0],
+        decode: [0.0, 0.0, 1.0],
+    };
+    let mut cfg = config(None);
+    cfg.cluster.engine.latency.model = Arc::new(model);
+    cfg.cluster.engine.latency.speedup_ratio = 1.0;
+    cfg.reasoning_ratio = 0.5;
+    let server = start(cfg).await?;
+    let idle = || async {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let live = within(server.state.engine.snapshot()).await??;
+            if live.cluster.active_requests == 0 {
+                return Ok::<(), anyhow::Error>(());
+            }
+            if Instant::now() > deadline {
+                bail!("engine never idle: {live:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    let mut diffs = Vec::new();
+    let mut predicted = Vec::new();
+    for round in 0..3 {
+        // (prompt tokens, cached tokens, observed TTFT) of turn 2 without and with the hint.
+        let mut turn2 = Vec::new();
+        for spec in [false, true] {
+            let q = format!("round{round} spec{spec} {}", long_question());
+            let extra = json!({"stream": true, "max_tokens": 40,
+                "stream_options": {"include_usage": true},
+                "nvext": {"agent_hints": {"speculative_prefill": spec}}});
+            let turn1 = stream_chat(&server, &chat_body(&json!([user(&q)]), extra.clone())).await?;
+            idle().await?;
+            let msgs = json!([user(&q), {"role": "assistant", "content": turn1.content},
+                              user("go on")]);
+            let extra = json!({"stream": true, "max_tokens": 2,
+                "stream_options": {"include_usage": true}});
+            let t = stream_chat(&server, &chat_body(&msgs, extra)).await?;
+            idle().await?;
+            let prompt = t.usage["prompt_tokens"].as_u64().context("prompt")? as usize;
+            let cached = t.usage["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .context("cached")? as usize;
+            turn2.push((prompt, cached, t.token_times[0]));
+        }
+        let (without, with) = (turn2[0], turn2[1]);
+        assert!(with.1 > without.1, "cached {} <= {}", with.1, without.1);
+        let ms = |(prompt, cached, _): (usize, usize, Duration)| {
+            model.prefill_ms(&PrefillBatch {
+                num_requests: 1,
+                total_isl: prompt,
+                total_prefix: cached,
+            })
+        };
+        predicted.push(ms(without) - ms(with));
+        diffs.push((without.2.as_secs_f64() - with.2.as_secs_f64()) * 1e3);
+    }
+    let mut residuals: Vec<f64> = diffs.iter().zip(&predicted).map(|(d, p)| d - p).collect();
+    residuals.sort_by(f64::total_cmp);
+    let expected = predicted.iter().copied().fold(f64::INFINITY, f64::min);
+    assert!(
+        expected >= 40.0,
+        "predicted saving {expected} ms is too small to test"
+    );
+    // Both sides are measured the same way, so HTTP and timer overheads cancel; the median of
+    // three rounds keeps one slow scheduling on a busy machine from deciding.
+    let residual = residuals[1];
+    let tolerance = 15.0 + 0.1 * expected;
+    eprintln!("TTFT saved {diffs:?} ms, predicted {predicted:?} ms");
+    assert!(
+        residual.abs() <= tolerance,
+        "TTFT saved {diffs:?} ms, the model predicts {predicted:?} ms"
+    );
+    Ok(())
+}
