@@ -165,6 +165,7 @@ impl EngineHandle {
             cancelled: 0,
             tracked: BTreeMap::new(),
             speculative_in_flight: 0,
+            last_submit: SimTime::ZERO,
             metrics,
         };
         tokio::spawn(driver.run(rx));
@@ -237,6 +238,8 @@ struct Driver {
     cancelled: u64,
     /// Every unfinished request, for metrics and the speculative bound.
     tracked: BTreeMap<RequestId, Tracked>,
+    /// When the latest request was submitted.
+    last_submit: SimTime,
     /// Speculative prefills among `tracked`.
     speculative_in_flight: usize,
     /// Counters and histograms fed from outputs.
@@ -265,16 +268,18 @@ impl Driver {
 
     async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
         loop {
-            let deadline = self
-                .cluster
-                .next_event_time()
-                .map(|t| self.epoch + Duration::from_micros(t.as_micros()));
+            let next = self.cluster.next_event_time();
+            let deadline = next.map(|t| self.epoch + Duration::from_micros(t.as_micros()));
             tokio::select! {
                 biased;
                 // Due engine work first: requests arriving during a pass wait for the next one,
                 // as on a real engine, and a flood of commands cannot starve the passes.
                 () = sleep_until(deadline), if deadline.is_some() => {
-                    let now = self.now();
+                    // Advance to the event's own time, not the (later) wake-up: the timer's
+                    // lateness then delays delivery but never accumulates into the simulated
+                    // schedule (the next pass starts when this one ended). Work submitted
+                    // since then starts no earlier than its arrival.
+                    let now = next.unwrap_or(SimTime::ZERO).max(self.last_submit);
                     let outputs = self.cluster.advance(now);
                     self.dispatch(outputs);
                 }
@@ -377,6 +382,7 @@ impl Driver {
         speculative: bool,
     ) -> Result<RequestId, SubmitError> {
         let now = self.now();
+        self.last_submit = now;
         let prompt_len = request.prompt.len;
         let id = match pinned {
             None => self.cluster.submit(request, now),
