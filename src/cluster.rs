@@ -431,6 +431,36 @@ impl Cluster {
         id
     }
 
+    /// Sends a request straight to `worker` (a client pinned it), bypassing worker selection and
+    /// the router's queue; the router still counts it in that worker's load. None when `worker`
+    /// is out of range.
+    pub fn submit_to(
+        &mut self,
+        request: EngineRequest,
+        worker: WorkerId,
+        now: SimTime,
+    ) -> Option<RequestId> {
+        if worker.0 as usize >= self.workers.len() {
+            return None;
+        }
+        self.now = self.now.max(now);
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        self.router.route_to(
+            id,
+            worker,
+            RouteRequest {
+                isl: request.prompt.len,
+                local_hashes: &request.prompt.blocks.local,
+                seq_hashes: &request.prompt.blocks.sequence,
+                now: self.now,
+            },
+        );
+        self.placement.insert(id, worker);
+        self.workers[worker.0 as usize].enqueue(id, request);
+        Some(id)
+    }
+
     fn route(&mut self, id: RequestId, request: EngineRequest) {
         let decision = self.router.route(
             id,

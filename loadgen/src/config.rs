@@ -217,6 +217,7 @@ impl MultiturnArgs {
                     reasoning_ratio: self.server.reasoning_ratio,
                     reasoning_format: self.server.reasoning_format,
                     default_max_tokens: 256,
+                    max_body_bytes: mock_server::server::DEFAULT_MAX_BODY_BYTES,
                     tokenizer: self.tokenizer.clone(),
                     engine: self.server.engine.clone(),
                 })?;

@@ -4,17 +4,28 @@
 //! The task sleeps until the cluster's next event (or a command), advances the engine to the
 //! wall-clock "now" and forwards each request's [`Output`]s to that request's channel. A closed
 //! channel means the client left: the request is cancelled and its KV blocks freed.
+//!
+//! The driver also feeds the token counters and latency histograms of [`Metrics`] (it sees
+//! every output, with its simulated time) and bounds speculative prefills
+//! ([`MAX_SPECULATIVE_PREFILLS`] in flight; more are skipped and counted).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use servesim::cluster::{Cluster, ClusterStats, Output};
-use servesim::ids::RequestId;
+use servesim::ids::{RequestId, WorkerId};
 use servesim::request::EngineRequest;
 use servesim::scheduler::RejectReason;
 use servesim::time::SimTime;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
+
+use crate::metrics::{Metrics, SkipLabel, WorkerLabel, SKIP_IN_FLIGHT, SKIP_QUEUE_FULL};
+
+/// Speculative prefills running at once at most (Dynamo's `MAX_BLOCKING_PREFILLS`); one more is
+/// skipped, not queued.
+pub const MAX_SPECULATIVE_PREFILLS: usize = 4;
 
 /// What happened to one request, as its handler sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,6 +34,8 @@ pub enum Event {
     Admitted {
         /// Prompt tokens not recomputed.
         reused_tokens: usize,
+        /// The worker serving it.
+        worker: WorkerId,
     },
     /// One output token (1-based `index`).
     Token {
@@ -48,6 +61,14 @@ pub enum SubmitError {
         /// Requests waiting when this one arrived.
         waiting: usize,
     },
+    /// The request was pinned to a worker that does not exist.
+    #[error("there is no worker {worker}: this server has {num_workers} (ids 0..{num_workers})")]
+    NoSuchWorker {
+        /// The requested worker.
+        worker: u64,
+        /// Workers in the cluster.
+        num_workers: usize,
+    },
     /// The driver task has stopped (the server is shutting down).
     #[error("the engine has shut down")]
     Stopped,
@@ -69,11 +90,13 @@ pub struct LiveStats {
 enum Command {
     Submit {
         request: EngineRequest,
-        /// `None` for requests nobody listens to (speculative prefill).
-        events: Option<mpsc::UnboundedSender<Event>>,
-        /// `None` for fire-and-forget submissions.
-        reply: Option<oneshot::Sender<Result<RequestId, SubmitError>>>,
+        /// Run on this worker instead of routing.
+        pinned: Option<WorkerId>,
+        events: mpsc::UnboundedSender<Event>,
+        reply: oneshot::Sender<Result<RequestId, SubmitError>>,
     },
+    /// A request nobody listens to (speculative prefill); skipped when too many run already.
+    Speculative(EngineRequest),
     Cancel(RequestId),
     Snapshot(oneshot::Sender<LiveStats>),
 }
@@ -114,6 +137,7 @@ impl std::fmt::Debug for Command {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Command::Submit { .. } => f.write_str("Submit"),
+            Command::Speculative(_) => f.write_str("Speculative"),
             Command::Cancel(id) => write!(f, "Cancel({id})"),
             Command::Snapshot(_) => f.write_str("Snapshot"),
         }
@@ -122,9 +146,15 @@ impl std::fmt::Debug for Command {
 
 impl EngineHandle {
     /// Spawns the driver task on the current tokio runtime. `max_waiting` bounds the requests
-    /// waiting for admission (router-parked plus worker queues).
-    pub fn spawn(cluster: Cluster, max_waiting: Option<usize>) -> EngineHandle {
+    /// waiting for admission (router-parked plus worker queues); `metrics` receives the token
+    /// counters and latencies.
+    pub fn spawn(
+        cluster: Cluster,
+        max_waiting: Option<usize>,
+        metrics: Arc<Metrics>,
+    ) -> EngineHandle {
         let (tx, rx) = mpsc::unbounded_channel();
+        metrics.init_workers(cluster.workers().len());
         let driver = Driver {
             cluster,
             epoch: Instant::now(),
@@ -133,21 +163,29 @@ impl EngineHandle {
             prefix_hit_tokens: 0,
             prompt_tokens: 0,
             cancelled: 0,
-            admitted: std::collections::BTreeSet::new(),
+            tracked: BTreeMap::new(),
+            speculative_in_flight: 0,
+            last_submit: SimTime::ZERO,
+            metrics,
         };
         tokio::spawn(driver.run(rx));
         EngineHandle { commands: tx }
     }
 
-    /// Submits a request and returns its event stream.
-    pub async fn submit(&self, request: EngineRequest) -> Result<Submission, SubmitError> {
+    /// Submits a request (routed, or run on `pinned`) and returns its event stream.
+    pub async fn submit(
+        &self,
+        request: EngineRequest,
+        pinned: Option<WorkerId>,
+    ) -> Result<Submission, SubmitError> {
         let (events_tx, events) = mpsc::unbounded_channel();
         let (reply, rx) = oneshot::channel();
         self.commands
             .send(Command::Submit {
                 request,
-                events: Some(events_tx),
-                reply: Some(reply),
+                pinned,
+                events: events_tx,
+                reply,
             })
             .map_err(|_| SubmitError::Stopped)?;
         let id = rx.await.map_err(|_| SubmitError::Stopped)??;
@@ -159,16 +197,11 @@ impl EngineHandle {
         })
     }
 
-    /// Submits a request whose outputs nobody reads (it still runs to completion); false when
-    /// the driver has stopped. The queue bound applies: an overloaded engine drops it silently.
-    pub fn submit_detached(&self, request: EngineRequest) -> bool {
-        self.commands
-            .send(Command::Submit {
-                request,
-                events: None,
-                reply: None,
-            })
-            .is_ok()
+    /// Submits a speculative prefill: nobody reads its outputs and it runs to completion. It is
+    /// skipped (and counted) when [`MAX_SPECULATIVE_PREFILLS`] run already or the queue bound
+    /// is reached; false when the driver has stopped.
+    pub fn submit_speculative(&self, request: EngineRequest) -> bool {
+        self.commands.send(Command::Speculative(request)).is_ok()
     }
 
     /// Cancels a request (no-op if it already finished or the driver stopped).
@@ -203,8 +236,29 @@ struct Driver {
     prompt_tokens: u64,
     /// Requests cancelled for a departed client.
     cancelled: u64,
-    /// Requests admitted at least once and not done (only the first admission counts hits).
-    admitted: std::collections::BTreeSet<RequestId>,
+    /// Every unfinished request, for metrics and the speculative bound.
+    tracked: BTreeMap<RequestId, Tracked>,
+    /// When the latest request was submitted.
+    last_submit: SimTime,
+    /// Speculative prefills among `tracked`.
+    speculative_in_flight: usize,
+    /// Counters and histograms fed from outputs.
+    metrics: Arc<Metrics>,
+}
+
+/// What the driver remembers of an unfinished request.
+#[derive(Debug)]
+struct Tracked {
+    /// When it was submitted.
+    submitted: SimTime,
+    /// Prompt length.
+    prompt_len: usize,
+    /// Its worker, once admitted.
+    worker: Option<WorkerId>,
+    /// When its latest token was emitted.
+    last_token: Option<SimTime>,
+    /// A speculative prefill.
+    speculative: bool,
 }
 
 impl Driver {
@@ -214,16 +268,18 @@ impl Driver {
 
     async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
         loop {
-            let deadline = self
-                .cluster
-                .next_event_time()
-                .map(|t| self.epoch + Duration::from_micros(t.as_micros()));
+            let next = self.cluster.next_event_time();
+            let deadline = next.map(|t| self.epoch + Duration::from_micros(t.as_micros()));
             tokio::select! {
                 biased;
                 // Due engine work first: requests arriving during a pass wait for the next one,
                 // as on a real engine, and a flood of commands cannot starve the passes.
                 () = sleep_until(deadline), if deadline.is_some() => {
-                    let now = self.now();
+                    // Advance to the event's own time, not the (later) wake-up: the timer's
+                    // lateness then delays delivery but never accumulates into the simulated
+                    // schedule (the next pass starts when this one ended). Work submitted
+                    // since then starts no earlier than its arrival.
+                    let now = next.unwrap_or(SimTime::ZERO).max(self.last_submit);
                     let outputs = self.cluster.advance(now);
                     self.dispatch(outputs);
                 }
@@ -239,35 +295,51 @@ impl Driver {
         match command {
             Command::Submit {
                 request,
+                pinned,
                 events,
                 reply,
             } => {
-                if let Some(limit) = self.max_waiting {
-                    let stats = self.cluster.snapshot();
-                    let waiting = stats.parked
-                        + stats
-                            .workers
-                            .iter()
-                            .map(|w| w.scheduler.waiting)
-                            .sum::<usize>();
-                    if waiting >= limit {
-                        if let Some(reply) = reply {
-                            // The handler may have gone; nothing to undo either way.
-                            let _ = reply.send(Err(SubmitError::Overloaded { waiting }));
+                let result = self
+                    .check_queue()
+                    .and_then(|()| self.start(request, pinned, false));
+                match result {
+                    Ok(id) => {
+                        self.listeners.insert(id, events);
+                        if reply.send(Ok(id)).is_err() {
+                            // The handler went away before it learnt the id.
+                            self.cancel(id);
                         }
-                        return;
+                    }
+                    Err(e) => {
+                        // The handler may have gone; nothing to undo either way.
+                        let _ = reply.send(Err(e));
                     }
                 }
-                self.prompt_tokens += request.prompt.len as u64;
-                let now = self.now();
-                let id = self.cluster.submit(request, now);
-                if let Some(events) = events {
-                    self.listeners.insert(id, events);
-                }
-                if let Some(reply) = reply {
-                    if reply.send(Ok(id)).is_err() {
-                        // The handler went away before it learnt the id.
-                        self.cancel(id);
+            }
+            Command::Speculative(request) => {
+                let skip = if self.speculative_in_flight >= MAX_SPECULATIVE_PREFILLS {
+                    Some(SKIP_IN_FLIGHT)
+                } else if self.check_queue().is_err() {
+                    Some(SKIP_QUEUE_FULL)
+                } else {
+                    None
+                };
+                match skip {
+                    Some(reason) => {
+                        self.metrics
+                            .spec_skipped
+                            .get_or_create(&SkipLabel { reason })
+                            .inc();
+                    }
+                    None => {
+                        // Routed, so the router cannot refuse it.
+                        if self.start(request, None, true).is_ok() {
+                            self.speculative_in_flight += 1;
+                            self.metrics.spec_submitted.inc();
+                            self.metrics
+                                .spec_in_flight
+                                .set(self.speculative_in_flight as i64);
+                        }
                     }
                 }
             }
@@ -283,28 +355,177 @@ impl Driver {
         }
     }
 
+    /// Refuses when `--max-waiting` requests wait already.
+    fn check_queue(&self) -> Result<(), SubmitError> {
+        let Some(limit) = self.max_waiting else {
+            return Ok(());
+        };
+        let stats = self.cluster.snapshot();
+        let waiting = stats.parked
+            + stats
+                .workers
+                .iter()
+                .map(|w| w.scheduler.waiting)
+                .sum::<usize>();
+        if waiting >= limit {
+            Err(SubmitError::Overloaded { waiting })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Hands a request to the cluster and starts tracking it.
+    fn start(
+        &mut self,
+        request: EngineRequest,
+        pinned: Option<WorkerId>,
+        speculative: bool,
+    ) -> Result<RequestId, SubmitError> {
+        let now = self.now();
+        self.last_submit = now;
+        let prompt_len = request.prompt.len;
+        let id = match pinned {
+            None => self.cluster.submit(request, now),
+            Some(worker) => {
+                let num_workers = self.cluster.workers().len();
+                let id = self.cluster.submit_to(request, worker, now).ok_or(
+                    SubmitError::NoSuchWorker {
+                        worker: u64::from(worker.0),
+                        num_workers,
+                    },
+                )?;
+                self.metrics.pinned.inc();
+                id
+            }
+        };
+        self.prompt_tokens += prompt_len as u64;
+        self.tracked.insert(
+            id,
+            Tracked {
+                submitted: now,
+                prompt_len,
+                worker: None,
+                last_token: None,
+                speculative,
+            },
+        );
+        Ok(id)
+    }
+
+    /// Stops tracking a request.
+    fn untrack(&mut self, id: RequestId) {
+        if self.tracked.remove(&id).is_some_and(|t| t.speculative) {
+            self.speculative_in_flight -= 1;
+            self.metrics
+                .spec_in_flight
+                .set(self.speculative_in_flight as i64);
+        }
+    }
+
     fn cancel(&mut self, id: RequestId) {
         self.listeners.remove(&id);
-        self.admitted.remove(&id);
+        self.untrack(id);
         let now = self.now();
         if self.cluster.cancel(id, now) {
             self.cancelled += 1;
+            self.metrics.cancelled.inc();
+        }
+    }
+
+    /// Feeds the metrics from one output.
+    fn observe(&mut self, output: &Output) {
+        let m = &self.metrics;
+        let secs = |from: SimTime, to: SimTime| {
+            to.as_micros().saturating_sub(from.as_micros()) as f64 / 1e6
+        };
+        match *output {
+            Output::Admitted {
+                id,
+                worker,
+                reused_tokens,
+                ..
+            } => {
+                let Some(t) = self.tracked.get_mut(&id) else {
+                    return;
+                };
+                let label = WorkerLabel::from(worker);
+                m.prefix_queries
+                    .get_or_create(&label)
+                    .inc_by(t.prompt_len as u64);
+                m.prefix_hits
+                    .get_or_create(&label)
+                    .inc_by(reused_tokens as u64);
+                if t.worker.is_none() {
+                    self.prefix_hit_tokens += reused_tokens as u64;
+                    m.routed.get_or_create(&label).inc();
+                }
+                t.worker = Some(worker);
+            }
+            Output::Token {
+                id, index, time, ..
+            } => {
+                let Some(t) = self.tracked.get_mut(&id) else {
+                    return;
+                };
+                let Some(worker) = t.worker else {
+                    return;
+                };
+                let label = WorkerLabel::from(worker);
+                m.generation_tokens.get_or_create(&label).inc();
+                if index == 1 {
+                    m.prompt_tokens
+                        .get_or_create(&label)
+                        .inc_by(t.prompt_len as u64);
+                    m.ttft
+                        .get_or_create(&label)
+                        .observe(secs(t.submitted, time));
+                } else if let Some(last) = t.last_token {
+                    m.itl.get_or_create(&label).observe(secs(last, time));
+                }
+                t.last_token = Some(time);
+            }
+            Output::Finished { id, time } => {
+                if let Some(t) = self.tracked.get(&id) {
+                    if let Some(worker) = t.worker {
+                        let label = WorkerLabel::from(worker);
+                        m.e2e.get_or_create(&label).observe(secs(t.submitted, time));
+                        m.success.get_or_create(&label).inc();
+                    }
+                }
+                self.untrack(id);
+            }
+            Output::Preempted { id, .. } => {
+                if let Some(worker) = self.tracked.get(&id).and_then(|t| t.worker) {
+                    m.preemptions
+                        .get_or_create(&WorkerLabel::from(worker))
+                        .inc();
+                }
+            }
+            Output::Rejected { id, .. } => self.untrack(id),
+            // Transfers are counted by the cluster itself (snapshot gauges).
+            Output::KvTransfer { .. } => {}
         }
     }
 
     fn dispatch(&mut self, outputs: Vec<Output>) {
         for output in outputs {
+            self.observe(&output);
             let (id, event, last) = match output {
                 // The hand-off is visible in the cluster's counters (snapshot), not to the client.
                 Output::KvTransfer { .. } => continue,
                 Output::Admitted {
-                    id, reused_tokens, ..
-                } => {
-                    if self.admitted.insert(id) {
-                        self.prefix_hit_tokens += reused_tokens as u64;
-                    }
-                    (id, Event::Admitted { reused_tokens }, false)
-                }
+                    id,
+                    reused_tokens,
+                    worker,
+                    ..
+                } => (
+                    id,
+                    Event::Admitted {
+                        reused_tokens,
+                        worker,
+                    },
+                    false,
+                ),
                 Output::Token {
                     id, token, index, ..
                 } => (id, Event::Token { token, index }, false),
@@ -312,9 +533,6 @@ impl Driver {
                 Output::Preempted { id, .. } => (id, Event::Preempted, false),
                 Output::Rejected { id, reason, .. } => (id, Event::Rejected(reason), true),
             };
-            if last {
-                self.admitted.remove(&id);
-            }
             let Some(listener) = self.listeners.get(&id) else {
                 continue;
             };
@@ -355,7 +573,7 @@ mod tests {
             decode_ms: 5.0,
         });
         let cluster = Cluster::new(config).expect("valid config");
-        EngineHandle::spawn(cluster, None)
+        EngineHandle::spawn(cluster, None, Arc::default())
     }
 
     fn request(max_output_tokens: usize) -> EngineRequest {
@@ -371,7 +589,7 @@ mod tests {
     async fn tokens_arrive_at_simulated_times() {
         let engine = handle();
         let start = Instant::now();
-        let mut sub = engine.submit(request(3)).await.expect("submitted");
+        let mut sub = engine.submit(request(3), None).await.expect("submitted");
         let mut seen = Vec::new();
         while let Some(event) = sub.events.recv().await {
             let done = event == Event::Finished;
@@ -409,9 +627,10 @@ mod tests {
             prefill_ms: 20.0,
             decode_ms: 5.0,
         });
-        let engine = EngineHandle::spawn(Cluster::new(config).expect("valid"), None);
+        let engine =
+            EngineHandle::spawn(Cluster::new(config).expect("valid"), None, Arc::default());
         let start = Instant::now();
-        let mut sub = engine.submit(request(3)).await.expect("submitted");
+        let mut sub = engine.submit(request(3), None).await.expect("submitted");
         let mut seen = Vec::new();
         while let Some(event) = sub.events.recv().await {
             if let Event::Token { index, .. } = event {
@@ -431,7 +650,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn dropping_a_submission_cancels_it() {
         let engine = handle();
-        let mut sub = engine.submit(request(1000)).await.expect("submitted");
+        let mut sub = engine.submit(request(1000), None).await.expect("submitted");
         while let Some(event) = sub.events.recv().await {
             if matches!(event, Event::Token { index: 3, .. }) {
                 break;
@@ -445,13 +664,99 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn speculative_prefills_are_bounded_and_counted() {
+        let metrics = Arc::new(Metrics::new());
+        let mut config = ClusterConfig::default();
+        config.engine.block_size = 4;
+        let cluster = Cluster::new(config).expect("valid config");
+        let engine = EngineHandle::spawn(cluster, None, Arc::clone(&metrics));
+        for _ in 0..MAX_SPECULATIVE_PREFILLS + 2 {
+            assert!(engine.submit_speculative(request(1)));
+        }
+        let live = engine.snapshot().await.expect("snapshot");
+        assert_eq!(live.cluster.active_requests, MAX_SPECULATIVE_PREFILLS);
+        assert_eq!(
+            metrics.spec_submitted.get(),
+            MAX_SPECULATIVE_PREFILLS as u64
+        );
+        let skipped = metrics.spec_skipped.get_or_create(&SkipLabel {
+            reason: SKIP_IN_FLIGHT,
+        });
+        assert_eq!(skipped.get(), 2);
+        // Once they finish, the slots are free again.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(metrics.spec_in_flight.get(), 0);
+        assert!(engine.submit_speculative(request(1)));
+        let live = engine.snapshot().await.expect("snapshot");
+        assert_eq!(live.cluster.active_requests, 1);
+        assert_eq!(
+            metrics.spec_submitted.get(),
+            MAX_SPECULATIVE_PREFILLS as u64 + 1
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pinned_requests_run_on_their_worker() {
+        let config = ClusterConfig {
+            num_workers: 3,
+            ..ClusterConfig::default()
+        };
+        let cluster = Cluster::new(config).expect("valid config");
+        let metrics = Arc::new(Metrics::new());
+        let engine = EngineHandle::spawn(cluster, None, Arc::clone(&metrics));
+        for w in [2, 0, 2, 1] {
+            let mut sub = engine
+                .submit(request(2), Some(WorkerId(w)))
+                .await
+                .expect("submitted");
+            let admitted = sub.events.recv().await;
+            assert!(
+                matches!(admitted, Some(Event::Admitted { worker, .. }) if worker == WorkerId(w)),
+                "{admitted:?}"
+            );
+            while let Some(event) = sub.events.recv().await {
+                if event == Event::Finished {
+                    sub.mark_done();
+                }
+            }
+        }
+        assert_eq!(metrics.pinned.get(), 4);
+        let bad = engine.submit(request(2), Some(WorkerId(3))).await;
+        assert!(
+            matches!(
+                bad,
+                Err(SubmitError::NoSuchWorker {
+                    worker: 3,
+                    num_workers: 3
+                })
+            ),
+            "{bad:?}"
+        );
+        let live = engine.snapshot().await.expect("snapshot");
+        assert_eq!(live.cluster.active_requests, 0);
+        let served: Vec<u64> = (0..3)
+            .map(|w| {
+                metrics
+                    .success
+                    .get_or_create(&WorkerLabel { worker: w })
+                    .get()
+            })
+            .collect();
+        assert_eq!(served, vec![1, 1, 2]);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_full_queue_refuses_submissions() {
         let mut config = ClusterConfig::default();
         config.engine.max_num_seqs = 1;
-        let engine = EngineHandle::spawn(Cluster::new(config).expect("valid"), Some(1));
-        let _running = engine.submit(request(10)).await.expect("runs");
-        let _waiting = engine.submit(request(10)).await.expect("waits");
-        let third = engine.submit(request(10)).await;
+        let engine = EngineHandle::spawn(
+            Cluster::new(config).expect("valid"),
+            Some(1),
+            Arc::default(),
+        );
+        let _running = engine.submit(request(10), None).await.expect("runs");
+        let _waiting = engine.submit(request(10), None).await.expect("waits");
+        let third = engine.submit(request(10), None).await;
         assert!(
             matches!(third, Err(SubmitError::Overloaded { waiting: 1 })),
             "{third:?}"

@@ -4,6 +4,7 @@
 //! - [`server::serve`] runs the HTTP API on a listener with a [`server::ServerConfig`] until a
 //!   shutdown future resolves; [`api::app`] is the axum router (for `oneshot` tests).
 //! - [`driver::EngineHandle`] is the live driver: one task owning the simulated cluster.
+//! - [`metrics::Metrics`] holds the Prometheus metrics (vLLM names per worker, `servesim_*`).
 //! - [`text::TextCodec`] is the tokenizer seam (a word-level stand-in for now).
 //!
 //! Embedding the server in-process:
@@ -30,6 +31,7 @@
 pub mod api;
 pub mod args;
 pub mod driver;
+pub mod metrics;
 pub mod mooncake_cmd;
 pub mod replay_cmd;
 pub mod server;

@@ -16,6 +16,9 @@ use crate::api::{app, AppState};
 use crate::args::EngineArgs;
 use crate::text::{default_codec, TextCodec, TokenizerCodec};
 
+/// Default `--max-body-bytes`: 8 MiB, room for a long multi-turn conversation.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
+
 /// How reasoning tokens are streamed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum ReasoningFormat {
@@ -53,6 +56,10 @@ pub struct ServeArgs {
     #[arg(long)]
     pub max_waiting: Option<usize>,
 
+    /// Refuse request bodies larger than this (413).
+    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+
     /// Share of each chat answer's output limit emitted as reasoning first (0..=1).
     #[arg(long, default_value_t = 0.0)]
     pub reasoning_ratio: f64,
@@ -89,6 +96,8 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Queue bound (429 beyond it).
     pub max_waiting: Option<usize>,
+    /// Largest accepted request body (413 beyond it).
+    pub max_body_bytes: usize,
     /// Share of the output limit emitted as reasoning.
     pub reasoning_ratio: f64,
     /// Where reasoning goes.
@@ -119,6 +128,7 @@ impl ServerConfig {
             max_model_len,
             api_key: None,
             max_waiting: None,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             reasoning_ratio: 0.0,
             reasoning_format: ReasoningFormat::Separate,
             default_max_tokens: 256,
@@ -134,6 +144,7 @@ impl ServerConfig {
             model_name: args.model_name.clone(),
             api_key: args.api_key.clone(),
             max_waiting: args.max_waiting,
+            max_body_bytes: args.max_body_bytes,
             reasoning_ratio: args.reasoning_ratio,
             reasoning_format: args.reasoning_format,
             default_max_tokens: args.default_max_tokens,
@@ -169,6 +180,9 @@ impl ServerConfig {
         }
         if self.default_max_tokens == 0 {
             return bad("--default-max-tokens must be positive");
+        }
+        if self.max_body_bytes == 0 {
+            return bad("--max-body-bytes must be positive");
         }
         if self.max_model_len == 0 {
             return bad("--max-model-len must be positive");

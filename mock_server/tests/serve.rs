@@ -458,10 +458,12 @@ async fn streams_per_the_wire_checklist() -> Result<()> {
     let prompt_tokens = default_codec().encode("once upon a time").len();
     assert_eq!(usage["usage"]["prompt_tokens"], prompt_tokens);
 
-    let metrics = within(server.client.get(format!("{}/metrics", server.base)).send()).await??;
-    let text = within(metrics.text()).await??;
-    assert!(text.contains("mockserve_request_success_total 4"), "{text}");
-    assert!(text.contains("mockserve_num_requests_running{worker=\"0\"} 0"));
+    let m = scrape(&server).await?;
+    assert_eq!(
+        m.get("vllm:request_success_total{worker=\"0\"}"),
+        Some(&4.0)
+    );
+    assert_eq!(m.get("vllm:num_requests_running{worker=\"0\"}"), Some(&0.0));
     Ok(())
 }
 
@@ -535,12 +537,11 @@ async fn speculative_prefill_warms_the_whole_conversation() -> Result<()> {
             );
         }
     }
-    let metrics = within(server.client.get(format!("{}/metrics", server.base)).send()).await??;
-    let text = within(metrics.text()).await??;
     // Turn 1 and turn 2 of the second conversation both asked for it.
-    assert!(
-        text.contains("mockserve_speculative_prefills_total 2"),
-        "{text}"
+    let m = scrape(&server).await?;
+    assert_eq!(
+        m.get("servesim_speculative_prefill_submitted_total"),
+        Some(&2.0)
     );
     Ok(())
 }
@@ -726,5 +727,491 @@ async fn binary_smoke_test() -> Result<()> {
     let response = within(reqwest::get(format!("{url}/health"))).await??;
     assert_eq!(response.status(), 200);
     child.kill().await?;
+    Ok(())
+}
+
+/// Posts a JSON body over the socket and returns status, headers and the parsed body.
+async fn post_json(
+    server: &TestServer,
+    body: String,
+) -> Result<(StatusCode, reqwest::header::HeaderMap, Value)> {
+    let response = within(
+        server
+            .client
+            .post(format!("{}/v1/chat/completions", server.base))
+            .header("content-type", "application/json")
+            .body(body)
+            .send(),
+    )
+    .await??;
+    let status = StatusCode::from_u16(response.status().as_u16())?;
+    let headers = response.headers().clone();
+    let body = within(response.json::<Value>()).await??;
+    Ok((status, headers, body))
+}
+
+/// Polls worker 0's scheduler counters until `ok` holds (5 s at most).
+async fn wait_for(
+    server: &TestServer,
+    ok: impl Fn(&servesim::scheduler::SchedulerStats) -> bool,
+) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let live = within(server.state.engine.snapshot()).await??;
+        if ok(&live.cluster.workers[0].scheduler) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("condition never held: {live:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test]
+async fn overload_and_oversize_errors_leave_other_requests_alone() -> Result<()> {
+    let mut cfg = config(Some((5.0, 5.0)));
+    cfg.cluster.engine.max_num_seqs = 1;
+    cfg.max_waiting = Some(1);
+    cfg.max_body_bytes = 4096;
+    let server = Arc::new(start(cfg).await?);
+    let stream =
+        json!({"stream": true, "max_tokens": 40, "stream_options": {"include_usage": true}});
+    let running = {
+        let server = Arc::clone(&server);
+        let body = chat_body(&json!([user("first")]), stream.clone());
+        tokio::spawn(async move { stream_chat(&server, &body).await })
+    };
+    wait_for(&server, |w| w.running == 1).await?;
+    let waiting = {
+        let server = Arc::clone(&server);
+        let body = chat_body(&json!([user("second")]), stream);
+        tokio::spawn(async move { stream_chat(&server, &body).await })
+    };
+    wait_for(&server, |w| w.running == 1 && w.waiting == 1).await?;
+
+    // Queue full: 429 with retry-after.
+    let small = chat_body(&json!([user("third")]), json!({"max_tokens": 2}));
+    let (s, headers, b) = post_json(&server, small.to_string()).await?;
+    assert_eq!(
+        error_of(s, &b, StatusCode::TOO_MANY_REQUESTS)?["code"],
+        "rate_limit_exceeded"
+    );
+    let retry: u64 = headers
+        .get("retry-after")
+        .context("no retry-after")?
+        .to_str()?
+        .parse()?;
+    assert!(retry >= 1);
+
+    // Body over --max-body-bytes: 413, OpenAI-shaped.
+    let huge = chat_body(&json!([user(&"x ".repeat(4000))]), json!({}));
+    let (s, _, b) = post_json(&server, huge.to_string()).await?;
+    assert_eq!(
+        error_of(s, &b, StatusCode::PAYLOAD_TOO_LARGE)?["code"],
+        "request_too_large"
+    );
+    // Malformed JSON on the same server.
+    let (s, _, b) = post_json(&server, "{\"model\":".into()).await?;
+    error_of(s, &b, StatusCode::BAD_REQUEST)?;
+
+    // The two accepted streams run to completion untouched.
+    for task in [running, waiting] {
+        let turn = within(task).await???;
+        assert_eq!(turn.token_times.len(), 40);
+        assert_eq!(turn.usage["completion_tokens"], 40);
+    }
+    let live = within(server.state.engine.snapshot()).await??;
+    assert_eq!(live.cluster.active_requests, 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn oversized_body_is_413_through_the_router() -> Result<()> {
+    let mut cfg = config(None);
+    cfg.max_body_bytes = 100;
+    let state = AppState::new(cfg)?;
+    let body = chat_body(&json!([user(&"y".repeat(200))]), json!({}));
+    let (s, b) = post(&state, "/v1/chat/completions", &body).await?;
+    error_of(s, &b, StatusCode::PAYLOAD_TOO_LARGE)?;
+    // Without a Content-Length (a streamed body), the limit still holds.
+    let chunks: Vec<Result<String, std::io::Error>> = vec![Ok(body.to_string())];
+    let request = Request::post("/v1/completions")
+        .header("content-type", "application/json")
+        .body(Body::from_stream(futures_util::stream::iter(chunks)))?;
+    let (s, b) = oneshot_raw(&state, request).await?;
+    error_of(s, &b, StatusCode::PAYLOAD_TOO_LARGE)?;
+    let ok = chat_body(&json!([user("hi")]), json!({"max_tokens": 1}));
+    assert_eq!(
+        post(&state, "/v1/chat/completions", &ok).await?.0,
+        StatusCode::OK
+    );
+    Ok(())
+}
+
+/// Scrapes `/metrics`, checks every line is valid exposition text and returns the samples by
+/// `name{labels}`.
+async fn scrape(server: &TestServer) -> Result<std::collections::BTreeMap<String, f64>> {
+    let response = within(server.client.get(format!("{}/metrics", server.base)).send()).await??;
+    assert_eq!(response.status(), 200);
+    let text = within(response.text()).await??;
+    parse_exposition(&text)
+}
+
+fn valid_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+fn parse_exposition(text: &str) -> Result<std::collections::BTreeMap<String, f64>> {
+    let mut samples = std::collections::BTreeMap::new();
+    let mut typed = std::collections::BTreeMap::new();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.last(), Some(&"# EOF"), "{text}");
+    for line in &lines[..lines.len() - 1] {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let name = rest.split(' ').next().unwrap_or_default();
+            assert!(valid_name(name), "{line}");
+        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut parts = rest.split(' ');
+            let (name, kind) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+            assert!(valid_name(name), "{line}");
+            assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
+            typed.insert(name.to_string(), kind.to_string());
+        } else {
+            let (series, value) = line.rsplit_once(' ').context("no value")?;
+            let value: f64 = value
+                .parse()
+                .with_context(|| format!("bad value in {line}"))?;
+            let name = series.split('{').next().unwrap_or_default();
+            assert!(valid_name(name), "{line}");
+            if let Some(labels) = series.strip_prefix(name) {
+                if !labels.is_empty() {
+                    let inner = labels
+                        .strip_prefix('{')
+                        .and_then(|l| l.strip_suffix('}'))
+                        .context("bad labels")?;
+                    for pair in inner.split(',') {
+                        let (k, v) = pair.split_once('=').context("bad label")?;
+                        assert!(valid_name(k) && !k.contains(':'), "{line}");
+                        assert!(v.starts_with('"') && v.ends_with('"'), "{line}");
+                    }
+                }
+            }
+            let family = ["_total", "_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s).filter(|f| typed.contains_key(*f)))
+                .unwrap_or(name);
+            assert!(typed.contains_key(family), "sample before its TYPE: {line}");
+            samples.insert(series.to_string(), value);
+        }
+    }
+    Ok(samples)
+}
+
+#[tokio::test]
+async fn metrics_parse_and_move() -> Result<()> {
+    let mut cfg = config(Some((2.0, 1.0)));
+    cfg.cluster.num_workers = 2;
+    let server = start(cfg).await?;
+    let before = scrape(&server).await?;
+    let names = [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:inter_token_latency_seconds_count",
+        "vllm:e2e_request_latency_seconds_count",
+    ];
+    for name in names {
+        for w in 0..2 {
+            let key = format!("{name}{{worker=\"{w}\"}}");
+            assert_eq!(before.get(&key), Some(&0.0), "{key}");
+        }
+    }
+    // Two turns pinned to worker 1: the second hits the prefix cache.
+    let q = long_question();
+    let body = chat_body(
+        &json!([user(&q)]),
+        json!({"max_tokens": 5, "nvext": {"backend_instance_id": 1}}),
+    );
+    let (s, _, b1) = post_json(&server, body.to_string()).await?;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _, b2) = post_json(&server, body.to_string()).await?;
+    assert_eq!(s, StatusCode::OK);
+    let after = scrape(&server).await?;
+    let at = |name: &str, w: u32| {
+        after
+            .get(&format!("{name}{{worker=\"{w}\"}}"))
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    let prompt = b1["usage"]["prompt_tokens"].as_f64().context("prompt")?;
+    let hits = b2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_f64()
+        .context("cached")?;
+    assert!(hits > 0.0);
+    assert_eq!(at("vllm:prompt_tokens_total", 1), 2.0 * prompt);
+    assert_eq!(at("vllm:prefix_cache_queries_total", 1), 2.0 * prompt);
+    assert_eq!(at("vllm:prefix_cache_hits_total", 1), hits);
+    assert_eq!(at("vllm:generation_tokens_total", 1), 10.0);
+    assert_eq!(at("vllm:time_to_first_token_seconds_count", 1), 2.0);
+    assert_eq!(at("vllm:inter_token_latency_seconds_count", 1), 8.0);
+    assert_eq!(at("vllm:e2e_request_latency_seconds_count", 1), 2.0);
+    // Two 2 ms prefills, at most a pass late each.
+    let ttft_sum = at("vllm:time_to_first_token_seconds_sum", 1);
+    assert!((0.004..0.5).contains(&ttft_sum), "{ttft_sum}");
+    assert_eq!(at("vllm:generation_tokens_total", 0), 0.0);
+    assert_eq!(at("servesim_router_requests_total", 1), 2.0);
+    assert_eq!(
+        after.get("servesim_router_pinned_requests_total"),
+        Some(&2.0)
+    );
+    assert_eq!(
+        after.get("servesim_http_requests_total{endpoint=\"chat\"}"),
+        Some(&2.0)
+    );
+    assert_eq!(
+        after
+            .get("vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",worker=\"1\"}")
+            .or_else(
+                || after.get("vllm:time_to_first_token_seconds_bucket{worker=\"1\",le=\"+Inf\"}")
+            ),
+        Some(&2.0)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn nvext_is_strict_and_pins_workers() -> Result<()> {
+    let mut cfg = config(Some((20.0, 5.0)));
+    cfg.cluster.num_workers = 3;
+    let server = start(cfg).await?;
+    let msgs = json!([user("hello there")]);
+    let cases = [
+        (json!({"nvext": {"bogus": 1}}), "nvext.bogus"),
+        (
+            json!({"nvext": {"agent_hints": {"speculative": true}}}),
+            "nvext.agent_hints.speculative",
+        ),
+        (json!({"nvext": {"backend_instance_id": "one"}}), "nvext"),
+        (json!({"nvext": 7}), "nvext"),
+        (
+            json!({"nvext": {"backend_instance_id": 3}}),
+            "nvext.backend_instance_id",
+        ),
+    ];
+    for (extra, param) in cases {
+        let body = chat_body(&msgs, extra);
+        let (s, _, b) = post_json(&server, body.to_string()).await?;
+        let error = error_of(s, &b, StatusCode::BAD_REQUEST).with_context(|| body.to_string())?;
+        assert_eq!(error["param"], param, "{b}");
+    }
+    // Every field of Dynamo's nvext (union across versions) is accepted.
+    let everything = json!({"nvext": {
+        "greed_sampling": true, "use_raw_prompt": false, "annotations": ["a"],
+        "backend_instance_id": 2, "token_data": [1, 2], "max_thinking_tokens": 10,
+        "cache_salt": "s", "extra_fields": ["worker_id", "timing", "stop_reason"],
+        "metadata_upload": {"url": "http://x"}, "prefill_worker_id": 2, "decode_worker_id": 2,
+        "dp_rank": 0, "prefill_dp_rank": 0,
+        "agent_hints": {"priority": 1, "strict_priority": 0, "osl": 3,
+                        "speculative_prefill": false, "latency_sensitivity": 1.2},
+        "agent_context": {"session_id": "s"}, "request_timestamp_ms": 1.5,
+        "session_control": {"session_id": "s", "action": "open"},
+        "routing_constraints": {"required_taints": []}, "router": {"ttft_target": 100.0},
+        "speculative_prefill": false,
+    }, "max_tokens": 3});
+    let started_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as u64;
+    let (s, _, b) = post_json(&server, chat_body(&msgs, everything).to_string()).await?;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    let nvext = &b["nvext"];
+    assert_eq!(nvext["worker_id"]["decode_worker_id"], 2, "{b}");
+    assert_eq!(nvext["worker_id"]["prefill_worker_id"], 2, "{b}");
+    let timing = &nvext["timing"];
+    let received = timing["request_received_ms"].as_u64().context("received")?;
+    assert!(
+        received >= started_ms && received < started_ms + 5000,
+        "{timing}"
+    );
+    let ttft = timing["ttft_ms"].as_f64().context("ttft")?;
+    let total = timing["total_time_ms"].as_f64().context("total")?;
+    // One 20 ms prefill, then two 5 ms decode steps.
+    assert!((19.0..1000.0).contains(&ttft), "{timing}");
+    assert!(total >= ttft + 9.0, "{timing}");
+    let first = timing["first_token_ms"].as_u64().context("first")?;
+    let last = timing["last_token_ms"].as_u64().context("last")?;
+    assert!(received <= first && first <= last, "{timing}");
+
+    // The header wins over the body; streamed, nvext rides on the finish chunk only.
+    let t0 = Instant::now();
+    let response = within(
+        server
+            .client
+            .post(format!("{}/v1/chat/completions", server.base))
+            .header("x-dynamo-worker-instance-id", "1")
+            .json(&chat_body(
+                &msgs,
+                json!({"stream": true, "max_tokens": 2,
+                       "nvext": {"backend_instance_id": 2, "extra_fields": ["worker_id"]}}),
+            ))
+            .send(),
+    )
+    .await??;
+    let events = read_sse(response, t0).await?;
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|(d, _)| serde_json::from_str(d))
+        .collect::<Result<_, _>>()?;
+    let with_nvext: Vec<&Value> = chunks.iter().filter(|c| c.get("nvext").is_some()).collect();
+    assert_eq!(with_nvext.len(), 1, "{chunks:?}");
+    assert_eq!(with_nvext[0]["choices"][0]["finish_reason"], "length");
+    assert_eq!(with_nvext[0]["nvext"]["worker_id"]["decode_worker_id"], 1);
+    assert!(with_nvext[0]["nvext"].get("timing").is_none());
+
+    for bad in ["7", "x"] {
+        let response = within(
+            server
+                .client
+                .post(format!("{}/v1/chat/completions", server.base))
+                .header("x-worker-instance-id", bad)
+                .json(&chat_body(&msgs, json!({"max_tokens": 1})))
+                .send(),
+        )
+        .await??;
+        let status = StatusCode::from_u16(response.status().as_u16())?;
+        let b: Value = within(response.json()).await??;
+        error_of(status, &b, StatusCode::BAD_REQUEST)?;
+    }
+    // Without extra_fields there is no response nvext.
+    let (_, _, b) = post_json(
+        &server,
+        chat_body(&msgs, json!({"max_tokens": 1})).to_string(),
+    )
+    .await?;
+    assert!(b.get("nvext").is_none(), "{b}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn same_seed_same_answers() -> Result<()> {
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let cli = Cli::try_parse_from(["mockserve", "--seed", "42", "--speedup-ratio", "inf"])?;
+        let server = start(ServerConfig::from_args(&cli.serve)?).await?;
+        let stream =
+            json!({"stream": true, "max_tokens": 16, "stream_options": {"include_usage": true}});
+        let turn = stream_chat(&server, &chat_body(&json!([user("same")]), stream)).await?;
+        let (_, _, whole) = post_json(
+            &server,
+            chat_body(&json!([user("same")]), json!({"max_tokens": 16})).to_string(),
+        )
+        .await?;
+        answers.push((
+            turn.content,
+            turn.usage,
+            whole["choices"][0]["message"]["content"].clone(),
+            whole["usage"].clone(),
+        ));
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert!(!answers[0].0.is_empty());
+    // Another seed gives other words.
+    let cli = Cli::try_parse_from(["mockserve", "--seed", "43", "--speedup-ratio", "inf"])?;
+    let server = start(ServerConfig::from_args(&cli.serve)?).await?;
+    let stream = json!({"stream": true, "max_tokens": 16});
+    let other = stream_chat(&server, &chat_body(&json!([user("same")]), stream)).await?;
+    assert_ne!(other.content, answers[0].0);
+    Ok(())
+}
+
+/// Speculative prefill makes turn 2 faster by exactly what the latency model charges for the
+/// prompt tokens it no longer computes.
+#[tokio::test]
+async fn speculative_prefill_cuts_ttft_as_the_model_predicts() -> Result<()> {
+    use servesim::perf::{LatencyModel, Polynomial, PrefillBatch};
+    // 4 ms per new prompt token (+5 ms per pass), 1 ms per decode step: big, clean differences.
+    let model = Polynomial {
+        prefill: [0.0, 4.0, 5.0],
+        decode: [0.0, 0.0, 1.0],
+    };
+    let mut cfg = config(None);
+    cfg.cluster.engine.latency.model = Arc::new(model);
+    cfg.cluster.engine.latency.speedup_ratio = 1.0;
+    cfg.reasoning_ratio = 0.5;
+    let server = start(cfg).await?;
+    let idle = || async {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let live = within(server.state.engine.snapshot()).await??;
+            if live.cluster.active_requests == 0 {
+                return Ok::<(), anyhow::Error>(());
+            }
+            if Instant::now() > deadline {
+                bail!("engine never idle: {live:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    let mut diffs = Vec::new();
+    let mut predicted = Vec::new();
+    for round in 0..3 {
+        // (prompt tokens, cached tokens, observed TTFT) of turn 2 without and with the hint.
+        let mut turn2 = Vec::new();
+        for spec in [false, true] {
+            let q = format!("round{round} spec{spec} {}", long_question());
+            let extra = json!({"stream": true, "max_tokens": 40,
+                "stream_options": {"include_usage": true},
+                "nvext": {"agent_hints": {"speculative_prefill": spec}}});
+            let turn1 = stream_chat(&server, &chat_body(&json!([user(&q)]), extra.clone())).await?;
+            idle().await?;
+            let msgs = json!([user(&q), {"role": "assistant", "content": turn1.content},
+                              user("go on")]);
+            let extra = json!({"stream": true, "max_tokens": 2,
+                "stream_options": {"include_usage": true}});
+            let t = stream_chat(&server, &chat_body(&msgs, extra)).await?;
+            idle().await?;
+            let prompt = t.usage["prompt_tokens"].as_u64().context("prompt")? as usize;
+            let cached = t.usage["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .context("cached")? as usize;
+            turn2.push((prompt, cached, t.token_times[0]));
+        }
+        let (without, with) = (turn2[0], turn2[1]);
+        assert!(with.1 > without.1, "cached {} <= {}", with.1, without.1);
+        let ms = |(prompt, cached, _): (usize, usize, Duration)| {
+            model.prefill_ms(&PrefillBatch {
+                num_requests: 1,
+                total_isl: prompt,
+                total_prefix: cached,
+            })
+        };
+        predicted.push(ms(without) - ms(with));
+        diffs.push((without.2.as_secs_f64() - with.2.as_secs_f64()) * 1e3);
+    }
+    let mut residuals: Vec<f64> = diffs.iter().zip(&predicted).map(|(d, p)| d - p).collect();
+    residuals.sort_by(f64::total_cmp);
+    let expected = predicted.iter().copied().fold(f64::INFINITY, f64::min);
+    assert!(
+        expected >= 40.0,
+        "predicted saving {expected} ms is too small to test"
+    );
+    // Both sides are measured the same way, so HTTP and timer overheads cancel; the median of
+    // three rounds keeps one slow scheduling on a busy machine from deciding.
+    let residual = residuals[1];
+    let tolerance = 15.0 + 0.1 * expected;
+    eprintln!("TTFT saved {diffs:?} ms, predicted {predicted:?} ms");
+    assert!(
+        residual.abs() <= tolerance,
+        "TTFT saved {diffs:?} ms, the model predicts {predicted:?} ms"
+    );
     Ok(())
 }

@@ -289,6 +289,18 @@ impl Router {
                 overlap_blocks: 0,
             };
         };
+        self.record(id, worker, request, o)
+    }
+
+    /// Records a routed request as active on `worker`, with `overlap` blocks cached there (and,
+    /// without KV events, remembers the decision in the approximate index).
+    fn record(
+        &mut self,
+        id: RequestId,
+        worker: usize,
+        request: RouteRequest<'_>,
+        overlap: usize,
+    ) -> Decision {
         let worker_id = WorkerId(worker as u32);
         if !self.config.use_kv_events {
             // The lengths agree for requests hashed by the engine; a mismatch only skips the
@@ -300,12 +312,35 @@ impl Router {
                 request.now,
             );
         }
-        let prefill_tokens = request.isl.saturating_sub(o * self.block_size);
+        let prefill_tokens = request.isl.saturating_sub(overlap * self.block_size);
         self.loads[worker].add(id, request.seq_hashes, prefill_tokens);
         Decision {
             worker: worker_id,
-            overlap_blocks: o,
+            overlap_blocks: overlap,
         }
+    }
+
+    /// Records a request as active on a worker the caller chose (a pinned request), exactly as
+    /// [`Router::route`] records its own choice. `worker` must be in range.
+    pub fn route_to(
+        &mut self,
+        id: RequestId,
+        worker: WorkerId,
+        request: RouteRequest<'_>,
+    ) -> Decision {
+        let w = worker.0 as usize;
+        if self.config.mode != RouterMode::KvRouter {
+            self.loads[w].add(id, &[], request.isl);
+            return Decision {
+                worker,
+                overlap_blocks: 0,
+            };
+        }
+        if !self.config.use_kv_events {
+            self.indexer.0.expire(request.now);
+        }
+        let o = self.overlaps(request)[w];
+        self.record(id, w, request, o)
     }
 
     /// Argmin with a seeded uniform tie-break at temperature 0, else softmax sampling.

@@ -252,3 +252,32 @@ fn without_kv_events_routing_decisions_are_remembered_for_the_ttl() {
     let third = r.route(RequestId(3), at(late));
     assert_eq!(third.overlap_blocks, 0);
 }
+
+/// A pinned request loads the worker it names exactly as if the router had chosen it.
+#[test]
+fn route_to_records_load_like_route() {
+    let req: Vec<SequenceHash> = (0..8).map(h).collect();
+    let local: Vec<LocalBlockHash> = req.iter().map(|s| LocalBlockHash(s.0)).collect();
+    let request = RouteRequest {
+        isl: 32,
+        local_hashes: &local,
+        seq_hashes: &req,
+        now: SimTime::ZERO,
+    };
+    let mut chosen = Router::new(RouterConfig::default(), 3, 4, 8192, 0);
+    let mut pinned = Router::new(RouterConfig::default(), 3, 4, 8192, 0);
+    for r in [&mut chosen, &mut pinned] {
+        r.apply_kv_event(&stored(1, &req[..6]));
+        r.apply_kv_event(&stored(2, &req[..4]));
+    }
+    let d = chosen.route(RequestId(1), request);
+    let p = pinned.route_to(RequestId(1), d.worker, request);
+    assert_eq!(d, p);
+    // Pinning to a worker the router would not choose still counts the overlap there.
+    let p0 = pinned.route_to(RequestId(2), WorkerId(0), request);
+    assert_eq!(p0.overlap_blocks, 0);
+    assert_eq!(pinned.load(WorkerId(0)).active_prefill_tokens(), 32);
+    assert_eq!(pinned.load(WorkerId(0)).active_requests(), 1);
+    pinned.free(WorkerId(0), RequestId(2));
+    assert_eq!(pinned.load(WorkerId(0)).active_requests(), 0);
+}

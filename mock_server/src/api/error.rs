@@ -73,6 +73,18 @@ impl ApiError {
         }
     }
 
+    /// 413 for a body over `--max-body-bytes`.
+    pub fn payload_too_large() -> ApiError {
+        ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            message: "The request body is larger than this server accepts (--max-body-bytes)."
+                .into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_too_large"),
+        }
+    }
+
     /// 400 when prompt + output limit exceed the context length.
     pub fn context_length(max_model_len: usize, prompt: usize, output: usize) -> ApiError {
         ApiError::invalid(
@@ -110,6 +122,10 @@ impl From<SubmitError> for ApiError {
                 param: None,
                 code: Some("rate_limit_exceeded"),
             },
+            SubmitError::NoSuchWorker { .. } => {
+                ApiError::invalid(e.to_string(), Some("nvext.backend_instance_id"))
+                    .with_code("invalid_worker_id")
+            }
             SubmitError::Stopped => ApiError {
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 message: "The server is shutting down.".into(),

@@ -14,10 +14,19 @@
 //! - `usage.prompt_tokens_details.cached_tokens` is the prefix-cache hit at first admission.
 //! - With `--reasoning-ratio R`, the first floor(R * limit) chat tokens are reasoning:
 //!   `delta.reasoning_content` (or `<think>…</think>` in content with `--reasoning-format inline`).
-//! - `nvext.agent_hints` must only hold `priority`, `strict_priority`, `osl`,
-//!   `speculative_prefill`, `latency_sensitivity`; only `speculative_prefill` acts (chat only):
-//!   after the last chunk the conversation plus the answer is submitted with one output token.
-//!   It is dropped silently when the `--max-waiting` queue is full.
+//! - `nvext` is strict, as Dynamo's: an unknown field (also inside `agent_hints`) is a 400
+//!   naming it. `agent_hints.speculative_prefill` (chat only): after the last chunk the
+//!   conversation plus the answer (content only) is submitted with one output token through
+//!   the router; at most [`crate::driver::MAX_SPECULATIVE_PREFILLS`] run at once, others are
+//!   skipped, as are those arriving while the `--max-waiting` queue is full (both counted in
+//!   `/metrics`). Other hints are accepted and have no effect.
+//! - `nvext.backend_instance_id` (or the `x-dynamo-worker-instance-id` / `x-worker-instance-id`
+//!   header, which wins) pins the request to that worker, bypassing worker selection and the
+//!   router's queue; an id out of range is a 400.
+//! - `nvext.extra_fields: ["worker_id", "timing"]` adds a response `nvext` (on the chunk with
+//!   `finish_reason`, or the whole response): `worker_id {prefill_worker_id,
+//!   decode_worker_id}` and `timing {request_received_ms, ttft_ms, total_time_ms,
+//!   first_token_ms, last_token_ms}` (`*_ms` instants are Unix milliseconds).
 
 pub mod error;
 pub mod metrics;
@@ -28,7 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, HeaderValue, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -40,11 +49,12 @@ use servesim::cluster::Cluster;
 use servesim::request::{EngineRequest, Prompt};
 
 pub use error::ApiError;
-use metrics::ServerMetrics;
 use protocol::{ApiJson, ChatRequest, CompletionRequest, GenerationParams, PromptInput};
-use turn::{Flavor, Header, SpecPrefill, Turn};
+use servesim::ids::WorkerId;
+use turn::{Extras, Flavor, Header, SpecPrefill, Turn};
 
 use crate::driver::EngineHandle;
+use crate::metrics::{EndpointLabel, Metrics};
 use crate::server::ServerConfig;
 
 /// Everything a handler needs; cheap to clone.
@@ -54,8 +64,8 @@ pub struct AppState {
     pub config: Arc<ServerConfig>,
     /// The live engine.
     pub engine: EngineHandle,
-    /// Request counters for `/metrics`.
-    pub metrics: Arc<ServerMetrics>,
+    /// Everything `/metrics` shows.
+    pub metrics: Arc<Metrics>,
     /// Numbers requests (ids, default answer seeds).
     pub counter: Arc<AtomicU64>,
     /// The engine's block size (prompts are hashed with it).
@@ -71,16 +81,24 @@ impl AppState {
         config.validate()?;
         let cluster = Cluster::new(config.live_cluster())?;
         let block_size = cluster.block_size();
-        let engine = EngineHandle::spawn(cluster, config.max_waiting);
+        let metrics = Arc::new(Metrics::new());
+        let engine = EngineHandle::spawn(cluster, config.max_waiting, Arc::clone(&metrics));
         Ok(AppState {
             config: Arc::new(config),
             engine,
-            metrics: Arc::default(),
+            metrics,
             counter: Arc::default(),
             block_size,
             started: unix_now(),
         })
     }
+}
+
+fn unix_now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 fn unix_now() -> u64 {
@@ -92,6 +110,7 @@ fn unix_now() -> u64 {
 
 /// The router with every route.
 pub fn app(state: AppState) -> Router {
+    let body_limit = DefaultBodyLimit::max(state.config.max_body_bytes);
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
@@ -99,6 +118,7 @@ pub fn app(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics::handler))
         .fallback(|uri: Uri| async move { ApiError::route_not_found(uri.path()) })
+        .layer(body_limit)
         .with_state(state)
 }
 
@@ -117,15 +137,56 @@ fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     }
 }
 
+/// Counts an error response and returns it.
+fn fail(state: &AppState, e: ApiError) -> Response {
+    state.metrics.http_failures.inc();
+    if e.status == axum::http::StatusCode::TOO_MANY_REQUESTS {
+        state.metrics.overloaded.inc();
+    }
+    e.into_response()
+}
+
+/// Headers that override `nvext` routing fields, as Dynamo's `apply_header_routing_overrides`.
+const WORKER_HEADERS: [&str; 2] = ["x-dynamo-worker-instance-id", "x-worker-instance-id"];
+
+/// Applies the worker-pinning header to `nvext.backend_instance_id`.
+fn apply_header_overrides(
+    params: &mut GenerationParams,
+    headers: &HeaderMap,
+) -> Result<(), ApiError> {
+    for name in WORKER_HEADERS {
+        if let Some(value) = headers.get(name) {
+            let id = value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("Invalid header '{name}': expected a worker id (an integer)"),
+                        Some(name),
+                    )
+                })?;
+            params.nvext.backend_instance_id = Some(id);
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
 async fn chat_completions(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Result<ApiJson, ApiError>,
 ) -> Response {
-    state.metrics.chat_requests.fetch_add(1, Ordering::Relaxed);
+    state
+        .metrics
+        .http_requests
+        .get_or_create(&EndpointLabel { endpoint: "chat" })
+        .inc();
     let result = async {
         check_auth(&state, &headers)?;
-        let request = ChatRequest::parse(&body?.0)?;
+        let mut request = ChatRequest::parse(&body?.0)?;
+        apply_header_overrides(&mut request.params, &headers)?;
         let prompt = state.config.codec.render_chat(&request.messages, true);
         let spec = request.params.speculative_prefill().then(|| SpecPrefill {
             messages: request.messages.clone(),
@@ -133,7 +194,7 @@ async fn chat_completions(
         generate(&state, request.params, prompt, Flavor::Chat, spec).await
     }
     .await;
-    result.unwrap_or_else(|e| state.metrics.fail(e))
+    result.unwrap_or_else(|e| fail(&state, e))
 }
 
 async fn completions(
@@ -143,11 +204,15 @@ async fn completions(
 ) -> Response {
     state
         .metrics
-        .completion_requests
-        .fetch_add(1, Ordering::Relaxed);
+        .http_requests
+        .get_or_create(&EndpointLabel {
+            endpoint: "completions",
+        })
+        .inc();
     let result = async {
         check_auth(&state, &headers)?;
-        let request = CompletionRequest::parse(&body?.0)?;
+        let mut request = CompletionRequest::parse(&body?.0)?;
+        apply_header_overrides(&mut request.params, &headers)?;
         let prompt = match request.prompt {
             PromptInput::Text(text) => state.config.codec.encode(&text),
             PromptInput::Tokens(ids) => ids,
@@ -155,7 +220,7 @@ async fn completions(
         generate(&state, request.params, prompt, Flavor::Text, None).await
     }
     .await;
-    result.unwrap_or_else(|e| state.metrics.fail(e))
+    result.unwrap_or_else(|e| fail(&state, e))
 }
 
 /// Checks limits, plans the answer, submits it and answers (streamed or whole).
@@ -166,10 +231,21 @@ async fn generate(
     flavor: Flavor,
     spec_prefill: Option<SpecPrefill>,
 ) -> Result<Response, ApiError> {
+    let received = tokio::time::Instant::now();
     let config = &state.config;
     if params.model != config.model_name {
         return Err(ApiError::model_not_found(&params.model));
     }
+    let pinned = match params.nvext.backend_instance_id {
+        None => None,
+        Some(id) if id < config.cluster.num_workers as u64 => Some(WorkerId(id as u32)),
+        Some(id) => {
+            return Err(ApiError::from(crate::driver::SubmitError::NoSuchWorker {
+                worker: id,
+                num_workers: config.cluster.num_workers,
+            }))
+        }
+    };
     let prompt_len = prompt.len();
     let max_len = config.max_model_len;
     let max_tokens = match params.max_tokens {
@@ -202,11 +278,7 @@ async fn generate(
         max_output_tokens: max_tokens,
         output_tokens,
     };
-    let submission = state.engine.submit(request).await?;
-    state
-        .metrics
-        .prompt_tokens
-        .fetch_add(prompt_len as u64, Ordering::Relaxed);
+    let submission = state.engine.submit(request, pinned).await?;
     let prefix = match flavor {
         Flavor::Chat => "chatcmpl",
         Flavor::Text => "cmpl",
@@ -230,6 +302,15 @@ async fn generate(
         spec_prefill,
         content: String::new(),
         done: false,
+        extras: Extras {
+            worker_id: params.nvext.wants("worker_id"),
+            timing: params.nvext.wants("timing"),
+        },
+        worker: None,
+        received,
+        received_unix_ms: unix_now_ms(),
+        first_token: None,
+        last_token: None,
     };
     if params.stream {
         let body = axum::body::Body::from_stream(turn::sse_stream(turn, params.include_usage));

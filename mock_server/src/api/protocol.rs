@@ -40,9 +40,16 @@ impl<S: Send + Sync> FromRequest<S> for ApiJson {
                 )
             });
         }
+        // The router's `DefaultBodyLimit` applies here: an oversized body is a 413.
         let bytes = axum::body::Bytes::from_request(req, state)
             .await
-            .map_err(|e| ApiError::invalid(format!("Could not read the body: {e}"), None))?;
+            .map_err(|e| {
+                if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::payload_too_large()
+                } else {
+                    ApiError::invalid(format!("Could not read the body: {e}"), None)
+                }
+            })?;
         match serde_json::from_slice::<Value>(&bytes) {
             Ok(Value::Object(map)) => Ok(ApiJson(map)),
             Ok(_) => Err(ApiError::invalid(
@@ -73,13 +80,127 @@ pub struct AgentHints {
     pub latency_sensitivity: Option<f64>,
 }
 
-/// Dynamo's `nvext` request extension; only `agent_hints` is read, other fields are ignored.
+/// The `agent_hints` fields Dynamo knows.
+pub const AGENT_HINT_FIELDS: [&str; 5] = [
+    "priority",
+    "strict_priority",
+    "osl",
+    "speculative_prefill",
+    "latency_sensitivity",
+];
+
+/// The `nvext` fields Dynamo knows (the union across its versions).
+pub const NVEXT_FIELDS: [&str; 20] = [
+    "greed_sampling",
+    "use_raw_prompt",
+    "annotations",
+    "backend_instance_id",
+    "token_data",
+    "max_thinking_tokens",
+    "cache_salt",
+    "extra_fields",
+    "metadata_upload",
+    "prefill_worker_id",
+    "decode_worker_id",
+    "dp_rank",
+    "prefill_dp_rank",
+    "agent_hints",
+    "agent_context",
+    "request_timestamp_ms",
+    "session_control",
+    "routing_constraints",
+    "router",
+    "speculative_prefill",
+];
+
+/// Dynamo's `nvext` request extension, strict as Dynamo's (`deny_unknown_fields`). Read here:
+/// `agent_hints.speculative_prefill` (or the older top-level `speculative_prefill`),
+/// `backend_instance_id` and `extra_fields` (`worker_id`, `timing`); the rest is accepted and
+/// type-checked only.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
 pub struct NvExt {
+    /// Force greedy sampling (no effect: answers are drawn from a seed).
+    pub greed_sampling: Option<bool>,
+    /// Bypass the chat template (not supported; accepted).
+    pub use_raw_prompt: Option<bool>,
+    /// Out-of-band SSE annotations (accepted, none emitted).
+    pub annotations: Option<Vec<String>>,
+    /// Pin the request to this worker.
+    pub backend_instance_id: Option<u64>,
+    /// A pre-tokenized prompt (accepted, ignored).
+    pub token_data: Option<Vec<u32>>,
+    /// Pass-through, no-op in Dynamo too.
+    pub max_thinking_tokens: Option<u32>,
+    /// Prefix-cache isolation (accepted, ignored).
+    pub cache_salt: Option<String>,
+    /// Response `nvext` opt-ins; `worker_id` and `timing` are served.
+    pub extra_fields: Option<Vec<String>>,
+    /// Metadata upload target (accepted, ignored).
+    pub metadata_upload: Option<Value>,
+    /// Disaggregated pinning (accepted, ignored: serving is aggregated).
+    pub prefill_worker_id: Option<u64>,
+    /// Disaggregated pinning (accepted, ignored).
+    pub decode_worker_id: Option<u64>,
+    /// Data-parallel rank (accepted, ignored).
+    pub dp_rank: Option<u32>,
+    /// Prefill data-parallel rank (accepted, ignored).
+    pub prefill_dp_rank: Option<u32>,
     /// Agent hints.
     pub agent_hints: Option<AgentHints>,
+    /// Session identity (accepted, ignored).
+    pub agent_context: Option<Value>,
+    /// Virtual arrival time for trace replay (accepted, ignored).
+    pub request_timestamp_ms: Option<f64>,
+    /// Sticky sessions of older Dynamo (accepted, ignored).
+    pub session_control: Option<Value>,
+    /// Taint-based routing constraints (accepted, ignored).
+    pub routing_constraints: Option<Value>,
+    /// Global-router targets (accepted, ignored).
+    pub router: Option<Value>,
     /// The older spelling of the hint, directly under `nvext`.
     pub speculative_prefill: Option<bool>,
+}
+
+impl NvExt {
+    /// Parses `nvext`, naming an unknown field (`nvext.x` or `nvext.agent_hints.x`) in `param`.
+    pub fn parse(value: &Value) -> Result<NvExt, ApiError> {
+        let Some(object) = value.as_object() else {
+            return Err(ApiError::invalid(
+                "Invalid type for 'nvext': expected an object",
+                Some("nvext"),
+            ));
+        };
+        let unknown = |field: &str, at: &str, known: &[&str]| {
+            ApiError::invalid(
+                format!(
+                    "Unknown field `{field}` in '{at}'; expected one of: {}",
+                    known.join(", ")
+                ),
+                Some(&format!("{at}.{field}")),
+            )
+        };
+        if let Some(field) = object.keys().find(|k| !NVEXT_FIELDS.contains(&k.as_str())) {
+            return Err(unknown(field, "nvext", &NVEXT_FIELDS));
+        }
+        if let Some(Value::Object(hints)) = object.get("agent_hints") {
+            if let Some(field) = hints
+                .keys()
+                .find(|k| !AGENT_HINT_FIELDS.contains(&k.as_str()))
+            {
+                return Err(unknown(field, "nvext.agent_hints", &AGENT_HINT_FIELDS));
+            }
+        }
+        serde_json::from_value(value.clone())
+            .map_err(|e| ApiError::invalid(format!("Invalid 'nvext': {e}"), Some("nvext")))
+    }
+
+    /// Whether `extra_fields` asks for `name`.
+    pub fn wants(&self, name: &str) -> bool {
+        self.extra_fields
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|x| x == name))
+    }
 }
 
 /// Fields shared by chat and text completions.
@@ -227,16 +348,7 @@ fn generation_params(body: &Map<String, Value>) -> Result<GenerationParams, ApiE
     }
     let nvext = match body.get("nvext") {
         None | Some(Value::Null) => NvExt::default(),
-        Some(v) => serde_json::from_value(v.clone()).map_err(|e| {
-            ApiError::invalid(
-                format!("Invalid 'nvext': {e}"),
-                Some(if e.to_string().contains("unknown field") {
-                    "nvext.agent_hints"
-                } else {
-                    "nvext"
-                }),
-            )
-        })?,
+        Some(v) => NvExt::parse(v)?,
     };
     Ok(GenerationParams {
         model,

@@ -3,12 +3,13 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::sync::atomic::Ordering;
 
 use axum::body::Bytes;
 use futures_util::Stream;
 use serde_json::{json, Value};
+use servesim::ids::WorkerId;
 use servesim::request::{EngineRequest, Prompt};
+use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::AppState;
@@ -48,6 +49,15 @@ pub struct SpecPrefill {
     pub messages: Vec<ChatMessage>,
 }
 
+/// Which response `nvext` fields the request opted into (`nvext.extra_fields`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Extras {
+    /// `worker_id`: the serving worker.
+    pub worker_id: bool,
+    /// `timing`: received, first and last token times.
+    pub timing: bool,
+}
+
 /// A request in flight.
 #[derive(Debug)]
 pub struct Turn {
@@ -71,6 +81,18 @@ pub struct Turn {
     pub content: String,
     /// The request finished (or failed).
     pub done: bool,
+    /// Response `nvext` opt-ins.
+    pub extras: Extras,
+    /// The worker that admitted it.
+    pub worker: Option<WorkerId>,
+    /// When the handler received it.
+    pub received: Instant,
+    /// The same instant in Unix milliseconds.
+    pub received_unix_ms: u64,
+    /// When the first token reached the handler.
+    pub first_token: Option<Instant>,
+    /// When the latest token reached the handler.
+    pub last_token: Option<Instant>,
 }
 
 /// The next thing to tell the client.
@@ -99,12 +121,19 @@ impl Turn {
                 return Step::Error(ApiError::from(crate::driver::SubmitError::Stopped));
             };
             match event {
-                Event::Admitted { reused_tokens } => {
+                Event::Admitted {
+                    reused_tokens,
+                    worker,
+                } => {
                     self.cached_tokens.get_or_insert(reused_tokens);
+                    self.worker = Some(worker);
                 }
                 Event::Preempted => {}
                 Event::Token { token, index } => {
                     self.completion_tokens += 1;
+                    let now = Instant::now();
+                    self.first_token.get_or_insert(now);
+                    self.last_token = Some(now);
                     return self.delta(token, index);
                 }
                 Event::Finished => {
@@ -161,11 +190,6 @@ impl Turn {
     fn finish(&mut self) {
         self.done = true;
         self.submission.mark_done();
-        let metrics = &self.state.metrics;
-        metrics.finished.fetch_add(1, Ordering::Relaxed);
-        metrics
-            .generation_tokens
-            .fetch_add(self.completion_tokens as u64, Ordering::Relaxed);
         if let Some(spec) = self.spec_prefill.take() {
             let mut messages = spec.messages;
             messages.push(ChatMessage::new(
@@ -178,10 +202,40 @@ impl Turn {
                 max_output_tokens: 1,
                 output_tokens: Vec::new(),
             };
-            if self.state.engine.submit_detached(request) {
-                metrics.speculative_prefills.fetch_add(1, Ordering::Relaxed);
-            }
+            // False only while shutting down: then there is no next turn to warm.
+            let _ = self.state.engine.submit_speculative(request);
         }
+    }
+
+    /// The response `nvext` object, when the request opted into any of its fields.
+    pub fn nvext(&self) -> Option<Value> {
+        if self.extras == Extras::default() {
+            return None;
+        }
+        let mut nvext = serde_json::Map::new();
+        if self.extras.worker_id {
+            let w = self.worker.map(|w| w.0);
+            nvext.insert(
+                "worker_id".into(),
+                json!({"prefill_worker_id": w, "decode_worker_id": w}),
+            );
+        }
+        if self.extras.timing {
+            let ms = |t: Option<Instant>| t.map(|t| (t - self.received).as_secs_f64() * 1e3);
+            let unix = |t: Option<f64>| t.map(|ms| self.received_unix_ms + ms.round() as u64);
+            let (ttft, total) = (ms(self.first_token), ms(self.last_token));
+            nvext.insert(
+                "timing".into(),
+                json!({
+                    "request_received_ms": self.received_unix_ms,
+                    "ttft_ms": ttft,
+                    "total_time_ms": total,
+                    "first_token_ms": unix(ttft),
+                    "last_token_ms": unix(total),
+                }),
+            );
+        }
+        Some(Value::Object(nvext))
     }
 
     /// The `usage` object.
@@ -244,9 +298,13 @@ impl Turn {
         self.choice_chunk(Value::Object(delta), &text, None)
     }
 
-    /// The chunk carrying `finish_reason`.
+    /// The chunk carrying `finish_reason` (and the response `nvext`, if asked for).
     pub fn finish_chunk(&self) -> Value {
-        self.choice_chunk(json!({}), "", Some("length"))
+        let mut chunk = self.choice_chunk(json!({}), "", Some("length"));
+        if let Some(nvext) = self.nvext() {
+            chunk["nvext"] = nvext;
+        }
+        chunk
     }
 
     /// The `choices: []` chunk with usage.
@@ -290,7 +348,7 @@ pub fn sse_stream(
                     pending.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
                 }
                 Step::Error(e) => {
-                    turn.state.metrics.failed.fetch_add(1, Ordering::Relaxed);
+                    turn.state.metrics.http_failures.inc();
                     pending.push_back(frame(&e.body()));
                     pending.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
                 }
@@ -332,7 +390,7 @@ pub async fn collect(mut turn: Turn) -> Result<Value, ApiError> {
         Flavor::Chat => "chat.completion",
         Flavor::Text => "text_completion",
     };
-    Ok(json!({
+    let mut response = json!({
         "id": turn.header.id,
         "object": object,
         "created": turn.header.created,
@@ -340,5 +398,9 @@ pub async fn collect(mut turn: Turn) -> Result<Value, ApiError> {
         "system_fingerprint": SYSTEM_FINGERPRINT,
         "choices": [choice],
         "usage": turn.usage(),
-    }))
+    });
+    if let Some(nvext) = turn.nvext() {
+        response["nvext"] = nvext;
+    }
+    Ok(response)
 }

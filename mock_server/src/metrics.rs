@@ -1,0 +1,425 @@
+//! The server's Prometheus metrics ([`Metrics`]): vLLM-compatible per-worker series (label
+//! `worker`) plus `servesim_*` router, HTTP and speculative-prefill counters.
+//!
+//! Built on `prometheus-client`, which writes metric names as given, so vLLM's `vllm:` names
+//! (valid in both the Prometheus and the OpenMetrics text formats) come out unescaped. Counters are
+//! registered without their `_total` suffix; the encoder appends it to the samples. Token
+//! counters and latency histograms are fed by the driver task, which sees every engine
+//! output; gauges are set from the cluster's snapshot when `/metrics` is scraped.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use servesim::cluster::ClusterStats;
+use servesim::ids::WorkerId;
+use std::sync::atomic::AtomicU64;
+
+/// The per-worker label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WorkerLabel {
+    /// Worker index.
+    pub worker: u32,
+}
+
+impl From<WorkerId> for WorkerLabel {
+    fn from(w: WorkerId) -> WorkerLabel {
+        WorkerLabel { worker: w.0 }
+    }
+}
+
+/// The HTTP endpoint label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabel {
+    /// `chat` or `completions`.
+    pub endpoint: &'static str,
+}
+
+/// Why a speculative prefill was not submitted.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SkipLabel {
+    /// `in_flight_limit` or `queue_full`.
+    pub reason: &'static str,
+}
+
+/// Skip reason: [`crate::driver::MAX_SPECULATIVE_PREFILLS`] already running.
+pub const SKIP_IN_FLIGHT: &str = "in_flight_limit";
+/// Skip reason: the `--max-waiting` queue is full.
+pub const SKIP_QUEUE_FULL: &str = "queue_full";
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+// vLLM's bucket boundaries (vllm/v1/metrics/loggers.py).
+const TTFT_BUCKETS: [f64; 22] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+const ITL_BUCKETS: [f64; 19] = [
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+const E2E_BUCKETS: [f64; 21] = [
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+fn ttft_histogram() -> Histogram {
+    Histogram::new(TTFT_BUCKETS)
+}
+fn itl_histogram() -> Histogram {
+    Histogram::new(ITL_BUCKETS)
+}
+fn e2e_histogram() -> Histogram {
+    Histogram::new(E2E_BUCKETS)
+}
+
+/// Every metric the server exposes. Handles are cheap clones sharing the same atomics.
+#[derive(Debug)]
+pub struct Metrics {
+    /// The registry that encodes them all.
+    registry: Registry,
+    /// `vllm:num_requests_running` (gauge, from the snapshot).
+    pub running: Family<WorkerLabel, Gauge>,
+    /// `vllm:num_requests_waiting` (gauge, from the snapshot).
+    pub waiting: Family<WorkerLabel, Gauge>,
+    /// `vllm:kv_cache_usage_perc`: share (0..1) of KV blocks held by requests.
+    pub kv_usage: Family<WorkerLabel, Gauge<f64, AtomicU64>>,
+    /// `vllm:prefix_cache_queries`: prompt tokens looked up in the prefix cache, per admission.
+    pub prefix_queries: Family<WorkerLabel, Counter>,
+    /// `vllm:prefix_cache_hits`: prompt tokens found there.
+    pub prefix_hits: Family<WorkerLabel, Counter>,
+    /// `vllm:prompt_tokens`: prompt tokens of requests that produced their first token.
+    pub prompt_tokens: Family<WorkerLabel, Counter>,
+    /// `vllm:generation_tokens`: output tokens.
+    pub generation_tokens: Family<WorkerLabel, Counter>,
+    /// `vllm:num_preemptions`.
+    pub preemptions: Family<WorkerLabel, Counter>,
+    /// `vllm:time_to_first_token_seconds`, from submission to the first token.
+    pub ttft: HistogramFamily<WorkerLabel>,
+    /// `vllm:inter_token_latency_seconds`.
+    pub itl: HistogramFamily<WorkerLabel>,
+    /// `vllm:e2e_request_latency_seconds`, from submission to the last token.
+    pub e2e: HistogramFamily<WorkerLabel>,
+    /// `vllm:request_success`: requests that ran to their output limit.
+    pub success: Family<WorkerLabel, Counter>,
+    /// `servesim_http_requests`: requests received per endpoint.
+    pub http_requests: Family<EndpointLabel, Counter>,
+    /// `servesim_http_request_failures`: requests answered with an error (before or mid-stream).
+    pub http_failures: Counter,
+    /// `servesim_http_requests_overloaded`: refused with 429 (queue full).
+    pub overloaded: Counter,
+    /// `servesim_requests_cancelled`: cancelled because the client went away.
+    pub cancelled: Counter,
+    /// `servesim_router_requests`: requests per worker, counted at their first admission.
+    pub routed: Family<WorkerLabel, Counter>,
+    /// `servesim_router_pinned_requests`: requests pinned to a worker by the client.
+    pub pinned: Counter,
+    /// `servesim_router_parked_requests` (gauge): requests waiting at the router.
+    pub parked: Gauge,
+    /// `servesim_active_requests` (gauge): submitted and not done.
+    pub active: Gauge,
+    /// `servesim_speculative_prefill_submitted`.
+    pub spec_submitted: Counter,
+    /// `servesim_speculative_prefill_skipped` by reason.
+    pub spec_skipped: Family<SkipLabel, Counter>,
+    /// `servesim_speculative_prefill_in_flight` (gauge).
+    pub spec_in_flight: Gauge,
+    /// `servesim_kv_transfers` (gauge, from the snapshot): prefill-to-decode hand-offs done.
+    pub kv_transfers: Gauge,
+    /// `servesim_kv_transfer_seconds` (gauge, from the snapshot): simulated transfer time.
+    pub kv_transfer_seconds: Gauge<f64, AtomicU64>,
+    /// `servesim_kv_transfers_in_flight` (gauge).
+    pub kv_transfers_in_flight: Gauge,
+    /// `servesim_pool_busy_seconds` per pool (aggregated, prefill, decode): simulated time the
+    /// pool's workers spent in passes (divide by uptime and worker count for utilisation).
+    pub pool_busy_seconds: Family<PoolLabel, Gauge<f64, AtomicU64>>,
+    /// `servesim_worker_busy_seconds` per worker.
+    pub worker_busy_seconds: Family<WorkerLabel, Gauge<f64, AtomicU64>>,
+    /// `servesim_g2_resident_blocks` per worker: blocks in the host-memory tier.
+    pub g2_resident_blocks: Family<WorkerLabel, Gauge>,
+    /// `servesim_g2_onboarded_blocks` per worker: blocks brought back from the host tier.
+    pub g2_onboarded_blocks: Family<WorkerLabel, Gauge>,
+}
+
+/// The serving-pool label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabel {
+    /// `aggregated`, `prefill` or `decode`.
+    pub pool: String,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric (all zero).
+    pub fn new() -> Metrics {
+        let mut m = Metrics {
+            registry: Registry::default(),
+            running: Family::default(),
+            waiting: Family::default(),
+            kv_usage: Family::default(),
+            prefix_queries: Family::default(),
+            prefix_hits: Family::default(),
+            prompt_tokens: Family::default(),
+            generation_tokens: Family::default(),
+            preemptions: Family::default(),
+            ttft: Family::new_with_constructor(ttft_histogram as fn() -> Histogram),
+            itl: Family::new_with_constructor(itl_histogram as fn() -> Histogram),
+            e2e: Family::new_with_constructor(e2e_histogram as fn() -> Histogram),
+            success: Family::default(),
+            http_requests: Family::default(),
+            http_failures: Counter::default(),
+            overloaded: Counter::default(),
+            cancelled: Counter::default(),
+            routed: Family::default(),
+            pinned: Counter::default(),
+            parked: Gauge::default(),
+            active: Gauge::default(),
+            spec_submitted: Counter::default(),
+            spec_skipped: Family::default(),
+            spec_in_flight: Gauge::default(),
+            kv_transfers: Gauge::default(),
+            kv_transfer_seconds: Gauge::default(),
+            kv_transfers_in_flight: Gauge::default(),
+            pool_busy_seconds: Family::default(),
+            worker_busy_seconds: Family::default(),
+            g2_resident_blocks: Family::default(),
+            g2_onboarded_blocks: Family::default(),
+        };
+        let r = &mut m.registry;
+        r.register(
+            "servesim_kv_transfers",
+            "Prefill-to-decode KV hand-offs completed",
+            m.kv_transfers.clone(),
+        );
+        r.register(
+            "servesim_kv_transfer_seconds",
+            "Simulated seconds spent moving KV from prefill to decode workers",
+            m.kv_transfer_seconds.clone(),
+        );
+        r.register(
+            "servesim_kv_transfers_in_flight",
+            "KV hand-offs under way",
+            m.kv_transfers_in_flight.clone(),
+        );
+        r.register(
+            "servesim_pool_busy_seconds",
+            "Simulated seconds the workers of each pool spent in passes",
+            m.pool_busy_seconds.clone(),
+        );
+        r.register(
+            "servesim_worker_busy_seconds",
+            "Simulated seconds the worker spent in passes",
+            m.worker_busy_seconds.clone(),
+        );
+        r.register(
+            "servesim_g2_resident_blocks",
+            "KV blocks held in the host-memory (G2) tier",
+            m.g2_resident_blocks.clone(),
+        );
+        r.register(
+            "servesim_g2_onboarded_blocks",
+            "KV blocks brought back from the host-memory tier",
+            m.g2_onboarded_blocks.clone(),
+        );
+        r.register(
+            "vllm:num_requests_running",
+            "Requests in the running batch",
+            m.running.clone(),
+        );
+        r.register(
+            "vllm:num_requests_waiting",
+            "Requests waiting for admission on the worker",
+            m.waiting.clone(),
+        );
+        r.register(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage: 1 means 100 percent",
+            m.kv_usage.clone(),
+        );
+        r.register(
+            "vllm:prefix_cache_queries",
+            "Prompt tokens queried in the prefix cache",
+            m.prefix_queries.clone(),
+        );
+        r.register(
+            "vllm:prefix_cache_hits",
+            "Prompt tokens found in the prefix cache",
+            m.prefix_hits.clone(),
+        );
+        r.register(
+            "vllm:prompt_tokens",
+            "Prefilled prompt tokens",
+            m.prompt_tokens.clone(),
+        );
+        r.register(
+            "vllm:generation_tokens",
+            "Generated tokens",
+            m.generation_tokens.clone(),
+        );
+        r.register("vllm:num_preemptions", "Preemptions", m.preemptions.clone());
+        r.register(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token in seconds",
+            m.ttft.clone(),
+        );
+        r.register(
+            "vllm:inter_token_latency_seconds",
+            "Time between consecutive output tokens in seconds",
+            m.itl.clone(),
+        );
+        r.register(
+            "vllm:e2e_request_latency_seconds",
+            "End-to-end request latency in seconds",
+            m.e2e.clone(),
+        );
+        r.register(
+            "vllm:request_success",
+            "Requests that ran to their output limit",
+            m.success.clone(),
+        );
+        r.register(
+            "servesim_http_requests",
+            "HTTP generation requests received, by endpoint",
+            m.http_requests.clone(),
+        );
+        r.register(
+            "servesim_http_request_failures",
+            "Requests answered with an error, before or during the stream",
+            m.http_failures.clone(),
+        );
+        r.register(
+            "servesim_http_requests_overloaded",
+            "Requests refused with 429 because the waiting queue was full",
+            m.overloaded.clone(),
+        );
+        r.register(
+            "servesim_requests_cancelled",
+            "Requests cancelled because the client went away",
+            m.cancelled.clone(),
+        );
+        r.register(
+            "servesim_router_requests",
+            "Requests per worker, counted at first admission",
+            m.routed.clone(),
+        );
+        r.register(
+            "servesim_router_pinned_requests",
+            "Requests pinned to a worker (nvext.backend_instance_id or header)",
+            m.pinned.clone(),
+        );
+        r.register(
+            "servesim_router_parked_requests",
+            "Requests waiting at the router while every worker is busy",
+            m.parked.clone(),
+        );
+        r.register(
+            "servesim_active_requests",
+            "Requests submitted to the engine and not done",
+            m.active.clone(),
+        );
+        r.register(
+            "servesim_speculative_prefill_submitted",
+            "Speculative next-turn prefills submitted to the engine",
+            m.spec_submitted.clone(),
+        );
+        r.register(
+            "servesim_speculative_prefill_skipped",
+            "Speculative next-turn prefills skipped, by reason",
+            m.spec_skipped.clone(),
+        );
+        r.register(
+            "servesim_speculative_prefill_in_flight",
+            "Speculative next-turn prefills running now",
+            m.spec_in_flight.clone(),
+        );
+        m
+    }
+
+    /// Creates every per-worker series, so a scrape shows each worker before it has served.
+    pub fn init_workers(&self, num_workers: usize) {
+        for w in 0..num_workers as u32 {
+            let label = WorkerLabel { worker: w };
+            let _ = self.running.get_or_create(&label);
+            let _ = self.waiting.get_or_create(&label);
+            let _ = self.kv_usage.get_or_create(&label);
+            let _ = self.prefix_queries.get_or_create(&label);
+            let _ = self.prefix_hits.get_or_create(&label);
+            let _ = self.prompt_tokens.get_or_create(&label);
+            let _ = self.generation_tokens.get_or_create(&label);
+            let _ = self.preemptions.get_or_create(&label);
+            let _ = self.ttft.get_or_create(&label);
+            let _ = self.itl.get_or_create(&label);
+            let _ = self.e2e.get_or_create(&label);
+            let _ = self.success.get_or_create(&label);
+            let _ = self.routed.get_or_create(&label);
+        }
+        for endpoint in ["chat", "completions"] {
+            let _ = self
+                .http_requests
+                .get_or_create(&EndpointLabel { endpoint });
+        }
+        for reason in [SKIP_IN_FLIGHT, SKIP_QUEUE_FULL] {
+            let _ = self.spec_skipped.get_or_create(&SkipLabel { reason });
+        }
+    }
+
+    /// Sets the gauges from a cluster snapshot.
+    pub fn set_gauges(&self, stats: &ClusterStats) {
+        for w in &stats.workers {
+            let label = WorkerLabel::from(w.worker);
+            self.running
+                .get_or_create(&label)
+                .set(w.scheduler.running as i64);
+            self.waiting
+                .get_or_create(&label)
+                .set(w.scheduler.waiting as i64);
+            self.kv_usage
+                .get_or_create(&label)
+                .set(w.scheduler.active_blocks as f64 / w.num_gpu_blocks.max(1) as f64);
+        }
+        self.parked.set(stats.parked as i64);
+        self.active.set(stats.active_requests as i64);
+        self.kv_transfers.set(stats.kv_transfers as i64);
+        self.kv_transfer_seconds
+            .set(stats.kv_transfer_us as f64 / 1e6);
+        self.kv_transfers_in_flight
+            .set(stats.kv_transfers_in_flight as i64);
+        let mut pools: Vec<(String, f64)> = Vec::new();
+        for w in &stats.workers {
+            let label = WorkerLabel::from(w.worker);
+            let busy = w.busy_us as f64 / 1e6;
+            self.worker_busy_seconds.get_or_create(&label).set(busy);
+            self.g2_resident_blocks
+                .get_or_create(&label)
+                .set(w.scheduler.g2_resident_blocks as i64);
+            self.g2_onboarded_blocks
+                .get_or_create(&label)
+                .set(w.scheduler.g2_onboarded_blocks as i64);
+            let pool = w.role.to_string();
+            match pools.iter_mut().find(|(p, _)| *p == pool) {
+                Some((_, total)) => *total += busy,
+                None => pools.push((pool, busy)),
+            }
+        }
+        for (pool, busy) in pools {
+            self.pool_busy_seconds
+                .get_or_create(&PoolLabel { pool })
+                .set(busy);
+        }
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
