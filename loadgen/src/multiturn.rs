@@ -239,7 +239,7 @@ pub async fn multiturn(config: &MultiturnConfig) -> Result<Results, LoadgenError
             let (url, e) = start_embedded(server).await?;
             let e_cfg = &server.cluster.engine;
             println!(
-                "Embedded mockserve on {url}: {} workers, {:?} engine, speedup {}, reasoning ratio {}",
+                "Embedded mockserve on {url}: {} workers, {} engine, speedup {}, reasoning ratio {}",
                 server.cluster.num_workers,
                 e_cfg.engine_type,
                 e_cfg.latency.speedup_ratio,
