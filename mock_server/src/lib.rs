@@ -5,7 +5,8 @@
 //!   shutdown future resolves; [`api::app`] is the axum router (for `oneshot` tests).
 //! - [`driver::EngineHandle`] is the live driver: one task owning the simulated cluster.
 //! - [`metrics::Metrics`] holds the Prometheus metrics (vLLM names per worker, `servesim_*`).
-//! - [`text::TextCodec`] is the tokenizer seam (a word-level stand-in for now).
+//! - [`text::TextCodec`] turns messages into prompt ids and answer ids into text (servesim's
+//!   built-in tokenizer, or a HuggingFace `tokenizer.json`).
 //!
 //! Embedding the server in-process:
 //!
