@@ -796,6 +796,44 @@ impl Scheduler {
         (cached, m.active_blocks.min(cached / bs))
     }
 
+    /// Rejects the head of the waiting queue if it can never run here. Returns true if it did.
+    fn reject_if_hopeless(&mut self, slot: usize) -> bool {
+        let Some(reason) = self.reject_reason(slot) else {
+            return false;
+        };
+        self.waiting.pop_front();
+        let id = self.seq(slot).id;
+        self.remove(slot);
+        self.events.push(SchedulerEvent::Rejected { id, reason });
+        true
+    }
+
+    /// Moves the head of the waiting queue to running with `cached` prompt tokens reused, and
+    /// records the admission. A request SGLang retracted resumes without a new record (as
+    /// Dynamo's SGLang model reports it): its reuse is what it found the first time.
+    fn admit_head(&mut self, slot: usize, cached: usize) {
+        let bs = self.config.block_size;
+        let sglang = self.config.engine_type == EngineType::Sglang;
+        self.waiting.pop_front();
+        self.running.push(slot);
+        let s = self.seq_mut(slot);
+        s.computed = cached;
+        s.phase = Phase::Running;
+        let g2_reused_tokens = match s.onboarded.take() {
+            Some((start, end)) => cached.min(end * bs).saturating_sub(start * bs),
+            None => 0,
+        };
+        if sglang && s.retracted {
+            return;
+        }
+        let id = s.id;
+        self.events.push(SchedulerEvent::Admitted {
+            id,
+            reused_tokens: cached,
+            g2_reused_tokens,
+        });
+    }
+
     fn reject_reason(&self, slot: usize) -> Option<RejectReason> {
         let s = self.seq(slot);
         if let Some(max) = self.config.max_model_len {
@@ -840,11 +878,7 @@ impl Scheduler {
             let Some(&slot) = self.waiting.front() else {
                 break;
             };
-            if let Some(reason) = self.reject_reason(slot) {
-                self.waiting.pop_front();
-                let id = self.seq(slot).id;
-                self.remove(slot);
-                self.events.push(SchedulerEvent::Rejected { id, reason });
+            if self.reject_if_hopeless(slot) {
                 continue;
             }
             if self.offload.is_some() && self.try_onboard(slot) {
@@ -873,21 +907,7 @@ impl Scheduler {
             if !self.allocate_or_preempt(slot, cached + desired, pass) {
                 break;
             }
-            self.waiting.pop_front();
-            let s = self.seq_mut(slot);
-            s.computed = cached;
-            s.phase = Phase::Running;
-            let g2_reused_tokens = match s.onboarded.take() {
-                Some((start, end)) => cached.min(end * bs).saturating_sub(start * bs),
-                None => 0,
-            };
-            let id = s.id;
-            self.running.push(slot);
-            self.events.push(SchedulerEvent::Admitted {
-                id,
-                reused_tokens: cached,
-                g2_reused_tokens,
-            });
+            self.admit_head(slot, cached);
             self.commit_schedule(slot, cached, desired, pass);
         }
     }
@@ -946,11 +966,7 @@ impl Scheduler {
             let Some(&slot) = self.waiting.front() else {
                 break;
             };
-            if let Some(reason) = self.reject_reason(slot) {
-                self.waiting.pop_front();
-                let id = self.seq(slot).id;
-                self.remove(slot);
-                self.events.push(SchedulerEvent::Rejected { id, reason });
+            if self.reject_if_hopeless(slot) {
                 continue;
             }
             let (cached, _) = self.cached_prefix(slot);
@@ -977,22 +993,7 @@ impl Scheduler {
             if !self.allocate_or_preempt(slot, cached + chunk, pass) {
                 break;
             }
-            self.waiting.pop_front();
-            let s = self.seq_mut(slot);
-            s.computed = cached;
-            s.phase = Phase::Running;
-            let id = s.id;
-            let first_admission = !s.retracted;
-            self.running.push(slot);
-            // A retracted request resumes without a new admission record (as Dynamo's SGLang
-            // model reports it): its reuse is what it found the first time.
-            if first_admission {
-                self.events.push(SchedulerEvent::Admitted {
-                    id,
-                    reused_tokens: cached,
-                    g2_reused_tokens: 0,
-                });
-            }
+            self.admit_head(slot, cached);
             self.commit_schedule(slot, cached, chunk, pass);
             rem_total -= charged as f64 + reserve;
             rem_chunk -= charged;
