@@ -196,7 +196,7 @@ impl LocalHashCache {
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     /// The file could not be opened or read.
-    #[error("cannot read trace {}: {source}", path.display())]
+    #[error("cannot read trace {}", path.display())]
     Io {
         /// The file (or source name) being read.
         path: PathBuf,

@@ -67,6 +67,28 @@ fn malformed_trace_lines_are_errors_with_file_and_line() {
 }
 
 #[test]
+fn unwritable_outputs_fail_before_the_run() {
+    let trace = fixture("trace_small.jsonl");
+    let err = run(cli(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "-q",
+        "--report-json",
+        "/nonexistent-dir/r.json",
+    ]))
+    .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("cannot create /nonexistent-dir/r.json"),
+        "{err:#}"
+    );
+    let missing = run(cli(&["replay", "no-such-trace.jsonl", "-q"])).unwrap_err();
+    assert_eq!(
+        format!("{missing:#}"),
+        "cannot read trace no-such-trace.jsonl: No such file or directory (os error 2)"
+    );
+}
+
+#[test]
 fn invalid_settings_are_rejected_before_running() {
     let trace = fixture("trace_small.jsonl");
     let t = trace.to_str().unwrap();

@@ -55,6 +55,12 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
         trace_block_size: args.trace_block_size,
         arrival_speedup_ratio: args.arrival_speedup_ratio,
     };
+    // Output files are opened before the run, so a bad path fails fast instead of after it.
+    let create = |path: &std::path::Path| {
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))
+    };
+    let report_file = args.report_json.as_deref().map(create).transpose()?;
+    let records_file = args.per_request_jsonl.as_deref().map(create).transpose()?;
     let trace = trace::load(&args.trace, &options)?;
     let config = ReplayConfig {
         cluster,
@@ -84,14 +90,17 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
         outcome = Some(result?);
     }
     let outcome = outcome.context("no iteration ran")?;
-    if let Some(path) = &args.report_json {
-        let json = serde_json::to_string_pretty(&outcome.report)?;
-        std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+    println!("Offline replay report");
+    print!("{}", outcome.report);
+    if let (Some(file), Some(path)) = (report_file, &args.report_json) {
+        let mut w = std::io::BufWriter::new(file);
+        serde_json::to_writer_pretty(&mut w, &outcome.report)?;
+        w.write_all(b"\n")?;
+        w.flush()
+            .with_context(|| format!("writing {}", path.display()))?;
         println!("Saved report to {}", path.display());
     }
-    if let Some(path) = &args.per_request_jsonl {
-        let file =
-            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    if let (Some(file), Some(path)) = (records_file, &args.per_request_jsonl) {
         let mut w = std::io::BufWriter::new(file);
         for record in &outcome.records {
             serde_json::to_writer(&mut w, record)?;
@@ -100,7 +109,5 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
         w.flush()
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    println!("Offline replay report");
-    print!("{}", outcome.report);
     Ok(outcome)
 }
