@@ -167,10 +167,14 @@ fn dynamos_disagg_command_runs_and_reports_the_transfers() {
 fn disagg_and_g2_flags_that_cannot_work_are_rejected() {
     let trace = fixture("trace_small.jsonl");
     let t = trace.to_str().unwrap();
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 6] = [
         (
             &["--num-prefill-workers", "2"],
             "only applies to --serving-mode disagg",
+        ),
+        (
+            &["--serving-mode", "disagg", "--num-workers", "2"],
+            "--num-workers applies to aggregated serving",
         ),
         (
             &["--kv-transfer-bandwidth", "10"],

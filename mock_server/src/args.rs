@@ -36,12 +36,15 @@ impl std::str::FromStr for ServingModeFlag {
     }
 }
 
+/// Workers of aggregated serving when `--num-workers` is not given.
+pub const DEFAULT_NUM_WORKERS: usize = 4;
+
 /// Simulated engine and routing flags.
 #[derive(Args, Clone, Debug)]
 pub struct EngineArgs {
-    /// Number of simulated workers (aggregated serving).
-    #[arg(long, default_value_t = 4)]
-    pub num_workers: usize,
+    /// Number of simulated workers in aggregated serving [default: 4].
+    #[arg(long)]
+    pub num_workers: Option<usize>,
 
     /// Batching behaviour to simulate: vllm, sglang or trtllm.
     #[arg(long, default_value = "vllm")]
@@ -247,6 +250,9 @@ impl EngineArgs {
                 }
                 ServingMode::Aggregated
             }
+            ServingModeFlag::Disagg if self.num_workers.is_some() => {
+                return bad("--num-workers applies to aggregated serving; disagg sizes its pools with --num-prefill-workers and --num-decode-workers");
+            }
             ServingModeFlag::Disagg => ServingMode::Disagg {
                 num_prefill_workers: self.num_prefill_workers.unwrap_or(1),
                 num_decode_workers: self.num_decode_workers.unwrap_or(1),
@@ -301,7 +307,7 @@ impl EngineArgs {
                 role: WorkerRole::Aggregated,
                 g2,
             },
-            num_workers: self.num_workers,
+            num_workers: self.num_workers.unwrap_or(DEFAULT_NUM_WORKERS),
             router: RouterConfig {
                 mode: self.router_mode,
                 overlap_score_weight: self.overlap_score_weight,
