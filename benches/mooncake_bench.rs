@@ -12,28 +12,10 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use mock_server::mooncake_cmd::MooncakeArgs;
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
-    if args.is_empty() {
-        println!("mooncake_bench: skipping no-arg harness invocation");
-        return ExitCode::SUCCESS;
-    }
-    let argv = std::iter::once("mooncake_bench".to_string()).chain(args);
-    let cli = match MooncakeArgs::try_parse_from(argv) {
-        Ok(cli) => cli,
-        Err(e) => e.exit(),
-    };
-    match mock_server::mooncake_cmd::run(&cli) {
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("mooncake_bench: error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    mock_server::bench_entry::bench_main("mooncake_bench", |args: MooncakeArgs| {
+        mock_server::mooncake_cmd::run(&args).map(|_| ())
+    })
 }

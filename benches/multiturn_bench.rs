@@ -10,40 +10,13 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use loadgen::config::MultiturnArgs;
 
-/// Multi-turn chat benchmark.
-#[derive(Parser, Debug)]
-#[command(name = "multiturn_bench")]
-struct BenchCli {
-    /// Added by `cargo bench`; ignored.
-    #[arg(long, hide = true)]
-    bench: bool,
-
-    /// The multiturn flags.
-    #[command(flatten)]
-    multiturn: MultiturnArgs,
-}
-
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
-    if args.is_empty() {
-        println!("multiturn_bench: skipping no-arg harness invocation");
-        return ExitCode::SUCCESS;
-    }
-    let cli = BenchCli::parse();
-    let command = loadgen::Cli {
-        command: loadgen::Command::Multiturn(cli.multiturn),
-    };
-    match loadgen::run(command) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("multiturn_bench: error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    mock_server::bench_entry::bench_main("multiturn_bench", |args: MultiturnArgs| {
+        let command = loadgen::Cli {
+            command: loadgen::Command::Multiturn(args),
+        };
+        Ok(loadgen::run(command)?)
+    })
 }

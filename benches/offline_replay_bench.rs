@@ -8,37 +8,10 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use mock_server::replay_cmd::ReplayArgs;
 
-/// Offline replay benchmark (virtual time).
-#[derive(Parser, Debug)]
-#[command(name = "offline_replay_bench")]
-struct BenchCli {
-    /// Added by `cargo bench`; ignored.
-    #[arg(long, hide = true)]
-    bench: bool,
-
-    /// The replay flags.
-    #[command(flatten)]
-    replay: ReplayArgs,
-}
-
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
-    if args.is_empty() {
-        println!("offline_replay_bench: skipping no-arg harness invocation");
-        return ExitCode::SUCCESS;
-    }
-    let cli = BenchCli::parse();
-    match mock_server::replay_cmd::run(&cli.replay) {
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("offline_replay_bench: error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    mock_server::bench_entry::bench_main("offline_replay_bench", |args: ReplayArgs| {
+        mock_server::replay_cmd::run(&args).map(|_| ())
+    })
 }

@@ -31,6 +31,7 @@
 
 pub mod api;
 pub mod args;
+pub mod bench_entry;
 pub mod driver;
 pub mod metrics;
 pub mod mooncake_cmd;
