@@ -24,6 +24,7 @@
 pub mod client;
 pub mod compare;
 pub mod config;
+pub mod driver;
 pub mod error;
 pub mod multiturn;
 pub mod report;
