@@ -25,6 +25,9 @@ use tokio::time::Instant;
 use crate::client::{self, Endpoint, Response};
 use crate::error::LoadgenError;
 
+/// How long before a session's first deadline the pacer starts its task.
+pub const PACER_LEAD: Duration = Duration::from_millis(20);
+
 /// When a request is due.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Start {
@@ -221,7 +224,9 @@ pub async fn drive(
         if shared.stop_at.is_some_and(|stop| start + first > stop) {
             continue;
         }
-        tokio::time::sleep_until(start + first).await;
+        // Wake the session a little early: it builds its first body, then sleeps until the
+        // exact deadline, so body construction does not show up as lag.
+        tokio::time::sleep_until((start + first).checked_sub(PACER_LEAD).unwrap_or(start)).await;
         tasks.push(tokio::spawn(run_session(shared.clone(), index, script)));
     }
     let mut samples = Vec::new();

@@ -27,8 +27,12 @@ pub mod config;
 pub mod driver;
 pub mod error;
 pub mod multiturn;
+pub mod prompt;
+pub mod replay;
 pub mod report;
 pub mod sse;
+pub mod summary;
+pub mod target;
 pub mod workload;
 
 use clap::{Parser, Subcommand};
@@ -51,6 +55,8 @@ pub struct Cli {
 pub enum Command {
     /// Concurrent multi-turn conversations; per-turn TTFT and latency (Dynamo multiturn_bench).
     Multiturn(config::MultiturnArgs),
+    /// Replay a Mooncake trace live on its schedule; report with `mockserve replay`'s keys.
+    Replay(replay::ReplayArgs),
     /// Compare the per-turn TTFT of two results files.
     Compare(compare::CompareArgs),
 }
@@ -65,6 +71,7 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
             let results = multiturn::multiturn(&config).await?;
             multiturn::verdict(&results, config.max_failure_rate)
         }
+        Command::Replay(args) => replay::replay(&args).await.map(|_| ()),
         Command::Compare(args) => {
             print!("{}", compare::run(&args)?);
             Ok(())
