@@ -21,6 +21,7 @@
 //! # }
 //! ```
 
+pub mod bench;
 pub mod client;
 pub mod compare;
 pub mod config;
@@ -57,6 +58,8 @@ pub enum Command {
     Multiturn(config::MultiturnArgs),
     /// Replay a Mooncake trace live on its schedule; report with `mockserve replay`'s keys.
     Replay(replay::ReplayArgs),
+    /// Synthetic load: closed loop, open loop (Poisson, constant, gamma) or both; goodput.
+    Bench(bench::BenchArgs),
     /// Compare the per-turn TTFT of two results files.
     Compare(compare::CompareArgs),
 }
@@ -72,6 +75,7 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
             multiturn::verdict(&results, config.max_failure_rate)
         }
         Command::Replay(args) => replay::replay(&args).await.map(|_| ()),
+        Command::Bench(args) => bench::bench(&args).await.map(|_| ()),
         Command::Compare(args) => {
             print!("{}", compare::run(&args)?);
             Ok(())
@@ -86,4 +90,13 @@ pub fn run(cli: Cli) -> Result<(), LoadgenError> {
         .build()
         .map_err(LoadgenError::Runtime)?;
     runtime.block_on(run_async(cli))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
 }

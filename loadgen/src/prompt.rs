@@ -102,6 +102,13 @@ impl PromptSynth {
         out
     }
 
+    /// `n` pieces drawn from a generator seeded with `seed` (synthetic prompts of `bench`).
+    pub fn filler(&self, seed: u64, n: usize) -> Vec<u32> {
+        let v = self.pieces.len() as u32;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ FILLER_SALT);
+        (0..n).map(|_| rng.gen_range(0..v)).collect()
+    }
+
     /// The prompt's pieces: the blocks of `hash_ids` concatenated, cut to `input_length`.
     pub fn prompt_pieces(&self, hash_ids: &[u64], input_length: usize) -> Vec<u32> {
         let mut out = Vec::with_capacity(input_length);

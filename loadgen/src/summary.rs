@@ -80,8 +80,25 @@ pub struct LiveReport {
     pub lag: LagFigures,
 }
 
-/// Builds the report from `(sample, info)` pairs; `wall` is the run's wall time.
+/// Builds the report from `(sample, info)` pairs; `wall` is the run's wall time. Times are
+/// rebased on the earliest scheduled time among `items` (warmup excluded from the duration).
 pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> LiveReport {
+    let base = items.iter().map(|(s, _)| s.scheduled_us).min().unwrap_or(0);
+    let rebased: Vec<Sample> = items
+        .iter()
+        .map(|(s, _)| {
+            let mut s = (*s).clone();
+            s.scheduled_us -= base;
+            s.sent_us -= base.min(s.sent_us);
+            s
+        })
+        .collect();
+    let items: Vec<(&Sample, &RequestInfo)> = rebased
+        .iter()
+        .zip(items)
+        .map(|(s, (_, info))| (s, *info))
+        .collect();
+    let items = &items[..];
     let mut order: Vec<usize> = (0..items.len()).collect();
     order.sort_by_key(|&i| (items[i].0.scheduled_us, items[i].0.session, items[i].0.turn));
     let mut collector = Collector::new();
