@@ -1,4 +1,4 @@
-//! One streamed chat request: send, read the SSE stream, stamp times, classify the outcome.
+//! One streamed chat or text-completion request: send, read the SSE stream, stamp times, classify the outcome.
 //!
 //! Times are `tokio::time::Instant`s taken in the client task; every figure is an offset from the
 //! send instant (taken just before the request is handed to reqwest).
@@ -101,8 +101,8 @@ pub struct Response {
 pub struct Endpoint {
     /// The HTTP client (connection pool shared by all users).
     pub client: reqwest::Client,
-    /// `{url}/v1/chat/completions`.
-    pub chat_url: String,
+    /// The full request URL: `{url}/v1/chat/completions` or `{url}/v1/completions`.
+    pub url: String,
     /// Bearer token.
     pub api_key: Option<String>,
 }
@@ -191,6 +191,16 @@ impl StreamState {
                 .and_then(Value::as_u64);
             self.usage = Some((get("completion_tokens"), get("prompt_tokens"), cached));
         }
+        // `/v1/completions` streams `choices[0].text`; it has no reasoning channel.
+        if let Some(text) = v.pointer("/choices/0/text").and_then(Value::as_str) {
+            if !text.is_empty() {
+                self.chunks += 1;
+                self.timing.token_chunks_us.push(t);
+                self.timing.first_answer_us.get_or_insert(t);
+                self.content.push_str(text);
+            }
+            return Ok(());
+        }
         let Some(delta) = v.pointer("/choices/0/delta") else {
             return Ok(());
         };
@@ -243,7 +253,7 @@ impl StreamState {
 
 /// Sends one streamed chat request and reads it to the end.
 pub async fn send(endpoint: &Endpoint, body: &Value) -> Response {
-    let mut request = endpoint.client.post(&endpoint.chat_url).json(body);
+    let mut request = endpoint.client.post(&endpoint.url).json(body);
     if let Some(key) = &endpoint.api_key {
         request = request.bearer_auth(key);
     }

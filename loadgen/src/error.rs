@@ -14,6 +14,9 @@ pub enum LoadgenError {
     /// The embedded server could not be started.
     #[error("starting the embedded server: {0}")]
     Embedded(String),
+    /// The trace could not be read (line-numbered, as `mockserve replay`).
+    #[error(transparent)]
+    Trace(#[from] servesim::trace::TraceError),
     /// `--tokenizer` could not be loaded.
     #[error(transparent)]
     Tokenizer(#[from] servesim::tokenizer::TokenizerError),

@@ -21,13 +21,19 @@
 //! # }
 //! ```
 
+pub mod bench;
 pub mod client;
 pub mod compare;
 pub mod config;
+pub mod driver;
 pub mod error;
 pub mod multiturn;
+pub mod prompt;
+pub mod replay;
 pub mod report;
 pub mod sse;
+pub mod summary;
+pub mod target;
 pub mod workload;
 
 use clap::{Parser, Subcommand};
@@ -50,6 +56,10 @@ pub struct Cli {
 pub enum Command {
     /// Concurrent multi-turn conversations; per-turn TTFT and latency (Dynamo multiturn_bench).
     Multiturn(config::MultiturnArgs),
+    /// Replay a Mooncake trace live on its schedule; report with `mockserve replay`'s keys.
+    Replay(replay::ReplayArgs),
+    /// Synthetic load: closed loop, open loop (Poisson, constant, gamma) or both; goodput.
+    Bench(bench::BenchArgs),
     /// Compare the per-turn TTFT of two results files.
     Compare(compare::CompareArgs),
 }
@@ -64,6 +74,8 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
             let results = multiturn::multiturn(&config).await?;
             multiturn::verdict(&results, config.max_failure_rate)
         }
+        Command::Replay(args) => replay::replay(&args).await.map(|_| ()),
+        Command::Bench(args) => bench::bench(&args).await.map(|_| ()),
         Command::Compare(args) => {
             print!("{}", compare::run(&args)?);
             Ok(())
@@ -78,4 +90,13 @@ pub fn run(cli: Cli) -> Result<(), LoadgenError> {
         .build()
         .map_err(LoadgenError::Runtime)?;
     runtime.block_on(run_async(cli))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
 }

@@ -1,9 +1,9 @@
 //! `loadgen multiturn`: start the embedded server if needed, find the model, run every user's
 //! conversation concurrently, and build the [`Results`].
 //!
-//! One driver: each user task walks its [`UserScript`], sleeping the scripted think time before
-//! each turn (closed loop: the delay starts when the previous answer has fully arrived), sending
-//! the whole history and appending the streamed answer on success.
+//! Runs on the shared [`driver`]: each user is a [`Conversation`] script, closed loop (the think
+//! time starts when the previous answer has fully arrived), sending the whole history and
+//! appending the streamed answer on success.
 
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -14,16 +14,16 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
 use crate::client::{self, Endpoint, Response};
 use crate::config::{MultiturnConfig, Target, TokenizerChoice};
+use crate::driver::{self, DriverConfig, Observer, Planned, Sample, Script, Start};
 use crate::error::LoadgenError;
 use crate::report::{RawResult, Results, RunData};
 use crate::workload::{TokenCounter, UserScript, Workload};
 
 /// A running embedded mockserve.
-struct Embedded {
+pub(crate) struct Embedded {
     /// Stops it.
     stop: oneshot::Sender<()>,
     /// The server task.
@@ -31,14 +31,14 @@ struct Embedded {
 }
 
 impl Embedded {
-    async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         let _ = self.stop.send(());
         let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
     }
 }
 
 /// Starts mockserve on 127.0.0.1 (a free port); returns its base URL.
-async fn start_embedded(
+pub(crate) async fn start_embedded(
     config: &mock_server::server::ServerConfig,
 ) -> Result<(String, Embedded), LoadgenError> {
     let listener = TcpListener::bind("127.0.0.1:0")
@@ -108,98 +108,101 @@ pub async fn detect_model(
     }
 }
 
-/// Shared by all user tasks.
-struct Shared {
-    endpoint: Endpoint,
+/// What every conversation needs to build its bodies.
+struct BodyParams {
     model: String,
-    config: MultiturnConfig,
-    bar: ProgressBar,
+    max_completion_tokens: u32,
+    ignore_eos: bool,
+    speculative_prefill: bool,
 }
 
-impl Shared {
-    fn line(&self, s: String) {
-        if self.bar.is_hidden() {
-            println!("{s}");
-        } else {
-            self.bar.println(s);
-        }
-    }
-
+impl BodyParams {
     fn body(&self, messages: &[Value]) -> Value {
         let mut body = json!({
             "model": self.model,
             "messages": messages,
-            "max_completion_tokens": self.config.max_completion_tokens,
+            "max_completion_tokens": self.max_completion_tokens,
             "stream": true,
             "stream_options": {"include_usage": true},
         });
-        if self.config.ignore_eos {
+        if self.ignore_eos {
             body["ignore_eos"] = json!(true);
         }
-        if self.config.speculative_prefill {
+        if self.speculative_prefill {
             body["nvext"] = json!({"agent_hints": {"speculative_prefill": true}});
         }
         body
     }
 }
 
-/// One user's conversation; returns its records and chunk gaps.
-async fn run_user(shared: Arc<Shared>, script: UserScript) -> (Vec<RawResult>, Vec<u64>) {
-    let num_turns = script.turns.len();
-    let mut messages = vec![json!({"role": "system", "content": script.system_prompt})];
-    let mut records = Vec::with_capacity(num_turns);
-    let mut gaps = Vec::new();
-    for (turn, t) in script.turns.iter().enumerate() {
-        if !t.delay.is_zero() {
-            tokio::time::sleep(t.delay).await;
-        }
-        messages.push(json!({"role": "user", "content": t.user_text}));
-        let r: Response = client::send(&shared.endpoint, &shared.body(&messages)).await;
-        let success = r.failure.is_none();
-        let tm = &r.timing;
-        let ttft_us = if success {
-            tm.first_answer_us.unwrap_or(tm.end_us)
-        } else {
-            0
-        };
-        if success {
-            gaps.extend(tm.token_chunks_us.windows(2).map(|w| w[1] - w[0]));
-            messages.push(json!({"role": "assistant", "content": r.content}));
-        }
-        if shared.config.verbose {
-            shared.line(format!(
-                "  [user {}][turn {}/{}] ttft={:.1}ms  total={:.1}s  ok={}",
-                script.user_id,
-                turn + 1,
-                num_turns,
-                ttft_us as f64 / 1000.0,
-                tm.end_us as f64 / 1e6,
-                success
-            ));
-            if let Some(f) = &r.failure {
-                eprintln!("  [user {}][turn {}] {}", script.user_id, turn, describe(f));
-            }
-        }
-        records.push(RawResult {
-            user_id: script.user_id,
-            turn,
-            ttft_us,
-            total_latency_us: tm.end_us,
-            success,
-            ttft_any_us: if success { tm.ttft_any_us() } else { None },
-            headers_us: tm.headers_us,
-            first_reasoning_us: tm.first_reasoning_us,
-            chunks: tm.token_chunks_us.len() as u64,
-            output_tokens: r.output_tokens,
-            output_tokens_source: Some(r.output_tokens_source),
-            user_tokens: t.user_tokens,
-            prompt_tokens: r.prompt_tokens,
-            cached_tokens: r.cached_tokens,
-            error: r.failure.clone(),
-        });
-        shared.bar.inc(1);
+/// One user's conversation as a driver [`Script`]: the first turn at the run start, each later
+/// turn its think time after the previous answer fully arrived (closed loop), sending the whole
+/// history and appending the streamed answer on success.
+struct Conversation {
+    params: Arc<BodyParams>,
+    script: UserScript,
+    messages: Vec<Value>,
+    next_turn: usize,
+}
+
+impl Script for Conversation {
+    fn first_start(&self) -> Duration {
+        Duration::ZERO
     }
-    (records, gaps)
+
+    fn next(&mut self, previous: Option<&Response>) -> Option<Planned> {
+        if let Some(r) = previous.filter(|r| r.failure.is_none()) {
+            self.messages
+                .push(json!({"role": "assistant", "content": r.content}));
+        }
+        let t = self.script.turns.get(self.next_turn)?;
+        self.messages
+            .push(json!({"role": "user", "content": t.user_text}));
+        let start = if self.next_turn == 0 {
+            Start::At(t.delay)
+        } else {
+            Start::After(t.delay)
+        };
+        self.next_turn += 1;
+        Some(Planned {
+            start,
+            body: self.params.body(&self.messages),
+        })
+    }
+}
+
+/// The multiturn record of one driver sample. Latencies are measured from the scheduled send.
+fn record(sample: &Sample, user_tokens: Option<usize>) -> RawResult {
+    let r = &sample.response;
+    let tm = &r.timing;
+    let lag = sample.lag_us();
+    let success = r.failure.is_none();
+    let ttft_us = if success {
+        lag + tm.first_answer_us.unwrap_or(tm.end_us)
+    } else {
+        0
+    };
+    RawResult {
+        user_id: sample.session,
+        turn: sample.turn,
+        ttft_us,
+        total_latency_us: lag + tm.end_us,
+        success,
+        ttft_any_us: if success {
+            tm.ttft_any_us().map(|t| t + lag)
+        } else {
+            None
+        },
+        headers_us: tm.headers_us.map(|t| t + lag),
+        first_reasoning_us: tm.first_reasoning_us.map(|t| t + lag),
+        chunks: tm.token_chunks_us.len() as u64,
+        output_tokens: r.output_tokens,
+        output_tokens_source: Some(r.output_tokens_source),
+        user_tokens,
+        prompt_tokens: r.prompt_tokens,
+        cached_tokens: r.cached_tokens,
+        error: r.failure.clone(),
+    }
 }
 
 fn describe(f: &crate::client::Failure) -> String {
@@ -301,31 +304,79 @@ async fn drive(
     ) {
         bar.set_style(style.progress_chars("#>-"));
     }
-    let shared = Arc::new(Shared {
-        endpoint: Endpoint {
-            client: http,
-            chat_url: format!("{url}/v1/chat/completions"),
-            api_key: config.api_key.clone(),
-        },
+    let params = Arc::new(BodyParams {
         model: model.clone(),
-        config: config.clone(),
-        bar: bar.clone(),
+        max_completion_tokens: config.max_completion_tokens,
+        ignore_eos: config.ignore_eos,
+        speculative_prefill: config.speculative_prefill,
     });
-    let start = Instant::now();
-    let tasks: Vec<_> = workload
+    let user_tokens: Vec<Vec<Option<usize>>> = workload
+        .users
+        .iter()
+        .map(|u| u.turns.iter().map(|t| t.user_tokens).collect())
+        .collect();
+    let num_turns = config.workload.num_turns;
+    let observer: Option<Observer> = config.verbose.then(|| {
+        let bar = bar.clone();
+        Arc::new(move |s: &Sample| {
+            let tm = &s.response.timing;
+            let line = format!(
+                "  [user {}][turn {}/{}] ttft={:.1}ms  total={:.1}s  ok={}",
+                s.session,
+                s.turn + 1,
+                num_turns,
+                (s.lag_us() + tm.first_answer_us.unwrap_or(tm.end_us)) as f64 / 1000.0,
+                (s.lag_us() + tm.end_us) as f64 / 1e6,
+                s.response.failure.is_none()
+            );
+            if bar.is_hidden() {
+                println!("{line}");
+            } else {
+                bar.println(line);
+            }
+            if let Some(f) = &s.response.failure {
+                eprintln!("  [user {}][turn {}] {}", s.session, s.turn, describe(f));
+            }
+        }) as Observer
+    });
+    let scripts: Vec<Box<dyn Script>> = workload
         .users
         .into_iter()
-        .map(|script| tokio::spawn(run_user(shared.clone(), script)))
+        .map(|script| {
+            Box::new(Conversation {
+                params: params.clone(),
+                messages: vec![json!({"role": "system", "content": script.system_prompt})],
+                script,
+                next_turn: 0,
+            }) as Box<dyn Script>
+        })
         .collect();
+    let endpoint = Endpoint {
+        client: http,
+        url: format!("{url}/v1/chat/completions"),
+        api_key: config.api_key.clone(),
+    };
+    let driver_config = DriverConfig {
+        bar: Some(bar.clone()),
+        observer,
+        ..DriverConfig::default()
+    };
+    let out = driver::drive(endpoint, scripts, &driver_config).await?;
     let mut data = RunData::default();
-    for task in tasks {
-        let (records, gaps) = task
-            .await
-            .map_err(|e| LoadgenError::Embedded(format!("user task failed: {e}")))?;
-        data.records.extend(records);
-        data.chunk_gaps_us.extend(gaps);
+    for s in &out.samples {
+        if s.response.failure.is_none() {
+            let chunks = &s.response.timing.token_chunks_us;
+            data.chunk_gaps_us
+                .extend(chunks.windows(2).map(|w| w[1] - w[0]));
+        }
+        let tokens = user_tokens
+            .get(s.session)
+            .and_then(|u| u.get(s.turn))
+            .copied()
+            .flatten();
+        data.records.push(record(s, tokens));
     }
-    data.duration_s = start.elapsed().as_secs_f64();
+    data.duration_s = out.duration.as_secs_f64();
     bar.finish_and_clear();
     println!("\nBenchmark completed in {:.1}s", data.duration_s);
 

@@ -29,7 +29,7 @@ fn args(flags: &[&str]) -> MultiturnArgs {
     argv.extend_from_slice(flags);
     match Cli::try_parse_from(argv).expect("valid flags").command {
         Command::Multiturn(a) => a,
-        Command::Compare(_) => unreachable!(),
+        _ => unreachable!(),
     }
 }
 

@@ -1,0 +1,204 @@
+//! Client overhead: how many streamed chunks per second one loadgen core can time, and how far
+//! its TTFT is from the fixed-time model's configured TTFT at that load.
+//!
+//! Run with: `cargo bench -p loadgen --bench client_overhead` (a few seconds).
+//!
+//! The embedded mockserve runs on its own runtime (one worker thread); the loadgen driver runs on
+//! a current-thread runtime, so it has one core.
+//! 1. `--speedup-ratio inf`: 64 closed-loop users, 256 output tokens per request: the server is
+//!    never the bottleneck, so chunks timed per second of wall time is the client's ceiling.
+//! 2. `--fixed-latency 20,5` at speed 1: rounds of 64 simultaneous requests (8 output tokens,
+//!    prompts that fit one prefill pass), so the engine's TTFT is exactly one prefill pass, 20 ms;
+//!    the report is the client's TTFT minus 20 ms.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use loadgen::client::{self, Endpoint, Response};
+use loadgen::driver::{self, DriverConfig, Planned, Script, Start};
+use mock_server::args::EngineArgs;
+use mock_server::server::{ReasoningFormat, ServeArgs, ServerConfig};
+
+const USERS: usize = 64;
+
+struct Rounds {
+    body: Arc<serde_json::Value>,
+    offsets: Vec<Duration>,
+    next: usize,
+}
+
+impl Script for Rounds {
+    fn first_start(&self) -> Duration {
+        self.offsets[0]
+    }
+    fn next(&mut self, _previous: Option<&Response>) -> Option<Planned> {
+        let at = *self.offsets.get(self.next)?;
+        self.next += 1;
+        Some(Planned {
+            start: Start::At(at),
+            body: (*self.body).clone(),
+        })
+    }
+}
+
+struct Closed {
+    body: Arc<serde_json::Value>,
+    left: usize,
+}
+
+impl Script for Closed {
+    fn first_start(&self) -> Duration {
+        Duration::ZERO
+    }
+    fn next(&mut self, _previous: Option<&Response>) -> Option<Planned> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        Some(Planned {
+            start: Start::After(Duration::ZERO),
+            body: (*self.body).clone(),
+        })
+    }
+}
+
+fn server(flags: &[&str]) -> ServerConfig {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct P {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+    let mut argv = vec!["x"];
+    argv.extend_from_slice(flags);
+    let engine = P::try_parse_from(argv).expect("engine flags").engine;
+    ServerConfig::from_args(&ServeArgs {
+        host: "127.0.0.1".into(),
+        port: 0,
+        model_name: "m".into(),
+        max_model_len: 1 << 20,
+        api_key: None,
+        max_waiting: None,
+        reasoning_ratio: 0.0,
+        reasoning_format: ReasoningFormat::Separate,
+        default_max_tokens: 16,
+        max_body_bytes: 1 << 24,
+        tokenizer: None,
+        engine,
+    })
+    .expect("server config")
+}
+
+fn body(max_tokens: usize) -> Arc<serde_json::Value> {
+    Arc::new(serde_json::json!({
+        "model": "m", "prompt": "hello world ".repeat(16), "max_tokens": max_tokens,
+        "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true},
+    }))
+}
+
+fn run(config: ServerConfig, scripts: Vec<Box<dyn Script>>) -> driver::DriverOutput {
+    let server_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("server runtime");
+    let listener = server_rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    server_rt.spawn(mock_server::server::serve(listener, config, async {
+        let _ = stopped.await;
+    }));
+    let client_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("client runtime");
+    let out = client_rt
+        .block_on(async {
+            let endpoint = Endpoint {
+                client: client::client(Duration::from_secs(60)).expect("client"),
+                url: format!("http://{addr}/v1/completions"),
+                api_key: None,
+            };
+            driver::drive(endpoint, scripts, &DriverConfig::default()).await
+        })
+        .expect("drive");
+    let _ = stop.send(());
+    server_rt.shutdown_timeout(Duration::from_secs(1));
+    out
+}
+
+fn main() {
+    // 1. Throughput ceiling.
+    let scripts = (0..USERS)
+        .map(|_| {
+            Box::new(Closed {
+                body: body(256),
+                left: 8,
+            }) as Box<dyn Script>
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let out = run(server(&["--speedup-ratio", "inf"]), scripts);
+    let wall = started.elapsed().as_secs_f64();
+    let chunks: usize = out
+        .samples
+        .iter()
+        .map(|s| s.response.timing.token_chunks_us.len())
+        .sum();
+    let failed = out
+        .samples
+        .iter()
+        .filter(|s| s.response.failure.is_some())
+        .count();
+    println!(
+        "client_overhead/chunks: {USERS} users, {} requests ({failed} failed), {chunks} chunks in {wall:.2} s = {:.0} chunks/s on one client core",
+        out.samples.len(),
+        chunks as f64 / wall
+    );
+
+    // 2. TTFT error against the fixed model.
+    let rounds: Vec<Duration> = (0..5)
+        .map(|r| Duration::from_millis(50 + 150 * r))
+        .collect();
+    let scripts = (0..USERS)
+        .map(|_| {
+            Box::new(Rounds {
+                body: body(8),
+                offsets: rounds.clone(),
+                next: 0,
+            }) as Box<dyn Script>
+        })
+        .collect();
+    let out = run(
+        server(&["--fixed-latency", "20,5", "--num-workers", "1"]),
+        scripts,
+    );
+    let mut err: Vec<f64> = out
+        .samples
+        .iter()
+        .filter(|s| s.response.failure.is_none())
+        .filter_map(|s| {
+            s.response
+                .timing
+                .first_answer_us
+                .map(|t| (t + s.lag_us()) as f64 / 1000.0 - 20.0)
+        })
+        .collect();
+    err.sort_by(f64::total_cmp);
+    let n = err.len().max(1);
+    let mean = err.iter().sum::<f64>() / n as f64;
+    let at = |p: f64| {
+        err.get(((n - 1) as f64 * p).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    println!(
+        "client_overhead/ttft_error: {} requests in rounds of {USERS}, TTFT - 20 ms configured: mean {mean:.2} ms, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        err.len(),
+        at(0.5),
+        at(0.99),
+        at(1.0)
+    );
+}

@@ -1,0 +1,245 @@
+//! The one driver loop every mode runs on (`multiturn`, `replay`, `bench`), with a pluggable
+//! arrival schedule.
+//!
+//! A run is a set of sessions, each a [`Script`]: a closed loop that hands out its next request
+//! given the previous response. A request's start is either an absolute offset from the run start
+//! ([`Start::At`], open loop: trace timestamps, Poisson arrivals) or a delay after the previous
+//! request of the same session completed ([`Start::After`], closed loop: think times, trace
+//! `delay`s, concurrency). The pacer walks the sessions in order of their first start and wakes
+//! each at its absolute deadline (`sleep_until`, so lateness never accumulates); every later
+//! deadline is absolute too. An optional semaphore caps requests in flight.
+//!
+//! Every [`Sample`] carries its scheduled and actual send times, so latencies are measured from
+//! the scheduled time (no coordinated omission) and the schedule lag (actual − scheduled) shows
+//! whether the client kept up.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use indicatif::ProgressBar;
+use serde_json::Value;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use crate::client::{self, Endpoint, Response};
+use crate::error::LoadgenError;
+
+/// How long before a session's first deadline the pacer starts its task.
+pub const PACER_LEAD: Duration = Duration::from_millis(20);
+
+/// When a request is due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// At this offset from the run start (open loop).
+    At(Duration),
+    /// This long after the session's previous request completed (closed loop).
+    After(Duration),
+}
+
+/// One request a script wants sent.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    /// When it is due.
+    pub start: Start,
+    /// The JSON body.
+    pub body: Value,
+}
+
+/// A session's requests, produced one at a time (the next may depend on the last answer).
+pub trait Script: Send + 'static {
+    /// Offset from the run start at which the pacer starts this session (its first request's
+    /// [`Start::At`]).
+    fn first_start(&self) -> Duration;
+
+    /// The next request given the previous one's response (`None` before the first); `None`
+    /// ends the session.
+    fn next(&mut self, previous: Option<&Response>) -> Option<Planned>;
+}
+
+/// One request as the driver saw it. Times are µs from the run start.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    /// Index of the session (script) in the list given to [`drive`].
+    pub session: usize,
+    /// Position of the request within its session.
+    pub turn: usize,
+    /// Global send order (0 = first request sent).
+    pub seq: u64,
+    /// When it was due.
+    pub scheduled_us: u64,
+    /// When it was handed to the HTTP client.
+    pub sent_us: u64,
+    /// Of `sent_us - scheduled_us`, the time spent waiting for the in-flight cap.
+    pub cap_wait_us: u64,
+    /// What came back (times relative to `sent_us`; `content` is cleared once the script saw it).
+    pub response: Response,
+}
+
+impl Sample {
+    /// Actual minus scheduled send time.
+    pub fn lag_us(&self) -> u64 {
+        self.sent_us.saturating_sub(self.scheduled_us)
+    }
+
+    /// Lag not explained by the in-flight cap: the pacer's own lateness.
+    pub fn pacer_lag_us(&self) -> u64 {
+        self.lag_us().saturating_sub(self.cap_wait_us)
+    }
+
+    /// Absolute time (µs from the run start) of a response offset.
+    pub fn at(&self, offset_us: u64) -> u64 {
+        self.sent_us + offset_us
+    }
+
+    /// End of the request, µs from the run start.
+    pub fn end_us(&self) -> u64 {
+        self.at(self.response.timing.end_us)
+    }
+}
+
+/// Called with every sample as it completes (verbose lines).
+pub type Observer = Arc<dyn Fn(&Sample) + Send + Sync>;
+
+/// How the driver runs.
+#[derive(Clone, Default)]
+pub struct DriverConfig {
+    /// Requests in flight at most (None = unbounded).
+    pub max_in_flight: Option<usize>,
+    /// Requests due after this offset from the start are not sent (their session ends).
+    pub stop_after: Option<Duration>,
+    /// Progress bar, incremented per completed request.
+    pub bar: Option<ProgressBar>,
+    /// Called per completed request.
+    pub observer: Option<Observer>,
+}
+
+/// What [`drive`] returns.
+#[derive(Debug, Default)]
+pub struct DriverOutput {
+    /// Every request, by session then turn.
+    pub samples: Vec<Sample>,
+    /// From the run start to the last completion.
+    pub duration: Duration,
+}
+
+/// State shared by the session tasks.
+struct Shared {
+    endpoint: Endpoint,
+    start: Instant,
+    cap: Option<Arc<Semaphore>>,
+    stop_at: Option<Instant>,
+    seq: AtomicU64,
+    bar: Option<ProgressBar>,
+    observer: Option<Observer>,
+}
+
+fn since(start: Instant, t: Instant) -> u64 {
+    t.saturating_duration_since(start).as_micros() as u64
+}
+
+async fn run_session(
+    shared: Arc<Shared>,
+    session: usize,
+    mut script: Box<dyn Script>,
+) -> Vec<Sample> {
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut previous_end = shared.start;
+    loop {
+        let planned = script.next(samples.last().map(|s| &s.response));
+        if let Some(last) = samples.last_mut() {
+            // The script has seen the answer; drop the text to keep memory per request small.
+            last.response.content = String::new();
+        }
+        let Some(planned) = planned else { break };
+        let due = match planned.start {
+            Start::At(offset) => shared.start + offset,
+            Start::After(delay) => previous_end + delay,
+        };
+        if shared.stop_at.is_some_and(|stop| due > stop) {
+            break;
+        }
+        tokio::time::sleep_until(due).await;
+        let before_cap = Instant::now();
+        let permit = match &shared.cap {
+            Some(s) => s.clone().acquire_owned().await.ok(),
+            None => None,
+        };
+        let sent = Instant::now();
+        let seq = shared.seq.fetch_add(1, Ordering::Relaxed);
+        let response = client::send(&shared.endpoint, &planned.body).await;
+        drop(permit);
+        previous_end = sent + Duration::from_micros(response.timing.end_us);
+        let sample = Sample {
+            session,
+            turn: samples.len(),
+            seq,
+            scheduled_us: since(shared.start, due),
+            sent_us: since(shared.start, sent),
+            cap_wait_us: sent.saturating_duration_since(before_cap).as_micros() as u64,
+            response,
+        };
+        if let Some(bar) = &shared.bar {
+            bar.inc(1);
+        }
+        if let Some(observe) = &shared.observer {
+            observe(&sample);
+        }
+        samples.push(sample);
+    }
+    samples
+}
+
+/// Runs every script to the end against `endpoint`.
+pub async fn drive(
+    endpoint: Endpoint,
+    scripts: Vec<Box<dyn Script>>,
+    config: &DriverConfig,
+) -> Result<DriverOutput, LoadgenError> {
+    if config.max_in_flight == Some(0) {
+        return Err(LoadgenError::Config(
+            "the in-flight cap must be positive".into(),
+        ));
+    }
+    let start = Instant::now();
+    let shared = Arc::new(Shared {
+        endpoint,
+        start,
+        cap: config.max_in_flight.map(|n| Arc::new(Semaphore::new(n))),
+        stop_at: config.stop_after.map(|d| start + d),
+        seq: AtomicU64::new(0),
+        bar: config.bar.clone(),
+        observer: config.observer.clone(),
+    });
+    // The pacer: sessions in order of their first start (ties by index), each woken at its
+    // absolute deadline.
+    let mut order: Vec<(Duration, usize, Box<dyn Script>)> = scripts
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| (s.first_start(), i, s))
+        .collect();
+    order.sort_by_key(|(t, i, _)| (*t, *i));
+    let mut tasks = Vec::with_capacity(order.len());
+    for (first, index, script) in order {
+        if shared.stop_at.is_some_and(|stop| start + first > stop) {
+            continue;
+        }
+        // Wake the session a little early: it builds its first body, then sleeps until the
+        // exact deadline, so body construction does not show up as lag.
+        tokio::time::sleep_until((start + first).checked_sub(PACER_LEAD).unwrap_or(start)).await;
+        tasks.push(tokio::spawn(run_session(shared.clone(), index, script)));
+    }
+    let mut samples = Vec::new();
+    for task in tasks {
+        let s = task
+            .await
+            .map_err(|e| LoadgenError::Embedded(format!("session task failed: {e}")))?;
+        samples.extend(s);
+    }
+    samples.sort_by_key(|s| (s.session, s.turn));
+    let end = samples.iter().map(Sample::end_us).max().unwrap_or(0);
+    Ok(DriverOutput {
+        samples,
+        duration: Duration::from_micros(end),
+    })
+}

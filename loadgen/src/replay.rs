@@ -1,0 +1,510 @@
+//! `loadgen replay TRACE`: a Mooncake trace sent live, on the trace's schedule.
+//!
+//! The trace is read by `servesim::trace` (the parser, timing normalisation and line-numbered
+//! errors of `mockserve replay`). Each session is a driver [`Script`]: its first turn at the
+//! session's (sped-up) arrival time, each later turn its `delay` after the previous turn
+//! completed (closed loop), as the offline replay does. Prompts come from [`PromptSynth`] and go
+//! out as raw `/v1/completions` prompts (no chat template: trace blocks stay aligned with KV
+//! blocks), with `max_tokens = output_length` and `ignore_eos`.
+//!
+//! Sessions: rows are *cumulative* when each row's `hash_ids` extend the previous row's (the row
+//! already holds the history; sent as is) or *incremental* when they do not (the row holds only
+//! the new part; the previous rows' prompts are prepended). [`session_shape`] decides, the run
+//! says which, and the history is never added twice.
+
+use std::collections::HashSet;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use mock_server::args::EngineArgs;
+use serde_json::json;
+use servesim::trace::{self, Trace, TraceOptions, Turn};
+
+use crate::client::Response;
+use crate::driver::{self, DriverConfig, Planned, Script, Start};
+use crate::error::LoadgenError;
+use crate::prompt::PromptSynth;
+use crate::summary::{self, LiveReport, RequestInfo};
+use crate::target::{completion_body, TargetSpec};
+
+/// `loadgen replay` flags (`mockserve replay`'s, plus the live ones).
+#[derive(Args, Clone, Debug)]
+pub struct ReplayArgs {
+    /// Mooncake JSONL trace.
+    pub trace: PathBuf,
+
+    /// Base URL of an OpenAI-compatible server (prompts go to {url}/v1/completions). Without it,
+    /// mockserve runs in-process with the engine flags below.
+    #[arg(long)]
+    pub url: Option<String>,
+
+    /// Model name (auto-detected from {url}/v1/models when absent).
+    #[arg(long)]
+    pub model: Option<String>,
+
+    /// Divides arrival timestamps and inter-turn delays.
+    #[arg(long, default_value_t = 4.0)]
+    pub arrival_speedup_ratio: f64,
+
+    /// Prompt tokens per trace hash id.
+    #[arg(long, default_value_t = 512)]
+    pub trace_block_size: usize,
+
+    /// Replay only the first N rows of the file (like `head -n N`).
+    #[arg(long)]
+    pub max_requests: Option<usize>,
+
+    /// Requests in flight at most (further ones wait; their latency still counts from their
+    /// scheduled time).
+    #[arg(long)]
+    pub max_in_flight: Option<usize>,
+
+    /// How session rows relate: auto (detect), cumulative (each row holds the whole prompt) or
+    /// incremental (each row holds only the new part; earlier rows are prepended).
+    #[arg(long, value_enum, default_value_t = SessionMode::Auto)]
+    pub session_mode: SessionMode,
+
+    /// HuggingFace tokenizer.json of the target model (exact prompt lengths with --url; the
+    /// embedded server uses it too). Without it: the embedded server's tokenizer, or with --url
+    /// about one lorem word per token.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+
+    /// Sent as "Authorization: Bearer KEY".
+    #[arg(long)]
+    pub api_key: Option<String>,
+
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub request_timeout_s: f64,
+
+    /// Write the report as pretty JSON (`mockserve replay`'s keys, then loadgen's).
+    #[arg(long, value_name = "PATH")]
+    pub report_json: Option<PathBuf>,
+
+    /// Write one JSON line per request.
+    #[arg(long, value_name = "PATH")]
+    pub per_request_jsonl: Option<PathBuf>,
+
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+
+    /// Engine, router and cluster settings of the embedded server (ignored with --url).
+    #[command(flatten, next_help_heading = "Embedded server (without --url)")]
+    pub engine: EngineArgs,
+}
+
+/// How session rows relate to each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SessionMode {
+    /// Detect from the hash ids.
+    Auto,
+    /// Each row's hash ids hold the whole prompt, history included.
+    Cumulative,
+    /// Each row's hash ids hold only the new part.
+    Incremental,
+}
+
+/// What the rows of a trace's multi-turn sessions look like.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionShape {
+    /// Consecutive row pairs whose later row extends the earlier one's hash ids.
+    pub cumulative_pairs: usize,
+    /// Other consecutive pairs.
+    pub incremental_pairs: usize,
+}
+
+impl SessionShape {
+    /// The mode `auto` resolves to: incremental only when no pair is cumulative.
+    pub fn detected(&self) -> SessionMode {
+        if self.incremental_pairs > 0 && self.cumulative_pairs == 0 {
+            SessionMode::Incremental
+        } else {
+            SessionMode::Cumulative
+        }
+    }
+
+    /// One line for the console.
+    pub fn describe(&self) -> String {
+        match (self.cumulative_pairs, self.incremental_pairs) {
+            (0, 0) => "no multi-turn sessions".into(),
+            (c, 0) => format!("sessions are cumulative ({c} of {c} follow-up rows extend the previous row's hash ids): rows sent as they are"),
+            (0, i) => format!("sessions are incremental (none of {i} follow-up rows extends the previous row's hash ids): earlier rows are prepended"),
+            (c, i) => format!("sessions are mixed ({c} follow-up rows extend the previous row, {i} do not): rows sent as they are (cumulative)"),
+        }
+    }
+}
+
+/// Classifies every consecutive pair of rows within each session.
+pub fn session_shape(trace: &Trace) -> SessionShape {
+    let mut shape = SessionShape {
+        cumulative_pairs: 0,
+        incremental_pairs: 0,
+    };
+    for s in &trace.sessions {
+        for w in s.turns.windows(2) {
+            if w[1].hash_ids.len() >= w[0].hash_ids.len()
+                && w[1].hash_ids.starts_with(&w[0].hash_ids)
+            {
+                shape.cumulative_pairs += 1;
+            } else {
+                shape.incremental_pairs += 1;
+            }
+        }
+    }
+    shape
+}
+
+/// Prompt of one request: (hash ids, tokens) segments concatenated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PromptPlan {
+    /// Segments, each `input_length` tokens of its hash ids' blocks.
+    pub segments: Vec<(Vec<u64>, usize)>,
+}
+
+impl PromptPlan {
+    /// Total tokens.
+    pub fn len(&self) -> usize {
+        self.segments.iter().map(|(_, n)| n).sum()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The text.
+    pub fn text(&self, synth: &PromptSynth) -> String {
+        self.segments
+            .iter()
+            .map(|(ids, n)| synth.prompt(ids, *n))
+            .collect()
+    }
+
+    /// Hash ids in prompt order (block-level identity, for the expected reuse).
+    fn ids(&self) -> Vec<u64> {
+        self.segments
+            .iter()
+            .flat_map(|(ids, _)| ids.iter().copied())
+            .collect()
+    }
+}
+
+/// Every request's prompt plan, per session and turn, for `mode` (already resolved).
+pub fn plans(trace: &Trace, mode: SessionMode) -> Vec<Vec<PromptPlan>> {
+    trace
+        .sessions
+        .iter()
+        .map(|s| {
+            let mut history: Vec<(Vec<u64>, usize)> = Vec::new();
+            s.turns
+                .iter()
+                .map(|t: &Turn| {
+                    let own = (t.hash_ids.clone(), t.input_length);
+                    match mode {
+                        SessionMode::Incremental => {
+                            history.push(own);
+                            PromptPlan {
+                                segments: history.clone(),
+                            }
+                        }
+                        _ => PromptPlan {
+                            segments: vec![own],
+                        },
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Expected prefix reuse with an unbounded cache: per request (session, turn order) the tokens
+/// of its leading blocks whose hash-id prefix an earlier request (in approximate arrival order:
+/// session start plus delays) already had, capped at the prompt length.
+pub fn expected_reuse(trace: &Trace, plans: &[Vec<PromptPlan>], block: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<(u64, usize, usize)> = Vec::new();
+    for (si, s) in trace.sessions.iter().enumerate() {
+        let mut t = s.first_arrival.0;
+        for (ti, turn) in s.turns.iter().enumerate() {
+            t += turn.delay.0;
+            order.push((t, si, ti));
+        }
+    }
+    order.sort();
+    let mut seen: HashSet<u64> = HashSet::new();
+    let mut out: Vec<Vec<usize>> = plans.iter().map(|p| vec![0; p.len()]).collect();
+    for (_, si, ti) in order {
+        let plan = &plans[si][ti];
+        let mut chain = 0xcbf2_9ce4_8422_2325u64;
+        let mut hit_blocks = 0;
+        let mut prefix_intact = true;
+        for id in plan.ids() {
+            chain = xxhash_rust::xxh3::xxh3_64_with_seed(&id.to_le_bytes(), chain);
+            if prefix_intact && seen.contains(&chain) {
+                hit_blocks += 1;
+            } else {
+                prefix_intact = false;
+            }
+            seen.insert(chain);
+        }
+        out[si][ti] = (hit_blocks * block).min(plan.len());
+    }
+    out
+}
+
+/// One session as a driver script.
+struct SessionScript {
+    trace: Arc<Trace>,
+    plans: Arc<Vec<Vec<PromptPlan>>>,
+    synth: Arc<PromptSynth>,
+    model: Arc<str>,
+    session: usize,
+    next_turn: usize,
+}
+
+impl Script for SessionScript {
+    fn first_start(&self) -> Duration {
+        Duration::from_micros(self.trace.sessions[self.session].first_arrival.0)
+    }
+
+    fn next(&mut self, _previous: Option<&Response>) -> Option<Planned> {
+        let s = &self.trace.sessions[self.session];
+        let turn = s.turns.get(self.next_turn)?;
+        let start = if self.next_turn == 0 {
+            Start::At(self.first_start())
+        } else {
+            Start::After(Duration::from_micros(turn.delay.0))
+        };
+        let text = self.plans[self.session][self.next_turn].text(&self.synth);
+        self.next_turn += 1;
+        Some(Planned {
+            start,
+            body: completion_body(&self.model, text, turn.output_length),
+        })
+    }
+}
+
+/// Loads the trace (the first `max_requests` rows when given).
+pub fn load_trace(args: &ReplayArgs) -> Result<Trace, LoadgenError> {
+    let options = TraceOptions {
+        trace_block_size: args.trace_block_size,
+        arrival_speedup_ratio: args.arrival_speedup_ratio,
+    };
+    let name = args.trace.display().to_string();
+    let trace = match args.max_requests {
+        None => trace::load(&args.trace, &options)?,
+        Some(n) => {
+            let text = std::fs::read_to_string(&args.trace).map_err(|source| LoadgenError::Io {
+                path: args.trace.clone(),
+                source,
+            })?;
+            let mut kept = 0usize;
+            let mut end = 0usize;
+            for line in text.split_inclusive('\n') {
+                if kept == n {
+                    break;
+                }
+                if !line.trim().is_empty() {
+                    kept += 1;
+                }
+                end += line.len();
+            }
+            trace::parse(std::io::Cursor::new(&text[..end]), &name, &options)?
+        }
+    };
+    Ok(trace)
+}
+
+/// The outcome of a live replay.
+#[derive(Debug)]
+pub struct ReplayRun {
+    /// The report.
+    pub live: LiveReport,
+    /// The session mode used.
+    pub session_mode: SessionMode,
+    /// Σ expected reused tokens / Σ prompt tokens.
+    pub expected_prefix_reuse_ratio: f64,
+    /// The report JSON as written.
+    pub json: serde_json::Value,
+}
+
+/// Runs `loadgen replay`: prints the report and writes the requested files.
+pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
+    if args.max_requests == Some(0) {
+        return Err(LoadgenError::Config(
+            "--max-requests must be positive".into(),
+        ));
+    }
+    if !(args.request_timeout_s.is_finite() && args.request_timeout_s > 0.0) {
+        return Err(LoadgenError::Config(
+            "--request-timeout-s must be positive".into(),
+        ));
+    }
+    let trace = load_trace(args)?;
+    let spec = TargetSpec {
+        url: args.url.clone(),
+        model: args.model.clone(),
+        tokenizer: args.tokenizer.clone(),
+        api_key: args.api_key.clone(),
+        request_timeout: Duration::from_secs_f64(args.request_timeout_s),
+        engine: args.engine.clone(),
+    };
+    spec.server_config()?;
+    let shape = session_shape(&trace);
+    let mode = match args.session_mode {
+        SessionMode::Auto => shape.detected(),
+        m => m,
+    };
+    println!(
+        "Trace {}: {} requests in {} sessions; {}",
+        args.trace.display(),
+        trace.num_requests(),
+        trace.sessions.len(),
+        shape.describe()
+    );
+    if args.session_mode != SessionMode::Auto {
+        println!("Session mode forced: {mode:?}");
+    }
+    let plans = plans(&trace, mode);
+    let expected = expected_reuse(&trace, &plans, args.trace_block_size);
+    let target = spec.connect().await?;
+    let synth = Arc::new(target.synth(args.trace_block_size));
+    println!(
+        "Prompts: {} tokens per hash id, {} ({})",
+        args.trace_block_size,
+        if synth.is_exact() {
+            "exact"
+        } else {
+            "approximate: ~1 lorem word per token"
+        },
+        if args.url.is_some() {
+            "target"
+        } else {
+            "embedded server's tokenizer"
+        }
+    );
+    let total = trace.num_requests() as u64;
+    let bar = if !args.quiet && std::io::stderr().is_terminal() {
+        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+        if let Ok(style) =
+            ProgressStyle::with_template("replay {bar:40} {pos}/{len} requests {elapsed}")
+        {
+            bar.set_style(style);
+        }
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let trace = Arc::new(trace);
+    let plans = Arc::new(plans);
+    let model: Arc<str> = Arc::from(target.model.as_str());
+    let scripts: Vec<Box<dyn Script>> = (0..trace.sessions.len())
+        .map(|session| {
+            Box::new(SessionScript {
+                trace: trace.clone(),
+                plans: plans.clone(),
+                synth: synth.clone(),
+                model: model.clone(),
+                session,
+                next_turn: 0,
+            }) as Box<dyn Script>
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let config = DriverConfig {
+        max_in_flight: args.max_in_flight,
+        bar: Some(bar.clone()),
+        ..DriverConfig::default()
+    };
+    let result = driver::drive(target.endpoint.clone(), scripts, &config).await;
+    let wall = started.elapsed();
+    bar.finish_and_clear();
+    target.shutdown().await;
+    let out = result?;
+
+    let infos: Vec<Vec<RequestInfo>> = trace
+        .sessions
+        .iter()
+        .enumerate()
+        .map(|(si, s)| {
+            s.turns
+                .iter()
+                .enumerate()
+                .map(|(ti, t)| RequestInfo {
+                    input_length: plans[si][ti].len(),
+                    max_output: t.output_length,
+                    session: Some(s.id.clone()),
+                    turn: ti,
+                    expected_reused_tokens: Some(expected[si][ti]),
+                })
+                .collect()
+        })
+        .collect();
+    let items: Vec<_> = out
+        .samples
+        .iter()
+        .map(|s| (s, &infos[s.session][s.turn]))
+        .collect();
+    let live = summary::build(&items, wall);
+    let expected_total: usize = items
+        .iter()
+        .filter(|(s, _)| s.response.failure.is_none())
+        .filter_map(|(_, i)| i.expected_reused_tokens)
+        .sum();
+    let input_total: usize = items
+        .iter()
+        .filter(|(s, _)| s.response.failure.is_none())
+        .map(|(_, i)| i.input_length)
+        .sum();
+    let expected_ratio = if input_total > 0 {
+        expected_total as f64 / input_total as f64
+    } else {
+        0.0
+    };
+    let mismatched = items
+        .iter()
+        .filter(|(s, i)| {
+            s.response
+                .prompt_tokens
+                .is_some_and(|p| p as usize != i.input_length)
+        })
+        .count();
+    let json = live.to_json(&[
+        ("session_mode", json!(format!("{mode:?}").to_lowercase())),
+        ("expected_prefix_reuse_ratio", json!(expected_ratio)),
+        (
+            "observed_prefix_reuse_ratio",
+            json!(live.report.prefix_cache_reused_ratio),
+        ),
+        ("prompt_length_mismatches", json!(mismatched)),
+        ("arrival_speedup_ratio", json!(args.arrival_speedup_ratio)),
+        ("trace_block_size", json!(args.trace_block_size)),
+    ]);
+    println!("Live replay report");
+    print!("{}", live.report);
+    println!(
+        "Prefix reuse: expected from the trace's hash ids {:.4}, reported by the server (cached_tokens) {:.4}",
+        expected_ratio, live.report.prefix_cache_reused_ratio
+    );
+    if mismatched > 0 {
+        println!("WARNING: {mismatched} prompts did not have the trace's input_length (server usage.prompt_tokens)");
+    }
+    print!("{}", live.lag_lines());
+    summary::write_files(
+        &json,
+        &live.records,
+        args.report_json.as_deref(),
+        args.per_request_jsonl.as_deref(),
+    )?;
+    Ok(ReplayRun {
+        live,
+        session_mode: mode,
+        expected_prefix_reuse_ratio: expected_ratio,
+        json,
+    })
+}

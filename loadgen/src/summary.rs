@@ -1,0 +1,241 @@
+//! The report of a live `replay` or `bench` run, with the same keys as `mockserve replay`: driver
+//! [`Sample`]s are fed to servesim's [`Collector`] on the wall clock (µs since the run start) and
+//! become a [`ReplayReport`] plus one [`LiveRecord`] per request; schedule lag, expected prefix
+//! reuse and goodput go in extra keys after `mockserve replay`'s.
+
+use std::io::Write;
+use std::path::Path;
+
+use serde::Serialize;
+use serde_json::{json, Value};
+use servesim::ids::{RequestId, WorkerId};
+use servesim::metrics::{Collector, Distribution, ReplayReport, RequestRecord};
+use servesim::time::SimTime;
+
+use crate::driver::Sample;
+use crate::error::LoadgenError;
+
+/// What loadgen intended for one request (the driver only sees bodies).
+#[derive(Clone, Debug, Default)]
+pub struct RequestInfo {
+    /// Intended prompt tokens.
+    pub input_length: usize,
+    /// Requested output tokens.
+    pub max_output: usize,
+    /// Trace session, if any.
+    pub session: Option<String>,
+    /// Position in the session.
+    pub turn: usize,
+    /// Prompt tokens the trace's hash ids say were seen before (replay only).
+    pub expected_reused_tokens: Option<usize>,
+}
+
+/// One per-request JSONL line: `mockserve replay`'s record, then loadgen's fields.
+#[derive(Clone, Debug, Serialize)]
+pub struct LiveRecord {
+    /// The same keys as `mockserve replay --per-request-jsonl` (`worker` is unknown: null;
+    /// `reused_input_tokens` is the server's `cached_tokens`; `first_admit_ms` is the response
+    /// headers).
+    #[serde(flatten)]
+    pub record: RequestRecord,
+    /// When the request was due (ms from the run start; latencies count from here).
+    pub scheduled_ms: f64,
+    /// When it was sent.
+    pub sent_ms: f64,
+    /// `sent_ms - scheduled_ms`.
+    pub schedule_lag_ms: f64,
+    /// `usage.prompt_tokens`.
+    pub prompt_tokens: Option<u64>,
+    /// Prompt tokens expected from the prefix cache (trace hash ids; replay only).
+    pub expected_reused_tokens: Option<usize>,
+    /// Why it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Schedule lag figures (ms).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct LagFigures {
+    /// Median actual − scheduled send.
+    pub p50_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// Largest.
+    pub max_ms: f64,
+    /// Largest lag not explained by waiting for the in-flight cap (the pacer's own).
+    pub max_pacer_ms: f64,
+}
+
+/// Pacer lag above which the run is flagged: the client could not keep up.
+pub const LAG_WARN_MS: f64 = 10.0;
+
+/// A live run's report.
+#[derive(Clone, Debug)]
+pub struct LiveReport {
+    /// `mockserve replay`'s figures.
+    pub report: ReplayReport,
+    /// One per request, in id (scheduled) order.
+    pub records: Vec<LiveRecord>,
+    /// Schedule lag.
+    pub lag: LagFigures,
+}
+
+/// Builds the report from `(sample, info)` pairs; `wall` is the run's wall time. Times are
+/// rebased on the earliest scheduled time among `items` (warmup excluded from the duration).
+pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> LiveReport {
+    let base = items.iter().map(|(s, _)| s.scheduled_us).min().unwrap_or(0);
+    let rebased: Vec<Sample> = items
+        .iter()
+        .map(|(s, _)| {
+            let mut s = (*s).clone();
+            s.scheduled_us -= base;
+            s.sent_us -= base.min(s.sent_us);
+            s
+        })
+        .collect();
+    let items: Vec<(&Sample, &RequestInfo)> = rebased
+        .iter()
+        .zip(items)
+        .map(|(s, (_, info))| (s, *info))
+        .collect();
+    let items = &items[..];
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| (items[i].0.scheduled_us, items[i].0.session, items[i].0.turn));
+    let mut collector = Collector::new();
+    let mut lags = Vec::with_capacity(items.len());
+    let mut pacer_max: f64 = 0.0;
+    for (id, &i) in order.iter().enumerate() {
+        let (s, info) = items[i];
+        let id = RequestId(id as u64);
+        let r = &s.response;
+        let input_length = r
+            .prompt_tokens
+            .map(|n| n as usize)
+            .unwrap_or(info.input_length);
+        collector.on_arrival(
+            id,
+            SimTime(s.scheduled_us),
+            input_length,
+            info.max_output,
+            info.session.as_deref(),
+            info.turn,
+        );
+        lags.push(s.lag_us() as f64 / 1000.0);
+        pacer_max = pacer_max.max(s.pacer_lag_us() as f64 / 1000.0);
+        if r.failure.is_some() {
+            collector.on_reject(id, SimTime(s.end_us()));
+            continue;
+        }
+        let admitted = s.at(r.timing.headers_us.unwrap_or(0));
+        collector.on_admit(
+            id,
+            SimTime(admitted),
+            r.cached_tokens.unwrap_or(0) as usize,
+            WorkerId(0),
+        );
+        let chunks = &r.timing.token_chunks_us;
+        for &t in chunks {
+            collector.on_token(id, SimTime(s.at(t)));
+        }
+        // A chunk carrying several tokens: the rest count at the last chunk's time.
+        if let Some(&last) = chunks.last() {
+            for _ in chunks.len() as u64..r.output_tokens {
+                collector.on_token(id, SimTime(s.at(last)));
+            }
+        }
+        collector.on_finish(id, SimTime(s.end_us()));
+    }
+    let (report, records) = collector.finish(wall);
+    let records = records
+        .into_iter()
+        .zip(&order)
+        .map(|(mut record, &i)| {
+            let (s, info) = items[i];
+            record.worker = None;
+            LiveRecord {
+                record,
+                scheduled_ms: s.scheduled_us as f64 / 1000.0,
+                sent_ms: s.sent_us as f64 / 1000.0,
+                schedule_lag_ms: s.lag_us() as f64 / 1000.0,
+                prompt_tokens: s.response.prompt_tokens,
+                expected_reused_tokens: info.expected_reused_tokens,
+                error: s.response.failure.as_ref().map(|f| f.reason()),
+            }
+        })
+        .collect();
+    let d = Distribution::from_samples(&mut lags);
+    LiveReport {
+        report,
+        records,
+        lag: LagFigures {
+            p50_ms: d.median,
+            p99_ms: d.p99,
+            max_ms: d.max,
+            max_pacer_ms: pacer_max,
+        },
+    }
+}
+
+impl LiveReport {
+    /// The report as JSON: `mockserve replay`'s keys, then `schedule_lag_*`, then `extra`'s.
+    pub fn to_json(&self, extra: &[(&str, Value)]) -> Value {
+        let mut v = serde_json::to_value(&self.report).unwrap_or_else(|_| json!({}));
+        if let Some(map) = v.as_object_mut() {
+            map.insert("schedule_lag_p50_ms".into(), json!(self.lag.p50_ms));
+            map.insert("schedule_lag_p99_ms".into(), json!(self.lag.p99_ms));
+            map.insert("schedule_lag_max_ms".into(), json!(self.lag.max_ms));
+            map.insert(
+                "schedule_lag_max_pacer_ms".into(),
+                json!(self.lag.max_pacer_ms),
+            );
+            for (k, val) in extra {
+                map.insert((*k).to_string(), val.clone());
+            }
+        }
+        v
+    }
+
+    /// The schedule-lag lines of the console report, with a warning when the pacer fell behind.
+    pub fn lag_lines(&self) -> String {
+        let l = &self.lag;
+        let mut s = format!(
+            "Schedule lag (actual - scheduled send): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (pacer alone: max {:.2} ms)\n",
+            l.p50_ms, l.p99_ms, l.max_ms, l.max_pacer_ms
+        );
+        if l.max_pacer_ms > LAG_WARN_MS {
+            s.push_str(&format!(
+                "WARNING: the client could not keep up with the schedule (pacer lag up to {:.1} ms > {LAG_WARN_MS} ms); latencies still count from the scheduled times\n",
+                l.max_pacer_ms
+            ));
+        }
+        s
+    }
+}
+
+/// Writes the report JSON and the per-request JSONL when asked to.
+pub fn write_files(
+    json: &Value,
+    records: &[LiveRecord],
+    report_json: Option<&Path>,
+    per_request_jsonl: Option<&Path>,
+) -> Result<(), LoadgenError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| LoadgenError::Io { path, source }
+    };
+    if let Some(path) = report_json {
+        let text = serde_json::to_string_pretty(json).unwrap_or_default();
+        std::fs::write(path, text + "\n").map_err(io(path))?;
+        println!("Saved report to {}", path.display());
+    }
+    if let Some(path) = per_request_jsonl {
+        let file = std::fs::File::create(path).map_err(io(path))?;
+        let mut w = std::io::BufWriter::new(file);
+        for r in records {
+            let line = serde_json::to_string(r).unwrap_or_default();
+            writeln!(w, "{line}").map_err(io(path))?;
+        }
+        w.flush().map_err(io(path))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,181 @@
+//! `loadgen replay` end to end: live equals offline on a fixture trace, session handling,
+//! pacing against known timestamps.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::Parser;
+use loadgen::replay::{ReplayArgs, SessionMode};
+use loadgen::{Cli, Command};
+use servesim::replay::{replay as offline_replay, ReplayConfig};
+
+async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
+    match tokio::time::timeout(Duration::from_secs(secs), f).await {
+        Ok(v) => Ok(v),
+        Err(_) => bail!("timed out after {secs}s"),
+    }
+}
+
+fn fixture(name: &str) -> String {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    root.join(name).display().to_string()
+}
+
+fn args(flags: &[&str]) -> ReplayArgs {
+    let mut argv = vec!["loadgen", "replay"];
+    argv.extend_from_slice(flags);
+    match Cli::try_parse_from(argv).expect("valid flags").command {
+        Command::Replay(a) => a,
+        _ => unreachable!(),
+    }
+}
+
+fn close(live: f64, offline: f64, rel: f64) -> bool {
+    (live - offline).abs() <= rel * offline
+}
+
+/// Same engine flags and trace: `mockserve replay` (virtual clock) and `loadgen replay` against
+/// the embedded server (wall clock) agree. The engine runs at half speed so that the client's
+/// fixed overhead (about 1 ms of tokio timer granularity per deadline, plus HTTP) stays small
+/// against the latencies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_equals_offline_on_the_small_trace() -> Result<()> {
+    let trace = fixture("trace_small.jsonl");
+    let flags = [
+        "--arrival-speedup-ratio",
+        "0.5",
+        "--speedup-ratio",
+        "0.5",
+        "--quiet",
+    ];
+    let mut argv = vec![trace.as_str()];
+    argv.extend_from_slice(&flags);
+    let a = args(&argv);
+    let offline = offline_replay(
+        &loadgen::replay::load_trace(&a)?,
+        &ReplayConfig {
+            cluster: a.engine.cluster_config()?,
+            trace_block_size: a.trace_block_size,
+        },
+        |_, _| {},
+    )?
+    .report;
+    let live = within(60, loadgen::replay::replay(&a)).await??;
+    let l = &live.live.report;
+    assert_eq!(l.completed_requests, offline.completed_requests);
+    assert_eq!(l.total_output_tokens, offline.total_output_tokens);
+    assert_eq!(l.total_input_tokens, offline.total_input_tokens);
+    assert_eq!(
+        l.prefix_cache_reused_ratio,
+        offline.prefix_cache_reused_ratio
+    );
+    assert!(
+        close(l.ttft.mean, offline.ttft.mean, 0.10),
+        "TTFT live {} offline {}",
+        l.ttft.mean,
+        offline.ttft.mean
+    );
+    assert!(
+        close(l.e2e_latency.mean, offline.e2e_latency.mean, 0.05),
+        "E2E live {} offline {}",
+        l.e2e_latency.mean,
+        offline.e2e_latency.mean
+    );
+    assert!(live.expected_prefix_reuse_ratio >= l.prefix_cache_reused_ratio);
+    assert_eq!(live.json["completed_requests"], 20);
+    assert!(live.json.get("schedule_lag_p99_ms").is_some());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_cumulative_and_incremental() -> Result<()> {
+    for (file, mode, second_turn_tokens) in [
+        ("sessions_cumulative.jsonl", SessionMode::Cumulative, 128u64),
+        ("sessions_incremental.jsonl", SessionMode::Incremental, 128),
+    ] {
+        let path = fixture(file);
+        let a = args(&[
+            &path,
+            "--trace-block-size",
+            "32",
+            "--block-size",
+            "16",
+            "--speedup-ratio",
+            "inf",
+            "--quiet",
+        ]);
+        let trace = loadgen::replay::load_trace(&a)?;
+        assert_eq!(
+            loadgen::replay::session_shape(&trace).detected(),
+            mode,
+            "{file}"
+        );
+        let run = within(30, loadgen::replay::replay(&a)).await??;
+        assert_eq!(run.session_mode, mode);
+        let recs = &run.live.records;
+        assert_eq!(recs.len(), 4);
+        let a1 = recs
+            .iter()
+            .find(|r| r.record.session_id.as_deref() == Some("a") && r.record.turn_index == 1)
+            .expect("session a turn 1");
+        // History is never doubled: cumulative rows as they are, incremental rows prefixed once.
+        assert_eq!(a1.prompt_tokens, Some(second_turn_tokens), "{file}");
+        // The second turn reuses the first turn's full KV blocks (64 tokens).
+        assert_eq!(a1.record.reused_input_tokens, 64, "{file}");
+        assert_eq!(a1.expected_reused_tokens, Some(64), "{file}");
+        // Closed loop: sent its delay (20 ms / 4) after turn 0 completed, not at its timestamp.
+        let a0 = recs
+            .iter()
+            .find(|r| r.record.session_id.as_deref() == Some("a") && r.record.turn_index == 0)
+            .expect("session a turn 0");
+        let a0_end = a0.record.finish_ms.expect("finished");
+        assert!(
+            a1.scheduled_ms >= a0_end + 5.0 - 0.01,
+            "{} vs {}",
+            a1.scheduled_ms,
+            a0_end
+        );
+    }
+    Ok(())
+}
+
+/// Scheduled send times are the trace's timestamps exactly; actual sends are never early and
+/// late by little (loose bound: a shared 2-core machine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pacing_follows_the_trace_timestamps() -> Result<()> {
+    let path = fixture("trace_pacing.jsonl");
+    let a = args(&[
+        &path,
+        "--arrival-speedup-ratio",
+        "1",
+        "--speedup-ratio",
+        "inf",
+        "--quiet",
+    ]);
+    let run = within(30, loadgen::replay::replay(&a)).await??;
+    let scheduled: Vec<f64> = run.live.records.iter().map(|r| r.scheduled_ms).collect();
+    assert_eq!(scheduled, vec![0.0, 100.0, 250.0, 260.0, 400.0]);
+    for r in &run.live.records {
+        assert!(r.sent_ms >= r.scheduled_ms);
+        assert!(r.schedule_lag_ms < 50.0, "lag {}", r.schedule_lag_ms);
+        assert_eq!(r.record.arrival_ms, r.scheduled_ms);
+    }
+    Ok(())
+}
+
+#[test]
+fn trace_errors_are_line_numbered_as_in_mockserve() {
+    let dir = std::env::temp_dir().join(format!("loadgen-replay-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("bad.jsonl");
+    std::fs::write(
+        &path,
+        "{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1]}\n{\"timestamp\": 1}\n",
+    )
+    .expect("write");
+    let a = args(&[path.to_str().expect("utf-8")]);
+    let err = loadgen::replay::load_trace(&a).expect_err("bad row");
+    assert!(err.to_string().contains("bad.jsonl:2:"), "{err}");
+}
