@@ -7,9 +7,10 @@
 //! a current-thread runtime, so it has one core.
 //! 1. `--speedup-ratio inf`: 64 closed-loop users, 256 output tokens per request: the server is
 //!    never the bottleneck, so chunks timed per second of wall time is the client's ceiling.
-//! 2. `--fixed-latency 20,5` at speed 1: rounds of 64 simultaneous requests (8 output tokens,
-//!    prompts that fit one prefill pass), so the engine's TTFT is exactly one prefill pass, 20 ms;
-//!    the report is the client's TTFT minus 20 ms.
+//! 2. `--fixed-latency 20,5` at speed 1: rounds of 64 simultaneous requests (8 output tokens)
+//!    over 64 round-robin workers, so every request finds an idle worker and the engine's TTFT is
+//!    exactly one prefill pass, 20 ms, with no queueing; the report is the client's TTFT minus
+//!    20 ms: client, HTTP and timer overhead at that load.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -172,7 +173,14 @@ fn main() {
         })
         .collect();
     let out = run(
-        server(&["--fixed-latency", "20,5", "--num-workers", "1"]),
+        server(&[
+            "--fixed-latency",
+            "20,5",
+            "--num-workers",
+            &USERS.to_string(),
+            "--router-mode",
+            "round-robin",
+        ]),
         scripts,
     );
     let mut err: Vec<f64> = out
