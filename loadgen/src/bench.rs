@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget};
-use mock_server::args::EngineArgs;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -30,17 +29,11 @@ use crate::driver::{self, DriverConfig, Planned, Script, Start};
 use crate::error::LoadgenError;
 use crate::prompt::PromptSynth;
 use crate::summary::{self, LiveRecord, RequestInfo};
-use crate::target::{completion_body, TargetSpec};
+use crate::target::{completion_body, TargetArgs};
 
 /// `loadgen bench` flags.
 #[derive(Args, Clone, Debug)]
 pub struct BenchArgs {
-    /// Base URL (prompts go to {url}/v1/completions); without it an embedded mockserve.
-    #[arg(long)]
-    pub url: Option<String>,
-    /// Model name (auto-detected when absent).
-    #[arg(long)]
-    pub model: Option<String>,
     /// Closed loop: this many requests in flight (with --request-rate: the cap).
     #[arg(long)]
     pub concurrency: Option<usize>,
@@ -85,15 +78,6 @@ pub struct BenchArgs {
     /// mean inter-token latency; units us, ms, s).
     #[arg(long)]
     pub slo: Option<Slo>,
-    /// HuggingFace tokenizer.json of the target (exact prompt lengths with --url).
-    #[arg(long)]
-    pub tokenizer: Option<PathBuf>,
-    /// Sent as "Authorization: Bearer KEY".
-    #[arg(long)]
-    pub api_key: Option<String>,
-    /// Per-request timeout in seconds.
-    #[arg(long, default_value_t = 600.0)]
-    pub request_timeout_s: f64,
     /// Write the report as pretty JSON.
     #[arg(long, value_name = "PATH")]
     pub report_json: Option<PathBuf>,
@@ -103,9 +87,9 @@ pub struct BenchArgs {
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
-    /// Engine settings of the embedded server (ignored with --url).
-    #[command(flatten, next_help_heading = "Embedded server (without --url)")]
-    pub engine: EngineArgs,
+    /// Where requests go.
+    #[command(flatten)]
+    pub target: TargetArgs,
 }
 
 /// Open-loop inter-arrival distribution.
@@ -302,7 +286,8 @@ pub fn arrival_offsets(
 /// Request `k`'s lengths: (unique input tokens, output tokens).
 fn lengths(args: &BenchArgs, k: usize) -> (usize, usize) {
     let mut rng = ChaCha8Rng::seed_from_u64(
-        args.engine
+        args.target
+            .engine
             .seed
             .wrapping_mul(0x9E37_79B9)
             .wrapping_add(k as u64),
@@ -346,7 +331,7 @@ impl Requests {
             let g = PREFIX_ID_BASE + k as u64 % groups;
             pieces.extend(self.synth.filler(g, self.args.shared_prefix_tokens));
         }
-        let unique = self.args.engine.seed.rotate_left(32) ^ k as u64;
+        let unique = self.args.target.engine.seed.rotate_left(32) ^ k as u64;
         pieces.extend(self.synth.filler(unique, input));
         completion_body(&self.model, self.synth.text(&pieces), output)
     }
@@ -452,14 +437,7 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
     if limit == 0 {
         return bad("--num-requests must be positive");
     }
-    let spec = TargetSpec {
-        url: args.url.clone(),
-        model: args.model.clone(),
-        tokenizer: args.tokenizer.clone(),
-        api_key: args.api_key.clone(),
-        request_timeout: Duration::from_secs_f64(args.request_timeout_s.max(0.001)),
-        engine: args.engine.clone(),
-    };
+    let spec = args.target.spec()?;
     spec.server_config()?;
     let target = spec.connect().await?;
     let requests = Arc::new(Requests {
@@ -478,7 +456,7 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
                     args.burstiness,
                     limit,
                     limit_s,
-                    args.engine.seed,
+                    args.target.engine.seed,
                 );
                 let s = offsets
                     .into_iter()

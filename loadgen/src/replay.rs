@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use mock_server::args::EngineArgs;
 use serde_json::json;
 use servesim::trace::{self, Trace, TraceOptions, Turn};
 
@@ -29,22 +28,13 @@ use crate::driver::{self, DriverConfig, Planned, Script, Start};
 use crate::error::LoadgenError;
 use crate::prompt::PromptSynth;
 use crate::summary::{self, LiveReport, RequestInfo};
-use crate::target::{completion_body, TargetSpec};
+use crate::target::{completion_body, TargetArgs};
 
 /// `loadgen replay` flags (`mockserve replay`'s, plus the live ones).
 #[derive(Args, Clone, Debug)]
 pub struct ReplayArgs {
     /// Mooncake JSONL trace.
     pub trace: PathBuf,
-
-    /// Base URL of an OpenAI-compatible server (prompts go to {url}/v1/completions). Without it,
-    /// mockserve runs in-process with the engine flags below.
-    #[arg(long)]
-    pub url: Option<String>,
-
-    /// Model name (auto-detected from {url}/v1/models when absent).
-    #[arg(long)]
-    pub model: Option<String>,
 
     /// Divides arrival timestamps and inter-turn delays.
     #[arg(long, default_value_t = 4.0)]
@@ -68,20 +58,6 @@ pub struct ReplayArgs {
     #[arg(long, value_enum, default_value_t = SessionMode::Auto)]
     pub session_mode: SessionMode,
 
-    /// HuggingFace tokenizer.json of the target model (exact prompt lengths with --url; the
-    /// embedded server uses it too). Without it: the embedded server's tokenizer, or with --url
-    /// about one lorem word per token.
-    #[arg(long)]
-    pub tokenizer: Option<PathBuf>,
-
-    /// Sent as "Authorization: Bearer KEY".
-    #[arg(long)]
-    pub api_key: Option<String>,
-
-    /// Per-request timeout in seconds.
-    #[arg(long, default_value_t = 600.0)]
-    pub request_timeout_s: f64,
-
     /// Write the report as pretty JSON (`mockserve replay`'s keys, then loadgen's).
     #[arg(long, value_name = "PATH")]
     pub report_json: Option<PathBuf>,
@@ -94,9 +70,9 @@ pub struct ReplayArgs {
     #[arg(long, short)]
     pub quiet: bool,
 
-    /// Engine, router and cluster settings of the embedded server (ignored with --url).
-    #[command(flatten, next_help_heading = "Embedded server (without --url)")]
-    pub engine: EngineArgs,
+    /// Where requests go.
+    #[command(flatten)]
+    pub target: TargetArgs,
 }
 
 /// How session rows relate to each other.
@@ -340,20 +316,8 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
             "--max-requests must be positive".into(),
         ));
     }
-    if !(args.request_timeout_s.is_finite() && args.request_timeout_s > 0.0) {
-        return Err(LoadgenError::Config(
-            "--request-timeout-s must be positive".into(),
-        ));
-    }
     let trace = load_trace(args)?;
-    let spec = TargetSpec {
-        url: args.url.clone(),
-        model: args.model.clone(),
-        tokenizer: args.tokenizer.clone(),
-        api_key: args.api_key.clone(),
-        request_timeout: Duration::from_secs_f64(args.request_timeout_s),
-        engine: args.engine.clone(),
-    };
+    let spec = args.target.spec()?;
     spec.server_config()?;
     let shape = session_shape(&trace);
     let mode = match args.session_mode {
@@ -382,7 +346,7 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
         } else {
             "approximate: ~1 lorem word per token"
         },
-        if args.url.is_some() {
+        if args.target.url.is_some() {
             "target"
         } else {
             "embedded server's tokenizer"

@@ -18,6 +18,56 @@ use crate::prompt::PromptSynth;
 /// Context length of the embedded server for `replay` and `bench`: large enough for any trace row.
 pub const EMBEDDED_MAX_MODEL_LEN: usize = 1 << 22;
 
+/// The flags that say where `replay` and `bench` send requests.
+#[derive(clap::Args, Clone, Debug)]
+pub struct TargetArgs {
+    /// Base URL of an OpenAI-compatible server (prompts go to {url}/v1/completions). Without it,
+    /// mockserve runs in-process with the engine flags below.
+    #[arg(long)]
+    pub url: Option<String>,
+
+    /// Model name (auto-detected from {url}/v1/models when absent).
+    #[arg(long)]
+    pub model: Option<String>,
+
+    /// HuggingFace tokenizer.json of the target model (exact prompt lengths with --url; the
+    /// embedded server uses it too). Without it: the embedded server's tokenizer, or with --url
+    /// about one lorem word per token.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+
+    /// Sent as "Authorization: Bearer KEY".
+    #[arg(long)]
+    pub api_key: Option<String>,
+
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub request_timeout_s: f64,
+
+    /// Engine, router and cluster settings of the embedded server (ignored with --url).
+    #[command(flatten, next_help_heading = "Embedded server (without --url)")]
+    pub engine: EngineArgs,
+}
+
+impl TargetArgs {
+    /// The validated target description.
+    pub fn spec(&self) -> Result<TargetSpec, LoadgenError> {
+        if !(self.request_timeout_s.is_finite() && self.request_timeout_s > 0.0) {
+            return Err(LoadgenError::Config(
+                "--request-timeout-s must be positive".into(),
+            ));
+        }
+        Ok(TargetSpec {
+            url: self.url.clone(),
+            model: self.model.clone(),
+            tokenizer: self.tokenizer.clone(),
+            api_key: self.api_key.clone(),
+            request_timeout: Duration::from_secs_f64(self.request_timeout_s),
+            engine: self.engine.clone(),
+        })
+    }
+}
+
 /// Where requests go, as the flags say.
 #[derive(Clone, Debug)]
 pub struct TargetSpec {

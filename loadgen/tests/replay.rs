@@ -56,7 +56,7 @@ async fn live_equals_offline_on_the_small_trace() -> Result<()> {
     let offline = offline_replay(
         &loadgen::replay::load_trace(&a)?,
         &ReplayConfig {
-            cluster: a.engine.cluster_config()?,
+            cluster: a.target.engine.cluster_config()?,
             trace_block_size: a.trace_block_size,
         },
         |_, _| {},
