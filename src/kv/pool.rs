@@ -6,7 +6,7 @@
 //! ([`BlockRef::Partial`]) until its last token is scheduled, when it is promoted to a full block
 //! (or collapses onto an identical block another request already cached).
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 
 use crate::kv::event::{KvEventData, StoredBlock};
 use crate::tokens::{HashKeyMap, LocalBlockHash, SequenceHash};
@@ -57,7 +57,13 @@ pub struct KvPool {
     /// Every full block in the cache, active or inactive.
     cached: HashKeyMap<SequenceHash, CachedBlock>,
     /// Inactive cached blocks by LRU stamp: the first entry is evicted first.
-    lru: BTreeMap<u64, SequenceHash>,
+    /// Inactive blocks in release order, kept lazily: an entry is live while its block is cached,
+    /// inactive and still carries the entry's stamp; reactivated or re-stamped blocks leave
+    /// stale entries behind, skipped on eviction and dropped when they pile up. The front is the
+    /// least recently released block. (O(1) per operation on the replay's hot path.)
+    lru: VecDeque<(u64, SequenceHash)>,
+    /// Cached blocks nobody holds (the live entries of `lru`).
+    num_inactive: usize,
     /// Logical clock for LRU stamps: bumped on every release, never a wall clock.
     clock: u64,
     /// Cached blocks with `refs > 0`.
@@ -77,7 +83,8 @@ impl KvPool {
             capacity,
             prefix_caching,
             cached: HashKeyMap::default(),
-            lru: BTreeMap::new(),
+            lru: VecDeque::new(),
+            num_inactive: 0,
             clock: 0,
             num_active_full: 0,
             num_partial: 0,
@@ -105,13 +112,13 @@ impl KvPool {
         for h in hashes.iter().rev() {
             if let Some(b) = self.cached.get_mut(h) {
                 if b.refs == 0 {
-                    self.lru.remove(&b.stamp);
                     self.clock += 1;
                     b.stamp = self.clock;
-                    self.lru.insert(self.clock, *h);
+                    self.lru.push_back((self.clock, *h));
                 }
             }
         }
+        self.compact_lru();
     }
 
     /// Registers blocks that arrived from another tier as inactive cached blocks, in prefix order
@@ -143,8 +150,16 @@ impl KvPool {
             let stamp = base + n - i as u64;
             self.cached
                 .insert(b.seq_hash, CachedBlock { refs: 0, stamp });
-            self.lru.insert(stamp, b.seq_hash);
+            self.num_inactive += 1;
         }
+        // Queued in stamp order (the tail first) once all are in, so none of them was evictable
+        // while the call made room.
+        self.lru.extend(
+            new.iter()
+                .enumerate()
+                .rev()
+                .map(|(i, b)| (base + n - i as u64, b.seq_hash)),
+        );
         if !removed.is_empty() {
             self.events.push(KvEventData::Removed {
                 seq_hashes: removed,
@@ -188,7 +203,7 @@ impl KvPool {
 
     /// Cached blocks nobody holds: reusable on a prefix hit, evictable otherwise.
     pub fn num_inactive_blocks(&self) -> usize {
-        self.lru.len()
+        self.num_inactive
     }
 
     /// Blocks neither active nor cached.
@@ -275,7 +290,7 @@ impl KvPool {
                 (None, false) => new_blocks += 1,
             }
         }
-        let available = self.num_free_blocks() + freed + (self.lru.len() - reactivated);
+        let available = self.num_free_blocks() + freed + (self.num_inactive - reactivated);
         if new_blocks > available {
             return Err(CapacityExhausted {
                 needed: new_blocks,
@@ -347,17 +362,19 @@ impl KvPool {
                     if entry.refs == 0 {
                         *clock += 1;
                         entry.stamp = *clock;
-                        self.lru.insert(*clock, h);
+                        self.lru.push_back((*clock, h));
+                        self.num_inactive += 1;
                         self.num_active_full -= 1;
                     }
                 }
             }
         }
+        self.compact_lru();
     }
 
     /// Drops every inactive block (a `Removed` event for them).
     pub fn clear_inactive(&mut self) {
-        let hashes: Vec<SequenceHash> = self.lru.values().copied().collect();
+        let hashes = self.lru_order();
         for h in &hashes {
             self.cached.remove(h);
         }
@@ -365,6 +382,7 @@ impl KvPool {
             evicted.extend_from_slice(&hashes);
         }
         self.lru.clear();
+        self.num_inactive = 0;
         if !hashes.is_empty() {
             self.events
                 .push(KvEventData::Removed { seq_hashes: hashes });
@@ -379,6 +397,7 @@ impl KvPool {
         }
         self.cached.clear();
         self.lru.clear();
+        self.num_inactive = 0;
         self.events.push(KvEventData::Cleared);
         true
     }
@@ -399,7 +418,8 @@ impl KvPool {
             .get_mut(&hash)
             .expect("caller checked the block is cached");
         if entry.refs == 0 {
-            self.lru.remove(&entry.stamp);
+            // Its LRU entry goes stale.
+            self.num_inactive -= 1;
             self.num_active_full += 1;
         }
         entry.refs += 1;
@@ -437,13 +457,43 @@ impl KvPool {
         if self.num_free_blocks() > 0 {
             return;
         }
-        if let Some((_, victim)) = self.lru.pop_first() {
+        while let Some((stamp, victim)) = self.lru.pop_front() {
+            if !self.is_live(stamp, victim) {
+                continue;
+            }
             self.cached.remove(&victim);
+            self.num_inactive -= 1;
             removed.push(victim);
             if let Some(evicted) = &mut self.evicted {
                 evicted.push(victim);
             }
+            return;
         }
+    }
+
+    /// True when an LRU entry still stands for an inactive block.
+    fn is_live(&self, stamp: u64, hash: SequenceHash) -> bool {
+        self.cached
+            .get(&hash)
+            .is_some_and(|b| b.refs == 0 && b.stamp == stamp)
+    }
+
+    /// Drops stale LRU entries once they outnumber the live ones (amortised O(1)).
+    fn compact_lru(&mut self) {
+        if self.lru.len() > 2 * self.num_inactive + 64 {
+            let mut lru = std::mem::take(&mut self.lru);
+            lru.retain(|&(stamp, h)| self.is_live(stamp, h));
+            self.lru = lru;
+        }
+    }
+
+    /// Inactive blocks, least recently released first.
+    fn lru_order(&self) -> Vec<SequenceHash> {
+        self.lru
+            .iter()
+            .filter(|&&(stamp, h)| self.is_live(stamp, h))
+            .map(|&(_, h)| h)
+            .collect()
     }
 
     /// Checks every internal count against the data it summarises. Panics on a violation.
@@ -451,17 +501,29 @@ impl KvPool {
         let active = self.cached.values().filter(|b| b.refs > 0).count();
         assert_eq!(active, self.num_active_full, "active full block count");
         let inactive = self.cached.len() - active;
+        assert_eq!(inactive, self.num_inactive, "inactive block count");
+        let live = self.lru_order();
         assert_eq!(
+            live.len(),
             inactive,
-            self.lru.len(),
-            "every inactive block is in the LRU once"
+            "every inactive block is live in the LRU once"
         );
-        for (stamp, h) in &self.lru {
-            let b = self.cached.get(h).expect("LRU entry is cached");
-            assert_eq!(b.refs, 0, "LRU holds only inactive blocks");
-            assert_eq!(b.stamp, *stamp, "LRU stamp matches the block");
-            assert!(*stamp <= self.clock, "stamps come from the logical clock");
-        }
+        let mut seen = std::collections::HashSet::new();
+        assert!(
+            live.iter().all(|h| seen.insert(*h)),
+            "no block is live twice"
+        );
+        assert!(
+            self.lru
+                .iter()
+                .zip(self.lru.iter().skip(1))
+                .all(|(a, b)| a.0 < b.0),
+            "LRU entries are in stamp order"
+        );
+        assert!(
+            self.lru.back().is_none_or(|e| e.0 <= self.clock),
+            "stamps come from the logical clock"
+        );
         assert!(
             self.num_active_blocks() + self.num_inactive_blocks() <= self.capacity,
             "pool over capacity: {} active + {} inactive > {}",
@@ -560,7 +622,7 @@ mod tests {
         assert_eq!(pool.num_inactive_blocks(), 3);
         pool.assert_invariants();
         // b released last: its tail is the oldest inactive block, its first block the newest.
-        let order: Vec<SequenceHash> = pool.lru.values().copied().collect();
+        let order = pool.lru_order();
         assert_eq!(order, vec![b.sequence[2], b.sequence[1], b.sequence[0]]);
         assert_eq!(
             pool.lookup_prefix(&b.sequence),
