@@ -87,8 +87,8 @@ impl WorkerSet {
 pub struct FlatIndex {
     /// Which workers hold each block.
     blocks: HashKeyMap<SequenceHash, WorkerSet>,
-    /// Blocks per worker (workers holding none are absent).
-    sizes: BTreeMap<WorkerId, usize>,
+    /// Blocks held per worker, indexed by worker id (a vector: updated for every block).
+    sizes: Vec<usize>,
     /// What happened to the events applied so far.
     stats: IndexerStats,
 }
@@ -137,9 +137,23 @@ impl FlatIndex {
         scores
     }
 
+    /// Blocks held per worker, for workers holding any.
+    pub fn tree_sizes(&self) -> BTreeMap<WorkerId, usize> {
+        self.sizes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(w, n)| (WorkerId(w as u32), *n))
+            .collect()
+    }
+
     fn add(&mut self, worker: WorkerId, h: SequenceHash) {
         if self.blocks.entry(h).or_default().insert(worker.0) {
-            *self.sizes.entry(worker).or_insert(0) += 1;
+            let w = worker.0 as usize;
+            if self.sizes.len() <= w {
+                self.sizes.resize(w + 1, 0);
+            }
+            self.sizes[w] += 1;
         }
     }
 
@@ -152,19 +166,15 @@ impl FlatIndex {
             self.blocks.remove(&h);
         }
         if had {
-            if let Some(n) = self.sizes.get_mut(&worker) {
-                *n -= 1;
-                if *n == 0 {
-                    self.sizes.remove(&worker);
-                }
-            }
+            self.sizes[worker.0 as usize] -= 1;
         }
         had
     }
 
     fn clear(&mut self, worker: WorkerId) {
-        if self.sizes.remove(&worker).is_none() {
-            return;
+        match self.sizes.get_mut(worker.0 as usize) {
+            Some(n) if *n > 0 => *n = 0,
+            _ => return,
         }
         self.blocks.retain(|_, set| {
             set.remove(worker.0);
@@ -181,7 +191,7 @@ impl FlatIndex {
                 *sizes.entry(WorkerId(w)).or_insert(0) += 1;
             }
         }
-        assert_eq!(sizes, self.sizes, "tree sizes vs worker sets");
+        assert_eq!(sizes, self.tree_sizes(), "tree sizes vs worker sets");
     }
 }
 
@@ -197,7 +207,7 @@ impl KvIndexer for FlatIndex {
     ) -> OverlapScores {
         OverlapScores {
             scores: self.match_scores(seq_hashes),
-            tree_sizes: self.sizes.clone(),
+            tree_sizes: self.tree_sizes(),
         }
     }
 
