@@ -219,7 +219,7 @@ impl QuantileSketch {
             self.bins.push(0);
         } else if index < self.offset {
             let grow = (self.offset - index) as usize;
-            self.bins.splice(0..0, std::iter::repeat(0).take(grow));
+            self.bins.splice(0..0, std::iter::repeat_n(0, grow));
             self.offset = index;
         }
         let pos = (index - self.offset) as usize;

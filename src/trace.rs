@@ -115,7 +115,7 @@ impl Turn {
                 break;
             }
             let n = remaining.min(trace_block_size);
-            tokens.extend(std::iter::repeat(id as Token).take(n));
+            tokens.extend(std::iter::repeat_n(id as Token, n));
         }
         tokens
     }
@@ -138,11 +138,13 @@ impl Turn {
         let num_blocks = self.input_length / block_size;
         let per_trace_block = trace_block_size / block_size;
         let mut out = Vec::with_capacity(num_blocks);
-        for j in 0..num_blocks {
-            let Some(&id) = self.hash_ids.get(j / per_trace_block) else {
-                break; // unreachable while input_length <= capacity
-            };
-            out.push(cache.uniform_block(id as Token));
+        for &id in &self.hash_ids {
+            if out.len() == num_blocks {
+                break;
+            }
+            let hash = cache.uniform_block(id as Token);
+            let n = per_trace_block.min(num_blocks - out.len());
+            out.extend(std::iter::repeat_n(hash, n));
         }
         out
     }

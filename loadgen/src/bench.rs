@@ -191,7 +191,7 @@ impl Slo {
             && (self.itl_ms.is_none()
                 || r.record
                     .itl_ms
-                    .map_or(true, |v| v <= self.itl_ms.unwrap_or(f64::INFINITY)))
+                    .is_none_or(|v| v <= self.itl_ms.unwrap_or(f64::INFINITY)))
             && ok(self.e2e_ms, r.record.e2e_latency_ms)
     }
 }
