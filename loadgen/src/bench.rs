@@ -10,8 +10,6 @@
 //! request `k` in group `k % --num-prefix-groups`) followed by `--input-tokens` (normal with
 //! `--input-tokens-stddev`, at least 1) unique tokens, exact for a known tokenizer.
 
-use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -30,6 +28,7 @@ use crate::error::LoadgenError;
 use crate::prompt::PromptSynth;
 use crate::summary::{self, LiveRecord, RequestInfo};
 use crate::target::{completion_body, TargetArgs};
+use mock_server::args::ReportArgs;
 
 /// `loadgen bench` flags.
 #[derive(Args, Clone, Debug)]
@@ -78,15 +77,9 @@ pub struct BenchArgs {
     /// mean inter-token latency; units us, ms, s).
     #[arg(long)]
     pub slo: Option<Slo>,
-    /// Write the report as pretty JSON.
-    #[arg(long, value_name = "PATH")]
-    pub report_json: Option<PathBuf>,
-    /// Write one JSON line per request.
-    #[arg(long, value_name = "PATH")]
-    pub per_request_jsonl: Option<PathBuf>,
-    /// No progress bar.
-    #[arg(long, short)]
-    pub quiet: bool,
+    /// Report files and progress.
+    #[command(flatten)]
+    pub report: ReportArgs,
     /// Where requests go.
     #[command(flatten)]
     pub target: TargetArgs,
@@ -504,7 +497,7 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
         },
         target.url
     );
-    let bar = if !args.quiet && std::io::stderr().is_terminal() {
+    let bar = if args.report.show_progress() {
         ProgressBar::with_draw_target(
             (limit != usize::MAX).then_some(limit as u64),
             ProgressDrawTarget::stderr(),
@@ -585,8 +578,8 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
     summary::write_files(
         &json,
         &live.records,
-        args.report_json.as_deref(),
-        args.per_request_jsonl.as_deref(),
+        args.report.report_json.as_deref(),
+        args.report.per_request_jsonl.as_deref(),
     )?;
     Ok(BenchRun {
         live,

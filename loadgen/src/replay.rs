@@ -13,7 +13,6 @@
 //! says which, and the history is never added twice.
 
 use std::collections::HashSet;
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +28,7 @@ use crate::error::LoadgenError;
 use crate::prompt::PromptSynth;
 use crate::summary::{self, LiveReport, RequestInfo};
 use crate::target::{completion_body, TargetArgs};
+use mock_server::args::ReportArgs;
 
 /// `loadgen replay` flags (`mockserve replay`'s, plus the live ones).
 #[derive(Args, Clone, Debug)]
@@ -58,17 +58,9 @@ pub struct ReplayArgs {
     #[arg(long, value_enum, default_value_t = SessionMode::Auto)]
     pub session_mode: SessionMode,
 
-    /// Write the report as pretty JSON (`mockserve replay`'s keys, then loadgen's).
-    #[arg(long, value_name = "PATH")]
-    pub report_json: Option<PathBuf>,
-
-    /// Write one JSON line per request.
-    #[arg(long, value_name = "PATH")]
-    pub per_request_jsonl: Option<PathBuf>,
-
-    /// No progress bar.
-    #[arg(long, short)]
-    pub quiet: bool,
+    /// Report files and progress.
+    #[command(flatten)]
+    pub report: ReportArgs,
 
     /// Where requests go.
     #[command(flatten)]
@@ -353,7 +345,7 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
         }
     );
     let total = trace.num_requests() as u64;
-    let bar = if !args.quiet && std::io::stderr().is_terminal() {
+    let bar = if args.report.show_progress() {
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
         if let Ok(style) =
             ProgressStyle::with_template("replay {bar:40} {pos}/{len} requests {elapsed}")
@@ -462,8 +454,8 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
     summary::write_files(
         &json,
         &live.records,
-        args.report_json.as_deref(),
-        args.per_request_jsonl.as_deref(),
+        args.report.report_json.as_deref(),
+        args.report.per_request_jsonl.as_deref(),
     )?;
     Ok(ReplayRun {
         live,

@@ -36,6 +36,29 @@ impl std::str::FromStr for ServingModeFlag {
     }
 }
 
+/// Where a run's report goes: the files to write and whether to show progress.
+#[derive(Args, Clone, Debug, Default)]
+pub struct ReportArgs {
+    /// Write the report as pretty JSON.
+    #[arg(long, value_name = "PATH")]
+    pub report_json: Option<std::path::PathBuf>,
+
+    /// Write one JSON line per request.
+    #[arg(long, value_name = "PATH")]
+    pub per_request_jsonl: Option<std::path::PathBuf>,
+
+    /// No progress bar (it is shown only on a terminal anyway).
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+impl ReportArgs {
+    /// True when a progress bar should be drawn: not `--quiet` and stderr is a terminal.
+    pub fn show_progress(&self) -> bool {
+        !self.quiet && std::io::IsTerminal::is_terminal(&std::io::stderr())
+    }
+}
+
 /// Workers of aggregated serving when `--num-workers` is not given.
 pub const DEFAULT_NUM_WORKERS: usize = 4;
 

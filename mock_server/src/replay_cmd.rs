@@ -1,6 +1,6 @@
 //! `mockserve replay TRACE`: the engine on a virtual clock over a Mooncake trace.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -8,7 +8,7 @@ use clap::Args;
 use servesim::replay::{replay, ReplayConfig, ReplayOutcome};
 use servesim::trace::{self, TraceOptions};
 
-use crate::args::EngineArgs;
+use crate::args::{EngineArgs, ReportArgs};
 
 /// Offline replay flags (Dynamo's offline_replay_bench flags and defaults).
 #[derive(Args, Clone, Debug)]
@@ -24,21 +24,13 @@ pub struct ReplayArgs {
     #[arg(long, default_value_t = 512)]
     pub trace_block_size: usize,
 
-    /// Write the report as pretty JSON.
-    #[arg(long, value_name = "PATH")]
-    pub report_json: Option<PathBuf>,
-
-    /// Write one JSON line per request.
-    #[arg(long, value_name = "PATH")]
-    pub per_request_jsonl: Option<PathBuf>,
-
     /// Run the replay this many times in-process (the last run is reported).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub iterations: u32,
 
-    /// No progress bar.
-    #[arg(long, short)]
-    pub quiet: bool,
+    /// Report files and progress.
+    #[command(flatten)]
+    pub report: ReportArgs,
 
     /// Engine, router and cluster settings.
     #[command(flatten)]
@@ -59,14 +51,19 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
     let create = |path: &std::path::Path| {
         std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))
     };
-    let report_file = args.report_json.as_deref().map(create).transpose()?;
-    let records_file = args.per_request_jsonl.as_deref().map(create).transpose()?;
+    let report_file = args.report.report_json.as_deref().map(create).transpose()?;
+    let records_file = args
+        .report
+        .per_request_jsonl
+        .as_deref()
+        .map(create)
+        .transpose()?;
     let trace = trace::load(&args.trace, &options)?;
     let config = ReplayConfig {
         cluster,
         trace_block_size: args.trace_block_size,
     };
-    let show_progress = !args.quiet && std::io::stderr().is_terminal();
+    let show_progress = args.report.show_progress();
     let mut outcome = None;
     for _ in 0..args.iterations {
         let bar = show_progress.then(|| {
@@ -92,7 +89,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
     let outcome = outcome.context("no iteration ran")?;
     println!("Offline replay report");
     print!("{}", outcome.report);
-    if let (Some(file), Some(path)) = (report_file, &args.report_json) {
+    if let (Some(file), Some(path)) = (report_file, &args.report.report_json) {
         let mut w = std::io::BufWriter::new(file);
         serde_json::to_writer_pretty(&mut w, &outcome.report)?;
         w.write_all(b"\n")?;
@@ -100,7 +97,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
             .with_context(|| format!("writing {}", path.display()))?;
         println!("Saved report to {}", path.display());
     }
-    if let (Some(file), Some(path)) = (records_file, &args.per_request_jsonl) {
+    if let (Some(file), Some(path)) = (records_file, &args.report.per_request_jsonl) {
         let mut w = std::io::BufWriter::new(file);
         for record in &outcome.records {
             serde_json::to_writer(&mut w, record)?;
