@@ -31,7 +31,6 @@
 
 pub mod api;
 pub mod args;
-pub mod bench_entry;
 pub mod driver;
 pub mod metrics;
 pub mod mooncake_cmd;
