@@ -14,10 +14,10 @@ mod common;
 
 use std::process::ExitCode;
 
-use mock_server::mooncake_cmd::MooncakeArgs;
+use indexer_bench::cli::MooncakeArgs;
 
 fn main() -> ExitCode {
     common::bench_main("mooncake_bench", |args: MooncakeArgs| {
-        mock_server::mooncake_cmd::run(&args).map(|_| ())
+        indexer_bench::cli::run(&args).map(|_| ())
     })
 }

@@ -33,7 +33,6 @@ pub mod api;
 pub mod args;
 pub mod driver;
 pub mod metrics;
-pub mod mooncake_cmd;
 pub mod replay_cmd;
 pub mod server;
 pub mod text;
