@@ -1,5 +1,5 @@
-//! The benchmark's indexers: thread-safe variants of the engine's
-//! [`KvIndexer`](servesim::indexer::KvIndexer)s, and the kinds selectable from the command line.
+//! The benchmark's indexers: thread-safe variants of the engine's [`KvIndexer`]s, and the kinds
+//! selectable from the command line.
 //!
 //! - [`ConcurrentRadixTreeCompressed`]: path-compressed nodes behind per-node `RwLock`s, so
 //!   lookups run while events are applied;
