@@ -11,10 +11,11 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_main, BenchmarkId, Criterion, Throughput};
+use indexer_bench::{IndexerConfig, IndexerKind};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use servesim::ids::WorkerId;
-use servesim::indexer::{IndexerConfig, IndexerKind, KvIndexer};
+use servesim::indexer::KvIndexer;
 use servesim::kv::{KvEvent, KvEventData, StoredBlock};
 use servesim::time::SimTime;
 use servesim::tokens::{sequence_hashes, LocalBlockHash, SequenceHash};

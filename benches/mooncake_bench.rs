@@ -10,12 +10,14 @@
 //!
 //! A bare `cargo bench` passes only `--bench`; the entry point then skips (exit 0).
 
+mod common;
+
 use std::process::ExitCode;
 
-use mock_server::mooncake_cmd::MooncakeArgs;
+use indexer_bench::cli::MooncakeArgs;
 
 fn main() -> ExitCode {
-    mock_server::bench_entry::bench_main("mooncake_bench", |args: MooncakeArgs| {
-        mock_server::mooncake_cmd::run(&args).map(|_| ())
+    common::bench_main("mooncake_bench", |args: MooncakeArgs| {
+        indexer_bench::cli::run(&args).map(|_| ())
     })
 }

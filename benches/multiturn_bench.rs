@@ -8,12 +8,14 @@
 //!
 //! A bare `cargo bench` passes only `--bench`; the entry point then skips (exit 0).
 
+mod common;
+
 use std::process::ExitCode;
 
 use loadgen::config::MultiturnArgs;
 
 fn main() -> ExitCode {
-    mock_server::bench_entry::bench_main("multiturn_bench", |args: MultiturnArgs| {
+    common::bench_main("multiturn_bench", |args: MultiturnArgs| {
         let command = loadgen::Cli {
             command: loadgen::Command::Multiturn(args),
         };

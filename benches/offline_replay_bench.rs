@@ -6,12 +6,14 @@
 //!
 //! A bare `cargo bench` passes only `--bench`; the entry point then skips (exit 0).
 
+mod common;
+
 use std::process::ExitCode;
 
 use mock_server::replay_cmd::ReplayArgs;
 
 fn main() -> ExitCode {
-    mock_server::bench_entry::bench_main("offline_replay_bench", |args: ReplayArgs| {
+    common::bench_main("offline_replay_bench", |args: ReplayArgs| {
         mock_server::replay_cmd::run(&args).map(|_| ())
     })
 }

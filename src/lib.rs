@@ -48,7 +48,6 @@
 pub mod cluster;
 pub mod ids;
 pub mod indexer;
-pub mod indexer_bench;
 pub mod kv;
 pub mod metrics;
 pub mod perf;

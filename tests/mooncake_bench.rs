@@ -1,5 +1,5 @@
 use clap::Parser;
-use mock_server::mooncake_cmd::{run, sweep_json_path, MooncakeArgs};
+use indexer_bench::cli::{run, sweep_json_path, MooncakeArgs};
 
 use crate::fixture;
 

@@ -18,7 +18,8 @@ use std::time::Duration;
 use loadgen::client::{self, Endpoint, Response};
 use loadgen::driver::{self, DriverConfig, Planned, Script, Start};
 use mock_server::args::EngineArgs;
-use mock_server::server::{ReasoningFormat, ServeArgs, ServerConfig};
+use mock_server::config::{ReasoningFormat, ServerConfig};
+use mock_server::server::ServeArgs;
 
 const USERS: usize = 64;
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 use mock_server::args::EngineArgs;
-use mock_server::server::{ReasoningFormat, ServerConfig};
+use mock_server::config::{ReasoningFormat, ServerConfig};
 use serde_json::{json, Value};
 
 use crate::error::LoadgenError;
@@ -217,7 +217,7 @@ impl MultiturnArgs {
                     reasoning_ratio: self.server.reasoning_ratio,
                     reasoning_format: self.server.reasoning_format,
                     default_max_tokens: 256,
-                    max_body_bytes: mock_server::server::DEFAULT_MAX_BODY_BYTES,
+                    max_body_bytes: mock_server::config::DEFAULT_MAX_BODY_BYTES,
                     tokenizer: self.tokenizer.clone(),
                     engine: self.server.engine.clone(),
                 })?;

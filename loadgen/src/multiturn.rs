@@ -39,7 +39,7 @@ impl Embedded {
 
 /// Starts mockserve on 127.0.0.1 (a free port); returns its base URL.
 pub(crate) async fn start_embedded(
-    config: &mock_server::server::ServerConfig,
+    config: &mock_server::config::ServerConfig,
 ) -> Result<(String, Embedded), LoadgenError> {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mock_server::args::EngineArgs;
-use mock_server::server::{ReasoningFormat, ServeArgs, ServerConfig};
+use mock_server::config::{ReasoningFormat, ServerConfig};
+use mock_server::server::ServeArgs;
 use servesim::tokenizer::{BuiltinTokenizer, Tokenizer};
 
 use crate::client::{self, Endpoint};

@@ -1,7 +1,7 @@
 //! mockserve: an OpenAI-compatible server and an offline replay over the servesim engine.
 //!
 //! - [`Cli`] is the command line and [`run`] executes it; bare `mockserve` means `mockserve serve`.
-//! - [`server::serve`] runs the HTTP API on a listener with a [`server::ServerConfig`] until a
+//! - [`server::serve`] runs the HTTP API on a listener with a [`config::ServerConfig`] until a
 //!   shutdown future resolves; [`api::app`] is the axum router (for `oneshot` tests).
 //! - [`driver::EngineHandle`] is the live driver: one task owning the simulated cluster.
 //! - [`metrics::Metrics`] holds the Prometheus metrics (vLLM names per worker, `servesim_*`).
@@ -12,7 +12,8 @@
 //!
 //! ```
 //! # fn main() -> anyhow::Result<()> {
-//! use mock_server::server::{serve, ServerConfig};
+//! use mock_server::config::ServerConfig;
+//! use mock_server::server::serve;
 //! let rt = tokio::runtime::Runtime::new()?;
 //! rt.block_on(async {
 //!     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -31,10 +32,9 @@
 
 pub mod api;
 pub mod args;
-pub mod bench_entry;
+pub mod config;
 pub mod driver;
 pub mod metrics;
-pub mod mooncake_cmd;
 pub mod replay_cmd;
 pub mod server;
 pub mod text;

@@ -193,7 +193,11 @@ impl RadixTree {
     }
 
     /// Stores `blocks` under `parent` for `worker`; false (nothing changed) for an unknown parent.
-    pub(crate) fn store(
+    ///
+    /// This and [`remove_block`](RadixTree::remove_block) and
+    /// [`clear_worker`](RadixTree::clear_worker) are [`apply`](RadixTree::apply)'s steps without
+    /// its event counters, for indexers that route parts of one event to different trees.
+    pub fn store(
         &mut self,
         worker: WorkerId,
         parent: Option<SequenceHash>,
@@ -232,7 +236,7 @@ impl RadixTree {
     }
 
     /// Drops `worker` from block `seq_hash`; false when it did not hold it.
-    pub(crate) fn remove_block(&mut self, worker: WorkerId, seq_hash: SequenceHash) -> bool {
+    pub fn remove_block(&mut self, worker: WorkerId, seq_hash: SequenceHash) -> bool {
         let Some(node) = self
             .lookup
             .get_mut(&worker)
@@ -246,7 +250,7 @@ impl RadixTree {
     }
 
     /// Drops `worker` from every block (its lookup entry stays, empty).
-    pub(crate) fn clear_worker(&mut self, worker: WorkerId) {
+    pub fn clear_worker(&mut self, worker: WorkerId) {
         let Some(map) = self.lookup.get_mut(&worker) else {
             return;
         };

@@ -53,9 +53,9 @@ use protocol::{ApiJson, ChatRequest, CompletionRequest, GenerationParams, Prompt
 use servesim::ids::WorkerId;
 use turn::{Extras, Flavor, Header, SpecPrefill, Turn};
 
+use crate::config::ServerConfig;
 use crate::driver::EngineHandle;
 use crate::metrics::{EndpointLabel, Metrics};
-use crate::server::ServerConfig;
 
 /// Everything a handler needs; cheap to clone.
 #[derive(Clone, Debug)]

@@ -13,8 +13,8 @@ use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::AppState;
+use crate::config::ReasoningFormat;
 use crate::driver::{Event, Submission};
-use crate::server::ReasoningFormat;
 use crate::text::{ChatMessage, Role};
 
 /// Sent as `system_fingerprint` on every response.

@@ -19,16 +19,17 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::result::{Distribution, OpenLoopResult, RunTotals};
-use super::workload::{Op, Workload};
-use crate::ids::WorkerId;
+use servesim::ids::WorkerId;
+use servesim::indexer::{IndexerStats, KvIndexer};
+use servesim::kv::{KvEvent, KvEventData};
+use servesim::time::SimTime;
+use servesim::tokens::{LocalBlockHash, SequenceHash};
+
 use crate::indexer::{
     BranchSharded, ConcurrentKvIndexer, ConcurrentRadixTreeCompressed, IndexerConfig, IndexerKind,
-    IndexerStats, KvIndexer,
 };
-use crate::kv::event::KvEvent;
-use crate::time::SimTime;
-use crate::tokens::{LocalBlockHash, SequenceHash};
+use crate::result::{Distribution, OpenLoopResult, RunTotals};
+use crate::workload::{Op, Workload};
 
 /// Threads and timing of one open-loop run.
 #[derive(Clone, Debug, PartialEq)]
@@ -287,15 +288,15 @@ fn run_totals(lists: &[Vec<Scheduled>]) -> RunTotals {
             Job::Event(e) => {
                 t.events += 1;
                 match &e.data {
-                    crate::kv::KvEventData::Stored { blocks, .. } => {
+                    KvEventData::Stored { blocks, .. } => {
                         t.stored_events += 1;
                         t.stored_blocks += blocks.len() as u64;
                     }
-                    crate::kv::KvEventData::Removed { seq_hashes } => {
+                    KvEventData::Removed { seq_hashes } => {
                         t.removed_events += 1;
                         t.removed_blocks += seq_hashes.len() as u64;
                     }
-                    crate::kv::KvEventData::Cleared => t.cleared_events += 1,
+                    KvEventData::Cleared => t.cleared_events += 1,
                 }
             }
             Job::Routing { local, .. } => {

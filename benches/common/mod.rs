@@ -1,4 +1,7 @@
-//! The shared `main` of the Dynamo-compatible `cargo bench` entry points (`harness = false`).
+//! The shared `main` of the Dynamo-compatible `cargo bench` entry points (`harness = false`):
+//! each entry point includes this module with `mod common;`. It lives beside them rather than in
+//! a library crate because it is glue for `cargo bench`, not an API: the replay and multiturn
+//! entry points need no indexer benchmark, and the indexer benchmark needs no HTTP server.
 
 use std::process::ExitCode;
 

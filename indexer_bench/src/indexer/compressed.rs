@@ -3,13 +3,14 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
-use super::{
-    lock, narrow_active, read, sorted_insert, sorted_remove, write, ConcurrentKvIndexer, FxHashMap,
-    FxHashSet, IndexerStats, OverlapScores,
+use servesim::ids::WorkerId;
+use servesim::indexer::{
+    narrow_active, sorted_insert, sorted_remove, FxHashMap, FxHashSet, IndexerStats, OverlapScores,
 };
-use crate::ids::WorkerId;
-use crate::kv::event::{KvEvent, KvEventData, StoredBlock};
-use crate::tokens::{LocalBlockHash, SequenceHash};
+use servesim::kv::{KvEvent, KvEventData, StoredBlock};
+use servesim::tokens::{LocalBlockHash, SequenceHash};
+
+use super::{lock, read, write, ConcurrentKvIndexer};
 
 /// A shared, individually locked node.
 type NodeRef = Arc<RwLock<Node>>;

@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use servesim::indexer::{ApproximateConfig, IndexerConfig, IndexerKind};
-use servesim::indexer_bench::{self, OpenLoopResult, Provenance, RunConfig, WorkloadConfig};
+use servesim::indexer::ApproximateConfig;
 use servesim::scheduler::EngineConfig;
 use servesim::time::SimDuration;
 use servesim::trace::{self, TraceOptions};
+
+use crate::{IndexerConfig, IndexerKind, OpenLoopResult, Provenance, RunConfig, WorkloadConfig};
 
 /// KV indexer benchmark: a Mooncake trace replayed on mock engines into KV events and lookups,
 /// then issued open loop at deadlines compressed into a window.
@@ -218,7 +219,7 @@ pub fn run(args: &MooncakeArgs) -> anyhow::Result<Vec<OpenLoopResult>> {
         seed: args.seed,
     };
     let prepared = std::time::Instant::now();
-    let workload = indexer_bench::prepare(&trace, &workload_config)?;
+    let workload = crate::prepare(&trace, &workload_config)?;
     let t = workload.totals;
     println!(
         "workload: {} workers, {} requests, {} events ({} stored / {} removed / {} cleared), {} logical ops, {} block ops (prepared in {:.1} s)",
@@ -246,7 +247,7 @@ pub fn run(args: &MooncakeArgs) -> anyhow::Result<Vec<OpenLoopResult>> {
         indexer_flags: args.indexer.flags(),
     };
     let windows = if args.sweep {
-        indexer_bench::sweep_windows(args.sweep_min_ms, args.sweep_max_ms, args.sweep_steps)
+        crate::sweep_windows(args.sweep_min_ms, args.sweep_max_ms, args.sweep_steps)
     } else {
         vec![args.benchmark_duration_ms]
     };
@@ -260,7 +261,7 @@ pub fn run(args: &MooncakeArgs) -> anyhow::Result<Vec<OpenLoopResult>> {
             issuer_spin: Duration::from_micros(args.issuer_spin_us),
             issue_lag_threshold: Duration::from_micros(args.issue_lag_diagnostic_threshold_us),
         };
-        let mut result = indexer_bench::run(&workload, kind, &indexer, &config);
+        let mut result = crate::run(&workload, kind, &indexer, &config);
         result.provenance = Some(provenance.clone());
         print!("{result}");
         if let Some(path) = &args.result_json_output {

@@ -5,12 +5,12 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::{
-    lock, read, write, ConcurrentKvIndexer, FxHashMap, IndexerStats, OverlapScores, RadixTree,
-};
-use crate::ids::WorkerId;
-use crate::kv::event::{KvEvent, KvEventData, StoredBlock};
-use crate::tokens::{LocalBlockHash, SequenceHash, HASH_SEED};
+use servesim::ids::WorkerId;
+use servesim::indexer::{FxHashMap, IndexerStats, OverlapScores, RadixTree};
+use servesim::kv::{KvEvent, KvEventData, StoredBlock};
+use servesim::tokens::{LocalBlockHash, SequenceHash, HASH_SEED};
+
+use super::{lock, read, write, ConcurrentKvIndexer};
 
 /// Where one block of a worker lives.
 #[derive(Clone, Debug)]

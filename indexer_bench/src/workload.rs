@@ -13,14 +13,14 @@ use std::collections::BinaryHeap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::ids::{RequestId, WorkerId};
-use crate::kv::event::{KvEvent, KvEventData};
-use crate::replay::engine_request;
-use crate::scheduler::{ConfigError, EngineConfig, SchedulerEvent};
-use crate::time::SimTime;
-use crate::tokens::{LocalBlockHash, SequenceHash};
-use crate::trace::{LocalHashCache, Session, Trace};
-use crate::worker::Worker;
+use servesim::ids::{RequestId, WorkerId};
+use servesim::kv::{KvEvent, KvEventData};
+use servesim::replay::engine_request;
+use servesim::scheduler::{ConfigError, EngineConfig, SchedulerEvent};
+use servesim::time::SimTime;
+use servesim::tokens::{LocalBlockHash, SequenceHash};
+use servesim::trace::{LocalHashCache, Session, Trace};
+use servesim::worker::Worker;
 
 /// How a trace is turned into a benchmark workload (Dynamo's corpus flags).
 #[derive(Clone, Debug)]

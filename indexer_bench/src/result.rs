@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::indexer::IndexerStats;
+use servesim::indexer::IndexerStats;
 
 /// Operation and block counts actually issued in a run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -2,12 +2,12 @@
 
 use std::time::Duration;
 
+use servesim::kv::KvEventData;
+use servesim::scheduler::EngineConfig;
+use servesim::trace::{parse, TraceOptions};
+
 use super::workload::{duplicate_hash_space, expand_hash_prefix_depth, partition_by_session};
 use super::*;
-use crate::indexer::{IndexerConfig, IndexerKind};
-use crate::kv::KvEventData;
-use crate::scheduler::EngineConfig;
-use crate::trace::{parse, TraceOptions};
 
 const TRACE: &str = r#"{"timestamp": 0, "input_length": 100, "output_length": 3, "hash_ids": [1, 2]}
 {"timestamp": 5, "session_id": "s", "input_length": 120, "output_length": 2, "hash_ids": [1, 2, 3]}
@@ -15,7 +15,7 @@ const TRACE: &str = r#"{"timestamp": 0, "input_length": 100, "output_length": 3,
 {"timestamp": 9, "input_length": 64, "output_length": 1, "hash_ids": [7]}
 "#;
 
-fn trace() -> crate::trace::Trace {
+fn trace() -> servesim::trace::Trace {
     let opts = TraceOptions {
         trace_block_size: 40,
         arrival_speedup_ratio: 1.0,
@@ -147,19 +147,19 @@ fn open_loop_completes_every_operation() {
 fn stored_events_replay_into_the_reference_answers() {
     // Applying the workload in timeline order leaves every worker's lookups answerable.
     let w = prepare(&trace(), &config(1, 1)).unwrap();
-    let mut tree = crate::indexer::RadixTree::new();
+    let mut tree = servesim::indexer::RadixTree::new();
     let mut last_lookup = None;
     for op in &w.workers[0].ops {
         match &op.op {
             Op::Event(e) => {
                 assert!(!matches!(e.data, KvEventData::Cleared));
-                crate::indexer::KvIndexer::apply(&mut tree, e);
+                servesim::indexer::KvIndexer::apply(&mut tree, e);
             }
             Op::Lookup { local, .. } => last_lookup = Some(local.clone()),
         }
     }
     let local = last_lookup.unwrap();
-    let scores = crate::indexer::KvIndexer::find_matches(&tree, &local);
+    let scores = servesim::indexer::KvIndexer::find_matches(&tree, &local);
     assert!(scores.scores.values().all(|&s| s as usize <= local.len()));
 }
 

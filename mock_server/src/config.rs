@@ -1,0 +1,103 @@
+//! The validated [`ServerConfig`] of `mockserve serve` and the types it is made of. The HTTP
+//! handlers and the server both import it; the flags that build it live in the `server` module.
+
+use std::sync::Arc;
+
+use clap::ValueEnum;
+use servesim::cluster::ClusterConfig;
+use servesim::scheduler::ConfigError;
+
+use crate::text::{default_codec, TextCodec};
+
+/// Default `--max-body-bytes`: 8 MiB, room for a long multi-turn conversation.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
+
+/// How reasoning tokens are streamed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum ReasoningFormat {
+    /// In `delta.reasoning_content` (DeepSeek / SGLang convention).
+    #[default]
+    Separate,
+    /// In `delta.content`, between `<think>` and `</think>`.
+    Inline,
+}
+
+/// Everything the server needs, validated. Build it with [`ServerConfig::new`] (code) or
+/// [`ServerConfig::from_args`] (flags).
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// The simulated cluster; the server sets its `engine.max_model_len` to `max_model_len`.
+    pub cluster: ClusterConfig,
+    /// Served model name.
+    pub model_name: String,
+    /// Context length.
+    pub max_model_len: usize,
+    /// Bearer token required on /v1 routes, if any.
+    pub api_key: Option<String>,
+    /// Queue bound (429 beyond it).
+    pub max_waiting: Option<usize>,
+    /// Largest accepted request body (413 beyond it).
+    pub max_body_bytes: usize,
+    /// Share of the output limit emitted as reasoning.
+    pub reasoning_ratio: f64,
+    /// Where reasoning goes.
+    pub reasoning_format: ReasoningFormat,
+    /// Output limit when the request has none.
+    pub default_max_tokens: usize,
+    /// Seeds answers of requests without `seed`.
+    pub seed: u64,
+    /// Tokenizer and chat template.
+    pub codec: Arc<dyn TextCodec>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig::new(ClusterConfig::default())
+    }
+}
+
+impl ServerConfig {
+    /// Defaults (as the flags') around a cluster configuration.
+    pub fn new(mut cluster: ClusterConfig) -> ServerConfig {
+        let max_model_len = cluster.engine.max_model_len.unwrap_or(131072);
+        cluster.engine.max_model_len = Some(max_model_len);
+        ServerConfig {
+            seed: cluster.seed,
+            cluster,
+            model_name: "mock-model".into(),
+            max_model_len,
+            api_key: None,
+            max_waiting: None,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            reasoning_ratio: 0.0,
+            reasoning_format: ReasoningFormat::Separate,
+            default_max_tokens: 256,
+            codec: default_codec(),
+        }
+    }
+
+    /// The engine settings the live driver runs: the server's `max_model_len` copied in.
+    pub fn live_cluster(&self) -> ClusterConfig {
+        let mut cluster = self.cluster.clone();
+        cluster.engine.max_model_len = Some(self.max_model_len);
+        cluster
+    }
+
+    /// Checks the server settings (the cluster's are checked when it is built).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError(m.to_string()));
+        if !(0.0..=1.0).contains(&self.reasoning_ratio) {
+            return bad("--reasoning-ratio must be between 0 and 1");
+        }
+        if self.default_max_tokens == 0 {
+            return bad("--default-max-tokens must be positive");
+        }
+        if self.max_body_bytes == 0 {
+            return bad("--max-body-bytes must be positive");
+        }
+        if self.max_model_len == 0 {
+            return bad("--max-model-len must be positive");
+        }
+        self.cluster.validate()
+    }
+}
