@@ -32,6 +32,7 @@
 pub mod api;
 pub mod args;
 pub mod bench_entry;
+pub mod connection;
 pub mod driver;
 pub mod metrics;
 pub mod mooncake_cmd;
