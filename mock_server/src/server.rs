@@ -79,13 +79,14 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH")]
     pub tokenizer: Option<std::path::PathBuf>,
 
-    /// Connection limits and timeouts of the HTTP server.
-    #[command(flatten)]
-    pub http: HttpArgs,
-
     /// Simulated engine and routing flags.
     #[command(flatten)]
     pub engine: EngineArgs,
+
+    /// Connection limits and timeouts of the HTTP server (last: its help heading holds for
+    /// the flags after it).
+    #[command(flatten)]
+    pub http: HttpArgs,
 }
 
 /// Default `--header-read-timeout`.
@@ -441,4 +442,42 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     // Whatever is still running (only after a second signal) is dropped, not awaited.
     runtime.shutdown_background();
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_flag_defaults_are_the_default_limits() {
+        assert_eq!(
+            HttpLimits::from_args(&HttpArgs::default()),
+            Ok(HttpLimits::default())
+        );
+    }
+
+    #[test]
+    fn http_limits_take_fractional_seconds_and_refuse_nonsense() {
+        let args = |f: fn(&mut HttpArgs)| {
+            let mut args = HttpArgs::default();
+            f(&mut args);
+            HttpLimits::from_args(&args)
+        };
+        let limits = args(|a| a.idle_timeout = 0.25);
+        assert_eq!(
+            limits.map(|l| l.idle_timeout),
+            Ok(Duration::from_millis(250))
+        );
+        assert!(args(|a| a.shutdown_timeout = 0.0).is_ok());
+        for bad in [
+            args(|a| a.header_read_timeout = 0.0),
+            args(|a| a.body_read_timeout = -1.0),
+            args(|a| a.idle_timeout = f64::NAN),
+            args(|a| a.idle_timeout = f64::INFINITY),
+            args(|a| a.shutdown_timeout = -0.5),
+            args(|a| a.max_connections = 0),
+        ] {
+            assert!(bad.is_err(), "{bad:?}");
+        }
+    }
 }

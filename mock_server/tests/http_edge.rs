@@ -215,6 +215,43 @@ async fn still_open(stream: &mut TcpStream, wait: Duration) -> bool {
     timeout(wait, stream.read(&mut sink)).await.is_err()
 }
 
+#[test]
+fn http_flags_become_limits() -> Result<()> {
+    use clap::Parser;
+    let cli = mock_server::Cli::try_parse_from([
+        "mockserve",
+        "serve",
+        "--header-read-timeout",
+        "2.5",
+        "--body-read-timeout",
+        "3",
+        "--idle-timeout",
+        "4",
+        "--max-connections",
+        "7",
+        "--shutdown-timeout",
+        "0",
+    ])?;
+    let Some(mock_server::Command::Serve(args)) = cli.command else {
+        bail!("expected serve");
+    };
+    let limits = ServerConfig::from_args(&args)?.http;
+    assert_eq!(
+        limits,
+        HttpLimits {
+            header_read_timeout: secs(2.5),
+            body_read_timeout: secs(3.0),
+            idle_timeout: secs(4.0),
+            max_connections: 7,
+            shutdown_timeout: Duration::ZERO,
+        }
+    );
+    // Bare `mockserve` takes them too; a zero read timeout is refused.
+    let cli = mock_server::Cli::try_parse_from(["mockserve", "--idle-timeout", "0"])?;
+    assert!(ServerConfig::from_args(&cli.serve).is_err());
+    Ok(())
+}
+
 const HEALTH: &[u8] = b"GET /health HTTP/1.1\r\nhost: t\r\n\r\n";
 
 #[tokio::test]

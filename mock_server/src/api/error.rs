@@ -244,3 +244,48 @@ impl IntoResponse for ApiError {
         response
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_length_names_the_prompt_field() {
+        for param in ["messages", "prompt"] {
+            let e = ApiError::context_length(64, 100, 4, param);
+            assert_eq!(e.param.as_deref(), Some(param));
+            assert_eq!(e.code, Some("context_length_exceeded"));
+            assert!(
+                e.message.contains(&format!("100 in the {param}")),
+                "{}",
+                e.message
+            );
+        }
+    }
+
+    #[test]
+    fn responses_that_close_the_connection_say_so() {
+        let close = |e: ApiError| {
+            let response = e.into_response();
+            response
+                .headers()
+                .get(header::CONNECTION)
+                .map(|v| v.as_bytes().to_vec())
+        };
+        for e in [
+            ApiError::payload_too_large(),
+            ApiError::body_timeout(Duration::from_secs(1)),
+            ApiError::too_many_connections(10),
+        ] {
+            assert_eq!(close(e), Some(b"close".to_vec()));
+        }
+        for e in [
+            ApiError::shutting_down(),
+            ApiError::method_not_allowed("GET", "/v1/completions"),
+            ApiError::headers_too_large(1),
+            ApiError::route_not_found("/x"),
+        ] {
+            assert_eq!(close(e), None);
+        }
+    }
+}
