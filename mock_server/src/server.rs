@@ -204,8 +204,8 @@ impl HttpLimits {
         {
             return bad("HTTP read and idle timeouts must be positive");
         }
-        if self.max_connections == 0 {
-            return bad("--max-connections must be positive");
+        if self.max_connections == 0 || self.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
+            return bad("--max-connections must be positive (and below 2^61)");
         }
         Ok(())
     }
@@ -476,6 +476,7 @@ mod tests {
             args(|a| a.idle_timeout = f64::INFINITY),
             args(|a| a.shutdown_timeout = -0.5),
             args(|a| a.max_connections = 0),
+            args(|a| a.max_connections = usize::MAX),
         ] {
             assert!(bad.is_err(), "{bad:?}");
         }

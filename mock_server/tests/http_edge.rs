@@ -647,6 +647,7 @@ async fn shutdown_drains_short_streams_and_cuts_long_ones_at_the_deadline() -> R
 
 /// The real binary: SIGTERM drains until `--shutdown-timeout`, ends an open stream with an
 /// error event and exits 0; a second signal exits at once.
+#[cfg(unix)]
 #[tokio::test]
 async fn the_binary_drains_on_sigterm_and_exits_on_a_second_signal() -> Result<()> {
     for second_signal in [false, true] {
