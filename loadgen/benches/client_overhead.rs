@@ -86,6 +86,7 @@ fn server(flags: &[&str]) -> ServerConfig {
         default_max_tokens: 16,
         max_body_bytes: 1 << 24,
         tokenizer: None,
+        http: Default::default(),
         engine,
     })
     .expect("server config")

@@ -219,6 +219,7 @@ impl MultiturnArgs {
                     default_max_tokens: 256,
                     max_body_bytes: mock_server::config::DEFAULT_MAX_BODY_BYTES,
                     tokenizer: self.tokenizer.clone(),
+                    http: Default::default(),
                     engine: self.server.engine.clone(),
                 })?;
                 Target::Embedded(Box::new(server))

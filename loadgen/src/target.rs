@@ -137,6 +137,7 @@ impl TargetSpec {
                 default_max_tokens: 256,
                 max_body_bytes: 1 << 30,
                 tokenizer: self.tokenizer.clone(),
+                http: Default::default(),
                 engine: self.engine.clone(),
             })?)),
         }

@@ -2,6 +2,7 @@
 //! handlers and the server both import it; the flags that build it live in the `server` module.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::ValueEnum;
 use servesim::cluster::ClusterConfig;
@@ -11,6 +12,18 @@ use crate::text::{default_codec, TextCodec};
 
 /// Default `--max-body-bytes`: 8 MiB, room for a long multi-turn conversation.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
+
+/// Default `--header-read-timeout`.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `--body-read-timeout`.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `--idle-timeout`: longer than the pool idle timeout of common clients (reqwest and
+/// hyper: 90 s), so a client rarely reuses a connection the server is closing.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+/// Default `--max-connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Default `--shutdown-timeout`.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How reasoning tokens are streamed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -48,6 +61,8 @@ pub struct ServerConfig {
     pub seed: u64,
     /// Tokenizer and chat template.
     pub codec: Arc<dyn TextCodec>,
+    /// Connection limits, timeouts and the shutdown drain.
+    pub http: HttpLimits,
 }
 
 impl Default for ServerConfig {
@@ -73,6 +88,7 @@ impl ServerConfig {
             reasoning_format: ReasoningFormat::Separate,
             default_max_tokens: 256,
             codec: default_codec(),
+            http: HttpLimits::default(),
         }
     }
 
@@ -98,6 +114,52 @@ impl ServerConfig {
         if self.max_model_len == 0 {
             return bad("--max-model-len must be positive");
         }
+        self.http.validate()?;
         self.cluster.validate()
+    }
+}
+
+/// The HTTP connection limits, validated (see `mockserve serve --help` for what each one means).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// A request's headers must be in this long after the connection's accept (first request)
+    /// or the request's first byte (later requests).
+    pub header_read_timeout: Duration,
+    /// A request's body must be in this long after its headers (408 beyond).
+    pub body_read_timeout: Duration,
+    /// A kept-alive connection without a request in progress is closed after this long.
+    pub idle_timeout: Duration,
+    /// Open connections at most (503 beyond).
+    pub max_connections: usize,
+    /// How long open requests may run after shutdown begins.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+        }
+    }
+}
+
+impl HttpLimits {
+    /// Checks what a hand-built value could get wrong.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError(m.to_string()));
+        if self.header_read_timeout.is_zero()
+            || self.body_read_timeout.is_zero()
+            || self.idle_timeout.is_zero()
+        {
+            return bad("HTTP read and idle timeouts must be positive");
+        }
+        if self.max_connections == 0 || self.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
+            return bad("--max-connections must be positive (and below 2^61)");
+        }
+        Ok(())
     }
 }

@@ -2,7 +2,9 @@
 //!
 //! - [`Cli`] is the command line and [`run`] executes it; bare `mockserve` means `mockserve serve`.
 //! - [`server::serve`] runs the HTTP API on a listener with a [`config::ServerConfig`] until a
-//!   shutdown future resolves; [`api::app`] is the axum router (for `oneshot` tests).
+//!   shutdown future resolves, then drains; [`api::app`] is the axum router (for `oneshot`
+//!   tests); [`connection::Edge`] is the accept loop under it (connection limits and timeouts
+//!   from [`config::HttpLimits`], graceful drain).
 //! - [`driver::EngineHandle`] is the live driver: one task owning the simulated cluster.
 //! - [`metrics::Metrics`] holds the Prometheus metrics (vLLM names per worker, `servesim_*`).
 //! - [`text::TextCodec`] turns messages into prompt ids and answer ids into text (servesim's
@@ -33,6 +35,7 @@
 pub mod api;
 pub mod args;
 pub mod config;
+pub mod connection;
 pub mod driver;
 pub mod metrics;
 pub mod replay_cmd;

@@ -1,19 +1,25 @@
-//! `mockserve serve`: flags ([`ServeArgs`]) and the [`ServerConfig`] they build, and [`serve`],
-//! which runs the HTTP API on a listener until a shutdown future resolves.
+//! `mockserve serve`: flags ([`ServeArgs`], [`HttpArgs`]), the validated [`ServerConfig`] and
+//! [`HttpLimits`], and [`serve`], which runs the HTTP API on a listener until a shutdown future
+//! resolves, then drains open requests until `--shutdown-timeout`.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use clap::Args;
 use servesim::scheduler::ConfigError;
 use tokio::net::TcpListener;
 
 use crate::api::{app, AppState};
 use crate::args::EngineArgs;
-use crate::config::{ReasoningFormat, ServerConfig, DEFAULT_MAX_BODY_BYTES};
+use crate::config::{
+    HttpLimits, ReasoningFormat, ServerConfig, DEFAULT_BODY_READ_TIMEOUT,
+    DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_SHUTDOWN_TIMEOUT,
+};
+use crate::connection::Edge;
 use crate::text::TokenizerCodec;
 
 /// `mockserve serve` flags.
@@ -67,9 +73,81 @@ pub struct ServeArgs {
     /// Simulated engine and routing flags.
     #[command(flatten)]
     pub engine: EngineArgs,
+
+    /// Connection limits and timeouts of the HTTP server (last: its help heading holds for
+    /// the flags after it).
+    #[command(flatten)]
+    pub http: HttpArgs,
+}
+
+/// `mockserve serve` flags for the HTTP connections: the defences against slow, idle and too
+/// many clients, and the shutdown drain. [`HttpArgs::default`] is the flags' defaults.
+#[derive(Args, Clone, Debug, PartialEq)]
+#[command(next_help_heading = "HTTP connections")]
+pub struct HttpArgs {
+    /// Seconds a client has to send a request's headers, counted from the connection's accept
+    /// (first request) or from the request's first byte (later requests); then the connection
+    /// is closed.
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_HEADER_READ_TIMEOUT.as_secs_f64())]
+    pub header_read_timeout: f64,
+
+    /// Seconds a client has to send a whole request body once its headers are in; then the
+    /// answer is 408 and the connection is closed.
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_BODY_READ_TIMEOUT.as_secs_f64())]
+    pub body_read_timeout: f64,
+
+    /// Seconds a kept-alive connection may wait for its next request; then it is closed.
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_IDLE_TIMEOUT.as_secs_f64())]
+    pub idle_timeout: f64,
+
+    /// Open connections at most; a connection beyond is answered 503 and closed.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+
+    /// Seconds open requests may run after SIGINT/SIGTERM; then each still-open stream ends
+    /// with an error event and `data: [DONE]`, and the server exits. A second signal exits at
+    /// once.
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_SHUTDOWN_TIMEOUT.as_secs_f64())]
+    pub shutdown_timeout: f64,
+}
+
+impl Default for HttpArgs {
+    fn default() -> Self {
+        HttpArgs {
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT.as_secs_f64(),
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT.as_secs_f64(),
+            idle_timeout: DEFAULT_IDLE_TIMEOUT.as_secs_f64(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT.as_secs_f64(),
+        }
+    }
 }
 
 // Built here, next to the flags, so that `config` (which the handlers import) knows no flags.
+impl HttpLimits {
+    /// The limits the flags describe; timeouts must be positive (the shutdown one may be 0).
+    pub fn from_args(args: &HttpArgs) -> Result<HttpLimits, ConfigError> {
+        let seconds = |value: f64, flag: &str, allow_zero: bool| {
+            let ok = value.is_finite() && (value > 0.0 || (allow_zero && value == 0.0));
+            ok.then(|| Duration::try_from_secs_f64(value).ok())
+                .flatten()
+                .ok_or_else(|| {
+                    let bound = if allow_zero { "0 or more" } else { "positive" };
+                    ConfigError(format!("--{flag} must be a {bound} number of seconds"))
+                })
+        };
+        let limits = HttpLimits {
+            header_read_timeout: seconds(args.header_read_timeout, "header-read-timeout", false)?,
+            body_read_timeout: seconds(args.body_read_timeout, "body-read-timeout", false)?,
+            idle_timeout: seconds(args.idle_timeout, "idle-timeout", false)?,
+            max_connections: args.max_connections,
+            shutdown_timeout: seconds(args.shutdown_timeout, "shutdown-timeout", true)?,
+        };
+        limits.validate()?;
+        Ok(limits)
+    }
+}
+
 impl ServerConfig {
     /// The configuration the flags describe.
     pub fn from_args(args: &ServeArgs) -> Result<ServerConfig, ConfigError> {
@@ -83,6 +161,7 @@ impl ServerConfig {
             reasoning_ratio: args.reasoning_ratio,
             reasoning_format: args.reasoning_format,
             default_max_tokens: args.default_max_tokens,
+            http: HttpLimits::from_args(&args.http)?,
             ..ServerConfig::new(cluster)
         };
         let config = match &args.tokenizer {
@@ -101,7 +180,9 @@ impl ServerConfig {
     }
 }
 
-/// Serves the API on `listener` until `shutdown` resolves, then drains open connections.
+/// Serves the API on `listener` until `shutdown` resolves, then stops accepting and drains:
+/// idle connections close, open requests run until `config.http.shutdown_timeout`, then each
+/// still-open stream ends with an error event and `data: [DONE]` and the future returns.
 pub async fn serve(
     listener: TcpListener,
     config: ServerConfig,
@@ -117,54 +198,142 @@ pub async fn serve_state(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let listener = listener.tap_io(|stream| {
-        // Without TCP_NODELAY, Nagle plus delayed ACK stalls streamed chunks by ~40 ms.
-        let _ = stream.set_nodelay(true);
-    });
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown)
-        .await
-        .context("serving HTTP")
+    let limits = state.config.http.clone();
+    let stop_generations = state.stop_generations.clone();
+    let edge = Edge {
+        router: app(state),
+        limits,
+        stop_generations,
+    };
+    edge.run(listener, shutdown).await;
+    Ok(())
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        // If the handler cannot be installed, never resolve from this branch.
+/// SIGINT and SIGTERM, both installed once up front so that no signal is missed between the
+/// first (drain) and the second (exit now).
+#[derive(Debug)]
+pub struct ShutdownSignals {
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    /// Installs the handlers (inside a tokio runtime).
+    pub fn new() -> std::io::Result<ShutdownSignals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(ShutdownSignals {
+                interrupt: signal(SignalKind::interrupt())?,
+                terminate: signal(SignalKind::terminate())?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(ShutdownSignals {})
+    }
+
+    /// Resolves on the next SIGINT or SIGTERM.
+    pub async fn recv(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+        #[cfg(not(unix))]
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
     }
 }
 
-/// `mockserve serve`: binds, prints the address, serves until SIGINT/SIGTERM.
+/// Resolves on SIGINT or SIGTERM (never, if the handlers cannot be installed).
+pub async fn shutdown_signal() {
+    match ShutdownSignals::new() {
+        Ok(mut signals) => signals.recv().await,
+        Err(_) => std::future::pending::<()>().await,
+    }
+}
+
+/// `mockserve serve`: binds, prints the address, serves until SIGINT/SIGTERM, then drains for
+/// up to `--shutdown-timeout`; a second signal exits at once (an error).
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     let config = ServerConfig::from_args(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(async {
+    let result = runtime.block_on(async {
+        let mut signals = ShutdownSignals::new().context("installing signal handlers")?;
         let listener = TcpListener::bind((args.host.as_str(), args.port))
             .await
             .with_context(|| format!("binding {}:{}", args.host, args.port))?;
         let addr: SocketAddr = listener.local_addr()?;
+        let drain = config.http.shutdown_timeout;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = serve(listener, config, async {
+            let _ = stopped.await;
+        });
+        let mut server = std::pin::pin!(server);
         println!("mockserve listening on http://{addr}");
-        serve(listener, config, shutdown_signal()).await
-    })
+        tokio::select! {
+            biased;
+            result = &mut server => return result,
+            () = signals.recv() => {}
+        }
+        eprintln!(
+            "mockserve: shutting down; open requests have {:.1} s to finish (signal again to \
+             exit now)",
+            drain.as_secs_f64()
+        );
+        let _ = stop.send(());
+        tokio::select! {
+            biased;
+            result = &mut server => result,
+            () = signals.recv() => anyhow::bail!("second signal: exiting without draining"),
+        }
+    });
+    // Whatever is still running (only after a second signal) is dropped, not awaited.
+    runtime.shutdown_background();
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_flag_defaults_are_the_default_limits() {
+        assert_eq!(
+            HttpLimits::from_args(&HttpArgs::default()),
+            Ok(HttpLimits::default())
+        );
+    }
+
+    #[test]
+    fn http_limits_take_fractional_seconds_and_refuse_nonsense() {
+        let args = |f: fn(&mut HttpArgs)| {
+            let mut args = HttpArgs::default();
+            f(&mut args);
+            HttpLimits::from_args(&args)
+        };
+        let limits = args(|a| a.idle_timeout = 0.25);
+        assert_eq!(
+            limits.map(|l| l.idle_timeout),
+            Ok(Duration::from_millis(250))
+        );
+        assert!(args(|a| a.shutdown_timeout = 0.0).is_ok());
+        for bad in [
+            args(|a| a.header_read_timeout = 0.0),
+            args(|a| a.body_read_timeout = -1.0),
+            args(|a| a.idle_timeout = f64::NAN),
+            args(|a| a.idle_timeout = f64::INFINITY),
+            args(|a| a.shutdown_timeout = -0.5),
+            args(|a| a.max_connections = 0),
+            args(|a| a.max_connections = usize::MAX),
+        ] {
+            assert!(bad.is_err(), "{bad:?}");
+        }
+    }
 }

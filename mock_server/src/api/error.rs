@@ -1,11 +1,16 @@
 //! [`ApiError`]: every failure at the HTTP edge as an OpenAI error body
 //! `{"error":{"message","type","param","code"}}` with its status.
 
-use axum::http::StatusCode;
+use std::time::Duration;
+
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use servesim::scheduler::RejectReason;
 
 use crate::driver::SubmitError;
+
+/// `code` of the 503 answered on a connection beyond `--max-connections`.
+const TOO_MANY_CONNECTIONS: &str = "too_many_connections";
 
 /// An OpenAI-shaped error.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -85,18 +90,98 @@ impl ApiError {
         }
     }
 
-    /// 400 when prompt + output limit exceed the context length.
-    pub fn context_length(max_model_len: usize, prompt: usize, output: usize) -> ApiError {
+    /// 400 when prompt + output limit exceed the context length. `param` is the request field
+    /// that holds the prompt: `messages` (chat) or `prompt` (text completions).
+    pub fn context_length(
+        max_model_len: usize,
+        prompt: usize,
+        output: usize,
+        param: &str,
+    ) -> ApiError {
         ApiError::invalid(
             format!(
                 "This model's maximum context length is {max_model_len} tokens. However, you \
-                 requested {} tokens ({prompt} in the messages, {output} in the completion). \
-                 Please reduce the length of the messages or completion.",
+                 requested {} tokens ({prompt} in the {param}, {output} in the completion). \
+                 Please reduce the length of the {param} or completion.",
                 prompt + output
             ),
-            Some("messages"),
+            Some(param),
         )
         .with_code("context_length_exceeded")
+    }
+
+    /// 405 for a route that exists but not with this method (the router adds `Allow`).
+    pub fn method_not_allowed(method: &str, path: &str) -> ApiError {
+        ApiError {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            message: format!("Method {method} is not allowed on {path}"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("method_not_allowed"),
+        }
+    }
+
+    /// 408 when the body does not arrive within `--body-read-timeout`.
+    pub fn body_timeout(timeout: Duration) -> ApiError {
+        ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            message: format!(
+                "The request body did not arrive within {:.3} s (--body-read-timeout).",
+                timeout.as_secs_f64()
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_timeout"),
+        }
+    }
+
+    /// 431 when the request headers add up to more than `max_bytes`.
+    pub fn headers_too_large(max_bytes: usize) -> ApiError {
+        ApiError {
+            status: StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            message: format!(
+                "The request headers are larger than this server accepts ({max_bytes} bytes)."
+            ),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_header_fields_too_large"),
+        }
+    }
+
+    /// 503 for a connection beyond `--max-connections`.
+    pub fn too_many_connections(max_connections: usize) -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: format!(
+                "The server has {max_connections} open connections, its limit \
+                 (--max-connections); retry later."
+            ),
+            kind: "server_error",
+            param: None,
+            code: Some(TOO_MANY_CONNECTIONS),
+        }
+    }
+
+    /// 503 while the server shuts down (also the final stream event of a request cut off at
+    /// the shutdown deadline).
+    pub fn shutting_down() -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: "The server is shutting down.".into(),
+            kind: "server_error",
+            param: None,
+            code: Some("service_unavailable"),
+        }
+    }
+
+    /// Whether the server closes the connection after this response: the request body may be
+    /// left unread (408, 413) or the connection is over the limit. The response then says
+    /// `Connection: close`, so a pooling client does not reuse it.
+    pub fn closes_connection(&self) -> bool {
+        matches!(
+            self.status,
+            StatusCode::REQUEST_TIMEOUT | StatusCode::PAYLOAD_TOO_LARGE
+        ) || self.code == Some(TOO_MANY_CONNECTIONS)
     }
 
     /// The JSON body.
@@ -126,13 +211,7 @@ impl From<SubmitError> for ApiError {
                 ApiError::invalid(e.to_string(), Some("nvext.backend_instance_id"))
                     .with_code("invalid_worker_id")
             }
-            SubmitError::Stopped => ApiError {
-                status: StatusCode::SERVICE_UNAVAILABLE,
-                message: "The server is shutting down.".into(),
-                kind: "server_error",
-                param: None,
-                code: Some("service_unavailable"),
-            },
+            SubmitError::Stopped => ApiError::shutting_down(),
         }
     }
 }
@@ -155,11 +234,58 @@ impl From<RejectReason> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, axum::Json(self.body())).into_response();
-        if self.status == StatusCode::TOO_MANY_REQUESTS {
-            response
-                .headers_mut()
-                .insert("retry-after", axum::http::HeaderValue::from_static("1"));
+        let headers = response.headers_mut();
+        if self.status == StatusCode::TOO_MANY_REQUESTS || self.code == Some(TOO_MANY_CONNECTIONS) {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if self.closes_connection() {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_length_names_the_prompt_field() {
+        for param in ["messages", "prompt"] {
+            let e = ApiError::context_length(64, 100, 4, param);
+            assert_eq!(e.param.as_deref(), Some(param));
+            assert_eq!(e.code, Some("context_length_exceeded"));
+            assert!(
+                e.message.contains(&format!("100 in the {param}")),
+                "{}",
+                e.message
+            );
+        }
+    }
+
+    #[test]
+    fn responses_that_close_the_connection_say_so() {
+        let close = |e: ApiError| {
+            let response = e.into_response();
+            response
+                .headers()
+                .get(header::CONNECTION)
+                .map(|v| v.as_bytes().to_vec())
+        };
+        for e in [
+            ApiError::payload_too_large(),
+            ApiError::body_timeout(Duration::from_secs(1)),
+            ApiError::too_many_connections(10),
+        ] {
+            assert_eq!(close(e), Some(b"close".to_vec()));
+        }
+        for e in [
+            ApiError::shutting_down(),
+            ApiError::method_not_allowed("GET", "/v1/completions"),
+            ApiError::headers_too_large(1),
+            ApiError::route_not_found("/x"),
+        ] {
+            assert_eq!(close(e), None);
+        }
     }
 }

@@ -1,7 +1,13 @@
 //! The OpenAI-compatible HTTP API: [`app`] builds the axum router over an [`AppState`].
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`,
-//! `GET /metrics`. Every error is an [`ApiError`] body.
+//! `GET /metrics`. Every error is an [`ApiError`] body, including unknown routes (404) and
+//! methods (405, with `Allow`).
+//!
+//! Before any handler, [`edge_limits`] enforces the request-level limits: headers over
+//! [`MAX_HEADER_BYTES`] (431), a body over `--max-body-bytes` (413, at once when
+//! `Content-Length` announces it) or not arriving within `--body-read-timeout` (408). 408 and
+//! 413 say `Connection: close` (the body may be left unread, so the connection is closed).
 //!
 //! Wire behaviour worth knowing:
 //! - The engine always generates exactly the output limit (`max_completion_tokens`, else
@@ -37,8 +43,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, HeaderMap, HeaderValue, Uri};
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, Uri};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -47,6 +55,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 use servesim::cluster::Cluster;
 use servesim::request::{EngineRequest, Prompt};
+use tokio_util::sync::CancellationToken;
 
 pub use error::ApiError;
 use protocol::{ApiJson, ChatRequest, CompletionRequest, GenerationParams, PromptInput};
@@ -72,6 +81,9 @@ pub struct AppState {
     pub block_size: usize,
     /// Unix seconds at start (model `created`).
     pub started: u64,
+    /// Cancelled when the shutdown drain deadline passes: every generation still running then
+    /// ends with a `503 shutting down` error (the final event of a stream).
+    pub stop_generations: CancellationToken,
 }
 
 impl AppState {
@@ -90,6 +102,7 @@ impl AppState {
             counter: Arc::default(),
             block_size,
             started: unix_now(),
+            stop_generations: CancellationToken::new(),
         })
     }
 }
@@ -118,8 +131,68 @@ pub fn app(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics::handler))
         .fallback(|uri: Uri| async move { ApiError::route_not_found(uri.path()) })
+        .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
+            ApiError::method_not_allowed(method.as_str(), uri.path())
+        })
         .layer(body_limit)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            edge_limits,
+        ))
         .with_state(state)
+}
+
+/// Largest total size of a request's headers (names, values and separators) the handlers
+/// accept; beyond it the answer is an OpenAI-shaped 431. hyper itself answers a bodiless 431
+/// to a head beyond its read buffer (about 400 KiB) or with more than 100 headers.
+pub const MAX_HEADER_BYTES: usize = 64 << 10;
+
+/// Request-level limits, checked before any handler: header size (431), body size (413) and
+/// body-read time (408). The body is read here, whole, so no handler ever waits on a slow
+/// client, and the size limit holds whether or not `Content-Length` is sent.
+pub async fn edge_limits(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let header_bytes: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    if header_bytes > MAX_HEADER_BYTES {
+        return fail(&state, ApiError::headers_too_large(MAX_HEADER_BYTES));
+    }
+    let (parts, body) = request.into_parts();
+    if http_body::Body::is_end_stream(&body) {
+        return next.run(Request::from_parts(parts, body)).await;
+    }
+    let limit = state.config.max_body_bytes;
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return fail(&state, ApiError::payload_too_large());
+    }
+    let timeout = state.config.http.body_read_timeout;
+    let read = tokio::time::timeout(
+        timeout,
+        http_body_util::BodyExt::collect(http_body_util::Limited::new(body, limit)),
+    )
+    .await;
+    let bytes = match read {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            return fail(&state, ApiError::payload_too_large())
+        }
+        Ok(Err(e)) => {
+            return fail(
+                &state,
+                ApiError::invalid(format!("Could not read the body: {e}"), None),
+            )
+        }
+        Err(_) => return fail(&state, ApiError::body_timeout(timeout)),
+    };
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
 }
 
 fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
@@ -248,13 +321,27 @@ async fn generate(
     };
     let prompt_len = prompt.len();
     let max_len = config.max_model_len;
+    let prompt_param = match flavor {
+        Flavor::Chat => "messages",
+        Flavor::Text => "prompt",
+    };
     let max_tokens = match params.max_tokens {
         Some(n) if prompt_len + n > max_len => {
-            return Err(ApiError::context_length(max_len, prompt_len, n))
+            return Err(ApiError::context_length(
+                max_len,
+                prompt_len,
+                n,
+                prompt_param,
+            ))
         }
         Some(n) => n,
         None if prompt_len >= max_len => {
-            return Err(ApiError::context_length(max_len, prompt_len, 1))
+            return Err(ApiError::context_length(
+                max_len,
+                prompt_len,
+                1,
+                prompt_param,
+            ))
         }
         None => config.default_max_tokens.min(max_len - prompt_len),
     };
@@ -311,6 +398,7 @@ async fn generate(
         received_unix_ms: unix_now_ms(),
         first_token: None,
         last_token: None,
+        stop: state.stop_generations.child_token(),
     };
     if params.stream {
         let body = axum::body::Body::from_stream(turn::sse_stream(turn, params.include_usage));

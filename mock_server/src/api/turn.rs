@@ -93,6 +93,8 @@ pub struct Turn {
     pub first_token: Option<Instant>,
     /// When the latest token reached the handler.
     pub last_token: Option<Instant>,
+    /// Cancelled at the server's shutdown deadline: the turn then ends with an error.
+    pub stop: tokio_util::sync::CancellationToken,
 }
 
 /// The next thing to tell the client.
@@ -115,7 +117,17 @@ impl Turn {
     /// Waits for the next client-visible step.
     pub async fn next(&mut self) -> Step {
         loop {
-            let Some(event) = self.submission.events.recv().await else {
+            let event = tokio::select! {
+                biased;
+                event = self.submission.events.recv() => event,
+                () = self.stop.cancelled() => {
+                    // Shutdown deadline: the submission is dropped unfinished, which cancels
+                    // the engine request.
+                    self.done = true;
+                    return Step::Error(ApiError::shutting_down());
+                }
+            };
+            let Some(event) = event else {
                 self.done = true;
                 self.submission.mark_done();
                 return Step::Error(ApiError::from(crate::driver::SubmitError::Stopped));
