@@ -78,7 +78,10 @@ fn every_path_the_readme_names_exists() {
         );
     }
     let missing: Vec<&String> = paths.iter().filter(|p| !repo().join(p).exists()).collect();
-    assert!(missing.is_empty(), "README names missing paths: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "README names missing paths: {missing:?}"
+    );
 }
 
 /// Every file under `dir`, recursively.
@@ -128,7 +131,10 @@ fn help_lists_the_subcommands() {
     };
     let text = help(mock_server::Cli::try_parse_from(["mockserve", "--help"]).map(|_| ()));
     for name in ["serve", "replay", "completions", "--port"] {
-        assert!(text.contains(name), "mockserve --help lacks {name}:\n{text}");
+        assert!(
+            text.contains(name),
+            "mockserve --help lacks {name}:\n{text}"
+        );
     }
     let text = help(loadgen::Cli::try_parse_from(["loadgen", "--help"]).map(|_| ()));
     for name in ["multiturn", "replay", "bench", "compare", "completions"] {
@@ -174,7 +180,10 @@ fn completions_name_the_subcommands_in_every_shell() {
         let cli = mock_server::Cli::try_parse_from(["mockserve", "completions", shell])
             .expect("flags parse");
         let Some(mock_server::Command::Completions { shell: parsed }) = cli.command else {
-            panic!("`mockserve completions {shell}` parses as {:?}", cli.command);
+            panic!(
+                "`mockserve completions {shell}` parses as {:?}",
+                cli.command
+            );
         };
         let script = String::from_utf8(mock_server::completions(parsed)).expect("UTF-8");
         for name in ["mockserve", "serve", "replay", "completions"] {
@@ -226,8 +235,9 @@ fn mockserve_replays_a_slice_of_the_public_trace() {
 
 #[test]
 fn loadgen_pings_the_embedded_server() {
-    let cli = loadgen::Cli::try_parse_from(["loadgen", "multiturn", "--ping", "--speedup-ratio", "inf"])
-        .expect("flags parse");
+    let cli =
+        loadgen::Cli::try_parse_from(["loadgen", "multiturn", "--ping", "--speedup-ratio", "inf"])
+            .expect("flags parse");
     // `run` starts its own runtime; a thread and a channel bound the wait.
     let (done, result) = mpsc::channel();
     std::thread::spawn(move || done.send(loadgen::run(cli).map_err(|e| e.to_string())));
