@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
 # Replays the public Mooncake trace with Dynamo's offline replay (ai-dynamo 1.6.1, set up by
-# ../shared/peers/setup.sh) and with `mockserve replay`, back to back, and prints the key figures
+# scripts/peers/setup.sh) and with `mockserve replay`, back to back, and prints the key figures
 # side by side, with each tool's wall time.
 #
-#   scripts/compare-dynamo.sh [TRACE]
+#   scripts/compare-dynamo.sh [TRACE]      (default: traces/mooncake_synthetic_trace.jsonl)
 #
-# Needs: a release build (`cargo build --release`), `../shared/peers/setup.sh dynamo` done,
-# SERVESIM_PEERS pointing at its root if not the default.
+# Needs: a release build (`cargo build --release`) and `scripts/peers/setup.sh dynamo` done
+# (SERVESIM_PEERS pointing at its root if not the default .peers/).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-peers="$here/../shared/peers"
-trace=${1:-"$here/../shared/traces/mooncake_synthetic_trace.jsonl"}
+trace=${1:-"$here/traces/mooncake_synthetic_trace.jsonl"}
 mockserve="$here/target/release/mockserve"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -30,7 +29,7 @@ cases=(
 for case in "${cases[@]}"; do
   IFS='|' read -r name dflags oflags <<<"$case"
   # shellcheck disable=SC2086
-  ( cd "$peers" && ./dynamo_replay.py "$trace" $dflags >"$out/$name.dynamo.json" )
+  "$here/scripts/peers/dynamo_replay.py" "$trace" $dflags >"$out/$name.dynamo.json"
   start=$(date +%s.%N)
   # shellcheck disable=SC2086
   "$mockserve" replay "$trace" -q $oflags --report-json "$out/$name.ours.json" >/dev/null

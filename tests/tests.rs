@@ -4,8 +4,10 @@
 //! - `replay`: the offline replay through the library (determinism, hand-checked timings).
 //! - `replay_cli`: `mockserve replay` parsed and run in-process (flags, files, errors).
 //! - `mooncake_bench`: the indexer benchmark end to end on a fixture trace (counts, JSON, sweep).
+//! - `readme`: the README's paths exist in the repository and its cheap commands work.
 
 mod mooncake_bench;
+mod readme;
 mod replay;
 mod replay_cli;
 

@@ -42,7 +42,11 @@ pub use error::LoadgenError;
 
 /// loadgen: drive an OpenAI-compatible endpoint (or an embedded mockserve) and measure TTFT.
 #[derive(Parser, Debug)]
-#[command(name = "loadgen", version, about)]
+#[command(
+    name = "loadgen",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("SERVESIM_GIT_COMMIT"), ")"),
+    about
+)]
 pub struct Cli {
     /// What to run.
     #[command(subcommand)]
@@ -62,6 +66,19 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Compare the per-turn TTFT of two results files.
     Compare(compare::CompareArgs),
+    /// Print a shell completion script on stdout, e.g. `loadgen completions bash`.
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// The completion script of `loadgen` for `shell`.
+pub fn completions(shell: clap_complete::Shell) -> Vec<u8> {
+    let mut script = Vec::new();
+    let mut command = <Cli as clap::CommandFactory>::command();
+    clap_complete::generate(shell, &mut command, "loadgen", &mut script);
+    script
 }
 
 /// Runs a parsed command line on the current tokio runtime. A multiturn run that completes but
@@ -79,6 +96,14 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
         Command::Compare(args) => {
             print!("{}", compare::run(&args)?);
             Ok(())
+        }
+        Command::Completions { shell } => {
+            std::io::Write::write_all(&mut std::io::stdout(), &completions(shell)).map_err(
+                |source| LoadgenError::Io {
+                    path: "<stdout>".into(),
+                    source,
+                },
+            )
         }
     }
 }

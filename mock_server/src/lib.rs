@@ -48,7 +48,7 @@ use clap::{Parser, Subcommand};
 #[derive(Parser, Debug)]
 #[command(
     name = "mockserve",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("SERVESIM_GIT_COMMIT"), ")"),
     about,
     args_conflicts_with_subcommands = true
 )]
@@ -69,6 +69,19 @@ pub enum Command {
     Serve(server::ServeArgs),
     /// Replay a Mooncake trace on a virtual clock and report Dynamo-compatible metrics.
     Replay(replay_cmd::ReplayArgs),
+    /// Print a shell completion script on stdout, e.g. `mockserve completions bash`.
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// The completion script of `mockserve` for `shell`.
+pub fn completions(shell: clap_complete::Shell) -> Vec<u8> {
+    let mut script = Vec::new();
+    let mut command = <Cli as clap::CommandFactory>::command();
+    clap_complete::generate(shell, &mut command, "mockserve", &mut script);
+    script
 }
 
 /// Runs a parsed command line.
@@ -77,5 +90,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         None => server::run(&cli.serve),
         Some(Command::Serve(args)) => server::run(&args),
         Some(Command::Replay(args)) => replay_cmd::run(&args).map(|_| ()),
+        Some(Command::Completions { shell }) => {
+            std::io::Write::write_all(&mut std::io::stdout(), &completions(shell))?;
+            Ok(())
+        }
     }
 }
