@@ -4,7 +4,7 @@
 //! (--num-shards, --prefix-depth, --num-event-workers), approximate (--ttl-secs), flat.
 //!
 //! Run with:
-//! `cargo bench --bench mooncake_bench -- /work/shared/traces/mooncake_synthetic_trace.jsonl
+//! `cargo bench --bench mooncake_bench -- traces/mooncake_synthetic_trace.jsonl
 //!  -n 128 --benchmark-duration-ms 10000 --result-json-output crtc.json
 //!  concurrent-radix-tree-compressed --num-event-workers 2`
 //!
