@@ -80,6 +80,10 @@ pub struct BenchArgs {
     /// Report files and progress.
     #[command(flatten)]
     pub report: ReportArgs,
+
+    /// Failure threshold.
+    #[command(flatten)]
+    pub failures: crate::failure::FailureArgs,
     /// Where requests go.
     #[command(flatten)]
     pub target: TargetArgs,
@@ -405,12 +409,15 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
     (m, var.sqrt())
 }
 
-/// Runs `loadgen bench`.
+/// Runs `loadgen bench`: prints the report and writes the requested files. The failure-rate
+/// verdict (over the measured requests, warmup excluded) is the caller's
+/// ([`summary::LiveReport::verdict`]; [`crate::run_async`] applies it).
 pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
     let bad = |m: &str| Err(LoadgenError::Config(m.to_string()));
     if args.concurrency == Some(0) {
         return bad("--concurrency must be positive");
     }
+    args.failures.max_failure_rate()?;
     if let Some(r) = args.request_rate {
         if r.is_nan() || r <= 0.0 {
             return bad("--request-rate must be positive (or inf)");
@@ -574,6 +581,7 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
             g.rate_rps
         );
     }
+    print!("{}", live.failure_lines());
     print!("{}", live.lag_lines());
     summary::write_files(
         &json,
@@ -627,7 +635,12 @@ mod tests {
             schedule_lag_ms: 0.0,
             prompt_tokens: None,
             expected_reused_tokens: None,
+            chunks: 1,
+            usage_output_tokens: Some(1),
+            usage_mismatch: false,
             error: (!ok).then(|| "HTTP 500".to_string()),
+            error_kind: (!ok).then_some("http"),
+            error_status: (!ok).then_some(500),
         }
     }
 

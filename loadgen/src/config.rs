@@ -93,6 +93,11 @@ pub struct MultiturnArgs {
     #[arg(long, default_value_t = 300.0)]
     pub request_timeout_s: f64,
 
+    /// Longest SSE line (and event data) accepted from the server, in bytes; a longer one fails
+    /// its request ("SSE line longer than --max-line-bytes") and is never buffered whole.
+    #[arg(long, default_value_t = crate::sse::DEFAULT_MAX_LINE_BYTES)]
+    pub max_line_bytes: usize,
+
     /// Settings of the embedded server (ignored with --url); --seed also seeds the workload.
     #[command(flatten, next_help_heading = "Embedded server (without --url)")]
     pub server: EmbeddedArgs,
@@ -193,6 +198,8 @@ pub struct MultiturnConfig {
     pub api_key: Option<String>,
     /// Per-request timeout.
     pub request_timeout: Duration,
+    /// Longest SSE line accepted.
+    pub max_line_bytes: usize,
 }
 
 impl MultiturnArgs {
@@ -253,6 +260,7 @@ impl MultiturnArgs {
             tokenizer,
             api_key: self.api_key.clone(),
             request_timeout: Duration::from_secs_f64(self.request_timeout_s.max(0.0)),
+            max_line_bytes: self.max_line_bytes,
         };
         if self.ping {
             config.workload.num_users = 1;
@@ -268,8 +276,9 @@ impl MultiturnArgs {
         if config.max_completion_tokens == 0 {
             return bad("--max-completion-tokens must be positive");
         }
-        if !(0.0..=1.0).contains(&config.max_failure_rate) {
-            return bad("--max-failure-rate must be between 0 and 1");
+        crate::failure::check_rate(config.max_failure_rate)?;
+        if config.max_line_bytes == 0 {
+            return bad("--max-line-bytes must be positive");
         }
         if !(self.request_timeout_s.is_finite() && self.request_timeout_s > 0.0) {
             return bad("--request-timeout-s must be positive");
@@ -325,6 +334,7 @@ impl MultiturnConfig {
             "ping": self.ping,
             "max_failure_rate": self.max_failure_rate,
             "request_timeout_s": self.request_timeout.as_secs_f64(),
+            "max_line_bytes": self.max_line_bytes,
             "embedded_server": server,
         })
     }

@@ -27,6 +27,7 @@ pub mod compare;
 pub mod config;
 pub mod driver;
 pub mod error;
+pub mod failure;
 pub mod multiturn;
 pub mod prompt;
 pub mod replay;
@@ -64,9 +65,9 @@ pub enum Command {
     Compare(compare::CompareArgs),
 }
 
-/// Runs a parsed command line on the current tokio runtime. A multiturn run that completes but
-/// fails the failure-rate check returns [`LoadgenError::AllFailed`] or
-/// [`LoadgenError::TooManyFailures`] (after printing and writing its results).
+/// Runs a parsed command line on the current tokio runtime. A run (multiturn, replay or bench)
+/// that completes but fails the failure-rate check returns [`LoadgenError::AllFailed`] or
+/// [`LoadgenError::TooManyFailures`] after printing and writing its report.
 pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
     match cli.command {
         Command::Multiturn(args) => {
@@ -74,8 +75,14 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
             let results = multiturn::multiturn(&config).await?;
             multiturn::verdict(&results, config.max_failure_rate)
         }
-        Command::Replay(args) => replay::replay(&args).await.map(|_| ()),
-        Command::Bench(args) => bench::bench(&args).await.map(|_| ()),
+        Command::Replay(args) => {
+            let run = replay::replay(&args).await?;
+            run.live.verdict(args.failures.max_failure_rate)
+        }
+        Command::Bench(args) => {
+            let run = bench::bench(&args).await?;
+            run.live.verdict(args.failures.max_failure_rate)
+        }
         Command::Compare(args) => {
             print!("{}", compare::run(&args)?);
             Ok(())

@@ -198,17 +198,12 @@ fn record(sample: &Sample, user_tokens: Option<usize>) -> RawResult {
         chunks: tm.token_chunks_us.len() as u64,
         output_tokens: r.output_tokens,
         output_tokens_source: Some(r.output_tokens_source),
+        usage_output_tokens: r.usage_output_tokens,
+        usage_mismatch: r.usage_mismatch,
         user_tokens,
         prompt_tokens: r.prompt_tokens,
         cached_tokens: r.cached_tokens,
         error: r.failure.clone(),
-    }
-}
-
-fn describe(f: &crate::client::Failure) -> String {
-    match f {
-        crate::client::Failure::Http { status, body } => format!("HTTP {status}: {body}"),
-        other => other.reason(),
     }
 }
 
@@ -335,7 +330,7 @@ async fn drive(
                 bar.println(line);
             }
             if let Some(f) = &s.response.failure {
-                eprintln!("  [user {}][turn {}] {}", s.session, s.turn, describe(f));
+                eprintln!("  [user {}][turn {}] {}", s.session, s.turn, f);
             }
         }) as Observer
     });
@@ -355,6 +350,7 @@ async fn drive(
         client: http,
         url: format!("{url}/v1/chat/completions"),
         api_key: config.api_key.clone(),
+        max_line_bytes: config.max_line_bytes,
     };
     let driver_config = DriverConfig {
         bar: Some(bar.clone()),
@@ -402,17 +398,9 @@ async fn drive(
 /// The pass/fail verdict: fails when every request failed or the failure share is above
 /// `max_failure_rate`.
 pub fn verdict(results: &Results, max_failure_rate: f64) -> Result<(), LoadgenError> {
-    let total = results.total_requests;
-    let failed = results.failed_requests;
-    if total > 0 && failed == total {
-        return Err(LoadgenError::AllFailed { total });
-    }
-    if total > 0 && failed as f64 / total as f64 > max_failure_rate {
-        return Err(LoadgenError::TooManyFailures {
-            failed,
-            total,
-            max_rate: max_failure_rate,
-        });
-    }
-    Ok(())
+    crate::failure::verdict(
+        results.total_requests,
+        results.failed_requests,
+        max_failure_rate,
+    )
 }

@@ -62,6 +62,10 @@ pub struct ReplayArgs {
     #[command(flatten)]
     pub report: ReportArgs,
 
+    /// Failure threshold.
+    #[command(flatten)]
+    pub failures: crate::failure::FailureArgs,
+
     /// Where requests go.
     #[command(flatten)]
     pub target: TargetArgs,
@@ -301,13 +305,15 @@ pub struct ReplayRun {
     pub json: serde_json::Value,
 }
 
-/// Runs `loadgen replay`: prints the report and writes the requested files.
+/// Runs `loadgen replay`: prints the report and writes the requested files. The failure-rate
+/// verdict is the caller's ([`LiveReport::verdict`]; [`crate::run_async`] applies it).
 pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
     if args.max_requests == Some(0) {
         return Err(LoadgenError::Config(
             "--max-requests must be positive".into(),
         ));
     }
+    args.failures.max_failure_rate()?;
     let trace = load_trace(args)?;
     let spec = args.target.spec()?;
     spec.server_config()?;
@@ -450,6 +456,7 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
     if mismatched > 0 {
         println!("WARNING: {mismatched} prompts did not have the trace's input_length (server usage.prompt_tokens)");
     }
+    print!("{}", live.failure_lines());
     print!("{}", live.lag_lines());
     summary::write_files(
         &json,

@@ -1,13 +1,13 @@
 //! Results of a multi-turn run: Dynamo's statistics ([`StatsReport`], [`PerTurnStats`]), the JSON
 //! document ([`Results`], Dynamo's keys plus loadgen's) and the console report.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::client::{Failure, TokenSource};
+use crate::failure::FailureSummary;
 
 /// Dynamo's aggregate statistics (`LatencyStats`), plus the mean; all in µs.
 ///
@@ -103,6 +103,13 @@ pub struct RawResult {
     /// `usage` or `chunks`.
     #[serde(default)]
     pub output_tokens_source: Option<TokenSource>,
+    /// `usage.completion_tokens` as the server sent it.
+    #[serde(default)]
+    pub usage_output_tokens: Option<u64>,
+    /// The server's usage contradicts the counted chunks (fewer tokens than chunks, or more
+    /// than 32 per chunk); `output_tokens` is then the chunk count.
+    #[serde(default)]
+    pub usage_mismatch: bool,
     /// The user message's tokens, when known exactly.
     #[serde(default)]
     pub user_tokens: Option<usize>,
@@ -170,9 +177,12 @@ pub struct Results {
     /// Throughput.
     #[serde(default)]
     pub throughput: Option<Throughput>,
-    /// Failure reason -> count.
+    /// Failed requests by reason (the same shape in every mode's report).
     #[serde(default)]
-    pub failure_reasons: BTreeMap<String, usize>,
+    pub failures: FailureSummary,
+    /// Requests whose usage contradicted the counted chunks.
+    #[serde(default)]
+    pub usage_mismatches: usize,
     /// Every setting and the target.
     #[serde(default)]
     pub config: Value,
@@ -241,10 +251,8 @@ impl Results {
         } else {
             "mixed"
         };
-        let mut failure_reasons = BTreeMap::new();
-        for f in records.iter().filter_map(|r| r.error.as_ref()) {
-            *failure_reasons.entry(f.reason()).or_insert(0) += 1;
-        }
+        let failures = FailureSummary::of(records.iter().filter_map(|r| r.error.as_ref()));
+        let usage_mismatches = records.iter().filter(|r| r.usage_mismatch).count();
         let d = data.duration_s.max(1e-9);
         Results {
             num_users,
@@ -267,7 +275,8 @@ impl Results {
                 output_tokens_per_s: output_tokens as f64 / d,
                 requests_per_s: ok.len() as f64 / d,
             }),
-            failure_reasons,
+            failures,
+            usage_mismatches,
             raw_results: records,
             config,
         }
@@ -292,11 +301,10 @@ impl Results {
             self.num_users, self.num_turns, self.successful_requests, self.total_requests
         );
         if self.failed_requests > 0 {
-            let _ = writeln!(o, "Failed requests: {}", self.failed_requests);
-            for (reason, n) in &self.failure_reasons {
-                let _ = writeln!(o, "  {n:>6}  {reason}");
-            }
-            let _ = writeln!(o);
+            let _ = writeln!(o, "{}", self.failures.lines(self.total_requests));
+        }
+        if self.usage_mismatches > 0 {
+            let _ = writeln!(o, "{}\n", usage_warning(self.usage_mismatches));
         }
         aggregate(&mut o, "Aggregate TTFT:", self.aggregate_ttft.as_ref());
         aggregate(
@@ -334,6 +342,14 @@ impl Results {
         }
         o
     }
+}
+
+/// The warning line for requests whose usage contradicted their chunks.
+pub fn usage_warning(count: usize) -> String {
+    format!(
+        "WARNING: {count} requests reported usage.completion_tokens that contradicts the streamed chunks (fewer tokens than chunks, or more than {} per chunk); their counted chunks were used instead",
+        crate::client::MAX_TOKENS_PER_CHUNK
+    )
 }
 
 fn ms(us: u64) -> f64 {

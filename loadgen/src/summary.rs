@@ -14,6 +14,7 @@ use servesim::time::SimTime;
 
 use crate::driver::Sample;
 use crate::error::LoadgenError;
+use crate::failure::FailureSummary;
 
 /// What loadgen intended for one request (the driver only sees bodies).
 #[derive(Clone, Debug, Default)]
@@ -48,9 +49,24 @@ pub struct LiveRecord {
     pub prompt_tokens: Option<u64>,
     /// Prompt tokens expected from the prefix cache (trace hash ids; replay only).
     pub expected_reused_tokens: Option<usize>,
-    /// Why it failed.
+    /// Chunks that carried a token.
+    pub chunks: u64,
+    /// `usage.completion_tokens` as the server sent it (`output_length` is this unless
+    /// `usage_mismatch`).
+    pub usage_output_tokens: Option<u64>,
+    /// The server's usage contradicts the counted chunks (fewer tokens than chunks, or more than
+    /// 32 per chunk): `output_length` is the chunk count.
+    pub usage_mismatch: bool,
+    /// Why it failed, with the server's message (`HTTP 429: rate limited`, `empty stream`, ...).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The failure's class: `http`, `transport`, `timeout`, `stream`, `server_error`,
+    /// `empty_stream`, `line_too_long`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<&'static str>,
+    /// The HTTP status of an HTTP failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_status: Option<u16>,
 }
 
 /// Schedule lag figures (ms).
@@ -78,6 +94,10 @@ pub struct LiveReport {
     pub records: Vec<LiveRecord>,
     /// Schedule lag.
     pub lag: LagFigures,
+    /// Failed requests by reason (they are left out of every latency figure).
+    pub failures: FailureSummary,
+    /// Requests whose usage contradicted their chunks.
+    pub usage_mismatches: usize,
 }
 
 /// Builds the report from `(sample, info)` pairs; `wall` is the run's wall time. Times are
@@ -159,10 +179,24 @@ pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> Li
                 schedule_lag_ms: s.lag_us() as f64 / 1000.0,
                 prompt_tokens: s.response.prompt_tokens,
                 expected_reused_tokens: info.expected_reused_tokens,
+                chunks: s.response.chunks,
+                usage_output_tokens: s.response.usage_output_tokens,
+                usage_mismatch: s.response.usage_mismatch,
                 error: s.response.failure.as_ref().map(|f| f.reason()),
+                error_kind: s.response.failure.as_ref().map(|f| f.kind()),
+                error_status: s.response.failure.as_ref().and_then(|f| f.status()),
             }
         })
         .collect();
+    let failures = FailureSummary::of(
+        items
+            .iter()
+            .filter_map(|(s, _)| s.response.failure.as_ref()),
+    );
+    let usage_mismatches = items
+        .iter()
+        .filter(|(s, _)| s.response.usage_mismatch)
+        .count();
     let d = Distribution::from_samples(&mut lags);
     LiveReport {
         report,
@@ -173,14 +207,30 @@ pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> Li
             max_ms: d.max,
             max_pacer_ms: pacer_max,
         },
+        failures,
+        usage_mismatches,
     }
 }
 
 impl LiveReport {
-    /// The report as JSON: `mockserve replay`'s keys, then `schedule_lag_*`, then `extra`'s.
+    /// Requests in the report.
+    pub fn total_requests(&self) -> usize {
+        self.records.len()
+    }
+
+    /// The pass/fail verdict of the run: an error when every request failed or more than
+    /// `max_failure_rate` of them did.
+    pub fn verdict(&self, max_failure_rate: f64) -> Result<(), LoadgenError> {
+        crate::failure::verdict(self.total_requests(), self.failures.total, max_failure_rate)
+    }
+
+    /// The report as JSON: `mockserve replay`'s keys, then `failures`, `usage_mismatches`,
+    /// `schedule_lag_*`, then `extra`'s.
     pub fn to_json(&self, extra: &[(&str, Value)]) -> Value {
         let mut v = serde_json::to_value(&self.report).unwrap_or_else(|_| json!({}));
         if let Some(map) = v.as_object_mut() {
+            map.insert("failures".into(), json!(self.failures));
+            map.insert("usage_mismatches".into(), json!(self.usage_mismatches));
             map.insert("schedule_lag_p50_ms".into(), json!(self.lag.p50_ms));
             map.insert("schedule_lag_p99_ms".into(), json!(self.lag.p99_ms));
             map.insert("schedule_lag_max_ms".into(), json!(self.lag.max_ms));
@@ -193,6 +243,17 @@ impl LiveReport {
             }
         }
         v
+    }
+
+    /// The failure lines of the console report (always: `Failed requests: 0 of N` says the run
+    /// was checked), and the usage warning when a server's usage contradicted its chunks.
+    pub fn failure_lines(&self) -> String {
+        let mut s = self.failures.lines(self.total_requests());
+        if self.usage_mismatches > 0 {
+            s.push_str(&crate::report::usage_warning(self.usage_mismatches));
+            s.push('\n');
+        }
+        s
     }
 
     /// The schedule-lag lines of the console report, with a warning when the pacer fell behind.

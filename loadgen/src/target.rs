@@ -44,6 +44,11 @@ pub struct TargetArgs {
     #[arg(long, default_value_t = 600.0)]
     pub request_timeout_s: f64,
 
+    /// Longest SSE line (and event data) accepted from the server, in bytes; a longer one fails
+    /// its request ("SSE line longer than --max-line-bytes") and is never buffered whole.
+    #[arg(long, default_value_t = crate::sse::DEFAULT_MAX_LINE_BYTES)]
+    pub max_line_bytes: usize,
+
     /// Engine, router and cluster settings of the embedded server (ignored with --url).
     #[command(flatten, next_help_heading = "Embedded server (without --url)")]
     pub engine: EngineArgs,
@@ -57,12 +62,18 @@ impl TargetArgs {
                 "--request-timeout-s must be positive".into(),
             ));
         }
+        if self.max_line_bytes == 0 {
+            return Err(LoadgenError::Config(
+                "--max-line-bytes must be positive".into(),
+            ));
+        }
         Ok(TargetSpec {
             url: self.url.clone(),
             model: self.model.clone(),
             tokenizer: self.tokenizer.clone(),
             api_key: self.api_key.clone(),
             request_timeout: Duration::from_secs_f64(self.request_timeout_s),
+            max_line_bytes: self.max_line_bytes,
             engine: self.engine.clone(),
         })
     }
@@ -81,6 +92,8 @@ pub struct TargetSpec {
     pub api_key: Option<String>,
     /// Per-request timeout.
     pub request_timeout: Duration,
+    /// Longest SSE line accepted.
+    pub max_line_bytes: usize,
     /// Engine flags of the embedded server.
     pub engine: EngineArgs,
 }
@@ -169,6 +182,7 @@ impl TargetSpec {
                 client: http,
                 url: format!("{url}/v1/completions"),
                 api_key: self.api_key.clone(),
+                max_line_bytes: self.max_line_bytes,
             },
             url,
             model,

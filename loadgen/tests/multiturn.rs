@@ -256,7 +256,7 @@ async fn failures_are_counted_with_reasons() -> Result<()> {
         (results.failed_requests, results.successful_requests),
         (4, 0)
     );
-    assert_eq!(results.failure_reasons.get("HTTP 500"), Some(&4));
+    assert_eq!(results.failures.count("HTTP 500: boom"), 4);
     assert!(results.aggregate_ttft.is_none());
 
     // One user of three gets a stream that breaks after the first chunk; others succeed.
@@ -315,15 +315,16 @@ async fn failures_are_counted_with_reasons() -> Result<()> {
     assert_eq!(results.failed_requests, 2);
     assert!(
         results
-            .failure_reasons
-            .keys()
-            .any(|k| k.starts_with("stream:")),
+            .failures
+            .by_reason
+            .iter()
+            .any(|r| r.kind == "stream"),
         "{:?}",
-        results.failure_reasons
+        results.failures
     );
     assert_eq!(
-        results.failure_reasons.get("server error: engine stopped"),
-        Some(&1)
+        results.failures.count("server error: engine stopped"),
+        1
     );
     let mut lenient = flags.to_vec();
     lenient.extend(["--max-failure-rate", "0.5"]);
