@@ -27,7 +27,7 @@ use crate::driver::{self, DriverConfig, Planned, Script, Start};
 use crate::error::LoadgenError;
 use crate::prompt::PromptSynth;
 use crate::summary::{self, LiveRecord, RequestInfo};
-use crate::target::{completion_body, TargetArgs};
+use crate::target::{completion_body, Api, EmbeddedOptions, TargetArgs};
 use mock_server::args::ReportArgs;
 
 /// `loadgen bench` flags.
@@ -437,9 +437,8 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
     if limit == 0 {
         return bad("--num-requests must be positive");
     }
-    let spec = args.target.spec()?;
-    spec.server_config()?;
-    let target = spec.connect().await?;
+    let spec = args.target.spec(&EmbeddedOptions::default())?;
+    let target = spec.connect(Api::Completions).await?;
     let requests = Arc::new(Requests {
         args: args.clone(),
         synth: target.synth(1),

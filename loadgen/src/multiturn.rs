@@ -5,108 +5,20 @@
 //! time starts when the previous answer has fully arrived), sending the whole history and
 //! appending the streamed answer on success.
 
-use std::io::IsTerminal;
+use std::io::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
-use crate::client::{self, Endpoint, Response};
-use crate::config::{MultiturnConfig, Target, TokenizerChoice};
+use crate::client::Response;
+use crate::config::MultiturnConfig;
 use crate::driver::{self, DriverConfig, Observer, Planned, Sample, Script, Start};
 use crate::error::LoadgenError;
 use crate::report::{RawResult, Results, RunData};
+use crate::target::{Api, Connected};
 use crate::workload::{TokenCounter, UserScript, Workload};
-
-/// A running embedded mockserve.
-pub(crate) struct Embedded {
-    /// Stops it.
-    stop: oneshot::Sender<()>,
-    /// The server task.
-    task: JoinHandle<Result<(), String>>,
-}
-
-impl Embedded {
-    pub(crate) async fn shutdown(self) {
-        let _ = self.stop.send(());
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
-    }
-}
-
-/// Starts mockserve on 127.0.0.1 (a free port); returns its base URL.
-pub(crate) async fn start_embedded(
-    config: &mock_server::server::ServerConfig,
-) -> Result<(String, Embedded), LoadgenError> {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| LoadgenError::Embedded(e.to_string()))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| LoadgenError::Embedded(e.to_string()))?;
-    let (stop, stopped) = oneshot::channel::<()>();
-    let config = config.clone();
-    let task = tokio::spawn(async move {
-        mock_server::server::serve(listener, config, async {
-            let _ = stopped.await;
-        })
-        .await
-        .map_err(|e| format!("{e:#}"))
-    });
-    Ok((format!("http://{addr}"), Embedded { stop, task }))
-}
-
-/// Resolves the model: `--model`, else the single model of `{url}/v1/models`.
-pub async fn detect_model(
-    client: &reqwest::Client,
-    url: &str,
-    api_key: Option<&str>,
-) -> Result<String, LoadgenError> {
-    let models_url = format!("{url}/v1/models");
-    println!("  Auto-detecting model from {models_url}...");
-    let err = |message: String| LoadgenError::ModelDetection {
-        url: models_url.clone(),
-        message,
-    };
-    let mut request = client.get(&models_url);
-    if let Some(key) = api_key {
-        request = request.bearer_auth(key);
-    }
-    let response = request.send().await.map_err(|e| err(e.to_string()))?;
-    if !response.status().is_success() {
-        return Err(err(format!(
-            "Models endpoint returned status: {}",
-            response.status()
-        )));
-    }
-    let body: Value = response.json().await.map_err(|e| err(e.to_string()))?;
-    let ids: Vec<String> = body
-        .get("data")
-        .and_then(Value::as_array)
-        .ok_or_else(|| err("no \"data\" array in the response".into()))?
-        .iter()
-        .filter_map(|m| m.get("id").and_then(Value::as_str).map(str::to_string))
-        .collect();
-    match ids.as_slice() {
-        [] => Err(LoadgenError::NoModels { url: models_url }),
-        [one] => {
-            println!("  Auto-detected model: {one}");
-            Ok(one.clone())
-        }
-        _ => {
-            for id in &ids {
-                println!("    - {id}");
-            }
-            Err(LoadgenError::MultipleModels {
-                url: models_url,
-                models: ids,
-            })
-        }
-    }
-}
 
 /// What every conversation needs to build its bodies.
 struct BodyParams {
@@ -214,9 +126,10 @@ fn print_config(c: &MultiturnConfig, url: &str, model: &str) {
     println!("  Model: {model}");
     println!("  Users: {}", w.num_users);
     println!("  Turns: {}", w.num_turns);
-    match c.tokenizer {
-        TokenizerChoice::Heuristic => println!("  User tokens: ~{}", w.num_user_tokens),
-        _ => println!("  User tokens: {} (exact)", w.num_user_tokens),
+    if c.target.is_embedded() || c.target.tokenizer.is_some() {
+        println!("  User tokens: {} (exact)", w.num_user_tokens);
+    } else {
+        println!("  User tokens: ~{}", w.num_user_tokens);
     }
     println!("  Max completion tokens: {}", c.max_completion_tokens);
     println!("  Ignore EOS: {}", c.ignore_eos);
@@ -226,61 +139,23 @@ fn print_config(c: &MultiturnConfig, url: &str, model: &str) {
     println!();
 }
 
-/// Runs a multi-turn benchmark: prints the console report, writes `--output`, returns the
-/// results (the failure-rate verdict is [`verdict`]'s).
+/// Runs a multi-turn benchmark: prints the console report, writes the results files, returns
+/// the results (the failure-rate verdict is [`verdict`]'s).
 pub async fn multiturn(config: &MultiturnConfig) -> Result<Results, LoadgenError> {
     println!("Multiturn Chat Benchmark");
     println!("========================\n");
-    let (url, embedded, counter) = match &config.target {
-        Target::Url(url) => (url.clone(), None, None),
-        Target::Embedded(server) => {
-            let (url, e) = start_embedded(server).await?;
-            let e_cfg = &server.cluster.engine;
-            println!(
-                "Embedded mockserve on {url}: {} workers, {} engine, speedup {}, reasoning ratio {}",
-                server.cluster.num_workers,
-                e_cfg.engine_type,
-                e_cfg.latency.speedup_ratio,
-                server.reasoning_ratio
-            );
-            println!();
-            (
-                url,
-                Some(e),
-                Some(TokenCounter::codec(server.codec.clone())),
-            )
-        }
-    };
-    let result = drive(config, &url, counter).await;
-    if let Some(e) = embedded {
-        e.shutdown().await;
-    }
+    let target = config.target.connect(Api::Chat).await?;
+    let result = drive(config, &target).await;
+    target.shutdown().await;
     result
 }
 
-async fn drive(
-    config: &MultiturnConfig,
-    url: &str,
-    embedded_counter: Option<TokenCounter>,
-) -> Result<Results, LoadgenError> {
-    let counter = match (&config.tokenizer, embedded_counter) {
-        (TokenizerChoice::File(path), _) => {
-            TokenCounter::Exact(Arc::from(servesim::tokenizer::load_tokenizer(path)?))
-        }
-        (TokenizerChoice::Embedded, Some(c)) => c,
-        _ => TokenCounter::Heuristic,
+async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, LoadgenError> {
+    let counter = match &target.tokenizer {
+        Some(t) => TokenCounter::Exact(t.clone()),
+        None => TokenCounter::Heuristic,
     };
-    let http =
-        client::client(config.request_timeout).map_err(|e| LoadgenError::Client(e.to_string()))?;
-    println!("Model Detection:");
-    let model = match &config.model {
-        Some(m) => {
-            println!("  Using model: {m}");
-            m.clone()
-        }
-        None => detect_model(&http, url, config.api_key.as_deref()).await?,
-    };
-    println!();
+    let (url, model) = (target.url.as_str(), target.model.clone());
     print_config(config, url, &model);
 
     let workload = Workload::generate(&config.workload, &counter);
@@ -289,7 +164,7 @@ async fn drive(
         "Running {} users x {} turns = {} total requests...",
         config.workload.num_users, config.workload.num_turns, total
     );
-    let bar = if std::io::stderr().is_terminal() {
+    let bar = if config.report.show_progress() {
         ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
     } else {
         ProgressBar::hidden()
@@ -346,18 +221,12 @@ async fn drive(
             }) as Box<dyn Script>
         })
         .collect();
-    let endpoint = Endpoint {
-        client: http,
-        url: format!("{url}/v1/chat/completions"),
-        api_key: config.api_key.clone(),
-        max_line_bytes: config.max_line_bytes,
-    };
     let driver_config = DriverConfig {
         bar: Some(bar.clone()),
         observer,
         ..DriverConfig::default()
     };
-    let out = driver::drive(endpoint, scripts, &driver_config).await?;
+    let out = driver::drive(target.endpoint.clone(), scripts, &driver_config).await?;
     let mut data = RunData::default();
     for s in &out.samples {
         if s.response.failure.is_none() {
@@ -384,15 +253,31 @@ async fn drive(
         config.to_json(&model, url),
     );
     print!("{}", results.console());
-    if let Some(path) = &config.output {
-        let text = serde_json::to_string_pretty(&results).unwrap_or_default();
-        std::fs::write(path, text + "\n").map_err(|source| LoadgenError::Io {
-            path: path.clone(),
-            source,
-        })?;
+    write_files(&results, config)?;
+    Ok(results)
+}
+
+/// Writes `--output` (the results) and `--per-request-jsonl` (one `raw_results` entry a line).
+fn write_files(results: &Results, config: &MultiturnConfig) -> Result<(), LoadgenError> {
+    let io = |path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |source| LoadgenError::Io { path, source }
+    };
+    if let Some(path) = &config.report.report_json {
+        let text = serde_json::to_string_pretty(results).unwrap_or_default();
+        std::fs::write(path, text + "\n").map_err(io(path))?;
         println!("Results written to: {}", path.display());
     }
-    Ok(results)
+    if let Some(path) = &config.report.per_request_jsonl {
+        let file = std::fs::File::create(path).map_err(io(path))?;
+        let mut w = std::io::BufWriter::new(file);
+        for r in &results.raw_results {
+            let line = serde_json::to_string(r).unwrap_or_default();
+            writeln!(w, "{line}").map_err(io(path))?;
+        }
+        w.flush().map_err(io(path))?;
+    }
+    Ok(())
 }
 
 /// The pass/fail verdict: fails when every request failed or the failure share is above

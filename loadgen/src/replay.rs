@@ -27,7 +27,7 @@ use crate::driver::{self, DriverConfig, Planned, Script, Start};
 use crate::error::LoadgenError;
 use crate::prompt::PromptSynth;
 use crate::summary::{self, LiveReport, RequestInfo};
-use crate::target::{completion_body, TargetArgs};
+use crate::target::{completion_body, Api, EmbeddedOptions, TargetArgs};
 use mock_server::args::ReportArgs;
 
 /// `loadgen replay` flags (`mockserve replay`'s, plus the live ones).
@@ -315,8 +315,7 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
     }
     args.failures.max_failure_rate()?;
     let trace = load_trace(args)?;
-    let spec = args.target.spec()?;
-    spec.server_config()?;
+    let spec = args.target.spec(&EmbeddedOptions::default())?;
     let shape = session_shape(&trace);
     let mode = match args.session_mode {
         SessionMode::Auto => shape.detected(),
@@ -334,7 +333,7 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
     }
     let plans = plans(&trace, mode);
     let expected = expected_reuse(&trace, &plans, args.trace_block_size);
-    let target = spec.connect().await?;
+    let target = spec.connect(Api::Completions).await?;
     let synth = Arc::new(target.synth(args.trace_block_size));
     println!(
         "Prompts: {} tokens per hash id, {} ({})",
