@@ -26,7 +26,7 @@ use crate::client::Response;
 use crate::driver::{self, DriverConfig, Planned, Script, Start};
 use crate::error::LoadgenError;
 use crate::prompt::PromptSynth;
-use crate::summary::{self, LiveRecord, RequestInfo};
+use crate::replay_report::{self, LiveRecord, RequestInfo};
 use crate::target::{completion_body, Api, EmbeddedOptions, TargetArgs};
 use mock_server::args::ReportArgs;
 
@@ -391,7 +391,7 @@ impl Script for User {
 #[derive(Debug)]
 pub struct BenchRun {
     /// The report (warmup excluded).
-    pub live: summary::LiveReport,
+    pub live: replay_report::LiveReport,
     /// Goodput, when `--slo` was given.
     pub goodput: Option<Goodput>,
     /// Requests excluded as warmup.
@@ -411,7 +411,7 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
 
 /// Runs `loadgen bench`: prints the report and writes the requested files. The failure-rate
 /// verdict (over the measured requests, warmup excluded) is the caller's
-/// ([`summary::LiveReport::verdict`]; [`crate::run_async`] applies it).
+/// ([`replay_report::LiveReport::verdict`]; [`crate::run_async`] applies it).
 pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
     let bad = |m: &str| Err(LoadgenError::Config(m.to_string()));
     if args.concurrency == Some(0) {
@@ -540,7 +540,7 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
         })
         .collect();
     let warmup_requests = out.samples.len() - measured.len();
-    let live = summary::build(&measured, wall);
+    let live = replay_report::build(&measured, wall);
     let duration_s = live.report.duration_ms / 1000.0;
     let goodput = args.slo.map(|slo| goodput(&slo, &live.records, duration_s));
     let inputs: Vec<f64> = live
@@ -582,7 +582,7 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
     }
     print!("{}", live.failure_lines());
     print!("{}", live.lag_lines());
-    summary::write_files(
+    replay_report::write_files(
         &json,
         &live.records,
         args.report.report_json.as_deref(),

@@ -38,6 +38,19 @@ pub enum TokenSource {
     Chunks,
 }
 
+/// Which token a time-to-first-token counts to. Both are figures of one [`Timing`], computed in
+/// one place ([`Timing::first_token_us`], and from the scheduled send
+/// [`crate::driver::Sample::ttft_us`]) for every mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FirstToken {
+    /// The first token of any kind: content, reasoning or completion text. The replay and bench
+    /// reports' TTFT (`mockserve replay`'s key; AIPerf's and vLLM's TTFT).
+    Any,
+    /// The first answer (content) token, reasoning excluded: multiturn's TTFT (Dynamo's
+    /// `multiturn_bench`; AIPerf's TTFO).
+    Answer,
+}
+
 /// Everything measured about one request; times in µs from the send.
 #[derive(Clone, Debug, Default)]
 pub struct Timing {
@@ -56,9 +69,21 @@ pub struct Timing {
 }
 
 impl Timing {
-    /// Time to the first token of any kind (reasoning included).
-    pub fn ttft_any_us(&self) -> Option<u64> {
-        self.token_chunks_us.first().copied()
+    /// Time from the send to the first token of `kind`; None when no such token came.
+    pub fn first_token_us(&self, kind: FirstToken) -> Option<u64> {
+        match kind {
+            FirstToken::Any => self.token_chunks_us.first().copied(),
+            FirstToken::Answer => self.first_answer_us,
+        }
+    }
+
+    /// Per-request output throughput (tokens/s), as other tools define it: the output tokens
+    /// after the first over the time from the first to the last token chunk. None with fewer
+    /// than two tokens or no time between the first and last chunk.
+    pub fn output_tokens_per_s(&self, output_tokens: u64) -> Option<f64> {
+        let (first, last) = (self.token_chunks_us.first()?, self.token_chunks_us.last()?);
+        let span_s = last.checked_sub(*first).filter(|&d| d > 0)? as f64 / 1e6;
+        (output_tokens >= 2).then(|| (output_tokens - 1) as f64 / span_s)
     }
 }
 

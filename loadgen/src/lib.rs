@@ -29,11 +29,11 @@ pub mod driver;
 pub mod error;
 pub mod failure;
 pub mod multiturn;
+pub mod multiturn_report;
 pub mod prompt;
 pub mod replay;
-pub mod report;
+pub mod replay_report;
 pub mod sse;
-pub mod summary;
 pub mod target;
 pub mod workload;
 

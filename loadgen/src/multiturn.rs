@@ -12,11 +12,11 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
 
-use crate::client::Response;
+use crate::client::{FirstToken, Response};
 use crate::config::MultiturnConfig;
 use crate::driver::{self, DriverConfig, Observer, Planned, Sample, Script, Start};
 use crate::error::LoadgenError;
-use crate::report::{RawResult, Results, RunData};
+use crate::multiturn_report::{RawResult, Results, RunData};
 use crate::target::{Api, Connected};
 use crate::workload::{TokenCounter, UserScript, Workload};
 
@@ -88,26 +88,18 @@ fn record(sample: &Sample, user_tokens: Option<usize>) -> RawResult {
     let r = &sample.response;
     let tm = &r.timing;
     let lag = sample.lag_us();
-    let success = r.failure.is_none();
-    let ttft_us = if success {
-        lag + tm.first_answer_us.unwrap_or(tm.end_us)
-    } else {
-        0
-    };
+    let first_answer_us = sample.ttft_us(FirstToken::Answer);
     RawResult {
         user_id: sample.session,
         turn: sample.turn,
-        ttft_us,
+        ttft_us: first_answer_us.unwrap_or(0),
         total_latency_us: lag + tm.end_us,
-        success,
-        ttft_any_us: if success {
-            tm.ttft_any_us().map(|t| t + lag)
-        } else {
-            None
-        },
+        success: r.failure.is_none(),
+        first_answer_us,
+        ttft_any_us: sample.ttft_us(FirstToken::Any),
         headers_us: tm.headers_us.map(|t| t + lag),
         first_reasoning_us: tm.first_reasoning_us.map(|t| t + lag),
-        chunks: tm.token_chunks_us.len() as u64,
+        chunks: r.chunks,
         output_tokens: r.output_tokens,
         output_tokens_source: Some(r.output_tokens_source),
         usage_output_tokens: r.usage_output_tokens,
@@ -190,12 +182,15 @@ async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, 
         let bar = bar.clone();
         Arc::new(move |s: &Sample| {
             let tm = &s.response.timing;
+            let ttft = match s.ttft_us(FirstToken::Answer) {
+                Some(t) => format!("{:.1}ms", t as f64 / 1000.0),
+                None => "-".into(),
+            };
             let line = format!(
-                "  [user {}][turn {}/{}] ttft={:.1}ms  total={:.1}s  ok={}",
+                "  [user {}][turn {}/{}] ttft={ttft}  total={:.1}s  ok={}",
                 s.session,
                 s.turn + 1,
                 num_turns,
-                (s.lag_us() + tm.first_answer_us.unwrap_or(tm.end_us)) as f64 / 1000.0,
                 (s.lag_us() + tm.end_us) as f64 / 1e6,
                 s.response.failure.is_none()
             );
@@ -230,9 +225,12 @@ async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, 
     let mut data = RunData::default();
     for s in &out.samples {
         if s.response.failure.is_none() {
-            let chunks = &s.response.timing.token_chunks_us;
+            let timing = &s.response.timing;
+            let chunks = &timing.token_chunks_us;
             data.chunk_gaps_us
                 .extend(chunks.windows(2).map(|w| w[1] - w[0]));
+            data.output_tokens_per_s_per_user
+                .extend(timing.output_tokens_per_s(s.response.output_tokens));
         }
         let tokens = user_tokens
             .get(s.session)

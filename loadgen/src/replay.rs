@@ -26,7 +26,7 @@ use crate::client::Response;
 use crate::driver::{self, DriverConfig, Planned, Script, Start};
 use crate::error::LoadgenError;
 use crate::prompt::PromptSynth;
-use crate::summary::{self, LiveReport, RequestInfo};
+use crate::replay_report::{self, LiveReport, RequestInfo};
 use crate::target::{completion_body, Api, EmbeddedOptions, TargetArgs};
 use mock_server::args::ReportArgs;
 
@@ -411,7 +411,7 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
         .iter()
         .map(|s| (s, &infos[s.session][s.turn]))
         .collect();
-    let live = summary::build(&items, wall);
+    let live = replay_report::build(&items, wall);
     let expected_total: usize = items
         .iter()
         .filter(|(s, _)| s.response.failure.is_none())
@@ -457,7 +457,7 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
     }
     print!("{}", live.failure_lines());
     print!("{}", live.lag_lines());
-    summary::write_files(
+    replay_report::write_files(
         &json,
         &live.records,
         args.report.report_json.as_deref(),

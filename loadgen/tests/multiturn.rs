@@ -13,7 +13,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Parser;
 use loadgen::config::MultiturnArgs;
-use loadgen::report::Results;
+use loadgen::multiturn_report::Results;
 use loadgen::{Cli, Command, LoadgenError};
 use serde_json::{json, Value};
 use tokio::time::timeout;
@@ -322,10 +322,7 @@ async fn failures_are_counted_with_reasons() -> Result<()> {
         "{:?}",
         results.failures
     );
-    assert_eq!(
-        results.failures.count("server error: engine stopped"),
-        1
-    );
+    assert_eq!(results.failures.count("server error: engine stopped"), 1);
     let mut lenient = flags.to_vec();
     lenient.extend(["--max-failure-rate", "0.5"]);
     let (_, verdict) = multiturn(&lenient).await?;
