@@ -820,7 +820,7 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
         ("goodput", json!(goodput)),
     ]);
     println!("Bench report ({warmup_requests} warmup requests excluded)");
-    print!("{}", live.report);
+    print!("{}", live.report_lines());
     println!(
         "Tokens per request: input {in_mean:.1} ± {in_std:.1}, output {out_mean:.1} ± {out_std:.1}"
     );

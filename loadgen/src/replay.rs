@@ -447,7 +447,7 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
         ("trace_block_size", json!(args.trace_block_size)),
     ]);
     println!("Live replay report");
-    print!("{}", live.report);
+    print!("{}", live.report_lines());
     println!(
         "Prefix reuse: expected from the trace's hash ids {:.4}, reported by the server (cached_tokens) {:.4}",
         expected_ratio, live.report.prefix_cache_reused_ratio

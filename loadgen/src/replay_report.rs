@@ -266,12 +266,10 @@ impl LiveReport {
         v
     }
 
-    /// The lines printed after `mockserve replay`'s report: how tok/s/user is defined, the
-    /// failures (always: `Failed requests: 0 of N` says the run was checked), and the usage
-    /// warning when a server's usage contradicted its chunks.
+    /// The failure lines of the console report (always: `Failed requests: 0 of N` says the run
+    /// was checked), and the usage warning when a server's usage contradicted its chunks.
     pub fn failure_lines(&self) -> String {
-        let mut s = format!("(tok/s/user is {PER_USER_DEFINITION})\n");
-        s.push_str(&self.failures.lines(self.total_requests()));
+        let mut s = self.failures.lines(self.total_requests());
         if self.usage_mismatches > 0 {
             s.push_str(&crate::multiturn_report::usage_warning(
                 self.usage_mismatches,
@@ -279,6 +277,11 @@ impl LiveReport {
             s.push('\n');
         }
         s
+    }
+
+    /// `mockserve replay`'s console report, with the per-user throughput's definition.
+    pub fn report_lines(&self) -> String {
+        format!("{}  (tok/s/user: {PER_USER_DEFINITION})\n", self.report)
     }
 
     /// The schedule-lag lines of the console report, with a warning when the pacer fell behind.
