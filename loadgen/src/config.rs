@@ -110,7 +110,7 @@ pub struct ChatServerArgs {
     #[arg(long, default_value_t = 0.005)]
     pub reasoning_ratio: f64,
 
-    /// How reasoning is streamed: separate (reasoning_content) or inline (<think> in content).
+    /// How reasoning is streamed: separate (reasoning_content) or inline (`<think>` in content).
     #[arg(long, value_enum, default_value_t = ReasoningFormat::Separate)]
     pub reasoning_format: ReasoningFormat,
 

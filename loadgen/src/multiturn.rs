@@ -1,7 +1,7 @@
 //! `loadgen multiturn`: start the embedded server if needed, find the model, run every user's
 //! conversation concurrently, and build the [`Results`].
 //!
-//! Runs on the shared [`driver`]: each user is a [`Conversation`] script, closed loop (the think
+//! Runs on the shared [`driver`]: each user is a `Conversation` script, closed loop (the think
 //! time starts when the previous answer has fully arrived), sending the whole history and
 //! appending the streamed answer on success.
 
