@@ -275,3 +275,135 @@ fn json_f64(x: f64) -> Value {
         json!("inf")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn args(flags: &[&str]) -> MultiturnArgs {
+        let mut argv = vec!["loadgen", "multiturn"];
+        argv.extend_from_slice(flags);
+        match crate::Cli::try_parse_from(argv)
+            .expect("valid flags")
+            .command
+        {
+            crate::Command::Multiturn(a) => a,
+            _ => unreachable!(),
+        }
+    }
+
+    /// The defaults of the README's multiturn table.
+    #[test]
+    fn readme_defaults() {
+        let c = args(&[]).config().expect("defaults");
+        let w = &c.workload;
+        assert_eq!(
+            (w.num_users, w.num_turns, w.num_user_tokens, w.seed),
+            (10, 5, 128, 42)
+        );
+        assert_eq!(w.mean_delay_ms, EMBEDDED_MEAN_DELAY_MS);
+        assert_eq!(c.max_completion_tokens, 1000);
+        assert!(c.ignore_eos && !c.speculative_prefill && !c.verbose && !c.ping);
+        assert_eq!(c.max_failure_rate, 0.05);
+        assert_eq!(
+            c.target.request_timeout,
+            std::time::Duration::from_secs(300)
+        );
+        let server = c.target.server.as_ref().expect("embedded");
+        assert_eq!(server.reasoning_ratio, 0.005);
+        assert_eq!(server.reasoning_format, ReasoningFormat::Separate);
+        assert_eq!(server.max_model_len, 131072);
+        assert_eq!(server.cluster.engine.latency.decode_speedup_ratio, 10.0);
+        let c = args(&["--url", "http://h:1"]).config().expect("url");
+        assert_eq!(c.workload.mean_delay_ms, URL_MEAN_DELAY_MS);
+        assert!(c.target.server.is_none());
+    }
+
+    /// Every flag of the README's multiturn table parses and lands where it should.
+    #[test]
+    fn readme_flags() {
+        let c = args(&[
+            "--url",
+            "http://h:1/",
+            "--model",
+            "m",
+            "--num-users",
+            "2",
+            "--num-turns",
+            "3",
+            "--num-user-tokens",
+            "16",
+            "--max-completion-tokens",
+            "8",
+            "--no-ignore-eos",
+            "--mean-delay-ms",
+            "7",
+            "--speculative-prefill",
+            "--output",
+            "out.json",
+            "-v",
+            "--seed",
+            "5",
+            "--max-failure-rate",
+            "0.5",
+            "--api-key",
+            "k",
+            "--request-timeout-s",
+            "9",
+            "--reasoning-ratio",
+            "0.1",
+            "--reasoning-format",
+            "inline",
+            "--max-model-len",
+            "4096",
+        ])
+        .config()
+        .expect("valid");
+        assert_eq!(c.target.url.as_deref(), Some("http://h:1"));
+        assert_eq!(c.target.model.as_deref(), Some("m"));
+        assert_eq!(c.target.api_key.as_deref(), Some("k"));
+        assert_eq!(
+            (
+                c.workload.num_users,
+                c.workload.num_turns,
+                c.workload.num_user_tokens
+            ),
+            (2, 3, 16)
+        );
+        assert_eq!((c.workload.mean_delay_ms, c.workload.seed), (7, 5));
+        assert_eq!(c.max_completion_tokens, 8);
+        assert!(!c.ignore_eos && c.speculative_prefill && c.verbose);
+        assert_eq!(
+            c.report.report_json.as_deref(),
+            Some(std::path::Path::new("out.json"))
+        );
+        assert_eq!(c.max_failure_rate, 0.5);
+        assert_eq!(c.target.request_timeout, std::time::Duration::from_secs(9));
+        let alias = args(&["--report-json", "r.json", "--ignore-eos", "--ping"])
+            .config()
+            .expect("valid");
+        assert_eq!(
+            alias.report.report_json.as_deref(),
+            Some(std::path::Path::new("r.json"))
+        );
+        assert!(alias.ping && alias.ignore_eos && alias.workload.num_users == 1);
+        let embedded = args(&["--reasoning-format", "inline", "--max-model-len", "4096"])
+            .config()
+            .expect("valid");
+        let server = embedded.target.server.expect("embedded");
+        assert_eq!(
+            (server.reasoning_format, server.max_model_len),
+            (ReasoningFormat::Inline, 4096)
+        );
+        for bad in [
+            &["--num-users", "0"][..],
+            &["--max-completion-tokens", "0"],
+            &["--max-failure-rate", "1.5"],
+            &["--request-timeout-s", "0"],
+            &["--url", "h:1"],
+        ] {
+            assert!(args(bad).config().is_err(), "{bad:?}");
+        }
+    }
+}
