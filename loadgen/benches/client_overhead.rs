@@ -123,6 +123,7 @@ fn run(config: ServerConfig, scripts: Vec<Box<dyn Script>>) -> driver::DriverOut
                 client: client::client(Duration::from_secs(60)).expect("client"),
                 url: format!("http://{addr}/v1/completions"),
                 api_key: None,
+                max_line_bytes: loadgen::sse::DEFAULT_MAX_LINE_BYTES,
             };
             driver::drive(endpoint, scripts, &DriverConfig::default()).await
         })

@@ -2,6 +2,9 @@
 //! with Poisson, constant or gamma arrivals), or both (the rate capped at N in flight), on the
 //! same driver as `replay` and `multiturn`; goodput against `--slo`.
 //!
+//! The flags become a validated [`BenchPlan`] ([`Load`], [`Stop`], [`Lengths`], warmup, SLO)
+//! before anything connects; every contradictory combination is refused there.
+//!
 //! Open loop precomputes every request's send offset from a seeded generator (vLLM's
 //! `--burstiness`: gamma inter-arrival gaps with shape `burstiness` and mean `1 / rate`;
 //! burstiness 1 is Poisson). Each request is then a one-request session at its absolute offset.
@@ -26,8 +29,8 @@ use crate::client::Response;
 use crate::driver::{self, DriverConfig, Planned, Script, Start};
 use crate::error::LoadgenError;
 use crate::prompt::PromptSynth;
-use crate::summary::{self, LiveRecord, RequestInfo};
-use crate::target::{completion_body, TargetArgs};
+use crate::replay_report::{self, LiveRecord, RequestInfo};
+use crate::target::{completion_body, Api, EmbeddedOptions, TargetArgs};
 use mock_server::args::ReportArgs;
 
 /// `loadgen bench` flags.
@@ -39,12 +42,13 @@ pub struct BenchArgs {
     /// Open loop: requests per second ("inf" = all at once).
     #[arg(long)]
     pub request_rate: Option<f64>,
-    /// Inter-arrival distribution of the open loop.
-    #[arg(long, value_enum, default_value_t = Arrival::Poisson)]
-    pub arrival: Arrival,
-    /// Gamma shape of the inter-arrival gaps (below 1 burstier, above 1 smoother; 1 = Poisson).
-    #[arg(long, default_value_t = 1.0)]
-    pub burstiness: f64,
+    /// Inter-arrival distribution of the open loop [default: poisson].
+    #[arg(long, value_enum)]
+    pub arrival: Option<Arrival>,
+    /// Gamma shape of the inter-arrival gaps with --arrival gamma (below 1 burstier, above 1
+    /// smoother; 1 = Poisson) [default: 1].
+    #[arg(long)]
+    pub burstiness: Option<f64>,
     /// Requests to send [default: 100 unless --duration is given].
     #[arg(long)]
     pub num_requests: Option<usize>,
@@ -80,9 +84,298 @@ pub struct BenchArgs {
     /// Report files and progress.
     #[command(flatten)]
     pub report: ReportArgs,
+
+    /// Failure threshold.
+    #[command(flatten)]
+    pub failures: crate::failure::FailureArgs,
     /// Where requests go.
     #[command(flatten)]
     pub target: TargetArgs,
+}
+
+/// Request rate of the open loop.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Rate {
+    /// Requests per second (finite, positive).
+    PerSecond(f64),
+    /// Every request at once (`--request-rate inf`).
+    Unlimited,
+}
+
+/// How requests are offered.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Load {
+    /// `users` sessions, each sending its next request as soon as the previous one finished.
+    Closed {
+        /// Requests in flight.
+        users: usize,
+    },
+    /// Requests at precomputed send offsets, whatever the responses do.
+    Open {
+        /// The mean rate.
+        rate: Rate,
+        /// Inter-arrival distribution.
+        arrival: Arrival,
+        /// Gamma shape (1 unless `arrival` is gamma).
+        burstiness: f64,
+        /// Requests in flight at most (later ones wait; their latency still counts from their
+        /// scheduled time).
+        max_in_flight: Option<usize>,
+    },
+}
+
+/// When sending stops.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Stop {
+    /// After this many requests.
+    Requests(usize),
+    /// No request due after this time.
+    Duration(Duration),
+    /// Whichever comes first.
+    RequestsOrDuration {
+        /// Most requests.
+        requests: usize,
+        /// Latest due time.
+        duration: Duration,
+    },
+}
+
+impl Stop {
+    /// The request count limit, if any.
+    pub fn max_requests(&self) -> Option<usize> {
+        match *self {
+            Stop::Requests(n) | Stop::RequestsOrDuration { requests: n, .. } => Some(n),
+            Stop::Duration(_) => None,
+        }
+    }
+
+    /// The time limit, if any.
+    pub fn duration(&self) -> Option<Duration> {
+        match *self {
+            Stop::Duration(d) | Stop::RequestsOrDuration { duration: d, .. } => Some(d),
+            Stop::Requests(_) => None,
+        }
+    }
+}
+
+/// Prompt and output lengths.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Lengths {
+    /// Mean unique prompt tokens.
+    pub input_tokens: usize,
+    /// Their standard deviation.
+    pub input_tokens_stddev: f64,
+    /// Mean output tokens.
+    pub output_tokens: usize,
+    /// Their standard deviation.
+    pub output_tokens_stddev: f64,
+    /// Shared prefix tokens before each prompt (0 = none).
+    pub shared_prefix_tokens: usize,
+    /// Distinct shared prefixes.
+    pub num_prefix_groups: usize,
+}
+
+/// A validated `loadgen bench` run, built from the flags before anything connects (every
+/// combination is checked here; the run itself never sees a contradictory flag).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BenchPlan {
+    /// Closed or open loop.
+    pub load: Load,
+    /// When sending stops.
+    pub stop: Stop,
+    /// Requests excluded from the statistics.
+    pub warmup: Option<Warmup>,
+    /// Lengths of the requests.
+    pub lengths: Lengths,
+    /// Goodput objectives.
+    pub slo: Option<Slo>,
+    /// Seeds arrivals, lengths and text (the engine's `--seed`).
+    pub seed: u64,
+    /// The failure threshold.
+    pub max_failure_rate: f64,
+}
+
+/// Requests when neither `--num-requests` nor `--duration` is given.
+pub const DEFAULT_NUM_REQUESTS: usize = 100;
+
+impl BenchArgs {
+    /// Validates the flags into a plan.
+    pub fn plan(&self) -> Result<BenchPlan, LoadgenError> {
+        let bad = |m: &str| Err(LoadgenError::Config(m.to_string()));
+        if self.concurrency == Some(0) {
+            return bad("--concurrency must be positive");
+        }
+        let load = match self.request_rate {
+            None => {
+                if self.arrival.is_some() || self.burstiness.is_some() {
+                    return bad(
+                        "--arrival and --burstiness shape the open loop: they need --request-rate",
+                    );
+                }
+                Load::Closed {
+                    users: self.concurrency.unwrap_or(1),
+                }
+            }
+            Some(r) if r.is_nan() || r <= 0.0 => {
+                return bad("--request-rate must be positive (or inf)")
+            }
+            Some(r) => {
+                let rate = if r.is_infinite() {
+                    Rate::Unlimited
+                } else {
+                    Rate::PerSecond(r)
+                };
+                let arrival = self.arrival.unwrap_or(Arrival::Poisson);
+                if rate == Rate::Unlimited && (self.arrival.is_some() || self.burstiness.is_some())
+                {
+                    return bad("--request-rate inf sends everything at once: --arrival and --burstiness do not apply");
+                }
+                let burstiness = match self.burstiness {
+                    None => 1.0,
+                    Some(_) if arrival != Arrival::Gamma => {
+                        return bad(
+                            "--burstiness is the shape of gamma gaps: it needs --arrival gamma",
+                        )
+                    }
+                    Some(b) if !(b.is_finite() && b > 0.0) => {
+                        return bad("--burstiness must be positive")
+                    }
+                    Some(b) => b,
+                };
+                Load::Open {
+                    rate,
+                    arrival,
+                    burstiness,
+                    max_in_flight: self.concurrency,
+                }
+            }
+        };
+        if self.num_requests == Some(0) {
+            return bad("--num-requests must be positive");
+        }
+        let duration = match self.duration {
+            Some(d) if !(d.is_finite() && d > 0.0) => {
+                return bad("--duration must be positive seconds")
+            }
+            d => d.map(Duration::from_secs_f64),
+        };
+        let stop = match (self.num_requests, duration) {
+            (None, None) => Stop::Requests(DEFAULT_NUM_REQUESTS),
+            (Some(n), None) => Stop::Requests(n),
+            (None, Some(d)) => Stop::Duration(d),
+            (Some(requests), Some(duration)) => Stop::RequestsOrDuration { requests, duration },
+        };
+        if matches!(
+            load,
+            Load::Open {
+                rate: Rate::Unlimited,
+                ..
+            }
+        ) && stop.max_requests().is_none()
+        {
+            return bad("--request-rate inf needs --num-requests (every request is due at once)");
+        }
+        match (self.warmup, stop.max_requests(), stop.duration()) {
+            (Some(Warmup::Requests(w)), Some(n), _) if w >= n => {
+                return bad(
+                    "--warmup leaves no request to measure (it is not below --num-requests)",
+                )
+            }
+            (Some(Warmup::Seconds(w)), _, Some(d)) if w >= d.as_secs_f64() => {
+                return bad("--warmup leaves no request to measure (it is not below --duration)")
+            }
+            _ => {}
+        }
+        for (flag, sd) in [
+            ("--input-tokens-stddev", self.input_tokens_stddev),
+            ("--output-tokens-stddev", self.output_tokens_stddev),
+        ] {
+            if !(sd.is_finite() && sd >= 0.0) {
+                return Err(LoadgenError::Config(format!(
+                    "{flag} must be zero or positive"
+                )));
+            }
+        }
+        if self.output_tokens == 0 {
+            return bad("--output-tokens must be positive");
+        }
+        if self.num_prefix_groups == 0 {
+            return bad("--num-prefix-groups must be positive");
+        }
+        if self.num_prefix_groups > 1 && self.shared_prefix_tokens == 0 {
+            return bad("--num-prefix-groups needs --shared-prefix-tokens");
+        }
+        Ok(BenchPlan {
+            load,
+            stop,
+            warmup: self.warmup,
+            lengths: Lengths {
+                input_tokens: self.input_tokens,
+                input_tokens_stddev: self.input_tokens_stddev,
+                output_tokens: self.output_tokens,
+                output_tokens_stddev: self.output_tokens_stddev,
+                shared_prefix_tokens: self.shared_prefix_tokens,
+                num_prefix_groups: self.num_prefix_groups,
+            },
+            slo: self.slo,
+            seed: self.target.engine.seed,
+            max_failure_rate: self.failures.max_failure_rate()?,
+        })
+    }
+}
+
+impl BenchPlan {
+    /// One line for the console and the report's `mode` key.
+    pub fn describe(&self) -> String {
+        match self.load {
+            Load::Closed { users } => format!("closed loop: concurrency {users}"),
+            Load::Open {
+                rate,
+                arrival,
+                burstiness,
+                max_in_flight,
+            } => {
+                let rate = match rate {
+                    Rate::PerSecond(r) => format!("{r} req/s"),
+                    Rate::Unlimited => "inf req/s".into(),
+                };
+                let cap = match max_in_flight {
+                    Some(n) => format!("at most {n} in flight"),
+                    None => "no in-flight cap".into(),
+                };
+                format!("open loop: {rate} ({arrival:?}, burstiness {burstiness}), {cap}")
+            }
+        }
+    }
+
+    /// Open-loop send offsets (seconds) for this plan; empty for a closed loop.
+    pub fn arrival_offsets(&self) -> Vec<f64> {
+        let Load::Open {
+            rate,
+            arrival,
+            burstiness,
+            ..
+        } = self.load
+        else {
+            return Vec::new();
+        };
+        let rate = match rate {
+            Rate::PerSecond(r) => r,
+            Rate::Unlimited => f64::INFINITY,
+        };
+        let limit_s = self
+            .stop
+            .duration()
+            .map_or(f64::INFINITY, |d| d.as_secs_f64());
+        arrival_offsets(
+            rate,
+            arrival,
+            burstiness,
+            self.stop.max_requests(),
+            limit_s,
+            self.seed,
+        )
+    }
 }
 
 /// Open-loop inter-arrival distribution.
@@ -249,15 +542,21 @@ fn gamma(rng: &mut ChaCha8Rng, shape: f64) -> f64 {
     }
 }
 
-/// Open-loop send offsets (seconds): request 0 at 0, then `count - 1` gaps, none past `limit_s`.
+/// Open-loop send offsets (seconds): request 0 at 0, then gaps, at most `count` offsets (all of
+/// them when None) and none past `limit_s`. An infinite rate needs a `count`.
 pub fn arrival_offsets(
     rate: f64,
     arrival: Arrival,
     burstiness: f64,
-    count: usize,
+    count: Option<usize>,
     limit_s: f64,
     seed: u64,
 ) -> Vec<f64> {
+    let count = match count {
+        Some(n) => n,
+        None if rate.is_infinite() || limit_s.is_infinite() => return Vec::new(),
+        None => usize::MAX,
+    };
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xA11_1FA1);
     let mut out = Vec::new();
     let mut t = 0.0;
@@ -277,26 +576,22 @@ pub fn arrival_offsets(
 }
 
 /// Request `k`'s lengths: (unique input tokens, output tokens).
-fn lengths(args: &BenchArgs, k: usize) -> (usize, usize) {
-    let mut rng = ChaCha8Rng::seed_from_u64(
-        args.target
-            .engine
-            .seed
-            .wrapping_mul(0x9E37_79B9)
-            .wrapping_add(k as u64),
-    );
+fn lengths(plan: &BenchPlan, k: usize) -> (usize, usize) {
+    let mut rng =
+        ChaCha8Rng::seed_from_u64(plan.seed.wrapping_mul(0x9E37_79B9).wrapping_add(k as u64));
     let draw = |rng: &mut ChaCha8Rng, mean: usize, sd: f64| {
         ((mean as f64 + sd * normal(rng)).round().max(1.0)) as usize
     };
+    let l = &plan.lengths;
     (
-        draw(&mut rng, args.input_tokens, args.input_tokens_stddev),
-        draw(&mut rng, args.output_tokens, args.output_tokens_stddev),
+        draw(&mut rng, l.input_tokens, l.input_tokens_stddev),
+        draw(&mut rng, l.output_tokens, l.output_tokens_stddev),
     )
 }
 
 /// Builds request bodies.
 struct Requests {
-    args: BenchArgs,
+    plan: BenchPlan,
     synth: PromptSynth,
     model: String,
 }
@@ -306,9 +601,9 @@ const PREFIX_ID_BASE: u64 = 1 << 62;
 
 impl Requests {
     fn info(&self, k: usize) -> RequestInfo {
-        let (input, output) = lengths(&self.args, k);
+        let (input, output) = lengths(&self.plan, k);
         RequestInfo {
-            input_length: self.args.shared_prefix_tokens + input,
+            input_length: self.plan.lengths.shared_prefix_tokens + input,
             max_output: output,
             session: None,
             turn: 0,
@@ -317,14 +612,14 @@ impl Requests {
     }
 
     fn body(&self, k: usize) -> serde_json::Value {
-        let (input, output) = lengths(&self.args, k);
-        let groups = self.args.num_prefix_groups.max(1) as u64;
+        let (input, output) = lengths(&self.plan, k);
+        let l = &self.plan.lengths;
         let mut pieces = Vec::new();
-        if self.args.shared_prefix_tokens > 0 {
-            let g = PREFIX_ID_BASE + k as u64 % groups;
-            pieces.extend(self.synth.filler(g, self.args.shared_prefix_tokens));
+        if l.shared_prefix_tokens > 0 {
+            let g = PREFIX_ID_BASE + k as u64 % l.num_prefix_groups as u64;
+            pieces.extend(self.synth.filler(g, l.shared_prefix_tokens));
         }
-        let unique = self.args.target.engine.seed.rotate_left(32) ^ k as u64;
+        let unique = self.plan.seed.rotate_left(32) ^ k as u64;
         pieces.extend(self.synth.filler(unique, input));
         completion_body(&self.model, self.synth.text(&pieces), output)
     }
@@ -357,7 +652,8 @@ impl Script for OneShot {
 struct User {
     requests: Arc<Requests>,
     next: Arc<AtomicUsize>,
-    limit: usize,
+    /// Requests to send in all (None: until the duration ends).
+    limit: Option<usize>,
     ks: Vec<usize>,
 }
 
@@ -367,7 +663,7 @@ impl Script for User {
     }
     fn next(&mut self, _previous: Option<&Response>) -> Option<Planned> {
         let k = self.next.fetch_add(1, Ordering::Relaxed);
-        if k >= self.limit {
+        if self.limit.is_some_and(|n| k >= n) {
             return None;
         }
         let start = if self.ks.is_empty() {
@@ -387,7 +683,7 @@ impl Script for User {
 #[derive(Debug)]
 pub struct BenchRun {
     /// The report (warmup excluded).
-    pub live: summary::LiveReport,
+    pub live: replay_report::LiveReport,
     /// Goodput, when `--slo` was given.
     pub goodput: Option<Goodput>,
     /// Requests excluded as warmup.
@@ -405,89 +701,51 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
     (m, var.sqrt())
 }
 
-/// Runs `loadgen bench`.
+/// Runs `loadgen bench`: prints the report and writes the requested files. The failure-rate
+/// verdict (over the measured requests, warmup excluded) is the caller's
+/// ([`replay_report::LiveReport::verdict`]; [`crate::run_async`] applies it).
 pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
-    let bad = |m: &str| Err(LoadgenError::Config(m.to_string()));
-    if args.concurrency == Some(0) {
-        return bad("--concurrency must be positive");
-    }
-    if let Some(r) = args.request_rate {
-        if r.is_nan() || r <= 0.0 {
-            return bad("--request-rate must be positive (or inf)");
-        }
-    }
-    if !(args.burstiness.is_finite() && args.burstiness > 0.0) {
-        return bad("--burstiness must be positive");
-    }
-    if args.duration.is_some_and(|d| !(d.is_finite() && d > 0.0)) {
-        return bad("--duration must be positive seconds");
-    }
-    let limit = args.num_requests.unwrap_or(if args.duration.is_some() {
-        usize::MAX
-    } else {
-        100
-    });
-    if limit == 0 {
-        return bad("--num-requests must be positive");
-    }
-    let spec = args.target.spec()?;
-    spec.server_config()?;
-    let target = spec.connect().await?;
+    let plan = args.plan()?;
+    let spec = args.target.spec(&EmbeddedOptions::default())?;
+    let target = spec.connect(Api::Completions).await?;
     let requests = Arc::new(Requests {
-        args: args.clone(),
+        plan,
         synth: target.synth(1),
         model: target.model.clone(),
     });
-    let limit_s = args.duration.unwrap_or(f64::INFINITY);
-    let open_loop = args.request_rate.is_some();
-    let (scripts, max_in_flight, mode): (Vec<Box<dyn Script>>, Option<usize>, String) =
-        match (args.request_rate, args.concurrency) {
-            (Some(rate), cap) => {
-                let offsets = arrival_offsets(
-                    rate,
-                    args.arrival,
-                    args.burstiness,
-                    limit,
-                    limit_s,
-                    args.target.engine.seed,
-                );
-                let s = offsets
-                    .into_iter()
-                    .enumerate()
-                    .map(|(k, t)| {
-                        Box::new(OneShot {
-                            requests: requests.clone(),
-                            k,
-                            at: Duration::from_secs_f64(t),
-                            sent: false,
-                        }) as Box<dyn Script>
-                    })
-                    .collect();
-                (
-                    s,
-                    cap,
-                    format!(
-                        "open loop: {rate} req/s ({:?}, burstiness {}), cap {cap:?}",
-                        args.arrival, args.burstiness
-                    ),
-                )
-            }
-            (None, c) => {
-                let n = c.unwrap_or(1);
-                let next = Arc::new(AtomicUsize::new(0));
-                let s = (0..n)
-                    .map(|_| {
-                        Box::new(User {
-                            requests: requests.clone(),
-                            next: next.clone(),
-                            limit,
-                            ks: Vec::new(),
-                        }) as Box<dyn Script>
-                    })
-                    .collect();
-                (s, None, format!("closed loop: concurrency {n}"))
-            }
-        };
+    let (scripts, max_in_flight): (Vec<Box<dyn Script>>, Option<usize>) = match plan.load {
+        Load::Open { max_in_flight, .. } => {
+            let s = plan
+                .arrival_offsets()
+                .into_iter()
+                .enumerate()
+                .map(|(k, t)| {
+                    Box::new(OneShot {
+                        requests: requests.clone(),
+                        k,
+                        at: Duration::from_secs_f64(t),
+                        sent: false,
+                    }) as Box<dyn Script>
+                })
+                .collect();
+            (s, max_in_flight)
+        }
+        Load::Closed { users } => {
+            let next = Arc::new(AtomicUsize::new(0));
+            let s = (0..users)
+                .map(|_| {
+                    Box::new(User {
+                        requests: requests.clone(),
+                        next: next.clone(),
+                        limit: plan.stop.max_requests(),
+                        ks: Vec::new(),
+                    }) as Box<dyn Script>
+                })
+                .collect();
+            (s, None)
+        }
+    };
+    let mode = plan.describe();
     println!(
         "loadgen bench: {mode}; prompts {} ({})",
         if requests.synth.is_exact() {
@@ -499,7 +757,7 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
     );
     let bar = if args.report.show_progress() {
         ProgressBar::with_draw_target(
-            (limit != usize::MAX).then_some(limit as u64),
+            plan.stop.max_requests().map(|n| n as u64),
             ProgressDrawTarget::stderr(),
         )
     } else {
@@ -507,7 +765,7 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
     };
     let config = DriverConfig {
         max_in_flight,
-        stop_after: args.duration.map(Duration::from_secs_f64),
+        stop_after: plan.stop.duration(),
         bar: Some(bar.clone()),
         observer: None,
     };
@@ -519,11 +777,12 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
     let out = result?;
     // Request index of each sample: open loop one per session; closed loop by send order (the
     // prompt length itself comes from the server's usage).
+    let open_loop = matches!(plan.load, Load::Open { .. });
     let infos: Vec<RequestInfo> = (0..out.samples.len()).map(|i| requests.info(i)).collect();
     let measured: Vec<_> = out
         .samples
         .iter()
-        .filter(|s| match args.warmup {
+        .filter(|s| match plan.warmup {
             None => true,
             Some(Warmup::Requests(n)) => s.seq >= n as u64,
             Some(Warmup::Seconds(x)) => (s.scheduled_us as f64) >= x * 1e6,
@@ -534,9 +793,9 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
         })
         .collect();
     let warmup_requests = out.samples.len() - measured.len();
-    let live = summary::build(&measured, wall);
+    let live = replay_report::build(&measured, wall);
     let duration_s = live.report.duration_ms / 1000.0;
-    let goodput = args.slo.map(|slo| goodput(&slo, &live.records, duration_s));
+    let goodput = plan.slo.map(|slo| goodput(&slo, &live.records, duration_s));
     let inputs: Vec<f64> = live
         .records
         .iter()
@@ -557,11 +816,11 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
         ("input_tokens_std", json!(in_std)),
         ("output_tokens_mean", json!(out_mean)),
         ("output_tokens_std", json!(out_std)),
-        ("slo", json!(args.slo)),
+        ("slo", json!(plan.slo)),
         ("goodput", json!(goodput)),
     ]);
     println!("Bench report ({warmup_requests} warmup requests excluded)");
-    print!("{}", live.report);
+    print!("{}", live.report_lines());
     println!(
         "Tokens per request: input {in_mean:.1} ± {in_std:.1}, output {out_mean:.1} ± {out_std:.1}"
     );
@@ -574,8 +833,9 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
             g.rate_rps
         );
     }
+    print!("{}", live.failure_lines());
     print!("{}", live.lag_lines());
-    summary::write_files(
+    replay_report::write_files(
         &json,
         &live.records,
         args.report.report_json.as_deref(),
@@ -627,7 +887,12 @@ mod tests {
             schedule_lag_ms: 0.0,
             prompt_tokens: None,
             expected_reused_tokens: None,
+            chunks: 1,
+            usage_output_tokens: Some(1),
+            usage_mismatch: false,
             error: (!ok).then(|| "HTTP 500".to_string()),
+            error_kind: (!ok).then_some("http"),
+            error_status: (!ok).then_some(500),
         }
     }
 
@@ -660,21 +925,181 @@ mod tests {
         assert_eq!("1.5s".parse::<Warmup>(), Ok(Warmup::Seconds(1.5)));
     }
 
+    fn plan(flags: &[&str]) -> Result<BenchPlan, LoadgenError> {
+        use clap::Parser;
+        let mut argv = vec!["loadgen", "bench"];
+        argv.extend_from_slice(flags);
+        match crate::Cli::try_parse_from(argv)
+            .expect("valid flags")
+            .command
+        {
+            crate::Command::Bench(a) => a.plan(),
+            _ => unreachable!(),
+        }
+    }
+
+    fn ok(flags: &[&str]) -> BenchPlan {
+        plan(flags).unwrap_or_else(|e| panic!("{flags:?}: {e}"))
+    }
+
+    #[test]
+    fn plans_for_each_flag_combination() {
+        let p = ok(&[]);
+        assert_eq!(p.load, Load::Closed { users: 1 });
+        assert_eq!(p.stop, Stop::Requests(DEFAULT_NUM_REQUESTS));
+        assert_eq!((p.warmup, p.slo, p.max_failure_rate), (None, None, 0.05));
+        assert!(p.arrival_offsets().is_empty());
+        assert_eq!(ok(&["--concurrency", "8"]).load, Load::Closed { users: 8 });
+        let open = |rate, arrival, burstiness, max_in_flight| Load::Open {
+            rate,
+            arrival,
+            burstiness,
+            max_in_flight,
+        };
+        assert_eq!(
+            ok(&["--request-rate", "5"]).load,
+            open(Rate::PerSecond(5.0), Arrival::Poisson, 1.0, None)
+        );
+        assert_eq!(
+            ok(&["--request-rate", "5", "--concurrency", "3"]).load,
+            open(Rate::PerSecond(5.0), Arrival::Poisson, 1.0, Some(3))
+        );
+        assert_eq!(
+            ok(&["--request-rate", "2", "--arrival", "constant"]).load,
+            open(Rate::PerSecond(2.0), Arrival::Constant, 1.0, None)
+        );
+        assert_eq!(
+            ok(&[
+                "--request-rate",
+                "2",
+                "--arrival",
+                "gamma",
+                "--burstiness",
+                "0.5"
+            ])
+            .load,
+            open(Rate::PerSecond(2.0), Arrival::Gamma, 0.5, None)
+        );
+        let p = ok(&["--request-rate", "inf", "--num-requests", "10"]);
+        assert_eq!(p.load, open(Rate::Unlimited, Arrival::Poisson, 1.0, None));
+        assert_eq!(p.arrival_offsets(), vec![0.0; 10]);
+        let p = ok(&["--request-rate", "10", "--duration", "2"]);
+        assert_eq!(p.stop, Stop::Duration(Duration::from_secs(2)));
+        let offsets = p.arrival_offsets();
+        assert!(!offsets.is_empty() && offsets.iter().all(|&t| t <= 2.0));
+        assert_eq!(
+            ok(&["--num-requests", "10", "--duration", "5"]).stop,
+            Stop::RequestsOrDuration {
+                requests: 10,
+                duration: Duration::from_secs(5)
+            }
+        );
+        let p = ok(&["--warmup", "5", "--num-requests", "10"]);
+        assert_eq!(p.warmup, Some(Warmup::Requests(5)));
+        let p = ok(&["--warmup", "2s", "--duration", "5", "--slo", "ttft=1s"]);
+        assert_eq!(p.warmup, Some(Warmup::Seconds(2.0)));
+        assert_eq!(p.slo.and_then(|s| s.ttft_ms), Some(1000.0));
+        let p = ok(&[
+            "--shared-prefix-tokens",
+            "64",
+            "--num-prefix-groups",
+            "4",
+            "--seed",
+            "9",
+        ]);
+        assert_eq!((p.lengths.num_prefix_groups, p.seed), (4, 9));
+        assert_eq!(
+            ok(&["--concurrency", "4"]).describe(),
+            "closed loop: concurrency 4"
+        );
+        assert_eq!(
+            ok(&["--request-rate", "5", "--concurrency", "3"]).describe(),
+            "open loop: 5 req/s (Poisson, burstiness 1), at most 3 in flight"
+        );
+    }
+
+    #[test]
+    fn invalid_plans_are_refused_before_connecting() {
+        for (flags, says) in [
+            (&["--concurrency", "0"][..], "--concurrency"),
+            (&["--request-rate", "0"], "--request-rate"),
+            (&["--request-rate=-1"], "--request-rate"),
+            (&["--arrival", "gamma"], "--request-rate"),
+            (&["--burstiness", "2"], "--request-rate"),
+            (
+                &["--request-rate", "2", "--burstiness", "2"],
+                "--arrival gamma",
+            ),
+            (
+                &[
+                    "--request-rate",
+                    "2",
+                    "--arrival",
+                    "poisson",
+                    "--burstiness",
+                    "2",
+                ],
+                "--arrival gamma",
+            ),
+            (
+                &[
+                    "--request-rate",
+                    "2",
+                    "--arrival",
+                    "gamma",
+                    "--burstiness",
+                    "0",
+                ],
+                "--burstiness",
+            ),
+            (
+                &[
+                    "--request-rate",
+                    "inf",
+                    "--arrival",
+                    "constant",
+                    "--num-requests",
+                    "3",
+                ],
+                "inf",
+            ),
+            (
+                &["--request-rate", "inf", "--duration", "5"],
+                "--num-requests",
+            ),
+            (&["--num-requests", "0"], "--num-requests"),
+            (&["--duration", "0"], "--duration"),
+            (&["--duration", "inf"], "--duration"),
+            (&["--warmup", "10", "--num-requests", "10"], "--warmup"),
+            (&["--warmup", "5s", "--duration", "5"], "--warmup"),
+            (&["--input-tokens-stddev=-1"], "--input-tokens-stddev"),
+            (&["--output-tokens", "0"], "--output-tokens"),
+            (&["--num-prefix-groups", "0"], "--num-prefix-groups"),
+            (&["--num-prefix-groups", "2"], "--shared-prefix-tokens"),
+            (&["--max-failure-rate", "2"], "--max-failure-rate"),
+        ] {
+            match plan(flags) {
+                Err(LoadgenError::Config(m)) => assert!(m.contains(says), "{flags:?}: {m}"),
+                other => panic!("{flags:?}: {other:?}"),
+            }
+        }
+    }
+
     #[test]
     fn arrivals_have_the_requested_rate() {
         for arrival in [Arrival::Poisson, Arrival::Constant, Arrival::Gamma] {
-            let t = arrival_offsets(100.0, arrival, 0.5, 4001, f64::INFINITY, 1);
+            let t = arrival_offsets(100.0, arrival, 0.5, Some(4001), f64::INFINITY, 1);
             assert_eq!(t.len(), 4001);
             let rate = 4000.0 / t[4000];
             assert!((rate - 100.0).abs() < 8.0, "{arrival:?} {rate}");
         }
         assert!(
-            arrival_offsets(f64::INFINITY, Arrival::Poisson, 1.0, 5, 1.0, 1)
+            arrival_offsets(f64::INFINITY, Arrival::Poisson, 1.0, Some(5), 1.0, 1)
                 .iter()
                 .all(|&t| t == 0.0)
         );
         assert_eq!(
-            arrival_offsets(10.0, Arrival::Constant, 1.0, 100, 0.35, 1).len(),
+            arrival_offsets(10.0, Arrival::Constant, 1.0, Some(100), 0.35, 1).len(),
             4
         );
     }

@@ -10,38 +10,23 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::time::Instant;
 
+pub use crate::failure::Failure;
 use crate::sse::SseParser;
 
-/// Why a request failed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", content = "detail", rename_all = "snake_case")]
-pub enum Failure {
-    /// Non-2xx response status (with the start of the body).
-    Http {
-        /// The status code.
-        status: u16,
-        /// The start of the response body.
-        body: String,
-    },
-    /// Connect, send or timeout error before the response headers.
-    Transport(String),
-    /// The body stream broke, or ended before `data: [DONE]`.
-    Stream(String),
-    /// The server sent `data: {"error": ...}`.
-    Server(String),
+/// Most tokens one streamed chunk is assumed to carry before a server's `usage` is called into
+/// question: servers batch tokens into chunks (stream intervals, speculative decoding), so usage
+/// above the chunk count is normal, but not by more than this factor.
+pub const MAX_TOKENS_PER_CHUNK: u64 = 32;
+
+/// True when `usage.completion_tokens` contradicts the `chunks` that carried tokens: fewer
+/// tokens than chunks (every counted chunk carries at least one token) or more than
+/// [`MAX_TOKENS_PER_CHUNK`] per chunk.
+pub fn usage_disagrees(usage_tokens: u64, chunks: u64) -> bool {
+    usage_tokens < chunks || usage_tokens > MAX_TOKENS_PER_CHUNK.saturating_mul(chunks)
 }
 
-impl Failure {
-    /// A short key grouping similar failures in the summary.
-    pub fn reason(&self) -> String {
-        match self {
-            Failure::Http { status, .. } => format!("HTTP {status}"),
-            Failure::Transport(m) => format!("transport: {m}"),
-            Failure::Stream(m) => format!("stream: {m}"),
-            Failure::Server(m) => format!("server error: {m}"),
-        }
-    }
-}
+/// Most bytes of a non-2xx response body read for its error message.
+pub const ERROR_BODY_BYTES: usize = 16 * 1024;
 
 /// Where `output_tokens` came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -51,6 +36,19 @@ pub enum TokenSource {
     Usage,
     /// Counted content/reasoning chunks (no usage chunk arrived).
     Chunks,
+}
+
+/// Which token a time-to-first-token counts to. Both are figures of one [`Timing`], computed in
+/// one place ([`Timing::first_token_us`], and from the scheduled send
+/// [`crate::driver::Sample::ttft_us`]) for every mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FirstToken {
+    /// The first token of any kind: content, reasoning or completion text. The replay and bench
+    /// reports' TTFT (`mockserve replay`'s key; AIPerf's and vLLM's TTFT).
+    Any,
+    /// The first answer (content) token, reasoning excluded: multiturn's TTFT (Dynamo's
+    /// `multiturn_bench`; AIPerf's TTFO).
+    Answer,
 }
 
 /// Everything measured about one request; times in µs from the send.
@@ -71,9 +69,21 @@ pub struct Timing {
 }
 
 impl Timing {
-    /// Time to the first token of any kind (reasoning included).
-    pub fn ttft_any_us(&self) -> Option<u64> {
-        self.token_chunks_us.first().copied()
+    /// Time from the send to the first token of `kind`; None when no such token came.
+    pub fn first_token_us(&self, kind: FirstToken) -> Option<u64> {
+        match kind {
+            FirstToken::Any => self.token_chunks_us.first().copied(),
+            FirstToken::Answer => self.first_answer_us,
+        }
+    }
+
+    /// Per-request output throughput (tokens/s), as other tools define it: the output tokens
+    /// after the first over the time from the first to the last token chunk. None with fewer
+    /// than two tokens or no time between the first and last chunk.
+    pub fn output_tokens_per_s(&self, output_tokens: u64) -> Option<f64> {
+        let (first, last) = (self.token_chunks_us.first()?, self.token_chunks_us.last()?);
+        let span_s = last.checked_sub(*first).filter(|&d| d > 0)? as f64 / 1e6;
+        (output_tokens >= 2).then(|| (output_tokens - 1) as f64 / span_s)
     }
 }
 
@@ -84,10 +94,17 @@ pub struct Response {
     pub timing: Timing,
     /// Concatenated `delta.content` (what goes back into the history).
     pub content: String,
-    /// Completion tokens (usage, else counted chunks).
+    /// Completion tokens: the server's usage, else (no usage, or usage that contradicts the
+    /// chunks, see [`usage_disagrees`]) the counted token chunks.
     pub output_tokens: u64,
     /// Where `output_tokens` came from.
     pub output_tokens_source: TokenSource,
+    /// Chunks that carried a token (content, reasoning or completion text).
+    pub chunks: u64,
+    /// `usage.completion_tokens` as the server sent it.
+    pub usage_output_tokens: Option<u64>,
+    /// The server's usage contradicts the counted chunks (and was not used).
+    pub usage_mismatch: bool,
     /// `usage.prompt_tokens`, when sent.
     pub prompt_tokens: Option<u64>,
     /// `usage.prompt_tokens_details.cached_tokens`, when sent.
@@ -105,6 +122,8 @@ pub struct Endpoint {
     pub url: String,
     /// Bearer token.
     pub api_key: Option<String>,
+    /// Longest SSE line (and event data) accepted, in bytes; a longer one fails the request.
+    pub max_line_bytes: usize,
 }
 
 fn us(start: Instant) -> u64 {
@@ -234,20 +253,67 @@ impl StreamState {
 
     fn finish(mut self, failure: Option<Failure>) -> Response {
         self.timing.end_us = us(self.start);
-        let (output_tokens, source, prompt, cached) = match self.usage {
-            Some((Some(c), p, cached)) => (c, TokenSource::Usage, p, cached),
-            Some((None, p, cached)) => (self.chunks, TokenSource::Chunks, p, cached),
-            None => (self.chunks, TokenSource::Chunks, None, None),
+        let (usage_tokens, prompt, cached) = self.usage.unwrap_or((None, None, None));
+        let usage_mismatch = usage_tokens.is_some_and(|u| usage_disagrees(u, self.chunks));
+        let (output_tokens, source) = match usage_tokens {
+            Some(u) if !usage_mismatch => (u, TokenSource::Usage),
+            _ => (self.chunks, TokenSource::Chunks),
+        };
+        // A stream that ended normally without a single token is not a success.
+        let failure = match failure {
+            None if self.chunks == 0 => Some(Failure::EmptyStream),
+            f => f,
         };
         Response {
             timing: self.timing,
             content: self.content,
             output_tokens,
             output_tokens_source: source,
+            chunks: self.chunks,
+            usage_output_tokens: usage_tokens,
+            usage_mismatch,
             prompt_tokens: prompt,
             cached_tokens: cached,
             failure,
         }
+    }
+}
+
+/// The error message of a non-2xx body: `error.message` (OpenAI, vLLM), `error` as a string,
+/// `message` or `detail` (FastAPI), else the text itself.
+pub fn error_message(body: &str) -> String {
+    let from_json = serde_json::from_str::<Value>(body).ok().and_then(|v| {
+        let text = |x: &Value| x.as_str().map(str::to_string);
+        v.pointer("/error/message")
+            .and_then(text)
+            .or_else(|| v.get("error").and_then(text))
+            .or_else(|| v.get("message").and_then(text))
+            .or_else(|| v.get("detail").and_then(text))
+    });
+    from_json.unwrap_or_else(|| body.trim().to_string())
+}
+
+/// Reads at most [`ERROR_BODY_BYTES`] of an error response (a huge body is not buffered).
+async fn error_body(mut response: reqwest::Response) -> String {
+    let mut bytes = Vec::new();
+    while bytes.len() < ERROR_BODY_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    bytes.truncate(ERROR_BODY_BYTES);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// A reqwest error as a failure: a timeout, or `other` with the error's causes.
+fn classify(e: &reqwest::Error, other: fn(String) -> Failure, when: &str) -> Failure {
+    if e.is_timeout() {
+        Failure::Timeout(format!(
+            "no complete response within the request timeout ({when})"
+        ))
+    } else {
+        other(crate::error::chain(e))
     }
 }
 
@@ -269,26 +335,35 @@ pub async fn send(endpoint: &Endpoint, body: &Value) -> Response {
     };
     let response = match request.send().await {
         Ok(r) => r,
-        Err(e) => return state.finish(Some(Failure::Transport(error_chain(&e)))),
+        Err(e) => {
+            let f = classify(&e, Failure::Transport, "before the response headers");
+            return state.finish(Some(f));
+        }
     };
     state.timing.headers_us = Some(us(start));
     let status = response.status();
     if !status.is_success() {
-        let body = response.text().await.unwrap_or_default();
-        let body: String = body.chars().take(500).collect();
+        let body = error_body(response).await;
         return state.finish(Some(Failure::Http {
             status: status.as_u16(),
-            body,
+            message: error_message(&body),
         }));
     }
-    let mut parser = SseParser::new();
+    let mut parser = SseParser::with_limit(endpoint.max_line_bytes);
     let mut stream = response.bytes_stream();
     while let Some(chunk) = stream.next().await {
         let bytes = match chunk {
             Ok(b) => b,
-            Err(e) => return state.finish(Some(Failure::Stream(error_chain(&e)))),
+            Err(e) => {
+                let f = classify(&e, Failure::Stream, "while streaming");
+                return state.finish(Some(f));
+            }
         };
-        for data in parser.push(&bytes) {
+        let events = match parser.push(&bytes) {
+            Ok(events) => events,
+            Err(e) => return state.finish(Some(Failure::LineTooLong { limit: e.limit })),
+        };
+        for data in events {
             if let Err(f) = state.on_event(&data) {
                 return state.finish(Some(f));
             }
@@ -297,28 +372,20 @@ pub async fn send(endpoint: &Endpoint, body: &Value) -> Response {
             }
         }
     }
-    if let Some(data) = parser.finish() {
-        if let Err(f) = state.on_event(&data) {
-            return state.finish(Some(f));
+    match parser.finish() {
+        Ok(Some(data)) => {
+            if let Err(f) = state.on_event(&data) {
+                return state.finish(Some(f));
+            }
         }
+        Ok(None) => {}
+        Err(e) => return state.finish(Some(Failure::LineTooLong { limit: e.limit })),
     }
     if state.done {
         state.finish(None)
     } else {
         state.finish(Some(Failure::Stream("ended before data: [DONE]".into())))
     }
-}
-
-/// An error and its causes on one line (reqwest's top-level message alone is vague).
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    s
 }
 
 /// The request timeout as reqwest wants it.
@@ -342,5 +409,75 @@ mod tests {
         assert_eq!(t.classify("answer "), (false, true));
         let mut t = InlineThink::default();
         assert_eq!(t.classify("<think>a</think>b"), (true, true));
+    }
+
+    #[test]
+    fn usage_tolerance() {
+        // Several tokens per chunk is normal; fewer tokens than chunks or far more are not.
+        assert!(!usage_disagrees(3, 3));
+        assert!(!usage_disagrees(96, 3));
+        assert!(usage_disagrees(2, 3));
+        assert!(usage_disagrees(1000, 3));
+        assert!(usage_disagrees(1, 0));
+        assert!(!usage_disagrees(0, 0));
+    }
+
+    #[test]
+    fn error_messages_of_common_bodies() {
+        let openai = r#"{"error":{"message":"rate limited","type":"rate_limit_error","param":null,"code":null}}"#;
+        assert_eq!(error_message(openai), "rate limited");
+        assert_eq!(error_message(r#"{"detail":"Not Found"}"#), "Not Found");
+        assert_eq!(error_message(r#"{"error":"overloaded"}"#), "overloaded");
+        assert_eq!(error_message("  Bad Gateway\n"), "Bad Gateway");
+    }
+
+    fn state() -> StreamState {
+        StreamState {
+            start: Instant::now(),
+            timing: Timing::default(),
+            content: String::new(),
+            chunks: 0,
+            usage: None,
+            think: InlineThink::default(),
+            done: false,
+        }
+    }
+
+    #[test]
+    fn streams_without_tokens_fail_and_contradicting_usage_is_not_used() {
+        for events in [
+            &["[DONE]"][..],
+            &[r#"{"choices":[]}"#, "[DONE]"],
+            &[
+                "not json",
+                r#"{"choices":[{"delta":{"role":"assistant"}}]}"#,
+                "[DONE]",
+            ],
+        ] {
+            let mut s = state();
+            for e in events {
+                s.on_event(e).expect("no error event");
+            }
+            let r = s.finish(None);
+            assert_eq!(r.failure, Some(Failure::EmptyStream), "{events:?}");
+        }
+        let mut s = state();
+        for _ in 0..3 {
+            s.on_event(r#"{"choices":[{"delta":{"content":"x"}}]}"#)
+                .expect("chunk");
+        }
+        s.on_event(r#"{"choices":[],"usage":{"completion_tokens":1000}}"#)
+            .expect("usage");
+        let r = s.finish(None);
+        assert_eq!(r.failure, None);
+        assert!(r.usage_mismatch);
+        assert_eq!(
+            (
+                r.output_tokens,
+                r.output_tokens_source,
+                r.usage_output_tokens
+            ),
+            (3, TokenSource::Chunks, Some(1000))
+        );
     }
 }

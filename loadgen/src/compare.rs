@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use crate::error::LoadgenError;
-use crate::report::{PerTurnStats, Results};
+use crate::multiturn_report::{PerTurnStats, Results};
 
 /// `loadgen compare` flags.
 #[derive(Args, Clone, Debug)]

@@ -1,15 +1,15 @@
-//! `loadgen multiturn` flags ([`MultiturnArgs`]) and the validated run description they become
-//! ([`MultiturnConfig`]) before anything runs.
-
-use std::path::PathBuf;
-use std::time::Duration;
+//! `loadgen multiturn` flags ([`MultiturnArgs`]: the workload's, on top of the shared
+//! [`TargetArgs`], [`ReportArgs`] and [`FailureArgs`]) and the validated run description they
+//! become ([`MultiturnConfig`]) before anything runs.
 
 use clap::Args;
-use mock_server::args::EngineArgs;
-use mock_server::config::{ReasoningFormat, ServerConfig};
+use mock_server::args::ReportArgs;
+use mock_server::config::ReasoningFormat;
 use serde_json::{json, Value};
 
 use crate::error::LoadgenError;
+use crate::failure::FailureArgs;
+use crate::target::{EmbeddedOptions, TargetArgs, TargetSpec};
 
 /// Think time (ms) between turns when loadgen drives its embedded server and `--mean-delay-ms` is
 /// not given: Dynamo's 5000 ms divided by the embedded default decode speed-up (10), so the first
@@ -19,18 +19,28 @@ pub const EMBEDDED_MEAN_DELAY_MS: u64 = 500;
 /// Think time (ms) between turns against `--url` when `--mean-delay-ms` is not given (Dynamo's).
 pub const URL_MEAN_DELAY_MS: u64 = 5000;
 
-/// `loadgen multiturn`: Dynamo's `multiturn_bench` flags, plus the embedded server's settings.
+/// `loadgen multiturn`: Dynamo's `multiturn_bench` flags, plus the shared target, report and
+/// failure flags (with multiturn's defaults: `--request-timeout-s 300`, `--seed 42`,
+/// `--decode-speedup-ratio 10`, and `--output` for the results file).
 #[derive(Args, Clone, Debug)]
+#[command(
+    mut_arg("request_timeout_s", |a| a
+        .default_value("300")
+        .help("Per-request timeout in seconds (Dynamo: 300)")),
+    mut_arg("decode_speedup_ratio", |a| a
+        .default_value("10")
+        .help("Divides decode time further; the embedded default 10 keeps runs short while prefill (TTFT) runs at the profiled speed")),
+    mut_arg("seed", |a| a
+        .default_value("42")
+        .help("Seed of the workload (think times, user text) and of the embedded server")),
+    mut_arg("report_json", |a| a
+        .long("output")
+        .visible_alias("report-json")
+        .help("Write JSON results (Dynamo multiturn_bench keys plus loadgen's) to this file")),
+    mut_arg("per_request_jsonl", |a| a
+        .help("Write one JSON line per request (the raw_results entries) to this file")),
+)]
 pub struct MultiturnArgs {
-    /// Base URL of an OpenAI-compatible frontend (chat URL = {url}/v1/chat/completions). Without
-    /// it, loadgen starts mockserve in-process on 127.0.0.1 (a free port) and drives it.
-    #[arg(long)]
-    pub url: Option<String>,
-
-    /// Model name to request (auto-detected from {url}/v1/models when absent).
-    #[arg(long)]
-    pub model: Option<String>,
-
     /// Concurrent users (one conversation each).
     #[arg(long, default_value_t = 10)]
     pub num_users: usize,
@@ -65,10 +75,6 @@ pub struct MultiturnArgs {
     #[arg(long)]
     pub speculative_prefill: bool,
 
-    /// Write JSON results (Dynamo multiturn_bench keys plus loadgen's) to this file.
-    #[arg(long)]
-    pub output: Option<PathBuf>,
-
     /// Print one line per turn and error bodies.
     #[arg(short, long)]
     pub verbose: bool,
@@ -77,76 +83,51 @@ pub struct MultiturnArgs {
     #[arg(long)]
     pub ping: bool,
 
-    /// Fail (exit non-zero) when more than this share of requests fails.
-    #[arg(long, default_value_t = 0.05)]
-    pub max_failure_rate: f64,
+    /// Failure threshold.
+    #[command(flatten)]
+    pub failures: FailureArgs,
 
-    /// HuggingFace tokenizer.json of the target model, for exact user-turn token counts with --url.
-    #[arg(long)]
-    pub tokenizer: Option<PathBuf>,
+    /// Results files and progress.
+    #[command(flatten)]
+    pub report: ReportArgs,
 
-    /// Sent as "Authorization: Bearer KEY".
-    #[arg(long)]
-    pub api_key: Option<String>,
+    /// Where requests go.
+    #[command(flatten)]
+    pub target: TargetArgs,
 
-    /// Per-request timeout in seconds (Dynamo: 300).
-    #[arg(long, default_value_t = 300.0)]
-    pub request_timeout_s: f64,
-
-    /// Settings of the embedded server (ignored with --url); --seed also seeds the workload.
+    /// The embedded server's chat settings (ignored with --url).
     #[command(flatten, next_help_heading = "Embedded server (without --url)")]
-    pub server: EmbeddedArgs,
+    pub chat_server: ChatServerArgs,
 }
 
-/// The embedded mockserve's settings: engine and routing flags (as `mockserve serve`) and the
-/// reasoning share, with defaults that make speculative prefill visible.
+/// The embedded mockserve's chat settings: the reasoning share (with a default that makes
+/// speculative prefill visible) and the context length.
 #[derive(Args, Clone, Debug)]
-#[command(
-    mut_arg("decode_speedup_ratio", |a| a
-        .default_value("10")
-        .help("Divides decode time further; the embedded default 10 keeps runs short while prefill (TTFT) runs at the profiled speed")),
-    mut_arg("seed", |a| a
-        .default_value("42")
-        .help("Seed of the workload (think times, user text) and of the embedded server"))
-)]
-pub struct EmbeddedArgs {
+pub struct ChatServerArgs {
     /// Share of each answer's output limit streamed as reasoning first. Above 0, the next turn's
     /// prompt (reasoning stripped from history) misses the cache after the answer's start unless
     /// speculative prefill warmed it.
     #[arg(long, default_value_t = 0.005)]
     pub reasoning_ratio: f64,
 
-    /// How reasoning is streamed: separate (reasoning_content) or inline (<think> in content).
+    /// How reasoning is streamed: separate (reasoning_content) or inline (`<think>` in content).
     #[arg(long, value_enum, default_value_t = ReasoningFormat::Separate)]
     pub reasoning_format: ReasoningFormat,
 
     /// Context length of the embedded server.
     #[arg(long, default_value_t = 131072)]
     pub max_model_len: usize,
-
-    /// Engine and routing flags.
-    #[command(flatten)]
-    pub engine: EngineArgs,
 }
 
-/// What loadgen drives.
-#[derive(Clone, Debug)]
-pub enum Target {
-    /// An endpoint at this base URL (no trailing slash added or removed).
-    Url(String),
-    /// mockserve started in-process with this configuration.
-    Embedded(Box<ServerConfig>),
-}
-
-/// How user turns are sized.
-#[derive(Clone, Debug)]
-pub enum TokenizerChoice {
-    /// The embedded server's own tokenizer: exact counts.
-    Embedded,
-    /// A tokenizer.json file: exact counts.
-    File(PathBuf),
-    /// Dynamo's heuristic: floor(tokens * 0.8) lorem words.
-    Heuristic,
+impl ChatServerArgs {
+    /// The embedded server's options.
+    pub fn options(&self) -> EmbeddedOptions {
+        EmbeddedOptions {
+            max_model_len: self.max_model_len,
+            reasoning_ratio: self.reasoning_ratio,
+            reasoning_format: self.reasoning_format,
+        }
+    }
 }
 
 /// The workload's shape (pure input of [`crate::workload::Workload::generate`]).
@@ -168,9 +149,7 @@ pub struct WorkloadSpec {
 #[derive(Clone, Debug)]
 pub struct MultiturnConfig {
     /// The endpoint (or the embedded server).
-    pub target: Target,
-    /// Model name; None = auto-detect.
-    pub model: Option<String>,
+    pub target: TargetSpec,
     /// Conversations.
     pub workload: WorkloadSpec,
     /// max_completion_tokens.
@@ -179,81 +158,43 @@ pub struct MultiturnConfig {
     pub ignore_eos: bool,
     /// Send the speculative-prefill hint.
     pub speculative_prefill: bool,
-    /// JSON results file.
-    pub output: Option<PathBuf>,
     /// Per-turn lines.
     pub verbose: bool,
     /// `--ping` was given.
     pub ping: bool,
     /// Allowed failure share.
     pub max_failure_rate: f64,
-    /// How user turns are sized.
-    pub tokenizer: TokenizerChoice,
-    /// Bearer token.
-    pub api_key: Option<String>,
-    /// Per-request timeout.
-    pub request_timeout: Duration,
+    /// Results files and progress.
+    pub report: ReportArgs,
 }
 
 impl MultiturnArgs {
     /// Validates the flags into a run description (`--ping` overrides applied).
     pub fn config(&self) -> Result<MultiturnConfig, LoadgenError> {
         let bad = |m: &str| Err(LoadgenError::Config(m.to_string()));
-        let target = match &self.url {
-            Some(url) => {
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return bad("--url must start with http:// (or https://)");
-                }
-                Target::Url(url.trim_end_matches('/').to_string())
-            }
-            None => {
-                let server = ServerConfig::from_args(&mock_server::server::ServeArgs {
-                    host: "127.0.0.1".into(),
-                    port: 0,
-                    model_name: "mock-model".into(),
-                    max_model_len: self.server.max_model_len,
-                    api_key: self.api_key.clone(),
-                    max_waiting: None,
-                    reasoning_ratio: self.server.reasoning_ratio,
-                    reasoning_format: self.server.reasoning_format,
-                    default_max_tokens: 256,
-                    max_body_bytes: mock_server::config::DEFAULT_MAX_BODY_BYTES,
-                    tokenizer: self.tokenizer.clone(),
-                    http: Default::default(),
-                    engine: self.server.engine.clone(),
-                })?;
-                Target::Embedded(Box::new(server))
-            }
-        };
-        let tokenizer = match (&self.tokenizer, &target) {
-            (Some(path), _) => TokenizerChoice::File(path.clone()),
-            (None, Target::Embedded(_)) => TokenizerChoice::Embedded,
-            (None, Target::Url(_)) => TokenizerChoice::Heuristic,
-        };
-        let mean_delay_ms = self.mean_delay_ms.unwrap_or(match target {
-            Target::Url(_) => URL_MEAN_DELAY_MS,
-            Target::Embedded(_) => EMBEDDED_MEAN_DELAY_MS,
+        let max_failure_rate = self.failures.max_failure_rate()?;
+        let target = self.target.spec(&self.chat_server.options())?;
+        let mean_delay_ms = self.mean_delay_ms.unwrap_or(if target.is_embedded() {
+            EMBEDDED_MEAN_DELAY_MS
+        } else {
+            URL_MEAN_DELAY_MS
         });
         let mut config = MultiturnConfig {
-            target,
-            model: self.model.clone(),
             workload: WorkloadSpec {
                 num_users: self.num_users,
                 num_turns: self.num_turns,
                 num_user_tokens: self.num_user_tokens,
                 mean_delay_ms,
-                seed: self.server.engine.seed,
+                seed: self.target.engine.seed,
             },
+            target,
             max_completion_tokens: self.max_completion_tokens,
             ignore_eos: !self.no_ignore_eos,
             speculative_prefill: self.speculative_prefill,
-            output: self.output.clone(),
             verbose: self.verbose,
             ping: self.ping,
-            max_failure_rate: self.max_failure_rate,
-            tokenizer,
-            api_key: self.api_key.clone(),
-            request_timeout: Duration::from_secs_f64(self.request_timeout_s.max(0.0)),
+            max_failure_rate,
+            report: self.report.clone(),
         };
         if self.ping {
             config.workload.num_users = 1;
@@ -269,12 +210,6 @@ impl MultiturnArgs {
         if config.max_completion_tokens == 0 {
             return bad("--max-completion-tokens must be positive");
         }
-        if !(0.0..=1.0).contains(&config.max_failure_rate) {
-            return bad("--max-failure-rate must be between 0 and 1");
-        }
-        if !(self.request_timeout_s.is_finite() && self.request_timeout_s > 0.0) {
-            return bad("--request-timeout-s must be positive");
-        }
         Ok(config)
     }
 }
@@ -282,9 +217,9 @@ impl MultiturnArgs {
 impl MultiturnConfig {
     /// The `config` block of the JSON results: every setting and the target.
     pub fn to_json(&self, model: &str, target_url: &str) -> Value {
-        let server = match &self.target {
-            Target::Url(_) => Value::Null,
-            Target::Embedded(s) => {
+        let server = match &self.target.server {
+            None => Value::Null,
+            Some(s) => {
                 let e = &s.cluster.engine;
                 json!({
                     "num_workers": s.cluster.num_workers,
@@ -305,19 +240,19 @@ impl MultiturnConfig {
                 })
             }
         };
+        let tokenizer = match self.target.tokenizer_name().as_str() {
+            "heuristic" => "heuristic (0.8 words per token)".to_string(),
+            other => other.to_string(),
+        };
         json!({
-            "target": match self.target { Target::Url(_) => "url", Target::Embedded(_) => "embedded" },
+            "target": if self.target.is_embedded() { "embedded" } else { "url" },
             "url": target_url,
             "model": model,
             "num_users": self.workload.num_users,
             "num_turns": self.workload.num_turns,
             "num_user_tokens": self.workload.num_user_tokens,
-            "user_tokens_exact": !matches!(self.tokenizer, TokenizerChoice::Heuristic),
-            "tokenizer": match &self.tokenizer {
-                TokenizerChoice::Embedded => "embedded".to_string(),
-                TokenizerChoice::File(p) => p.display().to_string(),
-                TokenizerChoice::Heuristic => "heuristic (0.8 words per token)".to_string(),
-            },
+            "user_tokens_exact": self.target.is_embedded() || self.target.tokenizer.is_some(),
+            "tokenizer": tokenizer,
             "max_completion_tokens": self.max_completion_tokens,
             "ignore_eos": self.ignore_eos,
             "mean_delay_ms": self.workload.mean_delay_ms,
@@ -325,7 +260,8 @@ impl MultiturnConfig {
             "seed": self.workload.seed,
             "ping": self.ping,
             "max_failure_rate": self.max_failure_rate,
-            "request_timeout_s": self.request_timeout.as_secs_f64(),
+            "request_timeout_s": self.target.request_timeout.as_secs_f64(),
+            "max_line_bytes": self.target.max_line_bytes,
             "embedded_server": server,
         })
     }
@@ -337,5 +273,137 @@ fn json_f64(x: f64) -> Value {
         json!(x)
     } else {
         json!("inf")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn args(flags: &[&str]) -> MultiturnArgs {
+        let mut argv = vec!["loadgen", "multiturn"];
+        argv.extend_from_slice(flags);
+        match crate::Cli::try_parse_from(argv)
+            .expect("valid flags")
+            .command
+        {
+            crate::Command::Multiturn(a) => a,
+            _ => unreachable!(),
+        }
+    }
+
+    /// The defaults of the README's multiturn table.
+    #[test]
+    fn readme_defaults() {
+        let c = args(&[]).config().expect("defaults");
+        let w = &c.workload;
+        assert_eq!(
+            (w.num_users, w.num_turns, w.num_user_tokens, w.seed),
+            (10, 5, 128, 42)
+        );
+        assert_eq!(w.mean_delay_ms, EMBEDDED_MEAN_DELAY_MS);
+        assert_eq!(c.max_completion_tokens, 1000);
+        assert!(c.ignore_eos && !c.speculative_prefill && !c.verbose && !c.ping);
+        assert_eq!(c.max_failure_rate, 0.05);
+        assert_eq!(
+            c.target.request_timeout,
+            std::time::Duration::from_secs(300)
+        );
+        let server = c.target.server.as_ref().expect("embedded");
+        assert_eq!(server.reasoning_ratio, 0.005);
+        assert_eq!(server.reasoning_format, ReasoningFormat::Separate);
+        assert_eq!(server.max_model_len, 131072);
+        assert_eq!(server.cluster.engine.latency.decode_speedup_ratio, 10.0);
+        let c = args(&["--url", "http://h:1"]).config().expect("url");
+        assert_eq!(c.workload.mean_delay_ms, URL_MEAN_DELAY_MS);
+        assert!(c.target.server.is_none());
+    }
+
+    /// Every flag of the README's multiturn table parses and lands where it should.
+    #[test]
+    fn readme_flags() {
+        let c = args(&[
+            "--url",
+            "http://h:1/",
+            "--model",
+            "m",
+            "--num-users",
+            "2",
+            "--num-turns",
+            "3",
+            "--num-user-tokens",
+            "16",
+            "--max-completion-tokens",
+            "8",
+            "--no-ignore-eos",
+            "--mean-delay-ms",
+            "7",
+            "--speculative-prefill",
+            "--output",
+            "out.json",
+            "-v",
+            "--seed",
+            "5",
+            "--max-failure-rate",
+            "0.5",
+            "--api-key",
+            "k",
+            "--request-timeout-s",
+            "9",
+            "--reasoning-ratio",
+            "0.1",
+            "--reasoning-format",
+            "inline",
+            "--max-model-len",
+            "4096",
+        ])
+        .config()
+        .expect("valid");
+        assert_eq!(c.target.url.as_deref(), Some("http://h:1"));
+        assert_eq!(c.target.model.as_deref(), Some("m"));
+        assert_eq!(c.target.api_key.as_deref(), Some("k"));
+        assert_eq!(
+            (
+                c.workload.num_users,
+                c.workload.num_turns,
+                c.workload.num_user_tokens
+            ),
+            (2, 3, 16)
+        );
+        assert_eq!((c.workload.mean_delay_ms, c.workload.seed), (7, 5));
+        assert_eq!(c.max_completion_tokens, 8);
+        assert!(!c.ignore_eos && c.speculative_prefill && c.verbose);
+        assert_eq!(
+            c.report.report_json.as_deref(),
+            Some(std::path::Path::new("out.json"))
+        );
+        assert_eq!(c.max_failure_rate, 0.5);
+        assert_eq!(c.target.request_timeout, std::time::Duration::from_secs(9));
+        let alias = args(&["--report-json", "r.json", "--ignore-eos", "--ping"])
+            .config()
+            .expect("valid");
+        assert_eq!(
+            alias.report.report_json.as_deref(),
+            Some(std::path::Path::new("r.json"))
+        );
+        assert!(alias.ping && alias.ignore_eos && alias.workload.num_users == 1);
+        let embedded = args(&["--reasoning-format", "inline", "--max-model-len", "4096"])
+            .config()
+            .expect("valid");
+        let server = embedded.target.server.expect("embedded");
+        assert_eq!(
+            (server.reasoning_format, server.max_model_len),
+            (ReasoningFormat::Inline, 4096)
+        );
+        for bad in [
+            &["--num-users", "0"][..],
+            &["--max-completion-tokens", "0"],
+            &["--max-failure-rate", "1.5"],
+            &["--request-timeout-s", "0"],
+            &["--url", "h:1"],
+        ] {
+            assert!(args(bad).config().is_err(), "{bad:?}");
+        }
     }
 }

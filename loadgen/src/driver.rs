@@ -22,7 +22,7 @@ use serde_json::Value;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::client::{self, Endpoint, Response};
+use crate::client::{self, Endpoint, FirstToken, Response};
 use crate::error::LoadgenError;
 
 /// How long before a session's first deadline the pacer starts its task.
@@ -90,6 +90,17 @@ impl Sample {
     /// Absolute time (µs from the run start) of a response offset.
     pub fn at(&self, offset_us: u64) -> u64 {
         self.sent_us + offset_us
+    }
+
+    /// Time to first token of `kind`, from the *scheduled* send (so a late client cannot hide
+    /// server latency); None for a failed request or when no such token came. The one TTFT
+    /// computation every mode's report uses.
+    pub fn ttft_us(&self, kind: FirstToken) -> Option<u64> {
+        if self.response.failure.is_some() {
+            return None;
+        }
+        let t = self.response.timing.first_token_us(kind)?;
+        Some(self.lag_us() + t)
     }
 
     /// End of the request, µs from the run start.

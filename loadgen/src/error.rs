@@ -82,3 +82,57 @@ pub enum LoadgenError {
     #[error("starting the tokio runtime: {0}")]
     Runtime(std::io::Error),
 }
+
+impl LoadgenError {
+    /// The process exit status for this error: [`EXIT_TOO_MANY_FAILURES`] when the run completed
+    /// (reports written) but failed the `--max-failure-rate` check, 1 for anything else.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            LoadgenError::AllFailed { .. } | LoadgenError::TooManyFailures { .. } => {
+                EXIT_TOO_MANY_FAILURES
+            }
+            _ => 1,
+        }
+    }
+}
+
+/// Exit status of a run that completed but whose failed requests are above
+/// `--max-failure-rate` (or all of them failed). Other errors exit with 1, flag errors with 2.
+pub const EXIT_TOO_MANY_FAILURES: u8 = 3;
+
+/// An error and its causes on one line, each cause once (a cause whose text the message already
+/// holds is not repeated): `cannot read trace t.jsonl: No such file or directory (os error 2)`.
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        source = cause.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_chain_names_the_os_error_once() {
+        let missing = std::path::Path::new("/nonexistent/loadgen-trace.jsonl");
+        let trace = servesim::trace::load(missing, &servesim::trace::TraceOptions::default())
+            .expect_err("missing file");
+        let text = chain(&LoadgenError::from(trace));
+        assert!(text.contains("loadgen-trace.jsonl"), "{text}");
+        assert!(text.contains("os error 2"), "{text}");
+        let io = LoadgenError::Io {
+            path: missing.to_path_buf(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        };
+        let text = chain(&io);
+        assert_eq!(text.matches("not found").count(), 1, "{text}");
+    }
+}

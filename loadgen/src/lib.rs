@@ -1,13 +1,29 @@
-//! loadgen: a multi-turn load generator for OpenAI-compatible chat endpoints.
+//! loadgen: a load generator for OpenAI-compatible LLM endpoints: multi-turn conversations
+//! (`multiturn`, Dynamo's `multiturn_bench`), a Mooncake trace replayed live on its schedule
+//! (`replay`), and synthetic closed- or open-loop load with goodput (`bench`), all on one driver
+//! with one TTFT definition and one failure report. Without `--url` it starts mockserve
+//! in-process on 127.0.0.1 and drives it.
 //!
-//! - [`Cli`] is the command line and [`run`] / [`run_async`] execute it.
-//! - [`config::MultiturnArgs`] (Dynamo `multiturn_bench`'s flags) becomes a validated
-//!   [`config::MultiturnConfig`]; [`multiturn::multiturn`] runs it: without `--url` it starts
-//!   mockserve in-process on 127.0.0.1 and drives it.
-//! - [`workload::Workload`] is the seeded, pre-generated conversation script;
-//!   [`client::send`] streams one request and stamps its times ([`sse::SseParser`] reads the
-//!   stream); [`report::Results`] holds Dynamo's statistics and JSON keys plus loadgen's.
-//! - [`compare`] puts two results files side by side (table and SVG chart).
+//! [`Cli`] is the command line and [`run`] / [`run_async`] execute it; a run whose failed
+//! requests exceed `--max-failure-rate` returns [`LoadgenError::TooManyFailures`] (or
+//! [`LoadgenError::AllFailed`]) after writing its reports. The modules:
+//!
+//! - [`target`]: where requests go ([`target::TargetArgs`] → [`target::TargetSpec`] →
+//!   [`target::Connected`]): `--url` or the embedded mockserve, model detection, the tokenizer.
+//! - [`driver`]: the one driver loop; each session is a [`driver::Script`] whose requests are due
+//!   at absolute offsets (open loop) or after the previous answer (closed loop), latencies counted
+//!   from the scheduled send ([`driver::Sample`], [`driver::Sample::ttft_us`]).
+//! - [`client`]: one streamed request, its [`client::Timing`] (both TTFT figures,
+//!   [`client::FirstToken`]) and outcome; [`sse`]: the bounded SSE parser it reads with.
+//! - [`failure`]: why a request failed ([`failure::Failure`]), counts by reason
+//!   ([`failure::FailureSummary`], the `failures` key of every report) and the verdict.
+//! - `multiturn`: [`config`] (flags → [`config::MultiturnConfig`]), [`workload`] (the seeded
+//!   conversations), [`multiturn`] (the run), [`multiturn_report`] (Dynamo's statistics and keys,
+//!   [`multiturn_report::Results`]) and [`compare`] (two results files side by side).
+//! - `replay`: [`replay`] (a Mooncake trace as sessions), [`prompt`] (prompts from hash ids).
+//! - `bench`: [`bench`](mod@bench) (flags → [`bench::BenchPlan`], arrivals, lengths, goodput).
+//! - [`replay_report`]: the `replay` and `bench` report, with `mockserve replay`'s keys.
+//! - [`error`]: [`LoadgenError`] and the exit status of each.
 //!
 //! A ping of the embedded server, in-process:
 //!
@@ -27,12 +43,13 @@ pub mod compare;
 pub mod config;
 pub mod driver;
 pub mod error;
+pub mod failure;
 pub mod multiturn;
+pub mod multiturn_report;
 pub mod prompt;
 pub mod replay;
-pub mod report;
+pub mod replay_report;
 pub mod sse;
-pub mod summary;
 pub mod target;
 pub mod workload;
 
@@ -81,9 +98,9 @@ pub fn completions(shell: clap_complete::Shell) -> Vec<u8> {
     script
 }
 
-/// Runs a parsed command line on the current tokio runtime. A multiturn run that completes but
-/// fails the failure-rate check returns [`LoadgenError::AllFailed`] or
-/// [`LoadgenError::TooManyFailures`] (after printing and writing its results).
+/// Runs a parsed command line on the current tokio runtime. A run (multiturn, replay or bench)
+/// that completes but fails the failure-rate check returns [`LoadgenError::AllFailed`] or
+/// [`LoadgenError::TooManyFailures`] after printing and writing its report.
 pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
     match cli.command {
         Command::Multiturn(args) => {
@@ -91,8 +108,14 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
             let results = multiturn::multiturn(&config).await?;
             multiturn::verdict(&results, config.max_failure_rate)
         }
-        Command::Replay(args) => replay::replay(&args).await.map(|_| ()),
-        Command::Bench(args) => bench::bench(&args).await.map(|_| ()),
+        Command::Replay(args) => {
+            let run = replay::replay(&args).await?;
+            run.live.verdict(args.failures.max_failure_rate)
+        }
+        Command::Bench(args) => {
+            let run = bench::bench(&args).await?;
+            run.live.verdict(args.failures.max_failure_rate)
+        }
         Command::Compare(args) => {
             print!("{}", compare::run(&args)?);
             Ok(())

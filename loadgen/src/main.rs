@@ -1,4 +1,5 @@
-//! The `loadgen` binary: parse, run, map errors to an exit code.
+//! The `loadgen` binary: parse, run, map errors to an exit code (0 success, 1 error, 2 bad
+//! flags, 3 too many failed requests).
 
 use std::process::ExitCode;
 
@@ -9,8 +10,8 @@ fn main() -> ExitCode {
     match loadgen::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("loadgen: error: {e}");
-            ExitCode::FAILURE
+            eprintln!("loadgen: error: {}", loadgen::error::chain(&e));
+            ExitCode::from(e.exit_code())
         }
     }
 }

@@ -1,112 +1,24 @@
 //! `loadgen multiturn`: start the embedded server if needed, find the model, run every user's
 //! conversation concurrently, and build the [`Results`].
 //!
-//! Runs on the shared [`driver`]: each user is a [`Conversation`] script, closed loop (the think
+//! Runs on the shared [`driver`]: each user is a `Conversation` script, closed loop (the think
 //! time starts when the previous answer has fully arrived), sending the whole history and
 //! appending the streamed answer on success.
 
-use std::io::IsTerminal;
+use std::io::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
-use crate::client::{self, Endpoint, Response};
-use crate::config::{MultiturnConfig, Target, TokenizerChoice};
+use crate::client::{FirstToken, Response};
+use crate::config::MultiturnConfig;
 use crate::driver::{self, DriverConfig, Observer, Planned, Sample, Script, Start};
 use crate::error::LoadgenError;
-use crate::report::{RawResult, Results, RunData};
+use crate::multiturn_report::{RawResult, Results, RunData};
+use crate::target::{Api, Connected};
 use crate::workload::{TokenCounter, UserScript, Workload};
-
-/// A running embedded mockserve.
-pub(crate) struct Embedded {
-    /// Stops it.
-    stop: oneshot::Sender<()>,
-    /// The server task.
-    task: JoinHandle<Result<(), String>>,
-}
-
-impl Embedded {
-    pub(crate) async fn shutdown(self) {
-        let _ = self.stop.send(());
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
-    }
-}
-
-/// Starts mockserve on 127.0.0.1 (a free port); returns its base URL.
-pub(crate) async fn start_embedded(
-    config: &mock_server::config::ServerConfig,
-) -> Result<(String, Embedded), LoadgenError> {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| LoadgenError::Embedded(e.to_string()))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| LoadgenError::Embedded(e.to_string()))?;
-    let (stop, stopped) = oneshot::channel::<()>();
-    let config = config.clone();
-    let task = tokio::spawn(async move {
-        mock_server::server::serve(listener, config, async {
-            let _ = stopped.await;
-        })
-        .await
-        .map_err(|e| format!("{e:#}"))
-    });
-    Ok((format!("http://{addr}"), Embedded { stop, task }))
-}
-
-/// Resolves the model: `--model`, else the single model of `{url}/v1/models`.
-pub async fn detect_model(
-    client: &reqwest::Client,
-    url: &str,
-    api_key: Option<&str>,
-) -> Result<String, LoadgenError> {
-    let models_url = format!("{url}/v1/models");
-    println!("  Auto-detecting model from {models_url}...");
-    let err = |message: String| LoadgenError::ModelDetection {
-        url: models_url.clone(),
-        message,
-    };
-    let mut request = client.get(&models_url);
-    if let Some(key) = api_key {
-        request = request.bearer_auth(key);
-    }
-    let response = request.send().await.map_err(|e| err(e.to_string()))?;
-    if !response.status().is_success() {
-        return Err(err(format!(
-            "Models endpoint returned status: {}",
-            response.status()
-        )));
-    }
-    let body: Value = response.json().await.map_err(|e| err(e.to_string()))?;
-    let ids: Vec<String> = body
-        .get("data")
-        .and_then(Value::as_array)
-        .ok_or_else(|| err("no \"data\" array in the response".into()))?
-        .iter()
-        .filter_map(|m| m.get("id").and_then(Value::as_str).map(str::to_string))
-        .collect();
-    match ids.as_slice() {
-        [] => Err(LoadgenError::NoModels { url: models_url }),
-        [one] => {
-            println!("  Auto-detected model: {one}");
-            Ok(one.clone())
-        }
-        _ => {
-            for id in &ids {
-                println!("    - {id}");
-            }
-            Err(LoadgenError::MultipleModels {
-                url: models_url,
-                models: ids,
-            })
-        }
-    }
-}
 
 /// What every conversation needs to build its bodies.
 struct BodyParams {
@@ -176,39 +88,26 @@ fn record(sample: &Sample, user_tokens: Option<usize>) -> RawResult {
     let r = &sample.response;
     let tm = &r.timing;
     let lag = sample.lag_us();
-    let success = r.failure.is_none();
-    let ttft_us = if success {
-        lag + tm.first_answer_us.unwrap_or(tm.end_us)
-    } else {
-        0
-    };
+    let first_answer_us = sample.ttft_us(FirstToken::Answer);
     RawResult {
         user_id: sample.session,
         turn: sample.turn,
-        ttft_us,
+        ttft_us: first_answer_us.unwrap_or(0),
         total_latency_us: lag + tm.end_us,
-        success,
-        ttft_any_us: if success {
-            tm.ttft_any_us().map(|t| t + lag)
-        } else {
-            None
-        },
+        success: r.failure.is_none(),
+        first_answer_us,
+        ttft_any_us: sample.ttft_us(FirstToken::Any),
         headers_us: tm.headers_us.map(|t| t + lag),
         first_reasoning_us: tm.first_reasoning_us.map(|t| t + lag),
-        chunks: tm.token_chunks_us.len() as u64,
+        chunks: r.chunks,
         output_tokens: r.output_tokens,
         output_tokens_source: Some(r.output_tokens_source),
+        usage_output_tokens: r.usage_output_tokens,
+        usage_mismatch: r.usage_mismatch,
         user_tokens,
         prompt_tokens: r.prompt_tokens,
         cached_tokens: r.cached_tokens,
         error: r.failure.clone(),
-    }
-}
-
-fn describe(f: &crate::client::Failure) -> String {
-    match f {
-        crate::client::Failure::Http { status, body } => format!("HTTP {status}: {body}"),
-        other => other.reason(),
     }
 }
 
@@ -219,9 +118,10 @@ fn print_config(c: &MultiturnConfig, url: &str, model: &str) {
     println!("  Model: {model}");
     println!("  Users: {}", w.num_users);
     println!("  Turns: {}", w.num_turns);
-    match c.tokenizer {
-        TokenizerChoice::Heuristic => println!("  User tokens: ~{}", w.num_user_tokens),
-        _ => println!("  User tokens: {} (exact)", w.num_user_tokens),
+    if c.target.is_embedded() || c.target.tokenizer.is_some() {
+        println!("  User tokens: {} (exact)", w.num_user_tokens);
+    } else {
+        println!("  User tokens: ~{}", w.num_user_tokens);
     }
     println!("  Max completion tokens: {}", c.max_completion_tokens);
     println!("  Ignore EOS: {}", c.ignore_eos);
@@ -231,61 +131,23 @@ fn print_config(c: &MultiturnConfig, url: &str, model: &str) {
     println!();
 }
 
-/// Runs a multi-turn benchmark: prints the console report, writes `--output`, returns the
-/// results (the failure-rate verdict is [`verdict`]'s).
+/// Runs a multi-turn benchmark: prints the console report, writes the results files, returns
+/// the results (the failure-rate verdict is [`verdict`]'s).
 pub async fn multiturn(config: &MultiturnConfig) -> Result<Results, LoadgenError> {
     println!("Multiturn Chat Benchmark");
     println!("========================\n");
-    let (url, embedded, counter) = match &config.target {
-        Target::Url(url) => (url.clone(), None, None),
-        Target::Embedded(server) => {
-            let (url, e) = start_embedded(server).await?;
-            let e_cfg = &server.cluster.engine;
-            println!(
-                "Embedded mockserve on {url}: {} workers, {} engine, speedup {}, reasoning ratio {}",
-                server.cluster.num_workers,
-                e_cfg.engine_type,
-                e_cfg.latency.speedup_ratio,
-                server.reasoning_ratio
-            );
-            println!();
-            (
-                url,
-                Some(e),
-                Some(TokenCounter::codec(server.codec.clone())),
-            )
-        }
-    };
-    let result = drive(config, &url, counter).await;
-    if let Some(e) = embedded {
-        e.shutdown().await;
-    }
+    let target = config.target.connect(Api::Chat).await?;
+    let result = drive(config, &target).await;
+    target.shutdown().await;
     result
 }
 
-async fn drive(
-    config: &MultiturnConfig,
-    url: &str,
-    embedded_counter: Option<TokenCounter>,
-) -> Result<Results, LoadgenError> {
-    let counter = match (&config.tokenizer, embedded_counter) {
-        (TokenizerChoice::File(path), _) => {
-            TokenCounter::Exact(Arc::from(servesim::tokenizer::load_tokenizer(path)?))
-        }
-        (TokenizerChoice::Embedded, Some(c)) => c,
-        _ => TokenCounter::Heuristic,
+async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, LoadgenError> {
+    let counter = match &target.tokenizer {
+        Some(t) => TokenCounter::Exact(t.clone()),
+        None => TokenCounter::Heuristic,
     };
-    let http =
-        client::client(config.request_timeout).map_err(|e| LoadgenError::Client(e.to_string()))?;
-    println!("Model Detection:");
-    let model = match &config.model {
-        Some(m) => {
-            println!("  Using model: {m}");
-            m.clone()
-        }
-        None => detect_model(&http, url, config.api_key.as_deref()).await?,
-    };
-    println!();
+    let (url, model) = (target.url.as_str(), target.model.clone());
     print_config(config, url, &model);
 
     let workload = Workload::generate(&config.workload, &counter);
@@ -294,7 +156,7 @@ async fn drive(
         "Running {} users x {} turns = {} total requests...",
         config.workload.num_users, config.workload.num_turns, total
     );
-    let bar = if std::io::stderr().is_terminal() {
+    let bar = if config.report.show_progress() {
         ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
     } else {
         ProgressBar::hidden()
@@ -320,12 +182,15 @@ async fn drive(
         let bar = bar.clone();
         Arc::new(move |s: &Sample| {
             let tm = &s.response.timing;
+            let ttft = match s.ttft_us(FirstToken::Answer) {
+                Some(t) => format!("{:.1}ms", t as f64 / 1000.0),
+                None => "-".into(),
+            };
             let line = format!(
-                "  [user {}][turn {}/{}] ttft={:.1}ms  total={:.1}s  ok={}",
+                "  [user {}][turn {}/{}] ttft={ttft}  total={:.1}s  ok={}",
                 s.session,
                 s.turn + 1,
                 num_turns,
-                (s.lag_us() + tm.first_answer_us.unwrap_or(tm.end_us)) as f64 / 1000.0,
                 (s.lag_us() + tm.end_us) as f64 / 1e6,
                 s.response.failure.is_none()
             );
@@ -335,7 +200,7 @@ async fn drive(
                 bar.println(line);
             }
             if let Some(f) = &s.response.failure {
-                eprintln!("  [user {}][turn {}] {}", s.session, s.turn, describe(f));
+                eprintln!("  [user {}][turn {}] {}", s.session, s.turn, f);
             }
         }) as Observer
     });
@@ -351,23 +216,21 @@ async fn drive(
             }) as Box<dyn Script>
         })
         .collect();
-    let endpoint = Endpoint {
-        client: http,
-        url: format!("{url}/v1/chat/completions"),
-        api_key: config.api_key.clone(),
-    };
     let driver_config = DriverConfig {
         bar: Some(bar.clone()),
         observer,
         ..DriverConfig::default()
     };
-    let out = driver::drive(endpoint, scripts, &driver_config).await?;
+    let out = driver::drive(target.endpoint.clone(), scripts, &driver_config).await?;
     let mut data = RunData::default();
     for s in &out.samples {
         if s.response.failure.is_none() {
-            let chunks = &s.response.timing.token_chunks_us;
+            let timing = &s.response.timing;
+            let chunks = &timing.token_chunks_us;
             data.chunk_gaps_us
                 .extend(chunks.windows(2).map(|w| w[1] - w[0]));
+            data.output_tokens_per_s_per_user
+                .extend(timing.output_tokens_per_s(s.response.output_tokens));
         }
         let tokens = user_tokens
             .get(s.session)
@@ -388,31 +251,39 @@ async fn drive(
         config.to_json(&model, url),
     );
     print!("{}", results.console());
-    if let Some(path) = &config.output {
-        let text = serde_json::to_string_pretty(&results).unwrap_or_default();
-        std::fs::write(path, text + "\n").map_err(|source| LoadgenError::Io {
-            path: path.clone(),
-            source,
-        })?;
+    write_files(&results, config)?;
+    Ok(results)
+}
+
+/// Writes `--output` (the results) and `--per-request-jsonl` (one `raw_results` entry a line).
+fn write_files(results: &Results, config: &MultiturnConfig) -> Result<(), LoadgenError> {
+    let io = |path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |source| LoadgenError::Io { path, source }
+    };
+    if let Some(path) = &config.report.report_json {
+        let text = serde_json::to_string_pretty(results).unwrap_or_default();
+        std::fs::write(path, text + "\n").map_err(io(path))?;
         println!("Results written to: {}", path.display());
     }
-    Ok(results)
+    if let Some(path) = &config.report.per_request_jsonl {
+        let file = std::fs::File::create(path).map_err(io(path))?;
+        let mut w = std::io::BufWriter::new(file);
+        for r in &results.raw_results {
+            let line = serde_json::to_string(r).unwrap_or_default();
+            writeln!(w, "{line}").map_err(io(path))?;
+        }
+        w.flush().map_err(io(path))?;
+    }
+    Ok(())
 }
 
 /// The pass/fail verdict: fails when every request failed or the failure share is above
 /// `max_failure_rate`.
 pub fn verdict(results: &Results, max_failure_rate: f64) -> Result<(), LoadgenError> {
-    let total = results.total_requests;
-    let failed = results.failed_requests;
-    if total > 0 && failed == total {
-        return Err(LoadgenError::AllFailed { total });
-    }
-    if total > 0 && failed as f64 / total as f64 > max_failure_rate {
-        return Err(LoadgenError::TooManyFailures {
-            failed,
-            total,
-            max_rate: max_failure_rate,
-        });
-    }
-    Ok(())
+    crate::failure::verdict(
+        results.total_requests,
+        results.failed_requests,
+        max_failure_rate,
+    )
 }

@@ -26,8 +26,8 @@ use crate::client::Response;
 use crate::driver::{self, DriverConfig, Planned, Script, Start};
 use crate::error::LoadgenError;
 use crate::prompt::PromptSynth;
-use crate::summary::{self, LiveReport, RequestInfo};
-use crate::target::{completion_body, TargetArgs};
+use crate::replay_report::{self, LiveReport, RequestInfo};
+use crate::target::{completion_body, Api, EmbeddedOptions, TargetArgs};
 use mock_server::args::ReportArgs;
 
 /// `loadgen replay` flags (`mockserve replay`'s, plus the live ones).
@@ -61,6 +61,10 @@ pub struct ReplayArgs {
     /// Report files and progress.
     #[command(flatten)]
     pub report: ReportArgs,
+
+    /// Failure threshold.
+    #[command(flatten)]
+    pub failures: crate::failure::FailureArgs,
 
     /// Where requests go.
     #[command(flatten)]
@@ -301,16 +305,17 @@ pub struct ReplayRun {
     pub json: serde_json::Value,
 }
 
-/// Runs `loadgen replay`: prints the report and writes the requested files.
+/// Runs `loadgen replay`: prints the report and writes the requested files. The failure-rate
+/// verdict is the caller's ([`LiveReport::verdict`]; [`crate::run_async`] applies it).
 pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
     if args.max_requests == Some(0) {
         return Err(LoadgenError::Config(
             "--max-requests must be positive".into(),
         ));
     }
+    args.failures.max_failure_rate()?;
     let trace = load_trace(args)?;
-    let spec = args.target.spec()?;
-    spec.server_config()?;
+    let spec = args.target.spec(&EmbeddedOptions::default())?;
     let shape = session_shape(&trace);
     let mode = match args.session_mode {
         SessionMode::Auto => shape.detected(),
@@ -328,7 +333,7 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
     }
     let plans = plans(&trace, mode);
     let expected = expected_reuse(&trace, &plans, args.trace_block_size);
-    let target = spec.connect().await?;
+    let target = spec.connect(Api::Completions).await?;
     let synth = Arc::new(target.synth(args.trace_block_size));
     println!(
         "Prompts: {} tokens per hash id, {} ({})",
@@ -406,7 +411,7 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
         .iter()
         .map(|s| (s, &infos[s.session][s.turn]))
         .collect();
-    let live = summary::build(&items, wall);
+    let live = replay_report::build(&items, wall);
     let expected_total: usize = items
         .iter()
         .filter(|(s, _)| s.response.failure.is_none())
@@ -442,7 +447,7 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
         ("trace_block_size", json!(args.trace_block_size)),
     ]);
     println!("Live replay report");
-    print!("{}", live.report);
+    print!("{}", live.report_lines());
     println!(
         "Prefix reuse: expected from the trace's hash ids {:.4}, reported by the server (cached_tokens) {:.4}",
         expected_ratio, live.report.prefix_cache_reused_ratio
@@ -450,8 +455,9 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
     if mismatched > 0 {
         println!("WARNING: {mismatched} prompts did not have the trace's input_length (server usage.prompt_tokens)");
     }
+    print!("{}", live.failure_lines());
     print!("{}", live.lag_lines());
-    summary::write_files(
+    replay_report::write_files(
         &json,
         &live.records,
         args.report.report_json.as_deref(),

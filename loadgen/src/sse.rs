@@ -1,75 +1,158 @@
-//! A tolerant server-sent-events parser: bytes in (split anywhere), `data` payloads out.
+//! A tolerant, bounded server-sent-events parser: bytes in (split anywhere), `data` payloads out.
 //!
 //! Accepts `data:` with or without the space, LF, CRLF or lone-CR line ends, comments (`:`),
 //! other fields (ignored), multi-line data (joined with `\n`), and a last event without the blank
 //! line before EOF ([`SseParser::finish`]). Lines are decoded only once complete, so a UTF-8
 //! character split across reads is kept intact.
+//!
+//! Memory is bounded: a line longer than the limit, or an event whose data grows past it, is a
+//! [`LineTooLong`] error (the parser keeps at most `limit` bytes of line and `limit` bytes of
+//! event data, whatever the server sends), and the parser stays failed afterwards.
+
+/// Default bound on one SSE line and on one event's data: 1 MiB. A streamed chunk is usually
+/// well under 1 KiB; a megabyte leaves room for large tool-call or logprob chunks.
+pub const DEFAULT_MAX_LINE_BYTES: usize = 1 << 20;
+
+/// A line (or an event's data) exceeded the parser's limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("SSE line longer than {limit} bytes")]
+pub struct LineTooLong {
+    /// The limit that was exceeded, in bytes.
+    pub limit: usize,
+}
 
 /// Incremental SSE parser.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SseParser {
-    /// Bytes of the incomplete last line.
+    /// Bytes of the incomplete last line (never more than `limit`).
     line: Vec<u8>,
-    /// Data lines of the event being read.
+    /// Data lines of the event being read (never more than `limit` bytes).
     data: Option<String>,
     /// The previous byte was a CR (its LF, if any, belongs to the same line end).
     after_cr: bool,
+    /// Most bytes of one line, and of one event's data.
+    limit: usize,
+    /// Set once the limit was exceeded: every later call fails too.
+    failed: bool,
+}
+
+impl Default for SseParser {
+    fn default() -> Self {
+        SseParser::new()
+    }
 }
 
 impl SseParser {
-    /// A parser at the start of a stream.
+    /// A parser at the start of a stream, with [`DEFAULT_MAX_LINE_BYTES`].
     pub fn new() -> SseParser {
-        SseParser::default()
+        SseParser::with_limit(DEFAULT_MAX_LINE_BYTES)
     }
 
-    /// Feeds bytes; returns the data of every event they complete, in order.
-    pub fn push(&mut self, bytes: &[u8]) -> Vec<String> {
+    /// A parser whose lines and event data may not exceed `limit` bytes (at least 1).
+    pub fn with_limit(limit: usize) -> SseParser {
+        SseParser {
+            line: Vec::new(),
+            data: None,
+            after_cr: false,
+            limit: limit.max(1),
+            failed: false,
+        }
+    }
+
+    /// The bound on one line and on one event's data.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Bytes currently held (incomplete line plus pending event data): never above twice the limit.
+    pub fn buffered_bytes(&self) -> usize {
+        self.line.len() + self.data.as_ref().map_or(0, String::len)
+    }
+
+    /// Feeds bytes; returns the data of every event they complete, in order, or [`LineTooLong`]
+    /// (events completed earlier in the same bytes are dropped with it: the stream has failed).
+    pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<String>, LineTooLong> {
+        self.check()?;
         let mut events = Vec::new();
-        for &b in bytes {
+        let mut rest = bytes;
+        while !rest.is_empty() {
             if self.after_cr {
                 self.after_cr = false;
-                if b == b'\n' {
+                if rest[0] == b'\n' {
+                    rest = &rest[1..];
                     continue;
                 }
             }
-            match b {
-                b'\n' => self.end_line(&mut events),
-                b'\r' => {
-                    self.after_cr = true;
-                    self.end_line(&mut events);
+            match rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+                Some(i) => {
+                    self.extend_line(&rest[..i])?;
+                    self.after_cr = rest[i] == b'\r';
+                    self.end_line(&mut events)?;
+                    rest = &rest[i + 1..];
                 }
-                _ => self.line.push(b),
+                None => {
+                    self.extend_line(rest)?;
+                    rest = &[];
+                }
             }
         }
-        events
+        Ok(events)
     }
 
     /// Ends the stream: the data of an event left without its blank line, if any.
-    pub fn finish(&mut self) -> Option<String> {
+    pub fn finish(&mut self) -> Result<Option<String>, LineTooLong> {
+        self.check()?;
         if !self.line.is_empty() {
             let mut events = Vec::new();
-            self.end_line(&mut events);
+            self.end_line(&mut events)?;
         }
-        self.data.take()
+        Ok(self.data.take())
     }
 
-    fn end_line(&mut self, events: &mut Vec<String>) {
+    fn check(&self) -> Result<(), LineTooLong> {
+        if self.failed {
+            Err(LineTooLong { limit: self.limit })
+        } else {
+            Ok(())
+        }
+    }
+
+    fn fail(&mut self) -> LineTooLong {
+        self.failed = true;
+        self.line = Vec::new();
+        self.data = None;
+        LineTooLong { limit: self.limit }
+    }
+
+    fn extend_line(&mut self, bytes: &[u8]) -> Result<(), LineTooLong> {
+        if self.line.len() + bytes.len() > self.limit {
+            return Err(self.fail());
+        }
+        self.line.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn end_line(&mut self, events: &mut Vec<String>) -> Result<(), LineTooLong> {
         let line = String::from_utf8_lossy(&self.line).into_owned();
         self.line.clear();
         if line.is_empty() {
             if let Some(data) = self.data.take() {
                 events.push(data);
             }
-            return;
+            return Ok(());
         }
         if line.starts_with(':') {
-            return;
+            return Ok(());
         }
         let (field, value) = match line.split_once(':') {
             Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
             None => (line.as_str(), ""),
         };
         if field == "data" {
+            let held = self.data.as_ref().map_or(0, |d| d.len() + 1);
+            if held + value.len() > self.limit {
+                return Err(self.fail());
+            }
             match &mut self.data {
                 Some(d) => {
                     d.push('\n');
@@ -78,18 +161,28 @@ impl SseParser {
                 None => self.data = Some(value.to_string()),
             }
         }
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    fn all_with(limit: usize, chunks: &[&[u8]]) -> Result<Vec<String>, LineTooLong> {
+        let mut p = SseParser::with_limit(limit);
+        let mut out = Vec::new();
+        for c in chunks {
+            out.extend(p.push(c)?);
+        }
+        out.extend(p.finish()?);
+        Ok(out)
+    }
 
     fn all(chunks: &[&[u8]]) -> Vec<String> {
-        let mut p = SseParser::new();
-        let mut out: Vec<String> = chunks.iter().flat_map(|c| p.push(c)).collect();
-        out.extend(p.finish());
-        out
+        all_with(DEFAULT_MAX_LINE_BYTES, chunks).expect("within the limit")
     }
 
     #[test]
@@ -122,5 +215,122 @@ mod tests {
     fn last_event_without_blank_line_is_flushed() {
         assert_eq!(all(&[b"data: a\n\ndata: b"]), ["a", "b"]);
         assert!(all(&[b": only a comment\n"]).is_empty());
+    }
+
+    #[test]
+    fn a_line_over_the_limit_fails_and_stays_failed() {
+        let limit = 16;
+        // Exactly at the limit is fine: "data: " + 10 bytes = 16.
+        assert_eq!(
+            all_with(limit, &[b"data: 0123456789\n\n"]),
+            Ok(vec!["0123456789".to_string()])
+        );
+        // One byte more fails, whether the line ends or not, and in whatever reads it comes.
+        for stream in [&b"data: 0123456789A\n\n"[..], b"data: 0123456789A"] {
+            assert_eq!(all_with(limit, &[stream]), Err(LineTooLong { limit }));
+            let singles: Vec<&[u8]> = stream.chunks(1).collect();
+            assert_eq!(all_with(limit, &singles), Err(LineTooLong { limit }));
+        }
+        let mut p = SseParser::with_limit(limit);
+        assert!(p.push(&[b'x'; 17]).is_err());
+        assert!(p.push(b"data: ok\n\n").is_err());
+        assert!(p.finish().is_err());
+        // Many short data lines of one event count against the limit too.
+        assert_eq!(
+            all_with(limit, &[b"data: 12345\ndata: 12345\ndata: 12345\n\n"]),
+            Err(LineTooLong { limit })
+        );
+    }
+
+    /// A random valid stream: events of random data (1-3 lines each, UTF-8), random line ends,
+    /// comments and other fields in between.
+    fn random_stream(rng: &mut ChaCha8Rng) -> (Vec<u8>, Vec<String>) {
+        const PIECES: [&str; 8] = ["a", "{\"k\":1}", "é", "日本", " ", "[DONE]", "x:y", "🙂"];
+        let ends = ["\n", "\r\n", "\r"];
+        let mut bytes = Vec::new();
+        let mut expected = Vec::new();
+        for _ in 0..rng.gen_range(0..8) {
+            if rng.gen_bool(0.3) {
+                bytes.extend_from_slice(b": comment\n");
+            }
+            if rng.gen_bool(0.2) {
+                bytes.extend_from_slice(b"event: message\r\n");
+            }
+            let mut lines = Vec::new();
+            for _ in 0..rng.gen_range(1..4) {
+                let line: String = (0..rng.gen_range(0..5))
+                    .map(|_| PIECES[rng.gen_range(0..PIECES.len())])
+                    .collect();
+                let space = if rng.gen_bool(0.5) { " " } else { "" };
+                // A leading space in the value is eaten by the optional one after the colon.
+                let sent = format!("data:{space}{line}");
+                let kept = if space.is_empty() {
+                    line.strip_prefix(' ').unwrap_or(&line).to_string()
+                } else {
+                    line.clone()
+                };
+                bytes.extend_from_slice(sent.as_bytes());
+                bytes.extend_from_slice(ends[rng.gen_range(0..3)].as_bytes());
+                lines.push(kept);
+            }
+            // A CR line end followed by an LF blank line would merge: use LF for the blank line
+            // after a CR end only via a fresh CR LF pair.
+            let blank = ends[rng.gen_range(0..3)];
+            if bytes.last() == Some(&b'\r') && blank == "\n" {
+                bytes.extend_from_slice(b"\r\n");
+            } else {
+                bytes.extend_from_slice(blank.as_bytes());
+            }
+            expected.push(lines.join("\n"));
+        }
+        (bytes, expected)
+    }
+
+    /// Property: any split of a valid stream into reads parses identically (seeded loop).
+    #[test]
+    fn any_split_of_a_valid_stream_parses_identically() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        for case in 0..500 {
+            let (bytes, expected) = random_stream(&mut rng);
+            assert_eq!(all(&[&bytes]), expected, "case {case}: whole");
+            let mut reads: Vec<&[u8]> = Vec::new();
+            let mut rest = &bytes[..];
+            while !rest.is_empty() {
+                let n = rng.gen_range(1..=rest.len().min(9));
+                reads.push(&rest[..n]);
+                rest = &rest[n..];
+            }
+            assert_eq!(all(&reads), expected, "case {case}: {} reads", reads.len());
+        }
+    }
+
+    /// Property: arbitrary bytes in arbitrary reads never panic and never hold more than the
+    /// bound (line plus pending event data), whatever the limit.
+    #[test]
+    fn arbitrary_bytes_never_panic_or_exceed_the_bound() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let alphabet = b"data: \r\n\n:x\xff\xc3\xa9[DONE]";
+        for case in 0..2000 {
+            let limit = rng.gen_range(1..64);
+            let mut p = SseParser::with_limit(limit);
+            for _ in 0..rng.gen_range(0..20) {
+                let read: Vec<u8> = (0..rng.gen_range(0..40))
+                    .map(|_| {
+                        if rng.gen_bool(0.7) {
+                            alphabet[rng.gen_range(0..alphabet.len())]
+                        } else {
+                            rng.gen()
+                        }
+                    })
+                    .collect();
+                if let Ok(events) = p.push(&read) {
+                    assert!(events.iter().all(|e| e.len() <= limit), "case {case}");
+                }
+                assert!(p.buffered_bytes() <= 2 * limit, "case {case}");
+            }
+            if let Ok(Some(e)) = p.finish() {
+                assert!(e.len() <= limit, "case {case}");
+            }
+        }
     }
 }

@@ -1,6 +1,8 @@
-//! The endpoint `replay` and `bench` drive: `--url`, or mockserve embedded in-process with the
-//! given engine flags (the same flags `mockserve replay` takes), plus the tokenizer that sizes
-//! prompts for it.
+//! The endpoint every mode drives: `--url`, or mockserve embedded in-process with the engine
+//! flags (the same flags `mockserve serve` takes). [`TargetArgs`] are the flags, [`TargetSpec`]
+//! the validated description (the embedded server's configuration built and checked before
+//! anything connects), [`Connected`] the running target: base URL, model, HTTP endpoint and the
+//! tokenizer that sizes prompts for it.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,21 +11,28 @@ use std::time::Duration;
 use mock_server::args::EngineArgs;
 use mock_server::config::{ReasoningFormat, ServerConfig};
 use mock_server::server::ServeArgs;
+use serde_json::Value;
 use servesim::tokenizer::{BuiltinTokenizer, Tokenizer};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 use crate::client::{self, Endpoint};
 use crate::error::LoadgenError;
-use crate::multiturn::{detect_model, start_embedded, Embedded};
 use crate::prompt::PromptSynth;
 
 /// Context length of the embedded server for `replay` and `bench`: large enough for any trace row.
 pub const EMBEDDED_MAX_MODEL_LEN: usize = 1 << 22;
 
-/// The flags that say where `replay` and `bench` send requests.
+/// Request body limit of the embedded server: long multi-turn histories and trace prompts fit.
+pub const EMBEDDED_MAX_BODY_BYTES: usize = 1 << 30;
+
+/// The flags that say where requests go (every run command).
 #[derive(clap::Args, Clone, Debug)]
 pub struct TargetArgs {
-    /// Base URL of an OpenAI-compatible server (prompts go to {url}/v1/completions). Without it,
-    /// mockserve runs in-process with the engine flags below.
+    /// Base URL of an OpenAI-compatible server (multiturn sends to {url}/v1/chat/completions,
+    /// replay and bench to {url}/v1/completions). Without it, mockserve runs in-process on
+    /// 127.0.0.1 (a free port) with the engine flags below.
     #[arg(long)]
     pub url: Option<String>,
 
@@ -33,7 +42,7 @@ pub struct TargetArgs {
 
     /// HuggingFace tokenizer.json of the target model (exact prompt lengths with --url; the
     /// embedded server uses it too). Without it: the embedded server's tokenizer, or with --url
-    /// about one lorem word per token.
+    /// a word-count heuristic.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
 
@@ -45,34 +54,94 @@ pub struct TargetArgs {
     #[arg(long, default_value_t = 600.0)]
     pub request_timeout_s: f64,
 
+    /// Longest SSE line (and event data) accepted from the server, in bytes; a longer one fails
+    /// its request ("SSE line longer than --max-line-bytes") and is never buffered whole.
+    #[arg(long, default_value_t = crate::sse::DEFAULT_MAX_LINE_BYTES)]
+    pub max_line_bytes: usize,
+
     /// Engine, router and cluster settings of the embedded server (ignored with --url).
     #[command(flatten, next_help_heading = "Embedded server (without --url)")]
     pub engine: EngineArgs,
 }
 
+/// The embedded server's settings that are not engine flags; each mode picks its own.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EmbeddedOptions {
+    /// Context length.
+    pub max_model_len: usize,
+    /// Share of each answer streamed as reasoning first.
+    pub reasoning_ratio: f64,
+    /// How reasoning is streamed.
+    pub reasoning_format: ReasoningFormat,
+}
+
+impl Default for EmbeddedOptions {
+    /// `replay` and `bench`: any prompt length, no reasoning.
+    fn default() -> Self {
+        EmbeddedOptions {
+            max_model_len: EMBEDDED_MAX_MODEL_LEN,
+            reasoning_ratio: 0.0,
+            reasoning_format: ReasoningFormat::Separate,
+        }
+    }
+}
+
 impl TargetArgs {
-    /// The validated target description.
-    pub fn spec(&self) -> Result<TargetSpec, LoadgenError> {
+    /// The validated target: the URL checked, or the embedded server's configuration built
+    /// (engine flags and `embedded` checked, `--tokenizer` loaded).
+    pub fn spec(&self, embedded: &EmbeddedOptions) -> Result<TargetSpec, LoadgenError> {
         if !(self.request_timeout_s.is_finite() && self.request_timeout_s > 0.0) {
             return Err(LoadgenError::Config(
                 "--request-timeout-s must be positive".into(),
             ));
         }
+        if self.max_line_bytes == 0 {
+            return Err(LoadgenError::Config(
+                "--max-line-bytes must be positive".into(),
+            ));
+        }
+        let (url, server) = match &self.url {
+            Some(url) if !(url.starts_with("http://") || url.starts_with("https://")) => {
+                return Err(LoadgenError::Config(
+                    "--url must start with http:// (or https://)".into(),
+                ))
+            }
+            Some(url) => (Some(url.trim_end_matches('/').to_string()), None),
+            None => (
+                None,
+                Some(ServerConfig::from_args(&ServeArgs {
+                    host: "127.0.0.1".into(),
+                    port: 0,
+                    model_name: "mock-model".into(),
+                    max_model_len: embedded.max_model_len,
+                    api_key: self.api_key.clone(),
+                    max_waiting: None,
+                    reasoning_ratio: embedded.reasoning_ratio,
+                    reasoning_format: embedded.reasoning_format,
+                    default_max_tokens: 256,
+                    max_body_bytes: EMBEDDED_MAX_BODY_BYTES,
+                    tokenizer: self.tokenizer.clone(),
+                    engine: self.engine.clone(),
+                    http: Default::default(),
+                })?),
+            ),
+        };
         Ok(TargetSpec {
-            url: self.url.clone(),
+            url,
             model: self.model.clone(),
             tokenizer: self.tokenizer.clone(),
             api_key: self.api_key.clone(),
             request_timeout: Duration::from_secs_f64(self.request_timeout_s),
-            engine: self.engine.clone(),
+            max_line_bytes: self.max_line_bytes,
+            server,
         })
     }
 }
 
-/// Where requests go, as the flags say.
+/// Where requests go, validated.
 #[derive(Clone, Debug)]
 pub struct TargetSpec {
-    /// `--url`; None = embedded.
+    /// `--url` without a trailing slash; None = embedded.
     pub url: Option<String>,
     /// `--model`.
     pub model: Option<String>,
@@ -82,8 +151,113 @@ pub struct TargetSpec {
     pub api_key: Option<String>,
     /// Per-request timeout.
     pub request_timeout: Duration,
-    /// Engine flags of the embedded server.
-    pub engine: EngineArgs,
+    /// Longest SSE line accepted.
+    pub max_line_bytes: usize,
+    /// The embedded server's configuration (None with `--url`).
+    pub server: Option<ServerConfig>,
+}
+
+/// Which OpenAI route requests go to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    /// `/v1/chat/completions` (multiturn).
+    Chat,
+    /// `/v1/completions` (replay and bench: raw prompts, no chat template).
+    Completions,
+}
+
+impl Api {
+    fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Completions => "/v1/completions",
+        }
+    }
+}
+
+/// A running embedded mockserve.
+pub struct Embedded {
+    /// Stops it.
+    stop: oneshot::Sender<()>,
+    /// The server task.
+    task: JoinHandle<Result<(), String>>,
+}
+
+impl Embedded {
+    /// Stops the server and waits (at most 5 s) for it to finish.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+    }
+}
+
+/// Starts mockserve on 127.0.0.1 (a free port); returns its base URL.
+pub async fn start_embedded(config: &ServerConfig) -> Result<(String, Embedded), LoadgenError> {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| LoadgenError::Embedded(e.to_string()))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| LoadgenError::Embedded(e.to_string()))?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let config = config.clone();
+    let task = tokio::spawn(async move {
+        mock_server::server::serve(listener, config, async {
+            let _ = stopped.await;
+        })
+        .await
+        .map_err(|e| format!("{e:#}"))
+    });
+    Ok((format!("http://{addr}"), Embedded { stop, task }))
+}
+
+/// Resolves the model: the single model of `{url}/v1/models` (Dynamo's messages).
+pub async fn detect_model(
+    client: &reqwest::Client,
+    url: &str,
+    api_key: Option<&str>,
+) -> Result<String, LoadgenError> {
+    let models_url = format!("{url}/v1/models");
+    println!("  Auto-detecting model from {models_url}...");
+    let err = |message: String| LoadgenError::ModelDetection {
+        url: models_url.clone(),
+        message,
+    };
+    let mut request = client.get(&models_url);
+    if let Some(key) = api_key {
+        request = request.bearer_auth(key);
+    }
+    let response = request.send().await.map_err(|e| err(e.to_string()))?;
+    if !response.status().is_success() {
+        return Err(err(format!(
+            "Models endpoint returned status: {}",
+            response.status()
+        )));
+    }
+    let body: Value = response.json().await.map_err(|e| err(e.to_string()))?;
+    let ids: Vec<String> = body
+        .get("data")
+        .and_then(Value::as_array)
+        .ok_or_else(|| err("no \"data\" array in the response".into()))?
+        .iter()
+        .filter_map(|m| m.get("id").and_then(Value::as_str).map(str::to_string))
+        .collect();
+    match ids.as_slice() {
+        [] => Err(LoadgenError::NoModels { url: models_url }),
+        [one] => {
+            println!("  Auto-detected model: {one}");
+            Ok(one.clone())
+        }
+        _ => {
+            for id in &ids {
+                println!("    - {id}");
+            }
+            Err(LoadgenError::MultipleModels {
+                url: models_url,
+                models: ids,
+            })
+        }
+    }
 }
 
 /// A connected target.
@@ -92,7 +266,7 @@ pub struct Connected {
     pub url: String,
     /// Model name.
     pub model: String,
-    /// The `/v1/completions` endpoint.
+    /// Where requests go.
     pub endpoint: Endpoint,
     /// The tokenizer prompts are sized with (None = heuristic).
     pub tokenizer: Option<Arc<dyn Tokenizer>>,
@@ -118,64 +292,92 @@ impl Connected {
 }
 
 impl TargetSpec {
-    /// Validates the URL and builds the embedded server's configuration.
-    pub fn server_config(&self) -> Result<Option<ServerConfig>, LoadgenError> {
-        match &self.url {
-            Some(url) if !(url.starts_with("http://") || url.starts_with("https://")) => Err(
-                LoadgenError::Config("--url must start with http:// (or https://)".into()),
-            ),
-            Some(_) => Ok(None),
-            None => Ok(Some(ServerConfig::from_args(&ServeArgs {
-                host: "127.0.0.1".into(),
-                port: 0,
-                model_name: "mock-model".into(),
-                max_model_len: EMBEDDED_MAX_MODEL_LEN,
-                api_key: self.api_key.clone(),
-                max_waiting: None,
-                reasoning_ratio: 0.0,
-                reasoning_format: ReasoningFormat::Separate,
-                default_max_tokens: 256,
-                max_body_bytes: 1 << 30,
-                tokenizer: self.tokenizer.clone(),
-                http: Default::default(),
-                engine: self.engine.clone(),
-            })?)),
+    /// True when loadgen runs mockserve itself.
+    pub fn is_embedded(&self) -> bool {
+        self.url.is_none()
+    }
+
+    /// How prompts are sized, for reports: the tokenizer file, `embedded`, or the heuristic.
+    pub fn tokenizer_name(&self) -> String {
+        match (&self.tokenizer, self.is_embedded()) {
+            (Some(p), _) => p.display().to_string(),
+            (None, true) => "embedded".into(),
+            (None, false) => "heuristic".into(),
         }
     }
 
-    /// Starts the embedded server if needed, loads the tokenizer and resolves the model.
-    pub async fn connect(&self) -> Result<Connected, LoadgenError> {
-        let server = self.server_config()?;
-        let (url, embedded) = match (&self.url, &server) {
-            (Some(url), _) => (url.trim_end_matches('/').to_string(), None),
+    /// Starts the embedded server if needed, loads the tokenizer and resolves the model
+    /// (printing what it does, as Dynamo's benchmarks do); requests will go to `api`.
+    pub async fn connect(&self, api: Api) -> Result<Connected, LoadgenError> {
+        let (url, embedded) = match (&self.url, &self.server) {
+            (Some(url), _) => (url.clone(), None),
             (None, Some(config)) => {
                 let (url, e) = start_embedded(config).await?;
-                println!("Embedded mockserve on {url}");
+                let engine = &config.cluster.engine;
+                println!(
+                    "Embedded mockserve on {url}: {} workers, {} engine, speedup {}, reasoning ratio {}\n",
+                    config.cluster.num_workers,
+                    engine.engine_type,
+                    engine.latency.speedup_ratio,
+                    config.reasoning_ratio
+                );
                 (url, Some(e))
             }
-            (None, None) => unreachable!("server_config builds a config without --url"),
+            (None, None) => {
+                return Err(LoadgenError::Config(
+                    "no --url and no embedded server configuration".into(),
+                ))
+            }
         };
-        let tokenizer: Option<Arc<dyn Tokenizer>> = match (&self.tokenizer, &embedded) {
+        let result = self.finish_connect(api, url, embedded.is_some()).await;
+        match result {
+            Ok(mut c) => {
+                c.embedded = embedded;
+                Ok(c)
+            }
+            Err(e) => {
+                if let Some(e) = embedded {
+                    e.shutdown().await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn finish_connect(
+        &self,
+        api: Api,
+        url: String,
+        embedded: bool,
+    ) -> Result<Connected, LoadgenError> {
+        let tokenizer: Option<Arc<dyn Tokenizer>> = match (&self.tokenizer, embedded) {
             (Some(path), _) => Some(Arc::from(servesim::tokenizer::load_tokenizer(path)?)),
-            (None, Some(_)) => Some(Arc::new(BuiltinTokenizer::new())),
-            (None, None) => None,
+            // The embedded server's default codec is the built-in tokenizer.
+            (None, true) => Some(Arc::new(BuiltinTokenizer::new())),
+            (None, false) => None,
         };
         let http = client::client(self.request_timeout)
             .map_err(|e| LoadgenError::Client(e.to_string()))?;
+        println!("Model Detection:");
         let model = match &self.model {
-            Some(m) => m.clone(),
+            Some(m) => {
+                println!("  Using model: {m}");
+                m.clone()
+            }
             None => detect_model(&http, &url, self.api_key.as_deref()).await?,
         };
+        println!();
         Ok(Connected {
             endpoint: Endpoint {
                 client: http,
-                url: format!("{url}/v1/completions"),
+                url: format!("{url}{}", api.path()),
                 api_key: self.api_key.clone(),
+                max_line_bytes: self.max_line_bytes,
             },
             url,
             model,
             tokenizer,
-            embedded,
+            embedded: None,
         })
     }
 }
@@ -190,4 +392,39 @@ pub fn completion_body(model: &str, prompt: String, max_tokens: usize) -> serde_
         "stream": true,
         "stream_options": {"include_usage": true},
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        target: TargetArgs,
+    }
+
+    fn spec(flags: &[&str]) -> Result<TargetSpec, LoadgenError> {
+        let mut argv = vec!["t"];
+        argv.extend_from_slice(flags);
+        Flags::try_parse_from(argv)
+            .expect("valid flags")
+            .target
+            .spec(&EmbeddedOptions::default())
+    }
+
+    #[test]
+    fn specs_are_validated_before_connecting() {
+        let s = spec(&["--url", "http://h:1/"]).expect("url");
+        assert_eq!(s.url.as_deref(), Some("http://h:1"));
+        assert!(s.server.is_none() && !s.is_embedded());
+        let s = spec(&["--num-workers", "3"]).expect("embedded");
+        assert_eq!(s.server.as_ref().map(|c| c.cluster.num_workers), Some(3));
+        assert_eq!(s.tokenizer_name(), "embedded");
+        assert!(spec(&["--url", "h:1"]).is_err());
+        assert!(spec(&["--request-timeout-s", "0"]).is_err());
+        assert!(spec(&["--max-line-bytes", "0"]).is_err());
+        assert!(spec(&["--block-size", "0"]).is_err());
+    }
 }

@@ -14,10 +14,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mock_server::text::TextCodec;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use servesim::tokenizer::{text_with_exact_tokens, AnswerWords, Tokenizer, LOREM_WORDS};
+use servesim::tokenizer::{text_with_exact_tokens, Tokenizer, LOREM_WORDS};
 
 use crate::config::WorkloadSpec;
 
@@ -36,42 +35,6 @@ impl std::fmt::Debug for TokenCounter {
             TokenCounter::Exact(_) => f.write_str("Exact"),
             TokenCounter::Heuristic => f.write_str("Heuristic"),
         }
-    }
-}
-
-impl TokenCounter {
-    /// Exact counts with a mockserve codec (the embedded server's own tokenizer).
-    pub fn codec(codec: Arc<dyn TextCodec>) -> TokenCounter {
-        TokenCounter::Exact(Arc::new(CodecTokenizer {
-            codec,
-            words: AnswerWords::default(),
-        }))
-    }
-}
-
-/// A mockserve [`TextCodec`] seen as a servesim [`Tokenizer`] (encode/decode only).
-struct CodecTokenizer {
-    /// The server's codec.
-    codec: Arc<dyn TextCodec>,
-    /// Empty: loadgen never samples answers.
-    words: AnswerWords,
-}
-
-impl Tokenizer for CodecTokenizer {
-    fn encode(&self, text: &str) -> Vec<u32> {
-        self.codec.encode(text)
-    }
-    fn decode(&self, ids: &[u32]) -> String {
-        self.codec.decode(ids)
-    }
-    fn vocab_size(&self) -> usize {
-        0
-    }
-    fn special_token_id(&self, _token: &str) -> Option<u32> {
-        None
-    }
-    fn answer_words(&self) -> &AnswerWords {
-        &self.words
     }
 }
 
@@ -173,7 +136,6 @@ impl Workload {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mock_server::text::default_codec;
     use servesim::tokenizer::BuiltinTokenizer;
 
     fn spec(seed: u64) -> WorkloadSpec {
@@ -188,7 +150,7 @@ mod tests {
 
     #[test]
     fn same_seed_same_workload_and_exact_counts() {
-        let counter = TokenCounter::codec(default_codec());
+        let counter = TokenCounter::Exact(Arc::new(BuiltinTokenizer::new()));
         let a = Workload::generate(&spec(7), &counter);
         assert_eq!(a, Workload::generate(&spec(7), &counter));
         assert_ne!(a, Workload::generate(&spec(8), &counter));

@@ -1,13 +1,13 @@
 //! Results of a multi-turn run: Dynamo's statistics ([`StatsReport`], [`PerTurnStats`]), the JSON
 //! document ([`Results`], Dynamo's keys plus loadgen's) and the console report.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::client::{Failure, TokenSource};
+use crate::failure::FailureSummary;
 
 /// Dynamo's aggregate statistics (`LatencyStats`), plus the mean; all in µs.
 ///
@@ -79,13 +79,18 @@ pub struct RawResult {
     pub user_id: usize,
     /// 0-based turn.
     pub turn: usize,
-    /// Send to first answer token (0 when failed; the end when no answer token came).
+    /// Scheduled send to the first answer token (Dynamo's key): `first_answer_us`, or 0 when
+    /// the request failed or streamed no answer token (such requests are left out of the TTFT
+    /// statistics).
     pub ttft_us: u64,
     /// Send to the end of the stream.
     pub total_latency_us: u64,
     /// Succeeded.
     pub success: bool,
-    /// Send to the first token of any kind, reasoning included.
+    /// Scheduled send to the first answer token; None when failed or no answer token came.
+    #[serde(default)]
+    pub first_answer_us: Option<u64>,
+    /// Scheduled send to the first token of any kind, reasoning included; None when failed.
     #[serde(default)]
     pub ttft_any_us: Option<u64>,
     /// Send to the response headers.
@@ -103,6 +108,13 @@ pub struct RawResult {
     /// `usage` or `chunks`.
     #[serde(default)]
     pub output_tokens_source: Option<TokenSource>,
+    /// `usage.completion_tokens` as the server sent it.
+    #[serde(default)]
+    pub usage_output_tokens: Option<u64>,
+    /// The server's usage contradicts the counted chunks (fewer tokens than chunks, or more
+    /// than 32 per chunk); `output_tokens` is then the chunk count.
+    #[serde(default)]
+    pub usage_mismatch: bool,
     /// The user message's tokens, when known exactly.
     #[serde(default)]
     pub user_tokens: Option<usize>,
@@ -117,6 +129,43 @@ pub struct RawResult {
     pub error: Option<Failure>,
 }
 
+/// Statistics of a rate (per request), Dynamo's ranks as [`StatsReport`].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RateStats {
+    /// Smallest.
+    pub min: f64,
+    /// Median.
+    pub p50: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest.
+    pub max: f64,
+    /// Mean.
+    pub mean: f64,
+}
+
+impl RateStats {
+    /// Statistics of a sample; None when empty.
+    pub fn of(values: &[f64]) -> Option<RateStats> {
+        if values.is_empty() {
+            return None;
+        }
+        let mut s = values.to_vec();
+        s.sort_by(f64::total_cmp);
+        let n = s.len();
+        Some(RateStats {
+            min: s[0],
+            p50: s[n / 2],
+            p95: s[n * 95 / 100],
+            p99: s[n * 99 / 100],
+            max: s[n - 1],
+            mean: s.iter().sum::<f64>() / n as f64,
+        })
+    }
+}
+
 /// Throughput over the run's wall time.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Throughput {
@@ -128,6 +177,11 @@ pub struct Throughput {
     pub output_tokens_source: String,
     /// Output tokens per second.
     pub output_tokens_per_s: f64,
+    /// Per-user output throughput, per request: output tokens after the first over the time
+    /// from the first to the last token (tokens/s), over successful requests with two tokens
+    /// or more.
+    #[serde(default)]
+    pub per_user_output_tokens_per_s: Option<RateStats>,
     /// Successful requests per second.
     pub requests_per_s: f64,
 }
@@ -170,9 +224,12 @@ pub struct Results {
     /// Throughput.
     #[serde(default)]
     pub throughput: Option<Throughput>,
-    /// Failure reason -> count.
+    /// Failed requests by reason (the same shape in every mode's report).
     #[serde(default)]
-    pub failure_reasons: BTreeMap<String, usize>,
+    pub failures: FailureSummary,
+    /// Requests whose usage contradicted the counted chunks.
+    #[serde(default)]
+    pub usage_mismatches: usize,
     /// Every setting and the target.
     #[serde(default)]
     pub config: Value,
@@ -211,6 +268,8 @@ pub struct RunData {
     pub records: Vec<RawResult>,
     /// Inter-chunk gaps of successful requests, µs.
     pub chunk_gaps_us: Vec<u64>,
+    /// Per-request output throughput of successful requests ([`crate::client::Timing::output_tokens_per_s`]).
+    pub output_tokens_per_s_per_user: Vec<f64>,
     /// Wall time of the run, seconds.
     pub duration_s: f64,
 }
@@ -226,7 +285,7 @@ impl Results {
     ) -> Results {
         let records = data.records;
         let ok: Vec<&RawResult> = records.iter().filter(|r| r.success).collect();
-        let ttft: Vec<u64> = ok.iter().map(|r| r.ttft_us).collect();
+        let ttft: Vec<u64> = ok.iter().filter_map(|r| r.first_answer_us).collect();
         let latency: Vec<u64> = ok.iter().map(|r| r.total_latency_us).collect();
         let ttft_any: Vec<u64> = ok.iter().filter_map(|r| r.ttft_any_us).collect();
         let output_tokens: u64 = ok.iter().map(|r| r.output_tokens).sum();
@@ -241,10 +300,8 @@ impl Results {
         } else {
             "mixed"
         };
-        let mut failure_reasons = BTreeMap::new();
-        for f in records.iter().filter_map(|r| r.error.as_ref()) {
-            *failure_reasons.entry(f.reason()).or_insert(0) += 1;
-        }
+        let failures = FailureSummary::of(records.iter().filter_map(|r| r.error.as_ref()));
+        let usage_mismatches = records.iter().filter(|r| r.usage_mismatch).count();
         let d = data.duration_s.max(1e-9);
         Results {
             num_users,
@@ -255,7 +312,7 @@ impl Results {
             speculative_prefill,
             aggregate_ttft: StatsReport::of(&ttft),
             aggregate_latency: StatsReport::of(&latency),
-            per_turn_ttft: per_turn(&records, num_turns, |r| Some(r.ttft_us)),
+            per_turn_ttft: per_turn(&records, num_turns, |r| r.first_answer_us),
             per_turn_latency: per_turn(&records, num_turns, |r| Some(r.total_latency_us)),
             aggregate_ttft_any: StatsReport::of(&ttft_any),
             per_turn_ttft_any: per_turn(&records, num_turns, |r| r.ttft_any_us),
@@ -265,9 +322,11 @@ impl Results {
                 output_tokens,
                 output_tokens_source: source.to_string(),
                 output_tokens_per_s: output_tokens as f64 / d,
+                per_user_output_tokens_per_s: RateStats::of(&data.output_tokens_per_s_per_user),
                 requests_per_s: ok.len() as f64 / d,
             }),
-            failure_reasons,
+            failures,
+            usage_mismatches,
             raw_results: records,
             config,
         }
@@ -277,7 +336,7 @@ impl Results {
     fn ttft_any_differs(&self) -> bool {
         self.raw_results
             .iter()
-            .any(|r| r.success && r.ttft_any_us.is_some_and(|a| a != r.ttft_us))
+            .any(|r| r.success && r.ttft_any_us != r.first_answer_us)
     }
 
     /// The console report (Dynamo's layout, then loadgen's additions).
@@ -292,11 +351,10 @@ impl Results {
             self.num_users, self.num_turns, self.successful_requests, self.total_requests
         );
         if self.failed_requests > 0 {
-            let _ = writeln!(o, "Failed requests: {}", self.failed_requests);
-            for (reason, n) in &self.failure_reasons {
-                let _ = writeln!(o, "  {n:>6}  {reason}");
-            }
-            let _ = writeln!(o);
+            let _ = writeln!(o, "{}", self.failures.lines(self.total_requests));
+        }
+        if self.usage_mismatches > 0 {
+            let _ = writeln!(o, "{}\n", usage_warning(self.usage_mismatches));
         }
         aggregate(&mut o, "Aggregate TTFT:", self.aggregate_ttft.as_ref());
         aggregate(
@@ -331,9 +389,24 @@ impl Results {
                 t.output_tokens_per_s, t.output_tokens, t.output_tokens_source
             );
             let _ = writeln!(o, "  requests/s:      {:>10.2}", t.requests_per_s);
+            if let Some(u) = &t.per_user_output_tokens_per_s {
+                let _ = writeln!(
+                    o,
+                    "  per user:        {:>10.1}   tokens/s p50 (p95 {:.1}, mean {:.1}; per request: output tokens after the first / first-to-last token time)",
+                    u.p50, u.p95, u.mean
+                );
+            }
         }
         o
     }
+}
+
+/// The warning line for requests whose usage contradicted their chunks.
+pub fn usage_warning(count: usize) -> String {
+    format!(
+        "WARNING: {count} requests reported usage.completion_tokens that contradicts the streamed chunks (fewer tokens than chunks, or more than {} per chunk); their counted chunks were used instead",
+        crate::client::MAX_TOKENS_PER_CHUNK
+    )
 }
 
 fn ms(us: u64) -> f64 {

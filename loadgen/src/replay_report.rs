@@ -14,6 +14,7 @@ use servesim::time::SimTime;
 
 use crate::driver::Sample;
 use crate::error::LoadgenError;
+use crate::failure::FailureSummary;
 
 /// What loadgen intended for one request (the driver only sees bodies).
 #[derive(Clone, Debug, Default)]
@@ -48,9 +49,24 @@ pub struct LiveRecord {
     pub prompt_tokens: Option<u64>,
     /// Prompt tokens expected from the prefix cache (trace hash ids; replay only).
     pub expected_reused_tokens: Option<usize>,
-    /// Why it failed.
+    /// Chunks that carried a token.
+    pub chunks: u64,
+    /// `usage.completion_tokens` as the server sent it (`output_length` is this unless
+    /// `usage_mismatch`).
+    pub usage_output_tokens: Option<u64>,
+    /// The server's usage contradicts the counted chunks (fewer tokens than chunks, or more than
+    /// 32 per chunk): `output_length` is the chunk count.
+    pub usage_mismatch: bool,
+    /// Why it failed, with the server's message (`HTTP 429: rate limited`, `empty stream`, ...).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The failure's class: `http`, `transport`, `timeout`, `stream`, `server_error`,
+    /// `empty_stream`, `line_too_long`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<&'static str>,
+    /// The HTTP status of an HTTP failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_status: Option<u16>,
 }
 
 /// Schedule lag figures (ms).
@@ -66,6 +82,10 @@ pub struct LagFigures {
     pub max_pacer_ms: f64,
 }
 
+/// How the per-user output throughput of a live report is computed (said in the report).
+pub const PER_USER_DEFINITION: &str =
+    "per request: (output tokens - 1) / (last token - first token)";
+
 /// Pacer lag above which the run is flagged: the client could not keep up.
 pub const LAG_WARN_MS: f64 = 10.0;
 
@@ -78,6 +98,10 @@ pub struct LiveReport {
     pub records: Vec<LiveRecord>,
     /// Schedule lag.
     pub lag: LagFigures,
+    /// Failed requests by reason (they are left out of every latency figure).
+    pub failures: FailureSummary,
+    /// Requests whose usage contradicted their chunks.
+    pub usage_mismatches: usize,
 }
 
 /// Builds the report from `(sample, info)` pairs; `wall` is the run's wall time. Times are
@@ -133,6 +157,8 @@ pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> Li
             r.cached_tokens.unwrap_or(0) as usize,
             WorkerId(0),
         );
+        // Tokens at their chunks' times: the collector's TTFT is the first token of any kind from
+        // the scheduled send, `Sample::ttft_us(FirstToken::Any)` (checked in the tests below).
         let chunks = &r.timing.token_chunks_us;
         for &t in chunks {
             collector.on_token(id, SimTime(s.at(t)));
@@ -145,7 +171,18 @@ pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> Li
         }
         collector.on_finish(id, SimTime(s.end_us()));
     }
-    let (report, records) = collector.finish(wall);
+    let (mut report, records) = collector.finish(wall);
+    // Per-user output throughput per request (as other tools define it), not per token gap.
+    let mut per_user: Vec<f64> = items
+        .iter()
+        .filter(|(s, _)| s.response.failure.is_none())
+        .filter_map(|(s, _)| {
+            s.response
+                .timing
+                .output_tokens_per_s(s.response.output_tokens)
+        })
+        .collect();
+    report.output_token_throughput_per_user = Distribution::from_samples(&mut per_user);
     let records = records
         .into_iter()
         .zip(&order)
@@ -159,10 +196,24 @@ pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> Li
                 schedule_lag_ms: s.lag_us() as f64 / 1000.0,
                 prompt_tokens: s.response.prompt_tokens,
                 expected_reused_tokens: info.expected_reused_tokens,
+                chunks: s.response.chunks,
+                usage_output_tokens: s.response.usage_output_tokens,
+                usage_mismatch: s.response.usage_mismatch,
                 error: s.response.failure.as_ref().map(|f| f.reason()),
+                error_kind: s.response.failure.as_ref().map(|f| f.kind()),
+                error_status: s.response.failure.as_ref().and_then(|f| f.status()),
             }
         })
         .collect();
+    let failures = FailureSummary::of(
+        items
+            .iter()
+            .filter_map(|(s, _)| s.response.failure.as_ref()),
+    );
+    let usage_mismatches = items
+        .iter()
+        .filter(|(s, _)| s.response.usage_mismatch)
+        .count();
     let d = Distribution::from_samples(&mut lags);
     LiveReport {
         report,
@@ -173,14 +224,34 @@ pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> Li
             max_ms: d.max,
             max_pacer_ms: pacer_max,
         },
+        failures,
+        usage_mismatches,
     }
 }
 
 impl LiveReport {
-    /// The report as JSON: `mockserve replay`'s keys, then `schedule_lag_*`, then `extra`'s.
+    /// Requests in the report.
+    pub fn total_requests(&self) -> usize {
+        self.records.len()
+    }
+
+    /// The pass/fail verdict of the run: an error when every request failed or more than
+    /// `max_failure_rate` of them did.
+    pub fn verdict(&self, max_failure_rate: f64) -> Result<(), LoadgenError> {
+        crate::failure::verdict(self.total_requests(), self.failures.total, max_failure_rate)
+    }
+
+    /// The report as JSON: `mockserve replay`'s keys, then `failures`, `usage_mismatches`,
+    /// `schedule_lag_*`, then `extra`'s.
     pub fn to_json(&self, extra: &[(&str, Value)]) -> Value {
         let mut v = serde_json::to_value(&self.report).unwrap_or_else(|_| json!({}));
         if let Some(map) = v.as_object_mut() {
+            map.insert(
+                "output_token_throughput_per_user_definition".into(),
+                json!(PER_USER_DEFINITION),
+            );
+            map.insert("failures".into(), json!(self.failures));
+            map.insert("usage_mismatches".into(), json!(self.usage_mismatches));
             map.insert("schedule_lag_p50_ms".into(), json!(self.lag.p50_ms));
             map.insert("schedule_lag_p99_ms".into(), json!(self.lag.p99_ms));
             map.insert("schedule_lag_max_ms".into(), json!(self.lag.max_ms));
@@ -193,6 +264,24 @@ impl LiveReport {
             }
         }
         v
+    }
+
+    /// The failure lines of the console report (always: `Failed requests: 0 of N` says the run
+    /// was checked), and the usage warning when a server's usage contradicted its chunks.
+    pub fn failure_lines(&self) -> String {
+        let mut s = self.failures.lines(self.total_requests());
+        if self.usage_mismatches > 0 {
+            s.push_str(&crate::multiturn_report::usage_warning(
+                self.usage_mismatches,
+            ));
+            s.push('\n');
+        }
+        s
+    }
+
+    /// `mockserve replay`'s console report, with the per-user throughput's definition.
+    pub fn report_lines(&self) -> String {
+        format!("{}  (tok/s/user: {PER_USER_DEFINITION})\n", self.report)
     }
 
     /// The schedule-lag lines of the console report, with a warning when the pacer fell behind.
@@ -238,4 +327,81 @@ pub fn write_files(
         w.flush().map_err(io(path))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::{Failure, FirstToken, Response, Timing, TokenSource};
+
+    fn sample(session: usize, lag_us: u64, chunks_us: &[u64], tokens: u64) -> Sample {
+        Sample {
+            session,
+            turn: 0,
+            seq: session as u64,
+            scheduled_us: 1_000,
+            sent_us: 1_000 + lag_us,
+            cap_wait_us: 0,
+            response: Response {
+                timing: Timing {
+                    headers_us: Some(100),
+                    first_chunk_us: chunks_us.first().copied(),
+                    first_reasoning_us: None,
+                    first_answer_us: chunks_us.first().copied(),
+                    token_chunks_us: chunks_us.to_vec(),
+                    end_us: chunks_us.last().copied().unwrap_or(200) + 10,
+                },
+                content: String::new(),
+                output_tokens: tokens,
+                output_tokens_source: TokenSource::Usage,
+                chunks: chunks_us.len() as u64,
+                usage_output_tokens: Some(tokens),
+                usage_mismatch: false,
+                prompt_tokens: Some(8),
+                cached_tokens: Some(0),
+                failure: None,
+            },
+        }
+    }
+
+    #[test]
+    fn one_ttft_and_per_request_throughput() {
+        // Two chunks 1 ms apart carrying 5 tokens: 4 tokens after the first in 1 ms.
+        let a = sample(0, 500, &[2_000, 3_000], 5);
+        let mut failed = sample(1, 0, &[], 0);
+        failed.response.failure = Some(Failure::Http {
+            status: 429,
+            message: "slow down".into(),
+        });
+        let mut lying = sample(2, 0, &[1_000, 2_000, 4_000], 3);
+        lying.response.usage_mismatch = true;
+        let info = RequestInfo::default();
+        let live = build(
+            &[(&a, &info), (&failed, &info), (&lying, &info)],
+            std::time::Duration::from_secs(1),
+        );
+        let rec = &live.records[0];
+        let ttft_us = a.ttft_us(FirstToken::Any).expect("tokens came");
+        assert_eq!(ttft_us, 2_500);
+        assert_eq!(rec.record.ttft_ms, Some(ttft_us as f64 / 1000.0));
+        // Per request: 4000 tok/s for the first, (3 - 1) tokens / 3 ms for the third.
+        let d = &live.report.output_token_throughput_per_user;
+        assert_eq!((d.min, d.max), (2.0 / 0.003, 4000.0));
+        assert_eq!(live.failures.total, 1);
+        assert_eq!(live.failures.count("HTTP 429: slow down"), 1);
+        assert_eq!(live.usage_mismatches, 1);
+        assert_eq!(
+            live.records[1].error.as_deref(),
+            Some("HTTP 429: slow down")
+        );
+        assert!(live.records[1].record.ttft_ms.is_none());
+        let json = live.to_json(&[]);
+        assert_eq!(json["failures"]["total"], 1);
+        assert_eq!(json["usage_mismatches"], 1);
+        assert_eq!(
+            json["output_token_throughput_per_user_definition"],
+            PER_USER_DEFINITION
+        );
+        assert!(live.failure_lines().contains("Failed requests: 1 of 3"));
+    }
 }
