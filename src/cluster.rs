@@ -2,7 +2,7 @@
 //! one and drives it with explicit times.
 //!
 //! ```text
-//! cluster.submit(request, now) -> RequestId   // routed at once, or parked at the router
+//! cluster.submit(request, now) -> Result<RequestId, Rejection>  // refused, routed or parked
 //! cluster.cancel(id, now)                     // the client went away: free its KV
 //! cluster.next_event_time() -> Option<SimTime>
 //! cluster.advance(now) -> Vec<Output>         // finish passes due by `now`, start new ones
@@ -138,12 +138,23 @@ impl Default for ClusterConfig {
     }
 }
 
+/// Workers in a pool at most (worker ids are `u32`; a larger pool is a typo, not a plan).
+pub const MAX_WORKERS: usize = 1 << 16;
+
+/// Largest `--overlap-score-weight`: beyond it the decode term of the KV cost vanishes anyway,
+/// and weights near `f64::MAX` overflow the cost to infinity.
+pub const MAX_OVERLAP_SCORE_WEIGHT: f64 = 1e6;
+
 impl ClusterConfig {
-    /// Checks that the settings can work together.
+    /// Checks that the settings can work together: the engine's
+    /// ([`EngineConfig::validate`]), pool sizes within `1..=`[`MAX_WORKERS`], router weights
+    /// finite and in range, bandwidths not negative. Run before anything starts; every driver's
+    /// flags come through here.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: &str| Err(ConfigError(m.to_string()));
         self.engine.validate()?;
-        if self.num_workers == 0 {
-            return Err(ConfigError("--num-workers must be at least 1".into()));
+        if self.num_workers == 0 || self.num_workers > MAX_WORKERS {
+            return bad("--num-workers must be between 1 and 65536");
         }
         if let ServingMode::Disagg {
             num_prefill_workers,
@@ -151,34 +162,84 @@ impl ClusterConfig {
             kv_transfer,
         } = &self.serving
         {
-            if *num_prefill_workers == 0 || *num_decode_workers == 0 {
-                return Err(ConfigError(
-                    "--num-prefill-workers and --num-decode-workers must be at least 1".into(),
-                ));
+            let pool = 1..=MAX_WORKERS;
+            if !pool.contains(num_prefill_workers) || !pool.contains(num_decode_workers) {
+                return bad(
+                    "--num-prefill-workers and --num-decode-workers must be between 1 and 65536",
+                );
             }
             if kv_transfer.bandwidth_gbps.is_nan() || kv_transfer.bandwidth_gbps < 0.0 {
-                return Err(ConfigError(
-                    "--kv-transfer-bandwidth must be >= 0 GB/s (0 disables the delay)".into(),
-                ));
+                return bad("--kv-transfer-bandwidth must be >= 0 GB/s (0 disables the delay)");
             }
         }
         if self.router.queue_threshold.is_some() && self.router.mode != RouterMode::KvRouter {
-            return Err(ConfigError(
-                "--router-queue-threshold needs --router-mode kv-router".into(),
-            ));
+            return bad("--router-queue-threshold needs --router-mode kv-router");
         }
-        if self.router.temperature.is_nan() || self.router.temperature < 0.0 {
-            return Err(ConfigError("--router-temperature must be >= 0".into()));
+        let weight = self.router.overlap_score_weight;
+        if !(0.0..=MAX_OVERLAP_SCORE_WEIGHT).contains(&weight) {
+            return Err(ConfigError(format!(
+                "--overlap-score-weight must be a number between 0 and {MAX_OVERLAP_SCORE_WEIGHT:e}, got {weight}"
+            )));
         }
-        if self
-            .router
-            .queue_threshold
-            .is_some_and(|t| t.is_nan() || t < 0.0)
-        {
-            return Err(ConfigError("--router-queue-threshold must be >= 0".into()));
+        let temperature = self.router.temperature;
+        if !(temperature.is_finite() && temperature >= 0.0) {
+            return Err(ConfigError(format!(
+                "--router-temperature must be finite and >= 0, got {temperature}"
+            )));
+        }
+        if let Some(t) = self.router.queue_threshold {
+            if !(t.is_finite() && t >= 0.0) {
+                return Err(ConfigError(format!(
+                    "--router-queue-threshold must be finite and >= 0, got {t}"
+                )));
+            }
         }
         Ok(())
     }
+
+    /// Settings that are valid but make part of a run useless, as sentences for a warning:
+    /// those of [`EngineConfig::warnings`], plus router weights that the router mode ignores.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = self.engine.warnings();
+        let defaults = RouterConfig::default();
+        if self.router.mode != RouterMode::KvRouter
+            && (self.router.overlap_score_weight != defaults.overlap_score_weight
+                || self.router.temperature != defaults.temperature)
+        {
+            out.push(format!(
+                "--overlap-score-weight and --router-temperature have no effect with \
+                 --router-mode {}",
+                self.router.mode
+            ));
+        }
+        out
+    }
+}
+
+/// A request [`Cluster::submit`] refused: it could never run to the end on this cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{id} refused: {reason}")]
+pub struct Rejection {
+    /// The id the request was given (spent; it never appears in outputs).
+    pub id: RequestId,
+    /// Why.
+    pub reason: RejectReason,
+}
+
+/// Why [`Cluster::submit_to`] refused a pinned request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitToError {
+    /// The worker is not one the router serves.
+    #[error("there is no worker {worker} to pin to (workers 0..{num_workers})")]
+    NoSuchWorker {
+        /// The worker asked for.
+        worker: WorkerId,
+        /// Workers that can be pinned.
+        num_workers: usize,
+    },
+    /// The request can never run here.
+    #[error(transparent)]
+    Rejected(Rejection),
 }
 
 /// Something that happened to a request.
@@ -318,6 +379,8 @@ pub struct Cluster {
     now: SimTime,
     /// Block size (prompts must be hashed with it).
     block_size: usize,
+    /// The validated settings; submissions are checked against `engine`.
+    config: ClusterConfig,
 }
 
 impl Cluster {
@@ -394,6 +457,7 @@ impl Cluster {
             next_id: 0,
             now: SimTime::ZERO,
             block_size: config.engine.block_size,
+            config,
         })
     }
 
@@ -418,34 +482,50 @@ impl Cluster {
     }
 
     /// Routes a request (or parks it while every worker is busy) and returns its id.
-    pub fn submit(&mut self, request: EngineRequest, now: SimTime) -> RequestId {
+    ///
+    /// A request no worker could ever run to the end ([`EngineConfig::check_request`]: empty
+    /// prompt, no output, longer than the context, the pass budget without chunking or the KV
+    /// pool) is refused here with its reason and never enters the cluster; its id is spent all
+    /// the same, so drivers can record it. Every request accepted finishes, unless cancelled.
+    pub fn submit(&mut self, request: EngineRequest, now: SimTime) -> Result<RequestId, Rejection> {
         self.now = self.now.max(now);
-        let id = RequestId(self.next_id);
-        self.next_id += 1;
+        let id = self.next_request_id();
+        self.config
+            .engine
+            .check_request(&request)
+            .map_err(|reason| Rejection { id, reason })?;
         if self.router.all_busy() {
             self.router.park(id);
             self.parked.insert(id, request);
         } else {
             self.route(id, request);
         }
-        id
+        Ok(id)
     }
 
     /// Sends a request straight to `worker` (a client pinned it), bypassing worker selection and
-    /// the router's queue; the router still counts it in that worker's load. None when `worker`
-    /// is out of range.
+    /// the router's queue; the router still counts it in that worker's load. Only the workers
+    /// behind the router can be pinned (in disaggregated mode, the prefill workers: the request
+    /// is then handed off to a decode worker as usual). Refused as [`Cluster::submit`] refuses,
+    /// and when `worker` is out of range.
     pub fn submit_to(
         &mut self,
         request: EngineRequest,
         worker: WorkerId,
         now: SimTime,
-    ) -> Option<RequestId> {
-        if worker.0 as usize >= self.workers.len() {
-            return None;
+    ) -> Result<RequestId, SubmitToError> {
+        if worker.0 as usize >= self.num_front {
+            return Err(SubmitToError::NoSuchWorker {
+                worker,
+                num_workers: self.num_front,
+            });
         }
         self.now = self.now.max(now);
-        let id = RequestId(self.next_id);
-        self.next_id += 1;
+        let id = self.next_request_id();
+        self.config
+            .engine
+            .check_request(&request)
+            .map_err(|reason| SubmitToError::Rejected(Rejection { id, reason }))?;
         self.router.route_to(
             id,
             worker,
@@ -456,9 +536,14 @@ impl Cluster {
                 now: self.now,
             },
         );
-        self.placement.insert(id, worker);
-        self.workers[worker.0 as usize].enqueue(id, request);
-        Some(id)
+        self.place(id, worker, request);
+        Ok(id)
+    }
+
+    fn next_request_id(&mut self) -> RequestId {
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        id
     }
 
     fn route(&mut self, id: RequestId, request: EngineRequest) {
@@ -471,7 +556,13 @@ impl Cluster {
                 now: self.now,
             },
         );
-        self.placement.insert(id, decision.worker);
+        self.place(id, decision.worker, request);
+    }
+
+    /// Queues a routed request on its (front) worker; in disaggregated mode as the prompt-only
+    /// prefill request, the full request kept for the hand-off.
+    fn place(&mut self, id: RequestId, worker: WorkerId, request: EngineRequest) {
+        self.placement.insert(id, worker);
         let request = match &mut self.decode {
             None => request,
             Some(pool) => {
@@ -492,13 +583,23 @@ impl Cluster {
                 prefill
             }
         };
-        self.workers[decision.worker.0 as usize].enqueue(id, request);
+        self.workers[worker.0 as usize].enqueue(id, request);
     }
 
     /// The worker a request was routed to, if it is still active (the decode worker once its
     /// hand-off started).
     pub fn worker_of(&self, id: RequestId) -> Option<WorkerId> {
         self.placement.get(&id).copied()
+    }
+
+    /// Requests accepted and not yet finished, rejected or cancelled (parked ones included).
+    pub fn active_requests(&self) -> usize {
+        self.placement.len() + self.parked.len()
+    }
+
+    /// The settings the cluster was built with.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
     }
 
     /// Drops a request wherever it is and frees its KV blocks. Returns false if unknown or done.
@@ -982,7 +1083,9 @@ mod tests {
         // Prefill 20 ms (hidden token), 10 prompt tokens at 1 ms each over the link, then the
         // decode worker emits the first token after one 5 ms decode step: no prefill there.
         let mut c = Cluster::new(disagg(1.0, KvTransferTimingMode::FullPrompt)).unwrap();
-        let id = c.submit(request(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 3), SimTime::ZERO);
+        let id = c
+            .submit(request(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 3), SimTime::ZERO)
+            .expect("accepted");
         let out = run(&mut c);
         assert_eq!(token_times(&out, id), vec![20 + 10 + 5, 40, 45]);
         let transfers: Vec<&Output> = out
@@ -1027,7 +1130,9 @@ mod tests {
 
         // Bandwidth 0 disables the delay.
         let mut c = Cluster::new(disagg(0.0, KvTransferTimingMode::FullPrompt)).unwrap();
-        let id = c.submit(request(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 3), SimTime::ZERO);
+        let id = c
+            .submit(request(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 3), SimTime::ZERO)
+            .expect("accepted");
         assert_eq!(token_times(&run(&mut c), id), vec![25, 30, 35]);
     }
 
@@ -1035,10 +1140,11 @@ mod tests {
     fn destination_missing_charges_only_what_the_decode_worker_lacks() {
         let mut c = Cluster::new(disagg(1.0, KvTransferTimingMode::DestinationMissing)).unwrap();
         let prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
-        c.submit(request(&prompt, 2), SimTime::ZERO);
+        c.submit(request(&prompt, 2), SimTime::ZERO)
+            .expect("accepted");
         run(&mut c);
         let t = SimTime(100_000);
-        let id = c.submit(request(&prompt, 2), t);
+        let id = c.submit(request(&prompt, 2), t).expect("accepted");
         let out = run(&mut c);
         // Both full blocks are cached at the decode worker: only the 2 tail tokens move.
         assert!(out.contains(&Output::KvTransfer {
@@ -1062,7 +1168,9 @@ mod tests {
     #[test]
     fn cancel_during_the_hand_off_frees_everything() {
         let mut c = Cluster::new(disagg(1.0, KvTransferTimingMode::FullPrompt)).unwrap();
-        let id = c.submit(request(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 3), SimTime::ZERO);
+        let id = c
+            .submit(request(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 3), SimTime::ZERO)
+            .expect("accepted");
         c.advance(SimTime::ZERO);
         c.advance(SimTime(20_000));
         assert_eq!(c.snapshot().kv_transfers_in_flight, 1);
@@ -1099,13 +1207,13 @@ mod tests {
         let mut c = Cluster::new(config).unwrap();
         let a: Vec<u32> = (1..=12).collect();
         let b: Vec<u32> = (101..=112).collect();
-        c.submit(request(&a, 1), SimTime::ZERO);
+        c.submit(request(&a, 1), SimTime::ZERO).expect("accepted");
         run(&mut c);
         // B needs 3 of the 4 blocks: A's two tail blocks are evicted and offloaded (2 ms).
-        c.submit(request(&b, 1), SimTime(20_000));
+        c.submit(request(&b, 1), SimTime(20_000)).expect("accepted");
         run(&mut c);
         let t = SimTime(40_000);
-        let id = c.submit(request(&a, 1), t);
+        let id = c.submit(request(&a, 1), t).expect("accepted");
         let out = run(&mut c);
         // G1 still has A's first block; the next one is onboarded from G2 (1 block, 1 ms), the
         // third cannot count as cached (the last prompt token is always computed).
@@ -1126,11 +1234,11 @@ mod tests {
             ..ClusterConfig::default()
         })
         .unwrap();
-        c.submit(request(&a, 1), SimTime::ZERO);
+        c.submit(request(&a, 1), SimTime::ZERO).expect("accepted");
         run(&mut c);
-        c.submit(request(&b, 1), SimTime(20_000));
+        c.submit(request(&b, 1), SimTime(20_000)).expect("accepted");
         run(&mut c);
-        let id = c.submit(request(&a, 1), t);
+        let id = c.submit(request(&a, 1), t).expect("accepted");
         let out = run(&mut c);
         assert!(out.contains(&Output::Admitted {
             id,
@@ -1183,7 +1291,9 @@ mod tests {
                         let f = &families[rng.gen_range(0..families.len())];
                         let mut tokens = f[..rng.gen_range(1..f.len())].to_vec();
                         tokens.extend((0..rng.gen_range(0..6)).map(|_| rng.gen_range(0..3)));
-                        let id = c.submit(request(&tokens, rng.gen_range(1..12)), SimTime(now));
+                        let id = c
+                            .submit(request(&tokens, rng.gen_range(1..12)), SimTime(now))
+                            .expect("accepted");
                         live.push(id);
                     }
                     4 if !live.is_empty() => {
@@ -1310,7 +1420,7 @@ mod random_ops_tests {
                                 max_output_tokens: out,
                                 output_tokens: Vec::new(),
                             };
-                            let id = cluster.submit(request, now);
+                            let id = cluster.submit(request, now).expect("accepted");
                             want.insert(id, out);
                         }
                         4 if !want.is_empty() => {

@@ -7,7 +7,9 @@
 //! emits one token for every request that was ready, and completes those that reached their
 //! output limit.
 
+mod admission;
 mod config;
+pub use admission::RejectReason;
 pub use config::{ConfigError, EngineConfig, EngineType, PreemptionMode, SglangConfig, WorkerRole};
 
 use std::collections::{BTreeMap, VecDeque};
@@ -64,40 +66,6 @@ pub enum SchedulerEvent {
         /// Why.
         reason: RejectReason,
     },
-}
-
-/// Why a request was rejected.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RejectReason {
-    /// The prompt does not fit the context length.
-    ExceedsMaxModelLen {
-        /// Prompt tokens.
-        prompt_tokens: usize,
-        /// The limit.
-        max_model_len: usize,
-    },
-    /// The prompt needs more blocks than the whole pool has.
-    ExceedsKvCapacity {
-        /// Blocks the prompt needs.
-        blocks_needed: usize,
-        /// Blocks in the pool.
-        num_gpu_blocks: usize,
-    },
-}
-
-impl std::fmt::Display for RejectReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RejectReason::ExceedsMaxModelLen { prompt_tokens, max_model_len } => write!(
-                f,
-                "prompt of {prompt_tokens} tokens does not fit the context length of {max_model_len}"
-            ),
-            RejectReason::ExceedsKvCapacity { blocks_needed, num_gpu_blocks } => write!(
-                f,
-                "prompt needs {blocks_needed} KV blocks but the pool has {num_gpu_blocks}"
-            ),
-        }
-    }
 }
 
 /// The result of planning a pass.
@@ -189,6 +157,9 @@ pub struct SchedulerStats {
     pub g2_offloaded_blocks: u64,
     /// Blocks onboarded from G2 so far (transfers completed).
     pub g2_onboarded_blocks: u64,
+    /// Requests rejected because an idle worker could not schedule them
+    /// ([`RejectReason::Unschedulable`]); always 0 unless the scheduler has a defect.
+    pub unschedulable: u64,
 }
 
 /// The host tier of a scheduler, its two links and the transfers in flight.
@@ -246,6 +217,8 @@ pub struct Scheduler {
     /// True between `start_pass` and `finish_pass`.
     in_pass: bool,
     preemptions: u64,
+    /// Requests rejected as unschedulable on an idle worker (a defect counter).
+    unschedulable: u64,
     /// Events produced while planning, drained by the worker.
     events: Vec<SchedulerEvent>,
     /// The latest time the worker reported (transfers start then).
@@ -286,6 +259,7 @@ impl Scheduler {
             ready: Vec::new(),
             in_pass: false,
             preemptions: 0,
+            unschedulable: 0,
             events: Vec::new(),
             now: SimTime::ZERO,
             offload,
@@ -493,6 +467,7 @@ impl Scheduler {
             g2_resident_blocks: self.offload.as_ref().map_or(0, |o| o.tier.num_resident()),
             g2_offloaded_blocks: self.offload.as_ref().map_or(0, |o| o.tier.offloaded_blocks),
             g2_onboarded_blocks: self.offload.as_ref().map_or(0, |o| o.onboarded_blocks),
+            unschedulable: self.unschedulable,
         }
     }
 
@@ -740,7 +715,8 @@ impl Scheduler {
             pass.batch.total_prefix += prompt_before;
         }
         pass.budget -= tokens;
-        pass.scheduled_any = true;
+        // A pass that schedules no token makes no progress and must not run (it would repeat).
+        pass.scheduled_any |= tokens > 0;
     }
 
     /// vLLM / TRT-LLM step 1: running requests in order, under the token budget.
@@ -836,6 +812,9 @@ impl Scheduler {
 
     fn reject_reason(&self, slot: usize) -> Option<RejectReason> {
         let s = self.seq(slot);
+        if s.len() == 0 {
+            return Some(RejectReason::EmptyPrompt);
+        }
         if let Some(max) = self.config.max_model_len {
             if s.prompt_len >= max {
                 return Some(RejectReason::ExceedsMaxModelLen {
@@ -986,7 +965,11 @@ impl Scheduler {
             } else {
                 0.0
             };
-            if charged as f64 + reserve >= rem_total || charged > rem_input || charged > rem_chunk {
+            // The reservation protects running requests' future output; with nothing running
+            // the head is admitted regardless (otherwise a request whose prompt plus reserved
+            // output exceeds the free pool would wait forever on an idle worker).
+            let reserved_out = !self.running.is_empty() && charged as f64 + reserve >= rem_total;
+            if reserved_out || charged > rem_input || charged > rem_chunk {
                 break;
             }
             pass.budget = usize::MAX;
@@ -1022,6 +1005,31 @@ impl Scheduler {
                 .position(|&s| s == slot)
                 .map_or(i, |p| p + 1);
         }
+    }
+
+    /// Rejects the request that keeps this worker from starting a pass although it has work
+    /// and nothing else can change its state (no pass, no onboard in flight): the head of the
+    /// waiting queue, else the newest running request. Without this the request, and every
+    /// one queued behind it, would wait forever. Requests that passed
+    /// [`EngineConfig::check_request`] never get here; each rejection is counted in
+    /// [`SchedulerStats::unschedulable`]. Returns false when there was nothing to reject.
+    pub fn reject_unschedulable(&mut self) -> bool {
+        let slot = match self.waiting.pop_front() {
+            Some(slot) => slot,
+            None => match self.running.pop() {
+                Some(slot) => slot,
+                None => return false,
+            },
+        };
+        self.ready.retain(|&s| s != slot);
+        let id = self.seq(slot).id;
+        self.remove(slot);
+        self.unschedulable += 1;
+        self.events.push(SchedulerEvent::Rejected {
+            id,
+            reason: RejectReason::Unschedulable,
+        });
+        true
     }
 
     /// Checks the scheduler's bookkeeping and the pool's. Panics on a violation.

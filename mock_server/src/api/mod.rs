@@ -348,6 +348,11 @@ async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
     .into_response()
 }
 
-async fn health() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
+async fn health(State(state): State<AppState>) -> Response {
+    if state.engine.is_alive() {
+        Json(json!({"status": "ok"})).into_response()
+    } else {
+        let body = Json(json!({"status": "unavailable", "reason": "the engine task has stopped"}));
+        (axum::http::StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+    }
 }

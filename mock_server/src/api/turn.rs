@@ -145,6 +145,19 @@ impl Turn {
                     self.submission.mark_done();
                     return Step::Error(reason.into());
                 }
+                Event::Stalled => {
+                    // The driver cancelled it already (its KV is freed).
+                    self.done = true;
+                    self.submission.mark_done();
+                    return Step::Error(ApiError {
+                        status: axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        message: "The engine made no progress on this request and cancelled it."
+                            .into(),
+                        kind: "server_error",
+                        param: None,
+                        code: Some("engine_stalled"),
+                    });
+                }
             }
         }
     }
