@@ -1483,3 +1483,6 @@ mod random_ops_tests {
         }
     }
 }
+
+#[cfg(test)]
+mod liveness_tests;

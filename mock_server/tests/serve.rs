@@ -650,7 +650,10 @@ async fn engine_rejection_is_a_400_streamed_or_not() -> Result<()> {
     let server = start(cfg).await?;
     // The engine refuses at submission a request its KV pool can never hold: a plain 400
     // before any byte of the stream, as for a request too long for the context.
-    for extra in [json!({"stream": true, "max_tokens": 4}), json!({"max_tokens": 4})] {
+    for extra in [
+        json!({"stream": true, "max_tokens": 4}),
+        json!({"max_tokens": 4}),
+    ] {
         let body = chat_body(&json!([user(&long_question())]), extra);
         let response = within(
             server

@@ -675,7 +675,7 @@ impl Scheduler {
         self.running.retain(|&s| s != slot);
         let s = self.seqs[slot].as_mut().expect("victim is live");
         // Refund what it scheduled in this pass.
-        pass.budget += s.scheduled;
+        pass.budget = pass.budget.saturating_add(s.scheduled);
         if s.prefill_isl > 0 {
             pass.batch.num_requests -= 1;
             pass.batch.total_isl -= s.prefill_isl;
@@ -714,7 +714,7 @@ impl Scheduler {
             pass.batch.total_isl += prompt_after;
             pass.batch.total_prefix += prompt_before;
         }
-        pass.budget -= tokens;
+        pass.budget = pass.budget.saturating_sub(tokens);
         // A pass that schedules no token makes no progress and must not run (it would repeat).
         pass.scheduled_any |= tokens > 0;
     }
@@ -896,6 +896,8 @@ impl Scheduler {
     fn schedule_sglang(&mut self, pass: &mut PassState) {
         let bs = self.config.block_size;
         let cfg = self.config.sglang.clone();
+        // SGLang bounds passes by its chunk and prefill sizes, not by max_num_batched_tokens.
+        pass.budget = usize::MAX;
         let mut rem_chunk = cfg.chunked_prefill_size;
         let mut rem_input = cfg.max_prefill_tokens;
         // In-progress chunked prefills continue first.
