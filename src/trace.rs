@@ -1,16 +1,20 @@
 //! Mooncake JSONL traces: parsing, session grouping, timing normalisation and token synthesis.
 //!
-//! One JSON object per line (empty lines are skipped, unknown fields ignored):
+//! One JSON object per line (empty lines are skipped, unknown fields ignored, a UTF-8 byte order
+//! mark before the first line is skipped):
 //!
 //! | field | type | notes |
 //! |---|---|---|
 //! | `timestamp` | f64 ms | alias `created_time`; arrival offset of the row |
-//! | `input_length` | int | alias `input_tokens`; defaults to and is clamped at `hash_ids.len() * trace_block_size` |
-//! | `output_length` | int | alias `output_tokens`; required |
+//! | `input_length` | int | alias `input_tokens`; > 0 and at most `hash_ids.len() * trace_block_size`, which is its default |
+//! | `output_length` | int | alias `output_tokens`; required, >= 1 |
 //! | `hash_ids` | u64[] | required, non-empty; one id per `trace_block_size` prompt tokens |
 //! | `session_id` | string or int | rows sharing it form one multi-turn session |
 //! | `delay` | f64 ms | alias `delay_ms`; wait after the previous turn completes |
 //! | `request_id` | string or int | kept for per-request records |
+//!
+//! An `input_length` beyond what `hash_ids` cover usually means the trace block size is wrong
+//! (Mooncake traces use 512), so it is an error rather than a silently shortened prompt.
 //!
 //! [`parse`] groups rows into [`Session`]s (file order), computes each later turn's delay (explicit
 //! `delay`, else the timestamp gap to the previous turn), subtracts the earliest first arrival and
@@ -94,7 +98,7 @@ pub struct Turn {
     pub line: usize,
     /// The row's `request_id`, if any.
     pub request_id: Option<String>,
-    /// Prompt length in tokens, clamped to `hash_ids.len() * trace_block_size`; always > 0.
+    /// Prompt length in tokens, at most `hash_ids.len() * trace_block_size`; always > 0.
     pub input_length: usize,
     /// Number of tokens to generate (the row's `output_length`).
     pub output_length: usize,
@@ -254,30 +258,28 @@ struct RawRow {
     #[serde(default)]
     hash_ids: Option<Vec<u64>>,
     #[serde(default)]
-    session_id: Option<IdValue>,
+    session_id: Option<serde_json::Value>,
     #[serde(default, alias = "delay_ms")]
     delay: Option<f64>,
     #[serde(default)]
-    request_id: Option<IdValue>,
+    request_id: Option<serde_json::Value>,
 }
 
-/// A string or integer identifier.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum IdValue {
-    Str(String),
-    Int(i64),
-    UInt(u64),
-}
-
-impl IdValue {
-    fn into_string(self) -> String {
-        match self {
-            IdValue::Str(s) => s,
-            IdValue::Int(i) => i.to_string(),
-            IdValue::UInt(u) => u.to_string(),
-        }
-    }
+/// A string or integer identifier as a string; anything else names the field and what it got.
+fn id_string(field: &str, value: serde_json::Value) -> Result<String, String> {
+    use serde_json::Value;
+    let got = match value {
+        Value::String(s) => return Ok(s),
+        Value::Number(n) if n.is_i64() || n.is_u64() => return Ok(n.to_string()),
+        Value::Number(n) => format!("the number {n}"),
+        Value::Bool(b) => format!("the boolean {b}"),
+        Value::Array(_) => "an array".to_string(),
+        Value::Object(_) => "an object".to_string(),
+        Value::Null => "null".to_string(),
+    };
+    Err(format!(
+        "\"{field}\" must be a string or an integer, got {got}"
+    ))
 }
 
 /// Session identity while grouping: named sessions merge, anonymous rows never do.
@@ -333,11 +335,16 @@ pub fn parse(
             path: PathBuf::from(source_name),
             source,
         })?;
+        // Editors on some platforms start UTF-8 files with a byte order mark.
+        let text = match line {
+            1 => text.strip_prefix('\u{feff}').unwrap_or(&text),
+            _ => &text,
+        };
         if text.trim().is_empty() {
             continue;
         }
         let (key, row) =
-            parse_row(&text, line, opts.trace_block_size).map_err(|m| line_err(line, m))?;
+            parse_row(text, line, opts.trace_block_size).map_err(|m| line_err(line, m))?;
         let slot = match index.get(&key) {
             Some(&slot) => slot,
             None => {
@@ -479,6 +486,11 @@ fn parse_row(
         .ok_or_else(|| "missing field \"output_length\"".to_string())?;
     let output_length = usize::try_from(output_length)
         .map_err(|_| format!("\"output_length\" {output_length} is too large"))?;
+    if output_length == 0 {
+        return Err(
+            "\"output_length\" must be at least 1 (every request generates a token)".to_string(),
+        );
+    }
     for (name, value) in [("timestamp", raw.timestamp), ("delay", raw.delay)] {
         if let Some(v) = value {
             if !(v.is_finite() && v >= 0.0) {
@@ -491,16 +503,27 @@ fn parse_row(
         .checked_mul(trace_block_size)
         .ok_or_else(|| "hash_ids.len() * trace_block_size overflows".to_string())?;
     let input_length = match raw.input_length {
-        Some(n) => usize::try_from(n).unwrap_or(usize::MAX).min(capacity),
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
         None => capacity,
     };
     if input_length == 0 {
         return Err("\"input_length\" must be > 0".to_string());
     }
+    if input_length > capacity {
+        return Err(format!(
+            "\"input_length\" {input_length} is more than \"hash_ids\" cover ({} ids x trace \
+             block size {trace_block_size} = {capacity} tokens); is the trace block size right?",
+            hash_ids.len()
+        ));
+    }
     let key = match raw.session_id {
-        Some(id) => SessionKey::Named(id.into_string()),
+        Some(id) => SessionKey::Named(id_string("session_id", id)?),
         None => SessionKey::Anonymous(line),
     };
+    let request_id = raw
+        .request_id
+        .map(|id| id_string("request_id", id))
+        .transpose()?;
     Ok((
         key,
         RowTurn {
@@ -508,7 +531,7 @@ fn parse_row(
             delay: raw.delay,
             turn: Turn {
                 line,
-                request_id: raw.request_id.map(IdValue::into_string),
+                request_id,
                 input_length,
                 output_length,
                 hash_ids,
@@ -566,13 +589,33 @@ mod tests {
     }
 
     #[test]
-    fn input_length_is_clamped_to_capacity() {
+    fn input_length_beyond_the_hash_ids_is_an_error_naming_the_block_size() {
+        let (line, msg) = err_of(
+            r#"{"timestamp": 0, "input_length": 100, "output_length": 1, "hash_ids": [1,2]}"#,
+        );
+        assert_eq!(line, 1);
+        assert!(
+            msg.contains(
+                "100 is more than \"hash_ids\" cover (2 ids x trace block size 4 = 8 tokens)"
+            ),
+            "{msg}"
+        );
         let t = parse_str(
-            "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 1, \"hash_ids\": [1,2]}",
+            r#"{"timestamp": 0, "input_length": 8, "output_length": 1, "hash_ids": [1,2]}"#,
             &opts(4, 1.0),
         )
-        .expect("parses");
+        .expect("the full capacity is fine");
         assert_eq!(t.sessions[0].turns[0].input_length, 8);
+    }
+
+    #[test]
+    fn a_byte_order_mark_before_the_first_row_is_skipped() {
+        let text = "\u{feff}{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1]}\n";
+        let t = parse_str(text, &opts(4, 1.0)).expect("parses");
+        assert_eq!(t.num_requests(), 1);
+        // Elsewhere it is not whitespace: the row is not JSON.
+        let text = format!("{{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1]}}\n{text}");
+        assert_eq!(err_of(&text).0, 2);
     }
 
     #[test]
@@ -663,6 +706,18 @@ mod tests {
             (
                 r#"{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": [1]}"#,
                 "\"input_length\" must be > 0",
+            ),
+            (
+                r#"{"timestamp": 0, "output_length": 0, "hash_ids": [1]}"#,
+                "\"output_length\" must be at least 1",
+            ),
+            (
+                r#"{"timestamp": 0, "session_id": {"user": 1}, "output_length": 1, "hash_ids": [1]}"#,
+                "\"session_id\" must be a string or an integer, got an object",
+            ),
+            (
+                r#"{"timestamp": 0, "request_id": 1.5, "output_length": 1, "hash_ids": [1]}"#,
+                "\"request_id\" must be a string or an integer, got the number 1.5",
             ),
             (
                 r#"{"output_length": 1, "hash_ids": [1]}"#,

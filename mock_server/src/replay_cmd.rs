@@ -1,11 +1,16 @@
 //! `mockserve replay TRACE`: the engine on a virtual clock over a Mooncake trace.
+//!
+//! Requests the engine can never run are counted as rejected (`rejected_requests` in the
+//! report) and listed by reason after it, with a warning; a run in which no request completes
+//! is an error, after the report files are written.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use servesim::replay::{replay, ReplayConfig, ReplayOutcome};
+use servesim::replay::{replay, ReplayConfig, ReplayOutcome, ReplayRejection};
 use servesim::trace::{self, TraceOptions};
 
 use crate::args::{EngineArgs, ReportArgs};
@@ -42,6 +47,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
     let cluster = args.engine.cluster_config()?;
     if args.trace_block_size == 0 {
         anyhow::bail!("--trace-block-size must be positive");
+    }
+    for warning in cluster.warnings() {
+        eprintln!("mockserve: warning: {warning}");
     }
     let options = TraceOptions {
         trace_block_size: args.trace_block_size,
@@ -89,6 +97,11 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
     let outcome = outcome.context("no iteration ran")?;
     println!("Offline replay report");
     print!("{}", outcome.report);
+    let rejected = rejection_summary(&outcome.rejections);
+    if !rejected.is_empty() {
+        println!("Rejected requests (never ran)");
+        print!("{rejected}");
+    }
     if let (Some(file), Some(path)) = (report_file, &args.report.report_json) {
         let mut w = std::io::BufWriter::new(file);
         serde_json::to_writer_pretty(&mut w, &outcome.report)?;
@@ -106,5 +119,48 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
         w.flush()
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    let report = &outcome.report;
+    if report.completed_requests == 0 && report.num_requests > 0 {
+        anyhow::bail!(
+            "no request completed: {} of {} were rejected by the engine (reasons above); check \
+             the engine flags against the trace",
+            report.rejected_requests,
+            report.num_requests
+        );
+    }
+    if report.rejected_requests > 0 {
+        eprintln!(
+            "mockserve: warning: {} of {} requests were rejected by the engine and never ran \
+             (reasons in the report)",
+            report.rejected_requests, report.num_requests
+        );
+    }
     Ok(outcome)
+}
+
+/// Rejections grouped by kind: count, the first reason in full, and the first trace lines.
+pub fn rejection_summary(rejections: &[ReplayRejection]) -> String {
+    const LINES_SHOWN: usize = 5;
+    let mut by_code: BTreeMap<&str, Vec<&ReplayRejection>> = BTreeMap::new();
+    for r in rejections {
+        by_code.entry(r.reason.code()).or_default().push(r);
+    }
+    let mut out = String::new();
+    for (code, group) in by_code {
+        let mut lines: Vec<String> = group
+            .iter()
+            .take(LINES_SHOWN)
+            .map(|r| r.line.to_string())
+            .collect();
+        if group.len() > LINES_SHOWN {
+            lines.push("...".into());
+        }
+        out.push_str(&format!(
+            "  {code:<24} {:>6}  e.g. {} (trace lines {})\n",
+            group.len(),
+            group[0].reason,
+            lines.join(", ")
+        ));
+    }
+    out
 }

@@ -55,6 +55,22 @@ pub enum RejectReason {
     Unschedulable,
 }
 
+impl RejectReason {
+    /// A stable snake_case name of the reason's kind (for grouping and machine-readable
+    /// reports).
+    pub fn code(&self) -> &'static str {
+        match self {
+            RejectReason::EmptyPrompt => "empty_prompt",
+            RejectReason::NoOutputTokens => "no_output_tokens",
+            RejectReason::MalformedPrompt { .. } => "malformed_prompt",
+            RejectReason::ExceedsMaxModelLen { .. } => "exceeds_max_model_len",
+            RejectReason::ExceedsBatchBudget { .. } => "exceeds_batch_budget",
+            RejectReason::ExceedsKvCapacity { .. } => "exceeds_kv_capacity",
+            RejectReason::Unschedulable => "unschedulable",
+        }
+    }
+}
+
 impl std::fmt::Display for RejectReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match *self {
