@@ -343,7 +343,10 @@ fn router_weights_that_cannot_work_are_clear_errors() {
             ["--overlap-score-weight", "1e308"],
             "--overlap-score-weight",
         ),
-        (["--overlap-score-weight=-1", "--seed=0"], "--overlap-score-weight"),
+        (
+            ["--overlap-score-weight=-1", "--seed=0"],
+            "--overlap-score-weight",
+        ),
         (["--router-temperature", "inf"], "--router-temperature"),
         (["--router-temperature", "nan"], "--router-temperature"),
         (["--num-workers", "1000000"], "--num-workers"),

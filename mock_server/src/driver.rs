@@ -984,4 +984,17 @@ mod tests {
         let later = engine.submit(request(2), None).await;
         assert!(matches!(later, Err(SubmitError::Stopped)), "{later:?}");
     }
+
+    #[test]
+    fn a_queue_bound_of_zero_is_warned_about() {
+        let cluster = Cluster::new(ClusterConfig::default()).expect("valid");
+        assert!(startup_warnings(&cluster, Some(1)).is_empty());
+        let warnings = startup_warnings(&cluster, Some(0));
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("--max-waiting 0 refuses every request")),
+            "{warnings:?}"
+        );
+    }
 }
