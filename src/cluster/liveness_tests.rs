@@ -305,7 +305,7 @@ fn run_case(case: u64) -> (usize, usize) {
                 }
             }
             5 => {
-                now = now + SimDuration(rng.gen_range(0..5_000));
+                now += SimDuration(rng.gen_range(0..5_000));
                 obs.advance(&mut c, now, case);
             }
             _ => {
