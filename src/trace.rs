@@ -6,15 +6,17 @@
 //! | field | type | notes |
 //! |---|---|---|
 //! | `timestamp` | f64 ms | alias `created_time`; arrival offset of the row |
-//! | `input_length` | int | alias `input_tokens`; > 0 and at most `hash_ids.len() * trace_block_size`, which is its default |
+//! | `input_length` | int | alias `input_tokens`; > 0; defaults to and is clamped at `hash_ids.len() * trace_block_size` |
 //! | `output_length` | int | alias `output_tokens`; required, >= 1 |
 //! | `hash_ids` | u64[] | required, non-empty; one id per `trace_block_size` prompt tokens |
 //! | `session_id` | string or int | rows sharing it form one multi-turn session |
 //! | `delay` | f64 ms | alias `delay_ms`; wait after the previous turn completes |
 //! | `request_id` | string or int | kept for per-request records |
 //!
-//! An `input_length` beyond what `hash_ids` cover usually means the trace block size is wrong
-//! (Mooncake traces use 512), so it is an error rather than a silently shortened prompt.
+//! A row whose `input_length` is beyond what its `hash_ids` cover keeps the prompt they cover
+//! (there are no tokens for the rest); it is not silent: [`Trace::clamped_turns`] lists such
+//! rows and the replay warns about them, since it usually means the trace block size is wrong
+//! (Mooncake traces use 512).
 //!
 //! [`parse`] groups rows into [`Session`]s (file order), computes each later turn's delay (explicit
 //! `delay`, else the timestamp gap to the previous turn), subtracts the earliest first arrival and
@@ -70,6 +72,15 @@ impl Trace {
             .sum()
     }
 
+    /// Turns whose row asked for more prompt tokens than its `hash_ids` cover (the prompt was
+    /// cut to what they cover), in session order.
+    pub fn clamped_turns(&self) -> impl Iterator<Item = &Turn> {
+        self.sessions
+            .iter()
+            .flat_map(|s| &s.turns)
+            .filter(|t| t.requested_input_length.is_some())
+    }
+
     /// Sum of the requested output lengths of every turn.
     pub fn total_output_tokens(&self) -> u64 {
         self.sessions
@@ -100,6 +111,9 @@ pub struct Turn {
     pub request_id: Option<String>,
     /// Prompt length in tokens, at most `hash_ids.len() * trace_block_size`; always > 0.
     pub input_length: usize,
+    /// The row's `input_length` when it was beyond what `hash_ids` cover (`input_length` is
+    /// then their capacity); None otherwise.
+    pub requested_input_length: Option<usize>,
     /// Number of tokens to generate (the row's `output_length`).
     pub output_length: usize,
     /// Prompt identity, one label per trace block; rows sharing a leading run share a prefix.
@@ -502,20 +516,15 @@ fn parse_row(
         .len()
         .checked_mul(trace_block_size)
         .ok_or_else(|| "hash_ids.len() * trace_block_size overflows".to_string())?;
-    let input_length = match raw.input_length {
+    let requested = match raw.input_length {
         Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
         None => capacity,
     };
-    if input_length == 0 {
+    if requested == 0 {
         return Err("\"input_length\" must be > 0".to_string());
     }
-    if input_length > capacity {
-        return Err(format!(
-            "\"input_length\" {input_length} is more than \"hash_ids\" cover ({} ids x trace \
-             block size {trace_block_size} = {capacity} tokens); is the trace block size right?",
-            hash_ids.len()
-        ));
-    }
+    let input_length = requested.min(capacity);
+    let requested_input_length = (requested > capacity).then_some(requested);
     let key = match raw.session_id {
         Some(id) => SessionKey::Named(id_string("session_id", id)?),
         None => SessionKey::Anonymous(line),
@@ -533,6 +542,7 @@ fn parse_row(
                 line,
                 request_id,
                 input_length,
+                requested_input_length,
                 output_length,
                 hash_ids,
                 delay: SimDuration::ZERO,
@@ -589,23 +599,22 @@ mod tests {
     }
 
     #[test]
-    fn input_length_beyond_the_hash_ids_is_an_error_naming_the_block_size() {
-        let (line, msg) = err_of(
-            r#"{"timestamp": 0, "input_length": 100, "output_length": 1, "hash_ids": [1,2]}"#,
-        );
-        assert_eq!(line, 1);
-        assert!(
-            msg.contains(
-                "100 is more than \"hash_ids\" cover (2 ids x trace block size 4 = 8 tokens)"
-            ),
-            "{msg}"
-        );
+    fn input_length_is_clamped_to_capacity_and_the_row_is_listed() {
         let t = parse_str(
-            r#"{"timestamp": 0, "input_length": 8, "output_length": 1, "hash_ids": [1,2]}"#,
+            "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 1, \"hash_ids\": [1,2]}\n\
+             {\"timestamp\": 0, \"input_length\": 8, \"output_length\": 1, \"hash_ids\": [1,2]}",
             &opts(4, 1.0),
         )
-        .expect("the full capacity is fine");
-        assert_eq!(t.sessions[0].turns[0].input_length, 8);
+        .expect("parses");
+        let turns: Vec<&Turn> = t.sessions.iter().flat_map(|s| &s.turns).collect();
+        assert_eq!(turns[0].input_length, 8);
+        assert_eq!(turns[0].requested_input_length, Some(100));
+        assert_eq!(
+            turns[1].requested_input_length, None,
+            "the full capacity is fine"
+        );
+        let clamped: Vec<usize> = t.clamped_turns().map(|t| t.line).collect();
+        assert_eq!(clamped, [1]);
     }
 
     #[test]
@@ -782,6 +791,7 @@ mod tests {
             line: 1,
             request_id: None,
             input_length: 6,
+            requested_input_length: None,
             output_length: 1,
             hash_ids: vec![7, (1u64 << 32) + 3, 9],
             delay: SimDuration::ZERO,
@@ -808,6 +818,7 @@ mod tests {
                 line: 1,
                 request_id: None,
                 input_length,
+                requested_input_length: None,
                 output_length: 1,
                 hash_ids: (0..n as u64).map(|i| i * 0x1_0000_0001 + 5).collect(),
                 delay: SimDuration::ZERO,

@@ -380,15 +380,26 @@ fn trace_edge_cases_are_accepted_or_named() {
     // A byte order mark before the first row is skipped.
     let bom = fixture("trace_bom.jsonl");
     run(cli(&["replay", bom.to_str().unwrap(), "-q"])).expect("a BOM is fine");
+    // A prompt longer than its hash ids cover is cut to them, and said so.
+    let path = fixture("trace_clamped.jsonl");
+    let trace = servesim::trace::load(&path, &servesim::trace::TraceOptions::default()).unwrap();
+    let warning = mock_server::replay_cmd::clamped_warning(&trace, 512).expect("a warning");
+    assert!(
+        warning.contains("1 trace rows") && warning.contains("line 2, 6755 -> 1024 tokens"),
+        "{warning}"
+    );
+    let clean = servesim::trace::load(
+        &fixture("trace_small.jsonl"),
+        &servesim::trace::TraceOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(mock_server::replay_cmd::clamped_warning(&clean, 512), None);
+    run(cli(&["replay", path.to_str().unwrap(), "-q"])).expect("a clamped row runs");
     for (file, needle) in [
         ("bad/zero_output.jsonl", "zero_output.jsonl:2: \"output_length\" must be at least 1"),
         (
             "bad/object_session_id.jsonl",
             "object_session_id.jsonl:1: \"session_id\" must be a string or an integer, got an object",
-        ),
-        (
-            "bad/input_beyond_hash_ids.jsonl",
-            "input_beyond_hash_ids.jsonl:2: \"input_length\" 6755 is more than \"hash_ids\" cover",
         ),
     ] {
         let path = fixture(file);

@@ -67,6 +67,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
         .map(create)
         .transpose()?;
     let trace = trace::load(&args.trace, &options)?;
+    if let Some(warning) = clamped_warning(&trace, args.trace_block_size) {
+        eprintln!("mockserve: warning: {warning}");
+    }
     let config = ReplayConfig {
         cluster,
         trace_block_size: args.trace_block_size,
@@ -136,6 +139,22 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
         );
     }
     Ok(outcome)
+}
+
+/// A warning when some rows' `input_length` is beyond what their `hash_ids` cover (their
+/// prompts are cut), naming the first such row.
+pub fn clamped_warning(trace: &trace::Trace, trace_block_size: usize) -> Option<String> {
+    let mut clamped = trace.clamped_turns();
+    let first = clamped.next()?;
+    let count = 1 + clamped.count();
+    Some(format!(
+        "{count} trace rows have an input_length beyond what their hash_ids cover at \
+         --trace-block-size {trace_block_size}; their prompts are cut (first: line {}, {} -> {} \
+         tokens). Is the trace block size right?",
+        first.line,
+        first.requested_input_length.unwrap_or(first.input_length),
+        first.input_length
+    ))
 }
 
 /// Rejections grouped by kind: count, the first reason in full, and the first trace lines.
