@@ -9,7 +9,7 @@
 
 use crate::request::EngineRequest;
 
-use super::config::{EngineConfig, EngineType};
+use super::config::EngineConfig;
 
 /// Why a request can never run to the end on this engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,6 +145,7 @@ impl EngineConfig {
                 block_size: bs,
             });
         }
+        let policy = self.policy();
         let mut output = request.max_output_tokens;
         if let Some(max_model_len) = self.max_model_len {
             if prompt.len >= max_model_len {
@@ -156,7 +157,7 @@ impl EngineConfig {
             output = output.min(max_model_len - prompt.len);
         }
         if !self.enable_chunked_prefill
-            && self.engine_type != EngineType::Sglang
+            && policy.honours_chunked_prefill_flag
             && prompt.len > self.max_num_batched_tokens
         {
             return Err(RejectReason::ExceedsBatchBudget {
@@ -164,9 +165,10 @@ impl EngineConfig {
                 max_num_batched_tokens: self.max_num_batched_tokens,
             });
         }
-        let kv_tokens = match self.engine_type {
-            EngineType::Trtllm => prompt.len.saturating_add(request.max_output_tokens),
-            EngineType::Vllm | EngineType::Sglang => prompt.len + output - 1,
+        let kv_tokens = if policy.reserves_full_output {
+            prompt.len.saturating_add(request.max_output_tokens)
+        } else {
+            prompt.len + output - 1
         };
         let blocks_needed = kv_tokens.div_ceil(bs);
         if blocks_needed > self.num_gpu_blocks {
@@ -183,6 +185,7 @@ impl EngineConfig {
 mod tests {
     use super::*;
     use crate::request::Prompt;
+    use crate::scheduler::EngineType;
 
     fn request(prompt_len: usize, out: usize) -> EngineRequest {
         let tokens: Vec<u32> = (0..prompt_len as u32).collect();

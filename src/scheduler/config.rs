@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use super::policy::{Planner, VictimOrder};
 use crate::kv::G2Config;
 use crate::perf::{Polynomial, ScaledLatency};
 
@@ -227,7 +228,7 @@ impl EngineConfig {
         if ratios.iter().any(|r| r.is_nan() || *r <= 0.0) {
             return bad("speed-up ratios must be positive (inf means no delay)");
         }
-        if self.engine_type == EngineType::Sglang {
+        if self.policy().planner == Planner::SglangExtend {
             let s = &self.sglang;
             if s.chunked_prefill_size == 0 || s.chunked_prefill_size % self.block_size != 0 {
                 return bad(
@@ -295,14 +296,16 @@ impl EngineConfig {
     /// are refused at submission.
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
-        if !self.enable_chunked_prefill && self.engine_type == EngineType::Sglang {
+        let policy = self.policy();
+        if !self.enable_chunked_prefill && !policy.honours_chunked_prefill_flag {
             out.push(
                 "--no-chunked-prefill has no effect with --engine-type sglang (it prefills in \
                  chunks of its own size)"
                     .to_string(),
             );
         }
-        if self.preemption_mode != PreemptionMode::Lifo && self.engine_type != EngineType::Vllm {
+        let victim_from_flag = policy.preempts && policy.victim != VictimOrder::FewestGenerated;
+        if self.preemption_mode != PreemptionMode::Lifo && !victim_from_flag {
             out.push(format!(
                 "--preemption-mode has no effect with --engine-type {}",
                 self.engine_type
@@ -310,7 +313,7 @@ impl EngineConfig {
         }
         if let Some(max_model_len) = self.max_model_len {
             if !self.enable_chunked_prefill
-                && self.engine_type != EngineType::Sglang
+                && policy.honours_chunked_prefill_flag
                 && self.max_num_batched_tokens < max_model_len
             {
                 out.push(format!(
