@@ -15,7 +15,7 @@ use crate::request::{EngineRequest, Prompt};
 use crate::scheduler::{ConfigError, RejectReason, WorkerRole};
 use crate::time::{SimDuration, SimTime};
 use crate::tokens::{sequence_hashes, BlockHashes};
-use crate::trace::{LocalHashCache, Trace, Turn};
+use crate::trace::{LocalHashCache, Trace, TraceRequest};
 
 /// Why a replay could not run to the end.
 #[derive(Debug, thiserror::Error)]
@@ -324,7 +324,7 @@ fn add_topology_figures(report: &mut ReplayReport, stats: &ClusterStats, config:
 
 /// The engine request for a trace turn: block hashes computed without materialising the prompt.
 pub fn engine_request(
-    turn: &Turn,
+    turn: &TraceRequest,
     trace_block_size: usize,
     block_size: usize,
     cache: &mut LocalHashCache,
