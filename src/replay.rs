@@ -7,6 +7,7 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::time::Duration;
 
 use crate::cluster::{Cluster, ClusterConfig, ClusterStats, Output};
 use crate::ids::RequestId;
@@ -173,12 +174,15 @@ impl Ledger<'_> {
 /// A request the cluster refuses (it could never run: see [`Cluster::submit`]) is counted as
 /// rejected at its arrival, with its reason in [`ReplayOutcome::rejections`], and its session
 /// goes on.
+///
+/// The replay reads no clock: the report's wall-clock figures (`wall_time_ms` and the
+/// per-wall-second rates) are zero; a caller that timed the run fills them in with
+/// [`set_wall_time`].
 pub fn replay(
     trace: &Trace,
     config: &ReplayConfig,
     mut progress: impl FnMut(usize, usize),
 ) -> Result<ReplayOutcome, ReplayError> {
-    let started = std::time::Instant::now();
     let mut cluster = Cluster::new(config.cluster.clone())?;
     let block_size = cluster.block_size();
     let total = trace.num_requests();
@@ -253,7 +257,7 @@ pub fn replay(
     }
     let stats = cluster.snapshot();
     let preemptions = stats.workers.iter().map(|w| w.scheduler.preemptions).sum();
-    let (mut report, records) = ledger.collector.finish(started.elapsed());
+    let (mut report, records) = ledger.collector.finish(Duration::ZERO);
     add_topology_figures(&mut report, &stats, config);
     let mut rejections = ledger.rejections;
     rejections.sort_by_key(|r| r.id);
@@ -263,6 +267,22 @@ pub fn replay(
         preemptions,
         rejections,
     })
+}
+
+/// Sets the report's wall-clock figures from the host time the run took: `wall_time_ms` and
+/// the processed tokens (all, and output) per wall-clock second.
+pub fn set_wall_time(report: &mut ReplayReport, wall: Duration) {
+    let wall_ms = wall.as_secs_f64() * 1000.0;
+    let per_wall_s = |n: u64| {
+        if wall_ms > 0.0 {
+            n as f64 / wall_ms * 1000.0
+        } else {
+            0.0
+        }
+    };
+    report.wall_time_ms = wall_ms;
+    report.processed_tokens_per_s = per_wall_s(report.processed_tokens);
+    report.processed_output_tokens_per_s = per_wall_s(report.total_output_tokens);
 }
 
 /// Adds the disaggregation and host-tier figures (extra keys after Dynamo's) when those

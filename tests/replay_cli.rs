@@ -44,6 +44,8 @@ fn replay_writes_report_and_per_request_records() {
         "p99_e2e_latency_ms",
     ];
     assert!(order.windows(2).all(|w| pos(w[0]) < pos(w[1])), "{text}");
+    // The command times the run (the engine itself reads no clock).
+    assert!(v["wall_time_ms"].as_f64().unwrap() > 0.0, "{text}");
     let lines = std::fs::read_to_string(&records).unwrap();
     assert_eq!(
         lines.lines().count() as u64,

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use servesim::replay::{replay, ReplayConfig, ReplayOutcome, ReplayRejection};
+use servesim::replay::{replay, set_wall_time, ReplayConfig, ReplayOutcome, ReplayRejection};
 use servesim::trace::{self, TraceOptions};
 
 use crate::args::{EngineArgs, ReportArgs};
@@ -87,15 +87,20 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
             );
             bar
         });
+        // The engine reads no clock; the command times the run.
+        let started = std::time::Instant::now();
         let result = replay(&trace, &config, |done, _| {
             if let Some(b) = &bar {
                 b.set_position(done as u64);
             }
         });
+        let wall = started.elapsed();
         if let Some(b) = bar {
             b.finish_and_clear();
         }
-        outcome = Some(result?);
+        let mut run = result?;
+        set_wall_time(&mut run.report, wall);
+        outcome = Some(run);
     }
     let outcome = outcome.context("no iteration ran")?;
     println!("Offline replay report");
