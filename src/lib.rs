@@ -27,7 +27,7 @@
 //!     max_output_tokens: 3,
 //!     output_tokens: Vec::new(),
 //! };
-//! let id = cluster.submit(request, SimTime::ZERO);
+//! let id = cluster.submit(request, SimTime::ZERO).expect("the request fits");
 //! let mut token_times = Vec::new();
 //! let mut now = SimTime::ZERO;
 //! loop {

@@ -413,6 +413,9 @@ pub struct ReplayReport {
     pub disagg: Option<DisaggFigures>,
     /// Host-tier (G2) figures (extra keys after Dynamo's), when G2 is on.
     pub g2: Option<G2Figures>,
+    /// Requests the engine refused or rejected (an extra key after Dynamo's, written when
+    /// not 0).
+    pub rejected_requests: u64,
 }
 
 /// Figures of a disaggregated run (not in Dynamo's report; written after its keys).
@@ -527,6 +530,9 @@ impl ReplayReport {
     fn extra_figures(&self) -> Vec<(String, Figure)> {
         use Figure::{Count, Real};
         let mut out: Vec<(String, Figure)> = Vec::new();
+        if self.rejected_requests > 0 {
+            out.push(("rejected_requests".into(), Count(self.rejected_requests)));
+        }
         if let Some(d) = &self.disagg {
             out.extend([
                 ("num_prefill_workers".into(), Count(d.num_prefill_workers)),
@@ -677,7 +683,7 @@ impl fmt::Display for ReplayReport {
         row(f, "tok/s/user", &self.output_token_throughput_per_user)?;
         let extras = self.extra_figures();
         if !extras.is_empty() {
-            writeln!(f, "Disaggregation and host tier")?;
+            writeln!(f, "Rejections, disaggregation and host tier")?;
             for (k, v) in extras {
                 match v {
                     Figure::Count(n) => writeln!(f, "  {k:<W$} {n}")?,
@@ -926,6 +932,7 @@ impl Collector {
                 }
                 _ => None,
             };
+            report.rejected_requests += u64::from(status == RequestStatus::Rejected);
             if completed {
                 report.completed_requests += 1;
                 report.total_input_tokens += s.input_length as u64;

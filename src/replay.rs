@@ -7,16 +7,16 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::time::Duration;
 
 use crate::cluster::{Cluster, ClusterConfig, ClusterStats, Output};
 use crate::ids::RequestId;
 use crate::metrics::{Collector, DisaggFigures, G2Figures, ReplayReport, RequestRecord};
 use crate::request::{EngineRequest, Prompt};
-use crate::scheduler::ConfigError;
-use crate::scheduler::WorkerRole;
+use crate::scheduler::{ConfigError, RejectReason, WorkerRole};
 use crate::time::{SimDuration, SimTime};
 use crate::tokens::{sequence_hashes, BlockHashes};
-use crate::trace::{LocalHashCache, Trace, Turn};
+use crate::trace::{LocalHashCache, Trace, TraceRequest};
 
 /// Why a replay could not run to the end.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +43,20 @@ pub struct ReplayOutcome {
     pub records: Vec<RequestRecord>,
     /// Preemptions over all workers.
     pub preemptions: u64,
+    /// Requests that never ran, with their reasons, in request-id order (refused at
+    /// submission, or rejected by a worker).
+    pub rejections: Vec<ReplayRejection>,
+}
+
+/// A trace request the engine refused, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplayRejection {
+    /// The request.
+    pub id: RequestId,
+    /// 1-based line of its row in the trace.
+    pub line: usize,
+    /// Why it could not run.
+    pub reason: RejectReason,
 }
 
 /// Replay settings beyond the cluster's.
@@ -55,41 +69,79 @@ pub struct ReplayConfig {
 }
 
 /// Where a request came from in the trace.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Origin {
     session: usize,
     turn: usize,
 }
 
-/// Replays `trace` to the end. `progress` is called with (finished, total) requests now and then.
-pub fn replay(
-    trace: &Trace,
-    config: &ReplayConfig,
-    mut progress: impl FnMut(usize, usize),
-) -> Result<ReplayOutcome, ReplayError> {
-    let started = std::time::Instant::now();
-    let mut cluster = Cluster::new(config.cluster.clone())?;
-    let block_size = cluster.block_size();
-    let total = trace.num_requests();
-    let mut hash_cache = LocalHashCache::new(block_size);
-    let mut collector = Collector::new();
-    let mut origins: Vec<Origin> = Vec::with_capacity(total);
-    // Ready turns: (time, sequence number) -> origin. The sequence number keeps ties in order.
-    let mut arrivals: BinaryHeap<Reverse<(SimTime, u64, usize, usize)>> = BinaryHeap::new();
-    let mut seq = 0u64;
-    for (s, session) in trace.sessions.iter().enumerate() {
-        if !session.turns.is_empty() {
-            arrivals.push(Reverse((session.first_arrival, seq, s, 0)));
-            seq += 1;
+/// Turns ready to arrive, earliest first; ties in order of readiness (a sequence number).
+#[derive(Default)]
+struct Arrivals {
+    heap: BinaryHeap<Reverse<(SimTime, u64, Origin)>>,
+    next_seq: u64,
+}
+
+impl Arrivals {
+    fn push(&mut self, time: SimTime, origin: Origin) {
+        self.heap.push(Reverse((time, self.next_seq, origin)));
+        self.next_seq += 1;
+    }
+
+    fn next_time(&self) -> Option<SimTime> {
+        self.heap.peek().map(|Reverse((t, ..))| *t)
+    }
+
+    /// The next turn due by `now`, with its ready time.
+    fn pop_due(&mut self, now: SimTime) -> Option<(SimTime, Origin)> {
+        match self.heap.peek() {
+            Some(Reverse((t, _, origin))) if *t <= now => {
+                let due = (*t, *origin);
+                self.heap.pop();
+                Some(due)
+            }
+            _ => None,
         }
     }
-    let mut done = 0usize;
-    let mut now = SimTime::ZERO;
-    let mut handle = |outputs: Vec<Output>,
-                      collector: &mut Collector,
-                      arrivals: &mut BinaryHeap<Reverse<(SimTime, u64, usize, usize)>>,
-                      origins: &[Origin],
-                      done: &mut usize| {
+}
+
+/// The replay's bookkeeping: where each request came from and what happened to it.
+struct Ledger<'a> {
+    trace: &'a Trace,
+    collector: Collector,
+    origins: Vec<Origin>,
+    arrivals: Arrivals,
+    rejections: Vec<ReplayRejection>,
+    done: usize,
+}
+
+impl Ledger<'_> {
+    /// A request ended (finished or rejected) at `time`: its session's next turn becomes ready
+    /// after that turn's delay.
+    fn end(&mut self, id: RequestId, time: SimTime) {
+        self.done += 1;
+        let o = self.origins[id.0 as usize];
+        let turns = &self.trace.sessions[o.session].turns;
+        if let Some(next) = turns.get(o.turn + 1) {
+            self.arrivals.push(
+                time + next.delay,
+                Origin {
+                    session: o.session,
+                    turn: o.turn + 1,
+                },
+            );
+        }
+    }
+
+    fn reject(&mut self, id: RequestId, time: SimTime, reason: RejectReason) {
+        self.collector.on_reject(id, time);
+        let o = self.origins[id.0 as usize];
+        let line = self.trace.sessions[o.session].turns[o.turn].line;
+        self.rejections.push(ReplayRejection { id, line, reason });
+        self.end(id, time);
+    }
+
+    fn handle(&mut self, outputs: Vec<Output>) {
         for out in outputs {
             match out {
                 Output::Admitted {
@@ -99,73 +151,104 @@ pub fn replay(
                     reused_tokens,
                     g2_reused_tokens,
                 } => {
-                    collector.on_admit(id, time, reused_tokens, worker);
-                    collector.on_g2_reuse(id, g2_reused_tokens);
+                    self.collector.on_admit(id, time, reused_tokens, worker);
+                    self.collector.on_g2_reuse(id, g2_reused_tokens);
                 }
-                Output::KvTransfer { id, duration, .. } => collector.on_kv_transfer(id, duration),
-                Output::Token { id, time, .. } => collector.on_token(id, time),
+                Output::KvTransfer { id, duration, .. } => {
+                    self.collector.on_kv_transfer(id, duration)
+                }
+                Output::Token { id, time, .. } => self.collector.on_token(id, time),
                 Output::Preempted { .. } => {}
-                Output::Finished { id, time } | Output::Rejected { id, time, .. } => {
-                    if matches!(out, Output::Finished { .. }) {
-                        collector.on_finish(id, time);
-                    } else {
-                        collector.on_reject(id, time);
-                    }
-                    *done += 1;
-                    let o = origins[id.0 as usize];
-                    let turns = &trace.sessions[o.session].turns;
-                    if let Some(next) = turns.get(o.turn + 1) {
-                        arrivals.push(Reverse((time + next.delay, seq, o.session, o.turn + 1)));
-                        seq += 1;
-                    }
+                Output::Finished { id, time } => {
+                    self.collector.on_finish(id, time);
+                    self.end(id, time);
                 }
+                Output::Rejected { id, time, reason } => self.reject(id, time, reason),
             }
         }
+    }
+}
+
+/// Replays `trace` to the end. `progress` is called with (finished, total) requests now and then.
+///
+/// A request the cluster refuses (it could never run: see [`Cluster::submit`]) is counted as
+/// rejected at its arrival, with its reason in [`ReplayOutcome::rejections`], and its session
+/// goes on.
+///
+/// The replay reads no clock: the report's wall-clock figures (`wall_time_ms` and the
+/// per-wall-second rates) are zero; a caller that timed the run fills them in with
+/// [`set_wall_time`].
+pub fn replay(
+    trace: &Trace,
+    config: &ReplayConfig,
+    mut progress: impl FnMut(usize, usize),
+) -> Result<ReplayOutcome, ReplayError> {
+    let mut cluster = Cluster::new(config.cluster.clone())?;
+    let block_size = cluster.block_size();
+    let total = trace.num_requests();
+    let mut hash_cache = LocalHashCache::new(block_size);
+    let mut ledger = Ledger {
+        trace,
+        collector: Collector::new(),
+        origins: Vec::with_capacity(total),
+        arrivals: Arrivals::default(),
+        rejections: Vec::new(),
+        done: 0,
     };
+    for (s, session) in trace.sessions.iter().enumerate() {
+        if !session.turns.is_empty() {
+            ledger.arrivals.push(
+                session.first_arrival,
+                Origin {
+                    session: s,
+                    turn: 0,
+                },
+            );
+        }
+    }
+    let mut now = SimTime::ZERO;
     let mut last_progress = 0usize;
     loop {
-        let next_arrival = arrivals.peek().map(|Reverse((t, ..))| *t);
-        let next = match (next_arrival, cluster.next_pass_end()) {
+        let next = match (ledger.arrivals.next_time(), cluster.next_pass_end()) {
             (Some(a), Some(p)) => a.min(p),
             (Some(a), None) => a,
             (None, Some(p)) => p,
             (None, None) => break,
         };
         now = now.max(next);
-        let outs = cluster.finish_due(now);
-        handle(outs, &mut collector, &mut arrivals, &origins, &mut done);
-        while let Some(Reverse((t, _, s, turn_index))) = arrivals.peek().copied() {
-            if t > now {
-                break;
-            }
-            arrivals.pop();
-            let turn = &trace.sessions[s].turns[turn_index];
+        ledger.handle(cluster.finish_due(now));
+        while let Some((ready, origin)) = ledger.arrivals.pop_due(now) {
+            let session = &trace.sessions[origin.session];
+            let turn = &session.turns[origin.turn];
             let request =
                 engine_request(turn, config.trace_block_size, block_size, &mut hash_cache);
-            let id = cluster.submit(request, now);
-            debug_assert_eq!(id, RequestId(origins.len() as u64));
-            origins.push(Origin {
-                session: s,
-                turn: turn_index,
-            });
-            collector.on_arrival(
+            let submitted = cluster.submit(request, now);
+            let id = match submitted {
+                Ok(id) => id,
+                Err(rejection) => rejection.id,
+            };
+            debug_assert_eq!(id, RequestId(ledger.origins.len() as u64));
+            ledger.origins.push(origin);
+            ledger.collector.on_arrival(
                 id,
-                t,
+                ready,
                 turn.input_length,
                 turn.output_length,
-                Some(&trace.sessions[s].id),
-                turn_index,
+                Some(&session.id),
+                origin.turn,
             );
+            if let Err(rejection) = submitted {
+                ledger.reject(id, now, rejection.reason);
+            }
         }
-        let outs = cluster.start_idle(now);
-        handle(outs, &mut collector, &mut arrivals, &origins, &mut done);
-        if done >= last_progress + 64 {
-            last_progress = done;
-            progress(done, total);
+        ledger.handle(cluster.start_idle(now));
+        if ledger.done >= last_progress + 64 {
+            last_progress = ledger.done;
+            progress(ledger.done, total);
         }
     }
-    progress(done, total);
-    let in_flight = cluster.snapshot().active_requests;
+    progress(ledger.done, total);
+    let in_flight = cluster.active_requests();
     if in_flight > 0 {
         return Err(ReplayError::DeadEnd {
             time: now,
@@ -174,13 +257,32 @@ pub fn replay(
     }
     let stats = cluster.snapshot();
     let preemptions = stats.workers.iter().map(|w| w.scheduler.preemptions).sum();
-    let (mut report, records) = collector.finish(started.elapsed());
+    let (mut report, records) = ledger.collector.finish(Duration::ZERO);
     add_topology_figures(&mut report, &stats, config);
+    let mut rejections = ledger.rejections;
+    rejections.sort_by_key(|r| r.id);
     Ok(ReplayOutcome {
         report,
         records,
         preemptions,
+        rejections,
     })
+}
+
+/// Sets the report's wall-clock figures from the host time the run took: `wall_time_ms` and
+/// the processed tokens (all, and output) per wall-clock second.
+pub fn set_wall_time(report: &mut ReplayReport, wall: Duration) {
+    let wall_ms = wall.as_secs_f64() * 1000.0;
+    let per_wall_s = |n: u64| {
+        if wall_ms > 0.0 {
+            n as f64 / wall_ms * 1000.0
+        } else {
+            0.0
+        }
+    };
+    report.wall_time_ms = wall_ms;
+    report.processed_tokens_per_s = per_wall_s(report.processed_tokens);
+    report.processed_output_tokens_per_s = per_wall_s(report.total_output_tokens);
 }
 
 /// Adds the disaggregation and host-tier figures (extra keys after Dynamo's) when those
@@ -242,7 +344,7 @@ fn add_topology_figures(report: &mut ReplayReport, stats: &ClusterStats, config:
 
 /// The engine request for a trace turn: block hashes computed without materialising the prompt.
 pub fn engine_request(
-    turn: &Turn,
+    turn: &TraceRequest,
     trace_block_size: usize,
     block_size: usize,
     cache: &mut LocalHashCache,

@@ -24,6 +24,9 @@ pub struct Worker {
     passes: u64,
     /// Simulated time spent in passes, for utilisation.
     busy_us: u64,
+    /// Idle with work that cannot start a pass until an onboard in flight completes: the
+    /// worker then needs no wake-up of its own (cleared by anything that changes its queues).
+    stalled: bool,
 }
 
 impl Worker {
@@ -36,6 +39,7 @@ impl Worker {
             next_event_id: 0,
             passes: 0,
             busy_us: 0,
+            stalled: false,
         }
     }
 
@@ -75,35 +79,59 @@ impl Worker {
     /// Completes the G2 transfers due by `now`.
     pub fn advance_transfers(&mut self, now: SimTime) {
         self.scheduler.advance_transfers(now);
+        self.stalled = false;
     }
 
-    /// True when idle with work queued: the caller should start a pass now.
+    /// True when idle with work queued that a pass could take: the caller should start a pass
+    /// now.
     pub fn wants_pass(&self) -> bool {
-        self.pass_end.is_none() && self.scheduler.has_work()
+        self.pass_end.is_none() && !self.stalled && self.scheduler.has_work()
     }
 
     /// Queues a request.
     pub fn enqueue(&mut self, id: RequestId, request: EngineRequest) {
         self.scheduler.enqueue(id, request);
+        self.stalled = false;
     }
 
     /// Drops a request and frees its blocks at once.
     pub fn cancel(&mut self, id: RequestId) -> bool {
+        self.stalled = false;
         self.scheduler.cancel(id)
     }
 
     /// Starts a pass at `now` if idle with work; returns its end time.
+    ///
+    /// Liveness: when work is queued but no pass can start, the worker either waits for an
+    /// onboard in flight (it is then stalled until the transfer completes) or, with nothing in
+    /// flight that could change its state, rejects the blocking request as
+    /// [`RejectReason::Unschedulable`](crate::scheduler::RejectReason::Unschedulable) and tries
+    /// again. So an idle worker never holds work it will not run.
     pub fn start_pass(&mut self, now: SimTime) -> Option<SimTime> {
         if self.pass_end.is_some() {
             return self.pass_end;
         }
         self.scheduler.advance_transfers(now);
-        let PassPlan { duration, .. } = self.scheduler.start_pass()?;
-        let end = now + duration;
-        self.pass_end = Some(end);
-        self.passes += 1;
-        self.busy_us += duration.as_micros();
-        Some(end)
+        loop {
+            if let Some(PassPlan { duration, .. }) = self.scheduler.start_pass() {
+                let end = now + duration;
+                self.stalled = false;
+                self.pass_end = Some(end);
+                self.passes += 1;
+                self.busy_us += duration.as_micros();
+                return Some(end);
+            }
+            if !self.scheduler.has_work() {
+                return None;
+            }
+            if self.scheduler.next_transfer_end().is_some() {
+                self.stalled = true;
+                return None;
+            }
+            if !self.scheduler.reject_unschedulable() {
+                return None;
+            }
+        }
     }
 
     /// Ends the pass in progress (the caller has reached its end time).

@@ -72,6 +72,13 @@ fn single_request_ttft_and_e2e_by_hand() {
     );
     assert_eq!(r.total_output_tokens, 3);
     assert_eq!(r.prefix_cache_reused_ratio, 0.0);
+    // The engine reads no clock: wall-clock figures are the caller's to fill in.
+    assert_eq!(r.wall_time_ms, 0.0);
+    let mut timed = r.clone();
+    servesim::replay::set_wall_time(&mut timed, std::time::Duration::from_millis(500));
+    assert_eq!(timed.wall_time_ms, 500.0);
+    assert!((timed.processed_output_tokens_per_s - 6.0).abs() < 1e-9);
+    assert!((timed.processed_tokens_per_s - 2.0 * (1000.0 + 3.0)).abs() < 1e-9);
 }
 
 #[test]

@@ -44,6 +44,8 @@ fn replay_writes_report_and_per_request_records() {
         "p99_e2e_latency_ms",
     ];
     assert!(order.windows(2).all(|w| pos(w[0]) < pos(w[1])), "{text}");
+    // The command times the run (the engine itself reads no clock).
+    assert!(v["wall_time_ms"].as_f64().unwrap() > 0.0, "{text}");
     let lines = std::fs::read_to_string(&records).unwrap();
     assert_eq!(
         lines.lines().count() as u64,
@@ -236,4 +238,175 @@ fn g2_replay_reports_host_tier_hits() {
         .map(|r| r.g2_reused_input_tokens)
         .sum();
     assert_eq!(g2.g2_reused_tokens, from_records as u64);
+}
+
+fn replay_args(args: &[&str]) -> mock_server::replay_cmd::ReplayArgs {
+    match cli(args).command {
+        Some(mock_server::Command::Replay(args)) => args,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_request_that_can_never_run_is_counted_with_its_reason_and_its_session_goes_on() {
+    let dir = std::env::temp_dir().join(format!("servesim-huge-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let report = dir.join("report.json");
+    let records = dir.join("records.jsonl");
+    let trace = fixture("trace_huge_output.jsonl");
+    let outcome = mock_server::replay_cmd::run(&replay_args(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--report-json",
+        report.to_str().unwrap(),
+        "--per-request-jsonl",
+        records.to_str().unwrap(),
+        "-q",
+    ]))
+    .expect("the other requests complete");
+    let r = &outcome.report;
+    assert_eq!((r.num_requests, r.completed_requests), (4, 3));
+    assert_eq!(r.rejected_requests, 1);
+    assert_eq!(outcome.rejections.len(), 1);
+    let rejection = &outcome.rejections[0];
+    assert_eq!(
+        rejection.line, 2,
+        "the trace line of the output_length 10000000 row"
+    );
+    assert!(
+        matches!(
+            rejection.reason,
+            servesim::scheduler::RejectReason::ExceedsKvCapacity { .. }
+        ),
+        "{:?}",
+        rejection.reason
+    );
+    let summary = mock_server::replay_cmd::rejection_summary(&outcome.rejections);
+    assert!(summary.contains("exceeds_kv_capacity"), "{summary}");
+    assert!(summary.contains("trace lines 2"), "{summary}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(json["rejected_requests"], 1);
+    let statuses: Vec<String> = std::fs::read_to_string(&records)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["status"].to_string())
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|s| s.contains("rejected")).count(),
+        1
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_run_in_which_nothing_completes_is_an_error_that_names_the_reason() {
+    let trace = fixture("trace_small.jsonl");
+    let t = trace.to_str().unwrap();
+    for (flags, reason) in [
+        (vec!["--num-gpu-blocks", "1"], "exceeds_kv_capacity"),
+        (
+            vec!["--max-num-batched-tokens", "16", "--no-chunked-prefill"],
+            "exceeds_batch_budget",
+        ),
+    ] {
+        let mut args = vec!["replay", t, "-q"];
+        args.extend(flags.iter().copied());
+        let parsed = replay_args(&args);
+        let err = mock_server::replay_cmd::run(&parsed).unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(
+            msg.contains("no request completed: 20 of 20 were rejected"),
+            "{flags:?}: {msg}"
+        );
+        // The reasons are in the library's outcome too.
+        let outcome = servesim::replay::replay(
+            &servesim::trace::load(&trace, &servesim::trace::TraceOptions::default()).unwrap(),
+            &servesim::replay::ReplayConfig {
+                cluster: parsed.engine.cluster_config().unwrap(),
+                trace_block_size: 512,
+            },
+            |_, _| {},
+        )
+        .expect("a replay of refusals ends cleanly");
+        assert_eq!(outcome.rejections.len(), 20);
+        assert!(outcome.rejections.iter().all(|r| r.reason.code() == reason));
+    }
+}
+
+#[test]
+fn router_weights_that_cannot_work_are_clear_errors() {
+    let trace = fixture("trace_small.jsonl");
+    let t = trace.to_str().unwrap();
+    for (flags, needle) in [
+        (["--overlap-score-weight", "nan"], "--overlap-score-weight"),
+        (["--overlap-score-weight", "inf"], "--overlap-score-weight"),
+        (
+            ["--overlap-score-weight", "1e308"],
+            "--overlap-score-weight",
+        ),
+        (
+            ["--overlap-score-weight=-1", "--seed=0"],
+            "--overlap-score-weight",
+        ),
+        (["--router-temperature", "inf"], "--router-temperature"),
+        (["--router-temperature", "nan"], "--router-temperature"),
+        (["--num-workers", "1000000"], "--num-workers"),
+        (["--speedup-ratio", "nan"], "speed-up"),
+        (
+            ["--num-gpu-blocks", "18446744073709551615"],
+            "--num-gpu-blocks",
+        ),
+    ] {
+        let mut args = vec!["replay", t, "-q"];
+        args.extend(flags);
+        let err = run(cli(&args)).unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(msg.contains(needle), "{flags:?}: {msg}");
+    }
+    // The largest weight allowed routes (no overflow, no panic).
+    run(cli(&[
+        "replay",
+        t,
+        "-q",
+        "--overlap-score-weight",
+        "1e6",
+        "--num-workers",
+        "3",
+    ]))
+    .expect("runs");
+}
+
+#[test]
+fn trace_edge_cases_are_accepted_or_named() {
+    // A byte order mark before the first row is skipped.
+    let bom = fixture("trace_bom.jsonl");
+    run(cli(&["replay", bom.to_str().unwrap(), "-q"])).expect("a BOM is fine");
+    // A prompt longer than its hash ids cover is cut to them, and said so.
+    let path = fixture("trace_clamped.jsonl");
+    let trace = servesim::trace::load(&path, &servesim::trace::TraceOptions::default()).unwrap();
+    let warning = mock_server::replay_cmd::clamped_warning(&trace, 512).expect("a warning");
+    assert!(
+        warning.contains("1 trace rows") && warning.contains("line 2, 6755 -> 1024 tokens"),
+        "{warning}"
+    );
+    let clean = servesim::trace::load(
+        &fixture("trace_small.jsonl"),
+        &servesim::trace::TraceOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(mock_server::replay_cmd::clamped_warning(&clean, 512), None);
+    run(cli(&["replay", path.to_str().unwrap(), "-q"])).expect("a clamped row runs");
+    for (file, needle) in [
+        ("bad/zero_output.jsonl", "zero_output.jsonl:2: \"output_length\" must be at least 1"),
+        (
+            "bad/object_session_id.jsonl",
+            "object_session_id.jsonl:1: \"session_id\" must be a string or an integer, got an object",
+        ),
+    ] {
+        let path = fixture(file);
+        let err = run(cli(&["replay", path.to_str().unwrap(), "-q"])).unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(msg.contains(needle), "{file}: {msg}");
+    }
 }

@@ -1,5 +1,8 @@
-//! Engine, router and cluster flags shared by `mockserve serve` and `mockserve replay`, and their
-//! conversion into a validated [`ClusterConfig`].
+//! Engine, router and cluster flags shared by `mockserve serve`, `mockserve replay` and
+//! loadgen's embedded server, and their conversion into a validated [`ClusterConfig`]: the one
+//! place flags are checked (finite, in range, consistent with each other) before anything runs.
+//! [`ClusterConfig::warnings`] lists the valid settings that still make part of a run useless;
+//! each command prints them.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -244,7 +247,9 @@ fn parse_fixed(s: &str) -> Result<Fixed, String> {
 }
 
 impl EngineArgs {
-    /// The validated cluster configuration these flags describe.
+    /// The validated cluster configuration these flags describe: flag combinations that only
+    /// apply to another mode are errors, then [`ClusterConfig::validate`] checks every value
+    /// (NaN and infinite weights, zero or huge sizes, overflowing products, ...).
     pub fn cluster_config(&self) -> Result<ClusterConfig, ConfigError> {
         let bad = |m: &str| Err(ConfigError(m.to_string()));
         let kv_bytes_per_token = match (&self.model_config, self.kv_bytes_per_token) {
@@ -349,7 +354,141 @@ impl EngineArgs {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
+    use crate::server::ServerConfig;
+    use crate::{Cli, Command};
+
+    fn fixture(name: &str) -> String {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fixtures")
+            .join(name)
+            .display()
+            .to_string()
+    }
+
+    /// Flags every command must refuse before starting, with the flag named in the error.
+    const BAD: &[(&[&str], &str)] = &[
+        (&["--overlap-score-weight", "nan"], "--overlap-score-weight"),
+        (&["--overlap-score-weight", "inf"], "--overlap-score-weight"),
+        (
+            &["--overlap-score-weight", "1e308"],
+            "--overlap-score-weight",
+        ),
+        (&["--router-temperature", "inf"], "--router-temperature"),
+        (
+            &["--router-queue-threshold", "nan"],
+            "--router-queue-threshold",
+        ),
+        (&["--speedup-ratio", "0"], "speed-up"),
+        (&["--decode-speedup-ratio", "nan"], "speed-up"),
+        (&["--num-workers", "0"], "--num-workers"),
+        (&["--num-workers", "100000"], "--num-workers"),
+        (&["--max-num-seqs", "0"], "--max-num-seqs"),
+        (
+            &["--max-num-batched-tokens", "0"],
+            "--max-num-batched-tokens",
+        ),
+        (&["--block-size", "0"], "--block-size"),
+        (
+            &[
+                "--block-size",
+                "4294967296",
+                "--num-gpu-blocks",
+                "4294967296",
+            ],
+            "--num-gpu-blocks",
+        ),
+        (
+            &["--serving-mode", "disagg", "--kv-transfer-bandwidth", "nan"],
+            "--kv-transfer-bandwidth",
+        ),
+        (
+            &[
+                "--num-g2-blocks",
+                "4",
+                "--kv-bytes-per-token",
+                "1000",
+                "--bandwidth-g1-to-g2-gbps",
+                "nan",
+            ],
+            "--bandwidth-g1-to-g2-gbps",
+        ),
+        (
+            &[
+                "--num-g2-blocks",
+                "4",
+                "--kv-bytes-per-token",
+                "18446744073709551615",
+            ],
+            "overflows",
+        ),
+        (&["--fixed-latency", "nan,1"], "finite"),
+    ];
+
+    #[test]
+    fn serve_and_replay_refuse_the_same_bad_flags_with_clear_errors() {
+        let trace = fixture("trace_small.jsonl");
+        for (flags, needle) in BAD {
+            let mut serve = vec!["mockserve", "serve"];
+            serve.extend_from_slice(flags);
+            let mut replay = vec!["mockserve", "replay", trace.as_str(), "-q"];
+            replay.extend_from_slice(flags);
+            for argv in [serve, replay] {
+                let msg = match Cli::try_parse_from(&argv) {
+                    // A value clap's own parser refuses (the flag is named by clap).
+                    Err(e) => e.to_string(),
+                    Ok(cli) => match cli.command {
+                        // Validation happens before binding a port or loading the engine.
+                        Some(Command::Serve(args)) => ServerConfig::from_args(&args)
+                            .expect_err("refused")
+                            .to_string(),
+                        _ => format!("{:#}", crate::run(cli).expect_err("refused")),
+                    },
+                };
+                assert!(msg.contains(needle), "{argv:?}: {msg}");
+            }
+        }
+    }
+
+    #[test]
+    fn useless_but_valid_settings_are_warned_about() {
+        let cli = Cli::try_parse_from([
+            "mockserve",
+            "serve",
+            "--max-num-batched-tokens",
+            "16",
+            "--no-chunked-prefill",
+            "--num-gpu-blocks",
+            "4",
+            "--router-mode",
+            "round-robin",
+            "--overlap-score-weight",
+            "2",
+        ])
+        .expect("parses");
+        let Some(Command::Serve(args)) = cli.command else {
+            panic!("serve");
+        };
+        let config = ServerConfig::from_args(&args).expect("valid");
+        let warnings = config.live_cluster().warnings().join("\n");
+        for needle in [
+            "prompts longer than --max-num-batched-tokens (16) are refused",
+            "KV pool holds 256 tokens",
+            "have no effect with --router-mode round-robin",
+        ] {
+            assert!(warnings.contains(needle), "{needle}: {warnings}");
+        }
+        let Some(Command::Serve(defaults)) = Cli::try_parse_from(["mockserve", "serve"])
+            .expect("parses")
+            .command
+        else {
+            panic!("serve");
+        };
+        let config = ServerConfig::from_args(&defaults).expect("valid");
+        assert_eq!(config.live_cluster().warnings(), Vec::<String>::new());
+    }
 
     #[test]
     fn kv_bytes_per_token_from_a_llama_like_config() {

@@ -8,12 +8,19 @@
 //! The driver also feeds the token counters and latency histograms of [`Metrics`] (it sees
 //! every output, with its simulated time) and bounds speculative prefills
 //! ([`MAX_SPECULATIVE_PREFILLS`] in flight; more are skipped and counted).
+//!
+//! Liveness: a request the engine can never run is refused at submission
+//! ([`SubmitError::Rejected`]). A watchdog turns "no progress while work is pending" (requests
+//! in flight but no next event, or [`STALL_ROUNDS`] advances in a row that emit nothing and do
+//! not move the clock) into [`Event::Stalled`] for every request in flight, whose KV is freed,
+//! instead of a spinning task. If the task ever ends unexpectedly (a panic), the handle's
+//! [`EngineHandle::is_alive`] turns false, so `/health` stops reporting a healthy server.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use servesim::cluster::{Cluster, ClusterStats, Output};
+use servesim::cluster::{Cluster, ClusterStats, Output, SubmitToError};
 use servesim::ids::{RequestId, WorkerId};
 use servesim::request::EngineRequest;
 use servesim::scheduler::RejectReason;
@@ -26,6 +33,11 @@ use crate::metrics::{Metrics, SkipLabel, WorkerLabel, SKIP_IN_FLIGHT, SKIP_QUEUE
 /// Speculative prefills running at once at most (Dynamo's `MAX_BLOCKING_PREFILLS`); one more is
 /// skipped, not queued.
 pub const MAX_SPECULATIVE_PREFILLS: usize = 4;
+
+/// Advances in a row that emit nothing and leave the next event no later than the time just
+/// advanced to, after which the driver declares the engine stalled. A healthy engine never
+/// repeats such an advance more than a few times (zero-time transfers and hand-offs).
+pub const STALL_ROUNDS: u32 = 64;
 
 /// What happened to one request, as its handler sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,6 +62,9 @@ pub enum Event {
     Preempted,
     /// The engine can never run it.
     Rejected(RejectReason),
+    /// The engine made no progress while this request was in flight (an engine defect caught
+    /// by the driver's watchdog); the request was cancelled and its KV freed.
+    Stalled,
 }
 
 /// Why a submission was refused.
@@ -61,6 +76,10 @@ pub enum SubmitError {
         /// Requests waiting when this one arrived.
         waiting: usize,
     },
+    /// The engine can never run the request (empty prompt, longer than the context or the KV
+    /// pool, ...).
+    #[error("{0}")]
+    Rejected(RejectReason),
     /// The request was pinned to a worker that does not exist.
     #[error("there is no worker {worker}: this server has {num_workers} (ids 0..{num_workers})")]
     NoSuchWorker {
@@ -104,6 +123,8 @@ enum Command {
 /// A cloneable handle to the driver task. The task ends when every handle is dropped.
 #[derive(Clone, Debug)]
 pub struct EngineHandle {
+    /// The driver's inbox; it closes when the task ends for any reason (a panic included),
+    /// which is how handlers and `/health` learn that the engine is gone.
     commands: mpsc::UnboundedSender<Command>,
 }
 
@@ -147,29 +168,27 @@ impl std::fmt::Debug for Command {
 impl EngineHandle {
     /// Spawns the driver task on the current tokio runtime. `max_waiting` bounds the requests
     /// waiting for admission (router-parked plus worker queues); `metrics` receives the token
-    /// counters and latencies.
+    /// counters and latencies. Settings that make the server useless (see
+    /// [`startup_warnings`]) are printed to stderr as warnings.
     pub fn spawn(
         cluster: Cluster,
         max_waiting: Option<usize>,
         metrics: Arc<Metrics>,
     ) -> EngineHandle {
+        for warning in startup_warnings(&cluster, max_waiting) {
+            eprintln!("mockserve: warning: {warning}");
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         metrics.init_workers(cluster.workers().len());
-        let driver = Driver {
-            cluster,
-            epoch: Instant::now(),
-            listeners: BTreeMap::new(),
-            max_waiting,
-            prefix_hit_tokens: 0,
-            prompt_tokens: 0,
-            cancelled: 0,
-            tracked: BTreeMap::new(),
-            speculative_in_flight: 0,
-            last_submit: SimTime::ZERO,
-            metrics,
-        };
+        let driver = Driver::new(cluster, max_waiting, metrics);
         tokio::spawn(driver.run(rx));
         EngineHandle { commands: tx }
+    }
+
+    /// False once the driver task has ended (the server is shutting down, or the engine task
+    /// died): no request will be served any more.
+    pub fn is_alive(&self) -> bool {
+        !self.commands.is_closed()
     }
 
     /// Submits a request (routed, or run on `pinned`) and returns its event stream.
@@ -242,6 +261,8 @@ struct Driver {
     last_submit: SimTime,
     /// Speculative prefills among `tracked`.
     speculative_in_flight: usize,
+    /// Counts advances that made no progress.
+    watchdog: Watchdog,
     /// Counters and histograms fed from outputs.
     metrics: Arc<Metrics>,
 }
@@ -261,7 +282,50 @@ struct Tracked {
     speculative: bool,
 }
 
+/// The driver's stall detector: counts advances in a row that emitted nothing and left the
+/// engine's next event no later than the time advanced to.
+#[derive(Debug, Default)]
+struct Watchdog {
+    idle_rounds: u32,
+}
+
+impl Watchdog {
+    /// Records one advance to `now` that emitted `outputs` outputs, after which the engine next
+    /// needs waking at `next`. True when the engine is stalled ([`STALL_ROUNDS`] such advances
+    /// in a row); the count then starts again.
+    fn after_advance(&mut self, outputs: usize, next: Option<SimTime>, now: SimTime) -> bool {
+        let moved = next.is_none_or(|t| t > now);
+        if outputs > 0 || moved {
+            self.idle_rounds = 0;
+            return false;
+        }
+        self.idle_rounds += 1;
+        if self.idle_rounds >= STALL_ROUNDS {
+            self.idle_rounds = 0;
+            return true;
+        }
+        false
+    }
+}
+
 impl Driver {
+    fn new(cluster: Cluster, max_waiting: Option<usize>, metrics: Arc<Metrics>) -> Driver {
+        Driver {
+            cluster,
+            epoch: Instant::now(),
+            listeners: BTreeMap::new(),
+            max_waiting,
+            prefix_hit_tokens: 0,
+            prompt_tokens: 0,
+            cancelled: 0,
+            tracked: BTreeMap::new(),
+            speculative_in_flight: 0,
+            last_submit: SimTime::ZERO,
+            watchdog: Watchdog::default(),
+            metrics,
+        }
+    }
+
     fn now(&self) -> SimTime {
         SimTime(self.epoch.elapsed().as_micros() as u64)
     }
@@ -269,7 +333,14 @@ impl Driver {
     async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
         loop {
             let next = self.cluster.next_event_time();
-            let deadline = next.map(|t| self.epoch + Duration::from_micros(t.as_micros()));
+            if next.is_none() && !self.tracked.is_empty() {
+                // Requests are in flight but the engine will never wake up for them.
+                self.fail_stalled();
+                continue;
+            }
+            // A time beyond the clock's range (a pass of astronomic length) is never reached.
+            let deadline =
+                next.and_then(|t| self.epoch.checked_add(Duration::from_micros(t.as_micros())));
             tokio::select! {
                 biased;
                 // Due engine work first: requests arriving during a pass wait for the next one,
@@ -281,7 +352,12 @@ impl Driver {
                     // since then starts no earlier than its arrival.
                     let now = next.unwrap_or(SimTime::ZERO).max(self.last_submit);
                     let outputs = self.cluster.advance(now);
+                    let next = self.cluster.next_event_time();
+                    let stalled = self.watchdog.after_advance(outputs.len(), next, now);
                     self.dispatch(outputs);
+                    if stalled {
+                        self.fail_stalled();
+                    }
                 }
                 command = commands.recv() => match command {
                     Some(command) => self.handle(command),
@@ -332,7 +408,7 @@ impl Driver {
                             .inc();
                     }
                     None => {
-                        // Routed, so the router cannot refuse it.
+                        // A prompt the engine refuses is not warmed (nor counted as submitted).
                         if self.start(request, None, true).is_ok() {
                             self.speculative_in_flight += 1;
                             self.metrics.spec_submitted.inc();
@@ -352,6 +428,24 @@ impl Driver {
                     cancelled: self.cancelled,
                 });
             }
+        }
+    }
+
+    /// The watchdog's verdict: the engine cannot make progress. Every request in flight gets
+    /// [`Event::Stalled`] and is cancelled, which frees its KV blocks.
+    fn fail_stalled(&mut self) {
+        let ids: Vec<RequestId> = self.tracked.keys().copied().collect();
+        eprintln!(
+            "mockserve: error: the engine made no progress with {} requests in flight; \
+             failing them",
+            self.cluster.active_requests()
+        );
+        for id in ids {
+            if let Some(listener) = self.listeners.remove(&id) {
+                // The client may be gone already; it is cancelled either way.
+                let _ = listener.send(Event::Stalled);
+            }
+            self.cancel(id);
         }
     }
 
@@ -385,15 +479,23 @@ impl Driver {
         self.last_submit = now;
         let prompt_len = request.prompt.len;
         let id = match pinned {
-            None => self.cluster.submit(request, now),
+            None => self
+                .cluster
+                .submit(request, now)
+                .map_err(|r| SubmitError::Rejected(r.reason))?,
             Some(worker) => {
-                let num_workers = self.cluster.workers().len();
-                let id = self.cluster.submit_to(request, worker, now).ok_or(
-                    SubmitError::NoSuchWorker {
-                        worker: u64::from(worker.0),
-                        num_workers,
-                    },
-                )?;
+                let id = self
+                    .cluster
+                    .submit_to(request, worker, now)
+                    .map_err(|e| match e {
+                        SubmitToError::NoSuchWorker { num_workers, .. } => {
+                            SubmitError::NoSuchWorker {
+                                worker: u64::from(worker.0),
+                                num_workers,
+                            }
+                        }
+                        SubmitToError::Rejected(r) => SubmitError::Rejected(r.reason),
+                    })?;
                 self.metrics.pinned.inc();
                 id
             }
@@ -549,6 +651,17 @@ impl Driver {
     }
 }
 
+/// Settings under which the live server refuses some or all requests, as sentences for a
+/// warning: the cluster's ([`servesim::cluster::ClusterConfig::warnings`]) and a queue bound of
+/// 0, which refuses every request with 429.
+pub fn startup_warnings(cluster: &Cluster, max_waiting: Option<usize>) -> Vec<String> {
+    let mut out = cluster.config().warnings();
+    if max_waiting == Some(0) {
+        out.push("--max-waiting 0 refuses every request (429): nothing may wait".to_string());
+    }
+    out
+}
+
 async fn sleep_until(deadline: Option<Instant>) {
     if let Some(d) = deadline {
         tokio::time::sleep_until(d).await;
@@ -697,10 +810,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn pinned_requests_run_on_their_worker() {
-        let config = ClusterConfig {
+        let mut config = ClusterConfig {
             num_workers: 3,
             ..ClusterConfig::default()
         };
+        config.engine.block_size = 4;
         let cluster = Cluster::new(config).expect("valid config");
         let metrics = Arc::new(Metrics::new());
         let engine = EngineHandle::spawn(cluster, None, Arc::clone(&metrics));
@@ -748,6 +862,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_full_queue_refuses_submissions() {
         let mut config = ClusterConfig::default();
+        config.engine.block_size = 4;
         config.engine.max_num_seqs = 1;
         let engine = EngineHandle::spawn(
             Cluster::new(config).expect("valid"),
@@ -760,6 +875,126 @@ mod tests {
         assert!(
             matches!(third, Err(SubmitError::Overloaded { waiting: 1 })),
             "{third:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_the_engine_can_never_run_are_refused_at_submission() {
+        let engine = handle();
+        let empty = EngineRequest {
+            prompt: Prompt::from_tokens(&[], 4),
+            max_output_tokens: 3,
+            output_tokens: Vec::new(),
+        };
+        let refused = engine.submit(empty, None).await;
+        assert!(
+            matches!(
+                refused,
+                Err(SubmitError::Rejected(RejectReason::EmptyPrompt))
+            ),
+            "{refused:?}"
+        );
+        // The engine is not wedged: the next request runs and the driver still answers.
+        let mut sub = engine.submit(request(2), None).await.expect("submitted");
+        let mut last = None;
+        while let Some(event) = sub.events.recv().await {
+            last = Some(event);
+        }
+        sub.mark_done();
+        assert_eq!(last, Some(Event::Finished));
+        let live = engine.snapshot().await.expect("snapshot");
+        assert_eq!(live.cluster.active_requests, 0);
+        assert_eq!(live.prompt_tokens, 6, "a refused prompt is not counted");
+    }
+
+    #[test]
+    fn the_watchdog_fires_after_stall_rounds_without_progress() {
+        let mut w = Watchdog::default();
+        let t = SimTime(100);
+        for _ in 1..STALL_ROUNDS {
+            assert!(!w.after_advance(0, Some(t), t));
+        }
+        // Progress of any kind resets the count: an output, or a later next event.
+        assert!(!w.after_advance(1, Some(t), t));
+        for _ in 1..STALL_ROUNDS {
+            assert!(!w.after_advance(0, Some(t), t));
+        }
+        assert!(!w.after_advance(0, Some(SimTime(101)), t));
+        for _ in 1..STALL_ROUNDS {
+            assert!(!w.after_advance(0, Some(SimTime(99)), t));
+        }
+        assert!(w.after_advance(0, Some(SimTime(99)), t), "stalled");
+        assert!(!w.after_advance(0, Some(t), t), "counting starts again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_engine_fails_its_requests_and_frees_their_kv() {
+        let mut config = ClusterConfig::default();
+        config.engine.block_size = 4;
+        let mut driver = Driver::new(Cluster::new(config).expect("valid"), None, Arc::default());
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let id = driver.start(request(1000), None, false).expect("starts");
+        driver.listeners.insert(id, tx);
+        let outputs = driver.cluster.advance(SimTime::ZERO);
+        driver.dispatch(outputs);
+        assert!(driver.cluster.snapshot().workers[0].scheduler.active_blocks > 0);
+        driver.fail_stalled();
+        let mut events = Vec::new();
+        while let Ok(event) = rx.try_recv() {
+            events.push(event);
+        }
+        assert_eq!(events.last(), Some(&Event::Stalled), "{events:?}");
+        assert_eq!(driver.cluster.active_requests(), 0);
+        assert_eq!(
+            driver.cluster.snapshot().workers[0].scheduler.active_blocks,
+            0
+        );
+        assert!(driver.tracked.is_empty() && driver.listeners.is_empty());
+    }
+
+    /// A latency model that fails: the engine task panics at its first pass.
+    #[derive(Debug)]
+    struct Explodes;
+
+    impl servesim::perf::LatencyModel for Explodes {
+        fn prefill_ms(&self, _: &servesim::perf::PrefillBatch) -> f64 {
+            panic!("injected latency-model failure")
+        }
+        fn decode_ms(&self, _: &servesim::perf::DecodeBatch) -> f64 {
+            1.0
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dead_engine_task_reports_itself_dead() {
+        let mut config = ClusterConfig::default();
+        config.engine.block_size = 4;
+        config.engine.latency.model = Arc::new(Explodes);
+        let engine =
+            EngineHandle::spawn(Cluster::new(config).expect("valid"), None, Arc::default());
+        assert!(engine.is_alive());
+        let mut sub = engine.submit(request(2), None).await.expect("submitted");
+        // The task dies at the first pass: the request's events end without Finished.
+        while let Some(event) = sub.events.recv().await {
+            assert_ne!(event, Event::Finished);
+        }
+        sub.mark_done();
+        tokio::task::yield_now().await;
+        assert!(!engine.is_alive());
+        let later = engine.submit(request(2), None).await;
+        assert!(matches!(later, Err(SubmitError::Stopped)), "{later:?}");
+    }
+
+    #[test]
+    fn a_queue_bound_of_zero_is_warned_about() {
+        let cluster = Cluster::new(ClusterConfig::default()).expect("valid");
+        assert!(startup_warnings(&cluster, Some(1)).is_empty());
+        let warnings = startup_warnings(&cluster, Some(0));
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("--max-waiting 0 refuses every request")),
+            "{warnings:?}"
         );
     }
 }

@@ -1,11 +1,16 @@
 //! `mockserve replay TRACE`: the engine on a virtual clock over a Mooncake trace.
+//!
+//! Requests the engine can never run are counted as rejected (`rejected_requests` in the
+//! report) and listed by reason after it, with a warning; a run in which no request completes
+//! is an error, after the report files are written.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use servesim::replay::{replay, ReplayConfig, ReplayOutcome};
+use servesim::replay::{replay, set_wall_time, ReplayConfig, ReplayOutcome, ReplayRejection};
 use servesim::trace::{self, TraceOptions};
 
 use crate::args::{EngineArgs, ReportArgs};
@@ -43,6 +48,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
     if args.trace_block_size == 0 {
         anyhow::bail!("--trace-block-size must be positive");
     }
+    for warning in cluster.warnings() {
+        eprintln!("mockserve: warning: {warning}");
+    }
     let options = TraceOptions {
         trace_block_size: args.trace_block_size,
         arrival_speedup_ratio: args.arrival_speedup_ratio,
@@ -59,6 +67,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
         .map(create)
         .transpose()?;
     let trace = trace::load(&args.trace, &options)?;
+    if let Some(warning) = clamped_warning(&trace, args.trace_block_size) {
+        eprintln!("mockserve: warning: {warning}");
+    }
     let config = ReplayConfig {
         cluster,
         trace_block_size: args.trace_block_size,
@@ -76,19 +87,29 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
             );
             bar
         });
+        // The engine reads no clock; the command times the run.
+        let started = std::time::Instant::now();
         let result = replay(&trace, &config, |done, _| {
             if let Some(b) = &bar {
                 b.set_position(done as u64);
             }
         });
+        let wall = started.elapsed();
         if let Some(b) = bar {
             b.finish_and_clear();
         }
-        outcome = Some(result?);
+        let mut run = result?;
+        set_wall_time(&mut run.report, wall);
+        outcome = Some(run);
     }
     let outcome = outcome.context("no iteration ran")?;
     println!("Offline replay report");
     print!("{}", outcome.report);
+    let rejected = rejection_summary(&outcome.rejections);
+    if !rejected.is_empty() {
+        println!("Rejected requests (never ran)");
+        print!("{rejected}");
+    }
     if let (Some(file), Some(path)) = (report_file, &args.report.report_json) {
         let mut w = std::io::BufWriter::new(file);
         serde_json::to_writer_pretty(&mut w, &outcome.report)?;
@@ -106,5 +127,64 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
         w.flush()
             .with_context(|| format!("writing {}", path.display()))?;
     }
+    let report = &outcome.report;
+    if report.completed_requests == 0 && report.num_requests > 0 {
+        anyhow::bail!(
+            "no request completed: {} of {} were rejected by the engine (reasons above); check \
+             the engine flags against the trace",
+            report.rejected_requests,
+            report.num_requests
+        );
+    }
+    if report.rejected_requests > 0 {
+        eprintln!(
+            "mockserve: warning: {} of {} requests were rejected by the engine and never ran \
+             (reasons in the report)",
+            report.rejected_requests, report.num_requests
+        );
+    }
     Ok(outcome)
+}
+
+/// A warning when some rows' `input_length` is beyond what their `hash_ids` cover (their
+/// prompts are cut), naming the first such row.
+pub fn clamped_warning(trace: &trace::Trace, trace_block_size: usize) -> Option<String> {
+    let mut clamped = trace.clamped_turns();
+    let first = clamped.next()?;
+    let count = 1 + clamped.count();
+    Some(format!(
+        "{count} trace rows have an input_length beyond what their hash_ids cover at \
+         --trace-block-size {trace_block_size}; their prompts are cut (first: line {}, {} -> {} \
+         tokens). Is the trace block size right?",
+        first.line,
+        first.requested_input_length.unwrap_or(first.input_length),
+        first.input_length
+    ))
+}
+
+/// Rejections grouped by kind: count, the first reason in full, and the first trace lines.
+pub fn rejection_summary(rejections: &[ReplayRejection]) -> String {
+    const LINES_SHOWN: usize = 5;
+    let mut by_code: BTreeMap<&str, Vec<&ReplayRejection>> = BTreeMap::new();
+    for r in rejections {
+        by_code.entry(r.reason.code()).or_default().push(r);
+    }
+    let mut out = String::new();
+    for (code, group) in by_code {
+        let mut lines: Vec<String> = group
+            .iter()
+            .take(LINES_SHOWN)
+            .map(|r| r.line.to_string())
+            .collect();
+        if group.len() > LINES_SHOWN {
+            lines.push("...".into());
+        }
+        out.push_str(&format!(
+            "  {code:<24} {:>6}  e.g. {} (trace lines {})\n",
+            group.len(),
+            group[0].reason,
+            lines.join(", ")
+        ));
+    }
+    out
 }

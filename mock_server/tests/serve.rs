@@ -645,41 +645,29 @@ fn bare_mockserve_means_serve() -> Result<()> {
 }
 
 #[tokio::test]
-async fn engine_rejection_mid_stream_is_an_error_event() -> Result<()> {
+async fn engine_rejection_is_a_400_streamed_or_not() -> Result<()> {
     let mut cfg = config(None);
     cfg.cluster.engine.num_gpu_blocks = 2;
     let server = start(cfg).await?;
-    let body = chat_body(
-        &json!([user(&long_question())]),
+    // The engine refuses at submission a request its KV pool can never hold: a plain 400
+    // before any byte of the stream, as for a request too long for the context.
+    for extra in [
         json!({"stream": true, "max_tokens": 4}),
-    );
-    let response = within(
-        server
-            .client
-            .post(format!("{}/v1/chat/completions", server.base))
-            .json(&body)
-            .send(),
-    )
-    .await??;
-    let events = read_sse(response, Instant::now()).await?;
-    assert_eq!(events.len(), 3, "{events:?}");
-    let role: Value = serde_json::from_str(&events[0].0)?;
-    assert_eq!(role["choices"][0]["delta"]["role"], "assistant");
-    let error: Value = serde_json::from_str(&events[1].0)?;
-    assert_eq!(error["error"]["type"], "invalid_request_error");
-    assert_eq!(events[2].0, "[DONE]");
-
-    // Not streamed, the same rejection is a plain 400.
-    let whole = chat_body(&json!([user(&long_question())]), json!({"max_tokens": 4}));
-    let response = within(
-        server
-            .client
-            .post(format!("{}/v1/chat/completions", server.base))
-            .json(&whole)
-            .send(),
-    )
-    .await??;
-    assert_eq!(response.status(), 400);
+        json!({"max_tokens": 4}),
+    ] {
+        let body = chat_body(&json!([user(&long_question())]), extra);
+        let response = within(
+            server
+                .client
+                .post(format!("{}/v1/chat/completions", server.base))
+                .json(&body)
+                .send(),
+        )
+        .await??;
+        assert_eq!(response.status(), 400);
+        let error: Value = response.json().await?;
+        assert_eq!(error["error"]["code"], "kv_capacity_exceeded", "{error}");
+    }
     Ok(())
 }
 

@@ -344,22 +344,36 @@ impl Router {
     }
 
     /// Argmin with a seeded uniform tie-break at temperature 0, else softmax sampling.
+    ///
+    /// Total over any costs: NaN counts as the worst cost, infinite costs tie with each other
+    /// (and fall back to the argmin rule), so a choice is always made.
     fn select(&mut self, costs: &[f64]) -> usize {
-        let min = costs.iter().copied().fold(f64::INFINITY, f64::min);
-        let max = costs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        if self.config.temperature <= 0.0 || max - min <= f64::EPSILON * max.abs().max(1.0) {
-            let tied: Vec<usize> = (0..costs.len())
-                .filter(|&i| costs[i] - min <= 1e-9 * min.abs().max(1.0))
-                .collect();
-            return if tied.len() == 1 {
-                tied[0]
+        let cost = |i: usize| {
+            let c = costs[i];
+            if c.is_nan() {
+                f64::INFINITY
             } else {
-                tied[self.rng.gen_range(0..tied.len())]
+                c
+            }
+        };
+        let min = (0..costs.len()).map(cost).fold(f64::INFINITY, f64::min);
+        let max = (0..costs.len()).map(cost).fold(f64::NEG_INFINITY, f64::max);
+        let finite = min.is_finite() && max.is_finite();
+        if self.config.temperature <= 0.0
+            || !finite
+            || max - min <= f64::EPSILON * max.abs().max(1.0)
+        {
+            let tied: Vec<usize> = (0..costs.len())
+                .filter(|&i| cost(i) == min || cost(i) - min <= 1e-9 * min.abs().max(1.0))
+                .collect();
+            return match tied.len() {
+                0 => 0,
+                1 => tied[0],
+                n => tied[self.rng.gen_range(0..n)],
             };
         }
-        let weights: Vec<f64> = costs
-            .iter()
-            .map(|c| (-(c - min) / ((max - min) * self.config.temperature)).exp())
+        let weights: Vec<f64> = (0..costs.len())
+            .map(|i| (-(cost(i) - min) / ((max - min) * self.config.temperature)).exp())
             .collect();
         let total: f64 = weights.iter().sum();
         let mut draw = self.rng.gen::<f64>() * total;

@@ -281,3 +281,43 @@ fn route_to_records_load_like_route() {
     pinned.free(WorkerId(0), RequestId(2));
     assert_eq!(pinned.load(WorkerId(0)).active_requests(), 0);
 }
+
+#[test]
+fn selection_is_total_over_non_finite_costs() {
+    for temperature in [0.0, 0.5] {
+        let config = RouterConfig {
+            temperature,
+            ..RouterConfig::default()
+        };
+        let mut r = Router::new(config, 3, 4, 8192, 3);
+        let inf = f64::INFINITY;
+        let nan = f64::NAN;
+        for costs in [
+            [nan, nan, nan],
+            [inf, inf, inf],
+            [nan, 2.0, inf],
+            [inf, inf, 5.0],
+            [-inf, 1.0, 2.0],
+        ] {
+            let pick = r.select(&costs);
+            assert!(pick < 3, "{costs:?}");
+            // A finite cost beats NaN and infinity.
+            if costs.iter().filter(|c| c.is_finite()).count() == 1 {
+                assert!(costs[pick].is_finite(), "{costs:?} -> {pick}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_largest_overlap_weight_routes_without_overflow() {
+    let config = RouterConfig {
+        overlap_score_weight: crate::cluster::MAX_OVERLAP_SCORE_WEIGHT,
+        ..RouterConfig::default()
+    };
+    let mut r = Router::new(config, 2, 4, 8192, 3);
+    let hashes: Vec<SequenceHash> = (0..8).map(h).collect();
+    r.apply_kv_event(&stored(1, &hashes[..4]));
+    let d = r.route(RequestId(0), request(&hashes));
+    assert_eq!(d.worker, WorkerId(1), "the cached prefix wins");
+}

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use super::policy::{Planner, VictimOrder};
 use crate::kv::G2Config;
 use crate::perf::{Polynomial, ScaledLatency};
 
@@ -190,8 +191,15 @@ impl Default for EngineConfig {
 #[error("invalid engine setting: {0}")]
 pub struct ConfigError(pub String);
 
+/// KV tokens per worker at most (`num_gpu_blocks * block_size`): far beyond any GPU, and low
+/// enough that token arithmetic never overflows.
+pub const MAX_KV_TOKENS: usize = 1 << 40;
+
 impl EngineConfig {
-    /// Checks that the settings can work together.
+    /// Checks that the settings can work together: sizes positive and the pool within
+    /// [`MAX_KV_TOKENS`], speed-up ratios positive (infinity allowed), SGLang's chunk a
+    /// positive multiple of the block size within its per-pass prefill budget, and a host tier
+    /// only where it is modelled.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: &str| Err(ConfigError(m.to_string()));
         if self.block_size == 0 {
@@ -199,6 +207,13 @@ impl EngineConfig {
         }
         if self.num_gpu_blocks == 0 {
             return bad("--num-gpu-blocks must be positive");
+        }
+        if self
+            .num_gpu_blocks
+            .checked_mul(self.block_size)
+            .is_none_or(|t| t > MAX_KV_TOKENS)
+        {
+            return bad("--num-gpu-blocks x --block-size must be at most 2^40 tokens");
         }
         if self.max_num_seqs == 0 {
             return bad("--max-num-seqs must be positive");
@@ -213,10 +228,28 @@ impl EngineConfig {
         if ratios.iter().any(|r| r.is_nan() || *r <= 0.0) {
             return bad("speed-up ratios must be positive (inf means no delay)");
         }
-        if self.engine_type == EngineType::Sglang
-            && self.sglang.chunked_prefill_size % self.block_size != 0
-        {
-            return bad("SGLang's chunked prefill size must be a multiple of --block-size");
+        if self.policy().planner == Planner::SglangExtend {
+            let s = &self.sglang;
+            if s.chunked_prefill_size == 0 || s.chunked_prefill_size % self.block_size != 0 {
+                return bad(
+                    "SGLang's chunked prefill size must be a positive multiple of --block-size",
+                );
+            }
+            if s.max_prefill_tokens < s.chunked_prefill_size {
+                return bad(
+                    "SGLang's max prefill tokens must be at least its chunked prefill size",
+                );
+            }
+            let ratios = [
+                s.init_new_token_ratio,
+                s.min_new_token_ratio_factor,
+                s.schedule_conservativeness,
+            ];
+            if ratios.iter().any(|r| !(r.is_finite() && *r >= 0.0))
+                || s.new_token_ratio_decay_steps == 0
+            {
+                return bad("SGLang's new-token ratios must be finite and >= 0, with at least one decay step");
+            }
         }
         if self.max_model_len == Some(0) {
             return bad("--max-model-len must be positive");
@@ -238,11 +271,67 @@ impl EngineConfig {
                     "--num-g2-blocks needs --kv-bytes-per-token (or --model-config) to time transfers",
                 );
             }
+            if g2
+                .kv_bytes_per_token
+                .checked_mul(self.block_size as u64)
+                .is_none()
+            {
+                return bad("--kv-bytes-per-token x --block-size overflows 64 bits");
+            }
             let bws = [g2.bandwidth_g1_to_g2_gbps, g2.bandwidth_g2_to_g1_gbps];
             if bws.iter().any(|b| b.is_nan() || *b < 0.0) {
                 return bad("--bandwidth-g1-to-g2-gbps and --bandwidth-g2-to-g1-gbps must be >= 0 (0 = instant)");
             }
         }
         Ok(())
+    }
+
+    /// KV tokens one worker's pool holds.
+    pub fn kv_capacity_tokens(&self) -> usize {
+        self.num_gpu_blocks.saturating_mul(self.block_size)
+    }
+
+    /// Settings that are valid but make part of a run useless, as sentences for a warning:
+    /// flags the flavour ignores, and limits under which requests the context length allows
+    /// are refused at submission.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let policy = self.policy();
+        if !self.enable_chunked_prefill && !policy.honours_chunked_prefill_flag {
+            out.push(
+                "--no-chunked-prefill has no effect with --engine-type sglang (it prefills in \
+                 chunks of its own size)"
+                    .to_string(),
+            );
+        }
+        let victim_from_flag = policy.preempts && policy.victim != VictimOrder::FewestGenerated;
+        if self.preemption_mode != PreemptionMode::Lifo && !victim_from_flag {
+            out.push(format!(
+                "--preemption-mode has no effect with --engine-type {}",
+                self.engine_type
+            ));
+        }
+        if let Some(max_model_len) = self.max_model_len {
+            if !self.enable_chunked_prefill
+                && policy.honours_chunked_prefill_flag
+                && self.max_num_batched_tokens < max_model_len
+            {
+                out.push(format!(
+                    "without chunked prefill, prompts longer than --max-num-batched-tokens ({}) \
+                     are refused, although --max-model-len is {max_model_len}",
+                    self.max_num_batched_tokens
+                ));
+            }
+            let capacity = self.kv_capacity_tokens();
+            if capacity < max_model_len {
+                out.push(format!(
+                    "a worker's KV pool holds {capacity} tokens (--num-gpu-blocks {} x \
+                     --block-size {}), less than --max-model-len {max_model_len}: requests \
+                     needing more are refused",
+                    self.num_gpu_blocks, self.block_size
+                ));
+            }
+        }
+        out
     }
 }

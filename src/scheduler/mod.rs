@@ -7,22 +7,28 @@
 //! emits one token for every request that was ready, and completes those that reached their
 //! output limit.
 
+mod admission;
 mod config;
+mod offload;
+mod policy;
+mod sglang;
+pub use admission::RejectReason;
 pub use config::{ConfigError, EngineConfig, EngineType, PreemptionMode, SglangConfig, WorkerRole};
+pub use policy::{BatchingPolicy, Planner, VictimOrder};
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use offload::Offload;
+
 use crate::ids::RequestId;
-use crate::kv::{
-    BlockRef, G2Config, G2Tier, KvEventData, KvPool, SequenceBlocks, SharedLink, StoredBlock,
-};
+use crate::kv::{BlockRef, KvEventData, KvPool, SequenceBlocks};
 use crate::perf::{DecodeBatch, PrefillBatch};
 use crate::request::EngineRequest;
 use crate::time::{SimDuration, SimTime};
-use crate::tokens::{BlockHashes, SequenceHash, Token};
+use crate::tokens::{BlockHashes, Token};
 
 /// Something a pass did that the outside world needs to know.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,40 +70,6 @@ pub enum SchedulerEvent {
         /// Why.
         reason: RejectReason,
     },
-}
-
-/// Why a request was rejected.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RejectReason {
-    /// The prompt does not fit the context length.
-    ExceedsMaxModelLen {
-        /// Prompt tokens.
-        prompt_tokens: usize,
-        /// The limit.
-        max_model_len: usize,
-    },
-    /// The prompt needs more blocks than the whole pool has.
-    ExceedsKvCapacity {
-        /// Blocks the prompt needs.
-        blocks_needed: usize,
-        /// Blocks in the pool.
-        num_gpu_blocks: usize,
-    },
-}
-
-impl std::fmt::Display for RejectReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RejectReason::ExceedsMaxModelLen { prompt_tokens, max_model_len } => write!(
-                f,
-                "prompt of {prompt_tokens} tokens does not fit the context length of {max_model_len}"
-            ),
-            RejectReason::ExceedsKvCapacity { blocks_needed, num_gpu_blocks } => write!(
-                f,
-                "prompt needs {blocks_needed} KV blocks but the pool has {num_gpu_blocks}"
-            ),
-        }
-    }
 }
 
 /// The result of planning a pass.
@@ -189,38 +161,9 @@ pub struct SchedulerStats {
     pub g2_offloaded_blocks: u64,
     /// Blocks onboarded from G2 so far (transfers completed).
     pub g2_onboarded_blocks: u64,
-}
-
-/// The host tier of a scheduler, its two links and the transfers in flight.
-#[derive(Debug)]
-struct Offload {
-    /// Bytes of one block (`block_size * kv_bytes_per_token`).
-    block_bytes: f64,
-    /// Host blocks.
-    tier: G2Tier,
-    /// G1→G2 link.
-    offload_link: SharedLink,
-    /// G2→G1 link.
-    onboard_link: SharedLink,
-    /// Offload batches in flight by tag: the blocks each carries.
-    offloading: BTreeMap<u64, Vec<SequenceHash>>,
-    /// Onboards in flight by tag.
-    onboarding: BTreeMap<u64, Onboard>,
-    /// Next transfer tag.
-    next_tag: u64,
-    /// Blocks onboarded so far.
-    onboarded_blocks: u64,
-}
-
-/// An onboard in flight: the request waiting for it and the blocks it brings.
-#[derive(Debug)]
-struct Onboard {
-    id: RequestId,
-    /// Block before `blocks[0]` (None at the start of the sequence).
-    parent: Option<SequenceHash>,
-    /// Index of `blocks[0]` in the request's sequence.
-    start: usize,
-    blocks: Vec<StoredBlock>,
+    /// Requests rejected because an idle worker could not schedule them
+    /// ([`RejectReason::Unschedulable`]); always 0 unless the scheduler has a defect.
+    pub unschedulable: u64,
 }
 
 /// One worker's batching scheduler and KV pool.
@@ -228,6 +171,8 @@ struct Onboard {
 pub struct Scheduler {
     /// Engine settings (validated).
     config: EngineConfig,
+    /// The flavour's batching behaviour (from `config`).
+    policy: BatchingPolicy,
     /// The worker's KV pool.
     pool: KvPool,
     /// Every request on this worker, by slot; `None` slots are free for reuse.
@@ -246,6 +191,8 @@ pub struct Scheduler {
     /// True between `start_pass` and `finish_pass`.
     in_pass: bool,
     preemptions: u64,
+    /// Requests rejected as unschedulable on an idle worker (a defect counter).
+    unschedulable: u64,
     /// Events produced while planning, drained by the worker.
     events: Vec<SchedulerEvent>,
     /// The latest time the worker reported (transfers start then).
@@ -261,20 +208,12 @@ impl Scheduler {
     pub fn new(config: EngineConfig, seed: u64) -> Scheduler {
         let mut pool = KvPool::new(config.num_gpu_blocks, config.enable_prefix_caching);
         let new_token_ratio = config.sglang.init_new_token_ratio();
-        let offload = config.g2.as_ref().map(|g2: &G2Config| {
+        let offload = config.g2.as_ref().map(|g2| {
             pool.track_evictions();
-            Offload {
-                block_bytes: (config.block_size as u64 * g2.kv_bytes_per_token) as f64,
-                tier: G2Tier::new(g2.num_blocks),
-                offload_link: SharedLink::new(g2.bandwidth_g1_to_g2_gbps),
-                onboard_link: SharedLink::new(g2.bandwidth_g2_to_g1_gbps),
-                offloading: BTreeMap::new(),
-                onboarding: BTreeMap::new(),
-                next_tag: 0,
-                onboarded_blocks: 0,
-            }
+            Offload::new(g2, config.block_size)
         });
         Scheduler {
+            policy: config.policy(),
             config,
             pool,
             seqs: Vec::new(),
@@ -286,127 +225,12 @@ impl Scheduler {
             ready: Vec::new(),
             in_pass: false,
             preemptions: 0,
+            unschedulable: 0,
             events: Vec::new(),
             now: SimTime::ZERO,
             offload,
             awaiting: Vec::new(),
         }
-    }
-
-    /// Moves the clock to `now`: completes the G2 transfers due by then (offloaded blocks become
-    /// resident; onboarded blocks become inactive cached blocks and their request goes back to
-    /// the front of the waiting queue). The worker calls it before every pass and at
-    /// [`Scheduler::next_transfer_end`].
-    pub fn advance_transfers(&mut self, now: SimTime) {
-        self.now = self.now.max(now);
-        let Some(off) = &mut self.offload else {
-            return;
-        };
-        for tag in off.offload_link.advance(now) {
-            for h in off.offloading.remove(&tag).unwrap_or_default() {
-                off.tier.arrive(h);
-            }
-        }
-        let done = off.onboard_link.advance(now);
-        for tag in done {
-            let Some(onboard) = self
-                .offload
-                .as_mut()
-                .and_then(|off| off.onboarding.remove(&tag))
-            else {
-                continue;
-            };
-            // Keep the request's G1 prefix: the onboarded blocks must not evict it.
-            if let Some(slot) = self.slot_of(onboard.id) {
-                let s = self.seqs[slot].as_ref().expect("slot is live");
-                let prefix = &s.hashes.sequence[..onboard.start.min(s.hashes.len())];
-                self.pool.touch(prefix);
-            }
-            self.pool.insert_inactive(onboard.parent, &onboard.blocks);
-            if let Some(off) = &mut self.offload {
-                off.onboarded_blocks += onboard.blocks.len() as u64;
-            }
-            if let Some(slot) = self.slot_of(onboard.id) {
-                self.awaiting.retain(|&s| s != slot);
-                let end = onboard.start + onboard.blocks.len();
-                self.seq_mut(slot).onboarded = Some((onboard.start, end));
-                self.waiting.push_front(slot);
-            }
-        }
-        self.offload_evicted();
-    }
-
-    /// When the next onboard completes (offloads need no wake-up: residency is brought up to
-    /// date whenever the clock moves).
-    pub fn next_transfer_end(&self) -> Option<SimTime> {
-        self.offload
-            .as_ref()
-            .and_then(|off| off.onboard_link.next_completion())
-    }
-
-    /// Starts one offload transfer for the blocks the pool evicted since the last call.
-    fn offload_evicted(&mut self) {
-        let Some(off) = &mut self.offload else {
-            return;
-        };
-        let evicted = self.pool.take_evicted();
-        let batch: Vec<SequenceHash> = evicted
-            .into_iter()
-            .filter(|&h| off.tier.reserve(h))
-            .collect();
-        if batch.is_empty() {
-            return;
-        }
-        let tag = off.next_tag;
-        off.next_tag += 1;
-        off.offload_link
-            .start(self.now, tag, batch.len() as f64 * off.block_bytes);
-        off.offloading.insert(tag, batch);
-    }
-
-    /// vLLM with G2: when the blocks after the G1 prefix match continue in G2, parks the request
-    /// and starts onboarding them. Returns true when parked.
-    fn try_onboard(&mut self, slot: usize) -> bool {
-        let Some(off) = &mut self.offload else {
-            return false;
-        };
-        let s = self.seqs[slot].as_ref().expect("slot is live");
-        if s.onboarded.is_some() {
-            return false;
-        }
-        let bs = self.config.block_size;
-        let g1 = self.pool.lookup_prefix(&s.hashes.sequence).blocks;
-        // Only blocks that can count as cached (the last token is always computed).
-        let usable = (s.len().saturating_sub(1) / bs).min(s.hashes.len());
-        if g1 >= usable {
-            return false;
-        }
-        let k = off.tier.lookup_prefix(&s.hashes.sequence[g1..usable]);
-        if k == 0 {
-            return false;
-        }
-        let hashes = &s.hashes.sequence[g1..g1 + k];
-        off.tier.touch_all(hashes);
-        let blocks: Vec<StoredBlock> = (g1..g1 + k)
-            .map(|i| StoredBlock {
-                seq_hash: s.hashes.sequence[i],
-                local_hash: s.hashes.local[i],
-            })
-            .collect();
-        let tag = off.next_tag;
-        off.next_tag += 1;
-        off.onboard_link
-            .start(self.now, tag, k as f64 * off.block_bytes);
-        off.onboarding.insert(
-            tag,
-            Onboard {
-                id: s.id,
-                parent: g1.checked_sub(1).map(|p| s.hashes.sequence[p]),
-                start: g1,
-                blocks,
-            },
-        );
-        true
     }
 
     /// The engine settings.
@@ -422,8 +246,9 @@ impl Scheduler {
     /// Queues a request. Its prompt blocks must be hashed at this engine's block size.
     pub fn enqueue(&mut self, id: RequestId, request: EngineRequest) {
         let mut max_output = request.max_output_tokens;
-        if self.config.engine_type == EngineType::Trtllm {
-            // Guaranteed-no-evict reserves to completion: the output cannot outgrow the pool.
+        if self.policy.reserves_full_output {
+            // Guaranteed-no-evict reserves to completion: the output cannot outgrow the pool
+            // (requests the cluster accepted never need this cut).
             let capacity = self.config.num_gpu_blocks * self.config.block_size;
             max_output = max_output.min(capacity.saturating_sub(request.prompt.len));
         }
@@ -490,9 +315,10 @@ impl Scheduler {
             inactive_blocks: self.pool.num_inactive_blocks(),
             preemptions: self.preemptions,
             awaiting_onboard: self.awaiting.len(),
-            g2_resident_blocks: self.offload.as_ref().map_or(0, |o| o.tier.num_resident()),
-            g2_offloaded_blocks: self.offload.as_ref().map_or(0, |o| o.tier.offloaded_blocks),
+            g2_resident_blocks: self.offload.as_ref().map_or(0, Offload::resident_blocks),
+            g2_offloaded_blocks: self.offload.as_ref().map_or(0, Offload::offloaded_blocks),
             g2_onboarded_blocks: self.offload.as_ref().map_or(0, |o| o.onboarded_blocks),
+            unschedulable: self.unschedulable,
         }
     }
 
@@ -519,12 +345,12 @@ impl Scheduler {
             preempted_any: false,
             scheduled_any: false,
         };
-        match self.config.engine_type {
-            EngineType::Vllm | EngineType::Trtllm => {
+        match self.policy.planner {
+            Planner::RunningThenFifo => {
                 self.schedule_running(&mut pass);
                 self.admit_waiting(&mut pass);
             }
-            EngineType::Sglang => self.schedule_sglang(&mut pass),
+            Planner::SglangExtend => self.schedule_sglang(&mut pass),
         }
         if self.offload.is_some() {
             self.offload_evicted();
@@ -557,7 +383,7 @@ impl Scheduler {
             }
         }
         let total_kv_tokens = self.config.num_gpu_blocks * self.config.block_size;
-        if self.config.engine_type == EngineType::Sglang {
+        if self.policy.caps_decode_kv_at_pool {
             active_kv_tokens = active_kv_tokens.min(total_kv_tokens);
         }
         let decode = self.config.latency.decode(&DecodeBatch {
@@ -572,11 +398,8 @@ impl Scheduler {
         };
         self.ready = ready;
         self.in_pass = true;
-        if self.config.engine_type == EngineType::Sglang {
-            let s = &self.config.sglang;
-            let min = s.init_new_token_ratio() * s.min_new_token_ratio_factor;
-            let step = (s.init_new_token_ratio() - min) / s.new_token_ratio_decay_steps as f64;
-            self.new_token_ratio = (self.new_token_ratio - step).max(min);
+        if self.policy.adaptive_new_token_ratio {
+            self.decay_new_token_ratio();
         }
         Some(plan)
     }
@@ -664,9 +487,7 @@ impl Scheduler {
             {
                 return true;
             }
-            if self.config.engine_type == EngineType::Trtllm
-                || self.seq(slot).phase == Phase::Waiting
-            {
+            if !self.policy.preempts || self.seq(slot).phase == Phase::Waiting {
                 return false;
             }
             let Some(victim) = self.pick_victim() else {
@@ -682,17 +503,15 @@ impl Scheduler {
     /// The running request to preempt: newest (LIFO) or oldest (FIFO) for vLLM, fewest generated
     /// tokens for SGLang.
     fn pick_victim(&self) -> Option<usize> {
-        match self.config.engine_type {
-            EngineType::Sglang => self
+        match self.policy.victim {
+            VictimOrder::FewestGenerated => self
                 .running
                 .iter()
                 .rev()
                 .min_by_key(|&&s| self.seq(s).generated)
                 .copied(),
-            _ => match self.config.preemption_mode {
-                PreemptionMode::Lifo => self.running.last().copied(),
-                PreemptionMode::Fifo => self.running.first().copied(),
-            },
+            VictimOrder::Newest => self.running.last().copied(),
+            VictimOrder::Oldest => self.running.first().copied(),
         }
     }
 
@@ -700,7 +519,7 @@ impl Scheduler {
         self.running.retain(|&s| s != slot);
         let s = self.seqs[slot].as_mut().expect("victim is live");
         // Refund what it scheduled in this pass.
-        pass.budget += s.scheduled;
+        pass.budget = pass.budget.saturating_add(s.scheduled);
         if s.prefill_isl > 0 {
             pass.batch.num_requests -= 1;
             pass.batch.total_isl -= s.prefill_isl;
@@ -718,8 +537,8 @@ impl Scheduler {
         self.waiting.push_front(slot);
         self.preemptions += 1;
         pass.preempted_any = true;
-        if self.config.engine_type == EngineType::Sglang {
-            self.new_token_ratio = self.config.sglang.init_new_token_ratio();
+        if self.policy.adaptive_new_token_ratio {
+            self.reset_new_token_ratio();
         }
         self.events.push(SchedulerEvent::Preempted { id });
     }
@@ -739,8 +558,9 @@ impl Scheduler {
             pass.batch.total_isl += prompt_after;
             pass.batch.total_prefix += prompt_before;
         }
-        pass.budget -= tokens;
-        pass.scheduled_any = true;
+        pass.budget = pass.budget.saturating_sub(tokens);
+        // A pass that schedules no token makes no progress and must not run (it would repeat).
+        pass.scheduled_any |= tokens > 0;
     }
 
     /// vLLM / TRT-LLM step 1: running requests in order, under the token budget.
@@ -813,7 +633,7 @@ impl Scheduler {
     /// Dynamo's SGLang model reports it): its reuse is what it found the first time.
     fn admit_head(&mut self, slot: usize, cached: usize) {
         let bs = self.config.block_size;
-        let sglang = self.config.engine_type == EngineType::Sglang;
+        let announce = self.policy.announces_readmission;
         self.waiting.pop_front();
         self.running.push(slot);
         let s = self.seq_mut(slot);
@@ -823,7 +643,7 @@ impl Scheduler {
             Some((start, end)) => cached.min(end * bs).saturating_sub(start * bs),
             None => 0,
         };
-        if sglang && s.retracted {
+        if !announce && s.retracted {
             return;
         }
         let id = s.id;
@@ -836,6 +656,9 @@ impl Scheduler {
 
     fn reject_reason(&self, slot: usize) -> Option<RejectReason> {
         let s = self.seq(slot);
+        if s.len() == 0 {
+            return Some(RejectReason::EmptyPrompt);
+        }
         if let Some(max) = self.config.max_model_len {
             if s.prompt_len >= max {
                 return Some(RejectReason::ExceedsMaxModelLen {
@@ -889,12 +712,11 @@ impl Scheduler {
             let (cached, active_cached_blocks) = self.cached_prefix(slot);
             let s = self.seq(slot);
             let available = self.pool.capacity() - self.pool.num_active_blocks();
-            let fits = match self.config.engine_type {
-                EngineType::Trtllm => {
-                    let needed = (s.prompt_len + s.max_output).div_ceil(bs) - active_cached_blocks;
-                    needed <= available.saturating_sub(self.reserved_blocks())
-                }
-                _ => s.len().div_ceil(bs) - active_cached_blocks <= available,
+            let fits = if self.policy.reserves_full_output {
+                let needed = (s.prompt_len + s.max_output).div_ceil(bs) - active_cached_blocks;
+                needed <= available.saturating_sub(self.reserved_blocks())
+            } else {
+                s.len().div_ceil(bs) - active_cached_blocks <= available
             };
             if !fits {
                 break;
@@ -912,116 +734,29 @@ impl Scheduler {
         }
     }
 
-    /// SGLang: continue chunked prefills, admit under the new-token-ratio reservation, and when
-    /// nothing is prefilled decode every running request (retracting while the pool is short).
-    fn schedule_sglang(&mut self, pass: &mut PassState) {
-        let bs = self.config.block_size;
-        let cfg = self.config.sglang.clone();
-        let mut rem_chunk = cfg.chunked_prefill_size;
-        let mut rem_input = cfg.max_prefill_tokens;
-        // In-progress chunked prefills continue first.
-        let mut i = 0;
-        while i < self.running.len() {
-            let slot = self.running[i];
-            let s = self.seq(slot);
-            let remaining_prompt = s.prompt_len.saturating_sub(s.computed);
-            if remaining_prompt == 0 || rem_chunk < bs {
-                i += 1;
-                continue;
-            }
-            let before = s.computed;
-            let chunk = if remaining_prompt <= rem_chunk {
-                remaining_prompt
-            } else {
-                rem_chunk / bs * bs
-            };
-            // A request whose prompt is done also computes the tokens generated before a retraction.
-            let chunk = if chunk == remaining_prompt {
-                s.len() - before
-            } else {
-                chunk
-            };
-            pass.budget = usize::MAX;
-            if !self.allocate_or_preempt(slot, before + chunk, pass) {
-                i += 1;
-                continue;
-            }
-            self.commit_schedule(slot, before, chunk, pass);
-            rem_chunk = rem_chunk.saturating_sub(chunk.div_ceil(bs) * bs);
-            rem_input = rem_input.saturating_sub(chunk);
-            i += 1;
-        }
-        // Admission under the reservation for running requests' future output.
-        let capacity_tokens = (self.pool.num_free_blocks() + self.pool.num_inactive_blocks()) * bs;
-        let reserved: f64 = self
-            .running
-            .iter()
-            .map(|&s| {
-                self.seq(s).remaining_output().min(cfg.clip_max_new_tokens) as f64
-                    * self.new_token_ratio
-            })
-            .sum();
-        let mut rem_total = capacity_tokens as f64 - reserved;
-        while self.running.len() < self.config.max_num_seqs {
-            let Some(&slot) = self.waiting.front() else {
-                break;
-            };
-            if self.reject_if_hopeless(slot) {
-                continue;
-            }
-            let (cached, _) = self.cached_prefix(slot);
-            let s = self.seq(slot);
-            let extend = s.len() - cached;
-            let chunk = if extend <= rem_chunk {
-                extend
-            } else {
-                rem_chunk / bs * bs
-            };
-            if chunk == 0 {
-                break;
-            }
-            let charged = chunk.div_ceil(bs) * bs;
-            let reserve = if chunk == extend {
-                s.remaining_output().min(cfg.clip_max_new_tokens) as f64
-            } else {
-                0.0
-            };
-            if charged as f64 + reserve >= rem_total || charged > rem_input || charged > rem_chunk {
-                break;
-            }
-            pass.budget = usize::MAX;
-            if !self.allocate_or_preempt(slot, cached + chunk, pass) {
-                break;
-            }
-            self.admit_head(slot, cached);
-            self.commit_schedule(slot, cached, chunk, pass);
-            rem_total -= charged as f64 + reserve;
-            rem_chunk -= charged;
-            rem_input -= charged.min(rem_input);
-        }
-        if pass.batch.num_requests > 0 {
-            return;
-        }
-        // Decode step: every running request whose prompt is done grows by one token.
-        let mut i = 0;
-        while i < self.running.len() {
-            let slot = self.running[i];
-            let s = self.seq(slot);
-            let before = s.computed;
-            let remaining = s.len() - before;
-            if before < s.prompt_len || remaining == 0 {
-                i += 1;
-                continue;
-            }
-            if self.allocate_or_preempt(slot, before + remaining, pass) {
-                self.commit_schedule(slot, before, remaining, pass);
-            }
-            i = self
-                .running
-                .iter()
-                .position(|&s| s == slot)
-                .map_or(i, |p| p + 1);
-        }
+    /// Rejects the request that keeps this worker from starting a pass although it has work
+    /// and nothing else can change its state (no pass, no onboard in flight): the head of the
+    /// waiting queue, else the newest running request. Without this the request, and every
+    /// one queued behind it, would wait forever. Requests that passed
+    /// [`EngineConfig::check_request`] never get here; each rejection is counted in
+    /// [`SchedulerStats::unschedulable`]. Returns false when there was nothing to reject.
+    pub fn reject_unschedulable(&mut self) -> bool {
+        let slot = match self.waiting.pop_front() {
+            Some(slot) => slot,
+            None => match self.running.pop() {
+                Some(slot) => slot,
+                None => return false,
+            },
+        };
+        self.ready.retain(|&s| s != slot);
+        let id = self.seq(slot).id;
+        self.remove(slot);
+        self.unschedulable += 1;
+        self.events.push(SchedulerEvent::Rejected {
+            id,
+            reason: RejectReason::Unschedulable,
+        });
+        true
     }
 
     /// Checks the scheduler's bookkeeping and the pool's. Panics on a violation.
@@ -1055,24 +790,8 @@ impl Scheduler {
             );
         }
         if let Some(off) = &self.offload {
-            off.tier.assert_invariants();
-            off.offload_link.assert_invariants();
-            off.onboard_link.assert_invariants();
-            let arriving: usize = off.offloading.values().map(Vec::len).sum();
-            assert_eq!(
-                arriving,
-                off.tier.num_arriving(),
-                "arriving G2 blocks are in flight"
-            );
-            assert_eq!(off.offloading.len(), off.offload_link.in_flight());
-            assert_eq!(off.onboarding.len(), off.onboard_link.in_flight());
-            for &slot in &self.awaiting {
-                let id = self.seq(slot).id;
-                assert!(
-                    off.onboarding.values().any(|o| o.id == id),
-                    "a parked request has an onboard in flight"
-                );
-            }
+            let parked: Vec<RequestId> = self.awaiting.iter().map(|&s| self.seq(s).id).collect();
+            off.assert_invariants(&parked);
         } else {
             assert!(self.awaiting.is_empty());
         }

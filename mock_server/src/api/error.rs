@@ -207,6 +207,7 @@ impl From<SubmitError> for ApiError {
                 param: None,
                 code: Some("rate_limit_exceeded"),
             },
+            SubmitError::Rejected(reason) => reason.into(),
             SubmitError::NoSuchWorker { .. } => {
                 ApiError::invalid(e.to_string(), Some("nvext.backend_instance_id"))
                     .with_code("invalid_worker_id")
@@ -218,15 +219,40 @@ impl From<SubmitError> for ApiError {
 
 impl From<RejectReason> for ApiError {
     fn from(reason: RejectReason) -> ApiError {
+        // The reason reads inside other sentences (lower case); as a message it is one.
+        let text = reason.to_string();
+        let mut chars = text.chars();
+        let message = match chars.next() {
+            Some(first) => format!("{}{}.", first.to_uppercase(), chars.as_str()),
+            None => String::new(),
+        };
+        let server_error = |code| ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.clone(),
+            kind: "server_error",
+            param: None,
+            code: Some(code),
+        };
         match reason {
+            RejectReason::EmptyPrompt => {
+                ApiError::invalid(message, Some("prompt")).with_code("empty_prompt")
+            }
+            RejectReason::NoOutputTokens => {
+                ApiError::invalid(message, Some("max_tokens")).with_code("invalid_value")
+            }
             RejectReason::ExceedsMaxModelLen { .. } => {
-                ApiError::invalid(reason.to_string(), Some("messages"))
-                    .with_code("context_length_exceeded")
+                ApiError::invalid(message, Some("messages")).with_code("context_length_exceeded")
+            }
+            RejectReason::ExceedsBatchBudget { .. } => {
+                ApiError::invalid(message, Some("messages")).with_code("batch_budget_exceeded")
             }
             RejectReason::ExceedsKvCapacity { .. } => {
-                ApiError::invalid(reason.to_string(), Some("messages"))
-                    .with_code("kv_capacity_exceeded")
+                ApiError::invalid(message, Some("messages")).with_code("kv_capacity_exceeded")
             }
+            // The server built a prompt the engine cannot read, or the scheduler failed it:
+            // neither is the client's fault.
+            RejectReason::MalformedPrompt { .. } => server_error("malformed_prompt"),
+            RejectReason::Unschedulable => server_error("unschedulable"),
         }
     }
 }

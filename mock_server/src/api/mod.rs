@@ -60,7 +60,7 @@ use tokio_util::sync::CancellationToken;
 pub use error::ApiError;
 use protocol::{ApiJson, ChatRequest, CompletionRequest, GenerationParams, PromptInput};
 use servesim::ids::WorkerId;
-use turn::{Extras, Flavor, Header, SpecPrefill, Turn};
+use turn::{Endpoint, Extras, Header, SpecPrefill, Turn};
 
 use crate::config::ServerConfig;
 use crate::driver::EngineHandle;
@@ -264,7 +264,7 @@ async fn chat_completions(
         let spec = request.params.speculative_prefill().then(|| SpecPrefill {
             messages: request.messages.clone(),
         });
-        generate(&state, request.params, prompt, Flavor::Chat, spec).await
+        generate(&state, request.params, prompt, Endpoint::Chat, spec).await
     }
     .await;
     result.unwrap_or_else(|e| fail(&state, e))
@@ -290,7 +290,7 @@ async fn completions(
             PromptInput::Text(text) => state.config.codec.encode(&text),
             PromptInput::Tokens(ids) => ids,
         };
-        generate(&state, request.params, prompt, Flavor::Text, None).await
+        generate(&state, request.params, prompt, Endpoint::Text, None).await
     }
     .await;
     result.unwrap_or_else(|e| fail(&state, e))
@@ -301,7 +301,7 @@ async fn generate(
     state: &AppState,
     params: GenerationParams,
     prompt: Vec<u32>,
-    flavor: Flavor,
+    endpoint: Endpoint,
     spec_prefill: Option<SpecPrefill>,
 ) -> Result<Response, ApiError> {
     let received = tokio::time::Instant::now();
@@ -352,9 +352,9 @@ async fn generate(
             .wrapping_mul(0x9E37_79B9_7F4A_7C15)
             .wrapping_add(number)
     });
-    let reasoning_tokens = match flavor {
-        Flavor::Chat => (config.reasoning_ratio * max_tokens as f64).floor() as usize,
-        Flavor::Text => 0,
+    let reasoning_tokens = match endpoint {
+        Endpoint::Chat => (config.reasoning_ratio * max_tokens as f64).floor() as usize,
+        Endpoint::Text => 0,
     };
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let output_tokens = config
@@ -366,9 +366,9 @@ async fn generate(
         output_tokens,
     };
     let submission = state.engine.submit(request, pinned).await?;
-    let prefix = match flavor {
-        Flavor::Chat => "chatcmpl",
-        Flavor::Text => "cmpl",
+    let prefix = match endpoint {
+        Endpoint::Chat => "chatcmpl",
+        Endpoint::Text => "cmpl",
     };
     let turn = Turn {
         header: Header {
@@ -378,7 +378,7 @@ async fn generate(
             ),
             created: unix_now(),
             model: params.model,
-            flavor,
+            endpoint,
         },
         submission,
         state: state.clone(),
@@ -436,6 +436,11 @@ async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
     .into_response()
 }
 
-async fn health() -> Json<serde_json::Value> {
-    Json(json!({"status": "ok"}))
+async fn health(State(state): State<AppState>) -> Response {
+    if state.engine.is_alive() {
+        Json(json!({"status": "ok"})).into_response()
+    } else {
+        let body = Json(json!({"status": "unavailable", "reason": "the engine task has stopped"}));
+        (axum::http::StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+    }
 }

@@ -455,7 +455,7 @@ impl ChatRequest {
 
 impl CompletionRequest {
     /// Validates a text-completion body. One prompt only (a string, `[string]`, `[int]` or
-    /// `[[int]]` with one element).
+    /// `[[int]]` with one element), and not empty: `""`, `[""]` and `[[]]` are a 400, as on vLLM.
     pub fn parse(body: &Map<String, Value>) -> Result<CompletionRequest, ApiError> {
         let params = generation_params(body)?;
         let bad = || {
@@ -491,6 +491,16 @@ impl CompletionRequest {
             },
             Some(_) => return Err(bad()),
         };
+        let empty = match &prompt {
+            PromptInput::Text(text) => text.is_empty(),
+            PromptInput::Tokens(ids) => ids.is_empty(),
+        };
+        if empty {
+            return Err(
+                ApiError::invalid("The prompt cannot be empty.", Some("prompt"))
+                    .with_code("empty_prompt"),
+            );
+        }
         Ok(CompletionRequest { params, prompt })
     }
 }
@@ -505,4 +515,28 @@ fn parse_role(s: &str) -> Option<Role> {
         "tool" => Role::Tool,
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn completion(prompt: Value) -> Result<CompletionRequest, ApiError> {
+        let body = json!({"model": "m", "prompt": prompt});
+        CompletionRequest::parse(body.as_object().expect("an object"))
+    }
+
+    #[test]
+    fn empty_prompts_are_refused_naming_the_prompt() {
+        for prompt in [json!(""), json!([""]), json!([[]]), json!([])] {
+            let e = completion(prompt.clone()).expect_err("refused");
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{prompt}");
+            assert_eq!(e.param.as_deref(), Some("prompt"), "{prompt}");
+        }
+        for prompt in [json!("x"), json!(["x"]), json!([[1]]), json!([1, 2])] {
+            assert!(completion(prompt.clone()).is_ok(), "{prompt}");
+        }
+    }
 }

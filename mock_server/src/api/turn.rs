@@ -20,9 +20,10 @@ use crate::text::{ChatMessage, Role};
 /// Sent as `system_fingerprint` on every response.
 pub const SYSTEM_FINGERPRINT: &str = "fp_mockserve";
 
-/// Chat or legacy text completion.
+/// Which OpenAI endpoint a request came to: chat or legacy text completion (their chunks and
+/// response objects differ).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Flavor {
+pub enum Endpoint {
     /// `/v1/chat/completions`.
     Chat,
     /// `/v1/completions`.
@@ -38,8 +39,8 @@ pub struct Header {
     pub created: u64,
     /// Echoed model name.
     pub model: String,
-    /// Which API.
-    pub flavor: Flavor,
+    /// Which endpoint, hence which object shapes.
+    pub endpoint: Endpoint,
 }
 
 /// What happens after the last chunk, when the request asked for speculative prefill.
@@ -157,6 +158,19 @@ impl Turn {
                     self.submission.mark_done();
                     return Step::Error(reason.into());
                 }
+                Event::Stalled => {
+                    // The driver cancelled it already (its KV is freed).
+                    self.done = true;
+                    self.submission.mark_done();
+                    return Step::Error(ApiError {
+                        status: axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        message: "The engine made no progress on this request and cancelled it."
+                            .into(),
+                        kind: "server_error",
+                        param: None,
+                        code: Some("engine_stalled"),
+                    });
+                }
             }
         }
     }
@@ -261,9 +275,9 @@ impl Turn {
     }
 
     fn chunk(&self, choices: Value) -> Value {
-        let object = match self.header.flavor {
-            Flavor::Chat => "chat.completion.chunk",
-            Flavor::Text => "text_completion",
+        let object = match self.header.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Text => "text_completion",
         };
         json!({
             "id": self.header.id,
@@ -276,11 +290,11 @@ impl Turn {
     }
 
     fn choice_chunk(&self, delta: Value, text: &str, finish_reason: Option<&str>) -> Value {
-        let choice = match self.header.flavor {
-            Flavor::Chat => json!({
+        let choice = match self.header.endpoint {
+            Endpoint::Chat => json!({
                 "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason,
             }),
-            Flavor::Text => json!({
+            Endpoint::Text => json!({
                 "index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason,
             }),
         };
@@ -289,7 +303,7 @@ impl Turn {
 
     /// The opening `delta.role = "assistant"` chunk (chat only).
     pub fn role_chunk(&self) -> Option<Value> {
-        (self.header.flavor == Flavor::Chat)
+        (self.header.endpoint == Endpoint::Chat)
             .then(|| self.choice_chunk(json!({"role": "assistant", "content": ""}), "", None))
     }
 
@@ -386,21 +400,21 @@ pub async fn collect(mut turn: Turn) -> Result<Value, ApiError> {
             Step::Error(e) => return Err(e),
         }
     }
-    let choice = match turn.header.flavor {
-        Flavor::Chat => {
+    let choice = match turn.header.endpoint {
+        Endpoint::Chat => {
             let mut message = json!({"role": "assistant", "content": content});
             if !reasoning.is_empty() {
                 message["reasoning_content"] = Value::String(reasoning);
             }
             json!({"index": 0, "message": message, "logprobs": null, "finish_reason": "length"})
         }
-        Flavor::Text => json!({
+        Endpoint::Text => json!({
             "index": 0, "text": content, "logprobs": null, "finish_reason": "length",
         }),
     };
-    let object = match turn.header.flavor {
-        Flavor::Chat => "chat.completion",
-        Flavor::Text => "text_completion",
+    let object = match turn.header.endpoint {
+        Endpoint::Chat => "chat.completion",
+        Endpoint::Text => "text_completion",
     };
     let mut response = json!({
         "id": turn.header.id,

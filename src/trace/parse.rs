@@ -1,246 +1,14 @@
-//! Mooncake JSONL traces: parsing, session grouping, timing normalisation and token synthesis.
-//!
-//! One JSON object per line (empty lines are skipped, unknown fields ignored):
-//!
-//! | field | type | notes |
-//! |---|---|---|
-//! | `timestamp` | f64 ms | alias `created_time`; arrival offset of the row |
-//! | `input_length` | int | alias `input_tokens`; defaults to and is clamped at `hash_ids.len() * trace_block_size` |
-//! | `output_length` | int | alias `output_tokens`; required |
-//! | `hash_ids` | u64[] | required, non-empty; one id per `trace_block_size` prompt tokens |
-//! | `session_id` | string or int | rows sharing it form one multi-turn session |
-//! | `delay` | f64 ms | alias `delay_ms`; wait after the previous turn completes |
-//! | `request_id` | string or int | kept for per-request records |
-//!
-//! [`parse`] groups rows into [`Session`]s (file order), computes each later turn's delay (explicit
-//! `delay`, else the timestamp gap to the previous turn), subtracts the earliest first arrival and
-//! divides arrivals and delays by `arrival_speedup_ratio`, as Dynamo's offline replay does. Every
-//! malformed line is a [`TraceError::Line`] naming the file and the 1-based line.
+//! Reading Mooncake JSONL: each line checked into a [`TraceRequest`] (errors carry the 1-based
+//! line), rows grouped into sessions, delays derived and times normalised.
 
 use std::collections::HashMap;
 use std::io::BufRead;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use super::{Session, Trace, TraceError, TraceOptions, TraceRequest};
 use crate::time::{SimDuration, SimTime};
-use crate::tokens::{local_block_hash, local_block_hashes, LocalBlockHash, Token};
-
-/// How to interpret a trace file.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TraceOptions {
-    /// Prompt tokens per `hash_ids` entry (512 in the public Mooncake traces).
-    pub trace_block_size: usize,
-    /// Arrival times and inter-turn delays are divided by this (finite, > 0; 1.0 = as recorded).
-    pub arrival_speedup_ratio: f64,
-}
-
-impl Default for TraceOptions {
-    fn default() -> Self {
-        TraceOptions {
-            trace_block_size: 512,
-            arrival_speedup_ratio: 1.0,
-        }
-    }
-}
-
-/// A loaded trace: every session, in order of first appearance in the file.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Trace {
-    /// Sessions in order of first appearance; single-row sessions for rows without `session_id`.
-    pub sessions: Vec<Session>,
-}
-
-impl Trace {
-    /// Number of requests (turns over all sessions).
-    pub fn num_requests(&self) -> usize {
-        self.sessions.iter().map(|s| s.turns.len()).sum()
-    }
-
-    /// Sum of the (clamped) input lengths of every turn.
-    pub fn total_input_tokens(&self) -> u64 {
-        self.sessions
-            .iter()
-            .flat_map(|s| &s.turns)
-            .map(|t| t.input_length as u64)
-            .sum()
-    }
-
-    /// Sum of the requested output lengths of every turn.
-    pub fn total_output_tokens(&self) -> u64 {
-        self.sessions
-            .iter()
-            .flat_map(|s| &s.turns)
-            .map(|t| t.output_length as u64)
-            .sum()
-    }
-}
-
-/// A closed-loop conversation: turn `n + 1` is sent `delay` after turn `n` completes.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Session {
-    /// The row's `session_id`, or `request_{line}` for a row without one.
-    pub id: String,
-    /// When the first turn arrives (normalised and sped up).
-    pub first_arrival: SimTime,
-    /// Turns in file order; never empty.
-    pub turns: Vec<Turn>,
-}
-
-/// One request of a session.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Turn {
-    /// 1-based line of the row in the trace file, for error messages and records.
-    pub line: usize,
-    /// The row's `request_id`, if any.
-    pub request_id: Option<String>,
-    /// Prompt length in tokens, clamped to `hash_ids.len() * trace_block_size`; always > 0.
-    pub input_length: usize,
-    /// Number of tokens to generate (the row's `output_length`).
-    pub output_length: usize,
-    /// Prompt identity, one label per trace block; rows sharing a leading run share a prefix.
-    pub hash_ids: Vec<u64>,
-    /// Wait after the previous turn completes (sped up); zero for turn 0.
-    pub delay: SimDuration,
-}
-
-impl Turn {
-    /// The prompt as token ids: `trace_block_size` copies of `hash_id as u32` per hash id
-    /// (u64 → u32 truncation, as Dynamo does), truncated to `input_length`.
-    pub fn synthesize_tokens(&self, trace_block_size: usize) -> Vec<Token> {
-        let mut tokens = Vec::with_capacity(self.input_length);
-        for &id in &self.hash_ids {
-            let remaining = self.input_length - tokens.len();
-            if remaining == 0 {
-                break;
-            }
-            let n = remaining.min(trace_block_size);
-            tokens.extend(std::iter::repeat_n(id as Token, n));
-        }
-        tokens
-    }
-
-    /// Local hashes of every full engine block of the synthesized prompt: exactly
-    /// `local_block_hashes(&self.synthesize_tokens(trace_block_size), cache.block_size())`.
-    ///
-    /// When `trace_block_size` is a multiple of the engine block size, every full engine block is
-    /// `block_size` copies of one token, so its hash depends only on the hash id and is memoised
-    /// in `cache`; no tokens are materialised. Otherwise this falls back to synthesizing tokens.
-    pub fn engine_block_local_hashes(
-        &self,
-        trace_block_size: usize,
-        cache: &mut LocalHashCache,
-    ) -> Vec<LocalBlockHash> {
-        let block_size = cache.block_size;
-        if trace_block_size == 0 || trace_block_size % block_size != 0 {
-            return local_block_hashes(&self.synthesize_tokens(trace_block_size), block_size);
-        }
-        let num_blocks = self.input_length / block_size;
-        let per_trace_block = trace_block_size / block_size;
-        let mut out = Vec::with_capacity(num_blocks);
-        for &id in &self.hash_ids {
-            if out.len() == num_blocks {
-                break;
-            }
-            let hash = cache.uniform_block(id as Token);
-            let n = per_trace_block.min(num_blocks - out.len());
-            out.extend(std::iter::repeat_n(hash, n));
-        }
-        out
-    }
-}
-
-/// Memoised local hashes of uniform engine blocks (`block_size` copies of one token).
-///
-/// Tied to one engine block size; share one across all turns of a replay.
-#[derive(Clone, Debug)]
-pub struct LocalHashCache {
-    /// Engine block size the memoised hashes were computed for.
-    block_size: usize,
-    /// Token value -> local hash of a block made only of that token.
-    hashes: HashMap<Token, LocalBlockHash>,
-}
-
-impl LocalHashCache {
-    /// An empty cache for engine blocks of `block_size` tokens (values below 1 are treated as 1).
-    pub fn new(block_size: usize) -> LocalHashCache {
-        LocalHashCache {
-            block_size: block_size.max(1),
-            hashes: HashMap::new(),
-        }
-    }
-
-    /// The engine block size this cache serves.
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
-    /// Number of distinct tokens memoised.
-    pub fn len(&self) -> usize {
-        self.hashes.len()
-    }
-
-    /// True when nothing has been memoised yet.
-    pub fn is_empty(&self) -> bool {
-        self.hashes.is_empty()
-    }
-
-    fn uniform_block(&mut self, token: Token) -> LocalBlockHash {
-        let block_size = self.block_size;
-        *self
-            .hashes
-            .entry(token)
-            .or_insert_with(|| local_block_hash(&vec![token; block_size]))
-    }
-}
-
-/// Why a trace could not be loaded.
-#[derive(Debug, thiserror::Error)]
-pub enum TraceError {
-    /// The file could not be opened or read.
-    #[error("cannot read trace {}", path.display())]
-    Io {
-        /// The file (or source name) being read.
-        path: PathBuf,
-        /// The underlying I/O error.
-        source: std::io::Error,
-    },
-    /// A row is malformed or inconsistent with its session.
-    #[error("{source_name}:{line}: {message}")]
-    Line {
-        /// The file name (or other label) of the trace.
-        source_name: String,
-        /// 1-based line number.
-        line: usize,
-        /// What is wrong with the row.
-        message: String,
-    },
-    /// The trace has no rows.
-    #[error("{source_name}: trace contains no requests")]
-    Empty {
-        /// The file name (or other label) of the trace.
-        source_name: String,
-    },
-    /// The options are invalid (block size zero, speedup ratio not finite and positive).
-    #[error("invalid trace options: {message}")]
-    Options {
-        /// What is wrong.
-        message: String,
-    },
-}
-
-/// Reads and parses the trace at `path`; errors name the file as given.
-pub fn load(path: &Path, opts: &TraceOptions) -> Result<Trace, TraceError> {
-    let file = std::fs::File::open(path).map_err(|source| TraceError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    parse(
-        std::io::BufReader::new(file),
-        &path.display().to_string(),
-        opts,
-    )
-}
 
 /// A row as written in the file; every field optional so missing ones get our own messages.
 #[derive(Deserialize)]
@@ -254,30 +22,28 @@ struct RawRow {
     #[serde(default)]
     hash_ids: Option<Vec<u64>>,
     #[serde(default)]
-    session_id: Option<IdValue>,
+    session_id: Option<serde_json::Value>,
     #[serde(default, alias = "delay_ms")]
     delay: Option<f64>,
     #[serde(default)]
-    request_id: Option<IdValue>,
+    request_id: Option<serde_json::Value>,
 }
 
-/// A string or integer identifier.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum IdValue {
-    Str(String),
-    Int(i64),
-    UInt(u64),
-}
-
-impl IdValue {
-    fn into_string(self) -> String {
-        match self {
-            IdValue::Str(s) => s,
-            IdValue::Int(i) => i.to_string(),
-            IdValue::UInt(u) => u.to_string(),
-        }
-    }
+/// A string or integer identifier as a string; anything else names the field and what it got.
+fn id_string(field: &str, value: serde_json::Value) -> Result<String, String> {
+    use serde_json::Value;
+    let got = match value {
+        Value::String(s) => return Ok(s),
+        Value::Number(n) if n.is_i64() || n.is_u64() => return Ok(n.to_string()),
+        Value::Number(n) => format!("the number {n}"),
+        Value::Bool(b) => format!("the boolean {b}"),
+        Value::Array(_) => "an array".to_string(),
+        Value::Object(_) => "an object".to_string(),
+        Value::Null => "null".to_string(),
+    };
+    Err(format!(
+        "\"{field}\" must be a string or an integer, got {got}"
+    ))
 }
 
 /// Session identity while grouping: named sessions merge, anonymous rows never do.
@@ -291,7 +57,7 @@ enum SessionKey {
 struct RowTurn {
     timestamp: Option<f64>,
     delay: Option<f64>,
-    turn: Turn,
+    turn: TraceRequest,
 }
 
 /// A session with its timing still in trace milliseconds (before normalisation).
@@ -299,7 +65,7 @@ struct StagedSession {
     id: String,
     first_ts_ms: f64,
     /// Each turn with its delay in trace milliseconds.
-    turns: Vec<(Turn, f64)>,
+    turns: Vec<(TraceRequest, f64)>,
 }
 
 /// Parses a Mooncake JSONL trace from `reader`; `source_name` labels errors (usually the path).
@@ -333,11 +99,16 @@ pub fn parse(
             path: PathBuf::from(source_name),
             source,
         })?;
+        // Editors on some platforms start UTF-8 files with a byte order mark.
+        let text = match line {
+            1 => text.strip_prefix('\u{feff}').unwrap_or(&text),
+            _ => &text,
+        };
         if text.trim().is_empty() {
             continue;
         }
         let (key, row) =
-            parse_row(&text, line, opts.trace_block_size).map_err(|m| line_err(line, m))?;
+            parse_row(text, line, opts.trace_block_size).map_err(|m| line_err(line, m))?;
         let slot = match index.get(&key) {
             Some(&slot) => slot,
             None => {
@@ -479,6 +250,11 @@ fn parse_row(
         .ok_or_else(|| "missing field \"output_length\"".to_string())?;
     let output_length = usize::try_from(output_length)
         .map_err(|_| format!("\"output_length\" {output_length} is too large"))?;
+    if output_length == 0 {
+        return Err(
+            "\"output_length\" must be at least 1 (every request generates a token)".to_string(),
+        );
+    }
     for (name, value) in [("timestamp", raw.timestamp), ("delay", raw.delay)] {
         if let Some(v) = value {
             if !(v.is_finite() && v >= 0.0) {
@@ -490,26 +266,33 @@ fn parse_row(
         .len()
         .checked_mul(trace_block_size)
         .ok_or_else(|| "hash_ids.len() * trace_block_size overflows".to_string())?;
-    let input_length = match raw.input_length {
-        Some(n) => usize::try_from(n).unwrap_or(usize::MAX).min(capacity),
+    let requested = match raw.input_length {
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
         None => capacity,
     };
-    if input_length == 0 {
+    if requested == 0 {
         return Err("\"input_length\" must be > 0".to_string());
     }
+    let input_length = requested.min(capacity);
+    let requested_input_length = (requested > capacity).then_some(requested);
     let key = match raw.session_id {
-        Some(id) => SessionKey::Named(id.into_string()),
+        Some(id) => SessionKey::Named(id_string("session_id", id)?),
         None => SessionKey::Anonymous(line),
     };
+    let request_id = raw
+        .request_id
+        .map(|id| id_string("request_id", id))
+        .transpose()?;
     Ok((
         key,
         RowTurn {
             timestamp: raw.timestamp,
             delay: raw.delay,
-            turn: Turn {
+            turn: TraceRequest {
                 line,
-                request_id: raw.request_id.map(IdValue::into_string),
+                request_id,
                 input_length,
+                requested_input_length,
                 output_length,
                 hash_ids,
                 delay: SimDuration::ZERO,
@@ -566,13 +349,32 @@ mod tests {
     }
 
     #[test]
-    fn input_length_is_clamped_to_capacity() {
+    fn input_length_is_clamped_to_capacity_and_the_row_is_listed() {
         let t = parse_str(
-            "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 1, \"hash_ids\": [1,2]}",
+            "{\"timestamp\": 0, \"input_length\": 100, \"output_length\": 1, \"hash_ids\": [1,2]}\n\
+             {\"timestamp\": 0, \"input_length\": 8, \"output_length\": 1, \"hash_ids\": [1,2]}",
             &opts(4, 1.0),
         )
         .expect("parses");
-        assert_eq!(t.sessions[0].turns[0].input_length, 8);
+        let turns: Vec<&TraceRequest> = t.sessions.iter().flat_map(|s| &s.turns).collect();
+        assert_eq!(turns[0].input_length, 8);
+        assert_eq!(turns[0].requested_input_length, Some(100));
+        assert_eq!(
+            turns[1].requested_input_length, None,
+            "the full capacity is fine"
+        );
+        let clamped: Vec<usize> = t.clamped_turns().map(|t| t.line).collect();
+        assert_eq!(clamped, [1]);
+    }
+
+    #[test]
+    fn a_byte_order_mark_before_the_first_row_is_skipped() {
+        let text = "\u{feff}{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1]}\n";
+        let t = parse_str(text, &opts(4, 1.0)).expect("parses");
+        assert_eq!(t.num_requests(), 1);
+        // Elsewhere it is not whitespace: the row is not JSON.
+        let text = format!("{{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1]}}\n{text}");
+        assert_eq!(err_of(&text).0, 2);
     }
 
     #[test]
@@ -665,6 +467,18 @@ mod tests {
                 "\"input_length\" must be > 0",
             ),
             (
+                r#"{"timestamp": 0, "output_length": 0, "hash_ids": [1]}"#,
+                "\"output_length\" must be at least 1",
+            ),
+            (
+                r#"{"timestamp": 0, "session_id": {"user": 1}, "output_length": 1, "hash_ids": [1]}"#,
+                "\"session_id\" must be a string or an integer, got an object",
+            ),
+            (
+                r#"{"timestamp": 0, "request_id": 1.5, "output_length": 1, "hash_ids": [1]}"#,
+                "\"request_id\" must be a string or an integer, got the number 1.5",
+            ),
+            (
                 r#"{"output_length": 1, "hash_ids": [1]}"#,
                 "has no \"timestamp\"",
             ),
@@ -719,78 +533,5 @@ mod tests {
             parse_str("\n  \n", &opts(4, 1.0)),
             Err(TraceError::Empty { .. })
         ));
-    }
-
-    #[test]
-    fn synthesized_tokens_repeat_hash_ids() {
-        let turn = Turn {
-            line: 1,
-            request_id: None,
-            input_length: 6,
-            output_length: 1,
-            hash_ids: vec![7, (1u64 << 32) + 3, 9],
-            delay: SimDuration::ZERO,
-        };
-        assert_eq!(turn.synthesize_tokens(4), [7, 7, 7, 7, 3, 3]);
-    }
-
-    #[test]
-    fn memoised_engine_hashes_match_materialised_tokens() {
-        let shapes: &[(usize, usize, usize, usize)] = &[
-            // (trace block, engine block, hash ids, input_length)
-            (512, 64, 3, 1536),
-            (512, 64, 3, 1500), // partial last engine block
-            (512, 64, 3, 1000), // ends inside the second trace block
-            (512, 512, 2, 700),
-            (8, 4, 5, 39),
-            (8, 1, 2, 16),
-            (6, 4, 4, 23), // trace block not a multiple of the engine block
-            (3, 4, 5, 15),
-            (4, 8, 3, 12),
-        ];
-        for &(tbs, bs, n, input_length) in shapes {
-            let turn = Turn {
-                line: 1,
-                request_id: None,
-                input_length,
-                output_length: 1,
-                hash_ids: (0..n as u64).map(|i| i * 0x1_0000_0001 + 5).collect(),
-                delay: SimDuration::ZERO,
-            };
-            let mut cache = LocalHashCache::new(bs);
-            let want = local_block_hashes(&turn.synthesize_tokens(tbs), bs);
-            assert_eq!(
-                turn.engine_block_local_hashes(tbs, &mut cache),
-                want,
-                "{tbs} {bs}"
-            );
-            // Second call served from the cache.
-            assert_eq!(turn.engine_block_local_hashes(tbs, &mut cache), want);
-        }
-    }
-
-    #[test]
-    fn fixtures_load() {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
-        let t = load(&dir.join("trace_small.jsonl"), &TraceOptions::default()).expect("loads");
-        assert_eq!(t.num_requests(), 20);
-        assert!(t.sessions.iter().any(|s| s.turns.len() == 3));
-        let bad_dir = dir.join("bad");
-        let mut names: Vec<_> = std::fs::read_dir(&bad_dir)
-            .expect("bad fixtures")
-            .map(|e| e.expect("entry").path())
-            .collect();
-        names.sort();
-        assert!(!names.is_empty());
-        for path in names {
-            let e = load(&path, &TraceOptions::default()).expect_err("bad fixture fails");
-            assert!(
-                matches!(e, TraceError::Line { .. }),
-                "{}: {e}",
-                path.display()
-            );
-        }
-        let missing = load(&dir.join("nope.jsonl"), &TraceOptions::default());
-        assert!(matches!(missing, Err(TraceError::Io { .. })));
     }
 }
