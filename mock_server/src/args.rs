@@ -357,7 +357,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::server::ServerConfig;
+    use crate::config::ServerConfig;
     use crate::{Cli, Command};
 
     fn fixture(name: &str) -> String {

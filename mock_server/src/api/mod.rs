@@ -321,9 +321,9 @@ async fn generate(
     };
     let prompt_len = prompt.len();
     let max_len = config.max_model_len;
-    let prompt_param = match flavor {
-        Flavor::Chat => "messages",
-        Flavor::Text => "prompt",
+    let prompt_param = match endpoint {
+        Endpoint::Chat => "messages",
+        Endpoint::Text => "prompt",
     };
     let max_tokens = match params.max_tokens {
         Some(n) if prompt_len + n > max_len => {
