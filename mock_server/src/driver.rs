@@ -440,12 +440,15 @@ impl Driver {
              failing them",
             self.cluster.active_requests()
         );
+        let now = self.now();
         for id in ids {
             if let Some(listener) = self.listeners.remove(&id) {
-                // The client may be gone already; it is cancelled either way.
+                // The client may be gone already; the request is dropped either way.
                 let _ = listener.send(Event::Stalled);
             }
-            self.cancel(id);
+            self.untrack(id);
+            // Not a client cancellation: the cancel counters stay as they are.
+            self.cluster.cancel(id, now);
         }
     }
 
