@@ -1,17 +1,19 @@
 //! The SSE target: fuzzed bytes as a server-sent-events stream read by loadgen's
 //! [`loadgen::sse::SseParser`], fed in pieces whose sizes the input chooses.
 //!
-//! Input layout: byte 0 modulo 8 is the number `k` of split sizes, the next `k` bytes are the
-//! sizes (`b + 1` bytes each, used in turn), the rest is the stream. Properties:
+//! Input layout: byte 0 is `0bLLLLLkkk`: `k` split sizes follow (`b + 1` bytes each, used in
+//! turn), then the stream; `L` above 0 asks for a parser bounded at `16 * L` bytes per line
+//! (0: the default bound), so small bounds are reached by small inputs. Properties:
 //!
 //! - the events (every `push` plus `finish`) are the same whether the stream is pushed whole,
 //!   in the chosen pieces or byte by byte; a refused stream is refused in all three;
 //! - the bytes the parser holds never exceed twice its line bound (a line and an event's data),
 //!   where the parser reports them.
 //!
-//! [`Outcome`] and [`Holding`] read `push`, `finish` and the buffer size whether the parser
-//! returns plain values or `Result`s and whether or not it reports its buffer, so the property
-//! is stated once for either.
+//! [`Outcome`], [`Holding`] and [`Bounded`] read `push`, `finish`, the buffer size and the
+//! constructor whether the parser returns plain values or `Result`s and whether or not it has
+//! a bound, so the properties are stated once for either; the parser's own methods of the same
+//! names take precedence.
 
 use loadgen::sse::SseParser;
 
@@ -57,6 +59,18 @@ impl Holding for SseParser {
     }
 }
 
+/// The constructor of a bounded parser, for a parser without a bound: the bound is ignored.
+pub trait Bounded {
+    /// A parser; `limit` would bound its lines.
+    fn with_limit(limit: usize) -> Self;
+}
+
+impl Bounded for SseParser {
+    fn with_limit(_limit: usize) -> SseParser {
+        SseParser::new()
+    }
+}
+
 /// The parser's (buffered bytes, bound), when it reports them.
 pub fn holding(parser: &SseParser) -> Option<(usize, usize)> {
     known(parser.buffered_bytes()).zip(known(parser.limit()))
@@ -67,10 +81,18 @@ fn known(size: impl Into<Option<usize>>) -> Option<usize> {
     size.into()
 }
 
-/// The events of `stream` pushed in pieces of `sizes` (cycled; all at once when empty), or the
-/// parser's refusal; checks the buffer bound after every push.
-pub fn parse_in_pieces(stream: &[u8], sizes: &[usize]) -> Result<Vec<String>, String> {
-    let mut parser = SseParser::new();
+/// The events of `stream` pushed in pieces of `sizes` (cycled; all at once when empty) to a
+/// parser bounded at `limit` bytes (its default when `None`), or the parser's refusal; checks
+/// the buffer bound after every push.
+pub fn parse_in_pieces(
+    stream: &[u8],
+    sizes: &[usize],
+    limit: Option<usize>,
+) -> Result<Vec<String>, String> {
+    let mut parser = match limit {
+        Some(limit) => SseParser::with_limit(limit),
+        None => SseParser::new(),
+    };
     let mut events = Vec::new();
     let mut rest = stream;
     let mut size = sizes.iter().copied().cycle();
@@ -93,17 +115,19 @@ pub fn parse_in_pieces(stream: &[u8], sizes: &[usize]) -> Result<Vec<String>, St
 
 /// Checks an SSE stream (see the module docs for the layout and the properties).
 pub fn sse_stream(data: &[u8]) {
-    let (sizes, stream) = match data.split_first() {
-        None => (Vec::new(), data),
-        Some((&k, rest)) => {
-            let k = usize::from(k % 8).min(rest.len());
+    let (sizes, limit, stream) = match data.split_first() {
+        None => (Vec::new(), None, data),
+        Some((&head, rest)) => {
+            let k = usize::from(head & 7).min(rest.len());
+            let limit = (head >> 3 != 0).then(|| 16 * usize::from(head >> 3));
             let (sizes, stream) = rest.split_at(k);
-            (sizes.iter().map(|&b| usize::from(b) + 1).collect(), stream)
+            let sizes = sizes.iter().map(|&b| usize::from(b) + 1).collect();
+            (sizes, limit, stream)
         }
     };
-    let whole = parse_in_pieces(stream, &[]);
-    let pieces = parse_in_pieces(stream, &sizes);
-    let bytes = parse_in_pieces(stream, &[1]);
+    let whole = parse_in_pieces(stream, &[], limit);
+    let pieces = parse_in_pieces(stream, &sizes, limit);
+    let bytes = parse_in_pieces(stream, &[1], limit);
     let refused = |r: &Result<Vec<String>, String>| r.is_err();
     if refused(&whole) || refused(&pieces) || refused(&bytes) {
         assert!(
@@ -124,11 +148,12 @@ mod tests {
     #[test]
     fn pieces_cycle_and_events_match() {
         let stream = b"data: a\r\n\r\n: c\ndata: b\ndata: c\n\ndata: [DONE]";
-        let whole = parse_in_pieces(stream, &[]).expect("events");
+        let whole = parse_in_pieces(stream, &[], None).expect("events");
         assert_eq!(whole, ["a", "b\nc", "[DONE]"]);
-        assert_eq!(parse_in_pieces(stream, &[3, 1]), Ok(whole));
+        assert_eq!(parse_in_pieces(stream, &[3, 1], None), Ok(whole));
         sse_stream(b"\x03\x00\x01\x02data: x\r\rdata: y");
         sse_stream(b"");
         sse_stream(b"\x07");
+        sse_stream(b"\x09\x02data: a bounded line longer than sixteen bytes\n\n");
     }
 }
