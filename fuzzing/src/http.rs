@@ -12,6 +12,8 @@
 //! - a 200 JSON body is one completion of the endpoint's kind with consistent `usage`;
 //! - a 200 stream is `data:` frames of chunks sharing one id and `created`, a `finish_reason`
 //!   chunk (or a final error event) and `data: [DONE]` last;
+//! - a completed answer has exactly the output limit's tokens (`max_completion_tokens`, else
+//!   `max_tokens`, else the default cut to the context), as the server documents;
 //! - every [`LIVENESS_EVERY`] bodies (and after any 503) a small valid request still gets a 200.
 //!
 //! After a hang the server is dropped and the next input gets a fresh one, so one wedged engine
@@ -134,6 +136,10 @@ static COMPLETIONS: Harness = Harness::new(Endpoint::Completions);
 struct Server {
     runtime: tokio::runtime::Runtime,
     router: Router,
+    /// The output limit of a request without one, before the context cuts it.
+    default_max_tokens: u64,
+    /// The context length.
+    max_model_len: u64,
 }
 
 impl Server {
@@ -154,6 +160,10 @@ impl Server {
             Ok(runtime) => runtime,
             Err(e) => panic!("cannot start a tokio runtime: {e}"),
         };
+        let (default_max_tokens, max_model_len) = (
+            config.default_max_tokens as u64,
+            config.max_model_len as u64,
+        );
         // The engine's driver task is spawned on the runtime that builds the state.
         let state = match runtime.block_on(async { AppState::new(config) }) {
             Ok(state) => state,
@@ -162,6 +172,8 @@ impl Server {
         Server {
             runtime,
             router: app(state),
+            default_max_tokens,
+            max_model_len,
         }
     }
 
@@ -255,7 +267,9 @@ impl Harness {
                 panic!("POST {}: {e}", endpoint.path());
             }
         };
-        if let Err(e) = check_answer(endpoint, &answer) {
+        let verdict = check_answer(endpoint, &answer)
+            .and_then(|generated| server.check_limit(data, generated));
+        if let Err(e) = verdict {
             panic!(
                 "POST {}: {e}\nstatus {}, content-type {:?}, body:\n{}",
                 endpoint.path(),
@@ -266,9 +280,11 @@ impl Harness {
         }
         let n = self.inputs.fetch_add(1, Ordering::Relaxed) + 1;
         if answer.status == StatusCode::SERVICE_UNAVAILABLE || n % LIVENESS_EVERY == 0 {
-            let probe = server.exchange(endpoint, endpoint.probe().as_bytes());
-            let verdict = probe.and_then(|answer| match answer.status {
-                StatusCode::OK => check_answer(endpoint, &answer),
+            let probe = endpoint.probe();
+            let answer = server.exchange(endpoint, probe.as_bytes());
+            let verdict = answer.and_then(|answer| match answer.status {
+                StatusCode::OK => check_answer(endpoint, &answer)
+                    .and_then(|generated| server.check_limit(probe.as_bytes(), generated)),
                 status => Err(format!(
                     "got {status}: {}",
                     String::from_utf8_lossy(&answer.body)
@@ -286,8 +302,54 @@ impl Harness {
     }
 }
 
-/// Checks one answer against the properties of the module docs.
-fn check_answer(endpoint: Endpoint, answer: &Answer) -> Result<(), String> {
+impl Server {
+    /// A completed answer has exactly the output limit the request body asks for.
+    fn check_limit(&self, body: &[u8], generated: Option<Generated>) -> Result<(), String> {
+        let (Some(generated), Some(requested)) = (generated, requested_limit(body)) else {
+            return Ok(());
+        };
+        let expected = match (requested, generated.prompt_tokens) {
+            (Some(limit), _) => limit,
+            (None, Some(prompt)) => self
+                .default_max_tokens
+                .min(self.max_model_len.saturating_sub(prompt)),
+            (None, None) => return Ok(()),
+        };
+        if generated.completion_tokens == expected {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} completion tokens, but the output limit is {expected}",
+                generated.completion_tokens
+            ))
+        }
+    }
+}
+
+/// The output limit a body sets: `Some(None)` when it sets none, `None` when that cannot be
+/// told (not a JSON object, or a limit that is not a count).
+fn requested_limit(body: &[u8]) -> Option<Option<u64>> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    let object = value.as_object()?;
+    let field = |key: &str| object.get(key).filter(|v| !v.is_null());
+    match field("max_completion_tokens").or_else(|| field("max_tokens")) {
+        Some(limit) => Some(Some(limit.as_u64()?)),
+        None => Some(None),
+    }
+}
+
+/// What a completed answer generated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Generated {
+    /// `usage.prompt_tokens`, when the answer has usage.
+    prompt_tokens: Option<u64>,
+    /// Output tokens.
+    completion_tokens: u64,
+}
+
+/// Checks one answer against the properties of the module docs; what a completed 200
+/// generated (`None` for an error or a stream ended by an error event).
+fn check_answer(endpoint: Endpoint, answer: &Answer) -> Result<Option<Generated>, String> {
     let status = answer.status;
     if status == StatusCode::OK {
         if answer.content_type.starts_with("text/event-stream") {
@@ -295,12 +357,14 @@ fn check_answer(endpoint: Endpoint, answer: &Answer) -> Result<(), String> {
         }
         let value: Value = serde_json::from_slice(&answer.body)
             .map_err(|e| format!("a 200 body is not JSON: {e}"))?;
-        return check_completion(endpoint, &value);
+        return check_completion(endpoint, &value).map(Some);
     }
     if status.is_client_error() || status == StatusCode::SERVICE_UNAVAILABLE {
         let value: Value = serde_json::from_slice(&answer.body)
             .map_err(|e| format!("a {status} body is not JSON: {e}"))?;
-        return check_error_body(&value).map_err(|e| format!("{status}: {e}"));
+        return check_error_body(&value)
+            .map(|()| None)
+            .map_err(|e| format!("{status}: {e}"));
     }
     Err(format!(
         "status {status}: expected 200, a 4xx or a 503 for overload"
@@ -339,8 +403,8 @@ pub fn check_error_body(value: &Value) -> Result<(), String> {
     Ok(())
 }
 
-/// Prompt + completion = total, at least one completion token; returns the completion tokens.
-fn check_usage(usage: &Value) -> Result<u64, String> {
+/// Prompt + completion = total, at least one completion token; returns what was generated.
+fn check_usage(usage: &Value) -> Result<Generated, String> {
     let count = |key: &str| {
         usage
             .get(key)
@@ -362,7 +426,10 @@ fn check_usage(usage: &Value) -> Result<u64, String> {
     if cached > prompt {
         return Err(format!("more cached than prompt tokens: {usage}"));
     }
-    Ok(completion)
+    Ok(Generated {
+        prompt_tokens: Some(prompt),
+        completion_tokens: completion,
+    })
 }
 
 /// The response identity every chunk (or the whole response) carries.
@@ -386,7 +453,7 @@ fn check_identity(endpoint: Endpoint, value: &Value, object: &str) -> Result<(),
 }
 
 /// A whole (non-stream) completion.
-fn check_completion(endpoint: Endpoint, value: &Value) -> Result<(), String> {
+fn check_completion(endpoint: Endpoint, value: &Value) -> Result<Generated, String> {
     check_identity(endpoint, value, endpoint.objects().0)?;
     let choices = value["choices"]
         .as_array()
@@ -409,12 +476,12 @@ fn check_completion(endpoint: Endpoint, value: &Value) -> Result<(), String> {
     if !text.is_string() {
         return Err(format!("no answer text: {value}"));
     }
-    check_usage(&value["usage"])?;
-    Ok(())
+    check_usage(&value["usage"])
 }
 
-/// A streamed completion: `data:` frames, chunks with one identity, then `[DONE]`.
-fn check_stream(endpoint: Endpoint, body: &[u8]) -> Result<(), String> {
+/// A streamed completion: `data:` frames, chunks with one identity, then `[DONE]`; what it
+/// generated, unless an error event ended it.
+fn check_stream(endpoint: Endpoint, body: &[u8]) -> Result<Option<Generated>, String> {
     let text = std::str::from_utf8(body).map_err(|e| format!("the stream is not UTF-8: {e}"))?;
     let frames = text
         .strip_suffix("\n\n")
@@ -442,7 +509,7 @@ fn check_stream(endpoint: Endpoint, body: &[u8]) -> Result<(), String> {
             if i + 1 != events.len() {
                 return Err(format!("events follow the error event {i}"));
             }
-            return Ok(());
+            return Ok(None);
         }
         check_identity(endpoint, &value, chunk_object).map_err(|e| format!("chunk {i}: {e}"))?;
         let this = (value["id"].clone(), value["created"].clone());
@@ -494,10 +561,15 @@ fn check_stream(endpoint: Endpoint, body: &[u8]) -> Result<(), String> {
         return Err("the stream ends without a finish_reason chunk or an error event".into());
     }
     match usage {
-        Some(completion) if completion != deltas => Err(format!(
-            "usage counts {completion} completion tokens, the stream has {deltas} token chunks"
+        Some(usage) if usage.completion_tokens != deltas => Err(format!(
+            "usage counts {} completion tokens, the stream has {deltas} token chunks",
+            usage.completion_tokens
         )),
-        _ => Ok(()),
+        Some(usage) => Ok(Some(usage)),
+        None => Ok(Some(Generated {
+            prompt_tokens: None,
+            completion_tokens: deltas,
+        })),
     }
 }
 
@@ -546,7 +618,14 @@ mod tests {
             v.to_string()
         };
         let ok = stream(&[token.clone(), token.clone(), finish.clone(), usage(2)]);
-        assert_eq!(check_stream(Endpoint::Completions, &ok), Ok(()));
+        let generated = Generated {
+            prompt_tokens: Some(3),
+            completion_tokens: 2,
+        };
+        assert_eq!(
+            check_stream(Endpoint::Completions, &ok),
+            Ok(Some(generated))
+        );
         let wrong_usage = stream(&[token.clone(), finish.clone(), usage(2)]);
         assert!(check_stream(Endpoint::Completions, &wrong_usage).is_err());
         let no_finish = stream(std::slice::from_ref(&token));
@@ -556,9 +635,25 @@ mod tests {
         assert!(check_stream(Endpoint::Completions, &no_done).is_err());
         let error = json!({"error": {"message": "m", "type": "t", "param": null, "code": null}});
         let failed = stream(&[token.clone(), error.to_string()]);
-        assert_eq!(check_stream(Endpoint::Completions, &failed), Ok(()));
+        assert_eq!(check_stream(Endpoint::Completions, &failed), Ok(None));
         let chat = stream(&[token, finish]);
         assert!(check_stream(Endpoint::Chat, &chat).is_err(), "wrong object");
+    }
+
+    #[test]
+    fn the_output_limit_is_read_as_the_server_reads_it() {
+        assert_eq!(requested_limit(br#"{"max_tokens": 5}"#), Some(Some(5)));
+        assert_eq!(
+            requested_limit(br#"{"max_tokens": 5, "max_completion_tokens": 7}"#),
+            Some(Some(7))
+        );
+        assert_eq!(
+            requested_limit(br#"{"max_tokens": 5, "max_completion_tokens": null}"#),
+            Some(Some(5))
+        );
+        assert_eq!(requested_limit(br#"{"model": "m"}"#), Some(None));
+        assert_eq!(requested_limit(br#"{"max_tokens": 5.5}"#), None);
+        assert_eq!(requested_limit(b"[1]"), None);
     }
 
     #[test]
