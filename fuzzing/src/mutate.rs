@@ -7,7 +7,7 @@
 //! and reach the semantic corners a byte flip rarely does: empty strings and arrays, huge and
 //! negative numbers, NaN-like strings, long strings, deep nesting, fields in the wrong place.
 
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use serde_json::{Map, Number, Value};
 
 use crate::Target;
@@ -329,6 +329,25 @@ impl Mutator {
     }
 }
 
+/// One mutation step for libFuzzer's custom-mutator hook: mutates `data[..size]` with the
+/// target's [`Mutator`] seeded by `seed`, writes at most `max_size` bytes back and returns the
+/// new length. Structure-aware steps reach inputs (an empty string in a valid body, say) that
+/// byte-level mutation rarely does.
+pub fn mutate_in_place(
+    target: &Target,
+    data: &mut [u8],
+    size: usize,
+    max_size: usize,
+    seed: u64,
+) -> usize {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let input = &data[..size.min(data.len())];
+    let mutant = Mutator::new(target).mutate(&mut rng, input, input);
+    let len = mutant.len().min(max_size).min(data.len());
+    data[..len].copy_from_slice(&mutant[..len]);
+    len
+}
+
 /// An empty-ish element for a one-element array: `""`, `[]`, `{}` or `null`.
 fn rng_pick_empty(rng: &mut impl Rng) -> Value {
     match rng.gen_range(0..4) {
@@ -410,7 +429,6 @@ fn nth_mut(value: &mut Value, mut n: usize) -> Option<&mut Value> {
 
 #[cfg(test)]
 mod tests {
-    use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
 
     use super::*;
@@ -453,6 +471,22 @@ mod tests {
             assert!(next.len() <= crate::TARGETS[1].max_len);
             input = next;
         }
+    }
+
+    #[test]
+    fn in_place_mutation_respects_the_buffer() {
+        let target = &crate::TARGETS[0];
+        let mut data = vec![0u8; 64];
+        let body = br#"{"model":"mock-model","messages":[]}"#;
+        data[..body.len()].copy_from_slice(body);
+        let mut changed = false;
+        for seed in 0..200 {
+            let mut buffer = data.clone();
+            let len = mutate_in_place(target, &mut buffer, body.len(), 48, seed);
+            assert!(len <= 48);
+            changed |= buffer[..len] != body[..];
+        }
+        assert!(changed);
     }
 
     #[test]
