@@ -293,8 +293,9 @@ impl Harness {
             if let Err(e) = verdict {
                 self.discard(server);
                 panic!(
-                    "the engine stopped answering after this input: a small valid request to {} \
-                     failed: {e}",
+                    "the engine stopped answering after this input or one of the {} before it: \
+                     a small valid request to {} failed: {e}",
+                    LIVENESS_EVERY - 1,
                     endpoint.path()
                 );
             }
