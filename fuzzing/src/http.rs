@@ -1,0 +1,673 @@
+//! The HTTP targets: fuzzed bytes as the JSON body of `POST /v1/chat/completions` and
+//! `POST /v1/completions`, sent through [`mock_server::api::app`] with `tower::ServiceExt::oneshot`.
+//!
+//! Each target owns one server (built on first use, per process): a multi-threaded tokio runtime
+//! and an engine at `--speedup-ratio inf` with small limits, so that the largest answer a body can
+//! ask for is streamed in milliseconds. Properties, for every body:
+//!
+//! - the whole exchange (headers and body) ends within [`TIMEOUT`]; longer is a hang;
+//! - the status is 200, a 4xx, or a 503 after which the engine still answers; never another 5xx;
+//! - every 4xx (and 503) body is `{"error":{"message","type","param","code"}}` with a non-empty
+//!   message, string type, and string-or-null param and code;
+//! - a 200 JSON body is one completion of the endpoint's kind with consistent `usage`;
+//! - a 200 stream is `data:` frames of chunks sharing one id and `created`, a `finish_reason`
+//!   chunk (or a final error event) and `data: [DONE]` last;
+//! - a completed answer has exactly the output limit's tokens (`max_completion_tokens`, else
+//!   `max_tokens`, else the default cut to the context), as the server documents;
+//! - every [`LIVENESS_EVERY`] bodies (and after any 503) a small valid request still gets a 200.
+//!
+//! After a hang the server is dropped and the next input gets a fresh one, so one wedged engine
+//! does not fail every later input.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Request, StatusCode};
+use axum::Router;
+use clap::Parser;
+use http_body_util::BodyExt;
+use mock_server::api::{app, AppState};
+use mock_server::config::ServerConfig;
+use serde_json::Value;
+use tower::ServiceExt;
+
+/// Longest a request may take, headers to the last body byte.
+pub const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A liveness probe follows every this many inputs.
+pub const LIVENESS_EVERY: u64 = 8;
+
+/// Largest response body accepted (the biggest legitimate answer is far smaller).
+pub const MAX_RESPONSE_BYTES: usize = 8 << 20;
+
+/// The flags of the fuzzed server: no delays, two workers, a context (1024 tokens) larger than
+/// one worker's KV cache (48 blocks of 16 = 768 tokens) so both limits are reachable, short
+/// default answers, some reasoning, and a 64 KiB body limit that fuzzed inputs can cross.
+pub const SERVER_FLAGS: &[&str] = &[
+    "mockserve",
+    "--speedup-ratio",
+    "inf",
+    "--num-workers",
+    "2",
+    "--block-size",
+    "16",
+    "--num-gpu-blocks",
+    "48",
+    "--max-num-seqs",
+    "8",
+    "--max-num-batched-tokens",
+    "256",
+    "--max-model-len",
+    "1024",
+    "--default-max-tokens",
+    "8",
+    "--max-body-bytes",
+    "65536",
+    "--reasoning-ratio",
+    "0.25",
+];
+
+/// The model the fuzzed server serves.
+pub const MODEL: &str = "mock-model";
+
+/// Which API a body goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completions,
+}
+
+impl Endpoint {
+    /// The route.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+        }
+    }
+
+    /// A small valid body for the liveness probe.
+    fn probe(self) -> String {
+        match self {
+            Endpoint::Chat => format!(
+                r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"ping"}}],"max_tokens":2}}"#
+            ),
+            Endpoint::Completions => {
+                format!(r#"{{"model":"{MODEL}","prompt":"ping","max_tokens":2}}"#)
+            }
+        }
+    }
+
+    /// `object` of a whole response and of a streamed chunk.
+    fn objects(self) -> (&'static str, &'static str) {
+        match self {
+            Endpoint::Chat => ("chat.completion", "chat.completion.chunk"),
+            Endpoint::Completions => ("text_completion", "text_completion"),
+        }
+    }
+
+    /// Prefix of response ids.
+    fn id_prefix(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chatcmpl-",
+            Endpoint::Completions => "cmpl-",
+        }
+    }
+}
+
+/// Checks a `/v1/chat/completions` body (see the module docs for the properties).
+pub fn chat_body(data: &[u8]) {
+    CHAT.check(data);
+}
+
+/// Checks a `/v1/completions` body (see the module docs for the properties).
+pub fn completions_body(data: &[u8]) {
+    COMPLETIONS.check(data);
+}
+
+static CHAT: Harness = Harness::new(Endpoint::Chat);
+static COMPLETIONS: Harness = Harness::new(Endpoint::Completions);
+
+/// A runtime and the server state living on it.
+struct Server {
+    runtime: tokio::runtime::Runtime,
+    router: Router,
+    /// The output limit of a request without one, before the context cuts it.
+    default_max_tokens: u64,
+    /// The context length.
+    max_model_len: u64,
+}
+
+impl Server {
+    fn start() -> Server {
+        let cli = match mock_server::Cli::try_parse_from(SERVER_FLAGS) {
+            Ok(cli) => cli,
+            Err(e) => panic!("the fuzzed server's flags do not parse: {e}"),
+        };
+        let config = match ServerConfig::from_args(&cli.serve) {
+            Ok(config) => config,
+            Err(e) => panic!("the fuzzed server's flags are invalid: {e}"),
+        };
+        let runtime = match tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime,
+            Err(e) => panic!("cannot start a tokio runtime: {e}"),
+        };
+        let (default_max_tokens, max_model_len) = (
+            config.default_max_tokens as u64,
+            config.max_model_len as u64,
+        );
+        // The engine's driver task is spawned on the runtime that builds the state.
+        let state = match runtime.block_on(async { AppState::new(config) }) {
+            Ok(state) => state,
+            Err(e) => panic!("the fuzzed server's engine settings are invalid: {e}"),
+        };
+        Server {
+            runtime,
+            router: app(state),
+            default_max_tokens,
+            max_model_len,
+        }
+    }
+
+    /// Sends `body` and reads the whole answer, or says why it could not within [`TIMEOUT`].
+    fn exchange(&self, endpoint: Endpoint, body: &[u8]) -> Result<Answer, String> {
+        let request = Request::post(endpoint.path())
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body.to_vec()))
+            .map_err(|e| format!("cannot build the request: {e}"))?;
+        let router = self.router.clone();
+        self.runtime.block_on(async move {
+            let exchange = async {
+                let response = router
+                    .oneshot(request)
+                    .await
+                    .map_err(|e| format!("the router failed: {e}"))?;
+                let status = response.status();
+                let content_type = response
+                    .headers()
+                    .get(header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_string();
+                let body = http_body_util::Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+                    .collect()
+                    .await
+                    .map_err(|e| format!("reading the {status} body failed: {e}"))?
+                    .to_bytes()
+                    .to_vec();
+                Ok(Answer {
+                    status,
+                    content_type,
+                    body,
+                })
+            };
+            tokio::time::timeout(TIMEOUT, exchange)
+                .await
+                .map_err(|_| format!("no complete answer within {TIMEOUT:?} (hang)"))?
+        })
+    }
+}
+
+/// A response, read to the end.
+struct Answer {
+    status: StatusCode,
+    content_type: String,
+    body: Vec<u8>,
+}
+
+/// One endpoint's server and input count.
+struct Harness {
+    endpoint: Endpoint,
+    /// `std` mutex: held only to take or replace the server, never across a request.
+    server: Mutex<Option<Arc<Server>>>,
+    inputs: AtomicU64,
+}
+
+impl Harness {
+    const fn new(endpoint: Endpoint) -> Harness {
+        Harness {
+            endpoint,
+            server: Mutex::new(None),
+            inputs: AtomicU64::new(0),
+        }
+    }
+
+    fn server(&self) -> Arc<Server> {
+        let mut slot = self.server.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(slot.get_or_insert_with(|| Arc::new(Server::start())))
+    }
+
+    /// Drops the server (after a hang) so the next input starts a fresh one.
+    fn discard(&self, server: Arc<Server>) {
+        self.server
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Ok(server) = Arc::try_unwrap(server) {
+            // A wedged task would block an ordinary shutdown.
+            server.runtime.shutdown_background();
+        }
+    }
+
+    fn check(&self, data: &[u8]) {
+        let server = self.server();
+        let endpoint = self.endpoint;
+        let answer = match server.exchange(endpoint, data) {
+            Ok(answer) => answer,
+            Err(e) => {
+                self.discard(server);
+                panic!("POST {}: {e}", endpoint.path());
+            }
+        };
+        let verdict = check_answer(endpoint, &answer)
+            .and_then(|generated| server.check_limit(data, generated));
+        if let Err(e) = verdict {
+            panic!(
+                "POST {}: {e}\nstatus {}, content-type {:?}, body:\n{}",
+                endpoint.path(),
+                answer.status,
+                answer.content_type,
+                String::from_utf8_lossy(&answer.body)
+            );
+        }
+        let n = self.inputs.fetch_add(1, Ordering::Relaxed) + 1;
+        if answer.status == StatusCode::SERVICE_UNAVAILABLE || n % LIVENESS_EVERY == 0 {
+            let probe = endpoint.probe();
+            let answer = server.exchange(endpoint, probe.as_bytes());
+            let verdict = answer.and_then(|answer| match answer.status {
+                StatusCode::OK => check_answer(endpoint, &answer)
+                    .and_then(|generated| server.check_limit(probe.as_bytes(), generated)),
+                status => Err(format!(
+                    "got {status}: {}",
+                    String::from_utf8_lossy(&answer.body)
+                )),
+            });
+            if let Err(e) = verdict {
+                self.discard(server);
+                panic!(
+                    "the engine stopped answering after this input or one of the {} before it: \
+                     a small valid request to {} failed: {e}",
+                    LIVENESS_EVERY - 1,
+                    endpoint.path()
+                );
+            }
+        }
+    }
+}
+
+impl Server {
+    /// A completed answer has exactly the output limit the request body asks for.
+    fn check_limit(&self, body: &[u8], generated: Option<Generated>) -> Result<(), String> {
+        let (Some(generated), Some(requested)) = (generated, requested_limit(body)) else {
+            return Ok(());
+        };
+        let expected = match (requested, generated.prompt_tokens) {
+            (Some(limit), _) => limit,
+            (None, Some(prompt)) => self
+                .default_max_tokens
+                .min(self.max_model_len.saturating_sub(prompt)),
+            (None, None) => return Ok(()),
+        };
+        if generated.completion_tokens == expected {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} completion tokens, but the output limit is {expected}",
+                generated.completion_tokens
+            ))
+        }
+    }
+}
+
+/// The output limit a body sets: `Some(None)` when it sets none, `None` when that cannot be
+/// told (not a JSON object, or a limit that is not a count).
+fn requested_limit(body: &[u8]) -> Option<Option<u64>> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    let object = value.as_object()?;
+    let field = |key: &str| object.get(key).filter(|v| !v.is_null());
+    match field("max_completion_tokens").or_else(|| field("max_tokens")) {
+        Some(limit) => Some(Some(limit.as_u64()?)),
+        None => Some(None),
+    }
+}
+
+/// What a completed answer generated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Generated {
+    /// `usage.prompt_tokens`, when the answer has usage.
+    prompt_tokens: Option<u64>,
+    /// Output tokens.
+    completion_tokens: u64,
+}
+
+/// Checks one answer against the properties of the module docs; what a completed 200
+/// generated (`None` for an error or a stream ended by an error event).
+fn check_answer(endpoint: Endpoint, answer: &Answer) -> Result<Option<Generated>, String> {
+    let status = answer.status;
+    if status == StatusCode::OK {
+        if answer.content_type.starts_with("text/event-stream") {
+            return check_stream(endpoint, &answer.body);
+        }
+        let value: Value = serde_json::from_slice(&answer.body)
+            .map_err(|e| format!("a 200 body is not JSON: {e}"))?;
+        return check_completion(endpoint, &value).map(Some);
+    }
+    if status.is_client_error() || status == StatusCode::SERVICE_UNAVAILABLE {
+        let value: Value = serde_json::from_slice(&answer.body)
+            .map_err(|e| format!("a {status} body is not JSON: {e}"))?;
+        return check_error_body(&value)
+            .map(|()| None)
+            .map_err(|e| format!("{status}: {e}"));
+    }
+    Err(format!(
+        "status {status}: expected 200, a 4xx or a 503 for overload"
+    ))
+}
+
+/// `{"error":{"message","type","param","code"}}`, nothing else at the top.
+pub fn check_error_body(value: &Value) -> Result<(), String> {
+    let top = value.as_object().ok_or("the error body is not an object")?;
+    if top.len() != 1 {
+        return Err(format!(
+            "the error body has other keys than `error`: {value}"
+        ));
+    }
+    let error = top
+        .get("error")
+        .and_then(Value::as_object)
+        .ok_or_else(|| format!("no `error` object: {value}"))?;
+    match error.get("message") {
+        Some(Value::String(m)) if !m.is_empty() => {}
+        _ => {
+            return Err(format!(
+                "`error.message` is not a non-empty string: {value}"
+            ))
+        }
+    }
+    if !error.get("type").is_some_and(Value::is_string) {
+        return Err(format!("`error.type` is not a string: {value}"));
+    }
+    for key in ["param", "code"] {
+        match error.get(key) {
+            Some(Value::String(_) | Value::Null) => {}
+            _ => return Err(format!("`error.{key}` is not a string or null: {value}")),
+        }
+    }
+    Ok(())
+}
+
+/// Prompt + completion = total, at least one completion token; returns what was generated.
+fn check_usage(usage: &Value) -> Result<Generated, String> {
+    let count = |key: &str| {
+        usage
+            .get(key)
+            .and_then(Value::as_u64)
+            .ok_or_else(|| format!("`usage.{key}` is not a count: {usage}"))
+    };
+    let (prompt, completion, total) = (
+        count("prompt_tokens")?,
+        count("completion_tokens")?,
+        count("total_tokens")?,
+    );
+    if prompt.checked_add(completion) != Some(total) || completion == 0 {
+        return Err(format!("inconsistent usage: {usage}"));
+    }
+    let cached = usage
+        .pointer("/prompt_tokens_details/cached_tokens")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| format!("no `usage.prompt_tokens_details.cached_tokens`: {usage}"))?;
+    if cached > prompt {
+        return Err(format!("more cached than prompt tokens: {usage}"));
+    }
+    Ok(Generated {
+        prompt_tokens: Some(prompt),
+        completion_tokens: completion,
+    })
+}
+
+/// The response identity every chunk (or the whole response) carries.
+fn check_identity(endpoint: Endpoint, value: &Value, object: &str) -> Result<(), String> {
+    if value["object"] != object {
+        return Err(format!("`object` is not {object:?}: {value}"));
+    }
+    if !value["id"]
+        .as_str()
+        .is_some_and(|id| id.starts_with(endpoint.id_prefix()))
+    {
+        return Err(format!(
+            "`id` does not start with {:?}: {value}",
+            endpoint.id_prefix()
+        ));
+    }
+    if value["model"] != MODEL || !value["created"].is_u64() {
+        return Err(format!("bad `model` or `created`: {value}"));
+    }
+    Ok(())
+}
+
+/// A whole (non-stream) completion.
+fn check_completion(endpoint: Endpoint, value: &Value) -> Result<Generated, String> {
+    check_identity(endpoint, value, endpoint.objects().0)?;
+    let choices = value["choices"]
+        .as_array()
+        .ok_or_else(|| format!("`choices` is not an array: {value}"))?;
+    let [choice] = choices.as_slice() else {
+        return Err(format!("not exactly one choice: {value}"));
+    };
+    if choice["index"] != 0 || choice["finish_reason"] != "length" {
+        return Err(format!("bad `index` or `finish_reason`: {value}"));
+    }
+    let text = match endpoint {
+        Endpoint::Chat => {
+            if choice["message"]["role"] != "assistant" {
+                return Err(format!("the message is not the assistant's: {value}"));
+            }
+            &choice["message"]["content"]
+        }
+        Endpoint::Completions => &choice["text"],
+    };
+    if !text.is_string() {
+        return Err(format!("no answer text: {value}"));
+    }
+    check_usage(&value["usage"])
+}
+
+/// A streamed completion: `data:` frames, chunks with one identity, then `[DONE]`; what it
+/// generated, unless an error event ended it.
+fn check_stream(endpoint: Endpoint, body: &[u8]) -> Result<Option<Generated>, String> {
+    let text = std::str::from_utf8(body).map_err(|e| format!("the stream is not UTF-8: {e}"))?;
+    let frames = text
+        .strip_suffix("\n\n")
+        .ok_or("the stream does not end with a blank line")?
+        .split("\n\n")
+        .map(|frame| {
+            frame
+                .strip_prefix("data: ")
+                .ok_or_else(|| format!("a frame is not a `data: ` line: {frame:?}"))
+        })
+        .collect::<Result<Vec<&str>, String>>()?;
+    let Some((&"[DONE]", events)) = frames.split_last() else {
+        return Err("the stream does not end with `data: [DONE]`".into());
+    };
+    let chunk_object = endpoint.objects().1;
+    let mut identity: Option<(Value, Value)> = None;
+    let mut deltas = 0u64;
+    let mut finished = false;
+    let mut usage = None;
+    for (i, event) in events.iter().enumerate() {
+        let value: Value = serde_json::from_str(event)
+            .map_err(|e| format!("event {i} is not JSON ({e}): {event}"))?;
+        if value.get("error").is_some() {
+            check_error_body(&value).map_err(|e| format!("error event {i}: {e}"))?;
+            if i + 1 != events.len() {
+                return Err(format!("events follow the error event {i}"));
+            }
+            return Ok(None);
+        }
+        check_identity(endpoint, &value, chunk_object).map_err(|e| format!("chunk {i}: {e}"))?;
+        let this = (value["id"].clone(), value["created"].clone());
+        if identity.get_or_insert_with(|| this.clone()) != &this {
+            return Err(format!("chunk {i} changes `id` or `created`: {value}"));
+        }
+        let choices = value["choices"]
+            .as_array()
+            .ok_or_else(|| format!("chunk {i} has no `choices` array: {value}"))?;
+        if usage.is_some() {
+            return Err(format!("chunk {i} follows the usage chunk"));
+        }
+        match choices.as_slice() {
+            [] => {
+                if !finished {
+                    return Err(format!("usage chunk {i} before the finish chunk"));
+                }
+                usage = Some(check_usage(&value["usage"])?);
+            }
+            [choice] => {
+                if finished {
+                    return Err(format!("chunk {i} follows the finish chunk: {value}"));
+                }
+                if choice["index"] != 0 {
+                    return Err(format!("chunk {i} has a choice index other than 0"));
+                }
+                match &choice["finish_reason"] {
+                    Value::Null => {}
+                    reason if reason == "length" => {
+                        finished = true;
+                        continue;
+                    }
+                    reason => return Err(format!("chunk {i} has finish_reason {reason}")),
+                }
+                let is_role = endpoint == Endpoint::Chat && i == 0;
+                if is_role && choice["delta"]["role"] != "assistant" {
+                    return Err(format!(
+                        "the first chat chunk has no assistant role: {value}"
+                    ));
+                }
+                if !is_role {
+                    deltas += 1;
+                }
+            }
+            _ => return Err(format!("chunk {i} has several choices: {value}")),
+        }
+    }
+    if !finished {
+        return Err("the stream ends without a finish_reason chunk or an error event".into());
+    }
+    match usage {
+        Some(usage) if usage.completion_tokens != deltas => Err(format!(
+            "usage counts {} completion tokens, the stream has {deltas} token chunks",
+            usage.completion_tokens
+        )),
+        Some(usage) => Ok(Some(usage)),
+        None => Ok(Some(Generated {
+            prompt_tokens: None,
+            completion_tokens: deltas,
+        })),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn error_bodies_need_all_four_keys() {
+        let good = json!({"error": {"message": "m", "type": "t", "param": null, "code": "c"}});
+        assert!(check_error_body(&good).is_ok());
+        for bad in [
+            json!({"error": {"message": "", "type": "t", "param": null, "code": null}}),
+            json!({"error": {"message": "m", "param": null, "code": null}}),
+            json!({"error": {"message": "m", "type": "t", "code": null}}),
+            json!({"error": {"message": "m", "type": "t", "param": null, "code": 400}}),
+            json!({"error": "m"}),
+            json!({"error": {"message": "m", "type": "t", "param": null, "code": null}, "x": 1}),
+        ] {
+            assert!(check_error_body(&bad).is_err(), "{bad}");
+        }
+    }
+
+    fn chunk(choices: Value) -> String {
+        json!({"id": "cmpl-1", "object": "text_completion", "created": 1, "model": MODEL,
+               "choices": choices})
+        .to_string()
+    }
+
+    fn stream(events: &[String]) -> Vec<u8> {
+        let mut s: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        s.push_str("data: [DONE]\n\n");
+        s.into_bytes()
+    }
+
+    #[test]
+    fn streams_need_a_finish_and_done_and_matching_usage() {
+        let token = chunk(json!([{"index": 0, "text": "a", "finish_reason": null}]));
+        let finish = chunk(json!([{"index": 0, "text": "", "finish_reason": "length"}]));
+        let usage = |n: u64| {
+            let mut v: Value = serde_json::from_str(&chunk(json!([]))).expect("json");
+            v["usage"] = json!({"prompt_tokens": 3, "completion_tokens": n, "total_tokens": 3 + n,
+                                "prompt_tokens_details": {"cached_tokens": 0}});
+            v.to_string()
+        };
+        let ok = stream(&[token.clone(), token.clone(), finish.clone(), usage(2)]);
+        let generated = Generated {
+            prompt_tokens: Some(3),
+            completion_tokens: 2,
+        };
+        assert_eq!(
+            check_stream(Endpoint::Completions, &ok),
+            Ok(Some(generated))
+        );
+        let wrong_usage = stream(&[token.clone(), finish.clone(), usage(2)]);
+        assert!(check_stream(Endpoint::Completions, &wrong_usage).is_err());
+        let no_finish = stream(std::slice::from_ref(&token));
+        assert!(check_stream(Endpoint::Completions, &no_finish).is_err());
+        let mut no_done = stream(&[token.clone(), finish.clone()]);
+        no_done.truncate(no_done.len() - "data: [DONE]\n\n".len());
+        assert!(check_stream(Endpoint::Completions, &no_done).is_err());
+        let error = json!({"error": {"message": "m", "type": "t", "param": null, "code": null}});
+        let failed = stream(&[token.clone(), error.to_string()]);
+        assert_eq!(check_stream(Endpoint::Completions, &failed), Ok(None));
+        let chat = stream(&[token, finish]);
+        assert!(check_stream(Endpoint::Chat, &chat).is_err(), "wrong object");
+    }
+
+    #[test]
+    fn the_output_limit_is_read_as_the_server_reads_it() {
+        assert_eq!(requested_limit(br#"{"max_tokens": 5}"#), Some(Some(5)));
+        assert_eq!(
+            requested_limit(br#"{"max_tokens": 5, "max_completion_tokens": 7}"#),
+            Some(Some(7))
+        );
+        assert_eq!(
+            requested_limit(br#"{"max_tokens": 5, "max_completion_tokens": null}"#),
+            Some(Some(5))
+        );
+        assert_eq!(requested_limit(br#"{"model": "m"}"#), Some(None));
+        assert_eq!(requested_limit(br#"{"max_tokens": 5.5}"#), None);
+        assert_eq!(requested_limit(b"[1]"), None);
+    }
+
+    #[test]
+    fn valid_and_invalid_bodies_pass_the_checkers() {
+        chat_body(br#"{"model":"mock-model","messages":[{"role":"user","content":"hi"}]}"#);
+        chat_body(
+            br#"{"model":"mock-model","messages":[{"role":"user","content":"hi"}],"stream":true,
+                 "stream_options":{"include_usage":true},"max_tokens":40}"#,
+        );
+        chat_body(b"{\"model\": ");
+        chat_body(br#"{"model":"other","messages":[]}"#);
+        completions_body(br#"{"model":"mock-model","prompt":[[1,2,3]],"max_tokens":900}"#);
+        completions_body(br#"{"model":"mock-model","prompt":"hi","stream":true}"#);
+        completions_body(b"[]");
+    }
+}

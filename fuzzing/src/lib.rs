@@ -1,0 +1,219 @@
+//! Fuzzing for servesim: one property checker per input the project takes from outside, and a
+//! seeded mutation runner that drives them on stable Rust.
+//!
+//! Every checker is a `fn(&[u8])` that panics only when a property is violated, so the same
+//! function serves the stable [`runner`] (in `cargo test`), the libFuzzer targets under `fuzz/`
+//! (`cargo +nightly fuzz run NAME`) and the replay of saved inputs:
+//!
+//! - [`http::chat_body`] / [`http::completions_body`]: a request body to `/v1/chat/completions`
+//!   or `/v1/completions` gets an answer in time: never a 5xx (a 503 only while the engine stays
+//!   alive), an OpenAI error body on every 4xx, a well-formed completion or SSE stream on a 200,
+//!   and the engine still answers a small request afterwards.
+//! - [`trace::trace_line`]: a Mooncake trace parses or fails naming a line; a parsed trace replays
+//!   on a tiny cluster to the end, every request completed or rejected, the same way twice.
+//! - [`sse::sse_stream`]: loadgen's SSE parser gives the same events however the bytes are split,
+//!   and holds no more than its bound.
+//!
+//! [`TARGETS`] lists them with the tokens and field names the [`mutate::Mutator`] splices in.
+//! [`runner::fuzz`] loads a seed corpus, mutates it with a seeded ChaCha generator for a time
+//! budget and stops at the first violation with a [`runner::Finding`] that can be replayed.
+//!
+//! ```
+//! use servesim_fuzzing::{sse, target};
+//!
+//! // A checker returns when the property holds (here: any split gives the same events).
+//! sse::sse_stream(b"\x02\x03\x05data: a\n\ndata: [DONE]\n\n");
+//! assert!(target("sse_stream").is_some());
+//! assert!(target("no_such_target").is_none());
+//! ```
+
+pub mod http;
+pub mod mutate;
+pub mod runner;
+pub mod sse;
+pub mod trace;
+
+use std::path::PathBuf;
+
+/// One fuzz target: a checker and what its mutator should know about the input format.
+#[derive(Clone, Copy, Debug)]
+pub struct Target {
+    /// The name: a directory under `fuzz/corpus/` and `fuzz/regressions/`, and a libFuzzer target.
+    pub name: &'static str,
+    /// Returns when every property holds; panics naming the violated one otherwise.
+    pub check: fn(&[u8]),
+    /// Byte strings worth inserting anywhere (tokens of the format, awkward values).
+    pub dictionary: &'static [&'static [u8]],
+    /// JSON object keys worth adding, for formats made of JSON objects.
+    pub fields: &'static [&'static str],
+    /// Inputs are cut to this many bytes.
+    pub max_len: usize,
+}
+
+/// JSON tokens and awkward values shared by every JSON format.
+const JSON_TOKENS: &[&[u8]] = &[
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b"\"",
+    b":",
+    b",",
+    b"null",
+    b"true",
+    b"false",
+    b"\"\"",
+    b"[]",
+    b"{}",
+    b"[\"\"]",
+    b"[[]]",
+    b"0",
+    b"-1",
+    b"-0",
+    b"1e308",
+    b"1e999",
+    b"-1e999",
+    b"NaN",
+    b"Infinity",
+    b"\"NaN\"",
+    b"\"inf\"",
+    b"18446744073709551615",
+    b"18446744073709551616",
+    b"-9223372036854775808",
+    b"4294967296",
+    b"9007199254740993",
+    b"0.000001",
+    b"\"\\u0000\"",
+    b"\"\\ud800\"",
+    b"\\",
+    b"\xff",
+    b"\xc3",
+    b"\xe2\x80\xa8",
+    b"\xef\xbb\xbf",
+    b"\n",
+    b"\r\n",
+];
+
+/// Request fields of both completion APIs, with Dynamo's `nvext`.
+const REQUEST_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "prompt",
+    "role",
+    "content",
+    "text",
+    "type",
+    "max_tokens",
+    "max_completion_tokens",
+    "stream",
+    "stream_options",
+    "include_usage",
+    "n",
+    "seed",
+    "temperature",
+    "top_p",
+    "stop",
+    "ignore_eos",
+    "min_tokens",
+    "tools",
+    "tool_choice",
+    "logprobs",
+    "reasoning_content",
+    "nvext",
+    "agent_hints",
+    "speculative_prefill",
+    "backend_instance_id",
+    "extra_fields",
+    "worker_id",
+    "timing",
+    "priority",
+    "osl",
+    "token_data",
+    "annotations",
+    "cache_salt",
+    "request_timestamp_ms",
+];
+
+/// Fields of a Mooncake trace row, aliases included.
+const TRACE_FIELDS: &[&str] = &[
+    "timestamp",
+    "created_time",
+    "input_length",
+    "input_tokens",
+    "output_length",
+    "output_tokens",
+    "hash_ids",
+    "session_id",
+    "delay",
+    "delay_ms",
+    "request_id",
+];
+
+/// SSE line prefixes, line ends and payloads a stream may hold.
+const SSE_TOKENS: &[&[u8]] = &[
+    b"data:",
+    b"data: ",
+    b"data: [DONE]\n\n",
+    b"event: ",
+    b"event: error\n",
+    b"id: 1\n",
+    b"retry: 10\n",
+    b": keep-alive\n",
+    b":",
+    b"\n",
+    b"\r",
+    b"\r\n",
+    b"\n\n",
+    b"\r\n\r\n",
+    b"\r\r",
+    b"{\"error\":{\"message\":\"x\",\"type\":\"server_error\",\"param\":null,\"code\":null}}",
+    b"{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"},\"finish_reason\":null}]}",
+    b"\xef\xbb\xbf",
+    b"\xff",
+    b"\xc3",
+    b"\xe2\x82",
+    b"\0",
+];
+
+/// Every target, in a fixed order.
+pub const TARGETS: [Target; 4] = [
+    Target {
+        name: "chat_body",
+        check: http::chat_body,
+        dictionary: JSON_TOKENS,
+        fields: REQUEST_FIELDS,
+        max_len: 96 << 10,
+    },
+    Target {
+        name: "completions_body",
+        check: http::completions_body,
+        dictionary: JSON_TOKENS,
+        fields: REQUEST_FIELDS,
+        max_len: 96 << 10,
+    },
+    Target {
+        name: "trace_line",
+        check: trace::trace_line,
+        dictionary: JSON_TOKENS,
+        fields: TRACE_FIELDS,
+        max_len: 32 << 10,
+    },
+    Target {
+        name: "sse_stream",
+        check: sse::sse_stream,
+        dictionary: SSE_TOKENS,
+        fields: &[],
+        max_len: 64 << 10,
+    },
+];
+
+/// The target called `name`.
+pub fn target(name: &str) -> Option<&'static Target> {
+    TARGETS.iter().find(|t| t.name == name)
+}
+
+/// The `fuzz/` directory of the repository: `corpus/<target>/` holds the seed inputs,
+/// `regressions/<target>/` the inputs that once violated a property.
+pub fn fuzz_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../fuzz"))
+}
