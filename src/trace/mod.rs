@@ -70,7 +70,7 @@ impl Trace {
             .iter()
             .flat_map(|s| &s.turns)
             .map(|t| t.input_length as u64)
-            .sum()
+            .fold(0, u64::saturating_add)
     }
 
     /// Turns whose row asked for more prompt tokens than its `hash_ids` cover (the prompt was
@@ -88,7 +88,7 @@ impl Trace {
             .iter()
             .flat_map(|s| &s.turns)
             .map(|t| t.output_length as u64)
-            .sum()
+            .fold(0, u64::saturating_add)
     }
 }
 

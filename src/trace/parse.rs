@@ -93,16 +93,26 @@ pub fn parse(
 
     let mut index: HashMap<SessionKey, usize> = HashMap::new();
     let mut groups: Vec<(String, Vec<RowTurn>)> = Vec::new();
-    for (i, text) in reader.lines().enumerate() {
+    // Split on bytes, not `lines()`: invalid UTF-8 is then an error of its own line, not an
+    // I/O error of the whole file.
+    for (i, bytes) in reader.split(b'\n').enumerate() {
         let line = i + 1;
-        let text = text.map_err(|source| TraceError::Io {
+        let bytes = bytes.map_err(|source| TraceError::Io {
             path: PathBuf::from(source_name),
             source,
         })?;
+        let text = String::from_utf8(bytes).map_err(|e| {
+            let column = e.utf8_error().valid_up_to() + 1;
+            line_err(
+                line,
+                format!("not UTF-8 text (invalid byte at column {column})"),
+            )
+        })?;
+        let text = text.strip_suffix('\r').unwrap_or(&text);
         // Editors on some platforms start UTF-8 files with a byte order mark.
         let text = match line {
-            1 => text.strip_prefix('\u{feff}').unwrap_or(&text),
-            _ => &text,
+            1 => text.strip_prefix('\u{feff}').unwrap_or(text),
+            _ => text,
         };
         if text.trim().is_empty() {
             continue;
@@ -321,6 +331,27 @@ mod tests {
             Err(TraceError::Line { line, message, .. }) => (line, message),
             other => panic!("expected a line error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn invalid_utf8_names_its_line_and_crlf_is_accepted() {
+        let row =
+            "{\"timestamp\": 0, \"input_length\": 4, \"output_length\": 1, \"hash_ids\": [1]}";
+        let mut bytes = format!("{row}\r\n").into_bytes();
+        bytes.extend_from_slice(b"{\"timestamp\": 1, \xff}\n");
+        match parse(&bytes[..], "trace.jsonl", &opts(4, 1.0)) {
+            Err(TraceError::Line { line, message, .. }) => {
+                assert_eq!(line, 2);
+                assert!(
+                    message.contains("not UTF-8") && message.contains("column 18"),
+                    "{message}"
+                );
+            }
+            other => panic!("expected a line error, got {other:?}"),
+        }
+        let crlf = format!("{row}\r\n{row}\r\n");
+        let trace = parse_str(&crlf, &opts(4, 1.0)).expect("CRLF rows parse");
+        assert_eq!(trace.total_output_tokens(), 2);
     }
 
     #[test]
