@@ -1,7 +1,7 @@
 //! [`QuantileSketch`]: streaming percentiles with bounded relative error, for figures taken over
 //! every token (no per-token memory).
 
-use super::distribution::{percentile_rank, Distribution};
+use super::distribution::Distribution;
 
 /// Relative accuracy of [`QuantileSketch`] quantiles (Dynamo's DDSketch setting).
 pub const SKETCH_RELATIVE_ACCURACY: f64 = 0.001;
@@ -156,7 +156,7 @@ impl QuantileSketch {
             return 0.0;
         }
         let n = usize::try_from(self.count).unwrap_or(usize::MAX);
-        let rank = percentile_rank(n, p) as u64;
+        let rank = Distribution::rank(n, p) as u64;
         if rank == 0 {
             return self.min;
         }
