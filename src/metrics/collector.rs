@@ -47,7 +47,9 @@ pub struct Collector {
     sparse: BTreeMap<u64, RequestState>,
     /// Every consecutive token gap (ms).
     itl: QuantileSketch,
-    /// `1000 / gap_ms` for every positive gap.
+    /// `1000 / gap_ms` for every positive gap: Dynamo's per-gap definition of
+    /// `output_token_throughput_per_user`, not a per-request rate (see
+    /// [`ReplayReport::output_token_throughput_per_user`]).
     per_user_throughput: QuantileSketch,
 }
 

@@ -122,6 +122,14 @@ pub struct ReplayReport {
     /// Arrival to last token (ms).
     pub e2e_latency: Distribution,
     /// `1000 / gap_ms` over every positive token gap (tokens/s; sketch percentiles).
+    ///
+    /// This is Dynamo's offline-replay definition, kept so `mockserve replay` matches Dynamo key
+    /// for key. It weighs every gap, not every request, so short gaps (tokens that come out
+    /// nearly together) drive the mean and upper percentiles far above any request's rate. The
+    /// live reports of `loadgen replay` and `loadgen bench` overwrite this field with the
+    /// per-request rate `(output tokens - 1) / (last token - first token)`
+    /// (`loadgen::replay_report::PER_USER_DEFINITION`), as benchmark clients define it; the two
+    /// figures do not compare.
     pub output_token_throughput_per_user: Distribution,
     /// Disaggregated-serving figures (extra keys after Dynamo's), when disaggregated.
     pub disagg: Option<DisaggFigures>,
