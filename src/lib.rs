@@ -11,6 +11,9 @@
 //! - [`router::Router`]: round-robin, random or KV-aware routing over an [`indexer::KvIndexer`].
 //! - [`replay::replay`]: the discrete-event driver over a [`trace::Trace`], reporting a
 //!   [`metrics::ReplayReport`] with Dynamo's keys.
+//! - [`metrics::Collector`]: request-lifecycle hooks in, the report out; its
+//!   [`metrics::Distribution`] is the one percentile type of the workspace (Dynamo's rank rules)
+//!   and [`metrics::QuantileSketch`] streams per-token figures.
 //! - [`tokenizer`]: the built-in tokenizer and chat templates used by the server and loadgen.
 //!
 //! Driving a cluster by hand:

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use servesim::indexer::IndexerStats;
+use servesim::metrics::Distribution as Summary;
 
 /// Operation and block counts actually issued in a run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -33,7 +34,9 @@ pub struct RunTotals {
     pub block_ops: u64,
 }
 
-/// Percentiles of a latency sample in nanoseconds (index `(n-1)*p/100` of the sorted sample).
+/// Percentiles of a latency sample in nanoseconds: the JSON shape of Dynamo's `OpenLoopResult`
+/// distributions. The ranks are read by [`servesim::metrics::Distribution::percentile_mooncake`]
+/// (index `(n-1)*p/100` of the sorted sample, rounded down, as Dynamo's indexer bench reads them).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Distribution {
     /// Number of samples.
@@ -51,18 +54,14 @@ pub struct Distribution {
 impl Distribution {
     /// The percentiles of `samples` (all zero when empty).
     pub fn of(mut samples: Vec<u64>) -> Distribution {
-        if samples.is_empty() {
-            return Distribution::default();
-        }
         samples.sort_unstable();
-        let n = samples.len();
-        let at = |p: usize| samples[(n - 1) * p / 1000];
+        let at = |permille| Summary::percentile_mooncake(&samples, permille).unwrap_or(0);
         Distribution {
-            count: n as u64,
+            count: samples.len() as u64,
             p50_ns: at(500),
             p99_ns: at(990),
             p999_ns: at(999),
-            max_ns: samples[n - 1],
+            max_ns: samples.last().copied().unwrap_or(0),
         }
     }
 }
@@ -236,5 +235,23 @@ impl fmt::Display for OpenLoopResult {
             writeln!(f, "  failure: {r}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distribution_reads_dynamo_indexer_ranks() {
+        // Unsorted input; (n-1)*p/1000 rounded down: 999*500/1000 = 499, *990 -> 989, *999 -> 998.
+        let d = Distribution::of((0..1000).rev().map(|i| i * 10).collect());
+        assert_eq!(
+            (d.count, d.p50_ns, d.p99_ns, d.p999_ns, d.max_ns),
+            (1000, 4990, 9890, 9980, 9990)
+        );
+        let two = Distribution::of(vec![20, 10]);
+        assert_eq!((two.p50_ns, two.p99_ns, two.max_ns), (10, 10, 20));
+        assert_eq!(Distribution::of(Vec::new()), Distribution::default());
     }
 }

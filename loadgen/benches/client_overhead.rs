@@ -197,19 +197,13 @@ fn main() {
                 .map(|t| (t + s.lag_us()) as f64 / 1000.0 - 20.0)
         })
         .collect();
-    err.sort_by(f64::total_cmp);
-    let n = err.len().max(1);
-    let mean = err.iter().sum::<f64>() / n as f64;
-    let at = |p: f64| {
-        err.get(((n - 1) as f64 * p).round() as usize)
-            .copied()
-            .unwrap_or(0.0)
-    };
+    let d = servesim::metrics::Distribution::from_samples(&mut err);
     println!(
-        "client_overhead/ttft_error: {} requests in rounds of {USERS}, TTFT - 20 ms configured: mean {mean:.2} ms, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        "client_overhead/ttft_error: {} requests in rounds of {USERS}, TTFT - 20 ms configured: mean {:.2} ms, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
         err.len(),
-        at(0.5),
-        at(0.99),
-        at(1.0)
+        d.mean,
+        d.median,
+        d.p99,
+        d.max
     );
 }

@@ -5,13 +5,16 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use servesim::metrics::Distribution;
 
 use crate::client::{Failure, TokenSource};
 use crate::failure::FailureSummary;
 
 /// Dynamo's aggregate statistics (`LatencyStats`), plus the mean; all in µs.
 ///
-/// Ranks as Dynamo: sorted `s`, `p50 = s[n/2]`, `p95 = s[n*95/100]`, `p99 = s[n*99/100]`.
+/// Ranks as Dynamo's multi-turn bench reads them ([`Distribution::percentile_multiturn`]): sorted
+/// `s`, `p50 = s[n/2]`, `p95 = s[n*95/100]`, `p99 = s[n*99/100]`. Not the replay's rule: these
+/// figures are compared with that bench's.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct StatsReport {
     /// Smallest.
@@ -37,14 +40,14 @@ impl StatsReport {
         }
         let mut s = values.to_vec();
         s.sort_unstable();
-        let n = s.len();
+        let at = |permille| Distribution::percentile_multiturn(&s, permille);
         Some(StatsReport {
-            min_us: s[0],
-            p50_us: s[n / 2],
-            p95_us: s[n * 95 / 100],
-            p99_us: s[n * 99 / 100],
-            max_us: s[n - 1],
-            mean_us: (s.iter().map(|&v| v as u128).sum::<u128>() / n as u128) as u64,
+            min_us: *s.first()?,
+            p50_us: at(500)?,
+            p95_us: at(950)?,
+            p99_us: at(990)?,
+            max_us: *s.last()?,
+            mean_us: (s.iter().map(|&v| v as u128).sum::<u128>() / s.len() as u128) as u64,
         })
     }
 }
@@ -129,7 +132,8 @@ pub struct RawResult {
     pub error: Option<Failure>,
 }
 
-/// Statistics of a rate (per request), Dynamo's ranks as [`StatsReport`].
+/// Statistics of a rate (per request), with the ranks of [`StatsReport`]
+/// ([`Distribution::percentile_multiturn`]) so one report reads one rule.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RateStats {
     /// Smallest.
@@ -154,14 +158,14 @@ impl RateStats {
         }
         let mut s = values.to_vec();
         s.sort_by(f64::total_cmp);
-        let n = s.len();
+        let at = |permille| Distribution::percentile_multiturn(&s, permille);
         Some(RateStats {
-            min: s[0],
-            p50: s[n / 2],
-            p95: s[n * 95 / 100],
-            p99: s[n * 99 / 100],
-            max: s[n - 1],
-            mean: s.iter().sum::<f64>() / n as f64,
+            min: *s.first()?,
+            p50: at(500)?,
+            p95: at(950)?,
+            p99: at(990)?,
+            max: *s.last()?,
+            mean: s.iter().sum::<f64>() / s.len() as f64,
         })
     }
 }
