@@ -32,7 +32,11 @@
 //! - `nvext.extra_fields: ["worker_id", "timing"]` adds a response `nvext` (on the chunk with
 //!   `finish_reason`, or the whole response): `worker_id {prefill_worker_id,
 //!   decode_worker_id}` and `timing {request_received_ms, ttft_ms, total_time_ms,
-//!   first_token_ms, last_token_ms}` (`*_ms` instants are Unix milliseconds).
+//!   first_token_ms, last_token_ms}` (`*_ms` instants are Unix milliseconds). The token times are
+//!   the engine's own (simulated, on the wall-clock time line of the driver's
+//!   [`crate::driver::SimClock`]); `ttft_ms` and `total_time_ms` run from the engine's
+//!   submission, as the `/metrics` histograms do, so they state what the engine modelled (with
+//!   `--fixed-latency 20,5` and 3 tokens: 20 and 30) whatever the host's load.
 
 pub mod error;
 pub mod metrics;
@@ -105,13 +109,6 @@ impl AppState {
             stop_generations: CancellationToken::new(),
         })
     }
-}
-
-fn unix_now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 fn unix_now() -> u64 {
@@ -304,7 +301,7 @@ async fn generate(
     endpoint: Endpoint,
     spec_prefill: Option<SpecPrefill>,
 ) -> Result<Response, ApiError> {
-    let received = tokio::time::Instant::now();
+    let received = state.engine.clock().now();
     let config = &state.config;
     if params.model != config.model_name {
         return Err(ApiError::model_not_found(&params.model));
@@ -395,7 +392,6 @@ async fn generate(
         },
         worker: None,
         received,
-        received_unix_ms: unix_now_ms(),
         first_token: None,
         last_token: None,
         stop: state.stop_generations.child_token(),

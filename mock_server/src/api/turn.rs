@@ -1,5 +1,10 @@
-//! One generation as the client sees it: engine [`Event`]s become reasoning and content deltas,
-//! then chat or text-completion chunks, SSE frames or one final response object.
+//! One generation as the client sees it: the engine's outputs ([`Event`]s) become reasoning and
+//! content deltas, then chat or text-completion chunks, SSE frames or one final response object.
+//!
+//! Times in the response `nvext.timing` are the engine's own stamps (simulated time, mapped to
+//! the wall clock by the driver's [`crate::driver::SimClock`]): `ttft_ms` and `total_time_ms`
+//! run from the engine's submission to the first and last token, exactly as the `/metrics`
+//! TTFT and end-to-end histograms measure them.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -7,9 +12,10 @@ use std::convert::Infallible;
 use axum::body::Bytes;
 use futures_util::Stream;
 use serde_json::{json, Value};
+use servesim::cluster::Output;
 use servesim::ids::WorkerId;
 use servesim::request::{EngineRequest, Prompt};
-use tokio::time::Instant;
+use servesim::time::SimTime;
 
 use super::error::ApiError;
 use super::AppState;
@@ -86,14 +92,13 @@ pub struct Turn {
     pub extras: Extras,
     /// The worker that admitted it.
     pub worker: Option<WorkerId>,
-    /// When the handler received it.
-    pub received: Instant,
-    /// The same instant in Unix milliseconds.
-    pub received_unix_ms: u64,
-    /// When the first token reached the handler.
-    pub first_token: Option<Instant>,
-    /// When the latest token reached the handler.
-    pub last_token: Option<Instant>,
+    /// When the handler received it: the wall clock read through the driver's clock (so it
+    /// precedes the submission on the same time line).
+    pub received: SimTime,
+    /// When the engine emitted the first token (its own stamp).
+    pub first_token: Option<SimTime>,
+    /// When the engine emitted the latest token (its own stamp).
+    pub last_token: Option<SimTime>,
     /// Cancelled at the server's shutdown deadline: the turn then ends with an error.
     pub stop: tokio_util::sync::CancellationToken,
 }
@@ -133,31 +138,8 @@ impl Turn {
                 self.submission.mark_done();
                 return Step::Error(ApiError::from(crate::driver::SubmitError::Stopped));
             };
-            match event {
-                Event::Admitted {
-                    reused_tokens,
-                    worker,
-                } => {
-                    self.cached_tokens.get_or_insert(reused_tokens);
-                    self.worker = Some(worker);
-                }
-                Event::Preempted => {}
-                Event::Token { token, index } => {
-                    self.completion_tokens += 1;
-                    let now = Instant::now();
-                    self.first_token.get_or_insert(now);
-                    self.last_token = Some(now);
-                    return self.delta(token, index);
-                }
-                Event::Finished => {
-                    self.finish();
-                    return Step::Finished;
-                }
-                Event::Rejected(reason) => {
-                    self.done = true;
-                    self.submission.mark_done();
-                    return Step::Error(reason.into());
-                }
+            let output = match event {
+                Event::Output(output) => output,
                 Event::Stalled => {
                     // The driver cancelled it already (its KV is freed).
                     self.done = true;
@@ -170,6 +152,35 @@ impl Turn {
                         param: None,
                         code: Some("engine_stalled"),
                     });
+                }
+            };
+            match output {
+                Output::Admitted {
+                    reused_tokens,
+                    worker,
+                    ..
+                } => {
+                    self.cached_tokens.get_or_insert(reused_tokens);
+                    self.worker = Some(worker);
+                }
+                // Not visible to the client (the hand-off shows in the cluster's counters).
+                Output::Preempted { .. } | Output::KvTransfer { .. } => {}
+                Output::Token {
+                    token, index, time, ..
+                } => {
+                    self.completion_tokens += 1;
+                    self.first_token.get_or_insert(time);
+                    self.last_token = Some(time);
+                    return self.delta(token, index);
+                }
+                Output::Finished { .. } => {
+                    self.finish();
+                    return Step::Finished;
+                }
+                Output::Rejected { reason, .. } => {
+                    self.done = true;
+                    self.submission.mark_done();
+                    return Step::Error(reason.into());
                 }
             }
         }
@@ -247,17 +258,21 @@ impl Turn {
             );
         }
         if self.extras.timing {
-            let ms = |t: Option<Instant>| t.map(|t| (t - self.received).as_secs_f64() * 1e3);
-            let unix = |t: Option<f64>| t.map(|ms| self.received_unix_ms + ms.round() as u64);
-            let (ttft, total) = (ms(self.first_token), ms(self.last_token));
+            // One time line for all four: the driver's clock. Durations run from the
+            // submission, as the `/metrics` histograms do, so they are the engine's model exactly.
+            let submitted = self.submission.submitted;
+            let since =
+                |t: Option<SimTime>| t.map(|t| t.saturating_since(submitted).as_millis_f64());
+            let clock = self.state.engine.clock();
+            let unix = |t: SimTime| clock.unix_ms(t).round() as u64;
             nvext.insert(
                 "timing".into(),
                 json!({
-                    "request_received_ms": self.received_unix_ms,
-                    "ttft_ms": ttft,
-                    "total_time_ms": total,
-                    "first_token_ms": unix(ttft),
-                    "last_token_ms": unix(total),
+                    "request_received_ms": unix(self.received),
+                    "ttft_ms": since(self.first_token),
+                    "total_time_ms": since(self.last_token),
+                    "first_token_ms": self.first_token.map(unix),
+                    "last_token_ms": self.last_token.map(unix),
                 }),
             );
         }
