@@ -719,6 +719,80 @@ async fn binary_smoke_test() -> Result<()> {
     Ok(())
 }
 
+/// `mockserve replay … | head`: the reader is gone before the report is printed. The command
+/// ends quietly (no panic, exit 0) and still writes its report file.
+#[tokio::test]
+async fn replay_to_a_closed_pipe_exits_quietly() -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("mockserve-pipe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let report = dir.join("report.json");
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/trace_small.jsonl");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mockserve"))
+        .args(["replay", trace, "--quiet", "--report-json"])
+        .arg(&report)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    // Close the read end at once: the replay has not printed anything yet.
+    drop(child.stdout.take());
+    let output = timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .context("replay timed out")??;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(output.status.success(), "{:?}: {stderr}", output.status);
+    let written: Value = serde_json::from_str(&std::fs::read_to_string(&report)?)?;
+    assert!(
+        written["completed_requests"].as_u64() > Some(0),
+        "{written}"
+    );
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
+
+/// `mockserve serve` with nobody reading stdout: the listening line is dropped and the server
+/// serves anyway.
+#[tokio::test]
+async fn serve_with_a_closed_stdout_keeps_serving() -> Result<()> {
+    // A port free a moment ago: the address is not printed where anyone can read it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mockserve"))
+        .args(["--port", &port.to_string(), "--speedup-ratio", "inf"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    drop(child.stdout.take());
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            let output = child.wait_with_output().await?;
+            bail!(
+                "mockserve exited ({status}): {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        let health = client
+            .get(format!("http://127.0.0.1:{port}/health"))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await;
+        if health.is_ok_and(|r| r.status() == 200) {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("mockserve never answered on port {port}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child.kill().await?;
+    Ok(())
+}
+
 /// Posts a JSON body over the socket and returns status, headers and the parsed body.
 async fn post_json(
     server: &TestServer,
