@@ -39,9 +39,9 @@
 //!   `--fixed-latency 20,5` and 3 tokens: 20 and 30) whatever the host's load.
 
 pub mod error;
+pub mod generation;
 pub mod metrics;
 pub mod protocol;
-pub mod turn;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -62,9 +62,9 @@ use servesim::request::{EngineRequest, Prompt};
 use tokio_util::sync::CancellationToken;
 
 pub use error::ApiError;
+use generation::{Endpoint, ExtraFields, Generation, Header, SpecPrefill};
 use protocol::{ApiJson, ChatRequest, CompletionRequest, GenerationParams, PromptInput};
 use servesim::ids::WorkerId;
-use turn::{Endpoint, Extras, Header, SpecPrefill, Turn};
 
 use crate::config::ServerConfig;
 use crate::driver::EngineHandle;
@@ -367,7 +367,7 @@ async fn generate(
         Endpoint::Chat => "chatcmpl",
         Endpoint::Text => "cmpl",
     };
-    let turn = Turn {
+    let generation = Generation {
         header: Header {
             id: format!(
                 "{prefix}-{:032x}",
@@ -386,7 +386,7 @@ async fn generate(
         spec_prefill,
         content: String::new(),
         done: false,
-        extras: Extras {
+        extras: ExtraFields {
             worker_id: params.nvext.wants("worker_id"),
             timing: params.nvext.wants("timing"),
         },
@@ -397,7 +397,8 @@ async fn generate(
         stop: state.stop_generations.child_token(),
     };
     if params.stream {
-        let body = axum::body::Body::from_stream(turn::sse_stream(turn, params.include_usage));
+        let body =
+            axum::body::Body::from_stream(generation::sse_stream(generation, params.include_usage));
         let mut response = body.into_response();
         let headers = response.headers_mut();
         headers.insert(
@@ -408,7 +409,7 @@ async fn generate(
         headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
         Ok(response)
     } else {
-        Ok(Json(turn::collect(turn).await?).into_response())
+        Ok(Json(generation::collect(generation).await?).into_response())
     }
 }
 

@@ -56,18 +56,19 @@ pub struct SpecPrefill {
     pub messages: Vec<ChatMessage>,
 }
 
-/// Which response `nvext` fields the request opted into (`nvext.extra_fields`).
+/// Which response `nvext` fields the request opted into (its `nvext.extra_fields`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Extras {
+pub struct ExtraFields {
     /// `worker_id`: the serving worker.
     pub worker_id: bool,
     /// `timing`: received, first and last token times.
     pub timing: bool,
 }
 
-/// A request in flight.
+/// One generation request in flight, from submission to its last chunk: the engine's events
+/// for it and what the response needs (ids, token counts, cache hits, timing stamps).
 #[derive(Debug)]
-pub struct Turn {
+pub struct Generation {
     /// Ids and names.
     pub header: Header,
     /// The engine request's events.
@@ -82,14 +83,14 @@ pub struct Turn {
     pub completion_tokens: usize,
     /// Prompt tokens reused from the prefix cache at first admission.
     pub cached_tokens: Option<usize>,
-    /// Set when the next turn's prefix should be warmed.
+    /// Set when the conversation's next turn should find its prefix warm.
     pub spec_prefill: Option<SpecPrefill>,
     /// Content text so far (kept only for speculative prefill).
     pub content: String,
     /// The request finished (or failed).
     pub done: bool,
     /// Response `nvext` opt-ins.
-    pub extras: Extras,
+    pub extras: ExtraFields,
     /// The worker that admitted it.
     pub worker: Option<WorkerId>,
     /// When the handler received it: the wall clock read through the driver's clock (so it
@@ -99,7 +100,7 @@ pub struct Turn {
     pub first_token: Option<SimTime>,
     /// When the engine emitted the latest token (its own stamp).
     pub last_token: Option<SimTime>,
-    /// Cancelled at the server's shutdown deadline: the turn then ends with an error.
+    /// Cancelled at the server's shutdown deadline: the generation then ends with an error.
     pub stop: tokio_util::sync::CancellationToken,
 }
 
@@ -119,7 +120,7 @@ pub enum Step {
     Error(ApiError),
 }
 
-impl Turn {
+impl Generation {
     /// Waits for the next client-visible step.
     pub async fn next(&mut self) -> Step {
         loop {
@@ -246,7 +247,7 @@ impl Turn {
 
     /// The response `nvext` object, when the request opted into any of its fields.
     pub fn nvext(&self) -> Option<Value> {
-        if self.extras == Extras::default() {
+        if self.extras == ExtraFields::default() {
             return None;
         }
         let mut nvext = serde_json::Map::new();
@@ -360,50 +361,53 @@ fn frame(value: &Value) -> Bytes {
     Bytes::from(format!("data: {value}\n\n"))
 }
 
-/// The SSE body of a streamed turn. Dropping it (client gone) cancels the engine request.
+/// The SSE body of a streamed generation. Dropping it (client gone) cancels the engine request.
 pub fn sse_stream(
-    turn: Turn,
+    generation: Generation,
     include_usage: bool,
 ) -> impl Stream<Item = Result<Bytes, Infallible>> {
     let mut pending = VecDeque::new();
-    if let Some(role) = turn.role_chunk() {
+    if let Some(role) = generation.role_chunk() {
         pending.push_back(frame(&role));
     }
-    futures_util::stream::unfold((turn, pending), move |(mut turn, mut pending)| async move {
-        loop {
-            if let Some(bytes) = pending.pop_front() {
-                return Some((Ok(bytes), (turn, pending)));
-            }
-            if turn.done {
-                return None;
-            }
-            match turn.next().await {
-                Step::Delta { reasoning, content } => {
-                    pending.push_back(frame(&turn.delta_chunk(reasoning, content)));
+    futures_util::stream::unfold(
+        (generation, pending),
+        move |(mut generation, mut pending)| async move {
+            loop {
+                if let Some(bytes) = pending.pop_front() {
+                    return Some((Ok(bytes), (generation, pending)));
                 }
-                Step::Finished => {
-                    pending.push_back(frame(&turn.finish_chunk()));
-                    if include_usage {
-                        pending.push_back(frame(&turn.usage_chunk()));
+                if generation.done {
+                    return None;
+                }
+                match generation.next().await {
+                    Step::Delta { reasoning, content } => {
+                        pending.push_back(frame(&generation.delta_chunk(reasoning, content)));
                     }
-                    pending.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
-                }
-                Step::Error(e) => {
-                    turn.state.metrics.http_failures.inc();
-                    pending.push_back(frame(&e.body()));
-                    pending.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    Step::Finished => {
+                        pending.push_back(frame(&generation.finish_chunk()));
+                        if include_usage {
+                            pending.push_back(frame(&generation.usage_chunk()));
+                        }
+                        pending.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    }
+                    Step::Error(e) => {
+                        generation.state.metrics.http_failures.inc();
+                        pending.push_back(frame(&e.body()));
+                        pending.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    }
                 }
             }
-        }
-    })
+        },
+    )
 }
 
-/// Runs a turn to the end and returns the single response object.
-pub async fn collect(mut turn: Turn) -> Result<Value, ApiError> {
+/// Runs a generation to the end and returns the single response object.
+pub async fn collect(mut generation: Generation) -> Result<Value, ApiError> {
     let mut reasoning = String::new();
     let mut content = String::new();
     loop {
-        match turn.next().await {
+        match generation.next().await {
             Step::Delta {
                 reasoning: r,
                 content: c,
@@ -415,7 +419,7 @@ pub async fn collect(mut turn: Turn) -> Result<Value, ApiError> {
             Step::Error(e) => return Err(e),
         }
     }
-    let choice = match turn.header.endpoint {
+    let choice = match generation.header.endpoint {
         Endpoint::Chat => {
             let mut message = json!({"role": "assistant", "content": content});
             if !reasoning.is_empty() {
@@ -427,20 +431,20 @@ pub async fn collect(mut turn: Turn) -> Result<Value, ApiError> {
             "index": 0, "text": content, "logprobs": null, "finish_reason": "length",
         }),
     };
-    let object = match turn.header.endpoint {
+    let object = match generation.header.endpoint {
         Endpoint::Chat => "chat.completion",
         Endpoint::Text => "text_completion",
     };
     let mut response = json!({
-        "id": turn.header.id,
+        "id": generation.header.id,
         "object": object,
-        "created": turn.header.created,
-        "model": turn.header.model,
+        "created": generation.header.created,
+        "model": generation.header.model,
         "system_fingerprint": SYSTEM_FINGERPRINT,
         "choices": [choice],
-        "usage": turn.usage(),
+        "usage": generation.usage(),
     });
-    if let Some(nvext) = turn.nvext() {
+    if let Some(nvext) = generation.nvext() {
         response["nvext"] = nvext;
     }
     Ok(response)
