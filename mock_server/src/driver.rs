@@ -1,12 +1,16 @@
-//! The live driver: one tokio task owns the [`Cluster`] and maps simulated microseconds 1:1 to
-//! wall-clock microseconds since its start; [`EngineHandle`] is the cloneable way in.
+//! The live driver: one tokio task owns the [`Cluster`] and maps simulated time to the wall
+//! clock through its [`SimClock`]; [`EngineHandle`] is the cloneable way in.
 //!
-//! The task sleeps until the cluster's next event (or a command), advances the engine to the
-//! wall-clock "now" and forwards each request's [`Output`]s to that request's channel. A closed
-//! channel means the client left: the request is cancelled and its KV blocks freed.
+//! The task sleeps until the cluster's next event (or a command), advances the engine to that
+//! event's time and forwards each request's [`Output`]s, unchanged, to that request's channel
+//! ([`Event::Output`]). A closed channel means the client left: the request is cancelled and its
+//! KV blocks freed.
 //!
-//! The driver also feeds the token counters and latency histograms of [`Metrics`] (it sees
-//! every output, with its simulated time) and bounds speculative prefills
+//! One definition of a token's time: the engine's own stamp (`Output::Token::time`) against the
+//! request's submission time ([`Submission::submitted`]). The handler's `nvext.timing` and the
+//! latency histograms of [`Metrics`] (fed here, since the driver sees every output) are both
+//! computed from those stamps, so they state what the engine modelled whatever the host load;
+//! a late timer delays delivery, never the stamps. The driver also bounds speculative prefills
 //! ([`MAX_SPECULATIVE_PREFILLS`] in flight; more are skipped and counted).
 //!
 //! Liveness: a request the engine can never run is refused at submission
@@ -42,29 +46,55 @@ pub const STALL_ROUNDS: u32 = 64;
 /// What happened to one request, as its handler sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// Admitted by a worker; `reused_tokens` prompt tokens came from the prefix cache.
-    Admitted {
-        /// Prompt tokens not recomputed.
-        reused_tokens: usize,
-        /// The worker serving it.
-        worker: WorkerId,
-    },
-    /// One output token (1-based `index`).
-    Token {
-        /// The token id.
-        token: u32,
-        /// Position in the output.
-        index: usize,
-    },
-    /// The last token was emitted.
-    Finished,
-    /// Preempted; it will recompute.
-    Preempted,
-    /// The engine can never run it.
-    Rejected(RejectReason),
+    /// One of the engine's outputs for this request, as the engine emitted it: its `time` is
+    /// the simulated instant ([`SimClock`] maps it to the wall clock). The channel closes after
+    /// `Finished` or `Rejected`.
+    Output(Output),
     /// The engine made no progress while this request was in flight (an engine defect caught
     /// by the driver's watchdog); the request was cancelled and its KV freed.
     Stalled,
+}
+
+/// The live mapping between simulated time and the wall clock: simulated microseconds since
+/// the driver started are wall-clock microseconds since its `epoch`, so an instant is
+/// `epoch + sim_time / speedup` with a speed-up of 1 here, because `--speedup-ratio` already
+/// divides every duration inside the engine's latency model. Copied into every handler so that
+/// stamps and the driver's schedule agree.
+#[derive(Clone, Copy, Debug)]
+pub struct SimClock {
+    /// Wall-clock instant of `SimTime::ZERO` (tokio's clock, so tests can pause it).
+    epoch: Instant,
+    /// The same instant in Unix microseconds, for the `*_ms` instants of responses.
+    epoch_unix_us: u64,
+}
+
+impl SimClock {
+    /// A clock whose `SimTime::ZERO` is now.
+    pub fn start() -> SimClock {
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        SimClock {
+            epoch: Instant::now(),
+            epoch_unix_us: u64::try_from(unix.as_micros()).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// The simulated time of the wall-clock now.
+    pub fn now(&self) -> SimTime {
+        SimTime(u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX))
+    }
+
+    /// The wall-clock instant of simulated time `t`; `None` beyond the clock's range (a time
+    /// that is never reached).
+    pub fn instant(&self, t: SimTime) -> Option<Instant> {
+        self.epoch.checked_add(Duration::from_micros(t.as_micros()))
+    }
+
+    /// Simulated time `t` as Unix milliseconds.
+    pub fn unix_ms(&self, t: SimTime) -> f64 {
+        (self.epoch_unix_us as f64 + t.as_micros() as f64) / 1e3
+    }
 }
 
 /// Why a submission was refused.
@@ -112,7 +142,8 @@ enum Command {
         /// Run on this worker instead of routing.
         pinned: Option<WorkerId>,
         events: mpsc::UnboundedSender<Event>,
-        reply: oneshot::Sender<Result<RequestId, SubmitError>>,
+        /// The id and the simulated submission time.
+        reply: oneshot::Sender<Result<(RequestId, SimTime), SubmitError>>,
     },
     /// A request nobody listens to (speculative prefill); skipped when too many run already.
     Speculative(EngineRequest),
@@ -126,6 +157,8 @@ pub struct EngineHandle {
     /// The driver's inbox; it closes when the task ends for any reason (a panic included),
     /// which is how handlers and `/health` learn that the engine is gone.
     commands: mpsc::UnboundedSender<Command>,
+    /// The driver's clock, shared so handlers convert the engine's stamps as the driver does.
+    clock: SimClock,
 }
 
 /// A submitted request: its id and its events. Dropping it cancels the request if unfinished.
@@ -133,6 +166,9 @@ pub struct EngineHandle {
 pub struct Submission {
     /// The engine's id.
     pub id: RequestId,
+    /// When the engine received it (simulated): the origin of its TTFT and end-to-end latency,
+    /// in responses and in `/metrics` alike.
+    pub submitted: SimTime,
     /// Events in order; closed after `Finished` or `Rejected`.
     pub events: mpsc::UnboundedReceiver<Event>,
     handle: EngineHandle,
@@ -181,8 +217,17 @@ impl EngineHandle {
         let (tx, rx) = mpsc::unbounded_channel();
         metrics.init_workers(cluster.workers().len());
         let driver = Driver::new(cluster, max_waiting, metrics);
+        let clock = driver.clock;
         tokio::spawn(driver.run(rx));
-        EngineHandle { commands: tx }
+        EngineHandle {
+            commands: tx,
+            clock,
+        }
+    }
+
+    /// The driver's mapping between simulated time and the wall clock.
+    pub fn clock(&self) -> SimClock {
+        self.clock
     }
 
     /// False once the driver task has ended (the server is shutting down, or the engine task
@@ -207,9 +252,10 @@ impl EngineHandle {
                 reply,
             })
             .map_err(|_| SubmitError::Stopped)?;
-        let id = rx.await.map_err(|_| SubmitError::Stopped)??;
+        let (id, submitted) = rx.await.map_err(|_| SubmitError::Stopped)??;
         Ok(Submission {
             id,
+            submitted,
             events,
             handle: self.clone(),
             done: false,
@@ -243,8 +289,8 @@ impl EngineHandle {
 struct Driver {
     /// The engine.
     cluster: Cluster,
-    /// Wall-clock instant of `SimTime::ZERO`.
-    epoch: Instant,
+    /// Simulated time against the wall clock.
+    clock: SimClock,
     /// Event channel of every unfinished request someone listens to.
     listeners: BTreeMap<RequestId, mpsc::UnboundedSender<Event>>,
     /// Queue bound, if any.
@@ -312,7 +358,7 @@ impl Driver {
     fn new(cluster: Cluster, max_waiting: Option<usize>, metrics: Arc<Metrics>) -> Driver {
         Driver {
             cluster,
-            epoch: Instant::now(),
+            clock: SimClock::start(),
             listeners: BTreeMap::new(),
             max_waiting,
             prefix_hit_tokens: 0,
@@ -327,7 +373,7 @@ impl Driver {
     }
 
     fn now(&self) -> SimTime {
-        SimTime(self.epoch.elapsed().as_micros() as u64)
+        self.clock.now()
     }
 
     async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
@@ -339,8 +385,7 @@ impl Driver {
                 continue;
             }
             // A time beyond the clock's range (a pass of astronomic length) is never reached.
-            let deadline =
-                next.and_then(|t| self.epoch.checked_add(Duration::from_micros(t.as_micros())));
+            let deadline = next.and_then(|t| self.clock.instant(t));
             tokio::select! {
                 biased;
                 // Due engine work first: requests arriving during a pass wait for the next one,
@@ -381,7 +426,8 @@ impl Driver {
                 match result {
                     Ok(id) => {
                         self.listeners.insert(id, events);
-                        if reply.send(Ok(id)).is_err() {
+                        // `start` submitted it at `last_submit`.
+                        if reply.send(Ok((id, self.last_submit))).is_err() {
                             // The handler went away before it learnt the id.
                             self.cancel(id);
                         }
@@ -615,33 +661,17 @@ impl Driver {
     fn dispatch(&mut self, outputs: Vec<Output>) {
         for output in outputs {
             self.observe(&output);
-            let (id, event, last) = match output {
-                // The hand-off is visible in the cluster's counters (snapshot), not to the client.
-                Output::KvTransfer { .. } => continue,
-                Output::Admitted {
-                    id,
-                    reused_tokens,
-                    worker,
-                    ..
-                } => (
-                    id,
-                    Event::Admitted {
-                        reused_tokens,
-                        worker,
-                    },
-                    false,
-                ),
-                Output::Token {
-                    id, token, index, ..
-                } => (id, Event::Token { token, index }, false),
-                Output::Finished { id, .. } => (id, Event::Finished, true),
-                Output::Preempted { id, .. } => (id, Event::Preempted, false),
-                Output::Rejected { id, reason, .. } => (id, Event::Rejected(reason), true),
+            let (id, last) = match &output {
+                Output::Admitted { id, .. }
+                | Output::KvTransfer { id, .. }
+                | Output::Token { id, .. }
+                | Output::Preempted { id, .. } => (*id, false),
+                Output::Finished { id, .. } | Output::Rejected { id, .. } => (*id, true),
             };
             let Some(listener) = self.listeners.get(&id) else {
                 continue;
             };
-            if listener.send(event).is_err() {
+            if listener.send(Event::Output(output)).is_err() {
                 // The client went away.
                 if !last {
                     self.cancel(id);
@@ -700,6 +730,10 @@ mod tests {
         }
     }
 
+    fn is_finished(event: &Event) -> bool {
+        matches!(event, Event::Output(Output::Finished { .. }))
+    }
+
     // Paused time (no sockets here): simulated microseconds map 1:1 to tokio time.
     #[tokio::test(start_paused = true)]
     async fn tokens_arrive_at_simulated_times() {
@@ -708,9 +742,15 @@ mod tests {
         let mut sub = engine.submit(request(3), None).await.expect("submitted");
         let mut seen = Vec::new();
         while let Some(event) = sub.events.recv().await {
-            let done = event == Event::Finished;
-            if let Event::Token { token, index } = event {
-                seen.push((token, index, start.elapsed().as_millis()));
+            let done = is_finished(&event);
+            if let Event::Output(Output::Token {
+                token, index, time, ..
+            }) = event
+            {
+                // Delivered at its simulated time, and stamped with it.
+                let stamp = time.saturating_since(sub.submitted).as_micros() / 1000;
+                assert_eq!(u128::from(stamp), start.elapsed().as_millis());
+                seen.push((token, index, stamp));
             }
             if done {
                 sub.mark_done();
@@ -749,10 +789,10 @@ mod tests {
         let mut sub = engine.submit(request(3), None).await.expect("submitted");
         let mut seen = Vec::new();
         while let Some(event) = sub.events.recv().await {
-            if let Event::Token { index, .. } = event {
+            if let Event::Output(Output::Token { index, .. }) = event {
                 seen.push((index, start.elapsed().as_millis()));
             }
-            if event == Event::Finished {
+            if is_finished(&event) {
                 sub.mark_done();
                 break;
             }
@@ -768,7 +808,7 @@ mod tests {
         let engine = handle();
         let mut sub = engine.submit(request(1000), None).await.expect("submitted");
         while let Some(event) = sub.events.recv().await {
-            if matches!(event, Event::Token { index: 3, .. }) {
+            if matches!(event, Event::Output(Output::Token { index: 3, .. })) {
                 break;
             }
         }
@@ -828,11 +868,14 @@ mod tests {
                 .expect("submitted");
             let admitted = sub.events.recv().await;
             assert!(
-                matches!(admitted, Some(Event::Admitted { worker, .. }) if worker == WorkerId(w)),
+                matches!(
+                    admitted,
+                    Some(Event::Output(Output::Admitted { worker, .. })) if worker == WorkerId(w)
+                ),
                 "{admitted:?}"
             );
             while let Some(event) = sub.events.recv().await {
-                if event == Event::Finished {
+                if is_finished(&event) {
                     sub.mark_done();
                 }
             }
@@ -904,7 +947,7 @@ mod tests {
             last = Some(event);
         }
         sub.mark_done();
-        assert_eq!(last, Some(Event::Finished));
+        assert!(last.as_ref().is_some_and(is_finished), "{last:?}");
         let live = engine.snapshot().await.expect("snapshot");
         assert_eq!(live.cluster.active_requests, 0);
         assert_eq!(live.prompt_tokens, 6, "a refused prompt is not counted");
@@ -979,7 +1022,7 @@ mod tests {
         let mut sub = engine.submit(request(2), None).await.expect("submitted");
         // The task dies at the first pass: the request's events end without Finished.
         while let Some(event) = sub.events.recv().await {
-            assert_ne!(event, Event::Finished);
+            assert!(!is_finished(&event), "{event:?}");
         }
         sub.mark_done();
         tokio::task::yield_now().await;

@@ -103,20 +103,25 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
         outcome = Some(run);
     }
     let outcome = outcome.context("no iteration ran")?;
-    println!("Offline replay report");
-    print!("{}", outcome.report);
+    let mut text = format!("Offline replay report\n{}", outcome.report);
     let rejected = rejection_summary(&outcome.rejections);
     if !rejected.is_empty() {
-        println!("Rejected requests (never ran)");
-        print!("{rejected}");
+        text.push_str("Rejected requests (never ran)\n");
+        text.push_str(&rejected);
     }
+    // A closed stdout (`| head`) drops the rest of the console output; the files are still
+    // written and the verdict below still holds.
+    let console = crate::write_stdout(text.as_bytes()).context("writing the report to stdout")?;
     if let (Some(file), Some(path)) = (report_file, &args.report.report_json) {
         let mut w = std::io::BufWriter::new(file);
         serde_json::to_writer_pretty(&mut w, &outcome.report)?;
         w.write_all(b"\n")?;
         w.flush()
             .with_context(|| format!("writing {}", path.display()))?;
-        println!("Saved report to {}", path.display());
+        if console {
+            crate::write_stdout(format!("Saved report to {}\n", path.display()).as_bytes())
+                .context("writing to stdout")?;
+        }
     }
     if let (Some(file), Some(path)) = (records_file, &args.report.per_request_jsonl) {
         let mut w = std::io::BufWriter::new(file);

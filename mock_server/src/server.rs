@@ -276,7 +276,12 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             let _ = stopped.await;
         });
         let mut server = std::pin::pin!(server);
-        println!("mockserve listening on http://{addr}");
+        // Nobody reading stdout (a closed pipe) does not stop the server.
+        if let Err(e) =
+            crate::write_stdout(format!("mockserve listening on http://{addr}\n").as_bytes())
+        {
+            eprintln!("mockserve: warning: writing to stdout failed: {e}");
+        }
         tokio::select! {
             biased;
             result = &mut server => return result,

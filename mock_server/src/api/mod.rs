@@ -32,12 +32,16 @@
 //! - `nvext.extra_fields: ["worker_id", "timing"]` adds a response `nvext` (on the chunk with
 //!   `finish_reason`, or the whole response): `worker_id {prefill_worker_id,
 //!   decode_worker_id}` and `timing {request_received_ms, ttft_ms, total_time_ms,
-//!   first_token_ms, last_token_ms}` (`*_ms` instants are Unix milliseconds).
+//!   first_token_ms, last_token_ms}` (`*_ms` instants are Unix milliseconds). The token times are
+//!   the engine's own (simulated, on the wall-clock time line of the driver's
+//!   [`crate::driver::SimClock`]); `ttft_ms` and `total_time_ms` run from the engine's
+//!   submission, as the `/metrics` histograms do, so they state what the engine modelled (with
+//!   `--fixed-latency 20,5` and 3 tokens: 20 and 30) whatever the host's load.
 
 pub mod error;
+pub mod generation;
 pub mod metrics;
 pub mod protocol;
-pub mod turn;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -58,9 +62,9 @@ use servesim::request::{EngineRequest, Prompt};
 use tokio_util::sync::CancellationToken;
 
 pub use error::ApiError;
+use generation::{Endpoint, ExtraFields, Generation, Header, SpecPrefill};
 use protocol::{ApiJson, ChatRequest, CompletionRequest, GenerationParams, PromptInput};
 use servesim::ids::WorkerId;
-use turn::{Endpoint, Extras, Header, SpecPrefill, Turn};
 
 use crate::config::ServerConfig;
 use crate::driver::EngineHandle;
@@ -105,13 +109,6 @@ impl AppState {
             stop_generations: CancellationToken::new(),
         })
     }
-}
-
-fn unix_now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 fn unix_now() -> u64 {
@@ -304,7 +301,7 @@ async fn generate(
     endpoint: Endpoint,
     spec_prefill: Option<SpecPrefill>,
 ) -> Result<Response, ApiError> {
-    let received = tokio::time::Instant::now();
+    let received = state.engine.clock().now();
     let config = &state.config;
     if params.model != config.model_name {
         return Err(ApiError::model_not_found(&params.model));
@@ -370,7 +367,7 @@ async fn generate(
         Endpoint::Chat => "chatcmpl",
         Endpoint::Text => "cmpl",
     };
-    let turn = Turn {
+    let generation = Generation {
         header: Header {
             id: format!(
                 "{prefix}-{:032x}",
@@ -389,19 +386,19 @@ async fn generate(
         spec_prefill,
         content: String::new(),
         done: false,
-        extras: Extras {
+        extras: ExtraFields {
             worker_id: params.nvext.wants("worker_id"),
             timing: params.nvext.wants("timing"),
         },
         worker: None,
         received,
-        received_unix_ms: unix_now_ms(),
         first_token: None,
         last_token: None,
         stop: state.stop_generations.child_token(),
     };
     if params.stream {
-        let body = axum::body::Body::from_stream(turn::sse_stream(turn, params.include_usage));
+        let body =
+            axum::body::Body::from_stream(generation::sse_stream(generation, params.include_usage));
         let mut response = body.into_response();
         let headers = response.headers_mut();
         headers.insert(
@@ -412,7 +409,7 @@ async fn generate(
         headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
         Ok(response)
     } else {
-        Ok(Json(turn::collect(turn).await?).into_response())
+        Ok(Json(generation::collect(generation).await?).into_response())
     }
 }
 

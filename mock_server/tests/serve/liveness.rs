@@ -23,7 +23,7 @@ use servesim::perf::{DecodeBatch, Fixed, LatencyModel, PrefillBatch};
 use tower::ServiceExt;
 
 async fn within<T>(f: impl Future<Output = T>) -> Result<T> {
-    tokio::time::timeout(Duration::from_secs(10), f)
+    tokio::time::timeout(Duration::from_secs(30), f)
         .await
         .context("timed out: the server hung")
 }

@@ -332,7 +332,7 @@ async fn an_idle_keep_alive_connection_is_closed_at_the_idle_timeout() -> Result
     let server = start(config(
         HttpLimits {
             header_read_timeout: secs(0.3),
-            idle_timeout: secs(2.0),
+            idle_timeout: secs(4.0),
             ..relaxed()
         },
         None,
@@ -343,7 +343,8 @@ async fn an_idle_keep_alive_connection_is_closed_at_the_idle_timeout() -> Result
     let response = read_response(&mut stream).await?;
     assert_eq!(response.status, 200);
     assert_ne!(response.header("connection"), Some("close"));
-    // Kept alive past the header deadline: the server cannot close before idle_timeout.
+    // Kept alive past the header deadline: the server cannot close before idle_timeout (3 s
+    // of slack for a slow client on a loaded machine).
     assert!(still_open(&mut stream, secs(0.8)).await);
     // Still usable, and then closed once idle for idle_timeout.
     stream.write_all(HEALTH).await?;
@@ -592,11 +593,11 @@ fn assert_cut_by_shutdown(events: &[String], max_tokens: usize) -> Result<()> {
 
 #[tokio::test]
 async fn shutdown_drains_short_streams_and_cuts_long_ones_at_the_deadline() -> Result<()> {
-    // 50 ms per token: the short stream (4 tokens) ends inside the 1.5 s drain, the long one
-    // (400 tokens, ~20 s) is cut at its deadline.
+    // 50 ms per token: the short stream (4 tokens, 0.2 s) ends inside the 3 s drain, the long
+    // one (400 tokens, ~20 s) is cut at its deadline.
     let mut server = start(config(
         HttpLimits {
-            shutdown_timeout: secs(1.5),
+            shutdown_timeout: secs(3.0),
             ..relaxed()
         },
         Some((5.0, 50.0)),
@@ -642,7 +643,7 @@ async fn shutdown_drains_short_streams_and_cuts_long_ones_at_the_deadline() -> R
     assert_cut_by_shutdown(&long, 400)?;
     within(&mut server.task).await???;
     let took = shutdown_at.elapsed();
-    assert!(took >= secs(1.4), "cut before the deadline: {took:?}");
+    assert!(took >= secs(2.9), "cut before the deadline: {took:?}");
     Ok(())
 }
 
@@ -719,7 +720,8 @@ async fn the_binary_drains_on_sigterm_and_exits_on_a_second_signal() -> Result<(
             assert!(status.success(), "{status}");
         }
         let took = signalled.elapsed();
-        assert!(took < secs(10.0), "took {took:?} to exit");
+        // Well under the ~20 s the undrained stream would take.
+        assert!(took < secs(15.0), "took {took:?} to exit");
     }
     Ok(())
 }

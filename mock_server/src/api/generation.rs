@@ -1,5 +1,10 @@
-//! One generation as the client sees it: engine [`Event`]s become reasoning and content deltas,
-//! then chat or text-completion chunks, SSE frames or one final response object.
+//! One generation as the client sees it: the engine's outputs ([`Event`]s) become reasoning and
+//! content deltas, then chat or text-completion chunks, SSE frames or one final response object.
+//!
+//! Times in the response `nvext.timing` are the engine's own stamps (simulated time, mapped to
+//! the wall clock by the driver's [`crate::driver::SimClock`]): `ttft_ms` and `total_time_ms`
+//! run from the engine's submission to the first and last token, exactly as the `/metrics`
+//! TTFT and end-to-end histograms measure them.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -7,9 +12,10 @@ use std::convert::Infallible;
 use axum::body::Bytes;
 use futures_util::Stream;
 use serde_json::{json, Value};
+use servesim::cluster::Output;
 use servesim::ids::WorkerId;
 use servesim::request::{EngineRequest, Prompt};
-use tokio::time::Instant;
+use servesim::time::SimTime;
 
 use super::error::ApiError;
 use super::AppState;
@@ -50,18 +56,19 @@ pub struct SpecPrefill {
     pub messages: Vec<ChatMessage>,
 }
 
-/// Which response `nvext` fields the request opted into (`nvext.extra_fields`).
+/// Which response `nvext` fields the request opted into (its `nvext.extra_fields`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Extras {
+pub struct ExtraFields {
     /// `worker_id`: the serving worker.
     pub worker_id: bool,
     /// `timing`: received, first and last token times.
     pub timing: bool,
 }
 
-/// A request in flight.
+/// One generation request in flight, from submission to its last chunk: the engine's events
+/// for it and what the response needs (ids, token counts, cache hits, timing stamps).
 #[derive(Debug)]
-pub struct Turn {
+pub struct Generation {
     /// Ids and names.
     pub header: Header,
     /// The engine request's events.
@@ -76,25 +83,24 @@ pub struct Turn {
     pub completion_tokens: usize,
     /// Prompt tokens reused from the prefix cache at first admission.
     pub cached_tokens: Option<usize>,
-    /// Set when the next turn's prefix should be warmed.
+    /// Set when the conversation's next turn should find its prefix warm.
     pub spec_prefill: Option<SpecPrefill>,
     /// Content text so far (kept only for speculative prefill).
     pub content: String,
     /// The request finished (or failed).
     pub done: bool,
     /// Response `nvext` opt-ins.
-    pub extras: Extras,
+    pub extras: ExtraFields,
     /// The worker that admitted it.
     pub worker: Option<WorkerId>,
-    /// When the handler received it.
-    pub received: Instant,
-    /// The same instant in Unix milliseconds.
-    pub received_unix_ms: u64,
-    /// When the first token reached the handler.
-    pub first_token: Option<Instant>,
-    /// When the latest token reached the handler.
-    pub last_token: Option<Instant>,
-    /// Cancelled at the server's shutdown deadline: the turn then ends with an error.
+    /// When the handler received it: the wall clock read through the driver's clock (so it
+    /// precedes the submission on the same time line).
+    pub received: SimTime,
+    /// When the engine emitted the first token (its own stamp).
+    pub first_token: Option<SimTime>,
+    /// When the engine emitted the latest token (its own stamp).
+    pub last_token: Option<SimTime>,
+    /// Cancelled at the server's shutdown deadline: the generation then ends with an error.
     pub stop: tokio_util::sync::CancellationToken,
 }
 
@@ -114,7 +120,7 @@ pub enum Step {
     Error(ApiError),
 }
 
-impl Turn {
+impl Generation {
     /// Waits for the next client-visible step.
     pub async fn next(&mut self) -> Step {
         loop {
@@ -133,31 +139,8 @@ impl Turn {
                 self.submission.mark_done();
                 return Step::Error(ApiError::from(crate::driver::SubmitError::Stopped));
             };
-            match event {
-                Event::Admitted {
-                    reused_tokens,
-                    worker,
-                } => {
-                    self.cached_tokens.get_or_insert(reused_tokens);
-                    self.worker = Some(worker);
-                }
-                Event::Preempted => {}
-                Event::Token { token, index } => {
-                    self.completion_tokens += 1;
-                    let now = Instant::now();
-                    self.first_token.get_or_insert(now);
-                    self.last_token = Some(now);
-                    return self.delta(token, index);
-                }
-                Event::Finished => {
-                    self.finish();
-                    return Step::Finished;
-                }
-                Event::Rejected(reason) => {
-                    self.done = true;
-                    self.submission.mark_done();
-                    return Step::Error(reason.into());
-                }
+            let output = match event {
+                Event::Output(output) => output,
                 Event::Stalled => {
                     // The driver cancelled it already (its KV is freed).
                     self.done = true;
@@ -170,6 +153,35 @@ impl Turn {
                         param: None,
                         code: Some("engine_stalled"),
                     });
+                }
+            };
+            match output {
+                Output::Admitted {
+                    reused_tokens,
+                    worker,
+                    ..
+                } => {
+                    self.cached_tokens.get_or_insert(reused_tokens);
+                    self.worker = Some(worker);
+                }
+                // Not visible to the client (the hand-off shows in the cluster's counters).
+                Output::Preempted { .. } | Output::KvTransfer { .. } => {}
+                Output::Token {
+                    token, index, time, ..
+                } => {
+                    self.completion_tokens += 1;
+                    self.first_token.get_or_insert(time);
+                    self.last_token = Some(time);
+                    return self.delta(token, index);
+                }
+                Output::Finished { .. } => {
+                    self.finish();
+                    return Step::Finished;
+                }
+                Output::Rejected { reason, .. } => {
+                    self.done = true;
+                    self.submission.mark_done();
+                    return Step::Error(reason.into());
                 }
             }
         }
@@ -235,7 +247,7 @@ impl Turn {
 
     /// The response `nvext` object, when the request opted into any of its fields.
     pub fn nvext(&self) -> Option<Value> {
-        if self.extras == Extras::default() {
+        if self.extras == ExtraFields::default() {
             return None;
         }
         let mut nvext = serde_json::Map::new();
@@ -247,17 +259,21 @@ impl Turn {
             );
         }
         if self.extras.timing {
-            let ms = |t: Option<Instant>| t.map(|t| (t - self.received).as_secs_f64() * 1e3);
-            let unix = |t: Option<f64>| t.map(|ms| self.received_unix_ms + ms.round() as u64);
-            let (ttft, total) = (ms(self.first_token), ms(self.last_token));
+            // One time line for all four: the driver's clock. Durations run from the
+            // submission, as the `/metrics` histograms do, so they are the engine's model exactly.
+            let submitted = self.submission.submitted;
+            let since =
+                |t: Option<SimTime>| t.map(|t| t.saturating_since(submitted).as_millis_f64());
+            let clock = self.state.engine.clock();
+            let unix = |t: SimTime| clock.unix_ms(t).round() as u64;
             nvext.insert(
                 "timing".into(),
                 json!({
-                    "request_received_ms": self.received_unix_ms,
-                    "ttft_ms": ttft,
-                    "total_time_ms": total,
-                    "first_token_ms": unix(ttft),
-                    "last_token_ms": unix(total),
+                    "request_received_ms": unix(self.received),
+                    "ttft_ms": since(self.first_token),
+                    "total_time_ms": since(self.last_token),
+                    "first_token_ms": self.first_token.map(unix),
+                    "last_token_ms": self.last_token.map(unix),
                 }),
             );
         }
@@ -345,50 +361,53 @@ fn frame(value: &Value) -> Bytes {
     Bytes::from(format!("data: {value}\n\n"))
 }
 
-/// The SSE body of a streamed turn. Dropping it (client gone) cancels the engine request.
+/// The SSE body of a streamed generation. Dropping it (client gone) cancels the engine request.
 pub fn sse_stream(
-    turn: Turn,
+    generation: Generation,
     include_usage: bool,
 ) -> impl Stream<Item = Result<Bytes, Infallible>> {
     let mut pending = VecDeque::new();
-    if let Some(role) = turn.role_chunk() {
+    if let Some(role) = generation.role_chunk() {
         pending.push_back(frame(&role));
     }
-    futures_util::stream::unfold((turn, pending), move |(mut turn, mut pending)| async move {
-        loop {
-            if let Some(bytes) = pending.pop_front() {
-                return Some((Ok(bytes), (turn, pending)));
-            }
-            if turn.done {
-                return None;
-            }
-            match turn.next().await {
-                Step::Delta { reasoning, content } => {
-                    pending.push_back(frame(&turn.delta_chunk(reasoning, content)));
+    futures_util::stream::unfold(
+        (generation, pending),
+        move |(mut generation, mut pending)| async move {
+            loop {
+                if let Some(bytes) = pending.pop_front() {
+                    return Some((Ok(bytes), (generation, pending)));
                 }
-                Step::Finished => {
-                    pending.push_back(frame(&turn.finish_chunk()));
-                    if include_usage {
-                        pending.push_back(frame(&turn.usage_chunk()));
+                if generation.done {
+                    return None;
+                }
+                match generation.next().await {
+                    Step::Delta { reasoning, content } => {
+                        pending.push_back(frame(&generation.delta_chunk(reasoning, content)));
                     }
-                    pending.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
-                }
-                Step::Error(e) => {
-                    turn.state.metrics.http_failures.inc();
-                    pending.push_back(frame(&e.body()));
-                    pending.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    Step::Finished => {
+                        pending.push_back(frame(&generation.finish_chunk()));
+                        if include_usage {
+                            pending.push_back(frame(&generation.usage_chunk()));
+                        }
+                        pending.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    }
+                    Step::Error(e) => {
+                        generation.state.metrics.http_failures.inc();
+                        pending.push_back(frame(&e.body()));
+                        pending.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    }
                 }
             }
-        }
-    })
+        },
+    )
 }
 
-/// Runs a turn to the end and returns the single response object.
-pub async fn collect(mut turn: Turn) -> Result<Value, ApiError> {
+/// Runs a generation to the end and returns the single response object.
+pub async fn collect(mut generation: Generation) -> Result<Value, ApiError> {
     let mut reasoning = String::new();
     let mut content = String::new();
     loop {
-        match turn.next().await {
+        match generation.next().await {
             Step::Delta {
                 reasoning: r,
                 content: c,
@@ -400,7 +419,7 @@ pub async fn collect(mut turn: Turn) -> Result<Value, ApiError> {
             Step::Error(e) => return Err(e),
         }
     }
-    let choice = match turn.header.endpoint {
+    let choice = match generation.header.endpoint {
         Endpoint::Chat => {
             let mut message = json!({"role": "assistant", "content": content});
             if !reasoning.is_empty() {
@@ -412,20 +431,20 @@ pub async fn collect(mut turn: Turn) -> Result<Value, ApiError> {
             "index": 0, "text": content, "logprobs": null, "finish_reason": "length",
         }),
     };
-    let object = match turn.header.endpoint {
+    let object = match generation.header.endpoint {
         Endpoint::Chat => "chat.completion",
         Endpoint::Text => "text_completion",
     };
     let mut response = json!({
-        "id": turn.header.id,
+        "id": generation.header.id,
         "object": object,
-        "created": turn.header.created,
-        "model": turn.header.model,
+        "created": generation.header.created,
+        "model": generation.header.model,
         "system_fingerprint": SYSTEM_FINGERPRINT,
         "choices": [choice],
-        "usage": turn.usage(),
+        "usage": generation.usage(),
     });
-    if let Some(nvext) = turn.nvext() {
+    if let Some(nvext) = generation.nvext() {
         response["nvext"] = nvext;
     }
     Ok(response)

@@ -1,0 +1,305 @@
+//! Requests the server refuses or accepts: OpenAI error bodies through `app().oneshot`,
+//! authentication, the queue bound, engine rejections and oversize bodies.
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use mock_server::api::AppState;
+use serde_json::{json, Value};
+
+use crate::common::*;
+
+#[tokio::test]
+async fn request_errors_have_openai_bodies() -> Result<()> {
+    let state = AppState::new(config(None))?;
+    let msgs = json!([user("hi")]);
+
+    let malformed = Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Body::from("{\"model\": "))?;
+    let (s, b) = oneshot_raw(&state, malformed).await?;
+    assert_eq!(
+        error_of(s, &b, StatusCode::BAD_REQUEST)?["type"],
+        "invalid_request_error"
+    );
+
+    let text = Request::post("/v1/chat/completions")
+        .header("content-type", "text/plain")
+        .body(Body::from(chat_body(&msgs, json!({})).to_string()))?;
+    let (s, b) = oneshot_raw(&state, text).await?;
+    error_of(s, &b, StatusCode::UNSUPPORTED_MEDIA_TYPE)?;
+
+    let cases: Vec<(Value, StatusCode, Option<&str>, Option<&str>)> = vec![
+        (
+            json!({"messages": msgs}),
+            StatusCode::BAD_REQUEST,
+            Some("model"),
+            None,
+        ),
+        (
+            json!({"model": "mock-model"}),
+            StatusCode::BAD_REQUEST,
+            Some("messages"),
+            None,
+        ),
+        (
+            json!({"model": "mock-model", "messages": "hi"}),
+            StatusCode::BAD_REQUEST,
+            Some("messages"),
+            None,
+        ),
+        (
+            json!({"model": "mock-model", "messages": []}),
+            StatusCode::BAD_REQUEST,
+            Some("messages"),
+            None,
+        ),
+        (
+            json!({"model": "mock-model", "messages": [{"role": "wizard", "content": "x"}]}),
+            StatusCode::BAD_REQUEST,
+            Some("messages[0].role"),
+            None,
+        ),
+        (
+            json!({"model": 3, "messages": msgs}),
+            StatusCode::BAD_REQUEST,
+            Some("model"),
+            None,
+        ),
+        (
+            chat_body(&msgs, json!({"max_tokens": 0})),
+            StatusCode::BAD_REQUEST,
+            Some("max_tokens"),
+            None,
+        ),
+        (
+            chat_body(&msgs, json!({"max_completion_tokens": -3})),
+            StatusCode::BAD_REQUEST,
+            Some("max_completion_tokens"),
+            None,
+        ),
+        (
+            chat_body(&msgs, json!({"max_tokens": "ten"})),
+            StatusCode::BAD_REQUEST,
+            Some("max_tokens"),
+            None,
+        ),
+        (
+            chat_body(&msgs, json!({"stream": "yes"})),
+            StatusCode::BAD_REQUEST,
+            Some("stream"),
+            None,
+        ),
+        (
+            chat_body(&msgs, json!({"n": 2})),
+            StatusCode::BAD_REQUEST,
+            Some("n"),
+            None,
+        ),
+        (
+            chat_body(&msgs, json!({"max_tokens": 131072})),
+            StatusCode::BAD_REQUEST,
+            Some("messages"),
+            Some("context_length_exceeded"),
+        ),
+        (
+            json!({"model": "gpt-9", "messages": msgs}),
+            StatusCode::NOT_FOUND,
+            Some("model"),
+            Some("model_not_found"),
+        ),
+    ];
+    for (body, want, param, code) in cases {
+        let (s, b) = post(&state, "/v1/chat/completions", &body).await?;
+        let error = error_of(s, &b, want).with_context(|| body.to_string())?;
+        assert_eq!(error["param"].as_str(), param, "{body} -> {b}");
+        if let Some(code) = code {
+            assert_eq!(error["code"], code, "{b}");
+        }
+    }
+
+    let hints = chat_body(
+        &msgs,
+        json!({"nvext": {"agent_hints": {"speculative": true}}}),
+    );
+    let (s, b) = post(&state, "/v1/chat/completions", &hints).await?;
+    let message = error_of(s, &b, StatusCode::BAD_REQUEST)?["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    for allowed in [
+        "priority",
+        "strict_priority",
+        "osl",
+        "speculative_prefill",
+        "latency_sensitivity",
+    ] {
+        assert!(message.contains(allowed), "{message}");
+    }
+
+    let (s, b) = post(&state, "/v1/nope", &json!({})).await?;
+    error_of(s, &b, StatusCode::NOT_FOUND)?;
+    let (s, b) = post(&state, "/v1/completions", &json!({"model": "mock-model"})).await?;
+    assert_eq!(error_of(s, &b, StatusCode::BAD_REQUEST)?["param"], "prompt");
+    Ok(())
+}
+
+#[tokio::test]
+async fn accepted_extras_auth_and_queue_bound() -> Result<()> {
+    let state = AppState::new(config(None))?;
+    let body = chat_body(
+        &json!([{"role": "system", "content": [{"type": "text", "text": "be brief"}]}, user("hi")]),
+        json!({
+            "max_tokens": 4, "temperature": 0.7, "seed": 3, "ignore_eos": true, "min_tokens": 1,
+            "stop": ["\n"], "tools": [], "some_vendor_field": {"x": 1}, "n": 1,
+            "nvext": {"agent_hints": {"priority": 1, "osl": 4, "latency_sensitivity": 1.5},
+                      "greed_sampling": true},
+        }),
+    );
+    let (s, b) = post(&state, "/v1/chat/completions", &body).await?;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["object"], "chat.completion");
+    assert_eq!(b["choices"][0]["finish_reason"], "length");
+    assert_eq!(b["usage"]["completion_tokens"], 4);
+
+    let mut keyed = config(None);
+    keyed.api_key = Some("sekrit".into());
+    let keyed = AppState::new(keyed)?;
+    let (s, b) = post(&keyed, "/v1/chat/completions", &body).await?;
+    assert_eq!(
+        error_of(s, &b, StatusCode::UNAUTHORIZED)?["code"],
+        "invalid_api_key"
+    );
+    let request = Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer sekrit")
+        .body(Body::from(body.to_string()))?;
+    assert_eq!(oneshot_raw(&keyed, request).await?.0, StatusCode::OK);
+
+    let mut bounded = config(None);
+    bounded.max_waiting = Some(0);
+    let bounded = AppState::new(bounded)?;
+    let (s, b) = post(&bounded, "/v1/chat/completions", &body).await?;
+    assert_eq!(
+        error_of(s, &b, StatusCode::TOO_MANY_REQUESTS)?["code"],
+        "rate_limit_exceeded"
+    );
+
+    let models = Request::get("/v1/models").body(Body::empty())?;
+    let (s, b) = oneshot_raw(&state, models).await?;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(b["data"][0]["id"], "mock-model");
+    let health = Request::get("/health").body(Body::empty())?;
+    assert_eq!(oneshot_raw(&state, health).await?.0, StatusCode::OK);
+    Ok(())
+}
+
+#[tokio::test]
+async fn engine_rejection_is_a_400_streamed_or_not() -> Result<()> {
+    let mut cfg = config(None);
+    cfg.cluster.engine.num_gpu_blocks = 2;
+    let server = start(cfg).await?;
+    // The engine refuses at submission a request its KV pool can never hold: a plain 400
+    // before any byte of the stream, as for a request too long for the context.
+    for extra in [
+        json!({"stream": true, "max_tokens": 4}),
+        json!({"max_tokens": 4}),
+    ] {
+        let body = chat_body(&json!([user(&long_question())]), extra);
+        let response = within(
+            server
+                .client
+                .post(format!("{}/v1/chat/completions", server.base))
+                .json(&body)
+                .send(),
+        )
+        .await??;
+        assert_eq!(response.status(), 400);
+        let error: Value = response.json().await?;
+        assert_eq!(error["error"]["code"], "kv_capacity_exceeded", "{error}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn overload_and_oversize_errors_leave_other_requests_alone() -> Result<()> {
+    let mut cfg = config(Some((5.0, 5.0)));
+    cfg.cluster.engine.max_num_seqs = 1;
+    cfg.max_waiting = Some(1);
+    cfg.max_body_bytes = 4096;
+    let server = Arc::new(start(cfg).await?);
+    let stream =
+        json!({"stream": true, "max_tokens": 40, "stream_options": {"include_usage": true}});
+    let running = {
+        let server = Arc::clone(&server);
+        let body = chat_body(&json!([user("first")]), stream.clone());
+        tokio::spawn(async move { stream_chat(&server, &body).await })
+    };
+    wait_for(&server, |w| w.running == 1).await?;
+    let waiting = {
+        let server = Arc::clone(&server);
+        let body = chat_body(&json!([user("second")]), stream);
+        tokio::spawn(async move { stream_chat(&server, &body).await })
+    };
+    wait_for(&server, |w| w.running == 1 && w.waiting == 1).await?;
+
+    // Queue full: 429 with retry-after.
+    let small = chat_body(&json!([user("third")]), json!({"max_tokens": 2}));
+    let (s, headers, b) = post_json(&server, small.to_string()).await?;
+    assert_eq!(
+        error_of(s, &b, StatusCode::TOO_MANY_REQUESTS)?["code"],
+        "rate_limit_exceeded"
+    );
+    let retry: u64 = headers
+        .get("retry-after")
+        .context("no retry-after")?
+        .to_str()?
+        .parse()?;
+    assert!(retry >= 1);
+
+    // Body over --max-body-bytes: 413, OpenAI-shaped.
+    let huge = chat_body(&json!([user(&"x ".repeat(4000))]), json!({}));
+    let (s, _, b) = post_json(&server, huge.to_string()).await?;
+    assert_eq!(
+        error_of(s, &b, StatusCode::PAYLOAD_TOO_LARGE)?["code"],
+        "request_too_large"
+    );
+    // Malformed JSON on the same server.
+    let (s, _, b) = post_json(&server, "{\"model\":".into()).await?;
+    error_of(s, &b, StatusCode::BAD_REQUEST)?;
+
+    // The two accepted streams run to completion untouched.
+    for task in [running, waiting] {
+        let turn = within(task).await???;
+        assert_eq!(turn.token_times.len(), 40);
+        assert_eq!(turn.usage["completion_tokens"], 40);
+    }
+    let live = within(server.state.engine.snapshot()).await??;
+    assert_eq!(live.cluster.active_requests, 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn oversized_body_is_413_through_the_router() -> Result<()> {
+    let mut cfg = config(None);
+    cfg.max_body_bytes = 100;
+    let state = AppState::new(cfg)?;
+    let body = chat_body(&json!([user(&"y".repeat(200))]), json!({}));
+    let (s, b) = post(&state, "/v1/chat/completions", &body).await?;
+    error_of(s, &b, StatusCode::PAYLOAD_TOO_LARGE)?;
+    // Without a Content-Length (a streamed body), the limit still holds.
+    let chunks: Vec<Result<String, std::io::Error>> = vec![Ok(body.to_string())];
+    let request = Request::post("/v1/completions")
+        .header("content-type", "application/json")
+        .body(Body::from_stream(futures_util::stream::iter(chunks)))?;
+    let (s, b) = oneshot_raw(&state, request).await?;
+    error_of(s, &b, StatusCode::PAYLOAD_TOO_LARGE)?;
+    let ok = chat_body(&json!([user("hi")]), json!({"max_tokens": 1}));
+    assert_eq!(
+        post(&state, "/v1/chat/completions", &ok).await?.0,
+        StatusCode::OK
+    );
+    Ok(())
+}

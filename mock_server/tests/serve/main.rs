@@ -1,0 +1,24 @@
+//! `mockserve`'s integration tests, one binary (one link) with a module per topic. In-process
+//! servers listen on `127.0.0.1:0` and stop with the test; awaits are bounded by timeouts sized
+//! for a loaded 2-core CI box, and no test asserts a tight wall-clock figure (those belong in
+//! benchmarks; exact latencies are asserted on the engine's own stamps).
+
+// Shared helpers: configs, request bodies, the in-process server, SSE and `/metrics` parsing.
+mod common;
+
+// The `mockserve` binary and its command line: flags, smoke test, stdout closed early.
+mod binary;
+// Prefix caching across turns and speculative prefill.
+mod cache;
+// Refused and accepted requests: OpenAI error bodies, auth, the queue bound, oversize bodies.
+mod errors;
+// The HTTP edge over raw sockets: read timeouts, the connection cap, the shutdown drain.
+mod http_edge;
+// Requests the engine can never run, and a dead engine task.
+mod liveness;
+// `GET /metrics`: the exposition parses and moves.
+mod metrics;
+// Dynamo's `nvext`: strict parsing, pinning, response worker ids and timing.
+mod nvext;
+// The streaming wire format, determinism, pacing and cancellation.
+mod wire;

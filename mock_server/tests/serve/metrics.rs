@@ -1,0 +1,84 @@
+//! `GET /metrics`: the exposition parses and its counters and histograms move.
+
+use anyhow::{Context, Result};
+use axum::http::StatusCode;
+use serde_json::json;
+
+use crate::common::*;
+
+#[tokio::test]
+async fn metrics_parse_and_move() -> Result<()> {
+    let mut cfg = config(Some((2.0, 1.0)));
+    cfg.cluster.num_workers = 2;
+    let server = start(cfg).await?;
+    let before = scrape(&server).await?;
+    let names = [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_count",
+        "vllm:inter_token_latency_seconds_count",
+        "vllm:e2e_request_latency_seconds_count",
+    ];
+    for name in names {
+        for w in 0..2 {
+            let key = format!("{name}{{worker=\"{w}\"}}");
+            assert_eq!(before.get(&key), Some(&0.0), "{key}");
+        }
+    }
+    // Two turns pinned to worker 1: the second hits the prefix cache.
+    let q = long_question();
+    let body = chat_body(
+        &json!([user(&q)]),
+        json!({"max_tokens": 5, "nvext": {"backend_instance_id": 1}}),
+    );
+    let (s, _, b1) = post_json(&server, body.to_string()).await?;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _, b2) = post_json(&server, body.to_string()).await?;
+    assert_eq!(s, StatusCode::OK);
+    let after = scrape(&server).await?;
+    let at = |name: &str, w: u32| {
+        after
+            .get(&format!("{name}{{worker=\"{w}\"}}"))
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    let prompt = b1["usage"]["prompt_tokens"].as_f64().context("prompt")?;
+    let hits = b2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_f64()
+        .context("cached")?;
+    assert!(hits > 0.0);
+    assert_eq!(at("vllm:prompt_tokens_total", 1), 2.0 * prompt);
+    assert_eq!(at("vllm:prefix_cache_queries_total", 1), 2.0 * prompt);
+    assert_eq!(at("vllm:prefix_cache_hits_total", 1), hits);
+    assert_eq!(at("vllm:generation_tokens_total", 1), 10.0);
+    assert_eq!(at("vllm:time_to_first_token_seconds_count", 1), 2.0);
+    assert_eq!(at("vllm:inter_token_latency_seconds_count", 1), 8.0);
+    assert_eq!(at("vllm:e2e_request_latency_seconds_count", 1), 2.0);
+    // Two 2 ms prefills on an idle engine, on the engine's stamps: exact whatever the load.
+    let ttft_sum = at("vllm:time_to_first_token_seconds_sum", 1);
+    assert!((ttft_sum - 0.004).abs() < 1e-9, "{ttft_sum}");
+    assert_eq!(at("vllm:generation_tokens_total", 0), 0.0);
+    assert_eq!(at("servesim_router_requests_total", 1), 2.0);
+    assert_eq!(
+        after.get("servesim_router_pinned_requests_total"),
+        Some(&2.0)
+    );
+    assert_eq!(
+        after.get("servesim_http_requests_total{endpoint=\"chat\"}"),
+        Some(&2.0)
+    );
+    assert_eq!(
+        after
+            .get("vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",worker=\"1\"}")
+            .or_else(
+                || after.get("vllm:time_to_first_token_seconds_bucket{worker=\"1\",le=\"+Inf\"}")
+            ),
+        Some(&2.0)
+    );
+    Ok(())
+}
