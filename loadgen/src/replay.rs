@@ -20,7 +20,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
-use servesim::trace::{self, Trace, TraceOptions, Turn};
+use servesim::trace::{self, Trace, TraceOptions, TraceRequest};
 
 use crate::client::Response;
 use crate::driver::{self, DriverConfig, Planned, Script, Start};
@@ -176,7 +176,7 @@ pub fn plans(trace: &Trace, mode: SessionMode) -> Vec<Vec<PromptPlan>> {
             let mut history: Vec<(Vec<u64>, usize)> = Vec::new();
             s.turns
                 .iter()
-                .map(|t: &Turn| {
+                .map(|t: &TraceRequest| {
                     let own = (t.hash_ids.clone(), t.input_length);
                     match mode {
                         SessionMode::Incremental => {

@@ -172,9 +172,6 @@ pub fn load(path: &Path, opts: &TraceOptions) -> Result<Trace, TraceError> {
     )
 }
 
-/// The former name of [`TraceRequest`], kept for callers written against it.
-pub type Turn = TraceRequest;
-
 #[cfg(test)]
 mod tests {
     use super::*;
