@@ -151,7 +151,7 @@ fn check_trace(trace: &Trace, data: &[u8]) -> Result<(), String> {
 
 fn within_budget(trace: &Trace) -> bool {
     // Summed here with saturation: a row may ask for up to u64::MAX output tokens.
-    let sum = |tokens: fn(&servesim::trace::Turn) -> usize| {
+    let sum = |tokens: fn(&servesim::trace::TraceRequest) -> usize| {
         trace
             .sessions
             .iter()
