@@ -23,6 +23,7 @@ use mock_server::config::ServerConfig;
 use mock_server::server::serve;
 use serde_json::json;
 use servesim::cluster::ClusterConfig;
+use servesim::metrics::Distribution;
 use servesim::perf::Fixed;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -176,11 +177,6 @@ async fn throughput(addr: SocketAddr, load: Duration) -> Result<(f64, f64)> {
 }
 
 /// p-th percentile (0..=100) of sorted values.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
 /// |observed - configured| in ms for TTFT and the inter-token gaps, sequential requests.
 async fn timing(requests: usize) -> Result<(Vec<f64>, Vec<f64>)> {
     const PREFILL_MS: f64 = 20.0;
@@ -244,8 +240,8 @@ async fn run(settings: Settings) -> Result<()> {
     for (name, v) in [("TTFT", &ttft), ("inter-token gap", &gaps)] {
         println!(
             "  {name:<16} p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms  (n = {})",
-            percentile(v, 50.0),
-            percentile(v, 99.0),
+            Distribution::percentile(v, 50.0).unwrap_or(0.0),
+            Distribution::percentile(v, 99.0).unwrap_or(0.0),
             v.last().copied().unwrap_or(0.0),
             v.len()
         );

@@ -197,7 +197,7 @@ pub const MAX_KV_TOKENS: usize = 1 << 40;
 
 impl EngineConfig {
     /// Checks that the settings can work together: sizes positive and the pool within
-    /// [`MAX_KV_TOKENS`], speed-up ratios positive (infinity allowed), SGLang's chunk a
+    /// `MAX_KV_TOKENS` (2^40 tokens), speed-up ratios positive (infinity allowed), SGLang's chunk a
     /// positive multiple of the block size within its per-pass prefill budget, and a host tier
     /// only where it is modelled.
     pub fn validate(&self) -> Result<(), ConfigError> {
