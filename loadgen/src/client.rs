@@ -184,6 +184,19 @@ struct StreamState {
 }
 
 impl StreamState {
+    /// A stream sent at `start`, nothing read yet.
+    fn new(start: Instant) -> StreamState {
+        StreamState {
+            start,
+            timing: Timing::default(),
+            content: String::new(),
+            chunks: 0,
+            usage: None,
+            think: InlineThink::default(),
+            done: false,
+        }
+    }
+
     /// Handles one SSE data payload; `Err` is a server error event.
     fn on_event(&mut self, data: &str) -> Result<(), Failure> {
         let t = us(self.start);
@@ -324,15 +337,7 @@ pub async fn send(endpoint: &Endpoint, body: &Value) -> Response {
         request = request.bearer_auth(key);
     }
     let start = Instant::now();
-    let mut state = StreamState {
-        start,
-        timing: Timing::default(),
-        content: String::new(),
-        chunks: 0,
-        usage: None,
-        think: InlineThink::default(),
-        done: false,
-    };
+    let mut state = StreamState::new(start);
     let response = match request.send().await {
         Ok(r) => r,
         Err(e) => {
@@ -432,15 +437,7 @@ mod tests {
     }
 
     fn state() -> StreamState {
-        StreamState {
-            start: Instant::now(),
-            timing: Timing::default(),
-            content: String::new(),
-            chunks: 0,
-            usage: None,
-            think: InlineThink::default(),
-            done: false,
-        }
+        StreamState::new(Instant::now())
     }
 
     #[test]

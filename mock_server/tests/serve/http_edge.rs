@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use futures_util::StreamExt;
 use mock_server::api::AppState;
 use mock_server::config::{HttpLimits, ServerConfig};
 use mock_server::server::serve_state;
@@ -554,23 +553,8 @@ async fn every_status_the_router_writes_has_an_openai_body() -> Result<()> {
 
 /// SSE `data:` payloads of a streamed response, until the body ends.
 async fn sse_events(response: reqwest::Response) -> Result<Vec<String>> {
-    assert_eq!(response.status(), 200);
-    let mut stream = response.bytes_stream();
-    let mut buffer = String::new();
-    let mut events = Vec::new();
-    while let Some(chunk) = within(stream.next()).await? {
-        buffer.push_str(std::str::from_utf8(&chunk?)?);
-        while let Some(end) = buffer.find("\n\n") {
-            let event: String = buffer.drain(..end + 2).collect();
-            let data = event
-                .trim_end()
-                .strip_prefix("data: ")
-                .with_context(|| format!("not a data event: {event:?}"))?;
-            events.push(data.to_string());
-        }
-    }
-    ensure!(buffer.is_empty(), "trailing bytes {buffer:?}");
-    Ok(events)
+    let events = crate::common::read_sse(response, Instant::now()).await?;
+    Ok(events.into_iter().map(|(data, _)| data).collect())
 }
 
 /// Asserts a stream that the shutdown deadline cut: some tokens, then an OpenAI error event,
