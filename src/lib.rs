@@ -7,7 +7,8 @@
 //!   (`submit`, `cancel`, `next_event_time`, `advance`, `snapshot`).
 //! - [`scheduler::Scheduler`]: continuous batching, one pass at a time, vLLM / SGLang / TRT-LLM
 //!   style, over a [`kv::KvPool`] (paged KV cache with prefix caching and KV events).
-//! - [`perf::LatencyModel`]: how long a pass takes (Dynamo's polynomial, or fixed times).
+//! - [`perf::LatencyModel`]: how long a pass takes (Dynamo's polynomial, fixed times, or a
+//!   profile measured on a real engine).
 //! - [`router::Router`]: round-robin, random or KV-aware routing over an [`indexer::KvIndexer`].
 //! - [`replay::replay`]: the discrete-event driver over a [`trace::Trace`], reporting a
 //!   [`metrics::ReplayReport`] with Dynamo's keys.

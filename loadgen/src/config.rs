@@ -232,7 +232,7 @@ impl MultiturnConfig {
                     "enable_prefix_caching": e.enable_prefix_caching,
                     "speedup_ratio": json_f64(e.latency.speedup_ratio),
                     "decode_speedup_ratio": json_f64(e.latency.decode_speedup_ratio),
-                    "latency_model": format!("{:?}", e.latency.model),
+                    "latency_model": e.latency.model.describe(),
                     "reasoning_ratio": s.reasoning_ratio,
                     "reasoning_format": format!("{:?}", s.reasoning_format).to_lowercase(),
                     "max_model_len": s.max_model_len,

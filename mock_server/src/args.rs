@@ -10,7 +10,7 @@ use std::sync::Arc;
 use clap::Args;
 use servesim::cluster::{ClusterConfig, KvTransferConfig, KvTransferTimingMode, ServingMode};
 use servesim::kv::G2Config;
-use servesim::perf::{Fixed, LatencyModel, Polynomial, ScaledLatency};
+use servesim::perf::{Fixed, LatencyModel, Polynomial, Profiled, ScaledLatency};
 use servesim::router::{RouterConfig, RouterMode};
 use servesim::scheduler::{
     ConfigError, EngineConfig, EngineType, PreemptionMode, SglangConfig, WorkerRole,
@@ -137,6 +137,12 @@ pub struct EngineArgs {
     /// Replace the polynomial latency model by constant times: PREFILL_MS,DECODE_MS.
     #[arg(long, value_name = "PREFILL_MS,DECODE_MS", value_parser = parse_fixed)]
     pub fixed_latency: Option<Fixed>,
+
+    /// Replace the polynomial latency model by a profile measured on a real engine: Dynamo
+    /// mocker's .npz (prefill TTFT over new tokens, decode ITL over active KV tokens and mean
+    /// context length, interpolated linearly) or the same tables as JSON.
+    #[arg(long, value_name = "PATH", conflicts_with = "fixed_latency")]
+    pub perf_profile: Option<PathBuf>,
 
     /// Seed of the router's tie-breaks and the generated token ids.
     #[arg(long, default_value_t = 0)]
@@ -311,9 +317,12 @@ impl EngineArgs {
                 })
             }
         };
-        let model: Arc<dyn LatencyModel> = match self.fixed_latency {
-            Some(f) => Arc::new(f),
-            None => Arc::new(Polynomial::default()),
+        let model: Arc<dyn LatencyModel> = match (&self.perf_profile, self.fixed_latency) {
+            (Some(path), _) => Arc::new(
+                Profiled::load(path).map_err(|e| ConfigError(format!("--perf-profile: {e}")))?,
+            ),
+            (None, Some(f)) => Arc::new(f),
+            (None, None) => Arc::new(Polynomial::default()),
         };
         let config = ClusterConfig {
             engine: EngineConfig {
@@ -425,6 +434,10 @@ mod tests {
             "overflows",
         ),
         (&["--fixed-latency", "nan,1"], "finite"),
+        (
+            &["--perf-profile", "/nonexistent/profile.npz"],
+            "/nonexistent/profile.npz",
+        ),
     ];
 
     #[test]
@@ -488,6 +501,47 @@ mod tests {
         };
         let config = ServerConfig::from_args(&defaults).expect("valid");
         assert_eq!(config.live_cluster().warnings(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn perf_profile_replaces_the_polynomial_and_excludes_fixed_latency() {
+        let profile = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../profiles/h200_tp1_perf.npz")
+            .display()
+            .to_string();
+        let trace = fixture("trace_small.jsonl");
+        let cli = Cli::try_parse_from([
+            "mockserve",
+            "replay",
+            trace.as_str(),
+            "--perf-profile",
+            profile.as_str(),
+            "--speedup-ratio",
+            "2",
+        ])
+        .expect("parses");
+        let Some(Command::Replay(args)) = cli.command else {
+            panic!("replay");
+        };
+        let config = args.engine.cluster_config().expect("valid");
+        let latency = &config.engine.latency;
+        assert!(latency.model.describe().contains("h200_tp1_perf.npz"));
+        // The profile's first prefill point (100 tokens, 19.525209 ms) at speed-up 2.
+        let batch = servesim::perf::PrefillBatch {
+            num_requests: 1,
+            total_isl: 100,
+            total_prefix: 0,
+        };
+        assert_eq!(latency.prefill(&batch), servesim::time::SimDuration(9_763));
+        let both = Cli::try_parse_from([
+            "mockserve",
+            "serve",
+            "--perf-profile",
+            profile.as_str(),
+            "--fixed-latency",
+            "1,1",
+        ]);
+        assert!(both.is_err());
     }
 
     #[test]

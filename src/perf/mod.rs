@@ -1,7 +1,13 @@
 //! Latency models: how long a pass takes, from the work scheduled in it.
 //!
 //! All models predict milliseconds of GPU time; [`ScaledLatency`] divides them by the configured
-//! speed-up ratios and turns them into [`SimDuration`]s.
+//! speed-up ratios and turns them into [`SimDuration`]s. The models: [`Polynomial`] (Dynamo's
+//! default fit), [`Fixed`] constants, and [`Profiled`] tables measured on a real engine
+//! (Dynamo mocker's `.npz` profiles; see [`profile`]).
+
+pub mod profile;
+
+pub use profile::{ProfileError, ProfileTables, Profiled};
 
 use crate::time::SimDuration;
 
@@ -46,6 +52,10 @@ pub trait LatencyModel: Send + Sync + std::fmt::Debug {
     fn prefill_ms(&self, batch: &PrefillBatch) -> f64;
     /// Decode time of one step over `batch`, 0 when nobody decodes.
     fn decode_ms(&self, batch: &DecodeBatch) -> f64;
+    /// A short description for reports: the model and, for a profile, its file.
+    fn describe(&self) -> String {
+        format!("{self:?}")
+    }
 }
 
 /// Dynamo's default polynomial fit (one H100-class profile, used for every engine type).
