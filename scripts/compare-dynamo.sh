@@ -11,6 +11,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 trace=${1:-"$here/traces/mooncake_synthetic_trace.jsonl"}
 mockserve="$here/target/release/mockserve"
+profile="$here/profiles/h200_tp1_perf.npz"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
@@ -25,6 +26,10 @@ cases=(
   "kv8_s4|--workers 8 --router kv_router --speedup 4|--num-workers 8 --router-mode kv-router --arrival-speedup-ratio 4"
   "sglang4_s4|--workers 4 --router kv_router --speedup 4 --engine-type sglang|--num-workers 4 --router-mode kv-router --arrival-speedup-ratio 4 --engine-type sglang"
   "trtllm4_s4|--workers 4 --router kv_router --speedup 4 --engine-type trtllm|--num-workers 4 --router-mode kv-router --arrival-speedup-ratio 4 --engine-type trtllm"
+  # The measured H200 profile instead of the polynomial (Dynamo: an external dynamo_profile
+  # timing model; mockserve: --perf-profile).
+  "h200_kv4_s1|--workers 4 --router kv_router --speedup 1 --perf-profile $profile|--num-workers 4 --router-mode kv-router --arrival-speedup-ratio 1 --perf-profile $profile"
+  "h200_rr4_s1|--workers 4 --speedup 1 --perf-profile $profile|--num-workers 4 --router-mode round-robin --arrival-speedup-ratio 1 --perf-profile $profile"
 )
 for case in "${cases[@]}"; do
   IFS='|' read -r name dflags oflags <<<"$case"

@@ -8,7 +8,8 @@
 //!   linearly past both ends, floored at 0;
 //! - `decode_active_kv_tokens` (rows), `decode_context_length` (columns) and `decode_itl`
 //!   (rows × columns, ms): decode time is a bilinear interpolation at (active KV tokens of the
-//!   decoding requests, their mean context length), extrapolated past the grid, floored at 1 ms.
+//!   decoding requests, their mean context length by integer division), extrapolated past the
+//!   grid, floored at 1 ms.
 //!
 //! An `.npz` is a zip archive (stored or deflated) of NumPy `.npy` files named after the arrays.
 //! Only what such a profile needs of the `.npy` format is read and written here: little-endian
@@ -525,9 +526,12 @@ impl LatencyModel for Profiled {
         if batch.num_requests == 0 {
             return 0.0;
         }
-        let active = batch.active_kv_tokens as f64;
+        // The mean context length is an integer mean, like the prefill's batch means: with it,
+        // round-robin replays match Dynamo's per-request times to the microsecond far more often
+        // than with a fractional mean.
+        let mean_context = batch.active_kv_tokens / batch.num_requests;
         self.tables
-            .decode_at(active, active / batch.num_requests as f64)
+            .decode_at(batch.active_kv_tokens as f64, mean_context as f64)
     }
 
     fn describe(&self) -> String {
