@@ -78,6 +78,14 @@ pub enum LoadgenError {
         /// What is wrong with it.
         message: String,
     },
+    /// `loadgen profile` stopped before it had a profile; the points measured so far are saved.
+    #[error("profile: {message} (measurements so far saved to {})", partial.display())]
+    Profile {
+        /// Why it stopped.
+        message: String,
+        /// The file holding the measurements so far.
+        partial: PathBuf,
+    },
     /// The tokio runtime could not be started.
     #[error("starting the tokio runtime: {0}")]
     Runtime(std::io::Error),

@@ -23,6 +23,8 @@
 //! - `replay`: [`replay`] (a Mooncake trace as sessions), [`prompt`] (prompts from hash ids).
 //! - `bench`: [`bench`](mod@bench) (flags → [`bench::BenchPlan`], arrivals, lengths, goodput).
 //! - [`replay_report`]: the `replay` and `bench` report, with `mockserve replay`'s keys.
+//! - `profile`: [`profile`](mod@profile) (prefill and decode latency measured into a profile
+//!   that `--perf-profile` reads).
 //! - [`error`]: [`LoadgenError`] and the exit status of each.
 //!
 //! A ping of the embedded server, in-process:
@@ -46,6 +48,7 @@ pub mod error;
 pub mod failure;
 pub mod multiturn;
 pub mod multiturn_report;
+pub mod profile;
 pub mod prompt;
 pub mod replay;
 pub mod replay_report;
@@ -83,6 +86,9 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Compare the per-turn TTFT of two results files.
     Compare(compare::CompareArgs),
+    /// Measure an endpoint's prefill and decode latency and write a profile (Dynamo mocker's
+    /// .npz, a JSON twin and an SVG) that `--perf-profile` reads.
+    Profile(profile::ProfileArgs),
     /// Print a shell completion script on stdout, e.g. `loadgen completions bash`.
     Completions {
         /// The shell to complete for.
@@ -120,6 +126,7 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
             print!("{}", compare::run(&args)?);
             Ok(())
         }
+        Command::Profile(args) => profile::profile(&args).await.map(|_| ()),
         Command::Completions { shell } => {
             std::io::Write::write_all(&mut std::io::stdout(), &completions(shell)).map_err(
                 |source| LoadgenError::Io {
