@@ -297,6 +297,7 @@ impl Answer {
             &mut rng(seed, stream::WORDS + 16),
             &mut words,
             sampled.min(limit),
+            limit,
             &|t: &str| codec.encode(t).len(),
         ) {
             let tokens = codec.encode(&text);

@@ -61,12 +61,14 @@ impl ResponseFormat {
 
     /// The answer text in a JSON mode (None for free text). A `json_object` answer grows field
     /// by field until `size(text)` reaches `target` (tokens, say), so answers still vary in
-    /// length; a schema's value is as its schema makes it.
+    /// length, but never past `max` while a smaller object fits; a schema's value is as its
+    /// schema makes it.
     pub fn generate<R: Rng + ?Sized>(
         &self,
         rng: &mut R,
         words: &mut dyn schema::Words,
         target: usize,
+        max: usize,
         size: &dyn Fn(&str) -> usize,
     ) -> Option<String> {
         match self {
@@ -74,15 +76,21 @@ impl ResponseFormat {
             ResponseFormat::JsonSchema(s) => Some(schema::generate(s, rng, words).to_string()),
             ResponseFormat::JsonObject => {
                 let mut object = Map::new();
+                let mut fitting: Option<String> = None;
                 loop {
                     let key = format!("{}_{}", words.word(), object.len());
                     let n = rng.gen_range(1..=6);
                     let value: Vec<String> = (0..n).map(|_| words.word()).collect();
                     object.insert(key, Value::String(value.join(" ")));
                     let text = Value::Object(object.clone()).to_string();
-                    if size(&text) >= target || object.len() >= 4096 {
+                    let tokens = size(&text);
+                    if tokens > max {
+                        return Some(fitting.unwrap_or(text));
+                    }
+                    if tokens >= target || object.len() >= 4096 {
                         return Some(text);
                     }
+                    fitting = Some(text);
                 }
             }
         }

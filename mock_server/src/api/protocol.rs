@@ -506,17 +506,18 @@ impl ChatRequest {
         }
         let mut params = params;
         let logprobs = field::<bool>(body, "logprobs")?.unwrap_or(false);
-        let top =
-            match field::<i64>(body, "top_logprobs")? {
-                None => 0,
-                Some(t) if (0..=MAX_TOP_LOGPROBS as i64).contains(&t) => t as usize,
-                Some(t) => return Err(ApiError::invalid(
+        let top = match field::<i64>(body, "top_logprobs")? {
+            None => 0,
+            Some(t) if (0..=MAX_TOP_LOGPROBS as i64).contains(&t) => t as usize,
+            Some(t) => {
+                return Err(ApiError::invalid(
                     format!(
                         "Invalid 'top_logprobs': {t}. It must be between 0 and {MAX_TOP_LOGPROBS}."
                     ),
                     Some("top_logprobs"),
-                )),
-            };
+                ))
+            }
+        };
         if top > 0 && !logprobs {
             return Err(ApiError::invalid(
                 "'top_logprobs' requires 'logprobs' to be true",
