@@ -71,7 +71,7 @@ fn check_at(root: &Value, schema: &Value, at: &str, depth: usize) -> Result<(), 
         check_at(root, items, &format!("{at}.items"), depth + 1)?;
     }
     if let Some(values) = object.get("enum") {
-        if !values.as_array().is_some_and(|v| !v.is_empty()) {
+        if values.as_array().is_none_or(|v| v.is_empty()) {
             return Err(format!("'{at}.enum' must be a non-empty array"));
         }
     }
