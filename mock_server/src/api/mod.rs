@@ -10,11 +10,21 @@
 //! 413 say `Connection: close` (the body may be left unread, so the connection is closed).
 //!
 //! Wire behaviour worth knowing:
-//! - The engine always generates exactly the output limit (`max_completion_tokens`, else
-//!   `max_tokens`, else `--default-max-tokens`), so `finish_reason` is always `length`. `stop`,
-//!   `ignore_eos`, `min_tokens`, `temperature`, `tools` and the like are accepted and ignored:
-//!   stop strings are never emitted. Unknown top-level fields are ignored.
-//! - `n` other than 1 is a 400 (`param: "n"`); `/v1/completions` takes one prompt only.
+//! - Each choice's answer is planned before the engine runs it ([`answer::Answer::plan`]) and
+//!   the engine runs exactly its tokens. With `ignore_eos` it runs to the output limit
+//!   (`max_completion_tokens`, else `max_tokens`, else `--default-max-tokens`) and ends with
+//!   `finish_reason: "length"`; without, its length is drawn from `--output-length-dist` (at
+//!   least `min_tokens`) and it ends with `"stop"` below the limit. `stop` strings and
+//!   `stop_token_ids` end the text just before them (`stop_reason` names the match); with
+//!   `--stop-probability` an answer that ends itself ends at one of them. `temperature` and
+//!   the like are accepted and ignored. Unknown top-level fields are ignored.
+//! - `tools` with `tool_choice` `required`, a named function, or `auto` (with
+//!   `--tool-call-probability`) answer a tool call with arguments drawn from the function's
+//!   schema, streamed as `delta.tool_calls` fragments, `finish_reason: "tool_calls"`.
+//!   `response_format` `json_object` / `json_schema` answer one JSON document. `logprobs`
+//!   (`top_logprobs` on chat) add seeded log-probabilities.
+//! - `n` (1 to 128) choices per prompt, each its own engine request; `/v1/completions` takes a
+//!   batch of prompts (choice index = prompt number × n + choice number) and `echo`.
 //! - Streams start with the `role` chunk at once; an engine rejection after that is a final
 //!   `data: {"error":…}` event and `data: [DONE]`.
 //! - `usage.prompt_tokens_details.cached_tokens` is the prefix-cache hit at first admission.
