@@ -310,6 +310,15 @@ impl Answer {
             answer.tokens.truncate(limit);
             answer.pieces.truncate(limit);
             answer.finish_reason = FinishReason::Length;
+            // A call cut by the limit shows only the arguments it got out.
+            for (i, call) in answer.tool_calls.iter_mut().enumerate() {
+                call.arguments = answer
+                    .pieces
+                    .iter()
+                    .filter_map(|p| p.tool.as_ref().filter(|t| t.call == i))
+                    .map(|t| t.arguments.as_str())
+                    .collect();
+            }
         }
         if answer.tokens.is_empty() {
             // The engine runs at least one token: an empty document still ends with one.

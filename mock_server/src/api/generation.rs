@@ -390,9 +390,11 @@ impl Generation {
         let mut out = Vec::new();
         match endpoint {
             Endpoint::Chat => {
-                if let Some(fragment) = &piece.tool {
-                    let call =
-                        &c.answer.tool_calls[fragment.call.min(c.answer.tool_calls.len() - 1)];
+                let tool = piece
+                    .tool
+                    .as_ref()
+                    .and_then(|f| Some((f, c.answer.tool_calls.get(f.call)?)));
+                if let Some((fragment, call)) = tool {
                     if fragment.first {
                         out.push(json!({"tool_calls": [{
                             "index": fragment.call, "id": call.id, "type": "function",

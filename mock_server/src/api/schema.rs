@@ -246,7 +246,8 @@ fn generate_all_of<R: Rng + ?Sized>(
         }
     }
     if properties.is_empty() {
-        return generate_at(root, &branches[0], rng, words, depth + 1);
+        let first = branches.first().unwrap_or(&Value::Bool(true));
+        return generate_at(root, first, rng, words, depth + 1);
     }
     if let Some(p) = object.get("properties").and_then(Value::as_object) {
         properties.extend(p.clone());

@@ -330,6 +330,26 @@ async fn tool_calls_stream_as_fragments_that_reassemble() -> Result<()> {
     let required = chat(json!({"tools": tools, "tool_choice": "required", "max_tokens": 512}));
     let whole = ok(&server, "/v1/chat/completions", &required).await?;
     assert_eq!(whole["choices"][0]["finish_reason"], "tool_calls");
+    // A limit too small for the arguments cuts them: finish_reason length, partial arguments.
+    let cut = chat(json!({"tools": tools, "tool_choice": named, "max_tokens": 3, "seed": 0}));
+    let full = chat(json!({"tools": tools, "tool_choice": named, "max_tokens": 512, "seed": 0}));
+    let full = ok(&server, "/v1/chat/completions", &full).await?;
+    let full = full["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+        .as_str()
+        .context("arguments")?
+        .to_string();
+    let whole = ok(&server, "/v1/chat/completions", &cut).await?;
+    let choice = &whole["choices"][0];
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(whole["usage"]["completion_tokens"], 3);
+    let partial = choice["message"]["tool_calls"][0]["function"]["arguments"]
+        .as_str()
+        .context("arguments")?;
+    assert!(
+        full.starts_with(partial) && partial.len() < full.len(),
+        "{partial}"
+    );
+    assert!(serde_json::from_str::<Value>(partial).is_err());
     for (p, want) in [(0.0, false), (1.0, true)] {
         let server = start(ServerConfig {
             tool_call_probability: p,
