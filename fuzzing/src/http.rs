@@ -12,8 +12,10 @@
 //! - a 200 JSON body is one completion of the endpoint's kind with consistent `usage`;
 //! - a 200 stream is `data:` frames of chunks sharing one id and `created`, a `finish_reason`
 //!   chunk (or a final error event) and `data: [DONE]` last;
-//! - a completed answer has exactly the output limit's tokens (`max_completion_tokens`, else
-//!   `max_tokens`, else the default cut to the context), as the server documents;
+//! - each choice of a completed answer that ends with `finish_reason: "length"` has exactly the
+//!   output limit's tokens (`max_completion_tokens`, else `max_tokens`, else the default cut to
+//!   the context), and one that ends with `stop` or `tool_calls` no more, as the server
+//!   documents;
 //! - every [`LIVENESS_EVERY`] bodies (and after any 503) a small valid request still gets a 200.
 //!
 //! After a hang the server is dropped and the next input gets a fresh one, so one wedged engine
@@ -316,13 +318,19 @@ impl Server {
                 .min(self.max_model_len.saturating_sub(prompt)),
             (None, None) => return Ok(()),
         };
-        if generated.completion_tokens == expected {
-            Ok(())
-        } else {
-            Err(format!(
-                "{} completion tokens, but the output limit is {expected}",
-                generated.completion_tokens
-            ))
+        let (count, all_length) = (generated.choices, generated.all_length);
+        if count > 1 && requested.is_none() {
+            // Each prompt of a batch has its own default limit: not told from the sum.
+            return Ok(());
+        }
+        let limit = expected * count;
+        match (all_length, generated.completion_tokens) {
+            (true, n) if n == limit => Ok(()),
+            (false, n) if n <= limit => Ok(()),
+            (_, n) => Err(format!(
+                "{n} completion tokens over {count} choice(s), but the output limit is \
+                 {expected} per choice (all at the limit: {all_length})"
+            )),
         }
     }
 }
@@ -344,8 +352,12 @@ fn requested_limit(body: &[u8]) -> Option<Option<u64>> {
 struct Generated {
     /// `usage.prompt_tokens`, when the answer has usage.
     prompt_tokens: Option<u64>,
-    /// Output tokens.
+    /// Output tokens (all choices).
     completion_tokens: u64,
+    /// Choices.
+    choices: u64,
+    /// Every choice ended at the output limit (`finish_reason: "length"`).
+    all_length: bool,
 }
 
 /// Checks one answer against the properties of the module docs; what a completed 200
@@ -430,6 +442,8 @@ fn check_usage(usage: &Value) -> Result<Generated, String> {
     Ok(Generated {
         prompt_tokens: Some(prompt),
         completion_tokens: completion,
+        choices: 1,
+        all_length: true,
     })
 }
 
@@ -459,26 +473,45 @@ fn check_completion(endpoint: Endpoint, value: &Value) -> Result<Generated, Stri
     let choices = value["choices"]
         .as_array()
         .ok_or_else(|| format!("`choices` is not an array: {value}"))?;
-    let [choice] = choices.as_slice() else {
-        return Err(format!("not exactly one choice: {value}"));
-    };
-    if choice["index"] != 0 || choice["finish_reason"] != "length" {
-        return Err(format!("bad `index` or `finish_reason`: {value}"));
+    if choices.is_empty() {
+        return Err(format!("no choices: {value}"));
     }
-    let text = match endpoint {
-        Endpoint::Chat => {
-            if choice["message"]["role"] != "assistant" {
-                return Err(format!("the message is not the assistant's: {value}"));
-            }
-            &choice["message"]["content"]
+    let mut all_length = true;
+    for (i, choice) in choices.iter().enumerate() {
+        if choice["index"] != i {
+            return Err(format!("choice {i} has another `index`: {value}"));
         }
-        Endpoint::Completions => &choice["text"],
-    };
-    if !text.is_string() {
-        return Err(format!("no answer text: {value}"));
+        let finish = &choice["finish_reason"];
+        if !FINISH_REASONS.iter().any(|r| finish == r) {
+            return Err(format!("bad `finish_reason`: {value}"));
+        }
+        all_length &= finish == "length";
+        let text = match endpoint {
+            Endpoint::Chat => {
+                let message = &choice["message"];
+                if message["role"] != "assistant" {
+                    return Err(format!("the message is not the assistant's: {value}"));
+                }
+                if message["content"].is_null() && message["tool_calls"].is_array() {
+                    continue;
+                }
+                &message["content"]
+            }
+            Endpoint::Completions => &choice["text"],
+        };
+        if !text.is_string() {
+            return Err(format!("no answer text: {value}"));
+        }
     }
-    check_usage(&value["usage"])
+    Ok(Generated {
+        choices: choices.len() as u64,
+        all_length,
+        ..check_usage(&value["usage"])?
+    })
 }
+
+/// The finish reasons the server sends.
+const FINISH_REASONS: [&str; 3] = ["length", "stop", "tool_calls"];
 
 /// A streamed completion: `data:` frames, chunks with one identity, then `[DONE]`; what it
 /// generated, unless an error event ended it.
@@ -500,7 +533,9 @@ fn check_stream(endpoint: Endpoint, body: &[u8]) -> Result<Option<Generated>, St
     let chunk_object = endpoint.objects().1;
     let mut identity: Option<(Value, Value)> = None;
     let mut deltas = 0u64;
-    let mut finished = false;
+    // Per choice index: finished, and at the limit.
+    let mut choice_ends: Vec<Option<bool>> = Vec::new();
+    let mut tool_calls = false;
     let mut usage = None;
     for (i, event) in events.iter().enumerate() {
         let value: Value = serde_json::from_str(event)
@@ -523,34 +558,47 @@ fn check_stream(endpoint: Endpoint, body: &[u8]) -> Result<Option<Generated>, St
         if usage.is_some() {
             return Err(format!("chunk {i} follows the usage chunk"));
         }
+        let all_finished = !choice_ends.is_empty() && choice_ends.iter().all(Option::is_some);
         match choices.as_slice() {
             [] => {
-                if !finished {
-                    return Err(format!("usage chunk {i} before the finish chunk"));
+                if !all_finished {
+                    return Err(format!("usage chunk {i} before the finish chunks"));
                 }
                 usage = Some(check_usage(&value["usage"])?);
             }
             [choice] => {
-                if finished {
-                    return Err(format!("chunk {i} follows the finish chunk: {value}"));
+                if all_finished {
+                    return Err(format!("chunk {i} follows the finish chunks: {value}"));
                 }
-                if choice["index"] != 0 {
-                    return Err(format!("chunk {i} has a choice index other than 0"));
+                let index = choice["index"]
+                    .as_u64()
+                    .ok_or_else(|| format!("chunk {i} has no choice index"))?
+                    as usize;
+                if index > choice_ends.len() || index > 4096 {
+                    return Err(format!("chunk {i} skips a choice index: {value}"));
+                }
+                if index == choice_ends.len() {
+                    choice_ends.push(None);
+                }
+                if choice_ends[index].is_some() {
+                    return Err(format!(
+                        "chunk {i} follows choice {index}'s finish: {value}"
+                    ));
                 }
                 match &choice["finish_reason"] {
                     Value::Null => {}
-                    reason if reason == "length" => {
-                        finished = true;
+                    reason if FINISH_REASONS.iter().any(|r| reason == r) => {
+                        choice_ends[index] = Some(reason == "length");
                         continue;
                     }
                     reason => return Err(format!("chunk {i} has finish_reason {reason}")),
                 }
-                let is_role = endpoint == Endpoint::Chat && i == 0;
-                if is_role && choice["delta"]["role"] != "assistant" {
-                    return Err(format!(
-                        "the first chat chunk has no assistant role: {value}"
-                    ));
+                let delta = &choice["delta"];
+                let is_role = endpoint == Endpoint::Chat && delta.get("role").is_some();
+                if is_role && delta["role"] != "assistant" {
+                    return Err(format!("a role chunk is not the assistant's: {value}"));
                 }
+                tool_calls |= delta.get("tool_calls").is_some();
                 if !is_role {
                     deltas += 1;
                 }
@@ -558,19 +606,34 @@ fn check_stream(endpoint: Endpoint, body: &[u8]) -> Result<Option<Generated>, St
             _ => return Err(format!("chunk {i} has several choices: {value}")),
         }
     }
-    if !finished {
-        return Err("the stream ends without a finish_reason chunk or an error event".into());
+    if choice_ends.is_empty() || choice_ends.iter().any(Option::is_none) {
+        return Err(
+            "the stream ends without a finish_reason chunk per choice or an error event".into(),
+        );
     }
+    let all_length = choice_ends.iter().all(|end| *end == Some(true));
+    let choices = choice_ends.len() as u64;
     match usage {
-        Some(usage) if usage.completion_tokens != deltas => Err(format!(
-            "usage counts {} completion tokens, the stream has {deltas} token chunks",
-            usage.completion_tokens
-        )),
-        Some(usage) => Ok(Some(usage)),
-        None => Ok(Some(Generated {
+        // Every token shows in its own chunk unless a stop cut the text or a tool call added
+        // its header chunk.
+        Some(usage) if all_length && !tool_calls && usage.completion_tokens != deltas => {
+            Err(format!(
+                "usage counts {} completion tokens, the stream has {deltas} token chunks",
+                usage.completion_tokens
+            ))
+        }
+        Some(usage) => Ok(Some(Generated {
+            choices,
+            all_length,
+            ..usage
+        })),
+        None if all_length && !tool_calls => Ok(Some(Generated {
             prompt_tokens: None,
             completion_tokens: deltas,
+            choices,
+            all_length,
         })),
+        None => Ok(None),
     }
 }
 
@@ -622,6 +685,8 @@ mod tests {
         let generated = Generated {
             prompt_tokens: Some(3),
             completion_tokens: 2,
+            choices: 1,
+            all_length: true,
         };
         assert_eq!(
             check_stream(Endpoint::Completions, &ok),
@@ -637,8 +702,27 @@ mod tests {
         let error = json!({"error": {"message": "m", "type": "t", "param": null, "code": null}});
         let failed = stream(&[token.clone(), error.to_string()]);
         assert_eq!(check_stream(Endpoint::Completions, &failed), Ok(None));
-        let chat = stream(&[token, finish]);
+        let chat = stream(&[token.clone(), finish.clone()]);
         assert!(check_stream(Endpoint::Chat, &chat).is_err(), "wrong object");
+
+        // Two choices: each needs its finish; a stop may end one before the limit.
+        let token1 = chunk(json!([{"index": 1, "text": "b", "finish_reason": null}]));
+        let stop1 = chunk(json!([{"index": 1, "text": "", "finish_reason": "stop"}]));
+        let both = stream(&[
+            token.clone(),
+            token1.clone(),
+            finish.clone(),
+            stop1,
+            usage(2),
+        ]);
+        let generated = check_stream(Endpoint::Completions, &both)
+            .expect("valid")
+            .expect("generated");
+        assert_eq!((generated.choices, generated.all_length), (2, false));
+        let one_open = stream(&[token, token1, finish.clone(), usage(2)]);
+        assert!(check_stream(Endpoint::Completions, &one_open).is_err());
+        let skipped = chunk(json!([{"index": 2, "text": "c", "finish_reason": null}]));
+        assert!(check_stream(Endpoint::Completions, &stream(&[skipped, finish])).is_err());
     }
 
     #[test]

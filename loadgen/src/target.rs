@@ -119,6 +119,10 @@ impl TargetArgs {
                     reasoning_ratio: embedded.reasoning_ratio,
                     reasoning_format: embedded.reasoning_format,
                     default_max_tokens: 256,
+                    // Answers end early unless loadgen sends ignore_eos (its default).
+                    output_length_dist: Default::default(),
+                    stop_probability: mock_server::config::DEFAULT_STOP_PROBABILITY,
+                    tool_call_probability: mock_server::config::DEFAULT_TOOL_CALL_PROBABILITY,
                     max_body_bytes: EMBEDDED_MAX_BODY_BYTES,
                     tokenizer: self.tokenizer.clone(),
                     engine: self.engine.clone(),

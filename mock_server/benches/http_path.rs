@@ -107,7 +107,7 @@ async fn start_bare() -> Result<(SocketAddr, tokio::sync::oneshot::Sender<()>)> 
 }
 
 fn body(max_tokens: usize) -> serde_json::Value {
-    json!({"model": "mock-model", "stream": true, "max_tokens": max_tokens,
+    json!({"model": "mock-model", "stream": true, "max_tokens": max_tokens, "ignore_eos": true,
            "messages": [{"role": "user", "content": "benchmark the streaming path please"}]})
 }
 

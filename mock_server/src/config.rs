@@ -8,6 +8,7 @@ use clap::ValueEnum;
 use servesim::cluster::ClusterConfig;
 use servesim::scheduler::ConfigError;
 
+use crate::output_length::OutputLengthDist;
 use crate::text::{default_codec, TextCodec};
 
 /// Default `--max-body-bytes`: 8 MiB, room for a long multi-turn conversation.
@@ -24,6 +25,11 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// Default `--shutdown-timeout`.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Default `--stop-probability`.
+pub const DEFAULT_STOP_PROBABILITY: f64 = 0.5;
+/// Default `--tool-call-probability`.
+pub const DEFAULT_TOOL_CALL_PROBABILITY: f64 = 0.5;
 
 /// How reasoning tokens are streamed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
@@ -63,6 +69,12 @@ pub struct ServerConfig {
     pub codec: Arc<dyn TextCodec>,
     /// Connection limits, timeouts and the shutdown drain.
     pub http: HttpLimits,
+    /// How long answers run without `ignore_eos`.
+    pub output_length: OutputLengthDist,
+    /// Chance that an answer of a request with stop strings or stop token ids ends at one.
+    pub stop_probability: f64,
+    /// Chance that an answer calls a tool under `tool_choice: "auto"`.
+    pub tool_call_probability: f64,
 }
 
 impl Default for ServerConfig {
@@ -89,6 +101,9 @@ impl ServerConfig {
             default_max_tokens: 256,
             codec: default_codec(),
             http: HttpLimits::default(),
+            output_length: OutputLengthDist::default(),
+            stop_probability: DEFAULT_STOP_PROBABILITY,
+            tool_call_probability: DEFAULT_TOOL_CALL_PROBABILITY,
         }
     }
 
@@ -110,6 +125,12 @@ impl ServerConfig {
         }
         if self.max_body_bytes == 0 {
             return bad("--max-body-bytes must be positive");
+        }
+        if !(0.0..=1.0).contains(&self.stop_probability) {
+            return bad("--stop-probability must be between 0 and 1");
+        }
+        if !(0.0..=1.0).contains(&self.tool_call_probability) {
+            return bad("--tool-call-probability must be between 0 and 1");
         }
         if self.max_model_len == 0 {
             return bad("--max-model-len must be positive");

@@ -38,6 +38,7 @@ pub mod config;
 pub mod connection;
 pub mod driver;
 pub mod metrics;
+pub mod output_length;
 pub mod replay_cmd;
 pub mod server;
 pub mod text;

@@ -17,9 +17,11 @@ use crate::args::EngineArgs;
 use crate::config::{
     HttpLimits, ReasoningFormat, ServerConfig, DEFAULT_BODY_READ_TIMEOUT,
     DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_CONNECTIONS, DEFAULT_SHUTDOWN_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_STOP_PROBABILITY,
+    DEFAULT_TOOL_CALL_PROBABILITY,
 };
 use crate::connection::Edge;
+use crate::output_length::{OutputLengthDist, DEFAULT_OUTPUT_LENGTH_DIST};
 use crate::text::TokenizerCodec;
 
 /// `mockserve serve` flags.
@@ -64,6 +66,23 @@ pub struct ServeArgs {
     /// Output limit when a request sets neither max_completion_tokens nor max_tokens.
     #[arg(long, default_value_t = 256)]
     pub default_max_tokens: usize,
+
+    /// How long answers run without `ignore_eos`: fixed[:LENGTH], uniform:LO,HI or
+    /// lognormal:MEAN,SIGMA, where a LENGTH is a token count (64) or a share of the request's
+    /// output limit (50%). `fixed` runs every answer to its limit; shorter answers end with
+    /// finish_reason "stop".
+    #[arg(long, value_name = "DIST", default_value = DEFAULT_OUTPUT_LENGTH_DIST)]
+    pub output_length_dist: OutputLengthDist,
+
+    /// Chance (0..=1) that an answer to a request with `stop` or `stop_token_ids` ends at one of
+    /// them (its text then ends just before it) rather than at its end of sequence.
+    #[arg(long, default_value_t = DEFAULT_STOP_PROBABILITY)]
+    pub stop_probability: f64,
+
+    /// Chance (0..=1) that an answer calls one of the request's tools under
+    /// `tool_choice: "auto"` (the default when `tools` are given).
+    #[arg(long, default_value_t = DEFAULT_TOOL_CALL_PROBABILITY)]
+    pub tool_call_probability: f64,
 
     /// HuggingFace `tokenizer.json` for exact token counts of a real model (default: the
     /// built-in tokenizer, no download).
@@ -161,6 +180,9 @@ impl ServerConfig {
             reasoning_ratio: args.reasoning_ratio,
             reasoning_format: args.reasoning_format,
             default_max_tokens: args.default_max_tokens,
+            output_length: args.output_length_dist,
+            stop_probability: args.stop_probability,
+            tool_call_probability: args.tool_call_probability,
             http: HttpLimits::from_args(&args.http)?,
             ..ServerConfig::new(cluster)
         };

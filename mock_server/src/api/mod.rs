@@ -10,11 +10,21 @@
 //! 413 say `Connection: close` (the body may be left unread, so the connection is closed).
 //!
 //! Wire behaviour worth knowing:
-//! - The engine always generates exactly the output limit (`max_completion_tokens`, else
-//!   `max_tokens`, else `--default-max-tokens`), so `finish_reason` is always `length`. `stop`,
-//!   `ignore_eos`, `min_tokens`, `temperature`, `tools` and the like are accepted and ignored:
-//!   stop strings are never emitted. Unknown top-level fields are ignored.
-//! - `n` other than 1 is a 400 (`param: "n"`); `/v1/completions` takes one prompt only.
+//! - Each choice's answer is planned before the engine runs it ([`answer::Answer::plan`]) and
+//!   the engine runs exactly its tokens. With `ignore_eos` it runs to the output limit
+//!   (`max_completion_tokens`, else `max_tokens`, else `--default-max-tokens`) and ends with
+//!   `finish_reason: "length"`; without, its length is drawn from `--output-length-dist` (at
+//!   least `min_tokens`) and it ends with `"stop"` below the limit. `stop` strings and
+//!   `stop_token_ids` end the text just before them (`stop_reason` names the match); with
+//!   `--stop-probability` an answer that ends itself ends at one of them. `temperature` and
+//!   the like are accepted and ignored. Unknown top-level fields are ignored.
+//! - `tools` with `tool_choice` `required`, a named function, or `auto` (with
+//!   `--tool-call-probability`) answer a tool call with arguments drawn from the function's
+//!   schema, streamed as `delta.tool_calls` fragments, `finish_reason: "tool_calls"`.
+//!   `response_format` `json_object` / `json_schema` answer one JSON document. `logprobs`
+//!   (`top_logprobs` on chat) add seeded log-probabilities.
+//! - `n` (1 to 128) choices per prompt, each its own engine request; `/v1/completions` takes a
+//!   batch of prompts (choice index = prompt number × n + choice number) and `echo`.
 //! - Streams start with the `role` chunk at once; an engine rejection after that is a final
 //!   `data: {"error":…}` event and `data: [DONE]`.
 //! - `usage.prompt_tokens_details.cached_tokens` is the prefix-cache hit at first admission.
@@ -38,10 +48,15 @@
 //!   submission, as the `/metrics` histograms do, so they state what the engine modelled (with
 //!   `--fixed-latency 20,5` and 3 tokens: 20 and 30) whatever the host's load.
 
+pub mod answer;
 pub mod error;
 pub mod generation;
+pub mod json_mode;
+pub mod logprobs;
 pub mod metrics;
 pub mod protocol;
+pub mod schema;
+pub mod tools;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -54,17 +69,16 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 use servesim::cluster::Cluster;
-use servesim::request::{EngineRequest, Prompt};
 use tokio_util::sync::CancellationToken;
 
+use answer::{Answer, AnswerSpec};
 pub use error::ApiError;
-use generation::{Endpoint, ExtraFields, Generation, Header, SpecPrefill};
+use generation::{Choice, Endpoint, ExtraFields, Generation, Header, SpecPrefill};
 use protocol::{ApiJson, ChatRequest, CompletionRequest, GenerationParams, PromptInput};
 use servesim::ids::WorkerId;
+use tools::Tools;
 
 use crate::config::ServerConfig;
 use crate::driver::EngineHandle;
@@ -261,7 +275,16 @@ async fn chat_completions(
         let spec = request.params.speculative_prefill().then(|| SpecPrefill {
             messages: request.messages.clone(),
         });
-        generate(&state, request.params, prompt, Endpoint::Chat, spec).await
+        let prompts = vec![PromptIn {
+            tokens: prompt,
+            echo: None,
+        }];
+        let request_in = RequestIn {
+            endpoint: Endpoint::Chat,
+            spec_prefill: spec,
+            tools: Some(request.tools),
+        };
+        generate(&state, request.params, prompts, request_in).await
     }
     .await;
     result.unwrap_or_else(|e| fail(&state, e))
@@ -283,26 +306,99 @@ async fn completions(
         check_auth(&state, &headers)?;
         let mut request = CompletionRequest::parse(&body?.0)?;
         apply_header_overrides(&mut request.params, &headers)?;
-        let prompt = match request.prompt {
-            PromptInput::Text(text) => state.config.codec.encode(&text),
-            PromptInput::Tokens(ids) => ids,
+        let codec = &state.config.codec;
+        let prompts = request
+            .prompts
+            .into_iter()
+            .map(|prompt| {
+                let (tokens, text) = match prompt {
+                    PromptInput::Text(text) => (codec.encode(&text), text),
+                    PromptInput::Tokens(ids) => {
+                        let text = if request.echo {
+                            codec.decode(&ids)
+                        } else {
+                            String::new()
+                        };
+                        (ids, text)
+                    }
+                };
+                PromptIn {
+                    tokens,
+                    echo: request.echo.then_some(text),
+                }
+            })
+            .collect();
+        let request_in = RequestIn {
+            endpoint: Endpoint::Text,
+            spec_prefill: None,
+            tools: None,
         };
-        generate(&state, request.params, prompt, Endpoint::Text, None).await
+        generate(&state, request.params, prompts, request_in).await
     }
     .await;
     result.unwrap_or_else(|e| fail(&state, e))
 }
 
-/// Checks limits, plans the answer, submits it and answers (streamed or whole).
+/// One prompt of a request: its token ids and, for a completions `echo`, its text.
+struct PromptIn {
+    tokens: Vec<u32>,
+    echo: Option<String>,
+}
+
+/// What a request brings besides its shared parameters and prompts.
+struct RequestIn {
+    endpoint: Endpoint,
+    spec_prefill: Option<SpecPrefill>,
+    tools: Option<Tools>,
+}
+
+/// The output limit of one prompt: the request's, else the default cut to the context; a
+/// prompt and limit beyond the context are a 400.
+fn output_limit(
+    config: &ServerConfig,
+    requested: Option<usize>,
+    prompt_len: usize,
+    prompt_param: &str,
+) -> Result<usize, ApiError> {
+    let max_len = config.max_model_len;
+    match requested {
+        Some(n) if prompt_len + n > max_len => Err(ApiError::context_length(
+            max_len,
+            prompt_len,
+            n,
+            prompt_param,
+        )),
+        Some(n) => Ok(n),
+        None if prompt_len >= max_len => Err(ApiError::context_length(
+            max_len,
+            prompt_len,
+            1,
+            prompt_param,
+        )),
+        None => Ok(config.default_max_tokens.min(max_len - prompt_len)),
+    }
+}
+
+/// The seed of choice `index` of a request seeded `seed`: the request's own for the first, so
+/// a one-choice answer depends on the seed alone.
+fn choice_seed(seed: u64, index: usize) -> u64 {
+    if index == 0 {
+        seed
+    } else {
+        xxhash_rust::xxh3::xxh3_64_with_seed(&(index as u64).to_le_bytes(), seed)
+    }
+}
+
+/// Checks limits, plans every choice's answer, submits them and answers (streamed or whole).
 async fn generate(
     state: &AppState,
     params: GenerationParams,
-    prompt: Vec<u32>,
-    endpoint: Endpoint,
-    spec_prefill: Option<SpecPrefill>,
+    prompts: Vec<PromptIn>,
+    request: RequestIn,
 ) -> Result<Response, ApiError> {
     let received = state.engine.clock().now();
     let config = &state.config;
+    let endpoint = request.endpoint;
     if params.model != config.model_name {
         return Err(ApiError::model_not_found(&params.model));
     }
@@ -316,32 +412,36 @@ async fn generate(
             }))
         }
     };
-    let prompt_len = prompt.len();
-    let max_len = config.max_model_len;
     let prompt_param = match endpoint {
         Endpoint::Chat => "messages",
         Endpoint::Text => "prompt",
     };
-    let max_tokens = match params.max_tokens {
-        Some(n) if prompt_len + n > max_len => {
-            return Err(ApiError::context_length(
-                max_len,
-                prompt_len,
-                n,
-                prompt_param,
-            ))
+    let limits = prompts
+        .iter()
+        .map(|p| output_limit(config, params.max_tokens, p.tokens.len(), prompt_param))
+        .collect::<Result<Vec<_>, _>>()?;
+    let n = params.n;
+    if n > 1 {
+        // The choices of a prompt are sampled together, as parallel sampling on one engine:
+        // their sequences must fit one worker's KV cache at once.
+        let capacity = config.cluster.engine.num_gpu_blocks * config.cluster.engine.block_size;
+        for (prompt, limit) in prompts.iter().zip(&limits) {
+            let per_choice = prompt.tokens.len() + limit;
+            if n.saturating_mul(per_choice) > capacity {
+                return Err(ApiError::invalid(
+                    format!(
+                        "'n' = {n} choices of up to {per_choice} tokens each ({} prompt + {limit} \
+                         output) need {} tokens of KV cache, more than a worker holds \
+                         ({capacity}). Reduce 'n' or the output limit.",
+                        prompt.tokens.len(),
+                        n * per_choice
+                    ),
+                    Some("n"),
+                )
+                .with_code("n_too_large"));
+            }
         }
-        Some(n) => n,
-        None if prompt_len >= max_len => {
-            return Err(ApiError::context_length(
-                max_len,
-                prompt_len,
-                1,
-                prompt_param,
-            ))
-        }
-        None => config.default_max_tokens.min(max_len - prompt_len),
-    };
+    }
     let number = state.counter.fetch_add(1, Ordering::Relaxed);
     let seed = params.seed.unwrap_or_else(|| {
         config
@@ -349,20 +449,42 @@ async fn generate(
             .wrapping_mul(0x9E37_79B9_7F4A_7C15)
             .wrapping_add(number)
     });
-    let reasoning_tokens = match endpoint {
-        Endpoint::Chat => (config.reasoning_ratio * max_tokens as f64).floor() as usize,
-        Endpoint::Text => 0,
+    let spec = AnswerSpec {
+        limit: 0,
+        ignore_eos: params.ignore_eos,
+        min_tokens: params.min_tokens,
+        stop: params.stop.clone(),
+        stop_token_ids: params.stop_token_ids.clone(),
+        reasoning_ratio: match endpoint {
+            Endpoint::Chat => config.reasoning_ratio,
+            Endpoint::Text => 0.0,
+        },
+        reasoning_format: config.reasoning_format,
+        format: params.response_format.clone(),
+        tools: request.tools.filter(|t| !t.tools.is_empty()),
+        logprobs: params.logprobs,
+        output_length: config.output_length,
+        stop_probability: config.stop_probability,
+        tool_call_probability: config.tool_call_probability,
     };
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let output_tokens = config
-        .codec
-        .answer_tokens(&mut rng, reasoning_tokens, max_tokens);
-    let request = EngineRequest {
-        prompt: Prompt::from_tokens(&prompt, state.block_size),
-        max_output_tokens: max_tokens,
-        output_tokens,
-    };
-    let submission = state.engine.submit(request, pinned).await?;
+    let mut choices = Vec::with_capacity(prompts.len() * n);
+    for (p, (prompt, limit)) in prompts.iter().zip(limits).enumerate() {
+        let spec = AnswerSpec {
+            limit,
+            ..spec.clone()
+        };
+        for j in 0..n {
+            let index = p * n + j;
+            let answer = Answer::plan(&spec, config.codec.as_ref(), choice_seed(seed, index));
+            let engine_request = Choice::engine_request(&prompt.tokens, state.block_size, &answer);
+            // An error drops the choices submitted so far, which cancels them.
+            let submission = state.engine.submit(engine_request, pinned).await?;
+            let mut choice = Choice::new(index, submission, answer, prompt.tokens.len());
+            choice.counts_prompt = j == 0;
+            choice.echo = prompt.echo.clone();
+            choices.push(choice);
+        }
+    }
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",
         Endpoint::Text => "cmpl",
@@ -377,23 +499,16 @@ async fn generate(
             model: params.model,
             endpoint,
         },
-        submission,
+        choices,
         state: state.clone(),
-        prompt_tokens: prompt_len,
-        reasoning_tokens,
-        completion_tokens: 0,
-        cached_tokens: None,
-        spec_prefill,
-        content: String::new(),
+        spec_prefill: request.spec_prefill,
         done: false,
         extras: ExtraFields {
             worker_id: params.nvext.wants("worker_id"),
             timing: params.nvext.wants("timing"),
         },
-        worker: None,
+        logprobs: params.logprobs.is_some(),
         received,
-        first_token: None,
-        last_token: None,
         stop: state.stop_generations.child_token(),
     };
     if params.stream {

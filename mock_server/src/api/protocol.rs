@@ -12,7 +12,13 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use super::json_mode::ResponseFormat;
+use super::logprobs::MAX_TOP_LOGPROBS;
+use super::tools::{render_tool_calls, Tools};
 use crate::text::{ChatMessage, Role};
+
+/// Choices per prompt at most (`n`), as OpenAI's API.
+pub const MAX_N: usize = 128;
 
 /// A JSON object body; any rejection is an [`ApiError`].
 #[derive(Debug)]
@@ -218,6 +224,21 @@ pub struct GenerationParams {
     pub seed: Option<u64>,
     /// Dynamo extension.
     pub nvext: NvExt,
+    /// Choices per prompt (`n`, 1 to [`MAX_N`]).
+    pub n: usize,
+    /// Run every answer to its output limit (vLLM's `ignore_eos`).
+    pub ignore_eos: bool,
+    /// No stop before this many output tokens (vLLM's `min_tokens`).
+    pub min_tokens: usize,
+    /// Stop strings (`stop`, empty strings dropped).
+    pub stop: Vec<String>,
+    /// Stop token ids (vLLM's `stop_token_ids`).
+    pub stop_token_ids: Vec<u32>,
+    /// Log-probabilities: `Some(alternatives per token)` when asked for (chat `logprobs` with
+    /// `top_logprobs`, completions `logprobs`).
+    pub logprobs: Option<usize>,
+    /// `response_format`.
+    pub response_format: ResponseFormat,
 }
 
 impl GenerationParams {
@@ -237,8 +258,11 @@ impl GenerationParams {
 pub struct ChatRequest {
     /// Shared fields.
     pub params: GenerationParams,
-    /// The conversation.
+    /// The conversation, with the tools presented in a leading system message and earlier
+    /// tool calls rendered into their assistant messages.
     pub messages: Vec<ChatMessage>,
+    /// `tools` and `tool_choice`.
+    pub tools: Tools,
 }
 
 /// A `/v1/completions` prompt.
@@ -255,8 +279,10 @@ pub enum PromptInput {
 pub struct CompletionRequest {
     /// Shared fields.
     pub params: GenerationParams,
-    /// The prompt.
-    pub prompt: PromptInput,
+    /// The prompts (one, or a batch); each gets `n` choices.
+    pub prompts: Vec<PromptInput>,
+    /// Answer texts start with their prompt's text.
+    pub echo: bool,
 }
 
 /// Reads an optional field with its type; `null` counts as absent.
@@ -306,14 +332,16 @@ fn generation_params(body: &Map<String, Value>) -> Result<GenerationParams, ApiE
         }
         None => positive(body, "max_tokens")?,
     };
-    if let Some(n) = field::<i64>(body, "n")? {
-        if n != 1 {
+    let n = match field::<i64>(body, "n")? {
+        None => 1,
+        Some(n) if (1..=MAX_N as i64).contains(&n) => n as usize,
+        Some(n) => {
             return Err(ApiError::invalid(
-                format!("Invalid 'n': {n}. This server only generates one choice (n = 1)."),
+                format!("Invalid 'n': {n}. It must be between 1 and {MAX_N}."),
                 Some("n"),
-            ));
+            ))
         }
-    }
+    };
     let stream = field::<bool>(body, "stream")?.unwrap_or(false);
     let include_usage = match field::<Map<String, Value>>(body, "stream_options")? {
         Some(options) => field::<bool>(&options, "include_usage")
@@ -333,19 +361,27 @@ fn generation_params(body: &Map<String, Value>) -> Result<GenerationParams, ApiE
             ));
         }
     }
-    // Accepted for compatibility; the engine always generates exactly the output limit.
-    field::<bool>(body, "ignore_eos")?;
-    field::<u64>(body, "min_tokens")?;
-    match body.get("stop") {
-        None | Some(Value::Null) | Some(Value::String(_)) => {}
-        Some(Value::Array(items)) if items.iter().all(Value::is_string) => {}
+    let ignore_eos = field::<bool>(body, "ignore_eos")?.unwrap_or(false);
+    let min_tokens =
+        field::<u64>(body, "min_tokens")?.map_or(0, |m| m.min(u32::MAX as u64) as usize);
+    let stop = match body.get("stop") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) if items.iter().all(Value::is_string) => items
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_string)
+            .collect(),
         Some(_) => {
             return Err(ApiError::invalid(
                 "Invalid type for 'stop': expected a string or an array of strings",
                 Some("stop"),
             ))
         }
-    }
+    };
+    let stop = stop.into_iter().filter(|s| !s.is_empty()).collect();
+    let stop_token_ids = field::<Vec<u32>>(body, "stop_token_ids")?.unwrap_or_default();
+    let response_format = ResponseFormat::parse(body)?;
     let nvext = match body.get("nvext") {
         None | Some(Value::Null) => NvExt::default(),
         Some(v) => NvExt::parse(v)?,
@@ -357,6 +393,13 @@ fn generation_params(body: &Map<String, Value>) -> Result<GenerationParams, ApiE
         include_usage: stream && include_usage,
         seed,
         nvext,
+        n,
+        ignore_eos,
+        min_tokens,
+        stop,
+        stop_token_ids,
+        logprobs: None,
+        response_format,
     })
 }
 
@@ -444,24 +487,62 @@ impl ChatRequest {
                     ))
                 }
             };
-            messages.push(ChatMessage::new(
-                role,
-                message_content(m.get("content"), i)?,
+            let mut content = message_content(m.get("content"), i)?;
+            if let Some(calls) = m.get("tool_calls").filter(|c| !c.is_null()) {
+                let at = format!("messages[{i}].tool_calls");
+                if role != Role::Assistant {
+                    return Err(ApiError::invalid(
+                        format!("Invalid '{at}': only assistant messages carry tool calls"),
+                        Some(&at),
+                    ));
+                }
+                content.push_str(&render_tool_calls(calls, &at)?);
+            }
+            messages.push(ChatMessage::new(role, content));
+        }
+        let tools = Tools::parse(body)?;
+        if let Some(text) = tools.prompt() {
+            messages.insert(0, ChatMessage::system(text));
+        }
+        let mut params = params;
+        let logprobs = field::<bool>(body, "logprobs")?.unwrap_or(false);
+        let top = match field::<i64>(body, "top_logprobs")? {
+            None => 0,
+            Some(t) if (0..=MAX_TOP_LOGPROBS as i64).contains(&t) => t as usize,
+            Some(t) => {
+                return Err(ApiError::invalid(
+                    format!(
+                        "Invalid 'top_logprobs': {t}. It must be between 0 and {MAX_TOP_LOGPROBS}."
+                    ),
+                    Some("top_logprobs"),
+                ))
+            }
+        };
+        if top > 0 && !logprobs {
+            return Err(ApiError::invalid(
+                "'top_logprobs' requires 'logprobs' to be true",
+                Some("top_logprobs"),
             ));
         }
-        Ok(ChatRequest { params, messages })
+        params.logprobs = logprobs.then_some(top);
+        Ok(ChatRequest {
+            params,
+            messages,
+            tools,
+        })
     }
 }
 
 impl CompletionRequest {
-    /// Validates a text-completion body. One prompt only (a string, `[string]`, `[int]` or
-    /// `[[int]]` with one element), and not empty: `""`, `[""]` and `[[]]` are a 400, as on vLLM.
+    /// Validates a text-completion body. The prompt is a string, an array of token ids, or an
+    /// array of either (a batch); no prompt may be empty (`""`, `[""]` and `[[]]` are a 400, as
+    /// on vLLM).
     pub fn parse(body: &Map<String, Value>) -> Result<CompletionRequest, ApiError> {
-        let params = generation_params(body)?;
+        let mut params = generation_params(body)?;
         let bad = || {
             ApiError::invalid(
-                "Invalid 'prompt': expected a string, an array of token ids, or a one-element \
-                 array of either (batched prompts are not supported)",
+                "Invalid 'prompt': expected a string, an array of token ids, or an array of \
+                 either",
                 Some("prompt"),
             )
         };
@@ -475,33 +556,54 @@ impl CompletionRequest {
                 })
                 .collect()
         };
-        let prompt = match body.get("prompt") {
+        let prompts = match body.get("prompt") {
             None | Some(Value::Null) => {
                 return Err(ApiError::invalid(
                     "Missing required parameter: 'prompt'.",
                     Some("prompt"),
                 ))
             }
-            Some(Value::String(s)) => PromptInput::Text(s.clone()),
-            Some(Value::Array(items)) => match items.as_slice() {
-                [Value::String(s)] => PromptInput::Text(s.clone()),
-                [Value::Array(inner)] => PromptInput::Tokens(ids(inner)?),
-                [] => return Err(bad()),
-                items => PromptInput::Tokens(ids(items)?),
-            },
+            Some(Value::String(s)) => vec![PromptInput::Text(s.clone())],
+            Some(Value::Array(items)) if items.is_empty() => return Err(bad()),
+            Some(Value::Array(items)) if items.iter().all(Value::is_string) => items
+                .iter()
+                .map(|v| PromptInput::Text(v.as_str().unwrap_or_default().to_string()))
+                .collect(),
+            Some(Value::Array(items)) if items.iter().all(Value::is_array) => items
+                .iter()
+                .map(|v| ids(v.as_array().map_or(&[][..], Vec::as_slice)).map(PromptInput::Tokens))
+                .collect::<Result<_, _>>()?,
+            Some(Value::Array(items)) => vec![PromptInput::Tokens(ids(items)?)],
             Some(_) => return Err(bad()),
         };
-        let empty = match &prompt {
+        let empty = prompts.iter().any(|prompt| match prompt {
             PromptInput::Text(text) => text.is_empty(),
             PromptInput::Tokens(ids) => ids.is_empty(),
-        };
+        });
         if empty {
             return Err(
                 ApiError::invalid("The prompt cannot be empty.", Some("prompt"))
                     .with_code("empty_prompt"),
             );
         }
-        Ok(CompletionRequest { params, prompt })
+        params.logprobs = match field::<i64>(body, "logprobs")? {
+            None => None,
+            Some(t) if (0..=MAX_TOP_LOGPROBS as i64).contains(&t) => Some(t as usize),
+            Some(t) => {
+                return Err(ApiError::invalid(
+                    format!(
+                        "Invalid 'logprobs': {t}. It must be between 0 and {MAX_TOP_LOGPROBS}."
+                    ),
+                    Some("logprobs"),
+                ))
+            }
+        };
+        let echo = field::<bool>(body, "echo")?.unwrap_or(false);
+        Ok(CompletionRequest {
+            params,
+            prompts,
+            echo,
+        })
     }
 }
 
@@ -530,13 +632,31 @@ mod tests {
 
     #[test]
     fn empty_prompts_are_refused_naming_the_prompt() {
-        for prompt in [json!(""), json!([""]), json!([[]]), json!([])] {
+        for prompt in [
+            json!(""),
+            json!([""]),
+            json!([[]]),
+            json!([]),
+            json!(["a", ""]),
+            json!([[1], []]),
+        ] {
             let e = completion(prompt.clone()).expect_err("refused");
             assert_eq!(e.status, StatusCode::BAD_REQUEST, "{prompt}");
             assert_eq!(e.param.as_deref(), Some("prompt"), "{prompt}");
         }
-        for prompt in [json!("x"), json!(["x"]), json!([[1]]), json!([1, 2])] {
-            assert!(completion(prompt.clone()).is_ok(), "{prompt}");
+        for (prompt, count) in [
+            (json!("x"), 1),
+            (json!(["x"]), 1),
+            (json!([[1]]), 1),
+            (json!([1, 2]), 1),
+            (json!(["x", "y"]), 2),
+            (json!([[1], [2, 3], [4]]), 3),
+        ] {
+            let parsed = completion(prompt.clone()).expect("valid");
+            assert_eq!(parsed.prompts.len(), count, "{prompt}");
+        }
+        for prompt in [json!(["x", [1]]), json!([1, "x"]), json!({})] {
+            assert!(completion(prompt.clone()).is_err(), "{prompt}");
         }
     }
 }

@@ -13,6 +13,7 @@ use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use mock_server::api::{app, AppState};
 use mock_server::config::ServerConfig;
+use mock_server::output_length::OutputLengthDist;
 use mock_server::server::serve_state;
 use serde_json::{json, Value};
 use servesim::cluster::ClusterConfig;
@@ -28,7 +29,8 @@ pub(crate) async fn within<T>(f: impl Future<Output = T>) -> Result<T> {
         .context("timed out")
 }
 
-/// One worker, 16-token blocks, fixed pass times (None = no delay).
+/// One worker, 16-token blocks, fixed pass times (None = no delay); every answer runs to its
+/// output limit (`--output-length-dist fixed`), so token counts are exact.
 pub(crate) fn config(fixed_ms: Option<(f64, f64)>) -> ServerConfig {
     let mut cluster = ClusterConfig::default();
     cluster.engine.block_size = BLOCK_SIZE;
@@ -41,7 +43,10 @@ pub(crate) fn config(fixed_ms: Option<(f64, f64)>) -> ServerConfig {
         }
         None => cluster.engine.latency.speedup_ratio = f64::INFINITY,
     }
-    ServerConfig::new(cluster)
+    ServerConfig {
+        output_length: OutputLengthDist::LIMIT,
+        ..ServerConfig::new(cluster)
+    }
 }
 
 pub(crate) fn chat_body(messages: &Value, extra: Value) -> Value {

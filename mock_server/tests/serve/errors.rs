@@ -93,7 +93,7 @@ async fn request_errors_have_openai_bodies() -> Result<()> {
             None,
         ),
         (
-            chat_body(&msgs, json!({"n": 2})),
+            chat_body(&msgs, json!({"n": 129})),
             StatusCode::BAD_REQUEST,
             Some("n"),
             None,

@@ -6,6 +6,8 @@
 // Shared helpers: configs, request bodies, the in-process server, SSE and `/metrics` parsing.
 mod common;
 
+// What answers say: lengths, stops, tool calls, logprobs, JSON mode, n, echo, prompt batches.
+mod answers;
 // The `mockserve` binary and its command line: flags, smoke test, stdout closed early.
 mod binary;
 // Prefix caching across turns and speculative prefill.

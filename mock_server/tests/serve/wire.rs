@@ -167,7 +167,15 @@ async fn completions_take_token_id_prompts() -> Result<()> {
 async fn same_seed_same_answers() -> Result<()> {
     let mut answers = Vec::new();
     for _ in 0..2 {
-        let cli = Cli::try_parse_from(["mockserve", "--seed", "42", "--speedup-ratio", "inf"])?;
+        let cli = Cli::try_parse_from([
+            "mockserve",
+            "--seed",
+            "42",
+            "--speedup-ratio",
+            "inf",
+            "--output-length-dist",
+            "fixed",
+        ])?;
         let server = start(ServerConfig::from_args(&cli.serve)?).await?;
         let stream =
             json!({"stream": true, "max_tokens": 16, "stream_options": {"include_usage": true}});
@@ -187,7 +195,15 @@ async fn same_seed_same_answers() -> Result<()> {
     assert_eq!(answers[0], answers[1]);
     assert!(!answers[0].0.is_empty());
     // Another seed gives other words.
-    let cli = Cli::try_parse_from(["mockserve", "--seed", "43", "--speedup-ratio", "inf"])?;
+    let cli = Cli::try_parse_from([
+        "mockserve",
+        "--seed",
+        "43",
+        "--speedup-ratio",
+        "inf",
+        "--output-length-dist",
+        "fixed",
+    ])?;
     let server = start(ServerConfig::from_args(&cli.serve)?).await?;
     let stream = json!({"stream": true, "max_tokens": 16});
     let other = stream_chat(&server, &chat_body(&json!([user("same")]), stream)).await?;
