@@ -24,6 +24,7 @@ use tokio::sync::watch;
 use crate::bench::{self, BenchArgs, BenchPlan, Load, Rate, RunHooks};
 use crate::driver::{Observer, Sample};
 use crate::error::LoadgenError;
+use crate::replay_report::LiveRecord;
 use crate::target::EmbeddedOptions;
 
 /// An open-loop point achieving less than this share of its offered rate is saturated.
@@ -202,7 +203,15 @@ impl SweepArgs {
         if self.bench.request_rate.is_some() {
             return bad("sweep takes its rates as --request-rate R1,R2,...");
         }
-        let base = self.bench.plan()?;
+        // The base plan is validated with the first open-loop rate, so that open-loop flags
+        // (--arrival, --burstiness) are checked as bench checks them.
+        let mut bench = self.bench.clone();
+        bench.request_rate = match (self.request_rates.first(), self.search_axis) {
+            (Some(&r), _) => Some(r),
+            (None, SearchAxis::RequestRate) if self.find_max_goodput => Some(self.search_start),
+            _ => None,
+        };
+        let base = bench.plan()?;
         if !(self.min_attainment > 0.0 && self.min_attainment <= 1.0) {
             return bad("--min-attainment must be in (0, 1]");
         }
@@ -270,6 +279,8 @@ impl SweepArgs {
 /// Watches a running point for a server clearly over capacity, from its completed requests.
 #[derive(Debug, Default)]
 pub struct Overload {
+    /// Judge TTFT growth (open loop only: a closed loop bounds its queue).
+    pub open_loop: bool,
     completed: usize,
     errors: usize,
     /// TTFTs (ms) of successful requests in completion order.
@@ -302,6 +313,9 @@ impl Overload {
                 "{} of {} requests failed",
                 self.errors, self.completed
             ));
+        }
+        if !self.open_loop {
+            return None;
         }
         let growth = ttft_growth(&self.ttfts)?;
         (self.ttfts.len() >= OVERLOAD_MIN_REQUESTS && growth >= OVERLOAD_TTFT_GROWTH).then(|| {
@@ -357,10 +371,12 @@ impl Point {
     }
 }
 
-/// Why a point is saturated, given the points measured before it.
+/// Why a point is saturated, given its records (in scheduled order) and the points measured
+/// before it.
 pub fn saturation(
     load: LoadPoint,
     json: &Value,
+    records: &[LiveRecord],
     earlier: &[Point],
     max_failure_rate: f64,
 ) -> Vec<String> {
@@ -369,15 +385,35 @@ pub fn saturation(
         why.push(format!("stopped early: {reason}"));
     }
     let rps = json["request_throughput_rps"].as_f64().unwrap_or(0.0);
-    let total = json["num_requests"].as_f64().unwrap_or(0.0);
-    let failed = json["failures"]["total"].as_f64().unwrap_or(0.0);
+    let total = records.len() as f64;
+    let failed = records.iter().filter(|r| r.error.is_some()).count() as f64;
     if total > 0.0 && failed / total > max_failure_rate {
         why.push(format!("{failed} of {total} requests failed"));
     }
     match load {
         LoadPoint::RequestRate(r) => {
-            if rps < RATE_SHORTFALL * r {
-                why.push(format!("achieved {rps:.2} of {} req/s offered", trim(r)));
+            // What a server keeping up would achieve: every request done by its send time plus
+            // the run's fastest latency (a finite run drains after its last send).
+            let last_ms = records.iter().map(|r| r.scheduled_ms).fold(0.0, f64::max);
+            let fastest_ms = records
+                .iter()
+                .filter_map(|r| r.record.e2e_latency_ms)
+                .fold(f64::INFINITY, f64::min);
+            let fastest_ms = if fastest_ms.is_finite() {
+                fastest_ms
+            } else {
+                0.0
+            };
+            let keeping_up = total / ((last_ms + fastest_ms) / 1000.0).max(1e-9);
+            let expected = r.min(keeping_up);
+            if rps < RATE_SHORTFALL * expected {
+                why.push(format!("achieved {rps:.2} req/s of {} offered", trim(r)));
+            }
+            let ttfts: Vec<f64> = records.iter().filter_map(|r| r.record.ttft_ms).collect();
+            if let Some(g) = ttft_growth(&ttfts).filter(|&g| g >= OVERLOAD_TTFT_GROWTH) {
+                why.push(format!(
+                    "TTFT grew {g:.1}x from the first to the last quarter"
+                ));
             }
         }
         LoadPoint::Concurrency(n) => {
@@ -479,7 +515,11 @@ async fn run_point(
 ) -> Result<Point, LoadgenError> {
     let point_plan = load.plan(&plan.base, plan.base.seed.wrapping_add(index as u64));
     let (stop_tx, stop_rx) = watch::channel(false);
-    let watch_state = Arc::new(Mutex::new((Overload::default(), None::<String>)));
+    let overload = Overload {
+        open_loop: matches!(load, LoadPoint::RequestRate(_)),
+        ..Overload::default()
+    };
+    let watch_state = Arc::new(Mutex::new((overload, None::<String>)));
     let state = watch_state.clone();
     let observer: Observer = Arc::new(move |s: &Sample| {
         // Short section, never across an await.
@@ -510,7 +550,13 @@ async fn run_point(
         map.insert("stopped_early".into(), json!(stopped));
         map.insert("slo_attainment".into(), json!(attainment));
     }
-    let saturation = saturation(load, &json, earlier, plan.base.max_failure_rate);
+    let saturation = saturation(
+        load,
+        &json,
+        &run.live.records,
+        earlier,
+        plan.base.max_failure_rate,
+    );
     if let Some(map) = json.as_object_mut() {
         map.insert("saturated".into(), json!(!saturation.is_empty()));
         map.insert("saturation_reasons".into(), json!(saturation));
