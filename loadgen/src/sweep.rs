@@ -58,6 +58,19 @@ pub struct SweepArgs {
     )]
     pub request_rates: Vec<f64>,
 
+    /// Replay points: this Mooncake trace, replayed once per --arrival-speedup-ratio value (on
+    /// a fresh embedded server each time; --num-requests keeps the first rows).
+    #[arg(long, value_name = "PATH")]
+    pub trace: Option<std::path::PathBuf>,
+
+    /// Replay points: arrival speed-ups of --trace, e.g. 1,2,4,8.
+    #[arg(long = "arrival-speedup-ratio", value_delimiter = ',')]
+    pub arrival_speedups: Vec<f64>,
+
+    /// Prompt tokens per trace hash id (replay points).
+    #[arg(long, default_value_t = 512)]
+    pub trace_block_size: usize,
+
     /// Search the highest load whose requests meet --slo (at least --min-attainment of them)
     /// without saturating: a geometric ramp from --search-start, then bisection.
     #[arg(long)]
@@ -110,6 +123,8 @@ pub enum LoadPoint {
     Concurrency(usize),
     /// Open loop at this many requests per second.
     RequestRate(f64),
+    /// The sweep's trace replayed with its arrivals sped up by this factor.
+    ArrivalSpeedup(f64),
 }
 
 impl LoadPoint {
@@ -117,7 +132,7 @@ impl LoadPoint {
     pub fn value(self) -> f64 {
         match self {
             LoadPoint::Concurrency(n) => n as f64,
-            LoadPoint::RequestRate(r) => r,
+            LoadPoint::RequestRate(r) | LoadPoint::ArrivalSpeedup(r) => r,
         }
     }
 
@@ -126,6 +141,7 @@ impl LoadPoint {
         match self {
             LoadPoint::Concurrency(n) => format!("c={n}"),
             LoadPoint::RequestRate(r) => format!("{} req/s", trim(r)),
+            LoadPoint::ArrivalSpeedup(x) => format!("replay x{}", trim(x)),
         }
     }
 
@@ -149,6 +165,7 @@ impl LoadPoint {
                 burstiness,
                 max_in_flight,
             },
+            (LoadPoint::ArrivalSpeedup(_), load) => load,
             (LoadPoint::RequestRate(r), Load::Closed { .. }) => Load::Open {
                 rate: Rate::PerSecond(r),
                 arrival: bench::Arrival::Poisson,
@@ -160,9 +177,14 @@ impl LoadPoint {
     }
 }
 
+/// `x` with at most 3 decimals and no trailing zeros after the point.
 fn trim(x: f64) -> String {
     let s = format!("{x:.3}");
-    s.trim_end_matches('0').trim_end_matches('.').to_string()
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
 }
 
 /// What a sweep runs.
@@ -194,6 +216,8 @@ pub struct SweepPlan {
     pub base: BenchPlan,
     /// Share of requests that must meet the SLO.
     pub min_attainment: f64,
+    /// Replay points' flags (the trace, the target), the speed-up set per point.
+    pub replay: Option<crate::replay::ReplayArgs>,
 }
 
 impl SweepArgs {
@@ -217,13 +241,45 @@ impl SweepArgs {
         }
         let lists = (!self.concurrencies.is_empty()) as u8
             + (!self.request_rates.is_empty()) as u8
+            + (!self.arrival_speedups.is_empty()) as u8
             + self.find_max_goodput as u8;
         if lists != 1 {
-            return bad(
-                "give exactly one of --concurrency LIST, --request-rate LIST, --find-max-goodput",
-            );
+            return bad("give exactly one of --concurrency LIST, --request-rate LIST, --trace with --arrival-speedup-ratio LIST, --find-max-goodput");
         }
-        let mode = if self.find_max_goodput {
+        if self.trace.is_some() != !self.arrival_speedups.is_empty() {
+            return bad("--trace and --arrival-speedup-ratio go together");
+        }
+        let replay = self.trace.as_ref().map(|trace| crate::replay::ReplayArgs {
+            trace: trace.clone(),
+            arrival_speedup_ratio: 1.0,
+            trace_block_size: self.trace_block_size,
+            max_requests: self.bench.num_requests,
+            max_in_flight: self.bench.concurrency,
+            session_mode: crate::replay::SessionMode::Auto,
+            endpoint: self.bench.endpoint,
+            report: crate::observe::quiet(),
+            observe: crate::observe::ObserveArgs {
+                no_scrape_metrics: true,
+                ..Default::default()
+            },
+            failures: self.bench.failures.clone(),
+            target: self.bench.target.clone(),
+        });
+        let mode = if !self.arrival_speedups.is_empty() {
+            if self
+                .arrival_speedups
+                .iter()
+                .any(|x| !(x.is_finite() && *x > 0.0))
+            {
+                return bad("--arrival-speedup-ratio values must be positive and finite");
+            }
+            SweepMode::List(
+                self.arrival_speedups
+                    .iter()
+                    .map(|&x| LoadPoint::ArrivalSpeedup(x))
+                    .collect(),
+            )
+        } else if self.find_max_goodput {
             if base.slo.is_none() {
                 return bad("--find-max-goodput needs --slo (e.g. ttft=500ms,itl=50ms)");
             }
@@ -272,6 +328,7 @@ impl SweepArgs {
             mode,
             base,
             min_attainment: self.min_attainment,
+            replay,
         })
     }
 }
@@ -391,7 +448,11 @@ pub fn saturation(
         why.push(format!("{failed} of {total} requests failed"));
     }
     match load {
-        LoadPoint::RequestRate(r) => {
+        LoadPoint::RequestRate(_) | LoadPoint::ArrivalSpeedup(_) => {
+            let r = match load {
+                LoadPoint::RequestRate(r) => r,
+                _ => f64::INFINITY,
+            };
             // What a server keeping up would achieve: every request done by its send time plus
             // the run's fastest latency (a finite run drains after its last send).
             let last_ms = records.iter().map(|r| r.scheduled_ms).fold(0.0, f64::max);
@@ -539,10 +600,32 @@ async fn run_point(
         abort: Some(stop_rx),
         sent: None,
     };
-    let run = bench::run_plan(&point_plan, target, &hooks).await?;
+    let (mut json, live, attainment) = match (load, &plan.replay) {
+        (LoadPoint::ArrivalSpeedup(x), Some(template)) => {
+            let mut args = template.clone();
+            args.arrival_speedup_ratio = x;
+            let run = crate::replay::replay_with(&args, false).await?;
+            let attainment = plan.base.slo.map(|slo| {
+                bench::goodput(
+                    &slo,
+                    &run.live.records,
+                    run.live.report.duration_ms / 1000.0,
+                )
+            });
+            let mut json = run.json;
+            if let Some(map) = json.as_object_mut() {
+                map.insert("slo".into(), json!(plan.base.slo));
+                map.insert("goodput".into(), json!(attainment));
+            }
+            (json, run.live, attainment.map(|g| g.share))
+        }
+        _ => {
+            let run = bench::run_plan(&point_plan, target, &hooks).await?;
+            let attainment = run.goodput.map(|g| g.share);
+            (run.json, run.live, attainment)
+        }
+    };
     let stopped = watch_state.lock().ok().and_then(|st| st.1.clone());
-    let mut json = run.json.clone();
-    let attainment = run.goodput.map(|g| g.share);
     if let Some(map) = json.as_object_mut() {
         map.insert("load".into(), json!(load));
         map.insert("load_label".into(), json!(load.label()));
@@ -553,7 +636,7 @@ async fn run_point(
     let saturation = saturation(
         load,
         &json,
-        &run.live.records,
+        &live.records,
         earlier,
         plan.base.max_failure_rate,
     );
@@ -566,7 +649,7 @@ async fn run_point(
         json,
         saturation,
         attainment,
-        records: run.live.records,
+        records: live.records,
     })
 }
 
@@ -671,13 +754,11 @@ pub async fn sweep(args: &SweepArgs) -> Result<SweepRun, LoadgenError> {
     let plan = args.plan()?;
     let spec = args.bench.target.spec(&EmbeddedOptions::default())?;
     let target = spec.connect(plan.base.api).await?;
-    let observe = crate::observe::Observe::start(
-        &args.bench.observe,
-        &crate::observe::quiet(),
-        &target,
-        None,
-    )
-    .await;
+    let mut observe_args = args.bench.observe.clone();
+    observe_args.no_scrape_metrics |= plan.replay.is_some();
+    let observe =
+        crate::observe::Observe::start(&observe_args, &crate::observe::quiet(), &target, None)
+            .await;
     println!(
         "loadgen sweep: {}; each point: {:?}",
         match &plan.mode {
