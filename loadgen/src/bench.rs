@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use indicatif::{ProgressBar, ProgressDrawTarget};
+use indicatif::ProgressBar;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -30,7 +30,7 @@ use crate::driver::{self, DriverConfig, Planned, Script, Start};
 use crate::error::LoadgenError;
 use crate::prompt::PromptSynth;
 use crate::replay_report::{self, LiveRecord, RequestInfo};
-use crate::target::{completion_body, Api, EmbeddedOptions, TargetArgs};
+use crate::target::{request_body, Api, EmbeddedOptions, TargetArgs};
 use mock_server::args::ReportArgs;
 
 /// `loadgen bench` flags.
@@ -81,9 +81,16 @@ pub struct BenchArgs {
     /// mean inter-token latency; units us, ms, s).
     #[arg(long)]
     pub slo: Option<Slo>,
+    /// The route requests go to: completions (a raw prompt) or chat (the prompt as one user
+    /// message, through the server's chat template).
+    #[arg(long, value_enum, default_value_t = Api::Completions)]
+    pub endpoint: Api,
     /// Report files and progress.
     #[command(flatten)]
     pub report: ReportArgs,
+    /// Server metrics, HTML report.
+    #[command(flatten)]
+    pub observe: crate::observe::ObserveArgs,
 
     /// Failure threshold.
     #[command(flatten)]
@@ -193,6 +200,8 @@ pub struct BenchPlan {
     pub seed: u64,
     /// The failure threshold.
     pub max_failure_rate: f64,
+    /// The route requests go to.
+    pub api: Api,
 }
 
 /// Requests when neither `--num-requests` nor `--duration` is given.
@@ -320,6 +329,7 @@ impl BenchArgs {
             slo: self.slo,
             seed: self.target.engine.seed,
             max_failure_rate: self.failures.max_failure_rate()?,
+            api: self.endpoint,
         })
     }
 }
@@ -621,7 +631,7 @@ impl Requests {
         }
         let unique = self.plan.seed.rotate_left(32) ^ k as u64;
         pieces.extend(self.synth.filler(unique, input));
-        completion_body(&self.model, self.synth.text(&pieces), output)
+        request_body(self.plan.api, &self.model, self.synth.text(&pieces), output)
     }
 }
 
@@ -690,6 +700,8 @@ pub struct BenchRun {
     pub warmup_requests: usize,
     /// The report JSON.
     pub json: serde_json::Value,
+    /// The run was stopped early (its in-flight requests count as cancelled).
+    pub aborted: bool,
 }
 
 fn mean_std(v: &[f64]) -> (f64, f64) {
@@ -701,13 +713,118 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
     (m, var.sqrt())
 }
 
+/// How one plan runs on a connected target, beyond the plan itself.
+#[derive(Clone, Default)]
+pub struct RunHooks {
+    /// Progress bar, incremented per completed request.
+    pub bar: Option<ProgressBar>,
+    /// Called per completed request (live view, over-capacity watch).
+    pub observer: Option<driver::Observer>,
+    /// Stops the run early when it turns true.
+    pub abort: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Counts requests as they are sent.
+    pub sent: Option<Arc<std::sync::atomic::AtomicU64>>,
+}
+
 /// Runs `loadgen bench`: prints the report and writes the requested files. The failure-rate
 /// verdict (over the measured requests, warmup excluded) is the caller's
 /// ([`replay_report::LiveReport::verdict`]; [`crate::run_async`] applies it).
 pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
     let plan = args.plan()?;
     let spec = args.target.spec(&EmbeddedOptions::default())?;
-    let target = spec.connect(Api::Completions).await?;
+    let target = spec.connect(plan.api).await?;
+    let observe = crate::observe::Observe::start(
+        &args.observe,
+        &args.report,
+        &target,
+        plan.stop.max_requests(),
+    )
+    .await;
+    let mode = plan.describe();
+    println!(
+        "loadgen bench: {mode}; prompts {} ({})",
+        if target.synth(1).is_exact() {
+            "exact"
+        } else {
+            "approximate"
+        },
+        target.url
+    );
+    let result = run_plan(&plan, &target, &observe.hooks()).await;
+    let observed = observe.finish().await;
+    target.shutdown().await;
+    let mut run = result?;
+    observed.annotate(&mut run.json, &run.live, Some(config_json(&plan, &spec)));
+    println!(
+        "Bench report ({} warmup requests excluded)",
+        run.warmup_requests
+    );
+    print!("{}", run.console());
+    print!("{}", observed.console());
+    replay_report::write_files(
+        &run.json,
+        &run.live.records,
+        args.report.report_json.as_deref(),
+        args.report.per_request_jsonl.as_deref(),
+    )?;
+    observed.write_html(&run.json, &args.observe)?;
+    Ok(run)
+}
+
+/// The `config` block of a bench report: the plan and the target.
+pub fn config_json(plan: &BenchPlan, spec: &crate::target::TargetSpec) -> serde_json::Value {
+    json!({
+        "mode": plan.describe(),
+        "endpoint": plan.api.name(),
+        "stop": format!("{:?}", plan.stop),
+        "warmup": plan.warmup.map(|w| format!("{w:?}")),
+        "input_tokens": plan.lengths.input_tokens,
+        "input_tokens_stddev": plan.lengths.input_tokens_stddev,
+        "output_tokens": plan.lengths.output_tokens,
+        "output_tokens_stddev": plan.lengths.output_tokens_stddev,
+        "shared_prefix_tokens": plan.lengths.shared_prefix_tokens,
+        "num_prefix_groups": plan.lengths.num_prefix_groups,
+        "slo": plan.slo,
+        "seed": plan.seed,
+        "target": spec.describe(),
+    })
+}
+
+impl BenchRun {
+    /// The console report: latencies, token lengths, goodput, failures, schedule lag.
+    pub fn console(&self) -> String {
+        let mut s = self.live.report_lines();
+        let j = &self.json;
+        let f = |k: &str| j[k].as_f64().unwrap_or(0.0);
+        s.push_str(&format!(
+            "Tokens per request: input {:.1} ± {:.1}, output {:.1} ± {:.1}\n",
+            f("input_tokens_mean"),
+            f("input_tokens_std"),
+            f("output_tokens_mean"),
+            f("output_tokens_std")
+        ));
+        if let Some(g) = &self.goodput {
+            s.push_str(&format!(
+                "Goodput: {}/{} requests met every SLO ({:.1}%), {:.2} req/s\n",
+                g.good_requests,
+                g.total_requests,
+                100.0 * g.share,
+                g.rate_rps
+            ));
+        }
+        s.push_str(&self.live.failure_lines());
+        s.push_str(&self.live.lag_lines());
+        s
+    }
+}
+
+/// Runs `plan` on a connected target and builds its report (nothing printed or written).
+pub async fn run_plan(
+    plan: &BenchPlan,
+    target: &crate::target::Connected,
+    hooks: &RunHooks,
+) -> Result<BenchRun, LoadgenError> {
+    let plan = *plan;
     let requests = Arc::new(Requests {
         plan,
         synth: target.synth(1),
@@ -746,34 +863,19 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
         }
     };
     let mode = plan.describe();
-    println!(
-        "loadgen bench: {mode}; prompts {} ({})",
-        if requests.synth.is_exact() {
-            "exact"
-        } else {
-            "approximate"
-        },
-        target.url
-    );
-    let bar = if args.report.show_progress() {
-        ProgressBar::with_draw_target(
-            plan.stop.max_requests().map(|n| n as u64),
-            ProgressDrawTarget::stderr(),
-        )
-    } else {
-        ProgressBar::hidden()
-    };
+    let bar = hooks.bar.clone().unwrap_or_else(ProgressBar::hidden);
     let config = DriverConfig {
         max_in_flight,
         stop_after: plan.stop.duration(),
         bar: Some(bar.clone()),
-        observer: None,
+        observer: hooks.observer.clone(),
+        abort: hooks.abort.clone(),
+        sent: hooks.sent.clone(),
     };
     let started = std::time::Instant::now();
     let result = driver::drive(target.endpoint.clone(), scripts, &config).await;
     let wall = started.elapsed();
     bar.finish_and_clear();
-    target.shutdown().await;
     let out = result?;
     // Request index of each sample: open loop one per session; closed loop by send order (the
     // prompt length itself comes from the server's usage).
@@ -793,9 +895,30 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
         })
         .collect();
     let warmup_requests = out.samples.len() - measured.len();
-    let live = replay_report::build(&measured, wall);
+    let mut live = replay_report::build(&measured, wall);
+    live.set_started_at(out.started_at);
+    let json = bench_json(&live, &mode, warmup_requests, plan.slo);
+    let goodput = plan
+        .slo
+        .map(|slo| goodput(&slo, &live.records, live.report.duration_ms / 1000.0));
+    Ok(BenchRun {
+        live,
+        goodput,
+        warmup_requests,
+        json,
+        aborted: out.aborted,
+    })
+}
+
+/// The bench report JSON of `live`: its keys, then the mode, warmup, token lengths and goodput.
+pub fn bench_json(
+    live: &replay_report::LiveReport,
+    mode: &str,
+    warmup_requests: usize,
+    slo: Option<Slo>,
+) -> serde_json::Value {
     let duration_s = live.report.duration_ms / 1000.0;
-    let goodput = plan.slo.map(|slo| goodput(&slo, &live.records, duration_s));
+    let goodput = slo.map(|slo| goodput(&slo, &live.records, duration_s));
     let inputs: Vec<f64> = live
         .records
         .iter()
@@ -809,44 +932,16 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
         .collect();
     let (in_mean, in_std) = mean_std(&inputs);
     let (out_mean, out_std) = mean_std(&outputs);
-    let json = live.to_json(&[
+    live.to_json(&[
         ("mode", json!(mode)),
         ("warmup_requests", json!(warmup_requests)),
         ("input_tokens_mean", json!(in_mean)),
         ("input_tokens_std", json!(in_std)),
         ("output_tokens_mean", json!(out_mean)),
         ("output_tokens_std", json!(out_std)),
-        ("slo", json!(plan.slo)),
+        ("slo", json!(slo)),
         ("goodput", json!(goodput)),
-    ]);
-    println!("Bench report ({warmup_requests} warmup requests excluded)");
-    print!("{}", live.report_lines());
-    println!(
-        "Tokens per request: input {in_mean:.1} ± {in_std:.1}, output {out_mean:.1} ± {out_std:.1}"
-    );
-    if let Some(g) = &goodput {
-        println!(
-            "Goodput: {}/{} requests met every SLO ({:.1}%), {:.2} req/s",
-            g.good_requests,
-            g.total_requests,
-            100.0 * g.share,
-            g.rate_rps
-        );
-    }
-    print!("{}", live.failure_lines());
-    print!("{}", live.lag_lines());
-    replay_report::write_files(
-        &json,
-        &live.records,
-        args.report.report_json.as_deref(),
-        args.report.per_request_jsonl.as_deref(),
-    )?;
-    Ok(BenchRun {
-        live,
-        goodput,
-        warmup_requests,
-        json,
-    })
+    ])
 }
 
 #[cfg(test)]
@@ -893,6 +988,8 @@ mod tests {
             error: (!ok).then(|| "HTTP 500".to_string()),
             error_kind: (!ok).then_some("http"),
             error_status: (!ok).then_some(500),
+            finish_reason: None,
+            raw: Default::default(),
         }
     }
 

@@ -109,8 +109,18 @@ pub struct Response {
     pub prompt_tokens: Option<u64>,
     /// `usage.prompt_tokens_details.cached_tokens`, when sent.
     pub cached_tokens: Option<u64>,
+    /// The last `finish_reason` the stream carried (`stop`, `length`, `tool_calls`, ...).
+    pub finish_reason: Option<String>,
+    /// The worker that served it, when the server said so (`nvext.worker_id`, asked for with
+    /// `nvext.extra_fields`; the decode worker of a disaggregated pair).
+    pub worker: Option<u32>,
     /// None on success.
     pub failure: Option<Failure>,
+}
+
+/// The response of a request dropped because the run stopped early (sent at `start`).
+pub fn cancelled(start: Instant) -> Response {
+    StreamState::new(start).finish(Some(Failure::Cancelled))
 }
 
 /// Where to send and how.
@@ -179,6 +189,8 @@ struct StreamState {
     content: String,
     chunks: u64,
     usage: Option<(Option<u64>, Option<u64>, Option<u64>)>,
+    finish_reason: Option<String>,
+    worker: Option<u32>,
     think: InlineThink,
     done: bool,
 }
@@ -192,6 +204,8 @@ impl StreamState {
             content: String::new(),
             chunks: 0,
             usage: None,
+            finish_reason: None,
+            worker: None,
             think: InlineThink::default(),
             done: false,
         }
@@ -222,6 +236,15 @@ impl StreamState {
                 .pointer("/prompt_tokens_details/cached_tokens")
                 .and_then(Value::as_u64);
             self.usage = Some((get("completion_tokens"), get("prompt_tokens"), cached));
+        }
+        if let Some(reason) = v
+            .pointer("/choices/0/finish_reason")
+            .and_then(Value::as_str)
+        {
+            self.finish_reason = Some(reason.to_string());
+        }
+        if let Some(w) = v.pointer("/nvext/worker_id").and_then(worker_of) {
+            self.worker = Some(w);
         }
         // `/v1/completions` streams `choices[0].text`; it has no reasoning channel.
         if let Some(text) = v.pointer("/choices/0/text").and_then(Value::as_str) {
@@ -287,9 +310,23 @@ impl StreamState {
             usage_mismatch,
             prompt_tokens: prompt,
             cached_tokens: cached,
+            finish_reason: self.finish_reason,
+            worker: self.worker,
             failure,
         }
     }
+}
+
+/// The serving worker of a response's `nvext.worker_id`: a number, or Dynamo's object
+/// `{"prefill_worker_id", "decode_worker_id"}` (the decode worker, else the prefill one).
+fn worker_of(v: &Value) -> Option<u32> {
+    let id = |x: Option<&Value>| {
+        x.and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+    };
+    id(Some(v))
+        .or_else(|| id(v.get("decode_worker_id")))
+        .or_else(|| id(v.get("prefill_worker_id")))
 }
 
 /// The error message of a non-2xx body: `error.message` (OpenAI, vLLM), `error` as a string,

@@ -1,5 +1,6 @@
-//! `loadgen compare A.json B.json [--svg chart.svg]`: per-turn TTFT of two runs side by side, and
-//! a hand-written SVG line chart of it.
+//! `loadgen compare A.json B.json [MORE.json ...] [--svg chart.svg] [--html report.html]`:
+//! per-turn TTFT of two multiturn runs side by side and a hand-written SVG line chart of it;
+//! with `--html`, the HTML report of every run given (any mode's report JSON) drawn together.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -16,9 +17,15 @@ pub struct CompareArgs {
     pub a: PathBuf,
     /// Results of run B.
     pub b: PathBuf,
+    /// More runs, drawn in the --html report (the table compares A and B).
+    pub more: Vec<PathBuf>,
     /// Also write a line chart of per-turn TTFT p50/p95 to this SVG file.
     #[arg(long)]
     pub svg: Option<PathBuf>,
+    /// Write the HTML report of every run, drawn together (latency CDFs, time series, sweep
+    /// curves, per-turn TTFT; any mode's report JSON).
+    #[arg(long, value_name = "PATH")]
+    pub html: Option<PathBuf>,
 }
 
 /// One turn of the comparison, in ms.
@@ -262,6 +269,36 @@ fn trim_num(v: f64) -> String {
 
 /// Runs `loadgen compare`; returns the printed table.
 pub fn run(args: &CompareArgs) -> Result<String, LoadgenError> {
+    let mut note = String::new();
+    if let Some(path) = &args.html {
+        let mut views = Vec::new();
+        for file in [&args.a, &args.b].into_iter().chain(&args.more) {
+            let text = std::fs::read_to_string(file).map_err(|source| LoadgenError::Io {
+                path: file.clone(),
+                source,
+            })?;
+            let json: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| LoadgenError::BadResults {
+                    path: file.clone(),
+                    message: e.to_string(),
+                })?;
+            let name = file.file_stem().map_or_else(
+                || file.display().to_string(),
+                |s| s.to_string_lossy().into_owned(),
+            );
+            views.push(crate::html::RunView::of(&name, &json));
+        }
+        crate::html::write(path, &views)?;
+        note = format!(
+            "Saved HTML comparison of {} runs to {}\n",
+            views.len(),
+            path.display()
+        );
+        // Runs of other modes have no per-turn table.
+        if load(&args.a).is_err() || load(&args.b).is_err() {
+            return Ok(note);
+        }
+    }
     let (a, b) = (load(&args.a)?, load(&args.b)?);
     let (an, bn) = (args.a.display().to_string(), args.b.display().to_string());
     let rows = rows(&a, &b);
@@ -272,7 +309,7 @@ pub fn run(args: &CompareArgs) -> Result<String, LoadgenError> {
             source,
         })?;
     }
-    Ok(text)
+    Ok(text + &note)
 }
 
 #[cfg(test)]

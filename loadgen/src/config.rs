@@ -91,6 +91,11 @@ pub struct MultiturnArgs {
     #[command(flatten)]
     pub report: ReportArgs,
 
+    /// Write a self-contained HTML report (per-turn TTFT, latency CDFs, the configuration) to
+    /// this file.
+    #[arg(long, value_name = "PATH")]
+    pub html: Option<std::path::PathBuf>,
+
     /// Where requests go.
     #[command(flatten)]
     pub target: TargetArgs,
@@ -166,6 +171,8 @@ pub struct MultiturnConfig {
     pub max_failure_rate: f64,
     /// Results files and progress.
     pub report: ReportArgs,
+    /// The HTML report's path.
+    pub html: Option<std::path::PathBuf>,
 }
 
 impl MultiturnArgs {
@@ -195,6 +202,7 @@ impl MultiturnArgs {
             ping: self.ping,
             max_failure_rate,
             report: self.report.clone(),
+            html: self.html.clone(),
         };
         if self.ping {
             config.workload.num_users = 1;

@@ -19,11 +19,13 @@ use std::time::Duration;
 
 use indicatif::ProgressBar;
 use serde_json::Value;
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
 
 use crate::client::{self, Endpoint, FirstToken, Response};
 use crate::error::LoadgenError;
+#[cfg(doc)]
+use crate::failure::Failure;
 
 /// How long before a session's first deadline the pacer starts its task.
 pub const PACER_LEAD: Duration = Duration::from_millis(20);
@@ -123,15 +125,36 @@ pub struct DriverConfig {
     pub bar: Option<ProgressBar>,
     /// Called per completed request.
     pub observer: Option<Observer>,
+    /// Stops the run early when it turns true: nothing more is sent, and requests in flight are
+    /// dropped (the server sees the client leave) and recorded as [`Failure::Cancelled`].
+    pub abort: Option<watch::Receiver<bool>>,
+    /// Incremented as each request is sent (with the completions, the requests in flight).
+    pub sent: Option<Arc<AtomicU64>>,
 }
 
 /// What [`drive`] returns.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DriverOutput {
     /// Every request, by session then turn.
     pub samples: Vec<Sample>,
     /// From the run start to the last completion.
     pub duration: Duration,
+    /// The wall-clock time of the run start (offset 0 of every sample): aligns the records of
+    /// several loadgen processes when they are merged.
+    pub started_at: std::time::SystemTime,
+    /// The run was stopped early through [`DriverConfig::abort`].
+    pub aborted: bool,
+}
+
+impl Default for DriverOutput {
+    fn default() -> Self {
+        DriverOutput {
+            samples: Vec::new(),
+            duration: Duration::ZERO,
+            started_at: std::time::UNIX_EPOCH,
+            aborted: false,
+        }
+    }
 }
 
 /// State shared by the session tasks.
@@ -143,6 +166,24 @@ struct Shared {
     seq: AtomicU64,
     bar: Option<ProgressBar>,
     observer: Option<Observer>,
+    abort: Option<watch::Receiver<bool>>,
+    sent: Option<Arc<AtomicU64>>,
+}
+
+/// Resolves when `abort` turns true; never without one (or once its sender is gone).
+async fn aborted(abort: Option<watch::Receiver<bool>>) {
+    match abort {
+        Some(mut rx) => {
+            if rx.wait_for(|stop| *stop).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending::<()>().await,
+    }
+}
+
+fn is_aborted(abort: &Option<watch::Receiver<bool>>) -> bool {
+    abort.as_ref().is_some_and(|rx| *rx.borrow())
 }
 
 fn since(start: Instant, t: Instant) -> u64 {
@@ -167,18 +208,33 @@ async fn run_session(
             Start::At(offset) => shared.start + offset,
             Start::After(delay) => previous_end + delay,
         };
-        if shared.stop_at.is_some_and(|stop| due > stop) {
+        if shared.stop_at.is_some_and(|stop| due > stop) || is_aborted(&shared.abort) {
             break;
         }
-        tokio::time::sleep_until(due).await;
+        tokio::select! {
+            biased;
+            _ = aborted(shared.abort.clone()) => break,
+            _ = tokio::time::sleep_until(due) => {}
+        }
         let before_cap = Instant::now();
         let permit = match &shared.cap {
-            Some(s) => s.clone().acquire_owned().await.ok(),
+            Some(s) => tokio::select! {
+                biased;
+                _ = aborted(shared.abort.clone()) => break,
+                p = s.clone().acquire_owned() => p.ok(),
+            },
             None => None,
         };
         let sent = Instant::now();
         let seq = shared.seq.fetch_add(1, Ordering::Relaxed);
-        let response = client::send(&shared.endpoint, &planned.body).await;
+        if let Some(sent) = &shared.sent {
+            sent.fetch_add(1, Ordering::Relaxed);
+        }
+        let response = tokio::select! {
+            biased;
+            _ = aborted(shared.abort.clone()) => client::cancelled(sent),
+            r = client::send(&shared.endpoint, &planned.body) => r,
+        };
         drop(permit);
         previous_end = sent + Duration::from_micros(response.timing.end_us);
         let sample = Sample {
@@ -213,6 +269,7 @@ pub async fn drive(
         ));
     }
     let start = Instant::now();
+    let started_at = std::time::SystemTime::now();
     let shared = Arc::new(Shared {
         endpoint,
         start,
@@ -221,6 +278,8 @@ pub async fn drive(
         seq: AtomicU64::new(0),
         bar: config.bar.clone(),
         observer: config.observer.clone(),
+        abort: config.abort.clone(),
+        sent: config.sent.clone(),
     });
     // The pacer: sessions in order of their first start (ties by index), each woken at its
     // absolute deadline.
@@ -232,12 +291,17 @@ pub async fn drive(
     order.sort_by_key(|(t, i, _)| (*t, *i));
     let mut tasks = Vec::with_capacity(order.len());
     for (first, index, script) in order {
-        if shared.stop_at.is_some_and(|stop| start + first > stop) {
+        if shared.stop_at.is_some_and(|stop| start + first > stop) || is_aborted(&shared.abort) {
             continue;
         }
         // Wake the session a little early: it builds its first body, then sleeps until the
         // exact deadline, so body construction does not show up as lag.
-        tokio::time::sleep_until((start + first).checked_sub(PACER_LEAD).unwrap_or(start)).await;
+        let wake = (start + first).checked_sub(PACER_LEAD).unwrap_or(start);
+        tokio::select! {
+            biased;
+            _ = aborted(shared.abort.clone()) => continue,
+            _ = tokio::time::sleep_until(wake) => {}
+        }
         tasks.push(tokio::spawn(run_session(shared.clone(), index, script)));
     }
     let mut samples = Vec::new();
@@ -252,5 +316,7 @@ pub async fn drive(
     Ok(DriverOutput {
         samples,
         duration: Duration::from_micros(end),
+        started_at,
+        aborted: is_aborted(&shared.abort),
     })
 }

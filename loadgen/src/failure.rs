@@ -44,6 +44,8 @@ pub enum Failure {
         /// The limit, in bytes.
         limit: usize,
     },
+    /// Still in flight when the run stopped early (a sweep point over capacity).
+    Cancelled,
 }
 
 /// Longest server message kept in a reason (characters).
@@ -62,7 +64,7 @@ fn one_line(m: &str) -> String {
 
 impl Failure {
     /// A stable machine-readable class: `http`, `transport`, `timeout`, `stream`,
-    /// `server_error`, `empty_stream` or `line_too_long`.
+    /// `server_error`, `empty_stream`, `line_too_long` or `cancelled`.
     pub fn kind(&self) -> &'static str {
         match self {
             Failure::Http { .. } => "http",
@@ -72,6 +74,7 @@ impl Failure {
             Failure::Server(_) => "server_error",
             Failure::EmptyStream => "empty_stream",
             Failure::LineTooLong { .. } => "line_too_long",
+            Failure::Cancelled => "cancelled",
         }
     }
 
@@ -105,6 +108,7 @@ impl fmt::Display for Failure {
             Failure::LineTooLong { limit } => {
                 write!(f, "SSE line longer than --max-line-bytes ({limit})")
             }
+            Failure::Cancelled => write!(f, "cancelled: the run stopped early"),
         }
     }
 }

@@ -46,13 +46,19 @@ pub mod config;
 pub mod driver;
 pub mod error;
 pub mod failure;
+pub mod html;
+pub mod live;
+pub mod merge;
 pub mod multiturn;
 pub mod multiturn_report;
+pub mod observe;
 pub mod profile;
 pub mod prompt;
 pub mod replay;
 pub mod replay_report;
+pub mod scrape;
 pub mod sse;
+pub mod sweep;
 pub mod target;
 pub mod workload;
 
@@ -84,6 +90,11 @@ pub enum Command {
     Replay(replay::ReplayArgs),
     /// Synthetic load: closed loop, open loop (Poisson, constant, gamma) or both; goodput.
     Bench(bench::BenchArgs),
+    /// Bench over a list of load points, or search the highest load meeting an SLO; marks the
+    /// knee.
+    Sweep(sweep::SweepArgs),
+    /// Rebuild one report from the per-request JSONL of several runs (loadgen processes).
+    Merge(merge::MergeArgs),
     /// Compare the per-turn TTFT of two results files.
     Compare(compare::CompareArgs),
     /// Measure an endpoint's prefill and decode latency and write a profile (Dynamo mocker's
@@ -121,6 +132,14 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
         Command::Bench(args) => {
             let run = bench::bench(&args).await?;
             run.live.verdict(args.failures.max_failure_rate)
+        }
+        Command::Sweep(args) => {
+            sweep::sweep(&args).await?;
+            Ok(())
+        }
+        Command::Merge(args) => {
+            merge::run(&args)?;
+            Ok(())
         }
         Command::Compare(args) => {
             print!("{}", compare::run(&args)?);

@@ -139,7 +139,12 @@ pub async fn multiturn(config: &MultiturnConfig) -> Result<Results, LoadgenError
     let target = config.target.connect(Api::Chat).await?;
     let result = drive(config, &target).await;
     target.shutdown().await;
-    result
+    let results = result?;
+    if let Some(path) = &config.html {
+        let json = serde_json::to_value(&results).unwrap_or_default();
+        crate::html::write(path, &[crate::html::RunView::of("multiturn", &json)])?;
+    }
+    Ok(results)
 }
 
 async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, LoadgenError> {

@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 use servesim::trace::{self, Trace, TraceOptions, TraceRequest};
 
@@ -27,7 +26,7 @@ use crate::driver::{self, DriverConfig, Planned, Script, Start};
 use crate::error::LoadgenError;
 use crate::prompt::PromptSynth;
 use crate::replay_report::{self, LiveReport, RequestInfo};
-use crate::target::{completion_body, Api, EmbeddedOptions, TargetArgs};
+use crate::target::{request_body, Api, EmbeddedOptions, TargetArgs};
 use mock_server::args::ReportArgs;
 
 /// `loadgen replay` flags (`mockserve replay`'s, plus the live ones).
@@ -58,9 +57,19 @@ pub struct ReplayArgs {
     #[arg(long, value_enum, default_value_t = SessionMode::Auto)]
     pub session_mode: SessionMode,
 
+    /// The route requests go to: completions (the trace's prompt as is, the default) or chat
+    /// (the prompt as one user message, through the server's chat template: prompts grow by
+    /// the template's tokens).
+    #[arg(long, value_enum, default_value_t = Api::Completions)]
+    pub endpoint: Api,
+
     /// Report files and progress.
     #[command(flatten)]
     pub report: ReportArgs,
+
+    /// Server metrics, HTML report.
+    #[command(flatten)]
+    pub observe: crate::observe::ObserveArgs,
 
     /// Failure threshold.
     #[command(flatten)]
@@ -235,6 +244,7 @@ struct SessionScript {
     plans: Arc<Vec<Vec<PromptPlan>>>,
     synth: Arc<PromptSynth>,
     model: Arc<str>,
+    api: Api,
     session: usize,
     next_turn: usize,
 }
@@ -256,7 +266,7 @@ impl Script for SessionScript {
         self.next_turn += 1;
         Some(Planned {
             start,
-            body: completion_body(&self.model, text, turn.output_length),
+            body: request_body(self.api, &self.model, text, turn.output_length),
         })
     }
 }
@@ -308,6 +318,19 @@ pub struct ReplayRun {
 /// Runs `loadgen replay`: prints the report and writes the requested files. The failure-rate
 /// verdict is the caller's ([`LiveReport::verdict`]; [`crate::run_async`] applies it).
 pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
+    replay_with(args, true).await
+}
+
+/// Runs a live replay; `console` says whether it prints (a sweep's points do not). The
+/// report files of `args` are written either way.
+pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, LoadgenError> {
+    // Every console line goes through this.
+    macro_rules! say {
+        ($($t:tt)*) => { if console { print!($($t)*); } };
+    }
+    macro_rules! sayln {
+        ($($t:tt)*) => { if console { println!($($t)*); } };
+    }
     if args.max_requests == Some(0) {
         return Err(LoadgenError::Config(
             "--max-requests must be positive".into(),
@@ -321,7 +344,7 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
         SessionMode::Auto => shape.detected(),
         m => m,
     };
-    println!(
+    sayln!(
         "Trace {}: {} requests in {} sessions; {}",
         args.trace.display(),
         trace.num_requests(),
@@ -329,13 +352,13 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
         shape.describe()
     );
     if args.session_mode != SessionMode::Auto {
-        println!("Session mode forced: {mode:?}");
+        sayln!("Session mode forced: {mode:?}");
     }
     let plans = plans(&trace, mode);
     let expected = expected_reuse(&trace, &plans, args.trace_block_size);
-    let target = spec.connect(Api::Completions).await?;
+    let target = spec.connect(args.endpoint).await?;
     let synth = Arc::new(target.synth(args.trace_block_size));
-    println!(
+    sayln!(
         "Prompts: {} tokens per hash id, {} ({})",
         args.trace_block_size,
         if synth.is_exact() {
@@ -349,18 +372,7 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
             "embedded server's tokenizer"
         }
     );
-    let total = trace.num_requests() as u64;
-    let bar = if args.report.show_progress() {
-        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-        if let Ok(style) =
-            ProgressStyle::with_template("replay {bar:40} {pos}/{len} requests {elapsed}")
-        {
-            bar.set_style(style);
-        }
-        bar
-    } else {
-        ProgressBar::hidden()
-    };
+    let total = trace.num_requests();
     let trace = Arc::new(trace);
     let plans = Arc::new(plans);
     let model: Arc<str> = Arc::from(target.model.as_str());
@@ -371,20 +383,25 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
                 plans: plans.clone(),
                 synth: synth.clone(),
                 model: model.clone(),
+                api: args.endpoint,
                 session,
                 next_turn: 0,
             }) as Box<dyn Script>
         })
         .collect();
+    let observe =
+        crate::observe::Observe::start(&args.observe, &args.report, &target, Some(total)).await;
+    let hooks = observe.hooks();
     let started = std::time::Instant::now();
     let config = DriverConfig {
         max_in_flight: args.max_in_flight,
-        bar: Some(bar.clone()),
+        observer: hooks.observer,
+        sent: hooks.sent,
         ..DriverConfig::default()
     };
     let result = driver::drive(target.endpoint.clone(), scripts, &config).await;
     let wall = started.elapsed();
-    bar.finish_and_clear();
+    let observed = observe.finish().await;
     target.shutdown().await;
     let out = result?;
 
@@ -411,7 +428,8 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
         .iter()
         .map(|s| (s, &infos[s.session][s.turn]))
         .collect();
-    let live = replay_report::build(&items, wall);
+    let mut live = replay_report::build(&items, wall);
+    live.set_started_at(out.started_at);
     let expected_total: usize = items
         .iter()
         .filter(|(s, _)| s.response.failure.is_none())
@@ -435,7 +453,7 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
                 .is_some_and(|p| p as usize != i.input_length)
         })
         .count();
-    let json = live.to_json(&[
+    let mut json = live.to_json(&[
         ("session_mode", json!(format!("{mode:?}").to_lowercase())),
         ("expected_prefix_reuse_ratio", json!(expected_ratio)),
         (
@@ -446,23 +464,40 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
         ("arrival_speedup_ratio", json!(args.arrival_speedup_ratio)),
         ("trace_block_size", json!(args.trace_block_size)),
     ]);
-    println!("Live replay report");
-    print!("{}", live.report_lines());
-    println!(
+    observed.annotate(
+        &mut json,
+        &live,
+        Some(json!({
+            "mode": "replay",
+            "trace": args.trace.display().to_string(),
+            "endpoint": args.endpoint.name(),
+            "arrival_speedup_ratio": args.arrival_speedup_ratio,
+            "trace_block_size": args.trace_block_size,
+            "max_requests": args.max_requests,
+            "max_in_flight": args.max_in_flight,
+            "session_mode": format!("{mode:?}").to_lowercase(),
+            "target": spec.describe(),
+        })),
+    );
+    sayln!("Live replay report");
+    say!("{}", live.report_lines());
+    sayln!(
         "Prefix reuse: expected from the trace's hash ids {:.4}, reported by the server (cached_tokens) {:.4}",
         expected_ratio, live.report.prefix_cache_reused_ratio
     );
     if mismatched > 0 {
-        println!("WARNING: {mismatched} prompts did not have the trace's input_length (server usage.prompt_tokens)");
+        sayln!("WARNING: {mismatched} prompts did not have the trace's input_length (server usage.prompt_tokens)");
     }
-    print!("{}", live.failure_lines());
-    print!("{}", live.lag_lines());
+    say!("{}", live.failure_lines());
+    say!("{}", live.lag_lines());
+    say!("{}", observed.console());
     replay_report::write_files(
         &json,
         &live.records,
         args.report.report_json.as_deref(),
         args.report.per_request_jsonl.as_deref(),
     )?;
+    observed.write_html(&json, &args.observe)?;
     Ok(ReplayRun {
         live,
         session_mode: mode,

@@ -3,17 +3,20 @@
 //! become a [`ReplayReport`] plus one [`LiveRecord`] per request; schedule lag, expected prefix
 //! reuse and goodput go in extra keys after `mockserve replay`'s.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use servesim::ids::{RequestId, WorkerId};
 use servesim::metrics::{Collector, Distribution, ReplayReport, RequestRecord};
 use servesim::time::SimTime;
 
+use crate::client::{Response, Timing, TokenSource};
 use crate::driver::Sample;
 use crate::error::LoadgenError;
+use crate::failure::Failure;
 use crate::failure::FailureSummary;
 
 /// What loadgen intended for one request (the driver only sees bodies).
@@ -67,6 +70,151 @@ pub struct LiveRecord {
     /// The HTTP status of an HTTP failure.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error_status: Option<u16>,
+    /// The stream's last `finish_reason` (`stop`, `length`, `tool_calls`, ...).
+    pub finish_reason: Option<String>,
+    /// Everything the driver measured, unrounded: `loadgen merge` rebuilds the report from it.
+    pub raw: RawSample,
+}
+
+/// One request exactly as the driver measured it (µs, relative to its process's run start)
+/// and what loadgen intended for it: the per-request JSONL's `raw` object. A report rebuilt
+/// from these ([`RawSample::to_sample`] then [`build`]) is the report of the run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RawSample {
+    /// Wall-clock time (µs since the Unix epoch) of the run start of the process that sent it:
+    /// aligns the clocks of several processes.
+    pub run_start_unix_us: u64,
+    /// Session (script) index within its process.
+    pub session: usize,
+    /// Position within the session.
+    pub turn: usize,
+    /// Send order within its process.
+    pub seq: u64,
+    /// Due time.
+    pub scheduled_us: u64,
+    /// Send time.
+    pub sent_us: u64,
+    /// Time waited for the in-flight cap.
+    pub cap_wait_us: u64,
+    /// Response headers, from the send.
+    pub headers_us: Option<u64>,
+    /// First SSE event, from the send.
+    pub first_chunk_us: Option<u64>,
+    /// First reasoning token, from the send.
+    pub first_reasoning_us: Option<u64>,
+    /// First answer token, from the send.
+    pub first_answer_us: Option<u64>,
+    /// Every chunk that carried a token, from the send.
+    pub token_chunks_us: Vec<u64>,
+    /// End of the stream, from the send.
+    pub end_us: u64,
+    /// Output tokens counted.
+    pub output_tokens: u64,
+    /// Where they came from.
+    pub output_tokens_source: Option<TokenSource>,
+    /// Token chunks.
+    pub chunks: u64,
+    /// `usage.completion_tokens`.
+    pub usage_output_tokens: Option<u64>,
+    /// Usage contradicted the chunks.
+    pub usage_mismatch: bool,
+    /// `usage.prompt_tokens`.
+    pub prompt_tokens: Option<u64>,
+    /// `cached_tokens`.
+    pub cached_tokens: Option<u64>,
+    /// The serving worker, when the server said.
+    pub worker: Option<u32>,
+    /// The stream's last `finish_reason`.
+    pub finish_reason: Option<String>,
+    /// Why it failed.
+    pub failure: Option<Failure>,
+    /// Intended prompt tokens.
+    pub input_length: usize,
+    /// Requested output tokens.
+    pub max_output: usize,
+    /// Trace session id.
+    pub session_id: Option<String>,
+    /// Expected prefix-cache tokens (replay).
+    pub expected_reused_tokens: Option<usize>,
+}
+
+impl RawSample {
+    /// The raw record of a sample and its intent (the run start is filled in later).
+    pub fn of(s: &Sample, info: &RequestInfo) -> RawSample {
+        let r = &s.response;
+        RawSample {
+            run_start_unix_us: 0,
+            session: s.session,
+            turn: s.turn,
+            seq: s.seq,
+            scheduled_us: s.scheduled_us,
+            sent_us: s.sent_us,
+            cap_wait_us: s.cap_wait_us,
+            headers_us: r.timing.headers_us,
+            first_chunk_us: r.timing.first_chunk_us,
+            first_reasoning_us: r.timing.first_reasoning_us,
+            first_answer_us: r.timing.first_answer_us,
+            token_chunks_us: r.timing.token_chunks_us.clone(),
+            end_us: r.timing.end_us,
+            output_tokens: r.output_tokens,
+            output_tokens_source: Some(r.output_tokens_source),
+            chunks: r.chunks,
+            usage_output_tokens: r.usage_output_tokens,
+            usage_mismatch: r.usage_mismatch,
+            prompt_tokens: r.prompt_tokens,
+            cached_tokens: r.cached_tokens,
+            worker: r.worker,
+            finish_reason: r.finish_reason.clone(),
+            failure: r.failure.clone(),
+            input_length: info.input_length,
+            max_output: info.max_output,
+            session_id: info.session.clone(),
+            expected_reused_tokens: info.expected_reused_tokens,
+        }
+    }
+
+    /// The sample and intent back, with `shift_us` added to the scheduled and send times (clock
+    /// alignment) and `session_base` to the session index (sessions of different processes
+    /// stay apart).
+    pub fn to_sample(&self, shift_us: u64, session_base: usize) -> (Sample, RequestInfo) {
+        let sample = Sample {
+            session: session_base + self.session,
+            turn: self.turn,
+            seq: self.seq,
+            scheduled_us: self.scheduled_us + shift_us,
+            sent_us: self.sent_us + shift_us,
+            cap_wait_us: self.cap_wait_us,
+            response: Response {
+                timing: Timing {
+                    headers_us: self.headers_us,
+                    first_chunk_us: self.first_chunk_us,
+                    first_reasoning_us: self.first_reasoning_us,
+                    first_answer_us: self.first_answer_us,
+                    token_chunks_us: self.token_chunks_us.clone(),
+                    end_us: self.end_us,
+                },
+                content: String::new(),
+                output_tokens: self.output_tokens,
+                output_tokens_source: self.output_tokens_source.unwrap_or(TokenSource::Chunks),
+                chunks: self.chunks,
+                usage_output_tokens: self.usage_output_tokens,
+                usage_mismatch: self.usage_mismatch,
+                prompt_tokens: self.prompt_tokens,
+                cached_tokens: self.cached_tokens,
+                finish_reason: self.finish_reason.clone(),
+                worker: self.worker,
+                failure: self.failure.clone(),
+            },
+        };
+        let info = RequestInfo {
+            input_length: self.input_length,
+            max_output: self.max_output,
+            session: self.session_id.clone(),
+            turn: self.turn,
+            expected_reused_tokens: self.expected_reused_tokens,
+        };
+        (sample, info)
+    }
 }
 
 /// Schedule lag figures (ms).
@@ -102,11 +250,14 @@ pub struct LiveReport {
     pub failures: FailureSummary,
     /// Requests whose usage contradicted their chunks.
     pub usage_mismatches: usize,
+    /// Completed requests by `finish_reason` (`none` when the stream carried none).
+    pub finish_reasons: BTreeMap<String, usize>,
 }
 
 /// Builds the report from `(sample, info)` pairs; `wall` is the run's wall time. Times are
 /// rebased on the earliest scheduled time among `items` (warmup excluded from the duration).
 pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> LiveReport {
+    let raws: Vec<RawSample> = items.iter().map(|(s, i)| RawSample::of(s, i)).collect();
     let base = items.iter().map(|(s, _)| s.scheduled_us).min().unwrap_or(0);
     let rebased: Vec<Sample> = items
         .iter()
@@ -188,7 +339,7 @@ pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> Li
         .zip(&order)
         .map(|(mut record, &i)| {
             let (s, info) = items[i];
-            record.worker = None;
+            record.worker = s.response.worker;
             LiveRecord {
                 record,
                 scheduled_ms: s.scheduled_us as f64 / 1000.0,
@@ -202,6 +353,8 @@ pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> Li
                 error: s.response.failure.as_ref().map(|f| f.reason()),
                 error_kind: s.response.failure.as_ref().map(|f| f.kind()),
                 error_status: s.response.failure.as_ref().and_then(|f| f.status()),
+                finish_reason: s.response.finish_reason.clone(),
+                raw: raws[i].clone(),
             }
         })
         .collect();
@@ -214,6 +367,11 @@ pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> Li
         .iter()
         .filter(|(s, _)| s.response.usage_mismatch)
         .count();
+    let mut finish_reasons = BTreeMap::new();
+    for (s, _) in items.iter().filter(|(s, _)| s.response.failure.is_none()) {
+        let reason = s.response.finish_reason.as_deref().unwrap_or("none");
+        *finish_reasons.entry(reason.to_string()).or_insert(0) += 1;
+    }
     let d = Distribution::from_samples(&mut lags);
     LiveReport {
         report,
@@ -226,10 +384,21 @@ pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> Li
         },
         failures,
         usage_mismatches,
+        finish_reasons,
     }
 }
 
 impl LiveReport {
+    /// Stamps every record with the wall-clock time of its run start.
+    pub fn set_started_at(&mut self, started_at: std::time::SystemTime) {
+        let us = started_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        for r in &mut self.records {
+            r.raw.run_start_unix_us = us;
+        }
+    }
+
     /// Requests in the report.
     pub fn total_requests(&self) -> usize {
         self.records.len()
@@ -252,6 +421,7 @@ impl LiveReport {
             );
             map.insert("failures".into(), json!(self.failures));
             map.insert("usage_mismatches".into(), json!(self.usage_mismatches));
+            map.insert("finish_reasons".into(), json!(self.finish_reasons));
             map.insert("schedule_lag_p50_ms".into(), json!(self.lag.p50_ms));
             map.insert("schedule_lag_p99_ms".into(), json!(self.lag.p99_ms));
             map.insert("schedule_lag_max_ms".into(), json!(self.lag.max_ms));
@@ -270,6 +440,14 @@ impl LiveReport {
     /// was checked), and the usage warning when a server's usage contradicted its chunks.
     pub fn failure_lines(&self) -> String {
         let mut s = self.failures.lines(self.total_requests());
+        if !self.finish_reasons.is_empty() {
+            let list: Vec<String> = self
+                .finish_reasons
+                .iter()
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect();
+            s.push_str(&format!("Finish reasons: {}\n", list.join(", ")));
+        }
         if self.usage_mismatches > 0 {
             s.push_str(&crate::multiturn_report::usage_warning(
                 self.usage_mismatches,
@@ -359,6 +537,8 @@ mod tests {
                 usage_mismatch: false,
                 prompt_tokens: Some(8),
                 cached_tokens: Some(0),
+                finish_reason: Some("length".into()),
+                worker: None,
                 failure: None,
             },
         }

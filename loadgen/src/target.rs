@@ -162,7 +162,7 @@ pub struct TargetSpec {
 }
 
 /// Which OpenAI route requests go to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Api {
     /// `/v1/chat/completions` (multiturn).
     Chat,
@@ -171,6 +171,14 @@ pub enum Api {
 }
 
 impl Api {
+    /// The flag value: `chat` or `completions`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Completions => "completions",
+        }
+    }
+
     fn path(self) -> &'static str {
         match self {
             Api::Chat => "/v1/chat/completions",
@@ -296,6 +304,32 @@ impl Connected {
 }
 
 impl TargetSpec {
+    /// The target for a report's `config`: the URL, or the embedded server's settings.
+    pub fn describe(&self) -> serde_json::Value {
+        match (&self.url, &self.server) {
+            (Some(url), _) => serde_json::json!({"url": url, "model": self.model}),
+            (None, Some(s)) => {
+                let e = &s.cluster.engine;
+                serde_json::json!({
+                    "embedded": true,
+                    "num_workers": s.cluster.num_workers,
+                    "engine_type": e.engine_type.to_string(),
+                    "block_size": e.block_size,
+                    "num_gpu_blocks": e.num_gpu_blocks,
+                    "max_num_seqs": e.max_num_seqs,
+                    "max_num_batched_tokens": e.max_num_batched_tokens,
+                    "speedup_ratio": if e.latency.speedup_ratio.is_finite() {
+                        serde_json::json!(e.latency.speedup_ratio)
+                    } else {
+                        serde_json::json!("inf")
+                    },
+                    "seed": s.cluster.seed,
+                })
+            }
+            (None, None) => serde_json::Value::Null,
+        }
+    }
+
     /// True when loadgen runs mockserve itself.
     pub fn is_embedded(&self) -> bool {
         self.url.is_none()
@@ -384,6 +418,25 @@ impl TargetSpec {
             embedded: None,
         })
     }
+}
+
+/// A streamed body for `api` with `prompt`: a `/v1/completions` body, or a chat body whose one
+/// user message is the prompt. Both ask for `max_tokens` exactly (`ignore_eos`), usage, and the
+/// serving worker (`nvext.extra_fields`, which mockserve and Dynamo answer and others ignore).
+pub fn request_body(api: Api, model: &str, prompt: String, max_tokens: usize) -> serde_json::Value {
+    let mut body = match api {
+        Api::Completions => completion_body(model, prompt, max_tokens),
+        Api::Chat => serde_json::json!({
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "ignore_eos": true,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        }),
+    };
+    body["nvext"] = serde_json::json!({"extra_fields": ["worker_id"]});
+    body
 }
 
 /// A streamed `/v1/completions` body: `max_tokens` tokens exactly (`ignore_eos`), usage included.

@@ -1,0 +1,144 @@
+//! What a run shows besides its report: the live view on the terminal ([`crate::live`]), the
+//! target's Prometheus metrics sampled while it runs ([`crate::scrape`]) and the HTML report
+//! ([`crate::html`]). [`ObserveArgs`] are the flags every run command shares; [`Observe`] runs
+//! beside the driver and [`Observed`] is what it saw.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+use serde_json::{json, Value};
+
+use crate::bench::RunHooks;
+use crate::error::LoadgenError;
+use crate::live::LiveView;
+use crate::replay_report::LiveReport;
+use crate::scrape::{Scraper, ServerMetrics};
+use crate::target::Connected;
+use mock_server::args::ReportArgs;
+
+/// Server metrics and HTML report flags (shared by every run command).
+#[derive(Args, Clone, Debug, Default)]
+pub struct ObserveArgs {
+    /// Sample the target's Prometheus `/metrics` while the run lasts (running and waiting
+    /// requests, KV usage, prefix-cache hit rate, preemptions, per worker) [default: on when the
+    /// target serves /metrics].
+    #[arg(long, overrides_with = "no_scrape_metrics")]
+    pub scrape_metrics: bool,
+
+    /// Never read the target's `/metrics`.
+    #[arg(long, overrides_with = "scrape_metrics")]
+    pub no_scrape_metrics: bool,
+
+    /// Interval between two samples of `/metrics`, in ms.
+    #[arg(long, default_value_t = 500)]
+    pub scrape_interval_ms: u64,
+
+    /// Write a self-contained HTML report (latency CDFs, time series, server metrics, the
+    /// configuration) to this file.
+    #[arg(long, value_name = "PATH")]
+    pub html: Option<PathBuf>,
+}
+
+impl ObserveArgs {
+    /// The scrape interval, at least 50 ms.
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.scrape_interval_ms.max(50))
+    }
+}
+
+/// Report flags with `--quiet` set and no files: observers without a live view.
+pub fn quiet() -> ReportArgs {
+    ReportArgs {
+        report_json: None,
+        per_request_jsonl: None,
+        quiet: true,
+    }
+}
+
+/// The observers of one run, started before the driver.
+pub struct Observe {
+    scraper: Option<Scraper>,
+    live: Option<LiveView>,
+}
+
+impl Observe {
+    /// Starts the scraper (when asked, or by default when the target serves `/metrics`) and the
+    /// live view (unless `-q`; a refreshed line on a terminal, else a plain line now and then).
+    pub async fn start(
+        args: &ObserveArgs,
+        report: &ReportArgs,
+        target: &Connected,
+        expected_requests: Option<usize>,
+    ) -> Observe {
+        let scraper = if args.no_scrape_metrics {
+            None
+        } else {
+            Scraper::start(target, args.interval(), args.scrape_metrics).await
+        };
+        let live = (!report.quiet).then(|| LiveView::start(expected_requests));
+        Observe { scraper, live }
+    }
+
+    /// The driver hooks that feed the live view.
+    pub fn hooks(&self) -> RunHooks {
+        RunHooks {
+            observer: self.live.as_ref().map(LiveView::observer),
+            sent: self.live.as_ref().map(LiveView::sent_counter),
+            ..RunHooks::default()
+        }
+    }
+
+    /// Stops everything; what was seen.
+    pub async fn finish(self) -> Observed {
+        if let Some(live) = self.live {
+            live.finish().await;
+        }
+        let server = match self.scraper {
+            Some(s) => Some(s.finish().await),
+            None => None,
+        };
+        Observed { server }
+    }
+}
+
+/// What the observers saw.
+#[derive(Debug, Default)]
+pub struct Observed {
+    /// The server's metrics over time, when scraped.
+    pub server: Option<ServerMetrics>,
+}
+
+impl Observed {
+    /// Adds the observed series to a report JSON: `server_metrics` (time series and summary),
+    /// `timeline` (per-second client figures), `latency_cdf` and `config`.
+    pub fn annotate(&self, json: &mut Value, live: &LiveReport, config: Option<Value>) {
+        let Some(map) = json.as_object_mut() else {
+            return;
+        };
+        map.insert("timeline".into(), crate::html::timeline(live));
+        map.insert("latency_cdf".into(), crate::html::latency_cdf(live));
+        if let Some(server) = &self.server {
+            map.insert("server_metrics".into(), json!(server));
+        }
+        if let Some(c) = config {
+            map.insert("config".into(), c);
+        }
+    }
+
+    /// Console lines: the server metrics' summary.
+    pub fn console(&self) -> String {
+        self.server
+            .as_ref()
+            .map(ServerMetrics::console)
+            .unwrap_or_default()
+    }
+
+    /// Writes the HTML report of `json` when `--html` was given.
+    pub fn write_html(&self, json: &Value, args: &ObserveArgs) -> Result<(), LoadgenError> {
+        let Some(path) = &args.html else {
+            return Ok(());
+        };
+        crate::html::write(path, &[crate::html::RunView::of("run", json)])
+    }
+}

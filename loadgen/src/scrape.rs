@@ -1,0 +1,602 @@
+//! The target's Prometheus metrics over a run: [`parse`] reads the text exposition format
+//! (any line it cannot read is skipped, never an error), [`Snapshot::of`] picks the serving
+//! figures out of known metric names (vLLM `vllm:*`, SGLang `sglang:*`, Dynamo `dynamo_*`,
+//! mockserve's `vllm:*` per worker and `servesim_*`), and [`Scraper`] samples `{url}/metrics`
+//! every interval while the run lasts. The result, [`ServerMetrics`], is a time series plus a
+//! summary (peak and mean) in the report's `server_metrics` key.
+//!
+//! Figures per sample: requests running and waiting (summed over workers), KV-cache usage (the
+//! mean over workers, 0..1), the prefix-cache hit rate over the interval (from the hit and query
+//! counters, or a hit-rate gauge), preemptions since the first sample, and the same per worker
+//! when the series carry a worker label (`worker`, `worker_id`, `engine`, `dp_rank`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::target::Connected;
+
+/// One sample of the text format: name, labels, value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PromSample {
+    /// Metric name (with its `_total` / `_bucket` suffix as written).
+    pub name: String,
+    /// Labels in written order.
+    pub labels: Vec<(String, String)>,
+    /// The value.
+    pub value: f64,
+}
+
+impl PromSample {
+    /// The value of label `key`.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Parses the Prometheus (or OpenMetrics) text format; comments, blank lines and lines that do
+/// not parse are skipped.
+pub fn parse(text: &str) -> Vec<PromSample> {
+    text.lines().filter_map(parse_line).collect()
+}
+
+fn parse_line(line: &str) -> Option<PromSample> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let name_end = line
+        .find(|c: char| c == '{' || c.is_whitespace())
+        .unwrap_or(line.len());
+    let name = &line[..name_end];
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    {
+        return None;
+    }
+    let mut rest = &line[name_end..];
+    let mut labels = Vec::new();
+    if let Some(after) = rest.strip_prefix('{') {
+        let (parsed, tail) = parse_labels(after)?;
+        labels = parsed;
+        rest = tail;
+    }
+    let value_text = rest.split_whitespace().next()?;
+    let value = match value_text {
+        "+Inf" | "Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        v => v.parse::<f64>().ok()?,
+    };
+    Some(PromSample {
+        name: name.to_string(),
+        labels,
+        value,
+    })
+}
+
+/// Labels after the `{`: `(labels, text after the closing brace)`.
+fn parse_labels(mut s: &str) -> Option<(Vec<(String, String)>, &str)> {
+    let mut labels = Vec::new();
+    loop {
+        s = s.trim_start_matches([' ', ',']);
+        if let Some(tail) = s.strip_prefix('}') {
+            return Some((labels, tail));
+        }
+        let eq = s.find('=')?;
+        let key = s[..eq].trim().to_string();
+        s = s[eq + 1..].trim_start().strip_prefix('"')?;
+        let mut value = String::new();
+        let mut chars = s.char_indices();
+        let end = loop {
+            let (i, c) = chars.next()?;
+            match c {
+                '\\' => {
+                    let (_, e) = chars.next()?;
+                    value.push(match e {
+                        'n' => '\n',
+                        other => other,
+                    });
+                }
+                '"' => break i,
+                c => value.push(c),
+            }
+        };
+        labels.push((key, value));
+        s = &s[end + 1..];
+    }
+}
+
+/// Names of the running-requests gauge.
+const RUNNING: &[&str] = &[
+    "vllm:num_requests_running",
+    "sglang:num_running_reqs",
+    "dynamo_frontend_inflight_requests",
+];
+/// Names of the waiting-requests gauge.
+const WAITING: &[&str] = &[
+    "vllm:num_requests_waiting",
+    "sglang:num_queue_reqs",
+    "dynamo_frontend_queued_requests",
+    "servesim_router_parked_requests",
+];
+/// Names of the KV-usage gauge (0..1, or percent for Dynamo's `_percent`).
+const KV_USAGE: &[&str] = &[
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "sglang:token_usage",
+    "dynamo_component_kvstats_gpu_cache_usage_percent",
+];
+/// Prefix-cache hit counters: (hits, queries).
+const PREFIX_COUNTERS: &[(&str, &str)] = &[
+    ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries"),
+    (
+        "vllm:gpu_prefix_cache_hits",
+        "vllm:gpu_prefix_cache_queries",
+    ),
+];
+/// Prefix-cache hit-rate gauges (0..1).
+const PREFIX_RATE: &[&str] = &[
+    "sglang:cache_hit_rate",
+    "dynamo_component_kvstats_gpu_prefix_cache_hit_rate",
+];
+/// Preemption counters.
+const PREEMPTIONS: &[&str] = &["vllm:num_preemptions", "sglang:num_preemptions"];
+
+/// Labels naming a worker.
+const WORKER_LABELS: &[&str] = &["worker", "worker_id", "engine", "dp_rank"];
+
+/// True when `sample` is the metric `name` (counters may carry `_total`).
+fn is(sample: &PromSample, name: &str) -> bool {
+    sample.name == name
+        || sample
+            .name
+            .strip_suffix("_total")
+            .is_some_and(|n| n == name)
+}
+
+fn worker_of(s: &PromSample) -> String {
+    WORKER_LABELS
+        .iter()
+        .find_map(|k| s.label(k))
+        .unwrap_or("")
+        .to_string()
+}
+
+/// The serving figures of one scrape, per worker (`""` = no worker label).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    /// Per worker: running, waiting, KV usage, prefix hits, prefix queries, hit-rate gauge,
+    /// preemptions.
+    pub workers: BTreeMap<String, WorkerFigures>,
+}
+
+/// One worker's raw figures in one scrape.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct WorkerFigures {
+    /// Requests running.
+    pub running: Option<f64>,
+    /// Requests waiting.
+    pub waiting: Option<f64>,
+    /// KV-cache usage, 0..1.
+    pub kv_usage: Option<f64>,
+    /// Prefix-cache hits (tokens, cumulative).
+    #[serde(skip)]
+    pub prefix_hits: Option<f64>,
+    /// Prefix-cache queries (tokens, cumulative).
+    #[serde(skip)]
+    pub prefix_queries: Option<f64>,
+    /// A hit-rate gauge, when the server exports one.
+    #[serde(skip)]
+    pub prefix_hit_rate: Option<f64>,
+    /// Preemptions (cumulative).
+    #[serde(skip)]
+    pub preemptions: Option<f64>,
+}
+
+fn add(slot: &mut Option<f64>, v: f64) {
+    if v.is_finite() {
+        *slot = Some(slot.unwrap_or(0.0) + v);
+    }
+}
+
+impl Snapshot {
+    /// The known figures among `samples`.
+    pub fn of(samples: &[PromSample]) -> Snapshot {
+        let mut snap = Snapshot::default();
+        for s in samples {
+            let w = snap.workers.entry(worker_of(s)).or_default();
+            if RUNNING.iter().any(|n| is(s, n)) {
+                add(&mut w.running, s.value);
+            } else if WAITING.iter().any(|n| is(s, n)) {
+                add(&mut w.waiting, s.value);
+            } else if KV_USAGE.iter().any(|n| is(s, n)) {
+                let v = if s.name.ends_with("_percent") && s.value > 1.0 {
+                    s.value / 100.0
+                } else {
+                    s.value
+                };
+                add(&mut w.kv_usage, v);
+            } else if PREFIX_COUNTERS.iter().any(|(h, _)| is(s, h)) {
+                add(&mut w.prefix_hits, s.value);
+            } else if PREFIX_COUNTERS.iter().any(|(_, q)| is(s, q)) {
+                add(&mut w.prefix_queries, s.value);
+            } else if PREFIX_RATE.iter().any(|n| is(s, n)) {
+                add(&mut w.prefix_hit_rate, s.value);
+            } else if PREEMPTIONS.iter().any(|n| is(s, n)) {
+                add(&mut w.preemptions, s.value);
+            }
+        }
+        snap.workers.retain(|_, w| *w != WorkerFigures::default());
+        snap
+    }
+
+    /// True when no known figure was found.
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+
+    fn sum(&self, f: impl Fn(&WorkerFigures) -> Option<f64>) -> Option<f64> {
+        let v: Vec<f64> = self.workers.values().filter_map(f).collect();
+        (!v.is_empty()).then(|| v.iter().sum())
+    }
+
+    fn mean(&self, f: impl Fn(&WorkerFigures) -> Option<f64>) -> Option<f64> {
+        let v: Vec<f64> = self.workers.values().filter_map(f).collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    }
+}
+
+/// One point of the server's time series.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ServerSample {
+    /// ms since the scraper started (just before the run).
+    pub t_ms: f64,
+    /// Requests running, all workers.
+    pub running: Option<f64>,
+    /// Requests waiting, all workers.
+    pub waiting: Option<f64>,
+    /// KV-cache usage, mean over workers (0..1).
+    pub kv_usage: Option<f64>,
+    /// Prefix-cache hit rate since the previous sample (0..1).
+    pub prefix_hit_rate: Option<f64>,
+    /// Preemptions since the first sample.
+    pub preemptions: Option<f64>,
+    /// Per worker (when the series name workers): running, waiting, KV usage.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub workers: BTreeMap<String, WorkerFigures>,
+}
+
+/// Peak and mean of one series.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct PeakMean {
+    /// Largest sample.
+    pub peak: f64,
+    /// Mean of the samples.
+    pub mean: f64,
+}
+
+impl PeakMean {
+    fn of(v: impl Iterator<Item = f64>) -> Option<PeakMean> {
+        let v: Vec<f64> = v.collect();
+        if v.is_empty() {
+            return None;
+        }
+        Some(PeakMean {
+            peak: v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+        })
+    }
+}
+
+/// Summary of the scraped series.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ServerSummary {
+    /// Requests running.
+    pub running: Option<PeakMean>,
+    /// Requests waiting.
+    pub waiting: Option<PeakMean>,
+    /// KV-cache usage.
+    pub kv_usage: Option<PeakMean>,
+    /// Prefix-cache hit rate over the whole run (hits / queries between the first and last
+    /// sample, or the mean of a hit-rate gauge).
+    pub prefix_hit_rate: Option<f64>,
+    /// Preemptions during the run.
+    pub preemptions: Option<f64>,
+    /// Scrapes that failed or found no known metric.
+    pub failed_scrapes: u64,
+}
+
+/// What the scraper saw: the `server_metrics` key of a report.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ServerMetrics {
+    /// The scraped URL.
+    pub url: String,
+    /// Interval between samples, ms.
+    pub interval_ms: u64,
+    /// Peak and mean.
+    pub summary: ServerSummary,
+    /// The time series.
+    pub samples: Vec<ServerSample>,
+}
+
+/// Builds the series and summary from timed snapshots.
+pub fn series(
+    snaps: &[(f64, Snapshot)],
+    failed_scrapes: u64,
+) -> (Vec<ServerSample>, ServerSummary) {
+    let mut out = Vec::with_capacity(snaps.len());
+    let first_preempt = snaps.first().and_then(|(_, s)| s.sum(|w| w.preemptions));
+    let mut previous: Option<&Snapshot> = None;
+    for (t, snap) in snaps {
+        let rate_gauge = snap.mean(|w| w.prefix_hit_rate);
+        let from_counters = previous.and_then(|p| {
+            let dh = snap.sum(|w| w.prefix_hits)? - p.sum(|w| w.prefix_hits)?;
+            let dq = snap.sum(|w| w.prefix_queries)? - p.sum(|w| w.prefix_queries)?;
+            (dq > 0.0).then(|| (dh / dq).clamp(0.0, 1.0))
+        });
+        let workers = if snap.workers.len() > 1 || snap.workers.keys().any(|k| !k.is_empty()) {
+            snap.workers.clone()
+        } else {
+            BTreeMap::new()
+        };
+        out.push(ServerSample {
+            t_ms: *t,
+            running: snap.sum(|w| w.running),
+            waiting: snap.sum(|w| w.waiting),
+            kv_usage: snap.mean(|w| w.kv_usage),
+            prefix_hit_rate: from_counters.or(rate_gauge),
+            preemptions: snap
+                .sum(|w| w.preemptions)
+                .map(|p| p - first_preempt.unwrap_or(0.0)),
+            workers,
+        });
+        previous = Some(snap);
+    }
+    let overall_rate = match (snaps.first(), snaps.last()) {
+        (Some((_, a)), Some((_, b))) => {
+            let dh = b.sum(|w| w.prefix_hits).zip(a.sum(|w| w.prefix_hits));
+            let dq = b.sum(|w| w.prefix_queries).zip(a.sum(|w| w.prefix_queries));
+            match (dh, dq) {
+                (Some((h1, h0)), Some((q1, q0))) if q1 > q0 => Some((h1 - h0) / (q1 - q0)),
+                _ => PeakMean::of(
+                    snaps
+                        .iter()
+                        .filter_map(|(_, s)| s.mean(|w| w.prefix_hit_rate)),
+                )
+                .map(|p| p.mean),
+            }
+        }
+        _ => None,
+    };
+    let summary = ServerSummary {
+        running: PeakMean::of(out.iter().filter_map(|s| s.running)),
+        waiting: PeakMean::of(out.iter().filter_map(|s| s.waiting)),
+        kv_usage: PeakMean::of(out.iter().filter_map(|s| s.kv_usage)),
+        prefix_hit_rate: overall_rate,
+        preemptions: out.last().and_then(|s| s.preemptions),
+        failed_scrapes,
+    };
+    (out, summary)
+}
+
+impl ServerMetrics {
+    /// The console lines: peak and mean of each series.
+    pub fn console(&self) -> String {
+        let s = &self.summary;
+        let pm = |name: &str, v: &Option<PeakMean>, scale: f64, unit: &str| {
+            v.map(|v| {
+                format!(
+                    "{name} peak {:.1}{unit} mean {:.1}{unit}",
+                    v.peak * scale,
+                    v.mean * scale
+                )
+            })
+        };
+        let parts: Vec<String> = [
+            pm("running", &s.running, 1.0, ""),
+            pm("waiting", &s.waiting, 1.0, ""),
+            pm("KV usage", &s.kv_usage, 100.0, "%"),
+            s.prefix_hit_rate
+                .map(|r| format!("prefix-cache hit rate {:.1}%", 100.0 * r)),
+            s.preemptions.map(|p| format!("preemptions {p}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        format!(
+            "Server metrics ({} samples of {}): {}\n",
+            self.samples.len(),
+            self.url,
+            if parts.is_empty() {
+                "no known series".to_string()
+            } else {
+                parts.join(", ")
+            }
+        )
+    }
+}
+
+/// Samples `/metrics` in the background.
+pub struct Scraper {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<ServerMetrics>,
+}
+
+async fn fetch(client: &reqwest::Client, url: &str, api_key: Option<&str>) -> Option<Snapshot> {
+    let mut request = client.get(url).timeout(Duration::from_secs(5));
+    if let Some(key) = api_key {
+        request = request.bearer_auth(key);
+    }
+    let response = request.send().await.ok()?;
+    if !response.status().is_success() {
+        return None;
+    }
+    let text = response.text().await.ok()?;
+    Some(Snapshot::of(&parse(&text)))
+}
+
+impl Scraper {
+    /// Starts sampling `{target}/metrics` every `interval` when it answers with a known metric;
+    /// `forced` (`--scrape-metrics`) says so when it does not.
+    pub async fn start(target: &Connected, interval: Duration, forced: bool) -> Option<Scraper> {
+        let url = format!("{}/metrics", target.url);
+        let client = target.endpoint.client.clone();
+        let api_key = target.endpoint.api_key.clone();
+        let first = fetch(&client, &url, api_key.as_deref()).await;
+        if first.as_ref().is_none_or(Snapshot::is_empty) {
+            if forced {
+                eprintln!("loadgen: warning: {url} serves no known server metric; not scraping");
+            }
+            return None;
+        }
+        let (stop, mut stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let start = Instant::now();
+            let mut snaps: Vec<(f64, Snapshot)> = Vec::new();
+            let mut failed = 0u64;
+            if let Some(s) = first {
+                snaps.push((0.0, s));
+            }
+            let mut ticker = tokio::time::interval_at(start + interval, interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = &mut stopped => break,
+                    _ = ticker.tick() => {}
+                }
+                let t = start.elapsed().as_secs_f64() * 1000.0;
+                match fetch(&client, &url, api_key.as_deref()).await {
+                    Some(s) if !s.is_empty() => snaps.push((t, s)),
+                    _ => failed += 1,
+                }
+            }
+            // One last sample at the end of the run.
+            let t = start.elapsed().as_secs_f64() * 1000.0;
+            if let Some(s) = fetch(&client, &url, api_key.as_deref())
+                .await
+                .filter(|s| !s.is_empty())
+            {
+                snaps.push((t, s));
+            }
+            let (samples, summary) = series(&snaps, failed);
+            ServerMetrics {
+                url,
+                interval_ms: interval.as_millis() as u64,
+                summary,
+                samples,
+            }
+        });
+        Some(Scraper { stop, task })
+    }
+
+    /// Stops sampling; the series.
+    pub async fn finish(self) -> ServerMetrics {
+        let _ = self.stop.send(());
+        match tokio::time::timeout(Duration::from_secs(10), self.task).await {
+            Ok(Ok(m)) => m,
+            _ => ServerMetrics::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VLLM: &str = r#"# HELP vllm:num_requests_running Number of requests running.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{worker="0",model_name="m"} 3
+vllm:num_requests_running{worker="1",model_name="m"} 1
+vllm:num_requests_waiting{worker="0"} 2
+vllm:num_requests_waiting{worker="1"} 0
+vllm:kv_cache_usage_perc{worker="0"} 0.5
+vllm:kv_cache_usage_perc{worker="1"} 0.25
+vllm:prefix_cache_queries_total{worker="0"} 100
+vllm:prefix_cache_hits_total{worker="0"} 40
+vllm:num_preemptions_total{worker="0"} 1
+servesim_router_parked_requests 0
+vllm:time_to_first_token_seconds_bucket{le="+Inf",worker="0"} 7
+"#;
+
+    #[test]
+    fn the_text_format_is_read_and_garbage_is_skipped() {
+        let s = parse(VLLM);
+        assert_eq!(s.len(), 11);
+        assert_eq!(s[0].name, "vllm:num_requests_running");
+        assert_eq!(s[0].label("model_name"), Some("m"));
+        assert_eq!(s[10].label("le"), Some("+Inf"));
+        let odd = parse(
+            "a{x=\"q\\\"uo,te}\"} 1 1700000000\nb +Inf\nc NaN\n{broken 1\nd{x=\"unterminated} 2\ne{} \nf{x=\"1\"} notanumber\n\u{0}\u{ff}garbage\n\n   \ng 3e-2",
+        );
+        let names: Vec<&str> = odd.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["a", "b", "c", "g"]);
+        assert_eq!(odd[0].label("x"), Some("q\"uo,te}"));
+        assert_eq!(odd[1].value, f64::INFINITY);
+        // Any bytes at all: never a panic.
+        let mut junk = String::new();
+        for i in 0..2000u32 {
+            junk.push(char::from_u32((i * 7919) % 0x2FF).unwrap_or('x'));
+            if i % 37 == 0 {
+                junk.push('\n');
+            }
+        }
+        let _ = parse(&junk);
+        let _ = Snapshot::of(&parse(&junk));
+    }
+
+    #[test]
+    fn snapshots_sum_workers_and_the_series_derive_rates() {
+        let a = Snapshot::of(&parse(VLLM));
+        assert_eq!(a.workers.len(), 3, "{a:?}"); // workers 0, 1 and the unlabelled router
+        let later = VLLM
+            .replace(
+                "queries_total{worker=\"0\"} 100",
+                "queries_total{worker=\"0\"} 200",
+            )
+            .replace(
+                "hits_total{worker=\"0\"} 40",
+                "hits_total{worker=\"0\"} 120",
+            )
+            .replace(
+                "preemptions_total{worker=\"0\"} 1",
+                "preemptions_total{worker=\"0\"} 4",
+            );
+        let b = Snapshot::of(&parse(&later));
+        let (samples, summary) = series(&[(0.0, a), (500.0, b)], 1);
+        assert_eq!(samples[0].running, Some(4.0));
+        assert_eq!(samples[0].waiting, Some(2.0));
+        assert_eq!(samples[0].kv_usage, Some(0.375));
+        assert_eq!(samples[0].prefix_hit_rate, None);
+        assert_eq!(samples[1].prefix_hit_rate, Some(0.8));
+        assert_eq!(samples[1].preemptions, Some(3.0));
+        assert_eq!(samples[1].workers["0"].running, Some(3.0));
+        assert_eq!(summary.prefix_hit_rate, Some(0.8));
+        assert_eq!(
+            summary.running,
+            Some(PeakMean {
+                peak: 4.0,
+                mean: 4.0
+            })
+        );
+        assert_eq!(summary.failed_scrapes, 1);
+        let sglang = Snapshot::of(&parse(
+            "sglang:num_running_reqs 5\nsglang:num_queue_reqs 7\nsglang:token_usage 0.9\nsglang:cache_hit_rate 0.3\n",
+        ));
+        let (s, summary) = series(&[(0.0, sglang)], 0);
+        assert_eq!((s[0].running, s[0].waiting), (Some(5.0), Some(7.0)));
+        assert_eq!(s[0].kv_usage, Some(0.9));
+        assert_eq!(summary.prefix_hit_rate, Some(0.3));
+        assert!(s[0].workers.is_empty());
+        assert!(Snapshot::of(&parse("unrelated_metric 1\n")).is_empty());
+    }
+}

@@ -1,0 +1,862 @@
+//! `loadgen sweep`: `bench` over a list of load points (`--concurrency 1,2,4` closed loop, or
+//! `--request-rate 1,2,4` open loop), or a search for the highest load that still meets the SLO
+//! (`--find-max-goodput`: a geometric ramp up to the first point that breaks the SLO or
+//! saturates, then bisection between the last good and the first bad point).
+//!
+//! Every point runs the same workload (`bench`'s flags; `--num-requests` / `--duration` are the
+//! budget of each point) on one connected target, each with its own seed (the base seed plus
+//! the point's index) so that no point finds the previous one's prompts in the prefix cache.
+//! A point stops early when the server is clearly over capacity ([`Overload`]: errors, or the
+//! TTFT of successive requests growing without bound); its requests still in flight are
+//! cancelled. A point is *saturated* ([`Point::saturation`]) when it stopped early, when an open
+//! loop achieved less than [`RATE_SHORTFALL`] of its offered rate, when the failure share
+//! passes `--max-failure-rate`, or when a closed loop's throughput grew by less than
+//! [`MIN_GAIN`] over a smaller point's. The *knee* is the last point before the first
+//! saturated one.
+
+use std::sync::{Arc, Mutex};
+
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+use crate::bench::{self, BenchArgs, BenchPlan, Load, Rate, RunHooks};
+use crate::driver::{Observer, Sample};
+use crate::error::LoadgenError;
+use crate::replay_report::LiveRecord;
+use crate::target::EmbeddedOptions;
+
+/// An open-loop point achieving less than this share of its offered rate is saturated.
+pub const RATE_SHORTFALL: f64 = 0.9;
+
+/// A closed-loop point whose throughput is less than this factor above a smaller point's is
+/// saturated (more load bought no throughput).
+pub const MIN_GAIN: f64 = 1.1;
+
+/// Default share of requests that must meet the SLO for a point to be good.
+pub const DEFAULT_MIN_ATTAINMENT: f64 = 0.9;
+
+/// `loadgen sweep` flags: the load points or the search, on top of `bench`'s workload flags.
+#[derive(Args, Clone, Debug)]
+#[command(
+    mut_arg("concurrency", |a| a
+        .long("max-concurrency")
+        .help("Open-loop points: at most this many requests in flight")),
+    mut_arg("request_rate", |a| a.long("bench-request-rate").hide(true)),
+)]
+pub struct SweepArgs {
+    /// Closed-loop points: these concurrencies, e.g. 1,2,4,8.
+    #[arg(long = "concurrency", value_delimiter = ',', id = "sweep_concurrency")]
+    pub concurrencies: Vec<usize>,
+
+    /// Open-loop points: these request rates (req/s), e.g. 1,2,4,8.
+    #[arg(
+        long = "request-rate",
+        value_delimiter = ',',
+        id = "sweep_request_rate"
+    )]
+    pub request_rates: Vec<f64>,
+
+    /// Replay points: this Mooncake trace, replayed once per --arrival-speedup-ratio value (on
+    /// a fresh embedded server each time; --num-requests keeps the first rows).
+    #[arg(long, value_name = "PATH")]
+    pub trace: Option<std::path::PathBuf>,
+
+    /// Replay points: arrival speed-ups of --trace, e.g. 1,2,4,8.
+    #[arg(long = "arrival-speedup-ratio", value_delimiter = ',')]
+    pub arrival_speedups: Vec<f64>,
+
+    /// Prompt tokens per trace hash id (replay points).
+    #[arg(long, default_value_t = 512)]
+    pub trace_block_size: usize,
+
+    /// Search the highest load whose requests meet --slo (at least --min-attainment of them)
+    /// without saturating: a geometric ramp from --search-start, then bisection.
+    #[arg(long)]
+    pub find_max_goodput: bool,
+
+    /// What --find-max-goodput varies.
+    #[arg(long, value_enum, default_value_t = SearchAxis::RequestRate)]
+    pub search_axis: SearchAxis,
+
+    /// First load of the search (req/s or concurrency).
+    #[arg(long, default_value_t = 1.0)]
+    pub search_start: f64,
+
+    /// Factor between two loads of the search's ramp.
+    #[arg(long, default_value_t = 2.0)]
+    pub search_factor: f64,
+
+    /// Bisection steps after the ramp.
+    #[arg(long, default_value_t = 3)]
+    pub search_steps: usize,
+
+    /// Most points the search runs (ramp and bisection together).
+    #[arg(long, default_value_t = 16)]
+    pub max_points: usize,
+
+    /// Share of requests that must meet --slo for a point to be good.
+    #[arg(long, default_value_t = DEFAULT_MIN_ATTAINMENT)]
+    pub min_attainment: f64,
+
+    /// The workload of every point (`bench`'s flags).
+    #[command(flatten)]
+    pub bench: BenchArgs,
+}
+
+/// The load a search varies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SearchAxis {
+    /// Open loop, requests per second.
+    RequestRate,
+    /// Closed loop, requests in flight.
+    Concurrency,
+}
+
+/// One load point.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadPoint {
+    /// Closed loop with this many requests in flight.
+    Concurrency(usize),
+    /// Open loop at this many requests per second.
+    RequestRate(f64),
+    /// The sweep's trace replayed with its arrivals sped up by this factor.
+    ArrivalSpeedup(f64),
+}
+
+impl LoadPoint {
+    /// The load as a number (req/s or concurrency).
+    pub fn value(self) -> f64 {
+        match self {
+            LoadPoint::Concurrency(n) => n as f64,
+            LoadPoint::RequestRate(r) | LoadPoint::ArrivalSpeedup(r) => r,
+        }
+    }
+
+    /// `c=8` or `8 req/s`.
+    pub fn label(self) -> String {
+        match self {
+            LoadPoint::Concurrency(n) => format!("c={n}"),
+            LoadPoint::RequestRate(r) => format!("{} req/s", trim(r)),
+            LoadPoint::ArrivalSpeedup(x) => format!("replay x{}", trim(x)),
+        }
+    }
+
+    /// The bench plan of this point: `base` with this load and seed.
+    pub fn plan(self, base: &BenchPlan, seed: u64) -> BenchPlan {
+        let mut plan = *base;
+        plan.seed = seed;
+        plan.load = match (self, base.load) {
+            (LoadPoint::Concurrency(users), _) => Load::Closed { users },
+            (
+                LoadPoint::RequestRate(r),
+                Load::Open {
+                    arrival,
+                    burstiness,
+                    max_in_flight,
+                    ..
+                },
+            ) => Load::Open {
+                rate: Rate::PerSecond(r),
+                arrival,
+                burstiness,
+                max_in_flight,
+            },
+            (LoadPoint::ArrivalSpeedup(_), load) => load,
+            (LoadPoint::RequestRate(r), Load::Closed { .. }) => Load::Open {
+                rate: Rate::PerSecond(r),
+                arrival: bench::Arrival::Poisson,
+                burstiness: 1.0,
+                max_in_flight: None,
+            },
+        };
+        plan
+    }
+}
+
+/// `x` with at most 3 decimals and no trailing zeros after the point.
+fn trim(x: f64) -> String {
+    let s = format!("{x:.3}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
+/// What a sweep runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SweepMode {
+    /// These points, in order.
+    List(Vec<LoadPoint>),
+    /// The search for the highest load meeting the SLO.
+    Search {
+        /// Rate or concurrency.
+        axis: SearchAxis,
+        /// First load.
+        start: f64,
+        /// Ramp factor.
+        factor: f64,
+        /// Bisection steps.
+        steps: usize,
+        /// Most points.
+        max_points: usize,
+    },
+}
+
+/// A validated sweep.
+#[derive(Clone, Debug)]
+pub struct SweepPlan {
+    /// Points or search.
+    pub mode: SweepMode,
+    /// The workload of every point (its load replaced per point).
+    pub base: BenchPlan,
+    /// Share of requests that must meet the SLO.
+    pub min_attainment: f64,
+    /// Replay points' flags (the trace, the target), the speed-up set per point.
+    pub replay: Option<crate::replay::ReplayArgs>,
+}
+
+impl SweepArgs {
+    /// Validates the flags.
+    pub fn plan(&self) -> Result<SweepPlan, LoadgenError> {
+        let bad = |m: &str| Err(LoadgenError::Config(m.to_string()));
+        if self.bench.request_rate.is_some() {
+            return bad("sweep takes its rates as --request-rate R1,R2,...");
+        }
+        // The base plan is validated with the first open-loop rate, so that open-loop flags
+        // (--arrival, --burstiness) are checked as bench checks them.
+        let mut bench = self.bench.clone();
+        bench.request_rate = match (self.request_rates.first(), self.search_axis) {
+            (Some(&r), _) => Some(r),
+            (None, SearchAxis::RequestRate) if self.find_max_goodput => Some(self.search_start),
+            _ => None,
+        };
+        let base = bench.plan()?;
+        if !(self.min_attainment > 0.0 && self.min_attainment <= 1.0) {
+            return bad("--min-attainment must be in (0, 1]");
+        }
+        let lists = (!self.concurrencies.is_empty()) as u8
+            + (!self.request_rates.is_empty()) as u8
+            + (!self.arrival_speedups.is_empty()) as u8
+            + self.find_max_goodput as u8;
+        if lists != 1 {
+            return bad("give exactly one of --concurrency LIST, --request-rate LIST, --trace with --arrival-speedup-ratio LIST, --find-max-goodput");
+        }
+        if self.trace.is_some() != !self.arrival_speedups.is_empty() {
+            return bad("--trace and --arrival-speedup-ratio go together");
+        }
+        let replay = self.trace.as_ref().map(|trace| crate::replay::ReplayArgs {
+            trace: trace.clone(),
+            arrival_speedup_ratio: 1.0,
+            trace_block_size: self.trace_block_size,
+            max_requests: self.bench.num_requests,
+            max_in_flight: self.bench.concurrency,
+            session_mode: crate::replay::SessionMode::Auto,
+            endpoint: self.bench.endpoint,
+            report: crate::observe::quiet(),
+            observe: crate::observe::ObserveArgs {
+                no_scrape_metrics: true,
+                ..Default::default()
+            },
+            failures: self.bench.failures.clone(),
+            target: self.bench.target.clone(),
+        });
+        let mode = if !self.arrival_speedups.is_empty() {
+            if self
+                .arrival_speedups
+                .iter()
+                .any(|x| !(x.is_finite() && *x > 0.0))
+            {
+                return bad("--arrival-speedup-ratio values must be positive and finite");
+            }
+            SweepMode::List(
+                self.arrival_speedups
+                    .iter()
+                    .map(|&x| LoadPoint::ArrivalSpeedup(x))
+                    .collect(),
+            )
+        } else if self.find_max_goodput {
+            if base.slo.is_none() {
+                return bad("--find-max-goodput needs --slo (e.g. ttft=500ms,itl=50ms)");
+            }
+            if !(self.search_start.is_finite() && self.search_start > 0.0) {
+                return bad("--search-start must be positive");
+            }
+            if !(self.search_factor.is_finite() && self.search_factor > 1.0) {
+                return bad("--search-factor must be above 1");
+            }
+            if self.max_points < 2 {
+                return bad("--max-points must be at least 2");
+            }
+            SweepMode::Search {
+                axis: self.search_axis,
+                start: self.search_start,
+                factor: self.search_factor,
+                steps: self.search_steps,
+                max_points: self.max_points,
+            }
+        } else if !self.concurrencies.is_empty() {
+            if self.concurrencies.contains(&0) {
+                return bad("--concurrency values must be positive");
+            }
+            SweepMode::List(
+                self.concurrencies
+                    .iter()
+                    .map(|&n| LoadPoint::Concurrency(n))
+                    .collect(),
+            )
+        } else {
+            if self
+                .request_rates
+                .iter()
+                .any(|r| !(r.is_finite() && *r > 0.0))
+            {
+                return bad("--request-rate values must be positive and finite");
+            }
+            SweepMode::List(
+                self.request_rates
+                    .iter()
+                    .map(|&r| LoadPoint::RequestRate(r))
+                    .collect(),
+            )
+        };
+        Ok(SweepPlan {
+            mode,
+            base,
+            min_attainment: self.min_attainment,
+            replay,
+        })
+    }
+}
+
+/// Watches a running point for a server clearly over capacity, from its completed requests.
+#[derive(Debug, Default)]
+pub struct Overload {
+    /// Judge TTFT growth (open loop only: a closed loop bounds its queue).
+    pub open_loop: bool,
+    completed: usize,
+    errors: usize,
+    /// TTFTs (ms) of successful requests in completion order.
+    ttfts: Vec<f64>,
+}
+
+/// Requests a point needs before [`Overload`] judges it.
+pub const OVERLOAD_MIN_REQUESTS: usize = 40;
+
+/// Growth of the median TTFT from the first to the last quarter of a point's completed
+/// requests that marks queueing without bound.
+pub const OVERLOAD_TTFT_GROWTH: f64 = 4.0;
+
+impl Overload {
+    /// Records one completed request.
+    pub fn observe(&mut self, s: &Sample) {
+        self.completed += 1;
+        match s.ttft_us(crate::client::FirstToken::Any) {
+            Some(t) => self.ttfts.push(t as f64 / 1000.0),
+            None => self.errors += 1,
+        }
+    }
+
+    /// Why the server is over capacity, if it clearly is: half or more of at least 10 requests
+    /// failed, or the median TTFT of the last quarter of completions is
+    /// [`OVERLOAD_TTFT_GROWTH`] times the first quarter's (after [`OVERLOAD_MIN_REQUESTS`]).
+    pub fn verdict(&self) -> Option<String> {
+        if self.completed >= 10 && self.errors * 2 >= self.completed {
+            return Some(format!(
+                "{} of {} requests failed",
+                self.errors, self.completed
+            ));
+        }
+        if !self.open_loop {
+            return None;
+        }
+        let growth = ttft_growth(&self.ttfts)?;
+        (self.ttfts.len() >= OVERLOAD_MIN_REQUESTS && growth >= OVERLOAD_TTFT_GROWTH).then(|| {
+            format!("TTFT grows without bound (last quarter's median {growth:.1}x the first's)")
+        })
+    }
+}
+
+/// Median of the last quarter over median of the first quarter (None with fewer than 8).
+pub fn ttft_growth(ttfts: &[f64]) -> Option<f64> {
+    if ttfts.len() < 8 {
+        return None;
+    }
+    let q = ttfts.len() / 4;
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let first = median(&ttfts[..q]);
+    let last = median(&ttfts[ttfts.len() - q..]);
+    (first > 0.0).then(|| last / first)
+}
+
+/// One measured point.
+#[derive(Clone, Debug)]
+pub struct Point {
+    /// The load.
+    pub load: LoadPoint,
+    /// Its bench report JSON (the same keys as `bench`), plus the sweep's keys.
+    pub json: Value,
+    /// Why the point counts as saturated (empty when it does not).
+    pub saturation: Vec<String>,
+    /// Share of requests that met the SLO (None without one).
+    pub attainment: Option<f64>,
+    /// Its per-request records.
+    pub records: Vec<crate::replay_report::LiveRecord>,
+}
+
+impl Point {
+    fn f(&self, key: &str) -> f64 {
+        self.json[key].as_f64().unwrap_or(0.0)
+    }
+
+    /// Achieved requests per second.
+    pub fn rps(&self) -> f64 {
+        self.f("request_throughput_rps")
+    }
+
+    /// True when it met the SLO (when there is one) and did not saturate.
+    pub fn good(&self, min_attainment: f64) -> bool {
+        self.saturation.is_empty() && self.attainment.is_none_or(|a| a >= min_attainment)
+    }
+}
+
+/// Why a point is saturated, given its records (in scheduled order) and the points measured
+/// before it.
+pub fn saturation(
+    load: LoadPoint,
+    json: &Value,
+    records: &[LiveRecord],
+    earlier: &[Point],
+    max_failure_rate: f64,
+) -> Vec<String> {
+    let mut why = Vec::new();
+    if let Some(reason) = json["stopped_early"].as_str() {
+        why.push(format!("stopped early: {reason}"));
+    }
+    let rps = json["request_throughput_rps"].as_f64().unwrap_or(0.0);
+    let total = records.len() as f64;
+    let failed = records.iter().filter(|r| r.error.is_some()).count() as f64;
+    if total > 0.0 && failed / total > max_failure_rate {
+        why.push(format!("{failed} of {total} requests failed"));
+    }
+    match load {
+        LoadPoint::RequestRate(_) | LoadPoint::ArrivalSpeedup(_) => {
+            let r = match load {
+                LoadPoint::RequestRate(r) => r,
+                _ => f64::INFINITY,
+            };
+            // What a server keeping up would achieve: every request done by its send time plus
+            // the run's fastest latency (a finite run drains after its last send).
+            let last_ms = records.iter().map(|r| r.scheduled_ms).fold(0.0, f64::max);
+            let fastest_ms = records
+                .iter()
+                .filter_map(|r| r.record.e2e_latency_ms)
+                .fold(f64::INFINITY, f64::min);
+            let fastest_ms = if fastest_ms.is_finite() {
+                fastest_ms
+            } else {
+                0.0
+            };
+            let keeping_up = total / ((last_ms + fastest_ms) / 1000.0).max(1e-9);
+            let expected = r.min(keeping_up);
+            if rps < RATE_SHORTFALL * expected {
+                why.push(format!("achieved {rps:.2} req/s of {} offered", trim(r)));
+            }
+            let ttfts: Vec<f64> = records.iter().filter_map(|r| r.record.ttft_ms).collect();
+            if let Some(g) = ttft_growth(&ttfts).filter(|&g| g >= OVERLOAD_TTFT_GROWTH) {
+                why.push(format!(
+                    "TTFT grew {g:.1}x from the first to the last quarter"
+                ));
+            }
+        }
+        LoadPoint::Concurrency(n) => {
+            let best_below = earlier
+                .iter()
+                .filter(|p| matches!(p.load, LoadPoint::Concurrency(m) if m < n))
+                .map(Point::rps)
+                .fold(0.0, f64::max);
+            if best_below > 0.0 && rps < MIN_GAIN * best_below {
+                why.push(format!(
+                    "throughput {rps:.2} req/s, not {MIN_GAIN}x above a smaller concurrency's {best_below:.2}"
+                ));
+            }
+        }
+    }
+    why
+}
+
+/// Index of the knee: the last point (in load order) before the first saturated one, or the
+/// last point when none saturated; None when the first point already saturated.
+pub fn knee(points: &[Point]) -> Option<usize> {
+    let mut order: Vec<usize> = (0..points.len()).collect();
+    order.sort_by(|&a, &b| points[a].load.value().total_cmp(&points[b].load.value()));
+    let mut knee = None;
+    for i in order {
+        if !points[i].saturation.is_empty() {
+            break;
+        }
+        knee = Some(i);
+    }
+    knee
+}
+
+/// The loads the search visits: given the points so far (in run order), the next load, or None
+/// when the search is over.
+pub fn next_search_load(
+    loads: &[(f64, bool)],
+    start: f64,
+    factor: f64,
+    steps: usize,
+    integer: bool,
+) -> Option<f64> {
+    let round = |x: f64| if integer { x.round().max(1.0) } else { x };
+    let Some(&(last, last_good)) = loads.last() else {
+        return Some(round(start));
+    };
+    let first_bad = loads.iter().position(|&(_, good)| !good);
+    match first_bad {
+        // Still ramping.
+        None => Some(round(last * factor)).filter(|&next| next > last),
+        Some(bad_index) => {
+            let bisected = loads.len() - 1 - bad_index;
+            if bisected >= steps {
+                return None;
+            }
+            let best_good = loads
+                .iter()
+                .filter(|(_, g)| *g)
+                .map(|(x, _)| *x)
+                .fold(0.0, f64::max);
+            let lowest_bad = loads
+                .iter()
+                .filter(|(_, g)| !*g)
+                .map(|(x, _)| *x)
+                .fold(f64::INFINITY, f64::min);
+            let _ = last_good;
+            let low = if best_good > 0.0 {
+                best_good
+            } else {
+                lowest_bad / factor
+            };
+            let mid = round((low + lowest_bad) / 2.0);
+            (mid > low && mid < lowest_bad && !loads.iter().any(|(x, _)| *x == mid)).then_some(mid)
+        }
+    }
+}
+
+/// The outcome of a sweep.
+#[derive(Debug)]
+pub struct SweepRun {
+    /// Every point, in run order.
+    pub points: Vec<Point>,
+    /// Index of the knee.
+    pub knee: Option<usize>,
+    /// Index of the best point of a search (the highest good load).
+    pub best: Option<usize>,
+    /// The JSON report.
+    pub json: Value,
+}
+
+/// Runs one point on the connected target, stopping it early when the server is clearly over
+/// capacity.
+async fn run_point(
+    load: LoadPoint,
+    plan: &SweepPlan,
+    index: usize,
+    target: &crate::target::Connected,
+    earlier: &[Point],
+) -> Result<Point, LoadgenError> {
+    let point_plan = load.plan(&plan.base, plan.base.seed.wrapping_add(index as u64));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let overload = Overload {
+        open_loop: matches!(load, LoadPoint::RequestRate(_)),
+        ..Overload::default()
+    };
+    let watch_state = Arc::new(Mutex::new((overload, None::<String>)));
+    let state = watch_state.clone();
+    let observer: Observer = Arc::new(move |s: &Sample| {
+        // Short section, never across an await.
+        if let Ok(mut st) = state.lock() {
+            st.0.observe(s);
+            if st.1.is_none() {
+                if let Some(reason) = st.0.verdict() {
+                    st.1 = Some(reason);
+                    let _ = stop_tx.send(true);
+                }
+            }
+        }
+    });
+    let hooks = RunHooks {
+        bar: None,
+        observer: Some(observer),
+        abort: Some(stop_rx),
+        sent: None,
+    };
+    let (mut json, live, attainment) = match (load, &plan.replay) {
+        (LoadPoint::ArrivalSpeedup(x), Some(template)) => {
+            let mut args = template.clone();
+            args.arrival_speedup_ratio = x;
+            let run = crate::replay::replay_with(&args, false).await?;
+            let attainment = plan.base.slo.map(|slo| {
+                bench::goodput(
+                    &slo,
+                    &run.live.records,
+                    run.live.report.duration_ms / 1000.0,
+                )
+            });
+            let mut json = run.json;
+            if let Some(map) = json.as_object_mut() {
+                map.insert("slo".into(), json!(plan.base.slo));
+                map.insert("goodput".into(), json!(attainment));
+            }
+            (json, run.live, attainment.map(|g| g.share))
+        }
+        _ => {
+            let run = bench::run_plan(&point_plan, target, &hooks).await?;
+            let attainment = run.goodput.map(|g| g.share);
+            (run.json, run.live, attainment)
+        }
+    };
+    let stopped = watch_state.lock().ok().and_then(|st| st.1.clone());
+    if let Some(map) = json.as_object_mut() {
+        map.insert("load".into(), json!(load));
+        map.insert("load_label".into(), json!(load.label()));
+        map.insert("seed".into(), json!(point_plan.seed));
+        map.insert("stopped_early".into(), json!(stopped));
+        map.insert("slo_attainment".into(), json!(attainment));
+    }
+    let saturation = saturation(
+        load,
+        &json,
+        &live.records,
+        earlier,
+        plan.base.max_failure_rate,
+    );
+    if let Some(map) = json.as_object_mut() {
+        map.insert("saturated".into(), json!(!saturation.is_empty()));
+        map.insert("saturation_reasons".into(), json!(saturation));
+    }
+    Ok(Point {
+        load,
+        json,
+        saturation,
+        attainment,
+        records: live.records,
+    })
+}
+
+/// Runs the sweep's points on a connected target.
+pub async fn run_points(
+    plan: &SweepPlan,
+    target: &crate::target::Connected,
+    mut on_point: impl FnMut(&Point),
+) -> Result<Vec<Point>, LoadgenError> {
+    let mut points: Vec<Point> = Vec::new();
+    match &plan.mode {
+        SweepMode::List(loads) => {
+            for (i, &load) in loads.iter().enumerate() {
+                let p = run_point(load, plan, i, target, &points).await?;
+                on_point(&p);
+                points.push(p);
+            }
+        }
+        &SweepMode::Search {
+            axis,
+            start,
+            factor,
+            steps,
+            max_points,
+        } => {
+            let integer = axis == SearchAxis::Concurrency;
+            let mut loads: Vec<(f64, bool)> = Vec::new();
+            while points.len() < max_points {
+                let Some(x) = next_search_load(&loads, start, factor, steps, integer) else {
+                    break;
+                };
+                let load = match axis {
+                    SearchAxis::RequestRate => LoadPoint::RequestRate(x),
+                    SearchAxis::Concurrency => LoadPoint::Concurrency(x as usize),
+                };
+                let p = run_point(load, plan, points.len(), target, &points).await?;
+                loads.push((x, p.good(plan.min_attainment)));
+                on_point(&p);
+                points.push(p);
+            }
+        }
+    }
+    Ok(points)
+}
+
+/// The console table: load, achieved req/s and tok/s, TTFT/ITL/E2E p50 and p99, goodput,
+/// errors; the knee and the best point marked.
+pub fn table(points: &[Point], knee: Option<usize>, best: Option<usize>) -> String {
+    let mut s = format!(
+        "{:<12} {:>9} {:>10} {:>9} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>7}  {}\n",
+        "load",
+        "req/s",
+        "tok/s",
+        "TTFT p50",
+        "TTFT p99",
+        "ITL p50",
+        "ITL p99",
+        "E2E p50",
+        "E2E p99",
+        "goodput",
+        "errors",
+        ""
+    );
+    let mut order: Vec<usize> = (0..points.len()).collect();
+    order.sort_by(|&a, &b| points[a].load.value().total_cmp(&points[b].load.value()));
+    for i in order {
+        let p = &points[i];
+        let goodput = p.json["goodput"]["rate_rps"]
+            .as_f64()
+            .map_or("-".to_string(), |g| format!("{g:.2}"));
+        let mut mark = Vec::new();
+        if Some(i) == knee {
+            mark.push("<- knee".to_string());
+        }
+        if Some(i) == best {
+            mark.push("<- max goodput".to_string());
+        }
+        if !p.saturation.is_empty() {
+            mark.push(format!("saturated ({})", p.saturation.join("; ")));
+        }
+        s.push_str(&format!(
+            "{:<12} {:>9.2} {:>10.1} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>9.1} {:>9.1} {:>9} {:>7}  {}\n",
+            p.load.label(),
+            p.rps(),
+            p.f("output_throughput_tok_s"),
+            p.f("median_ttft_ms"),
+            p.f("p99_ttft_ms"),
+            p.f("median_itl_ms"),
+            p.f("p99_itl_ms"),
+            p.f("median_e2e_latency_ms"),
+            p.f("p99_e2e_latency_ms"),
+            goodput,
+            p.json["failures"]["total"].as_u64().unwrap_or(0),
+            mark.join(" ")
+        ));
+    }
+    s
+}
+
+/// Runs `loadgen sweep`: every point, the table, the report files.
+pub async fn sweep(args: &SweepArgs) -> Result<SweepRun, LoadgenError> {
+    let plan = args.plan()?;
+    let spec = args.bench.target.spec(&EmbeddedOptions::default())?;
+    let target = spec.connect(plan.base.api).await?;
+    let mut observe_args = args.bench.observe.clone();
+    observe_args.no_scrape_metrics |= plan.replay.is_some();
+    let observe =
+        crate::observe::Observe::start(&observe_args, &crate::observe::quiet(), &target, None)
+            .await;
+    println!(
+        "loadgen sweep: {}; each point: {:?}",
+        match &plan.mode {
+            SweepMode::List(l) => format!("{} points", l.len()),
+            SweepMode::Search { axis, .. } =>
+                format!("searching the highest {axis:?} meeting the SLO"),
+        },
+        plan.base.stop
+    );
+    let quiet = args.bench.report.quiet;
+    let result = run_points(&plan, &target, |p| {
+        if !quiet {
+            eprintln!(
+                "  {}: {:.2} req/s, TTFT p50 {:.1} ms{}",
+                p.load.label(),
+                p.rps(),
+                p.f("median_ttft_ms"),
+                if p.saturation.is_empty() {
+                    ""
+                } else {
+                    ", saturated"
+                }
+            );
+        }
+    })
+    .await;
+    let observed = observe.finish().await;
+    target.shutdown().await;
+    let points = result?;
+    let knee = knee(&points);
+    let best = match plan.mode {
+        SweepMode::Search { .. } => points
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.good(plan.min_attainment))
+            .max_by(|a, b| a.1.load.value().total_cmp(&b.1.load.value()))
+            .map(|(i, _)| i),
+        SweepMode::List(_) => None,
+    };
+    print!("{}", table(&points, knee, best));
+    if let (Some(b), SweepMode::Search { .. }) = (best, &plan.mode) {
+        println!(
+            "Max goodput: {} ({:.2} good req/s)",
+            points[b].load.label(),
+            points[b].json["goodput"]["rate_rps"]
+                .as_f64()
+                .unwrap_or(0.0)
+        );
+    } else if matches!(plan.mode, SweepMode::Search { .. }) {
+        println!("Max goodput: no point met the SLO");
+    }
+    print!("{}", observed.console());
+    let mut json = json!({
+        "sweep": {
+            "mode": match plan.mode { SweepMode::List(_) => "list", SweepMode::Search { .. } => "find_max_goodput" },
+            "slo": plan.base.slo,
+            "min_attainment": plan.min_attainment,
+            "knee_index": knee,
+            "knee": knee.map(|k| points[k].load),
+            "max_goodput_index": best,
+            "max_goodput": best.map(|b| points[b].load),
+        },
+        "config": bench::config_json(&plan.base, &spec),
+        "points": points.iter().map(|p| p.json.clone()).collect::<Vec<_>>(),
+    });
+    if let (Some(map), Some(server)) = (json.as_object_mut(), &observed.server) {
+        map.insert("server_metrics".into(), json!(server));
+    }
+    crate::replay_report::write_files(&json, &[], args.bench.report.report_json.as_deref(), None)?;
+    if let Some(path) = &args.bench.report.per_request_jsonl {
+        write_point_records(path, &points)?;
+    }
+    observed.write_html(&json, &args.bench.observe)?;
+    Ok(SweepRun {
+        points,
+        knee,
+        best,
+        json,
+    })
+}
+
+/// Writes every point's per-request records, each with its point's index (`point`).
+fn write_point_records(path: &std::path::Path, points: &[Point]) -> Result<(), LoadgenError> {
+    use std::io::Write;
+    let io = |source| LoadgenError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::create(path).map_err(io)?;
+    let mut w = std::io::BufWriter::new(file);
+    for (i, p) in points.iter().enumerate() {
+        for r in &p.records {
+            let mut v = serde_json::to_value(r).unwrap_or_default();
+            if let Some(map) = v.as_object_mut() {
+                map.insert("point".into(), json!(i));
+            }
+            writeln!(w, "{v}").map_err(io)?;
+        }
+    }
+    w.flush().map_err(io)
+}

@@ -1,0 +1,336 @@
+//! `loadgen sweep`, `merge`, server metrics and the HTML report against the embedded server:
+//! a rate sweep saturates where the engine model says it must (the same cluster replayed on a
+//! virtual clock), merging a run's split records rebuilds its report, a bench run records the
+//! server's series and draws them.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use loadgen::{Cli, Command};
+use serde_json::Value;
+use servesim::replay::{replay, ReplayConfig};
+use servesim::time::{SimDuration, SimTime};
+use servesim::trace::{Session, Trace, TraceRequest};
+
+async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
+    match tokio::time::timeout(Duration::from_secs(secs), f).await {
+        Ok(v) => Ok(v),
+        Err(_) => bail!("timed out after {secs}s"),
+    }
+}
+
+fn temp_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("loadgen-sweep-{}-{name}", std::process::id()))
+}
+
+fn sweep_args(flags: &[&str]) -> loadgen::sweep::SweepArgs {
+    let mut argv = vec!["loadgen", "sweep", "--quiet"];
+    argv.extend_from_slice(flags);
+    match Cli::try_parse_from(argv).expect("valid flags").command {
+        Command::Sweep(a) => a,
+        _ => unreachable!(),
+    }
+}
+
+fn bench_args(flags: &[&str]) -> loadgen::bench::BenchArgs {
+    let mut argv = vec!["loadgen", "bench", "--quiet"];
+    argv.extend_from_slice(flags);
+    match Cli::try_parse_from(argv).expect("valid flags").command {
+        Command::Bench(a) => a,
+        _ => unreachable!(),
+    }
+}
+
+/// Input and output tokens of every request of the calibration and the sweep.
+const INPUT: usize = 2048;
+const OUTPUT: usize = 2;
+
+/// The engine's capacity (completed requests per second) for the embedded server of `flags`:
+/// 200 requests all due at once, replayed on the virtual clock with the same cluster.
+fn capacity_rps(flags: &[&str]) -> Result<f64> {
+    let args = sweep_args(flags);
+    let spec = args
+        .bench
+        .target
+        .spec(&loadgen::target::EmbeddedOptions::default())?;
+    let cluster = spec.server.context("embedded")?.cluster;
+    let block = 64;
+    let sessions = (0..200u64)
+        .map(|i| Session {
+            id: format!("r{i}"),
+            first_arrival: SimTime(0),
+            turns: vec![TraceRequest {
+                line: i as usize + 1,
+                request_id: None,
+                input_length: INPUT,
+                requested_input_length: None,
+                output_length: OUTPUT,
+                hash_ids: (0..(INPUT / block) as u64).map(|b| i * 1000 + b).collect(),
+                delay: SimDuration::ZERO,
+            }],
+        })
+        .collect();
+    let outcome = replay(
+        &Trace { sessions },
+        &ReplayConfig {
+            cluster,
+            trace_block_size: block,
+        },
+        |_, _| {},
+    )?;
+    Ok(outcome.report.request_throughput_rps)
+}
+
+/// A rate sweep over the embedded server: points well below the capacity the engine model
+/// predicts are not saturated, points well above it are, and the knee lies between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_sweep_saturates_where_the_engine_model_says() -> Result<()> {
+    // One worker, calibrated so that the engine (not this client) is the bottleneck: about
+    // 25 requests per second.
+    let base = ["--num-workers", "1", "--seed", "3"];
+    let c1 = capacity_rps(&[&base[..], &["--request-rate", "1"]].concat())?;
+    let speedup = format!("{}", 25.0 / c1);
+    let mut engine: Vec<&str> = base.to_vec();
+    engine.extend(["--speedup-ratio", &speedup]);
+    let c = capacity_rps(&[&engine[..], &["--request-rate", "1"]].concat())?;
+    assert!((c - 25.0).abs() < 5.0, "calibration: {c} req/s");
+    let rates = [0.25 * c, 0.5 * c, 2.0 * c, 4.0 * c];
+    let list = rates
+        .iter()
+        .map(|r| format!("{r:.3}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let report = temp_path("rates.json");
+    let rp = report.display().to_string();
+    let (input, output) = (INPUT.to_string(), OUTPUT.to_string());
+    let mut flags = engine.clone();
+    flags.extend([
+        "--request-rate",
+        &list,
+        "--arrival",
+        "constant",
+        "--num-requests",
+        "40",
+        "--input-tokens",
+        &input,
+        "--output-tokens",
+        &output,
+        "--report-json",
+        &rp,
+    ]);
+    let run = within(240, loadgen::sweep::sweep(&sweep_args(&flags))).await??;
+    let sat: Vec<bool> = run
+        .points
+        .iter()
+        .map(|p| !p.saturation.is_empty())
+        .collect();
+    let why: Vec<_> = run
+        .points
+        .iter()
+        .map(|p| (&p.saturation, p.rps()))
+        .collect();
+    eprintln!("capacity {c:.1} req/s: {why:?}");
+    assert_eq!(
+        sat,
+        [false, false, true, true],
+        "capacity {c:.1} req/s: {why:?}"
+    );
+    assert_eq!(run.knee, Some(1), "{why:?}");
+    // Above capacity, the achieved rate is the engine's capacity (generous bounds).
+    let top = run.points[3].rps();
+    assert!(top > 0.4 * c && top < 1.6 * c, "achieved {top} vs {c}");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&report)?)?;
+    let points = json["points"].as_array().context("points")?;
+    assert_eq!(points.len(), 4);
+    for key in [
+        "median_ttft_ms",
+        "p99_itl_ms",
+        "request_throughput_rps",
+        "failures",
+        "load",
+    ] {
+        assert!(points[0].get(key).is_some(), "{key}");
+    }
+    assert_eq!(json["sweep"]["knee_index"], 1);
+    let _ = std::fs::remove_file(report);
+    Ok(())
+}
+
+/// `--find-max-goodput` ramps to the first bad point and bisects: the best point meets the SLO,
+/// every higher point tried does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_search_finds_the_highest_load_meeting_the_slo() -> Result<()> {
+    let flags = [
+        "--num-workers",
+        "1",
+        "--speedup-ratio",
+        "2",
+        "--find-max-goodput",
+        "--search-axis",
+        "concurrency",
+        "--slo",
+        "ttft=400ms",
+        "--search-steps",
+        "2",
+        "--max-points",
+        "8",
+        "--num-requests",
+        "24",
+        "--input-tokens",
+        "512",
+        "--output-tokens",
+        "8",
+    ];
+    let run = within(240, loadgen::sweep::sweep(&sweep_args(&flags))).await??;
+    let best = run.best.context("some point met the SLO")?;
+    let good = |p: &loadgen::sweep::Point| p.good(loadgen::sweep::DEFAULT_MIN_ATTAINMENT);
+    assert!(good(&run.points[best]));
+    let best_load = run.points[best].load.value();
+    assert!(
+        run.points
+            .iter()
+            .filter(|p| p.load.value() > best_load)
+            .all(|p| !good(p)),
+        "{:?}",
+        run.points
+            .iter()
+            .map(|p| (p.load, p.attainment))
+            .collect::<Vec<_>>()
+    );
+    assert!(run.points.len() >= 3 && run.points.len() <= 8);
+    Ok(())
+}
+
+/// Splitting one run's per-request records in two and merging them gives the run's report;
+/// the run also recorded the embedded server's metrics and drew them in its HTML report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merging_split_records_gives_the_original_report() -> Result<()> {
+    let (json_path, jsonl_path, html_path) = (
+        temp_path("run.json"),
+        temp_path("run.jsonl"),
+        temp_path("run.html"),
+    );
+    let (jp, lp, hp) = (
+        json_path.display().to_string(),
+        jsonl_path.display().to_string(),
+        html_path.display().to_string(),
+    );
+    let args = bench_args(&[
+        "--speedup-ratio",
+        "5",
+        "--request-rate",
+        "40",
+        "--num-requests",
+        "30",
+        "--output-tokens",
+        "16",
+        "--output-tokens-stddev",
+        "4",
+        "--scrape-interval-ms",
+        "100",
+        "--endpoint",
+        "chat",
+        "--report-json",
+        &jp,
+        "--per-request-jsonl",
+        &lp,
+        "--html",
+        &hp,
+    ]);
+    let run = within(120, loadgen::bench::bench(&args)).await??;
+    assert_eq!(run.live.failures.total, 0);
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json_path)?)?;
+    // Server metrics: the embedded mockserve serves vLLM names per worker.
+    let server = &report["server_metrics"];
+    assert!(
+        server["samples"].as_array().is_some_and(|s| s.len() >= 2),
+        "{server}"
+    );
+    assert!(
+        server["summary"]["running"]["peak"]
+            .as_f64()
+            .is_some_and(|p| p >= 1.0),
+        "{server}"
+    );
+    // Chat endpoint, workers and finish reasons recorded.
+    assert_eq!(report["config"]["endpoint"], "chat");
+    assert_eq!(report["finish_reasons"]["length"], 30);
+    assert!(run.live.records.iter().all(|r| r.record.worker.is_some()));
+    let html = std::fs::read_to_string(&html_path)?;
+    assert!(html.contains("Server: requests running") && html.contains("TTFT CDF"));
+
+    // Split the records in two files (alternate lines) and merge.
+    let text = std::fs::read_to_string(&jsonl_path)?;
+    let lines: Vec<&str> = text.lines().collect();
+    let (a, b) = (temp_path("a.jsonl"), temp_path("b.jsonl"));
+    let pick = |odd: usize| {
+        lines
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % 2 == odd)
+            .map(|(_, l)| format!("{l}\n"))
+            .collect::<String>()
+    };
+    std::fs::write(&a, pick(0))?;
+    std::fs::write(&b, pick(1))?;
+    let merged_path = temp_path("merged.json");
+    let mp = merged_path.display().to_string();
+    let (ap, bp) = (a.display().to_string(), b.display().to_string());
+    let merge =
+        match Cli::try_parse_from(["loadgen", "merge", &ap, &bp, "--report-json", &mp])?.command {
+            Command::Merge(m) => m,
+            _ => unreachable!(),
+        };
+    let merged = loadgen::merge::run(&merge)?;
+    assert_eq!(
+        merged.report.without_wall_clock(),
+        run.live.report.without_wall_clock()
+    );
+    assert_eq!(merged.failures, run.live.failures);
+    assert_eq!(merged.finish_reasons, run.live.finish_reasons);
+    assert_eq!(merged.records.len(), run.live.records.len());
+    let merged_json: Value = serde_json::from_str(&std::fs::read_to_string(&merged_path)?)?;
+    for key in [
+        "num_requests",
+        "total_output_tokens",
+        "duration_ms",
+        "request_throughput_rps",
+        "p99_ttft_ms",
+        "median_itl_ms",
+        "p99_e2e_latency_ms",
+        "mean_output_token_throughput_per_user",
+        "schedule_lag_p99_ms",
+    ] {
+        assert_eq!(merged_json[key], report[key], "{key}");
+    }
+    // A second process started 2 s later: clocks aligned by wall-clock start, the window is
+    // the union of both.
+    let later: String = lines
+        .iter()
+        .map(|l| {
+            let mut v: Value = serde_json::from_str(l).expect("json line");
+            let start = v["raw"]["run_start_unix_us"].as_u64().unwrap_or(0);
+            v["raw"]["run_start_unix_us"] = (start + 2_000_000).into();
+            format!("{v}\n")
+        })
+        .collect();
+    std::fs::write(&b, later)?;
+    let (both, _) = loadgen::merge::read(&[a.clone(), b.clone()])?;
+    let union = loadgen::merge::merge(&both);
+    assert_eq!(
+        union.records.len(),
+        lines.len() / 2 + lines.len() % 2 + lines.len()
+    );
+    let d = union.report.duration_ms;
+    assert!(
+        d > 2000.0 && d < 2000.0 + 2.0 * run.live.report.duration_ms,
+        "{d}"
+    );
+    for p in [json_path, jsonl_path, html_path, a, b, merged_path] {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}
