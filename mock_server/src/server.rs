@@ -65,8 +65,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 256)]
     pub default_max_tokens: usize,
 
-    /// HuggingFace `tokenizer.json` for exact token counts of a real model (default: the
-    /// built-in tokenizer, no download).
+    /// HuggingFace `tokenizer.json` for exact token counts of a real model, or an embedded
+    /// tokenizer by name: `o200k_base` (the default), `cl100k_base`, `builtin` (word-level).
+    /// Loaded and warmed before the server reports ready.
     #[arg(long, value_name = "PATH")]
     pub tokenizer: Option<std::path::PathBuf>,
 
