@@ -20,6 +20,7 @@ use crate::config::{
     DEFAULT_MAX_CONNECTIONS, DEFAULT_SHUTDOWN_TIMEOUT,
 };
 use crate::connection::Edge;
+use crate::fault::{FaultArgs, FaultConfig};
 use crate::text::TokenizerCodec;
 
 /// `mockserve serve` flags.
@@ -75,10 +76,14 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub engine: EngineArgs,
 
-    /// Connection limits and timeouts of the HTTP server (last: its help heading holds for
-    /// the flags after it).
+    /// Connection limits and timeouts of the HTTP server (its help heading holds for the
+    /// flags after it).
     #[command(flatten)]
     pub http: HttpArgs,
+
+    /// Injected failures for testing clients (last: its own help heading).
+    #[command(flatten)]
+    pub faults: FaultArgs,
 }
 
 /// `mockserve serve` flags for the HTTP connections: the defences against slow, idle and too
@@ -163,6 +168,7 @@ impl ServerConfig {
             reasoning_format: args.reasoning_format,
             default_max_tokens: args.default_max_tokens,
             http: HttpLimits::from_args(&args.http)?,
+            faults: FaultConfig::from_args(&args.faults).map_err(ConfigError)?,
             ..ServerConfig::new(cluster)
         };
         let config = match &args.tokenizer {
