@@ -124,6 +124,7 @@ impl TargetArgs {
                     tokenizer: self.tokenizer.clone(),
                     engine: self.engine.clone(),
                     http: Default::default(),
+                    faults: Default::default(),
                 })?),
             ),
         };
