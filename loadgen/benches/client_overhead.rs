@@ -90,6 +90,7 @@ fn server(flags: &[&str]) -> ServerConfig {
         max_body_bytes: 1 << 24,
         tokenizer: None,
         http: Default::default(),
+        faults: Default::default(),
         engine,
     })
     .expect("server config")

@@ -178,6 +178,31 @@ mod tests {
     }
 
     #[test]
+    fn default_tokenizer_blocks_are_exact() {
+        let tok = match servesim::tokenizer::default_tokenizer() {
+            Ok(t) => t,
+            Err(e) => panic!("{e}"),
+        };
+        let synth = PromptSynth::exact(&tok, 16);
+        assert!(synth.is_exact());
+        for (ids, len) in [
+            (vec![1u64, 2, 3], 48),
+            (vec![5, 6], 17),
+            (vec![u64::MAX], 16),
+        ] {
+            assert_eq!(
+                tok.encode(&synth.prompt(&ids, len)).len(),
+                len,
+                "ids {ids:?}"
+            );
+        }
+        let a = tok.encode(&synth.prompt(&[1, 2, 3], 48));
+        let b = tok.encode(&synth.prompt(&[1, 2, 4], 48));
+        assert_eq!(a[..32], b[..32]);
+        assert_ne!(a[32], b[32]);
+    }
+
+    #[test]
     fn heuristic_blocks_have_one_word_per_token() {
         let synth = PromptSynth::heuristic(16);
         assert!(!synth.is_exact());

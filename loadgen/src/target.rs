@@ -12,7 +12,7 @@ use mock_server::args::EngineArgs;
 use mock_server::config::{ReasoningFormat, ServerConfig};
 use mock_server::server::ServeArgs;
 use serde_json::Value;
-use servesim::tokenizer::{BuiltinTokenizer, Tokenizer};
+use servesim::tokenizer::Tokenizer;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -40,9 +40,10 @@ pub struct TargetArgs {
     #[arg(long)]
     pub model: Option<String>,
 
-    /// HuggingFace tokenizer.json of the target model (exact prompt lengths with --url; the
-    /// embedded server uses it too). Without it: the embedded server's tokenizer, or with --url
-    /// a word-count heuristic.
+    /// HuggingFace tokenizer.json of the target model, or an embedded tokenizer by name
+    /// (`o200k_base`, `cl100k_base`, `builtin`): exact prompt lengths with --url; the embedded
+    /// server uses it too. Without it: the embedded server's tokenizer, or with --url a
+    /// word-count heuristic.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
 
@@ -127,6 +128,7 @@ impl TargetArgs {
                     tokenizer: self.tokenizer.clone(),
                     engine: self.engine.clone(),
                     http: Default::default(),
+                    faults: Default::default(),
                 })?),
             ),
         };
@@ -390,8 +392,8 @@ impl TargetSpec {
     ) -> Result<Connected, LoadgenError> {
         let tokenizer: Option<Arc<dyn Tokenizer>> = match (&self.tokenizer, embedded) {
             (Some(path), _) => Some(Arc::from(servesim::tokenizer::load_tokenizer(path)?)),
-            // The embedded server's default codec is the built-in tokenizer.
-            (None, true) => Some(Arc::new(BuiltinTokenizer::new())),
+            // The embedded server's default codec is servesim's default tokenizer.
+            (None, true) => Some(Arc::new(servesim::tokenizer::default_tokenizer()?)),
             (None, false) => None,
         };
         let http = client::client(self.request_timeout)

@@ -9,6 +9,7 @@ use servesim::cluster::ClusterConfig;
 use servesim::scheduler::ConfigError;
 
 use crate::output_length::OutputLengthDist;
+use crate::fault::FaultConfig;
 use crate::text::{default_codec, TextCodec};
 
 /// Default `--max-body-bytes`: 8 MiB, room for a long multi-turn conversation.
@@ -75,6 +76,8 @@ pub struct ServerConfig {
     pub stop_probability: f64,
     /// Chance that an answer calls a tool under `tool_choice: "auto"`.
     pub tool_call_probability: f64,
+    /// Injected failures (none by default).
+    pub faults: FaultConfig,
 }
 
 impl Default for ServerConfig {
@@ -104,6 +107,7 @@ impl ServerConfig {
             output_length: OutputLengthDist::default(),
             stop_probability: DEFAULT_STOP_PROBABILITY,
             tool_call_probability: DEFAULT_TOOL_CALL_PROBABILITY,
+            faults: FaultConfig::default(),
         }
     }
 

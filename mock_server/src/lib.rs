@@ -6,6 +6,7 @@
 //!   tests); [`connection::Edge`] is the accept loop under it (connection limits and timeouts
 //!   from [`config::HttpLimits`], graceful drain).
 //! - [`driver::EngineHandle`] is the live driver: one task owning the simulated cluster.
+//! - [`fault`] injects seeded failures (`--fault-rate`, `x-servesim-fault`) for testing clients.
 //! - [`metrics::Metrics`] holds the Prometheus metrics (vLLM names per worker, `servesim_*`).
 //! - [`text::TextCodec`] turns messages into prompt ids and answer ids into text (servesim's
 //!   built-in tokenizer, or a HuggingFace `tokenizer.json`).
@@ -37,6 +38,7 @@ pub mod args;
 pub mod config;
 pub mod connection;
 pub mod driver;
+pub mod fault;
 pub mod metrics;
 pub mod output_length;
 pub mod replay_cmd;

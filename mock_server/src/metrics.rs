@@ -44,6 +44,13 @@ pub struct SkipLabel {
     pub reason: &'static str,
 }
 
+/// The injected-fault label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FaultLabel {
+    /// The fault type's name (`rate-limit`, `stream-cut`, ...).
+    pub r#type: &'static str,
+}
+
 /// Skip reason: [`crate::driver::MAX_SPECULATIVE_PREFILLS`] already running.
 pub const SKIP_IN_FLIGHT: &str = "in_flight_limit";
 /// Skip reason: the `--max-waiting` queue is full.
@@ -141,6 +148,8 @@ pub struct Metrics {
     pub g2_resident_blocks: Family<WorkerLabel, Gauge>,
     /// `servesim_g2_onboarded_blocks` per worker: blocks brought back from the host tier.
     pub g2_onboarded_blocks: Family<WorkerLabel, Gauge>,
+    /// `servesim_faults` by type: faults injected (`--fault-rate`, `x-servesim-fault`).
+    pub faults: Family<FaultLabel, Counter>,
 }
 
 /// The serving-pool label.
@@ -191,8 +200,14 @@ impl Metrics {
             worker_busy_seconds: Family::default(),
             g2_resident_blocks: Family::default(),
             g2_onboarded_blocks: Family::default(),
+            faults: Family::default(),
         };
         let r = &mut m.registry;
+        r.register(
+            "servesim_faults",
+            "Faults injected, by type",
+            m.faults.clone(),
+        );
         r.register(
             "servesim_kv_transfers",
             "Prefill-to-decode KV hand-offs completed",

@@ -22,6 +22,7 @@ use crate::config::{
 };
 use crate::connection::Edge;
 use crate::output_length::{OutputLengthDist, DEFAULT_OUTPUT_LENGTH_DIST};
+use crate::fault::{FaultArgs, FaultConfig};
 use crate::text::TokenizerCodec;
 
 /// `mockserve serve` flags.
@@ -84,8 +85,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = DEFAULT_TOOL_CALL_PROBABILITY)]
     pub tool_call_probability: f64,
 
-    /// HuggingFace `tokenizer.json` for exact token counts of a real model (default: the
-    /// built-in tokenizer, no download).
+    /// HuggingFace `tokenizer.json` for exact token counts of a real model, or an embedded
+    /// tokenizer by name: `o200k_base` (the default), `cl100k_base`, `builtin` (word-level).
+    /// Loaded and warmed before the server reports ready.
     #[arg(long, value_name = "PATH")]
     pub tokenizer: Option<std::path::PathBuf>,
 
@@ -93,10 +95,14 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub engine: EngineArgs,
 
-    /// Connection limits and timeouts of the HTTP server (last: its help heading holds for
-    /// the flags after it).
+    /// Connection limits and timeouts of the HTTP server (its help heading holds for the
+    /// flags after it).
     #[command(flatten)]
     pub http: HttpArgs,
+
+    /// Injected failures for testing clients (last: its own help heading).
+    #[command(flatten)]
+    pub faults: FaultArgs,
 }
 
 /// `mockserve serve` flags for the HTTP connections: the defences against slow, idle and too
@@ -184,6 +190,7 @@ impl ServerConfig {
             stop_probability: args.stop_probability,
             tool_call_probability: args.tool_call_probability,
             http: HttpLimits::from_args(&args.http)?,
+            faults: FaultConfig::from_args(&args.faults).map_err(ConfigError)?,
             ..ServerConfig::new(cluster)
         };
         let config = match &args.tokenizer {

@@ -1,12 +1,15 @@
 //! Text <-> token ids at the HTTP edge: the [`TextCodec`] the server uses, over servesim's
-//! tokenizers (the built-in one, or a HuggingFace `tokenizer.json` with `--tokenizer PATH`).
+//! tokenizers (OpenAI's embedded `o200k_base` by default; `--tokenizer` names another embedded
+//! one or a HuggingFace `tokenizer.json`). Codecs are fully set up when built, before the server
+//! reports ready.
 
 use std::path::Path;
 use std::sync::Arc;
 
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use servesim::tokenizer::{
-    load_tokenizer, BuiltinTokenizer, ChatTemplate, Tokenizer, TokenizerError,
+    default_tokenizer, load_tokenizer, BuiltinTokenizer, ChatTemplate, Tokenizer, TokenizerError,
 };
 pub use servesim::tokenizer::{ChatMessage, Role};
 
@@ -43,16 +46,22 @@ impl std::fmt::Debug for TokenizerCodec {
 }
 
 impl TokenizerCodec {
-    /// A codec over `tokenizer`.
+    /// A codec over `tokenizer`, warmed: one chat rendered and one answer drawn, so the first
+    /// request finds nothing left to set up.
     pub fn new(tokenizer: Box<dyn Tokenizer>) -> TokenizerCodec {
         let template = ChatTemplate::for_tokenizer(tokenizer.as_ref());
-        TokenizerCodec {
+        let codec = TokenizerCodec {
             tokenizer,
             template,
-        }
+        };
+        let warm = [ChatMessage::user("Warm up, please: 1, 2, 3.")];
+        let _ = codec.render_chat(&warm, true);
+        let _ = codec.answer_tokens(&mut ChaCha8Rng::seed_from_u64(0), 1, 4);
+        codec
     }
 
-    /// A codec over a HuggingFace `tokenizer.json`.
+    /// A codec over the tokenizer `path` names: `builtin`, `cl100k_base`, `o200k_base`, or a
+    /// HuggingFace `tokenizer.json`.
     pub fn from_file(path: &Path) -> Result<TokenizerCodec, TokenizerError> {
         Ok(TokenizerCodec::new(load_tokenizer(path)?))
     }
@@ -81,15 +90,20 @@ impl TextCodec for TokenizerCodec {
     }
 }
 
-/// The codec the server uses unless told otherwise: the built-in tokenizer.
+/// The codec the server uses unless told otherwise: servesim's default tokenizer (`o200k_base`,
+/// loaded once per process; later calls are cheap). Should the embedded encoding ever fail to
+/// load (a build defect that servesim's tests rule out), the word-level builtin one stands in.
 pub fn default_codec() -> Arc<dyn TextCodec> {
-    Arc::new(TokenizerCodec::new(Box::new(BuiltinTokenizer::new())))
+    let tokenizer: Box<dyn Tokenizer> = match default_tokenizer() {
+        Ok(t) => Box::new(t),
+        Err(_) => Box::new(BuiltinTokenizer::new()),
+    };
+    Arc::new(TokenizerCodec::new(tokenizer))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::SeedableRng;
 
     #[test]
     fn answers_round_trip_and_extend_the_prompt() {

@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::OnceLock;
 
 use super::{AnswerWords, Tokenizer, TokenizerError};
 
@@ -21,8 +20,9 @@ pub struct HfTokenizer {
     inner: tokenizers::Tokenizer,
     /// Text -> id of every added token (special or not), for the chat template.
     added: HashMap<String, u32>,
-    /// Computed on first use: scanning the vocabulary costs one encode per candidate word.
-    answer_words: OnceLock<AnswerWords>,
+    /// Computed at load (one encode per candidate word, ~150 ms for a 129k vocabulary), so the
+    /// first request costs no more than later ones.
+    answer_words: AnswerWords,
 }
 
 impl std::fmt::Debug for HfTokenizer {
@@ -56,11 +56,13 @@ impl HfTokenizer {
             .into_iter()
             .map(|(id, token)| (token.content, id))
             .collect();
-        Ok(Self {
+        let mut tok = Self {
             inner,
             added,
-            answer_words: OnceLock::new(),
-        })
+            answer_words: AnswerWords::default(),
+        };
+        tok.answer_words = tok.compute_answer_words();
+        Ok(tok)
     }
 
     /// Round-trip checked answer words, scanning ids in increasing order (deterministic).
@@ -143,8 +145,7 @@ impl Tokenizer for HfTokenizer {
     }
 
     fn answer_words(&self) -> &AnswerWords {
-        self.answer_words
-            .get_or_init(|| self.compute_answer_words())
+        &self.answer_words
     }
 }
 

@@ -1,6 +1,7 @@
-//! Text <-> token ids: the [`Tokenizer`] trait, the file-free [`BuiltinTokenizer`], HuggingFace
-//! `tokenizer.json` loading ([`load_tokenizer`]), the chat template ([`render_chat`]) and
-//! token-exact filler text ([`text_with_exact_tokens`]).
+//! Text <-> token ids: the [`Tokenizer`] trait, the default [`TiktokenTokenizer`] (OpenAI's
+//! `o200k_base`, embedded: counts close to what load generators' tokenizers count), the
+//! word-level [`BuiltinTokenizer`], HuggingFace `tokenizer.json` loading ([`load_tokenizer`]),
+//! the chat template ([`render_chat`]) and token-exact filler text ([`text_with_exact_tokens`]).
 //!
 //! Two properties make multi-turn prefix caching behave as on a real engine:
 //!
@@ -21,6 +22,7 @@ mod builtin;
 mod chat;
 mod hf;
 mod text;
+mod tiktoken;
 mod words;
 
 use std::path::{Path, PathBuf};
@@ -31,6 +33,7 @@ pub use builtin::{BuiltinTokenizer, SPECIAL_TOKENS};
 pub use chat::{render_chat, strip_reasoning, ChatMessage, ChatTemplate, Role, TemplateFamily};
 pub use hf::HfTokenizer;
 pub use text::text_with_exact_tokens;
+pub use tiktoken::{TiktokenEncoding, TiktokenTokenizer};
 pub use words::LOREM_WORDS;
 
 /// A tokenizer: what mockserve and loadgen need from one, builtin or loaded from a file.
@@ -139,11 +142,45 @@ pub enum TokenizerError {
         /// What the parser said.
         message: String,
     },
+    /// An embedded encoding failed to load (a build defect, never bad input).
+    #[error("cannot load the embedded {name} encoding: {message}")]
+    Embedded {
+        /// The encoding.
+        name: &'static str,
+        /// What the loader said.
+        message: String,
+    },
 }
 
-/// Loads a HuggingFace `tokenizer.json` (any model type the `tokenizers` crate supports:
-/// byte-level BPE as in Llama 3, DeepSeek, Qwen; WordPiece; Unigram).
+/// The encoding of the default tokenizer.
+pub const DEFAULT_ENCODING: TiktokenEncoding = TiktokenEncoding::O200kBase;
+
+/// Name that selects the word-level [`BuiltinTokenizer`] in [`load_tokenizer`].
+pub const BUILTIN_NAME: &str = "builtin";
+
+/// The tokenizer mockserve and loadgen use unless told otherwise: [`DEFAULT_ENCODING`], loaded
+/// once per process (later calls are cheap clones) with its answer words computed.
+pub fn default_tokenizer() -> Result<TiktokenTokenizer, TokenizerError> {
+    TiktokenTokenizer::new(DEFAULT_ENCODING)
+}
+
+/// Loads the tokenizer `path` names, with its answer words computed (nothing is left for the
+/// first request to set up):
+///
+/// * `builtin`: the word-level [`BuiltinTokenizer`];
+/// * `cl100k_base` or `o200k_base`: an embedded OpenAI encoding ([`TiktokenTokenizer`]);
+/// * any other path: a HuggingFace `tokenizer.json` (any model type the `tokenizers` crate
+///   supports: byte-level BPE as in Llama 3, DeepSeek, Qwen; WordPiece; Unigram).
+///
+/// A name wins over a file of the same name in the working directory (write `./builtin`).
 pub fn load_tokenizer(path: &Path) -> Result<Box<dyn Tokenizer>, TokenizerError> {
+    let name = path.to_str().unwrap_or_default();
+    if name == BUILTIN_NAME {
+        return Ok(Box::new(BuiltinTokenizer::new()));
+    }
+    if let Some(encoding) = TiktokenEncoding::from_name(name) {
+        return Ok(Box::new(TiktokenTokenizer::new(encoding)?));
+    }
     Ok(Box::new(HfTokenizer::from_file(path)?))
 }
 
@@ -186,6 +223,22 @@ mod tests {
         assert!(AnswerWords::default()
             .sample(&mut ChaCha8Rng::seed_from_u64(3), 5)
             .is_empty());
+    }
+
+    #[test]
+    fn names_select_the_embedded_tokenizers() {
+        let load = |name: &str| match load_tokenizer(Path::new(name)) {
+            Ok(t) => t,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(
+            load("builtin").vocab_size(),
+            BuiltinTokenizer::new().vocab_size()
+        );
+        assert_eq!(load("cl100k_base").encode("hello world"), [15339, 1917]);
+        assert_eq!(load("o200k_base").vocab_size(), 200_266);
+        let default = default_tokenizer().map(|t| t.encoding()).ok();
+        assert_eq!(default, Some(DEFAULT_ENCODING));
     }
 
     #[test]

@@ -144,6 +144,19 @@ mod tests {
     }
 
     #[test]
+    fn default_tokenizer_counts_are_exact() {
+        let tok = match crate::tokenizer::default_tokenizer() {
+            Ok(t) => t,
+            Err(e) => panic!("{e}"),
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        for n in (0..300).step_by(7) {
+            let text = text_with_exact_tokens(&tok, &mut rng, n);
+            assert_eq!(tok.encode(&text).len(), n, "{text:?}");
+        }
+    }
+
+    #[test]
     fn fixture_counts_are_exact_with_multi_token_words() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("fixtures/tokenizer/tiny_bpe.json");

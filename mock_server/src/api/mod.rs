@@ -135,9 +135,21 @@ fn unix_now() -> u64 {
 /// The router with every route.
 pub fn app(state: AppState) -> Router {
     let body_limit = DefaultBodyLimit::max(state.config.max_body_bytes);
+    let config = &state.config;
+    let faults = crate::fault::FaultInjector::new(
+        config.faults.clone(),
+        config.seed,
+        Arc::clone(&state.metrics),
+        (config.model_name.clone(), config.max_model_len),
+    );
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        // Only the generation routes above.
+        .route_layer(axum::middleware::from_fn_with_state(
+            faults,
+            crate::fault::inject,
+        ))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics::handler))

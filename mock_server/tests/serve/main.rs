@@ -14,6 +14,8 @@ mod binary;
 mod cache;
 // Refused and accepted requests: OpenAI error bodies, auth, the queue bound, oversize bodies.
 mod errors;
+// Fault injection: each type on the wire, header forcing, KV freed, seeded draws.
+mod faults;
 // The HTTP edge over raw sockets: read timeouts, the connection cap, the shutdown drain.
 mod http_edge;
 // Requests the engine can never run, and a dead engine task.
