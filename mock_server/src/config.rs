@@ -8,6 +8,7 @@ use clap::ValueEnum;
 use servesim::cluster::ClusterConfig;
 use servesim::scheduler::ConfigError;
 
+use crate::kv_events::KvEventsConfig;
 use crate::text::{default_codec, TextCodec};
 
 /// Default `--max-body-bytes`: 8 MiB, room for a long multi-turn conversation.
@@ -63,6 +64,8 @@ pub struct ServerConfig {
     pub codec: Arc<dyn TextCodec>,
     /// Connection limits, timeouts and the shutdown drain.
     pub http: HttpLimits,
+    /// Publish KV events over ZeroMQ (`--kv-events-endpoint`), if set.
+    pub kv_events: Option<KvEventsConfig>,
 }
 
 impl Default for ServerConfig {
@@ -89,6 +92,7 @@ impl ServerConfig {
             default_max_tokens: 256,
             codec: default_codec(),
             http: HttpLimits::default(),
+            kv_events: None,
         }
     }
 

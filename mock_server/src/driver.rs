@@ -32,6 +32,7 @@ use servesim::time::SimTime;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::kv_events::{KvEventPublisher, KvExport, KvSink};
 use crate::metrics::{Metrics, SkipLabel, WorkerLabel, SKIP_IN_FLIGHT, SKIP_QUEUE_FULL};
 
 /// Speculative prefills running at once at most (Dynamo's `MAX_BLOCKING_PREFILLS`); one more is
@@ -211,12 +212,25 @@ impl EngineHandle {
         max_waiting: Option<usize>,
         metrics: Arc<Metrics>,
     ) -> EngineHandle {
+        EngineHandle::spawn_publishing(cluster, max_waiting, metrics, None)
+    }
+
+    /// [`EngineHandle::spawn`], and with `publisher` every worker's KV events are published
+    /// after each engine advance (see [`crate::kv_events`]).
+    pub fn spawn_publishing(
+        mut cluster: Cluster,
+        max_waiting: Option<usize>,
+        metrics: Arc<Metrics>,
+        publisher: Option<KvEventPublisher>,
+    ) -> EngineHandle {
+        let kv = publisher.map(|p| KvExport::new(&mut cluster, KvSink::Zmq(p)));
         for warning in startup_warnings(&cluster, max_waiting) {
             eprintln!("mockserve: warning: {warning}");
         }
         let (tx, rx) = mpsc::unbounded_channel();
         metrics.init_workers(cluster.workers().len());
-        let driver = Driver::new(cluster, max_waiting, metrics);
+        let mut driver = Driver::new(cluster, max_waiting, metrics);
+        driver.kv = kv;
         let clock = driver.clock;
         tokio::spawn(driver.run(rx));
         EngineHandle {
@@ -311,6 +325,8 @@ struct Driver {
     watchdog: Watchdog,
     /// Counters and histograms fed from outputs.
     metrics: Arc<Metrics>,
+    /// KV events published to outside routers, if asked for.
+    kv: Option<KvExport>,
 }
 
 /// What the driver remembers of an unfinished request.
@@ -369,6 +385,7 @@ impl Driver {
             last_submit: SimTime::ZERO,
             watchdog: Watchdog::default(),
             metrics,
+            kv: None,
         }
     }
 
@@ -399,6 +416,7 @@ impl Driver {
                     let outputs = self.cluster.advance(now);
                     let next = self.cluster.next_event_time();
                     let stalled = self.watchdog.after_advance(outputs.len(), next, now);
+                    self.export_kv_events(&outputs, now);
                     self.dispatch(outputs);
                     if stalled {
                         self.fail_stalled();
@@ -527,6 +545,7 @@ impl Driver {
         let now = self.now();
         self.last_submit = now;
         let prompt_len = request.prompt.len;
+        let prompt_tokens = self.kv.as_ref().and(request.prompt.tokens.clone());
         let id = match pinned {
             None => self
                 .cluster
@@ -550,6 +569,9 @@ impl Driver {
             }
         };
         self.prompt_tokens += prompt_len as u64;
+        if let Some(kv) = &mut self.kv {
+            kv.track(id, prompt_tokens.as_deref());
+        }
         self.tracked.insert(
             id,
             Tracked {
@@ -563,8 +585,27 @@ impl Driver {
         Ok(id)
     }
 
+    /// Publishes the KV events of the advance to `now` that emitted `outputs` (before the
+    /// outputs are dispatched, so that finished requests still know their tokens).
+    fn export_kv_events(&mut self, outputs: &[Output], now: SimTime) {
+        let Some(kv) = &mut self.kv else {
+            return;
+        };
+        let unknown = kv.tokens.unknown_blocks;
+        let ts = self.clock.unix_ms(now) / 1e3;
+        kv.after_advance(&mut self.cluster, outputs, now, ts);
+        let unknown = kv.tokens.unknown_blocks - unknown;
+        if unknown > 0 {
+            self.metrics.kv_events_unknown_blocks.inc_by(unknown);
+        }
+    }
+
     /// Stops tracking a request.
     fn untrack(&mut self, id: RequestId) {
+        if let Some(kv) = &mut self.kv {
+            let now = self.clock.now();
+            kv.release(&self.cluster, id, now);
+        }
         if self.tracked.remove(&id).is_some_and(|t| t.speculative) {
             self.speculative_in_flight -= 1;
             self.metrics

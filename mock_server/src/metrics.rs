@@ -141,6 +141,14 @@ pub struct Metrics {
     pub g2_resident_blocks: Family<WorkerLabel, Gauge>,
     /// `servesim_g2_onboarded_blocks` per worker: blocks brought back from the host tier.
     pub g2_onboarded_blocks: Family<WorkerLabel, Gauge>,
+    /// `servesim_kv_events_published` per worker: KV-event batches sent on its ZeroMQ socket.
+    pub kv_events_published: Family<WorkerLabel, Counter>,
+    /// `servesim_kv_events_dropped` per worker: batches dropped because the socket lagged
+    /// (a slow or absent subscriber never stalls the engine); replay can serve them.
+    pub kv_events_dropped: Family<WorkerLabel, Counter>,
+    /// `servesim_kv_events_unknown_blocks`: stored blocks published without their tokens
+    /// (a defect: always 0).
+    pub kv_events_unknown_blocks: Counter,
 }
 
 /// The serving-pool label.
@@ -191,6 +199,9 @@ impl Metrics {
             worker_busy_seconds: Family::default(),
             g2_resident_blocks: Family::default(),
             g2_onboarded_blocks: Family::default(),
+            kv_events_published: Family::default(),
+            kv_events_dropped: Family::default(),
+            kv_events_unknown_blocks: Counter::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -227,6 +238,21 @@ impl Metrics {
             "servesim_g2_onboarded_blocks",
             "KV blocks brought back from the host-memory tier",
             m.g2_onboarded_blocks.clone(),
+        );
+        r.register(
+            "servesim_kv_events_published",
+            "KV-event batches published on ZeroMQ, per worker",
+            m.kv_events_published.clone(),
+        );
+        r.register(
+            "servesim_kv_events_dropped",
+            "KV-event batches dropped because the publisher lagged, per worker",
+            m.kv_events_dropped.clone(),
+        );
+        r.register(
+            "servesim_kv_events_unknown_blocks",
+            "Stored blocks published without their tokens",
+            m.kv_events_unknown_blocks.clone(),
         );
         r.register(
             "vllm:num_requests_running",

@@ -20,6 +20,7 @@ use crate::config::{
     DEFAULT_MAX_CONNECTIONS, DEFAULT_SHUTDOWN_TIMEOUT,
 };
 use crate::connection::Edge;
+use crate::kv_events::KvEventsArgs;
 use crate::text::TokenizerCodec;
 
 /// `mockserve serve` flags.
@@ -78,6 +79,15 @@ pub struct ServeArgs {
     /// the flags after it).
     #[command(flatten)]
     pub http: HttpArgs,
+}
+
+/// `mockserve serve` flags that make it a drop-in vLLM worker behind outside routers: KV
+/// events over ZeroMQ. Kept apart from [`ServeArgs`], which embedders build field by field.
+#[derive(Args, Clone, Debug, Default, PartialEq, Eq)]
+pub struct VllmArgs {
+    /// KV events published as vLLM does.
+    #[command(flatten)]
+    pub kv_events: KvEventsArgs,
 }
 
 /// `mockserve serve` flags for the HTTP connections: the defences against slow, idle and too
@@ -149,6 +159,18 @@ impl HttpLimits {
 }
 
 impl ServerConfig {
+    /// The configuration the flags describe, with the vLLM-worker flags.
+    pub fn from_serve_args(args: &ServeArgs, vllm: &VllmArgs) -> Result<ServerConfig, ConfigError> {
+        let config = ServerConfig::from_args(args)?;
+        Ok(ServerConfig {
+            kv_events: vllm
+                .kv_events
+                .config()
+                .map_err(|e| ConfigError(e.to_string()))?,
+            ..config
+        })
+    }
+
     /// The configuration the flags describe.
     pub fn from_args(args: &ServeArgs) -> Result<ServerConfig, ConfigError> {
         let mut cluster = args.engine.cluster_config()?;
@@ -188,7 +210,7 @@ pub async fn serve(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let state = AppState::new(config)?;
+    let state = AppState::start(config).await?;
     serve_state(listener, state, shutdown).await
 }
 
@@ -258,8 +280,8 @@ pub async fn shutdown_signal() {
 
 /// `mockserve serve`: binds, prints the address, serves until SIGINT/SIGTERM, then drains for
 /// up to `--shutdown-timeout`; a second signal exits at once (an error).
-pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
-    let config = ServerConfig::from_args(args)?;
+pub fn run(args: &ServeArgs, vllm: &VllmArgs) -> anyhow::Result<()> {
+    let config = ServerConfig::from_serve_args(args, vllm)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

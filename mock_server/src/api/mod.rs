@@ -68,6 +68,7 @@ use servesim::ids::WorkerId;
 
 use crate::config::ServerConfig;
 use crate::driver::EngineHandle;
+use crate::kv_events::KvEventPublisher;
 use crate::metrics::{EndpointLabel, Metrics};
 
 /// Everything a handler needs; cheap to clone.
@@ -99,6 +100,38 @@ impl AppState {
         let block_size = cluster.block_size();
         let metrics = Arc::new(Metrics::new());
         let engine = EngineHandle::spawn(cluster, config.max_waiting, Arc::clone(&metrics));
+        Ok(AppState {
+            config: Arc::new(config),
+            engine,
+            metrics,
+            counter: Arc::default(),
+            block_size,
+            started: unix_now(),
+            stop_generations: CancellationToken::new(),
+        })
+    }
+}
+
+impl AppState {
+    /// [`AppState::new`], and with `config.kv_events` the ZeroMQ publishers bound first (a
+    /// port in use is an error here, before anything is served).
+    pub async fn start(config: ServerConfig) -> anyhow::Result<AppState> {
+        let Some(kv_events) = config.kv_events.clone() else {
+            return Ok(AppState::new(config)?);
+        };
+        config.validate()?;
+        let cluster = Cluster::new(config.live_cluster())?;
+        let block_size = cluster.block_size();
+        let metrics = Arc::new(Metrics::new());
+        let publisher =
+            KvEventPublisher::start(&kv_events, cluster.workers().len(), Arc::clone(&metrics))
+                .await?;
+        let engine = EngineHandle::spawn_publishing(
+            cluster,
+            config.max_waiting,
+            Arc::clone(&metrics),
+            Some(publisher),
+        );
         Ok(AppState {
             config: Arc::new(config),
             engine,

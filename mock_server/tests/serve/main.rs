@@ -14,6 +14,8 @@ mod cache;
 mod errors;
 // The HTTP edge over raw sockets: read timeouts, the connection cap, the shutdown drain.
 mod http_edge;
+// KV events over ZeroMQ: wire format, a live subscriber, replay.
+mod kv_events;
 // Requests the engine can never run, and a dead engine task.
 mod liveness;
 // `GET /metrics`: the exposition parses and moves.
