@@ -1,7 +1,8 @@
 //! The OpenAI-compatible HTTP API: [`app`] builds the axum router over an [`AppState`].
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`,
-//! `GET /metrics`. Every error is an [`ApiError`] body, including unknown routes (404) and
+//! `GET /metrics`, and vLLM's `GET /v1/models/{model}`, `POST /tokenize`, `POST /detokenize`,
+//! `GET /version`, `GET|POST /ping` ([`vllm`]). Every error is an [`ApiError`] body, including unknown routes (404) and
 //! methods (405, with `Allow`).
 //!
 //! Before any handler, [`edge_limits`] enforces the request-level limits: headers over
@@ -42,6 +43,7 @@ pub mod error;
 pub mod generation;
 pub mod metrics;
 pub mod protocol;
+pub mod vllm;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -160,6 +162,11 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics::handler))
+        .route("/v1/models/{model}", get(vllm::model))
+        .route("/tokenize", post(vllm::tokenize))
+        .route("/detokenize", post(vllm::detokenize))
+        .route("/version", get(vllm::version))
+        .route("/ping", get(vllm::ping).post(vllm::ping))
         .fallback(|uri: Uri| async move { ApiError::route_not_found(uri.path()) })
         .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
             ApiError::method_not_allowed(method.as_str(), uri.path())
