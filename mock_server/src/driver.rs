@@ -33,7 +33,10 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::kv_events::{KvEventPublisher, KvExport, KvSink};
-use crate::metrics::{Metrics, SkipLabel, WorkerLabel, SKIP_IN_FLIGHT, SKIP_QUEUE_FULL};
+use crate::metrics::{
+    FinishedLabel, Metrics, SkipLabel, WorkerLabel, FINISHED_LENGTH, SKIP_IN_FLIGHT,
+    SKIP_QUEUE_FULL,
+};
 
 /// Speculative prefills running at once at most (Dynamo's `MAX_BLOCKING_PREFILLS`); one more is
 /// skipped, not queued.
@@ -229,6 +232,7 @@ impl EngineHandle {
         }
         let (tx, rx) = mpsc::unbounded_channel();
         metrics.init_workers(cluster.workers().len());
+        metrics.set_cache_config(cluster.workers().len(), &cluster.config().engine);
         let mut driver = Driver::new(cluster, max_waiting, metrics);
         driver.kv = kv;
         let clock = driver.clock;
@@ -327,6 +331,8 @@ struct Driver {
     metrics: Arc<Metrics>,
     /// KV events published to outside routers, if asked for.
     kv: Option<KvExport>,
+    /// Tokens processed per worker in the advance being dispatched.
+    step_tokens: BTreeMap<u32, u64>,
 }
 
 /// What the driver remembers of an unfinished request.
@@ -336,6 +342,14 @@ struct Tracked {
     submitted: SimTime,
     /// Prompt length.
     prompt_len: usize,
+    /// Output limit.
+    max_tokens: usize,
+    /// When it was first admitted.
+    admitted: Option<SimTime>,
+    /// When its first token was emitted.
+    first_token: Option<SimTime>,
+    /// Tokens emitted so far.
+    generated: usize,
     /// Its worker, once admitted.
     worker: Option<WorkerId>,
     /// When its latest token was emitted.
@@ -386,6 +400,7 @@ impl Driver {
             watchdog: Watchdog::default(),
             metrics,
             kv: None,
+            step_tokens: BTreeMap::new(),
         }
     }
 
@@ -545,6 +560,7 @@ impl Driver {
         let now = self.now();
         self.last_submit = now;
         let prompt_len = request.prompt.len;
+        let max_tokens = request.max_output_tokens;
         let prompt_tokens = self.kv.as_ref().and(request.prompt.tokens.clone());
         let id = match pinned {
             None => self
@@ -577,6 +593,10 @@ impl Driver {
             Tracked {
                 submitted: now,
                 prompt_len,
+                max_tokens,
+                admitted: None,
+                first_token: None,
+                generated: 0,
                 worker: None,
                 last_token: None,
                 speculative,
@@ -635,12 +655,19 @@ impl Driver {
                 id,
                 worker,
                 reused_tokens,
+                time,
                 ..
             } => {
                 let Some(t) = self.tracked.get_mut(&id) else {
                     return;
                 };
-                let label = WorkerLabel::from(worker);
+                let label = m.engine(worker);
+                if t.admitted.is_none() {
+                    t.admitted = Some(time);
+                    m.queue_time
+                        .get_or_create(&label)
+                        .observe(secs(t.submitted, time));
+                }
                 m.prefix_queries
                     .get_or_create(&label)
                     .inc_by(t.prompt_len as u64);
@@ -649,7 +676,7 @@ impl Driver {
                     .inc_by(reused_tokens as u64);
                 if t.worker.is_none() {
                     self.prefix_hit_tokens += reused_tokens as u64;
-                    m.routed.get_or_create(&label).inc();
+                    m.routed.get_or_create(&WorkerLabel::from(worker)).inc();
                 }
                 t.worker = Some(worker);
             }
@@ -662,15 +689,24 @@ impl Driver {
                 let Some(worker) = t.worker else {
                     return;
                 };
-                let label = WorkerLabel::from(worker);
+                let label = m.engine(worker);
                 m.generation_tokens.get_or_create(&label).inc();
+                t.generated += 1;
+                *self.step_tokens.entry(worker.0).or_default() += 1;
                 if index == 1 {
+                    *self.step_tokens.entry(worker.0).or_default() += t.prompt_len as u64;
                     m.prompt_tokens
                         .get_or_create(&label)
                         .inc_by(t.prompt_len as u64);
                     m.ttft
                         .get_or_create(&label)
                         .observe(secs(t.submitted, time));
+                    t.first_token = Some(time);
+                    if let Some(admitted) = t.admitted {
+                        m.prefill_time
+                            .get_or_create(&label)
+                            .observe(secs(admitted, time));
+                    }
                 } else if let Some(last) = t.last_token {
                     m.itl.get_or_create(&label).observe(secs(last, time));
                 }
@@ -679,18 +715,45 @@ impl Driver {
             Output::Finished { id, time } => {
                 if let Some(t) = self.tracked.get(&id) {
                     if let Some(worker) = t.worker {
-                        let label = WorkerLabel::from(worker);
+                        let label = m.engine(worker);
                         m.e2e.get_or_create(&label).observe(secs(t.submitted, time));
-                        m.success.get_or_create(&label).inc();
+                        m.success
+                            .get_or_create(&FinishedLabel {
+                                model_name: label.model_name.clone(),
+                                engine: label.engine,
+                                finished_reason: FINISHED_LENGTH,
+                            })
+                            .inc();
+                        if let Some(first) = t.first_token {
+                            let decode = secs(first, time);
+                            m.decode_time.get_or_create(&label).observe(decode);
+                            if t.generated > 1 {
+                                m.tpot
+                                    .get_or_create(&label)
+                                    .observe(decode / (t.generated - 1) as f64);
+                            }
+                        }
+                        if let Some(admitted) = t.admitted {
+                            m.inference_time
+                                .get_or_create(&label)
+                                .observe(secs(admitted, time));
+                        }
+                        m.request_prompt_tokens
+                            .get_or_create(&label)
+                            .observe(t.prompt_len as f64);
+                        m.request_generation_tokens
+                            .get_or_create(&label)
+                            .observe(t.generated as f64);
+                        m.request_max_tokens
+                            .get_or_create(&label)
+                            .observe(t.max_tokens as f64);
                     }
                 }
                 self.untrack(id);
             }
             Output::Preempted { id, .. } => {
                 if let Some(worker) = self.tracked.get(&id).and_then(|t| t.worker) {
-                    m.preemptions
-                        .get_or_create(&WorkerLabel::from(worker))
-                        .inc();
+                    m.preemptions.get_or_create(&m.engine(worker)).inc();
                 }
             }
             Output::Rejected { id, .. } => self.untrack(id),
@@ -700,6 +763,17 @@ impl Driver {
     }
 
     fn dispatch(&mut self, outputs: Vec<Output>) {
+        self.dispatch_outputs(outputs);
+        // One engine step per worker per advance, as `vllm:iteration_tokens_total` counts.
+        for (worker, tokens) in std::mem::take(&mut self.step_tokens) {
+            self.metrics
+                .iteration_tokens
+                .get_or_create(&self.metrics.engine(WorkerId(worker)))
+                .observe(tokens as f64);
+        }
+    }
+
+    fn dispatch_outputs(&mut self, outputs: Vec<Output>) {
         for output in outputs {
             self.observe(&output);
             let (id, last) = match &output {
@@ -939,7 +1013,11 @@ mod tests {
             .map(|w| {
                 metrics
                     .success
-                    .get_or_create(&WorkerLabel { worker: w })
+                    .get_or_create(&FinishedLabel {
+                        model_name: "mock-model".into(),
+                        engine: w,
+                        finished_reason: FINISHED_LENGTH,
+                    })
                     .get()
             })
             .collect();

@@ -100,7 +100,7 @@ impl AppState {
         config.validate()?;
         let cluster = Cluster::new(config.live_cluster())?;
         let block_size = cluster.block_size();
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(Metrics::for_model(&config.model_name, config.max_model_len));
         let engine = EngineHandle::spawn(cluster, config.max_waiting, Arc::clone(&metrics));
         Ok(AppState {
             config: Arc::new(config),
@@ -124,7 +124,7 @@ impl AppState {
         config.validate()?;
         let cluster = Cluster::new(config.live_cluster())?;
         let block_size = cluster.block_size();
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(Metrics::for_model(&config.model_name, config.max_model_len));
         let publisher =
             KvEventPublisher::start(&kv_events, cluster.workers().len(), Arc::clone(&metrics))
                 .await?;

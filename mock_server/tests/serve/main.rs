@@ -22,5 +22,7 @@ mod liveness;
 mod metrics;
 // Dynamo's `nvext`: strict parsing, pinning, response worker ids and timing.
 mod nvext;
+// vLLM's surface besides generation: tokenize, version, ping, model card, its metric set.
+mod vllm;
 // The streaming wire format, determinism, pacing and cancellation.
 mod wire;
