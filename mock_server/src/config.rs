@@ -66,6 +66,12 @@ pub struct ServerConfig {
     pub http: HttpLimits,
     /// Publish KV events over ZeroMQ (`--kv-events-endpoint`), if set.
     pub kv_events: Option<KvEventsConfig>,
+    /// LoRA adapters served from the start: `(name, path)`.
+    pub lora_modules: Vec<(String, String)>,
+    /// `--max-loras`, as reported in `vllm:lora_requests_info`.
+    pub max_loras: usize,
+    /// How long `/health` reports the server loading (503) after start.
+    pub startup_delay: Duration,
 }
 
 impl Default for ServerConfig {
@@ -93,6 +99,9 @@ impl ServerConfig {
             codec: default_codec(),
             http: HttpLimits::default(),
             kv_events: None,
+            lora_modules: Vec::new(),
+            max_loras: 1,
+            startup_delay: Duration::ZERO,
         }
     }
 

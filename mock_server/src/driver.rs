@@ -32,6 +32,7 @@ use servesim::time::SimTime;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::kv_events::tokens::LoraTag;
 use crate::kv_events::{KvEventPublisher, KvExport, KvSink};
 use crate::metrics::{
     FinishedLabel, Metrics, SkipLabel, WorkerLabel, FINISHED_LENGTH, SKIP_IN_FLIGHT,
@@ -138,6 +139,10 @@ pub struct LiveStats {
     pub prompt_tokens: u64,
     /// Requests cancelled because their client went away.
     pub cancelled: u64,
+    /// LoRA adapters of admitted, unfinished requests (sorted, each once).
+    pub lora_running: Vec<String>,
+    /// LoRA adapters of requests not yet admitted (sorted, each once).
+    pub lora_waiting: Vec<String>,
 }
 
 enum Command {
@@ -145,6 +150,8 @@ enum Command {
         request: EngineRequest,
         /// Run on this worker instead of routing.
         pinned: Option<WorkerId>,
+        /// The LoRA adapter it runs under, if any.
+        lora: Option<Arc<LoraTag>>,
         events: mpsc::UnboundedSender<Event>,
         /// The id and the simulated submission time.
         reply: oneshot::Sender<Result<(RequestId, SimTime), SubmitError>>,
@@ -260,12 +267,24 @@ impl EngineHandle {
         request: EngineRequest,
         pinned: Option<WorkerId>,
     ) -> Result<Submission, SubmitError> {
+        self.submit_as(request, pinned, None).await
+    }
+
+    /// [`EngineHandle::submit`] for a LoRA adapter (its prompt hashed with the adapter's salt):
+    /// counted under the adapter, and its KV events name it.
+    pub async fn submit_as(
+        &self,
+        request: EngineRequest,
+        pinned: Option<WorkerId>,
+        lora: Option<Arc<LoraTag>>,
+    ) -> Result<Submission, SubmitError> {
         let (events_tx, events) = mpsc::unbounded_channel();
         let (reply, rx) = oneshot::channel();
         self.commands
             .send(Command::Submit {
                 request,
                 pinned,
+                lora,
                 events: events_tx,
                 reply,
             })
@@ -356,6 +375,8 @@ struct Tracked {
     last_token: Option<SimTime>,
     /// A speculative prefill.
     speculative: bool,
+    /// Its LoRA adapter, if any.
+    lora: Option<Arc<LoraTag>>,
 }
 
 /// The driver's stall detector: counts advances in a row that emitted nothing and left the
@@ -450,12 +471,14 @@ impl Driver {
             Command::Submit {
                 request,
                 pinned,
+                lora,
                 events,
                 reply,
             } => {
                 let result = self
                     .check_queue()
-                    .and_then(|()| self.start(request, pinned, false));
+                    .and_then(|()| self.start(request, pinned, false))
+                    .inspect(|id| self.set_lora(*id, lora));
                 match result {
                     Ok(id) => {
                         self.listeners.insert(id, events);
@@ -505,6 +528,8 @@ impl Driver {
                     prefix_hit_tokens: self.prefix_hit_tokens,
                     prompt_tokens: self.prompt_tokens,
                     cancelled: self.cancelled,
+                    lora_running: self.lora_names(true),
+                    lora_waiting: self.lora_names(false),
                 });
             }
         }
@@ -561,7 +586,7 @@ impl Driver {
         self.last_submit = now;
         let prompt_len = request.prompt.len;
         let max_tokens = request.max_output_tokens;
-        let prompt_tokens = self.kv.as_ref().and(request.prompt.tokens.clone());
+        let kv_prompt = self.kv.as_ref().map(|_| request.prompt.clone());
         let id = match pinned {
             None => self
                 .cluster
@@ -585,8 +610,8 @@ impl Driver {
             }
         };
         self.prompt_tokens += prompt_len as u64;
-        if let Some(kv) = &mut self.kv {
-            kv.track(id, prompt_tokens.as_deref());
+        if let (Some(kv), Some(prompt)) = (&mut self.kv, &kv_prompt) {
+            kv.track(id, prompt, None);
         }
         self.tracked.insert(
             id,
@@ -600,6 +625,7 @@ impl Driver {
                 worker: None,
                 last_token: None,
                 speculative,
+                lora: None,
             },
         );
         Ok(id)
@@ -618,6 +644,31 @@ impl Driver {
         if unknown > 0 {
             self.metrics.kv_events_unknown_blocks.inc_by(unknown);
         }
+    }
+
+    /// Marks a started request as running under `lora` (for the LoRA figures and its KV
+    /// events).
+    fn set_lora(&mut self, id: RequestId, lora: Option<Arc<LoraTag>>) {
+        if lora.is_none() {
+            return;
+        }
+        if let Some(kv) = &mut self.kv {
+            kv.tokens.set_lora(id, lora.clone());
+        }
+        if let Some(t) = self.tracked.get_mut(&id) {
+            t.lora = lora;
+        }
+    }
+
+    /// The adapters of running (admitted) or waiting requests, sorted, each once.
+    fn lora_names(&self, running: bool) -> Vec<String> {
+        let names: std::collections::BTreeSet<&str> = self
+            .tracked
+            .values()
+            .filter(|t| t.admitted.is_some() == running)
+            .filter_map(|t| t.lora.as_deref().map(|l| l.name.as_str()))
+            .collect();
+        names.into_iter().map(String::from).collect()
     }
 
     /// Stops tracking a request.

@@ -83,6 +83,13 @@ pub struct LoraInfoLabel {
     pub max_lora: String,
 }
 
+/// A LoRA adapter's label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdapterLabel {
+    /// The adapter's served name.
+    pub adapter: String,
+}
+
 /// The HTTP endpoint label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EndpointLabel {
@@ -225,6 +232,8 @@ pub struct Metrics {
     pub lora_info: Family<LoraInfoLabel, Gauge<f64, AtomicU64>>,
     /// The model name of the `vllm:*` series.
     pub model_name: String,
+    /// `servesim_lora_requests` per adapter: generation requests served under it.
+    pub lora_requests: Family<AdapterLabel, Counter>,
     /// `servesim_http_requests`: requests received per endpoint.
     pub http_requests: Family<EndpointLabel, Counter>,
     /// `servesim_http_request_failures`: requests answered with an error (before or mid-stream).
@@ -331,6 +340,7 @@ impl Metrics {
             cache_config_info: Family::default(),
             lora_info: Family::default(),
             model_name: model_name.to_string(),
+            lora_requests: Family::default(),
             http_requests: Family::default(),
             http_failures: Counter::default(),
             overloaded: Counter::default(),
@@ -516,6 +526,11 @@ impl Metrics {
             m.lora_info.clone(),
         );
         r.register(
+            "servesim_lora_requests",
+            "Generation requests served under each LoRA adapter",
+            m.lora_requests.clone(),
+        );
+        r.register(
             "servesim_http_requests",
             "HTTP generation requests received, by endpoint",
             m.http_requests.clone(),
@@ -634,6 +649,23 @@ impl Metrics {
                 })
                 .set(1);
         }
+    }
+
+    /// Sets `vllm:lora_requests_info` to now (Unix seconds), labelled with the adapters of
+    /// running and waiting requests, as vLLM does: one series, replaced at each update.
+    pub fn set_lora_info(&self, running: &[String], waiting: &[String], max_loras: usize) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        self.lora_info.clear();
+        self.lora_info
+            .get_or_create(&LoraInfoLabel {
+                running_lora_adapters: running.join(","),
+                waiting_lora_adapters: waiting.join(","),
+                max_lora: max_loras.to_string(),
+            })
+            .set(now);
     }
 
     /// Sets the gauges from a cluster snapshot.

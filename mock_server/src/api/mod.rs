@@ -60,7 +60,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 use servesim::cluster::Cluster;
-use servesim::request::{EngineRequest, Prompt};
+use servesim::request::EngineRequest;
 use tokio_util::sync::CancellationToken;
 
 pub use error::ApiError;
@@ -91,6 +91,10 @@ pub struct AppState {
     /// Cancelled when the shutdown drain deadline passes: every generation still running then
     /// ends with a `503 shutting down` error (the final event of a stream).
     pub stop_generations: CancellationToken,
+    /// The loaded LoRA adapters.
+    pub lora: Arc<vllm::LoraRegistry>,
+    /// When the simulated model load ends (`--startup-delay`): `/health` answers 503 before.
+    pub ready_at: tokio::time::Instant,
 }
 
 impl AppState {
@@ -102,15 +106,7 @@ impl AppState {
         let block_size = cluster.block_size();
         let metrics = Arc::new(Metrics::for_model(&config.model_name, config.max_model_len));
         let engine = EngineHandle::spawn(cluster, config.max_waiting, Arc::clone(&metrics));
-        Ok(AppState {
-            config: Arc::new(config),
-            engine,
-            metrics,
-            counter: Arc::default(),
-            block_size,
-            started: unix_now(),
-            stop_generations: CancellationToken::new(),
-        })
+        Ok(AppState::assemble(config, engine, metrics, block_size))
     }
 }
 
@@ -134,7 +130,18 @@ impl AppState {
             Arc::clone(&metrics),
             Some(publisher),
         );
-        Ok(AppState {
+        Ok(AppState::assemble(config, engine, metrics, block_size))
+    }
+
+    fn assemble(
+        config: ServerConfig,
+        engine: EngineHandle,
+        metrics: Arc<Metrics>,
+        block_size: usize,
+    ) -> AppState {
+        let ready_at = tokio::time::Instant::now() + config.startup_delay;
+        AppState {
+            lora: Arc::new(vllm::LoraRegistry::new(&config.lora_modules)),
             config: Arc::new(config),
             engine,
             metrics,
@@ -142,7 +149,13 @@ impl AppState {
             block_size,
             started: unix_now(),
             stop_generations: CancellationToken::new(),
-        })
+            ready_at,
+        }
+    }
+
+    /// False while the simulated model load (`--startup-delay`) runs.
+    pub fn is_ready(&self) -> bool {
+        tokio::time::Instant::now() >= self.ready_at
     }
 }
 
@@ -167,6 +180,8 @@ pub fn app(state: AppState) -> Router {
         .route("/detokenize", post(vllm::detokenize))
         .route("/version", get(vllm::version))
         .route("/ping", get(vllm::ping).post(vllm::ping))
+        .route("/v1/load_lora_adapter", post(vllm::load_lora_adapter))
+        .route("/v1/unload_lora_adapter", post(vllm::unload_lora_adapter))
         .fallback(|uri: Uri| async move { ApiError::route_not_found(uri.path()) })
         .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
             ApiError::method_not_allowed(method.as_str(), uri.path())
@@ -343,9 +358,25 @@ async fn generate(
 ) -> Result<Response, ApiError> {
     let received = state.engine.clock().now();
     let config = &state.config;
-    if params.model != config.model_name {
-        return Err(ApiError::model_not_found(&params.model));
+    if !state.is_ready() {
+        return Err(vllm::loading());
     }
+    let adapter = if params.model == config.model_name {
+        None
+    } else {
+        let adapter = state
+            .lora
+            .get(&params.model)
+            .ok_or_else(|| ApiError::model_not_found(&params.model))?;
+        state
+            .metrics
+            .lora_requests
+            .get_or_create(&crate::metrics::AdapterLabel {
+                adapter: adapter.name.clone(),
+            })
+            .inc();
+        Some(adapter)
+    };
     let pinned = match params.nvext.backend_instance_id {
         None => None,
         Some(id) if id < config.cluster.num_workers as u64 => Some(WorkerId(id as u32)),
@@ -398,11 +429,17 @@ async fn generate(
         .codec
         .answer_tokens(&mut rng, reasoning_tokens, max_tokens);
     let request = EngineRequest {
-        prompt: Prompt::from_tokens(&prompt, state.block_size),
+        prompt: vllm::prompt_for(&prompt, state.block_size, adapter.as_ref()),
         max_output_tokens: max_tokens,
         output_tokens,
     };
-    let submission = state.engine.submit(request, pinned).await?;
+    let lora = adapter.map(|a| {
+        Arc::new(crate::kv_events::tokens::LoraTag {
+            id: a.id,
+            name: a.name,
+        })
+    });
+    let submission = state.engine.submit_as(request, pinned, lora).await?;
     let prefix = match endpoint {
         Endpoint::Chat => "chatcmpl",
         Endpoint::Text => "cmpl",
@@ -458,23 +495,23 @@ async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
         return e.into_response();
     }
     let name = &state.config.model_name;
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": name,
-            "object": "model",
-            "created": state.started,
-            "owned_by": "mockserve",
-            "root": name,
-            "parent": null,
-            "max_model_len": state.config.max_model_len,
-        }],
-    }))
-    .into_response()
+    let mut data = vec![vllm::model_card(&state, name, name, None)];
+    for adapter in state.lora.all() {
+        data.push(vllm::model_card(
+            &state,
+            &adapter.name,
+            &adapter.path,
+            Some(name),
+        ));
+    }
+    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 async fn health(State(state): State<AppState>) -> Response {
-    if state.engine.is_alive() {
+    if !state.is_ready() {
+        let body = Json(json!({"status": "loading"}));
+        (axum::http::StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+    } else if state.engine.is_alive() {
         Json(json!({"status": "ok"})).into_response()
     } else {
         let body = Json(json!({"status": "unavailable", "reason": "the engine task has stopped"}));

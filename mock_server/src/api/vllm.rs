@@ -107,10 +107,21 @@ pub async fn version() -> Response {
 /// `GET|POST /ping`: as `/health` (vLLM's SageMaker-style liveness probe): 200 with an empty
 /// body while the engine runs, 503 otherwise.
 pub async fn ping(State(state): State<AppState>) -> Response {
-    if state.engine.is_alive() {
+    if state.is_ready() && state.engine.is_alive() {
         StatusCode::OK.into_response()
     } else {
         StatusCode::SERVICE_UNAVAILABLE.into_response()
+    }
+}
+
+/// 503 while the simulated model load (`--startup-delay`) runs.
+pub fn loading() -> ApiError {
+    ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: "The model is still loading; retry when /health answers 200".into(),
+        kind: "server_error",
+        param: None,
+        code: Some("model_loading"),
     }
 }
 
@@ -140,6 +151,8 @@ pub async fn model(
     let name = &state.config.model_name;
     if &model == name {
         Json(model_card(&state, name, name, None)).into_response()
+    } else if let Some(adapter) = state.lora.get(&model) {
+        Json(model_card(&state, &adapter.name, &adapter.path, Some(name))).into_response()
     } else {
         ApiError::model_not_found(&model).into_response()
     }
@@ -150,6 +163,7 @@ fn check_model(state: &AppState, body: &Map<String, Value>) -> Result<(), ApiErr
     match body.get("model") {
         None | Some(Value::Null) => Ok(()),
         Some(Value::String(m)) if *m == state.config.model_name => Ok(()),
+        Some(Value::String(m)) if state.lora.get(m).is_some() => Ok(()),
         Some(Value::String(m)) => Err(ApiError::model_not_found(m)),
         Some(_) => Err(ApiError::invalid(
             "Invalid type for 'model': expected a string",
@@ -168,4 +182,166 @@ fn flag(body: &Map<String, Value>, name: &str, default: bool) -> Result<bool, Ap
             Some(name),
         )),
     }
+}
+
+/// A loaded LoRA adapter: served as a model name of its own; its blocks never match the base
+/// model's (its prompts' block hashes are salted by [`Adapter::salt`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Adapter {
+    /// vLLM's `lora_int_id`: 1, 2, ... in load order.
+    pub id: u64,
+    /// The served name.
+    pub name: String,
+    /// Where it was said to come from (never read).
+    pub path: String,
+}
+
+impl Adapter {
+    /// The salt of this adapter's block hashes: a hash of its name.
+    pub fn salt(&self) -> u64 {
+        xxhash_rust::xxh3::xxh3_64(format!("lora:{}", self.name).as_bytes())
+    }
+}
+
+/// The loaded LoRA adapters. A `std` mutex: held for lookups and inserts only, never across
+/// an await.
+#[derive(Debug, Default)]
+pub struct LoraRegistry {
+    inner: std::sync::Mutex<LoraState>,
+}
+
+#[derive(Debug, Default)]
+struct LoraState {
+    /// By name.
+    loaded: std::collections::BTreeMap<String, Adapter>,
+    /// The next adapter's id.
+    next_id: u64,
+}
+
+impl LoraRegistry {
+    /// A registry holding `modules` (`name` or `name=path` each), ids from 1.
+    pub fn new(modules: &[(String, String)]) -> LoraRegistry {
+        let registry = LoraRegistry::default();
+        for (name, path) in modules {
+            let _ = registry.load(name, path);
+        }
+        registry
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LoraState> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Loads an adapter; false when one of that name is loaded already.
+    pub fn load(&self, name: &str, path: &str) -> bool {
+        let mut state = self.lock();
+        if state.loaded.contains_key(name) {
+            return false;
+        }
+        state.next_id += 1;
+        let adapter = Adapter {
+            id: state.next_id,
+            name: name.to_string(),
+            path: path.to_string(),
+        };
+        state.loaded.insert(name.to_string(), adapter);
+        true
+    }
+
+    /// Unloads an adapter; false when none of that name is loaded.
+    pub fn unload(&self, name: &str) -> bool {
+        self.lock().loaded.remove(name).is_some()
+    }
+
+    /// The adapter served as `name`, if loaded.
+    pub fn get(&self, name: &str) -> Option<Adapter> {
+        self.lock().loaded.get(name).cloned()
+    }
+
+    /// Every loaded adapter, by name.
+    pub fn all(&self) -> Vec<Adapter> {
+        self.lock().loaded.values().cloned().collect()
+    }
+}
+
+/// The prompt of `tokens` at `block_size`, its block hashes salted by `adapter` (so no block of
+/// an adapter request matches a base-model block or another adapter's). Output blocks chain
+/// from the salted prompt blocks; a prompt shorter than one block has nothing to salt.
+pub fn prompt_for(
+    tokens: &[u32],
+    block_size: usize,
+    adapter: Option<&Adapter>,
+) -> servesim::request::Prompt {
+    let mut prompt = servesim::request::Prompt::from_tokens(tokens, block_size);
+    if let Some(adapter) = adapter {
+        let mut parent = Some(servesim::tokens::SequenceHash(adapter.salt()));
+        for (seq, local) in prompt.blocks.sequence.iter_mut().zip(&prompt.blocks.local) {
+            *seq = servesim::tokens::next_sequence_hash(parent, *local);
+            parent = Some(*seq);
+        }
+    }
+    prompt
+}
+
+/// The `lora_name` field of a load or unload body.
+fn lora_name(body: &Map<String, Value>) -> Result<String, ApiError> {
+    match body.get("lora_name") {
+        Some(Value::String(name)) if !name.is_empty() => Ok(name.clone()),
+        _ => Err(ApiError::invalid(
+            "Both 'lora_name' and 'lora_path' must be provided.",
+            Some("lora_name"),
+        )),
+    }
+}
+
+/// `POST /v1/load_lora_adapter {"lora_name", "lora_path"}`: 200 with vLLM's text; an adapter
+/// loaded already (or the base model's name) is a 400.
+pub async fn load_lora_adapter(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<ApiJson, ApiError>,
+) -> Response {
+    let result = (|| {
+        check_auth(&state, &headers)?;
+        let body = body?.0;
+        let name = lora_name(&body)?;
+        let path = match body.get("lora_path") {
+            Some(Value::String(path)) if !path.is_empty() => path.clone(),
+            _ => {
+                return Err(ApiError::invalid(
+                    "Both 'lora_name' and 'lora_path' must be provided.",
+                    Some("lora_path"),
+                ))
+            }
+        };
+        if name == state.config.model_name || !state.lora.load(&name, &path) {
+            return Err(ApiError::invalid(
+                format!("The lora adapter '{name}' has already been loaded."),
+                Some("lora_name"),
+            ));
+        }
+        Ok(format!("Success: LoRA adapter '{name}' added successfully.").into_response())
+    })();
+    result.unwrap_or_else(|e| fail(&state, e))
+}
+
+/// `POST /v1/unload_lora_adapter {"lora_name"}`: 200 with vLLM's text; an adapter that is not
+/// loaded is a 400.
+pub async fn unload_lora_adapter(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<ApiJson, ApiError>,
+) -> Response {
+    let result = (|| {
+        check_auth(&state, &headers)?;
+        let name = lora_name(&body?.0)?;
+        if !state.lora.unload(&name) {
+            return Err(ApiError::invalid(
+                format!("The lora adapter '{name}' cannot be found."),
+                Some("lora_name"),
+            ));
+        }
+        Ok(format!("Success: LoRA adapter '{name}' removed successfully.").into_response())
+    })();
+    result.unwrap_or_else(|e| fail(&state, e))
 }

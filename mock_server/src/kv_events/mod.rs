@@ -35,7 +35,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::metrics::{Metrics, WorkerLabel};
-use tokens::BlockTokens;
+use tokens::{BlockTokens, LoraTag};
 use wire::{WireBatch, WireFormat};
 
 /// Batches kept per rank for replay (vLLM's buffer size).
@@ -458,9 +458,17 @@ impl KvExport {
         self.block_size
     }
 
-    /// Starts tracking a submitted request's prompt.
-    pub fn track(&mut self, id: RequestId, prompt: Option<&[Token]>) {
-        self.tokens.track(id, prompt.unwrap_or_default());
+    /// Starts tracking a submitted request: its prompt tokens, the hashes the engine got for
+    /// them, and its adapter.
+    pub fn track(
+        &mut self,
+        id: RequestId,
+        prompt: &servesim::request::Prompt,
+        lora: Option<Arc<LoraTag>>,
+    ) {
+        let tokens: &[Token] = prompt.tokens.as_deref().unwrap_or_default();
+        self.tokens
+            .track_hashed(id, tokens, prompt.blocks.clone(), lora);
     }
 
     /// After an advance of `cluster` to `now` that emitted `outputs`: records the output

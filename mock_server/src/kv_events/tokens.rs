@@ -8,6 +8,7 @@
 //! so the table is bounded by what is in flight plus what is cached.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use servesim::ids::RequestId;
 use servesim::kv::{KvEvent, KvEventData};
@@ -16,11 +17,22 @@ use servesim::tokens::{BlockHashes, HashKeyMap, SequenceHash, Token};
 
 use super::wire::{WireEvent, MEDIUM_GPU};
 
+/// The LoRA adapter of a request's blocks: vLLM's `lora_id` and `lora_name`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoraTag {
+    /// `lora_int_id`.
+    pub id: u64,
+    /// The adapter's served name.
+    pub name: String,
+}
+
 /// One block's tokens and who needs them.
 #[derive(Debug)]
 struct Entry {
     /// The block's tokens (`block_size` of them).
     tokens: Box<[Token]>,
+    /// The adapter whose request cached it, if any.
+    lora: Option<Arc<LoraTag>>,
     /// Requests holding the block plus workers that have it cached.
     refs: u32,
 }
@@ -32,6 +44,8 @@ struct Sequence {
     hashes: BlockHashes,
     /// Tokens after the last full block.
     tail: Vec<Token>,
+    /// Its adapter, if any.
+    lora: Option<Arc<LoraTag>>,
 }
 
 /// Sequence hash -> block tokens, fed from requests and their outputs.
@@ -65,20 +79,52 @@ impl BlockTokens {
         }
     }
 
-    /// Starts tracking request `id` with its prompt tokens.
+    /// Starts tracking request `id` with its prompt tokens, hashed from scratch.
     pub fn track(&mut self, id: RequestId, prompt: &[Token]) {
-        let mut seq = Sequence::default();
-        for chunk in prompt.chunks(self.block_size) {
-            if chunk.len() == self.block_size {
-                seq.hashes.push_block(chunk);
-                if let Some(&h) = seq.hashes.sequence.last() {
-                    self.acquire(h, chunk);
+        let full = prompt.len() / self.block_size * self.block_size;
+        let hashes = BlockHashes::of(&prompt[..full], self.block_size);
+        self.track_hashed(id, prompt, hashes, None);
+    }
+
+    /// Starts tracking request `id` with its prompt tokens and the hashes the engine got for
+    /// its full blocks (salted for an adapter); its output blocks chain from them.
+    pub fn track_hashed(
+        &mut self,
+        id: RequestId,
+        prompt: &[Token],
+        hashes: BlockHashes,
+        lora: Option<Arc<LoraTag>>,
+    ) {
+        let full = hashes.sequence.len() * self.block_size;
+        if full > prompt.len() {
+            // Hashes without their tokens: nothing to name.
+            return;
+        }
+        for (chunk, &h) in prompt[..full].chunks(self.block_size).zip(&hashes.sequence) {
+            self.acquire(h, chunk, lora.as_ref());
+        }
+        let seq = Sequence {
+            hashes,
+            tail: prompt[full..].to_vec(),
+            lora,
+        };
+        self.live.insert(id, seq);
+    }
+
+    /// Tags request `id`'s blocks with its adapter (prompt blocks it introduced, and every
+    /// output block from now on).
+    pub fn set_lora(&mut self, id: RequestId, lora: Option<Arc<LoraTag>>) {
+        let Some(seq) = self.live.get_mut(&id) else {
+            return;
+        };
+        seq.lora.clone_from(&lora);
+        for h in &seq.hashes.sequence {
+            if let Some(entry) = self.table.get_mut(h) {
+                if entry.lora.is_none() {
+                    entry.lora.clone_from(&lora);
                 }
-            } else {
-                seq.tail.extend_from_slice(chunk);
             }
         }
-        self.live.insert(id, seq);
     }
 
     /// Appends one output token of request `id` (untracked requests are ignored).
@@ -92,8 +138,9 @@ impl BlockTokens {
         }
         seq.hashes.push_block(&seq.tail);
         let block = std::mem::take(&mut seq.tail);
+        let lora = seq.lora.clone();
         if let Some(&h) = seq.hashes.sequence.last() {
-            self.acquire(h, &block);
+            self.acquire(h, &block, lora.as_ref());
         }
     }
 
@@ -125,10 +172,14 @@ impl BlockTokens {
         match &event.data {
             KvEventData::Stored { parent, blocks } => {
                 let mut token_ids = Vec::with_capacity(blocks.len() * self.block_size);
+                let mut lora = None;
                 for b in blocks {
                     match self.table.get_mut(&b.seq_hash) {
                         Some(entry) => {
                             token_ids.extend_from_slice(&entry.tokens);
+                            if lora.is_none() {
+                                lora.clone_from(&entry.lora);
+                            }
                             if let Some(stored) = self.stored.get_mut(w) {
                                 if stored.insert(b.seq_hash, ()).is_none() {
                                     entry.refs += 1;
@@ -143,9 +194,9 @@ impl BlockTokens {
                     parent_block_hash: parent.map(|p| p.0),
                     token_ids,
                     block_size: self.block_size,
-                    lora_id: None,
+                    lora_id: lora.as_ref().map(|l| l.id),
                     medium: Some(MEDIUM_GPU),
-                    lora_name: None,
+                    lora_name: lora.map(|l| l.name.clone()),
                 }
             }
             KvEventData::Removed { seq_hashes } => {
@@ -187,11 +238,12 @@ impl BlockTokens {
         self.table.is_empty()
     }
 
-    fn acquire(&mut self, hash: SequenceHash, tokens: &[Token]) {
+    fn acquire(&mut self, hash: SequenceHash, tokens: &[Token], lora: Option<&Arc<LoraTag>>) {
         self.table
             .entry(hash)
             .or_insert_with(|| Entry {
                 tokens: tokens.into(),
+                lora: lora.cloned(),
                 refs: 0,
             })
             .refs += 1;

@@ -16,6 +16,8 @@ mod errors;
 mod http_edge;
 // KV events over ZeroMQ: wire format, a live subscriber, replay.
 mod kv_events;
+// LoRA adapters, runtime loading, the loading delay, bad vLLM-worker flags.
+mod lora;
 // Requests the engine can never run, and a dead engine task.
 mod liveness;
 // `GET /metrics`: the exposition parses and moves.
