@@ -360,6 +360,7 @@ pub fn engine_request(
             len: turn.input_length,
             blocks: BlockHashes { local, sequence },
             tail,
+            tokens: None,
         },
         max_output_tokens: turn.output_length,
         output_tokens: Vec::new(),

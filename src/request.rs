@@ -1,6 +1,8 @@
 //! What the engine is asked to run: a prompt (as block hashes plus a short tail of tokens) and
 //! an output budget.
 
+use std::sync::Arc;
+
 use crate::tokens::{BlockHashes, Token};
 
 /// A prompt as the engine needs it: its length, the hashes of its full blocks at the engine's
@@ -16,6 +18,10 @@ pub struct Prompt {
     pub blocks: BlockHashes,
     /// The `len % block_size` tokens after the last full block.
     pub tail: Vec<Token>,
+    /// Every prompt token, when the caller had them ([`Prompt::from_tokens`]); None for prompts
+    /// built from hashes (trace replay). The engine never reads them: a KV-event publisher uses
+    /// them to name the tokens of the blocks the engine cached.
+    pub tokens: Option<Arc<[Token]>>,
 }
 
 impl Prompt {
@@ -26,6 +32,7 @@ impl Prompt {
             len: tokens.len(),
             blocks: BlockHashes::of(&tokens[..full], block_size),
             tail: tokens[full..].to_vec(),
+            tokens: Some(Arc::from(tokens)),
         }
     }
 }

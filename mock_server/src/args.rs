@@ -454,7 +454,7 @@ mod tests {
                     Err(e) => e.to_string(),
                     Ok(cli) => match cli.command {
                         // Validation happens before binding a port or loading the engine.
-                        Some(Command::Serve(args)) => ServerConfig::from_args(&args)
+                        Some(Command::Serve(args)) => ServerConfig::from_args(&args.serve)
                             .expect_err("refused")
                             .to_string(),
                         _ => format!("{:#}", crate::run(cli).expect_err("refused")),
@@ -484,7 +484,7 @@ mod tests {
         let Some(Command::Serve(args)) = cli.command else {
             panic!("serve");
         };
-        let config = ServerConfig::from_args(&args).expect("valid");
+        let config = ServerConfig::from_args(&args.serve).expect("valid");
         let warnings = config.live_cluster().warnings().join("\n");
         for needle in [
             "prompts longer than --max-num-batched-tokens (16) are refused",
@@ -499,7 +499,7 @@ mod tests {
         else {
             panic!("serve");
         };
-        let config = ServerConfig::from_args(&defaults).expect("valid");
+        let config = ServerConfig::from_args(&defaults.serve).expect("valid");
         assert_eq!(config.live_cluster().warnings(), Vec::<String>::new());
     }
 

@@ -10,6 +10,7 @@ use servesim::scheduler::ConfigError;
 
 use crate::output_length::OutputLengthDist;
 use crate::fault::FaultConfig;
+use crate::kv_events::KvEventsConfig;
 use crate::text::{default_codec, TextCodec};
 
 /// Default `--max-body-bytes`: 8 MiB, room for a long multi-turn conversation.
@@ -78,6 +79,14 @@ pub struct ServerConfig {
     pub tool_call_probability: f64,
     /// Injected failures (none by default).
     pub faults: FaultConfig,
+    /// Publish KV events over ZeroMQ (`--kv-events-endpoint`), if set.
+    pub kv_events: Option<KvEventsConfig>,
+    /// LoRA adapters served from the start: `(name, path)`.
+    pub lora_modules: Vec<(String, String)>,
+    /// `--max-loras`, as reported in `vllm:lora_requests_info`.
+    pub max_loras: usize,
+    /// How long `/health` reports the server loading (503) after start.
+    pub startup_delay: Duration,
 }
 
 impl Default for ServerConfig {
@@ -108,6 +117,10 @@ impl ServerConfig {
             stop_probability: DEFAULT_STOP_PROBABILITY,
             tool_call_probability: DEFAULT_TOOL_CALL_PROBABILITY,
             faults: FaultConfig::default(),
+            kv_events: None,
+            lora_modules: Vec::new(),
+            max_loras: 1,
+            startup_delay: Duration::ZERO,
         }
     }
 

@@ -32,7 +32,12 @@ use servesim::time::SimTime;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::metrics::{Metrics, SkipLabel, WorkerLabel, SKIP_IN_FLIGHT, SKIP_QUEUE_FULL};
+use crate::kv_events::tokens::LoraTag;
+use crate::kv_events::{KvEventPublisher, KvExport, KvSink};
+use crate::metrics::{
+    FinishedLabel, Metrics, SkipLabel, WorkerLabel, FINISHED_LENGTH, SKIP_IN_FLIGHT,
+    SKIP_QUEUE_FULL,
+};
 
 /// Speculative prefills running at once at most (Dynamo's `MAX_BLOCKING_PREFILLS`); one more is
 /// skipped, not queued.
@@ -134,6 +139,10 @@ pub struct LiveStats {
     pub prompt_tokens: u64,
     /// Requests cancelled because their client went away.
     pub cancelled: u64,
+    /// LoRA adapters of admitted, unfinished requests (sorted, each once).
+    pub lora_running: Vec<String>,
+    /// LoRA adapters of requests not yet admitted (sorted, each once).
+    pub lora_waiting: Vec<String>,
 }
 
 enum Command {
@@ -141,6 +150,8 @@ enum Command {
         request: EngineRequest,
         /// Run on this worker instead of routing.
         pinned: Option<WorkerId>,
+        /// The LoRA adapter it runs under, if any.
+        lora: Option<Arc<LoraTag>>,
         events: mpsc::UnboundedSender<Event>,
         /// The id and the simulated submission time.
         reply: oneshot::Sender<Result<(RequestId, SimTime), SubmitError>>,
@@ -211,12 +222,26 @@ impl EngineHandle {
         max_waiting: Option<usize>,
         metrics: Arc<Metrics>,
     ) -> EngineHandle {
+        EngineHandle::spawn_publishing(cluster, max_waiting, metrics, None)
+    }
+
+    /// [`EngineHandle::spawn`], and with `publisher` every worker's KV events are published
+    /// after each engine advance (see [`crate::kv_events`]).
+    pub fn spawn_publishing(
+        mut cluster: Cluster,
+        max_waiting: Option<usize>,
+        metrics: Arc<Metrics>,
+        publisher: Option<KvEventPublisher>,
+    ) -> EngineHandle {
+        let kv = publisher.map(|p| KvExport::new(&mut cluster, KvSink::Zmq(p)));
         for warning in startup_warnings(&cluster, max_waiting) {
             eprintln!("mockserve: warning: {warning}");
         }
         let (tx, rx) = mpsc::unbounded_channel();
         metrics.init_workers(cluster.workers().len());
-        let driver = Driver::new(cluster, max_waiting, metrics);
+        metrics.set_cache_config(cluster.workers().len(), &cluster.config().engine);
+        let mut driver = Driver::new(cluster, max_waiting, metrics);
+        driver.kv = kv;
         let clock = driver.clock;
         tokio::spawn(driver.run(rx));
         EngineHandle {
@@ -242,12 +267,24 @@ impl EngineHandle {
         request: EngineRequest,
         pinned: Option<WorkerId>,
     ) -> Result<Submission, SubmitError> {
+        self.submit_as(request, pinned, None).await
+    }
+
+    /// [`EngineHandle::submit`] for a LoRA adapter (its prompt hashed with the adapter's salt):
+    /// counted under the adapter, and its KV events name it.
+    pub async fn submit_as(
+        &self,
+        request: EngineRequest,
+        pinned: Option<WorkerId>,
+        lora: Option<Arc<LoraTag>>,
+    ) -> Result<Submission, SubmitError> {
         let (events_tx, events) = mpsc::unbounded_channel();
         let (reply, rx) = oneshot::channel();
         self.commands
             .send(Command::Submit {
                 request,
                 pinned,
+                lora,
                 events: events_tx,
                 reply,
             })
@@ -311,6 +348,10 @@ struct Driver {
     watchdog: Watchdog,
     /// Counters and histograms fed from outputs.
     metrics: Arc<Metrics>,
+    /// KV events published to outside routers, if asked for.
+    kv: Option<KvExport>,
+    /// Tokens processed per worker in the advance being dispatched.
+    step_tokens: BTreeMap<u32, u64>,
 }
 
 /// What the driver remembers of an unfinished request.
@@ -320,12 +361,22 @@ struct Tracked {
     submitted: SimTime,
     /// Prompt length.
     prompt_len: usize,
+    /// Output limit.
+    max_tokens: usize,
+    /// When it was first admitted.
+    admitted: Option<SimTime>,
+    /// When its first token was emitted.
+    first_token: Option<SimTime>,
+    /// Tokens emitted so far.
+    generated: usize,
     /// Its worker, once admitted.
     worker: Option<WorkerId>,
     /// When its latest token was emitted.
     last_token: Option<SimTime>,
     /// A speculative prefill.
     speculative: bool,
+    /// Its LoRA adapter, if any.
+    lora: Option<Arc<LoraTag>>,
 }
 
 /// The driver's stall detector: counts advances in a row that emitted nothing and left the
@@ -369,6 +420,8 @@ impl Driver {
             last_submit: SimTime::ZERO,
             watchdog: Watchdog::default(),
             metrics,
+            kv: None,
+            step_tokens: BTreeMap::new(),
         }
     }
 
@@ -399,6 +452,7 @@ impl Driver {
                     let outputs = self.cluster.advance(now);
                     let next = self.cluster.next_event_time();
                     let stalled = self.watchdog.after_advance(outputs.len(), next, now);
+                    self.export_kv_events(&outputs, now);
                     self.dispatch(outputs);
                     if stalled {
                         self.fail_stalled();
@@ -417,12 +471,14 @@ impl Driver {
             Command::Submit {
                 request,
                 pinned,
+                lora,
                 events,
                 reply,
             } => {
                 let result = self
                     .check_queue()
-                    .and_then(|()| self.start(request, pinned, false));
+                    .and_then(|()| self.start(request, pinned, false))
+                    .inspect(|id| self.set_lora(*id, lora));
                 match result {
                     Ok(id) => {
                         self.listeners.insert(id, events);
@@ -472,6 +528,8 @@ impl Driver {
                     prefix_hit_tokens: self.prefix_hit_tokens,
                     prompt_tokens: self.prompt_tokens,
                     cancelled: self.cancelled,
+                    lora_running: self.lora_names(true),
+                    lora_waiting: self.lora_names(false),
                 });
             }
         }
@@ -527,6 +585,8 @@ impl Driver {
         let now = self.now();
         self.last_submit = now;
         let prompt_len = request.prompt.len;
+        let max_tokens = request.max_output_tokens;
+        let kv_prompt = self.kv.as_ref().map(|_| request.prompt.clone());
         let id = match pinned {
             None => self
                 .cluster
@@ -550,21 +610,73 @@ impl Driver {
             }
         };
         self.prompt_tokens += prompt_len as u64;
+        if let (Some(kv), Some(prompt)) = (&mut self.kv, &kv_prompt) {
+            kv.track(id, prompt, None);
+        }
         self.tracked.insert(
             id,
             Tracked {
                 submitted: now,
                 prompt_len,
+                max_tokens,
+                admitted: None,
+                first_token: None,
+                generated: 0,
                 worker: None,
                 last_token: None,
                 speculative,
+                lora: None,
             },
         );
         Ok(id)
     }
 
+    /// Publishes the KV events of the advance to `now` that emitted `outputs` (before the
+    /// outputs are dispatched, so that finished requests still know their tokens).
+    fn export_kv_events(&mut self, outputs: &[Output], now: SimTime) {
+        let Some(kv) = &mut self.kv else {
+            return;
+        };
+        let unknown = kv.tokens.unknown_blocks;
+        let ts = self.clock.unix_ms(now) / 1e3;
+        kv.after_advance(&mut self.cluster, outputs, now, ts);
+        let unknown = kv.tokens.unknown_blocks - unknown;
+        if unknown > 0 {
+            self.metrics.kv_events_unknown_blocks.inc_by(unknown);
+        }
+    }
+
+    /// Marks a started request as running under `lora` (for the LoRA figures and its KV
+    /// events).
+    fn set_lora(&mut self, id: RequestId, lora: Option<Arc<LoraTag>>) {
+        if lora.is_none() {
+            return;
+        }
+        if let Some(kv) = &mut self.kv {
+            kv.tokens.set_lora(id, lora.clone());
+        }
+        if let Some(t) = self.tracked.get_mut(&id) {
+            t.lora = lora;
+        }
+    }
+
+    /// The adapters of running (admitted) or waiting requests, sorted, each once.
+    fn lora_names(&self, running: bool) -> Vec<String> {
+        let names: std::collections::BTreeSet<&str> = self
+            .tracked
+            .values()
+            .filter(|t| t.admitted.is_some() == running)
+            .filter_map(|t| t.lora.as_deref().map(|l| l.name.as_str()))
+            .collect();
+        names.into_iter().map(String::from).collect()
+    }
+
     /// Stops tracking a request.
     fn untrack(&mut self, id: RequestId) {
+        if let Some(kv) = &mut self.kv {
+            let now = self.clock.now();
+            kv.release(&self.cluster, id, now);
+        }
         if self.tracked.remove(&id).is_some_and(|t| t.speculative) {
             self.speculative_in_flight -= 1;
             self.metrics
@@ -594,12 +706,19 @@ impl Driver {
                 id,
                 worker,
                 reused_tokens,
+                time,
                 ..
             } => {
                 let Some(t) = self.tracked.get_mut(&id) else {
                     return;
                 };
-                let label = WorkerLabel::from(worker);
+                let label = m.engine(worker);
+                if t.admitted.is_none() {
+                    t.admitted = Some(time);
+                    m.queue_time
+                        .get_or_create(&label)
+                        .observe(secs(t.submitted, time));
+                }
                 m.prefix_queries
                     .get_or_create(&label)
                     .inc_by(t.prompt_len as u64);
@@ -608,7 +727,7 @@ impl Driver {
                     .inc_by(reused_tokens as u64);
                 if t.worker.is_none() {
                     self.prefix_hit_tokens += reused_tokens as u64;
-                    m.routed.get_or_create(&label).inc();
+                    m.routed.get_or_create(&WorkerLabel::from(worker)).inc();
                 }
                 t.worker = Some(worker);
             }
@@ -621,15 +740,24 @@ impl Driver {
                 let Some(worker) = t.worker else {
                     return;
                 };
-                let label = WorkerLabel::from(worker);
+                let label = m.engine(worker);
                 m.generation_tokens.get_or_create(&label).inc();
+                t.generated += 1;
+                *self.step_tokens.entry(worker.0).or_default() += 1;
                 if index == 1 {
+                    *self.step_tokens.entry(worker.0).or_default() += t.prompt_len as u64;
                     m.prompt_tokens
                         .get_or_create(&label)
                         .inc_by(t.prompt_len as u64);
                     m.ttft
                         .get_or_create(&label)
                         .observe(secs(t.submitted, time));
+                    t.first_token = Some(time);
+                    if let Some(admitted) = t.admitted {
+                        m.prefill_time
+                            .get_or_create(&label)
+                            .observe(secs(admitted, time));
+                    }
                 } else if let Some(last) = t.last_token {
                     m.itl.get_or_create(&label).observe(secs(last, time));
                 }
@@ -638,18 +766,45 @@ impl Driver {
             Output::Finished { id, time } => {
                 if let Some(t) = self.tracked.get(&id) {
                     if let Some(worker) = t.worker {
-                        let label = WorkerLabel::from(worker);
+                        let label = m.engine(worker);
                         m.e2e.get_or_create(&label).observe(secs(t.submitted, time));
-                        m.success.get_or_create(&label).inc();
+                        m.success
+                            .get_or_create(&FinishedLabel {
+                                model_name: label.model_name.clone(),
+                                engine: label.engine,
+                                finished_reason: FINISHED_LENGTH,
+                            })
+                            .inc();
+                        if let Some(first) = t.first_token {
+                            let decode = secs(first, time);
+                            m.decode_time.get_or_create(&label).observe(decode);
+                            if t.generated > 1 {
+                                m.tpot
+                                    .get_or_create(&label)
+                                    .observe(decode / (t.generated - 1) as f64);
+                            }
+                        }
+                        if let Some(admitted) = t.admitted {
+                            m.inference_time
+                                .get_or_create(&label)
+                                .observe(secs(admitted, time));
+                        }
+                        m.request_prompt_tokens
+                            .get_or_create(&label)
+                            .observe(t.prompt_len as f64);
+                        m.request_generation_tokens
+                            .get_or_create(&label)
+                            .observe(t.generated as f64);
+                        m.request_max_tokens
+                            .get_or_create(&label)
+                            .observe(t.max_tokens as f64);
                     }
                 }
                 self.untrack(id);
             }
             Output::Preempted { id, .. } => {
                 if let Some(worker) = self.tracked.get(&id).and_then(|t| t.worker) {
-                    m.preemptions
-                        .get_or_create(&WorkerLabel::from(worker))
-                        .inc();
+                    m.preemptions.get_or_create(&m.engine(worker)).inc();
                 }
             }
             Output::Rejected { id, .. } => self.untrack(id),
@@ -659,6 +814,17 @@ impl Driver {
     }
 
     fn dispatch(&mut self, outputs: Vec<Output>) {
+        self.dispatch_outputs(outputs);
+        // One engine step per worker per advance, as `vllm:iteration_tokens_total` counts.
+        for (worker, tokens) in std::mem::take(&mut self.step_tokens) {
+            self.metrics
+                .iteration_tokens
+                .get_or_create(&self.metrics.engine(WorkerId(worker)))
+                .observe(tokens as f64);
+        }
+    }
+
+    fn dispatch_outputs(&mut self, outputs: Vec<Output>) {
         for output in outputs {
             self.observe(&output);
             let (id, last) = match &output {
@@ -898,7 +1064,11 @@ mod tests {
             .map(|w| {
                 metrics
                     .success
-                    .get_or_create(&WorkerLabel { worker: w })
+                    .get_or_create(&FinishedLabel {
+                        model_name: "mock-model".into(),
+                        engine: w,
+                        finished_reason: FINISHED_LENGTH,
+                    })
                     .get()
             })
             .collect();

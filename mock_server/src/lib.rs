@@ -39,6 +39,7 @@ pub mod config;
 pub mod connection;
 pub mod driver;
 pub mod fault;
+pub mod kv_events;
 pub mod metrics;
 pub mod output_length;
 pub mod replay_cmd;
@@ -63,13 +64,17 @@ pub struct Cli {
     /// Serve flags when no subcommand is given.
     #[command(flatten)]
     pub serve: server::ServeArgs,
+
+    /// vLLM-worker flags when no subcommand is given.
+    #[command(flatten)]
+    pub vllm: server::VllmArgs,
 }
 
 /// Subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Serve the OpenAI-compatible API over the simulated engine (the default).
-    Serve(server::ServeArgs),
+    Serve(ServeCommand),
     /// Replay a Mooncake trace on a virtual clock and report Dynamo-compatible metrics.
     Replay(replay_cmd::ReplayArgs),
     /// Print a shell completion script on stdout, e.g. `mockserve completions bash`.
@@ -77,6 +82,17 @@ pub enum Command {
         /// The shell to complete for.
         shell: clap_complete::Shell,
     },
+}
+
+/// `mockserve serve` flags: the server's and the vLLM-worker ones.
+#[derive(clap::Args, Debug)]
+pub struct ServeCommand {
+    /// Server flags.
+    #[command(flatten)]
+    pub serve: server::ServeArgs,
+    /// vLLM-worker flags.
+    #[command(flatten)]
+    pub vllm: server::VllmArgs,
 }
 
 /// The completion script of `mockserve` for `shell`.
@@ -90,8 +106,8 @@ pub fn completions(shell: clap_complete::Shell) -> Vec<u8> {
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        None => server::run(&cli.serve),
-        Some(Command::Serve(args)) => server::run(&args),
+        None => server::run(&cli.serve, &cli.vllm),
+        Some(Command::Serve(args)) => server::run(&args.serve, &args.vllm),
         Some(Command::Replay(args)) => replay_cmd::run(&args).map(|_| ()),
         Some(Command::Completions { shell }) => {
             write_stdout(&completions(shell))?;

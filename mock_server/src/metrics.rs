@@ -1,5 +1,7 @@
-//! The server's Prometheus metrics ([`Metrics`]): vLLM-compatible per-worker series (label
-//! `worker`) plus `servesim_*` router, HTTP and speculative-prefill counters.
+//! The server's Prometheus metrics ([`Metrics`]): vLLM's metric set, per simulated worker as
+//! vLLM labels its data-parallel engines (`model_name`, `engine`; vLLM's bucket boundaries, so
+//! dashboards and routers built for vLLM read them unchanged), plus `servesim_*` router, HTTP,
+//! speculative-prefill and KV-event series (label `worker`).
 //!
 //! Built on `prometheus-client`, which writes metric names as given, so vLLM's `vllm:` names
 //! (valid in both the Prometheus and the OpenMetrics text formats) come out unescaped. Counters are
@@ -30,6 +32,64 @@ impl From<WorkerId> for WorkerLabel {
     }
 }
 
+/// vLLM's label set of an engine's series: the served model and the engine (data-parallel
+/// rank: the simulated worker).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EngineLabel {
+    /// The served (base) model.
+    pub model_name: String,
+    /// The worker's index.
+    pub engine: u32,
+}
+
+/// `vllm:request_success`'s labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FinishedLabel {
+    /// The served (base) model.
+    pub model_name: String,
+    /// The worker's index.
+    pub engine: u32,
+    /// `length` (the engine always runs to the output limit).
+    pub finished_reason: &'static str,
+}
+
+/// `vllm:cache_config_info`'s labels: the KV-cache settings, as strings, as vLLM reports them.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheConfigLabel {
+    /// The worker's index.
+    pub engine: u32,
+    /// Tokens per block.
+    pub block_size: String,
+    /// `auto`.
+    pub cache_dtype: &'static str,
+    /// `True` or `False`, as Python prints it.
+    pub enable_prefix_caching: &'static str,
+    /// vLLM's default, 0.9 (nothing is allocated here).
+    pub gpu_memory_utilization: &'static str,
+    /// Host-memory blocks (the G2 tier's, else 0).
+    pub num_cpu_blocks: String,
+    /// KV blocks per worker.
+    pub num_gpu_blocks: String,
+}
+
+/// `vllm:lora_requests_info`'s labels, as vLLM reports them: comma-separated adapter names.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LoraInfoLabel {
+    /// Adapters of running requests.
+    pub running_lora_adapters: String,
+    /// Adapters of waiting requests.
+    pub waiting_lora_adapters: String,
+    /// `--max-loras`.
+    pub max_lora: String,
+}
+
+/// A LoRA adapter's label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdapterLabel {
+    /// The adapter's served name.
+    pub adapter: String,
+}
+
 /// The HTTP endpoint label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EndpointLabel {
@@ -53,6 +113,9 @@ pub struct FaultLabel {
 
 /// Skip reason: [`crate::driver::MAX_SPECULATIVE_PREFILLS`] already running.
 pub const SKIP_IN_FLIGHT: &str = "in_flight_limit";
+/// `finished_reason` of a request that ran to its output limit.
+pub const FINISHED_LENGTH: &str = "length";
+
 /// Skip reason: the `--max-waiting` queue is full.
 pub const SKIP_QUEUE_FULL: &str = "queue_full";
 
@@ -72,6 +135,44 @@ const E2E_BUCKETS: [f64; 21] = [
     480.0, 960.0, 1920.0, 7680.0,
 ];
 
+/// `vllm:iteration_tokens_total` buckets (vLLM's default CUDA-graph capture sizes).
+const ITERATION_BUCKETS: [f64; 13] = [
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+];
+
+/// vLLM's `build_1_2_5_buckets(max_model_len)`: 1, 2, 5, 10, 20, 50, ... up to the limit.
+pub fn buckets_1_2_5(max: usize) -> Vec<f64> {
+    let mut out = Vec::new();
+    let mut exponent = 1usize;
+    loop {
+        for m in [1, 2, 5] {
+            let v = m * exponent;
+            if v > max {
+                return out;
+            }
+            out.push(v as f64);
+        }
+        exponent = match exponent.checked_mul(10) {
+            Some(e) => e,
+            None => return out,
+        };
+    }
+}
+
+/// Builds token-count histograms with the 1-2-5 buckets up to the context length.
+#[derive(Clone, Debug)]
+pub struct TokenBuckets(Vec<f64>);
+
+impl prometheus_client::metrics::family::MetricConstructor<Histogram> for TokenBuckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(self.0.iter().copied())
+    }
+}
+
+fn iteration_histogram() -> Histogram {
+    Histogram::new(ITERATION_BUCKETS)
+}
+
 fn ttft_histogram() -> Histogram {
     Histogram::new(TTFT_BUCKETS)
 }
@@ -88,29 +189,58 @@ pub struct Metrics {
     /// The registry that encodes them all.
     registry: Registry,
     /// `vllm:num_requests_running` (gauge, from the snapshot).
-    pub running: Family<WorkerLabel, Gauge>,
+    pub running: Family<EngineLabel, Gauge>,
     /// `vllm:num_requests_waiting` (gauge, from the snapshot).
-    pub waiting: Family<WorkerLabel, Gauge>,
+    pub waiting: Family<EngineLabel, Gauge>,
     /// `vllm:kv_cache_usage_perc`: share (0..1) of KV blocks held by requests.
-    pub kv_usage: Family<WorkerLabel, Gauge<f64, AtomicU64>>,
+    pub kv_usage: Family<EngineLabel, Gauge<f64, AtomicU64>>,
     /// `vllm:prefix_cache_queries`: prompt tokens looked up in the prefix cache, per admission.
-    pub prefix_queries: Family<WorkerLabel, Counter>,
+    pub prefix_queries: Family<EngineLabel, Counter>,
     /// `vllm:prefix_cache_hits`: prompt tokens found there.
-    pub prefix_hits: Family<WorkerLabel, Counter>,
+    pub prefix_hits: Family<EngineLabel, Counter>,
     /// `vllm:prompt_tokens`: prompt tokens of requests that produced their first token.
-    pub prompt_tokens: Family<WorkerLabel, Counter>,
+    pub prompt_tokens: Family<EngineLabel, Counter>,
     /// `vllm:generation_tokens`: output tokens.
-    pub generation_tokens: Family<WorkerLabel, Counter>,
+    pub generation_tokens: Family<EngineLabel, Counter>,
     /// `vllm:num_preemptions`.
-    pub preemptions: Family<WorkerLabel, Counter>,
+    pub preemptions: Family<EngineLabel, Counter>,
     /// `vllm:time_to_first_token_seconds`, from submission to the first token.
-    pub ttft: HistogramFamily<WorkerLabel>,
+    pub ttft: HistogramFamily<EngineLabel>,
     /// `vllm:inter_token_latency_seconds`.
-    pub itl: HistogramFamily<WorkerLabel>,
+    pub itl: HistogramFamily<EngineLabel>,
     /// `vllm:e2e_request_latency_seconds`, from submission to the last token.
-    pub e2e: HistogramFamily<WorkerLabel>,
+    pub e2e: HistogramFamily<EngineLabel>,
     /// `vllm:request_success`: requests that ran to their output limit.
-    pub success: Family<WorkerLabel, Counter>,
+    pub success: Family<FinishedLabel, Counter>,
+    /// `vllm:request_time_per_output_token_seconds`: per request, decode time per output
+    /// token after the first.
+    pub tpot: HistogramFamily<EngineLabel>,
+    /// `vllm:request_queue_time_seconds`: submission to first admission.
+    pub queue_time: HistogramFamily<EngineLabel>,
+    /// `vllm:request_prefill_time_seconds`: first admission to first token.
+    pub prefill_time: HistogramFamily<EngineLabel>,
+    /// `vllm:request_decode_time_seconds`: first token to last token.
+    pub decode_time: HistogramFamily<EngineLabel>,
+    /// `vllm:request_inference_time_seconds`: first admission to last token.
+    pub inference_time: HistogramFamily<EngineLabel>,
+    /// `vllm:request_prompt_tokens`: prompt length per finished request.
+    pub request_prompt_tokens: Family<EngineLabel, Histogram, TokenBuckets>,
+    /// `vllm:request_generation_tokens`: output length per finished request.
+    pub request_generation_tokens: Family<EngineLabel, Histogram, TokenBuckets>,
+    /// `vllm:request_params_max_tokens`: the output limit per finished request.
+    pub request_max_tokens: Family<EngineLabel, Histogram, TokenBuckets>,
+    /// `vllm:iteration_tokens_total`: tokens per engine step (prefilled prompt tokens of
+    /// requests that got their first token plus tokens emitted, per worker and advance).
+    pub iteration_tokens: HistogramFamily<EngineLabel>,
+    /// `vllm:cache_config_info` (1): the KV-cache settings, per engine.
+    pub cache_config_info: Family<CacheConfigLabel, Gauge>,
+    /// `vllm:lora_requests_info`: Unix time of the last update, labelled with the adapters
+    /// of running and waiting requests.
+    pub lora_info: Family<LoraInfoLabel, Gauge<f64, AtomicU64>>,
+    /// The model name of the `vllm:*` series.
+    pub model_name: String,
+    /// `servesim_lora_requests` per adapter: generation requests served under it.
+    pub lora_requests: Family<AdapterLabel, Counter>,
     /// `servesim_http_requests`: requests received per endpoint.
     pub http_requests: Family<EndpointLabel, Counter>,
     /// `servesim_http_request_failures`: requests answered with an error (before or mid-stream).
@@ -150,6 +280,14 @@ pub struct Metrics {
     pub g2_onboarded_blocks: Family<WorkerLabel, Gauge>,
     /// `servesim_faults` by type: faults injected (`--fault-rate`, `x-servesim-fault`).
     pub faults: Family<FaultLabel, Counter>,
+    /// `servesim_kv_events_published` per worker: KV-event batches sent on its ZeroMQ socket.
+    pub kv_events_published: Family<WorkerLabel, Counter>,
+    /// `servesim_kv_events_dropped` per worker: batches dropped because the socket lagged
+    /// (a slow or absent subscriber never stalls the engine); replay can serve them.
+    pub kv_events_dropped: Family<WorkerLabel, Counter>,
+    /// `servesim_kv_events_unknown_blocks`: stored blocks published without their tokens
+    /// (a defect: always 0).
+    pub kv_events_unknown_blocks: Counter,
 }
 
 /// The serving-pool label.
@@ -166,8 +304,23 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Registers every metric (all zero).
+    /// Registers every metric (all zero), for model `mock-model` and a context of 131072.
     pub fn new() -> Metrics {
+        Metrics::for_model("mock-model", 131_072)
+    }
+
+    /// The `vllm:*` label of worker `w`.
+    pub fn engine(&self, w: WorkerId) -> EngineLabel {
+        EngineLabel {
+            model_name: self.model_name.clone(),
+            engine: w.0,
+        }
+    }
+
+    /// Registers every metric (all zero); `vllm:*` series carry `model_name`, and token-count
+    /// histograms have buckets up to `max_model_len`.
+    pub fn for_model(model_name: &str, max_model_len: usize) -> Metrics {
+        let tokens = TokenBuckets(buckets_1_2_5(max_model_len));
         let mut m = Metrics {
             registry: Registry::default(),
             running: Family::default(),
@@ -182,6 +335,21 @@ impl Metrics {
             itl: Family::new_with_constructor(itl_histogram as fn() -> Histogram),
             e2e: Family::new_with_constructor(e2e_histogram as fn() -> Histogram),
             success: Family::default(),
+            tpot: Family::new_with_constructor(itl_histogram as fn() -> Histogram),
+            queue_time: Family::new_with_constructor(e2e_histogram as fn() -> Histogram),
+            prefill_time: Family::new_with_constructor(e2e_histogram as fn() -> Histogram),
+            decode_time: Family::new_with_constructor(e2e_histogram as fn() -> Histogram),
+            inference_time: Family::new_with_constructor(e2e_histogram as fn() -> Histogram),
+            request_prompt_tokens: Family::new_with_constructor(tokens.clone()),
+            request_generation_tokens: Family::new_with_constructor(tokens.clone()),
+            request_max_tokens: Family::new_with_constructor(tokens),
+            iteration_tokens: Family::new_with_constructor(
+                iteration_histogram as fn() -> Histogram,
+            ),
+            cache_config_info: Family::default(),
+            lora_info: Family::default(),
+            model_name: model_name.to_string(),
+            lora_requests: Family::default(),
             http_requests: Family::default(),
             http_failures: Counter::default(),
             overloaded: Counter::default(),
@@ -201,6 +369,9 @@ impl Metrics {
             g2_resident_blocks: Family::default(),
             g2_onboarded_blocks: Family::default(),
             faults: Family::default(),
+            kv_events_published: Family::default(),
+            kv_events_dropped: Family::default(),
+            kv_events_unknown_blocks: Counter::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -242,6 +413,21 @@ impl Metrics {
             "servesim_g2_onboarded_blocks",
             "KV blocks brought back from the host-memory tier",
             m.g2_onboarded_blocks.clone(),
+        );
+        r.register(
+            "servesim_kv_events_published",
+            "KV-event batches published on ZeroMQ, per worker",
+            m.kv_events_published.clone(),
+        );
+        r.register(
+            "servesim_kv_events_dropped",
+            "KV-event batches dropped because the publisher lagged, per worker",
+            m.kv_events_dropped.clone(),
+        );
+        r.register(
+            "servesim_kv_events_unknown_blocks",
+            "Stored blocks published without their tokens",
+            m.kv_events_unknown_blocks.clone(),
         );
         r.register(
             "vllm:num_requests_running",
@@ -298,6 +484,66 @@ impl Metrics {
             "vllm:request_success",
             "Requests that ran to their output limit",
             m.success.clone(),
+        );
+        r.register(
+            "vllm:request_time_per_output_token_seconds",
+            "Time per output token (after the first) per request in seconds",
+            m.tpot.clone(),
+        );
+        r.register(
+            "vllm:request_queue_time_seconds",
+            "Time spent waiting before the first admission in seconds",
+            m.queue_time.clone(),
+        );
+        r.register(
+            "vllm:request_prefill_time_seconds",
+            "Time from the first admission to the first token in seconds",
+            m.prefill_time.clone(),
+        );
+        r.register(
+            "vllm:request_decode_time_seconds",
+            "Time from the first token to the last in seconds",
+            m.decode_time.clone(),
+        );
+        r.register(
+            "vllm:request_inference_time_seconds",
+            "Time from the first admission to the last token in seconds",
+            m.inference_time.clone(),
+        );
+        r.register(
+            "vllm:request_prompt_tokens",
+            "Number of prefill tokens processed",
+            m.request_prompt_tokens.clone(),
+        );
+        r.register(
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed",
+            m.request_generation_tokens.clone(),
+        );
+        r.register(
+            "vllm:request_params_max_tokens",
+            "Histogram of the max_tokens request parameter",
+            m.request_max_tokens.clone(),
+        );
+        r.register(
+            "vllm:iteration_tokens_total",
+            "Histogram of the number of tokens per engine step",
+            m.iteration_tokens.clone(),
+        );
+        r.register(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            m.cache_config_info.clone(),
+        );
+        r.register(
+            "vllm:lora_requests_info",
+            "Running stats on lora requests",
+            m.lora_info.clone(),
+        );
+        r.register(
+            "servesim_lora_requests",
+            "Generation requests served under each LoRA adapter",
+            m.lora_requests.clone(),
         );
         r.register(
             "servesim_http_requests",
@@ -360,7 +606,22 @@ impl Metrics {
     /// Creates every per-worker series, so a scrape shows each worker before it has served.
     pub fn init_workers(&self, num_workers: usize) {
         for w in 0..num_workers as u32 {
-            let label = WorkerLabel { worker: w };
+            let label = self.engine(WorkerId(w));
+            let _ = self.tpot.get_or_create(&label);
+            let _ = self.queue_time.get_or_create(&label);
+            let _ = self.prefill_time.get_or_create(&label);
+            let _ = self.decode_time.get_or_create(&label);
+            let _ = self.inference_time.get_or_create(&label);
+            let _ = self.request_prompt_tokens.get_or_create(&label);
+            let _ = self.request_generation_tokens.get_or_create(&label);
+            let _ = self.request_max_tokens.get_or_create(&label);
+            let _ = self.iteration_tokens.get_or_create(&label);
+            let _ = self.success.get_or_create(&FinishedLabel {
+                model_name: self.model_name.clone(),
+                engine: w,
+                finished_reason: FINISHED_LENGTH,
+            });
+            let _ = self.routed.get_or_create(&WorkerLabel { worker: w });
             let _ = self.running.get_or_create(&label);
             let _ = self.waiting.get_or_create(&label);
             let _ = self.kv_usage.get_or_create(&label);
@@ -372,8 +633,6 @@ impl Metrics {
             let _ = self.ttft.get_or_create(&label);
             let _ = self.itl.get_or_create(&label);
             let _ = self.e2e.get_or_create(&label);
-            let _ = self.success.get_or_create(&label);
-            let _ = self.routed.get_or_create(&label);
         }
         for endpoint in ["chat", "completions"] {
             let _ = self
@@ -385,10 +644,49 @@ impl Metrics {
         }
     }
 
+    /// Sets `vllm:cache_config_info` for `num_workers` engines of `config`.
+    pub fn set_cache_config(&self, num_workers: usize, config: &servesim::scheduler::EngineConfig) {
+        let num_cpu_blocks = config.g2.as_ref().map_or(0, |g2| g2.num_blocks);
+        for w in 0..num_workers as u32 {
+            self.cache_config_info
+                .get_or_create(&CacheConfigLabel {
+                    engine: w,
+                    block_size: config.block_size.to_string(),
+                    cache_dtype: "auto",
+                    enable_prefix_caching: if config.enable_prefix_caching {
+                        "True"
+                    } else {
+                        "False"
+                    },
+                    gpu_memory_utilization: "0.9",
+                    num_cpu_blocks: num_cpu_blocks.to_string(),
+                    num_gpu_blocks: config.num_gpu_blocks.to_string(),
+                })
+                .set(1);
+        }
+    }
+
+    /// Sets `vllm:lora_requests_info` to now (Unix seconds), labelled with the adapters of
+    /// running and waiting requests, as vLLM does: one series, replaced at each update.
+    pub fn set_lora_info(&self, running: &[String], waiting: &[String], max_loras: usize) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        self.lora_info.clear();
+        self.lora_info
+            .get_or_create(&LoraInfoLabel {
+                running_lora_adapters: running.join(","),
+                waiting_lora_adapters: waiting.join(","),
+                max_lora: max_loras.to_string(),
+            })
+            .set(now);
+    }
+
     /// Sets the gauges from a cluster snapshot.
     pub fn set_gauges(&self, stats: &ClusterStats) {
         for w in &stats.workers {
-            let label = WorkerLabel::from(w.worker);
+            let label = self.engine(w.worker);
             self.running
                 .get_or_create(&label)
                 .set(w.scheduler.running as i64);

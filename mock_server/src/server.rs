@@ -23,6 +23,7 @@ use crate::config::{
 use crate::connection::Edge;
 use crate::output_length::{OutputLengthDist, DEFAULT_OUTPUT_LENGTH_DIST};
 use crate::fault::{FaultArgs, FaultConfig};
+use crate::kv_events::KvEventsArgs;
 use crate::text::TokenizerCodec;
 
 /// `mockserve serve` flags.
@@ -105,6 +106,31 @@ pub struct ServeArgs {
     pub faults: FaultArgs,
 }
 
+/// `mockserve serve` flags that make it a drop-in vLLM worker behind outside routers: KV
+/// events over ZeroMQ, LoRA adapters, a loading delay. Kept apart from [`ServeArgs`], which
+/// embedders build field by field.
+#[derive(Args, Clone, Debug, Default, PartialEq)]
+pub struct VllmArgs {
+    /// LoRA adapters served as extra model names, comma-separated (`name` or vLLM's
+    /// `name=path`; the path is never read): same latency as the base model, their KV blocks
+    /// never shared with it.
+    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
+    pub lora_modules: Vec<String>,
+
+    /// LoRA adapters per batch, as reported in `vllm:lora_requests_info` (not simulated).
+    #[arg(long, default_value_t = 1)]
+    pub max_loras: usize,
+
+    /// Seconds the server "loads the model" after binding: `/health` and `/ping` answer 503
+    /// and generation requests are refused with 503 until then.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0.0)]
+    pub startup_delay: f64,
+
+    /// KV events published as vLLM does (last: its help heading holds for the flags after).
+    #[command(flatten)]
+    pub kv_events: KvEventsArgs,
+}
+
 /// `mockserve serve` flags for the HTTP connections: the defences against slow, idle and too
 /// many clients, and the shutdown drain. [`HttpArgs::default`] is the flags' defaults.
 #[derive(Args, Clone, Debug, PartialEq)]
@@ -174,6 +200,50 @@ impl HttpLimits {
 }
 
 impl ServerConfig {
+    /// The configuration the flags describe, with the vLLM-worker flags.
+    pub fn from_serve_args(args: &ServeArgs, vllm: &VllmArgs) -> Result<ServerConfig, ConfigError> {
+        let config = ServerConfig::from_args(args)?;
+        let startup_delay = (vllm.startup_delay.is_finite() && vllm.startup_delay >= 0.0)
+            .then(|| Duration::try_from_secs_f64(vllm.startup_delay).ok())
+            .flatten()
+            .ok_or_else(|| ConfigError("--startup-delay must be 0 or more seconds".into()))?;
+        let mut lora_modules: Vec<(String, String)> = Vec::new();
+        for module in &vllm.lora_modules {
+            let (name, path) = module.split_once('=').unwrap_or((module, module));
+            let (name, path) = (name.trim(), path.trim());
+            if name.is_empty() {
+                return Err(ConfigError(format!(
+                    "--lora-modules: an empty adapter name in {module:?}"
+                )));
+            }
+            if name == config.model_name {
+                return Err(ConfigError(format!(
+                    "--lora-modules: the adapter name {name:?} is the base model's name \
+                     (--model-name); give the adapter another name"
+                )));
+            }
+            if lora_modules.iter().any(|(n, _)| n == name) {
+                return Err(ConfigError(format!(
+                    "--lora-modules: the adapter name {name:?} is given twice"
+                )));
+            }
+            lora_modules.push((name.to_string(), path.to_string()));
+        }
+        if vllm.max_loras == 0 {
+            return Err(ConfigError("--max-loras must be positive".into()));
+        }
+        Ok(ServerConfig {
+            kv_events: vllm
+                .kv_events
+                .config()
+                .map_err(|e| ConfigError(e.to_string()))?,
+            lora_modules,
+            max_loras: vllm.max_loras,
+            startup_delay,
+            ..config
+        })
+    }
+
     /// The configuration the flags describe.
     pub fn from_args(args: &ServeArgs) -> Result<ServerConfig, ConfigError> {
         let mut cluster = args.engine.cluster_config()?;
@@ -217,7 +287,7 @@ pub async fn serve(
     config: ServerConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let state = AppState::new(config)?;
+    let state = AppState::start(config).await?;
     serve_state(listener, state, shutdown).await
 }
 
@@ -287,8 +357,8 @@ pub async fn shutdown_signal() {
 
 /// `mockserve serve`: binds, prints the address, serves until SIGINT/SIGTERM, then drains for
 /// up to `--shutdown-timeout`; a second signal exits at once (an error).
-pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
-    let config = ServerConfig::from_args(args)?;
+pub fn run(args: &ServeArgs, vllm: &VllmArgs) -> anyhow::Result<()> {
+    let config = ServerConfig::from_serve_args(args, vllm)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

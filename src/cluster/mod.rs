@@ -32,6 +32,7 @@ use std::collections::BTreeMap;
 use disagg::DecodePool;
 
 use crate::ids::{RequestId, WorkerId};
+use crate::kv::KvEvent;
 use crate::request::EngineRequest;
 use crate::router::{RouteRequest, Router, RouterConfig, RouterMode};
 use crate::scheduler::{ConfigError, EngineConfig, RejectReason, SchedulerEvent, WorkerRole};
@@ -263,6 +264,9 @@ pub struct Cluster {
     block_size: usize,
     /// The validated settings; submissions are checked against `engine`.
     config: ClusterConfig,
+    /// Copies of every worker's KV events (worker ids global) for [`Cluster::drain_kv_events`];
+    /// None until [`Cluster::export_kv_events`] turns the export on.
+    exported_kv_events: Option<Vec<KvEvent>>,
 }
 
 impl Cluster {
@@ -322,7 +326,25 @@ impl Cluster {
             now: SimTime::ZERO,
             block_size: config.engine.block_size,
             config,
+            exported_kv_events: None,
         })
+    }
+
+    /// From now on, keeps a copy of every KV event the workers emit (with the worker's global
+    /// id, whatever router it reports to) for [`Cluster::drain_kv_events`]: what a publisher of
+    /// KV events to an outside router needs. Events become visible when the pass that produced
+    /// them ends, as they do to the cluster's own router.
+    pub fn export_kv_events(&mut self) {
+        self.exported_kv_events.get_or_insert_with(Vec::new);
+    }
+
+    /// The KV events emitted since the last call, in emission order (empty unless
+    /// [`Cluster::export_kv_events`] was called).
+    pub fn drain_kv_events(&mut self) -> Vec<KvEvent> {
+        self.exported_kv_events
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Tokens per KV block: prompts must be hashed at this size.
@@ -596,6 +618,9 @@ impl Cluster {
         // visibility): a worker in a pass keeps them until then.
         if self.workers[w].pass_end().is_none() {
             for mut event in self.workers[w].drain_kv_events() {
+                if let Some(exported) = &mut self.exported_kv_events {
+                    exported.push(event.clone());
+                }
                 let (router, local) = self.router_of(w);
                 event.worker = local;
                 router.apply_kv_event(&event);

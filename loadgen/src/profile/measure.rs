@@ -237,6 +237,8 @@ mod tests {
                 prompt_tokens: Some(prompt),
                 cached_tokens: None,
                 failure: None,
+                finish_reason: None,
+                worker: None,
             },
         )
     }

@@ -126,9 +126,9 @@ impl Choice {
     }
 
     /// The engine request that runs `answer` after `prompt`.
-    pub fn engine_request(prompt: &[u32], block_size: usize, answer: &Answer) -> EngineRequest {
+    pub fn engine_request(prompt: Prompt, answer: &Answer) -> EngineRequest {
         EngineRequest {
-            prompt: Prompt::from_tokens(prompt, block_size),
+            prompt,
             max_output_tokens: answer.tokens.len(),
             output_tokens: answer.tokens.clone(),
         }

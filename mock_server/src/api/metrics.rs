@@ -17,6 +17,14 @@ pub async fn handler(State(state): State<AppState>) -> Response {
         Err(e) => return ApiError::from(e).into_response(),
     };
     state.metrics.set_gauges(&live.cluster);
+    // vLLM reports LoRA figures only when LoRA is on.
+    if !state.config.lora_modules.is_empty() || !state.lora.all().is_empty() {
+        state.metrics.set_lora_info(
+            &live.lora_running,
+            &live.lora_waiting,
+            state.config.max_loras,
+        );
+    }
     (
         [(header::CONTENT_TYPE, CONTENT_TYPE)],
         state.metrics.encode(),

@@ -1,7 +1,8 @@
 //! The OpenAI-compatible HTTP API: [`app`] builds the axum router over an [`AppState`].
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`,
-//! `GET /metrics`. Every error is an [`ApiError`] body, including unknown routes (404) and
+//! `GET /metrics`, and vLLM's `GET /v1/models/{model}`, `POST /tokenize`, `POST /detokenize`,
+//! `GET /version`, `GET|POST /ping` ([`vllm`]). Every error is an [`ApiError`] body, including unknown routes (404) and
 //! methods (405, with `Allow`).
 //!
 //! Before any handler, [`edge_limits`] enforces the request-level limits: headers over
@@ -57,6 +58,7 @@ pub mod metrics;
 pub mod protocol;
 pub mod schema;
 pub mod tools;
+pub mod vllm;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -82,6 +84,7 @@ use tools::Tools;
 
 use crate::config::ServerConfig;
 use crate::driver::EngineHandle;
+use crate::kv_events::KvEventPublisher;
 use crate::metrics::{EndpointLabel, Metrics};
 
 /// Everything a handler needs; cheap to clone.
@@ -102,6 +105,10 @@ pub struct AppState {
     /// Cancelled when the shutdown drain deadline passes: every generation still running then
     /// ends with a `503 shutting down` error (the final event of a stream).
     pub stop_generations: CancellationToken,
+    /// The loaded LoRA adapters.
+    pub lora: Arc<vllm::LoraRegistry>,
+    /// When the simulated model load ends (`--startup-delay`): `/health` answers 503 before.
+    pub ready_at: tokio::time::Instant,
 }
 
 impl AppState {
@@ -111,9 +118,44 @@ impl AppState {
         config.validate()?;
         let cluster = Cluster::new(config.live_cluster())?;
         let block_size = cluster.block_size();
-        let metrics = Arc::new(Metrics::new());
+        let metrics = Arc::new(Metrics::for_model(&config.model_name, config.max_model_len));
         let engine = EngineHandle::spawn(cluster, config.max_waiting, Arc::clone(&metrics));
-        Ok(AppState {
+        Ok(AppState::assemble(config, engine, metrics, block_size))
+    }
+}
+
+impl AppState {
+    /// [`AppState::new`], and with `config.kv_events` the ZeroMQ publishers bound first (a
+    /// port in use is an error here, before anything is served).
+    pub async fn start(config: ServerConfig) -> anyhow::Result<AppState> {
+        let Some(kv_events) = config.kv_events.clone() else {
+            return Ok(AppState::new(config)?);
+        };
+        config.validate()?;
+        let cluster = Cluster::new(config.live_cluster())?;
+        let block_size = cluster.block_size();
+        let metrics = Arc::new(Metrics::for_model(&config.model_name, config.max_model_len));
+        let publisher =
+            KvEventPublisher::start(&kv_events, cluster.workers().len(), Arc::clone(&metrics))
+                .await?;
+        let engine = EngineHandle::spawn_publishing(
+            cluster,
+            config.max_waiting,
+            Arc::clone(&metrics),
+            Some(publisher),
+        );
+        Ok(AppState::assemble(config, engine, metrics, block_size))
+    }
+
+    fn assemble(
+        config: ServerConfig,
+        engine: EngineHandle,
+        metrics: Arc<Metrics>,
+        block_size: usize,
+    ) -> AppState {
+        let ready_at = tokio::time::Instant::now() + config.startup_delay;
+        AppState {
+            lora: Arc::new(vllm::LoraRegistry::new(&config.lora_modules)),
             config: Arc::new(config),
             engine,
             metrics,
@@ -121,7 +163,13 @@ impl AppState {
             block_size,
             started: unix_now(),
             stop_generations: CancellationToken::new(),
-        })
+            ready_at,
+        }
+    }
+
+    /// False while the simulated model load (`--startup-delay`) runs.
+    pub fn is_ready(&self) -> bool {
+        tokio::time::Instant::now() >= self.ready_at
     }
 }
 
@@ -153,6 +201,13 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics::handler))
+        .route("/v1/models/{model}", get(vllm::model))
+        .route("/tokenize", post(vllm::tokenize))
+        .route("/detokenize", post(vllm::detokenize))
+        .route("/version", get(vllm::version))
+        .route("/ping", get(vllm::ping).post(vllm::ping))
+        .route("/v1/load_lora_adapter", post(vllm::load_lora_adapter))
+        .route("/v1/unload_lora_adapter", post(vllm::unload_lora_adapter))
         .fallback(|uri: Uri| async move { ApiError::route_not_found(uri.path()) })
         .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
             ApiError::method_not_allowed(method.as_str(), uri.path())
@@ -411,9 +466,25 @@ async fn generate(
     let received = state.engine.clock().now();
     let config = &state.config;
     let endpoint = request.endpoint;
-    if params.model != config.model_name {
-        return Err(ApiError::model_not_found(&params.model));
+    if !state.is_ready() {
+        return Err(vllm::loading());
     }
+    let adapter = if params.model == config.model_name {
+        None
+    } else {
+        let adapter = state
+            .lora
+            .get(&params.model)
+            .ok_or_else(|| ApiError::model_not_found(&params.model))?;
+        state
+            .metrics
+            .lora_requests
+            .get_or_create(&crate::metrics::AdapterLabel {
+                adapter: adapter.name.clone(),
+            })
+            .inc();
+        Some(adapter)
+    };
     let pinned = match params.nvext.backend_instance_id {
         None => None,
         Some(id) if id < config.cluster.num_workers as u64 => Some(WorkerId(id as u32)),
@@ -479,6 +550,12 @@ async fn generate(
         stop_probability: config.stop_probability,
         tool_call_probability: config.tool_call_probability,
     };
+    let lora = adapter.as_ref().map(|a| {
+        Arc::new(crate::kv_events::tokens::LoraTag {
+            id: a.id,
+            name: a.name.clone(),
+        })
+    });
     let mut choices = Vec::with_capacity(prompts.len() * n);
     for (p, (prompt, limit)) in prompts.iter().zip(limits).enumerate() {
         let spec = AnswerSpec {
@@ -488,9 +565,15 @@ async fn generate(
         for j in 0..n {
             let index = p * n + j;
             let answer = Answer::plan(&spec, config.codec.as_ref(), choice_seed(seed, index));
-            let engine_request = Choice::engine_request(&prompt.tokens, state.block_size, &answer);
+            let engine_request = Choice::engine_request(
+                vllm::prompt_for(&prompt.tokens, state.block_size, adapter.as_ref()),
+                &answer,
+            );
             // An error drops the choices submitted so far, which cancels them.
-            let submission = state.engine.submit(engine_request, pinned).await?;
+            let submission = state
+                .engine
+                .submit_as(engine_request, pinned, lora.clone())
+                .await?;
             let mut choice = Choice::new(index, submission, answer, prompt.tokens.len());
             choice.counts_prompt = j == 0;
             choice.echo = prompt.echo.clone();
@@ -545,23 +628,23 @@ async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
         return e.into_response();
     }
     let name = &state.config.model_name;
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": name,
-            "object": "model",
-            "created": state.started,
-            "owned_by": "mockserve",
-            "root": name,
-            "parent": null,
-            "max_model_len": state.config.max_model_len,
-        }],
-    }))
-    .into_response()
+    let mut data = vec![vllm::model_card(&state, name, name, None)];
+    for adapter in state.lora.all() {
+        data.push(vllm::model_card(
+            &state,
+            &adapter.name,
+            &adapter.path,
+            Some(name),
+        ));
+    }
+    Json(json!({"object": "list", "data": data})).into_response()
 }
 
 async fn health(State(state): State<AppState>) -> Response {
-    if state.engine.is_alive() {
+    if !state.is_ready() {
+        let body = Json(json!({"status": "loading"}));
+        (axum::http::StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+    } else if state.engine.is_alive() {
         Json(json!({"status": "ok"})).into_response()
     } else {
         let body = Json(json!({"status": "unavailable", "reason": "the engine task has stopped"}));

@@ -42,7 +42,7 @@ fn bare_mockserve_means_serve() -> Result<()> {
     let Some(mock_server::Command::Serve(args)) = cli.command else {
         bail!("expected serve");
     };
-    let args: ServeArgs = args;
+    let args: ServeArgs = args.serve;
     assert_eq!(ServerConfig::from_args(&args)?.reasoning_ratio, 0.25);
     assert!(Cli::try_parse_from(["mockserve", "--reasoning-ratio", "2"])
         .map_err(anyhow::Error::from)

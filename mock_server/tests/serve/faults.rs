@@ -328,7 +328,7 @@ fn fault_flags_are_validated_at_startup() {
     let parse = |flags: &[&str]| -> Result<ServerConfig> {
         let cli = Cli::try_parse_from(flags.iter().copied())?;
         let args: ServeArgs = match cli.command {
-            Some(mock_server::Command::Serve(args)) => args,
+            Some(mock_server::Command::Serve(command)) => command.serve,
             _ => anyhow::bail!("not serve"),
         };
         Ok(ServerConfig::from_args(&args)?)

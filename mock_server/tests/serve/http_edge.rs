@@ -235,7 +235,7 @@ fn http_flags_become_limits() -> Result<()> {
     let Some(mock_server::Command::Serve(args)) = cli.command else {
         bail!("expected serve");
     };
-    let limits = ServerConfig::from_args(&args)?.http;
+    let limits = ServerConfig::from_args(&args.serve)?.http;
     assert_eq!(
         limits,
         HttpLimits {

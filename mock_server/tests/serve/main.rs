@@ -18,11 +18,17 @@ mod errors;
 mod faults;
 // The HTTP edge over raw sockets: read timeouts, the connection cap, the shutdown drain.
 mod http_edge;
+// KV events over ZeroMQ: wire format, a live subscriber, replay.
+mod kv_events;
+// LoRA adapters, runtime loading, the loading delay, bad vLLM-worker flags.
+mod lora;
 // Requests the engine can never run, and a dead engine task.
 mod liveness;
 // `GET /metrics`: the exposition parses and moves.
 mod metrics;
 // Dynamo's `nvext`: strict parsing, pinning, response worker ids and timing.
 mod nvext;
+// vLLM's surface besides generation: tokenize, version, ping, model card, its metric set.
+mod vllm;
 // The streaming wire format, determinism, pacing and cancellation.
 mod wire;

@@ -26,7 +26,7 @@ async fn metrics_parse_and_move() -> Result<()> {
     ];
     for name in names {
         for w in 0..2 {
-            let key = format!("{name}{{worker=\"{w}\"}}");
+            let key = format!("{name}{{model_name=\"mock-model\",engine=\"{w}\"}}");
             assert_eq!(before.get(&key), Some(&0.0), "{key}");
         }
     }
@@ -42,8 +42,13 @@ async fn metrics_parse_and_move() -> Result<()> {
     assert_eq!(s, StatusCode::OK);
     let after = scrape(&server).await?;
     let at = |name: &str, w: u32| {
+        let labels = if name.starts_with("vllm:") {
+            format!("model_name=\"mock-model\",engine=\"{w}\"")
+        } else {
+            format!("worker=\"{w}\"")
+        };
         after
-            .get(&format!("{name}{{worker=\"{w}\"}}"))
+            .get(&format!("{name}{{{labels}}}"))
             .copied()
             .unwrap_or(f64::NAN)
     };
@@ -74,10 +79,10 @@ async fn metrics_parse_and_move() -> Result<()> {
     );
     assert_eq!(
         after
-            .get("vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",worker=\"1\"}")
-            .or_else(
-                || after.get("vllm:time_to_first_token_seconds_bucket{worker=\"1\",le=\"+Inf\"}")
-            ),
+            .get("vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"mock-model\",engine=\"1\"}")
+            .or_else(|| after.get(
+                "vllm:time_to_first_token_seconds_bucket{model_name=\"mock-model\",engine=\"1\",le=\"+Inf\"}"
+            )),
         Some(&2.0)
     );
     Ok(())

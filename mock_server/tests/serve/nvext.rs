@@ -75,7 +75,7 @@ async fn nvext_is_strict_and_pins_workers() -> Result<()> {
     let scraped = scrape(&server).await?;
     let sum = |name: &str| {
         scraped
-            .get(&format!("{name}{{worker=\"2\"}}"))
+            .get(&format!("{name}{{model_name=\"mock-model\",engine=\"2\"}}"))
             .copied()
             .unwrap_or(f64::NAN)
     };

@@ -81,10 +81,13 @@ async fn streams_per_the_wire_checklist() -> Result<()> {
 
     let m = scrape(&server).await?;
     assert_eq!(
-        m.get("vllm:request_success_total{worker=\"0\"}"),
+        m.get("vllm:request_success_total{model_name=\"mock-model\",engine=\"0\",finished_reason=\"length\"}"),
         Some(&4.0)
     );
-    assert_eq!(m.get("vllm:num_requests_running{worker=\"0\"}"), Some(&0.0));
+    assert_eq!(
+        m.get("vllm:num_requests_running{model_name=\"mock-model\",engine=\"0\"}"),
+        Some(&0.0)
+    );
     Ok(())
 }
 

@@ -1,0 +1,347 @@
+//! The parts of vLLM's HTTP surface that routers, gateways and benchmark tools call besides
+//! generation: `POST /tokenize`, `POST /detokenize`, `GET /version`, `GET|POST /ping` and
+//! `GET /v1/models/{model}`, answered with vLLM's bodies.
+//!
+//! - `/tokenize` takes `{"prompt": "..."}` (`add_special_tokens` is accepted) or
+//!   `{"messages": [...], "add_generation_prompt": true}` (rendered with the chat template the
+//!   generation endpoints use, so the ids are exactly the prompt the engine caches) and answers
+//!   `{"count", "max_model_len", "tokens", "token_strs"}` (`token_strs` is null unless
+//!   `return_token_strs` is true). A `model` other than a served one is a 404.
+//! - `/detokenize` takes `{"tokens": [...]}` and answers `{"prompt": "..."}`.
+//! - `/ping` answers as `/health` does.
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Map, Value};
+
+use super::protocol::{ApiJson, ChatRequest};
+use super::{check_auth, fail, ApiError, AppState};
+
+/// `POST /tokenize`.
+pub async fn tokenize(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<ApiJson, ApiError>,
+) -> Response {
+    let result = (|| {
+        check_auth(&state, &headers)?;
+        let body = body?.0;
+        check_model(&state, &body)?;
+        let tokens = if body.contains_key("messages") {
+            let mut chat = body.clone();
+            chat.entry("model")
+                .or_insert_with(|| Value::String(state.config.model_name.clone()));
+            let request = ChatRequest::parse(&chat)?;
+            let add_generation_prompt = flag(&body, "add_generation_prompt", true)?;
+            state
+                .config
+                .codec
+                .render_chat(&request.messages, add_generation_prompt)
+        } else {
+            match body.get("prompt") {
+                Some(Value::String(text)) => state.config.codec.encode(text),
+                _ => {
+                    return Err(ApiError::invalid(
+                        "Expected either 'prompt' (a string) or 'messages'",
+                        Some("prompt"),
+                    ))
+                }
+            }
+        };
+        let token_strs = if flag(&body, "return_token_strs", false)? {
+            let strs: Vec<String> = tokens
+                .iter()
+                .map(|&t| state.config.codec.decode(&[t]))
+                .collect();
+            json!(strs)
+        } else {
+            Value::Null
+        };
+        Ok(Json(json!({
+            "count": tokens.len(),
+            "max_model_len": state.config.max_model_len,
+            "tokens": tokens,
+            "token_strs": token_strs,
+        }))
+        .into_response())
+    })();
+    result.unwrap_or_else(|e| fail(&state, e))
+}
+
+/// `POST /detokenize`.
+pub async fn detokenize(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<ApiJson, ApiError>,
+) -> Response {
+    let result = (|| {
+        check_auth(&state, &headers)?;
+        let body = body?.0;
+        check_model(&state, &body)?;
+        let bad = || {
+            ApiError::invalid(
+                "Invalid 'tokens': expected an array of token ids",
+                Some("tokens"),
+            )
+        };
+        let ids = body
+            .get("tokens")
+            .and_then(Value::as_array)
+            .ok_or_else(bad)?
+            .iter()
+            .map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok()))
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(bad)?;
+        Ok(Json(json!({"prompt": state.config.codec.decode(&ids)})).into_response())
+    })();
+    result.unwrap_or_else(|e| fail(&state, e))
+}
+
+/// `GET /version`: the server's version, as vLLM reports its own.
+pub async fn version() -> Response {
+    Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
+}
+
+/// `GET|POST /ping`: as `/health` (vLLM's SageMaker-style liveness probe): 200 with an empty
+/// body while the engine runs, 503 otherwise.
+pub async fn ping(State(state): State<AppState>) -> Response {
+    if state.is_ready() && state.engine.is_alive() {
+        StatusCode::OK.into_response()
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE.into_response()
+    }
+}
+
+/// 503 while the simulated model load (`--startup-delay`) runs.
+pub fn loading() -> ApiError {
+    ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        message: "The model is still loading; retry when /health answers 200".into(),
+        kind: "server_error",
+        param: None,
+        code: Some("model_loading"),
+    }
+}
+
+/// The model card of a served model.
+pub fn model_card(state: &AppState, id: &str, root: &str, parent: Option<&str>) -> Value {
+    json!({
+        "id": id,
+        "object": "model",
+        "created": state.started,
+        "owned_by": "mockserve",
+        "root": root,
+        "parent": parent,
+        "max_model_len": state.config.max_model_len,
+        "permission": [],
+    })
+}
+
+/// `GET /v1/models/{model}`: the served model's card, or a 404 naming the model.
+pub async fn model(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(model): Path<String>,
+) -> Response {
+    if let Err(e) = check_auth(&state, &headers) {
+        return e.into_response();
+    }
+    let name = &state.config.model_name;
+    if &model == name {
+        Json(model_card(&state, name, name, None)).into_response()
+    } else if let Some(adapter) = state.lora.get(&model) {
+        Json(model_card(&state, &adapter.name, &adapter.path, Some(name))).into_response()
+    } else {
+        ApiError::model_not_found(&model).into_response()
+    }
+}
+
+/// A `model` field naming another model is a 404; a missing one means the served model.
+fn check_model(state: &AppState, body: &Map<String, Value>) -> Result<(), ApiError> {
+    match body.get("model") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(m)) if *m == state.config.model_name => Ok(()),
+        Some(Value::String(m)) if state.lora.get(m).is_some() => Ok(()),
+        Some(Value::String(m)) => Err(ApiError::model_not_found(m)),
+        Some(_) => Err(ApiError::invalid(
+            "Invalid type for 'model': expected a string",
+            Some("model"),
+        )),
+    }
+}
+
+/// A boolean field, `default` when absent.
+fn flag(body: &Map<String, Value>, name: &str, default: bool) -> Result<bool, ApiError> {
+    match body.get(name) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::invalid(
+            format!("Invalid type for '{name}': expected a boolean"),
+            Some(name),
+        )),
+    }
+}
+
+/// A loaded LoRA adapter: served as a model name of its own; its blocks never match the base
+/// model's (its prompts' block hashes are salted by [`Adapter::salt`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Adapter {
+    /// vLLM's `lora_int_id`: 1, 2, ... in load order.
+    pub id: u64,
+    /// The served name.
+    pub name: String,
+    /// Where it was said to come from (never read).
+    pub path: String,
+}
+
+impl Adapter {
+    /// The salt of this adapter's block hashes: a hash of its name.
+    pub fn salt(&self) -> u64 {
+        xxhash_rust::xxh3::xxh3_64(format!("lora:{}", self.name).as_bytes())
+    }
+}
+
+/// The loaded LoRA adapters. A `std` mutex: held for lookups and inserts only, never across
+/// an await.
+#[derive(Debug, Default)]
+pub struct LoraRegistry {
+    inner: std::sync::Mutex<LoraState>,
+}
+
+#[derive(Debug, Default)]
+struct LoraState {
+    /// By name.
+    loaded: std::collections::BTreeMap<String, Adapter>,
+    /// The next adapter's id.
+    next_id: u64,
+}
+
+impl LoraRegistry {
+    /// A registry holding `modules` (`name` or `name=path` each), ids from 1.
+    pub fn new(modules: &[(String, String)]) -> LoraRegistry {
+        let registry = LoraRegistry::default();
+        for (name, path) in modules {
+            let _ = registry.load(name, path);
+        }
+        registry
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LoraState> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Loads an adapter; false when one of that name is loaded already.
+    pub fn load(&self, name: &str, path: &str) -> bool {
+        let mut state = self.lock();
+        if state.loaded.contains_key(name) {
+            return false;
+        }
+        state.next_id += 1;
+        let adapter = Adapter {
+            id: state.next_id,
+            name: name.to_string(),
+            path: path.to_string(),
+        };
+        state.loaded.insert(name.to_string(), adapter);
+        true
+    }
+
+    /// Unloads an adapter; false when none of that name is loaded.
+    pub fn unload(&self, name: &str) -> bool {
+        self.lock().loaded.remove(name).is_some()
+    }
+
+    /// The adapter served as `name`, if loaded.
+    pub fn get(&self, name: &str) -> Option<Adapter> {
+        self.lock().loaded.get(name).cloned()
+    }
+
+    /// Every loaded adapter, by name.
+    pub fn all(&self) -> Vec<Adapter> {
+        self.lock().loaded.values().cloned().collect()
+    }
+}
+
+/// The prompt of `tokens` at `block_size`, its block hashes salted by `adapter` (so no block of
+/// an adapter request matches a base-model block or another adapter's). Output blocks chain
+/// from the salted prompt blocks; a prompt shorter than one block has nothing to salt.
+pub fn prompt_for(
+    tokens: &[u32],
+    block_size: usize,
+    adapter: Option<&Adapter>,
+) -> servesim::request::Prompt {
+    let mut prompt = servesim::request::Prompt::from_tokens(tokens, block_size);
+    if let Some(adapter) = adapter {
+        let mut parent = Some(servesim::tokens::SequenceHash(adapter.salt()));
+        for (seq, local) in prompt.blocks.sequence.iter_mut().zip(&prompt.blocks.local) {
+            *seq = servesim::tokens::next_sequence_hash(parent, *local);
+            parent = Some(*seq);
+        }
+    }
+    prompt
+}
+
+/// The `lora_name` field of a load or unload body.
+fn lora_name(body: &Map<String, Value>) -> Result<String, ApiError> {
+    match body.get("lora_name") {
+        Some(Value::String(name)) if !name.is_empty() => Ok(name.clone()),
+        _ => Err(ApiError::invalid(
+            "Both 'lora_name' and 'lora_path' must be provided.",
+            Some("lora_name"),
+        )),
+    }
+}
+
+/// `POST /v1/load_lora_adapter {"lora_name", "lora_path"}`: 200 with vLLM's text; an adapter
+/// loaded already (or the base model's name) is a 400.
+pub async fn load_lora_adapter(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<ApiJson, ApiError>,
+) -> Response {
+    let result = (|| {
+        check_auth(&state, &headers)?;
+        let body = body?.0;
+        let name = lora_name(&body)?;
+        let path = match body.get("lora_path") {
+            Some(Value::String(path)) if !path.is_empty() => path.clone(),
+            _ => {
+                return Err(ApiError::invalid(
+                    "Both 'lora_name' and 'lora_path' must be provided.",
+                    Some("lora_path"),
+                ))
+            }
+        };
+        if name == state.config.model_name || !state.lora.load(&name, &path) {
+            return Err(ApiError::invalid(
+                format!("The lora adapter '{name}' has already been loaded."),
+                Some("lora_name"),
+            ));
+        }
+        Ok(format!("Success: LoRA adapter '{name}' added successfully.").into_response())
+    })();
+    result.unwrap_or_else(|e| fail(&state, e))
+}
+
+/// `POST /v1/unload_lora_adapter {"lora_name"}`: 200 with vLLM's text; an adapter that is not
+/// loaded is a 400.
+pub async fn unload_lora_adapter(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<ApiJson, ApiError>,
+) -> Response {
+    let result = (|| {
+        check_auth(&state, &headers)?;
+        let name = lora_name(&body?.0)?;
+        if !state.lora.unload(&name) {
+            return Err(ApiError::invalid(
+                format!("The lora adapter '{name}' cannot be found."),
+                Some("lora_name"),
+            ));
+        }
+        Ok(format!("Success: LoRA adapter '{name}' removed successfully.").into_response())
+    })();
+    result.unwrap_or_else(|e| fail(&state, e))
+}
