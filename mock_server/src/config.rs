@@ -8,9 +8,9 @@ use clap::ValueEnum;
 use servesim::cluster::ClusterConfig;
 use servesim::scheduler::ConfigError;
 
-use crate::output_length::OutputLengthDist;
 use crate::fault::FaultConfig;
 use crate::kv_events::KvEventsConfig;
+use crate::output_length::OutputLengthDist;
 use crate::text::{default_codec, TextCodec};
 
 /// Default `--max-body-bytes`: 8 MiB, room for a long multi-turn conversation.

@@ -152,6 +152,8 @@ enum Command {
         pinned: Option<WorkerId>,
         /// The LoRA adapter it runs under, if any.
         lora: Option<Arc<LoraTag>>,
+        /// The `finished_reason` it is counted under when it finishes.
+        finish_reason: &'static str,
         events: mpsc::UnboundedSender<Event>,
         /// The id and the simulated submission time.
         reply: oneshot::Sender<Result<(RequestId, SimTime), SubmitError>>,
@@ -267,16 +269,19 @@ impl EngineHandle {
         request: EngineRequest,
         pinned: Option<WorkerId>,
     ) -> Result<Submission, SubmitError> {
-        self.submit_as(request, pinned, None).await
+        self.submit_as(request, pinned, None, FINISHED_LENGTH).await
     }
 
-    /// [`EngineHandle::submit`] for a LoRA adapter (its prompt hashed with the adapter's salt):
-    /// counted under the adapter, and its KV events name it.
+    /// [`EngineHandle::submit`] for an answer that ends for `finish_reason` (`length`, `stop`,
+    /// ...: the `finished_reason` it is counted under) and, optionally, runs under a LoRA
+    /// adapter (its prompt hashed with the adapter's salt): counted under the adapter, and its
+    /// KV events name it.
     pub async fn submit_as(
         &self,
         request: EngineRequest,
         pinned: Option<WorkerId>,
         lora: Option<Arc<LoraTag>>,
+        finish_reason: &'static str,
     ) -> Result<Submission, SubmitError> {
         let (events_tx, events) = mpsc::unbounded_channel();
         let (reply, rx) = oneshot::channel();
@@ -285,6 +290,7 @@ impl EngineHandle {
                 request,
                 pinned,
                 lora,
+                finish_reason,
                 events: events_tx,
                 reply,
             })
@@ -377,6 +383,8 @@ struct Tracked {
     speculative: bool,
     /// Its LoRA adapter, if any.
     lora: Option<Arc<LoraTag>>,
+    /// Why it ends (`vllm:request_success`'s `finished_reason`).
+    finish_reason: &'static str,
 }
 
 /// The driver's stall detector: counts advances in a row that emitted nothing and left the
@@ -472,13 +480,19 @@ impl Driver {
                 request,
                 pinned,
                 lora,
+                finish_reason,
                 events,
                 reply,
             } => {
                 let result = self
                     .check_queue()
                     .and_then(|()| self.start(request, pinned, false))
-                    .inspect(|id| self.set_lora(*id, lora));
+                    .inspect(|id| {
+                        if let Some(t) = self.tracked.get_mut(id) {
+                            t.finish_reason = finish_reason;
+                        }
+                        self.set_lora(*id, lora);
+                    });
                 match result {
                     Ok(id) => {
                         self.listeners.insert(id, events);
@@ -626,6 +640,7 @@ impl Driver {
                 last_token: None,
                 speculative,
                 lora: None,
+                finish_reason: FINISHED_LENGTH,
             },
         );
         Ok(id)
@@ -772,7 +787,7 @@ impl Driver {
                             .get_or_create(&FinishedLabel {
                                 model_name: label.model_name.clone(),
                                 engine: label.engine,
-                                finished_reason: FINISHED_LENGTH,
+                                finished_reason: t.finish_reason,
                             })
                             .inc();
                         if let Some(first) = t.first_token {

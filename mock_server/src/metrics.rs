@@ -210,7 +210,7 @@ pub struct Metrics {
     pub itl: HistogramFamily<EngineLabel>,
     /// `vllm:e2e_request_latency_seconds`, from submission to the last token.
     pub e2e: HistogramFamily<EngineLabel>,
-    /// `vllm:request_success`: requests that ran to their output limit.
+    /// `vllm:request_success`: finished requests, by `finished_reason` (`length` or `stop`).
     pub success: Family<FinishedLabel, Counter>,
     /// `vllm:request_time_per_output_token_seconds`: per request, decode time per output
     /// token after the first.

@@ -21,9 +21,9 @@ use crate::config::{
     DEFAULT_TOOL_CALL_PROBABILITY,
 };
 use crate::connection::Edge;
-use crate::output_length::{OutputLengthDist, DEFAULT_OUTPUT_LENGTH_DIST};
 use crate::fault::{FaultArgs, FaultConfig};
 use crate::kv_events::KvEventsArgs;
+use crate::output_length::{OutputLengthDist, DEFAULT_OUTPUT_LENGTH_DIST};
 use crate::text::TokenizerCodec;
 
 /// `mockserve serve` flags.

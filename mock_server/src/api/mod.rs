@@ -572,7 +572,16 @@ async fn generate(
             // An error drops the choices submitted so far, which cancels them.
             let submission = state
                 .engine
-                .submit_as(engine_request, pinned, lora.clone())
+                .submit_as(
+                    engine_request,
+                    pinned,
+                    lora.clone(),
+                    // The engine's reason, as vLLM counts it: a tool call is a stop.
+                    match answer.finish_reason {
+                        answer::FinishReason::Length => "length",
+                        answer::FinishReason::Stop | answer::FinishReason::ToolCalls => "stop",
+                    },
+                )
                 .await?;
             let mut choice = Choice::new(index, submission, answer, prompt.tokens.len());
             choice.counts_prompt = j == 0;

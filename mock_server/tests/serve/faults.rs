@@ -70,7 +70,9 @@ async fn kv_returns_to_zero(server: &TestServer) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let m = scrape(server).await?;
-        let usage = m.get("vllm:kv_cache_usage_perc{worker=\"0\"}").copied();
+        let usage = m
+            .get("vllm:kv_cache_usage_perc{model_name=\"mock-model\",engine=\"0\"}")
+            .copied();
         let active = m.get("servesim_active_requests").copied();
         if usage == Some(0.0) && active == Some(0.0) {
             return Ok(());
@@ -162,10 +164,12 @@ async fn forced_immediate_faults_are_openai_errors() -> Result<()> {
     assert_eq!(m.get("servesim_http_request_failures_total"), Some(&6.0));
     // Injected 429s are not queue overload.
     assert_eq!(m.get("servesim_http_requests_overloaded_total"), Some(&0.0));
-    assert_eq!(
-        m.get("vllm:request_success_total{worker=\"0\"}"),
-        Some(&1.0)
-    );
+    let succeeded: f64 = m
+        .iter()
+        .filter(|(series, _)| series.starts_with("vllm:request_success_total{"))
+        .map(|(_, value)| value)
+        .sum();
+    assert_eq!(succeeded, 1.0);
     Ok(())
 }
 

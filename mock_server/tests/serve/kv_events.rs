@@ -428,7 +428,7 @@ async fn served_kv_events_name_the_blocks_the_engine_cached() -> Result<()> {
     ];
     for (worker, prompt) in prompts.iter().enumerate() {
         let body = json!({
-            "model": "mock-model", "prompt": prompt, "max_tokens": 30,
+            "model": "mock-model", "prompt": prompt, "max_tokens": 30, "ignore_eos": true,
             "nvext": {"backend_instance_id": worker},
         });
         let response = within(
