@@ -40,6 +40,8 @@ pub struct AnswerSpec {
     pub stop: Vec<String>,
     /// Stop token ids.
     pub stop_token_ids: Vec<u32>,
+    /// Keep a matched stop string in the text (vLLM's `include_stop_str_in_output`).
+    pub include_stop_str: bool,
     /// Share of a text answer that is reasoning (0 for text completions).
     pub reasoning_ratio: f64,
     /// Where reasoning goes.
@@ -227,7 +229,12 @@ fn find_stop(tokens: &[u32], texts: &[String], spec: &AnswerSpec) -> Option<Stop
                 .iter()
                 .filter_map(|s| full[from..].find(s.as_str()).map(|p| (from + p, s)))
                 .min_by_key(|(p, _)| *p);
-            if let Some((cut, s)) = found {
+            if let Some((at, s)) = found {
+                let cut = if spec.include_stop_str {
+                    at + s.len()
+                } else {
+                    at
+                };
                 return Some(StopAt {
                     token: i,
                     cut,
@@ -466,6 +473,7 @@ mod tests {
             min_tokens: 0,
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
+            include_stop_str: false,
             reasoning_ratio: 0.0,
             reasoning_format: ReasoningFormat::Separate,
             format: ResponseFormat::Text,
@@ -539,5 +547,27 @@ mod tests {
             }
             assert!(!a.content().contains("\n\n"));
         }
+    }
+
+    #[test]
+    fn a_stop_string_across_tokens_cuts_inside_the_first() {
+        let codec = default_codec();
+        let mut s = spec(60);
+        s.ignore_eos = true;
+        let base = Answer::plan(&s, codec.as_ref(), 21);
+        let texts: Vec<String> = base.tokens.iter().map(|&t| codec.decode(&[t])).collect();
+        let (a, b) = (&texts[10], &texts[11]);
+        let stop = format!("{}{}", &a[a.len() - 2..], &b[..2]);
+        let text = base.content();
+        let at = text.find(&stop).expect("present");
+        s.stop = vec![stop.clone()];
+        let cut = Answer::plan(&s, codec.as_ref(), 21);
+        assert_eq!(cut.content(), text[..at]);
+        assert!(cut.tokens.len() <= 12);
+        assert_eq!(cut.stop_reason, Some(json!(stop)));
+        s.include_stop_str = true;
+        let kept = Answer::plan(&s, codec.as_ref(), 21);
+        assert_eq!(kept.content(), text[..at + stop.len()]);
+        assert_eq!(kept.tokens.len(), cut.tokens.len());
     }
 }

@@ -16,7 +16,8 @@
 //!   (`max_completion_tokens`, else `max_tokens`, else `--default-max-tokens`) and ends with
 //!   `finish_reason: "length"`; without, its length is drawn from `--output-length-dist` (at
 //!   least `min_tokens`) and it ends with `"stop"` below the limit. `stop` strings and
-//!   `stop_token_ids` end the text just before them (`stop_reason` names the match); with
+//!   `stop_token_ids` end the text just before them (`stop_reason` names the match;
+//!   `include_stop_str_in_output` keeps a matched string); with
 //!   `--stop-probability` an answer that ends itself ends at one of them. `temperature` and
 //!   the like are accepted and ignored. Unknown top-level fields are ignored.
 //! - `tools` with `tool_choice` `required`, a named function, or `auto` (with
@@ -538,6 +539,7 @@ async fn generate(
         min_tokens: params.min_tokens,
         stop: params.stop.clone(),
         stop_token_ids: params.stop_token_ids.clone(),
+        include_stop_str: params.include_stop_str,
         reasoning_ratio: match endpoint {
             Endpoint::Chat => config.reasoning_ratio,
             Endpoint::Text => 0.0,

@@ -234,6 +234,8 @@ pub struct GenerationParams {
     pub stop: Vec<String>,
     /// Stop token ids (vLLM's `stop_token_ids`).
     pub stop_token_ids: Vec<u32>,
+    /// Keep a matched stop string in the text (vLLM's `include_stop_str_in_output`).
+    pub include_stop_str: bool,
     /// Log-probabilities: `Some(alternatives per token)` when asked for (chat `logprobs` with
     /// `top_logprobs`, completions `logprobs`).
     pub logprobs: Option<usize>,
@@ -381,6 +383,7 @@ fn generation_params(body: &Map<String, Value>) -> Result<GenerationParams, ApiE
     };
     let stop = stop.into_iter().filter(|s| !s.is_empty()).collect();
     let stop_token_ids = field::<Vec<u32>>(body, "stop_token_ids")?.unwrap_or_default();
+    let include_stop_str = field::<bool>(body, "include_stop_str_in_output")?.unwrap_or(false);
     let response_format = ResponseFormat::parse(body)?;
     let nvext = match body.get("nvext") {
         None | Some(Value::Null) => NvExt::default(),
@@ -398,6 +401,7 @@ fn generation_params(body: &Map<String, Value>) -> Result<GenerationParams, ApiE
         min_tokens,
         stop,
         stop_token_ids,
+        include_stop_str,
         logprobs: None,
         response_format,
     })
