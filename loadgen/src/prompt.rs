@@ -9,8 +9,11 @@
 //! give identical blocks. The prompt is the concatenation of its blocks, cut to `input_length`
 //! tokens (the last block is cut).
 //!
-//! Without a tokenizer (`--url` and no `--tokenizer`) the pieces are lorem-ipsum words, about one
-//! token each in common BPE vocabularies: counts are then approximate.
+//! Without a tokenizer (`--url` and no `--tokenizer`) the pieces are the one-token words of
+//! servesim's default tokenizer (`o200k_base`): common English words, one token each in other
+//! byte-level BPE vocabularies too, so counts are close but not exact (2,048 tokens of them are
+//! 2,063 for DeepSeek-V3 and 2,064 for `cl100k_base`; lorem-ipsum words, the fallback, were 3,723
+//! and 3,326).
 //!
 //! The text is sent as a raw `/v1/completions` prompt: no chat template adds leading tokens, so
 //! trace block `i` starts at token `i * trace_block_size` and, when that is a multiple of the
@@ -53,8 +56,18 @@ impl PromptSynth {
         PromptSynth::from_pieces(pieces, true, block_size)
     }
 
-    /// Approximate blocks: one lorem word per token.
+    /// Approximate blocks for an unknown tokenizer: the default tokenizer's one-token words
+    /// (lorem-ipsum words should it fail to load).
     pub fn heuristic(block_size: usize) -> PromptSynth {
+        if let Ok(tok) = servesim::tokenizer::default_tokenizer() {
+            let exact = PromptSynth::exact(&tok, block_size);
+            if exact.is_exact() {
+                return PromptSynth {
+                    exact: false,
+                    ..exact
+                };
+            }
+        }
         let mut pieces: Vec<String> = LOREM_WORDS.iter().map(|w| format!(" {w}")).collect();
         pieces.dedup();
         PromptSynth::from_pieces(pieces, false, block_size)
@@ -208,5 +221,11 @@ mod tests {
         assert!(!synth.is_exact());
         let text = synth.prompt(&[3, 4], 20);
         assert_eq!(text.split_whitespace().count(), 20);
+        // Words of the default tokenizer: exact for it, close for other BPE vocabularies.
+        let tok = match servesim::tokenizer::default_tokenizer() {
+            Ok(t) => t,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(tok.encode(&text).len(), 20);
     }
 }
