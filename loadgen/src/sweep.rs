@@ -246,7 +246,7 @@ impl SweepArgs {
         if lists != 1 {
             return bad("give exactly one of --concurrency LIST, --request-rate LIST, --trace with --arrival-speedup-ratio LIST, --find-max-goodput");
         }
-        if self.trace.is_some() != !self.arrival_speedups.is_empty() {
+        if self.trace.is_some() == self.arrival_speedups.is_empty() {
             return bad("--trace and --arrival-speedup-ratio go together");
         }
         let replay = self.trace.as_ref().map(|trace| crate::replay::ReplayArgs {
