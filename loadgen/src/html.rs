@@ -20,7 +20,7 @@ use crate::replay_report::LiveReport;
 pub const CDF_POINTS: usize = 101;
 
 /// Most intervals in a `timeline`.
-pub const TIMELINE_BUCKETS: f64 = 120.0;
+pub const TIMELINE_BUCKETS: f64 = 60.0;
 
 /// 101 quantiles of `v` (empty when `v` is).
 fn quantiles(mut v: Vec<f64>) -> Vec<f64> {
@@ -162,6 +162,8 @@ pub type TimePoint = (f64, f64, f64, Option<f64>);
 pub struct SweepPointView {
     /// `c=8`, `4 req/s`.
     pub label: String,
+    /// The offered load (concurrency, req/s or speed-up): the curve's order.
+    pub load: f64,
     /// Achieved req/s.
     pub rps: f64,
     /// Achieved output tok/s.
@@ -257,6 +259,10 @@ impl RunView {
                 .iter()
                 .map(|p| SweepPointView {
                     label: p["load_label"].as_str().unwrap_or("").to_string(),
+                    load: p["load"]
+                        .as_object()
+                        .and_then(|o| o.values().find_map(Value::as_f64))
+                        .unwrap_or(0.0),
                     rps: f(p, "request_throughput_rps"),
                     tok_s: f(p, "output_throughput_tok_s"),
                     ttft: (f(p, "median_ttft_ms"), f(p, "p99_ttft_ms")),
@@ -298,10 +304,13 @@ impl RunView {
     }
 }
 
-/// A number in at most 4 significant digits.
+/// A number in at most 4 significant digits (integers without decimals).
 fn short(x: f64) -> String {
     if x == 0.0 {
         return "0".into();
+    }
+    if x.fract() == 0.0 && x.abs() < 1e15 {
+        return format!("{x:.0}");
     }
     let a = x.abs();
     if a >= 1000.0 {
@@ -376,6 +385,21 @@ fn nice_ticks(lo: f64, hi: f64) -> Vec<f64> {
     out
 }
 
+/// A tick label with as many decimals as the tick step needs.
+fn tick_label(t: f64, ticks: &[f64]) -> String {
+    let step = match ticks {
+        [a, b, ..] => (b - a).abs(),
+        _ => t.abs(),
+    };
+    let decimals = if step > 0.0 {
+        (-step.log10().floor()).max(0.0) as usize
+            + usize::from(step / 10f64.powf(step.log10().floor()) == 2.5)
+    } else {
+        0
+    };
+    format!("{t:.decimals$}")
+}
+
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -447,7 +471,8 @@ impl Chart {
             h - mb,
             h - mb
         );
-        for t in nice_ticks(y0, y1) {
+        let yt = nice_ticks(y0, y1);
+        for &t in &yt {
             let y = py(t);
             let _ = write!(
                 s,
@@ -455,17 +480,22 @@ impl Chart {
                 w - mr,
                 ml - 6.0,
                 y + 4.0,
-                short(t)
+                tick_label(t, &yt)
             );
         }
-        for t in nice_ticks(x0, x1) {
-            let label = if self.log_x { 10f64.powf(t) } else { t };
+        let xt = nice_ticks(x0, x1);
+        for &t in &xt {
+            let label = if self.log_x {
+                short(10f64.powf(t))
+            } else {
+                tick_label(t, &xt)
+            };
             let x = ml + (t - x0) / (x1 - x0) * (w - ml - mr);
             let _ = write!(
                 s,
                 r#"<text class="tick" x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#,
                 h - mb + 16.0,
-                short(label)
+                label
             );
         }
         let _ = write!(
@@ -537,10 +567,15 @@ impl Chart {
         }
         for (x, y, label) in &self.marks {
             let (cx, cy) = (px(*x), py(*y));
+            // Labels near the right edge go to the left of the mark.
+            let (lx, anchor) = if cx > w - 140.0 {
+                (cx - 10.0, "end")
+            } else {
+                (cx + 10.0, "start")
+            };
             let _ = write!(
                 s,
-                r#"<circle class="mark" cx="{cx:.1}" cy="{cy:.1}" r="8"/><text class="mark-label" x="{:.1}" y="{:.1}">{}</text>"#,
-                cx + 10.0,
+                r#"<circle class="mark" cx="{cx:.1}" cy="{cy:.1}" r="8"/><text class="mark-label" x="{lx:.1}" y="{:.1}" text-anchor="{anchor}">{}</text>"#,
                 cy - 10.0,
                 esc(label)
             );
@@ -620,7 +655,8 @@ pub fn render(runs: &[RunView]) -> String {
                 )
             };
             let mut order: Vec<usize> = (0..r.sweep.len()).collect();
-            order.sort_by(|&a, &b| r.sweep[a].rps.total_cmp(&r.sweep[b].rps));
+            // In load order: past saturation the curve bends back (more load, less throughput).
+            order.sort_by(|&a, &b| r.sweep[a].load.total_cmp(&r.sweep[b].load));
             let series = |name: &str, p99: bool, color: usize| Series {
                 name: format!("{metric} {name}"),
                 points: order
@@ -744,9 +780,11 @@ pub fn render(runs: &[RunView]) -> String {
             height: 240.0,
             ..Chart::default()
         };
-        h.push_str(&over("TTFT p50 over time", "TTFT p50 (ms)", &|p| p.3).svg());
-        h.push_str(&over("Output tokens/s over time", "output tok/s", &|p| Some(p.2)).svg());
-        h.push_str(&over("Completed requests/s over time", "req/s", &|p| Some(p.1)).svg());
+        if runs.iter().any(|r| !r.timeline.is_empty()) {
+            h.push_str(&over("TTFT p50 over time", "TTFT p50 (ms)", &|p| p.3).svg());
+            h.push_str(&over("Output tokens/s over time", "output tok/s", &|p| Some(p.2)).svg());
+            h.push_str(&over("Completed requests/s over time", "req/s", &|p| Some(p.1)).svg());
+        }
         for (key, title, y) in [
             ("running", "Server: requests running", "requests"),
             ("waiting", "Server: requests waiting", "requests"),
@@ -851,8 +889,11 @@ mod tests {
 
     #[test]
     fn buckets_are_round_and_bounded() {
-        assert_eq!(bucket_s(12.0), 0.1);
-        assert_eq!(bucket_s(100.0), 1.0);
+        assert_eq!(bucket_s(12.0), 0.2);
+        assert_eq!(bucket_s(100.0), 2.0);
+        assert_eq!(tick_label(0.5, &[0.0, 0.25, 0.5]), "0.50");
+        assert_eq!(tick_label(20.0, &[0.0, 20.0]), "20");
+        assert_eq!(tick_label(0.002, &[0.0, 0.001, 0.002]), "0.002");
         assert_eq!(bucket_s(0.0), 0.01);
         assert_eq!(nice_ticks(0.0, 10.0), vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
     }

@@ -22,7 +22,12 @@
 //!   [`multiturn_report::Results`]) and [`compare`] (two results files side by side).
 //! - `replay`: [`replay`] (a Mooncake trace as sessions), [`prompt`] (prompts from hash ids).
 //! - `bench`: [`bench`](mod@bench) (flags → [`bench::BenchPlan`], arrivals, lengths, goodput).
-//! - [`replay_report`]: the `replay` and `bench` report, with `mockserve replay`'s keys.
+//! - [`replay_report`]: the `replay` and `bench` report, with `mockserve replay`'s keys, and the
+//!   raw per-request record ([`replay_report::RawSample`]) it can be rebuilt from.
+//! - `sweep`: [`sweep`](mod@sweep) (bench or replay over load points, or the max-goodput
+//!   search; saturation and the knee); [`merge`] (one report from several runs' records).
+//! - What a run shows besides its report ([`observe`]): [`scrape`] (the target's Prometheus
+//!   metrics over time), [`html`] (the self-contained HTML report), [`live`] (the live view).
 //! - `profile`: [`profile`](mod@profile) (prefill and decode latency measured into a profile
 //!   that `--perf-profile` reads).
 //! - [`error`]: [`LoadgenError`] and the exit status of each.

@@ -11,8 +11,8 @@
 //! cancelled. A point is *saturated* ([`Point::saturation`]) when it stopped early, when an open
 //! loop achieved less than [`RATE_SHORTFALL`] of its offered rate, when the failure share
 //! passes `--max-failure-rate`, or when a closed loop's throughput grew by less than
-//! [`MIN_GAIN`] over a smaller point's. The *knee* is the last point before the first
-//! saturated one.
+//! [`MIN_GAIN`] over a smaller point's. The *knee* ([`knee`]) is the point of the highest
+//! goodput when there is an SLO, else the last point before the first saturated one.
 
 use std::sync::{Arc, Mutex};
 
@@ -246,7 +246,7 @@ impl SweepArgs {
         if lists != 1 {
             return bad("give exactly one of --concurrency LIST, --request-rate LIST, --trace with --arrival-speedup-ratio LIST, --find-max-goodput");
         }
-        if self.trace.is_some() != !self.arrival_speedups.is_empty() {
+        if self.trace.is_some() == self.arrival_speedups.is_empty() {
             return bad("--trace and --arrival-speedup-ratio go together");
         }
         let replay = self.trace.as_ref().map(|trace| crate::replay::ReplayArgs {
@@ -493,9 +493,20 @@ pub fn saturation(
     why
 }
 
-/// Index of the knee: the last point (in load order) before the first saturated one, or the
-/// last point when none saturated; None when the first point already saturated.
+/// Index of the knee. With an SLO, the point of the highest goodput (good requests per
+/// second); without, the last point (in load order) before the first saturated one, or the last
+/// point when none saturated (None when the first point already saturated).
 pub fn knee(points: &[Point]) -> Option<usize> {
+    let goodput = |p: &Point| p.json["goodput"]["rate_rps"].as_f64();
+    if points.iter().any(|p| goodput(p).is_some()) {
+        return points
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| Some((i, goodput(p)?)))
+            .filter(|(_, g)| *g > 0.0)
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(i, _)| i);
+    }
     let mut order: Vec<usize> = (0..points.len()).collect();
     order.sort_by(|&a, &b| points[a].load.value().total_cmp(&points[b].load.value()));
     let mut knee = None;
@@ -811,6 +822,15 @@ pub async fn sweep(args: &SweepArgs) -> Result<SweepRun, LoadgenError> {
         println!("Max goodput: no point met the SLO");
     }
     print!("{}", observed.console());
+    let mut config = bench::config_json(&plan.base, &spec);
+    config["mode"] = json!(format!(
+        "sweep over {}",
+        points
+            .iter()
+            .map(|p| p.load.label())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
     let mut json = json!({
         "sweep": {
             "mode": match plan.mode { SweepMode::List(_) => "list", SweepMode::Search { .. } => "find_max_goodput" },
@@ -821,7 +841,7 @@ pub async fn sweep(args: &SweepArgs) -> Result<SweepRun, LoadgenError> {
             "max_goodput_index": best,
             "max_goodput": best.map(|b| points[b].load),
         },
-        "config": bench::config_json(&plan.base, &spec),
+        "config": config,
         "points": points.iter().map(|p| p.json.clone()).collect::<Vec<_>>(),
     });
     if let (Some(map), Some(server)) = (json.as_object_mut(), &observed.server) {
@@ -859,4 +879,169 @@ fn write_point_records(path: &std::path::Path, points: &[Point]) -> Result<(), L
         }
     }
     w.flush().map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn plan(flags: &[&str]) -> Result<SweepPlan, LoadgenError> {
+        let mut argv = vec!["loadgen", "sweep"];
+        argv.extend_from_slice(flags);
+        match crate::Cli::try_parse_from(argv)
+            .expect("valid flags")
+            .command
+        {
+            crate::Command::Sweep(a) => a.plan(),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn flags_become_points_or_a_search() {
+        let p = plan(&["--concurrency", "1,2,4"]).expect("valid");
+        assert_eq!(
+            p.mode,
+            SweepMode::List(vec![
+                LoadPoint::Concurrency(1),
+                LoadPoint::Concurrency(2),
+                LoadPoint::Concurrency(4)
+            ])
+        );
+        let p = plan(&[
+            "--request-rate",
+            "0.5,2",
+            "--arrival",
+            "constant",
+            "--max-concurrency",
+            "8",
+        ])
+        .expect("valid");
+        assert_eq!(
+            p.mode,
+            SweepMode::List(vec![
+                LoadPoint::RequestRate(0.5),
+                LoadPoint::RequestRate(2.0)
+            ])
+        );
+        let open = LoadPoint::RequestRate(3.0).plan(&p.base, 7);
+        assert_eq!(open.seed, 7);
+        assert!(matches!(
+            open.load,
+            Load::Open {
+                rate: Rate::PerSecond(r),
+                arrival: bench::Arrival::Constant,
+                max_in_flight: Some(8),
+                ..
+            } if r == 3.0
+        ));
+        let p = plan(&["--find-max-goodput", "--slo", "ttft=1s"]).expect("valid");
+        assert!(matches!(
+            p.mode,
+            SweepMode::Search {
+                axis: SearchAxis::RequestRate,
+                ..
+            }
+        ));
+        let p = plan(&["--trace", "t.jsonl", "--arrival-speedup-ratio", "1,2"]).expect("valid");
+        assert_eq!(p.replay.as_ref().map(|r| r.trace_block_size), Some(512));
+        for (bad, says) in [
+            (&[][..], "exactly one"),
+            (
+                &["--concurrency", "1", "--request-rate", "2"],
+                "exactly one",
+            ),
+            (&["--concurrency", "0"], "positive"),
+            (&["--request-rate", "0"], "positive"),
+            (&["--find-max-goodput"], "--slo"),
+            (
+                &[
+                    "--find-max-goodput",
+                    "--slo",
+                    "ttft=1s",
+                    "--search-factor",
+                    "1",
+                ],
+                "factor",
+            ),
+            (&["--arrival-speedup-ratio", "2"], "go together"),
+            (
+                &["--concurrency", "1", "--min-attainment", "0"],
+                "attainment",
+            ),
+        ] {
+            match plan(bad) {
+                Err(LoadgenError::Config(m)) => assert!(m.contains(says), "{bad:?}: {m}"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_search_ramps_then_bisects() {
+        // Ramp 1, 2, 4, 8 while good.
+        let mut loads = vec![];
+        for expect in [1.0, 2.0, 4.0, 8.0] {
+            assert_eq!(next_search_load(&loads, 1.0, 2.0, 3, false), Some(expect));
+            loads.push((expect, expect < 8.0));
+        }
+        // 8 was bad: bisect between 4 and 8, then within.
+        assert_eq!(next_search_load(&loads, 1.0, 2.0, 3, false), Some(6.0));
+        loads.push((6.0, true));
+        assert_eq!(next_search_load(&loads, 1.0, 2.0, 3, false), Some(7.0));
+        loads.push((7.0, false));
+        assert_eq!(next_search_load(&loads, 1.0, 2.0, 3, false), Some(6.5));
+        loads.push((6.5, true));
+        assert_eq!(next_search_load(&loads, 1.0, 2.0, 3, false), None);
+        // Integer loads stop when no integer lies between.
+        let ints = [(1.0, true), (2.0, false)];
+        assert_eq!(next_search_load(&ints, 1.0, 2.0, 3, true), None);
+        // The first point bad: bisect below it.
+        assert_eq!(
+            next_search_load(&[(4.0, false)], 4.0, 2.0, 2, false),
+            Some(3.0)
+        );
+    }
+
+    fn point(load: LoadPoint, rps: f64, saturated: bool, goodput: Option<f64>) -> Point {
+        Point {
+            load,
+            json: json!({"request_throughput_rps": rps, "goodput": goodput.map(|g| json!({"rate_rps": g}))}),
+            saturation: if saturated { vec!["x".into()] } else { vec![] },
+            attainment: None,
+            records: vec![],
+        }
+    }
+
+    #[test]
+    fn the_knee_and_saturation() {
+        let c = LoadPoint::Concurrency;
+        let pts = vec![
+            point(c(1), 10.0, false, None),
+            point(c(4), 30.0, false, None),
+            point(c(2), 18.0, false, None),
+            point(c(8), 31.0, true, None),
+        ];
+        assert_eq!(knee(&pts), Some(1));
+        assert_eq!(knee(&pts[3..]), None);
+        let with_slo = vec![
+            point(c(1), 10.0, false, Some(10.0)),
+            point(c(2), 18.0, false, Some(17.0)),
+            point(c(4), 30.0, false, Some(5.0)),
+        ];
+        assert_eq!(knee(&with_slo), Some(1));
+        // A closed loop that buys no throughput is saturated; one that does is not.
+        let earlier = vec![point(c(4), 30.0, false, None)];
+        let flat = json!({"request_throughput_rps": 31.0});
+        assert_eq!(saturation(c(8), &flat, &[], &earlier, 0.05).len(), 1);
+        let more = json!({"request_throughput_rps": 40.0});
+        assert!(saturation(c(8), &more, &[], &earlier, 0.05).is_empty());
+        assert_eq!(ttft_growth(&[1.0; 8]), Some(1.0));
+        assert_eq!(
+            ttft_growth(&[1.0, 1.0, 2.0, 3.0, 4.0, 5.0, 9.0, 9.0]),
+            Some(9.0)
+        );
+        assert_eq!(ttft_growth(&[1.0; 7]), None);
+    }
 }
