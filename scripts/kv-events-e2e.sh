@@ -15,13 +15,12 @@
 #
 #   scripts/kv-events-e2e.sh            (prints one line per check, exits non-zero on a mismatch)
 #
-# Needs: `cargo build -p mock_server` (debug) or MOCKSERVE=path, and the Dynamo venv
-# (SERVESIM_PEERS, default /work/peers if present, else .peers/). Ports: PORT (default 5557),
+# Needs: `cargo build -p mock_server` (debug) or MOCKSERVE=path, and the Dynamo venv of
+# `scripts/peers/setup.sh dynamo` (SERVESIM_PEERS its root, default .peers/). Ports: PORT (default 5557),
 # HTTP 18000, indexer 18090; override with KV_PORT, HTTP_PORT, INDEXER_PORT.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 mockserve=${MOCKSERVE:-"$here/target/debug/mockserve"}
-if [ -z "${SERVESIM_PEERS:-}" ] && [ -d /work/peers ]; then export SERVESIM_PEERS=/work/peers; fi
 kv_port=${KV_PORT:-5557}
 http_port=${HTTP_PORT:-18000}
 indexer_port=${INDEXER_PORT:-18090}

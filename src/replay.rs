@@ -181,9 +181,40 @@ impl Ledger<'_> {
 pub fn replay(
     trace: &Trace,
     config: &ReplayConfig,
+    progress: impl FnMut(usize, usize),
+) -> Result<ReplayOutcome, ReplayError> {
+    replay_observed(trace, config, progress, &mut ())
+}
+
+/// What a replay shows an observer besides its report: the cluster before the run, every
+/// submitted turn, and every batch of outputs with the virtual time it was produced at. A KV
+/// event exporter uses it ([`Cluster::export_kv_events`]). `()` observes nothing.
+pub trait ReplayObserver {
+    /// Before the first arrival.
+    fn start(&mut self, cluster: &mut Cluster) {
+        let _ = cluster;
+    }
+    /// Turn `turn` was submitted as request `id` (accepted by the cluster).
+    fn submitted(&mut self, id: RequestId, turn: &TraceRequest) {
+        let _ = (id, turn);
+    }
+    /// The cluster emitted `outputs` at `now`.
+    fn outputs(&mut self, cluster: &mut Cluster, outputs: &[Output], now: SimTime) {
+        let _ = (cluster, outputs, now);
+    }
+}
+
+impl ReplayObserver for () {}
+
+/// [`replay`] with an observer.
+pub fn replay_observed(
+    trace: &Trace,
+    config: &ReplayConfig,
     mut progress: impl FnMut(usize, usize),
+    observer: &mut dyn ReplayObserver,
 ) -> Result<ReplayOutcome, ReplayError> {
     let mut cluster = Cluster::new(config.cluster.clone())?;
+    observer.start(&mut cluster);
     let block_size = cluster.block_size();
     let total = trace.num_requests();
     let mut hash_cache = LocalHashCache::new(block_size);
@@ -216,7 +247,9 @@ pub fn replay(
             (None, None) => break,
         };
         now = now.max(next);
-        ledger.handle(cluster.finish_due(now));
+        let outputs = cluster.finish_due(now);
+        observer.outputs(&mut cluster, &outputs, now);
+        ledger.handle(outputs);
         while let Some((ready, origin)) = ledger.arrivals.pop_due(now) {
             let session = &trace.sessions[origin.session];
             let turn = &session.turns[origin.turn];
@@ -224,7 +257,10 @@ pub fn replay(
                 engine_request(turn, config.trace_block_size, block_size, &mut hash_cache);
             let submitted = cluster.submit(request, now);
             let id = match submitted {
-                Ok(id) => id,
+                Ok(id) => {
+                    observer.submitted(id, turn);
+                    id
+                }
                 Err(rejection) => rejection.id,
             };
             debug_assert_eq!(id, RequestId(ledger.origins.len() as u64));
@@ -241,7 +277,9 @@ pub fn replay(
                 ledger.reject(id, now, rejection.reason);
             }
         }
-        ledger.handle(cluster.start_idle(now));
+        let outputs = cluster.start_idle(now);
+        observer.outputs(&mut cluster, &outputs, now);
+        ledger.handle(outputs);
         if ledger.done >= last_progress + 64 {
             last_progress = ledger.done;
             progress(ledger.done, total);

@@ -10,10 +10,59 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
-use servesim::replay::{replay, set_wall_time, ReplayConfig, ReplayOutcome, ReplayRejection};
+use servesim::cluster::{Cluster, Output};
+use servesim::ids::RequestId;
+use servesim::replay::{
+    replay, replay_observed, set_wall_time, ReplayConfig, ReplayObserver, ReplayOutcome,
+    ReplayRejection,
+};
+use servesim::time::SimTime;
+use servesim::trace::TraceRequest;
 use servesim::trace::{self, TraceOptions};
 
 use crate::args::{EngineArgs, ReportArgs};
+use crate::kv_events::{JsonlSink, KvExport, KvSink};
+
+/// Writes a replay's KV events as JSON lines: the prompts are the trace's synthesized tokens.
+struct KvEventsJsonl {
+    /// The file, until the run starts.
+    file: Option<std::fs::File>,
+    /// The export, once started.
+    export: Option<KvExport>,
+    /// Tokens per trace `hash_id`.
+    trace_block_size: usize,
+}
+
+impl ReplayObserver for KvEventsJsonl {
+    fn start(&mut self, cluster: &mut Cluster) {
+        if let Some(file) = self.file.take() {
+            let sink = KvSink::Jsonl(JsonlSink {
+                out: std::io::BufWriter::new(file),
+                error: None,
+            });
+            self.export = Some(KvExport::new(cluster, sink));
+        }
+    }
+
+    fn submitted(&mut self, id: RequestId, turn: &TraceRequest) {
+        if let Some(export) = &mut self.export {
+            let tokens = turn.synthesize_tokens(self.trace_block_size);
+            export.tokens.track(id, &tokens);
+        }
+    }
+
+    fn outputs(&mut self, cluster: &mut Cluster, outputs: &[Output], now: SimTime) {
+        let Some(export) = &mut self.export else {
+            return;
+        };
+        export.after_advance(cluster, outputs, now, now.as_micros() as f64 / 1e6);
+        for output in outputs {
+            if let Output::Finished { id, .. } | Output::Rejected { id, .. } = output {
+                export.release(cluster, *id, now);
+            }
+        }
+    }
+}
 
 /// Offline replay flags (Dynamo's offline_replay_bench flags and defaults).
 #[derive(Args, Clone, Debug)]
@@ -32,6 +81,11 @@ pub struct ReplayArgs {
     /// Run the replay this many times in-process (the last run is reported).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub iterations: u32,
+
+    /// Write every worker's KV events as `mockserve serve --kv-events-endpoint` publishes them,
+    /// one decoded batch per JSON line (`ts` in virtual seconds).
+    #[arg(long, value_name = "PATH")]
+    pub kv_events_jsonl: Option<PathBuf>,
 
     /// Report files and progress.
     #[command(flatten)]
@@ -66,6 +120,16 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
         .as_deref()
         .map(create)
         .transpose()?;
+    let mut kv_events = args
+        .kv_events_jsonl
+        .as_deref()
+        .map(create)
+        .transpose()?
+        .map(|file| KvEventsJsonl {
+            file: Some(file),
+            export: None,
+            trace_block_size: args.trace_block_size,
+        });
     let trace = trace::load(&args.trace, &options)?;
     if let Some(warning) = clamped_warning(&trace, args.trace_block_size) {
         eprintln!("mockserve: warning: {warning}");
@@ -89,11 +153,16 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
         });
         // The engine reads no clock; the command times the run.
         let started = std::time::Instant::now();
-        let result = replay(&trace, &config, |done, _| {
+        let progress = |done: usize, _: usize| {
             if let Some(b) = &bar {
                 b.set_position(done as u64);
             }
-        });
+        };
+        // KV events are written for the first iteration (the others are identical).
+        let result = match kv_events.as_mut().filter(|k| k.file.is_some()) {
+            Some(observer) => replay_observed(&trace, &config, progress, observer),
+            None => replay(&trace, &config, progress),
+        };
         let wall = started.elapsed();
         if let Some(b) = bar {
             b.finish_and_clear();
@@ -103,6 +172,19 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
         outcome = Some(run);
     }
     let outcome = outcome.context("no iteration ran")?;
+    if let (
+        Some(KvEventsJsonl {
+            export: Some(export),
+            ..
+        }),
+        Some(path),
+    ) = (kv_events.as_mut(), &args.kv_events_jsonl)
+    {
+        if let KvSink::Jsonl(sink) = &mut export.sink {
+            sink.finish()
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+    }
     let mut text = format!("Offline replay report\n{}", outcome.report);
     let rejected = rejection_summary(&outcome.rejections);
     if !rejected.is_empty() {

@@ -439,6 +439,41 @@ pub enum KvSink {
     Zmq(KvEventPublisher),
     /// Kept in memory: `(rank, batch)`.
     Collect(Vec<(u32, WireBatch)>),
+    /// Written as JSON lines, one decoded batch a line (`mockserve replay --kv-events-jsonl`).
+    Jsonl(JsonlSink),
+}
+
+/// A JSON-lines file of batches; the first write error is kept and stops further writes.
+#[derive(Debug)]
+pub struct JsonlSink {
+    /// The file.
+    pub out: std::io::BufWriter<std::fs::File>,
+    /// The first error, reported when the run ends.
+    pub error: Option<std::io::Error>,
+}
+
+impl JsonlSink {
+    fn write(&mut self, batch: &WireBatch) {
+        if self.error.is_some() {
+            return;
+        }
+        use std::io::Write;
+        let result = serde_json::to_writer(&mut self.out, batch)
+            .map_err(std::io::Error::from)
+            .and_then(|()| self.out.write_all(b"\n"));
+        if let Err(e) = result {
+            self.error = Some(e);
+        }
+    }
+
+    /// Flushes the file; the first error of the run, if any.
+    pub fn finish(&mut self) -> std::io::Result<()> {
+        use std::io::Write;
+        match self.error.take() {
+            Some(e) => Err(e),
+            None => self.out.flush(),
+        }
+    }
 }
 
 impl KvExport {
@@ -510,6 +545,7 @@ impl KvExport {
             match &mut self.sink {
                 KvSink::Zmq(publisher) => publisher.publish(rank as usize, &batch),
                 KvSink::Collect(list) => list.push((rank, batch)),
+                KvSink::Jsonl(sink) => sink.write(&batch),
             }
         }
     }

@@ -334,6 +334,47 @@ mod tests {
     }
 
     #[test]
+    fn adapter_blocks_carry_the_adapter_and_chain_from_salted_hashes() {
+        let mut t = BlockTokens::new(1, 2);
+        let id = RequestId(3);
+        // Salted prompt hashes, as the server computes them for an adapter.
+        let plain = BlockHashes::of(&[1, 2], 2);
+        let salted_seq = servesim::tokens::next_sequence_hash(
+            Some(servesim::tokens::SequenceHash(99)),
+            plain.local[0],
+        );
+        let salted = BlockHashes {
+            local: plain.local.clone(),
+            sequence: vec![salted_seq],
+        };
+        let lora = Arc::new(LoraTag {
+            id: 1,
+            name: "ad".into(),
+        });
+        t.track_hashed(id, &[1, 2, 3], salted.clone(), None);
+        t.set_lora(id, Some(Arc::clone(&lora)));
+        t.push_token(id, 4);
+        let mut all = salted;
+        all.push_block(&[3, 4]);
+        let wire = t.to_wire(&stored(0, &all, 0..2));
+        let WireEvent::BlockStored {
+            token_ids,
+            lora_id,
+            lora_name,
+            block_hashes,
+            ..
+        } = wire
+        else {
+            panic!("{wire:?}")
+        };
+        assert_eq!(token_ids, vec![1, 2, 3, 4]);
+        assert_eq!(block_hashes[0], salted_seq.0);
+        assert_ne!(block_hashes[0], plain.sequence[0].0);
+        assert_eq!((lora_id, lora_name.as_deref()), (Some(1), Some("ad")));
+        assert_eq!(t.unknown_blocks, 0);
+    }
+
+    #[test]
     fn unknown_blocks_are_counted() {
         let mut t = BlockTokens::new(1, 2);
         let all = BlockHashes::of(&[1, 2], 2);

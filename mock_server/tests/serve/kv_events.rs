@@ -507,3 +507,57 @@ async fn served_kv_events_name_the_blocks_the_engine_cached() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn replay_writes_the_kv_event_stream_as_json_lines() -> Result<()> {
+    use clap::Parser;
+    let dir = std::env::temp_dir().join(format!("mockserve-kv-jsonl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("events.jsonl");
+    let trace = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/trace_small.jsonl");
+    let cli = mock_server::Cli::try_parse_from([
+        "mockserve",
+        "replay",
+        trace,
+        "-q",
+        "--num-workers",
+        "2",
+        "--block-size",
+        "16",
+        "--trace-block-size",
+        "16",
+        "--kv-events-jsonl",
+        path.to_str().context("utf-8 path")?,
+    ])?;
+    let Some(mock_server::Command::Replay(args)) = cli.command else {
+        bail!("expected replay");
+    };
+    let outcome = mock_server::replay_cmd::run(&args)?;
+    let text = std::fs::read_to_string(&path)?;
+    std::fs::remove_dir_all(&dir)?;
+    let mut stored_blocks = 0usize;
+    let mut ranks = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        let batch: serde_json::Value = serde_json::from_str(line)?;
+        ranks.insert(batch["data_parallel_rank"].as_u64().context("rank")?);
+        for event in batch["events"].as_array().context("events")? {
+            if event["type"] == "BlockStored" {
+                let hashes = event["block_hashes"].as_array().context("hashes")?;
+                let tokens: Vec<u32> = serde_json::from_value(event["token_ids"].clone())?;
+                assert_eq!(tokens.len(), hashes.len() * 16, "{event}");
+                // The synthesized trace tokens hash to the engine's block hashes.
+                let parent = event["parent_block_hash"].as_u64();
+                if parent.is_none() {
+                    let want = BlockHashes::of(&tokens, 16);
+                    let got: Vec<u64> = hashes.iter().filter_map(|h| h.as_u64()).collect();
+                    assert_eq!(got, want.sequence.iter().map(|h| h.0).collect::<Vec<_>>());
+                }
+                stored_blocks += hashes.len();
+            }
+        }
+    }
+    assert!(stored_blocks > 0, "{text}");
+    assert!(outcome.report.completed_requests > 0);
+    assert!(ranks.iter().all(|r| *r < 2), "{ranks:?}");
+    Ok(())
+}
