@@ -222,6 +222,9 @@ pub fn summary(m: &Measurements, model: Option<&ProfileTables>) -> String {
     s
 }
 
+/// One line of a plot: its label, colour and points.
+type Curve = (String, &'static str, Vec<(f64, f64)>);
+
 /// An SVG of both curves: prefill time over prompt tokens (left), decode step time over active
 /// KV tokens with one line per context length (right); table points as lines, measured points
 /// as dots.
@@ -241,7 +244,7 @@ pub fn svg(t: &ProfileTables, m: &Measurements) -> String {
                  x0: f64,
                  title: &str,
                  xlabel: &str,
-                 lines: &[(String, &str, Vec<(f64, f64)>)],
+                 lines: &[Curve],
                  dots: &[(f64, f64)]| {
         let all = lines.iter().flat_map(|l| l.2.iter()).chain(dots.iter());
         let (mut xmax, mut ymax) = (0.0f64, 0.0f64);
@@ -319,7 +322,7 @@ pub fn svg(t: &ProfileTables, m: &Measurements) -> String {
         &prefill_line,
         &prefill_dots,
     );
-    let decode_lines: Vec<(String, &str, Vec<(f64, f64)>)> = t
+    let decode_lines: Vec<Curve> = t
         .decode_context_length
         .iter()
         .enumerate()
