@@ -296,9 +296,10 @@ pub async fn profile(args: &ProfileArgs) -> Result<ProfileRun, LoadgenError> {
             return Err(e);
         }
     };
-    tables
-        .save(&paths.npz)
-        .map_err(|e| LoadgenError::Config(e.to_string()))?;
+    tables.save(&paths.npz).map_err(|e| LoadgenError::Io {
+        path: paths.npz.clone(),
+        source: std::io::Error::other(e),
+    })?;
     let mut json = serde_json::to_value(&tables).unwrap_or_default();
     if let Some(obj) = json.as_object_mut() {
         obj.insert(
