@@ -23,10 +23,7 @@ async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
 
 /// A fresh output directory for one test.
 fn out_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "loadgen-profile-{}-{name}",
-        std::process::id()
-    ));
+    let dir = std::env::temp_dir().join(format!("loadgen-profile-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir
@@ -77,11 +74,17 @@ async fn fixed_latency_is_recovered_and_the_files_are_written() -> Result<()> {
     let t = &run.tables;
     assert_eq!(t.prefill_isl, [64.0, 512.0]);
     for ms in &t.prefill_ttft_ms {
-        assert!((12.0..=45.0).contains(ms), "prefill {ms} ms, expected ~20: {t:?}");
+        assert!(
+            (12.0..=45.0).contains(ms),
+            "prefill {ms} ms, expected ~20: {t:?}"
+        );
     }
     assert_eq!(t.decode_context_length.len(), 2);
     for ms in t.decode_itl.iter().flatten() {
-        assert!((2.5..=9.0).contains(ms), "decode {ms} ms, expected ~5: {t:?}");
+        assert!(
+            (2.5..=9.0).contains(ms),
+            "decode {ms} ms, expected ~5: {t:?}"
+        );
     }
     // Every decode point had a steady part with several gaps per stream.
     assert_eq!(run.measurements.decode.len(), 4);
@@ -94,7 +97,10 @@ async fn fixed_latency_is_recovered_and_the_files_are_written() -> Result<()> {
     let twin = ProfileTables::from_bytes(&json, "fixed.json")?;
     assert_eq!(twin.prefill_isl, t.prefill_isl);
     let raw: serde_json::Value = serde_json::from_slice(&json)?;
-    assert_eq!(raw["measurements"]["prefill"].as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        raw["measurements"]["prefill"].as_array().map(Vec::len),
+        Some(2)
+    );
     let svg = std::fs::read_to_string(dir.join("fixed.svg"))?;
     assert!(svg.starts_with("<svg") && svg.contains("polyline"));
     std::fs::remove_dir_all(&dir)?;
@@ -143,23 +149,28 @@ fn repo_profile() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiles/h200_tp1_perf.npz")
 }
 
-/// The embedded server running the H200 profile at its real speed, profiled over its measured
-/// range: the recovered profile predicts the original's TTFT and ITL within 5% at every point
-/// measured. Runs for about a minute and needs an idle machine (timer lateness adds to every
-/// figure), so it is left out of CI.
+/// The embedded server running the H200 profile, profiled over its measured range: the
+/// recovered profile predicts the original's TTFT and ITL within 5% at every point measured.
+/// The engine runs at a quarter of the profile's speed so that the live driver's timer
+/// granularity (about 1 ms per pass) and the server's prompt handling stay small against the
+/// pass times; the recovered times are compared after scaling back. Runs for minutes and needs
+/// an idle machine, so it is left out of CI.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "runs at real speed; needs an idle machine"]
 async fn the_h200_profile_is_recovered_within_5_percent() -> Result<()> {
+    const SPEEDUP: f64 = 0.25;
     let dir = out_dir("h200");
     let output = dir.join("h200.npz");
     let output_text = output.display().to_string();
     let original = Profiled::load(&repo_profile())?.tables;
     let profile_text = repo_profile().display().to_string();
     let run = within(
-        600,
+        900,
         profile(&args(&[
             "--perf-profile",
             &profile_text,
+            "--speedup-ratio",
+            "0.25",
             "--prefill-isl",
             "512,1024,2048,4096,8192",
             "--prefill-samples",
@@ -177,13 +188,13 @@ async fn the_h200_profile_is_recovered_within_5_percent() -> Result<()> {
     let mut worst: f64 = 0.0;
     for p in &run.measurements.prefill {
         let x = p.prompt_tokens as f64;
-        let (a, b) = (original.prefill_at(x), recovered.prefill_at(x));
+        let (a, b) = (original.prefill_at(x), recovered.prefill_at(x) * SPEEDUP);
         worst = worst.max((b - a).abs() / a);
         assert!((b - a).abs() <= 0.05 * a, "prefill at {x}: {a} vs {b}");
     }
     for d in &run.measurements.decode {
         let a = original.decode_at(d.active_kv_tokens, d.mean_context.floor());
-        let b = recovered.decode_at(d.active_kv_tokens, d.mean_context);
+        let b = recovered.decode_at(d.active_kv_tokens, d.mean_context) * SPEEDUP;
         worst = worst.max((b - a).abs() / a);
         assert!((b - a).abs() <= 0.05 * a, "decode at {d:?}: {a} vs {b}");
     }

@@ -13,8 +13,12 @@ pub struct PrefillPoint {
     pub prompt_tokens: usize,
     /// Every sample's TTFT in ms, client overhead included.
     pub ttft_ms: Vec<f64>,
-    /// Median TTFT less the client overhead: the engine's prefill time.
+    /// The prefill time: median TTFT less the client overhead, or (`--prefill-from
+    /// decode-gap`) the median delay the prefill added to a concurrent decode stream.
     pub prefill_ms: f64,
+    /// With `--prefill-from decode-gap`: every sample's delay of the decode stream, ms.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decode_gap_ms: Vec<f64>,
 }
 
 /// One decode grid point: the steady inter-token gap of `batch_size` concurrent streams.
@@ -114,7 +118,11 @@ pub fn tables(m: &Measurements) -> Result<ProfileTables, String> {
             (y, xs)
         })
         .collect();
-    let mut rows: Vec<f64> = m.decode.iter().map(|d| d.active_kv_tokens.round()).collect();
+    let mut rows: Vec<f64> = m
+        .decode
+        .iter()
+        .map(|d| d.active_kv_tokens.round())
+        .collect();
     rows.sort_by(f64::total_cmp);
     rows.dedup();
     let increasing = columns.windows(2).all(|w| w[0].0 < w[1].0);
@@ -214,6 +222,9 @@ pub fn summary(m: &Measurements, model: Option<&ProfileTables>) -> String {
     s
 }
 
+/// One line of a plot: its label, colour and points.
+type Curve = (String, &'static str, Vec<(f64, f64)>);
+
 /// An SVG of both curves: prefill time over prompt tokens (left), decode step time over active
 /// KV tokens with one line per context length (right); table points as lines, measured points
 /// as dots.
@@ -221,7 +232,9 @@ pub fn svg(t: &ProfileTables, m: &Measurements) -> String {
     const W: f64 = 460.0;
     const H: f64 = 320.0;
     const PAD: f64 = 50.0;
-    let colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
+    let colors = [
+        "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
+    ];
     let mut out = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
         2.0 * W,
@@ -231,7 +244,7 @@ pub fn svg(t: &ProfileTables, m: &Measurements) -> String {
                  x0: f64,
                  title: &str,
                  xlabel: &str,
-                 lines: &[(String, &str, Vec<(f64, f64)>)],
+                 lines: &[Curve],
                  dots: &[(f64, f64)]| {
         let all = lines.iter().flat_map(|l| l.2.iter()).chain(dots.iter());
         let (mut xmax, mut ymax) = (0.0f64, 0.0f64);
@@ -309,7 +322,7 @@ pub fn svg(t: &ProfileTables, m: &Measurements) -> String {
         &prefill_line,
         &prefill_dots,
     );
-    let decode_lines: Vec<(String, &str, Vec<(f64, f64)>)> = t
+    let decode_lines: Vec<Curve> = t
         .decode_context_length
         .iter()
         .enumerate()
@@ -364,6 +377,7 @@ mod tests {
             prompt_tokens: isl,
             ttft_ms: vec![ms + 1.0],
             prefill_ms: ms,
+            decode_gap_ms: Vec::new(),
         };
         Measurements {
             client_overhead_ms: 1.0,
@@ -404,10 +418,14 @@ mod tests {
     fn too_few_points_are_refused_with_the_reason() {
         let mut m = measurements();
         m.prefill.truncate(1);
-        assert!(tables(&m).expect_err("one length").contains("2 prompt lengths"));
+        assert!(tables(&m)
+            .expect_err("one length")
+            .contains("2 prompt lengths"));
         let mut m = measurements();
         m.decode.retain(|d| d.context_length == 100);
-        assert!(tables(&m).expect_err("one column").contains("2 context lengths"));
+        assert!(tables(&m)
+            .expect_err("one column")
+            .contains("2 context lengths"));
     }
 
     #[test]
@@ -418,7 +436,10 @@ mod tests {
         let m = measurements();
         let t = tables(&m).expect("valid");
         let text = summary(&m, Some(&t));
-        assert!(text.contains("Prefill") && text.contains("Decode"), "{text}");
+        assert!(
+            text.contains("Prefill") && text.contains("Decode"),
+            "{text}"
+        );
         let svg = svg(&t, &m);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert_eq!(svg.matches("<polyline").count(), 3);

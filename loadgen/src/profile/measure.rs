@@ -3,9 +3,14 @@
 
 use tokio::time::Instant;
 
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+
 use super::fit::{median, DecodePoint, Measurements, PrefillPoint};
-use super::ProfilePlan;
-use crate::client::{self, FirstToken, Response};
+use super::{PrefillMethod, ProfilePlan};
+use crate::client::{self, Endpoint, FirstToken, Response};
 use crate::failure::Failure;
 use crate::prompt::PromptSynth;
 use crate::target::{completion_body, Connected};
@@ -88,16 +93,53 @@ pub async fn run(c: &Connected, plan: &ProfilePlan) -> Result<Measurements, Inte
             break;
         }
         let mut ttft_ms = Vec::new();
+        let mut decode_gap_ms = Vec::new();
         let mut prompt_tokens = isl;
+        // The decode stream the prefills delay (decode-gap), reset for every prompt length.
+        let background = match plan.prefill_from {
+            PrefillMethod::Ttft => None,
+            PrefillMethod::DecodeGap => Some(
+                Background::start(c, prompts.next(64))
+                    .await
+                    .map_err(|e| (m.clone(), e))?,
+            ),
+        };
         for _ in 0..plan.prefill_samples {
             let body = completion_body(&c.model, prompts.next(isl), 1);
+            let sent_us = background.as_ref().map(Background::now_us);
             let r = client::send(&c.endpoint, &body).await;
-            let ttft = checked(&r, &format!("prefill request ({isl} tokens)"))
-                .map_err(|e| (m.clone(), e))?;
+            let ttft = checked(&r, &format!("prefill request ({isl} tokens)"));
+            let ttft = match ttft {
+                Ok(t) => t,
+                Err(e) => {
+                    if let Some(b) = background {
+                        b.stop();
+                    }
+                    return Err((m.clone(), e));
+                }
+            };
             ttft_ms.push(ttft);
             prompt_tokens = r.prompt_tokens.map_or(isl, |n| n as usize);
+            if let (Some(b), Some(sent_us)) = (&background, sent_us) {
+                let first_us = sent_us + (ttft * 1000.0) as u64;
+                match b.delay_ms(sent_us, first_us).await {
+                    Ok(d) => decode_gap_ms.push(d),
+                    Err(e) => {
+                        if let Some(b) = background {
+                            b.stop();
+                        }
+                        return Err((m.clone(), e));
+                    }
+                }
+            }
         }
-        let prefill_ms = median(&ttft_ms) - m.client_overhead_ms;
+        if let Some(b) = background {
+            b.stop();
+        }
+        let prefill_ms = match plan.prefill_from {
+            PrefillMethod::Ttft => median(&ttft_ms) - m.client_overhead_ms,
+            PrefillMethod::DecodeGap => median(&decode_gap_ms),
+        };
         progress(format!(
             "[{done}/{total}] prefill {prompt_tokens} tokens: TTFT {:.3} ms, prefill {prefill_ms:.3} ms",
             median(&ttft_ms)
@@ -107,6 +149,7 @@ pub async fn run(c: &Connected, plan: &ProfilePlan) -> Result<Measurements, Inte
             prompt_tokens,
             ttft_ms,
             prefill_ms,
+            decode_gap_ms,
         });
     }
 
@@ -162,6 +205,131 @@ pub async fn run(c: &Connected, plan: &ProfilePlan) -> Result<Measurements, Inte
     Ok(m)
 }
 
+/// A long decode stream whose token arrival times are recorded as they come (`decode-gap`):
+/// a prefill scheduled beside it lengthens the gap in which it runs by the prefill time.
+struct Background {
+    /// The common clock of the stream's times and the prefill requests' send times.
+    t0: Instant,
+    /// Arrival of every token event, µs from `t0`. Locked only to push or copy, never across
+    /// an await.
+    times: Arc<Mutex<Vec<u64>>>,
+    /// The reader; aborting it drops the connection, which cancels the request.
+    task: tokio::task::JoinHandle<Result<(), String>>,
+}
+
+/// Tokens the background stream asks for: far more than a profile point needs (it is dropped
+/// when the point is done).
+const BACKGROUND_TOKENS: usize = 100_000;
+
+/// Gaps of the background stream before a prefill that make its baseline.
+const BASELINE_GAPS: usize = 8;
+
+impl Background {
+    /// Starts the stream and waits until it decodes steadily.
+    async fn start(c: &Connected, prompt: String) -> Result<Background, String> {
+        let t0 = Instant::now();
+        let times = Arc::new(Mutex::new(Vec::new()));
+        let body = completion_body(&c.model, prompt, BACKGROUND_TOKENS);
+        let task = tokio::spawn(read_stream(c.endpoint.clone(), body, t0, times.clone()));
+        let b = Background { t0, times, task };
+        b.wait_for(BASELINE_GAPS + 2, Duration::from_secs(60))
+            .await?;
+        Ok(b)
+    }
+
+    fn now_us(&self) -> u64 {
+        self.t0.elapsed().as_micros() as u64
+    }
+
+    fn snapshot(&self) -> Vec<u64> {
+        // A poisoned lock only means the reader panicked; its times are still valid.
+        match self.times.lock() {
+            Ok(t) => t.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// Waits until the stream has `n` tokens in all.
+    async fn wait_for(&self, n: usize, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if self.snapshot().len() >= n {
+                return Ok(());
+            }
+            if self.task.is_finished() || Instant::now() > deadline {
+                return Err(format!(
+                    "the decode stream of --prefill-from decode-gap stopped or stalled after {}                      tokens",
+                    self.snapshot().len()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// The delay a prefill sent at `sent_us` whose first token came at `first_us` added to the
+    /// stream: the excess over the baseline gap of the gaps ending in between (plus half a
+    /// gap's slack for the client reading the two streams). Waits for a few tokens after it,
+    /// which also lets the next sample start from a steady stream.
+    async fn delay_ms(&self, sent_us: u64, first_us: u64) -> Result<f64, String> {
+        let before = self.snapshot().iter().filter(|&&t| t <= first_us).count();
+        self.wait_for(before + BASELINE_GAPS, Duration::from_secs(60))
+            .await?;
+        let times = self.snapshot();
+        let gaps_before: Vec<f64> = times
+            .windows(2)
+            .filter(|w| w[1] <= sent_us)
+            .map(|w| ms(w[1] - w[0]))
+            .collect();
+        let baseline = median(&gaps_before[gaps_before.len().saturating_sub(BASELINE_GAPS)..]);
+        let slack_us = (baseline * 500.0) as u64;
+        Ok(times
+            .windows(2)
+            .filter(|w| w[1] > sent_us && w[1] <= first_us + slack_us)
+            .map(|w| (ms(w[1] - w[0]) - baseline).max(0.0))
+            .sum())
+    }
+
+    fn stop(self) {
+        self.task.abort();
+    }
+}
+
+/// The key every completion chunk with a token carries.
+const TEXT_KEY: &[u8] = b"\"text\"";
+
+/// Reads a streamed completion, stamping every token event's arrival (µs from `t0`).
+async fn read_stream(
+    endpoint: Endpoint,
+    body: serde_json::Value,
+    t0: Instant,
+    times: Arc<Mutex<Vec<u64>>>,
+) -> Result<(), String> {
+    let mut request = endpoint.client.post(&endpoint.url).json(&body);
+    if let Some(key) = &endpoint.api_key {
+        request = request.bearer_auth(key);
+    }
+    let response = request.send().await.map_err(|e| e.to_string())?;
+    if !response.status().is_success() {
+        return Err(format!("HTTP {}", response.status()));
+    }
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let bytes = chunk.map_err(|e| e.to_string())?;
+        let now = t0.elapsed().as_micros() as u64;
+        let events = bytes
+            .windows(TEXT_KEY.len())
+            .filter(|w| *w == TEXT_KEY)
+            .count();
+        // Short section, never across an await.
+        let mut t = match times.lock() {
+            Ok(t) => t,
+            Err(p) => p.into_inner(),
+        };
+        t.extend(std::iter::repeat_n(now, events));
+    }
+    Ok(())
+}
+
 /// The TTFT in ms of a successful response, or why it is unusable.
 fn checked(r: &Response, what: &str) -> Result<f64, String> {
     if let Some(f) = &r.failure {
@@ -179,7 +347,13 @@ fn checked(r: &Response, what: &str) -> Result<f64, String> {
 fn steady(streams: &[(u64, Response)], context_length: usize) -> Option<DecodePoint> {
     let times: Vec<Vec<u64>> = streams
         .iter()
-        .map(|(offset, r)| r.timing.token_chunks_us.iter().map(|t| offset + t).collect())
+        .map(|(offset, r)| {
+            r.timing
+                .token_chunks_us
+                .iter()
+                .map(|t| offset + t)
+                .collect()
+        })
         .collect();
     let start = times.iter().map(|t| t.first().copied()).max()??;
     let end = times.iter().map(|t| t.last().copied()).min()??;
@@ -248,7 +422,11 @@ mod tests {
         // Stream A decodes every 10 ms from 100; stream B starts later (first token at 140) and
         // its steps are the same passes. A ends at 200, B at 240: the window is [140, 200].
         let a = stream(0, (0..=10).map(|k| 100_000 + 10_000 * k).collect(), 100);
-        let b = stream(20_000, (0..=10).map(|k| 120_000 + 10_000 * k).collect(), 300);
+        let b = stream(
+            20_000,
+            (0..=10).map(|k| 120_000 + 10_000 * k).collect(),
+            300,
+        );
         let p = steady(&[a, b], 100).expect("steady");
         // A: gaps 140..200 (6), B: gaps 140..200 (6); all 10 ms.
         assert_eq!(p.gaps, 12);

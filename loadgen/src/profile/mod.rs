@@ -5,7 +5,10 @@
 //! - **Prefill**: TTFT at concurrency 1 over a grid of prompt lengths, `max_tokens` 1, every
 //!   prompt distinct from its first token (no prefix-cache hits), several samples per point,
 //!   less the client overhead (the median round trip of an empty-prompt request, which the
-//!   server answers without running the model).
+//!   server answers without running the model). With `--prefill-from decode-gap` the prefill
+//!   time is instead what the same requests add to the token gap of a concurrent single decode
+//!   stream: the engine's time only, without the server's request handling (a frontend's
+//!   tokenization and routing are in the TTFT but not in an engine profile).
 //! - **Decode**: `N` concurrent streams with prompts of `C` tokens over a grid of batch sizes and
 //!   context lengths; the steady part is the window in which every stream has its first token
 //!   and none has finished (no prefill runs then), and its median inter-token gap is the decode
@@ -39,12 +42,23 @@ pub struct ProfileArgs {
     pub output: PathBuf,
 
     /// Prompt lengths of the prefill curve, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "128,512,1024,2048,4096,8192")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "128,512,1024,2048,4096,8192"
+    )]
     pub prefill_isl: Vec<usize>,
 
     /// TTFT samples per prompt length (the median is used).
     #[arg(long, default_value_t = 3)]
     pub prefill_samples: usize,
+
+    /// How prefill time is measured: ttft (TTFT at concurrency 1 less the client overhead:
+    /// includes the server's own request handling, e.g. a frontend's tokenization) or
+    /// decode-gap (the pass that prefills the prompt delays the next token of a concurrent
+    /// single decode stream by the prefill time: engine time only).
+    #[arg(long, value_enum, default_value_t = PrefillMethod::Ttft)]
+    pub prefill_from: PrefillMethod,
 
     /// Concurrent streams of the decode grid, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
@@ -78,6 +92,16 @@ pub struct ProfileArgs {
     pub target: TargetArgs,
 }
 
+/// `--prefill-from`: what the prefill curve is made of.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrefillMethod {
+    /// TTFT at concurrency 1 less the client overhead.
+    #[default]
+    Ttft,
+    /// The extra time the prefill adds to a concurrent decode stream's token gap.
+    DecodeGap,
+}
+
 /// A validated profile run.
 #[derive(Clone, Debug)]
 pub struct ProfilePlan {
@@ -85,6 +109,8 @@ pub struct ProfilePlan {
     pub prefill_isl: Vec<usize>,
     /// Samples per prompt length.
     pub prefill_samples: usize,
+    /// What the prefill curve is made of.
+    pub prefill_from: PrefillMethod,
     /// Decode points: (batch size, context length), in run order.
     pub decode: Vec<(usize, usize)>,
     /// Steady output tokens per stream.
@@ -99,10 +125,11 @@ pub struct ProfilePlan {
 
 impl ProfilePlan {
     /// Output tokens a stream of a decode point asks for: the steady tokens plus one per pass
-    /// the batch's prefill may take.
+    /// the batch's prefill may take, plus one per stream (the requests of a large batch reach
+    /// a busy server over several passes).
     pub fn stream_tokens(&self, batch_size: usize, context_length: usize) -> usize {
         let prefill_passes = (batch_size * context_length).div_ceil(self.prefill_chunk.max(1));
-        self.decode_tokens + prefill_passes + 2
+        self.decode_tokens + prefill_passes + batch_size + 2
     }
 }
 
@@ -172,7 +199,9 @@ impl ProfileArgs {
             return bad("--decode-batch-sizes needs positive batch sizes".into());
         }
         if contexts.len() < 2 || contexts[0] == 0 {
-            return bad("--decode-context-lengths needs at least 2 distinct positive lengths".into());
+            return bad(
+                "--decode-context-lengths needs at least 2 distinct positive lengths".into(),
+            );
         }
         if self.decode_tokens < 4 {
             return bad("--decode-tokens must be at least 4".into());
@@ -190,6 +219,7 @@ impl ProfileArgs {
         Ok(ProfilePlan {
             prefill_isl,
             prefill_samples: self.prefill_samples,
+            prefill_from: self.prefill_from,
             decode,
             decode_tokens: self.decode_tokens,
             prefill_chunk: self.prefill_chunk,
@@ -266,7 +296,10 @@ pub async fn profile(args: &ProfileArgs) -> Result<ProfileRun, LoadgenError> {
             return Err(e);
         }
     };
-    tables.save(&paths.npz).map_err(|e| LoadgenError::Config(e.to_string()))?;
+    tables.save(&paths.npz).map_err(|e| LoadgenError::Io {
+        path: paths.npz.clone(),
+        source: std::io::Error::other(e),
+    })?;
     let mut json = serde_json::to_value(&tables).unwrap_or_default();
     if let Some(obj) = json.as_object_mut() {
         obj.insert(
@@ -315,18 +348,27 @@ mod tests {
 
     #[test]
     fn flags_become_a_plan() {
-        let plan = args(&["--prefill-isl", "512,128,512", "--decode-batch-sizes", "4,1"])
-            .plan()
-            .expect("valid");
+        let plan = args(&[
+            "--prefill-isl",
+            "512,128,512",
+            "--decode-batch-sizes",
+            "4,1",
+        ])
+        .plan()
+        .expect("valid");
         assert_eq!(plan.prefill_isl, [128, 512]);
         assert_eq!(plan.decode[..2], [(1, 512), (4, 512)]);
         assert_eq!(plan.decode.len(), 6);
-        // 4 streams of 2048 tokens, 2048 per pass: 4 passes of prefill, plus 32 steady tokens.
-        assert_eq!(plan.stream_tokens(4, 2048), 38);
+        // 4 streams of 2048 tokens, 2048 per pass: 4 passes of prefill, 4 streams, plus 32
+        // steady tokens.
+        assert_eq!(plan.stream_tokens(4, 2048), 42);
         for (flags, needle) in [
             (&["--prefill-isl", "128"][..], "--prefill-isl"),
             (&["--prefill-samples", "0"][..], "--prefill-samples"),
-            (&["--decode-context-lengths", "512"][..], "--decode-context-lengths"),
+            (
+                &["--decode-context-lengths", "512"][..],
+                "--decode-context-lengths",
+            ),
             (&["--decode-batch-sizes", "0"][..], "--decode-batch-sizes"),
             (&["--output", "p.json"][..], "--output"),
             (&["--time-budget-s", "nan"][..], "--time-budget-s"),
