@@ -263,6 +263,11 @@ pub struct Cluster {
     block_size: usize,
     /// The validated settings; submissions are checked against `engine`.
     config: ClusterConfig,
+    /// Scratch buffer swapped with a worker's scheduler events in `collect` (kept for its
+    /// capacity: no allocation per pass).
+    events: Vec<SchedulerEvent>,
+    /// Scratch list of the passes due in `finish_due`.
+    due: Vec<(SimTime, usize)>,
 }
 
 impl Cluster {
@@ -322,6 +327,8 @@ impl Cluster {
             now: SimTime::ZERO,
             block_size: config.engine.block_size,
             config,
+            events: Vec::new(),
+            due: Vec::new(),
         })
     }
 
@@ -517,23 +524,32 @@ impl Cluster {
     /// Completes the G2 transfers and hand-offs due by `now`, then finishes the passes that end
     /// by `now`, in order of end time then worker id.
     pub fn finish_due(&mut self, now: SimTime) -> Vec<Output> {
-        self.now = self.now.max(now);
         let mut out = Vec::new();
+        self.finish_due_into(now, &mut out);
+        out
+    }
+
+    /// [`Cluster::finish_due`], appending to `out` (a driver reusing one buffer allocates
+    /// nothing per step).
+    pub fn finish_due_into(&mut self, now: SimTime, out: &mut Vec<Output>) {
+        self.now = self.now.max(now);
         self.advance_timers(now);
-        let mut due: Vec<(SimTime, usize)> = self
-            .workers
-            .iter()
-            .enumerate()
-            .filter_map(|(i, w)| w.pass_end().filter(|&e| e <= now).map(|e| (e, i)))
-            .collect();
+        let mut due = std::mem::take(&mut self.due);
+        due.extend(
+            self.workers
+                .iter()
+                .enumerate()
+                .filter_map(|(i, w)| w.pass_end().filter(|&e| e <= now).map(|e| (e, i))),
+        );
         due.sort_unstable();
-        for (end, w) in due {
+        for &(end, w) in &due {
             self.workers[w].finish_pass();
-            self.collect(w, end, &mut out);
+            self.collect(w, end, out);
         }
+        due.clear();
+        self.due = due;
         // Hand-offs that took no time, or ended before `now`, started by those passes.
         self.advance_timers(now);
-        out
     }
 
     /// G2 onboards and hand-offs due by `now`.
@@ -556,8 +572,14 @@ impl Cluster {
     /// Starts a pass on every idle worker with work; passes that take no time finish at once and
     /// the loop repeats.
     pub fn start_idle(&mut self, now: SimTime) -> Vec<Output> {
-        self.now = self.now.max(now);
         let mut out = Vec::new();
+        self.start_idle_into(now, &mut out);
+        out
+    }
+
+    /// [`Cluster::start_idle`], appending to `out`.
+    pub fn start_idle_into(&mut self, now: SimTime, out: &mut Vec<Output>) {
+        self.now = self.now.max(now);
         loop {
             let mut instant = false;
             for w in 0..self.workers.len() {
@@ -565,13 +587,13 @@ impl Cluster {
                     continue;
                 }
                 let end = self.workers[w].start_pass(now);
-                self.collect(w, now, &mut out);
+                self.collect(w, now, out);
                 instant |= end == Some(now);
             }
             if !instant {
-                return out;
+                return;
             }
-            out.extend(self.finish_due(now));
+            self.finish_due_into(now, out);
         }
     }
 
@@ -603,7 +625,9 @@ impl Cluster {
         }
         let worker = WorkerId(w as u32);
         let mut freed = false;
-        for event in self.workers[w].drain_events() {
+        let mut events = std::mem::take(&mut self.events);
+        self.workers[w].swap_events(&mut events);
+        for event in events.drain(..) {
             match event {
                 SchedulerEvent::Admitted {
                     id,
@@ -670,6 +694,7 @@ impl Cluster {
                 }
             }
         }
+        self.events = events;
         if freed && w < self.num_front {
             self.unpark();
         }
