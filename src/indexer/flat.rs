@@ -1,6 +1,7 @@
 //! The flat indexer: one hash map from sequence hash to the set of workers holding that block
 //! (the KV router's original structure, kept because it is the fastest on its workloads).
 
+use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
 
 use super::{IndexerStats, KvIndexer, OverlapScores};
@@ -158,12 +159,13 @@ impl FlatIndex {
     }
 
     fn remove(&mut self, worker: WorkerId, h: SequenceHash) -> bool {
-        let Some(set) = self.blocks.get_mut(&h) else {
+        // One lookup finds, updates and (when emptied) drops the set.
+        let Entry::Occupied(mut e) = self.blocks.entry(h) else {
             return false;
         };
-        let had = set.remove(worker.0);
-        if set.is_empty() {
-            self.blocks.remove(&h);
+        let had = e.get_mut().remove(worker.0);
+        if e.get().is_empty() {
+            e.remove();
         }
         if had {
             self.sizes[worker.0 as usize] -= 1;
@@ -209,6 +211,14 @@ impl KvIndexer for FlatIndex {
             scores: self.match_scores(seq_hashes),
             tree_sizes: self.tree_sizes(),
         }
+    }
+
+    fn match_scores_hashed(
+        &self,
+        _local_hashes: &[LocalBlockHash],
+        seq_hashes: &[SequenceHash],
+    ) -> BTreeMap<WorkerId, u32> {
+        self.match_scores(seq_hashes)
     }
 
     fn apply(&mut self, event: &KvEvent) {

@@ -1,6 +1,7 @@
 //! Active load of one worker as the router tracks it: the blocks of its active requests and the
 //! prompt tokens it has yet to prefill.
 
+use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
 
 use crate::ids::RequestId;
@@ -42,6 +43,10 @@ impl WorkerLoad {
 
     /// How many of `hashes` are not blocks of an active request here.
     pub fn new_blocks(&self, hashes: &[SequenceHash]) -> usize {
+        if self.blocks.is_empty() {
+            // An idle worker: no lookups (routing over many workers meets many of these).
+            return hashes.len();
+        }
         hashes
             .iter()
             .filter(|h| !self.blocks.contains_key(h))
@@ -78,10 +83,11 @@ impl WorkerLoad {
         };
         self.prefill_tokens -= a.prefill_tokens;
         for h in &a.hashes {
-            if let Some(c) = self.blocks.get_mut(h) {
-                *c -= 1;
-                if *c == 0 {
-                    self.blocks.remove(h);
+            // One lookup decrements and (at zero) drops the count.
+            if let Entry::Occupied(mut e) = self.blocks.entry(*h) {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
                 }
             }
         }

@@ -232,8 +232,7 @@ impl Router {
         let scores = self
             .indexer
             .0
-            .find_matches_hashed(request.local_hashes, request.seq_hashes)
-            .scores;
+            .match_scores_hashed(request.local_hashes, request.seq_hashes);
         for (w, s) in scores {
             if let Some(o) = overlap.get_mut(w.0 as usize) {
                 *o = s as usize;

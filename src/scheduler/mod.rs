@@ -578,6 +578,19 @@ impl Scheduler {
         pass.scheduled_any |= tokens > 0;
     }
 
+    /// The running index after `slot`, which was at index `i` before a step that may have
+    /// preempted others (removing entries after it, or before it); `i` when `slot` itself left.
+    fn index_after(&self, i: usize, slot: usize) -> usize {
+        // Usually nothing moved: skip the scan (running requests are distinct).
+        if self.running.get(i) == Some(&slot) {
+            return i + 1;
+        }
+        self.running
+            .iter()
+            .position(|&s| s == slot)
+            .map_or(i, |p| p + 1)
+    }
+
     /// vLLM / TRT-LLM step 1: running requests in order, under the token budget.
     fn schedule_running(&mut self, pass: &mut PassState) {
         let mut i = 0;
@@ -604,11 +617,7 @@ impl Scheduler {
             }
             self.commit_schedule(slot, before, desired, pass);
             // Preemptions remove later entries only (LIFO) or earlier ones (FIFO).
-            i = self
-                .running
-                .iter()
-                .position(|&s| s == slot)
-                .map_or(i, |p| p + 1);
+            i = self.index_after(i, slot);
         }
     }
 
