@@ -146,8 +146,13 @@ impl QuantileSketch {
             self.min = x;
             self.max = x;
         } else {
-            self.min = self.min.min(x);
-            self.max = self.max.max(x);
+            // Plain comparisons: neither side is NaN here (`f64::min` would also check that).
+            if x < self.min {
+                self.min = x;
+            }
+            if x > self.max {
+                self.max = x;
+            }
         }
         self.count += 1;
         let delta = x - self.mean;
@@ -156,6 +161,14 @@ impl QuantileSketch {
     }
 
     fn add_to_bin(&mut self, index: i64, n: u64) {
+        // The usual case: a bin inside the current range.
+        if let Some(bin) = usize::try_from(index.wrapping_sub(self.offset))
+            .ok()
+            .and_then(|pos| self.bins.get_mut(pos))
+        {
+            *bin += n;
+            return;
+        }
         if self.bins.is_empty() {
             self.offset = index;
             self.bins.push(0);
