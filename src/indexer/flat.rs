@@ -11,7 +11,7 @@ use crate::tokens::{sequence_hashes, HashKeyMap, LocalBlockHash, SequenceHash};
 
 /// A set of worker ids: a bitmask for the first 64 workers (no allocation), a sorted list beyond.
 #[derive(Clone, Debug, Default)]
-struct WorkerSet {
+pub(crate) struct WorkerSet {
     /// Workers 0..64, one bit each.
     low: u64,
     /// Workers from 64 up, sorted.
@@ -19,7 +19,8 @@ struct WorkerSet {
 }
 
 impl WorkerSet {
-    fn insert(&mut self, w: u32) -> bool {
+    /// Adds `w`; true when it was not there.
+    pub(crate) fn insert(&mut self, w: u32) -> bool {
         if w < 64 {
             let had = self.low & (1 << w) != 0;
             self.low |= 1 << w;
@@ -34,7 +35,8 @@ impl WorkerSet {
         }
     }
 
-    fn remove(&mut self, w: u32) -> bool {
+    /// Removes `w`; true when it was there.
+    pub(crate) fn remove(&mut self, w: u32) -> bool {
         if w < 64 {
             let had = self.low & (1 << w) != 0;
             self.low &= !(1 << w);
@@ -49,7 +51,8 @@ impl WorkerSet {
         }
     }
 
-    fn contains(&self, w: u32) -> bool {
+    /// True when `w` is in the set.
+    pub(crate) fn contains(&self, w: u32) -> bool {
         if w < 64 {
             self.low & (1 << w) != 0
         } else {
@@ -57,12 +60,13 @@ impl WorkerSet {
         }
     }
 
-    fn is_empty(&self) -> bool {
+    /// True when no worker is in the set.
+    pub(crate) fn is_empty(&self) -> bool {
         self.low == 0 && self.high.is_empty()
     }
 
     /// Members in increasing order.
-    fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         let mut low = self.low;
         std::iter::from_fn(move || {
             (low != 0).then(|| {

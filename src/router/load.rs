@@ -55,8 +55,23 @@ impl WorkerLoad {
 
     /// Records a routed request.
     pub fn add(&mut self, id: RequestId, hashes: &[SequenceHash], prefill_tokens: usize) {
+        self.add_reporting(id, hashes, prefill_tokens, |_| {});
+    }
+
+    /// [`WorkerLoad::add`], calling `on_new` with each block that was not active here before.
+    pub(crate) fn add_reporting(
+        &mut self,
+        id: RequestId,
+        hashes: &[SequenceHash],
+        prefill_tokens: usize,
+        mut on_new: impl FnMut(SequenceHash),
+    ) {
         for h in hashes {
-            *self.blocks.entry(*h).or_default() += 1;
+            let count = self.blocks.entry(*h).or_default();
+            if *count == 0 {
+                on_new(*h);
+            }
+            *count += 1;
         }
         self.prefill_tokens += prefill_tokens;
         self.requests.insert(
@@ -78,6 +93,11 @@ impl WorkerLoad {
 
     /// The request left.
     pub fn free(&mut self, id: RequestId) {
+        self.free_reporting(id, |_| {});
+    }
+
+    /// [`WorkerLoad::free`], calling `on_gone` with each block no longer active here.
+    pub(crate) fn free_reporting(&mut self, id: RequestId, mut on_gone: impl FnMut(SequenceHash)) {
         let Some(a) = self.requests.remove(&id) else {
             return;
         };
@@ -88,6 +108,7 @@ impl WorkerLoad {
                 *e.get_mut() -= 1;
                 if *e.get() == 0 {
                     e.remove();
+                    on_gone(*h);
                 }
             }
         }
