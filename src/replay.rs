@@ -141,8 +141,9 @@ impl Ledger<'_> {
         self.end(id, time);
     }
 
-    fn handle(&mut self, outputs: Vec<Output>) {
-        for out in outputs {
+    /// Handles `outputs`, leaving the buffer empty for reuse.
+    fn handle(&mut self, outputs: &mut Vec<Output>) {
+        for out in outputs.drain(..) {
             match out {
                 Output::Admitted {
                     id,
@@ -239,6 +240,8 @@ pub fn replay_observed(
     }
     let mut now = SimTime::ZERO;
     let mut last_progress = 0usize;
+    // One output buffer for the whole run.
+    let mut outputs = Vec::new();
     loop {
         let next = match (ledger.arrivals.next_time(), cluster.next_pass_end()) {
             (Some(a), Some(p)) => a.min(p),
@@ -247,9 +250,9 @@ pub fn replay_observed(
             (None, None) => break,
         };
         now = now.max(next);
-        let outputs = cluster.finish_due(now);
+        cluster.finish_due_into(now, &mut outputs);
         observer.outputs(&mut cluster, &outputs, now);
-        ledger.handle(outputs);
+        ledger.handle(&mut outputs);
         while let Some((ready, origin)) = ledger.arrivals.pop_due(now) {
             let session = &trace.sessions[origin.session];
             let turn = &session.turns[origin.turn];
@@ -277,9 +280,9 @@ pub fn replay_observed(
                 ledger.reject(id, now, rejection.reason);
             }
         }
-        let outputs = cluster.start_idle(now);
+        cluster.start_idle_into(now, &mut outputs);
         observer.outputs(&mut cluster, &outputs, now);
-        ledger.handle(outputs);
+        ledger.handle(&mut outputs);
         if ledger.done >= last_progress + 64 {
             last_progress = ledger.done;
             progress(ledger.done, total);

@@ -145,6 +145,12 @@ impl Worker {
         self.scheduler.drain_events()
     }
 
+    /// Scheduler events since the last call, swapped with the empty `buf` (no allocation when
+    /// the caller hands the same buffer back each time).
+    pub fn swap_events(&mut self, buf: &mut Vec<SchedulerEvent>) {
+        self.scheduler.swap_events(buf);
+    }
+
     /// KV events since the last call, tagged with this worker's id and sequence numbers.
     pub fn drain_kv_events(&mut self) -> Vec<KvEvent> {
         self.scheduler

@@ -267,6 +267,60 @@ pub struct Cluster {
     /// Copies of every worker's KV events (worker ids global) for [`Cluster::drain_kv_events`];
     /// None until [`Cluster::export_kv_events`] turns the export on.
     exported_kv_events: Option<Vec<KvEvent>>,
+    /// Scratch buffer swapped with a worker's scheduler events in `collect` (kept for its
+    /// capacity: no allocation per pass).
+    events: Vec<SchedulerEvent>,
+    /// Scratch list of the passes due in `finish_due`.
+    due: Vec<(SimTime, usize)>,
+    /// Workers that may have work, a pass or a timer (a superset: idle ones are dropped when
+    /// next visited). The per-step scans visit only these, so a thousand mostly idle workers
+    /// cost little more than the busy ones.
+    active: ActiveSet,
+}
+
+/// A set of worker indices as a bitset, visited in increasing order.
+#[derive(Clone, Debug, Default)]
+struct ActiveSet {
+    words: Vec<u64>,
+}
+
+impl ActiveSet {
+    fn new(len: usize) -> ActiveSet {
+        ActiveSet {
+            words: vec![0; len.div_ceil(64)],
+        }
+    }
+
+    fn insert(&mut self, i: usize) {
+        self.words[i / 64] |= 1 << (i % 64);
+    }
+
+    fn remove(&mut self, i: usize) {
+        self.words[i / 64] &= !(1 << (i % 64));
+    }
+
+    /// The smallest member `>= from`.
+    fn next_from(&self, from: usize) -> Option<usize> {
+        let mut word = from / 64;
+        let mut bits = self.words.get(word)? & (u64::MAX << (from % 64));
+        loop {
+            if bits != 0 {
+                return Some(word * 64 + bits.trailing_zeros() as usize);
+            }
+            word += 1;
+            bits = *self.words.get(word)?;
+        }
+    }
+
+    /// Members in increasing order.
+    fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        let mut next = self.next_from(0);
+        std::iter::from_fn(move || {
+            let i = next?;
+            next = self.next_from(i + 1);
+            Some(i)
+        })
+    }
 }
 
 impl Cluster {
@@ -296,6 +350,7 @@ impl Cluster {
                 (*num_prefill_workers, Some(pool))
             }
         };
+        let num_workers_total = roles.len();
         let workers = roles
             .iter()
             .enumerate()
@@ -327,6 +382,9 @@ impl Cluster {
             block_size: config.engine.block_size,
             config,
             exported_kv_events: None,
+            events: Vec::new(),
+            due: Vec::new(),
+            active: ActiveSet::new(num_workers_total),
         })
     }
 
@@ -454,6 +512,7 @@ impl Cluster {
             Some(pool) => pool.start_prefill(id, request),
         };
         self.workers[worker.0 as usize].enqueue(id, request);
+        self.active.insert(worker.0 as usize);
     }
 
     /// The worker a request was routed to, if it is still active (the decode worker once its
@@ -503,8 +562,9 @@ impl Cluster {
     /// the latest time it was driven to when an idle worker has work. None when idle.
     pub fn next_event_time(&self) -> Option<SimTime> {
         let workers = self
-            .workers
+            .active
             .iter()
+            .map(|i| &self.workers[i])
             .filter_map(|w| match w.next_timer() {
                 None if w.wants_pass() => Some(self.now),
                 Some(t) if w.wants_pass() => Some(t.min(self.now)),
@@ -516,10 +576,11 @@ impl Cluster {
 
     /// The earliest end of a pass in progress, G2 onboard or hand-off: the engine's own timers.
     pub fn next_pass_end(&self) -> Option<SimTime> {
+        let active = self.active.iter().map(|i| &self.workers[i]);
         let workers = if self.has_g2 {
-            self.workers.iter().filter_map(Worker::next_timer).min()
+            active.filter_map(Worker::next_timer).min()
         } else {
-            self.workers.iter().filter_map(Worker::pass_end).min()
+            active.filter_map(Worker::pass_end).min()
         };
         min_opt(workers, self.next_handoff())
     }
@@ -539,29 +600,40 @@ impl Cluster {
     /// Completes the G2 transfers and hand-offs due by `now`, then finishes the passes that end
     /// by `now`, in order of end time then worker id.
     pub fn finish_due(&mut self, now: SimTime) -> Vec<Output> {
-        self.now = self.now.max(now);
         let mut out = Vec::new();
+        self.finish_due_into(now, &mut out);
+        out
+    }
+
+    /// [`Cluster::finish_due`], appending to `out` (a driver reusing one buffer allocates
+    /// nothing per step).
+    pub fn finish_due_into(&mut self, now: SimTime, out: &mut Vec<Output>) {
+        self.now = self.now.max(now);
         self.advance_timers(now);
-        let mut due: Vec<(SimTime, usize)> = self
-            .workers
-            .iter()
-            .enumerate()
-            .filter_map(|(i, w)| w.pass_end().filter(|&e| e <= now).map(|e| (e, i)))
-            .collect();
+        let mut due = std::mem::take(&mut self.due);
+        let workers = &self.workers;
+        due.extend(self.active.iter().filter_map(|i| {
+            workers[i]
+                .pass_end()
+                .filter(|&e| e <= now)
+                .map(|e| (e, i))
+        }));
         due.sort_unstable();
-        for (end, w) in due {
+        for &(end, w) in &due {
             self.workers[w].finish_pass();
-            self.collect(w, end, &mut out);
+            self.collect(w, end, out);
         }
+        due.clear();
+        self.due = due;
         // Hand-offs that took no time, or ended before `now`, started by those passes.
         self.advance_timers(now);
-        out
     }
 
     /// G2 onboards and hand-offs due by `now`.
     fn advance_timers(&mut self, now: SimTime) {
         if self.has_g2 {
-            for w in &mut self.workers {
+            for i in self.active.iter() {
+                let w = &mut self.workers[i];
                 if w.next_transfer_end().is_some_and(|t| t <= now) {
                     w.advance_transfers(now);
                 }
@@ -572,28 +644,54 @@ impl Cluster {
         };
         for (id, worker, request) in pool.arrivals_due(now) {
             self.workers[worker].enqueue(id, request);
+            self.active.insert(worker);
         }
     }
 
     /// Starts a pass on every idle worker with work; passes that take no time finish at once and
     /// the loop repeats.
     pub fn start_idle(&mut self, now: SimTime) -> Vec<Output> {
-        self.now = self.now.max(now);
         let mut out = Vec::new();
+        self.start_idle_into(now, &mut out);
+        out
+    }
+
+    /// [`Cluster::start_idle`], appending to `out`.
+    pub fn start_idle_into(&mut self, now: SimTime, out: &mut Vec<Output>) {
+        self.now = self.now.max(now);
         loop {
             let mut instant = false;
-            for w in 0..self.workers.len() {
+            // In worker order, seeing workers that become active during the sweep (a request
+            // unparked by an earlier worker's completion), as a scan of every worker would.
+            let mut next = self.active.next_from(0);
+            while let Some(w) = next {
+                next = self.active.next_from(w + 1);
                 if !self.workers[w].wants_pass() {
+                    self.drop_if_idle(w);
                     continue;
                 }
                 let end = self.workers[w].start_pass(now);
-                self.collect(w, now, &mut out);
+                self.collect(w, now, out);
+                self.drop_if_idle(w);
                 instant |= end == Some(now);
+                // Collecting may have activated workers after `w`.
+                next = self.active.next_from(w + 1);
             }
             if !instant {
-                return out;
+                return;
             }
-            out.extend(self.finish_due(now));
+            self.finish_due_into(now, out);
+        }
+    }
+
+    /// Takes `w` out of the active set when it has no pass, no work and no timer.
+    fn drop_if_idle(&mut self, w: usize) {
+        let worker = &self.workers[w];
+        if worker.pass_end().is_none()
+            && !worker.scheduler().has_work()
+            && worker.next_timer().is_none()
+        {
+            self.active.remove(w);
         }
     }
 
@@ -628,7 +726,9 @@ impl Cluster {
         }
         let worker = WorkerId(w as u32);
         let mut freed = false;
-        for event in self.workers[w].drain_events() {
+        let mut events = std::mem::take(&mut self.events);
+        self.workers[w].swap_events(&mut events);
+        for event in events.drain(..) {
             match event {
                 SchedulerEvent::Admitted {
                     id,
@@ -695,6 +795,7 @@ impl Cluster {
                 }
             }
         }
+        self.events = events;
         if freed && w < self.num_front {
             self.unpark();
         }
@@ -727,8 +828,14 @@ impl Cluster {
 
     /// Checks every worker's invariants. Panics on a violation.
     pub fn assert_invariants(&self) {
-        for w in &self.workers {
+        let active: Vec<usize> = self.active.iter().collect();
+        for (i, w) in self.workers.iter().enumerate() {
             w.scheduler().assert_invariants();
+            let busy = w.pass_end().is_some() || w.scheduler().has_work() || w.next_timer().is_some();
+            assert!(
+                !busy || active.binary_search(&i).is_ok(),
+                "worker {i} has work, a pass or a timer but is not in the active set"
+            );
         }
         assert_eq!(
             self.parked.len(),
@@ -763,6 +870,25 @@ pub struct ClusterStats {
     pub kv_transfer_us: u64,
     /// Hand-offs in flight.
     pub kv_transfers_in_flight: usize,
+}
+
+#[cfg(test)]
+mod active_set_tests {
+    use super::ActiveSet;
+
+    #[test]
+    fn active_set_visits_members_in_order() {
+        let mut set = ActiveSet::new(200);
+        for i in [0, 5, 63, 64, 65, 130, 199] {
+            set.insert(i);
+        }
+        set.remove(5);
+        set.insert(63);
+        assert_eq!(set.iter().collect::<Vec<_>>(), [0, 63, 64, 65, 130, 199]);
+        assert_eq!(set.next_from(66), Some(130));
+        assert_eq!(set.next_from(200), None);
+        assert_eq!(ActiveSet::new(0).next_from(0), None);
+    }
 }
 
 #[cfg(test)]

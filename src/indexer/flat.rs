@@ -1,6 +1,7 @@
 //! The flat indexer: one hash map from sequence hash to the set of workers holding that block
 //! (the KV router's original structure, kept because it is the fastest on its workloads).
 
+use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
 
 use super::{IndexerStats, KvIndexer, OverlapScores};
@@ -10,7 +11,7 @@ use crate::tokens::{sequence_hashes, HashKeyMap, LocalBlockHash, SequenceHash};
 
 /// A set of worker ids: a bitmask for the first 64 workers (no allocation), a sorted list beyond.
 #[derive(Clone, Debug, Default)]
-struct WorkerSet {
+pub(crate) struct WorkerSet {
     /// Workers 0..64, one bit each.
     low: u64,
     /// Workers from 64 up, sorted.
@@ -18,7 +19,8 @@ struct WorkerSet {
 }
 
 impl WorkerSet {
-    fn insert(&mut self, w: u32) -> bool {
+    /// Adds `w`; true when it was not there.
+    pub(crate) fn insert(&mut self, w: u32) -> bool {
         if w < 64 {
             let had = self.low & (1 << w) != 0;
             self.low |= 1 << w;
@@ -33,7 +35,8 @@ impl WorkerSet {
         }
     }
 
-    fn remove(&mut self, w: u32) -> bool {
+    /// Removes `w`; true when it was there.
+    pub(crate) fn remove(&mut self, w: u32) -> bool {
         if w < 64 {
             let had = self.low & (1 << w) != 0;
             self.low &= !(1 << w);
@@ -48,7 +51,8 @@ impl WorkerSet {
         }
     }
 
-    fn contains(&self, w: u32) -> bool {
+    /// True when `w` is in the set.
+    pub(crate) fn contains(&self, w: u32) -> bool {
         if w < 64 {
             self.low & (1 << w) != 0
         } else {
@@ -56,12 +60,13 @@ impl WorkerSet {
         }
     }
 
-    fn is_empty(&self) -> bool {
+    /// True when no worker is in the set.
+    pub(crate) fn is_empty(&self) -> bool {
         self.low == 0 && self.high.is_empty()
     }
 
     /// Members in increasing order.
-    fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         let mut low = self.low;
         std::iter::from_fn(move || {
             (low != 0).then(|| {
@@ -158,12 +163,13 @@ impl FlatIndex {
     }
 
     fn remove(&mut self, worker: WorkerId, h: SequenceHash) -> bool {
-        let Some(set) = self.blocks.get_mut(&h) else {
+        // One lookup finds, updates and (when emptied) drops the set.
+        let Entry::Occupied(mut e) = self.blocks.entry(h) else {
             return false;
         };
-        let had = set.remove(worker.0);
-        if set.is_empty() {
-            self.blocks.remove(&h);
+        let had = e.get_mut().remove(worker.0);
+        if e.get().is_empty() {
+            e.remove();
         }
         if had {
             self.sizes[worker.0 as usize] -= 1;
@@ -209,6 +215,14 @@ impl KvIndexer for FlatIndex {
             scores: self.match_scores(seq_hashes),
             tree_sizes: self.tree_sizes(),
         }
+    }
+
+    fn match_scores_hashed(
+        &self,
+        _local_hashes: &[LocalBlockHash],
+        seq_hashes: &[SequenceHash],
+    ) -> BTreeMap<WorkerId, u32> {
+        self.match_scores(seq_hashes)
     }
 
     fn apply(&mut self, event: &KvEvent) {

@@ -38,6 +38,7 @@ mod tests;
 
 pub use approx::{ApproximateConfig, ApproximateIndexer};
 pub use flat::FlatIndex;
+pub(crate) use flat::WorkerSet;
 pub use radix::RadixTree;
 
 /// What an indexer knows about one request: per-worker contiguous prefix matches.
@@ -92,6 +93,15 @@ pub trait KvIndexer {
     ) -> OverlapScores {
         let _ = seq_hashes;
         self.find_matches(local_hashes)
+    }
+    /// Only the per-worker matches of [`find_matches_hashed`](KvIndexer::find_matches_hashed)
+    /// (what routing needs): indexers that can skip the tree sizes, an O(workers) map, do.
+    fn match_scores_hashed(
+        &self,
+        local_hashes: &[LocalBlockHash],
+        seq_hashes: &[SequenceHash],
+    ) -> BTreeMap<WorkerId, u32> {
+        self.find_matches_hashed(local_hashes, seq_hashes).scores
     }
     /// Applies one KV event. A Stored event whose parent the worker does not hold, and removed
     /// hashes the worker does not hold, are skipped and counted in [`IndexerStats`].

@@ -6,6 +6,7 @@
 //! ([`BlockRef::Partial`]) until its last token is scheduled, when it is promoted to a full block
 //! (or collapses onto an identical block another request already cached).
 
+use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 
 use crate::kv::event::{KvEventData, StoredBlock};
@@ -298,9 +299,12 @@ impl KvPool {
             });
         }
 
-        let mut stored: Vec<StoredBlock> = Vec::new();
+        // Sized for the worst case up front: these grow one block at a time on the hot path.
+        let mut stored: Vec<StoredBlock> = Vec::with_capacity(full_target.saturating_sub(first));
         let mut stored_parent: Option<SequenceHash> = None;
-        let mut removed: Vec<SequenceHash> = Vec::new();
+        let evictions = new_blocks.saturating_sub(self.num_free_blocks());
+        let mut removed: Vec<SequenceHash> = Vec::with_capacity(evictions);
+        held.reserve(target.saturating_sub(held.len()));
         for i in first..target {
             let existing = held.get(i).copied();
             if i >= full_target {
@@ -315,23 +319,21 @@ impl KvPool {
                 continue;
             }
             let hash = seq.hashes[i];
-            if existing == Some(BlockRef::Partial) {
+            let promote = existing == Some(BlockRef::Partial);
+            if promote {
                 // Promote: the partial block's slot becomes the full block, or is released when
                 // the same block is already cached.
                 self.num_partial -= 1;
-                if self.cached.contains_key(&hash) {
-                    self.acquire_cached(hash);
-                } else {
-                    self.insert_new(hash, i, &seq, &mut stored, &mut stored_parent);
+            }
+            if !self.acquire_cached(hash) {
+                if !promote {
+                    self.make_room(&mut removed);
                 }
+                self.insert_new(hash, i, &seq, &mut stored, &mut stored_parent);
+            }
+            if promote {
                 held[i] = BlockRef::Full(hash);
             } else {
-                if self.cached.contains_key(&hash) {
-                    self.acquire_cached(hash);
-                } else {
-                    self.make_room(&mut removed);
-                    self.insert_new(hash, i, &seq, &mut stored, &mut stored_parent);
-                }
                 held.push(BlockRef::Full(hash));
             }
         }
@@ -412,17 +414,18 @@ impl KvPool {
         !self.events.is_empty()
     }
 
-    fn acquire_cached(&mut self, hash: SequenceHash) {
-        let entry = self
-            .cached
-            .get_mut(&hash)
-            .expect("caller checked the block is cached");
+    /// Takes one more reference on `hash` if it is cached; false (changing nothing) if not.
+    fn acquire_cached(&mut self, hash: SequenceHash) -> bool {
+        let Some(entry) = self.cached.get_mut(&hash) else {
+            return false;
+        };
         if entry.refs == 0 {
             // Its LRU entry goes stale.
             self.num_inactive -= 1;
             self.num_active_full += 1;
         }
         entry.refs += 1;
+        true
     }
 
     fn insert_new(
@@ -458,10 +461,13 @@ impl KvPool {
             return;
         }
         while let Some((stamp, victim)) = self.lru.pop_front() {
-            if !self.is_live(stamp, victim) {
-                continue;
+            // One lookup decides and removes.
+            match self.cached.entry(victim) {
+                Entry::Occupied(e) if e.get().refs == 0 && e.get().stamp == stamp => {
+                    e.remove();
+                }
+                _ => continue,
             }
-            self.cached.remove(&victim);
             self.num_inactive -= 1;
             removed.push(victim);
             if let Some(evicted) = &mut self.evicted {

@@ -9,6 +9,50 @@ pub const SKETCH_RELATIVE_ACCURACY: f64 = 0.001;
 /// Positive values below this go to the sketch's zero bucket (bounds the number of bins).
 const SKETCH_MIN_INDEXABLE: f64 = 1e-9;
 
+/// Slots of the bin-index memo (a power of two).
+const MEMO_SLOTS: usize = 1024;
+
+/// A direct-mapped memo of `value bits -> bin index`: per-token figures repeat a small set of
+/// values (gaps are sums of a few pass durations), and the memo spares their logarithm. A hit
+/// returns exactly what [`QuantileSketch::bin_index`] computed for the same bits, so the sketch is
+/// the same with or without it; it never takes part in equality.
+#[derive(Clone, Default)]
+struct BinMemo {
+    /// `(value bits, bin index)`; allocated on first use. Key 0 (the value 0.0) never goes to a
+    /// bin, so it marks an empty slot.
+    slots: Vec<(u64, i64)>,
+}
+
+impl BinMemo {
+    /// The bin of `x` (`x >= SKETCH_MIN_INDEXABLE`, finite), memoised.
+    fn bin_index(&mut self, x: f64) -> i64 {
+        if self.slots.is_empty() {
+            self.slots = vec![(0, 0); MEMO_SLOTS];
+        }
+        let bits = x.to_bits();
+        let slot = (bits.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize & (MEMO_SLOTS - 1);
+        let (key, index) = self.slots[slot];
+        if key == bits {
+            return index;
+        }
+        let index = QuantileSketch::bin_index(x);
+        self.slots[slot] = (bits, index);
+        index
+    }
+}
+
+impl PartialEq for BinMemo {
+    fn eq(&self, _: &BinMemo) -> bool {
+        true
+    }
+}
+
+impl std::fmt::Debug for BinMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BinMemo")
+    }
+}
+
 /// Streaming quantiles with bounded relative error (DDSketch with unbounded logarithmic bins).
 ///
 /// Values `x > 0` land in bin `ceil(log_gamma(x))` with `gamma = (1 + a) / (1 - a)`,
@@ -33,6 +77,8 @@ pub struct QuantileSketch {
     mean: f64,
     /// Running sum of squared deviations from the mean (Welford).
     m2: f64,
+    /// Bin indices of recently added values (a cache, not state).
+    memo: BinMemo,
 }
 
 impl Default for QuantileSketch {
@@ -53,6 +99,7 @@ impl QuantileSketch {
             max: 0.0,
             mean: 0.0,
             m2: 0.0,
+            memo: BinMemo::default(),
         }
     }
 
@@ -92,14 +139,20 @@ impl QuantileSketch {
         if x < SKETCH_MIN_INDEXABLE {
             self.zero_count += 1;
         } else {
-            self.add_to_bin(Self::bin_index(x), 1);
+            let index = self.memo.bin_index(x);
+            self.add_to_bin(index, 1);
         }
         if self.count == 0 {
             self.min = x;
             self.max = x;
         } else {
-            self.min = self.min.min(x);
-            self.max = self.max.max(x);
+            // Plain comparisons: neither side is NaN here (`f64::min` would also check that).
+            if x < self.min {
+                self.min = x;
+            }
+            if x > self.max {
+                self.max = x;
+            }
         }
         self.count += 1;
         let delta = x - self.mean;
@@ -108,6 +161,14 @@ impl QuantileSketch {
     }
 
     fn add_to_bin(&mut self, index: i64, n: u64) {
+        // The usual case: a bin inside the current range.
+        if let Some(bin) = usize::try_from(index.wrapping_sub(self.offset))
+            .ok()
+            .and_then(|pos| self.bins.get_mut(pos))
+        {
+            *bin += n;
+            return;
+        }
         if self.bins.is_empty() {
             self.offset = index;
             self.bins.push(0);
@@ -243,6 +304,19 @@ mod tests {
     }
 
     #[test]
+    fn memoised_bins_equal_computed_bins() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let mut memo = BinMemo::default();
+        // Few distinct values (many hits) and many (collisions in the direct-mapped memo).
+        for distinct in [7u64, 100_000] {
+            for _ in 0..20_000 {
+                let x = rng.gen_range(1..=distinct) as f64 / 1000.0;
+                assert_eq!(memo.bin_index(x), QuantileSketch::bin_index(x), "x={x}");
+            }
+        }
+    }
+
+    #[test]
     fn sketch_merge_equals_single_sketch() {
         let mut rng = ChaCha8Rng::seed_from_u64(11);
         let xs: Vec<f64> = (0..5000).map(|_| rng.gen_range(0.0..500.0)).collect();
@@ -260,6 +334,7 @@ mod tests {
         }
         a.merge(&b);
         let (m, w) = (a.distribution(), whole.distribution());
+        assert_eq!(a.bins, whole.bins, "same bins, memoised or not");
         assert_eq!(
             (m.median, m.p90, m.p99, m.min, m.max),
             (w.median, w.p90, w.p99, w.min, w.max)

@@ -1,6 +1,7 @@
 //! Active load of one worker as the router tracks it: the blocks of its active requests and the
 //! prompt tokens it has yet to prefill.
 
+use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
 
 use crate::ids::RequestId;
@@ -42,6 +43,10 @@ impl WorkerLoad {
 
     /// How many of `hashes` are not blocks of an active request here.
     pub fn new_blocks(&self, hashes: &[SequenceHash]) -> usize {
+        if self.blocks.is_empty() {
+            // An idle worker: no lookups (routing over many workers meets many of these).
+            return hashes.len();
+        }
         hashes
             .iter()
             .filter(|h| !self.blocks.contains_key(h))
@@ -50,8 +55,23 @@ impl WorkerLoad {
 
     /// Records a routed request.
     pub fn add(&mut self, id: RequestId, hashes: &[SequenceHash], prefill_tokens: usize) {
+        self.add_reporting(id, hashes, prefill_tokens, |_| {});
+    }
+
+    /// [`WorkerLoad::add`], calling `on_new` with each block that was not active here before.
+    pub(crate) fn add_reporting(
+        &mut self,
+        id: RequestId,
+        hashes: &[SequenceHash],
+        prefill_tokens: usize,
+        mut on_new: impl FnMut(SequenceHash),
+    ) {
         for h in hashes {
-            *self.blocks.entry(*h).or_default() += 1;
+            let count = self.blocks.entry(*h).or_default();
+            if *count == 0 {
+                on_new(*h);
+            }
+            *count += 1;
         }
         self.prefill_tokens += prefill_tokens;
         self.requests.insert(
@@ -73,15 +93,22 @@ impl WorkerLoad {
 
     /// The request left.
     pub fn free(&mut self, id: RequestId) {
+        self.free_reporting(id, |_| {});
+    }
+
+    /// [`WorkerLoad::free`], calling `on_gone` with each block no longer active here.
+    pub(crate) fn free_reporting(&mut self, id: RequestId, mut on_gone: impl FnMut(SequenceHash)) {
         let Some(a) = self.requests.remove(&id) else {
             return;
         };
         self.prefill_tokens -= a.prefill_tokens;
         for h in &a.hashes {
-            if let Some(c) = self.blocks.get_mut(h) {
-                *c -= 1;
-                if *c == 0 {
-                    self.blocks.remove(h);
+            // One lookup decrements and (at zero) drops the count.
+            if let Entry::Occupied(mut e) = self.blocks.entry(*h) {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
+                    on_gone(*h);
                 }
             }
         }

@@ -14,16 +14,17 @@ mod load;
 
 pub use load::WorkerLoad;
 
+use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::ids::{RequestId, WorkerId};
-use crate::indexer::{ApproximateConfig, ApproximateIndexer, FlatIndex, KvIndexer};
+use crate::indexer::{ApproximateConfig, ApproximateIndexer, FlatIndex, KvIndexer, WorkerSet};
 use crate::kv::KvEvent;
 use crate::time::SimTime;
-use crate::tokens::{LocalBlockHash, SequenceHash};
+use crate::tokens::{HashKeyMap, LocalBlockHash, SequenceHash};
 
 /// How requests are spread over workers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -134,6 +135,10 @@ pub struct Router {
     indexer: RouterIndex,
     /// Active requests per worker.
     loads: Vec<WorkerLoad>,
+    /// The workers whose active requests hold each block: the loads' block sets inverted, so
+    /// one lookup per prompt block counts every worker's new blocks (instead of one per block
+    /// and worker). `w` is in `holders[h]` exactly when `loads[w]` has block `h`.
+    holders: HashKeyMap<SequenceHash, WorkerSet>,
     /// Requests parked while every worker is busy, in arrival order.
     pending: VecDeque<RequestId>,
 }
@@ -170,6 +175,7 @@ impl Router {
                 Box::new(ApproximateIndexer::new(config.approximate))
             }),
             loads: (0..num_workers).map(|_| WorkerLoad::default()).collect(),
+            holders: HashKeyMap::default(),
             pending: VecDeque::new(),
             config,
         }
@@ -232,8 +238,7 @@ impl Router {
         let scores = self
             .indexer
             .0
-            .find_matches_hashed(request.local_hashes, request.seq_hashes)
-            .scores;
+            .match_scores_hashed(request.local_hashes, request.seq_hashes);
         for (w, s) in scores {
             if let Some(o) = overlap.get_mut(w.0 as usize) {
                 *o = s as usize;
@@ -249,13 +254,25 @@ impl Router {
 
     fn costs_given(&self, request: RouteRequest<'_>, overlap: &[usize]) -> Vec<f64> {
         let bs = self.block_size as f64;
+        // Every worker's `WorkerLoad::new_blocks`, from one lookup per prompt block.
+        let mut new_blocks = vec![request.seq_hashes.len(); self.loads.len()];
+        for h in request.seq_hashes {
+            if let Some(set) = self.holders.get(h) {
+                for w in set.iter() {
+                    if let Some(n) = new_blocks.get_mut(w as usize) {
+                        *n -= 1;
+                    }
+                }
+            }
+        }
         self.loads
             .iter()
             .zip(overlap)
-            .map(|(load, &o)| {
+            .zip(new_blocks)
+            .map(|((load, &o), new)| {
                 let new_tokens = request.isl.saturating_sub(o * self.block_size);
                 let prefill_blocks = (load.active_prefill_tokens() + new_tokens) as f64 / bs;
-                let decode_blocks = load.active_blocks() + load.new_blocks(request.seq_hashes);
+                let decode_blocks = load.active_blocks() + new;
                 self.config.overlap_score_weight * prefill_blocks + decode_blocks as f64
             })
             .collect()
@@ -313,11 +330,25 @@ impl Router {
             );
         }
         let prefill_tokens = request.isl.saturating_sub(overlap * self.block_size);
-        self.loads[worker].add(id, request.seq_hashes, prefill_tokens);
+        self.add_load(worker, id, request.seq_hashes, prefill_tokens);
         Decision {
             worker: worker_id,
             overlap_blocks: overlap,
         }
+    }
+
+    /// Adds a request to `worker`'s load, keeping `holders` in step.
+    fn add_load(
+        &mut self,
+        worker: usize,
+        id: RequestId,
+        hashes: &[SequenceHash],
+        prefill_tokens: usize,
+    ) {
+        let holders = &mut self.holders;
+        self.loads[worker].add_reporting(id, hashes, prefill_tokens, |h| {
+            holders.entry(h).or_default().insert(worker as u32);
+        });
     }
 
     /// Records a request as active on a worker the caller chose (a pinned request), exactly as
@@ -393,7 +424,15 @@ impl Router {
 
     /// The request finished or was cancelled.
     pub fn free(&mut self, worker: WorkerId, id: RequestId) {
-        self.loads[worker.0 as usize].free(id);
+        let holders = &mut self.holders;
+        self.loads[worker.0 as usize].free_reporting(id, |h| {
+            if let Entry::Occupied(mut e) = holders.entry(h) {
+                e.get_mut().remove(worker.0);
+                if e.get().is_empty() {
+                    e.remove();
+                }
+            }
+        });
     }
 
     /// Applies a worker's KV event to the indexer (ignored without KV events).

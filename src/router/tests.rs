@@ -47,8 +47,8 @@ fn kv_cost_on_a_hand_built_three_worker_example() {
     r.apply_kv_event(&stored(1, &req[..6]));
     r.apply_kv_event(&stored(2, &req[..4]));
     let other: Vec<SequenceHash> = (100..110).map(h).collect();
-    r.loads[1].add(RequestId(90), &other, 40);
-    r.loads[2].add(RequestId(91), &req[..4], 0);
+    r.add_load(1, RequestId(90), &other, 40);
+    r.add_load(2, RequestId(91), &req[..4], 0);
     assert_eq!(r.overlaps(request(&req)), vec![0, 6, 4]);
     let costs = r.costs(RouteRequest {
         isl: 32,
@@ -140,7 +140,7 @@ fn ties_break_by_seeded_draw_and_weight_zero_ignores_prefill() {
         ..RouterConfig::default()
     };
     let mut r = Router::new(config, 2, 4, 8192, 0);
-    r.loads[0].add(RequestId(9), &[], 4000);
+    r.add_load(0, RequestId(9), &[], 4000);
     assert_eq!(
         r.costs(RouteRequest {
             isl: 16,
@@ -182,9 +182,9 @@ fn round_robin_cycles_and_queueing_parks_while_all_are_busy() {
     };
     let mut r = Router::new(config, 2, 4, 100, 0);
     assert!(!r.all_busy());
-    r.loads[0].add(RequestId(1), &[], 101);
+    r.add_load(0, RequestId(1), &[], 101);
     assert!(!r.all_busy(), "one worker still has room");
-    r.loads[1].add(RequestId(2), &[], 150);
+    r.add_load(1, RequestId(2), &[], 150);
     assert!(r.all_busy());
     r.park(RequestId(3));
     assert_eq!(r.unpark(), None);
@@ -320,4 +320,32 @@ fn the_largest_overlap_weight_routes_without_overflow() {
     r.apply_kv_event(&stored(1, &hashes[..4]));
     let d = r.route(RequestId(0), request(&hashes));
     assert_eq!(d.worker, WorkerId(1), "the cached prefix wins");
+}
+
+/// The inverted block index gives every worker the new-block count its own load computes, over
+/// seeded random routes and frees (duplicate and shared hashes included).
+#[test]
+fn holders_agree_with_each_workers_load() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    let mut r = Router::new(RouterConfig::default(), 70, 4, 8192, 0);
+    let mut live: Vec<(WorkerId, RequestId)> = Vec::new();
+    for i in 0..600u64 {
+        if !live.is_empty() && rng.gen_bool(0.4) {
+            let (w, id) = live.swap_remove(rng.gen_range(0..live.len()));
+            r.free(w, id);
+        } else {
+            let hashes: Vec<SequenceHash> = (0..rng.gen_range(0..12)).map(|_| h(rng.gen_range(0..30))).collect();
+            let w = rng.gen_range(0..70);
+            r.add_load(w, RequestId(i), &hashes, 4);
+            live.push((WorkerId(w as u32), RequestId(i)));
+        }
+        let query: Vec<SequenceHash> = (0..rng.gen_range(0..12)).map(|_| h(rng.gen_range(0..30))).collect();
+        let costs = r.costs(request(&query));
+        for (w, load) in r.loads.iter().enumerate() {
+            let want = (load.active_prefill_tokens() + query.len() * 4) as f64 / 4.0
+                + (load.active_blocks() + load.new_blocks(&query)) as f64;
+            assert_eq!(costs[w], want, "worker {w} after step {i}");
+        }
+    }
 }

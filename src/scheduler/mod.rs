@@ -188,6 +188,8 @@ pub struct Scheduler {
     new_token_ratio: f64,
     /// Slots that emit a token when the current pass ends.
     ready: Vec<usize>,
+    /// Scratch list of the slots that finish in `finish_pass` (kept for its capacity).
+    finished: Vec<usize>,
     /// True between `start_pass` and `finish_pass`.
     in_pass: bool,
     preemptions: u64,
@@ -223,6 +225,7 @@ impl Scheduler {
             rng: ChaCha8Rng::seed_from_u64(seed),
             new_token_ratio,
             ready: Vec::new(),
+            finished: Vec::new(),
             in_pass: false,
             preemptions: 0,
             unschedulable: 0,
@@ -327,6 +330,13 @@ impl Scheduler {
         std::mem::take(&mut self.events)
     }
 
+    /// Takes the scheduler events produced so far by swapping them with `buf`, which must be
+    /// empty: a driver that hands the same buffer back every time allocates nothing per pass.
+    pub fn swap_events(&mut self, buf: &mut Vec<SchedulerEvent>) {
+        debug_assert!(buf.is_empty(), "swap_events with a non-empty buffer");
+        std::mem::swap(&mut self.events, buf);
+    }
+
     /// Takes the KV events produced so far.
     pub fn drain_kv_events(&mut self) -> Vec<KvEventData> {
         self.pool.drain_events()
@@ -420,7 +430,7 @@ impl Scheduler {
             s.prefill_prefix = 0;
         }
         let ready = std::mem::take(&mut self.ready);
-        let mut finished = Vec::new();
+        let mut finished = std::mem::take(&mut self.finished);
         for &slot in &ready {
             let s = self.seqs[slot].as_mut().expect("ready slot is live");
             let index = s.generated;
@@ -440,12 +450,17 @@ impl Scheduler {
             }
         }
         self.ready = ready;
-        for slot in finished {
+        if !finished.is_empty() {
+            // One sweep for all of them (a pass finishes few requests).
+            self.running.retain(|s| !finished.contains(s));
+        }
+        for &slot in &finished {
             let id = self.seq(slot).id;
-            self.running.retain(|&s| s != slot);
             self.remove(slot);
             self.events.push(SchedulerEvent::Finished { id });
         }
+        finished.clear();
+        self.finished = finished;
     }
 
     fn seq(&self, slot: usize) -> &Seq {
@@ -563,6 +578,19 @@ impl Scheduler {
         pass.scheduled_any |= tokens > 0;
     }
 
+    /// The running index after `slot`, which was at index `i` before a step that may have
+    /// preempted others (removing entries after it, or before it); `i` when `slot` itself left.
+    fn index_after(&self, i: usize, slot: usize) -> usize {
+        // Usually nothing moved: skip the scan (running requests are distinct).
+        if self.running.get(i) == Some(&slot) {
+            return i + 1;
+        }
+        self.running
+            .iter()
+            .position(|&s| s == slot)
+            .map_or(i, |p| p + 1)
+    }
+
     /// vLLM / TRT-LLM step 1: running requests in order, under the token budget.
     fn schedule_running(&mut self, pass: &mut PassState) {
         let mut i = 0;
@@ -589,11 +617,7 @@ impl Scheduler {
             }
             self.commit_schedule(slot, before, desired, pass);
             // Preemptions remove later entries only (LIFO) or earlier ones (FIFO).
-            i = self
-                .running
-                .iter()
-                .position(|&s| s == slot)
-                .map_or(i, |p| p + 1);
+            i = self.index_after(i, slot);
         }
     }
 

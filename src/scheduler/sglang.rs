@@ -116,11 +116,7 @@ impl Scheduler {
             if self.allocate_or_preempt(slot, before + remaining, pass) {
                 self.commit_schedule(slot, before, remaining, pass);
             }
-            i = self
-                .running
-                .iter()
-                .position(|&s| s == slot)
-                .map_or(i, |p| p + 1);
+            i = self.index_after(i, slot);
         }
     }
 

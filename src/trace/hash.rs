@@ -5,7 +5,9 @@
 use std::collections::HashMap;
 
 use super::TraceRequest;
-use crate::tokens::{local_block_hash, local_block_hashes, LocalBlockHash, Token};
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use crate::tokens::{local_block_hashes, LocalBlockHash, Token, HASH_SEED};
 
 impl TraceRequest {
     /// The prompt as token ids: `trace_block_size` copies of `hash_id as u32` per hash id
@@ -60,16 +62,29 @@ impl TraceRequest {
 pub struct LocalHashCache {
     /// Engine block size the memoised hashes were computed for.
     block_size: usize,
-    /// Token value -> local hash of a block made only of that token.
-    hashes: HashMap<Token, LocalBlockHash>,
+    /// Token value -> local hash of a block made only of that token, for tokens below
+    /// [`DENSE_TOKENS`] (trace hash ids count up from 0: a vector, no hashing).
+    dense: Vec<Option<LocalBlockHash>>,
+    /// The same for larger tokens.
+    sparse: HashMap<Token, LocalBlockHash>,
+    /// Number of tokens memoised.
+    len: usize,
+    /// The bytes of one uniform block, reused for every miss.
+    scratch: Vec<u8>,
 }
+
+/// Tokens below this are memoised in a vector indexed by token.
+const DENSE_TOKENS: Token = 1 << 20;
 
 impl LocalHashCache {
     /// An empty cache for engine blocks of `block_size` tokens (values below 1 are treated as 1).
     pub fn new(block_size: usize) -> LocalHashCache {
         LocalHashCache {
             block_size: block_size.max(1),
-            hashes: HashMap::new(),
+            dense: Vec::new(),
+            sparse: HashMap::new(),
+            len: 0,
+            scratch: Vec::new(),
         }
     }
 
@@ -80,20 +95,44 @@ impl LocalHashCache {
 
     /// Number of distinct tokens memoised.
     pub fn len(&self) -> usize {
-        self.hashes.len()
+        self.len
     }
 
     /// True when nothing has been memoised yet.
     pub fn is_empty(&self) -> bool {
-        self.hashes.is_empty()
+        self.len == 0
     }
 
     fn uniform_block(&mut self, token: Token) -> LocalBlockHash {
-        let block_size = self.block_size;
-        *self
-            .hashes
-            .entry(token)
-            .or_insert_with(|| local_block_hash(&vec![token; block_size]))
+        if token < DENSE_TOKENS {
+            let i = token as usize;
+            if let Some(Some(hash)) = self.dense.get(i) {
+                return *hash;
+            }
+            let hash = self.hash_uniform(token);
+            if i >= self.dense.len() {
+                self.dense.resize(i + 1, None);
+            }
+            self.dense[i] = Some(hash);
+            self.len += 1;
+            return hash;
+        }
+        if let Some(hash) = self.sparse.get(&token) {
+            return *hash;
+        }
+        let hash = self.hash_uniform(token);
+        self.sparse.insert(token, hash);
+        self.len += 1;
+        hash
+    }
+
+    /// [`local_block_hash`](crate::tokens::local_block_hash) of `block_size` copies of `token`, without allocating.
+    fn hash_uniform(&mut self, token: Token) -> LocalBlockHash {
+        self.scratch.clear();
+        for _ in 0..self.block_size {
+            self.scratch.extend_from_slice(&token.to_le_bytes());
+        }
+        LocalBlockHash(xxh3_64_with_seed(&self.scratch, HASH_SEED))
     }
 }
 
@@ -150,5 +189,15 @@ mod tests {
             // Second call served from the cache.
             assert_eq!(turn.engine_block_local_hashes(tbs, &mut cache), want);
         }
+    }
+
+    #[test]
+    fn memo_serves_small_and_large_tokens() {
+        let mut cache = LocalHashCache::new(4);
+        for token in [0, 3, DENSE_TOKENS - 1, DENSE_TOKENS, Token::MAX, 3] {
+            let want = crate::tokens::local_block_hash(&[token; 4]);
+            assert_eq!(cache.uniform_block(token), want, "{token}");
+        }
+        assert_eq!(cache.len(), 5, "a repeated token is memoised once");
     }
 }
