@@ -567,9 +567,8 @@ fn check_stream(endpoint: Endpoint, body: &[u8]) -> Result<Option<Generated>, St
                 usage = Some(check_usage(&value["usage"])?);
             }
             [choice] => {
-                if all_finished {
-                    return Err(format!("chunk {i} follows the finish chunks: {value}"));
-                }
+                // Choices stream independently: a later choice may start after an earlier one
+                // finished, so only a finished choice's own index may not come back.
                 let index = choice["index"]
                     .as_u64()
                     .ok_or_else(|| format!("chunk {i} has no choice index"))?

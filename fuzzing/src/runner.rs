@@ -344,7 +344,12 @@ mod tests {
     fn a_violation_is_found_saved_and_reproducible() {
         let dir = scratch("violation");
         let target = toy("toy_panic", panics_on_x);
-        let find = |seed| match fuzz(target, &options(&dir, seed)) {
+        // A loaded machine must not turn the panic into a hang.
+        let patient = |seed| FuzzOptions {
+            hang_timeout: Duration::from_secs(30),
+            ..options(&dir, seed)
+        };
+        let find = |seed| match fuzz(target, &patient(seed)) {
             Err(FuzzError::Violation(finding)) => finding,
             other => panic!("expected a violation, got {other:?}"),
         };

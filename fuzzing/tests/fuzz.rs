@@ -7,17 +7,15 @@
 //! A finding prints the seed, the iteration and the input, and saves the input under
 //! `target/tmp/fuzz-findings/<target>/`; copy it into `fuzz/regressions/<target>/` to keep it.
 //!
-//! Saved inputs that still violate a property, each with the fix it waits for:
-//! - `completions_body/empty_*`: an empty `/v1/completions` prompt (`""`, `[""]`, `[[]]`) must
-//!   be a 400; without the fix the engine's driver spins and no request is answered again.
-//! - `trace_line/output_length_zero.jsonl`: a row asking for no output token must be refused
-//!   naming its line; without the fix it replays and emits one token.
-//! - `trace_line/invalid_utf8_on_line_2.jsonl`: a row that is not UTF-8 must be an error naming
-//!   its line; without the fix it is an I/O error naming none.
-//!
-//! Until then `corpus_and_regressions` fails, and so do `completions_body` and `trace_line`
-//! (the search finds the same inputs within seconds); `sse_parser_refuses_a_line_over_its_bound`
-//! fails until loadgen's SSE parser bounds the line it buffers.
+//! Saved inputs (`fuzz/regressions/<target>/`), each a defect found once, replayed every run:
+//! - `completions_body/empty_*`: an empty `/v1/completions` prompt (`""`, `[""]`, `[[]]`) is a
+//!   400 (it once made the engine's driver spin, and no request was answered again);
+//! - `completions_body/prompt_batch_stream.json`: a streamed batch of prompts whose choices
+//!   finish one after another (a checker once refused a choice starting after another's finish);
+//! - `trace_line/output_length_zero.jsonl`: a row asking for no output token is refused, naming
+//!   its line;
+//! - `trace_line/invalid_utf8_on_line_2.jsonl`: a row that is not UTF-8 is an error naming its
+//!   line.
 
 use std::path::PathBuf;
 use std::time::Duration;
