@@ -140,7 +140,7 @@ fn dynamos_disagg_command_runs_and_reports_the_transfers() {
     ])
     .command
     {
-        Some(mock_server::Command::Replay(args)) => args,
+        Some(mock_server::Command::Replay(args)) => *args,
         other => panic!("{other:?}"),
     })
     .expect("disagg replay runs");
@@ -223,7 +223,7 @@ fn g2_replay_reports_host_tier_hits() {
     ])
     .command
     {
-        Some(mock_server::Command::Replay(args)) => args,
+        Some(mock_server::Command::Replay(args)) => *args,
         other => panic!("{other:?}"),
     };
     let outcome = mock_server::replay_cmd::run(&args).expect("G2 replay runs");
@@ -242,7 +242,7 @@ fn g2_replay_reports_host_tier_hits() {
 
 fn replay_args(args: &[&str]) -> mock_server::replay_cmd::ReplayArgs {
     match cli(args).command {
-        Some(mock_server::Command::Replay(args)) => args,
+        Some(mock_server::Command::Replay(args)) => *args,
         other => panic!("{other:?}"),
     }
 }

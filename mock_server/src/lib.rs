@@ -74,9 +74,9 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Serve the OpenAI-compatible API over the simulated engine (the default).
-    Serve(ServeCommand),
+    Serve(Box<ServeCommand>),
     /// Replay a Mooncake trace on a virtual clock and report Dynamo-compatible metrics.
-    Replay(replay_cmd::ReplayArgs),
+    Replay(Box<replay_cmd::ReplayArgs>),
     /// Print a shell completion script on stdout, e.g. `mockserve completions bash`.
     Completions {
         /// The shell to complete for.

@@ -185,7 +185,11 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
                 .with_context(|| format!("writing {}", path.display()))?;
         }
     }
-    let mut text = format!("Offline replay report\n{}", outcome.report);
+    let mut text = format!(
+        "Offline replay report\nLatency model: {}\n{}",
+        config.cluster.engine.latency.model.describe(),
+        outcome.report
+    );
     let rejected = rejection_summary(&outcome.rejections);
     if !rejected.is_empty() {
         text.push_str("Rejected requests (never ran)\n");
@@ -196,7 +200,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
     let console = crate::write_stdout(text.as_bytes()).context("writing the report to stdout")?;
     if let (Some(file), Some(path)) = (report_file, &args.report.report_json) {
         let mut w = std::io::BufWriter::new(file);
-        serde_json::to_writer_pretty(&mut w, &outcome.report)?;
+        serde_json::to_writer_pretty(&mut w, &with_config(&outcome.report, &config))?;
         w.write_all(b"\n")?;
         w.flush()
             .with_context(|| format!("writing {}", path.display()))?;
@@ -274,4 +278,28 @@ pub fn rejection_summary(rejections: &[ReplayRejection]) -> String {
         ));
     }
     out
+}
+
+/// The report's JSON with a `config` block naming what timed the run: the latency model (for a
+/// profile, its file) and the speed-up ratios applied to it.
+fn with_config(
+    report: &servesim::metrics::ReplayReport,
+    config: &ReplayConfig,
+) -> serde_json::Value {
+    let mut json = serde_json::to_value(report).unwrap_or(serde_json::Value::Null);
+    let latency = &config.cluster.engine.latency;
+    if let Some(object) = json.as_object_mut() {
+        object.insert(
+            "config".into(),
+            serde_json::json!({
+                "latency_model": latency.model.describe(),
+                "speedup_ratio": latency.speedup_ratio,
+                "decode_speedup_ratio": latency.decode_speedup_ratio,
+                "num_workers": config.cluster.num_workers,
+                "block_size": config.cluster.engine.block_size,
+                "trace_block_size": config.trace_block_size,
+            }),
+        );
+    }
+    json
 }

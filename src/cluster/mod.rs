@@ -612,12 +612,11 @@ impl Cluster {
         self.advance_timers(now);
         let mut due = std::mem::take(&mut self.due);
         let workers = &self.workers;
-        due.extend(self.active.iter().filter_map(|i| {
-            workers[i]
-                .pass_end()
-                .filter(|&e| e <= now)
-                .map(|e| (e, i))
-        }));
+        due.extend(
+            self.active
+                .iter()
+                .filter_map(|i| workers[i].pass_end().filter(|&e| e <= now).map(|e| (e, i))),
+        );
         due.sort_unstable();
         for &(end, w) in &due {
             self.workers[w].finish_pass();
@@ -831,7 +830,8 @@ impl Cluster {
         let active: Vec<usize> = self.active.iter().collect();
         for (i, w) in self.workers.iter().enumerate() {
             w.scheduler().assert_invariants();
-            let busy = w.pass_end().is_some() || w.scheduler().has_work() || w.next_timer().is_some();
+            let busy =
+                w.pass_end().is_some() || w.scheduler().has_work() || w.next_timer().is_some();
             assert!(
                 !busy || active.binary_search(&i).is_ok(),
                 "worker {i} has work, a pass or a timer but is not in the active set"

@@ -98,6 +98,13 @@ impl LatencyModel for Polynomial {
         let [a, b, c] = self.decode;
         (a * u * u + b * u + c).max(1.0)
     }
+
+    fn describe(&self) -> String {
+        format!(
+            "polynomial prefill {:?} decode {:?}",
+            self.prefill, self.decode
+        )
+    }
 }
 
 /// Constant times per pass: useful for tests and for checking a live server's timing.
@@ -124,6 +131,13 @@ impl LatencyModel for Fixed {
         } else {
             self.decode_ms
         }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "fixed prefill {} ms decode {} ms",
+            self.prefill_ms, self.decode_ms
+        )
     }
 }
 

@@ -335,12 +335,16 @@ fn holders_agree_with_each_workers_load() {
             let (w, id) = live.swap_remove(rng.gen_range(0..live.len()));
             r.free(w, id);
         } else {
-            let hashes: Vec<SequenceHash> = (0..rng.gen_range(0..12)).map(|_| h(rng.gen_range(0..30))).collect();
+            let hashes: Vec<SequenceHash> = (0..rng.gen_range(0..12))
+                .map(|_| h(rng.gen_range(0..30)))
+                .collect();
             let w = rng.gen_range(0..70);
             r.add_load(w, RequestId(i), &hashes, 4);
             live.push((WorkerId(w as u32), RequestId(i)));
         }
-        let query: Vec<SequenceHash> = (0..rng.gen_range(0..12)).map(|_| h(rng.gen_range(0..30))).collect();
+        let query: Vec<SequenceHash> = (0..rng.gen_range(0..12))
+            .map(|_| h(rng.gen_range(0..30)))
+            .collect();
         let costs = r.costs(request(&query));
         for (w, load) in r.loads.iter().enumerate() {
             let want = (load.active_prefill_tokens() + query.len() * 4) as f64 / 4.0
