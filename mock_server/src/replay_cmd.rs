@@ -280,26 +280,29 @@ pub fn rejection_summary(rejections: &[ReplayRejection]) -> String {
     out
 }
 
-/// The report's JSON with a `config` block naming what timed the run: the latency model (for a
-/// profile, its file) and the speed-up ratios applied to it.
-fn with_config(
-    report: &servesim::metrics::ReplayReport,
+/// The report with a `config` block after Dynamo's keys, naming what timed the run: the latency
+/// model (for a profile, its file) and the speed-up ratios applied to it.
+#[derive(serde::Serialize)]
+struct WithConfig<'a> {
+    #[serde(flatten)]
+    report: &'a servesim::metrics::ReplayReport,
+    config: serde_json::Value,
+}
+
+fn with_config<'a>(
+    report: &'a servesim::metrics::ReplayReport,
     config: &ReplayConfig,
-) -> serde_json::Value {
-    let mut json = serde_json::to_value(report).unwrap_or(serde_json::Value::Null);
+) -> WithConfig<'a> {
     let latency = &config.cluster.engine.latency;
-    if let Some(object) = json.as_object_mut() {
-        object.insert(
-            "config".into(),
-            serde_json::json!({
-                "latency_model": latency.model.describe(),
-                "speedup_ratio": latency.speedup_ratio,
-                "decode_speedup_ratio": latency.decode_speedup_ratio,
-                "num_workers": config.cluster.num_workers,
-                "block_size": config.cluster.engine.block_size,
-                "trace_block_size": config.trace_block_size,
-            }),
-        );
+    WithConfig {
+        report,
+        config: serde_json::json!({
+            "latency_model": latency.model.describe(),
+            "speedup_ratio": latency.speedup_ratio,
+            "decode_speedup_ratio": latency.decode_speedup_ratio,
+            "num_workers": config.cluster.num_workers,
+            "block_size": config.cluster.engine.block_size,
+            "trace_block_size": config.trace_block_size,
+        }),
     }
-    json
 }
