@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# What publishing KV events costs: `loadgen bench` serving throughput against a release mockserve
+# at --speedup-ratio inf (no simulated time: the server's own CPU is the limit) with KV events off,
+# on with nobody subscribed, and on with a ZeroMQ SUB subscriber attached to every worker's
+# endpoint (pyzmq from the Dynamo venv; it counts messages and sequence gaps, decodes nothing).
+# Each mode runs ROUNDS times on a fresh server, interleaved (off, on, on+sub, off, ...); the
+# report gives each mode's median request throughput, its ratio to "off" in this same run, and the
+# batches published per second (`servesim_kv_events_published` over the bench's duration).
+#
+#   scripts/kv-events-bench.sh
+#
+# Needs: `cargo build --release -p mock_server -p loadgen` (or MOCKSERVE=path LOADGEN=path) and,
+# for the subscriber, the Dynamo venv of `scripts/peers/setup.sh dynamo` (SERVESIM_PEERS its root,
+# default .peers/). Knobs: REQUESTS (default 3000), CONCURRENCY (64), WORKERS (4), BLOCK_SIZE (16),
+# ROUNDS (3); ports HTTP_PORT (18200) and KV_PORT+N (5580).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+mockserve=${MOCKSERVE:-"$here/target/release/mockserve"}
+loadgen=${LOADGEN:-"$here/target/release/loadgen"}
+peers=${SERVESIM_PEERS:-"$here/.peers"}
+py=$peers/venv/dynamo/bin/python
+requests=${REQUESTS:-3000}
+concurrency=${CONCURRENCY:-64}
+workers=${WORKERS:-4}
+block_size=${BLOCK_SIZE:-16}
+rounds=${ROUNDS:-3}
+http_port=${HTTP_PORT:-18200}
+kv_port=${KV_PORT:-5580}
+out=$(mktemp -d)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$out"
+}
+trap cleanup EXIT
+
+wait_http() { # URL: waits up to 60 s for any answer
+  for _ in $(seq 1 600); do
+    if curl -s -o /dev/null "$1"; then return 0; fi
+    sleep 0.1
+  done
+  echo "no answer from $1" >&2
+  return 1
+}
+
+cat >"$out/sub.py" <<'PY'
+# One SUB socket per worker endpoint; counts messages and sequence gaps until SIGTERM, then
+# writes "messages bytes gaps" to the file named by argv[1].
+import signal, sys, zmq
+path, endpoints = sys.argv[1], sys.argv[2:]
+ctx = zmq.Context()
+poller = zmq.Poller()
+socks = []
+for e in endpoints:
+    s = ctx.socket(zmq.SUB)
+    s.setsockopt(zmq.SUBSCRIBE, b"")
+    s.setsockopt(zmq.RCVHWM, 0)
+    s.connect(e)
+    poller.register(s, zmq.POLLIN)
+    socks.append(s)
+messages = size = gaps = 0
+last = {}
+stop = False
+def on_term(*_):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, on_term)
+while not stop:
+    for s, _ in poller.poll(100):
+        while True:
+            try:
+                _topic, seq, payload = s.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            messages += 1
+            size += len(payload)
+            n = int.from_bytes(seq, "big")
+            if s in last and n != last[s] + 1:
+                gaps += 1
+            last[s] = n
+open(path, "w").write(f"{messages} {size} {gaps}\n")
+PY
+
+one_run() { # MODE ROUND: prints "MODE rps published published_per_s subscriber_messages gaps dropped"
+  local mode=$1 round=$2 flags=() sub_pid=""
+  if [ "$mode" != off ]; then flags=(--kv-events-endpoint "tcp://*:$kv_port"); fi
+  "$mockserve" serve --port "$http_port" --num-workers "$workers" --block-size "$block_size" \
+    --speedup-ratio inf "${flags[@]}" >"$out/mockserve.$mode.$round.log" 2>&1 &
+  local ms_pid=$!
+  pids+=("$ms_pid")
+  wait_http "http://127.0.0.1:$http_port/health"
+  if [ "$mode" = sub ]; then
+    local eps=()
+    for w in $(seq 0 $((workers - 1))); do eps+=("tcp://127.0.0.1:$((kv_port + w))"); done
+    "$py" "$out/sub.py" "$out/sub.$round" "${eps[@]}" &
+    sub_pid=$!
+    pids+=("$sub_pid")
+    sleep 1 # the subscriptions take effect
+  fi
+  "$loadgen" bench --url "http://127.0.0.1:$http_port" --num-requests "$requests" \
+    --concurrency "$concurrency" --input-tokens 256 --input-tokens-stddev 64 --output-tokens 32 \
+    --shared-prefix-tokens 512 --num-prefix-groups 8 --seed "$round" --quiet \
+    --report-json "$out/bench.$mode.$round.json" >"$out/bench.$mode.$round.log" 2>&1
+  local metrics
+  metrics=$(curl -s "http://127.0.0.1:$http_port/metrics")
+  sleep 0.5
+  local subs="-" gaps="-"
+  if [ -n "$sub_pid" ]; then
+    kill -TERM "$sub_pid"
+    wait "$sub_pid" || true
+    read -r subs _ gaps <"$out/sub.$round"
+  fi
+  kill "$ms_pid" 2>/dev/null || true
+  wait "$ms_pid" 2>/dev/null || true
+  python3 - "$mode" "$out/bench.$mode.$round.json" "$subs" "$gaps" "$metrics" <<'PY'
+import json, sys
+mode, path, subs, gaps, metrics = sys.argv[1:6]
+r = json.load(open(path))
+def total(name):
+    return sum(float(l.split()[-1]) for l in metrics.splitlines() if l.startswith(name))
+published = total("servesim_kv_events_published")
+dropped = total("servesim_kv_events_dropped")
+secs = r["duration_ms"] / 1000
+print(mode, f"{r['request_throughput_rps']:.1f}", int(published), f"{published / secs:.0f}", subs, gaps,
+      int(dropped), r["completed_requests"])
+PY
+}
+
+echo "kv-events-bench: $requests requests x $rounds rounds per mode, concurrency $concurrency," \
+  "$workers workers, block size $block_size, $(nproc) CPU cores"
+for round in $(seq 1 "$rounds"); do
+  for mode in off on sub; do
+    if [ "$mode" = sub ] && [ ! -x "$py" ]; then continue; fi
+    one_run "$mode" "$round" | tee -a "$out/results"
+  done
+done
+python3 - "$out/results" <<'PY'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1]) if l.strip()]
+by = {}
+for r in rows:
+    by.setdefault(r[0], []).append(r)
+base = statistics.median(float(r[1]) for r in by["off"])
+names = {"off": "events off", "on": "events on, no subscriber", "sub": "events on, SUB subscriber"}
+print()
+print("| mode | req/s (median) | vs off | batches published/s | dropped | subscriber got / published |")
+print("| --- | --- | --- | --- | --- | --- |")
+worst = 1.0
+for mode in ("off", "on", "sub"):
+    if mode not in by:
+        continue
+    rs = by[mode]
+    rps = statistics.median(float(r[1]) for r in rs)
+    worst = min(worst, rps / base)
+    pub_s = statistics.median(float(r[3]) for r in rs) if mode != "off" else 0
+    dropped = sum(int(r[6]) for r in rs)
+    got = " + ".join(f"{r[4]}/{r[2]}" for r in rs) if mode == "sub" else "-"
+    print(f"| {names[mode]} | {rps:.0f} | {rps / base:.3f} | {pub_s:.0f} | {dropped if mode != 'off' else '-'} | {got} |")
+print()
+cost = 1 - worst
+print(f"events cost {cost * 100:.1f}% of throughput (budget 10%): {'PASS' if cost < 0.10 else 'FAIL'}")
+sys.exit(0 if cost < 0.10 else 1)
+PY
