@@ -62,6 +62,42 @@ done
 "$here/scripts/peers/kv_indexer.sh" --port "$indexer_port" --block-size "$block_size" \
   --workers "$(IFS=,; echo "${workers[*]}")" >"$out/indexer.log" 2>&1 &
 pids+=($!)
+# A second subscriber (pyzmq, libzmq) on every endpoint: the sequence numbers it saw, to tell a
+# batch lost on the wire from one a consumer skipped.
+cat >"$out/sub.py" <<'PY'
+import signal, sys, zmq
+path, endpoints = sys.argv[1], sys.argv[2:]
+ctx, poller, names = zmq.Context(), zmq.Poller(), {}
+for w, e in enumerate(endpoints):
+    s = ctx.socket(zmq.SUB)
+    s.setsockopt(zmq.SUBSCRIBE, b"")
+    s.connect(e)
+    poller.register(s, zmq.POLLIN)
+    names[s] = w
+seqs = {w: [] for w in names.values()}
+stop = False
+def on_term(*_):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, on_term)
+while not stop:
+    for s, _ in poller.poll(100):
+        _topic, seq, _payload = s.recv_multipart()
+        seqs[names[s]].append(int.from_bytes(seq, "big"))
+with open(path, "w") as f:
+    for w, got in seqs.items():
+        gaps = sum(1 for a, b in zip(got, got[1:]) if b != a + 1)
+        f.write(f"worker {w}: pyzmq subscriber got {len(got)} batches, seq {got[:1]}..{got[-1:]}, {gaps} gaps\n")
+PY
+sub_eps=()
+for i in $(seq 0 $((fleet - 1))); do sub_eps+=("tcp://127.0.0.1:$((kv_port + i))"); done
+py=${SERVESIM_PEERS:-"$here/.peers"}/venv/dynamo/bin/python
+sub_pid=""
+if [ -x "$py" ]; then
+  "$py" "$out/sub.py" "$out/sub.txt" "${sub_eps[@]}" &
+  sub_pid=$!
+  pids+=("$sub_pid")
+fi
 for i in $(seq 0 $((fleet - 1))); do wait_http "http://127.0.0.1:$((http_port + i))/health"; done
 wait_http "http://127.0.0.1:$indexer_port/query"
 sleep 1 # the indexer's subscriptions take effect
@@ -151,8 +187,13 @@ for i in $(seq 0 $((fleet - 1))); do
   drop=$(echo "$m" | awk '/^servesim_kv_events_dropped/ {s += $2} END {print s + 0}')
   echo "process $i: $pub batches published, $drop dropped"
 done
-if grep -qiE "invalid type|decode|gap|error" "$out/indexer.log"; then
-  echo "indexer log lines with errors or gaps:"
-  grep -iE "invalid type|decode|gap|error" "$out/indexer.log" | head -5
+if [ -n "$sub_pid" ]; then
+  kill -TERM "$sub_pid"
+  wait "$sub_pid" || true
+  cat "$out/sub.txt"
+fi
+if grep -qE "WARN|ERROR|invalid type" "$out/indexer.log"; then
+  echo "indexer warnings and errors:"
+  grep -E "WARN|ERROR|invalid type" "$out/indexer.log" | sed 's/\x1b\[[0-9;]*m//g' | head -10
 fi
 exit $status
