@@ -111,5 +111,5 @@ PY
 
 status=0
 run_phase plain "--num-gpu-blocks 16384" 0 || status=1
-run_phase evict "--num-gpu-blocks 24" 6 || status=1
+run_phase evict "--num-gpu-blocks 12" 6 || status=1
 exit $status
