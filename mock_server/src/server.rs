@@ -110,6 +110,7 @@ pub struct ServeArgs {
 /// events over ZeroMQ, LoRA adapters, a loading delay. Kept apart from [`ServeArgs`], which
 /// embedders build field by field.
 #[derive(Args, Clone, Debug, Default, PartialEq)]
+#[command(next_help_heading = "vLLM worker")]
 pub struct VllmArgs {
     /// LoRA adapters served as extra model names, comma-separated (`name` or vLLM's
     /// `name=path`; the path is never read): same latency as the base model, their KV blocks
