@@ -47,7 +47,10 @@ fn replay_writes_report_and_per_request_records() {
     // The command times the run (the engine itself reads no clock).
     assert!(v["wall_time_ms"].as_f64().unwrap() > 0.0, "{text}");
     // After Dynamo's keys, what timed the run.
-    assert!(pos("std_output_token_throughput_per_user") < pos("config"), "{text}");
+    assert!(
+        pos("std_output_token_throughput_per_user") < pos("config"),
+        "{text}"
+    );
     let model = v["config"]["latency_model"].as_str().unwrap_or_default();
     assert!(model.starts_with("polynomial prefill ["), "{model}");
     let lines = std::fs::read_to_string(&records).unwrap();

@@ -575,13 +575,8 @@ impl Driver {
         let Some(limit) = self.max_waiting else {
             return Ok(());
         };
-        let stats = self.cluster.snapshot();
-        let waiting = stats.parked
-            + stats
-                .workers
-                .iter()
-                .map(|w| w.scheduler.waiting)
-                .sum::<usize>();
+        // Checked on every submission: a count, not a snapshot of every worker.
+        let waiting = self.cluster.num_waiting();
         if waiting >= limit {
             Err(SubmitError::Overloaded { waiting })
         } else {

@@ -825,6 +825,17 @@ impl Cluster {
         }
     }
 
+    /// Requests waiting for admission: parked at the router plus every worker's queue (the sum
+    /// of what [`Cluster::snapshot`] reports, without building it).
+    pub fn num_waiting(&self) -> usize {
+        self.parked.len()
+            + self
+                .workers
+                .iter()
+                .map(|w| w.scheduler().num_waiting())
+                .sum::<usize>()
+    }
+
     /// Checks every worker's invariants. Panics on a violation.
     pub fn assert_invariants(&self) {
         let active: Vec<usize> = self.active.iter().collect();
@@ -841,6 +852,17 @@ impl Cluster {
             self.parked.len(),
             self.router.pending().len(),
             "parked requests match the router's queue"
+        );
+        let stats = self.snapshot();
+        assert_eq!(
+            self.num_waiting(),
+            stats.parked
+                + stats
+                    .workers
+                    .iter()
+                    .map(|w| w.scheduler.waiting)
+                    .sum::<usize>(),
+            "the waiting count matches the snapshot"
         );
         if let Some(pool) = &self.decode {
             pool.assert_invariants(&self.placement, &self.parked);

@@ -309,6 +309,11 @@ impl Scheduler {
         self.in_pass && self.slot_of(id).is_some_and(|s| self.running.contains(&s))
     }
 
+    /// Requests waiting for admission (what [`Scheduler::stats`] reports as `waiting`).
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
     /// Counters for metrics and routing.
     pub fn stats(&self) -> SchedulerStats {
         SchedulerStats {
