@@ -30,23 +30,8 @@ block_size=${BLOCK_SIZE:-16}
 rounds=${ROUNDS:-5}
 http_port=${HTTP_PORT:-18200}
 kv_port=${KV_PORT:-5580}
-out=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$out"
-}
-trap cleanup EXIT
-
-wait_http() { # URL: waits up to 60 s for any answer
-  for _ in $(seq 1 600); do
-    if curl -s -o /dev/null "$1"; then return 0; fi
-    sleep 0.1
-  done
-  echo "no answer from $1" >&2
-  return 1
-}
+# shellcheck source=kv-events-common.sh
+. "$here/scripts/kv-events-common.sh"
 
 cat >"$out/sub.py" <<'PY'
 # One SUB socket per worker endpoint; counts messages, events (the length of the array-form

@@ -25,23 +25,8 @@ kv_port=${KV_PORT:-5557}
 http_port=${HTTP_PORT:-18000}
 indexer_port=${INDEXER_PORT:-18090}
 block_size=${BLOCK_SIZE:-16}
-out=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$out"
-}
-trap cleanup EXIT
-
-wait_http() { # URL: waits up to 60 s for any answer
-  for _ in $(seq 1 600); do
-    if curl -s -o /dev/null "$1"; then return 0; fi
-    sleep 0.1
-  done
-  echo "no answer from $1" >&2
-  return 1
-}
+# shellcheck source=kv-events-common.sh
+. "$here/scripts/kv-events-common.sh"
 
 run_phase() { # NAME MOCKSERVE_FLAGS FLOOD
   local name=$1 flags=$2 flood=$3

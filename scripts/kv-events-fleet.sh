@@ -33,23 +33,8 @@ indexer_port=${INDEXER_PORT:-18190}
 block_size=${BLOCK_SIZE:-16}
 gpu_blocks=${NUM_GPU_BLOCKS:-384}
 requests=${REQUESTS:-200}
-out=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$out"
-}
-trap cleanup EXIT
-
-wait_http() { # URL: waits up to 60 s for any answer
-  for _ in $(seq 1 600); do
-    if curl -s -o /dev/null "$1"; then return 0; fi
-    sleep 0.1
-  done
-  echo "no answer from $1" >&2
-  return 1
-}
+# shellcheck source=kv-events-common.sh
+. "$here/scripts/kv-events-common.sh"
 
 workers=()
 for i in $(seq 0 $((fleet - 1))); do
