@@ -852,6 +852,11 @@ pub async fn sweep(args: &SweepArgs) -> Result<SweepRun, LoadgenError> {
         write_point_records(path, &points)?;
     }
     observed.write_html(&json, &args.bench.observe)?;
+    // Overload failures are what a sweep looks for, but a sweep in which every request of every
+    // point failed measured nothing: the report is written and the exit status says so.
+    let records = points.iter().flat_map(|p| &p.records);
+    let failed = records.clone().filter(|r| r.error.is_some()).count();
+    crate::failure::verdict(records.count(), failed, 1.0)?;
     Ok(SweepRun {
         points,
         knee,

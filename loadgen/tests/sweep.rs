@@ -334,3 +334,28 @@ async fn merging_split_records_gives_the_original_report() -> Result<()> {
     }
     Ok(())
 }
+
+/// A sweep in which every request fails (a model the server does not serve) measured nothing:
+/// it ends in an error (a non-zero exit status), not in a table of empty points.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_of_only_failures_is_an_error() -> Result<()> {
+    let flags = [
+        "--model",
+        "no-such-model",
+        "--concurrency",
+        "1,2",
+        "--num-requests",
+        "4",
+        "--output-tokens",
+        "2",
+    ];
+    let result = within(120, loadgen::sweep::sweep(&sweep_args(&flags))).await?;
+    match result {
+        Err(loadgen::LoadgenError::AllFailed { total }) => assert_eq!(total, 8),
+        other => anyhow::bail!(
+            "expected every request to fail, got {:?}",
+            other.map(|r| r.points.len())
+        ),
+    }
+    Ok(())
+}
