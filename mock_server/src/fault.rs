@@ -413,6 +413,19 @@ fn cut_error() -> std::io::Error {
     )
 }
 
+/// The SSE events of one body frame, each with the blank line that ends it (a trailing
+/// partial event, which the server never sends, is kept as it is).
+fn sse_events(mut frame: Bytes) -> Vec<Bytes> {
+    let mut events = Vec::new();
+    while let Some(end) = frame.windows(2).position(|w| w == b"\n\n") {
+        events.push(frame.split_to(end + 2));
+    }
+    if !frame.is_empty() {
+        events.push(frame);
+    }
+    events
+}
+
 /// A stream fault about to be applied to an SSE body.
 struct StreamFault {
     kind: FaultType,
@@ -454,7 +467,14 @@ impl StreamFault {
         self,
         body: Body,
     ) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send {
-        let inner = Some(body.into_data_stream());
+        // A body frame may carry several events; faults count them one by one.
+        let inner = Some(body.into_data_stream().flat_map(|frame| {
+            let events: Vec<Result<Bytes, axum::Error>> = match frame {
+                Ok(frame) => sse_events(frame).into_iter().map(Ok).collect(),
+                Err(e) => vec![Err(e)],
+            };
+            futures_util::stream::iter(events)
+        }));
         futures_util::stream::unfold(
             (self, inner, 0usize, false, Vec::<Bytes>::new()),
             |(fault, mut inner, mut tokens, mut fired, mut queued)| async move {
@@ -575,6 +595,25 @@ mod tests {
             FaultConfig::from_args(&FaultArgs::default()).map(|c| c.types.len()),
             Ok(8)
         );
+    }
+
+    #[test]
+    fn frames_are_split_into_events() {
+        let frame = Bytes::from_static(b"data: {\"a\":1}\n\ndata: {\"b\":\"x\\ny\"}\n\ndata: [DONE]\n\n");
+        let events = sse_events(frame);
+        assert_eq!(
+            events,
+            vec![
+                Bytes::from_static(b"data: {\"a\":1}\n\n"),
+                Bytes::from_static(b"data: {\"b\":\"x\\ny\"}\n\n"),
+                Bytes::from_static(b"data: [DONE]\n\n"),
+            ]
+        );
+        assert_eq!(
+            sse_events(Bytes::from_static(b"data: 1\n\ndata: 2")),
+            vec![Bytes::from_static(b"data: 1\n\n"), Bytes::from_static(b"data: 2")]
+        );
+        assert!(sse_events(Bytes::new()).is_empty());
     }
 
     #[test]
