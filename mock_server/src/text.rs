@@ -3,6 +3,8 @@
 //! one or a HuggingFace `tokenizer.json`). Codecs are fully set up when built, before the server
 //! reports ready.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -29,12 +31,20 @@ pub trait TextCodec: Send + Sync + std::fmt::Debug {
 
     /// The text of some token ids (concatenating per-token decodes gives the whole text).
     fn decode(&self, ids: &[u32]) -> String;
+
+    /// The text of one token id: `decode(&[id])`, borrowed when the codec keeps it at hand.
+    fn token_text(&self, id: u32) -> Cow<'_, str> {
+        Cow::Owned(self.decode(&[id]))
+    }
 }
 
 /// A [`Tokenizer`] with the chat template that matches its special tokens.
 pub struct TokenizerCodec {
     tokenizer: Box<dyn Tokenizer>,
     template: ChatTemplate,
+    /// The text of every answer word's token, decoded once: answers are made of these, and
+    /// each of their tokens would otherwise be decoded again for every answer that streams it.
+    word_texts: HashMap<u32, Box<str>>,
 }
 
 impl std::fmt::Debug for TokenizerCodec {
@@ -50,9 +60,17 @@ impl TokenizerCodec {
     /// request finds nothing left to set up.
     pub fn new(tokenizer: Box<dyn Tokenizer>) -> TokenizerCodec {
         let template = ChatTemplate::for_tokenizer(tokenizer.as_ref());
+        let words = tokenizer.answer_words();
+        let word_texts = words
+            .initial()
+            .iter()
+            .chain(words.continuation())
+            .map(|&id| (id, tokenizer.decode(&[id]).into_boxed_str()))
+            .collect();
         let codec = TokenizerCodec {
             tokenizer,
             template,
+            word_texts,
         };
         let warm = [ChatMessage::user("Warm up, please: 1, 2, 3.")];
         let _ = codec.render_chat(&warm, true);
@@ -87,6 +105,13 @@ impl TextCodec for TokenizerCodec {
 
     fn decode(&self, ids: &[u32]) -> String {
         self.tokenizer.decode(ids)
+    }
+
+    fn token_text(&self, id: u32) -> Cow<'_, str> {
+        match self.word_texts.get(&id) {
+            Some(text) => Cow::Borrowed(text),
+            None => Cow::Owned(self.tokenizer.decode(&[id])),
+        }
     }
 }
 
@@ -124,6 +149,18 @@ mod tests {
         let warm = codec.render_chat(&history, false);
         assert_eq!(&warm[..turn1.len()], &turn1[..]);
         assert_eq!(&warm[turn1.len()..turn1.len() + answer.len()], &answer[..]);
+    }
+
+    #[test]
+    fn token_texts_are_single_token_decodes() {
+        let codec = default_codec();
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let mut ids = codec.answer_tokens(&mut rng, 10, 200);
+        // Ids that are no answer word are decoded on the spot.
+        ids.extend([0, 1, 100, 199_997, u32::MAX]);
+        for id in ids {
+            assert_eq!(codec.token_text(id), codec.decode(&[id]), "token {id}");
+        }
     }
 
     #[test]

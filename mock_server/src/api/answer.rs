@@ -174,7 +174,10 @@ impl Words for CodecWords<'_> {
 /// it, else the growth of the decoded prefix (a token that ends inside a character shows
 /// nothing until the character is complete).
 fn token_texts(codec: &dyn TextCodec, tokens: &[u32], whole: &str) -> Vec<String> {
-    let single: Vec<String> = tokens.iter().map(|&t| codec.decode(&[t])).collect();
+    let single: Vec<String> = tokens
+        .iter()
+        .map(|&t| codec.token_text(t).into_owned())
+        .collect();
     if single.concat() == whole {
         return single;
     }
@@ -372,7 +375,10 @@ impl Answer {
         let mut tokens = codec.answer_tokens(&mut rng(seed, 0), reasoning, body);
         let inserted = !tail.is_empty();
         tokens.extend(tail);
-        let texts: Vec<String> = tokens.iter().map(|&t| codec.decode(&[t])).collect();
+        let texts: Vec<String> = tokens
+            .iter()
+            .map(|&t| codec.token_text(t).into_owned())
+            .collect();
         let mut answer = Answer::text(spec, tokens, texts, reasoning, finish);
         if inserted && answer.stop_reason.is_none() {
             // The stop's tokens did not decode to the stop (an unusual tokenizer): the model
