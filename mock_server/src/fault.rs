@@ -599,7 +599,8 @@ mod tests {
 
     #[test]
     fn frames_are_split_into_events() {
-        let frame = Bytes::from_static(b"data: {\"a\":1}\n\ndata: {\"b\":\"x\\ny\"}\n\ndata: [DONE]\n\n");
+        let frame =
+            Bytes::from_static(b"data: {\"a\":1}\n\ndata: {\"b\":\"x\\ny\"}\n\ndata: [DONE]\n\n");
         let events = sse_events(frame);
         assert_eq!(
             events,
@@ -611,7 +612,10 @@ mod tests {
         );
         assert_eq!(
             sse_events(Bytes::from_static(b"data: 1\n\ndata: 2")),
-            vec![Bytes::from_static(b"data: 1\n\n"), Bytes::from_static(b"data: 2")]
+            vec![
+                Bytes::from_static(b"data: 1\n\n"),
+                Bytes::from_static(b"data: 2")
+            ]
         );
         assert!(sse_events(Bytes::new()).is_empty());
     }

@@ -255,8 +255,7 @@ impl Generation {
                 self.fail();
                 return Some(Step::Error(ApiError {
                     status: axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                    message: "The engine made no progress on this request and cancelled it."
-                        .into(),
+                    message: "The engine made no progress on this request and cancelled it.".into(),
                     kind: "server_error",
                     param: None,
                     code: Some("engine_stalled"),
@@ -416,7 +415,13 @@ impl Generation {
     /// The SSE events of one token's piece, written into `out`: none for a token that shows
     /// nothing (one of a stop string), two for the first fragment of a tool call (its id and
     /// name, then arguments).
-    pub fn write_token(&mut self, frame: &ChunkFrame, choice: usize, token: usize, out: &mut Vec<u8>) {
+    pub fn write_token(
+        &mut self,
+        frame: &ChunkFrame,
+        choice: usize,
+        token: usize,
+        out: &mut Vec<u8>,
+    ) {
         let endpoint = self.header.endpoint;
         let Some(c) = self.choices.get_mut(choice) else {
             return;
@@ -1061,7 +1066,10 @@ mod tests {
                 }
                 assert!(written > 0);
                 for choice in 0..2 {
-                    assert_eq!(fast.choices[choice].text_chars, reference.choices[choice].text_chars);
+                    assert_eq!(
+                        fast.choices[choice].text_chars,
+                        reference.choices[choice].text_chars
+                    );
                 }
             }
         }
@@ -1086,7 +1094,14 @@ mod tests {
         let engine = g.state.engine.clone();
         // Once the engine has finished the request, every event it sends is in the channel.
         tokio::time::timeout(Duration::from_secs(30), async {
-            while engine.snapshot().await.expect("running").cluster.active_requests > 0 {
+            while engine
+                .snapshot()
+                .await
+                .expect("running")
+                .cluster
+                .active_requests
+                > 0
+            {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         })
