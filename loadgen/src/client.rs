@@ -581,7 +581,24 @@ fn classify(e: &reqwest::Error, other: fn(String) -> Failure, when: &str) -> Fai
 
 /// Sends one streamed chat request and reads it to the end.
 pub async fn send(endpoint: &Endpoint, body: &Value) -> Response {
-    let mut request = endpoint.client.post(&endpoint.url).json(body);
+    match reqwest::Url::parse(&endpoint.url) {
+        Ok(url) => send_to(endpoint, &url, body).await,
+        // reqwest reports the bad URL as it would have.
+        Err(_) => send_request(endpoint, endpoint.client.post(&endpoint.url), body).await,
+    }
+}
+
+/// [`send`] to `url`, `endpoint.url` parsed once by the caller (a URL is not parsed per request).
+pub async fn send_to(endpoint: &Endpoint, url: &reqwest::Url, body: &Value) -> Response {
+    send_request(endpoint, endpoint.client.post(url.clone()), body).await
+}
+
+async fn send_request(
+    endpoint: &Endpoint,
+    request: reqwest::RequestBuilder,
+    body: &Value,
+) -> Response {
+    let mut request = request.json(body);
     if let Some(key) = &endpoint.api_key {
         request = request.bearer_auth(key);
     }

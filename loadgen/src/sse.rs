@@ -221,7 +221,11 @@ impl SseParser {
         };
         // The field name compares as decoded text: invalid UTF-8 never spells `data`.
         if field == b"data" {
-            let value = String::from_utf8_lossy(value);
+            // `from_utf8` is the fast check; only invalid text pays for the lossy decoding.
+            let value = match std::str::from_utf8(value) {
+                Ok(text) => std::borrow::Cow::Borrowed(text),
+                Err(_) => String::from_utf8_lossy(value),
+            };
             let held = self.pending.map_or(0, |start| self.buf.len() - start + 1);
             if held + value.len() > self.limit {
                 return Err(self.fail());
