@@ -151,6 +151,10 @@ for t in "${targets[@]}"; do
 done
 
 if [ $dynamo = 1 ]; then
+  # Never drive (or stop) a Dynamo this script did not start.
+  if "$run_dynamo" status >/dev/null 2>&1; then
+    die "Dynamo is already running (scripts/peers/run_dynamo.sh status); stop it first"
+  fi
   echo "starting Dynamo's frontend + mocker (speedup 1000) on 127.0.0.1:$dynamo_port" >&2
   dynamo_started=1
   MOCKER_ARGS="--speedup-ratio 1000" "$run_dynamo" start "$dynamo_port" mock-model >&2 ||
