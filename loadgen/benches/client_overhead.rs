@@ -11,6 +11,9 @@
 //!    over 64 round-robin workers, so every request finds an idle worker and the engine's TTFT is
 //!    exactly one prefill pass, 20 ms, with no queueing; the report is the client's TTFT minus
 //!    20 ms: client, HTTP and timer overhead at that load.
+//! 3. `--speedup-ratio inf`: 32 closed-loop users, 128-token prompts, 32 output tokens (the
+//!    shape of `scripts/capacity.sh`): requests/s against mockserve, and the client thread's CPU
+//!    time per request (Linux: from `/proc/thread-self/stat`), the client's cost of one request.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -97,8 +100,13 @@ fn server(flags: &[&str]) -> ServerConfig {
 }
 
 fn body(max_tokens: usize) -> Arc<serde_json::Value> {
+    body_of(16, max_tokens)
+}
+
+/// A streamed completion body of `words` times "hello world " (two tokens each).
+fn body_of(words: usize, max_tokens: usize) -> Arc<serde_json::Value> {
     Arc::new(serde_json::json!({
-        "model": "m", "prompt": "hello world ".repeat(16), "max_tokens": max_tokens,
+        "model": "m", "prompt": "hello world ".repeat(words), "max_tokens": max_tokens,
         "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true},
     }))
 }
@@ -135,6 +143,18 @@ fn run(config: ServerConfig, scripts: Vec<Box<dyn Script>>) -> driver::DriverOut
     let _ = stop.send(());
     server_rt.shutdown_timeout(Duration::from_secs(1));
     out
+}
+
+/// CPU time (user + system) the calling thread has used so far; None where
+/// `/proc/thread-self/stat` cannot be read (not Linux).
+fn thread_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(") ")?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // The kernel's USER_HZ is 100 on every Linux ABI.
+    Some(Duration::from_millis(ticks * 10))
 }
 
 fn main() {
@@ -209,5 +229,45 @@ fn main() {
         d.median,
         d.p99,
         d.max
+    );
+
+    // 3. Requests per second at the capacity script's shape, and the client's CPU per request.
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this once, briefly.
+    const RPS_USERS: usize = 32;
+    let rps_requests = if std::env::args().any(|a| a == "--bench") {
+        250
+    } else {
+        10
+    };
+    let scripts = (0..RPS_USERS)
+        .map(|_| {
+            Box::new(Closed {
+                body: body_of(64, 32),
+                left: rps_requests,
+            }) as Box<dyn Script>
+        })
+        .collect();
+    let cpu_before = thread_cpu();
+    let out = run(server(&["--speedup-ratio", "inf"]), scripts);
+    // From the driver's start to the last completion (server start-up and shutdown left out).
+    let wall = out.duration.as_secs_f64();
+    let cpu = cpu_before.zip(thread_cpu()).map(|(a, b)| b.saturating_sub(a));
+    let ok = out
+        .samples
+        .iter()
+        .filter(|s| s.response.failure.is_none())
+        .count();
+    let per_request = match cpu {
+        Some(cpu) => format!(
+            ", client CPU {:.0} us per request",
+            cpu.as_secs_f64() * 1e6 / out.samples.len().max(1) as f64
+        ),
+        None => String::new(),
+    };
+    println!(
+        "client_overhead/requests: {RPS_USERS} users, ~128-token prompts, 32 output tokens: {} requests ({} failed) in {wall:.2} s = {:.0} requests/s against mockserve --speedup-ratio inf{per_request}",
+        out.samples.len(),
+        out.samples.len() - ok,
+        ok as f64 / wall
     );
 }

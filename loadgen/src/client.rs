@@ -3,6 +3,7 @@
 //! Times are `tokio::time::Instant`s taken in the client task; every figure is an offset from the
 //! send instant (taken just before the request is handed to reqwest).
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -182,6 +183,184 @@ impl InlineThink {
     }
 }
 
+/// What one streamed chunk says, however it was decoded.
+struct Facts<'a> {
+    /// `usage` when it is an object: (completion, prompt, cached) tokens.
+    usage: Option<(Option<u64>, Option<u64>, Option<u64>)>,
+    /// `choices[0].finish_reason`.
+    finish_reason: Option<&'a str>,
+    /// `nvext.worker_id` (see [`worker_of`]).
+    worker: Option<u32>,
+    /// `choices[0].text` (text completions).
+    text: Option<&'a str>,
+    /// `choices[0].delta`, when present: its `content`, `reasoning_content` and `reasoning`
+    /// (each `""` when absent or not a string).
+    delta: Option<[&'a str; 3]>,
+}
+
+/// A JSON object decoded as `T`. A derived struct also accepts a JSON array (its fields by
+/// position), which a [`Value`] lookup by key never would; this wrapper accepts objects only,
+/// so the fast path never reads a chunk the general path would read differently.
+struct Object<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for V<T> {
+            type Value = Object<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Object<T>, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Object)
+            }
+        }
+        d.deserialize_map(V(std::marker::PhantomData))
+    }
+}
+
+/// The first element of a JSON array (the rest are checked to be JSON and skipped), as
+/// `/choices/0` reads it.
+struct First<T>(Option<T>);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for First<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for V<T> {
+            type Value = First<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON array")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<First<T>, A::Error> {
+                let first = seq.next_element::<T>()?;
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(First(first))
+            }
+        }
+        d.deserialize_seq(V(std::marker::PhantomData))
+    }
+}
+
+/// A streamed chunk as the fast path reads it: only the fields the client uses, strings
+/// borrowed from the event's text where they have no escapes.
+#[derive(Deserialize)]
+struct Chunk<'a> {
+    /// Any non-null `error` sends the chunk to the general path, which reads the message.
+    error: Option<serde::de::IgnoredAny>,
+    usage: Option<Object<ChunkUsage>>,
+    #[serde(borrow)]
+    choices: Option<First<Object<ChunkChoice<'a>>>>,
+    nvext: Option<Object<ChunkNvext>>,
+}
+
+#[derive(Deserialize)]
+struct ChunkUsage {
+    completion_tokens: Option<u64>,
+    prompt_tokens: Option<u64>,
+    prompt_tokens_details: Option<Object<ChunkUsageDetails>>,
+}
+
+#[derive(Deserialize)]
+struct ChunkUsageDetails {
+    cached_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct ChunkChoice<'a> {
+    #[serde(borrow)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    delta: Option<Object<ChunkDelta<'a>>>,
+    #[serde(borrow)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct ChunkDelta<'a> {
+    #[serde(borrow)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    reasoning: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct ChunkNvext {
+    worker_id: Option<WorkerIdField>,
+}
+
+/// `nvext.worker_id`: a number, or an object of optional `decode_worker_id` and
+/// `prefill_worker_id` numbers.
+enum WorkerIdField {
+    Id(u64),
+    Pair(Object<ChunkWorkerPair>),
+}
+
+impl<'de> Deserialize<'de> for WorkerIdField {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = WorkerIdField;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a worker id or an object of worker ids")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<WorkerIdField, E> {
+                Ok(WorkerIdField::Id(n))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<WorkerIdField, A::Error> {
+                ChunkWorkerPair::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(|p| WorkerIdField::Pair(Object(p)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[derive(Deserialize)]
+struct ChunkWorkerPair {
+    decode_worker_id: Option<u64>,
+    prefill_worker_id: Option<u64>,
+}
+
+impl<'a> Chunk<'a> {
+    /// The chunk's facts, borrowing from it (`error` is the caller's to check first).
+    fn facts(&self) -> Facts<'_> {
+        let choice = self.choices.as_ref().and_then(|c| c.0.as_ref()).map(|c| &c.0);
+        let usage = self.usage.as_ref().map(|Object(u)| {
+            let cached = u
+                .prompt_tokens_details
+                .as_ref()
+                .and_then(|d| d.0.cached_tokens);
+            (u.completion_tokens, u.prompt_tokens, cached)
+        });
+        let id = |n: Option<u64>| n.and_then(|n| u32::try_from(n).ok());
+        let worker = self
+            .nvext
+            .as_ref()
+            .and_then(|n| n.0.worker_id.as_ref())
+            .and_then(|w| match w {
+                WorkerIdField::Id(n) => id(Some(*n)),
+                WorkerIdField::Pair(Object(p)) => {
+                    id(p.decode_worker_id).or_else(|| id(p.prefill_worker_id))
+                }
+            });
+        Facts {
+            usage,
+            finish_reason: choice.and_then(|c| c.finish_reason.as_deref()),
+            worker,
+            text: choice.and_then(|c| c.text.as_deref()),
+            delta: choice.and_then(|c| c.delta.as_ref()).map(|Object(d)| {
+                [
+                    d.content.as_deref().unwrap_or(""),
+                    d.reasoning_content.as_deref().unwrap_or(""),
+                    d.reasoning.as_deref().unwrap_or(""),
+                ]
+            }),
+        }
+    }
+}
+
 /// State of one stream being read.
 struct StreamState {
     start: Instant,
@@ -212,6 +391,10 @@ impl StreamState {
     }
 
     /// Handles one SSE data payload; `Err` is a server error event.
+    ///
+    /// A chunk is decoded straight into the few fields read ([`Chunk`], borrowing its strings);
+    /// one that does not fit that shape exactly (an `error` member, a field of another type, a
+    /// repeated key, not JSON) is read again as a [`Value`], which decides.
     fn on_event(&mut self, data: &str) -> Result<(), Failure> {
         let t = us(self.start);
         self.timing.first_chunk_us.get_or_insert(t);
@@ -219,6 +402,17 @@ impl StreamState {
             self.done = true;
             return Ok(());
         }
+        match serde_json::from_str::<Object<Chunk<'_>>>(data) {
+            Ok(Object(chunk)) if chunk.error.is_none() => {
+                self.on_facts(chunk.facts(), t);
+                Ok(())
+            }
+            _ => self.on_value(data, t),
+        }
+    }
+
+    /// The general path of [`StreamState::on_event`]: any JSON, through a [`Value`].
+    fn on_value(&mut self, data: &str, t: u64) -> Result<(), Failure> {
         let Ok(v) = serde_json::from_str::<Value>(data) else {
             return Ok(());
         };
@@ -230,43 +424,62 @@ impl StreamState {
                 .unwrap_or_else(|| e.to_string());
             return Err(Failure::Server(message));
         }
-        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+        let usage = v.get("usage").filter(|u| u.is_object()).map(|u| {
             let get = |k: &str| u.get(k).and_then(Value::as_u64);
             let cached = u
                 .pointer("/prompt_tokens_details/cached_tokens")
                 .and_then(Value::as_u64);
-            self.usage = Some((get("completion_tokens"), get("prompt_tokens"), cached));
+            (get("completion_tokens"), get("prompt_tokens"), cached)
+        });
+        let delta = v.pointer("/choices/0/delta").map(|delta| {
+            let text = |k: &str| delta.get(k).and_then(Value::as_str).unwrap_or("");
+            [text("content"), text("reasoning_content"), text("reasoning")]
+        });
+        self.on_facts(
+            Facts {
+                usage,
+                finish_reason: v
+                    .pointer("/choices/0/finish_reason")
+                    .and_then(Value::as_str),
+                worker: v.pointer("/nvext/worker_id").and_then(worker_of),
+                text: v.pointer("/choices/0/text").and_then(Value::as_str),
+                delta,
+            },
+            t,
+        );
+        Ok(())
+    }
+
+    /// Records what one chunk (not an error) says, arrived at `t`.
+    fn on_facts(&mut self, facts: Facts<'_>, t: u64) {
+        if let Some(usage) = facts.usage {
+            self.usage = Some(usage);
         }
-        if let Some(reason) = v
-            .pointer("/choices/0/finish_reason")
-            .and_then(Value::as_str)
-        {
+        if let Some(reason) = facts.finish_reason {
             self.finish_reason = Some(reason.to_string());
         }
-        if let Some(w) = v.pointer("/nvext/worker_id").and_then(worker_of) {
+        if let Some(w) = facts.worker {
             self.worker = Some(w);
         }
         // `/v1/completions` streams `choices[0].text`; it has no reasoning channel.
-        if let Some(text) = v.pointer("/choices/0/text").and_then(Value::as_str) {
+        if let Some(text) = facts.text {
             if !text.is_empty() {
                 self.chunks += 1;
                 self.timing.token_chunks_us.push(t);
                 self.timing.first_answer_us.get_or_insert(t);
                 self.content.push_str(text);
             }
-            return Ok(());
+            return;
         }
-        let Some(delta) = v.pointer("/choices/0/delta") else {
-            return Ok(());
+        let Some([content, reasoning_content, reasoning]) = facts.delta else {
+            return;
         };
-        let text = |k: &str| delta.get(k).and_then(Value::as_str).unwrap_or("");
-        let reasoning_text = if text("reasoning_content").is_empty() {
-            text("reasoning")
+        let reasoning_text = if reasoning_content.is_empty() {
+            reasoning
         } else {
-            text("reasoning_content")
+            reasoning_content
         };
         let mut reasoning = !reasoning_text.is_empty();
-        let content = text("content");
         let mut answer = false;
         if !content.is_empty() {
             let (r, a) = self.think.classify(content);
@@ -284,7 +497,6 @@ impl StreamState {
         if answer {
             self.timing.first_answer_us.get_or_insert(t);
         }
-        Ok(())
     }
 
     fn finish(mut self, failure: Option<Failure>) -> Response {
@@ -369,7 +581,24 @@ fn classify(e: &reqwest::Error, other: fn(String) -> Failure, when: &str) -> Fai
 
 /// Sends one streamed chat request and reads it to the end.
 pub async fn send(endpoint: &Endpoint, body: &Value) -> Response {
-    let mut request = endpoint.client.post(&endpoint.url).json(body);
+    match reqwest::Url::parse(&endpoint.url) {
+        Ok(url) => send_to(endpoint, &url, body).await,
+        // reqwest reports the bad URL as it would have.
+        Err(_) => send_request(endpoint, endpoint.client.post(&endpoint.url), body).await,
+    }
+}
+
+/// [`send`] to `url`, `endpoint.url` parsed once by the caller (a URL is not parsed per request).
+pub async fn send_to(endpoint: &Endpoint, url: &reqwest::Url, body: &Value) -> Response {
+    send_request(endpoint, endpoint.client.post(url.clone()), body).await
+}
+
+async fn send_request(
+    endpoint: &Endpoint,
+    request: reqwest::RequestBuilder,
+    body: &Value,
+) -> Response {
+    let mut request = request.json(body);
     if let Some(key) = &endpoint.api_key {
         request = request.bearer_auth(key);
     }
@@ -401,12 +630,12 @@ pub async fn send(endpoint: &Endpoint, body: &Value) -> Response {
                 return state.finish(Some(f));
             }
         };
-        let events = match parser.push(&bytes) {
+        let events = match parser.push_events(&bytes) {
             Ok(events) => events,
             Err(e) => return state.finish(Some(Failure::LineTooLong { limit: e.limit })),
         };
         for data in events {
-            if let Err(f) = state.on_event(&data) {
+            if let Err(f) = state.on_event(data) {
                 return state.finish(Some(f));
             }
             if state.done {
@@ -451,6 +680,92 @@ mod tests {
         assert_eq!(t.classify("answer "), (false, true));
         let mut t = InlineThink::default();
         assert_eq!(t.classify("<think>a</think>b"), (true, true));
+    }
+
+    /// Runs `events` through one decoding path and describes everything it recorded.
+    fn read_with(events: &[&str], general_only: bool) -> String {
+        let mut s = state();
+        let mut results = Vec::new();
+        for e in events {
+            results.push(if general_only {
+                s.on_value(e, 1)
+            } else {
+                s.on_event(e)
+            });
+        }
+        let t = &s.timing;
+        format!(
+            "{results:?} chunks={} content={:?} usage={:?} finish={:?} worker={:?} stamps={} answer={} reasoning={}",
+            s.chunks,
+            s.content,
+            s.usage,
+            s.finish_reason,
+            s.worker,
+            t.token_chunks_us.len(),
+            t.first_answer_us.is_some(),
+            t.first_reasoning_us.is_some()
+        )
+    }
+
+    /// Chunks of every shape the client may meet, the odd ones included.
+    const CHUNKS: &[&str] = &[
+        r#"{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"content":"hi \"there\" \u00e9"},"logprobs":null,"finish_reason":null}]}"#,
+        r#"{"choices":[{"delta":{"reasoning_content":"hmm"}}]}"#,
+        r#"{"choices":[{"delta":{"reasoning":"hmm","reasoning_content":""}}]}"#,
+        r#"{"choices":[{"delta":{"content":"<think>a</think>b"}}]}"#,
+        r#"{"choices":[{"text":"word","finish_reason":"length"}],"nvext":{"worker_id":{"prefill_worker_id":1,"decode_worker_id":2}}}"#,
+        r#"{"choices":[{"text":""}]}"#,
+        r#"{"choices":[{"text":null,"delta":{"content":"x"}}]}"#,
+        r#"{"choices":[],"usage":{"prompt_tokens":128,"completion_tokens":32,"total_tokens":160,"prompt_tokens_details":{"cached_tokens":64}}}"#,
+        r#"{"choices":[],"usage":{"prompt_tokens":128,"completion_tokens":32,"prompt_tokens_details":null}}"#,
+        r#"{"choices":[],"usage":null}"#,
+        r#"{"usage":{"completion_tokens":3.0,"prompt_tokens":-1}}"#,
+        r#"{"usage":5}"#,
+        r#"{"usage":{"prompt_tokens_details":[1]}}"#,
+        r#"{"nvext":{"worker_id":7}}"#,
+        r#"{"nvext":{"worker_id":99999999999}}"#,
+        r#"{"nvext":{"worker_id":{"decode_worker_id":99999999999,"prefill_worker_id":3}}}"#,
+        r#"{"nvext":{"worker_id":[1,2]}}"#,
+        r#"{"nvext":{"worker_id":-1}}"#,
+        r#"{"nvext":{"worker_id":"w1"}}"#,
+        r#"{"nvext":[{"worker_id":1}]}"#,
+        r#"{"error":{"message":"boom","type":"server_error"}}"#,
+        r#"{"error":"plain"}"#,
+        r#"{"error":null,"choices":[{"delta":{"content":"y"}}]}"#,
+        r#"[null,null,[{"text":"arr"}],null]"#,
+        r#"{"choices":{"0":{"text":"keyed"}}}"#,
+        r#"{"choices":[5,{"text":"second"}]}"#,
+        r#"{"choices":[{"text":"a"},{"text":7}]}"#,
+        r#"{"choices":[{"delta":null}]}"#,
+        r#"{"choices":[{"delta":[1,2]}]}"#,
+        r#"{"choices":[{"delta":{"content":5}}]}"#,
+        r#"{"choices":[{"finish_reason":1,"delta":{"content":"z"}}]}"#,
+        r#"{"choices":[{"delta":{"content":"a","content":"b"}}]}"#,
+        r#"{"choices":[{"delta":{"content":"x"}}]} trailing"#,
+        "not json",
+        "",
+        "[DONE]",
+    ];
+
+    #[test]
+    fn the_fast_decoding_reads_every_chunk_as_the_general_one_does() {
+        // One chunk at a time, then every ordered pair (state carries across chunks).
+        for a in CHUNKS {
+            assert_eq!(read_with(&[a], false), read_with(&[a], true), "{a}");
+            for b in CHUNKS {
+                let pair = [*a, *b];
+                assert_eq!(read_with(&pair, false), read_with(&pair, true), "{a} then {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn ordinary_chunks_take_the_fast_decoding() {
+        for chunk in &CHUNKS[..10] {
+            let fast = serde_json::from_str::<Object<Chunk<'_>>>(chunk);
+            assert!(fast.is_ok_and(|Object(c)| c.error.is_none()), "{chunk}");
+        }
     }
 
     #[test]

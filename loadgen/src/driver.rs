@@ -160,6 +160,8 @@ impl Default for DriverOutput {
 /// State shared by the session tasks.
 struct Shared {
     endpoint: Endpoint,
+    /// `endpoint.url` parsed once for every request (None: sent as text, reqwest reports it).
+    url: Option<reqwest::Url>,
     start: Instant,
     cap: Option<Arc<Semaphore>>,
     stop_at: Option<Instant>,
@@ -188,6 +190,14 @@ fn is_aborted(abort: &Option<watch::Receiver<bool>>) -> bool {
 
 fn since(start: Instant, t: Instant) -> u64 {
     t.saturating_duration_since(start).as_micros() as u64
+}
+
+/// One request to the shared endpoint.
+async fn send(shared: &Shared, body: &Value) -> Response {
+    match &shared.url {
+        Some(url) => client::send_to(&shared.endpoint, url, body).await,
+        None => client::send(&shared.endpoint, body).await,
+    }
 }
 
 async fn run_session(
@@ -233,7 +243,7 @@ async fn run_session(
         let response = tokio::select! {
             biased;
             _ = aborted(shared.abort.clone()) => client::cancelled(sent),
-            r = client::send(&shared.endpoint, &planned.body) => r,
+            r = send(&shared, &planned.body) => r,
         };
         drop(permit);
         previous_end = sent + Duration::from_micros(response.timing.end_us);
@@ -271,6 +281,7 @@ pub async fn drive(
     let start = Instant::now();
     let started_at = std::time::SystemTime::now();
     let shared = Arc::new(Shared {
+        url: reqwest::Url::parse(&endpoint.url).ok(),
         endpoint,
         start,
         cap: config.max_in_flight.map(|n| Arc::new(Semaphore::new(n))),

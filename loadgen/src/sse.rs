@@ -22,18 +22,49 @@ pub struct LineTooLong {
 }
 
 /// Incremental SSE parser.
+///
+/// [`SseParser::push_events`] is the allocation-free path (events are slices of one buffer that
+/// is reused from read to read); [`SseParser::push`] returns owned strings.
 #[derive(Debug)]
 pub struct SseParser {
     /// Bytes of the incomplete last line (never more than `limit`).
     line: Vec<u8>,
-    /// Data lines of the event being read (never more than `limit` bytes).
-    data: Option<String>,
+    /// The data of the events completed by the last push, back to back, then the data lines of
+    /// the event being read (from `pending`; never more than `limit` bytes).
+    buf: String,
+    /// End offset in `buf` of each event completed by the last push.
+    ends: Vec<usize>,
+    /// Start in `buf` of the event being read, once it has a data line.
+    pending: Option<usize>,
     /// The previous byte was a CR (its LF, if any, belongs to the same line end).
     after_cr: bool,
     /// Most bytes of one line, and of one event's data.
     limit: usize,
     /// Set once the limit was exceeded: every later call fails too.
     failed: bool,
+}
+
+/// The data of the events one [`SseParser::push_events`] completed, in order.
+#[derive(Debug)]
+pub struct Events<'a> {
+    buf: &'a str,
+    ends: std::slice::Iter<'a, usize>,
+    from: usize,
+}
+
+impl<'a> Iterator for Events<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        let end = *self.ends.next()?;
+        let data = &self.buf[self.from..end];
+        self.from = end;
+        Some(data)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.ends.size_hint()
+    }
 }
 
 impl Default for SseParser {
@@ -52,7 +83,9 @@ impl SseParser {
     pub fn with_limit(limit: usize) -> SseParser {
         SseParser {
             line: Vec::new(),
-            data: None,
+            buf: String::new(),
+            ends: Vec::new(),
+            pending: None,
             after_cr: false,
             limit: limit.max(1),
             failed: false,
@@ -66,14 +99,28 @@ impl SseParser {
 
     /// Bytes currently held (incomplete line plus pending event data): never above twice the limit.
     pub fn buffered_bytes(&self) -> usize {
-        self.line.len() + self.data.as_ref().map_or(0, String::len)
+        self.line.len() + self.pending.map_or(0, |start| self.buf.len() - start)
     }
 
     /// Feeds bytes; returns the data of every event they complete, in order, or [`LineTooLong`]
     /// (events completed earlier in the same bytes are dropped with it: the stream has failed).
     pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<String>, LineTooLong> {
+        Ok(self.push_events(bytes)?.map(str::to_string).collect())
+    }
+
+    /// As [`SseParser::push`], without allocating: the events borrow the parser's buffer until
+    /// the next call.
+    pub fn push_events(&mut self, bytes: &[u8]) -> Result<Events<'_>, LineTooLong> {
         self.check()?;
-        let mut events = Vec::new();
+        // Drop the events the previous push returned; keep the pending event's data.
+        match self.pending {
+            Some(start) => {
+                self.buf.drain(..start);
+                self.pending = Some(0);
+            }
+            None => self.buf.clear(),
+        }
+        self.ends.clear();
         let mut rest = bytes;
         while !rest.is_empty() {
             if self.after_cr {
@@ -85,9 +132,21 @@ impl SseParser {
             }
             match rest.iter().position(|&b| b == b'\n' || b == b'\r') {
                 Some(i) => {
-                    self.extend_line(&rest[..i])?;
                     self.after_cr = rest[i] == b'\r';
-                    self.end_line(&mut events)?;
+                    if self.line.is_empty() {
+                        // The whole line is in this read: no copy.
+                        if i > self.limit {
+                            return Err(self.fail());
+                        }
+                        self.end_line(&rest[..i])?;
+                    } else {
+                        self.extend_line(&rest[..i])?;
+                        // Taken out and put back, so its allocation is reused.
+                        let mut line = std::mem::take(&mut self.line);
+                        self.end_line(&line)?;
+                        line.clear();
+                        self.line = line;
+                    }
                     rest = &rest[i + 1..];
                 }
                 None => {
@@ -96,17 +155,25 @@ impl SseParser {
                 }
             }
         }
-        Ok(events)
+        Ok(self.events())
     }
 
     /// Ends the stream: the data of an event left without its blank line, if any.
     pub fn finish(&mut self) -> Result<Option<String>, LineTooLong> {
         self.check()?;
         if !self.line.is_empty() {
-            let mut events = Vec::new();
-            self.end_line(&mut events)?;
+            let line = std::mem::take(&mut self.line);
+            self.end_line(&line)?;
         }
-        Ok(self.data.take())
+        Ok(self.pending.take().map(|start| self.buf[start..].to_string()))
+    }
+
+    fn events(&self) -> Events<'_> {
+        Events {
+            buf: &self.buf,
+            ends: self.ends.iter(),
+            from: 0,
+        }
     }
 
     fn check(&self) -> Result<(), LineTooLong> {
@@ -120,7 +187,9 @@ impl SseParser {
     fn fail(&mut self) -> LineTooLong {
         self.failed = true;
         self.line = Vec::new();
-        self.data = None;
+        self.buf = String::new();
+        self.ends = Vec::new();
+        self.pending = None;
         LineTooLong { limit: self.limit }
     }
 
@@ -132,34 +201,40 @@ impl SseParser {
         Ok(())
     }
 
-    fn end_line(&mut self, events: &mut Vec<String>) -> Result<(), LineTooLong> {
-        let line = String::from_utf8_lossy(&self.line).into_owned();
-        self.line.clear();
+    /// Handles one complete line (without its line end).
+    fn end_line(&mut self, line: &[u8]) -> Result<(), LineTooLong> {
         if line.is_empty() {
-            if let Some(data) = self.data.take() {
-                events.push(data);
+            if self.pending.take().is_some() {
+                self.ends.push(self.buf.len());
             }
             return Ok(());
         }
-        if line.starts_with(':') {
+        if line[0] == b':' {
             return Ok(());
         }
-        let (field, value) = match line.split_once(':') {
-            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
-            None => (line.as_str(), ""),
+        let (field, value) = match line.iter().position(|&b| b == b':') {
+            Some(i) => {
+                let v = &line[i + 1..];
+                (&line[..i], v.strip_prefix(b" ").unwrap_or(v))
+            }
+            None => (line, &b""[..]),
         };
-        if field == "data" {
-            let held = self.data.as_ref().map_or(0, |d| d.len() + 1);
+        // The field name compares as decoded text: invalid UTF-8 never spells `data`.
+        if field == b"data" {
+            // `from_utf8` is the fast check; only invalid text pays for the lossy decoding.
+            let value = match std::str::from_utf8(value) {
+                Ok(text) => std::borrow::Cow::Borrowed(text),
+                Err(_) => String::from_utf8_lossy(value),
+            };
+            let held = self.pending.map_or(0, |start| self.buf.len() - start + 1);
             if held + value.len() > self.limit {
                 return Err(self.fail());
             }
-            match &mut self.data {
-                Some(d) => {
-                    d.push('\n');
-                    d.push_str(value);
-                }
-                None => self.data = Some(value.to_string()),
+            match self.pending {
+                Some(_) => self.buf.push('\n'),
+                None => self.pending = Some(self.buf.len()),
             }
+            self.buf.push_str(&value);
         }
         Ok(())
     }
@@ -215,6 +290,37 @@ mod tests {
     fn last_event_without_blank_line_is_flushed() {
         assert_eq!(all(&[b"data: a\n\ndata: b"]), ["a", "b"]);
         assert!(all(&[b": only a comment\n"]).is_empty());
+    }
+
+    #[test]
+    fn borrowed_events_match_owned_ones_and_the_buffer_is_reused() {
+        let stream = b"data: a\n\ndata: {\"k\":1}\ndata: two\n\ndata: pend\ndata: in";
+        let mut p = SseParser::new();
+        let got: Vec<&str> = p.push_events(stream).expect("within the limit").collect();
+        assert_eq!(got, ["a", "{\"k\":1}\ntwo"]);
+        // The pending event's data and the incomplete line.
+        assert_eq!(p.buffered_bytes(), "pend".len() + "data: in".len());
+        // Both survive into the next push; the events returned before do not.
+        let got: Vec<&str> = p.push_events(b"g\n\n").expect("within the limit").collect();
+        assert_eq!(got, ["pend\ning"]);
+        assert_eq!(p.buffered_bytes(), 0);
+        assert_eq!(p.push_events(b"").expect("empty").count(), 0);
+        assert_eq!(p.finish(), Ok(None));
+    }
+
+    #[test]
+    fn invalid_utf8_is_replaced_and_never_spells_a_field() {
+        assert_eq!(all(&[b"data: a\xffb\n\n"]), ["a\u{fffd}b"]);
+        assert!(all(&[b"d\xffata: x\n\n"]).is_empty());
+        // The limit counts the decoded data (each bad byte becomes three).
+        assert_eq!(
+            all_with(8, &[b"data:\xff\xff\n\n"]),
+            Ok(vec!["\u{fffd}\u{fffd}".to_string()])
+        );
+        assert_eq!(
+            all_with(8, &[b"data:\xff\xff\xff\n\n"]),
+            Err(LineTooLong { limit: 8 })
+        );
     }
 
     #[test]
