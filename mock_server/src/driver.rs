@@ -38,6 +38,7 @@ use crate::metrics::{
     FinishedLabel, Metrics, SkipLabel, WorkerLabel, FINISHED_LENGTH, SKIP_IN_FLIGHT,
     SKIP_QUEUE_FULL,
 };
+use crate::timer::PreciseTimer;
 
 /// Speculative prefills running at once at most (Dynamo's `MAX_BLOCKING_PREFILLS`); one more is
 /// skipped, not queued.
@@ -358,6 +359,9 @@ struct Driver {
     kv: Option<KvExport>,
     /// Tokens processed per worker in the advance being dispatched.
     step_tokens: BTreeMap<u32, u64>,
+    /// Wakes the task on time (tokio's timer alone is up to a millisecond late); `None` if its
+    /// thread could not be started, and tokio's timer is used alone.
+    timer: Option<PreciseTimer>,
 }
 
 /// What the driver remembers of an unfinished request.
@@ -430,6 +434,14 @@ impl Driver {
             metrics,
             kv: None,
             step_tokens: BTreeMap::new(),
+            timer: PreciseTimer::start()
+                .inspect_err(|e| {
+                    eprintln!(
+                        "mockserve: warning: no precise timer thread ({e}): token times \
+                         follow tokio's 1 ms timer"
+                    );
+                })
+                .ok(),
         }
     }
 
@@ -451,7 +463,7 @@ impl Driver {
                 biased;
                 // Due engine work first: requests arriving during a pass wait for the next one,
                 // as on a real engine, and a flood of commands cannot starve the passes.
-                () = sleep_until(deadline), if deadline.is_some() => {
+                () = sleep_until(self.timer.as_ref(), deadline), if deadline.is_some() => {
                     // Advance to the event's own time, not the (later) wake-up: the timer's
                     // lateness then delays delivery but never accumulates into the simulated
                     // schedule (the next pass starts when this one ended). Work submitted
@@ -871,9 +883,12 @@ pub fn startup_warnings(cluster: &Cluster, max_waiting: Option<usize>) -> Vec<St
     out
 }
 
-async fn sleep_until(deadline: Option<Instant>) {
-    if let Some(d) = deadline {
-        tokio::time::sleep_until(d).await;
+/// Sleeps until `deadline` (forever if `None`), precisely with `timer`.
+async fn sleep_until(timer: Option<&PreciseTimer>, deadline: Option<Instant>) {
+    match (timer, deadline) {
+        (Some(timer), Some(d)) => timer.sleep_until(d).await,
+        (None, Some(d)) => tokio::time::sleep_until(d).await,
+        (_, None) => std::future::pending().await,
     }
 }
 
@@ -937,6 +952,64 @@ mod tests {
         let live = engine.snapshot().await.expect("snapshot");
         assert_eq!(live.cluster.active_requests, 0);
         assert_eq!(live.prompt_tokens, 6);
+    }
+
+    // Real time (the timer thread's clock cannot pause), on a multi-threaded runtime as in
+    // the server, receiving in a task of its own as a handler does. Decode steps shorter than
+    // tokio's 1 ms timer tick: woken by tokio's timer alone, tokens would come in bursts (two
+    // per tick, gaps alternating ~0 and ~1 ms).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn short_decode_steps_arrive_on_time_without_bursts() {
+        let mut config = ClusterConfig::default();
+        config.engine.block_size = 4;
+        config.engine.latency.model = Arc::new(Fixed {
+            prefill_ms: 2.0,
+            decode_ms: 0.5,
+        });
+        let engine =
+            EngineHandle::spawn(Cluster::new(config).expect("valid"), None, Arc::default());
+        let clock = engine.clock();
+        let mut sub = engine.submit(request(200), None).await.expect("submitted");
+        let handler = tokio::spawn(async move {
+            // (arrival, stamp) of each token.
+            let mut seen = Vec::new();
+            while let Some(event) = sub.events.recv().await {
+                let now = Instant::now();
+                if let Event::Output(Output::Token { time, .. }) = &event {
+                    seen.push((now, *time));
+                }
+                if is_finished(&event) {
+                    sub.mark_done();
+                }
+            }
+            seen
+        });
+        let seen = tokio::time::timeout(Duration::from_secs(30), handler)
+            .await
+            .expect("finished in time")
+            .expect("handler ran");
+        assert_eq!(seen.len(), 200);
+        let mut gaps: Vec<Duration> = seen.windows(2).map(|w| w[1].0 - w[0].0).collect();
+        let mut late: Vec<Duration> = seen
+            .iter()
+            .map(|(at, stamp)| {
+                at.saturating_duration_since(clock.instant(*stamp).expect("in range"))
+            })
+            .collect();
+        gaps.sort();
+        late.sort();
+        // Generous bounds for a loaded CI box; the benchmark has the tight figures.
+        let quartile = gaps[gaps.len() / 4];
+        let median = gaps[gaps.len() / 2];
+        assert!(quartile > Duration::from_micros(300), "bursts: {gaps:?}");
+        assert!(
+            median > Duration::from_micros(300) && median < Duration::from_micros(700),
+            "{gaps:?}"
+        );
+        assert!(
+            late[late.len() / 2] < Duration::from_micros(500),
+            "{late:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]
