@@ -955,11 +955,27 @@ mod tests {
     }
 
     // Real time (the timer thread's clock cannot pause), on a multi-threaded runtime as in
-    // the server, receiving in a task of its own as a handler does. Decode steps shorter than
-    // tokio's 1 ms timer tick: woken by tokio's timer alone, tokens would come in bursts (two
-    // per tick, gaps alternating ~0 and ~1 ms).
+    // the server, receiving in a task of its own as a handler does. Decode steps of half of
+    // tokio's 1 ms timer tick: woken by tokio's timer alone, tokens come in pairs, one per
+    // tick (every other gap near zero).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn short_decode_steps_arrive_on_time_without_bursts() {
+        // The other tests of this binary run meanwhile and may take the CPU for a while: a
+        // few tries, of which one must pass (tokio's timer alone fails every one).
+        let mut failures = Vec::new();
+        for _ in 0..10 {
+            match short_decode_steps_once().await {
+                Ok(()) => return,
+                Err(e) => failures.push(e),
+            }
+        }
+        panic!("every try failed: {failures:#?}");
+    }
+
+    /// One try of [`short_decode_steps_arrive_on_time_without_bursts`]: 200 tokens 0.5 ms
+    /// apart.
+    async fn short_decode_steps_once() -> Result<(), String> {
+        const TOKENS: usize = 200;
         let mut config = ClusterConfig::default();
         config.engine.block_size = 4;
         config.engine.latency.model = Arc::new(Fixed {
@@ -969,7 +985,10 @@ mod tests {
         let engine =
             EngineHandle::spawn(Cluster::new(config).expect("valid"), None, Arc::default());
         let clock = engine.clock();
-        let mut sub = engine.submit(request(200), None).await.expect("submitted");
+        let mut sub = engine
+            .submit(request(TOKENS), None)
+            .await
+            .expect("submitted");
         let handler = tokio::spawn(async move {
             // (arrival, stamp) of each token.
             let mut seen = Vec::new();
@@ -988,7 +1007,7 @@ mod tests {
             .await
             .expect("finished in time")
             .expect("handler ran");
-        assert_eq!(seen.len(), 200);
+        assert_eq!(seen.len(), TOKENS);
         let mut gaps: Vec<Duration> = seen.windows(2).map(|w| w[1].0 - w[0].0).collect();
         let mut late: Vec<Duration> = seen
             .iter()
@@ -998,18 +1017,28 @@ mod tests {
             .collect();
         gaps.sort();
         late.sort();
-        // Generous bounds for a loaded CI box; the benchmark has the tight figures.
-        let quartile = gaps[gaps.len() / 4];
+        // Generous bounds for a loaded CI box, where a stalled process delivers what fell due
+        // meanwhile at once (tokio's timer alone: over half the gaps near zero, the median
+        // ~0, tokens ~0.8 ms late); the benchmark has the tight figures.
+        let bursts = gaps
+            .iter()
+            .filter(|g| **g < Duration::from_micros(100))
+            .count();
         let median = gaps[gaps.len() / 2];
-        assert!(quartile > Duration::from_micros(300), "bursts: {gaps:?}");
-        assert!(
-            median > Duration::from_micros(300) && median < Duration::from_micros(700),
-            "{gaps:?}"
-        );
-        assert!(
-            late[late.len() / 2] < Duration::from_micros(500),
-            "{late:?}"
-        );
+        let median_late = late[late.len() / 2];
+        let on_time = bursts < gaps.len() / 3
+            && median > Duration::from_micros(300)
+            && median < Duration::from_micros(700)
+            && median_late < Duration::from_micros(600);
+        if on_time {
+            Ok(())
+        } else {
+            Err(format!(
+                "{bursts} of {} gaps under 0.1 ms, median gap {median:?}, median lateness \
+                 {median_late:?}",
+                gaps.len()
+            ))
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -152,25 +152,31 @@ mod tests {
     #[tokio::test]
     async fn wakes_at_the_deadline_not_before() {
         let timer = PreciseTimer::start().expect("timer thread");
-        let mut late = Vec::new();
-        for _ in 0..20 {
-            // Just after one of tokio's millisecond ticks, so that tokio's timer alone would
-            // wake ~0.9 ms after the deadline below.
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            let deadline = Instant::now() + Duration::from_micros(1100);
-            tokio::time::timeout(Duration::from_secs(5), timer.sleep_until(deadline))
-                .await
-                .expect("woke up");
-            let now = Instant::now();
-            assert!(now >= deadline, "woke before the deadline");
-            late.push(now - deadline);
+        // The other tests of this binary run meanwhile and may take the CPU for a while: a few
+        // tries, of which one must pass (tokio's timer alone fails every one).
+        let mut tries = Vec::new();
+        for _ in 0..10 {
+            let mut late = Vec::new();
+            for _ in 0..20 {
+                // Just after one of tokio's millisecond ticks, so that tokio's timer alone
+                // would wake ~0.9 ms after the deadline below.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let deadline = Instant::now() + Duration::from_micros(1100);
+                tokio::time::timeout(Duration::from_secs(5), timer.sleep_until(deadline))
+                    .await
+                    .expect("woke up");
+                let now = Instant::now();
+                assert!(now >= deadline, "woke before the deadline");
+                late.push(now - deadline);
+            }
+            late.sort();
+            // Generous: a loaded CI box. On an idle machine the median is a few microseconds.
+            if late[late.len() / 2] < Duration::from_micros(500) {
+                return;
+            }
+            tries.push(late);
         }
-        late.sort();
-        // Generous: a loaded CI box. On an idle machine the median is a few microseconds.
-        assert!(
-            late[late.len() / 2] < Duration::from_micros(500),
-            "{late:?}"
-        );
+        panic!("late in every try: {tries:?}");
     }
 
     #[tokio::test]
