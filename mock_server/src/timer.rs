@@ -5,8 +5,9 @@
 //! A dedicated OS thread serves one wait at a time. It blocks on a channel with a timeout (a
 //! futex wait, which the kernel ends up to ~50 µs late) until [`SPIN`] before the deadline,
 //! then spins the last stretch and wakes the waiting task through a `oneshot`. It spins only
-//! while a wait is pending and at most [`SPIN`] per wait, so an idle server burns no CPU; it
-//! ends when its [`PreciseTimer`] is dropped.
+//! while a wait is pending, for at most [`SPIN`] once per [`SPIN_EVERY`] (a busy server keeps
+//! its CPU for delivering tokens), so an idle server burns no CPU; it ends when its
+//! [`PreciseTimer`] is dropped.
 //!
 //! [`PreciseTimer::sleep_until`] races that thread against tokio's own timer and only ever
 //! returns once tokio's clock has reached the deadline. Under tokio's paused test clock the
