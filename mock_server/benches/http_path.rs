@@ -1,7 +1,8 @@
 //! The HTTP path of `mockserve`: streamed tokens per second and requests per second on loopback
 //! with `--speedup-ratio inf` (the engine costs no simulated time), against a bare axum endpoint
 //! that streams the same number of SSE events with the same client, plus how closely observed
-//! TTFT and inter-token gaps follow `--fixed-latency 20,5`.
+//! TTFT and inter-token gaps of concurrent streams follow `--fixed-latency 20,5` and
+//! `--fixed-latency 20,0.5` (decode steps shorter than tokio's 1 ms timer tick).
 //!
 //! Run with: `cargo bench -p mock_server --bench http_path`
 //!
@@ -36,7 +37,7 @@ const CONCURRENCY: usize = 8;
 struct Settings {
     /// How long each server is loaded.
     load: Duration,
-    /// Requests of the timing check.
+    /// Requests per stream in each timing check.
     timing_requests: usize,
 }
 
@@ -176,36 +177,120 @@ async fn throughput(addr: SocketAddr, load: Duration) -> Result<(f64, f64)> {
     Ok((requests as f64 / secs, (requests * TOKENS) as f64 / secs))
 }
 
-/// p-th percentile (0..=100) of sorted values.
-/// |observed - configured| in ms for TTFT and the inter-token gaps, sequential requests.
-async fn timing(requests: usize) -> Result<(Vec<f64>, Vec<f64>)> {
-    const PREFILL_MS: f64 = 20.0;
-    const DECODE_MS: f64 = 5.0;
-    const N: usize = 20;
-    let mut cluster = ClusterConfig::default();
+/// How closely the tokens of `CONCURRENCY` concurrent streams follow the engine's model, at one
+/// decode step.
+struct Timing {
+    /// The decode step, ms.
+    step_ms: f64,
+    /// Tokens per request.
+    tokens: usize,
+    /// |observed TTFT - modelled TTFT| per request, ms, sorted.
+    ttft_err: Vec<f64>,
+    /// |observed inter-token gap - step| per gap, ms, sorted.
+    gap_err: Vec<f64>,
+    /// Observed inter-token gaps, ms, sorted.
+    gaps: Vec<f64>,
+    /// Arrival of the role chunk (sent at submission) after the request was sent, ms, sorted:
+    /// the share of the TTFT error that is the HTTP round trip, not the token's delivery.
+    role: Vec<f64>,
+}
+
+/// Sends one streamed request; returns the arrival time (since `t0`) and text of each SSE event.
+async fn stream_events(
+    client: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+    t0: Instant,
+) -> Result<Vec<(Duration, String)>> {
+    let response = client.post(url).json(body).send().await?;
+    if !response.status().is_success() {
+        bail!("status {}", response.status());
+    }
+    let mut stream = response.bytes_stream();
+    let mut events = Vec::new();
+    let mut buf = String::new();
+    while let Some(chunk) = stream.next().await {
+        let now = t0.elapsed();
+        buf.push_str(std::str::from_utf8(&chunk?)?);
+        while let Some(end) = buf.find("\n\n") {
+            events.push((now, buf[..end].to_string()));
+            buf.drain(..end + 2);
+        }
+    }
+    Ok(events)
+}
+
+/// `requests` requests on each of `CONCURRENCY` concurrent streams, stream `i` pinned to worker
+/// `i` of a `CONCURRENCY`-worker cluster running `--fixed-latency 20,<step_ms>`: every gap of
+/// the model is one step, and its TTFT is the response's `nvext.timing.ttft_ms`.
+async fn timing(step_ms: f64, tokens: usize, requests: usize) -> Result<Timing> {
+    let mut cluster = ClusterConfig {
+        num_workers: CONCURRENCY,
+        ..ClusterConfig::default()
+    };
     cluster.engine.latency.model = Arc::new(Fixed {
-        prefill_ms: PREFILL_MS,
-        decode_ms: DECODE_MS,
+        prefill_ms: 20.0,
+        decode_ms: step_ms,
     });
     let (addr, _stop) = start_mockserve(ServerConfig::new(cluster)).await?;
     let client = reqwest::Client::builder().tcp_nodelay(true).build()?;
     let url = format!("http://{addr}/v1/chat/completions");
-    let body = body(N);
-    stream_once(&client, &url, &body, Instant::now()).await?;
-    let (mut ttft, mut gaps) = (Vec::new(), Vec::new());
-    for _ in 0..requests {
-        let t0 = Instant::now();
-        let events = stream_once(&client, &url, &body, t0).await?;
-        // events[0] is the role chunk (sent at once); events[1..=N] carry tokens.
-        let tokens = events.get(1..=N).context("too few events")?;
-        ttft.push((tokens[0].as_secs_f64() * 1e3 - PREFILL_MS).abs());
-        for w in tokens.windows(2) {
-            gaps.push(((w[1] - w[0]).as_secs_f64() * 1e3 - DECODE_MS).abs());
-        }
+    let streams: Vec<_> = (0..CONCURRENCY)
+        .map(|worker| {
+            let (client, url) = (client.clone(), url.clone());
+            let mut body = body(tokens);
+            body["nvext"] = json!({"backend_instance_id": worker, "extra_fields": ["timing"]});
+            tokio::spawn(async move {
+                // Warm the connection.
+                stream_events(&client, &url, &body, Instant::now()).await?;
+                let (mut ttft_err, mut gaps, mut role) = (Vec::new(), Vec::new(), Vec::new());
+                for _ in 0..requests {
+                    let t0 = Instant::now();
+                    let events = stream_events(&client, &url, &body, t0).await?;
+                    // Role, tokens, finish (with `nvext`), [DONE].
+                    if events.len() != tokens + 3 {
+                        bail!("expected {} events, got {}", tokens + 3, events.len());
+                    }
+                    let finish: serde_json::Value = serde_json::from_str(
+                        events[tokens + 1]
+                            .1
+                            .strip_prefix("data: ")
+                            .context("not data")?,
+                    )?;
+                    let model_ttft = finish["nvext"]["timing"]["ttft_ms"]
+                        .as_f64()
+                        .context("no nvext.timing.ttft_ms")?;
+                    let times: Vec<f64> = events[1..=tokens]
+                        .iter()
+                        .map(|(t, _)| t.as_secs_f64() * 1e3)
+                        .collect();
+                    ttft_err.push((times[0] - model_ttft).abs());
+                    role.push(events[0].0.as_secs_f64() * 1e3);
+                    gaps.extend(times.windows(2).map(|w| w[1] - w[0]));
+                }
+                anyhow::Ok((ttft_err, gaps, role))
+            })
+        })
+        .collect();
+    let (mut ttft_err, mut gaps, mut role) = (Vec::new(), Vec::new(), Vec::new());
+    for stream in streams {
+        let (t, g, r) = stream.await??;
+        ttft_err.extend(t);
+        gaps.extend(g);
+        role.extend(r);
     }
-    ttft.sort_by(f64::total_cmp);
-    gaps.sort_by(f64::total_cmp);
-    Ok((ttft, gaps))
+    let mut gap_err: Vec<f64> = gaps.iter().map(|g| (g - step_ms).abs()).collect();
+    for v in [&mut ttft_err, &mut gaps, &mut gap_err, &mut role] {
+        v.sort_by(f64::total_cmp);
+    }
+    Ok(Timing {
+        step_ms,
+        tokens,
+        ttft_err,
+        gap_err,
+        gaps,
+        role,
+    })
 }
 
 async fn run(settings: Settings) -> Result<()> {
@@ -232,18 +317,33 @@ async fn run(settings: Settings) -> Result<()> {
         "ratio mockserve / bare axum: {:.2} (tokens/s)",
         mock_tps / bare_tps
     );
-    let (ttft, gaps) = timing(settings.timing_requests).await?;
-    println!(
-        "timing, --fixed-latency 20,5, {} sequential requests x 20 tokens, |observed - configured|:",
-        settings.timing_requests
-    );
-    for (name, v) in [("TTFT", &ttft), ("inter-token gap", &gaps)] {
+    let p = |v: &[f64], q: f64| Distribution::percentile(v, q).unwrap_or(f64::NAN);
+    for (step_ms, tokens) in [(5.0, 20), (0.5, 100)] {
+        let t = timing(step_ms, tokens, settings.timing_requests).await?;
         println!(
-            "  {name:<16} p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms  (n = {})",
-            Distribution::percentile(v, 50.0).unwrap_or(0.0),
-            Distribution::percentile(v, 99.0).unwrap_or(0.0),
-            v.last().copied().unwrap_or(0.0),
-            v.len()
+            "timing, --fixed-latency 20,{} on {CONCURRENCY} workers, {CONCURRENCY} concurrent \
+             streams (one per worker) x {} requests x {} tokens, |observed - modelled|:",
+            t.step_ms, settings.timing_requests, t.tokens
+        );
+        for (name, v) in [("TTFT", &t.ttft_err), ("inter-token gap", &t.gap_err)] {
+            println!(
+                "  {name:<16} p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms  (n = {})",
+                p(v, 50.0),
+                p(v, 99.0),
+                v.last().copied().unwrap_or(f64::NAN),
+                v.len()
+            );
+        }
+        println!(
+            "  median gap {:.3} ms against a {} ms step (bursts would show a shorter one)",
+            p(&t.gaps, 50.0),
+            t.step_ms
+        );
+        println!(
+            "  role chunk (sent at submission) after p50 {:.3} ms  p99 {:.3} ms: the HTTP round \
+             trip in the TTFT error",
+            p(&t.role, 50.0),
+            p(&t.role, 99.0)
         );
     }
     Ok(())
@@ -254,7 +354,7 @@ fn main() -> Result<()> {
     let settings = if full {
         Settings {
             load: Duration::from_secs(2),
-            timing_requests: 30,
+            timing_requests: 15,
         }
     } else {
         Settings {

@@ -6,6 +6,16 @@
 //! ([`Event::Output`]). A closed channel means the client left: the request is cancelled and its
 //! KV blocks freed.
 //!
+//! Wake-ups: tokio's timer rounds every sleep up to its next millisecond tick, which made
+//! tokens up to a millisecond late and decode steps shorter than a millisecond arrive in
+//! bursts. The task therefore sleeps on a [`PreciseTimer`]: a thread of the driver's own blocks
+//! until shortly before the next event, spins the last tens of microseconds (at most once per
+//! millisecond, never while idle) and wakes the task, which forwards the outputs to the
+//! handlers' tokio channels at once. Tokio's timer races it, and the task only proceeds once
+//! tokio's clock has reached the event, so under tokio's paused test clock the driver keeps
+//! following tokio time. An event already due is advanced to without sleeping. The thread is
+//! joined when the task ends.
+//!
 //! One definition of a token's time: the engine's own stamp (`Output::Token::time`) against the
 //! request's submission time ([`Submission::submitted`]). The handler's `nvext.timing` and the
 //! latency histograms of [`Metrics`] (fed here, since the driver sees every output) are both
@@ -38,6 +48,7 @@ use crate::metrics::{
     FinishedLabel, Metrics, SkipLabel, WorkerLabel, FINISHED_LENGTH, SKIP_IN_FLIGHT,
     SKIP_QUEUE_FULL,
 };
+use crate::timer::PreciseTimer;
 
 /// Speculative prefills running at once at most (Dynamo's `MAX_BLOCKING_PREFILLS`); one more is
 /// skipped, not queued.
@@ -358,6 +369,9 @@ struct Driver {
     kv: Option<KvExport>,
     /// Tokens processed per worker in the advance being dispatched.
     step_tokens: BTreeMap<u32, u64>,
+    /// Wakes the task on time (tokio's timer alone is up to a millisecond late); `None` if its
+    /// thread could not be started, and tokio's timer is used alone.
+    timer: Option<PreciseTimer>,
 }
 
 /// What the driver remembers of an unfinished request.
@@ -430,6 +444,14 @@ impl Driver {
             metrics,
             kv: None,
             step_tokens: BTreeMap::new(),
+            timer: PreciseTimer::start()
+                .inspect_err(|e| {
+                    eprintln!(
+                        "mockserve: warning: no precise timer thread ({e}): token times \
+                         follow tokio's 1 ms timer"
+                    );
+                })
+                .ok(),
         }
     }
 
@@ -451,7 +473,7 @@ impl Driver {
                 biased;
                 // Due engine work first: requests arriving during a pass wait for the next one,
                 // as on a real engine, and a flood of commands cannot starve the passes.
-                () = sleep_until(deadline), if deadline.is_some() => {
+                () = sleep_until(self.timer.as_ref(), deadline), if deadline.is_some() => {
                     // Advance to the event's own time, not the (later) wake-up: the timer's
                     // lateness then delays delivery but never accumulates into the simulated
                     // schedule (the next pass starts when this one ended). Work submitted
@@ -871,9 +893,12 @@ pub fn startup_warnings(cluster: &Cluster, max_waiting: Option<usize>) -> Vec<St
     out
 }
 
-async fn sleep_until(deadline: Option<Instant>) {
-    if let Some(d) = deadline {
-        tokio::time::sleep_until(d).await;
+/// Sleeps until `deadline` (forever if `None`), precisely with `timer`.
+async fn sleep_until(timer: Option<&PreciseTimer>, deadline: Option<Instant>) {
+    match (timer, deadline) {
+        (Some(timer), Some(d)) => timer.sleep_until(d).await,
+        (None, Some(d)) => tokio::time::sleep_until(d).await,
+        (_, None) => std::future::pending().await,
     }
 }
 
@@ -937,6 +962,93 @@ mod tests {
         let live = engine.snapshot().await.expect("snapshot");
         assert_eq!(live.cluster.active_requests, 0);
         assert_eq!(live.prompt_tokens, 6);
+    }
+
+    // Real time (the timer thread's clock cannot pause), on a multi-threaded runtime as in
+    // the server, receiving in a task of its own as a handler does. Decode steps of half of
+    // tokio's 1 ms timer tick: woken by tokio's timer alone, tokens come in pairs, one per
+    // tick (every other gap near zero).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn short_decode_steps_arrive_on_time_without_bursts() {
+        // The other tests of this binary run meanwhile and may take the CPU for a while: a
+        // few tries, of which one must pass (tokio's timer alone fails every one).
+        let mut failures = Vec::new();
+        for _ in 0..10 {
+            match short_decode_steps_once().await {
+                Ok(()) => return,
+                Err(e) => failures.push(e),
+            }
+        }
+        panic!("every try failed: {failures:#?}");
+    }
+
+    /// One try of [`short_decode_steps_arrive_on_time_without_bursts`]: 200 tokens 0.5 ms
+    /// apart.
+    async fn short_decode_steps_once() -> Result<(), String> {
+        const TOKENS: usize = 200;
+        let mut config = ClusterConfig::default();
+        config.engine.block_size = 4;
+        config.engine.latency.model = Arc::new(Fixed {
+            prefill_ms: 2.0,
+            decode_ms: 0.5,
+        });
+        let engine =
+            EngineHandle::spawn(Cluster::new(config).expect("valid"), None, Arc::default());
+        let clock = engine.clock();
+        let mut sub = engine
+            .submit(request(TOKENS), None)
+            .await
+            .expect("submitted");
+        let handler = tokio::spawn(async move {
+            // (arrival, stamp) of each token.
+            let mut seen = Vec::new();
+            while let Some(event) = sub.events.recv().await {
+                let now = Instant::now();
+                if let Event::Output(Output::Token { time, .. }) = &event {
+                    seen.push((now, *time));
+                }
+                if is_finished(&event) {
+                    sub.mark_done();
+                }
+            }
+            seen
+        });
+        let seen = tokio::time::timeout(Duration::from_secs(30), handler)
+            .await
+            .expect("finished in time")
+            .expect("handler ran");
+        assert_eq!(seen.len(), TOKENS);
+        let mut gaps: Vec<Duration> = seen.windows(2).map(|w| w[1].0 - w[0].0).collect();
+        let mut late: Vec<Duration> = seen
+            .iter()
+            .map(|(at, stamp)| {
+                at.saturating_duration_since(clock.instant(*stamp).expect("in range"))
+            })
+            .collect();
+        gaps.sort();
+        late.sort();
+        // Generous bounds for a loaded CI box, where a stalled process delivers what fell due
+        // meanwhile at once (tokio's timer alone: over half the gaps near zero, the median
+        // ~0, tokens ~0.8 ms late); the benchmark has the tight figures.
+        let bursts = gaps
+            .iter()
+            .filter(|g| **g < Duration::from_micros(100))
+            .count();
+        let median = gaps[gaps.len() / 2];
+        let median_late = late[late.len() / 2];
+        let on_time = bursts < gaps.len() / 3
+            && median > Duration::from_micros(300)
+            && median < Duration::from_micros(700)
+            && median_late < Duration::from_micros(600);
+        if on_time {
+            Ok(())
+        } else {
+            Err(format!(
+                "{bursts} of {} gaps under 0.1 ms, median gap {median:?}, median lateness \
+                 {median_late:?}",
+                gaps.len()
+            ))
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -5,7 +5,8 @@
 //!   shutdown future resolves, then drains; [`api::app`] is the axum router (for `oneshot`
 //!   tests); [`connection::Edge`] is the accept loop under it (connection limits and timeouts
 //!   from [`config::HttpLimits`], graceful drain).
-//! - [`driver::EngineHandle`] is the live driver: one task owning the simulated cluster.
+//! - [`driver::EngineHandle`] is the live driver: one task owning the simulated cluster, woken
+//!   on time by a [`timer::PreciseTimer`].
 //! - [`fault`] injects seeded failures (`--fault-rate`, `x-servesim-fault`) for testing clients.
 //! - [`metrics::Metrics`] holds the Prometheus metrics (vLLM names per worker, `servesim_*`).
 //! - [`text::TextCodec`] turns messages into prompt ids and answer ids into text (servesim's
@@ -45,6 +46,7 @@ pub mod output_length;
 pub mod replay_cmd;
 pub mod server;
 pub mod text;
+pub mod timer;
 
 use clap::{Parser, Subcommand};
 
