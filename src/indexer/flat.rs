@@ -10,12 +10,13 @@ use crate::kv::event::{KvEvent, KvEventData};
 use crate::tokens::{sequence_hashes, HashKeyMap, LocalBlockHash, SequenceHash};
 
 /// A set of worker ids: a bitmask for the first 64 workers (no allocation), a sorted list beyond.
+/// Sixteen bytes, so the index's map entries stay small (it has one per cached block).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct WorkerSet {
     /// Workers 0..64, one bit each.
     low: u64,
-    /// Workers from 64 up, sorted.
-    high: Vec<u32>,
+    /// Workers from 64 up, sorted; None while there are none.
+    high: Option<Box<Vec<u32>>>,
 }
 
 impl WorkerSet {
@@ -26,10 +27,11 @@ impl WorkerSet {
             self.low |= 1 << w;
             return !had;
         }
-        match self.high.binary_search(&w) {
+        let high = self.high.get_or_insert_with(Box::default);
+        match high.binary_search(&w) {
             Ok(_) => false,
             Err(i) => {
-                self.high.insert(i, w);
+                high.insert(i, w);
                 true
             }
         }
@@ -42,9 +44,15 @@ impl WorkerSet {
             self.low &= !(1 << w);
             return had;
         }
-        match self.high.binary_search(&w) {
+        let Some(high) = &mut self.high else {
+            return false;
+        };
+        match high.binary_search(&w) {
             Ok(i) => {
-                self.high.remove(i);
+                high.remove(i);
+                if high.is_empty() {
+                    self.high = None;
+                }
                 true
             }
             Err(_) => false,
@@ -56,13 +64,15 @@ impl WorkerSet {
         if w < 64 {
             self.low & (1 << w) != 0
         } else {
-            self.high.binary_search(&w).is_ok()
+            self.high
+                .as_ref()
+                .is_some_and(|high| high.binary_search(&w).is_ok())
         }
     }
 
     /// True when no worker is in the set.
     pub(crate) fn is_empty(&self) -> bool {
-        self.low == 0 && self.high.is_empty()
+        self.low == 0 && self.high.is_none()
     }
 
     /// Members in increasing order.
@@ -75,7 +85,7 @@ impl WorkerSet {
                 w
             })
         })
-        .chain(self.high.iter().copied())
+        .chain(self.high.iter().flat_map(|high| high.iter().copied()))
     }
 }
 
