@@ -1,13 +1,13 @@
 //! The flat indexer: one hash map from sequence hash to the set of workers holding that block
 //! (the KV router's original structure, kept because it is the fastest on its workloads).
 
-use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
 
 use super::{IndexerStats, KvIndexer, OverlapScores};
 use crate::ids::WorkerId;
 use crate::kv::event::{KvEvent, KvEventData};
-use crate::tokens::{sequence_hashes, HashKeyMap, LocalBlockHash, SequenceHash};
+use crate::kv::BlockMap;
+use crate::tokens::{sequence_hashes, LocalBlockHash, SequenceHash};
 
 /// A set of worker ids: a bitmask for the first 64 workers (no allocation), a sorted list beyond.
 /// Sixteen bytes, so the index's map entries stay small (it has one per cached block).
@@ -101,7 +101,7 @@ impl WorkerSet {
 #[derive(Clone, Debug, Default)]
 pub struct FlatIndex {
     /// Which workers hold each block.
-    blocks: HashKeyMap<SequenceHash, WorkerSet>,
+    blocks: BlockMap<WorkerSet>,
     /// Blocks held per worker, indexed by worker id (a vector: updated for every block).
     sizes: Vec<usize>,
     /// What happened to the events applied so far.
@@ -163,7 +163,7 @@ impl FlatIndex {
     }
 
     fn add(&mut self, worker: WorkerId, h: SequenceHash) {
-        if self.blocks.entry(h).or_default().insert(worker.0) {
+        if self.blocks.get_or_insert_default(h).0.insert(worker.0) {
             let w = worker.0 as usize;
             if self.sizes.len() <= w {
                 self.sizes.resize(w + 1, 0);
@@ -174,13 +174,10 @@ impl FlatIndex {
 
     fn remove(&mut self, worker: WorkerId, h: SequenceHash) -> bool {
         // One lookup finds, updates and (when emptied) drops the set.
-        let Entry::Occupied(mut e) = self.blocks.entry(h) else {
-            return false;
-        };
-        let had = e.get_mut().remove(worker.0);
-        if e.get().is_empty() {
-            e.remove();
-        }
+        let had = self.blocks.update(&h, |set| {
+            let had = set.remove(worker.0);
+            (had, set.is_empty())
+        }) == Some(true);
         if had {
             self.sizes[worker.0 as usize] -= 1;
         }

@@ -6,10 +6,10 @@
 //! ([`BlockRef::Partial`]) until its last token is scheduled, when it is promoted to a full block
 //! (or collapses onto an identical block another request already cached).
 
-use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 
 use crate::kv::event::{KvEventData, StoredBlock};
+use crate::kv::table::BlockMap;
 use crate::tokens::{HashKeyMap, LocalBlockHash, SequenceHash};
 
 /// One block held by a request.
@@ -40,7 +40,7 @@ pub struct PrefixMatch {
     pub active_blocks: usize,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 struct CachedBlock {
     /// Requests holding this block; 0 means inactive (in the LRU, evictable).
     refs: u32,
@@ -56,7 +56,7 @@ pub struct KvPool {
     /// Whether full blocks are shared by hash; when off every block is private and no events flow.
     prefix_caching: bool,
     /// Every full block in the cache, active or inactive.
-    cached: HashKeyMap<SequenceHash, CachedBlock>,
+    cached: BlockMap<CachedBlock>,
     /// Inactive cached blocks by LRU stamp: the first entry is evicted first.
     /// Inactive blocks in release order, kept lazily: an entry is live while its block is cached,
     /// inactive and still carries the entry's stamp; reactivated or re-stamped blocks leave
@@ -83,7 +83,7 @@ impl KvPool {
         KvPool {
             capacity,
             prefix_caching,
-            cached: HashKeyMap::default(),
+            cached: BlockMap::new(),
             lru: VecDeque::new(),
             num_inactive: 0,
             clock: 0,
@@ -462,11 +462,12 @@ impl KvPool {
         }
         while let Some((stamp, victim)) = self.lru.pop_front() {
             // One lookup decides and removes.
-            match self.cached.entry(victim) {
-                Entry::Occupied(e) if e.get().refs == 0 && e.get().stamp == stamp => {
-                    e.remove();
-                }
-                _ => continue,
+            let live = self.cached.update(&victim, |b| {
+                let live = b.refs == 0 && b.stamp == stamp;
+                (live, live)
+            });
+            if live != Some(true) {
+                continue;
             }
             self.num_inactive -= 1;
             removed.push(victim);

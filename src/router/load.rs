@@ -2,11 +2,11 @@
 //! has yet to prefill ([`WorkerLoad`]); across workers, one map from each block of an active
 //! request to the workers whose active requests hold it ([`ActiveBlocks`]).
 
-use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
 
 use crate::ids::RequestId;
-use crate::tokens::{HashKeyMap, SequenceHash};
+use crate::kv::BlockMap;
+use crate::tokens::SequenceHash;
 
 #[derive(Clone, Debug)]
 struct Active {
@@ -78,6 +78,14 @@ enum Holders {
     One(u32, u32),
     /// Several workers: (worker, requests) pairs in no particular order, never empty.
     Many(Box<Vec<(u32, u32)>>),
+}
+
+impl Default for Holders {
+    /// The placeholder of an empty map slot, and what a new entry starts as before its first
+    /// [`Holders::add`] (no worker holds the block).
+    fn default() -> Self {
+        Holders::One(0, 0)
+    }
 }
 
 impl Holders {
@@ -158,7 +166,7 @@ impl Holders {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ActiveBlocks {
     /// The holders of each active block; a block nobody holds has no entry.
-    blocks: HashKeyMap<SequenceHash, Holders>,
+    blocks: BlockMap<Holders>,
 }
 
 impl ActiveBlocks {
@@ -172,12 +180,12 @@ impl ActiveBlocks {
         prefill_tokens: usize,
     ) {
         for &h in hashes {
-            let new = match self.blocks.entry(h) {
-                Entry::Vacant(e) => {
-                    e.insert(Holders::One(worker, 1));
-                    true
-                }
-                Entry::Occupied(mut e) => e.get_mut().add(worker),
+            let (holders, inserted) = self.blocks.get_or_insert_default(h);
+            let new = if inserted {
+                *holders = Holders::One(worker, 1);
+                true
+            } else {
+                holders.add(worker)
             };
             load.num_blocks += usize::from(new);
         }
@@ -191,13 +199,8 @@ impl ActiveBlocks {
         };
         for h in &hashes {
             // One lookup decrements and (when nobody holds it) drops the block.
-            if let Entry::Occupied(mut e) = self.blocks.entry(*h) {
-                let (gone, empty) = e.get_mut().remove(worker);
-                if empty {
-                    e.remove();
-                }
-                load.num_blocks -= usize::from(gone);
-            }
+            let gone = self.blocks.update(h, |holders| holders.remove(worker));
+            load.num_blocks -= usize::from(gone == Some(true));
         }
     }
 
