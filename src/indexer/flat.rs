@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::{IndexerStats, KvIndexer, OverlapScores};
 use crate::ids::WorkerId;
 use crate::kv::event::{KvEvent, KvEventData};
-use crate::kv::BlockMap;
+use crate::kv::{BlockMap, WARM_CHUNK};
 use crate::tokens::{sequence_hashes, LocalBlockHash, SequenceHash};
 
 /// A set of worker ids: a bitmask for the first 64 workers (no allocation), a sorted list beyond.
@@ -126,7 +126,11 @@ impl FlatIndex {
         let mut scores = BTreeMap::new();
         let mut active: Vec<u32> = Vec::new();
         let mut depth = 0u32;
-        for h in seq_hashes {
+        for (i, h) in seq_hashes.iter().enumerate() {
+            if i % WARM_CHUNK == 0 {
+                let end = seq_hashes.len().min(i + WARM_CHUNK);
+                self.blocks.warm(seq_hashes[i..end].iter().copied());
+            }
             let Some(set) = self.blocks.get(h) else {
                 break;
             };
@@ -240,15 +244,21 @@ impl KvIndexer for FlatIndex {
                     self.stats.unknown_parent_events += 1;
                     return;
                 }
-                for b in blocks {
-                    self.add(w, b.seq_hash);
+                for chunk in blocks.chunks(WARM_CHUNK) {
+                    self.blocks.warm(chunk.iter().map(|b| b.seq_hash));
+                    for b in chunk {
+                        self.add(w, b.seq_hash);
+                    }
                 }
                 self.stats.events_applied += 1;
             }
             KvEventData::Removed { seq_hashes } => {
-                for &h in seq_hashes {
-                    if !self.remove(w, h) {
-                        self.stats.unknown_removed_hashes += 1;
+                for chunk in seq_hashes.chunks(WARM_CHUNK) {
+                    self.blocks.warm(chunk.iter().copied());
+                    for &h in chunk {
+                        if !self.remove(w, h) {
+                            self.stats.unknown_removed_hashes += 1;
+                        }
                     }
                 }
                 self.stats.events_applied += 1;

@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 
 use crate::kv::event::{KvEventData, StoredBlock};
-use crate::kv::table::BlockMap;
+use crate::kv::table::{BlockMap, WARM_CHUNK};
 use crate::tokens::{HashKeyMap, LocalBlockHash, SequenceHash};
 
 /// One block held by a request.
@@ -229,7 +229,11 @@ impl KvPool {
             return m;
         }
         let mut all_active = true;
-        for h in hashes {
+        for (i, h) in hashes.iter().enumerate() {
+            if i % WARM_CHUNK == 0 {
+                let end = hashes.len().min(i + WARM_CHUNK);
+                self.cached.warm(hashes[i..end].iter().copied());
+            }
             match self.cached.get(h) {
                 Some(b) => {
                     m.blocks += 1;
@@ -274,6 +278,10 @@ impl KvPool {
         let mut freed = 0usize;
         let mut reactivated = 0usize;
         for i in first..target {
+            if i < full_target && (i - first) % WARM_CHUNK == 0 {
+                let end = full_target.min(i + WARM_CHUNK);
+                self.cached.warm(seq.hashes[i..end].iter().copied());
+            }
             let existing = held.get(i).copied();
             let wants_full = i < full_target;
             match (existing, wants_full) {
@@ -304,6 +312,12 @@ impl KvPool {
         let mut stored_parent: Option<SequenceHash> = None;
         let evictions = new_blocks.saturating_sub(self.num_free_blocks());
         let mut removed: Vec<SequenceHash> = Vec::with_capacity(evictions);
+        // The blocks at the front of the LRU are about to be looked up for eviction.
+        for chunk_start in (0..evictions).step_by(WARM_CHUNK) {
+            let n = WARM_CHUNK.min(evictions - chunk_start);
+            self.cached
+                .warm(self.lru.range(chunk_start..).take(n).map(|&(_, h)| h));
+        }
         held.reserve(target.saturating_sub(held.len()));
         for i in first..target {
             let existing = held.get(i).copied();
@@ -354,7 +368,22 @@ impl KvPool {
     /// Releases a request's blocks, tail first, so that its suffix is evicted before the prefix
     /// it may share with others.
     pub fn release(&mut self, held: &mut Vec<BlockRef>) {
+        let mut warmed = held.len();
         while let Some(b) = held.pop() {
+            if held.len() < warmed {
+                // The next chunk down (this block included).
+                let start = (held.len() + 1).saturating_sub(WARM_CHUNK);
+                self.cached.warm(
+                    held[start..]
+                        .iter()
+                        .chain(std::iter::once(&b))
+                        .filter_map(|b| match b {
+                            BlockRef::Full(h) => Some(*h),
+                            BlockRef::Partial => None,
+                        }),
+                );
+                warmed = start;
+            }
             match b {
                 BlockRef::Partial => self.num_partial -= 1,
                 BlockRef::Full(h) => {

@@ -12,6 +12,8 @@ use crate::tokens::SequenceHash;
 
 /// Slots hold at most this share of entries (numerator / denominator): short probe runs.
 const MAX_LOAD: (usize, usize) = (1, 2);
+/// Keys to [`BlockMap::warm`] at once: their lines stay in the first-level cache until used.
+pub const WARM_CHUNK: usize = 32;
 /// Slots of the first allocation.
 const MIN_SLOTS: usize = 16;
 
@@ -121,6 +123,20 @@ impl<V: Default> BlockMap<V> {
                 _ => i = (i + 1) & mask,
             }
         }
+    }
+
+    /// Reads the home slot of every key (a prefetch in safe code): the loads are independent,
+    /// so their cache misses overlap, and the probes that follow find the lines in cache. Worth
+    /// it before a loop over a request's blocks, [`WARM_CHUNK`] keys at a time.
+    pub fn warm(&self, keys: impl IntoIterator<Item = SequenceHash>) {
+        if self.slots.is_empty() {
+            return;
+        }
+        let mut acc = 0u64;
+        for key in keys {
+            acc ^= self.slots[self.home(key.0)].0;
+        }
+        std::hint::black_box(acc);
     }
 
     /// Sets `key`'s value; the previous one, if any.

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::ids::RequestId;
-use crate::kv::BlockMap;
+use crate::kv::{BlockMap, WARM_CHUNK};
 use crate::tokens::SequenceHash;
 
 #[derive(Clone, Debug)]
@@ -179,7 +179,11 @@ impl ActiveBlocks {
         hashes: &[SequenceHash],
         prefill_tokens: usize,
     ) {
-        for &h in hashes {
+        for (i, &h) in hashes.iter().enumerate() {
+            if i % WARM_CHUNK == 0 {
+                let end = hashes.len().min(i + WARM_CHUNK);
+                self.blocks.warm(hashes[i..end].iter().copied());
+            }
             let (holders, inserted) = self.blocks.get_or_insert_default(h);
             let new = if inserted {
                 *holders = Holders::One(worker, 1);
@@ -197,7 +201,11 @@ impl ActiveBlocks {
         let Some(hashes) = load.take(id) else {
             return;
         };
-        for h in &hashes {
+        for (i, h) in hashes.iter().enumerate() {
+            if i % WARM_CHUNK == 0 {
+                let end = hashes.len().min(i + WARM_CHUNK);
+                self.blocks.warm(hashes[i..end].iter().copied());
+            }
             // One lookup decrements and (when nobody holds it) drops the block.
             let gone = self.blocks.update(h, |holders| holders.remove(worker));
             load.num_blocks -= usize::from(gone == Some(true));
@@ -210,7 +218,11 @@ impl ActiveBlocks {
         if self.blocks.is_empty() {
             return;
         }
-        for h in hashes {
+        for (i, h) in hashes.iter().enumerate() {
+            if i % WARM_CHUNK == 0 {
+                let end = hashes.len().min(i + WARM_CHUNK);
+                self.blocks.warm(hashes[i..end].iter().copied());
+            }
             if let Some(holders) = self.blocks.get(h) {
                 holders.for_each_worker(|w| {
                     if let Some(n) = new_blocks.get_mut(w as usize) {
