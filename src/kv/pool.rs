@@ -268,7 +268,9 @@ impl KvPool {
         };
         // Only the last held block can be partial: every block before it is full already.
         let first = held.len().saturating_sub(1);
-        let last_needs_promotion = held.last() == Some(&BlockRef::Partial) && first < full_target;
+        // (The length test first: it spares a read of `held`'s buffer, often out of cache, on
+        // the common call that needs nothing.)
+        let last_needs_promotion = first < full_target && held.last() == Some(&BlockRef::Partial);
         if target <= held.len() && !last_needs_promotion {
             return Ok(());
         }
