@@ -16,6 +16,10 @@ pub(crate) struct WorkerSet {
     /// Workers 0..64, one bit each.
     low: u64,
     /// Workers from 64 up, sorted; None while there are none.
+    #[expect(
+        clippy::box_collection,
+        reason = "a thin pointer keeps the set at 16 bytes (a Vec alone is 24)"
+    )]
     high: Option<Box<Vec<u32>>>,
 }
 
@@ -276,5 +280,29 @@ impl KvIndexer for FlatIndex {
 
     fn stats(&self) -> IndexerStats {
         self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WorkerSet;
+
+    /// Workers above 63 live in the boxed list, which goes away with its last member; the set
+    /// stays 16 bytes (the index holds one per cached block).
+    #[test]
+    fn worker_set_keeps_high_workers_sorted_and_small() {
+        assert_eq!(std::mem::size_of::<WorkerSet>(), 16);
+        let mut s = WorkerSet::default();
+        for w in [70, 3, 500, 64, 3] {
+            s.insert(w);
+        }
+        assert_eq!(s.iter().collect::<Vec<_>>(), vec![3, 64, 70, 500]);
+        assert!(s.contains(64) && !s.contains(65));
+        assert!(s.remove(64) && !s.remove(64));
+        for w in [70, 500, 3] {
+            assert!(s.remove(w));
+        }
+        assert!(s.is_empty(), "no empty boxed list is left behind");
+        assert!(s.high.is_none());
     }
 }

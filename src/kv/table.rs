@@ -254,7 +254,9 @@ impl<V: Default> BlockMap<V> {
         let n = (self.slots.len() * 2).max(MIN_SLOTS);
         let old = std::mem::replace(
             &mut self.slots,
-            std::iter::repeat_with(|| (0, V::default())).take(n).collect(),
+            std::iter::repeat_with(|| (0, V::default()))
+                .take(n)
+                .collect(),
         );
         self.shift = 64 - n.trailing_zeros();
         let mask = n - 1;
@@ -327,7 +329,10 @@ mod tests {
                         let (v, inserted) = ours.get_or_insert_default(k);
                         *v += 1;
                         let w = want.entry(key);
-                        assert_eq!(inserted, matches!(w, std::collections::hash_map::Entry::Vacant(_)));
+                        assert_eq!(
+                            inserted,
+                            matches!(w, std::collections::hash_map::Entry::Vacant(_))
+                        );
                         *w.or_default() += 1;
                     }
                     4 if step % 500 == 0 => {
