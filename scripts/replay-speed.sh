@@ -54,7 +54,7 @@ if [[ $instructions -eq 1 ]] && ! command -v valgrind >/dev/null; then
 fi
 
 # The settings of scripts/compare-dynamo.sh: name | dynamo_replay.py flags | mockserve flags.
-eval "$(sed -n '/^cases=(/,/^)/p' "$here/scripts/compare-dynamo.sh")"
+eval "$(sed -n '/^profile=/p; /^cases=(/,/^)/p' "$here/scripts/compare-dynamo.sh")"
 
 now() { date +%s.%N; }
 printf '%s: %s requests, %s, %s core(s)\n' "$(basename "$trace")" "$(wc -l <"$trace")" \

@@ -1,21 +1,26 @@
 //! The flat indexer: one hash map from sequence hash to the set of workers holding that block
 //! (the KV router's original structure, kept because it is the fastest on its workloads).
 
-use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
 
 use super::{IndexerStats, KvIndexer, OverlapScores};
 use crate::ids::WorkerId;
 use crate::kv::event::{KvEvent, KvEventData};
-use crate::tokens::{sequence_hashes, HashKeyMap, LocalBlockHash, SequenceHash};
+use crate::kv::{BlockMap, WARM_CHUNK};
+use crate::tokens::{sequence_hashes, LocalBlockHash, SequenceHash};
 
 /// A set of worker ids: a bitmask for the first 64 workers (no allocation), a sorted list beyond.
+/// Sixteen bytes, so the index's map entries stay small (it has one per cached block).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct WorkerSet {
     /// Workers 0..64, one bit each.
     low: u64,
-    /// Workers from 64 up, sorted.
-    high: Vec<u32>,
+    /// Workers from 64 up, sorted; None while there are none.
+    #[expect(
+        clippy::box_collection,
+        reason = "a thin pointer keeps the set at 16 bytes (a Vec alone is 24)"
+    )]
+    high: Option<Box<Vec<u32>>>,
 }
 
 impl WorkerSet {
@@ -26,10 +31,11 @@ impl WorkerSet {
             self.low |= 1 << w;
             return !had;
         }
-        match self.high.binary_search(&w) {
+        let high = self.high.get_or_insert_with(Box::default);
+        match high.binary_search(&w) {
             Ok(_) => false,
             Err(i) => {
-                self.high.insert(i, w);
+                high.insert(i, w);
                 true
             }
         }
@@ -42,9 +48,15 @@ impl WorkerSet {
             self.low &= !(1 << w);
             return had;
         }
-        match self.high.binary_search(&w) {
+        let Some(high) = &mut self.high else {
+            return false;
+        };
+        match high.binary_search(&w) {
             Ok(i) => {
-                self.high.remove(i);
+                high.remove(i);
+                if high.is_empty() {
+                    self.high = None;
+                }
                 true
             }
             Err(_) => false,
@@ -56,13 +68,15 @@ impl WorkerSet {
         if w < 64 {
             self.low & (1 << w) != 0
         } else {
-            self.high.binary_search(&w).is_ok()
+            self.high
+                .as_ref()
+                .is_some_and(|high| high.binary_search(&w).is_ok())
         }
     }
 
     /// True when no worker is in the set.
     pub(crate) fn is_empty(&self) -> bool {
-        self.low == 0 && self.high.is_empty()
+        self.low == 0 && self.high.is_none()
     }
 
     /// Members in increasing order.
@@ -75,7 +89,7 @@ impl WorkerSet {
                 w
             })
         })
-        .chain(self.high.iter().copied())
+        .chain(self.high.iter().flat_map(|high| high.iter().copied()))
     }
 }
 
@@ -91,7 +105,7 @@ impl WorkerSet {
 #[derive(Clone, Debug, Default)]
 pub struct FlatIndex {
     /// Which workers hold each block.
-    blocks: HashKeyMap<SequenceHash, WorkerSet>,
+    blocks: BlockMap<WorkerSet>,
     /// Blocks held per worker, indexed by worker id (a vector: updated for every block).
     sizes: Vec<usize>,
     /// What happened to the events applied so far.
@@ -116,7 +130,11 @@ impl FlatIndex {
         let mut scores = BTreeMap::new();
         let mut active: Vec<u32> = Vec::new();
         let mut depth = 0u32;
-        for h in seq_hashes {
+        for (i, h) in seq_hashes.iter().enumerate() {
+            if i % WARM_CHUNK == 0 {
+                let end = seq_hashes.len().min(i + WARM_CHUNK);
+                self.blocks.warm(seq_hashes[i..end].iter().copied());
+            }
             let Some(set) = self.blocks.get(h) else {
                 break;
             };
@@ -153,7 +171,7 @@ impl FlatIndex {
     }
 
     fn add(&mut self, worker: WorkerId, h: SequenceHash) {
-        if self.blocks.entry(h).or_default().insert(worker.0) {
+        if self.blocks.get_or_insert_default(h).0.insert(worker.0) {
             let w = worker.0 as usize;
             if self.sizes.len() <= w {
                 self.sizes.resize(w + 1, 0);
@@ -164,13 +182,10 @@ impl FlatIndex {
 
     fn remove(&mut self, worker: WorkerId, h: SequenceHash) -> bool {
         // One lookup finds, updates and (when emptied) drops the set.
-        let Entry::Occupied(mut e) = self.blocks.entry(h) else {
-            return false;
-        };
-        let had = e.get_mut().remove(worker.0);
-        if e.get().is_empty() {
-            e.remove();
-        }
+        let had = self.blocks.update(&h, |set| {
+            let had = set.remove(worker.0);
+            (had, set.is_empty())
+        }) == Some(true);
         if had {
             self.sizes[worker.0 as usize] -= 1;
         }
@@ -233,15 +248,21 @@ impl KvIndexer for FlatIndex {
                     self.stats.unknown_parent_events += 1;
                     return;
                 }
-                for b in blocks {
-                    self.add(w, b.seq_hash);
+                for chunk in blocks.chunks(WARM_CHUNK) {
+                    self.blocks.warm(chunk.iter().map(|b| b.seq_hash));
+                    for b in chunk {
+                        self.add(w, b.seq_hash);
+                    }
                 }
                 self.stats.events_applied += 1;
             }
             KvEventData::Removed { seq_hashes } => {
-                for &h in seq_hashes {
-                    if !self.remove(w, h) {
-                        self.stats.unknown_removed_hashes += 1;
+                for chunk in seq_hashes.chunks(WARM_CHUNK) {
+                    self.blocks.warm(chunk.iter().copied());
+                    for &h in chunk {
+                        if !self.remove(w, h) {
+                            self.stats.unknown_removed_hashes += 1;
+                        }
                     }
                 }
                 self.stats.events_applied += 1;
@@ -259,5 +280,29 @@ impl KvIndexer for FlatIndex {
 
     fn stats(&self) -> IndexerStats {
         self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WorkerSet;
+
+    /// Workers above 63 live in the boxed list, which goes away with its last member; the set
+    /// stays 16 bytes (the index holds one per cached block).
+    #[test]
+    fn worker_set_keeps_high_workers_sorted_and_small() {
+        assert_eq!(std::mem::size_of::<WorkerSet>(), 16);
+        let mut s = WorkerSet::default();
+        for w in [70, 3, 500, 64, 3] {
+            s.insert(w);
+        }
+        assert_eq!(s.iter().collect::<Vec<_>>(), vec![3, 64, 70, 500]);
+        assert!(s.contains(64) && !s.contains(65));
+        assert!(s.remove(64) && !s.remove(64));
+        for w in [70, 500, 3] {
+            assert!(s.remove(w));
+        }
+        assert!(s.is_empty(), "no empty boxed list is left behind");
+        assert!(s.high.is_none());
     }
 }

@@ -38,7 +38,6 @@ mod tests;
 
 pub use approx::{ApproximateConfig, ApproximateIndexer};
 pub use flat::FlatIndex;
-pub(crate) use flat::WorkerSet;
 pub use radix::RadixTree;
 
 /// What an indexer knows about one request: per-worker contiguous prefix matches.

@@ -2,6 +2,8 @@
 pub mod event;
 pub use event::{KvEvent, KvEventData, StoredBlock};
 pub mod pool;
+pub mod table;
 pub use pool::{BlockRef, CapacityExhausted, KvPool, PrefixMatch, SequenceBlocks};
+pub use table::{BlockMap, WARM_CHUNK};
 pub mod tier;
 pub use tier::{G2Config, G2Tier, SharedLink};

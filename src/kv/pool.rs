@@ -6,10 +6,10 @@
 //! ([`BlockRef::Partial`]) until its last token is scheduled, when it is promoted to a full block
 //! (or collapses onto an identical block another request already cached).
 
-use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 
 use crate::kv::event::{KvEventData, StoredBlock};
+use crate::kv::table::{BlockMap, WARM_CHUNK};
 use crate::tokens::{HashKeyMap, LocalBlockHash, SequenceHash};
 
 /// One block held by a request.
@@ -40,7 +40,7 @@ pub struct PrefixMatch {
     pub active_blocks: usize,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 struct CachedBlock {
     /// Requests holding this block; 0 means inactive (in the LRU, evictable).
     refs: u32,
@@ -56,7 +56,7 @@ pub struct KvPool {
     /// Whether full blocks are shared by hash; when off every block is private and no events flow.
     prefix_caching: bool,
     /// Every full block in the cache, active or inactive.
-    cached: HashKeyMap<SequenceHash, CachedBlock>,
+    cached: BlockMap<CachedBlock>,
     /// Inactive cached blocks by LRU stamp: the first entry is evicted first.
     /// Inactive blocks in release order, kept lazily: an entry is live while its block is cached,
     /// inactive and still carries the entry's stamp; reactivated or re-stamped blocks leave
@@ -83,7 +83,7 @@ impl KvPool {
         KvPool {
             capacity,
             prefix_caching,
-            cached: HashKeyMap::default(),
+            cached: BlockMap::new(),
             lru: VecDeque::new(),
             num_inactive: 0,
             clock: 0,
@@ -229,7 +229,11 @@ impl KvPool {
             return m;
         }
         let mut all_active = true;
-        for h in hashes {
+        for (i, h) in hashes.iter().enumerate() {
+            if i % WARM_CHUNK == 0 {
+                let end = hashes.len().min(i + WARM_CHUNK);
+                self.cached.warm(hashes[i..end].iter().copied());
+            }
             match self.cached.get(h) {
                 Some(b) => {
                     m.blocks += 1;
@@ -264,7 +268,9 @@ impl KvPool {
         };
         // Only the last held block can be partial: every block before it is full already.
         let first = held.len().saturating_sub(1);
-        let last_needs_promotion = held.last() == Some(&BlockRef::Partial) && first < full_target;
+        // (The length test first: it spares a read of `held`'s buffer, often out of cache, on
+        // the common call that needs nothing.)
+        let last_needs_promotion = first < full_target && held.last() == Some(&BlockRef::Partial);
         if target <= held.len() && !last_needs_promotion {
             return Ok(());
         }
@@ -274,6 +280,10 @@ impl KvPool {
         let mut freed = 0usize;
         let mut reactivated = 0usize;
         for i in first..target {
+            if i < full_target && (i - first) % WARM_CHUNK == 0 {
+                let end = full_target.min(i + WARM_CHUNK);
+                self.cached.warm(seq.hashes[i..end].iter().copied());
+            }
             let existing = held.get(i).copied();
             let wants_full = i < full_target;
             match (existing, wants_full) {
@@ -304,6 +314,12 @@ impl KvPool {
         let mut stored_parent: Option<SequenceHash> = None;
         let evictions = new_blocks.saturating_sub(self.num_free_blocks());
         let mut removed: Vec<SequenceHash> = Vec::with_capacity(evictions);
+        // The blocks at the front of the LRU are about to be looked up for eviction.
+        for chunk_start in (0..evictions).step_by(WARM_CHUNK) {
+            let n = WARM_CHUNK.min(evictions - chunk_start);
+            self.cached
+                .warm(self.lru.range(chunk_start..).take(n).map(|&(_, h)| h));
+        }
         held.reserve(target.saturating_sub(held.len()));
         for i in first..target {
             let existing = held.get(i).copied();
@@ -354,7 +370,22 @@ impl KvPool {
     /// Releases a request's blocks, tail first, so that its suffix is evicted before the prefix
     /// it may share with others.
     pub fn release(&mut self, held: &mut Vec<BlockRef>) {
+        let mut warmed = held.len();
         while let Some(b) = held.pop() {
+            if held.len() < warmed {
+                // The next chunk down (this block included).
+                let start = (held.len() + 1).saturating_sub(WARM_CHUNK);
+                self.cached.warm(
+                    held[start..]
+                        .iter()
+                        .chain(std::iter::once(&b))
+                        .filter_map(|b| match b {
+                            BlockRef::Full(h) => Some(*h),
+                            BlockRef::Partial => None,
+                        }),
+                );
+                warmed = start;
+            }
             match b {
                 BlockRef::Partial => self.num_partial -= 1,
                 BlockRef::Full(h) => {
@@ -462,11 +493,12 @@ impl KvPool {
         }
         while let Some((stamp, victim)) = self.lru.pop_front() {
             // One lookup decides and removes.
-            match self.cached.entry(victim) {
-                Entry::Occupied(e) if e.get().refs == 0 && e.get().stamp == stamp => {
-                    e.remove();
-                }
-                _ => continue,
+            let live = self.cached.update(&victim, |b| {
+                let live = b.refs == 0 && b.stamp == stamp;
+                (live, live)
+            });
+            if live != Some(true) {
+                continue;
             }
             self.num_inactive -= 1;
             removed.push(victim);

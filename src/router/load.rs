@@ -1,11 +1,12 @@
-//! Active load of one worker as the router tracks it: the blocks of its active requests and the
-//! prompt tokens it has yet to prefill.
+//! Active load as the router tracks it: per worker, its active requests and the prompt tokens it
+//! has yet to prefill ([`WorkerLoad`]); across workers, one map from each block of an active
+//! request to the workers whose active requests hold it ([`ActiveBlocks`]).
 
-use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
 
 use crate::ids::RequestId;
-use crate::tokens::{HashKeyMap, SequenceHash};
+use crate::kv::{BlockMap, WARM_CHUNK};
+use crate::tokens::SequenceHash;
 
 #[derive(Clone, Debug)]
 struct Active {
@@ -19,8 +20,8 @@ struct Active {
 pub struct WorkerLoad {
     /// Active requests by id.
     requests: BTreeMap<RequestId, Active>,
-    /// Distinct blocks across active requests, with how many requests hold each.
-    blocks: HashKeyMap<SequenceHash, u32>,
+    /// Distinct blocks across active requests (kept by [`ActiveBlocks`], which counts them).
+    num_blocks: usize,
     /// Sum of `prefill_tokens` over active requests.
     prefill_tokens: usize,
 }
@@ -33,7 +34,7 @@ impl WorkerLoad {
 
     /// Distinct blocks of active requests.
     pub fn active_blocks(&self) -> usize {
-        self.blocks.len()
+        self.num_blocks
     }
 
     /// Active requests.
@@ -41,43 +42,13 @@ impl WorkerLoad {
         self.requests.len()
     }
 
-    /// How many of `hashes` are not blocks of an active request here.
-    pub fn new_blocks(&self, hashes: &[SequenceHash]) -> usize {
-        if self.blocks.is_empty() {
-            // An idle worker: no lookups (routing over many workers meets many of these).
-            return hashes.len();
-        }
-        hashes
-            .iter()
-            .filter(|h| !self.blocks.contains_key(h))
-            .count()
-    }
-
-    /// Records a routed request.
-    pub fn add(&mut self, id: RequestId, hashes: &[SequenceHash], prefill_tokens: usize) {
-        self.add_reporting(id, hashes, prefill_tokens, |_| {});
-    }
-
-    /// [`WorkerLoad::add`], calling `on_new` with each block that was not active here before.
-    pub(crate) fn add_reporting(
-        &mut self,
-        id: RequestId,
-        hashes: &[SequenceHash],
-        prefill_tokens: usize,
-        mut on_new: impl FnMut(SequenceHash),
-    ) {
-        for h in hashes {
-            let count = self.blocks.entry(*h).or_default();
-            if *count == 0 {
-                on_new(*h);
-            }
-            *count += 1;
-        }
+    /// Records a routed request (its blocks are counted by [`ActiveBlocks::add`]).
+    fn insert(&mut self, id: RequestId, hashes: Vec<SequenceHash>, prefill_tokens: usize) {
         self.prefill_tokens += prefill_tokens;
         self.requests.insert(
             id,
             Active {
-                hashes: hashes.to_vec(),
+                hashes,
                 prefill_tokens,
             },
         );
@@ -91,26 +62,205 @@ impl WorkerLoad {
         }
     }
 
-    /// The request left.
-    pub fn free(&mut self, id: RequestId) {
-        self.free_reporting(id, |_| {});
+    /// Forgets a request; its block hashes, for [`ActiveBlocks::free`]. None when unknown.
+    fn take(&mut self, id: RequestId) -> Option<Vec<SequenceHash>> {
+        let a = self.requests.remove(&id)?;
+        self.prefill_tokens -= a.prefill_tokens;
+        Some(a.hashes)
+    }
+}
+
+/// The workers whose active requests hold one block, with how many requests on each. Nearly
+/// every block is held on one worker only, so that case is inline (no allocation).
+#[derive(Clone, Debug)]
+enum Holders {
+    /// One worker: (worker, requests holding the block there).
+    One(u32, u32),
+    /// Several workers: (worker, requests) pairs in no particular order, never empty.
+    #[expect(
+        clippy::box_collection,
+        reason = "a thin pointer keeps the entry at 16 bytes (a Vec alone is 24)"
+    )]
+    Many(Box<Vec<(u32, u32)>>),
+}
+
+impl Default for Holders {
+    /// The placeholder of an empty map slot, and what a new entry starts as before its first
+    /// [`Holders::add`] (no worker holds the block).
+    fn default() -> Self {
+        Holders::One(0, 0)
+    }
+}
+
+impl Holders {
+    /// One more request on `worker` holds the block; true when `worker` did not hold it.
+    fn add(&mut self, worker: u32) -> bool {
+        match self {
+            Holders::One(w, n) if *w == worker => {
+                *n += 1;
+                false
+            }
+            Holders::One(w, n) => {
+                *self = Holders::Many(Box::new(vec![(*w, *n), (worker, 1)]));
+                true
+            }
+            Holders::Many(list) => match list.iter_mut().find(|(w, _)| *w == worker) {
+                Some((_, n)) => {
+                    *n += 1;
+                    false
+                }
+                None => {
+                    list.push((worker, 1));
+                    true
+                }
+            },
+        }
     }
 
-    /// [`WorkerLoad::free`], calling `on_gone` with each block no longer active here.
-    pub(crate) fn free_reporting(&mut self, id: RequestId, mut on_gone: impl FnMut(SequenceHash)) {
-        let Some(a) = self.requests.remove(&id) else {
+    /// One request on `worker` let the block go. Returns (`worker` no longer holds it, nobody
+    /// holds it).
+    fn remove(&mut self, worker: u32) -> (bool, bool) {
+        match self {
+            Holders::One(w, n) if *w == worker => {
+                *n -= 1;
+                (*n == 0, *n == 0)
+            }
+            Holders::One(..) => (false, false),
+            Holders::Many(list) => {
+                let Some(i) = list.iter().position(|(w, _)| *w == worker) else {
+                    return (false, false);
+                };
+                list[i].1 -= 1;
+                if list[i].1 > 0 {
+                    return (false, false);
+                }
+                list.swap_remove(i);
+                if let [(w, n)] = list.as_slice() {
+                    *self = Holders::One(*w, *n);
+                }
+                (true, false)
+            }
+        }
+    }
+
+    /// Calls `f` with every worker holding the block.
+    fn for_each_worker(&self, mut f: impl FnMut(u32)) {
+        match self {
+            Holders::One(w, _) => f(*w),
+            Holders::Many(list) => list.iter().for_each(|&(w, _)| f(w)),
+        }
+    }
+
+    /// Requests on `worker` holding the block.
+    fn count(&self, worker: u32) -> u32 {
+        match self {
+            Holders::One(w, n) => u32::from(*w == worker) * *n,
+            Holders::Many(list) => list
+                .iter()
+                .find(|(w, _)| *w == worker)
+                .map_or(0, |&(_, n)| n),
+        }
+    }
+}
+
+/// Every block of an active request, with the workers whose active requests hold it: one
+/// lookup per block records, frees, or counts every worker's new blocks for a prompt (where a
+/// map per worker would take one per block and worker). Keeps each [`WorkerLoad`]'s distinct
+/// block count.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ActiveBlocks {
+    /// The holders of each active block; a block nobody holds has no entry.
+    blocks: BlockMap<Holders>,
+}
+
+impl ActiveBlocks {
+    /// Records a routed request on `worker` (whose load is `load`).
+    pub(crate) fn add(
+        &mut self,
+        load: &mut WorkerLoad,
+        worker: u32,
+        id: RequestId,
+        hashes: &[SequenceHash],
+        prefill_tokens: usize,
+    ) {
+        for (i, &h) in hashes.iter().enumerate() {
+            if i % WARM_CHUNK == 0 {
+                let end = hashes.len().min(i + WARM_CHUNK);
+                self.blocks.warm(hashes[i..end].iter().copied());
+            }
+            let (holders, inserted) = self.blocks.get_or_insert_default(h);
+            let new = if inserted {
+                *holders = Holders::One(worker, 1);
+                true
+            } else {
+                holders.add(worker)
+            };
+            load.num_blocks += usize::from(new);
+        }
+        load.insert(id, hashes.to_vec(), prefill_tokens);
+    }
+
+    /// The request `id` on `worker` (whose load is `load`) left.
+    pub(crate) fn free(&mut self, load: &mut WorkerLoad, worker: u32, id: RequestId) {
+        let Some(hashes) = load.take(id) else {
             return;
         };
-        self.prefill_tokens -= a.prefill_tokens;
-        for h in &a.hashes {
-            // One lookup decrements and (at zero) drops the count.
-            if let Entry::Occupied(mut e) = self.blocks.entry(*h) {
-                *e.get_mut() -= 1;
-                if *e.get() == 0 {
-                    e.remove();
-                    on_gone(*h);
-                }
+        for (i, h) in hashes.iter().enumerate() {
+            if i % WARM_CHUNK == 0 {
+                let end = hashes.len().min(i + WARM_CHUNK);
+                self.blocks.warm(hashes[i..end].iter().copied());
             }
+            // One lookup decrements and (when nobody holds it) drops the block.
+            let gone = self.blocks.update(h, |holders| holders.remove(worker));
+            load.num_blocks -= usize::from(gone == Some(true));
+        }
+    }
+
+    /// Subtracts 1 from `new_blocks[w]` for every prompt block (of `hashes`) that worker `w`
+    /// already holds: `new_blocks` starts at `hashes.len()` for every worker.
+    pub(crate) fn count_new(&self, hashes: &[SequenceHash], new_blocks: &mut [usize]) {
+        if self.blocks.is_empty() {
+            return;
+        }
+        for (i, h) in hashes.iter().enumerate() {
+            if i % WARM_CHUNK == 0 {
+                let end = hashes.len().min(i + WARM_CHUNK);
+                self.blocks.warm(hashes[i..end].iter().copied());
+            }
+            if let Some(holders) = self.blocks.get(h) {
+                holders.for_each_worker(|w| {
+                    if let Some(n) = new_blocks.get_mut(w as usize) {
+                        *n -= 1;
+                    }
+                });
+            }
+        }
+    }
+
+    /// How many of `hashes` are not blocks of an active request on `worker`.
+    pub(crate) fn new_blocks(&self, worker: u32, hashes: &[SequenceHash]) -> usize {
+        hashes
+            .iter()
+            .filter(|h| self.blocks.get(h).is_none_or(|b| b.count(worker) == 0))
+            .count()
+    }
+
+    /// Checks the map against the loads (tests): each worker's distinct block count, and that
+    /// every entry has a holder.
+    #[cfg(test)]
+    pub(crate) fn assert_invariants(&self, loads: &[WorkerLoad]) {
+        let mut counts = vec![0usize; loads.len()];
+        for holders in self.blocks.values() {
+            let mut any = false;
+            holders.for_each_worker(|w| {
+                any = true;
+                assert!(holders.count(w) > 0, "a listed holder holds the block");
+                counts[w as usize] += 1;
+            });
+            assert!(any, "a block nobody holds has no entry");
+        }
+        for (w, load) in loads.iter().enumerate() {
+            assert_eq!(counts[w], load.num_blocks, "worker {w}'s distinct blocks");
         }
     }
 }

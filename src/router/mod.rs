@@ -14,17 +14,18 @@ mod load;
 
 pub use load::WorkerLoad;
 
-use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
+
+use load::ActiveBlocks;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::ids::{RequestId, WorkerId};
-use crate::indexer::{ApproximateConfig, ApproximateIndexer, FlatIndex, KvIndexer, WorkerSet};
+use crate::indexer::{ApproximateConfig, ApproximateIndexer, FlatIndex, KvIndexer};
 use crate::kv::KvEvent;
 use crate::time::SimTime;
-use crate::tokens::{HashKeyMap, LocalBlockHash, SequenceHash};
+use crate::tokens::{LocalBlockHash, SequenceHash};
 
 /// How requests are spread over workers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -135,10 +136,9 @@ pub struct Router {
     indexer: RouterIndex,
     /// Active requests per worker.
     loads: Vec<WorkerLoad>,
-    /// The workers whose active requests hold each block: the loads' block sets inverted, so
-    /// one lookup per prompt block counts every worker's new blocks (instead of one per block
-    /// and worker). `w` is in `holders[h]` exactly when `loads[w]` has block `h`.
-    holders: HashKeyMap<SequenceHash, WorkerSet>,
+    /// The blocks of active requests and the workers holding each: one lookup per prompt block
+    /// counts every worker's new blocks, and one per block records or frees a request.
+    active: ActiveBlocks,
     /// Requests parked while every worker is busy, in arrival order.
     pending: VecDeque<RequestId>,
 }
@@ -175,7 +175,7 @@ impl Router {
                 Box::new(ApproximateIndexer::new(config.approximate))
             }),
             loads: (0..num_workers).map(|_| WorkerLoad::default()).collect(),
-            holders: HashKeyMap::default(),
+            active: ActiveBlocks::default(),
             pending: VecDeque::new(),
             config,
         }
@@ -256,15 +256,7 @@ impl Router {
         let bs = self.block_size as f64;
         // Every worker's `WorkerLoad::new_blocks`, from one lookup per prompt block.
         let mut new_blocks = vec![request.seq_hashes.len(); self.loads.len()];
-        for h in request.seq_hashes {
-            if let Some(set) = self.holders.get(h) {
-                for w in set.iter() {
-                    if let Some(n) = new_blocks.get_mut(w as usize) {
-                        *n -= 1;
-                    }
-                }
-            }
-        }
+        self.active.count_new(request.seq_hashes, &mut new_blocks);
         self.loads
             .iter()
             .zip(overlap)
@@ -300,7 +292,7 @@ impl Router {
         };
         let Some(o) = o else {
             // Load-blind policies keep no index and no per-worker block sets.
-            self.loads[worker].add(id, &[], request.isl);
+            self.add_load(worker, id, &[], request.isl);
             return Decision {
                 worker: WorkerId(worker as u32),
                 overlap_blocks: 0,
@@ -337,7 +329,7 @@ impl Router {
         }
     }
 
-    /// Adds a request to `worker`'s load, keeping `holders` in step.
+    /// Adds a request to `worker`'s load and its blocks to the active blocks.
     fn add_load(
         &mut self,
         worker: usize,
@@ -345,10 +337,19 @@ impl Router {
         hashes: &[SequenceHash],
         prefill_tokens: usize,
     ) {
-        let holders = &mut self.holders;
-        self.loads[worker].add_reporting(id, hashes, prefill_tokens, |h| {
-            holders.entry(h).or_default().insert(worker as u32);
-        });
+        self.active.add(
+            &mut self.loads[worker],
+            worker as u32,
+            id,
+            hashes,
+            prefill_tokens,
+        );
+    }
+
+    /// How many of `hashes` are not blocks of an active request on `worker` (the request's
+    /// new blocks there, in the KV cost).
+    pub fn new_blocks(&self, worker: WorkerId, hashes: &[SequenceHash]) -> usize {
+        self.active.new_blocks(worker.0, hashes)
     }
 
     /// Records a request as active on a worker the caller chose (a pinned request), exactly as
@@ -361,7 +362,7 @@ impl Router {
     ) -> Decision {
         let w = worker.0 as usize;
         if self.config.mode != RouterMode::KvRouter {
-            self.loads[w].add(id, &[], request.isl);
+            self.add_load(w, id, &[], request.isl);
             return Decision {
                 worker,
                 overlap_blocks: 0,
@@ -424,15 +425,8 @@ impl Router {
 
     /// The request finished or was cancelled.
     pub fn free(&mut self, worker: WorkerId, id: RequestId) {
-        let holders = &mut self.holders;
-        self.loads[worker.0 as usize].free_reporting(id, |h| {
-            if let Entry::Occupied(mut e) = holders.entry(h) {
-                e.get_mut().remove(worker.0);
-                if e.get().is_empty() {
-                    e.remove();
-                }
-            }
-        });
+        self.active
+            .free(&mut self.loads[worker.0 as usize], worker.0, id);
     }
 
     /// Applies a worker's KV event to the indexer (ignored without KV events).

@@ -346,9 +346,11 @@ fn holders_agree_with_each_workers_load() {
             .map(|_| h(rng.gen_range(0..30)))
             .collect();
         let costs = r.costs(request(&query));
+        r.active.assert_invariants(&r.loads);
         for (w, load) in r.loads.iter().enumerate() {
+            let new = r.new_blocks(WorkerId(w as u32), &query);
             let want = (load.active_prefill_tokens() + query.len() * 4) as f64 / 4.0
-                + (load.active_blocks() + load.new_blocks(&query)) as f64;
+                + (load.active_blocks() + new) as f64;
             assert_eq!(costs[w], want, "worker {w} after step {i}");
         }
     }

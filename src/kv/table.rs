@@ -1,0 +1,359 @@
+//! [`BlockMap`]: the map from a block's sequence hash to its bookkeeping that the KV pool, the
+//! flat index and the router's active blocks keep, one entry per block.
+//!
+//! Those maps hold tens of thousands of blocks each and are probed at random, so on a replay
+//! nearly every probe misses the CPU caches: what a probe costs is the cache lines it touches.
+//! A general-purpose table keeps its control bytes apart from its entries (two lines per cold
+//! probe); this one is open addressing with linear probing and the key stored beside its value,
+//! so a probe usually touches one line. Keys are hashes already; a multiplicative (Fibonacci)
+//! step spreads them over the slots. Iteration order is arbitrary (no caller depends on it).
+
+use crate::tokens::SequenceHash;
+
+/// Slots hold at most this share of entries (numerator / denominator): short probe runs.
+const MAX_LOAD: (usize, usize) = (1, 2);
+/// Keys to [`BlockMap::warm`] at once: their lines stay in the first-level cache until used.
+pub const WARM_CHUNK: usize = 32;
+/// Slots of the first allocation.
+const MIN_SLOTS: usize = 16;
+
+/// A map from [`SequenceHash`] to `V`, made for random probes on large tables (see the module
+/// docs). Key 0 marks an empty slot; a block whose hash is 0 lives in `zero` instead.
+#[derive(Clone, Debug)]
+pub struct BlockMap<V> {
+    /// `(key, value)`; key 0 is an empty slot (its value is `V::default()`). A power of two
+    /// long, or empty before the first insert.
+    slots: Vec<(u64, V)>,
+    /// Entries in `slots`.
+    len: usize,
+    /// `64 - log2(slots.len())`: the shift that maps a key's product to its home slot.
+    shift: u32,
+    /// The value of key 0, which cannot be stored in a slot.
+    zero: Option<V>,
+}
+
+impl<V> Default for BlockMap<V> {
+    fn default() -> Self {
+        BlockMap {
+            slots: Vec::new(),
+            len: 0,
+            shift: 64,
+            zero: None,
+        }
+    }
+}
+
+impl<V: Default> BlockMap<V> {
+    /// An empty map (allocates on the first insert).
+    pub fn new() -> BlockMap<V> {
+        BlockMap::default()
+    }
+
+    /// Entries.
+    pub fn len(&self) -> usize {
+        self.len + usize::from(self.zero.is_some())
+    }
+
+    /// True when there are no entries.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The home slot of a non-zero key.
+    fn home(&self, key: u64) -> usize {
+        (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
+    }
+
+    /// The slot holding `key` (non-zero), if any.
+    fn find(&self, key: u64) -> Option<usize> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(key);
+        loop {
+            match self.slots[i].0 {
+                0 => return None,
+                k if k == key => return Some(i),
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &SequenceHash) -> Option<&V> {
+        if key.0 == 0 {
+            return self.zero.as_ref();
+        }
+        self.find(key.0).map(|i| &self.slots[i].1)
+    }
+
+    /// The value of `key`, mutably.
+    pub fn get_mut(&mut self, key: &SequenceHash) -> Option<&mut V> {
+        if key.0 == 0 {
+            return self.zero.as_mut();
+        }
+        self.find(key.0).map(|i| &mut self.slots[i].1)
+    }
+
+    /// True when `key` has an entry.
+    pub fn contains_key(&self, key: &SequenceHash) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// The value of `key`, inserting `V::default()` first when absent; true when it inserted.
+    pub fn get_or_insert_default(&mut self, key: SequenceHash) -> (&mut V, bool) {
+        if key.0 == 0 {
+            let inserted = self.zero.is_none();
+            return (self.zero.get_or_insert_with(V::default), inserted);
+        }
+        if (self.len + 1) * MAX_LOAD.1 > self.slots.len() * MAX_LOAD.0 {
+            self.grow();
+        }
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(key.0);
+        loop {
+            match self.slots[i].0 {
+                0 => {
+                    self.slots[i].0 = key.0;
+                    self.len += 1;
+                    return (&mut self.slots[i].1, true);
+                }
+                k if k == key.0 => return (&mut self.slots[i].1, false),
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    /// Reads the home slot of every key (a prefetch in safe code): the loads are independent,
+    /// so their cache misses overlap, and the probes that follow find the lines in cache. Worth
+    /// it before a loop over a request's blocks, [`WARM_CHUNK`] keys at a time.
+    pub fn warm(&self, keys: impl IntoIterator<Item = SequenceHash>) {
+        if self.slots.is_empty() {
+            return;
+        }
+        let mut acc = 0u64;
+        for key in keys {
+            acc ^= self.slots[self.home(key.0)].0;
+        }
+        std::hint::black_box(acc);
+    }
+
+    /// Sets `key`'s value; the previous one, if any.
+    pub fn insert(&mut self, key: SequenceHash, value: V) -> Option<V> {
+        let (slot, inserted) = self.get_or_insert_default(key);
+        let old = std::mem::replace(slot, value);
+        (!inserted).then_some(old)
+    }
+
+    /// Calls `f` on `key`'s value (one probe) and removes the entry when `f` says so (the
+    /// second element of what it returns); `f`'s result, or None when `key` has no entry.
+    pub fn update<R>(
+        &mut self,
+        key: &SequenceHash,
+        f: impl FnOnce(&mut V) -> (R, bool),
+    ) -> Option<R> {
+        if key.0 == 0 {
+            let (r, remove) = f(self.zero.as_mut()?);
+            if remove {
+                self.zero = None;
+            }
+            return Some(r);
+        }
+        let i = self.find(key.0)?;
+        let (r, remove) = f(&mut self.slots[i].1);
+        if remove {
+            self.remove_slot(i);
+        }
+        Some(r)
+    }
+
+    /// Removes `key`; its value, if it had one.
+    pub fn remove(&mut self, key: &SequenceHash) -> Option<V> {
+        if key.0 == 0 {
+            return self.zero.take();
+        }
+        let i = self.find(key.0)?;
+        Some(self.remove_slot(i))
+    }
+
+    /// Empties slot `i` and shifts the entries of its probe run back (no tombstones).
+    fn remove_slot(&mut self, mut i: usize) -> V {
+        let mask = self.slots.len() - 1;
+        let (_, value) = std::mem::take(&mut self.slots[i]);
+        self.len -= 1;
+        let mut j = i;
+        loop {
+            j = (j + 1) & mask;
+            let key = self.slots[j].0;
+            if key == 0 {
+                return value;
+            }
+            // The entry at j may move to the hole at i unless its home lies cyclically in
+            // (i, j]: then it would end up before its home.
+            let home = self.home(key);
+            let stays = if i <= j {
+                i < home && home <= j
+            } else {
+                i < home || home <= j
+            };
+            if !stays {
+                self.slots.swap(i, j);
+                i = j;
+            }
+        }
+    }
+
+    /// Removes every entry, keeping the allocation.
+    pub fn clear(&mut self) {
+        for slot in &mut self.slots {
+            if slot.0 != 0 {
+                *slot = (0, V::default());
+            }
+        }
+        self.len = 0;
+        self.zero = None;
+    }
+
+    /// Keeps the entries for which `keep` returns true (called once per entry).
+    pub fn retain(&mut self, mut keep: impl FnMut(SequenceHash, &mut V) -> bool) {
+        if let Some(v) = &mut self.zero {
+            if !keep(SequenceHash(0), v) {
+                self.zero = None;
+            }
+        }
+        // Removing shifts later entries back (across the wrap too): decide first, then remove.
+        let doomed: Vec<u64> = self
+            .slots
+            .iter_mut()
+            .filter(|(k, _)| *k != 0)
+            .filter_map(|(k, v)| (!keep(SequenceHash(*k), v)).then_some(*k))
+            .collect();
+        for key in doomed {
+            self.remove(&SequenceHash(key));
+        }
+    }
+
+    /// Every entry, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (SequenceHash, &V)> + '_ {
+        self.zero.iter().map(|v| (SequenceHash(0), v)).chain(
+            self.slots
+                .iter()
+                .filter(|(k, _)| *k != 0)
+                .map(|(k, v)| (SequenceHash(*k), v)),
+        )
+    }
+
+    /// Every value, in no particular order.
+    pub fn values(&self) -> impl Iterator<Item = &V> + '_ {
+        self.iter().map(|(_, v)| v)
+    }
+
+    /// Doubles the slots (or makes the first ones) and re-inserts every entry.
+    fn grow(&mut self) {
+        let n = (self.slots.len() * 2).max(MIN_SLOTS);
+        let old = std::mem::replace(
+            &mut self.slots,
+            std::iter::repeat_with(|| (0, V::default()))
+                .take(n)
+                .collect(),
+        );
+        self.shift = 64 - n.trailing_zeros();
+        let mask = n - 1;
+        for (key, value) in old {
+            if key == 0 {
+                continue;
+            }
+            let mut i = self.home(key);
+            while self.slots[i].0 != 0 {
+                i = (i + 1) & mask;
+            }
+            self.slots[i] = (key, value);
+        }
+    }
+}
+
+impl<V: Default> FromIterator<(SequenceHash, V)> for BlockMap<V> {
+    fn from_iter<I: IntoIterator<Item = (SequenceHash, V)>>(iter: I) -> Self {
+        let mut map = BlockMap::new();
+        for (k, v) in iter {
+            map.insert(k, v);
+        }
+        map
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use std::collections::HashMap;
+
+    /// Every operation agrees with std's `HashMap` over seeded random operations on a small key
+    /// space (so removals hit long probe runs, wrap-arounds and key 0).
+    #[test]
+    fn agrees_with_hash_map_on_random_operations() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        for round in 0..4 {
+            let mut ours: BlockMap<u32> = BlockMap::new();
+            let mut want: HashMap<u64, u32> = HashMap::new();
+            let space = [8u64, 64, 1000, u64::MAX][round];
+            for step in 0..20_000u32 {
+                let key = match rng.gen_range(0..10) {
+                    0 => 0,
+                    // Keys that share a home slot (same high bits after the multiply are
+                    // likely among small multiples).
+                    1 => rng.gen_range(0..8) << 60,
+                    _ => rng.gen_range(0..space.max(1)),
+                };
+                let k = SequenceHash(key);
+                match rng.gen_range(0..6) {
+                    0 | 1 => assert_eq!(ours.insert(k, step), want.insert(key, step)),
+                    2 => assert_eq!(ours.remove(&k), want.remove(&key)),
+                    5 if step % 2 == 0 => {
+                        // Bump, and drop the entry at an odd value.
+                        let got = ours.update(&k, |v| {
+                            *v += 1;
+                            (*v, *v % 2 == 1)
+                        });
+                        let expected = want.get_mut(&key).map(|v| {
+                            *v += 1;
+                            *v
+                        });
+                        if expected.is_some_and(|v| v % 2 == 1) {
+                            want.remove(&key);
+                        }
+                        assert_eq!(got, expected);
+                    }
+                    3 => {
+                        let (v, inserted) = ours.get_or_insert_default(k);
+                        *v += 1;
+                        let w = want.entry(key);
+                        assert_eq!(
+                            inserted,
+                            matches!(w, std::collections::hash_map::Entry::Vacant(_))
+                        );
+                        *w.or_default() += 1;
+                    }
+                    4 if step % 500 == 0 => {
+                        ours.retain(|k, v| (k.0 ^ u64::from(*v)) % 3 != 0);
+                        want.retain(|k, v| (k ^ u64::from(*v)) % 3 != 0);
+                    }
+                    _ => assert_eq!(ours.get(&k), want.get(&key)),
+                }
+                assert_eq!(ours.len(), want.len());
+            }
+            for (k, v) in &want {
+                assert_eq!(ours.get(&SequenceHash(*k)), Some(v));
+            }
+            let mut seen: Vec<(u64, u32)> = ours.iter().map(|(k, v)| (k.0, *v)).collect();
+            let mut expected: Vec<(u64, u32)> = want.iter().map(|(k, v)| (*k, *v)).collect();
+            seen.sort_unstable();
+            expected.sort_unstable();
+            assert_eq!(seen, expected);
+            ours.clear();
+            assert!(ours.is_empty());
+            assert_eq!(ours.get(&SequenceHash(1)), None);
+        }
+    }
+}
