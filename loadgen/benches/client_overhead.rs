@@ -251,7 +251,9 @@ fn main() {
     let out = run(server(&["--speedup-ratio", "inf"]), scripts);
     // From the driver's start to the last completion (server start-up and shutdown left out).
     let wall = out.duration.as_secs_f64();
-    let cpu = cpu_before.zip(thread_cpu()).map(|(a, b)| b.saturating_sub(a));
+    let cpu = cpu_before
+        .zip(thread_cpu())
+        .map(|(a, b)| b.saturating_sub(a));
     let ok = out
         .samples
         .iter()

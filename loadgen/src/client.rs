@@ -211,7 +211,10 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a JSON object")
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Object<T>, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<Object<T>, A::Error> {
                 T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Object)
             }
         }
@@ -231,7 +234,10 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for First<T> {
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a JSON array")
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<First<T>, A::Error> {
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<First<T>, A::Error> {
                 let first = seq.next_element::<T>()?;
                 while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
                 Ok(First(first))
@@ -308,7 +314,10 @@ impl<'de> Deserialize<'de> for WorkerIdField {
             fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<WorkerIdField, E> {
                 Ok(WorkerIdField::Id(n))
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<WorkerIdField, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<WorkerIdField, A::Error> {
                 ChunkWorkerPair::deserialize(serde::de::value::MapAccessDeserializer::new(map))
                     .map(|p| WorkerIdField::Pair(Object(p)))
             }
@@ -326,7 +335,11 @@ struct ChunkWorkerPair {
 impl<'a> Chunk<'a> {
     /// The chunk's facts, borrowing from it (`error` is the caller's to check first).
     fn facts(&self) -> Facts<'_> {
-        let choice = self.choices.as_ref().and_then(|c| c.0.as_ref()).map(|c| &c.0);
+        let choice = self
+            .choices
+            .as_ref()
+            .and_then(|c| c.0.as_ref())
+            .map(|c| &c.0);
         let usage = self.usage.as_ref().map(|Object(u)| {
             let cached = u
                 .prompt_tokens_details
@@ -433,7 +446,11 @@ impl StreamState {
         });
         let delta = v.pointer("/choices/0/delta").map(|delta| {
             let text = |k: &str| delta.get(k).and_then(Value::as_str).unwrap_or("");
-            [text("content"), text("reasoning_content"), text("reasoning")]
+            [
+                text("content"),
+                text("reasoning_content"),
+                text("reasoning"),
+            ]
         });
         self.on_facts(
             Facts {
@@ -755,7 +772,11 @@ mod tests {
             assert_eq!(read_with(&[a], false), read_with(&[a], true), "{a}");
             for b in CHUNKS {
                 let pair = [*a, *b];
-                assert_eq!(read_with(&pair, false), read_with(&pair, true), "{a} then {b}");
+                assert_eq!(
+                    read_with(&pair, false),
+                    read_with(&pair, true),
+                    "{a} then {b}"
+                );
             }
         }
     }

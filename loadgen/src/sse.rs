@@ -165,7 +165,10 @@ impl SseParser {
             let line = std::mem::take(&mut self.line);
             self.end_line(&line)?;
         }
-        Ok(self.pending.take().map(|start| self.buf[start..].to_string()))
+        Ok(self
+            .pending
+            .take()
+            .map(|start| self.buf[start..].to_string()))
     }
 
     fn events(&self) -> Events<'_> {

@@ -31,6 +31,8 @@
 //! [`EngineHandle::is_alive`] turns false, so `/health` stops reporting a healthy server.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -460,6 +462,10 @@ impl Driver {
     }
 
     async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
+        // The wake-up for the engine's next event, kept across commands while that event stays
+        // the same (most commands do not move it), so the timer thread is asked once per event.
+        let mut wake: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(std::future::pending());
+        let mut wake_at: Option<Instant> = None;
         loop {
             let next = self.cluster.next_event_time();
             if next.is_none() && !self.tracked.is_empty() {
@@ -469,11 +475,16 @@ impl Driver {
             }
             // A time beyond the clock's range (a pass of astronomic length) is never reached.
             let deadline = next.and_then(|t| self.clock.instant(t));
+            if deadline != wake_at {
+                wake = sleep_until(self.timer.as_ref(), deadline);
+                wake_at = deadline;
+            }
             tokio::select! {
                 biased;
                 // Due engine work first: requests arriving during a pass wait for the next one,
                 // as on a real engine, and a flood of commands cannot starve the passes.
-                () = sleep_until(self.timer.as_ref(), deadline), if deadline.is_some() => {
+                () = &mut wake, if wake_at.is_some() => {
+                    wake_at = None;
                     // Advance to the event's own time, not the (later) wake-up: the timer's
                     // lateness then delays delivery but never accumulates into the simulated
                     // schedule (the next pass starts when this one ended). Work submitted
@@ -893,12 +904,15 @@ pub fn startup_warnings(cluster: &Cluster, max_waiting: Option<usize>) -> Vec<St
     out
 }
 
-/// Sleeps until `deadline` (forever if `None`), precisely with `timer`.
-async fn sleep_until(timer: Option<&PreciseTimer>, deadline: Option<Instant>) {
+/// A sleep until `deadline` (forever if `None`), precise with `timer`.
+fn sleep_until(
+    timer: Option<&PreciseTimer>,
+    deadline: Option<Instant>,
+) -> Pin<Box<dyn Future<Output = ()> + Send>> {
     match (timer, deadline) {
-        (Some(timer), Some(d)) => timer.sleep_until(d).await,
-        (None, Some(d)) => tokio::time::sleep_until(d).await,
-        (_, None) => std::future::pending().await,
+        (Some(timer), Some(d)) => Box::pin(timer.sleep_until(d)),
+        (None, Some(d)) => Box::pin(tokio::time::sleep_until(d)),
+        (_, None) => Box::pin(std::future::pending()),
     }
 }
 

@@ -15,6 +15,7 @@
 //! clock and is ignored), so code that sleeps this way stays testable with
 //! `#[tokio::test(start_paused = true)]`.
 
+use std::future::Future;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as StdInstant};
@@ -60,34 +61,43 @@ impl PreciseTimer {
         })
     }
 
-    /// Sleeps until `deadline` (tokio's clock), waking within tens of microseconds of it. One
-    /// wait at a time: a new call replaces the wait of a previous one (whose future has been
-    /// dropped, the owner having moved on).
-    pub async fn sleep_until(&self, deadline: Instant) {
-        if Instant::now() >= deadline {
+    /// A future that sleeps until `deadline` (tokio's clock), waking within tens of
+    /// microseconds of it. The wait is handed to the thread here, when the future is made, so
+    /// the future borrows nothing and its owner may keep it across other work. One wait at a
+    /// time: a newer one replaces the wait of an earlier future (its owner having moved on).
+    pub fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send + 'static {
+        let fired = if Instant::now() >= deadline {
             // Due already: no round trip through the thread.
-            return;
-        }
-        let tokio_sleep = tokio::time::sleep_until(deadline);
-        tokio::pin!(tokio_sleep);
-        let (fire, fired) = oneshot::channel();
-        let wait = Wait {
-            deadline: deadline.into_std(),
-            fire,
+            None
+        } else {
+            let (fire, fired) = oneshot::channel();
+            let wait = Wait {
+                deadline: deadline.into_std(),
+                fire,
+            };
+            let asked = self.waits.as_ref().is_some_and(|w| w.send(wait).is_ok());
+            asked.then_some(fired)
         };
-        let asked = self.waits.as_ref().is_some_and(|w| w.send(wait).is_ok());
-        if asked {
-            tokio::select! {
-                biased;
-                () = &mut tokio_sleep => return,
-                // Also when the thread has gone (`Err`): the tokio timer then has the last word.
-                _ = fired => {}
-            }
+        async move {
             if Instant::now() >= deadline {
                 return;
             }
+            let tokio_sleep = tokio::time::sleep_until(deadline);
+            tokio::pin!(tokio_sleep);
+            if let Some(fired) = fired {
+                tokio::select! {
+                    biased;
+                    () = &mut tokio_sleep => return,
+                    // Also when the thread has gone (`Err`): the tokio timer then has the last
+                    // word.
+                    _ = fired => {}
+                }
+                if Instant::now() >= deadline {
+                    return;
+                }
+            }
+            tokio_sleep.await;
         }
-        tokio_sleep.await;
     }
 }
 
