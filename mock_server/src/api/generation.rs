@@ -438,13 +438,8 @@ impl Generation {
                     frame.write(out, |out| {
                         out.extend_from_slice(b"{\"delta\":");
                         delta(out);
-                        out.extend_from_slice(b",\"finish_reason\":null,\"index\":");
-                        push_json(out, &index);
-                        out.extend_from_slice(b",\"logprobs\":");
-                        match &logprobs {
-                            Some(lp) => push_json(out, lp),
-                            None => out.extend_from_slice(b"null"),
-                        }
+                        out.push(b',');
+                        push_unfinished_choice(out, index, logprobs.as_ref());
                         out.push(b'}');
                     });
                 };
@@ -505,13 +500,8 @@ impl Generation {
                     .as_ref()
                     .map(|lp| completion_logprobs(&[lp], offset));
                 frame.write(out, |out| {
-                    out.extend_from_slice(b"{\"finish_reason\":null,\"index\":");
-                    push_json(out, &index);
-                    out.extend_from_slice(b",\"logprobs\":");
-                    match &logprobs {
-                        Some(lp) => push_json(out, lp),
-                        None => out.extend_from_slice(b"null"),
-                    }
+                    out.push(b'{');
+                    push_unfinished_choice(out, index, logprobs.as_ref());
                     out.extend_from_slice(b",\"text\":");
                     if echo.is_empty() {
                         push_json(out, answer);
@@ -612,6 +602,18 @@ fn push_json<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
     if serde_json::to_writer(&mut *out, value).is_err() {
         out.truncate(len);
         out.extend_from_slice(b"null");
+    }
+}
+
+/// Appends the keys every unfinished choice of a chunk has, in serde_json's (sorted) order:
+/// `"finish_reason":null,"index":…,"logprobs":…`.
+fn push_unfinished_choice(out: &mut Vec<u8>, index: usize, logprobs: Option<&Value>) {
+    out.extend_from_slice(b"\"finish_reason\":null,\"index\":");
+    push_json(out, &index);
+    out.extend_from_slice(b",\"logprobs\":");
+    match logprobs {
+        Some(lp) => push_json(out, lp),
+        None => out.extend_from_slice(b"null"),
     }
 }
 
