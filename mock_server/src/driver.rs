@@ -167,6 +167,8 @@ enum Command {
         lora: Option<Arc<LoraTag>>,
         /// The `finished_reason` it is counted under when it finishes.
         finish_reason: &'static str,
+        /// The client's output limit, counted in `vllm:request_params_max_tokens`.
+        max_tokens: usize,
         events: mpsc::UnboundedSender<Event>,
         /// The id and the simulated submission time.
         reply: oneshot::Sender<Result<(RequestId, SimTime), SubmitError>>,
@@ -282,19 +284,23 @@ impl EngineHandle {
         request: EngineRequest,
         pinned: Option<WorkerId>,
     ) -> Result<Submission, SubmitError> {
-        self.submit_as(request, pinned, None, FINISHED_LENGTH).await
+        let max_tokens = request.max_output_tokens;
+        self.submit_as(request, pinned, None, FINISHED_LENGTH, max_tokens)
+            .await
     }
 
     /// [`EngineHandle::submit`] for an answer that ends for `finish_reason` (`length`, `stop`,
     /// ...: the `finished_reason` it is counted under) and, optionally, runs under a LoRA
     /// adapter (its prompt hashed with the adapter's salt): counted under the adapter, and its
-    /// KV events name it.
+    /// KV events name it. `max_tokens` is the client's output limit (the engine request runs
+    /// only the tokens the answer has), as `vllm:request_params_max_tokens` counts it.
     pub async fn submit_as(
         &self,
         request: EngineRequest,
         pinned: Option<WorkerId>,
         lora: Option<Arc<LoraTag>>,
         finish_reason: &'static str,
+        max_tokens: usize,
     ) -> Result<Submission, SubmitError> {
         let (events_tx, events) = mpsc::unbounded_channel();
         let (reply, rx) = oneshot::channel();
@@ -304,6 +310,7 @@ impl EngineHandle {
                 pinned,
                 lora,
                 finish_reason,
+                max_tokens,
                 events: events_tx,
                 reply,
             })
@@ -514,6 +521,7 @@ impl Driver {
                 pinned,
                 lora,
                 finish_reason,
+                max_tokens,
                 events,
                 reply,
             } => {
@@ -523,6 +531,7 @@ impl Driver {
                     .inspect(|id| {
                         if let Some(t) = self.tracked.get_mut(id) {
                             t.finish_reason = finish_reason;
+                            t.max_tokens = max_tokens;
                         }
                         self.set_lora(*id, lora);
                     });

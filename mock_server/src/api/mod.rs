@@ -583,6 +583,7 @@ async fn generate(
                         answer::FinishReason::Length => "length",
                         answer::FinishReason::Stop | answer::FinishReason::ToolCalls => "stop",
                     },
+                    limit,
                 )
                 .await?;
             let mut choice = Choice::new(index, submission, answer, prompt.tokens.len());

@@ -228,6 +228,30 @@ async fn stop_strings_and_ids_end_the_text_before_them() -> Result<()> {
     Ok(())
 }
 
+/// `vllm:request_params_max_tokens` counts the request's `max_tokens`, also for answers that
+/// stop before it; `vllm:request_generation_tokens` counts what was generated.
+#[tokio::test]
+async fn max_tokens_metric_counts_the_requests_limit() -> Result<()> {
+    let server = start(sampled()).await?;
+    let (mut generated, mut stopped) = (0, 0);
+    for seed in 0..8 {
+        let body = chat(json!({"max_tokens": 64, "seed": seed}));
+        let whole = ok(&server, "/v1/chat/completions", &body).await?;
+        let tokens = whole["usage"]["completion_tokens"]
+            .as_u64()
+            .context("usage")?;
+        generated += tokens;
+        stopped += u64::from(tokens < 64);
+    }
+    assert!(stopped > 0, "no answer stopped before its limit");
+    let m = scrape(&server).await?;
+    let engine = "model_name=\"mock-model\",engine=\"0\"";
+    let sum = |name: &str| m.get(&format!("vllm:{name}_sum{{{engine}}}")).copied();
+    assert_eq!(sum("request_params_max_tokens"), Some(8.0 * 64.0));
+    assert_eq!(sum("request_generation_tokens"), Some(generated as f64));
+    Ok(())
+}
+
 fn weather_tool() -> Value {
     json!({"type": "function", "function": {
         "name": "get_weather",
