@@ -239,26 +239,14 @@ impl KvEventPublisher {
             let endpoint = config.endpoint.for_rank(rank)?;
             let mut socket = zeromq::PubSocket::new();
             if config.endpoint.bind {
-                socket
-                    .bind(&endpoint)
-                    .await
-                    .map_err(|source| KvEventsError::Bind {
-                        endpoint: endpoint.clone(),
-                        source,
-                    })?;
+                bind(&mut socket, &endpoint).await?;
             }
             let replay: ReplayBuffer = Arc::default();
             if let Some(replay_endpoint) = &config.replay_endpoint {
                 let endpoint = replay_endpoint.for_rank(rank)?;
                 let mut router = zeromq::RouterSocket::new();
                 if replay_endpoint.bind {
-                    router
-                        .bind(&endpoint)
-                        .await
-                        .map_err(|source| KvEventsError::Bind {
-                            endpoint: endpoint.clone(),
-                            source,
-                        })?;
+                    bind(&mut router, &endpoint).await?;
                     tokio::spawn(serve_replay(router, Arc::clone(&replay), stop.clone()));
                 } else {
                     let replay = Arc::clone(&replay);
@@ -362,6 +350,18 @@ async fn publish(mut task: PublishTask) {
             Err(_) => task.metrics.kv_events_dropped.get_or_create(&label).inc(),
         };
     }
+}
+
+/// Binds `socket` to `endpoint`; the error names the endpoint.
+async fn bind(socket: &mut impl Socket, endpoint: &str) -> Result<(), KvEventsError> {
+    socket
+        .bind(endpoint)
+        .await
+        .map(drop)
+        .map_err(|source| KvEventsError::Bind {
+            endpoint: endpoint.to_string(),
+            source,
+        })
 }
 
 /// Answers replay requests: `[identity, (empty,) start_seq]` gets every buffered batch with
