@@ -16,9 +16,18 @@
 //! Loading an encoding parses a few MB of embedded ranks: it happens once per process per
 //! encoding ([`TiktokenTokenizer::new`] hands out clones of one shared instance), and the answer
 //! words are computed at load time, so a server that holds one is fully warmed.
+//!
+//! Encoding splits the text with the encoding's pre-tokenizer pattern and encodes each piece on
+//! its own, as tiktoken does; the ids of short pieces are kept in a per-thread cache. The rank
+//! table holds hundreds of thousands of entries, so looking a piece up there is a cache miss or
+//! three, while the words of real prompts repeat: the cache's hot part stays in the CPU's cache.
+//! Ids are those of tiktoken's own `encode` (a test compares both on random text).
 
+use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
 
+use fancy_regex::Regex;
+use rustc_hash::FxHashMap;
 use tiktoken_rs::CoreBPE;
 
 use super::{AnswerWords, Tokenizer, TokenizerError};
@@ -27,6 +36,25 @@ use super::{AnswerWords, Tokenizer, TokenizerError};
 const MAX_CONTINUATION_WORDS: usize = 4096;
 /// At most this many initial words are kept.
 const MAX_INITIAL_WORDS: usize = 1024;
+
+/// Pieces of at most this many bytes have their ids cached.
+const MAX_CACHED_PIECE_LEN: usize = 48;
+/// A thread's cache of one encoding is emptied when it reaches this many pieces (bounded memory).
+const MAX_CACHED_PIECES: usize = 1 << 15;
+
+/// `cl100k_base`'s pre-tokenizer pattern, as tiktoken defines it.
+const CL100K_BASE_PAT_STR: &str = concat!(
+    r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+",
+    r"|\s++$|\s*[\r\n]|\s+(?!\S)|\s"
+);
+
+/// A piece's text → its ids.
+type PieceCache = FxHashMap<Box<str>, Box<[u32]>>;
+
+thread_local! {
+    /// Each thread's piece cache, one per encoding ([`TiktokenEncoding::index`]).
+    static PIECE_IDS: RefCell<[PieceCache; 2]> = RefCell::default();
+}
 
 /// One of the OpenAI encodings that `tiktoken-rs` embeds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -75,6 +103,22 @@ impl TiktokenEncoding {
         }
     }
 
+    /// This encoding's slot in per-encoding tables.
+    fn index(self) -> usize {
+        match self {
+            TiktokenEncoding::Cl100kBase => 0,
+            TiktokenEncoding::O200kBase => 1,
+        }
+    }
+
+    /// The pre-tokenizer pattern that splits text into pieces.
+    fn pattern(self) -> &'static str {
+        match self {
+            TiktokenEncoding::Cl100kBase => CL100K_BASE_PAT_STR,
+            TiktokenEncoding::O200kBase => tiktoken_rs::O200K_BASE_PAT_STR,
+        }
+    }
+
     /// Number of ordinary (rank) tokens: ids `0..num_ranks`.
     fn num_ranks(self) -> u32 {
         match self {
@@ -113,6 +157,8 @@ struct Inner {
     encoding: TiktokenEncoding,
     /// The BPE ranks and pre-tokenizer regex.
     bpe: CoreBPE,
+    /// The pre-tokenizer alone: text to pieces.
+    pieces: Regex,
     /// Round-tripping answer words, computed at load.
     answer_words: AnswerWords,
 }
@@ -150,28 +196,71 @@ impl Inner {
             name: encoding.name(),
             message: e.to_string(),
         })?;
+        let pieces = Regex::new(encoding.pattern()).map_err(|e| TokenizerError::Embedded {
+            name: encoding.name(),
+            message: e.to_string(),
+        })?;
         let mut inner = Inner {
             encoding,
             bpe,
+            pieces,
             answer_words: AnswerWords::default(),
         };
         inner.answer_words = inner.compute_answer_words();
         Ok(inner)
     }
 
+    /// `text`'s ids: each piece of the pre-tokenizer's split, from this thread's cache or
+    /// encoded and cached.
     fn encode(&self, text: &str) -> Vec<u32> {
-        // `encode` with no special tokens allowed is `encode_ordinary` that reports regex errors
-        // (a backtracking limit on pathological input) instead of panicking.
-        match self.bpe.encode(text, &Default::default()) {
-            Ok((ids, _)) => ids,
-            Err(_) => text
-                .chars()
-                .flat_map(|c| {
-                    let mut buf = [0u8; 4];
-                    self.bpe.encode_ordinary(c.encode_utf8(&mut buf))
-                })
-                .collect(),
+        let cached = PIECE_IDS.try_with(|cell| {
+            let mut caches = cell.borrow_mut();
+            let cache = &mut caches[self.encoding.index()];
+            let mut ids = Vec::with_capacity(text.len() / 4 + 1);
+            for piece in self.pieces.find_iter(text) {
+                let piece = piece.ok()?.as_str();
+                if let Some(hit) = cache.get(piece) {
+                    ids.extend_from_slice(hit);
+                    continue;
+                }
+                let piece_ids = self.encode_piece(piece)?;
+                ids.extend_from_slice(&piece_ids);
+                if piece.len() <= MAX_CACHED_PIECE_LEN {
+                    if cache.len() >= MAX_CACHED_PIECES {
+                        cache.clear();
+                    }
+                    cache.insert(piece.into(), piece_ids.into_boxed_slice());
+                }
+            }
+            Some(ids)
+        });
+        match cached {
+            Ok(Some(ids)) => ids,
+            // A thread being torn down has no cache: encode directly.
+            Err(_) => self.encode_piece(text).unwrap_or_else(|| self.encode_by_chars(text)),
+            Ok(None) => self.encode_by_chars(text),
         }
+    }
+
+    /// tiktoken's ids of `text` (no special tokens), `None` on a regex error (a backtracking
+    /// limit on pathological input; `encode_ordinary` would panic there).
+    fn encode_piece(&self, text: &str) -> Option<Vec<u32>> {
+        self.bpe
+            .encode(text, &Default::default())
+            .ok()
+            .map(|(ids, _)| ids)
+    }
+
+    /// The ids of `text` one character at a time: the fallback for input the pre-tokenizer
+    /// cannot split within its backtracking limit.
+    fn encode_by_chars(&self, text: &str) -> Vec<u32> {
+        text.chars()
+            .flat_map(|c| {
+                let mut buf = [0u8; 4];
+                self.encode_piece(c.encode_utf8(&mut buf))
+                    .unwrap_or_default()
+            })
+            .collect()
     }
 
     /// Bytes of one id, `None` for ids outside the vocabulary.
@@ -424,6 +513,71 @@ mod tests {
                 "DeepSeek-V3 random ids: {random}"
             );
         }
+    }
+
+    /// Random text of the kinds pre-tokenizers split differently: words, contractions, digit
+    /// runs, punctuation, every whitespace mix, letters with marks, CJK, emoji, special strings.
+    fn random_text(rng: &mut ChaCha8Rng) -> String {
+        const PARTS: &[&str] = &[
+            "hello", " world", "World", "HTTP", "x", "'s", "'LL", "'re", "don't", "0", "12",
+            "123456", " ", "  ", "   ", "\t", "\n", "\r\n", " \n ", "\n\n", "!", "?!", " ...",
+            ",", "/", "//", " (", ")\n", "é", "e\u{301}", "日本語", "🦀", "\u{a0}", "Ǆ", "<|im_start|>",
+            "<|endoftext|>", "a/b", "-", "_", "$1.5", "ÀÉÎ",
+        ];
+        let n = rng.gen_range(0..40);
+        (0..n)
+            .map(|_| PARTS[rng.gen_range(0..PARTS.len())])
+            .collect()
+    }
+
+    #[test]
+    fn cached_pieces_give_tiktokens_own_ids() {
+        for encoding in [TiktokenEncoding::Cl100kBase, TiktokenEncoding::O200kBase] {
+            let t = tok(encoding);
+            let mut rng = ChaCha8Rng::seed_from_u64(7);
+            for _ in 0..3000 {
+                let text = random_text(&mut rng);
+                let expected = t.inner.encode_piece(&text).expect("no regex error");
+                // Twice: the second time every short piece comes from the cache.
+                assert_eq!(t.encode(&text), expected, "{encoding:?}: {text:?}");
+                assert_eq!(t.encode(&text), expected, "{encoding:?}: {text:?}");
+            }
+            // Every short sequence of the parts where splits depend on what follows.
+            const EDGES: &[&str] = &[
+                "\n", " ", "  ", "\r\n", "\t", "a", "Ab", "1", "!", "'s", "é", "\u{a0}",
+            ];
+            for a in EDGES {
+                for b in EDGES {
+                    for c in EDGES {
+                        let text = format!("{a}{b}{c}");
+                        let expected = t.inner.encode_piece(&text).expect("no regex error");
+                        assert_eq!(t.encode(&text), expected, "{encoding:?}: {text:?}");
+                    }
+                }
+            }
+            // A long prompt of prose, whose words repeat.
+            assert_eq!(
+                t.encode(PROSE),
+                t.inner.encode_piece(PROSE).expect("no regex error")
+            );
+        }
+    }
+
+    #[test]
+    fn piece_cache_stays_bounded() {
+        let t = tok(TiktokenEncoding::O200kBase);
+        let index = TiktokenEncoding::O200kBase.index();
+        let text: String = (0..MAX_CACHED_PIECES + 100)
+            .map(|i| format!(" w{i}x"))
+            .collect();
+        let expected = t.inner.encode_piece(&text).expect("no regex error");
+        assert_eq!(t.encode(&text), expected);
+        let len = PIECE_IDS.with(|c| c.borrow()[index].len());
+        assert!((1..=MAX_CACHED_PIECES).contains(&len), "{len}");
+        // Pieces longer than the limit are encoded but not kept.
+        let long = format!(" {}", "ab".repeat(MAX_CACHED_PIECE_LEN));
+        let _ = t.encode(&long);
+        assert!(PIECE_IDS.with(|c| !c.borrow()[index].contains_key(long.as_str())));
     }
 
     #[test]
