@@ -37,8 +37,8 @@ const MAX_CONTINUATION_WORDS: usize = 4096;
 /// At most this many initial words are kept.
 const MAX_INITIAL_WORDS: usize = 1024;
 
-/// Pieces of at most this many bytes have their ids cached.
-const MAX_CACHED_PIECE_LEN: usize = 48;
+/// Pieces of at most this many bytes that are one token have their id cached (most words).
+const MAX_CACHED_PIECE_LEN: usize = 15;
 /// A thread's cache of one encoding is emptied when it reaches this many pieces (bounded memory).
 const MAX_CACHED_PIECES: usize = 1 << 15;
 
@@ -48,8 +48,28 @@ const CL100K_BASE_PAT_STR: &str = concat!(
     r"|\s++$|\s*[\r\n]|\s+(?!\S)|\s"
 );
 
-/// A piece's text → its ids.
-type PieceCache = FxHashMap<Box<str>, Box<[u32]>>;
+/// A short piece's bytes, zero-padded, with its length: a cache key held inline, so a lookup
+/// reads one table slot and nothing behind a pointer.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct PieceKey {
+    len: u8,
+    bytes: [u8; MAX_CACHED_PIECE_LEN],
+}
+
+impl PieceKey {
+    /// The key of `piece`, `None` for pieces too long to cache.
+    fn new(piece: &str) -> Option<PieceKey> {
+        let mut bytes = [0u8; MAX_CACHED_PIECE_LEN];
+        bytes.get_mut(..piece.len())?.copy_from_slice(piece.as_bytes());
+        Some(PieceKey {
+            len: piece.len() as u8,
+            bytes,
+        })
+    }
+}
+
+/// A one-token piece → its id.
+type PieceCache = FxHashMap<PieceKey, u32>;
 
 thread_local! {
     /// Each thread's piece cache, one per encoding ([`TiktokenEncoding::index`]).
@@ -219,18 +239,19 @@ impl Inner {
             let mut ids = Vec::with_capacity(text.len() / 4 + 1);
             for piece in self.pieces.find_iter(text) {
                 let piece = piece.ok()?.as_str();
-                if let Some(hit) = cache.get(piece) {
-                    ids.extend_from_slice(hit);
+                let key = PieceKey::new(piece);
+                if let Some(&id) = key.as_ref().and_then(|k| cache.get(k)) {
+                    ids.push(id);
                     continue;
                 }
                 let piece_ids = self.encode_piece(piece)?;
-                ids.extend_from_slice(&piece_ids);
-                if piece.len() <= MAX_CACHED_PIECE_LEN {
+                if let (Some(key), &[id]) = (key, piece_ids.as_slice()) {
                     if cache.len() >= MAX_CACHED_PIECES {
                         cache.clear();
                     }
-                    cache.insert(piece.into(), piece_ids.into_boxed_slice());
+                    cache.insert(key, id);
                 }
+                ids.extend_from_slice(&piece_ids);
             }
             Some(ids)
         });
@@ -567,17 +588,25 @@ mod tests {
     fn piece_cache_stays_bounded() {
         let t = tok(TiktokenEncoding::O200kBase);
         let index = TiktokenEncoding::O200kBase.index();
-        let text: String = (0..MAX_CACHED_PIECES + 100)
-            .map(|i| format!(" w{i}x"))
-            .collect();
-        let expected = t.inner.encode_piece(&text).expect("no regex error");
-        assert_eq!(t.encode(&text), expected);
-        let len = PIECE_IDS.with(|c| c.borrow()[index].len());
-        assert!((1..=MAX_CACHED_PIECES).contains(&len), "{len}");
+        let cached = || PIECE_IDS.with(|c| c.borrow()[index].len());
+        // Every id's text on its own: enough distinct one-token pieces to fill the cache.
+        let (mut peak, mut cleared) = (0, false);
+        for id in 0..t.inner.encoding.num_ranks() {
+            let text = t.decode(&[id]);
+            assert_eq!(t.encode(&text), t.inner.encode_piece(&text).unwrap_or_default());
+            let len = cached();
+            assert!(len <= MAX_CACHED_PIECES, "{len}");
+            cleared |= len < peak;
+            peak = peak.max(len);
+            if cleared {
+                break;
+            }
+        }
+        assert!(cleared && peak == MAX_CACHED_PIECES, "peak {peak}");
         // Pieces longer than the limit are encoded but not kept.
-        let long = format!(" {}", "ab".repeat(MAX_CACHED_PIECE_LEN));
-        let _ = t.encode(&long);
-        assert!(PIECE_IDS.with(|c| !c.borrow()[index].contains_key(long.as_str())));
+        assert!(PieceKey::new(&" w".repeat(MAX_CACHED_PIECE_LEN)).is_none());
+        // Keys of pieces that differ only in trailing NUL bytes differ.
+        assert!(PieceKey::new("\0") != PieceKey::new("\0\0"));
     }
 
     #[test]
