@@ -21,6 +21,7 @@
 mod builtin;
 mod chat;
 mod hf;
+mod pretokenize;
 mod text;
 mod tiktoken;
 mod words;

@@ -17,8 +17,9 @@
 //! encoding ([`TiktokenTokenizer::new`] hands out clones of one shared instance), and the answer
 //! words are computed at load time, so a server that holds one is fully warmed.
 //!
-//! Encoding splits the text with the encoding's pre-tokenizer pattern and encodes each piece on
-//! its own, as tiktoken does; the ids of short pieces are kept in a per-thread cache. The rank
+//! Encoding splits the text with the encoding's pre-tokenizer pattern (written out by hand for
+//! ASCII text, [`pretokenize`](super::pretokenize)) and encodes each piece on its own, as
+//! tiktoken does; the ids of short one-token pieces are kept in a per-thread cache. The rank
 //! table holds hundreds of thousands of entries, so looking a piece up there is a cache miss or
 //! three, while the words of real prompts repeat: the cache's hot part stays in the CPU's cache.
 //! Ids are those of tiktoken's own `encode` (a test compares both on random text).
@@ -30,7 +31,7 @@ use fancy_regex::Regex;
 use rustc_hash::FxHashMap;
 use tiktoken_rs::CoreBPE;
 
-use super::{AnswerWords, Tokenizer, TokenizerError};
+use super::{pretokenize, AnswerWords, Tokenizer, TokenizerError};
 
 /// At most this many continuation words are kept (lowest ids first: the most frequent merges).
 const MAX_CONTINUATION_WORDS: usize = 4096;
@@ -132,7 +133,7 @@ impl TiktokenEncoding {
     }
 
     /// The pre-tokenizer pattern that splits text into pieces.
-    fn pattern(self) -> &'static str {
+    pub(crate) fn pattern(self) -> &'static str {
         match self {
             TiktokenEncoding::Cl100kBase => CL100K_BASE_PAT_STR,
             TiktokenEncoding::O200kBase => tiktoken_rs::O200K_BASE_PAT_STR,
@@ -237,12 +238,11 @@ impl Inner {
             let mut caches = cell.borrow_mut();
             let cache = &mut caches[self.encoding.index()];
             let mut ids = Vec::with_capacity(text.len() / 4 + 1);
-            for piece in self.pieces.find_iter(text) {
-                let piece = piece.ok()?.as_str();
+            self.for_each_piece(text, |piece| {
                 let key = PieceKey::new(piece);
                 if let Some(&id) = key.as_ref().and_then(|k| cache.get(k)) {
                     ids.push(id);
-                    continue;
+                    return Some(());
                 }
                 let piece_ids = self.encode_piece(piece)?;
                 if let (Some(key), &[id]) = (key, piece_ids.as_slice()) {
@@ -252,7 +252,8 @@ impl Inner {
                     cache.insert(key, id);
                 }
                 ids.extend_from_slice(&piece_ids);
-            }
+                Some(())
+            })?;
             Some(ids)
         });
         match cached {
@@ -261,6 +262,33 @@ impl Inner {
             Err(_) => self.encode_piece(text).unwrap_or_else(|| self.encode_by_chars(text)),
             Ok(None) => self.encode_by_chars(text),
         }
+    }
+
+    /// Calls `f` on each piece of `text` in order (the hand-written split for ASCII text, the
+    /// pattern otherwise); `None` if the pattern fails (its backtracking limit) or `f` does.
+    fn for_each_piece<'t>(
+        &self,
+        text: &'t str,
+        mut f: impl FnMut(&'t str) -> Option<()>,
+    ) -> Option<()> {
+        if text.is_ascii() {
+            let piece_end = match self.encoding {
+                TiktokenEncoding::Cl100kBase => pretokenize::cl100k_piece_end,
+                TiktokenEncoding::O200kBase => pretokenize::o200k_piece_end,
+            };
+            let bytes = text.as_bytes();
+            let mut start = 0;
+            while start < bytes.len() {
+                let end = piece_end(bytes, start);
+                f(text.get(start..end)?)?;
+                start = end;
+            }
+            return Some(());
+        }
+        for piece in self.pieces.find_iter(text) {
+            f(piece.ok()?.as_str())?;
+        }
+        Some(())
     }
 
     /// tiktoken's ids of `text` (no special tokens), `None` on a regex error (a backtracking
