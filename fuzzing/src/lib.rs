@@ -13,6 +13,8 @@
 //!   on a tiny cluster to the end, every request completed or rejected, the same way twice.
 //! - [`sse::sse_stream`]: loadgen's SSE parser gives the same events however the bytes are split,
 //!   and holds no more than its bound.
+//! - [`tokenizer::prompt_text`]: the `tiktoken` encodings give tiktoken's own ids for any text
+//!   (servesim splits ASCII text by hand and caches pieces), the same twice, and decode back.
 //!
 //! [`TARGETS`] lists them with the tokens and field names the [`mutate::Mutator`] splices in.
 //! [`runner::fuzz`] loads a seed corpus, mutates it with a seeded ChaCha generator for a time
@@ -31,6 +33,7 @@ pub mod http;
 pub mod mutate;
 pub mod runner;
 pub mod sse;
+pub mod tokenizer;
 pub mod trace;
 
 use std::path::PathBuf;
@@ -175,8 +178,55 @@ const SSE_TOKENS: &[&[u8]] = &[
     b"\0",
 ];
 
+/// Text where pre-tokenizers split differently: contractions, digit runs, symbol runs before
+/// line ends, every whitespace mix, letters of other cases and scripts, special-token strings.
+const TEXT_TOKENS: &[&[u8]] = &[
+    b"'s",
+    b"'S",
+    b"'re",
+    b"'LL",
+    b"'ve",
+    b"'d",
+    b"'m",
+    b"'t",
+    b"'x",
+    b"'",
+    b"123",
+    b"1234567",
+    b" ",
+    b"  ",
+    b"\t",
+    b"\n",
+    b"\r\n",
+    b"\r",
+    b"\x0b",
+    b"\x0c",
+    b" \n ",
+    b"\n\n  ",
+    b"!",
+    b"...",
+    b"/",
+    b"//\n",
+    b" (",
+    b"HTTP",
+    b"Hello",
+    b"hello",
+    b"aBc",
+    b"\xc3\xa9",
+    b"e\xcc\x81",
+    b"\xc2\xa0",
+    b"\xe6\x97\xa5\xe6\x9c\xac",
+    b"\xf0\x9f\xa6\x80",
+    b"\xc7\x85",
+    b"<|im_start|>",
+    b"<|endoftext|>",
+    b"\0",
+    b"\x7f",
+    b"\xff",
+];
+
 /// Every target, in a fixed order.
-pub const TARGETS: [Target; 4] = [
+pub const TARGETS: [Target; 5] = [
     Target {
         name: "chat_body",
         check: http::chat_body,
@@ -204,6 +254,13 @@ pub const TARGETS: [Target; 4] = [
         dictionary: SSE_TOKENS,
         fields: &[],
         max_len: 64 << 10,
+    },
+    Target {
+        name: "prompt_text",
+        check: tokenizer::prompt_text,
+        dictionary: TEXT_TOKENS,
+        fields: &[],
+        max_len: 4 << 10,
     },
 ];
 

@@ -89,6 +89,11 @@ fn sse_stream() {
     run("sse_stream");
 }
 
+#[test]
+fn prompt_text() {
+    run("prompt_text");
+}
+
 /// Every file in `fuzz/corpus/<target>/` and `fuzz/regressions/<target>/` passes its checker.
 /// Fails until the fixes listed at the top of this file are in.
 #[test]

@@ -61,7 +61,9 @@ impl PieceKey {
     /// The key of `piece`, `None` for pieces too long to cache.
     fn new(piece: &str) -> Option<PieceKey> {
         let mut bytes = [0u8; MAX_CACHED_PIECE_LEN];
-        bytes.get_mut(..piece.len())?.copy_from_slice(piece.as_bytes());
+        bytes
+            .get_mut(..piece.len())?
+            .copy_from_slice(piece.as_bytes());
         Some(PieceKey {
             len: piece.len() as u8,
             bytes,
@@ -259,7 +261,9 @@ impl Inner {
         match cached {
             Ok(Some(ids)) => ids,
             // A thread being torn down has no cache: encode directly.
-            Err(_) => self.encode_piece(text).unwrap_or_else(|| self.encode_by_chars(text)),
+            Err(_) => self
+                .encode_piece(text)
+                .unwrap_or_else(|| self.encode_by_chars(text)),
             Ok(None) => self.encode_by_chars(text),
         }
     }
@@ -568,10 +572,47 @@ mod tests {
     /// runs, punctuation, every whitespace mix, letters with marks, CJK, emoji, special strings.
     fn random_text(rng: &mut ChaCha8Rng) -> String {
         const PARTS: &[&str] = &[
-            "hello", " world", "World", "HTTP", "x", "'s", "'LL", "'re", "don't", "0", "12",
-            "123456", " ", "  ", "   ", "\t", "\n", "\r\n", " \n ", "\n\n", "!", "?!", " ...",
-            ",", "/", "//", " (", ")\n", "é", "e\u{301}", "日本語", "🦀", "\u{a0}", "Ǆ", "<|im_start|>",
-            "<|endoftext|>", "a/b", "-", "_", "$1.5", "ÀÉÎ",
+            "hello",
+            " world",
+            "World",
+            "HTTP",
+            "x",
+            "'s",
+            "'LL",
+            "'re",
+            "don't",
+            "0",
+            "12",
+            "123456",
+            " ",
+            "  ",
+            "   ",
+            "\t",
+            "\n",
+            "\r\n",
+            " \n ",
+            "\n\n",
+            "!",
+            "?!",
+            " ...",
+            ",",
+            "/",
+            "//",
+            " (",
+            ")\n",
+            "é",
+            "e\u{301}",
+            "日本語",
+            "🦀",
+            "\u{a0}",
+            "Ǆ",
+            "<|im_start|>",
+            "<|endoftext|>",
+            "a/b",
+            "-",
+            "_",
+            "$1.5",
+            "ÀÉÎ",
         ];
         let n = rng.gen_range(0..40);
         (0..n)
@@ -621,7 +662,10 @@ mod tests {
         let (mut peak, mut cleared) = (0, false);
         for id in 0..t.inner.encoding.num_ranks() {
             let text = t.decode(&[id]);
-            assert_eq!(t.encode(&text), t.inner.encode_piece(&text).unwrap_or_default());
+            assert_eq!(
+                t.encode(&text),
+                t.inner.encode_piece(&text).unwrap_or_default()
+            );
             let len = cached();
             assert!(len <= MAX_CACHED_PIECES, "{len}");
             cleared |= len < peak;
