@@ -1,5 +1,7 @@
 //! KV cache: the paged block pool with prefix caching, the events it emits, and the host (G2) tier.
 pub mod event;
+pub mod ids;
+pub use ids::{BlockId, BlockIds};
 pub use event::{KvEvent, KvEventData, StoredBlock};
 pub mod pool;
 pub mod table;

@@ -16,7 +16,7 @@ pub use admission::RejectReason;
 pub use config::{ConfigError, EngineConfig, EngineType, PreemptionMode, SglangConfig, WorkerRole};
 pub use policy::{BatchingPolicy, Planner, VictimOrder};
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -24,11 +24,11 @@ use rand_chacha::ChaCha8Rng;
 use offload::Offload;
 
 use crate::ids::RequestId;
-use crate::kv::{BlockRef, KvEventData, KvPool, SequenceBlocks};
+use crate::kv::{BlockId, BlockRef, KvEventData, KvPool, SequenceBlocks};
 use crate::perf::{DecodeBatch, PrefillBatch};
 use crate::request::EngineRequest;
 use crate::time::{SimDuration, SimTime};
-use crate::tokens::{BlockHashes, Token};
+use crate::tokens::{BlockHashes, SequenceHash, Token};
 
 /// Something a pass did that the outside world needs to know.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,6 +96,9 @@ struct Seq {
     id: RequestId,
     /// Hashes of every full block of prompt + generated tokens.
     hashes: BlockHashes,
+    /// The pool's ids of `hashes` (held until the request leaves; empty without prefix
+    /// caching).
+    ids: Vec<BlockId>,
     /// Tokens after the last full block.
     tail: Vec<Token>,
     prompt_len: usize,
@@ -126,12 +129,15 @@ impl Seq {
         self.prompt_len + self.generated
     }
 
-    fn push_token(&mut self, token: Token, block_size: usize) {
+    /// Appends a generated token; a block it completes is hashed and interned in `pool`.
+    fn push_token(&mut self, token: Token, block_size: usize, pool: &mut KvPool) {
         self.tail.push(token);
         self.generated += 1;
         if self.tail.len() == block_size {
             self.hashes.push_block(&self.tail);
             self.tail.clear();
+            let n = self.hashes.len();
+            pool.intern(&self.hashes.sequence[n - 1..], &mut self.ids);
         }
     }
 
@@ -255,9 +261,12 @@ impl Scheduler {
             let capacity = self.config.num_gpu_blocks * self.config.block_size;
             max_output = max_output.min(capacity.saturating_sub(request.prompt.len));
         }
+        let mut ids = Vec::new();
+        self.pool.intern(&request.prompt.blocks.sequence, &mut ids);
         let seq = Seq {
             id,
             hashes: request.prompt.blocks,
+            ids,
             tail: request.prompt.tail,
             prompt_len: request.prompt.len,
             generated: 0,
@@ -443,7 +452,7 @@ impl Scheduler {
                 Some(&t) => t,
                 None => self.rng.gen(),
             };
-            s.push_token(token, block_size);
+            s.push_token(token, block_size, &mut self.pool);
             self.events.push(SchedulerEvent::Token {
                 id: s.id,
                 token,
@@ -485,6 +494,7 @@ impl Scheduler {
     fn remove(&mut self, slot: usize) {
         if let Some(mut s) = self.seqs[slot].take() {
             self.pool.release(&mut s.blocks);
+            self.pool.forget(&s.ids);
             self.free_slots.push(slot);
         }
     }
@@ -497,7 +507,7 @@ impl Scheduler {
         loop {
             let s = self.seqs[slot].as_mut().expect("slot is live");
             let seq = SequenceBlocks {
-                hashes: &s.hashes.sequence,
+                ids: &s.ids,
                 locals: &s.hashes.local,
             };
             if self
@@ -633,7 +643,7 @@ impl Scheduler {
     fn cached_prefix(&self, slot: usize) -> (usize, usize) {
         let s = self.seq(slot);
         let bs = self.config.block_size;
-        let m = self.pool.lookup_prefix(&s.hashes.sequence);
+        let m = self.pool.lookup_prefix(&s.ids);
         if self.config.role == WorkerRole::Decode {
             // The KV arrived from the prefill worker: everything but the token being decoded
             // counts as computed.
@@ -791,6 +801,23 @@ impl Scheduler {
     /// Checks the scheduler's bookkeeping and the pool's. Panics on a violation.
     pub fn assert_invariants(&self) {
         self.pool.assert_invariants();
+        // Each request holds the pool's id of each of its blocks, and nothing else does.
+        let mut holds: BTreeMap<SequenceHash, u32> = BTreeMap::new();
+        for s in self.seqs.iter().flatten() {
+            if self.pool.prefix_caching() {
+                assert_eq!(s.ids.len(), s.hashes.len(), "one id per block");
+            } else {
+                assert!(s.ids.is_empty(), "no ids without prefix caching");
+            }
+            for &h in &s.hashes.sequence[..s.ids.len()] {
+                *holds.entry(h).or_default() += 1;
+            }
+        }
+        let total: u64 = holds.values().map(|&n| u64::from(n)).sum();
+        assert_eq!(self.pool.num_holds(), total, "no hold outlives its request");
+        for (h, n) in holds {
+            assert_eq!(self.pool.holds(h), n, "holds of block {h:?}");
+        }
         let mut seen = vec![false; self.seqs.len()];
         for &slot in self.waiting.iter().chain(&self.running) {
             assert!(!seen[slot], "slot {slot} queued twice");

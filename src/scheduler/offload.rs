@@ -174,7 +174,7 @@ impl Scheduler {
             return false;
         }
         let bs = self.config.block_size;
-        let g1 = self.pool.lookup_prefix(&s.hashes.sequence).blocks;
+        let g1 = self.pool.lookup_prefix(&s.ids).blocks;
         // Only blocks that can count as cached (the last token is always computed).
         let usable = (s.len().saturating_sub(1) / bs).min(s.hashes.len());
         if g1 >= usable {
