@@ -94,6 +94,15 @@ impl<V: Default> BlockIds<V> {
         self.index.warm(hashes);
     }
 
+    /// Reads the slots of `ids` ahead of use (see [`BlockMap::warm`]).
+    pub fn warm_ids(&self, ids: impl IntoIterator<Item = BlockId>) {
+        let mut acc = 0u64;
+        for id in ids {
+            acc ^= self.slots[id.index()].0 .0;
+        }
+        std::hint::black_box(acc);
+    }
+
     /// The hash `id` stands for (meaningless for a dead id).
     pub fn hash(&self, id: BlockId) -> SequenceHash {
         self.slots[id.index()].0

@@ -78,6 +78,15 @@ impl Block {
     }
 }
 
+/// An inactive block in the LRU: its stamp, id and hash (the hash lets an eviction warm the
+/// block's index slot without reading its state first).
+#[derive(Clone, Copy, Debug)]
+struct LruEntry {
+    stamp: u64,
+    id: BlockId,
+    hash: SequenceHash,
+}
+
 /// The block pool of one worker.
 #[derive(Clone, Debug)]
 pub struct KvPool {
@@ -94,7 +103,7 @@ pub struct KvPool {
     /// stale entries behind, skipped on eviction and dropped when they pile up. The front is the
     /// least recently released block. (O(1) per operation on the replay's hot path.) Stamps
     /// are never reused, so an entry whose id was freed and handed out again stays stale.
-    lru: VecDeque<(u64, BlockId)>,
+    lru: VecDeque<LruEntry>,
     /// Cached blocks nobody holds (the live entries of `lru`).
     num_inactive: usize,
     /// Logical clock for LRU stamps: bumped on every release, never a wall clock.
@@ -198,7 +207,11 @@ impl KvPool {
             if b.is_cached() && b.refs == 0 {
                 self.clock += 1;
                 b.stamp = self.clock;
-                self.lru.push_back((self.clock, id));
+                self.lru.push_back(LruEntry {
+                    stamp: self.clock,
+                    id,
+                    hash: *h,
+                });
             }
         }
         self.compact_lru();
@@ -238,7 +251,11 @@ impl KvPool {
             block.refs = 0;
             self.num_cached += 1;
             self.num_inactive += 1;
-            queued.push((stamp, id));
+            queued.push(LruEntry {
+                stamp,
+                id,
+                hash: b.seq_hash,
+            });
         }
         // Queued in stamp order (the tail first) once all are in, so none of them was evictable
         // while the call made room.
@@ -411,6 +428,14 @@ impl KvPool {
         let mut stored_parent: Option<SequenceHash> = None;
         let evictions = new_blocks.saturating_sub(self.num_free_blocks());
         let mut removed: Vec<SequenceHash> = Vec::with_capacity(evictions);
+        // The blocks at the front of the LRU are about to be evicted: their state and index
+        // slots are read ahead, so those cache misses overlap.
+        for chunk_start in (0..evictions).step_by(WARM_CHUNK) {
+            let n = WARM_CHUNK.min(evictions - chunk_start);
+            let victims = self.lru.range(chunk_start..).take(n);
+            self.blocks.warm_ids(victims.clone().map(|e| e.id));
+            self.blocks.warm(victims.map(|e| e.hash));
+        }
         held.reserve(target.saturating_sub(held.len()));
         for i in first..target {
             let existing = held.get(i).copied();
@@ -465,13 +490,18 @@ impl KvPool {
             match b {
                 BlockRef::Partial => self.num_partial -= 1,
                 BlockRef::Full(id) => {
+                    let hash = self.blocks.hash(id);
                     let entry = self.blocks.get_mut(id);
                     debug_assert!(entry.is_cached(), "held full block is cached");
                     entry.refs -= 1;
                     if entry.refs == 0 {
                         self.clock += 1;
                         entry.stamp = self.clock;
-                        self.lru.push_back((self.clock, id));
+                        self.lru.push_back(LruEntry {
+                            stamp: self.clock,
+                            id,
+                            hash,
+                        });
                         self.num_inactive += 1;
                         self.num_active_full -= 1;
                     }
@@ -574,11 +604,11 @@ impl KvPool {
         if self.num_free_blocks() > 0 {
             return;
         }
-        while let Some((stamp, victim)) = self.lru.pop_front() {
-            if !self.is_live(stamp, victim) {
+        while let Some(victim) = self.lru.pop_front() {
+            if !self.is_live(victim) {
                 continue;
             }
-            let hash = self.uncache(victim);
+            let hash = self.uncache(victim.id);
             self.num_inactive -= 1;
             removed.push(hash);
             if let Some(evicted) = &mut self.evicted {
@@ -589,16 +619,16 @@ impl KvPool {
     }
 
     /// True when an LRU entry still stands for an inactive block.
-    fn is_live(&self, stamp: u64, id: BlockId) -> bool {
-        let b = self.blocks.get(id);
-        b.is_cached() && b.refs == 0 && b.stamp == stamp
+    fn is_live(&self, entry: LruEntry) -> bool {
+        let b = self.blocks.get(entry.id);
+        b.is_cached() && b.refs == 0 && b.stamp == entry.stamp
     }
 
     /// Drops stale LRU entries once they outnumber the live ones (amortised O(1)).
     fn compact_lru(&mut self) {
         if self.lru.len() > 2 * self.num_inactive + 64 {
             let mut lru = std::mem::take(&mut self.lru);
-            lru.retain(|&(stamp, id)| self.is_live(stamp, id));
+            lru.retain(|&e| self.is_live(e));
             self.lru = lru;
         }
     }
@@ -607,8 +637,8 @@ impl KvPool {
     fn lru_order(&self) -> Vec<BlockId> {
         self.lru
             .iter()
-            .filter(|&&(stamp, id)| self.is_live(stamp, id))
-            .map(|&(_, id)| id)
+            .filter(|&&e| self.is_live(e))
+            .map(|e| e.id)
             .collect()
     }
 
@@ -646,11 +676,11 @@ impl KvPool {
             self.lru
                 .iter()
                 .zip(self.lru.iter().skip(1))
-                .all(|(a, b)| a.0 < b.0),
+                .all(|(a, b)| a.stamp < b.stamp),
             "LRU entries are in stamp order"
         );
         assert!(
-            self.lru.back().is_none_or(|e| e.0 <= self.clock),
+            self.lru.back().is_none_or(|e| e.stamp <= self.clock),
             "stamps come from the logical clock"
         );
         assert!(
