@@ -96,8 +96,11 @@ struct Seq {
     id: RequestId,
     /// Hashes of every full block of prompt + generated tokens.
     hashes: BlockHashes,
-    /// The pool's ids of `hashes` (held until the request leaves; empty without prefix
-    /// caching).
+    /// The pool's ids of the leading blocks of `hashes`, held until the request leaves. Taken
+    /// when the request is first looked up for admission and extended before each allocation
+    /// ([`Scheduler::intern_blocks`]), not on arrival: a long waiting queue holds no ids, so
+    /// the pool's tables stay as small as what it caches and runs. Empty without prefix
+    /// caching.
     ids: Vec<BlockId>,
     /// Tokens after the last full block.
     tail: Vec<Token>,
@@ -129,15 +132,12 @@ impl Seq {
         self.prompt_len + self.generated
     }
 
-    /// Appends a generated token; a block it completes is hashed and interned in `pool`.
-    fn push_token(&mut self, token: Token, block_size: usize, pool: &mut KvPool) {
+    fn push_token(&mut self, token: Token, block_size: usize) {
         self.tail.push(token);
         self.generated += 1;
         if self.tail.len() == block_size {
             self.hashes.push_block(&self.tail);
             self.tail.clear();
-            let n = self.hashes.len();
-            pool.intern(&self.hashes.sequence[n - 1..], &mut self.ids);
         }
     }
 
@@ -261,12 +261,10 @@ impl Scheduler {
             let capacity = self.config.num_gpu_blocks * self.config.block_size;
             max_output = max_output.min(capacity.saturating_sub(request.prompt.len));
         }
-        let mut ids = Vec::new();
-        self.pool.intern(&request.prompt.blocks.sequence, &mut ids);
         let seq = Seq {
             id,
             hashes: request.prompt.blocks,
-            ids,
+            ids: Vec::new(),
             tail: request.prompt.tail,
             prompt_len: request.prompt.len,
             generated: 0,
@@ -452,7 +450,7 @@ impl Scheduler {
                 Some(&t) => t,
                 None => self.rng.gen(),
             };
-            s.push_token(token, block_size, &mut self.pool);
+            s.push_token(token, block_size);
             self.events.push(SchedulerEvent::Token {
                 id: s.id,
                 token,
@@ -505,6 +503,7 @@ impl Scheduler {
     fn allocate_or_preempt(&mut self, slot: usize, target: usize, pass: &mut PassState) -> bool {
         let block_size = self.config.block_size;
         loop {
+            self.intern_blocks(slot);
             let s = self.seqs[slot].as_mut().expect("slot is live");
             let seq = SequenceBlocks {
                 ids: &s.ids,
@@ -640,6 +639,22 @@ impl Scheduler {
     /// prompt token is always computed: a block-aligned, fully cached prompt recomputes its last
     /// block. Every engine flavour follows it (Dynamo's TRT-LLM model measurably does too).
     /// Returns (cached tokens, blocks already active).
+    /// Interns `slot`'s blocks that have no id yet (see [`Seq::ids`]).
+    fn intern_blocks(&mut self, slot: usize) {
+        let s = self.seqs[slot].as_mut().expect("slot is live");
+        if s.ids.len() < s.hashes.len() {
+            self.pool
+                .intern(&s.hashes.sequence[s.ids.len()..], &mut s.ids);
+        }
+    }
+
+    /// Interns the blocks of `slot` (see [`Scheduler::intern_blocks`]), then looks up its
+    /// prefix-cache hit ([`Scheduler::cached_prefix`]).
+    fn intern_and_lookup(&mut self, slot: usize) -> (usize, usize) {
+        self.intern_blocks(slot);
+        self.cached_prefix(slot)
+    }
+
     fn cached_prefix(&self, slot: usize) -> (usize, usize) {
         let s = self.seq(slot);
         let bs = self.config.block_size;
@@ -748,7 +763,7 @@ impl Scheduler {
                 self.awaiting.push(slot);
                 continue;
             }
-            let (cached, active_cached_blocks) = self.cached_prefix(slot);
+            let (cached, active_cached_blocks) = self.intern_and_lookup(slot);
             let s = self.seq(slot);
             let available = self.pool.capacity() - self.pool.num_active_blocks();
             let fits = if self.policy.reserves_full_output {
@@ -805,7 +820,7 @@ impl Scheduler {
         let mut holds: BTreeMap<SequenceHash, u32> = BTreeMap::new();
         for s in self.seqs.iter().flatten() {
             if self.pool.prefix_caching() {
-                assert_eq!(s.ids.len(), s.hashes.len(), "one id per block");
+                assert!(s.ids.len() <= s.hashes.len(), "at most one id per block");
             } else {
                 assert!(s.ids.is_empty(), "no ids without prefix caching");
             }

@@ -166,6 +166,10 @@ impl Scheduler {
     /// vLLM with G2: when the blocks after the G1 prefix match continue in G2, parks the request
     /// and starts onboarding them. Returns true when parked.
     pub(super) fn try_onboard(&mut self, slot: usize) -> bool {
+        if self.offload.is_none() {
+            return false;
+        }
+        self.intern_blocks(slot);
         let Some(off) = &mut self.offload else {
             return false;
         };
