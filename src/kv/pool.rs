@@ -318,7 +318,9 @@ impl KvPool {
 
     /// True when `hash` is cached (active or inactive).
     pub fn contains(&self, hash: SequenceHash) -> bool {
-        self.blocks.id(hash).is_some_and(|id| self.cached(id).is_some())
+        self.blocks
+            .id(hash)
+            .is_some_and(|id| self.cached(id).is_some())
     }
 
     /// The longest run of leading blocks of `ids` (from [`KvPool::intern`]) present in the
@@ -708,15 +710,14 @@ impl KvPool {
 
     /// Id lists holding the id of `hash` (0 when it has none), for tests that keep them.
     pub fn holds(&self, hash: SequenceHash) -> u32 {
-        self.blocks.id(hash).map_or(0, |id| self.blocks.get(id).holds)
+        self.blocks
+            .id(hash)
+            .map_or(0, |id| self.blocks.get(id).holds)
     }
 
     /// Holds taken by [`KvPool::intern`] and not yet dropped, over every id (tests).
     pub fn num_holds(&self) -> u64 {
-        self.blocks
-            .iter()
-            .map(|(_, _, b)| u64::from(b.holds))
-            .sum()
+        self.blocks.iter().map(|(_, _, b)| u64::from(b.holds)).sum()
     }
 
     /// Blocks with an id (cached or held by an id list): what the pool's tables hold.

@@ -359,8 +359,16 @@ fn holders_agree_with_each_workers_load() {
                 .flat_map(|(_, _, hs)| hs.iter().copied())
                 .collect();
             let new = query.iter().filter(|h| !held.contains(h)).count();
-            assert_eq!(r.new_blocks(worker, &query), new, "worker {w} after step {i}");
-            assert_eq!(load.active_blocks(), held.len(), "worker {w}'s distinct blocks");
+            assert_eq!(
+                r.new_blocks(worker, &query),
+                new,
+                "worker {w} after step {i}"
+            );
+            assert_eq!(
+                load.active_blocks(),
+                held.len(),
+                "worker {w}'s distinct blocks"
+            );
             let want = (load.active_prefill_tokens() + query.len() * 4) as f64 / 4.0
                 + (load.active_blocks() + new) as f64;
             assert_eq!(costs[w], want, "worker {w} after step {i}");
