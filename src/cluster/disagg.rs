@@ -305,7 +305,7 @@ impl Cluster {
             KvTransferTimingMode::DestinationMissing => {
                 let pool_kv = self.workers[worker].scheduler().pool();
                 let cached = pool_kv
-                    .lookup_prefix(&request.prompt.blocks.sequence)
+                    .lookup_prefix_hashes(&request.prompt.blocks.sequence)
                     .blocks;
                 request.prompt.len.saturating_sub(cached * self.block_size)
             }

@@ -1,6 +1,9 @@
-//! KV cache: the paged block pool with prefix caching, the events it emits, and the host (G2) tier.
+//! KV cache: the paged block pool with prefix caching, the dense block ids it names blocks by, the
+//! events it emits, and the host (G2) tier.
 pub mod event;
+pub mod ids;
 pub use event::{KvEvent, KvEventData, StoredBlock};
+pub use ids::{BlockId, BlockIds};
 pub mod pool;
 pub mod table;
 pub use pool::{BlockRef, CapacityExhausted, KvPool, PrefixMatch, SequenceBlocks};

@@ -1,22 +1,30 @@
 //! The paged KV block pool of one worker: ref-counted active blocks, an LRU of inactive cached
-//! blocks (on a logical clock), prefix lookup by sequence hash, and the KV events it emits.
+//! blocks (on a logical clock), prefix lookup, and the KV events it emits.
 //!
 //! A request holds a list of [`BlockRef`]s covering the tokens it has scheduled. Full blocks are
 //! shared by sequence hash (that is the prefix cache); the block being filled is private
 //! ([`BlockRef::Partial`]) until its last token is scheduled, when it is promoted to a full block
 //! (or collapses onto an identical block another request already cached).
+//!
+//! Blocks are named inside the pool by dense [`BlockId`]s: a request's hashes are interned once
+//! ([`KvPool::intern`]) when it arrives, and the pool's per-block state is a vector indexed by
+//! id, so walking a request's blocks reads neighbouring entries instead of probing a hash table
+//! at random for each. An id lives while the block is cached or a request's id list holds it
+//! ([`KvPool::forget`] drops a request's hold), so the table stays as small as the cache plus
+//! the requests on the worker. Events carry sequence hashes, as on the wire.
 
 use std::collections::VecDeque;
 
 use crate::kv::event::{KvEventData, StoredBlock};
-use crate::kv::table::{BlockMap, WARM_CHUNK};
+use crate::kv::ids::{BlockId, BlockIds};
+use crate::kv::table::WARM_CHUNK;
 use crate::tokens::{HashKeyMap, LocalBlockHash, SequenceHash};
 
 /// One block held by a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BlockRef {
     /// A full block in the prefix cache, shared by every request whose sequence contains it.
-    Full(SequenceHash),
+    Full(BlockId),
     /// A block still being filled (or any block when prefix caching is off): private.
     Partial,
 }
@@ -40,12 +48,43 @@ pub struct PrefixMatch {
     pub active_blocks: usize,
 }
 
-#[derive(Clone, Debug, Default)]
-struct CachedBlock {
-    /// Requests holding this block; 0 means inactive (in the LRU, evictable).
-    refs: u32,
-    /// LRU position while inactive.
+/// The `stamp` of a block that is not cached.
+const UNCACHED: u64 = u64::MAX;
+
+/// The pool's state of one interned block.
+#[derive(Clone, Debug)]
+struct Block {
+    /// LRU position while cached and inactive; [`UNCACHED`] when the block is not in the cache.
     stamp: u64,
+    /// Requests holding this block; 0 means inactive (in the LRU, evictable) when cached.
+    refs: u32,
+    /// Id lists ([`KvPool::intern`]) holding the id: it must stay while any does.
+    holds: u32,
+}
+
+impl Default for Block {
+    fn default() -> Self {
+        Block {
+            stamp: UNCACHED,
+            refs: 0,
+            holds: 0,
+        }
+    }
+}
+
+impl Block {
+    fn is_cached(&self) -> bool {
+        self.stamp != UNCACHED
+    }
+}
+
+/// An inactive block in the LRU: its stamp, id and hash (the hash lets an eviction warm the
+/// block's index slot without reading its state first).
+#[derive(Clone, Copy, Debug)]
+struct LruEntry {
+    stamp: u64,
+    id: BlockId,
+    hash: SequenceHash,
 }
 
 /// The block pool of one worker.
@@ -55,14 +94,16 @@ pub struct KvPool {
     capacity: usize,
     /// Whether full blocks are shared by hash; when off every block is private and no events flow.
     prefix_caching: bool,
-    /// Every full block in the cache, active or inactive.
-    cached: BlockMap<CachedBlock>,
-    /// Inactive cached blocks by LRU stamp: the first entry is evicted first.
+    /// Every block that is cached (active or inactive) or named by a request's id list.
+    blocks: BlockIds<Block>,
+    /// Full blocks in the cache, active or inactive.
+    num_cached: usize,
     /// Inactive blocks in release order, kept lazily: an entry is live while its block is cached,
     /// inactive and still carries the entry's stamp; reactivated or re-stamped blocks leave
     /// stale entries behind, skipped on eviction and dropped when they pile up. The front is the
-    /// least recently released block. (O(1) per operation on the replay's hot path.)
-    lru: VecDeque<(u64, SequenceHash)>,
+    /// least recently released block. (O(1) per operation on the replay's hot path.) Stamps
+    /// are never reused, so an entry whose id was freed and handed out again stays stale.
+    lru: VecDeque<LruEntry>,
     /// Cached blocks nobody holds (the live entries of `lru`).
     num_inactive: usize,
     /// Logical clock for LRU stamps: bumped on every release, never a wall clock.
@@ -83,7 +124,8 @@ impl KvPool {
         KvPool {
             capacity,
             prefix_caching,
-            cached: BlockMap::new(),
+            blocks: BlockIds::new(),
+            num_cached: 0,
             lru: VecDeque::new(),
             num_inactive: 0,
             clock: 0,
@@ -107,16 +149,69 @@ impl KvPool {
             .unwrap_or_default()
     }
 
+    /// Appends the ids of `hashes` to `ids`, holding each until [`KvPool::forget`]: a request
+    /// interns its blocks once and names them by id from then on. Without prefix caching no
+    /// block is shared and nothing is appended.
+    pub fn intern(&mut self, hashes: &[SequenceHash], ids: &mut Vec<BlockId>) {
+        if !self.prefix_caching {
+            return;
+        }
+        ids.reserve(hashes.len());
+        for chunk in hashes.chunks(WARM_CHUNK) {
+            self.blocks.warm(chunk.iter().copied());
+            for &h in chunk {
+                let (id, _) = self.blocks.intern(h);
+                self.blocks.get_mut(id).holds += 1;
+                ids.push(id);
+            }
+        }
+    }
+
+    /// Drops the holds [`KvPool::intern`] took on `ids`; ids neither held nor cached die.
+    pub fn forget(&mut self, ids: &[BlockId]) {
+        for &id in ids {
+            let b = self.blocks.get_mut(id);
+            b.holds -= 1;
+            if b.holds == 0 && !b.is_cached() {
+                self.blocks.remove(id);
+            }
+        }
+    }
+
+    /// The cached block `id`, if it is in the cache.
+    fn cached(&self, id: BlockId) -> Option<&Block> {
+        Some(self.blocks.get(id)).filter(|b| b.is_cached())
+    }
+
+    /// Takes `id` out of the cache (its entry dies unless an id list holds it); its hash.
+    fn uncache(&mut self, id: BlockId) -> SequenceHash {
+        let hash = self.blocks.hash(id);
+        let b = self.blocks.get_mut(id);
+        b.stamp = UNCACHED;
+        b.refs = 0;
+        if b.holds == 0 {
+            self.blocks.remove(id);
+        }
+        self.num_cached -= 1;
+        hash
+    }
+
     /// Marks inactive blocks among `hashes` as just used, the first one last (so a prefix is
     /// evicted after its suffix). Active and unknown blocks are left alone.
     pub fn touch(&mut self, hashes: &[SequenceHash]) {
         for h in hashes.iter().rev() {
-            if let Some(b) = self.cached.get_mut(h) {
-                if b.refs == 0 {
-                    self.clock += 1;
-                    b.stamp = self.clock;
-                    self.lru.push_back((self.clock, *h));
-                }
+            let Some(id) = self.blocks.id(*h) else {
+                continue;
+            };
+            let b = self.blocks.get_mut(id);
+            if b.is_cached() && b.refs == 0 {
+                self.clock += 1;
+                b.stamp = self.clock;
+                self.lru.push_back(LruEntry {
+                    stamp: self.clock,
+                    id,
+                    hash: *h,
+                });
             }
         }
         self.compact_lru();
@@ -137,7 +232,7 @@ impl KvPool {
         let room = self.num_free_blocks() + self.num_inactive_blocks();
         let new: Vec<StoredBlock> = blocks
             .iter()
-            .filter(|b| !self.cached.contains_key(&b.seq_hash))
+            .filter(|b| !self.contains(b.seq_hash))
             .take(room)
             .copied()
             .collect();
@@ -145,22 +240,26 @@ impl KvPool {
         let n = new.len() as u64;
         let base = self.clock;
         self.clock += n;
+        let mut queued = Vec::with_capacity(new.len());
         for (i, b) in new.iter().enumerate() {
             // The new stamps are above every existing one: eviction takes older blocks first.
             self.make_room(&mut removed);
             let stamp = base + n - i as u64;
-            self.cached
-                .insert(b.seq_hash, CachedBlock { refs: 0, stamp });
+            let (id, _) = self.blocks.intern(b.seq_hash);
+            let block = self.blocks.get_mut(id);
+            block.stamp = stamp;
+            block.refs = 0;
+            self.num_cached += 1;
             self.num_inactive += 1;
+            queued.push(LruEntry {
+                stamp,
+                id,
+                hash: b.seq_hash,
+            });
         }
         // Queued in stamp order (the tail first) once all are in, so none of them was evictable
         // while the call made room.
-        self.lru.extend(
-            new.iter()
-                .enumerate()
-                .rev()
-                .map(|(i, b)| (base + n - i as u64, b.seq_hash)),
-        );
+        self.lru.extend(queued.into_iter().rev());
         if !removed.is_empty() {
             self.events.push(KvEventData::Removed {
                 seq_hashes: removed,
@@ -219,22 +318,21 @@ impl KvPool {
 
     /// True when `hash` is cached (active or inactive).
     pub fn contains(&self, hash: SequenceHash) -> bool {
-        self.cached.contains_key(&hash)
+        self.blocks
+            .id(hash)
+            .is_some_and(|id| self.cached(id).is_some())
     }
 
-    /// The longest run of leading `hashes` present in the cache.
-    pub fn lookup_prefix(&self, hashes: &[SequenceHash]) -> PrefixMatch {
+    /// The longest run of leading blocks of `ids` (from [`KvPool::intern`]) present in the
+    /// cache.
+    pub fn lookup_prefix(&self, ids: &[BlockId]) -> PrefixMatch {
         let mut m = PrefixMatch::default();
         if !self.prefix_caching {
             return m;
         }
         let mut all_active = true;
-        for (i, h) in hashes.iter().enumerate() {
-            if i % WARM_CHUNK == 0 {
-                let end = hashes.len().min(i + WARM_CHUNK);
-                self.cached.warm(hashes[i..end].iter().copied());
-            }
-            match self.cached.get(h) {
+        for &id in ids {
+            match self.cached(id) {
                 Some(b) => {
                     m.blocks += 1;
                     all_active &= b.refs > 0;
@@ -248,8 +346,30 @@ impl KvPool {
         m
     }
 
-    /// Extends `held` so that it covers `num_tokens` tokens of a sequence whose full blocks have
-    /// the sequence hashes `hashes` (and local hashes `locals`, for events). Blocks below
+    /// [`KvPool::lookup_prefix`] for a sequence given by its hashes (not interned here).
+    pub fn lookup_prefix_hashes(&self, hashes: &[SequenceHash]) -> PrefixMatch {
+        let mut m = PrefixMatch::default();
+        if !self.prefix_caching {
+            return m;
+        }
+        let mut all_active = true;
+        for &h in hashes {
+            match self.blocks.id(h).and_then(|id| self.cached(id)) {
+                Some(b) => {
+                    m.blocks += 1;
+                    all_active &= b.refs > 0;
+                    if all_active {
+                        m.active_blocks += 1;
+                    }
+                }
+                None => break,
+            }
+        }
+        m
+    }
+
+    /// Extends `held` so that it covers `num_tokens` tokens of a sequence whose full blocks are
+    /// `seq` (interned ids, and local hashes for events). Blocks below
     /// `num_tokens / block_size` are full (shared by hash); a trailing partial block is private.
     ///
     /// All or nothing: on [`CapacityExhausted`] nothing changed.
@@ -262,7 +382,7 @@ impl KvPool {
     ) -> Result<(), CapacityExhausted> {
         let target = num_tokens.div_ceil(block_size);
         let full_target = if self.prefix_caching {
-            (num_tokens / block_size).min(seq.hashes.len())
+            (num_tokens / block_size).min(seq.ids.len())
         } else {
             0
         };
@@ -280,21 +400,17 @@ impl KvPool {
         let mut freed = 0usize;
         let mut reactivated = 0usize;
         for i in first..target {
-            if i < full_target && (i - first) % WARM_CHUNK == 0 {
-                let end = full_target.min(i + WARM_CHUNK);
-                self.cached.warm(seq.hashes[i..end].iter().copied());
-            }
             let existing = held.get(i).copied();
             let wants_full = i < full_target;
             match (existing, wants_full) {
                 (Some(BlockRef::Full(_)), _) | (Some(BlockRef::Partial), false) => {}
                 (Some(BlockRef::Partial), true) => {
-                    if let Some(b) = self.cached.get(&seq.hashes[i]) {
+                    if let Some(b) = self.cached(seq.ids[i]) {
                         freed += 1;
                         reactivated += usize::from(b.refs == 0);
                     }
                 }
-                (None, true) => match self.cached.get(&seq.hashes[i]) {
+                (None, true) => match self.cached(seq.ids[i]) {
                     Some(b) => reactivated += usize::from(b.refs == 0),
                     None => new_blocks += 1,
                 },
@@ -314,11 +430,13 @@ impl KvPool {
         let mut stored_parent: Option<SequenceHash> = None;
         let evictions = new_blocks.saturating_sub(self.num_free_blocks());
         let mut removed: Vec<SequenceHash> = Vec::with_capacity(evictions);
-        // The blocks at the front of the LRU are about to be looked up for eviction.
+        // The blocks at the front of the LRU are about to be evicted: their state and index
+        // slots are read ahead, so those cache misses overlap.
         for chunk_start in (0..evictions).step_by(WARM_CHUNK) {
             let n = WARM_CHUNK.min(evictions - chunk_start);
-            self.cached
-                .warm(self.lru.range(chunk_start..).take(n).map(|&(_, h)| h));
+            let victims = self.lru.range(chunk_start..).take(n);
+            self.blocks.warm_ids(victims.clone().map(|e| e.id));
+            self.blocks.warm(victims.map(|e| e.hash));
         }
         held.reserve(target.saturating_sub(held.len()));
         for i in first..target {
@@ -334,23 +452,23 @@ impl KvPool {
             if let Some(BlockRef::Full(_)) = existing {
                 continue;
             }
-            let hash = seq.hashes[i];
+            let id = seq.ids[i];
             let promote = existing == Some(BlockRef::Partial);
             if promote {
                 // Promote: the partial block's slot becomes the full block, or is released when
                 // the same block is already cached.
                 self.num_partial -= 1;
             }
-            if !self.acquire_cached(hash) {
+            if !self.acquire_cached(id) {
                 if !promote {
                     self.make_room(&mut removed);
                 }
-                self.insert_new(hash, i, &seq, &mut stored, &mut stored_parent);
+                self.insert_new(i, &seq, &mut stored, &mut stored_parent);
             }
             if promote {
-                held[i] = BlockRef::Full(hash);
+                held[i] = BlockRef::Full(id);
             } else {
-                held.push(BlockRef::Full(hash));
+                held.push(BlockRef::Full(id));
             }
         }
         if !removed.is_empty() {
@@ -370,32 +488,22 @@ impl KvPool {
     /// Releases a request's blocks, tail first, so that its suffix is evicted before the prefix
     /// it may share with others.
     pub fn release(&mut self, held: &mut Vec<BlockRef>) {
-        let mut warmed = held.len();
         while let Some(b) = held.pop() {
-            if held.len() < warmed {
-                // The next chunk down (this block included).
-                let start = (held.len() + 1).saturating_sub(WARM_CHUNK);
-                self.cached.warm(
-                    held[start..]
-                        .iter()
-                        .chain(std::iter::once(&b))
-                        .filter_map(|b| match b {
-                            BlockRef::Full(h) => Some(*h),
-                            BlockRef::Partial => None,
-                        }),
-                );
-                warmed = start;
-            }
             match b {
                 BlockRef::Partial => self.num_partial -= 1,
-                BlockRef::Full(h) => {
-                    let clock = &mut self.clock;
-                    let entry = self.cached.get_mut(&h).expect("held full block is cached");
+                BlockRef::Full(id) => {
+                    let hash = self.blocks.hash(id);
+                    let entry = self.blocks.get_mut(id);
+                    debug_assert!(entry.is_cached(), "held full block is cached");
                     entry.refs -= 1;
                     if entry.refs == 0 {
-                        *clock += 1;
-                        entry.stamp = *clock;
-                        self.lru.push_back((*clock, h));
+                        self.clock += 1;
+                        entry.stamp = self.clock;
+                        self.lru.push_back(LruEntry {
+                            stamp: self.clock,
+                            id,
+                            hash,
+                        });
                         self.num_inactive += 1;
                         self.num_active_full -= 1;
                     }
@@ -407,10 +515,8 @@ impl KvPool {
 
     /// Drops every inactive block (a `Removed` event for them).
     pub fn clear_inactive(&mut self) {
-        let hashes = self.lru_order();
-        for h in &hashes {
-            self.cached.remove(h);
-        }
+        let ids = self.lru_order();
+        let hashes: Vec<SequenceHash> = ids.iter().map(|&id| self.uncache(id)).collect();
         if let Some(evicted) = &mut self.evicted {
             evicted.extend_from_slice(&hashes);
         }
@@ -428,7 +534,10 @@ impl KvPool {
         if self.num_active_blocks() > 0 {
             return false;
         }
-        self.cached.clear();
+        // Nothing is active: every cached block is inactive, live in the LRU.
+        for id in self.lru_order() {
+            self.uncache(id);
+        }
         self.lru.clear();
         self.num_inactive = 0;
         self.events.push(KvEventData::Cleared);
@@ -445,11 +554,12 @@ impl KvPool {
         !self.events.is_empty()
     }
 
-    /// Takes one more reference on `hash` if it is cached; false (changing nothing) if not.
-    fn acquire_cached(&mut self, hash: SequenceHash) -> bool {
-        let Some(entry) = self.cached.get_mut(&hash) else {
+    /// Takes one more reference on `id` if it is cached; false (changing nothing) if not.
+    fn acquire_cached(&mut self, id: BlockId) -> bool {
+        let entry = self.blocks.get_mut(id);
+        if !entry.is_cached() {
             return false;
-        };
+        }
         if entry.refs == 0 {
             // Its LRU entry goes stale.
             self.num_inactive -= 1;
@@ -459,17 +569,22 @@ impl KvPool {
         true
     }
 
+    /// Caches block `index` of `seq` as a new active block and records it for a Stored event.
     fn insert_new(
         &mut self,
-        hash: SequenceHash,
         index: usize,
         seq: &SequenceBlocks<'_>,
         stored: &mut Vec<StoredBlock>,
         stored_parent: &mut Option<SequenceHash>,
     ) {
-        self.cached.insert(hash, CachedBlock { refs: 1, stamp: 0 });
+        let id = seq.ids[index];
+        let entry = self.blocks.get_mut(id);
+        entry.stamp = 0;
+        entry.refs = 1;
+        self.num_cached += 1;
         self.num_active_full += 1;
-        let parent = index.checked_sub(1).map(|p| seq.hashes[p]);
+        let hash = self.blocks.hash(id);
+        let parent = index.checked_sub(1).map(|p| self.blocks.hash(seq.ids[p]));
         // One Stored event per contiguous run; a gap starts a new event.
         if stored.last().map(|b| Some(b.seq_hash)) != Some(parent) {
             if !stored.is_empty() {
@@ -491,54 +606,62 @@ impl KvPool {
         if self.num_free_blocks() > 0 {
             return;
         }
-        while let Some((stamp, victim)) = self.lru.pop_front() {
-            // One lookup decides and removes.
-            let live = self.cached.update(&victim, |b| {
-                let live = b.refs == 0 && b.stamp == stamp;
-                (live, live)
-            });
-            if live != Some(true) {
+        while let Some(victim) = self.lru.pop_front() {
+            if !self.is_live(victim) {
                 continue;
             }
+            let hash = self.uncache(victim.id);
             self.num_inactive -= 1;
-            removed.push(victim);
+            removed.push(hash);
             if let Some(evicted) = &mut self.evicted {
-                evicted.push(victim);
+                evicted.push(hash);
             }
             return;
         }
     }
 
     /// True when an LRU entry still stands for an inactive block.
-    fn is_live(&self, stamp: u64, hash: SequenceHash) -> bool {
-        self.cached
-            .get(&hash)
-            .is_some_and(|b| b.refs == 0 && b.stamp == stamp)
+    fn is_live(&self, entry: LruEntry) -> bool {
+        let b = self.blocks.get(entry.id);
+        b.is_cached() && b.refs == 0 && b.stamp == entry.stamp
     }
 
     /// Drops stale LRU entries once they outnumber the live ones (amortised O(1)).
     fn compact_lru(&mut self) {
         if self.lru.len() > 2 * self.num_inactive + 64 {
             let mut lru = std::mem::take(&mut self.lru);
-            lru.retain(|&(stamp, h)| self.is_live(stamp, h));
+            lru.retain(|&e| self.is_live(e));
             self.lru = lru;
         }
     }
 
     /// Inactive blocks, least recently released first.
-    fn lru_order(&self) -> Vec<SequenceHash> {
+    fn lru_order(&self) -> Vec<BlockId> {
         self.lru
             .iter()
-            .filter(|&&(stamp, h)| self.is_live(stamp, h))
-            .map(|&(_, h)| h)
+            .filter(|&&e| self.is_live(e))
+            .map(|e| e.id)
             .collect()
     }
 
     /// Checks every internal count against the data it summarises. Panics on a violation.
     pub fn assert_invariants(&self) {
-        let active = self.cached.values().filter(|b| b.refs > 0).count();
+        self.blocks.assert_invariants();
+        let cached = self.blocks.iter().filter(|(_, _, b)| b.is_cached()).count();
+        assert_eq!(cached, self.num_cached, "cached block count");
+        assert!(
+            self.blocks
+                .iter()
+                .all(|(_, _, b)| b.is_cached() || b.holds > 0),
+            "an id lives while cached or held"
+        );
+        let active = self
+            .blocks
+            .iter()
+            .filter(|(_, _, b)| b.is_cached() && b.refs > 0)
+            .count();
         assert_eq!(active, self.num_active_full, "active full block count");
-        let inactive = self.cached.len() - active;
+        let inactive = cached - active;
         assert_eq!(inactive, self.num_inactive, "inactive block count");
         let live = self.lru_order();
         assert_eq!(
@@ -555,11 +678,11 @@ impl KvPool {
             self.lru
                 .iter()
                 .zip(self.lru.iter().skip(1))
-                .all(|(a, b)| a.0 < b.0),
+                .all(|(a, b)| a.stamp < b.stamp),
             "LRU entries are in stamp order"
         );
         assert!(
-            self.lru.back().is_none_or(|e| e.0 <= self.clock),
+            self.lru.back().is_none_or(|e| e.stamp <= self.clock),
             "stamps come from the logical clock"
         );
         assert!(
@@ -571,7 +694,7 @@ impl KvPool {
         );
         if !self.prefix_caching {
             assert!(
-                self.cached.is_empty(),
+                self.blocks.is_empty(),
                 "no shared blocks without prefix caching"
             );
         }
@@ -579,16 +702,36 @@ impl KvPool {
 
     /// Reference counts, for tests that hold requests' block lists.
     pub fn refs(&self, hash: SequenceHash) -> u32 {
-        self.cached.get(&hash).map_or(0, |b| b.refs)
+        self.blocks
+            .id(hash)
+            .and_then(|id| self.cached(id))
+            .map_or(0, |b| b.refs)
+    }
+
+    /// Id lists holding the id of `hash` (0 when it has none), for tests that keep them.
+    pub fn holds(&self, hash: SequenceHash) -> u32 {
+        self.blocks
+            .id(hash)
+            .map_or(0, |id| self.blocks.get(id).holds)
+    }
+
+    /// Holds taken by [`KvPool::intern`] and not yet dropped, over every id (tests).
+    pub fn num_holds(&self) -> u64 {
+        self.blocks.iter().map(|(_, _, b)| u64::from(b.holds)).sum()
+    }
+
+    /// Blocks with an id (cached or held by an id list): what the pool's tables hold.
+    pub fn num_ids(&self) -> usize {
+        self.blocks.len()
     }
 }
 
-/// The block hashes of a sequence, as the pool needs them to allocate.
+/// The blocks of a sequence, as the pool needs them to allocate.
 #[derive(Clone, Copy, Debug)]
 pub struct SequenceBlocks<'a> {
-    /// Sequence hash of every full block.
-    pub hashes: &'a [SequenceHash],
-    /// Local hash of every full block (same length).
+    /// Id of every full block, from [`KvPool::intern`].
+    pub ids: &'a [BlockId],
+    /// Local hash of every full block (same length, for events).
     pub locals: &'a [LocalBlockHash],
 }
 
@@ -601,24 +744,45 @@ mod tests {
 
     const BS: usize = 4;
 
-    fn seq(tokens: &[u32]) -> BlockHashes {
-        BlockHashes::of(tokens, BS)
+    /// A sequence's hashes and the ids a pool gave them.
+    struct Seq {
+        sequence: Vec<SequenceHash>,
+        local: Vec<LocalBlockHash>,
+        ids: Vec<BlockId>,
     }
 
-    fn blocks(h: &BlockHashes) -> SequenceBlocks<'_> {
-        SequenceBlocks {
-            hashes: &h.sequence,
-            locals: &h.local,
+    impl Seq {
+        fn blocks(&self) -> SequenceBlocks<'_> {
+            SequenceBlocks {
+                ids: &self.ids,
+                locals: &self.local,
+            }
+        }
+
+        fn len(&self) -> usize {
+            self.sequence.len()
+        }
+    }
+
+    /// Hashes `tokens` and interns them in `pool`.
+    fn seq(pool: &mut KvPool, tokens: &[u32]) -> Seq {
+        let h = BlockHashes::of(tokens, BS);
+        let mut ids = Vec::new();
+        pool.intern(&h.sequence, &mut ids);
+        Seq {
+            sequence: h.sequence,
+            local: h.local,
+            ids,
         }
     }
 
     #[test]
     fn shared_prefix_is_allocated_once_and_released_tail_first() {
         let mut pool = KvPool::new(10, true);
-        let a = seq(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
-        let b = seq(&[1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0]);
+        let a = seq(&mut pool, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        let b = seq(&mut pool, &[1, 2, 3, 4, 5, 6, 7, 8, 0, 0, 0, 0]);
         let (mut ha, mut hb) = (Vec::new(), Vec::new());
-        pool.allocate(&mut ha, blocks(&a), 10, BS).unwrap();
+        pool.allocate(&mut ha, a.blocks(), 10, BS).unwrap();
         assert_eq!(ha.len(), 3);
         assert_eq!(pool.num_active_blocks(), 3);
         let ev = pool.drain_events();
@@ -628,13 +792,13 @@ mod tests {
         );
 
         assert_eq!(
-            pool.lookup_prefix(&b.sequence),
+            pool.lookup_prefix(&b.ids),
             PrefixMatch {
                 blocks: 2,
                 active_blocks: 2
             }
         );
-        pool.allocate(&mut hb, blocks(&b), 12, BS).unwrap();
+        pool.allocate(&mut hb, b.blocks(), 12, BS).unwrap();
         assert_eq!(
             pool.num_active_blocks(),
             4,
@@ -661,9 +825,9 @@ mod tests {
         pool.assert_invariants();
         // b released last: its tail is the oldest inactive block, its first block the newest.
         let order = pool.lru_order();
-        assert_eq!(order, vec![b.sequence[2], b.sequence[1], b.sequence[0]]);
+        assert_eq!(order, vec![b.ids[2], b.ids[1], b.ids[0]]);
         assert_eq!(
-            pool.lookup_prefix(&b.sequence),
+            pool.lookup_prefix(&b.ids),
             PrefixMatch {
                 blocks: 3,
                 active_blocks: 0
@@ -674,16 +838,16 @@ mod tests {
     #[test]
     fn eviction_takes_the_least_recently_released_block() {
         let mut pool = KvPool::new(2, true);
-        let a = seq(&[1, 1, 1, 1, 2, 2, 2, 2]);
+        let a = seq(&mut pool, &[1, 1, 1, 1, 2, 2, 2, 2]);
         let mut ha = Vec::new();
-        pool.allocate(&mut ha, blocks(&a), 8, BS).unwrap();
+        pool.allocate(&mut ha, a.blocks(), 8, BS).unwrap();
         pool.release(&mut ha);
         pool.drain_events();
-        let c = seq(&[9, 9, 9, 9]);
+        let c = seq(&mut pool, &[9, 9, 9, 9]);
         let mut hc = Vec::new();
-        pool.allocate(&mut hc, blocks(&c), 4, BS).unwrap();
+        pool.allocate(&mut hc, c.blocks(), 4, BS).unwrap();
         // The tail block of `a` (released first) is evicted, its prefix stays.
-        assert_eq!(pool.lookup_prefix(&a.sequence).blocks, 1);
+        assert_eq!(pool.lookup_prefix(&a.ids).blocks, 1);
         let ev = pool.drain_events();
         assert_eq!(
             ev[0],
@@ -697,9 +861,9 @@ mod tests {
     #[test]
     fn exhausted_allocation_changes_nothing() {
         let mut pool = KvPool::new(2, true);
-        let a = seq(&[1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        let a = seq(&mut pool, &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
         let mut ha = Vec::new();
-        let err = pool.allocate(&mut ha, blocks(&a), 9, BS).unwrap_err();
+        let err = pool.allocate(&mut ha, a.blocks(), 9, BS).unwrap_err();
         assert_eq!(
             err,
             CapacityExhausted {
@@ -716,16 +880,16 @@ mod tests {
     #[test]
     fn partial_block_promotes_or_collapses_onto_a_cached_twin() {
         let mut pool = KvPool::new(8, true);
-        let full = seq(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        let full = seq(&mut pool, &[1, 2, 3, 4, 5, 6, 7, 8]);
         let mut h1 = Vec::new();
         let mut h2 = Vec::new();
         // Both requests schedule 6 tokens: one full block shared, one private partial each.
-        pool.allocate(&mut h1, blocks(&full), 6, BS).unwrap();
-        pool.allocate(&mut h2, blocks(&full), 6, BS).unwrap();
+        pool.allocate(&mut h1, full.blocks(), 6, BS).unwrap();
+        pool.allocate(&mut h2, full.blocks(), 6, BS).unwrap();
         assert_eq!(pool.num_active_blocks(), 3);
-        pool.allocate(&mut h1, blocks(&full), 8, BS).unwrap();
-        assert_eq!(h1[1], BlockRef::Full(full.sequence[1]));
-        pool.allocate(&mut h2, blocks(&full), 8, BS).unwrap();
+        pool.allocate(&mut h1, full.blocks(), 8, BS).unwrap();
+        assert_eq!(h1[1], BlockRef::Full(full.ids[1]));
+        pool.allocate(&mut h2, full.blocks(), 8, BS).unwrap();
         assert_eq!(
             pool.num_active_blocks(),
             2,
@@ -738,12 +902,12 @@ mod tests {
     #[test]
     fn without_prefix_caching_every_block_is_private() {
         let mut pool = KvPool::new(8, false);
-        let a = seq(&[1, 2, 3, 4, 5, 6, 7, 8]);
+        let a = seq(&mut pool, &[1, 2, 3, 4, 5, 6, 7, 8]);
         let (mut h1, mut h2) = (Vec::new(), Vec::new());
-        pool.allocate(&mut h1, blocks(&a), 8, BS).unwrap();
-        pool.allocate(&mut h2, blocks(&a), 8, BS).unwrap();
+        pool.allocate(&mut h1, a.blocks(), 8, BS).unwrap();
+        pool.allocate(&mut h2, a.blocks(), 8, BS).unwrap();
         assert_eq!(pool.num_active_blocks(), 4);
-        assert_eq!(pool.lookup_prefix(&a.sequence).blocks, 0);
+        assert_eq!(pool.lookup_prefix(&a.ids).blocks, 0);
         pool.release(&mut h1);
         assert_eq!(pool.num_free_blocks(), 6);
         assert!(!pool.has_events());
@@ -753,15 +917,15 @@ mod tests {
     #[test]
     fn reset_empties_an_idle_cache_with_a_cleared_event() {
         let mut pool = KvPool::new(4, true);
-        let a = seq(&[1, 2, 3, 4]);
+        let a = seq(&mut pool, &[1, 2, 3, 4]);
         let mut held = Vec::new();
-        pool.allocate(&mut held, blocks(&a), 4, BS).unwrap();
+        pool.allocate(&mut held, a.blocks(), 4, BS).unwrap();
         assert!(!pool.reset(), "a held block blocks the reset");
         pool.release(&mut held);
         pool.drain_events();
         assert!(pool.reset());
         assert_eq!(pool.drain_events(), vec![KvEventData::Cleared]);
-        assert_eq!(pool.lookup_prefix(&a.sequence).blocks, 0);
+        assert_eq!(pool.lookup_prefix(&a.ids).blocks, 0);
         pool.assert_invariants();
     }
 
@@ -773,24 +937,25 @@ mod tests {
         let families: Vec<Vec<u32>> = (0..4)
             .map(|f| (0..64).map(|i| f * 1000 + i / 3).collect())
             .collect();
-        let mut live: Vec<(BlockHashes, Vec<BlockRef>, usize)> = Vec::new();
+        let mut live: Vec<(Seq, Vec<BlockRef>, usize)> = Vec::new();
         for step in 0..5000 {
             match rng.gen_range(0..10) {
                 0..=4 => {
                     let f = &families[rng.gen_range(0..families.len())];
                     let mut tokens = f[..rng.gen_range(1..f.len())].to_vec();
                     tokens.extend((0..rng.gen_range(0..12)).map(|_| rng.gen_range(0..5)));
-                    let h = seq(&tokens);
+                    let h = seq(&mut pool, &tokens);
                     let n = rng.gen_range(1..=tokens.len());
                     let mut held = Vec::new();
                     let before = (pool.num_active_blocks(), pool.num_inactive_blocks());
-                    match pool.allocate(&mut held, blocks(&h), n, BS) {
+                    match pool.allocate(&mut held, h.blocks(), n, BS) {
                         Ok(()) => {
                             assert_eq!(held.len(), n.div_ceil(BS));
                             live.push((h, held, n));
                         }
                         Err(_) => {
                             assert!(held.is_empty());
+                            pool.forget(&h.ids);
                             assert_eq!(
                                 before,
                                 (pool.num_active_blocks(), pool.num_inactive_blocks())
@@ -805,15 +970,16 @@ mod tests {
                     let max = h.len() * BS;
                     if *n < max {
                         let target = (*n + rng.gen_range(1..=6)).min(max);
-                        if pool.allocate(held, blocks(h), target, BS).is_ok() {
+                        if pool.allocate(held, h.blocks(), target, BS).is_ok() {
                             *n = target;
                         }
                     }
                 }
                 7..=8 if !live.is_empty() => {
                     let i = rng.gen_range(0..live.len());
-                    let (_, mut held, _) = live.swap_remove(i);
+                    let (h, mut held, _) = live.swap_remove(i);
                     pool.release(&mut held);
+                    pool.forget(&h.ids);
                 }
                 9 if step % 97 == 0 => pool.clear_inactive(),
                 9 if step % 89 == 0 && live.is_empty() => {
@@ -827,18 +993,29 @@ mod tests {
                 _ => {}
             }
             pool.assert_invariants();
-            // Every held full block has a positive refcount equal to its holders.
+            // Every held full block has a positive refcount equal to its holders, and every id
+            // list holds its ids.
             let mut refs: HashKeyMap<SequenceHash, u32> = HashKeyMap::default();
-            for (_, held, _) in &live {
-                for b in held {
-                    if let BlockRef::Full(h) = b {
-                        *refs.entry(*h).or_default() += 1;
+            let mut holds: HashKeyMap<SequenceHash, u32> = HashKeyMap::default();
+            for (h, held, _) in &live {
+                for (i, b) in held.iter().enumerate() {
+                    if let BlockRef::Full(id) = b {
+                        assert_eq!(*id, h.ids[i], "block {i} is held by its own id");
+                        *refs.entry(h.sequence[i]).or_default() += 1;
                     }
+                }
+                for &hash in &h.sequence {
+                    *holds.entry(hash).or_default() += 1;
                 }
             }
             for (h, r) in &refs {
                 assert_eq!(pool.refs(*h), *r);
             }
+            for (h, n) in &holds {
+                assert_eq!(pool.holds(*h), *n);
+            }
+            // The ids are those of cached blocks and of live sequences, no more.
+            assert!(pool.num_ids() <= pool.num_cached + holds.len());
             pool.drain_events();
         }
     }

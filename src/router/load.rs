@@ -218,6 +218,11 @@ impl ActiveBlocks {
 
     /// Subtracts 1 from `new_blocks[w]` for every prompt block (of `hashes`) that worker `w`
     /// already holds: `new_blocks` starts at `hashes.len()` for every worker.
+    ///
+    /// `hashes` is a chain of sequence hashes, as is every request's list: a worker holding a
+    /// block holds its whole prefix (the request that holds it does), so the blocks a worker
+    /// holds are a leading run and the walk ends at the first block nobody holds. (Without the
+    /// chain property this counts the leading run only, as [`ActiveBlocks::new_blocks`] does.)
     pub(crate) fn count_new(&self, hashes: &[SequenceHash], new_blocks: &mut [usize]) {
         if self.blocks.is_empty() {
             return;
@@ -227,22 +232,25 @@ impl ActiveBlocks {
                 let end = hashes.len().min(i + WARM_CHUNK);
                 self.blocks.warm(hashes[i..end].iter().copied());
             }
-            if let Some(holders) = self.blocks.get(h) {
-                holders.for_each_worker(|w| {
-                    if let Some(n) = new_blocks.get_mut(w as usize) {
-                        *n -= 1;
-                    }
-                });
-            }
+            let Some(holders) = self.blocks.get(h) else {
+                break;
+            };
+            holders.for_each_worker(|w| {
+                if let Some(n) = new_blocks.get_mut(w as usize) {
+                    *n -= 1;
+                }
+            });
         }
     }
 
-    /// How many of `hashes` are not blocks of an active request on `worker`.
+    /// How many of `hashes` (a chain, see [`ActiveBlocks::count_new`]) are not blocks of an
+    /// active request on `worker`: all but the leading run it holds.
     pub(crate) fn new_blocks(&self, worker: u32, hashes: &[SequenceHash]) -> usize {
-        hashes
+        let held = hashes
             .iter()
-            .filter(|h| self.blocks.get(h).is_none_or(|b| b.count(worker) == 0))
-            .count()
+            .take_while(|h| self.blocks.get(h).is_some_and(|b| b.count(worker) > 0))
+            .count();
+        hashes.len() - held
     }
 
     /// Checks the map against the loads (tests): each worker's distinct block count, and that

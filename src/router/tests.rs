@@ -322,33 +322,53 @@ fn the_largest_overlap_weight_routes_without_overflow() {
     assert_eq!(d.worker, WorkerId(1), "the cached prefix wins");
 }
 
-/// The inverted block index gives every worker the new-block count its own load computes, over
-/// seeded random routes and frees (duplicate and shared hashes included).
+/// The inverted block index gives every worker the new-block count of a brute-force model (the
+/// query's blocks missing from the worker's active requests), and its own load agrees, over
+/// seeded random routes and frees of hash chains that share prefixes (duplicates included).
 #[test]
 fn holders_agree_with_each_workers_load() {
     use rand::{Rng, SeedableRng};
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    // Chains over a two-letter alphabet: short ones coincide, longer ones share prefixes.
+    let chain = |rng: &mut rand_chacha::ChaCha8Rng| {
+        let locals: Vec<LocalBlockHash> = (0..rng.gen_range(0..12))
+            .map(|_| LocalBlockHash(rng.gen_range(0..2)))
+            .collect();
+        sequence_hashes(&locals)
+    };
     let mut r = Router::new(RouterConfig::default(), 70, 4, 8192, 0);
-    let mut live: Vec<(WorkerId, RequestId)> = Vec::new();
+    let mut live: Vec<(WorkerId, RequestId, Vec<SequenceHash>)> = Vec::new();
     for i in 0..600u64 {
         if !live.is_empty() && rng.gen_bool(0.4) {
-            let (w, id) = live.swap_remove(rng.gen_range(0..live.len()));
+            let (w, id, _) = live.swap_remove(rng.gen_range(0..live.len()));
             r.free(w, id);
         } else {
-            let hashes: Vec<SequenceHash> = (0..rng.gen_range(0..12))
-                .map(|_| h(rng.gen_range(0..30)))
-                .collect();
+            let hashes = chain(&mut rng);
             let w = rng.gen_range(0..70);
             r.add_load(w, RequestId(i), &hashes, 4);
-            live.push((WorkerId(w as u32), RequestId(i)));
+            live.push((WorkerId(w as u32), RequestId(i), hashes));
         }
-        let query: Vec<SequenceHash> = (0..rng.gen_range(0..12))
-            .map(|_| h(rng.gen_range(0..30)))
-            .collect();
+        let query = chain(&mut rng);
         let costs = r.costs(request(&query));
         r.active.assert_invariants(&r.loads);
         for (w, load) in r.loads.iter().enumerate() {
-            let new = r.new_blocks(WorkerId(w as u32), &query);
+            let worker = WorkerId(w as u32);
+            let held: std::collections::HashSet<SequenceHash> = live
+                .iter()
+                .filter(|(lw, _, _)| *lw == worker)
+                .flat_map(|(_, _, hs)| hs.iter().copied())
+                .collect();
+            let new = query.iter().filter(|h| !held.contains(h)).count();
+            assert_eq!(
+                r.new_blocks(worker, &query),
+                new,
+                "worker {w} after step {i}"
+            );
+            assert_eq!(
+                load.active_blocks(),
+                held.len(),
+                "worker {w}'s distinct blocks"
+            );
             let want = (load.active_prefill_tokens() + query.len() * 4) as f64 / 4.0
                 + (load.active_blocks() + new) as f64;
             assert_eq!(costs[w], want, "worker {w} after step {i}");

@@ -16,7 +16,7 @@ pub use admission::RejectReason;
 pub use config::{ConfigError, EngineConfig, EngineType, PreemptionMode, SglangConfig, WorkerRole};
 pub use policy::{BatchingPolicy, Planner, VictimOrder};
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -24,11 +24,11 @@ use rand_chacha::ChaCha8Rng;
 use offload::Offload;
 
 use crate::ids::RequestId;
-use crate::kv::{BlockRef, KvEventData, KvPool, SequenceBlocks};
+use crate::kv::{BlockId, BlockRef, KvEventData, KvPool, SequenceBlocks};
 use crate::perf::{DecodeBatch, PrefillBatch};
 use crate::request::EngineRequest;
 use crate::time::{SimDuration, SimTime};
-use crate::tokens::{BlockHashes, Token};
+use crate::tokens::{BlockHashes, SequenceHash, Token};
 
 /// Something a pass did that the outside world needs to know.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,6 +96,12 @@ struct Seq {
     id: RequestId,
     /// Hashes of every full block of prompt + generated tokens.
     hashes: BlockHashes,
+    /// The pool's ids of the leading blocks of `hashes`, held until the request leaves. Taken
+    /// when the request is first looked up for admission and extended before each allocation
+    /// ([`Scheduler::intern_blocks`]), not on arrival: a long waiting queue holds no ids, so
+    /// the pool's tables stay as small as what it caches and runs. Empty without prefix
+    /// caching.
+    ids: Vec<BlockId>,
     /// Tokens after the last full block.
     tail: Vec<Token>,
     prompt_len: usize,
@@ -258,6 +264,7 @@ impl Scheduler {
         let seq = Seq {
             id,
             hashes: request.prompt.blocks,
+            ids: Vec::new(),
             tail: request.prompt.tail,
             prompt_len: request.prompt.len,
             generated: 0,
@@ -485,6 +492,7 @@ impl Scheduler {
     fn remove(&mut self, slot: usize) {
         if let Some(mut s) = self.seqs[slot].take() {
             self.pool.release(&mut s.blocks);
+            self.pool.forget(&s.ids);
             self.free_slots.push(slot);
         }
     }
@@ -495,9 +503,10 @@ impl Scheduler {
     fn allocate_or_preempt(&mut self, slot: usize, target: usize, pass: &mut PassState) -> bool {
         let block_size = self.config.block_size;
         loop {
+            self.intern_blocks(slot);
             let s = self.seqs[slot].as_mut().expect("slot is live");
             let seq = SequenceBlocks {
-                hashes: &s.hashes.sequence,
+                ids: &s.ids,
                 locals: &s.hashes.local,
             };
             if self
@@ -630,10 +639,26 @@ impl Scheduler {
     /// prompt token is always computed: a block-aligned, fully cached prompt recomputes its last
     /// block. Every engine flavour follows it (Dynamo's TRT-LLM model measurably does too).
     /// Returns (cached tokens, blocks already active).
+    /// Interns `slot`'s blocks that have no id yet (see [`Seq::ids`]).
+    fn intern_blocks(&mut self, slot: usize) {
+        let s = self.seqs[slot].as_mut().expect("slot is live");
+        if s.ids.len() < s.hashes.len() {
+            self.pool
+                .intern(&s.hashes.sequence[s.ids.len()..], &mut s.ids);
+        }
+    }
+
+    /// Interns the blocks of `slot` (see [`Scheduler::intern_blocks`]), then looks up its
+    /// prefix-cache hit ([`Scheduler::cached_prefix`]).
+    fn intern_and_lookup(&mut self, slot: usize) -> (usize, usize) {
+        self.intern_blocks(slot);
+        self.cached_prefix(slot)
+    }
+
     fn cached_prefix(&self, slot: usize) -> (usize, usize) {
         let s = self.seq(slot);
         let bs = self.config.block_size;
-        let m = self.pool.lookup_prefix(&s.hashes.sequence);
+        let m = self.pool.lookup_prefix(&s.ids);
         if self.config.role == WorkerRole::Decode {
             // The KV arrived from the prefill worker: everything but the token being decoded
             // counts as computed.
@@ -738,7 +763,7 @@ impl Scheduler {
                 self.awaiting.push(slot);
                 continue;
             }
-            let (cached, active_cached_blocks) = self.cached_prefix(slot);
+            let (cached, active_cached_blocks) = self.intern_and_lookup(slot);
             let s = self.seq(slot);
             let available = self.pool.capacity() - self.pool.num_active_blocks();
             let fits = if self.policy.reserves_full_output {
@@ -791,6 +816,23 @@ impl Scheduler {
     /// Checks the scheduler's bookkeeping and the pool's. Panics on a violation.
     pub fn assert_invariants(&self) {
         self.pool.assert_invariants();
+        // Each request holds the pool's id of each of its blocks, and nothing else does.
+        let mut holds: BTreeMap<SequenceHash, u32> = BTreeMap::new();
+        for s in self.seqs.iter().flatten() {
+            if self.pool.prefix_caching() {
+                assert!(s.ids.len() <= s.hashes.len(), "at most one id per block");
+            } else {
+                assert!(s.ids.is_empty(), "no ids without prefix caching");
+            }
+            for &h in &s.hashes.sequence[..s.ids.len()] {
+                *holds.entry(h).or_default() += 1;
+            }
+        }
+        let total: u64 = holds.values().map(|&n| u64::from(n)).sum();
+        assert_eq!(self.pool.num_holds(), total, "no hold outlives its request");
+        for (h, n) in holds {
+            assert_eq!(self.pool.holds(h), n, "holds of block {h:?}");
+        }
         let mut seen = vec![false; self.seqs.len()];
         for &slot in self.waiting.iter().chain(&self.running) {
             assert!(!seen[slot], "slot {slot} queued twice");

@@ -166,6 +166,10 @@ impl Scheduler {
     /// vLLM with G2: when the blocks after the G1 prefix match continue in G2, parks the request
     /// and starts onboarding them. Returns true when parked.
     pub(super) fn try_onboard(&mut self, slot: usize) -> bool {
+        if self.offload.is_none() {
+            return false;
+        }
+        self.intern_blocks(slot);
         let Some(off) = &mut self.offload else {
             return false;
         };
@@ -174,7 +178,7 @@ impl Scheduler {
             return false;
         }
         let bs = self.config.block_size;
-        let g1 = self.pool.lookup_prefix(&s.hashes.sequence).blocks;
+        let g1 = self.pool.lookup_prefix(&s.ids).blocks;
         // Only blocks that can count as cached (the last token is always computed).
         let usable = (s.len().saturating_sub(1) / bs).min(s.hashes.len());
         if g1 >= usable {

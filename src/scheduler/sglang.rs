@@ -65,7 +65,7 @@ impl Scheduler {
             if self.reject_if_hopeless(slot) {
                 continue;
             }
-            let (cached, _) = self.cached_prefix(slot);
+            let (cached, _) = self.intern_and_lookup(slot);
             let s = self.seq(slot);
             let extend = s.len() - cached;
             let chunk = if extend <= rem_chunk {
