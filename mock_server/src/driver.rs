@@ -33,7 +33,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use servesim::cluster::{Cluster, ClusterStats, Output, SubmitToError};
@@ -41,7 +41,7 @@ use servesim::ids::{RequestId, WorkerId};
 use servesim::request::EngineRequest;
 use servesim::scheduler::RejectReason;
 use servesim::time::SimTime;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use crate::kv_events::tokens::LoraTag;
@@ -158,35 +158,47 @@ pub struct LiveStats {
     pub lora_waiting: Vec<String>,
 }
 
-enum Command {
-    Submit {
-        request: EngineRequest,
-        /// Run on this worker instead of routing.
-        pinned: Option<WorkerId>,
-        /// The LoRA adapter it runs under, if any.
-        lora: Option<Arc<LoraTag>>,
-        /// The `finished_reason` it is counted under when it finishes.
-        finish_reason: &'static str,
-        /// The client's output limit, counted in `vllm:request_params_max_tokens`.
-        max_tokens: usize,
-        events: mpsc::UnboundedSender<Event>,
-        /// The id and the simulated submission time.
-        reply: oneshot::Sender<Result<(RequestId, SimTime), SubmitError>>,
-    },
-    /// A request nobody listens to (speculative prefill); skipped when too many run already.
-    Speculative(EngineRequest),
-    Cancel(RequestId),
-    Snapshot(oneshot::Sender<LiveStats>),
+/// What a handler submits besides the engine request.
+struct SubmitArgs {
+    request: EngineRequest,
+    /// Run on this worker instead of routing.
+    pinned: Option<WorkerId>,
+    /// The LoRA adapter it runs under, if any.
+    lora: Option<Arc<LoraTag>>,
+    /// The `finished_reason` it is counted under when it finishes.
+    finish_reason: &'static str,
+    /// The client's output limit, counted in `vllm:request_params_max_tokens`.
+    max_tokens: usize,
+    events: mpsc::UnboundedSender<Event>,
 }
 
-/// A cloneable handle to the driver task. The task ends when every handle is dropped.
-#[derive(Clone, Debug)]
+/// A cloneable handle to the driver. The driver task ends when every handle is dropped.
+///
+/// Handlers submit, cancel and read snapshots themselves, under the lock of the driver's state
+/// (a `std::sync::Mutex`, held for the few microseconds of one engine call and never across an
+/// `.await`), then nudge the task to plan its next wake-up. A submission thus gets its id and
+/// its simulated submission time at once, with no round trip through the task: on a small
+/// machine each cross-thread wake-up costs tens of microseconds, which a client would see in
+/// its time to first token.
+#[derive(Clone)]
 pub struct EngineHandle {
-    /// The driver's inbox; it closes when the task ends for any reason (a panic included),
-    /// which is how handlers and `/health` learn that the engine is gone.
-    commands: mpsc::UnboundedSender<Command>,
+    /// The driver's state, shared by the task and every handle.
+    driver: Arc<Mutex<Driver>>,
+    /// Wakes the task to plan its next wake-up after a change of the engine's schedule; it
+    /// closes when the task ends for any reason (a panic included), which is how `/health`
+    /// learns that the engine is gone.
+    wake: mpsc::UnboundedSender<()>,
     /// The driver's clock, shared so handlers convert the engine's stamps as the driver does.
     clock: SimClock,
+}
+
+impl std::fmt::Debug for EngineHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHandle")
+            .field("alive", &self.is_alive())
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A submitted request: its id and its events. Dropping it cancels the request if unfinished.
@@ -218,17 +230,6 @@ impl Drop for Submission {
     }
 }
 
-impl std::fmt::Debug for Command {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Command::Submit { .. } => f.write_str("Submit"),
-            Command::Speculative(_) => f.write_str("Speculative"),
-            Command::Cancel(id) => write!(f, "Cancel({id})"),
-            Command::Snapshot(_) => f.write_str("Snapshot"),
-        }
-    }
-}
-
 impl EngineHandle {
     /// Spawns the driver task on the current tokio runtime. `max_waiting` bounds the requests
     /// waiting for admission (router-parked plus worker queues); `metrics` receives the token
@@ -254,15 +255,17 @@ impl EngineHandle {
         for warning in startup_warnings(&cluster, max_waiting) {
             eprintln!("mockserve: warning: {warning}");
         }
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (wake, woken) = mpsc::unbounded_channel();
         metrics.init_workers(cluster.workers().len());
         metrics.set_cache_config(cluster.workers().len(), &cluster.config().engine);
         let mut driver = Driver::new(cluster, max_waiting, metrics);
         driver.kv = kv;
         let clock = driver.clock;
-        tokio::spawn(driver.run(rx));
+        let driver = Arc::new(Mutex::new(driver));
+        tokio::spawn(run(Arc::clone(&driver), woken));
         EngineHandle {
-            commands: tx,
+            driver,
+            wake,
             clock,
         }
     }
@@ -275,7 +278,27 @@ impl EngineHandle {
     /// False once the driver task has ended (the server is shutting down, or the engine task
     /// died): no request will be served any more.
     pub fn is_alive(&self) -> bool {
-        !self.commands.is_closed()
+        !self.wake.is_closed()
+    }
+
+    /// Runs `f` on the driver's state under its lock; `Stopped` once the task has ended (or
+    /// died holding the lock).
+    fn with_driver<T>(&self, f: impl FnOnce(&mut Driver) -> T) -> Result<T, SubmitError> {
+        if !self.is_alive() {
+            return Err(SubmitError::Stopped);
+        }
+        // Poisoned: the engine panicked (the task is ending).
+        let mut driver = self.driver.lock().map_err(|_| SubmitError::Stopped)?;
+        if driver.stopped {
+            return Err(SubmitError::Stopped);
+        }
+        Ok(f(&mut driver))
+    }
+
+    /// Asks the task to plan its next wake-up again (the engine's schedule may have changed).
+    fn nudge(&self) {
+        // A send error means the task is gone; callers learn it at their next call.
+        let _ = self.wake.send(());
     }
 
     /// Submits a request (routed, or run on `pinned`) and returns its event stream.
@@ -294,6 +317,8 @@ impl EngineHandle {
     /// adapter (its prompt hashed with the adapter's salt): counted under the adapter, and its
     /// KV events name it. `max_tokens` is the client's output limit (the engine request runs
     /// only the tokens the answer has), as `vllm:request_params_max_tokens` counts it.
+    ///
+    /// The submission happens before this returns (it never waits on the driver task).
     pub async fn submit_as(
         &self,
         request: EngineRequest,
@@ -303,19 +328,16 @@ impl EngineHandle {
         max_tokens: usize,
     ) -> Result<Submission, SubmitError> {
         let (events_tx, events) = mpsc::unbounded_channel();
-        let (reply, rx) = oneshot::channel();
-        self.commands
-            .send(Command::Submit {
-                request,
-                pinned,
-                lora,
-                finish_reason,
-                max_tokens,
-                events: events_tx,
-                reply,
-            })
-            .map_err(|_| SubmitError::Stopped)?;
-        let (id, submitted) = rx.await.map_err(|_| SubmitError::Stopped)??;
+        let args = SubmitArgs {
+            request,
+            pinned,
+            lora,
+            finish_reason,
+            max_tokens,
+            events: events_tx,
+        };
+        let (id, submitted) = self.with_driver(|d| d.submit(args))??;
+        self.nudge();
         Ok(Submission {
             id,
             submitted,
@@ -329,26 +351,91 @@ impl EngineHandle {
     /// skipped (and counted) when [`MAX_SPECULATIVE_PREFILLS`] run already or the queue bound
     /// is reached; false when the driver has stopped.
     pub fn submit_speculative(&self, request: EngineRequest) -> bool {
-        self.commands.send(Command::Speculative(request)).is_ok()
+        let started = self.with_driver(|d| d.speculative(request)).is_ok();
+        self.nudge();
+        started
     }
 
     /// Cancels a request (no-op if it already finished or the driver stopped).
     pub fn cancel(&self, id: RequestId) {
-        // A send error means the driver is gone, and the request with it.
-        let _ = self.commands.send(Command::Cancel(id));
+        // An error means the driver is gone, and the request with it.
+        if self.with_driver(|d| d.cancel(id)).is_ok() {
+            self.nudge();
+        }
     }
 
     /// The cluster's current state.
     pub async fn snapshot(&self) -> Result<LiveStats, SubmitError> {
-        let (reply, rx) = oneshot::channel();
-        self.commands
-            .send(Command::Snapshot(reply))
-            .map_err(|_| SubmitError::Stopped)?;
-        rx.await.map_err(|_| SubmitError::Stopped)
+        self.with_driver(|d| d.snapshot())
     }
 }
 
-/// The state the driver task owns.
+/// Events at most that the driver task advances through per wake-up before it lets the
+/// runtime run other tasks (it comes back at once if more are due).
+const MAX_STEPS_PER_WAKE: usize = 256;
+
+/// The driver task: advances the engine through every event that is due, sleeps until the
+/// next one or until a handle nudges it, and ends when every handle is gone.
+async fn run(driver: Arc<Mutex<Driver>>, mut woken: mpsc::UnboundedReceiver<()>) {
+    // Ends every request in flight however the task ends (a panic of the engine included).
+    let _stop = StopOnExit(Arc::clone(&driver));
+    // Wakes the task on time (tokio's timer alone is up to a millisecond late); `None` if its
+    // thread could not be started, and tokio's timer is used alone. Joined when the task ends.
+    let timer = PreciseTimer::start()
+        .inspect_err(|e| {
+            eprintln!(
+                "mockserve: warning: no precise timer thread ({e}): token times follow \
+                 tokio's 1 ms timer"
+            );
+        })
+        .ok();
+    // The wake-up for the engine's next event, kept across nudges while that event stays the
+    // same (most submissions do not move it), so the timer thread is asked once per event.
+    let mut wake: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(std::future::pending());
+    let mut wake_at: Option<Instant> = None;
+    loop {
+        let deadline = {
+            let Ok(mut d) = driver.lock() else {
+                // The engine panicked under the lock.
+                return;
+            };
+            d.advance_due(Instant::now());
+            // A time beyond the clock's range (a pass of astronomic length) is never reached.
+            d.next_wake().and_then(|t| d.clock.instant(t))
+        };
+        if deadline != wake_at {
+            wake = sleep_until(timer.as_ref(), deadline);
+            wake_at = deadline;
+        }
+        tokio::select! {
+            biased;
+            () = &mut wake, if wake_at.is_some() => wake_at = None,
+            nudge = woken.recv() => match nudge {
+                // Every nudge sent so far is answered by this one planning.
+                Some(()) => while woken.try_recv().is_ok() {},
+                None => return,
+            },
+        }
+    }
+}
+
+/// Ends every request in flight when the driver task ends, whichever way: their event channels
+/// close (their handlers answer with an error) and later calls are refused.
+struct StopOnExit(Arc<Mutex<Driver>>);
+
+impl Drop for StopOnExit {
+    fn drop(&mut self) {
+        let mut driver = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        driver.stopped = true;
+        driver.listeners.clear();
+    }
+}
+
+/// The driver's state: the engine and what only the driver sees, shared by the task and the
+/// handles behind one lock.
 struct Driver {
     /// The engine.
     cluster: Cluster,
@@ -378,9 +465,8 @@ struct Driver {
     kv: Option<KvExport>,
     /// Tokens processed per worker in the advance being dispatched.
     step_tokens: BTreeMap<u32, u64>,
-    /// Wakes the task on time (tokio's timer alone is up to a millisecond late); `None` if its
-    /// thread could not be started, and tokio's timer is used alone.
-    timer: Option<PreciseTimer>,
+    /// The driver task has ended: nothing is served any more.
+    stopped: bool,
 }
 
 /// What the driver remembers of an unfinished request.
@@ -453,14 +539,7 @@ impl Driver {
             metrics,
             kv: None,
             step_tokens: BTreeMap::new(),
-            timer: PreciseTimer::start()
-                .inspect_err(|e| {
-                    eprintln!(
-                        "mockserve: warning: no precise timer thread ({e}): token times \
-                         follow tokio's 1 ms timer"
-                    );
-                })
-                .ok(),
+            stopped: false,
         }
     }
 
@@ -468,126 +547,110 @@ impl Driver {
         self.clock.now()
     }
 
-    async fn run(mut self, mut commands: mpsc::UnboundedReceiver<Command>) {
-        // The wake-up for the engine's next event, kept across commands while that event stays
-        // the same (most commands do not move it), so the timer thread is asked once per event.
-        let mut wake: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(std::future::pending());
-        let mut wake_at: Option<Instant> = None;
-        loop {
-            let next = self.cluster.next_event_time();
-            if next.is_none() && !self.tracked.is_empty() {
-                // Requests are in flight but the engine will never wake up for them.
-                self.fail_stalled();
-                continue;
+    /// The engine's next event; fails every request in flight when there is none (the engine
+    /// would never wake up for them).
+    fn next_wake(&mut self) -> Option<SimTime> {
+        let next = self.cluster.next_event_time();
+        if next.is_none() && !self.tracked.is_empty() {
+            self.fail_stalled();
+            return self.cluster.next_event_time();
+        }
+        next
+    }
+
+    /// Advances the engine through every event due by `now` (the wall clock), one at a time,
+    /// at most [`MAX_STEPS_PER_WAKE`] (the lock is released between batches).
+    fn advance_due(&mut self, now: Instant) {
+        for _ in 0..MAX_STEPS_PER_WAKE {
+            let Some(next) = self.next_wake() else {
+                return;
+            };
+            if self.clock.instant(next).is_none_or(|at| at > now) {
+                return;
             }
-            // A time beyond the clock's range (a pass of astronomic length) is never reached.
-            let deadline = next.and_then(|t| self.clock.instant(t));
-            if deadline != wake_at {
-                wake = sleep_until(self.timer.as_ref(), deadline);
-                wake_at = deadline;
+            self.step(next);
+        }
+    }
+
+    /// Advances the engine to its event at `next` and forwards the outputs.
+    fn step(&mut self, next: SimTime) {
+        // Advance to the event's own time, not the (later) wake-up: the timer's lateness then
+        // delays delivery but never accumulates into the simulated schedule (the next pass
+        // starts when this one ended). Work submitted since then starts no earlier than its
+        // arrival.
+        let now = next.max(self.last_submit);
+        let outputs = self.cluster.advance(now);
+        let next = self.cluster.next_event_time();
+        let stalled = self.watchdog.after_advance(outputs.len(), next, now);
+        self.export_kv_events(&outputs, now);
+        self.dispatch(outputs);
+        if stalled {
+            self.fail_stalled();
+        }
+    }
+
+    /// Submits a handler's request: its id and simulated submission time, or why it was
+    /// refused.
+    fn submit(&mut self, args: SubmitArgs) -> Result<(RequestId, SimTime), SubmitError> {
+        let SubmitArgs {
+            request,
+            pinned,
+            lora,
+            finish_reason,
+            max_tokens,
+            events,
+        } = args;
+        self.check_queue()?;
+        let id = self.start(request, pinned, false)?;
+        if let Some(t) = self.tracked.get_mut(&id) {
+            t.finish_reason = finish_reason;
+            t.max_tokens = max_tokens;
+        }
+        self.set_lora(id, lora);
+        self.listeners.insert(id, events);
+        // `start` submitted it at `last_submit`.
+        Ok((id, self.last_submit))
+    }
+
+    /// Starts a speculative prefill unless [`MAX_SPECULATIVE_PREFILLS`] run already or the
+    /// queue is full (skipped and counted then).
+    fn speculative(&mut self, request: EngineRequest) {
+        let skip = if self.speculative_in_flight >= MAX_SPECULATIVE_PREFILLS {
+            Some(SKIP_IN_FLIGHT)
+        } else if self.check_queue().is_err() {
+            Some(SKIP_QUEUE_FULL)
+        } else {
+            None
+        };
+        match skip {
+            Some(reason) => {
+                self.metrics
+                    .spec_skipped
+                    .get_or_create(&SkipLabel { reason })
+                    .inc();
             }
-            tokio::select! {
-                biased;
-                // Due engine work first: requests arriving during a pass wait for the next one,
-                // as on a real engine, and a flood of commands cannot starve the passes.
-                () = &mut wake, if wake_at.is_some() => {
-                    wake_at = None;
-                    // Advance to the event's own time, not the (later) wake-up: the timer's
-                    // lateness then delays delivery but never accumulates into the simulated
-                    // schedule (the next pass starts when this one ended). Work submitted
-                    // since then starts no earlier than its arrival.
-                    let now = next.unwrap_or(SimTime::ZERO).max(self.last_submit);
-                    let outputs = self.cluster.advance(now);
-                    let next = self.cluster.next_event_time();
-                    let stalled = self.watchdog.after_advance(outputs.len(), next, now);
-                    self.export_kv_events(&outputs, now);
-                    self.dispatch(outputs);
-                    if stalled {
-                        self.fail_stalled();
-                    }
+            None => {
+                // A prompt the engine refuses is not warmed (nor counted as submitted).
+                if self.start(request, None, true).is_ok() {
+                    self.speculative_in_flight += 1;
+                    self.metrics.spec_submitted.inc();
+                    self.metrics
+                        .spec_in_flight
+                        .set(self.speculative_in_flight as i64);
                 }
-                command = commands.recv() => match command {
-                    Some(command) => self.handle(command),
-                    None => return,
-                },
             }
         }
     }
 
-    fn handle(&mut self, command: Command) {
-        match command {
-            Command::Submit {
-                request,
-                pinned,
-                lora,
-                finish_reason,
-                max_tokens,
-                events,
-                reply,
-            } => {
-                let result = self
-                    .check_queue()
-                    .and_then(|()| self.start(request, pinned, false))
-                    .inspect(|id| {
-                        if let Some(t) = self.tracked.get_mut(id) {
-                            t.finish_reason = finish_reason;
-                            t.max_tokens = max_tokens;
-                        }
-                        self.set_lora(*id, lora);
-                    });
-                match result {
-                    Ok(id) => {
-                        self.listeners.insert(id, events);
-                        // `start` submitted it at `last_submit`.
-                        if reply.send(Ok((id, self.last_submit))).is_err() {
-                            // The handler went away before it learnt the id.
-                            self.cancel(id);
-                        }
-                    }
-                    Err(e) => {
-                        // The handler may have gone; nothing to undo either way.
-                        let _ = reply.send(Err(e));
-                    }
-                }
-            }
-            Command::Speculative(request) => {
-                let skip = if self.speculative_in_flight >= MAX_SPECULATIVE_PREFILLS {
-                    Some(SKIP_IN_FLIGHT)
-                } else if self.check_queue().is_err() {
-                    Some(SKIP_QUEUE_FULL)
-                } else {
-                    None
-                };
-                match skip {
-                    Some(reason) => {
-                        self.metrics
-                            .spec_skipped
-                            .get_or_create(&SkipLabel { reason })
-                            .inc();
-                    }
-                    None => {
-                        // A prompt the engine refuses is not warmed (nor counted as submitted).
-                        if self.start(request, None, true).is_ok() {
-                            self.speculative_in_flight += 1;
-                            self.metrics.spec_submitted.inc();
-                            self.metrics
-                                .spec_in_flight
-                                .set(self.speculative_in_flight as i64);
-                        }
-                    }
-                }
-            }
-            Command::Cancel(id) => self.cancel(id),
-            Command::Snapshot(reply) => {
-                let _ = reply.send(LiveStats {
-                    cluster: self.cluster.snapshot(),
-                    prefix_hit_tokens: self.prefix_hit_tokens,
-                    prompt_tokens: self.prompt_tokens,
-                    cancelled: self.cancelled,
-                    lora_running: self.lora_names(true),
-                    lora_waiting: self.lora_names(false),
-                });
-            }
+    /// The cluster's snapshot and the driver's own counters.
+    fn snapshot(&self) -> LiveStats {
+        LiveStats {
+            cluster: self.cluster.snapshot(),
+            prefix_hit_tokens: self.prefix_hit_tokens,
+            prompt_tokens: self.prompt_tokens,
+            cancelled: self.cancelled,
+            lora_running: self.lora_names(true),
+            lora_waiting: self.lora_names(false),
         }
     }
 
@@ -1230,7 +1293,13 @@ mod tests {
             Some(1),
             Arc::default(),
         );
-        let _running = engine.submit(request(10), None).await.expect("runs");
+        let mut running = engine.submit(request(10), None).await.expect("runs");
+        // Admitted at the driver's next step, after which it no longer waits.
+        let admitted = running.events.recv().await;
+        assert!(
+            matches!(admitted, Some(Event::Output(Output::Admitted { .. }))),
+            "{admitted:?}"
+        );
         let _waiting = engine.submit(request(10), None).await.expect("waits");
         let third = engine.submit(request(10), None).await;
         assert!(
