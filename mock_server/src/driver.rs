@@ -415,15 +415,27 @@ async fn run(driver: Arc<Mutex<Driver>>, mut woken: mpsc::UnboundedReceiver<()>)
     let mut wake: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(std::future::pending());
     let mut wake_at: Option<Instant> = None;
     loop {
-        let deadline = {
+        let (deadline, outbox) = {
             let Ok(mut d) = driver.lock() else {
                 // The engine panicked under the lock.
                 return;
             };
             d.advance_due(Instant::now() + COALESCE);
             // A time beyond the clock's range (a pass of astronomic length) is never reached.
-            d.next_wake().and_then(|t| d.clock.instant(t))
+            let deadline = d.next_wake().and_then(|t| d.clock.instant(t));
+            (deadline, std::mem::take(&mut d.outbox))
         };
+        let gone = deliver(outbox);
+        if !gone.is_empty() {
+            let Ok(mut d) = driver.lock() else {
+                return;
+            };
+            for id in gone {
+                d.cancel(id);
+            }
+            // Their KV is free: the schedule may have changed.
+            continue;
+        }
         if deadline != wake_at {
             wake = sleep_until(timer.as_ref(), deadline);
             wake_at = deadline;
@@ -452,6 +464,7 @@ impl Drop for StopOnExit {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         driver.stopped = true;
         driver.listeners.clear();
+        driver.outbox.clear();
     }
 }
 
@@ -488,6 +501,8 @@ struct Driver {
     step_tokens: BTreeMap<u32, u64>,
     /// The driver task has ended: nothing is served any more.
     stopped: bool,
+    /// Events the task sends once it has released the lock, in order.
+    outbox: Vec<Delivery>,
 }
 
 /// What the driver remembers of an unfinished request.
@@ -561,6 +576,7 @@ impl Driver {
             kv: None,
             step_tokens: BTreeMap::new(),
             stopped: false,
+            outbox: Vec::new(),
         }
     }
 
@@ -692,9 +708,14 @@ impl Driver {
         );
         let now = self.now();
         for id in ids {
-            if let Some(listener) = self.listeners.remove(&id) {
+            if let Some(to) = self.listeners.remove(&id) {
                 // The client may be gone already; the request is dropped either way.
-                let _ = listener.send(Event::Stalled);
+                self.outbox.push(Delivery {
+                    id,
+                    to,
+                    event: Event::Stalled,
+                    last: true,
+                });
             }
             self.untrack(id);
             // Not a client cancellation: the cancel counters stay as they are.
@@ -977,20 +998,46 @@ impl Driver {
                 | Output::Preempted { id, .. } => (*id, false),
                 Output::Finished { id, .. } | Output::Rejected { id, .. } => (*id, true),
             };
-            let Some(listener) = self.listeners.get(&id) else {
-                continue;
+            let to = if last {
+                self.listeners.remove(&id)
+            } else {
+                self.listeners.get(&id).cloned()
             };
-            if listener.send(Event::Output(output)).is_err() {
-                // The client went away.
-                if !last {
-                    self.cancel(id);
-                }
-                self.listeners.remove(&id);
-            } else if last {
-                self.listeners.remove(&id);
+            if let Some(to) = to {
+                self.outbox.push(Delivery {
+                    id,
+                    to,
+                    event: Event::Output(output),
+                    last,
+                });
             }
         }
     }
+}
+
+/// An event for a handler, sent by the driver task once it has released the lock (sending
+/// wakes the handler's task, which takes a system call at times: the lock is not held for it).
+struct Delivery {
+    /// The request.
+    id: RequestId,
+    /// Its handler's channel.
+    to: mpsc::UnboundedSender<Event>,
+    /// What to tell it.
+    event: Event,
+    /// The request's last event: nothing to cancel if its handler has gone.
+    last: bool,
+}
+
+/// Sends `outbox` in order; returns the unfinished requests whose handler has gone (to be
+/// cancelled, which frees their KV).
+fn deliver(outbox: Vec<Delivery>) -> Vec<RequestId> {
+    let mut gone = Vec::new();
+    for d in outbox {
+        if d.to.send(d.event).is_err() && !d.last {
+            gone.push(d.id);
+        }
+    }
+    gone
 }
 
 /// Settings under which the live server refuses some or all requests, as sentences for a
@@ -1399,6 +1446,7 @@ mod tests {
         driver.dispatch(outputs);
         assert!(driver.cluster.snapshot().workers[0].scheduler.active_blocks > 0);
         driver.fail_stalled();
+        assert!(deliver(std::mem::take(&mut driver.outbox)).is_empty());
         let mut events = Vec::new();
         while let Ok(event) = rx.try_recv() {
             events.push(event);
