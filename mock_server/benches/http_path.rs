@@ -352,7 +352,9 @@ async fn run(settings: Settings) -> Result<()> {
         mock_tps / bare_tps
     );
     let p = |v: &[f64], q: f64| Distribution::percentile(v, q).unwrap_or(f64::NAN);
-    let bare_first = bare_first_event(bare_addr, TOKENS, settings.timing_requests).await?;
+    // No tokens: the role, finish and `[DONE]` events only, so the first event's arrival is
+    // the HTTP round trip, not the time to build a whole answer.
+    let bare_first = bare_first_event(bare_addr, 0, settings.timing_requests).await?;
     for (step_ms, tokens) in [(5.0, 20), (0.5, 100)] {
         let t = timing(step_ms, tokens, settings.timing_requests).await?;
         println!(
