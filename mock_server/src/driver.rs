@@ -179,8 +179,9 @@ pub struct SubmitOptions {
     /// When the server received the request, on the driver's clock ([`SimClock::now`]): the
     /// engine takes it as the request's arrival, so the engine's TTFT starts where the
     /// client's does, not after the server has parsed and tokenized it. `None`: now. A time
-    /// after now counts as now; the engine never goes back in time (a request that arrived
-    /// before the engine's latest event starts no earlier than that event).
+    /// after now counts as now, one more than [`MAX_BACKDATE_US`] before now as that long
+    /// before; the engine never goes back in time (a request that arrived before the engine's
+    /// latest event starts no earlier than that event).
     pub received: Option<SimTime>,
 }
 
@@ -390,6 +391,13 @@ impl EngineHandle {
 /// on the timer thread's blocking wait (50 µs), by which a wake-up may be late anyway; tokens
 /// then also share body frames more often, which saves CPU per request at high speed-ups.
 pub const COALESCE: Duration = Duration::from_micros(50);
+
+/// How long before its submission a request's receipt may be taken as its arrival at most
+/// (µs; see [`SubmitOptions::received`]): parsing and tokenizing an ordinary request takes far
+/// less. A server that stalled longer between receipt and submission (a first request that
+/// loads the tokenizer, a starved process) does not have the engine schedule the request in the
+/// past, whose tokens would then come out late and in a burst.
+pub const MAX_BACKDATE_US: u64 = 1_000;
 
 /// Events at most that the driver task advances through per wake-up before it lets the
 /// runtime run other tasks (it comes back at once if more are due).
@@ -643,7 +651,8 @@ impl Driver {
         } = options;
         self.check_queue()?;
         let now = self.now();
-        let arrival = received.map_or(now, |r| r.min(now));
+        let earliest = SimTime(now.as_micros().saturating_sub(MAX_BACKDATE_US));
+        let arrival = received.map_or(now, |r| r.clamp(earliest, now));
         let id = self.start(request, pinned, false, arrival)?;
         if let Some(t) = self.tracked.get_mut(&id) {
             t.finish_reason = finish_reason;
@@ -1250,6 +1259,43 @@ mod tests {
         assert_eq!(seen, vec![(1, 31), (2, 36), (3, 41)]);
         let live = engine.snapshot().await.expect("snapshot");
         assert_eq!(live.cluster.kv_transfer_us, 6_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_receipt_is_the_arrival_within_max_backdate() {
+        let engine = handle();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let now = engine.clock().now().as_micros();
+        let received = |t: u64| SubmitOptions {
+            received: Some(SimTime(t)),
+            ..SubmitOptions::new(3)
+        };
+        let mut sub = engine
+            .submit_as(request(3), received(now - 300))
+            .await
+            .expect("submitted");
+        assert_eq!(sub.submitted, SimTime(now - 300));
+        // The engine's clock starts at the receipt: the first token 20 ms after it.
+        let first = loop {
+            match sub.events.recv().await {
+                Some(Event::Output(Output::Token { time, .. })) => break time,
+                Some(_) => {}
+                None => panic!("no token"),
+            }
+        };
+        assert_eq!(first, SimTime(now - 300 + 20_000));
+        // Too long ago: at most MAX_BACKDATE_US before the submission. Later than now: now.
+        let now = engine.clock().now().as_micros();
+        let old = engine
+            .submit_as(request(3), received(0))
+            .await
+            .expect("submitted");
+        assert_eq!(old.submitted, SimTime(now - MAX_BACKDATE_US));
+        let ahead = engine
+            .submit_as(request(3), received(now + 5_000))
+            .await
+            .expect("submitted");
+        assert_eq!(ahead.submitted, SimTime(now));
     }
 
     #[tokio::test(start_paused = true)]
