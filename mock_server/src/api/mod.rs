@@ -71,7 +71,7 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde_json::json;
 use servesim::cluster::Cluster;
 use tokio_util::sync::CancellationToken;
@@ -81,10 +81,11 @@ pub use error::ApiError;
 use generation::{Choice, Endpoint, ExtraFields, Generation, Header, SpecPrefill};
 use protocol::{ApiJson, ChatRequest, CompletionRequest, GenerationParams, PromptInput};
 use servesim::ids::WorkerId;
+use servesim::time::SimTime;
 use tools::Tools;
 
 use crate::config::ServerConfig;
-use crate::driver::EngineHandle;
+use crate::driver::{EngineHandle, SubmitOptions};
 use crate::kv_events::KvEventPublisher;
 use crate::metrics::{EndpointLabel, Metrics};
 
@@ -226,9 +227,16 @@ pub fn app(state: AppState) -> Router {
 /// to a head beyond its read buffer (about 400 KiB) or with more than 100 headers.
 pub const MAX_HEADER_BYTES: usize = 64 << 10;
 
+/// When the server had a request whole (headers and body), on the engine's clock: set by
+/// [`edge_limits`], before the handler parses and tokenizes it, and taken as the engine request's
+/// arrival.
+#[derive(Clone, Copy, Debug)]
+pub struct Received(pub SimTime);
+
 /// Request-level limits, checked before any handler: header size (431), body size (413) and
 /// body-read time (408). The body is read here, whole, so no handler ever waits on a slow
-/// client, and the size limit holds whether or not `Content-Length` is sent.
+/// client, and the size limit holds whether or not `Content-Length` is sent. The request is
+/// stamped [`Received`] once it is whole.
 pub async fn edge_limits(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let header_bytes: usize = request
         .headers()
@@ -238,8 +246,9 @@ pub async fn edge_limits(State(state): State<AppState>, request: Request, next: 
     if header_bytes > MAX_HEADER_BYTES {
         return fail(&state, ApiError::headers_too_large(MAX_HEADER_BYTES));
     }
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     if http_body::Body::is_end_stream(&body) {
+        parts.extensions.insert(Received(state.engine.clock().now()));
         return next.run(Request::from_parts(parts, body)).await;
     }
     let limit = state.config.max_body_bytes;
@@ -270,8 +279,14 @@ pub async fn edge_limits(State(state): State<AppState>, request: Request, next: 
         }
         Err(_) => return fail(&state, ApiError::body_timeout(timeout)),
     };
+    parts.extensions.insert(Received(state.engine.clock().now()));
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
+}
+
+/// The request's [`Received`] stamp, or now for a request that did not pass [`edge_limits`].
+fn received_at(state: &AppState, received: Option<Extension<Received>>) -> SimTime {
+    received.map_or_else(|| state.engine.clock().now(), |Extension(Received(t))| t)
 }
 
 fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
@@ -328,8 +343,10 @@ fn apply_header_overrides(
 async fn chat_completions(
     State(state): State<AppState>,
     headers: HeaderMap,
+    received: Option<Extension<Received>>,
     body: Result<ApiJson, ApiError>,
 ) -> Response {
+    let received = received_at(&state, received);
     state
         .metrics
         .http_requests
@@ -349,6 +366,7 @@ async fn chat_completions(
         }];
         let request_in = RequestIn {
             endpoint: Endpoint::Chat,
+            received,
             spec_prefill: spec,
             tools: Some(request.tools),
         };
@@ -361,8 +379,10 @@ async fn chat_completions(
 async fn completions(
     State(state): State<AppState>,
     headers: HeaderMap,
+    received: Option<Extension<Received>>,
     body: Result<ApiJson, ApiError>,
 ) -> Response {
+    let received = received_at(&state, received);
     state
         .metrics
         .http_requests
@@ -398,6 +418,7 @@ async fn completions(
             .collect();
         let request_in = RequestIn {
             endpoint: Endpoint::Text,
+            received,
             spec_prefill: None,
             tools: None,
         };
@@ -416,6 +437,8 @@ struct PromptIn {
 /// What a request brings besides its shared parameters and prompts.
 struct RequestIn {
     endpoint: Endpoint,
+    /// When the server had the request whole ([`Received`]).
+    received: SimTime,
     spec_prefill: Option<SpecPrefill>,
     tools: Option<Tools>,
 }
@@ -464,7 +487,7 @@ async fn generate(
     prompts: Vec<PromptIn>,
     request: RequestIn,
 ) -> Result<Response, ApiError> {
-    let received = state.engine.clock().now();
+    let received = request.received;
     let config = &state.config;
     let endpoint = request.endpoint;
     if !state.is_ready() {
@@ -572,20 +595,18 @@ async fn generate(
                 &answer,
             );
             // An error drops the choices submitted so far, which cancels them.
-            let submission = state
-                .engine
-                .submit_as(
-                    engine_request,
-                    pinned,
-                    lora.clone(),
-                    // The engine's reason, as vLLM counts it: a tool call is a stop.
-                    match answer.finish_reason {
-                        answer::FinishReason::Length => "length",
-                        answer::FinishReason::Stop | answer::FinishReason::ToolCalls => "stop",
-                    },
-                    limit,
-                )
-                .await?;
+            let options = SubmitOptions {
+                pinned,
+                lora: lora.clone(),
+                // The engine's reason, as vLLM counts it: a tool call is a stop.
+                finish_reason: match answer.finish_reason {
+                    answer::FinishReason::Length => "length",
+                    answer::FinishReason::Stop | answer::FinishReason::ToolCalls => "stop",
+                },
+                max_tokens: limit,
+                received: Some(received),
+            };
+            let submission = state.engine.submit_as(engine_request, options).await?;
             let mut choice = Choice::new(index, submission, answer, prompt.tokens.len());
             choice.counts_prompt = j == 0;
             choice.echo = prompt.echo.clone();
