@@ -326,43 +326,31 @@ impl KvPool {
     /// The longest run of leading blocks of `ids` (from [`KvPool::intern`]) present in the
     /// cache.
     pub fn lookup_prefix(&self, ids: &[BlockId]) -> PrefixMatch {
-        let mut m = PrefixMatch::default();
-        if !self.prefix_caching {
-            return m;
-        }
-        let mut all_active = true;
-        for &id in ids {
-            match self.cached(id) {
-                Some(b) => {
-                    m.blocks += 1;
-                    all_active &= b.refs > 0;
-                    if all_active {
-                        m.active_blocks += 1;
-                    }
-                }
-                None => break,
-            }
-        }
-        m
+        self.leading_run(ids.iter().map(|&id| self.cached(id)))
     }
 
     /// [`KvPool::lookup_prefix`] for a sequence given by its hashes (not interned here).
     pub fn lookup_prefix_hashes(&self, hashes: &[SequenceHash]) -> PrefixMatch {
+        self.leading_run(
+            hashes
+                .iter()
+                .map(|&h| self.blocks.id(h).and_then(|id| self.cached(id))),
+        )
+    }
+
+    /// The leading cached blocks of a sequence (each `None` once a block is not cached), and
+    /// how many of those are held by running requests from the first on.
+    fn leading_run<'a>(&self, blocks: impl Iterator<Item = Option<&'a Block>>) -> PrefixMatch {
         let mut m = PrefixMatch::default();
         if !self.prefix_caching {
             return m;
         }
         let mut all_active = true;
-        for &h in hashes {
-            match self.blocks.id(h).and_then(|id| self.cached(id)) {
-                Some(b) => {
-                    m.blocks += 1;
-                    all_active &= b.refs > 0;
-                    if all_active {
-                        m.active_blocks += 1;
-                    }
-                }
-                None => break,
+        for b in blocks.map_while(|b| b) {
+            m.blocks += 1;
+            all_active &= b.refs > 0;
+            if all_active {
+                m.active_blocks += 1;
             }
         }
         m

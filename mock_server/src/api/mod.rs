@@ -248,7 +248,9 @@ pub async fn edge_limits(State(state): State<AppState>, request: Request, next: 
     }
     let (mut parts, body) = request.into_parts();
     if http_body::Body::is_end_stream(&body) {
-        parts.extensions.insert(Received(state.engine.clock().now()));
+        parts
+            .extensions
+            .insert(Received(state.engine.clock().now()));
         return next.run(Request::from_parts(parts, body)).await;
     }
     let limit = state.config.max_body_bytes;
@@ -279,7 +281,9 @@ pub async fn edge_limits(State(state): State<AppState>, request: Request, next: 
         }
         Err(_) => return fail(&state, ApiError::body_timeout(timeout)),
     };
-    parts.extensions.insert(Received(state.engine.clock().now()));
+    parts
+        .extensions
+        .insert(Received(state.engine.clock().now()));
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
 }
