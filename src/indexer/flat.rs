@@ -131,10 +131,7 @@ impl FlatIndex {
         let mut active: Vec<u32> = Vec::new();
         let mut depth = 0u32;
         for (i, h) in seq_hashes.iter().enumerate() {
-            if i % WARM_CHUNK == 0 {
-                let end = seq_hashes.len().min(i + WARM_CHUNK);
-                self.blocks.warm(seq_hashes[i..end].iter().copied());
-            }
+            self.blocks.warm_ahead(seq_hashes, i);
             let Some(set) = self.blocks.get(h) else {
                 break;
             };

@@ -139,6 +139,15 @@ impl<V: Default> BlockMap<V> {
         std::hint::black_box(acc);
     }
 
+    /// In a loop over `keys` that may stop early: at every [`WARM_CHUNK`]-th index `i`,
+    /// [`BlockMap::warm`]s the chunk of keys starting there.
+    pub fn warm_ahead(&self, keys: &[SequenceHash], i: usize) {
+        if i % WARM_CHUNK == 0 {
+            let end = keys.len().min(i + WARM_CHUNK);
+            self.warm(keys[i..end].iter().copied());
+        }
+    }
+
     /// Sets `key`'s value; the previous one, if any.
     pub fn insert(&mut self, key: SequenceHash, value: V) -> Option<V> {
         let (slot, inserted) = self.get_or_insert_default(key);

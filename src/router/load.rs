@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::ids::RequestId;
-use crate::kv::{BlockMap, WARM_CHUNK};
+use crate::kv::BlockMap;
 use crate::tokens::SequenceHash;
 
 #[derive(Clone, Debug)]
@@ -184,10 +184,7 @@ impl ActiveBlocks {
         prefill_tokens: usize,
     ) {
         for (i, &h) in hashes.iter().enumerate() {
-            if i % WARM_CHUNK == 0 {
-                let end = hashes.len().min(i + WARM_CHUNK);
-                self.blocks.warm(hashes[i..end].iter().copied());
-            }
+            self.blocks.warm_ahead(hashes, i);
             let (holders, inserted) = self.blocks.get_or_insert_default(h);
             let new = if inserted {
                 *holders = Holders::One(worker, 1);
@@ -206,10 +203,7 @@ impl ActiveBlocks {
             return;
         };
         for (i, h) in hashes.iter().enumerate() {
-            if i % WARM_CHUNK == 0 {
-                let end = hashes.len().min(i + WARM_CHUNK);
-                self.blocks.warm(hashes[i..end].iter().copied());
-            }
+            self.blocks.warm_ahead(&hashes, i);
             // One lookup decrements and (when nobody holds it) drops the block.
             let gone = self.blocks.update(h, |holders| holders.remove(worker));
             load.num_blocks -= usize::from(gone == Some(true));
@@ -228,10 +222,7 @@ impl ActiveBlocks {
             return;
         }
         for (i, h) in hashes.iter().enumerate() {
-            if i % WARM_CHUNK == 0 {
-                let end = hashes.len().min(i + WARM_CHUNK);
-                self.blocks.warm(hashes[i..end].iter().copied());
-            }
+            self.blocks.warm_ahead(hashes, i);
             let Some(holders) = self.blocks.get(h) else {
                 break;
             };
