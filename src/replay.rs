@@ -215,6 +215,10 @@ pub fn replay_observed(
     observer: &mut dyn ReplayObserver,
 ) -> Result<ReplayOutcome, ReplayError> {
     let mut cluster = Cluster::new(config.cluster.clone())?;
+    // The KV router's bookkeeping runs beside the workers on a second thread; the decisions,
+    // and so the report, are those of a router kept inline, which is what stays if no thread
+    // can start.
+    let _ = cluster.offload_router();
     observer.start(&mut cluster);
     let block_size = cluster.block_size();
     let total = trace.num_requests();

@@ -405,6 +405,14 @@ impl Cluster {
             .unwrap_or_default()
     }
 
+    /// Moves the front router's KV bookkeeping to a thread of its own ([`Router::offload`]):
+    /// the same decisions, with KV events and the loads of routed requests applied while the
+    /// caller advances the workers. An error only when the thread cannot start (the router then
+    /// stays as it was).
+    pub fn offload_router(&mut self) -> std::io::Result<()> {
+        self.router.offload()
+    }
+
     /// Tokens per KV block: prompts must be hashed at this size.
     pub fn block_size(&self) -> usize {
         self.block_size
@@ -720,7 +728,7 @@ impl Cluster {
                 }
                 let (router, local) = self.router_of(w);
                 event.worker = local;
-                router.apply_kv_event(&event);
+                router.apply_kv_event(event);
             }
         }
         let worker = WorkerId(w as u32);

@@ -180,11 +180,11 @@ impl ActiveBlocks {
         load: &mut WorkerLoad,
         worker: u32,
         id: RequestId,
-        hashes: &[SequenceHash],
+        hashes: Vec<SequenceHash>,
         prefill_tokens: usize,
     ) {
         for (i, &h) in hashes.iter().enumerate() {
-            self.blocks.warm_ahead(hashes, i);
+            self.blocks.warm_ahead(&hashes, i);
             let (holders, inserted) = self.blocks.get_or_insert_default(h);
             let new = if inserted {
                 *holders = Holders::One(worker, 1);
@@ -194,7 +194,7 @@ impl ActiveBlocks {
             };
             load.num_blocks += usize::from(new);
         }
-        load.insert(id, hashes.to_vec(), prefill_tokens);
+        load.insert(id, hashes, prefill_tokens);
     }
 
     /// The request `id` on `worker` (whose load is `load`) left.

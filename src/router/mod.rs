@@ -11,12 +11,14 @@
 //! ```
 
 mod load;
+mod offload;
 
 pub use load::WorkerLoad;
 
 use std::collections::VecDeque;
 
 use load::ActiveBlocks;
+use offload::{Offloaded, Reply};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -119,28 +121,24 @@ pub struct Decision {
     pub overlap_blocks: usize,
 }
 
-/// The router: policy state, the KV indexer and the active load of each worker.
+/// The router: policy state, and the [`Core`] of KV-aware routing (the KV indexer and the
+/// active load of each worker), kept here or on a thread of its own ([`Router::offload`]).
 #[derive(Debug)]
 pub struct Router {
     /// Settings.
     config: RouterConfig,
-    /// Engine block size (the router hashes at the same granularity).
-    block_size: usize,
     /// Per-pass token budget of the workers, for the busy test.
     max_num_batched_tokens: usize,
+    /// Workers routed over.
+    num_workers: usize,
     /// Next worker for round-robin.
     rr_next: usize,
-    /// Random choice and tie-breaks.
+    /// Random choice (random mode; the core draws the KV router's tie-breaks).
     rng: ChaCha8Rng,
-    /// Which workers hold which blocks: from KV events, or from routing decisions.
-    indexer: RouterIndex,
-    /// Active requests per worker.
-    loads: Vec<WorkerLoad>,
-    /// The blocks of active requests and the workers holding each: one lookup per prompt block
-    /// counts every worker's new blocks, and one per block records or frees a request.
-    active: ActiveBlocks,
     /// Requests parked while every worker is busy, in arrival order.
     pending: VecDeque<RequestId>,
+    /// Indexer, loads and active blocks.
+    core: CoreHandle,
 }
 
 /// The router's indexer behind the [`KvIndexer`] trait: [`FlatIndex`] with KV events,
@@ -155,20 +153,147 @@ impl std::fmt::Debug for RouterIndex {
     }
 }
 
-impl Router {
-    /// A router over `num_workers` workers.
-    pub fn new(
-        config: RouterConfig,
-        num_workers: usize,
-        block_size: usize,
-        max_num_batched_tokens: usize,
-        seed: u64,
-    ) -> Router {
-        Router {
+/// What a worker's load amounts to, for the cost and for reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadSummary {
+    prefill_tokens: usize,
+    blocks: usize,
+    requests: usize,
+}
+
+impl LoadSummary {
+    /// Prompt tokens routed to the worker and not yet prefilled.
+    pub fn active_prefill_tokens(&self) -> usize {
+        self.prefill_tokens
+    }
+
+    /// Distinct blocks of the worker's active requests.
+    pub fn active_blocks(&self) -> usize {
+        self.blocks
+    }
+
+    /// Active requests on the worker.
+    pub fn active_requests(&self) -> usize {
+        self.requests
+    }
+}
+
+impl From<&WorkerLoad> for LoadSummary {
+    fn from(load: &WorkerLoad) -> LoadSummary {
+        LoadSummary {
+            prefill_tokens: load.active_prefill_tokens(),
+            blocks: load.active_blocks(),
+            requests: load.active_requests(),
+        }
+    }
+}
+
+/// A [`RouteRequest`] with its hashes owned, so that it can travel to the core's thread.
+#[derive(Clone, Debug)]
+struct OwnedRequest {
+    isl: usize,
+    local_hashes: Vec<LocalBlockHash>,
+    seq_hashes: Vec<SequenceHash>,
+    now: SimTime,
+}
+
+impl OwnedRequest {
+    fn new(request: RouteRequest<'_>) -> OwnedRequest {
+        OwnedRequest {
+            isl: request.isl,
+            local_hashes: request.local_hashes.to_vec(),
+            seq_hashes: request.seq_hashes.to_vec(),
+            now: request.now,
+        }
+    }
+
+    fn borrow(&self) -> RouteRequest<'_> {
+        RouteRequest {
+            isl: self.isl,
+            local_hashes: &self.local_hashes,
+            seq_hashes: &self.seq_hashes,
+            now: self.now,
+        }
+    }
+}
+
+/// The state KV-aware routing reads and writes.
+#[derive(Debug)]
+struct Core {
+    /// Settings (a copy of the router's).
+    config: RouterConfig,
+    /// Engine block size (the router hashes at the same granularity).
+    block_size: usize,
+    /// Tie-breaks and softmax draws of the KV router.
+    rng: ChaCha8Rng,
+    /// Which workers hold which blocks: from KV events, or from routing decisions.
+    indexer: RouterIndex,
+    /// Active requests per worker.
+    loads: Vec<WorkerLoad>,
+    /// The blocks of active requests and the workers holding each: one lookup per prompt block
+    /// counts every worker's new blocks, and one per block records or frees a request.
+    active: ActiveBlocks,
+}
+
+/// Where the [`Core`] lives.
+#[derive(Debug)]
+enum CoreHandle {
+    /// In the router.
+    Inline(Box<Core>),
+    /// On a thread of its own.
+    Offloaded(OffloadedCore),
+}
+
+/// The core on its own thread.
+struct OffloadedCore(Offloaded<Box<Core>>);
+
+impl std::fmt::Debug for OffloadedCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OffloadedCore")
+    }
+}
+
+impl CoreHandle {
+    /// Runs `job` on the core without waiting for it where the core has a thread.
+    fn post(&mut self, job: impl FnOnce(&mut Core) + Send + 'static) {
+        match self {
+            CoreHandle::Inline(core) => job(core),
+            CoreHandle::Offloaded(core) => core.0.post(move |c| job(c)),
+        }
+    }
+
+    /// Runs `job` on the core and returns the answer it sends.
+    fn ask<R: Send + 'static>(
+        &mut self,
+        job: impl FnOnce(&mut Core, Reply<R>) + Send + 'static,
+    ) -> R {
+        match self {
+            CoreHandle::Inline(core) => {
+                let (reply, answer) = Reply::channel();
+                job(core, reply);
+                match answer.try_recv() {
+                    Ok(answer) => answer,
+                    Err(_) => unreachable!("every job asked of the core answers"),
+                }
+            }
+            CoreHandle::Offloaded(core) => core.0.ask(move |c, reply| job(c, reply)),
+        }
+    }
+
+    /// Reads the core (waits for its thread's jobs first).
+    fn read<R: Send + 'static>(&self, read: impl FnOnce(&Core) -> R + Send + 'static) -> R {
+        match self {
+            CoreHandle::Inline(core) => read(core),
+            CoreHandle::Offloaded(core) => core.0.ask(move |c, reply| reply.send(read(c))),
+        }
+    }
+}
+
+impl Core {
+    fn new(config: RouterConfig, num_workers: usize, block_size: usize, rng: ChaCha8Rng) -> Core {
+        Core {
             block_size,
-            max_num_batched_tokens,
-            rr_next: 0,
-            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_f047_e400),
+            rng,
             indexer: RouterIndex(if config.use_kv_events {
                 Box::new(FlatIndex::new())
             } else {
@@ -176,64 +301,12 @@ impl Router {
             }),
             loads: (0..num_workers).map(|_| WorkerLoad::default()).collect(),
             active: ActiveBlocks::default(),
-            pending: VecDeque::new(),
             config,
         }
     }
 
-    /// The settings.
-    pub fn config(&self) -> &RouterConfig {
-        &self.config
-    }
-
-    /// Number of workers routed over.
-    pub fn num_workers(&self) -> usize {
-        self.loads.len()
-    }
-
-    /// Active load of a worker.
-    pub fn load(&self, worker: WorkerId) -> &WorkerLoad {
-        &self.loads[worker.0 as usize]
-    }
-
-    /// Requests parked at the router.
-    pub fn pending(&self) -> &VecDeque<RequestId> {
-        &self.pending
-    }
-
-    /// True when the request must wait at the router (queueing on and every worker busy).
-    pub fn all_busy(&self) -> bool {
-        let Some(threshold) = self.config.queue_threshold else {
-            return false;
-        };
-        let limit = threshold * self.max_num_batched_tokens as f64;
-        self.loads
-            .iter()
-            .all(|l| l.active_prefill_tokens() as f64 > limit)
-    }
-
-    /// Parks a request until a worker has room.
-    pub fn park(&mut self, id: RequestId) {
-        self.pending.push_back(id);
-    }
-
-    /// The next parked request, if a worker has room for it.
-    pub fn unpark(&mut self) -> Option<RequestId> {
-        if self.all_busy() {
-            return None;
-        }
-        self.pending.pop_front()
-    }
-
-    /// Forgets a parked request (cancelled before routing).
-    pub fn forget_parked(&mut self, id: RequestId) -> bool {
-        let before = self.pending.len();
-        self.pending.retain(|&p| p != id);
-        before != self.pending.len()
-    }
-
     /// Leading prompt blocks cached on each worker, per the indexer.
-    pub fn overlaps(&self, request: RouteRequest<'_>) -> Vec<usize> {
+    fn overlaps(&self, request: RouteRequest<'_>) -> Vec<usize> {
         let mut overlap = vec![0usize; self.loads.len()];
         let scores = self
             .indexer
@@ -245,11 +318,6 @@ impl Router {
             }
         }
         overlap
-    }
-
-    /// The KV-aware cost of every worker for a request (lower is better).
-    pub fn costs(&self, request: RouteRequest<'_>) -> Vec<f64> {
-        self.costs_given(request, &self.overlaps(request))
     }
 
     fn costs_given(&self, request: RouteRequest<'_>, overlap: &[usize]) -> Vec<f64> {
@@ -270,63 +338,40 @@ impl Router {
             .collect()
     }
 
-    /// Chooses a worker for a request and records it as active there.
-    pub fn route(&mut self, id: RequestId, request: RouteRequest<'_>) -> Decision {
-        let n = self.loads.len();
-        let (worker, o) = match self.config.mode {
-            RouterMode::RoundRobin => {
-                let w = self.rr_next;
-                self.rr_next = (self.rr_next + 1) % n;
-                (w, None)
-            }
-            RouterMode::Random => (self.rng.gen_range(0..n), None),
-            RouterMode::KvRouter => {
-                if !self.config.use_kv_events {
-                    self.indexer.0.expire(request.now);
-                }
-                let overlap = self.overlaps(request);
-                let costs = self.costs_given(request, &overlap);
-                let w = self.select(&costs);
-                (w, Some(overlap[w]))
-            }
-        };
-        let Some(o) = o else {
-            // Load-blind policies keep no index and no per-worker block sets.
-            self.add_load(worker, id, &[], request.isl);
-            return Decision {
-                worker: WorkerId(worker as u32),
-                overlap_blocks: 0,
-            };
-        };
-        self.record(id, worker, request, o)
+    /// The KV router's choice for a request: the worker and its overlap.
+    fn choose(&mut self, request: RouteRequest<'_>) -> (usize, usize) {
+        if !self.config.use_kv_events {
+            self.indexer.0.expire(request.now);
+        }
+        let overlap = self.overlaps(request);
+        let costs = self.costs_given(request, &overlap);
+        let w = self.select(&costs);
+        (w, overlap[w])
+    }
+
+    /// The overlap of a request on a worker chosen for it.
+    fn overlap_on(&mut self, worker: usize, request: RouteRequest<'_>) -> usize {
+        if !self.config.use_kv_events {
+            self.indexer.0.expire(request.now);
+        }
+        self.overlaps(request)[worker]
     }
 
     /// Records a routed request as active on `worker`, with `overlap` blocks cached there (and,
     /// without KV events, remembers the decision in the approximate index).
-    fn record(
-        &mut self,
-        id: RequestId,
-        worker: usize,
-        request: RouteRequest<'_>,
-        overlap: usize,
-    ) -> Decision {
-        let worker_id = WorkerId(worker as u32);
+    fn record(&mut self, id: RequestId, worker: usize, request: OwnedRequest, overlap: usize) {
         if !self.config.use_kv_events {
             // The lengths agree for requests hashed by the engine; a mismatch only skips the
             // record (the index then under-estimates this worker's cache).
             let _ = self.indexer.0.record_routing(
-                worker_id,
-                request.local_hashes,
-                request.seq_hashes,
+                WorkerId(worker as u32),
+                &request.local_hashes,
+                &request.seq_hashes,
                 request.now,
             );
         }
         let prefill_tokens = request.isl.saturating_sub(overlap * self.block_size);
         self.add_load(worker, id, request.seq_hashes, prefill_tokens);
-        Decision {
-            worker: worker_id,
-            overlap_blocks: overlap,
-        }
     }
 
     /// Adds a request to `worker`'s load and its blocks to the active blocks.
@@ -334,7 +379,7 @@ impl Router {
         &mut self,
         worker: usize,
         id: RequestId,
-        hashes: &[SequenceHash],
+        hashes: Vec<SequenceHash>,
         prefill_tokens: usize,
     ) {
         self.active.add(
@@ -344,35 +389,6 @@ impl Router {
             hashes,
             prefill_tokens,
         );
-    }
-
-    /// How many of `hashes` are not blocks of an active request on `worker` (the request's
-    /// new blocks there, in the KV cost).
-    pub fn new_blocks(&self, worker: WorkerId, hashes: &[SequenceHash]) -> usize {
-        self.active.new_blocks(worker.0, hashes)
-    }
-
-    /// Records a request as active on a worker the caller chose (a pinned request), exactly as
-    /// [`Router::route`] records its own choice. `worker` must be in range.
-    pub fn route_to(
-        &mut self,
-        id: RequestId,
-        worker: WorkerId,
-        request: RouteRequest<'_>,
-    ) -> Decision {
-        let w = worker.0 as usize;
-        if self.config.mode != RouterMode::KvRouter {
-            self.add_load(w, id, &[], request.isl);
-            return Decision {
-                worker,
-                overlap_blocks: 0,
-            };
-        }
-        if !self.config.use_kv_events {
-            self.indexer.0.expire(request.now);
-        }
-        let o = self.overlaps(request)[w];
-        self.record(id, w, request, o)
     }
 
     /// Argmin with a seeded uniform tie-break at temperature 0, else softmax sampling.
@@ -417,35 +433,248 @@ impl Router {
         }
         costs.len() - 1
     }
+}
+
+impl Router {
+    /// A router over `num_workers` workers.
+    pub fn new(
+        config: RouterConfig,
+        num_workers: usize,
+        block_size: usize,
+        max_num_batched_tokens: usize,
+        seed: u64,
+    ) -> Router {
+        let rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_f047_e400);
+        let core = Core::new(config.clone(), num_workers, block_size, rng.clone());
+        Router {
+            max_num_batched_tokens,
+            num_workers,
+            rr_next: 0,
+            rng,
+            pending: VecDeque::new(),
+            core: CoreHandle::Inline(Box::new(core)),
+            config,
+        }
+    }
+
+    /// Moves the KV router's indexer and loads to a thread of their own, where applying KV
+    /// events and recording and freeing requests run while the caller goes on; the caller
+    /// waits only for routing decisions and reads. Decisions are exactly those of a router that
+    /// keeps them (the same work in the same order). For the KV router without a queue
+    /// threshold (the busy test would wait on every submission); other routers stay as they
+    /// are. An error only when the thread cannot be started; the router is unchanged then.
+    pub fn offload(&mut self) -> std::io::Result<()> {
+        if self.config.mode != RouterMode::KvRouter || self.config.queue_threshold.is_some() {
+            return Ok(());
+        }
+        let CoreHandle::Inline(core) = &mut self.core else {
+            return Ok(());
+        };
+        let placeholder = Core::new(self.config.clone(), 0, 0, self.rng.clone());
+        let core = std::mem::replace(core, Box::new(placeholder));
+        match Offloaded::new("kv-router", core) {
+            Ok(thread) => {
+                self.core = CoreHandle::Offloaded(OffloadedCore(thread));
+                Ok(())
+            }
+            Err((e, core)) => {
+                self.core = CoreHandle::Inline(core);
+                Err(e)
+            }
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RouterConfig {
+        &self.config
+    }
+
+    /// Number of workers routed over.
+    pub fn num_workers(&self) -> usize {
+        self.num_workers
+    }
+
+    /// Active load of a worker.
+    pub fn load(&self, worker: WorkerId) -> LoadSummary {
+        self.core
+            .read(move |c| LoadSummary::from(&c.loads[worker.0 as usize]))
+    }
+
+    /// Requests parked at the router.
+    pub fn pending(&self) -> &VecDeque<RequestId> {
+        &self.pending
+    }
+
+    /// True when the request must wait at the router (queueing on and every worker busy).
+    pub fn all_busy(&self) -> bool {
+        let Some(threshold) = self.config.queue_threshold else {
+            return false;
+        };
+        let limit = threshold * self.max_num_batched_tokens as f64;
+        self.core.read(move |c| {
+            c.loads
+                .iter()
+                .all(|l| l.active_prefill_tokens() as f64 > limit)
+        })
+    }
+
+    /// Parks a request until a worker has room.
+    pub fn park(&mut self, id: RequestId) {
+        self.pending.push_back(id);
+    }
+
+    /// The next parked request, if a worker has room for it.
+    pub fn unpark(&mut self) -> Option<RequestId> {
+        if self.all_busy() {
+            return None;
+        }
+        self.pending.pop_front()
+    }
+
+    /// Forgets a parked request (cancelled before routing).
+    pub fn forget_parked(&mut self, id: RequestId) -> bool {
+        let before = self.pending.len();
+        self.pending.retain(|&p| p != id);
+        before != self.pending.len()
+    }
+
+    /// Leading prompt blocks cached on each worker, per the indexer.
+    pub fn overlaps(&self, request: RouteRequest<'_>) -> Vec<usize> {
+        let request = OwnedRequest::new(request);
+        self.core.read(move |c| c.overlaps(request.borrow()))
+    }
+
+    /// The KV-aware cost of every worker for a request (lower is better).
+    pub fn costs(&self, request: RouteRequest<'_>) -> Vec<f64> {
+        let request = OwnedRequest::new(request);
+        self.core.read(move |c| {
+            let overlap = c.overlaps(request.borrow());
+            c.costs_given(request.borrow(), &overlap)
+        })
+    }
+
+    /// Chooses a worker for a request and records it as active there.
+    pub fn route(&mut self, id: RequestId, request: RouteRequest<'_>) -> Decision {
+        let n = self.num_workers;
+        let worker = match self.config.mode {
+            RouterMode::RoundRobin => {
+                let w = self.rr_next;
+                self.rr_next = (self.rr_next + 1) % n;
+                w
+            }
+            RouterMode::Random => self.rng.gen_range(0..n),
+            RouterMode::KvRouter => {
+                let request = OwnedRequest::new(request);
+                let (w, overlap) = self.core.ask(move |c, reply| {
+                    let (w, overlap) = c.choose(request.borrow());
+                    reply.send((w, overlap));
+                    // Recorded after answering: the caller goes on meanwhile.
+                    c.record(id, w, request, overlap);
+                });
+                return Decision {
+                    worker: WorkerId(w as u32),
+                    overlap_blocks: overlap,
+                };
+            }
+        };
+        // Load-blind policies keep no index and no per-worker block sets.
+        self.add_load(worker, id, &[], request.isl);
+        Decision {
+            worker: WorkerId(worker as u32),
+            overlap_blocks: 0,
+        }
+    }
+
+    /// Adds a request to `worker`'s load and its blocks to the active blocks.
+    fn add_load(
+        &mut self,
+        worker: usize,
+        id: RequestId,
+        hashes: &[SequenceHash],
+        prefill_tokens: usize,
+    ) {
+        let hashes = hashes.to_vec();
+        self.core
+            .post(move |c| c.add_load(worker, id, hashes, prefill_tokens));
+    }
+
+    /// How many of `hashes` are not blocks of an active request on `worker` (the request's
+    /// new blocks there, in the KV cost).
+    pub fn new_blocks(&self, worker: WorkerId, hashes: &[SequenceHash]) -> usize {
+        let hashes = hashes.to_vec();
+        self.core
+            .read(move |c| c.active.new_blocks(worker.0, &hashes))
+    }
+
+    /// Records a request as active on a worker the caller chose (a pinned request), exactly as
+    /// [`Router::route`] records its own choice. `worker` must be in range.
+    pub fn route_to(
+        &mut self,
+        id: RequestId,
+        worker: WorkerId,
+        request: RouteRequest<'_>,
+    ) -> Decision {
+        let w = worker.0 as usize;
+        if self.config.mode != RouterMode::KvRouter {
+            self.add_load(w, id, &[], request.isl);
+            return Decision {
+                worker,
+                overlap_blocks: 0,
+            };
+        }
+        let request = OwnedRequest::new(request);
+        let overlap = self.core.ask(move |c, reply| {
+            let overlap = c.overlap_on(w, request.borrow());
+            reply.send(overlap);
+            c.record(id, w, request, overlap);
+        });
+        Decision {
+            worker,
+            overlap_blocks: overlap,
+        }
+    }
 
     /// The request produced its first token: its prompt no longer loads the worker's prefill.
     pub fn mark_prefill_completed(&mut self, worker: WorkerId, id: RequestId) {
-        self.loads[worker.0 as usize].mark_prefill_completed(id);
+        self.core
+            .post(move |c| c.loads[worker.0 as usize].mark_prefill_completed(id));
     }
 
     /// The request finished or was cancelled.
     pub fn free(&mut self, worker: WorkerId, id: RequestId) {
-        self.active
-            .free(&mut self.loads[worker.0 as usize], worker.0, id);
+        self.core.post(move |c| {
+            c.active.free(&mut c.loads[worker.0 as usize], worker.0, id);
+        });
     }
 
     /// Applies a worker's KV event to the indexer (ignored without KV events).
-    pub fn apply_kv_event(&mut self, event: &KvEvent) {
+    pub fn apply_kv_event(&mut self, event: KvEvent) {
         if self.config.mode != RouterMode::KvRouter || !self.config.use_kv_events {
             return;
         }
-        self.indexer.0.apply(event);
+        self.core.post(move |c| c.indexer.0.apply(&event));
+    }
+
+    /// Runs `f` on the core (tests reach the core's internals this way).
+    #[cfg(test)]
+    fn with_core<R: Send + 'static>(
+        &mut self,
+        f: impl FnOnce(&mut Core) -> R + Send + 'static,
+    ) -> R {
+        self.core.ask(move |c, reply| reply.send(f(c)))
     }
 
     /// Blocks each worker holds per the indexer.
     pub fn tree_sizes(&self) -> Vec<usize> {
-        let mut sizes = vec![0; self.loads.len()];
-        for (w, n) in self.indexer.0.find_matches(&[]).tree_sizes {
-            if let Some(s) = sizes.get_mut(w.0 as usize) {
-                *s = n;
+        self.core.read(|c| {
+            let mut sizes = vec![0; c.loads.len()];
+            for (w, n) in c.indexer.0.find_matches(&[]).tree_sizes {
+                if let Some(s) = sizes.get_mut(w.0 as usize) {
+                    *s = n;
+                }
             }
-        }
-        sizes
+            sizes
+        })
     }
 }
 

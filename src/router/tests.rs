@@ -44,8 +44,8 @@ fn stored(worker: u32, hashes: &[SequenceHash]) -> KvEvent {
 fn kv_cost_on_a_hand_built_three_worker_example() {
     let mut r = Router::new(RouterConfig::default(), 3, 4, 8192, 0);
     let req: Vec<SequenceHash> = (0..8).map(h).collect();
-    r.apply_kv_event(&stored(1, &req[..6]));
-    r.apply_kv_event(&stored(2, &req[..4]));
+    r.apply_kv_event(stored(1, &req[..6]));
+    r.apply_kv_event(stored(2, &req[..4]));
     let other: Vec<SequenceHash> = (100..110).map(h).collect();
     r.add_load(1, RequestId(90), &other, 40);
     r.add_load(2, RequestId(91), &req[..4], 0);
@@ -91,10 +91,10 @@ fn overlap_is_the_contiguous_prefix_only() {
     let mut r = Router::new(RouterConfig::default(), 2, 4, 8192, 0);
     let req: Vec<SequenceHash> = (0..5).map(h).collect();
     // Worker 0 holds blocks 0, 1 and 3 (not 2): overlap 2.
-    r.apply_kv_event(&stored(0, &[req[0], req[1], req[3]]));
-    r.apply_kv_event(&stored(1, &req[..5]));
+    r.apply_kv_event(stored(0, &[req[0], req[1], req[3]]));
+    r.apply_kv_event(stored(1, &req[..5]));
     assert_eq!(r.overlaps(request(&req)), vec![2, 5]);
-    r.apply_kv_event(&KvEvent {
+    r.apply_kv_event(KvEvent {
         worker: WorkerId(1),
         event_id: 1,
         data: KvEventData::Removed {
@@ -103,7 +103,7 @@ fn overlap_is_the_contiguous_prefix_only() {
     });
     assert_eq!(r.overlaps(request(&req)), vec![2, 0]);
     assert_eq!(r.tree_sizes(), vec![3, 4]);
-    r.apply_kv_event(&KvEvent {
+    r.apply_kv_event(KvEvent {
         worker: WorkerId(0),
         event_id: 1,
         data: KvEventData::Cleared,
@@ -201,7 +201,7 @@ fn softmax_sampling_prefers_cheap_workers() {
     let mut r = Router::new(config, 2, 4, 8192, 3);
     let mut cheap = 0;
     for i in 0..400 {
-        let pick = r.select(&[1.0, 3.0]);
+        let pick = r.with_core(|c| c.select(&[1.0, 3.0]));
         cheap += usize::from(pick == 0);
         let _ = i;
     }
@@ -231,7 +231,7 @@ fn without_kv_events_routing_decisions_are_remembered_for_the_ttl() {
     assert_eq!(first.overlap_blocks, 0);
     r.free(first.worker, RequestId(1));
     // KV events are ignored: only the routing decision counts.
-    r.apply_kv_event(&stored(2, &seq));
+    r.apply_kv_event(stored(2, &seq));
     let mut expect = vec![0; 3];
     expect[first.worker.0 as usize] = 6;
     assert_eq!(r.overlaps(at(SimTime::ZERO)), expect);
@@ -267,8 +267,8 @@ fn route_to_records_load_like_route() {
     let mut chosen = Router::new(RouterConfig::default(), 3, 4, 8192, 0);
     let mut pinned = Router::new(RouterConfig::default(), 3, 4, 8192, 0);
     for r in [&mut chosen, &mut pinned] {
-        r.apply_kv_event(&stored(1, &req[..6]));
-        r.apply_kv_event(&stored(2, &req[..4]));
+        r.apply_kv_event(stored(1, &req[..6]));
+        r.apply_kv_event(stored(2, &req[..4]));
     }
     let d = chosen.route(RequestId(1), request);
     let p = pinned.route_to(RequestId(1), d.worker, request);
@@ -299,7 +299,7 @@ fn selection_is_total_over_non_finite_costs() {
             [inf, inf, 5.0],
             [-inf, 1.0, 2.0],
         ] {
-            let pick = r.select(&costs);
+            let pick = r.with_core(move |c| c.select(&costs));
             assert!(pick < 3, "{costs:?}");
             // A finite cost beats NaN and infinity.
             if costs.iter().filter(|c| c.is_finite()).count() == 1 {
@@ -317,16 +317,23 @@ fn the_largest_overlap_weight_routes_without_overflow() {
     };
     let mut r = Router::new(config, 2, 4, 8192, 3);
     let hashes: Vec<SequenceHash> = (0..8).map(h).collect();
-    r.apply_kv_event(&stored(1, &hashes[..4]));
+    r.apply_kv_event(stored(1, &hashes[..4]));
     let d = r.route(RequestId(0), request(&hashes));
     assert_eq!(d.worker, WorkerId(1), "the cached prefix wins");
 }
 
 /// The inverted block index gives every worker the new-block count of a brute-force model (the
 /// query's blocks missing from the worker's active requests), and its own load agrees, over
-/// seeded random routes and frees of hash chains that share prefixes (duplicates included).
+/// seeded random routes and frees of hash chains that share prefixes (duplicates included),
+/// with the core in the router and on its own thread.
 #[test]
 fn holders_agree_with_each_workers_load() {
+    for offloaded in [false, true] {
+        holders_agree_with_each_workers_load_on(offloaded);
+    }
+}
+
+fn holders_agree_with_each_workers_load_on(offloaded: bool) {
     use rand::{Rng, SeedableRng};
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
     // Chains over a two-letter alphabet: short ones coincide, longer ones share prefixes.
@@ -337,6 +344,10 @@ fn holders_agree_with_each_workers_load() {
         sequence_hashes(&locals)
     };
     let mut r = Router::new(RouterConfig::default(), 70, 4, 8192, 0);
+    if offloaded {
+        r.offload().expect("thread");
+        assert!(matches!(r.core, CoreHandle::Offloaded(_)));
+    }
     let mut live: Vec<(WorkerId, RequestId, Vec<SequenceHash>)> = Vec::new();
     for i in 0..600u64 {
         if !live.is_empty() && rng.gen_bool(0.4) {
@@ -350,9 +361,10 @@ fn holders_agree_with_each_workers_load() {
         }
         let query = chain(&mut rng);
         let costs = r.costs(request(&query));
-        r.active.assert_invariants(&r.loads);
-        for (w, load) in r.loads.iter().enumerate() {
+        r.with_core(|c| c.active.assert_invariants(&c.loads));
+        for w in 0..70 {
             let worker = WorkerId(w as u32);
+            let load = r.load(worker);
             let held: std::collections::HashSet<SequenceHash> = live
                 .iter()
                 .filter(|(lw, _, _)| *lw == worker)
@@ -373,5 +385,81 @@ fn holders_agree_with_each_workers_load() {
                 + (load.active_blocks() + new) as f64;
             assert_eq!(costs[w], want, "worker {w} after step {i}");
         }
+    }
+}
+
+/// A router whose core runs on its own thread decides exactly as one that keeps it, over seeded
+/// random KV events, routes (softmax draws included), pinned routes, first tokens and frees;
+/// an offloaded router and an unoffloadable one (round-robin) say so.
+#[test]
+fn an_offloaded_core_decides_as_an_inline_one() {
+    use rand::{Rng, SeedableRng};
+    let config = RouterConfig {
+        temperature: 0.3,
+        ..RouterConfig::default()
+    };
+    let mut inline = Router::new(config.clone(), 4, 4, 8192, 9);
+    let mut offloaded = Router::new(config, 4, 4, 8192, 9);
+    offloaded.offload().expect("thread");
+    assert!(matches!(offloaded.core, CoreHandle::Offloaded(_)));
+    let mut rr = Router::new(
+        RouterConfig {
+            mode: RouterMode::RoundRobin,
+            ..RouterConfig::default()
+        },
+        4,
+        4,
+        8192,
+        9,
+    );
+    rr.offload().expect("nothing to do");
+    assert!(
+        matches!(rr.core, CoreHandle::Inline(_)),
+        "round-robin keeps its core"
+    );
+
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(17);
+    let mut live: Vec<(WorkerId, RequestId)> = Vec::new();
+    for i in 0..2000u64 {
+        let locals: Vec<LocalBlockHash> = (0..rng.gen_range(1..16))
+            .map(|_| LocalBlockHash(rng.gen_range(0..3)))
+            .collect();
+        let hashes = sequence_hashes(&locals);
+        match rng.gen_range(0..5) {
+            0 => {
+                let event = stored(rng.gen_range(0..4), &hashes);
+                inline.apply_kv_event(event.clone());
+                offloaded.apply_kv_event(event);
+            }
+            1 if !live.is_empty() => {
+                let (w, id) = live.swap_remove(rng.gen_range(0..live.len()));
+                inline.free(w, id);
+                offloaded.free(w, id);
+            }
+            2 if !live.is_empty() => {
+                let (w, id) = live[rng.gen_range(0..live.len())];
+                inline.mark_prefill_completed(w, id);
+                offloaded.mark_prefill_completed(w, id);
+            }
+            3 => {
+                let w = WorkerId(rng.gen_range(0..4));
+                let a = inline.route_to(RequestId(i), w, request(&hashes));
+                assert_eq!(offloaded.route_to(RequestId(i), w, request(&hashes)), a);
+                live.push((w, RequestId(i)));
+            }
+            _ => {
+                let a = inline.route(RequestId(i), request(&hashes));
+                assert_eq!(
+                    offloaded.route(RequestId(i), request(&hashes)),
+                    a,
+                    "step {i}"
+                );
+                live.push((a.worker, RequestId(i)));
+            }
+        }
+    }
+    assert_eq!(inline.tree_sizes(), offloaded.tree_sizes());
+    for w in 0..4 {
+        assert_eq!(inline.load(WorkerId(w)), offloaded.load(WorkerId(w)));
     }
 }

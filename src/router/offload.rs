@@ -1,0 +1,197 @@
+//! [`Offloaded`]: a value that lives on a thread of its own and is worked on through closures,
+//! which that thread runs in the order they were sent. Posting a closure does not wait; asking
+//! waits for the answer the closure sends back, and so for every closure sent before it.
+//!
+//! The offline replay moves the KV router's bookkeeping there (see [`crate::router`]): applying
+//! the workers' KV events and recording and freeing the blocks of routed requests then overlap
+//! with the workers' passes, and the replay waits only for routing decisions. Both sides spin
+//! for a short while before they block, since a blocking wake-up costs tens of microseconds on
+//! a small machine and a caught-up thread answers within a few.
+//!
+//! Determinism does not depend on timing: the value sees the same closures in the same order
+//! as it would on the caller's thread. A panic on the thread reaches the caller at its next
+//! [`Offloaded::ask`] (or when the value is dropped), as if it had happened there.
+
+use std::sync::mpsc::{self, Receiver, RecvError, Sender, SyncSender, TryRecvError};
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a receiver spins before it blocks.
+const SPIN: Duration = Duration::from_micros(200);
+
+/// A job for the value's thread.
+type Job<T> = Box<dyn FnOnce(&mut T) + Send>;
+
+/// Where a closure run by [`Offloaded::ask`] sends its answer. It may go on working on the
+/// value after answering: the caller continues as soon as the answer arrives.
+pub(crate) struct Reply<R>(SyncSender<R>);
+
+impl<R> Reply<R> {
+    /// A reply and where its answer arrives, for a job run on the caller's own thread.
+    pub(crate) fn channel() -> (Reply<R>, Receiver<R>) {
+        let (reply, answer) = mpsc::sync_channel(1);
+        (Reply(reply), answer)
+    }
+
+    /// Sends the answer (at most once: the reply is consumed).
+    pub(crate) fn send(self, answer: R) {
+        // The asker waits for this answer; it is only gone if it panicked itself.
+        let _ = self.0.send(answer);
+    }
+}
+
+/// A value of type `T` owned by a thread of its own.
+pub(crate) struct Offloaded<T> {
+    /// Jobs to the thread; None once dropping.
+    jobs: Option<Sender<Job<T>>>,
+    /// The thread, taken when joined.
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl<T: Send + 'static> Offloaded<T> {
+    /// Moves `value` to a new thread named `name`; the value back if no thread could start.
+    pub(crate) fn new(name: &str, value: T) -> Result<Offloaded<T>, (std::io::Error, T)> {
+        let (jobs, queue) = mpsc::channel::<Job<T>>();
+        let (give, take) = mpsc::channel::<T>();
+        let spawned = std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || {
+                let Ok(mut value) = take.recv() else {
+                    return;
+                };
+                while let Ok(job) = receive(&queue) {
+                    job(&mut value);
+                }
+            });
+        let thread = match spawned {
+            Ok(thread) => thread,
+            Err(e) => return Err((e, value)),
+        };
+        // The thread waits for the value, so it is there to receive it.
+        let _ = give.send(value);
+        Ok(Offloaded {
+            jobs: Some(jobs),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Runs `job` on the value after every job sent before it, without waiting for it.
+    pub(crate) fn post(&self, job: impl FnOnce(&mut T) + Send + 'static) {
+        let sent = self
+            .jobs
+            .as_ref()
+            .is_some_and(|jobs| jobs.send(Box::new(job)).is_ok());
+        if !sent {
+            // The thread is gone: only a panic there ends it while `self` lives.
+            self.rethrow();
+        }
+    }
+
+    /// Runs `job` on the value after every job sent before it and waits for its answer.
+    pub(crate) fn ask<R: Send + 'static>(
+        &self,
+        job: impl FnOnce(&mut T, Reply<R>) + Send + 'static,
+    ) -> R {
+        let (reply, answer) = Reply::channel();
+        self.post(move |value| job(value, reply));
+        match receive(&answer) {
+            Ok(answer) => answer,
+            Err(RecvError) => {
+                // The job dropped its reply unanswered: it panicked, and so did the thread.
+                self.rethrow();
+                unreachable!("a job that drops its reply unanswered has panicked")
+            }
+        }
+    }
+
+    /// Joins the thread and resumes its panic here.
+    fn rethrow(&self) {
+        let thread = self
+            .thread
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(Err(panic)) = thread.map(JoinHandle::join) {
+            std::panic::resume_unwind(panic);
+        }
+    }
+}
+
+impl<T> Drop for Offloaded<T> {
+    /// Ends the thread once it has run every job sent, and waits for it (a panic there is not
+    /// resumed while this thread may itself be unwinding).
+    fn drop(&mut self) {
+        self.jobs = None;
+        let thread = self
+            .thread
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The next message, spinning for [`SPIN`] before blocking; an error once every sender is gone.
+fn receive<M>(queue: &Receiver<M>) -> Result<M, RecvError> {
+    let start = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        match queue.try_recv() {
+            Ok(message) => return Ok(message),
+            Err(TryRecvError::Disconnected) => return Err(RecvError),
+            Err(TryRecvError::Empty) => {}
+        }
+        // Yielding rather than spinning hands the core to the other side when the two
+        // share one (a loaded machine); on an idle one it returns at once.
+        std::thread::yield_now();
+        spins += 1;
+        if spins % 16 == 0 && start.elapsed() > SPIN {
+            return queue.recv();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Jobs run in the order they were posted, asks see every job before them, and the value
+    /// is dropped with the handle after the last job ran.
+    #[test]
+    fn jobs_run_in_order_and_asks_wait_for_them() {
+        let log = Offloaded::new("test", Vec::new())
+            .map_err(|(e, _)| e)
+            .expect("spawn");
+        for i in 0..1000u32 {
+            log.post(move |v: &mut Vec<u32>| v.push(i));
+            if i % 100 == 99 {
+                let seen = log.ask(|v, reply| reply.send(v.clone()));
+                assert_eq!(seen, (0..=i).collect::<Vec<_>>());
+            }
+        }
+        // Work after the answer still happens before the next job.
+        let n = log.ask(|v, reply| {
+            reply.send(v.len());
+            v.push(7);
+        });
+        assert_eq!(n, 1000);
+        assert_eq!(log.ask(|v, reply| reply.send(v.last().copied())), Some(7));
+    }
+
+    /// A job that panics makes the next ask panic with the same message.
+    #[test]
+    fn a_panic_on_the_thread_reaches_the_asker() {
+        let value = Offloaded::new("test", 0u32)
+            .map_err(|(e, _)| e)
+            .expect("spawn");
+        value.post(|_| panic!("engine defect"));
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            value.ask(|v, reply| reply.send(*v))
+        }));
+        let panic = caught.expect_err("the panic is resumed");
+        assert_eq!(panic.downcast_ref::<&str>(), Some(&"engine defect"));
+    }
+}
