@@ -137,7 +137,7 @@ impl<T> Drop for Offloaded<T> {
 }
 
 /// The next message, waiting for [`SPIN`] before blocking; an error once every sender is gone.
-/// The first few hundred checks spin on the CPU (the answer of a caught-up thread on another
+/// The first [`SPIN_CHECKS`] checks spin on the CPU (the answer of a caught-up thread on another
 /// core comes within microseconds); later ones yield, which hands the core to the other side
 /// when the two share one (a loaded machine) and returns at once otherwise.
 fn receive<M>(queue: &Receiver<M>) -> Result<M, RecvError> {
