@@ -12,7 +12,6 @@
 //! [`BlockIds::remove`]; the id is then reused, so the vector never holds more ids than were
 //! live at once.
 
-use crate::kv::table::BlockMap;
 use crate::tokens::SequenceHash;
 
 /// A dense id standing for one [`SequenceHash`] in one [`BlockIds`] (ids of different
@@ -30,7 +29,7 @@ impl BlockId {
 #[derive(Clone, Debug)]
 pub struct BlockIds<V> {
     /// The id of every live hash.
-    index: BlockMap<u32>,
+    index: IdIndex,
     /// By id: the hash it stands for and its value. A dead id holds `V::default()`.
     slots: Vec<(SequenceHash, V)>,
     /// Dead ids, reused last-freed first.
@@ -40,7 +39,7 @@ pub struct BlockIds<V> {
 impl<V: Default> Default for BlockIds<V> {
     fn default() -> Self {
         BlockIds {
-            index: BlockMap::new(),
+            index: IdIndex::default(),
             slots: Vec::new(),
             free: Vec::new(),
         }
@@ -55,12 +54,12 @@ impl<V: Default> BlockIds<V> {
 
     /// Live ids.
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.index.len
     }
 
     /// True when no id is live.
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.index.len == 0
     }
 
     /// Ids ever handed out at once (the length of the value vector).
@@ -70,31 +69,34 @@ impl<V: Default> BlockIds<V> {
 
     /// The id of `hash`, if live.
     pub fn id(&self, hash: SequenceHash) -> Option<BlockId> {
-        self.index.get(&hash).map(|&i| BlockId(i))
+        self.index.find(hash, &self.slots).map(BlockId)
     }
 
     /// The id of `hash`, making one (with `V::default()`) when it has none; true when it did.
     pub fn intern(&mut self, hash: SequenceHash) -> (BlockId, bool) {
-        let next = self.free.last().copied().unwrap_or(self.slots.len() as u32);
-        let (slot, inserted) = self.index.get_or_insert_default(hash);
-        if !inserted {
-            return (BlockId(*slot), false);
+        if let Some(id) = self.index.find(hash, &self.slots) {
+            return (BlockId(id), false);
         }
-        *slot = next;
-        if self.free.pop().is_none() {
-            self.slots.push((hash, V::default()));
-        } else {
-            self.slots[next as usize].0 = hash;
-        }
+        let next = match self.free.pop() {
+            Some(next) => {
+                self.slots[next as usize].0 = hash;
+                next
+            }
+            None => {
+                self.slots.push((hash, V::default()));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        self.index.insert(hash, next);
         (BlockId(next), true)
     }
 
-    /// Reads the index slots of `hashes` ahead of interning them (see [`BlockMap::warm`]).
+    /// Reads the index slots of `hashes` ahead of interning them (see [`crate::kv::BlockMap::warm`]).
     pub fn warm(&self, hashes: impl IntoIterator<Item = SequenceHash>) {
         self.index.warm(hashes);
     }
 
-    /// Reads the slots of `ids` ahead of use (see [`BlockMap::warm`]).
+    /// Reads the slots of `ids` ahead of use (see [`crate::kv::BlockMap::warm`]).
     pub fn warm_ids(&self, ids: impl IntoIterator<Item = BlockId>) {
         let mut acc = 0u64;
         for id in ids {
@@ -121,32 +123,184 @@ impl<V: Default> BlockIds<V> {
     /// Kills a live id: its hash is forgotten, its value reset, and the id reused later.
     pub fn remove(&mut self, id: BlockId) {
         let (hash, value) = &mut self.slots[id.index()];
-        let removed = self.index.remove(hash);
-        debug_assert_eq!(removed, Some(id.0), "removing a dead block id");
+        let removed = self.index.remove(*hash, id.0);
+        debug_assert!(removed, "removing a dead block id");
         *value = V::default();
         self.free.push(id.0);
     }
 
     /// Every live id with its hash and value, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (BlockId, SequenceHash, &V)> + '_ {
-        self.index
-            .iter()
-            .map(|(h, &i)| (BlockId(i), h, &self.slots[i as usize].1))
+        self.index.ids().map(|i| {
+            let (h, v) = &self.slots[i as usize];
+            (BlockId(i), *h, v)
+        })
     }
 
     /// Checks the index against the slots (tests). Panics on a violation.
     pub fn assert_invariants(&self) {
         let mut live = vec![false; self.slots.len()];
-        for (h, &i) in self.index.iter() {
-            assert_eq!(self.slots[i as usize].0, h, "id {i} stands for its hash");
+        for i in self.index.ids() {
+            let h = self.slots[i as usize].0;
+            assert_eq!(
+                self.index.find(h, &self.slots),
+                Some(i),
+                "id {i} is found by its hash"
+            );
             assert!(!live[i as usize], "id {i} handed out twice");
             live[i as usize] = true;
         }
+        assert_eq!(self.index.len, self.index.ids().count(), "entries counted");
         for &i in &self.free {
             assert!(!live[i as usize], "free id {i} is live");
             live[i as usize] = true;
         }
         assert!(live.iter().all(|&l| l), "every id is live or free");
+    }
+}
+
+/// Slots of the index hold at most this share of entries (numerator / denominator).
+const MAX_LOAD: (usize, usize) = (1, 2);
+/// Slots of the index's first allocation.
+const MIN_SLOTS: usize = 16;
+/// An empty index slot's id.
+const EMPTY: u32 = u32::MAX;
+
+/// The hash -> id index of [`BlockIds`]: open addressing with linear probing, 8 bytes a slot
+/// (half what a slot with the whole hash takes, so twice the entries per cache line). A slot
+/// holds the id and a fingerprint of the hash: the high 32 bits of its product with a
+/// multiplicative (Fibonacci) constant, whose top bits are also the home slot, so slots can be
+/// moved and rehashed without reading the hash. A fingerprint match is confirmed against the
+/// hash the id stands for.
+#[derive(Clone, Debug, Default)]
+struct IdIndex {
+    /// `(fingerprint, id)`; id [`EMPTY`] marks an empty slot. A power of two long, or empty.
+    slots: Vec<(u32, u32)>,
+    /// Entries.
+    len: usize,
+    /// `log2(slots.len())`.
+    bits: u32,
+}
+
+/// The fingerprint of a hash (see [`IdIndex`]).
+fn fingerprint(hash: SequenceHash) -> u32 {
+    (hash.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as u32
+}
+
+impl IdIndex {
+    /// The home slot of a fingerprint.
+    fn home(&self, fp: u32) -> usize {
+        // `bits` is at most 32 (ids are u32): the shift stays below 32 but for one slot.
+        (u64::from(fp) >> (32 - self.bits)) as usize
+    }
+
+    /// The id of `hash`, given what each id stands for.
+    fn find<V>(&self, hash: SequenceHash, names: &[(SequenceHash, V)]) -> Option<u32> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let fp = fingerprint(hash);
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(fp);
+        loop {
+            let (f, id) = self.slots[i];
+            if id == EMPTY {
+                return None;
+            }
+            if f == fp && names[id as usize].0 == hash {
+                return Some(id);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// Adds `hash -> id` (`hash` must be absent).
+    fn insert(&mut self, hash: SequenceHash, id: u32) {
+        if (self.len + 1) * MAX_LOAD.1 > self.slots.len() * MAX_LOAD.0 {
+            self.grow();
+        }
+        self.place(fingerprint(hash), id);
+        self.len += 1;
+    }
+
+    /// Puts an entry in the first empty slot from its home.
+    fn place(&mut self, fp: u32, id: u32) {
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(fp);
+        while self.slots[i].1 != EMPTY {
+            i = (i + 1) & mask;
+        }
+        self.slots[i] = (fp, id);
+    }
+
+    /// Removes the entry of `id`, whose hash is `hash`; false if there is none.
+    fn remove(&mut self, hash: SequenceHash, id: u32) -> bool {
+        if self.slots.is_empty() {
+            return false;
+        }
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(fingerprint(hash));
+        loop {
+            match self.slots[i].1 {
+                EMPTY => return false,
+                x if x == id => break,
+                _ => i = (i + 1) & mask,
+            }
+        }
+        self.slots[i] = (0, EMPTY);
+        self.len -= 1;
+        // Shift the rest of the probe run back (no tombstones): an entry may move to the hole
+        // unless its home lies cyclically in (hole, j].
+        let mut j = i;
+        loop {
+            j = (j + 1) & mask;
+            let (fp, next) = self.slots[j];
+            if next == EMPTY {
+                return true;
+            }
+            let home = self.home(fp);
+            let stays = if i <= j {
+                i < home && home <= j
+            } else {
+                i < home || home <= j
+            };
+            if !stays {
+                self.slots.swap(i, j);
+                i = j;
+            }
+        }
+    }
+
+    /// Reads the home slot of every hash (see [`crate::kv::table::BlockMap::warm`]).
+    fn warm(&self, hashes: impl IntoIterator<Item = SequenceHash>) {
+        if self.slots.is_empty() {
+            return;
+        }
+        let mut acc = 0u32;
+        for hash in hashes {
+            acc ^= self.slots[self.home(fingerprint(hash))].1;
+        }
+        std::hint::black_box(acc);
+    }
+
+    /// Every id indexed, in no particular order.
+    fn ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.slots
+            .iter()
+            .filter(|&&(_, id)| id != EMPTY)
+            .map(|&(_, id)| id)
+    }
+
+    /// Doubles the slots (or makes the first ones) and re-places every entry.
+    fn grow(&mut self) {
+        let n = (self.slots.len() * 2).max(MIN_SLOTS);
+        let old = std::mem::replace(&mut self.slots, vec![(0, EMPTY); n]);
+        self.bits = n.trailing_zeros();
+        for (fp, id) in old {
+            if id != EMPTY {
+                self.place(fp, id);
+            }
+        }
     }
 }
 
@@ -165,7 +319,12 @@ mod tests {
         let mut model: HashMap<u64, (BlockId, u32)> = HashMap::new();
         let mut peak = 0;
         for step in 0..20_000u32 {
-            let key = rng.gen_range(0..500u64);
+            // Small keys, and keys that differ in their top bits only (0 among them).
+            let key = if rng.gen_bool(0.2) {
+                rng.gen_range(0..16u64) << 60
+            } else {
+                rng.gen_range(0..500u64)
+            };
             let h = SequenceHash(key);
             match rng.gen_range(0..4) {
                 0 | 1 => {

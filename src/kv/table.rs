@@ -1,5 +1,6 @@
-//! [`BlockMap`]: the map from a block's sequence hash to its bookkeeping that the KV pool, the
-//! flat index and the router's active blocks keep, one entry per block.
+//! [`BlockMap`]: the map from a block's sequence hash to its bookkeeping that the flat index
+//! and the router's active blocks keep, one entry per block (the KV pool's dense ids have an
+//! index of their own, [`crate::kv::BlockIds`]).
 //!
 //! Those maps hold tens of thousands of blocks each and are probed at random, so on a replay
 //! nearly every probe misses the CPU caches: what a probe costs is the cache lines it touches.

@@ -121,7 +121,7 @@ pub struct Decision {
     pub overlap_blocks: usize,
 }
 
-/// The router: policy state, and the [`Core`] of KV-aware routing (the KV indexer and the
+/// The router: policy state, and the core of KV-aware routing (the KV indexer and the
 /// active load of each worker), kept here or on a thread of its own ([`Router::offload`]).
 #[derive(Debug)]
 pub struct Router {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 /// How long a receiver waits for a message before it blocks.
 const SPIN: Duration = Duration::from_micros(200);
 /// Checks for a message that spin before the receiver starts yielding.
-const SPIN_CHECKS: u32 = 1024;
+const SPIN_CHECKS: u32 = 256;
 
 /// A job for the value's thread.
 type Job<T> = Box<dyn FnOnce(&mut T) + Send>;
