@@ -367,6 +367,49 @@ mod tests {
         assert_eq!(seen, want);
     }
 
+    /// Hashes whose fingerprints are equal (their products with the multiplier differ by 1 to
+    /// 63, so they share the high bits) still get ids of their own, are found, and are removed
+    /// one at a time: the index confirms a fingerprint against the hash.
+    #[test]
+    fn equal_fingerprints_are_told_apart_by_their_hashes() {
+        const FIB: u64 = 0x9E37_79B9_7F4A_7C15;
+        // The multiplier's inverse modulo 2^64 (Newton's iteration; FIB is odd).
+        let mut inverse = FIB;
+        for _ in 0..6 {
+            inverse = inverse.wrapping_mul(2u64.wrapping_sub(FIB.wrapping_mul(inverse)));
+        }
+        assert_eq!(FIB.wrapping_mul(inverse), 1);
+        let base = 0x1234_5678_9abc_def0u64;
+        let hashes: Vec<SequenceHash> = (0..64u64)
+            .map(|j| SequenceHash(base.wrapping_add(j.wrapping_mul(inverse))))
+            .collect();
+        let fps: std::collections::HashSet<u32> = hashes.iter().map(|&h| fingerprint(h)).collect();
+        assert!(
+            fps.len() <= 2,
+            "the hashes share their fingerprint (a carry may split it)"
+        );
+        let mut ids: BlockIds<u64> = BlockIds::new();
+        for &h in &hashes {
+            let (id, inserted) = ids.intern(h);
+            assert!(inserted);
+            *ids.get_mut(id) = h.0;
+        }
+        for &h in &hashes {
+            let id = ids.id(h).expect("interned");
+            assert_eq!(ids.hash(id), h);
+            assert_eq!(*ids.get(id), h.0);
+        }
+        for &h in hashes.iter().step_by(3) {
+            let id = ids.id(h).expect("interned");
+            ids.remove(id);
+            assert_eq!(ids.id(h), None);
+            ids.assert_invariants();
+        }
+        for (i, &h) in hashes.iter().enumerate() {
+            assert_eq!(ids.id(h).is_some(), i % 3 != 0, "hash {i}");
+        }
+    }
+
     /// A run of blocks freed together is handed out again in its order: neighbours stay
     /// neighbours.
     #[test]
