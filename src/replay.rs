@@ -215,10 +215,13 @@ pub fn replay_observed(
     observer: &mut dyn ReplayObserver,
 ) -> Result<ReplayOutcome, ReplayError> {
     let mut cluster = Cluster::new(config.cluster.clone())?;
-    // The KV router's bookkeeping runs beside the workers on a second thread; the decisions,
-    // and so the report, are those of a router kept inline, which is what stays if no thread
-    // can start.
-    let _ = cluster.offload_router();
+    // The KV router's bookkeeping runs beside the workers on a second thread when there is a
+    // second core for it (on one, its jobs and waits would only cost). The decisions, and so
+    // the report, are those of a router kept inline, which is also what stays if no thread can
+    // start.
+    if std::thread::available_parallelism().is_ok_and(|n| n.get() > 1) {
+        let _ = cluster.offload_router();
+    }
     observer.start(&mut cluster);
     let block_size = cluster.block_size();
     let total = trace.num_requests();
