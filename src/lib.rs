@@ -55,6 +55,7 @@ pub mod ids;
 pub mod indexer;
 pub mod kv;
 pub mod metrics;
+mod offload;
 pub mod perf;
 pub mod replay;
 pub mod request;

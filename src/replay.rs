@@ -12,6 +12,7 @@ use std::time::Duration;
 use crate::cluster::{Cluster, ClusterConfig, ClusterStats, Output};
 use crate::ids::RequestId;
 use crate::metrics::{Collector, DisaggFigures, G2Figures, ReplayReport, RequestRecord};
+use crate::offload::{Offloaded, Wait};
 use crate::request::{EngineRequest, Prompt};
 use crate::scheduler::{ConfigError, RejectReason, WorkerRole};
 use crate::time::{SimDuration, SimTime};
@@ -108,11 +109,112 @@ impl Arrivals {
 /// The replay's bookkeeping: where each request came from and what happened to it.
 struct Ledger<'a> {
     trace: &'a Trace,
-    collector: Collector,
+    collector: Metrics,
     origins: Vec<Origin>,
     arrivals: Arrivals,
     rejections: Vec<ReplayRejection>,
     done: usize,
+}
+
+/// What the metrics collector is told, in order.
+#[derive(Debug)]
+enum Note {
+    /// A request became ready ([`Collector::on_arrival`]).
+    Arrival {
+        id: RequestId,
+        ready: SimTime,
+        input_length: usize,
+        output_length: usize,
+        session: String,
+        turn: usize,
+    },
+    /// The cluster refused a request at submission.
+    Refused { id: RequestId, time: SimTime },
+    /// An output of the cluster.
+    Output(Output),
+}
+
+/// Notes the replay gathers before it hands them to the collector's thread as one job.
+const NOTE_BATCH: usize = 4096;
+
+/// The metrics collector: on a thread of its own (fed in batches; nobody waits for it until
+/// the report) where a second core is available, else here.
+enum Metrics {
+    Inline(Collector),
+    Offloaded {
+        thread: Offloaded<Collector>,
+        batch: Vec<Note>,
+    },
+}
+
+impl Metrics {
+    fn new(offload: bool) -> Metrics {
+        if offload {
+            if let Ok(thread) = Offloaded::new("replay-metrics", Collector::new(), Wait::Block) {
+                return Metrics::Offloaded {
+                    thread,
+                    batch: Vec::with_capacity(NOTE_BATCH),
+                };
+            }
+        }
+        Metrics::Inline(Collector::new())
+    }
+
+    fn note(&mut self, note: Note) {
+        match self {
+            Metrics::Inline(c) => tell(c, note),
+            Metrics::Offloaded { thread, batch } => {
+                batch.push(note);
+                if batch.len() >= NOTE_BATCH {
+                    let notes = std::mem::replace(batch, Vec::with_capacity(NOTE_BATCH));
+                    thread.post(move |c| notes.into_iter().for_each(|n| tell(c, n)));
+                }
+            }
+        }
+    }
+
+    /// The collector, once it has been told everything.
+    fn into_inner(self) -> Collector {
+        match self {
+            Metrics::Inline(c) => c,
+            Metrics::Offloaded { thread, batch } => {
+                thread.post(move |c| batch.into_iter().for_each(|n| tell(c, n)));
+                thread.into_inner()
+            }
+        }
+    }
+}
+
+/// Tells the collector one note.
+fn tell(collector: &mut Collector, note: Note) {
+    match note {
+        Note::Arrival {
+            id,
+            ready,
+            input_length,
+            output_length,
+            session,
+            turn,
+        } => collector.on_arrival(id, ready, input_length, output_length, Some(&session), turn),
+        Note::Refused { id, time } => collector.on_reject(id, time),
+        Note::Output(out) => match out {
+            Output::Admitted {
+                id,
+                worker,
+                time,
+                reused_tokens,
+                g2_reused_tokens,
+            } => {
+                collector.on_admit(id, time, reused_tokens, worker);
+                collector.on_g2_reuse(id, g2_reused_tokens);
+            }
+            Output::KvTransfer { id, duration, .. } => collector.on_kv_transfer(id, duration),
+            Output::Token { id, time, .. } => collector.on_token(id, time),
+            Output::Preempted { .. } => {}
+            Output::Finished { id, time } => collector.on_finish(id, time),
+            Output::Rejected { id, time, .. } => collector.on_reject(id, time),
+        },
+    }
 }
 
 impl Ledger<'_> {
@@ -133,8 +235,9 @@ impl Ledger<'_> {
         }
     }
 
+    /// A request was rejected at `time` (the collector learns it from the output, or from a
+    /// [`Note::Refused`] when the cluster refused it at submission).
     fn reject(&mut self, id: RequestId, time: SimTime, reason: RejectReason) {
-        self.collector.on_reject(id, time);
         let o = self.origins[id.0 as usize];
         let line = self.trace.sessions[o.session].turns[o.turn].line;
         self.rejections.push(ReplayRejection { id, line, reason });
@@ -145,27 +248,11 @@ impl Ledger<'_> {
     fn handle(&mut self, outputs: &mut Vec<Output>) {
         for out in outputs.drain(..) {
             match out {
-                Output::Admitted {
-                    id,
-                    worker,
-                    time,
-                    reused_tokens,
-                    g2_reused_tokens,
-                } => {
-                    self.collector.on_admit(id, time, reused_tokens, worker);
-                    self.collector.on_g2_reuse(id, g2_reused_tokens);
-                }
-                Output::KvTransfer { id, duration, .. } => {
-                    self.collector.on_kv_transfer(id, duration)
-                }
-                Output::Token { id, time, .. } => self.collector.on_token(id, time),
-                Output::Preempted { .. } => {}
-                Output::Finished { id, time } => {
-                    self.collector.on_finish(id, time);
-                    self.end(id, time);
-                }
+                Output::Finished { id, time } => self.end(id, time),
                 Output::Rejected { id, time, reason } => self.reject(id, time, reason),
+                _ => {}
             }
+            self.collector.note(Note::Output(out));
         }
     }
 }
@@ -215,20 +302,20 @@ pub fn replay_observed(
     observer: &mut dyn ReplayObserver,
 ) -> Result<ReplayOutcome, ReplayError> {
     let mut cluster = Cluster::new(config.cluster.clone())?;
-    // The KV router's bookkeeping runs beside the workers on a second thread when there is a
-    // second core for it (on one, its jobs and waits would only cost). The decisions, and so
-    // the report, are those of a router kept inline, which is also what stays if no thread can
+    // With a second core, the KV router's bookkeeping runs beside the workers on a second
+    // thread, or, where the router keeps none, the metrics collector does (both at once would
+    // make three busy threads on two cores). On one core either would only add its jobs and
+    // waits. Results are those of a single thread, which is also what stays if no thread can
     // start.
-    if std::thread::available_parallelism().is_ok_and(|n| n.get() > 1) {
-        let _ = cluster.offload_router();
-    }
+    let second_core = std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+    let router_moved = second_core && cluster.offload_router().unwrap_or(false);
     observer.start(&mut cluster);
     let block_size = cluster.block_size();
     let total = trace.num_requests();
     let mut hash_cache = LocalHashCache::new(block_size);
     let mut ledger = Ledger {
         trace,
-        collector: Collector::new(),
+        collector: Metrics::new(second_core && !router_moved),
         origins: Vec::with_capacity(total),
         arrivals: Arrivals::default(),
         rejections: Vec::new(),
@@ -275,15 +362,16 @@ pub fn replay_observed(
             };
             debug_assert_eq!(id, RequestId(ledger.origins.len() as u64));
             ledger.origins.push(origin);
-            ledger.collector.on_arrival(
+            ledger.collector.note(Note::Arrival {
                 id,
                 ready,
-                turn.input_length,
-                turn.output_length,
-                Some(&session.id),
-                origin.turn,
-            );
+                input_length: turn.input_length,
+                output_length: turn.output_length,
+                session: session.id.clone(),
+                turn: origin.turn,
+            });
             if let Err(rejection) = submitted {
+                ledger.collector.note(Note::Refused { id, time: now });
                 ledger.reject(id, now, rejection.reason);
             }
         }
@@ -305,7 +393,7 @@ pub fn replay_observed(
     }
     let stats = cluster.snapshot();
     let preemptions = stats.workers.iter().map(|w| w.scheduler.preemptions).sum();
-    let (mut report, records) = ledger.collector.finish(Duration::ZERO);
+    let (mut report, records) = ledger.collector.into_inner().finish(Duration::ZERO);
     add_topology_figures(&mut report, &stats, config);
     let mut rejections = ledger.rejections;
     rejections.sort_by_key(|r| r.id);

@@ -407,9 +407,9 @@ impl Cluster {
 
     /// Moves the front router's KV bookkeeping to a thread of its own ([`Router::offload`]):
     /// the same decisions, with KV events and the loads of routed requests applied while the
-    /// caller advances the workers. An error only when the thread cannot start (the router then
-    /// stays as it was).
-    pub fn offload_router(&mut self) -> std::io::Result<()> {
+    /// caller advances the workers. True when it moved (only the KV router does); an error only
+    /// when the thread cannot start (the router then stays as it was).
+    pub fn offload_router(&mut self) -> std::io::Result<bool> {
         self.router.offload()
     }
 

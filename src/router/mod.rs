@@ -11,14 +11,12 @@
 //! ```
 
 mod load;
-mod offload;
 
 pub use load::WorkerLoad;
 
 use std::collections::VecDeque;
 
 use load::ActiveBlocks;
-use offload::{Offloaded, Reply};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -26,6 +24,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::ids::{RequestId, WorkerId};
 use crate::indexer::{ApproximateConfig, ApproximateIndexer, FlatIndex, KvIndexer};
 use crate::kv::KvEvent;
+use crate::offload::{Offloaded, Reply, Wait};
 use crate::time::SimTime;
 use crate::tokens::{LocalBlockHash, SequenceHash};
 
@@ -462,20 +461,21 @@ impl Router {
     /// waits only for routing decisions and reads. Decisions are exactly those of a router that
     /// keeps them (the same work in the same order). For the KV router without a queue
     /// threshold (the busy test would wait on every submission); other routers stay as they
-    /// are. An error only when the thread cannot be started; the router is unchanged then.
-    pub fn offload(&mut self) -> std::io::Result<()> {
+    /// are. True when the core now runs on its own thread; an error only when the thread
+    /// cannot be started (the router is unchanged then).
+    pub fn offload(&mut self) -> std::io::Result<bool> {
         if self.config.mode != RouterMode::KvRouter || self.config.queue_threshold.is_some() {
-            return Ok(());
+            return Ok(false);
         }
         let CoreHandle::Inline(core) = &mut self.core else {
-            return Ok(());
+            return Ok(true);
         };
         let placeholder = Core::new(self.config.clone(), 0, 0, self.rng.clone());
         let core = std::mem::replace(core, Box::new(placeholder));
-        match Offloaded::new("kv-router", core) {
+        match Offloaded::new("kv-router", core, Wait::Spin) {
             Ok(thread) => {
                 self.core = CoreHandle::Offloaded(OffloadedCore(thread));
-                Ok(())
+                Ok(true)
             }
             Err((e, core)) => {
                 self.core = CoreHandle::Inline(core);

@@ -345,7 +345,7 @@ fn holders_agree_with_each_workers_load_on(offloaded: bool) {
     };
     let mut r = Router::new(RouterConfig::default(), 70, 4, 8192, 0);
     if offloaded {
-        r.offload().expect("thread");
+        assert!(r.offload().expect("thread"));
         assert!(matches!(r.core, CoreHandle::Offloaded(_)));
     }
     let mut live: Vec<(WorkerId, RequestId, Vec<SequenceHash>)> = Vec::new();
@@ -400,7 +400,7 @@ fn an_offloaded_core_decides_as_an_inline_one() {
     };
     let mut inline = Router::new(config.clone(), 4, 4, 8192, 9);
     let mut offloaded = Router::new(config, 4, 4, 8192, 9);
-    offloaded.offload().expect("thread");
+    assert!(offloaded.offload().expect("thread"));
     assert!(matches!(offloaded.core, CoreHandle::Offloaded(_)));
     let mut rr = Router::new(
         RouterConfig {
@@ -412,7 +412,7 @@ fn an_offloaded_core_decides_as_an_inline_one() {
         8192,
         9,
     );
-    rr.offload().expect("nothing to do");
+    assert!(!rr.offload().expect("nothing to do"));
     assert!(
         matches!(rr.core, CoreHandle::Inline(_)),
         "round-robin keeps its core"

@@ -5,8 +5,10 @@
 //! The offline replay moves the KV router's bookkeeping there (see [`crate::router`]): applying
 //! the workers' KV events and recording and freeing the blocks of routed requests then overlap
 //! with the workers' passes, and the replay waits only for routing decisions. Both sides spin
-//! for a short while before they block, since a blocking wake-up costs tens of microseconds on
-//! a small machine and a caught-up thread answers within a few.
+//! for a short while before they block ([`Wait::Spin`]), since a blocking wake-up costs tens of
+//! microseconds on a small machine and a caught-up thread answers within a few. The replay's
+//! metrics collector goes to a thread of its own too, fed in large batches nobody waits for, so
+//! its thread simply blocks between them ([`Wait::Block`]).
 //!
 //! Determinism does not depend on timing: the value sees the same closures in the same order
 //! as it would on the caller's thread. A panic on the thread reaches the caller at its next
@@ -21,6 +23,15 @@ use std::time::{Duration, Instant};
 const SPIN: Duration = Duration::from_micros(200);
 /// Checks for a message that spin before the receiver starts yielding.
 const SPIN_CHECKS: u32 = 256;
+
+/// How the value's thread waits for its next job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Spin, then yield, then block (for a caller that waits on answers).
+    Spin,
+    /// Block at once (for jobs that come in batches nobody waits for).
+    Block,
+}
 
 /// A job for the value's thread.
 type Job<T> = Box<dyn FnOnce(&mut T) + Send>;
@@ -53,7 +64,11 @@ pub(crate) struct Offloaded<T> {
 
 impl<T: Send + 'static> Offloaded<T> {
     /// Moves `value` to a new thread named `name`; the value back if no thread could start.
-    pub(crate) fn new(name: &str, value: T) -> Result<Offloaded<T>, (std::io::Error, T)> {
+    pub(crate) fn new(
+        name: &str,
+        value: T,
+        wait: Wait,
+    ) -> Result<Offloaded<T>, (std::io::Error, T)> {
         let (jobs, queue) = mpsc::channel::<Job<T>>();
         let (give, take) = mpsc::channel::<T>();
         let spawned = std::thread::Builder::new()
@@ -62,7 +77,14 @@ impl<T: Send + 'static> Offloaded<T> {
                 let Ok(mut value) = take.recv() else {
                     return;
                 };
-                while let Ok(job) = receive(&queue) {
+                loop {
+                    let job = match wait {
+                        Wait::Spin => receive(&queue),
+                        Wait::Block => queue.recv(),
+                    };
+                    let Ok(job) = job else {
+                        break;
+                    };
                     job(&mut value);
                 }
             });
@@ -105,6 +127,14 @@ impl<T: Send + 'static> Offloaded<T> {
                 unreachable!("a job that drops its reply unanswered has panicked")
             }
         }
+    }
+
+    /// Takes the value back once every job sent before has run (a default value stays).
+    pub(crate) fn into_inner(self) -> T
+    where
+        T: Default,
+    {
+        self.ask(|value, reply| reply.send(std::mem::take(value)))
     }
 
     /// Joins the thread and resumes its panic here.
@@ -169,7 +199,7 @@ mod tests {
     /// is dropped with the handle after the last job ran.
     #[test]
     fn jobs_run_in_order_and_asks_wait_for_them() {
-        let log = Offloaded::new("test", Vec::new())
+        let log = Offloaded::new("test", Vec::new(), Wait::Spin)
             .map_err(|(e, _)| e)
             .expect("spawn");
         for i in 0..1000u32 {
@@ -186,12 +216,13 @@ mod tests {
         });
         assert_eq!(n, 1000);
         assert_eq!(log.ask(|v, reply| reply.send(v.last().copied())), Some(7));
+        assert_eq!(log.into_inner().len(), 1001);
     }
 
     /// A job that panics makes the next ask panic with the same message.
     #[test]
     fn a_panic_on_the_thread_reaches_the_asker() {
-        let value = Offloaded::new("test", 0u32)
+        let value = Offloaded::new("test", 0u32, Wait::Block)
             .map_err(|(e, _)| e)
             .expect("spawn");
         value.post(|_| panic!("engine defect"));
