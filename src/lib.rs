@@ -11,8 +11,9 @@
 //!   profile measured on a real engine).
 //! - [`router::Router`]: round-robin, random or KV-aware routing over an [`indexer::KvIndexer`].
 //! - [`replay::replay`]: the discrete-event driver over a [`trace::Trace`], reporting a
-//!   [`metrics::ReplayReport`] with Dynamo's keys. It runs the KV router's bookkeeping on a
-//!   second thread ([`router::Router::offload`]), which changes its speed, not its results.
+//!   [`metrics::ReplayReport`] with Dynamo's keys. Given a second core, it runs the KV
+//!   router's bookkeeping ([`router::Router::offload`]) or else its metrics on a second
+//!   thread, which changes its speed, not its results.
 //! - [`metrics::Collector`]: request-lifecycle hooks in, the report out; its
 //!   [`metrics::Distribution`] is the one percentile type of the workspace (Dynamo's rank rules)
 //!   and [`metrics::QuantileSketch`] streams per-token figures.
