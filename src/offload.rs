@@ -12,7 +12,8 @@
 //!
 //! Determinism does not depend on timing: the value sees the same closures in the same order
 //! as it would on the caller's thread. A panic on the thread reaches the caller at its next
-//! [`Offloaded::ask`] (or when the value is dropped), as if it had happened there.
+//! [`Offloaded::post`] or [`Offloaded::ask`], as if it had happened there (dropping the handle
+//! only waits for the thread).
 
 use std::sync::mpsc::{self, Receiver, RecvError, Sender, SyncSender, TryRecvError};
 use std::sync::Mutex;
