@@ -14,9 +14,8 @@
 //! sends its own request's outputs itself. The task is nudged only when the engine's next event
 //! is now earlier than the wake-up it planned, or when that advance produced outputs for other
 //! requests (which the task sends, in order). In a burst of submissions the task then plans once
-//! for the burst instead of running once per submission, and no handler is woken again for its
-//! own admission: on a one-thread server each of those task runs cost every later request of
-//! the burst its share of time before the server read it.
+//! for the burst instead of running once per submission, and no handler is woken a second time
+//! for its own admission.
 //!
 //! Wake-ups: tokio's timer rounds every sleep up to its next millisecond tick, which made
 //! tokens up to a millisecond late and decode steps shorter than a millisecond arrive in
