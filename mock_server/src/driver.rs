@@ -4,10 +4,18 @@
 //! The cluster and the driver's bookkeeping sit behind one `std::sync::Mutex`. Handlers submit
 //! and cancel under that lock themselves (the submission gets its id and simulated time at
 //! once, with no round trip through the task, whose wake-ups cost a client tens of microseconds
-//! of TTFT each on a small machine) and then nudge the task. The task sleeps until the
-//! cluster's next event (or a nudge), advances the engine to that event's time and forwards
-//! each request's [`Output`]s, unchanged, to that request's channel ([`Event::Output`]). A
-//! closed channel means the client left: the request is cancelled and its KV blocks freed.
+//! of TTFT each on a small machine). The task sleeps until the cluster's next event, advances
+//! the engine to that event's time and forwards each request's [`Output`]s, unchanged, to that
+//! request's channel ([`Event::Output`]). A closed channel means the client left: the request
+//! is cancelled and its KV blocks freed.
+//!
+//! A submission also advances the engine through what its arrival made due (its admission,
+//! which starts its prefill at once on an idle worker), under the same lock, and its handler
+//! sends its own request's outputs itself. The task is nudged only when the engine's next event
+//! is now earlier than the wake-up it planned, or when that advance produced outputs for other
+//! requests (which the task sends, in order). In a burst of submissions the task then plans once
+//! for the burst instead of running once per submission, and no handler is woken a second time
+//! for its own admission.
 //!
 //! Wake-ups: tokio's timer rounds every sleep up to its next millisecond tick, which made
 //! tokens up to a millisecond late and decode steps shorter than a millisecond arrive in
@@ -31,9 +39,10 @@
 //! ([`SubmitError::Rejected`]). A watchdog turns "no progress while work is pending" (requests
 //! in flight but no next event, or [`STALL_ROUNDS`] advances in a row that emit nothing and do
 //! not move the clock) into [`Event::Stalled`] for every request in flight, whose KV is freed,
-//! instead of a spinning task. If the task ever ends unexpectedly (a panic), the handle's
+//! instead of a spinning task. If the task ever ends unexpectedly (a panic), or the engine
+//! panics in a submission's own advance (caught there), the handle's
 //! [`EngineHandle::is_alive`] turns false, so `/health` stops reporting a healthy server, the
-//! requests in flight end with an error, and later submissions are refused.
+//! requests in flight end with an error, later submissions are refused, and the task ends.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -203,16 +212,16 @@ impl SubmitOptions {
 ///
 /// Handlers submit, cancel and read snapshots themselves, under the lock of the driver's state
 /// (a `std::sync::Mutex`, held for the few microseconds of one engine call and never across an
-/// `.await`), then nudge the task to plan its next wake-up. A submission thus gets its id and
-/// its simulated submission time at once, with no round trip through the task: on a small
-/// machine each cross-thread wake-up costs tens of microseconds, which a client would see in
-/// its time to first token.
+/// `.await`), and nudge the task only when its planned wake-up no longer fits the engine's
+/// schedule. A submission thus gets its id and its simulated submission time at once, with no
+/// round trip through the task: on a small machine each cross-thread wake-up costs tens of
+/// microseconds, which a client would see in its time to first token.
 #[derive(Clone)]
 pub struct EngineHandle {
     /// The driver's state, shared by the task and every handle.
     driver: Arc<Mutex<Driver>>,
-    /// Wakes the task to plan its next wake-up after a change of the engine's schedule; it
-    /// closes when the task ends for any reason (a panic included), which is how `/health`
+    /// Wakes the task to plan its next wake-up after a change that its planned wake-up misses;
+    /// it closes when the task ends for any reason (a panic included), which is how `/health`
     /// learns that the engine is gone.
     wake: mpsc::UnboundedSender<()>,
     /// The driver's clock, shared so handlers convert the engine's stamps as the driver does.
@@ -303,15 +312,24 @@ impl EngineHandle {
     }
 
     /// False once the driver task has ended (the server is shutting down, or the engine task
-    /// died): no request will be served any more.
+    /// died) or the engine failed in a handler's call: no request will be served any more.
     pub fn is_alive(&self) -> bool {
-        !self.wake.is_closed()
+        if self.wake.is_closed() {
+            return false;
+        }
+        // Never waits: a lock held elsewhere (this handle's `Debug` under the lock, say) says
+        // nothing about the engine's health.
+        match self.driver.try_lock() {
+            Ok(driver) => !driver.stopped,
+            Err(std::sync::TryLockError::Poisoned(_)) => false,
+            Err(std::sync::TryLockError::WouldBlock) => true,
+        }
     }
 
     /// Runs `f` on the driver's state under its lock; `Stopped` once the task has ended (or
     /// died holding the lock).
     fn with_driver<T>(&self, f: impl FnOnce(&mut Driver) -> T) -> Result<T, SubmitError> {
-        if !self.is_alive() {
+        if self.wake.is_closed() {
             return Err(SubmitError::Stopped);
         }
         // Poisoned: the engine panicked (the task is ending).
@@ -322,7 +340,8 @@ impl EngineHandle {
         Ok(f(&mut driver))
     }
 
-    /// Asks the task to plan its next wake-up again (the engine's schedule may have changed).
+    /// Asks the task to plan its next wake-up again (the engine's schedule changed so that its
+    /// planned wake-up is too late, or outputs wait in its outbox).
     fn nudge(&self) {
         // A send error means the task is gone; callers learn it at their next call.
         let _ = self.wake.send(());
@@ -350,8 +369,22 @@ impl EngineHandle {
         options: SubmitOptions,
     ) -> Result<Submission, SubmitError> {
         let (events_tx, events) = mpsc::unbounded_channel();
-        let (id, submitted) = self.with_driver(|d| d.submit(request, options, events_tx))??;
-        self.nudge();
+        let ((id, submitted), nudge) = self.with_driver(|d| {
+            let submitted = d.submit(request, options, events_tx)?;
+            // What the arrival made due (its admission) is advanced to here, not in a task
+            // run of its own.
+            let Ok(next) = d.catch_up() else {
+                // The engine failed: this request's events end at once; the task ends.
+                return Ok((submitted, true));
+            };
+            // Sent under the lock, so that they come before any the task sends later; nobody
+            // waits on this new channel yet, so sending wakes no one.
+            deliver(d.take_own(submitted.0));
+            Ok((submitted, d.needs_plan(next)))
+        })??;
+        if nudge {
+            self.nudge();
+        }
         Ok(Submission {
             id,
             submitted,
@@ -365,15 +398,27 @@ impl EngineHandle {
     /// skipped (and counted) when [`MAX_SPECULATIVE_PREFILLS`] run already or the queue bound
     /// is reached; false when the driver has stopped.
     pub fn submit_speculative(&self, request: EngineRequest) -> bool {
-        let started = self.with_driver(|d| d.speculative(request)).is_ok();
-        self.nudge();
-        started
+        let nudge = self.with_driver(|d| {
+            d.speculative(request);
+            // The task ends if the engine failed.
+            d.catch_up().map_or(true, |next| d.needs_plan(next))
+        });
+        if nudge == Ok(true) {
+            self.nudge();
+        }
+        nudge.is_ok()
     }
 
     /// Cancels a request (no-op if it already finished or the driver stopped).
     pub fn cancel(&self, id: RequestId) {
-        // An error means the driver is gone, and the request with it.
-        if self.with_driver(|d| d.cancel(id)).is_ok() {
+        // An error means the driver is gone, and the request with it. Freed KV may let a
+        // waiting request in at once: the task admits it.
+        let nudge = self.with_driver(|d| {
+            d.cancel(id);
+            let next = d.cluster.next_event_time();
+            d.needs_plan(next)
+        });
+        if nudge == Ok(true) {
             self.nudge();
         }
     }
@@ -428,9 +473,16 @@ async fn run(driver: Arc<Mutex<Driver>>, mut woken: mpsc::UnboundedReceiver<()>)
                 // The engine panicked under the lock.
                 return;
             };
-            d.advance_due(Instant::now() + COALESCE);
+            if d.stopped {
+                // The engine panicked in a handler's advance.
+                return;
+            }
+            let next = d.advance_due(Instant::now() + COALESCE);
+            // Changes from now on nudge the task if they need an earlier wake-up than this.
+            d.planned = next;
+            d.nudged = false;
             // A time beyond the clock's range (a pass of astronomic length) is never reached.
-            let deadline = d.next_wake().and_then(|t| d.clock.instant(t));
+            let deadline = next.and_then(|t| d.clock.instant(t));
             (deadline, std::mem::take(&mut d.outbox))
         };
         let gone = deliver(outbox);
@@ -466,13 +518,10 @@ struct StopOnExit(Arc<Mutex<Driver>>);
 
 impl Drop for StopOnExit {
     fn drop(&mut self) {
-        let mut driver = self
-            .0
+        self.0
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        driver.stopped = true;
-        driver.listeners.clear();
-        driver.outbox.clear();
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .stop();
     }
 }
 
@@ -511,6 +560,13 @@ struct Driver {
     stopped: bool,
     /// Events the task sends once it has released the lock, in order.
     outbox: Vec<Delivery>,
+    /// The engine event the task last planned its wake-up for (`None`: it waits for a nudge
+    /// only). A change that brings the next event earlier nudges the task; others leave it
+    /// asleep.
+    planned: Option<SimTime>,
+    /// A nudge is on its way to the task, which plans again when it gets it: later changes need
+    /// not send another.
+    nudged: bool,
 }
 
 /// What the driver remembers of an unfinished request.
@@ -585,6 +641,8 @@ impl Driver {
             step_tokens: BTreeMap::new(),
             stopped: false,
             outbox: Vec::new(),
+            planned: None,
+            nudged: false,
         }
     }
 
@@ -596,6 +654,13 @@ impl Driver {
     /// would never wake up for them).
     fn next_wake(&mut self) -> Option<SimTime> {
         let next = self.cluster.next_event_time();
+        self.wake_for(next)
+    }
+
+    /// `next`, the engine's next event as it just reported it, unless there is none while
+    /// requests are in flight: they are failed then (the engine would never wake up for them),
+    /// and the next event is asked for again.
+    fn wake_for(&mut self, next: Option<SimTime>) -> Option<SimTime> {
         if next.is_none() && !self.tracked.is_empty() {
             self.fail_stalled();
             return self.cluster.next_event_time();
@@ -604,21 +669,66 @@ impl Driver {
     }
 
     /// Advances the engine through every event due by `until` (the wall clock), one at a time,
-    /// at most [`MAX_STEPS_PER_WAKE`] (the lock is released between batches).
-    fn advance_due(&mut self, until: Instant) {
+    /// at most [`MAX_STEPS_PER_WAKE`] (the lock is released between batches); returns the
+    /// engine's next event after them.
+    fn advance_due(&mut self, until: Instant) -> Option<SimTime> {
+        let mut next = self.next_wake();
         for _ in 0..MAX_STEPS_PER_WAKE {
-            let Some(next) = self.next_wake() else {
-                return;
-            };
-            if self.clock.instant(next).is_none_or(|at| at > until) {
-                return;
+            let due = next?;
+            if self.clock.instant(due).is_none_or(|at| at > until) {
+                break;
             }
-            self.step(next);
+            next = self.step(due);
+        }
+        next
+    }
+
+    /// [`Driver::advance_due`] to now for a handle, after its change made events due. A panic
+    /// of the engine there stops the driver as one in the task would (the requests in flight
+    /// end with an error, later calls are refused): `Err` then, and the caller nudges the task,
+    /// which ends.
+    fn catch_up(&mut self) -> Result<Option<SimTime>, SubmitError> {
+        let until = Instant::now() + COALESCE;
+        let advanced =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.advance_due(until)));
+        advanced.map_err(|_| {
+            self.stop();
+            SubmitError::Stopped
+        })
+    }
+
+    /// Ends service: every request's event channel closes (its handler answers with an error),
+    /// and later calls are refused.
+    fn stop(&mut self) {
+        self.stopped = true;
+        self.listeners.clear();
+        self.outbox.clear();
+    }
+
+    /// Whether a change that left the engine's next event at `next` must nudge the task: the
+    /// event comes before the task's planned wake-up, or outputs wait in the outbox (the task
+    /// sends them, in order with the rest). At most one nudge is on its way at a time.
+    fn needs_plan(&mut self, next: Option<SimTime>) -> bool {
+        let earlier = next.is_some_and(|t| self.planned.is_none_or(|p| t < p));
+        let nudge = !self.nudged && (earlier || !self.outbox.is_empty());
+        self.nudged |= nudge;
+        nudge
+    }
+
+    /// The outbox, if it holds events of request `id` alone (a request just submitted, whose
+    /// handler does not wait on its channel yet), for its handler to send; else nothing, and
+    /// the task sends the outbox.
+    fn take_own(&mut self, id: RequestId) -> Vec<Delivery> {
+        if self.outbox.iter().all(|d| d.id == id) {
+            std::mem::take(&mut self.outbox)
+        } else {
+            Vec::new()
         }
     }
 
-    /// Advances the engine to its event at `next` and forwards the outputs.
-    fn step(&mut self, next: SimTime) {
+    /// Advances the engine to its event at `next`, forwards the outputs and returns the
+    /// engine's next event after it.
+    fn step(&mut self, next: SimTime) -> Option<SimTime> {
         // Advance to the event's own time, not the (later) wake-up: the timer's lateness then
         // delays delivery but never accumulates into the simulated schedule (the next pass
         // starts when this one ended). Work submitted since then starts no earlier than its
@@ -631,7 +741,10 @@ impl Driver {
         self.dispatch(outputs);
         if stalled {
             self.fail_stalled();
+            return self.next_wake();
         }
+        // Dispatching changes the driver's bookkeeping, not the engine's schedule.
+        self.wake_for(next)
     }
 
     /// Submits a handler's request: its id and simulated submission time, or why it was
@@ -1296,6 +1409,75 @@ mod tests {
             .await
             .expect("submitted");
         assert_eq!(ahead.submitted, SimTime(now));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_submission_is_admitted_before_it_returns() {
+        let mut config = ClusterConfig {
+            num_workers: 4,
+            ..ClusterConfig::default()
+        };
+        config.engine.block_size = 4;
+        let engine =
+            EngineHandle::spawn(Cluster::new(config).expect("valid"), None, Arc::default());
+        let mut subs = Vec::new();
+        for _ in 0..4 {
+            let mut sub = engine.submit(request(2), None).await.expect("submitted");
+            // No task run in between: the submission's own advance admitted it.
+            let admitted = sub.events.try_recv();
+            assert!(
+                matches!(admitted, Ok(Event::Output(Output::Admitted { .. }))),
+                "{admitted:?}"
+            );
+            subs.push(sub);
+        }
+        // The task still delivers the rest on time.
+        for mut sub in subs {
+            let mut last = None;
+            while let Some(event) = sub.events.recv().await {
+                last = Some(event);
+            }
+            sub.mark_done();
+            assert!(last.as_ref().is_some_and(is_finished), "{last:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_an_earlier_event_or_waiting_outputs_nudge_the_task() {
+        let mut driver = Driver::new(
+            Cluster::new(ClusterConfig::default()).expect("valid"),
+            None,
+            Arc::default(),
+        );
+        driver.planned = Some(SimTime(1_000));
+        assert!(!driver.needs_plan(Some(SimTime(1_000))));
+        assert!(!driver.needs_plan(Some(SimTime(2_000))));
+        assert!(!driver.needs_plan(None));
+        assert!(driver.needs_plan(Some(SimTime(500))));
+        // One nudge on its way at a time: the task plans again when it gets it.
+        assert!(!driver.needs_plan(Some(SimTime(100))));
+        driver.nudged = false;
+        driver.planned = None;
+        assert!(
+            driver.needs_plan(Some(SimTime(5_000))),
+            "the task waits without a deadline"
+        );
+        driver.nudged = false;
+        driver.planned = Some(SimTime(1_000));
+        let (to, _rx) = mpsc::unbounded_channel();
+        driver.outbox.push(Delivery {
+            id: RequestId(7),
+            to,
+            event: Event::Stalled,
+            last: true,
+        });
+        assert!(
+            driver.needs_plan(Some(SimTime(2_000))),
+            "the task sends what waits in its outbox"
+        );
+        assert!(driver.take_own(RequestId(8)).is_empty(), "not its own");
+        assert_eq!(driver.take_own(RequestId(7)).len(), 1);
+        assert!(driver.outbox.is_empty());
     }
 
     #[tokio::test(start_paused = true)]
