@@ -12,6 +12,7 @@
 //! [`BlockIds::remove`]; the id is then reused, so the vector never holds more ids than were
 //! live at once.
 
+use crate::kv::table::may_fill;
 use crate::tokens::SequenceHash;
 
 /// A dense id standing for one [`SequenceHash`] in one [`BlockIds`] (ids of different
@@ -249,8 +250,7 @@ impl IdIndex {
         }
         self.slots[i] = (0, EMPTY);
         self.len -= 1;
-        // Shift the rest of the probe run back (no tombstones): an entry may move to the hole
-        // unless its home lies cyclically in (hole, j].
+        // Shift the rest of the probe run back (no tombstones).
         let mut j = i;
         loop {
             j = (j + 1) & mask;
@@ -258,13 +258,7 @@ impl IdIndex {
             if next == EMPTY {
                 return true;
             }
-            let home = self.home(fp);
-            let stays = if i <= j {
-                i < home && home <= j
-            } else {
-                i < home || home <= j
-            };
-            if !stays {
+            if may_fill(i, j, self.home(fp)) {
                 self.slots.swap(i, j);
                 i = j;
             }

@@ -199,15 +199,7 @@ impl<V: Default> BlockMap<V> {
             if key == 0 {
                 return value;
             }
-            // The entry at j may move to the hole at i unless its home lies cyclically in
-            // (i, j]: then it would end up before its home.
-            let home = self.home(key);
-            let stays = if i <= j {
-                i < home && home <= j
-            } else {
-                i < home || home <= j
-            };
-            if !stays {
+            if may_fill(i, j, self.home(key)) {
                 self.slots.swap(i, j);
                 i = j;
             }
@@ -281,6 +273,18 @@ impl<V: Default> BlockMap<V> {
             self.slots[i] = (key, value);
         }
     }
+}
+
+/// In a linearly probed table that just emptied slot `hole`, whether the entry at `slot`
+/// (later in the probe run) whose home slot is `home` may move into the hole: not if its home
+/// lies cyclically in `(hole, slot]`, for then it would end up before its home.
+pub(crate) fn may_fill(hole: usize, slot: usize, home: usize) -> bool {
+    let stays = if hole <= slot {
+        hole < home && home <= slot
+    } else {
+        hole < home || home <= slot
+    };
+    !stays
 }
 
 impl<V: Default> FromIterator<(SequenceHash, V)> for BlockMap<V> {
