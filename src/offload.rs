@@ -42,12 +42,6 @@ type Job<T> = Box<dyn FnOnce(&mut T) + Send>;
 pub(crate) struct Reply<R>(SyncSender<R>);
 
 impl<R> Reply<R> {
-    /// A reply and where its answer arrives, for a job run on the caller's own thread.
-    pub(crate) fn channel() -> (Reply<R>, Receiver<R>) {
-        let (reply, answer) = mpsc::sync_channel(1);
-        (Reply(reply), answer)
-    }
-
     /// Sends the answer (at most once: the reply is consumed).
     pub(crate) fn send(self, answer: R) {
         // The asker waits for this answer; it is only gone if it panicked itself.
@@ -118,8 +112,8 @@ impl<T: Send + 'static> Offloaded<T> {
         &self,
         job: impl FnOnce(&mut T, Reply<R>) + Send + 'static,
     ) -> R {
-        let (reply, answer) = Reply::channel();
-        self.post(move |value| job(value, reply));
+        let (reply, answer) = mpsc::sync_channel(1);
+        self.post(move |value| job(value, Reply(reply)));
         match receive(&answer) {
             Ok(answer) => answer,
             Err(RecvError) => {
@@ -148,6 +142,12 @@ impl<T: Send + 'static> Offloaded<T> {
         if let Some(Err(panic)) = thread.map(JoinHandle::join) {
             std::panic::resume_unwind(panic);
         }
+    }
+}
+
+impl<T> std::fmt::Debug for Offloaded<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Offloaded<{}>", std::any::type_name::<T>())
     }
 }
 

@@ -24,7 +24,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::ids::{RequestId, WorkerId};
 use crate::indexer::{ApproximateConfig, ApproximateIndexer, FlatIndex, KvIndexer};
 use crate::kv::KvEvent;
-use crate::offload::{Offloaded, Reply, Wait};
+use crate::offload::{Offloaded, Wait};
 use crate::time::SimTime;
 use crate::tokens::{LocalBlockHash, SequenceHash};
 
@@ -240,16 +240,7 @@ enum CoreHandle {
     /// In the router.
     Inline(Box<Core>),
     /// On a thread of its own.
-    Offloaded(OffloadedCore),
-}
-
-/// The core on its own thread.
-struct OffloadedCore(Offloaded<Box<Core>>);
-
-impl std::fmt::Debug for OffloadedCore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("OffloadedCore")
-    }
+    Offloaded(Offloaded<Box<Core>>),
 }
 
 impl CoreHandle {
@@ -257,25 +248,33 @@ impl CoreHandle {
     fn post(&mut self, job: impl FnOnce(&mut Core) + Send + 'static) {
         match self {
             CoreHandle::Inline(core) => job(core),
-            CoreHandle::Offloaded(core) => core.0.post(move |c| job(c)),
+            CoreHandle::Offloaded(core) => core.post(move |c| job(c)),
         }
     }
 
-    /// Runs `job` on the core and returns the answer it sends.
-    fn ask<R: Send + 'static>(
+    /// Routes request `id` where `decide` says (worker, overlap there) and records it there;
+    /// the decision. On the core's thread the answer comes back before the recording, which
+    /// overlaps with the caller; in the router nothing is copied or sent.
+    fn route(
         &mut self,
-        job: impl FnOnce(&mut Core, Reply<R>) + Send + 'static,
-    ) -> R {
+        id: RequestId,
+        request: RouteRequest<'_>,
+        decide: impl FnOnce(&mut Core, RouteRequest<'_>) -> (usize, usize) + Send + 'static,
+    ) -> (usize, usize) {
         match self {
             CoreHandle::Inline(core) => {
-                let (reply, answer) = Reply::channel();
-                job(core, reply);
-                match answer.try_recv() {
-                    Ok(answer) => answer,
-                    Err(_) => unreachable!("every job asked of the core answers"),
-                }
+                let (w, overlap) = decide(core, request);
+                core.record(id, w, request, overlap);
+                (w, overlap)
             }
-            CoreHandle::Offloaded(core) => core.0.ask(move |c, reply| job(c, reply)),
+            CoreHandle::Offloaded(core) => {
+                let request = OwnedRequest::new(request);
+                core.ask(move |c, reply| {
+                    let (w, overlap) = decide(c, request.borrow());
+                    reply.send((w, overlap));
+                    c.record(id, w, request.borrow(), overlap);
+                })
+            }
         }
     }
 
@@ -283,7 +282,7 @@ impl CoreHandle {
     fn read<R: Send + 'static>(&self, read: impl FnOnce(&Core) -> R + Send + 'static) -> R {
         match self {
             CoreHandle::Inline(core) => read(core),
-            CoreHandle::Offloaded(core) => core.0.ask(move |c, reply| reply.send(read(c))),
+            CoreHandle::Offloaded(core) => core.ask(move |c, reply| reply.send(read(c))),
         }
     }
 }
@@ -358,19 +357,19 @@ impl Core {
 
     /// Records a routed request as active on `worker`, with `overlap` blocks cached there (and,
     /// without KV events, remembers the decision in the approximate index).
-    fn record(&mut self, id: RequestId, worker: usize, request: OwnedRequest, overlap: usize) {
+    fn record(&mut self, id: RequestId, worker: usize, request: RouteRequest<'_>, overlap: usize) {
         if !self.config.use_kv_events {
             // The lengths agree for requests hashed by the engine; a mismatch only skips the
             // record (the index then under-estimates this worker's cache).
             let _ = self.indexer.0.record_routing(
                 WorkerId(worker as u32),
-                &request.local_hashes,
-                &request.seq_hashes,
+                request.local_hashes,
+                request.seq_hashes,
                 request.now,
             );
         }
         let prefill_tokens = request.isl.saturating_sub(overlap * self.block_size);
-        self.add_load(worker, id, request.seq_hashes, prefill_tokens);
+        self.add_load(worker, id, request.seq_hashes.to_vec(), prefill_tokens);
     }
 
     /// Adds a request to `worker`'s load and its blocks to the active blocks.
@@ -474,7 +473,7 @@ impl Router {
         let core = std::mem::replace(core, Box::new(placeholder));
         match Offloaded::new("kv-router", core, Wait::Spin) {
             Ok(thread) => {
-                self.core = CoreHandle::Offloaded(OffloadedCore(thread));
+                self.core = CoreHandle::Offloaded(thread);
                 Ok(true)
             }
             Err((e, core)) => {
@@ -564,13 +563,7 @@ impl Router {
             }
             RouterMode::Random => self.rng.gen_range(0..n),
             RouterMode::KvRouter => {
-                let request = OwnedRequest::new(request);
-                let (w, overlap) = self.core.ask(move |c, reply| {
-                    let (w, overlap) = c.choose(request.borrow());
-                    reply.send((w, overlap));
-                    // Recorded after answering: the caller goes on meanwhile.
-                    c.record(id, w, request, overlap);
-                });
+                let (w, overlap) = self.core.route(id, request, Core::choose);
                 return Decision {
                     worker: WorkerId(w as u32),
                     overlap_blocks: overlap,
@@ -622,12 +615,9 @@ impl Router {
                 overlap_blocks: 0,
             };
         }
-        let request = OwnedRequest::new(request);
-        let overlap = self.core.ask(move |c, reply| {
-            let overlap = c.overlap_on(w, request.borrow());
-            reply.send(overlap);
-            c.record(id, w, request, overlap);
-        });
+        let (_, overlap) = self
+            .core
+            .route(id, request, move |c, r| (w, c.overlap_on(w, r)));
         Decision {
             worker,
             overlap_blocks: overlap,
@@ -661,7 +651,10 @@ impl Router {
         &mut self,
         f: impl FnOnce(&mut Core) -> R + Send + 'static,
     ) -> R {
-        self.core.ask(move |c, reply| reply.send(f(c)))
+        match &mut self.core {
+            CoreHandle::Inline(core) => f(core),
+            CoreHandle::Offloaded(core) => core.ask(move |c, reply| reply.send(f(c))),
+        }
     }
 
     /// Blocks each worker holds per the indexer.
