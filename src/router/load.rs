@@ -1,11 +1,11 @@
 //! Active load as the router tracks it: per worker, its active requests and the prompt tokens it
-//! has yet to prefill ([`WorkerLoad`]); across workers, one map from each block of an active
-//! request to the workers whose active requests hold it ([`ActiveBlocks`]).
+//! has yet to prefill ([`WorkerLoad`]); across workers, the blocks of active requests and the
+//! workers whose active requests hold each ([`ActiveBlocks`]).
 
 use std::collections::BTreeMap;
 
 use crate::ids::RequestId;
-use crate::kv::BlockMap;
+use crate::indexer::FxHashMap;
 use crate::tokens::SequenceHash;
 
 #[derive(Clone, Debug)]
@@ -85,8 +85,7 @@ enum Holders {
 }
 
 impl Default for Holders {
-    /// The placeholder of an empty map slot, and what a new entry starts as before its first
-    /// [`Holders::add`] (no worker holds the block).
+    /// What a free slot of [`ActiveBlocks`] holds (no worker holds anything there).
     fn default() -> Self {
         Holders::One(0, 0)
     }
@@ -163,17 +162,57 @@ impl Holders {
     }
 }
 
-/// Every block of an active request, with the workers whose active requests hold it: one
-/// lookup per block records, frees, or counts every worker's new blocks for a prompt (where a
-/// map per worker would take one per block and worker). Keeps each [`WorkerLoad`]'s distinct
-/// block count.
+/// The blocks of active requests, with the workers whose active requests hold each: a tree of
+/// runs. A request's blocks are a path from the root (a block is named by its whole prefix, as
+/// its sequence hash is), and a run is a stretch of a path that every request entering it holds
+/// whole, so one holder list covers the run. Recording, freeing or counting a prompt's blocks
+/// compares its hashes against each run in turn (sequential reads) and looks up one map entry
+/// per run on its path, where a map keyed by block would take one lookup per block. Keeps each
+/// [`WorkerLoad`]'s distinct block count.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ActiveBlocks {
-    /// The holders of each active block; a block nobody holds has no entry.
-    blocks: BlockMap<Holders>,
+    /// Each live run by (its parent run, or [`ROOT`]; its first block's hash).
+    children: FxHashMap<(u32, SequenceHash), u32>,
+    /// Runs by id; a free slot has no hashes.
+    runs: Vec<Run>,
+    /// Free slots of `runs`.
+    free: Vec<u32>,
+}
+
+/// The parent of the runs that start a prompt (no run has this id).
+const ROOT: u32 = u32::MAX;
+
+/// A stretch of blocks held by the same active requests.
+#[derive(Clone, Debug, Default)]
+struct Run {
+    /// The run's blocks in prompt order; never empty while the run is live.
+    hashes: Vec<SequenceHash>,
+    /// The run before this one on every path through it, or [`ROOT`].
+    parent: u32,
+    /// The workers whose active requests pass through the run, with how many on each.
+    holders: Holders,
+}
+
+/// How many leading elements `a` and `b` share.
+fn common_len(a: &[SequenceHash], b: &[SequenceHash]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 impl ActiveBlocks {
+    /// Stores `run` in a free slot (or a new one); its id.
+    fn alloc(&mut self, run: Run) -> u32 {
+        match self.free.pop() {
+            Some(id) => {
+                self.runs[id as usize] = run;
+                id
+            }
+            None => {
+                self.runs.push(run);
+                (self.runs.len() - 1) as u32
+            }
+        }
+    }
+
     /// Records a routed request on `worker` (whose load is `load`).
     pub(crate) fn add(
         &mut self,
@@ -183,16 +222,47 @@ impl ActiveBlocks {
         hashes: Vec<SequenceHash>,
         prefill_tokens: usize,
     ) {
-        for (i, &h) in hashes.iter().enumerate() {
-            self.blocks.warm_ahead(&hashes, i);
-            let (holders, inserted) = self.blocks.get_or_insert_default(h);
-            let new = if inserted {
-                *holders = Holders::One(worker, 1);
-                true
-            } else {
-                holders.add(worker)
+        let (mut parent, mut pos) = (ROOT, 0);
+        while let Some(&first) = hashes.get(pos) {
+            let rest = &hashes[pos..];
+            let Some(&r) = self.children.get(&(parent, first)) else {
+                // Nobody holds the rest: one new run.
+                let run = self.alloc(Run {
+                    hashes: rest.to_vec(),
+                    parent,
+                    holders: Holders::One(worker, 1),
+                });
+                self.children.insert((parent, first), run);
+                load.num_blocks += rest.len();
+                break;
             };
-            load.num_blocks += usize::from(new);
+            let m = common_len(&self.runs[r as usize].hashes, rest);
+            let entered = if m < self.runs[r as usize].hashes.len() {
+                // The prompt leaves the run after `m` blocks: a new run takes the shared head
+                // (in the run's place under its parent), the old one keeps the tail below it,
+                // so the runs below the tail keep their keys.
+                let old = &mut self.runs[r as usize];
+                let tail = old.hashes.split_off(m);
+                let head = std::mem::replace(&mut old.hashes, tail);
+                let holders = old.holders.clone();
+                let tail_first = old.hashes[0];
+                let h = self.alloc(Run {
+                    hashes: head,
+                    parent,
+                    holders,
+                });
+                self.runs[r as usize].parent = h;
+                self.children.insert((parent, first), h);
+                self.children.insert((h, tail_first), r);
+                h
+            } else {
+                r
+            };
+            if self.runs[entered as usize].holders.add(worker) {
+                load.num_blocks += m;
+            }
+            parent = entered;
+            pos += m;
         }
         load.insert(id, hashes, prefill_tokens);
     }
@@ -202,61 +272,104 @@ impl ActiveBlocks {
         let Some(hashes) = load.take(id) else {
             return;
         };
-        for (i, h) in hashes.iter().enumerate() {
-            self.blocks.warm_ahead(&hashes, i);
-            // One lookup decrements and (when nobody holds it) drops the block.
-            let gone = self.blocks.update(h, |holders| holders.remove(worker));
-            load.num_blocks -= usize::from(gone == Some(true));
+        // The request's path: whole runs (recording it split any run it ended inside).
+        let (mut parent, mut pos) = (ROOT, 0);
+        while let Some(&first) = hashes.get(pos) {
+            let Some(&r) = self.children.get(&(parent, first)) else {
+                break;
+            };
+            let run = &mut self.runs[r as usize];
+            let len = run.hashes.len();
+            let (left, gone) = run.holders.remove(worker);
+            if left {
+                load.num_blocks = load.num_blocks.saturating_sub(len);
+            }
+            if gone {
+                // Nobody holds it, so nobody holds the runs below it either: they go with it
+                // (those on this path in the steps that follow, others went before).
+                self.children.remove(&(parent, first));
+                run.hashes = Vec::new();
+                self.free.push(r);
+            }
+            parent = r;
+            pos += len;
+        }
+    }
+
+    /// Walks `hashes` (a chain, see [`ActiveBlocks::count_new`]) down the runs: `visit` gets
+    /// each run the prompt enters and how many of its leading blocks are the prompt's next.
+    fn walk(&self, hashes: &[SequenceHash], mut visit: impl FnMut(&Run, usize) -> bool) {
+        let (mut parent, mut pos) = (ROOT, 0);
+        while let Some(&first) = hashes.get(pos) {
+            let Some(&r) = self.children.get(&(parent, first)) else {
+                return;
+            };
+            let run = &self.runs[r as usize];
+            let m = common_len(&run.hashes, &hashes[pos..]);
+            if !visit(run, m) || m < run.hashes.len() {
+                return;
+            }
+            parent = r;
+            pos += m;
         }
     }
 
     /// Subtracts 1 from `new_blocks[w]` for every prompt block (of `hashes`) that worker `w`
     /// already holds: `new_blocks` starts at `hashes.len()` for every worker.
     ///
-    /// `hashes` is a chain of sequence hashes, as is every request's list: a worker holding a
-    /// block holds its whole prefix (the request that holds it does), so the blocks a worker
-    /// holds are a leading run and the walk ends at the first block nobody holds. (Without the
-    /// chain property this counts the leading run only, as [`ActiveBlocks::new_blocks`] does.)
+    /// `hashes` is a chain of sequence hashes, as is every request's list: a block names its
+    /// whole prefix, so the blocks a worker holds are a leading run of the prompt.
     pub(crate) fn count_new(&self, hashes: &[SequenceHash], new_blocks: &mut [usize]) {
-        if self.blocks.is_empty() {
-            return;
-        }
-        for (i, h) in hashes.iter().enumerate() {
-            self.blocks.warm_ahead(hashes, i);
-            let Some(holders) = self.blocks.get(h) else {
-                break;
-            };
-            holders.for_each_worker(|w| {
+        self.walk(hashes, |run, m| {
+            run.holders.for_each_worker(|w| {
                 if let Some(n) = new_blocks.get_mut(w as usize) {
-                    *n -= 1;
+                    *n -= m;
                 }
             });
-        }
+            true
+        });
     }
 
     /// How many of `hashes` (a chain, see [`ActiveBlocks::count_new`]) are not blocks of an
     /// active request on `worker`: all but the leading run it holds.
     pub(crate) fn new_blocks(&self, worker: u32, hashes: &[SequenceHash]) -> usize {
-        let held = hashes
-            .iter()
-            .take_while(|h| self.blocks.get(h).is_some_and(|b| b.count(worker) > 0))
-            .count();
+        let mut held = 0;
+        self.walk(hashes, |run, m| {
+            let holds = run.holders.count(worker) > 0;
+            if holds {
+                held += m;
+            }
+            holds
+        });
         hashes.len() - held
     }
 
-    /// Checks the map against the loads (tests): each worker's distinct block count, and that
-    /// every entry has a holder.
+    /// Checks the runs against the loads (tests): each worker's distinct block count, every
+    /// live run reachable under its key with a holder, and no run held by a worker its parent
+    /// is not held by as often.
     #[cfg(test)]
     pub(crate) fn assert_invariants(&self, loads: &[WorkerLoad]) {
         let mut counts = vec![0usize; loads.len()];
-        for holders in self.blocks.values() {
+        let live = self.runs.len() - self.free.len();
+        assert_eq!(self.children.len(), live, "every live run has one key");
+        for (&(parent, first), &r) in &self.children {
+            let run = &self.runs[r as usize];
+            assert_eq!(run.hashes.first(), Some(&first), "run {r}'s key");
+            assert_eq!(run.parent, parent, "run {r}'s parent");
             let mut any = false;
-            holders.for_each_worker(|w| {
+            run.holders.for_each_worker(|w| {
                 any = true;
-                assert!(holders.count(w) > 0, "a listed holder holds the block");
-                counts[w as usize] += 1;
+                let n = run.holders.count(w);
+                assert!(n > 0, "a listed holder holds the run");
+                if parent != ROOT {
+                    assert!(
+                        self.runs[parent as usize].holders.count(w) >= n,
+                        "run {r} is held more often than its parent"
+                    );
+                }
+                counts[w as usize] += run.hashes.len();
             });
-            assert!(any, "a block nobody holds has no entry");
+            assert!(any, "a run nobody holds is gone");
         }
         for (w, load) in loads.iter().enumerate() {
             assert_eq!(counts[w], load.num_blocks, "worker {w}'s distinct blocks");

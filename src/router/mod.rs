@@ -229,8 +229,8 @@ struct Core {
     indexer: RouterIndex,
     /// Active requests per worker.
     loads: Vec<WorkerLoad>,
-    /// The blocks of active requests and the workers holding each: one lookup per prompt block
-    /// counts every worker's new blocks, and one per block records or frees a request.
+    /// The blocks of active requests and the workers holding each: one walk down its runs
+    /// counts every worker's new blocks for a prompt, records or frees a request.
     active: ActiveBlocks,
 }
 

@@ -322,8 +322,8 @@ fn the_largest_overlap_weight_routes_without_overflow() {
     assert_eq!(d.worker, WorkerId(1), "the cached prefix wins");
 }
 
-/// The inverted block index gives every worker the new-block count of a brute-force model (the
-/// query's blocks missing from the worker's active requests), and its own load agrees, over
+/// The active blocks give every worker the new-block count of a brute-force model (the query's
+/// blocks missing from the worker's active requests), and its own load agrees, over
 /// seeded random routes and frees of hash chains that share prefixes (duplicates included),
 /// with the core in the router and on its own thread.
 #[test]
@@ -462,4 +462,53 @@ fn an_offloaded_core_decides_as_an_inline_one() {
     for w in 0..4 {
         assert_eq!(inline.load(WorkerId(w)), offloaded.load(WorkerId(w)));
     }
+}
+
+/// Block lists that are not chains (a hash repeated, or met again at another depth) keep the
+/// active blocks consistent: a block is then named by its path, so a worker holds the leading
+/// blocks of a query that one of its active requests starts with; nothing panics, and freeing
+/// every request leaves no run behind.
+#[test]
+fn active_blocks_stay_consistent_on_lists_that_are_not_chains() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let mut active = super::load::ActiveBlocks::default();
+    let mut loads = vec![WorkerLoad::default(); 3];
+    let mut live: Vec<(usize, RequestId, Vec<SequenceHash>)> = Vec::new();
+    let list = |rng: &mut rand_chacha::ChaCha8Rng| -> Vec<SequenceHash> {
+        (0..rng.gen_range(0..8))
+            .map(|_| SequenceHash(rng.gen_range(0..4)))
+            .collect()
+    };
+    for i in 0..3000u64 {
+        if !live.is_empty() && rng.gen_bool(0.45) {
+            let (w, id, _) = live.swap_remove(rng.gen_range(0..live.len()));
+            active.free(&mut loads[w], w as u32, id);
+        } else {
+            let hashes = list(&mut rng);
+            let w = rng.gen_range(0..3);
+            active.add(&mut loads[w], w as u32, RequestId(i), hashes.clone(), 0);
+            live.push((w, RequestId(i), hashes));
+        }
+        active.assert_invariants(&loads);
+        let query = list(&mut rng);
+        for w in 0..3 {
+            let held = live
+                .iter()
+                .filter(|(lw, _, _)| *lw == w)
+                .map(|(_, _, hs)| hs.iter().zip(&query).take_while(|(a, b)| a == b).count())
+                .max()
+                .unwrap_or(0);
+            assert_eq!(
+                active.new_blocks(w as u32, &query),
+                query.len() - held,
+                "worker {w} after step {i}"
+            );
+        }
+    }
+    for (w, id, _) in live {
+        active.free(&mut loads[w], w as u32, id);
+    }
+    active.assert_invariants(&loads);
+    assert!(loads.iter().all(|l| l.active_blocks() == 0));
 }
