@@ -7,8 +7,9 @@
 //! with the workers' passes, and the replay waits only for routing decisions. Both sides spin
 //! for a short while before they block ([`Wait::Spin`]), since a blocking wake-up costs tens of
 //! microseconds on a small machine and a caught-up thread answers within a few. The replay's
-//! metrics collector goes to a thread of its own too, fed in large batches nobody waits for, so
-//! its thread simply blocks between them ([`Wait::Block`]).
+//! metrics collector fills that thread's idle time in small batches ([`Beside`]), or, where the
+//! router keeps no bookkeeping, goes to a thread of its own, fed in large batches nobody waits
+//! for, so that thread simply blocks between them ([`Wait::Block`]).
 //!
 //! Determinism does not depend on timing: the value sees the same closures in the same order
 //! as it would on the caller's thread. A panic on the thread reaches the caller at its next
@@ -124,6 +125,12 @@ impl<T: Send + 'static> Offloaded<T> {
         }
     }
 
+    /// A handle that posts jobs needing nothing of the value to its thread, where they run in
+    /// order with every other job; None once dropping.
+    pub(crate) fn beside(&self) -> Option<Beside<T>> {
+        self.jobs.clone().map(Beside)
+    }
+
     /// Takes the value back once every job sent before has run (a default value stays).
     pub(crate) fn into_inner(self) -> T
     where
@@ -142,6 +149,18 @@ impl<T: Send + 'static> Offloaded<T> {
         if let Some(Err(panic)) = thread.map(JoinHandle::join) {
             std::panic::resume_unwind(panic);
         }
+    }
+}
+
+/// Posts jobs that need nothing of an [`Offloaded`] value to its thread: work that fills the
+/// thread's idle time between the value's own jobs.
+pub(crate) struct Beside<T>(Sender<Job<T>>);
+
+impl<T: Send + 'static> Beside<T> {
+    /// Runs `job` on the thread after every job sent before it; false when the thread is gone
+    /// (it panicked: the value's next post or ask says so), and `job` was dropped unrun.
+    pub(crate) fn post(&self, job: impl FnOnce() + Send + 'static) -> bool {
+        self.0.send(Box::new(move |_: &mut T| job())).is_ok()
     }
 }
 

@@ -7,6 +7,7 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::cluster::{Cluster, ClusterConfig, ClusterStats, Output};
@@ -14,6 +15,7 @@ use crate::ids::RequestId;
 use crate::metrics::{Collector, DisaggFigures, G2Figures, ReplayReport, RequestRecord};
 use crate::offload::{Offloaded, Wait};
 use crate::request::{EngineRequest, Prompt};
+use crate::router::RouterThread;
 use crate::scheduler::{ConfigError, RejectReason, WorkerRole};
 use crate::time::{SimDuration, SimTime};
 use crate::tokens::{sequence_hashes, BlockHashes};
@@ -136,19 +138,34 @@ enum Note {
 
 /// Notes the replay gathers before it hands them to the collector's thread as one job.
 const NOTE_BATCH: usize = 4096;
+/// Notes per job on the KV router's thread: small, as the router's next answer waits for it.
+const BESIDE_BATCH: usize = 256;
 
-/// The metrics collector: on a thread of its own (fed in batches; nobody waits for it until
-/// the report) where a second core is available, else here.
+/// The metrics collector: where a second core is available, on a thread of its own (fed in
+/// batches; nobody waits for it until the report), or, when the KV router's bookkeeping has a
+/// thread already, in that thread's idle time; else here.
 enum Metrics {
     Inline(Collector),
     Offloaded {
         thread: Offloaded<Collector>,
         batch: Vec<Note>,
     },
+    Beside {
+        thread: RouterThread,
+        collector: Arc<Mutex<Collector>>,
+        batch: Vec<Note>,
+    },
 }
 
 impl Metrics {
-    fn new(offload: bool) -> Metrics {
+    fn new(offload: bool, router_thread: Option<RouterThread>) -> Metrics {
+        if let Some(thread) = router_thread {
+            return Metrics::Beside {
+                thread,
+                collector: Arc::default(),
+                batch: Vec::with_capacity(BESIDE_BATCH),
+            };
+        }
         if offload {
             if let Ok(thread) = Offloaded::new("replay-metrics", Collector::new(), Wait::Block) {
                 return Metrics::Offloaded {
@@ -170,6 +187,17 @@ impl Metrics {
                     thread.post(move |c| notes.into_iter().for_each(|n| tell(c, n)));
                 }
             }
+            Metrics::Beside {
+                thread,
+                collector,
+                batch,
+            } => {
+                batch.push(note);
+                if batch.len() >= BESIDE_BATCH {
+                    let notes = std::mem::replace(batch, Vec::with_capacity(BESIDE_BATCH));
+                    tell_beside(thread, collector, notes);
+                }
+            }
         }
     }
 
@@ -181,8 +209,46 @@ impl Metrics {
                 thread.post(move |c| batch.into_iter().for_each(|n| tell(c, n)));
                 thread.into_inner()
             }
+            Metrics::Beside {
+                thread,
+                collector,
+                batch,
+            } => {
+                tell_beside(&thread, &collector, batch);
+                // Every job before this one has run once it answers.
+                let (done, wait) = mpsc::sync_channel(1);
+                let posted = thread.post(move || {
+                    let _ = done.send(());
+                });
+                if !posted || wait.recv().is_err() {
+                    router_thread_stopped();
+                }
+                match Arc::try_unwrap(collector) {
+                    Ok(c) => c.into_inner().unwrap_or_else(PoisonError::into_inner),
+                    Err(_) => router_thread_stopped(),
+                }
+            }
         }
     }
+}
+
+/// Tells `notes` to the collector on the router's thread, or here if that thread is gone (its
+/// panic then surfaces at the router's next call).
+fn tell_beside(thread: &RouterThread, collector: &Arc<Mutex<Collector>>, notes: Vec<Note>) {
+    let shared = Arc::clone(collector);
+    let job = move || {
+        let mut c = shared.lock().unwrap_or_else(PoisonError::into_inner);
+        notes.into_iter().for_each(|n| tell(&mut c, n));
+    };
+    if !thread.post(job) {
+        router_thread_stopped();
+    }
+}
+
+/// The KV router's thread panicked (its message is on stderr) with metrics notes in hand:
+/// the replay stops here rather than report without them.
+fn router_thread_stopped() -> ! {
+    panic!("the KV router's thread stopped; the replay's metrics are incomplete")
 }
 
 /// Tells the collector one note.
@@ -303,10 +369,10 @@ pub fn replay_observed(
 ) -> Result<ReplayOutcome, ReplayError> {
     let mut cluster = Cluster::new(config.cluster.clone())?;
     // With a second core, the KV router's bookkeeping runs beside the workers on a second
-    // thread, or, where the router keeps none, the metrics collector does (both at once would
-    // make three busy threads on two cores). On one core either would only add its jobs and
-    // waits. Results are those of a single thread, which is also what stays if no thread can
-    // start.
+    // thread, and the metrics collector in that thread's idle time (a third busy thread would
+    // take turns with the other two on two cores); where the router keeps no bookkeeping, the
+    // collector has the second thread. On one core either would only add its jobs and waits.
+    // Results are those of a single thread, which is also what stays if no thread can start.
     let second_core = std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
     let router_moved = second_core && cluster.offload_router().unwrap_or(false);
     observer.start(&mut cluster);
@@ -315,7 +381,7 @@ pub fn replay_observed(
     let mut hash_cache = LocalHashCache::new(block_size);
     let mut ledger = Ledger {
         trace,
-        collector: Metrics::new(second_core && !router_moved),
+        collector: Metrics::new(second_core && !router_moved, cluster.router_thread()),
         origins: Vec::with_capacity(total),
         arrivals: Arrivals::default(),
         rejections: Vec::new(),
@@ -500,5 +566,72 @@ pub fn engine_request(
         },
         max_output_tokens: turn.output_length,
         output_tokens: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::WorkerId;
+    use crate::router::{Router, RouterConfig};
+
+    /// The notes of `n` requests: arrival, admission, 5 tokens and the finish each, spread over
+    /// more than one batch of either kind.
+    fn notes(n: u64) -> Vec<Note> {
+        let mut notes = Vec::new();
+        for i in 0..n {
+            let (id, t) = (RequestId(i), i * 1_000);
+            notes.push(Note::Arrival {
+                id,
+                ready: SimTime(t),
+                input_length: 100 + i as usize % 7,
+                output_length: 5,
+                session: format!("s{}", i % 13),
+                turn: (i / 13) as usize,
+            });
+            notes.push(Note::Output(Output::Admitted {
+                id,
+                worker: WorkerId(0),
+                time: SimTime(t + 10 + i % 5),
+                reused_tokens: i as usize % 3 * 16,
+                g2_reused_tokens: 0,
+            }));
+            for index in 1..=5 {
+                let time = SimTime(t + 500 + index as u64 * (40 + i % 11));
+                notes.push(Note::Output(Output::Token {
+                    id,
+                    token: 0,
+                    index,
+                    time,
+                }));
+            }
+            notes.push(Note::Output(Output::Finished {
+                id,
+                time: SimTime(t + 500 + 5 * (40 + i % 11)),
+            }));
+        }
+        notes
+    }
+
+    /// Wherever the collector runs (here, on a thread of its own, or in an offloaded KV
+    /// router's idle time) it is told the same notes in the same order: the reports are equal.
+    #[test]
+    fn the_report_does_not_depend_on_where_the_collector_runs() {
+        let mut router = Router::new(RouterConfig::default(), 2, 16, 1024, 0);
+        assert!(router.offload().expect("a thread starts"));
+        let report = |mut metrics: Metrics| {
+            notes(1_500).into_iter().for_each(|n| metrics.note(n));
+            let (report, records) = metrics.into_inner().finish(Duration::ZERO);
+            assert_eq!(records.len(), 1_500);
+            serde_json::to_string(&report).expect("serialises")
+        };
+        let beside = Metrics::new(false, router.beside());
+        assert!(matches!(beside, Metrics::Beside { .. }));
+        let own = Metrics::new(true, None);
+        assert!(matches!(own, Metrics::Offloaded { .. }));
+        let here = report(Metrics::new(false, None));
+        assert_eq!(report(own), here);
+        assert_eq!(report(beside), here);
+        assert!(here.contains("\"completed_requests\":1500"), "{here}");
     }
 }

@@ -413,6 +413,12 @@ impl Cluster {
         self.router.offload()
     }
 
+    /// The front router's thread once offloaded ([`Cluster::offload_router`]), for work that
+    /// fills its idle time.
+    pub(crate) fn router_thread(&self) -> Option<crate::router::RouterThread> {
+        self.router.beside()
+    }
+
     /// Tokens per KV block: prompts must be hashed at this size.
     pub fn block_size(&self) -> usize {
         self.block_size

@@ -234,6 +234,18 @@ struct Core {
     active: ActiveBlocks,
 }
 
+/// The thread of an offloaded router's core, for work that needs nothing of the core
+/// ([`Router::beside`]).
+pub(crate) struct RouterThread(crate::offload::Beside<Box<Core>>);
+
+impl RouterThread {
+    /// Runs `job` on the router's thread after everything sent there before it; false when
+    /// the thread is gone (it panicked, and the router's next call says so).
+    pub(crate) fn post(&self, job: impl FnOnce() + Send + 'static) -> bool {
+        self.0.post(job)
+    }
+}
+
 /// Where the [`Core`] lives.
 #[derive(Debug)]
 enum CoreHandle {
@@ -480,6 +492,15 @@ impl Router {
                 self.core = CoreHandle::Inline(core);
                 Err(e)
             }
+        }
+    }
+
+    /// Where the core runs on a thread of its own, a handle that runs other work there, in
+    /// order with the core's jobs (see [`Router::offload`]).
+    pub(crate) fn beside(&self) -> Option<RouterThread> {
+        match &self.core {
+            CoreHandle::Inline(_) => None,
+            CoreHandle::Offloaded(core) => core.beside().map(RouterThread),
         }
     }
 
