@@ -151,6 +151,16 @@ impl Worker {
         self.scheduler.swap_events(buf);
     }
 
+    /// Records KV events (the default), or not where nobody reads them.
+    pub fn set_emit_kv_events(&mut self, on: bool) {
+        self.scheduler.set_emit_kv_events(on);
+    }
+
+    /// True when KV events are recorded.
+    pub fn emits_kv_events(&self) -> bool {
+        self.scheduler.emits_kv_events()
+    }
+
     /// KV events since the last call, tagged with this worker's id and sequence numbers.
     pub fn drain_kv_events(&mut self) -> Vec<KvEvent> {
         self.scheduler

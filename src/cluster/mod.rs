@@ -369,7 +369,7 @@ impl Cluster {
             config.engine.max_num_batched_tokens,
             config.seed,
         );
-        Ok(Cluster {
+        let mut cluster = Cluster {
             workers,
             router,
             num_front,
@@ -385,7 +385,19 @@ impl Cluster {
             events: Vec::new(),
             due: Vec::new(),
             active: ActiveSet::new(num_workers_total),
-        })
+        };
+        cluster.emit_kv_events_where_read();
+        Ok(cluster)
+    }
+
+    /// Workers record KV events only where something reads them (their router's index, or
+    /// the export): building events costs the replay's hot path a few percent.
+    fn emit_kv_events_where_read(&mut self) {
+        let export = self.exported_kv_events.is_some();
+        for w in 0..self.workers.len() {
+            let read = export || self.router_of(w).0.reads_kv_events();
+            self.workers[w].set_emit_kv_events(read);
+        }
     }
 
     /// From now on, keeps a copy of every KV event the workers emit (with the worker's global
@@ -394,6 +406,7 @@ impl Cluster {
     /// them ends, as they do to the cluster's own router.
     pub fn export_kv_events(&mut self) {
         self.exported_kv_events.get_or_insert_with(Vec::new);
+        self.emit_kv_events_where_read();
     }
 
     /// The KV events emitted since the last call, in emission order (empty unless

@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::*;
-use crate::kv::G2Config;
+use crate::kv::{G2Config, KvEventData};
 use crate::perf::Fixed;
 use crate::request::Prompt;
 
@@ -473,4 +473,44 @@ mod random_ops {
             }
         }
     }
+}
+
+/// Workers build KV events only where something reads them: behind round-robin nothing does
+/// until the events are exported; the KV router reads them. Either way the cluster serves the
+/// same outputs.
+#[test]
+fn kv_events_are_built_only_where_read() {
+    let config = |mode| ClusterConfig {
+        engine: engine(64),
+        num_workers: 2,
+        router: RouterConfig {
+            mode,
+            ..RouterConfig::default()
+        },
+        ..ClusterConfig::default()
+    };
+    let emitting =
+        |c: &Cluster| -> Vec<bool> { c.workers.iter().map(Worker::emits_kv_events).collect() };
+    let serve = |c: &mut Cluster| {
+        let tokens: Vec<u32> = (0..40).collect();
+        c.submit(request(&tokens, 3), SimTime::ZERO)
+            .expect("admitted");
+        run(c)
+    };
+    let mut rr = Cluster::new(config(RouterMode::RoundRobin)).expect("valid");
+    assert_eq!(emitting(&rr), [false, false]);
+    let quiet = serve(&mut rr);
+    let mut exported = Cluster::new(config(RouterMode::RoundRobin)).expect("valid");
+    exported.export_kv_events();
+    assert_eq!(emitting(&exported), [true, true]);
+    assert_eq!(serve(&mut exported), quiet);
+    let events = exported.drain_kv_events();
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e.data, KvEventData::Stored { .. })),
+        "{events:?}"
+    );
+    let kv = Cluster::new(config(RouterMode::KvRouter)).expect("valid");
+    assert_eq!(emitting(&kv), [true, true]);
 }

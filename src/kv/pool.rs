@@ -114,6 +114,9 @@ pub struct KvPool {
     num_partial: usize,
     /// Events not yet drained by the worker.
     events: Vec<KvEventData>,
+    /// Whether events are recorded at all: off where nobody reads them, so the hot paths skip
+    /// building them.
+    emits_events: bool,
     /// Evicted blocks not yet taken by the G2 tier; None when nobody takes them (no G2).
     evicted: Option<Vec<SequenceHash>>,
 }
@@ -132,7 +135,29 @@ impl KvPool {
             num_active_full: 0,
             num_partial: 0,
             events: Vec::new(),
+            emits_events: true,
             evicted: None,
+        }
+    }
+
+    /// Records KV events (the default) or, where nobody reads them, not (pending ones are
+    /// dropped).
+    pub fn set_emit_events(&mut self, on: bool) {
+        self.emits_events = on;
+        if !on {
+            self.events.clear();
+        }
+    }
+
+    /// True when events are recorded.
+    pub fn emits_events(&self) -> bool {
+        self.emits_events
+    }
+
+    /// Records `event` if events are on.
+    fn emit(&mut self, event: KvEventData) {
+        if self.emits_events {
+            self.events.push(event);
         }
     }
 
@@ -261,7 +286,7 @@ impl KvPool {
         // while the call made room.
         self.lru.extend(queued.into_iter().rev());
         if !removed.is_empty() {
-            self.events.push(KvEventData::Removed {
+            self.emit(KvEventData::Removed {
                 seq_hashes: removed,
             });
         }
@@ -273,7 +298,7 @@ impl KvPool {
             if inserted.contains_key(&b.seq_hash) {
                 run.push(*b);
             } else if !run.is_empty() {
-                self.events.push(KvEventData::Stored {
+                self.emit(KvEventData::Stored {
                     parent: run_parent,
                     blocks: std::mem::take(&mut run),
                 });
@@ -283,7 +308,7 @@ impl KvPool {
             }
         }
         if !run.is_empty() {
-            self.events.push(KvEventData::Stored {
+            self.emit(KvEventData::Stored {
                 parent: run_parent,
                 blocks: run,
             });
@@ -414,10 +439,12 @@ impl KvPool {
         }
 
         // Sized for the worst case up front: these grow one block at a time on the hot path.
-        let mut stored: Vec<StoredBlock> = Vec::with_capacity(full_target.saturating_sub(first));
+        let events = usize::from(self.emits_events);
+        let mut stored: Vec<StoredBlock> =
+            Vec::with_capacity(events * full_target.saturating_sub(first));
         let mut stored_parent: Option<SequenceHash> = None;
         let evictions = new_blocks.saturating_sub(self.num_free_blocks());
-        let mut removed: Vec<SequenceHash> = Vec::with_capacity(evictions);
+        let mut removed: Vec<SequenceHash> = Vec::with_capacity(events * evictions);
         // The blocks at the front of the LRU are about to be evicted: their state and index
         // slots are read ahead, so those cache misses overlap.
         for chunk_start in (0..evictions).step_by(WARM_CHUNK) {
@@ -460,12 +487,12 @@ impl KvPool {
             }
         }
         if !removed.is_empty() {
-            self.events.push(KvEventData::Removed {
+            self.emit(KvEventData::Removed {
                 seq_hashes: removed,
             });
         }
         if !stored.is_empty() {
-            self.events.push(KvEventData::Stored {
+            self.emit(KvEventData::Stored {
                 parent: stored_parent,
                 blocks: stored,
             });
@@ -511,8 +538,7 @@ impl KvPool {
         self.lru.clear();
         self.num_inactive = 0;
         if !hashes.is_empty() {
-            self.events
-                .push(KvEventData::Removed { seq_hashes: hashes });
+            self.emit(KvEventData::Removed { seq_hashes: hashes });
         }
     }
 
@@ -528,7 +554,7 @@ impl KvPool {
         }
         self.lru.clear();
         self.num_inactive = 0;
-        self.events.push(KvEventData::Cleared);
+        self.emit(KvEventData::Cleared);
         true
     }
 
@@ -571,12 +597,15 @@ impl KvPool {
         entry.refs = 1;
         self.num_cached += 1;
         self.num_active_full += 1;
+        if !self.emits_events {
+            return;
+        }
         let hash = self.blocks.hash(id);
         let parent = index.checked_sub(1).map(|p| self.blocks.hash(seq.ids[p]));
         // One Stored event per contiguous run; a gap starts a new event.
         if stored.last().map(|b| Some(b.seq_hash)) != Some(parent) {
             if !stored.is_empty() {
-                self.events.push(KvEventData::Stored {
+                self.emit(KvEventData::Stored {
                     parent: *stored_parent,
                     blocks: std::mem::take(stored),
                 });
@@ -600,7 +629,9 @@ impl KvPool {
             }
             let hash = self.uncache(victim.id);
             self.num_inactive -= 1;
-            removed.push(hash);
+            if self.emits_events {
+                removed.push(hash);
+            }
             if let Some(evicted) = &mut self.evicted {
                 evicted.push(hash);
             }

@@ -658,9 +658,14 @@ impl Router {
         });
     }
 
+    /// True when the router reads its workers' KV events (the KV router with KV events on).
+    pub fn reads_kv_events(&self) -> bool {
+        self.config.mode == RouterMode::KvRouter && self.config.use_kv_events
+    }
+
     /// Applies a worker's KV event to the indexer (ignored without KV events).
     pub fn apply_kv_event(&mut self, event: KvEvent) {
-        if self.config.mode != RouterMode::KvRouter || !self.config.use_kv_events {
+        if !self.reads_kv_events() {
             return;
         }
         self.core.post(move |c| c.indexer.0.apply(&event));

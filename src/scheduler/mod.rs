@@ -349,6 +349,16 @@ impl Scheduler {
         std::mem::swap(&mut self.events, buf);
     }
 
+    /// Records KV events (the default), or not where nobody reads them.
+    pub fn set_emit_kv_events(&mut self, on: bool) {
+        self.pool.set_emit_events(on);
+    }
+
+    /// True when KV events are recorded.
+    pub fn emits_kv_events(&self) -> bool {
+        self.pool.emits_events()
+    }
+
     /// Takes the KV events produced so far.
     pub fn drain_kv_events(&mut self) -> Vec<KvEventData> {
         self.pool.drain_events()
