@@ -16,8 +16,9 @@
 //! [`Offloaded::post`] or [`Offloaded::ask`], as if it had happened there (dropping the handle
 //! only waits for the thread).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvError, Sender, SyncSender, TryRecvError};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -54,6 +55,9 @@ impl<R> Reply<R> {
 pub(crate) struct Offloaded<T> {
     /// Jobs to the thread; None once dropping.
     jobs: Option<Sender<Job<T>>>,
+    /// Set by the last job a dropped handle sends: the thread ends after it even while
+    /// [`Beside`] handles keep the queue open.
+    stop: Arc<AtomicBool>,
     /// The thread, taken when joined.
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -67,6 +71,8 @@ impl<T: Send + 'static> Offloaded<T> {
     ) -> Result<Offloaded<T>, (std::io::Error, T)> {
         let (jobs, queue) = mpsc::channel::<Job<T>>();
         let (give, take) = mpsc::channel::<T>();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
         let spawned = std::thread::Builder::new()
             .name(name.to_string())
             .spawn(move || {
@@ -82,6 +88,9 @@ impl<T: Send + 'static> Offloaded<T> {
                         break;
                     };
                     job(&mut value);
+                    if stopped.load(Ordering::Relaxed) {
+                        break;
+                    }
                 }
             });
         let thread = match spawned {
@@ -92,6 +101,7 @@ impl<T: Send + 'static> Offloaded<T> {
         let _ = give.send(value);
         Ok(Offloaded {
             jobs: Some(jobs),
+            stop,
             thread: Mutex::new(Some(thread)),
         })
     }
@@ -171,10 +181,16 @@ impl<T> std::fmt::Debug for Offloaded<T> {
 }
 
 impl<T> Drop for Offloaded<T> {
-    /// Ends the thread once it has run every job sent, and waits for it (a panic there is not
-    /// resumed while this thread may itself be unwinding).
+    /// Ends the thread once it has run every job sent (jobs a [`Beside`] handle sends later
+    /// are dropped unrun), and waits for it (a panic there is not resumed while this thread
+    /// may itself be unwinding).
     fn drop(&mut self) {
-        self.jobs = None;
+        if let Some(jobs) = self.jobs.take() {
+            let stop = Arc::clone(&self.stop);
+            let _ = jobs.send(Box::new(move |_: &mut T| {
+                stop.store(true, Ordering::Relaxed)
+            }));
+        }
         let thread = self
             .thread
             .get_mut()
@@ -237,6 +253,29 @@ mod tests {
         assert_eq!(n, 1000);
         assert_eq!(log.ask(|v, reply| reply.send(v.last().copied())), Some(7));
         assert_eq!(log.into_inner().len(), 1001);
+    }
+
+    /// Dropping the handle ends the thread after the jobs sent so far, [`Beside`] jobs
+    /// included, even while a [`Beside`] handle lives on; its later jobs are refused.
+    #[test]
+    fn a_dropped_handle_ends_the_thread_while_a_beside_handle_lives() {
+        let value = Offloaded::new("test", 0u32, Wait::Spin)
+            .map_err(|(e, _)| e)
+            .expect("spawn");
+        let beside = value.beside().expect("a handle");
+        let (ran, seen) = mpsc::channel();
+        assert!(beside.post(move || ran.send(()).expect("receiver lives")));
+        let (dropped, done) = mpsc::channel();
+        std::thread::spawn(move || {
+            drop(value);
+            let _ = dropped.send(());
+        });
+        done.recv_timeout(Duration::from_secs(10))
+            .expect("the drop returns although a beside handle lives");
+        assert_eq!(seen.try_recv(), Ok(()), "the job sent before the drop ran");
+        let (ran, seen) = mpsc::channel();
+        let _ = beside.post(move || ran.send(()).expect("receiver lives"));
+        assert!(seen.recv().is_err(), "a job after the drop never runs");
     }
 
     /// A job that panics makes the next ask panic with the same message.
