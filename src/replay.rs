@@ -232,8 +232,8 @@ impl Metrics {
     }
 }
 
-/// Tells `notes` to the collector on the router's thread, or here if that thread is gone (its
-/// panic then surfaces at the router's next call).
+/// Tells `notes` to the collector on the router's thread (whose end, a panic there, stops the
+/// replay: see [`router_thread_stopped`]).
 fn tell_beside(thread: &RouterThread, collector: &Arc<Mutex<Collector>>, notes: Vec<Note>) {
     let shared = Arc::clone(collector);
     let job = move || {
