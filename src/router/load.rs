@@ -187,8 +187,6 @@ const ROOT: u32 = u32::MAX;
 struct Run {
     /// The run's blocks in prompt order; never empty while the run is live.
     hashes: Vec<SequenceHash>,
-    /// The run before this one on every path through it, or [`ROOT`].
-    parent: u32,
     /// The workers whose active requests pass through the run, with how many on each.
     holders: Holders,
 }
@@ -229,7 +227,6 @@ impl ActiveBlocks {
                 // Nobody holds the rest: one new run.
                 let run = self.alloc(Run {
                     hashes: rest.to_vec(),
-                    parent,
                     holders: Holders::One(worker, 1),
                 });
                 self.children.insert((parent, first), run);
@@ -248,10 +245,8 @@ impl ActiveBlocks {
                 let tail_first = old.hashes[0];
                 let h = self.alloc(Run {
                     hashes: head,
-                    parent,
                     holders,
                 });
-                self.runs[r as usize].parent = h;
                 self.children.insert((parent, first), h);
                 self.children.insert((h, tail_first), r);
                 h
@@ -355,7 +350,6 @@ impl ActiveBlocks {
         for (&(parent, first), &r) in &self.children {
             let run = &self.runs[r as usize];
             assert_eq!(run.hashes.first(), Some(&first), "run {r}'s key");
-            assert_eq!(run.parent, parent, "run {r}'s parent");
             let mut any = false;
             run.holders.for_each_worker(|w| {
                 any = true;

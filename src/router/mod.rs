@@ -266,7 +266,8 @@ impl CoreHandle {
 
     /// Routes request `id` where `decide` says (worker, overlap there) and records it there;
     /// the decision. On the core's thread the answer comes back before the recording, which
-    /// overlaps with the caller; in the router nothing is copied or sent.
+    /// overlaps with the caller (and keeps the request's copied hashes); in the router nothing
+    /// is sent.
     fn route(
         &mut self,
         id: RequestId,
@@ -276,7 +277,8 @@ impl CoreHandle {
         match self {
             CoreHandle::Inline(core) => {
                 let (w, overlap) = decide(core, request);
-                core.record(id, w, request, overlap);
+                let prefill_tokens = core.note_route(w, request, overlap);
+                core.add_load(w, id, request.seq_hashes.to_vec(), prefill_tokens);
                 (w, overlap)
             }
             CoreHandle::Offloaded(core) => {
@@ -284,7 +286,8 @@ impl CoreHandle {
                 core.ask(move |c, reply| {
                     let (w, overlap) = decide(c, request.borrow());
                     reply.send((w, overlap));
-                    c.record(id, w, request.borrow(), overlap);
+                    let prefill_tokens = c.note_route(w, request.borrow(), overlap);
+                    c.add_load(w, id, request.seq_hashes, prefill_tokens);
                 })
             }
         }
@@ -367,9 +370,11 @@ impl Core {
         self.overlaps(request)[worker]
     }
 
-    /// Records a routed request as active on `worker`, with `overlap` blocks cached there (and,
-    /// without KV events, remembers the decision in the approximate index).
-    fn record(&mut self, id: RequestId, worker: usize, request: RouteRequest<'_>, overlap: usize) {
+    /// Notes a request routed to `worker`, with `overlap` blocks cached there, where the index
+    /// needs it (without KV events, the approximate index remembers the decision); the prompt
+    /// tokens the worker has to prefill. The caller then adds the request to the worker's load
+    /// ([`Core::add_load`]).
+    fn note_route(&mut self, worker: usize, request: RouteRequest<'_>, overlap: usize) -> usize {
         if !self.config.use_kv_events {
             // The lengths agree for requests hashed by the engine; a mismatch only skips the
             // record (the index then under-estimates this worker's cache).
@@ -380,8 +385,7 @@ impl Core {
                 request.now,
             );
         }
-        let prefill_tokens = request.isl.saturating_sub(overlap * self.block_size);
-        self.add_load(worker, id, request.seq_hashes.to_vec(), prefill_tokens);
+        request.isl.saturating_sub(overlap * self.block_size)
     }
 
     /// Adds a request to `worker`'s load and its blocks to the active blocks.
