@@ -21,6 +21,10 @@ use crate::time::{SimDuration, SimTime};
 use crate::tokens::{sequence_hashes, BlockHashes};
 use crate::trace::{LocalHashCache, Trace, TraceRequest};
 
+mod prepare;
+
+use prepare::{Post, Prepared};
+
 /// Why a replay could not run to the end.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
@@ -112,6 +116,8 @@ impl Arrivals {
 struct Ledger<'a> {
     trace: &'a Trace,
     collector: Metrics,
+    /// The engine requests of the turns, built ahead where a thread has time for it.
+    prepared: Prepared<'a>,
     origins: Vec<Origin>,
     arrivals: Arrivals,
     rejections: Vec<ReplayRejection>,
@@ -198,6 +204,17 @@ impl Metrics {
                     tell_beside(thread, collector, notes);
                 }
             }
+        }
+    }
+
+    /// Posts jobs to the collector's own thread, if it has one.
+    fn side(&self) -> Option<Post> {
+        match self {
+            Metrics::Offloaded { thread, .. } => {
+                let beside = thread.beside()?;
+                Some(Box::new(move |job| beside.post(job)))
+            }
+            Metrics::Inline(_) | Metrics::Beside { .. } => None,
         }
     }
 
@@ -298,6 +315,7 @@ impl Ledger<'_> {
                     turn: o.turn + 1,
                 },
             );
+            self.prepared.ask(o.session, o.turn + 1);
         }
     }
 
@@ -379,9 +397,14 @@ pub fn replay_observed(
     let block_size = cluster.block_size();
     let total = trace.num_requests();
     let mut hash_cache = LocalHashCache::new(block_size);
+    let collector = Metrics::new(second_core && !router_moved, cluster.router_thread());
+    // Requests are built ahead on the collector's own thread, which has time to spare (the
+    // KV router's thread has none: the router's answers wait for every job before them).
+    let side = collector.side();
     let mut ledger = Ledger {
         trace,
-        collector: Metrics::new(second_core && !router_moved, cluster.router_thread()),
+        collector,
+        prepared: Prepared::new(trace, config.trace_block_size, block_size, side),
         origins: Vec::with_capacity(total),
         arrivals: Arrivals::default(),
         rejections: Vec::new(),
@@ -416,8 +439,9 @@ pub fn replay_observed(
         while let Some((ready, origin)) = ledger.arrivals.pop_due(now) {
             let session = &trace.sessions[origin.session];
             let turn = &session.turns[origin.turn];
-            let request =
-                engine_request(turn, config.trace_block_size, block_size, &mut hash_cache);
+            let request = ledger
+                .prepared
+                .take(origin.session, origin.turn, &mut hash_cache);
             let submitted = cluster.submit(request, now);
             let id = match submitted {
                 Ok(id) => {
@@ -444,6 +468,7 @@ pub fn replay_observed(
         cluster.start_idle_into(now, &mut outputs);
         observer.outputs(&mut cluster, &outputs, now);
         ledger.handle(&mut outputs);
+        ledger.prepared.flush();
         if ledger.done >= last_progress + 64 {
             last_progress = ledger.done;
             progress(ledger.done, total);
