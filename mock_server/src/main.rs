@@ -4,6 +4,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// mimalloc: the replay's hot paths allocate and free small vectors per request and per pass
+/// (on two threads), where it is 12-20% faster than the system allocator (see README).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = mock_server::Cli::parse();
     match mock_server::run(cli) {
