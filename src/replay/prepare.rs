@@ -3,11 +3,11 @@
 //! Hashing a turn's prompt (its local and sequence hashes, a few microseconds for a long
 //! prompt) is up to a tenth of the replay's own work, and it needs nothing of the cluster: a
 //! thread with idle time (the metrics collector's own) builds the requests of the turns about
-//! to arrive, and the replay takes them when they do. First turns are built a
-//! window ahead in order of arrival; a later turn is asked for when its previous turn ends (it
-//! arrives after its delay). Nothing ever waits for that thread: a turn that arrives before its
-//! request is ready is built on the replay's thread, and the thread skips it (each turn has a
-//! claim, taken by whichever side starts it first). A request is the same whichever thread
+//! to arrive, and the replay takes them when they do. First turns are built a window ahead in
+//! order of arrival; a later turn is asked for when its previous turn ends (it arrives after its
+//! delay). Nothing ever waits for that thread: a turn that arrives before its request is ready
+//! is built on the replay's thread, which claims it, so the thread skips it if it has not started
+//! it yet (and the replay drops its copy if it has). A request is the same whichever thread
 //! builds it, so the replay's results do not depend on timing.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,7 +38,8 @@ pub(super) struct Prepared<'a> {
     post: Option<Post>,
     /// Per session, the slot of its first turn (a turn's slot: that plus its index).
     offsets: Vec<usize>,
-    /// Per slot: taken by a side (the thread, or this one when it gets there first).
+    /// Per slot: started by the thread, or claimed by the replay when it built the request
+    /// itself (the thread then skips it).
     claims: Arc<[AtomicBool]>,
     /// Per slot: taken by the replay (a request built for it later is dropped).
     taken: Vec<bool>,
