@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 /// mimalloc: the replay's hot paths allocate and free small vectors per request and per pass
-/// (on two threads), where it is 12-20% faster than the system allocator (see README).
+/// (on two threads), where it is 12-18% faster than the system allocator (see README).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
