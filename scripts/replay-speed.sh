@@ -3,11 +3,13 @@
 # the best process wall time of RUNS runs (trace parsing included), the instruction count under
 # callgrind (repeatable on a noisy machine; needs valgrind), and, when Dynamo 1.6.1 is set up
 # (scripts/peers/setup.sh dynamo, SERVESIM_PEERS pointing at its root), Dynamo's replay of the same
-# setting and how many times faster ours is.
+# setting, run alternately with ours (the best of RUNS runs of each), and how many times faster
+# ours is.
 #
 #   scripts/replay-speed.sh [--runs N] [--copies K] [--no-dynamo] [--instructions] [TRACE]
 #
-#   --runs N          wall-time runs per setting, the best is kept (default 3)
+#   --runs N          wall-time runs per setting, ours and Dynamo's each, the best is kept
+#                     (default 3)
 #   --copies K        replay K back-to-back copies of TRACE instead (scripts/concat-trace.py writes
 #                     them to a temporary file; nothing is kept)
 #   --no-dynamo       skip Dynamo even when it is installed
@@ -33,7 +35,7 @@ while [[ $# -gt 0 ]]; do
     --copies) copies=$2; shift 2 ;;
     --no-dynamo) dynamo=0; shift ;;
     --instructions) instructions=1; shift ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) trace=$1; shift ;;
   esac
 done
@@ -62,13 +64,24 @@ printf '%s: %s requests, %s, %s core(s)\n' "$(basename "$trace")" "$(wc -l <"$tr
 printf '%-12s %10s %12s %10s %10s %8s\n' setting "ours (s)" "instructions" "dyn proc" "dyn call" "x"
 for case in "${cases[@]}"; do
   IFS='|' read -r name dflags oflags <<<"$case"
-  best=""
+  # Ours and Dynamo's runs alternate, so both see the machine in the same state; the best of
+  # each is kept.
+  best="" dproc="-" dcall="-" ratio="-"
   for _ in $(seq "$runs"); do
     start=$(now)
     # shellcheck disable=SC2086
     "$mockserve" replay "$trace" -q $oflags >/dev/null 2>&1
     t=$(python3 -c "print($(now) - $start)")
     best=$(python3 -c "print(min(x for x in [$t, ${best:-$t}]))")
+    if [[ $dynamo -eq 1 ]]; then
+      start=$(now)
+      # shellcheck disable=SC2086
+      SERVESIM_PEERS=$peers "$here/scripts/peers/dynamo_replay.py" "$trace" $dflags >"$out/d.json"
+      p=$(python3 -c "print(f'{$(now) - $start:.3f}')")
+      c=$(python3 -c "import json; print(f\"{json.load(open('$out/d.json'))['python_wall_s']:.3f}\")")
+      dproc=$(python3 -c "print(f'{min(x for x in [$p, ${dproc/-/$p}]):.3f}')")
+      dcall=$(python3 -c "print(f'{min(x for x in [$c, ${dcall/-/$c}]):.3f}')")
+    fi
   done
   instr="-"
   if [[ $instructions -eq 1 ]]; then
@@ -77,13 +90,7 @@ for case in "${cases[@]}"; do
       $oflags >/dev/null 2>"$out/cg.log"
     instr=$(sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out/cg.log")
   fi
-  dproc="-" dcall="-" ratio="-"
   if [[ $dynamo -eq 1 ]]; then
-    start=$(now)
-    # shellcheck disable=SC2086
-    SERVESIM_PEERS=$peers "$here/scripts/peers/dynamo_replay.py" "$trace" $dflags >"$out/d.json"
-    dproc=$(python3 -c "print(f'{$(now) - $start:.3f}')")
-    dcall=$(python3 -c "import json; print(f\"{json.load(open('$out/d.json'))['python_wall_s']:.3f}\")")
     ratio=$(python3 -c "print(f'{$dcall / $best:.1f}')")
   fi
   printf '%-12s %10.3f %12s %10s %10s %8s\n' "$name" "$best" "$instr" "$dproc" "$dcall" "$ratio"
