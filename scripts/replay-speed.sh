@@ -66,7 +66,7 @@ for case in "${cases[@]}"; do
   IFS='|' read -r name dflags oflags <<<"$case"
   # Ours and Dynamo's runs alternate, so both see the machine in the same state; the best of
   # each is kept.
-  best="" dproc="-" dcall="-" ratio="-"
+  best="" dproc="" dcall=""
   for _ in $(seq "$runs"); do
     start=$(now)
     # shellcheck disable=SC2086
@@ -79,8 +79,8 @@ for case in "${cases[@]}"; do
       SERVESIM_PEERS=$peers "$here/scripts/peers/dynamo_replay.py" "$trace" $dflags >"$out/d.json"
       p=$(python3 -c "print(f'{$(now) - $start:.3f}')")
       c=$(python3 -c "import json; print(f\"{json.load(open('$out/d.json'))['python_wall_s']:.3f}\")")
-      dproc=$(python3 -c "print(f'{min(x for x in [$p, ${dproc/-/$p}]):.3f}')")
-      dcall=$(python3 -c "print(f'{min(x for x in [$c, ${dcall/-/$c}]):.3f}')")
+      dproc=$(python3 -c "print(f'{min($p, ${dproc:-$p}):.3f}')")
+      dcall=$(python3 -c "print(f'{min($c, ${dcall:-$c}):.3f}')")
     fi
   done
   instr="-"
@@ -90,8 +90,11 @@ for case in "${cases[@]}"; do
       $oflags >/dev/null 2>"$out/cg.log"
     instr=$(sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out/cg.log")
   fi
+  ratio="-"
   if [[ $dynamo -eq 1 ]]; then
     ratio=$(python3 -c "print(f'{$dcall / $best:.1f}')")
+  else
+    dproc="-" dcall="-"
   fi
   printf '%-12s %10.3f %12s %10s %10s %8s\n' "$name" "$best" "$instr" "$dproc" "$dcall" "$ratio"
 done
