@@ -25,6 +25,7 @@
 
 mod hash;
 mod parse;
+mod plain;
 
 pub use hash::LocalHashCache;
 pub use parse::parse;

@@ -7,26 +7,28 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use super::plain::plain_row;
 use super::{Session, Trace, TraceError, TraceOptions, TraceRequest};
 use crate::time::{SimDuration, SimTime};
 
 /// A row as written in the file; every field optional so missing ones get our own messages.
-#[derive(Deserialize)]
-struct RawRow {
+/// (Rows of the plain shape are read by [`plain_row`] instead, into the same value.)
+#[derive(Debug, Default, Deserialize, PartialEq)]
+pub(super) struct RawRow {
     #[serde(default, alias = "created_time")]
-    timestamp: Option<f64>,
+    pub(super) timestamp: Option<f64>,
     #[serde(default, alias = "input_tokens")]
-    input_length: Option<u64>,
+    pub(super) input_length: Option<u64>,
     #[serde(default, alias = "output_tokens")]
-    output_length: Option<u64>,
+    pub(super) output_length: Option<u64>,
     #[serde(default)]
-    hash_ids: Option<Vec<u64>>,
+    pub(super) hash_ids: Option<Vec<u64>>,
     #[serde(default)]
-    session_id: Option<serde_json::Value>,
+    pub(super) session_id: Option<serde_json::Value>,
     #[serde(default, alias = "delay_ms")]
-    delay: Option<f64>,
+    pub(super) delay: Option<f64>,
     #[serde(default)]
-    request_id: Option<serde_json::Value>,
+    pub(super) request_id: Option<serde_json::Value>,
 }
 
 /// A string or integer identifier as a string; anything else names the field and what it got.
@@ -47,7 +49,7 @@ fn id_string(field: &str, value: serde_json::Value) -> Result<String, String> {
 }
 
 /// Session identity while grouping: named sessions merge, anonymous rows never do.
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Debug)]
 enum SessionKey {
     Named(String),
     Anonymous(usize),
@@ -70,7 +72,7 @@ struct StagedSession {
 
 /// Parses a Mooncake JSONL trace from `reader`; `source_name` labels errors (usually the path).
 pub fn parse(
-    reader: impl BufRead,
+    mut reader: impl BufRead,
     source_name: &str,
     opts: &TraceOptions,
 ) -> Result<Trace, TraceError> {
@@ -91,24 +93,34 @@ pub fn parse(
         message,
     };
 
-    let mut index: HashMap<SessionKey, usize> = HashMap::new();
+    // Named sessions by id, to their group.
+    let mut index: HashMap<String, usize> = HashMap::new();
     let mut groups: Vec<(String, Vec<RowTurn>)> = Vec::new();
     // Split on bytes, not `lines()`: invalid UTF-8 is then an error of its own line, not an
-    // I/O error of the whole file.
-    for (i, bytes) in reader.split(b'\n').enumerate() {
-        let line = i + 1;
-        let bytes = bytes.map_err(|source| TraceError::Io {
-            path: PathBuf::from(source_name),
-            source,
-        })?;
-        let text = String::from_utf8(bytes).map_err(|e| {
-            let column = e.utf8_error().valid_up_to() + 1;
+    // I/O error of the whole file. One buffer serves every line.
+    let mut buf = Vec::new();
+    let mut line = 0;
+    loop {
+        buf.clear();
+        let read = reader
+            .read_until(b'\n', &mut buf)
+            .map_err(|source| TraceError::Io {
+                path: PathBuf::from(source_name),
+                source,
+            })?;
+        if read == 0 {
+            break;
+        }
+        line += 1;
+        let bytes = buf.strip_suffix(b"\n").unwrap_or(&buf);
+        let text = std::str::from_utf8(bytes).map_err(|e| {
+            let column = e.valid_up_to() + 1;
             line_err(
                 line,
                 format!("not UTF-8 text (invalid byte at column {column})"),
             )
         })?;
-        let text = text.strip_suffix('\r').unwrap_or(&text);
+        let text = text.strip_suffix('\r').unwrap_or(text);
         // Editors on some platforms start UTF-8 files with a byte order mark.
         let text = match line {
             1 => text.strip_prefix('\u{feff}').unwrap_or(text),
@@ -119,20 +131,16 @@ pub fn parse(
         }
         let (key, row) =
             parse_row(text, line, opts.trace_block_size).map_err(|m| line_err(line, m))?;
-        let slot = match index.get(&key) {
-            Some(&slot) => slot,
-            None => {
-                let id = match &key {
-                    SessionKey::Named(s) => s.clone(),
-                    SessionKey::Anonymous(l) => format!("request_{l}"),
-                };
-                groups.push((id, Vec::new()));
-                index.insert(key, groups.len() - 1);
-                groups.len() - 1
-            }
-        };
-        if let Some((_, rows)) = groups.get_mut(slot) {
-            rows.push(row);
+        match key {
+            // A row without a session is a session of its own: nothing to look up.
+            SessionKey::Anonymous(l) => groups.push((format!("request_{l}"), vec![row])),
+            SessionKey::Named(id) => match index.get(&id) {
+                Some(&slot) => groups[slot].1.push(row),
+                None => {
+                    index.insert(id.clone(), groups.len());
+                    groups.push((id, vec![row]));
+                }
+            },
         }
     }
     if groups.is_empty() {
@@ -234,6 +242,16 @@ pub fn parse(
     Ok(Trace { sessions })
 }
 
+/// A row read by serde_json (any shape JSON allows); the error names the column.
+fn serde_row(text: &str) -> Result<RawRow, String> {
+    serde_json::from_str(text).map_err(|e| {
+        let full = e.to_string();
+        let suffix = format!(" at line {} column {}", e.line(), e.column());
+        let msg = full.strip_suffix(&suffix).unwrap_or(&full);
+        format!("invalid JSON row: {msg} (column {})", e.column())
+    })
+}
+
 /// Parses and validates one non-empty line; the error is the message without location.
 fn parse_row(
     text: &str,
@@ -243,12 +261,10 @@ fn parse_row(
     if !text.trim_start().starts_with('{') {
         return Err("invalid JSON row: expected a JSON object".to_string());
     }
-    let raw: RawRow = serde_json::from_str(text).map_err(|e| {
-        let full = e.to_string();
-        let suffix = format!(" at line {} column {}", e.line(), e.column());
-        let msg = full.strip_suffix(&suffix).unwrap_or(&full);
-        format!("invalid JSON row: {msg} (column {})", e.column())
-    })?;
+    let raw = match plain_row(text) {
+        Some(raw) => raw,
+        None => serde_row(text)?,
+    };
     let hash_ids = raw
         .hash_ids
         .ok_or_else(|| "missing field \"hash_ids\"".to_string())?;
