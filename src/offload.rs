@@ -123,9 +123,20 @@ impl<T: Send + 'static> Offloaded<T> {
         &self,
         job: impl FnOnce(&mut T, Reply<R>) + Send + 'static,
     ) -> R {
+        self.ask_while(job, &mut || false)
+    }
+
+    /// [`Offloaded::ask`], doing `work` while the answer is not there: each call does one
+    /// short piece of the caller's own work and returns false when none is left (the wait then
+    /// goes on as [`Offloaded::ask`]'s). The answer is taken between two pieces.
+    pub(crate) fn ask_while<R: Send + 'static>(
+        &self,
+        job: impl FnOnce(&mut T, Reply<R>) + Send + 'static,
+        work: &mut dyn FnMut() -> bool,
+    ) -> R {
         let (reply, answer) = mpsc::sync_channel(1);
         self.post(move |value| job(value, Reply(reply)));
-        match receive(&answer) {
+        match receive_while(&answer, work) {
             Ok(answer) => answer,
             Err(RecvError) => {
                 // The job dropped its reply unanswered: it panicked, and so did the thread.
@@ -202,6 +213,20 @@ impl<T> Drop for Offloaded<T> {
     }
 }
 
+/// The next message, doing `work` while there is some and none has come, then as [`receive`].
+fn receive_while<M>(queue: &Receiver<M>, work: &mut dyn FnMut() -> bool) -> Result<M, RecvError> {
+    loop {
+        match queue.try_recv() {
+            Ok(message) => return Ok(message),
+            Err(TryRecvError::Disconnected) => return Err(RecvError),
+            Err(TryRecvError::Empty) => {}
+        }
+        if !work() {
+            return receive(queue);
+        }
+    }
+}
+
 /// The next message, waiting for [`SPIN`] before blocking; an error once every sender is gone.
 /// The first [`SPIN_CHECKS`] checks spin on the CPU (the answer of a caught-up thread on another
 /// core comes within microseconds); later ones yield, which hands the core to the other side
@@ -230,6 +255,52 @@ fn receive<M>(queue: &Receiver<M>) -> Result<M, RecvError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An ask does the caller's work while the answer is not there (here the job cannot
+    /// answer before three pieces of it are done), takes the answer between two pieces, and
+    /// waits as a plain ask once the work runs out.
+    #[test]
+    fn an_ask_does_the_callers_work_while_it_waits() {
+        let thread = Offloaded::new("test", 0u32, Wait::Spin)
+            .map_err(|(e, _)| e)
+            .expect("spawn");
+        for (pieces_left, released_after) in [(10u32, 3u32), (3, 3), (0, 0)] {
+            let (release, released) = mpsc::channel::<()>();
+            let mut release = Some(release);
+            let mut open = || {
+                if let Some(r) = release.take() {
+                    let _ = r.send(());
+                }
+            };
+            if released_after == 0 {
+                open();
+            }
+            let mut done = 0u32;
+            let answer = thread.ask_while(
+                move |v, reply| {
+                    let _ = released.recv();
+                    *v += 1;
+                    reply.send(*v);
+                },
+                &mut || {
+                    if done == pieces_left {
+                        return false;
+                    }
+                    done += 1;
+                    if done == released_after {
+                        open();
+                    }
+                    true
+                },
+            );
+            assert!(answer >= 1);
+            assert!(
+                done >= released_after && done <= pieces_left,
+                "{done} pieces done, {pieces_left} there, the answer after {released_after}"
+            );
+        }
+        assert_eq!(thread.ask(|v, reply| reply.send(*v)), 3);
+    }
 
     /// Jobs run in the order they were posted, asks see every job before them, and the value
     /// is dropped with the handle after the last job ran.

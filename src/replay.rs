@@ -398,13 +398,18 @@ pub fn replay_observed(
     let total = trace.num_requests();
     let mut hash_cache = LocalHashCache::new(block_size);
     let collector = Metrics::new(second_core && !router_moved, cluster.router_thread());
-    // Requests are built ahead on the collector's own thread, which has time to spare (the
-    // KV router's thread has none: the router's answers wait for every job before them).
+    // Requests are built ahead on the collector's own thread, which has time to spare. The
+    // KV router's thread has none (the router's answers wait for every job before them):
+    // there the replay builds them itself while it waits for a routing decision.
     let side = collector.side();
+    let mut prepared = Prepared::new(trace, config.trace_block_size, block_size, side);
+    if router_moved {
+        prepared = prepared.build_in_waits();
+    }
     let mut ledger = Ledger {
         trace,
         collector,
-        prepared: Prepared::new(trace, config.trace_block_size, block_size, side),
+        prepared,
         origins: Vec::with_capacity(total),
         arrivals: Arrivals::default(),
         rejections: Vec::new(),
@@ -442,7 +447,9 @@ pub fn replay_observed(
             let request = ledger
                 .prepared
                 .take(origin.session, origin.turn, &mut hash_cache);
-            let submitted = cluster.submit(request, now);
+            let prepared = &mut ledger.prepared;
+            let submitted =
+                cluster.submit_while(request, now, &mut || prepared.build_ahead(&mut hash_cache));
             let id = match submitted {
                 Ok(id) => {
                     observer.submitted(id, turn);

@@ -459,6 +459,18 @@ impl Cluster {
     /// pool) is refused here with its reason and never enters the cluster; its id is spent all
     /// the same, so drivers can record it. Every request accepted finishes, unless cancelled.
     pub fn submit(&mut self, request: EngineRequest, now: SimTime) -> Result<RequestId, Rejection> {
+        self.submit_while(request, now, &mut || false)
+    }
+
+    /// [`Cluster::submit`], doing `work` (short pieces of the caller's, until it returns false)
+    /// while the KV router's thread, where it has one, decides where the request goes. The
+    /// offline replay builds the requests of turns about to arrive there.
+    pub fn submit_while(
+        &mut self,
+        request: EngineRequest,
+        now: SimTime,
+        work: &mut dyn FnMut() -> bool,
+    ) -> Result<RequestId, Rejection> {
         self.now = self.now.max(now);
         let id = self.next_request_id();
         self.config
@@ -469,7 +481,7 @@ impl Cluster {
             self.router.park(id);
             self.parked.insert(id, request);
         } else {
-            self.route(id, request);
+            self.route(id, request, work);
         }
         Ok(id)
     }
@@ -517,8 +529,8 @@ impl Cluster {
         id
     }
 
-    fn route(&mut self, id: RequestId, request: EngineRequest) {
-        let decision = self.router.route(
+    fn route(&mut self, id: RequestId, request: EngineRequest, work: &mut dyn FnMut() -> bool) {
+        let decision = self.router.route_while(
             id,
             RouteRequest {
                 isl: request.prompt.len,
@@ -526,6 +538,7 @@ impl Cluster {
                 seq_hashes: &request.prompt.blocks.sequence,
                 now: self.now,
             },
+            work,
         );
         self.place(id, decision.worker, request);
     }
@@ -831,7 +844,7 @@ impl Cluster {
     fn unpark(&mut self) {
         while let Some(id) = self.router.unpark() {
             if let Some(request) = self.parked.remove(&id) {
-                self.route(id, request);
+                self.route(id, request, &mut || false);
             }
         }
     }

@@ -1,4 +1,4 @@
-//! [`Prepared`]: the engine requests of a replay's turns, built ahead on a second thread.
+//! [`Prepared`]: the engine requests of a replay's turns, built ahead of their arrival.
 //!
 //! Hashing a turn's prompt (its local and sequence hashes, a few microseconds for a long
 //! prompt) is up to a tenth of the replay's own work, and it needs nothing of the cluster: a
@@ -9,7 +9,12 @@
 //! is built on the replay's thread, which claims it, so the thread skips it if it has not started
 //! it yet (and the replay drops its copy if it has). A request is the same whichever thread
 //! builds it, so the replay's results do not depend on timing.
+//!
+//! Where the second thread is the KV router's, which has no time to spare, the replay builds
+//! the requests ahead itself, one at a time while it waits for a routing decision
+//! ([`Prepared::build_in_waits`]), so that building them no longer adds to its own time.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
 
@@ -58,6 +63,9 @@ pub(super) struct Prepared<'a> {
     firsts_taken: usize,
     /// Turns to ask for in the next job: (slot, the turn's prompt and lengths).
     pending: Vec<(usize, TraceRequest)>,
+    /// Where no thread builds requests but the replay waits for the KV router's: the turns
+    /// asked for, as (slot, session, turn), to build in those waits ([`Prepared::build_ahead`]).
+    upcoming: Option<VecDeque<(usize, usize, usize)>>,
 }
 
 impl<'a> Prepared<'a> {
@@ -96,16 +104,47 @@ impl<'a> Prepared<'a> {
             firsts_asked: 0,
             firsts_taken: 0,
             pending: Vec::new(),
+            upcoming: None,
         };
         prepared.refill();
         prepared.flush();
         prepared
     }
 
+    /// Where no thread builds requests: builds them here instead, one at a time while the
+    /// replay waits for the KV router's thread ([`Prepared::build_ahead`]).
+    pub(super) fn build_in_waits(mut self) -> Prepared<'a> {
+        if self.post.is_none() {
+            self.upcoming = Some(VecDeque::new());
+            self.refill();
+        }
+        self
+    }
+
+    /// Builds the request of the next turn asked for and not yet taken (a piece of work for a
+    /// wait: see [`Prepared::build_in_waits`]); false when there is none.
+    pub(super) fn build_ahead(&mut self, cache: &mut LocalHashCache) -> bool {
+        let Some(upcoming) = self.upcoming.as_mut() else {
+            return false;
+        };
+        while let Some((slot, session, turn)) = upcoming.pop_front() {
+            if self.taken[slot] {
+                continue;
+            }
+            let request = &self.trace.sessions[session].turns[turn];
+            let built = engine_request(request, self.trace_block_size, cache.block_size(), cache);
+            self.ready.insert(slot, built);
+            return true;
+        }
+        false
+    }
+
     /// Asks for `session`'s turn `turn` (it will arrive); sent with the next [`Prepared::flush`].
     pub(super) fn ask(&mut self, session: usize, turn: usize) {
-        if self.post.is_some() {
-            let slot = self.offsets[session] + turn;
+        let slot = self.offsets[session] + turn;
+        if let Some(upcoming) = &mut self.upcoming {
+            upcoming.push_back((slot, session, turn));
+        } else if self.post.is_some() {
             self.pending
                 .push((slot, shape(&self.trace.sessions[session].turns[turn])));
         }
@@ -120,7 +159,7 @@ impl<'a> Prepared<'a> {
         cache: &mut LocalHashCache,
     ) -> EngineRequest {
         let request = &self.trace.sessions[session].turns[turn];
-        if self.post.is_none() {
+        if self.post.is_none() && self.upcoming.is_none() {
             return engine_request(request, self.trace_block_size, cache.block_size(), cache);
         }
         if turn == 0 {
@@ -132,22 +171,26 @@ impl<'a> Prepared<'a> {
         if let Some(built) = self.ready.remove(&slot) {
             return built;
         }
-        while let Ok((k, built)) = self.built.try_recv() {
-            if k == slot {
-                return built;
+        if self.post.is_some() {
+            while let Ok((k, built)) = self.built.try_recv() {
+                if k == slot {
+                    return built;
+                }
+                if !self.taken[k] {
+                    self.ready.insert(k, built);
+                }
             }
-            if !self.taken[k] {
-                self.ready.insert(k, built);
-            }
+            // Not ready: built here, and the thread skips it if it has not started it.
+            self.claims[slot].store(true, Ordering::Relaxed);
         }
-        // Not ready: built here, and the thread skips it if it has not started it.
-        self.claims[slot].store(true, Ordering::Relaxed);
         engine_request(request, self.trace_block_size, cache.block_size(), cache)
     }
 
     /// Asks for first turns up to the window ahead of those taken.
     fn refill(&mut self) {
-        if self.post.is_none() || self.firsts_asked >= self.firsts_taken + WINDOW - BATCH {
+        if (self.post.is_none() && self.upcoming.is_none())
+            || self.firsts_asked >= self.firsts_taken + WINDOW - BATCH
+        {
             return;
         }
         let end = (self.firsts_taken + WINDOW).min(self.firsts.len());
@@ -322,6 +365,66 @@ mod tests {
             barrier(&thread);
             assert!(prepared.ready.is_empty());
             assert!(prepared.built.try_iter().all(|(k, _)| prepared.taken[k]));
+        }
+    }
+
+    /// Built in the replay's waits: a random number of pieces before each arrival, turns taken
+    /// as a replay takes them; every request equals the one built directly, both ways are used,
+    /// and nothing is left once every turn is taken.
+    #[test]
+    fn requests_built_in_waits_are_the_ones_built_on_arrival() {
+        for (seed, block_size) in [(6, 16), (7, 24)] {
+            let trace = trace(seed, 300, 64);
+            let mut prepared = Prepared::new(&trace, 64, block_size, None).build_in_waits();
+            let mut cache = LocalHashCache::new(block_size);
+            let mut direct = LocalHashCache::new(block_size);
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let mut firsts = prepared.firsts.clone().into_iter();
+            let mut later: Vec<(usize, usize)> = Vec::new();
+            let (mut ahead, mut here) = (0, 0);
+            loop {
+                let (session, turn) = if !later.is_empty() && rng.gen_bool(0.5) {
+                    later.remove(rng.gen_range(0..later.len()))
+                } else if let Some(session) = firsts.next() {
+                    (session, 0)
+                } else if let Some(next) = later.pop() {
+                    next
+                } else {
+                    break;
+                };
+                for _ in 0..rng.gen_range(0..3) {
+                    prepared.build_ahead(&mut cache);
+                }
+                let slot = prepared.offsets[session] + turn;
+                if prepared.ready.contains_key(&slot) {
+                    ahead += 1;
+                } else {
+                    here += 1;
+                }
+                let taken = prepared.take(session, turn, &mut cache);
+                let request = &trace.sessions[session].turns[turn];
+                let expected = engine_request(request, 64, block_size, &mut direct);
+                assert_eq!(
+                    format!("{taken:?}"),
+                    format!("{expected:?}"),
+                    "seed {seed}: session {session} turn {turn}"
+                );
+                if turn + 1 < trace.sessions[session].turns.len() {
+                    prepared.ask(session, turn + 1);
+                    later.push((session, turn + 1));
+                }
+                prepared.flush();
+            }
+            assert!(prepared.taken.iter().all(|&t| t), "every turn was taken");
+            assert!(
+                ahead > 100 && here > 10,
+                "both ways were used: {ahead} / {here}"
+            );
+            assert!(
+                !prepared.build_ahead(&mut cache),
+                "nothing is left to build"
+            );
+            assert!(prepared.ready.is_empty());
         }
     }
 

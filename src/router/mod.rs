@@ -273,6 +273,7 @@ impl CoreHandle {
         id: RequestId,
         request: RouteRequest<'_>,
         decide: impl FnOnce(&mut Core, RouteRequest<'_>) -> (usize, usize) + Send + 'static,
+        work: &mut dyn FnMut() -> bool,
     ) -> (usize, usize) {
         match self {
             CoreHandle::Inline(core) => {
@@ -283,12 +284,15 @@ impl CoreHandle {
             }
             CoreHandle::Offloaded(core) => {
                 let request = OwnedRequest::new(request);
-                core.ask(move |c, reply| {
-                    let (w, overlap) = decide(c, request.borrow());
-                    reply.send((w, overlap));
-                    let prefill_tokens = c.note_route(w, request.borrow(), overlap);
-                    c.add_load(w, id, request.seq_hashes, prefill_tokens);
-                })
+                core.ask_while(
+                    move |c, reply| {
+                        let (w, overlap) = decide(c, request.borrow());
+                        reply.send((w, overlap));
+                        let prefill_tokens = c.note_route(w, request.borrow(), overlap);
+                        c.add_load(w, id, request.seq_hashes, prefill_tokens);
+                    },
+                    work,
+                )
             }
         }
     }
@@ -579,6 +583,17 @@ impl Router {
 
     /// Chooses a worker for a request and records it as active there.
     pub fn route(&mut self, id: RequestId, request: RouteRequest<'_>) -> Decision {
+        self.route_while(id, request, &mut || false)
+    }
+
+    /// [`Router::route`], doing `work` (short pieces of the caller's, until it returns false)
+    /// while the router's thread decides, where it has one.
+    pub fn route_while(
+        &mut self,
+        id: RequestId,
+        request: RouteRequest<'_>,
+        work: &mut dyn FnMut() -> bool,
+    ) -> Decision {
         let n = self.num_workers;
         let worker = match self.config.mode {
             RouterMode::RoundRobin => {
@@ -588,7 +603,7 @@ impl Router {
             }
             RouterMode::Random => self.rng.gen_range(0..n),
             RouterMode::KvRouter => {
-                let (w, overlap) = self.core.route(id, request, Core::choose);
+                let (w, overlap) = self.core.route(id, request, Core::choose, work);
                 return Decision {
                     worker: WorkerId(w as u32),
                     overlap_blocks: overlap,
@@ -640,9 +655,12 @@ impl Router {
                 overlap_blocks: 0,
             };
         }
-        let (_, overlap) = self
-            .core
-            .route(id, request, move |c, r| (w, c.overlap_on(w, r)));
+        let (_, overlap) = self.core.route(
+            id,
+            request,
+            move |c, r| (w, c.overlap_on(w, r)),
+            &mut || false,
+        );
         Decision {
             worker,
             overlap_blocks: overlap,
