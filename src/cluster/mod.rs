@@ -754,13 +754,16 @@ impl Cluster {
         // KV events reach the router when the pass that produced them ends (Dynamo's pass-end
         // visibility): a worker in a pass keeps them until then.
         if self.workers[w].pass_end().is_none() {
-            for mut event in self.workers[w].drain_kv_events() {
+            let mut events = self.workers[w].drain_kv_events();
+            if !events.is_empty() {
                 if let Some(exported) = &mut self.exported_kv_events {
-                    exported.push(event.clone());
+                    exported.extend_from_slice(&events);
                 }
                 let (router, local) = self.router_of(w);
-                event.worker = local;
-                router.apply_kv_event(event);
+                for event in &mut events {
+                    event.worker = local;
+                }
+                router.apply_kv_events(events);
             }
         }
         let worker = WorkerId(w as u32);

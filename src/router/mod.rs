@@ -693,6 +693,19 @@ impl Router {
         self.core.post(move |c| c.indexer.0.apply(&event));
     }
 
+    /// Applies KV events to the indexer in order (ignored without KV events): one job on the
+    /// router's thread for all of them.
+    pub fn apply_kv_events(&mut self, events: Vec<KvEvent>) {
+        if !self.reads_kv_events() || events.is_empty() {
+            return;
+        }
+        self.core.post(move |c| {
+            for event in &events {
+                c.indexer.0.apply(event);
+            }
+        });
+    }
+
     /// Runs `f` on the core (tests reach the core's internals this way).
     #[cfg(test)]
     fn with_core<R: Send + 'static>(

@@ -112,6 +112,42 @@ fn overlap_is_the_contiguous_prefix_only() {
     assert_eq!(r.tree_sizes(), vec![0, 4]);
 }
 
+/// A batch of events is applied in its order, as the same events one at a time (a Stored
+/// then a Removed of one of its blocks, then a Stored of it again), inline and offloaded.
+#[test]
+fn a_batch_of_kv_events_applies_in_order() {
+    let req: Vec<SequenceHash> = (0..5).map(h).collect();
+    let removed = |worker| KvEvent {
+        worker: WorkerId(worker),
+        event_id: 1,
+        data: KvEventData::Removed {
+            seq_hashes: vec![req[2]],
+        },
+    };
+    let events = vec![
+        stored(0, &req),
+        removed(0),
+        stored(1, &req[..3]),
+        removed(1),
+        stored(1, &req[2..3]),
+    ];
+    for offload in [false, true] {
+        let mut one = Router::new(RouterConfig::default(), 2, 4, 8192, 0);
+        let mut batch = Router::new(RouterConfig::default(), 2, 4, 8192, 0);
+        if offload {
+            assert!(one.offload().expect("a thread") && batch.offload().expect("a thread"));
+        }
+        for e in events.clone() {
+            one.apply_kv_event(e);
+        }
+        batch.apply_kv_events(events.clone());
+        assert_eq!(batch.overlaps(request(&req)), vec![2, 3]);
+        assert_eq!(batch.overlaps(request(&req)), one.overlaps(request(&req)));
+        assert_eq!(batch.tree_sizes(), vec![4, 3]);
+        assert_eq!(batch.tree_sizes(), one.tree_sizes());
+    }
+}
+
 #[test]
 fn ties_break_by_seeded_draw_and_weight_zero_ignores_prefill() {
     let req: Vec<SequenceHash> = (0..4).map(h).collect();
