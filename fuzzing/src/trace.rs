@@ -8,7 +8,9 @@
 //!   prompt non-empty and within what its `hash_ids` cover, every session non-empty;
 //! - a parsed trace within [`REPLAY_BUDGET`] replays on a tiny cluster ([`replay_config`]) to
 //!   the end: one record per request, each completed with all its output tokens or rejected;
-//! - a second replay gives the same records (the engine is deterministic).
+//! - a second replay gives the same records (the engine is deterministic);
+//! - every line the parser's direct reader of plain rows takes reads as serde_json reads it
+//!   ([`servesim::trace::plain_row_agrees`]).
 //!
 //! The replay has no step budget of its own, so larger traces are only parsed; hangs inside the
 //! budget are caught by the runner's watchdog (or libFuzzer's `-timeout`).
@@ -17,7 +19,7 @@ use servesim::cluster::ClusterConfig;
 use servesim::metrics::RequestStatus;
 use servesim::replay::{replay, ReplayConfig};
 use servesim::scheduler::EngineConfig;
-use servesim::trace::{parse, Trace, TraceError, TraceOptions};
+use servesim::trace::{parse, plain_row_agrees, Trace, TraceError, TraceOptions};
 
 /// Prompt tokens per `hash_ids` entry in fuzzed traces (small, so prompts stay small).
 pub const TRACE_BLOCK_SIZE: usize = 16;
@@ -66,6 +68,12 @@ pub fn trace_line(data: &[u8]) {
         arrival_speedup_ratio: 1.0,
     };
     let lines = line_count(data);
+    for line in data_lines(data) {
+        assert!(
+            plain_row_agrees(&line),
+            "the plain-row reader and serde_json read {line:?} differently"
+        );
+    }
     match parse(data, "fuzz.jsonl", &options) {
         Ok(trace) => {
             if let Err(e) = check_trace(&trace, data) {

@@ -28,6 +28,14 @@ mod parse;
 mod plain;
 
 pub use hash::LocalHashCache;
+
+/// True when the parser's direct reader of plain rows (integer fields and an integer
+/// `hash_ids` array) leaves `line` to serde_json or reads it exactly as serde_json does; the
+/// fuzzing checkers assert it on every line they parse.
+#[doc(hidden)]
+pub fn plain_row_agrees(line: &str) -> bool {
+    plain::agrees_with_serde_json(line)
+}
 pub use parse::parse;
 
 use std::path::{Path, PathBuf};

@@ -52,6 +52,12 @@ pub(super) fn plain_row(text: &str) -> Option<RawRow> {
     (r.at == r.bytes.len()).then_some(row)
 }
 
+/// True when [`plain_row`] leaves `text` to serde_json or reads it as serde_json reads it:
+/// the property the tests and the fuzzing checkers hold the reader to.
+pub(super) fn agrees_with_serde_json(text: &str) -> bool {
+    plain_row(text).is_none_or(|row| serde_json::from_str::<RawRow>(text).ok() == Some(row))
+}
+
 /// The fields this reader takes, under their names and aliases (as `RawRow` declares them).
 #[derive(Clone, Copy)]
 enum Field {
