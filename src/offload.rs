@@ -278,7 +278,8 @@ mod tests {
             let mut done = 0u32;
             let answer = thread.ask_while(
                 move |v, reply| {
-                    let _ = released.recv();
+                    // (Bounded: if the work were never done, the test fails instead of hanging.)
+                    let _ = released.recv_timeout(Duration::from_secs(10));
                     *v += 1;
                     reply.send(*v);
                 },
