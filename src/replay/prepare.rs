@@ -139,7 +139,8 @@ impl<'a> Prepared<'a> {
         false
     }
 
-    /// Asks for `session`'s turn `turn` (it will arrive); sent with the next [`Prepared::flush`].
+    /// Asks for `session`'s turn `turn` (it will arrive); sent with the next [`Prepared::flush`],
+    /// or queued for the waits ([`Prepared::build_in_waits`]).
     pub(super) fn ask(&mut self, session: usize, turn: usize) {
         let slot = self.offsets[session] + turn;
         if let Some(upcoming) = &mut self.upcoming {
