@@ -53,7 +53,7 @@ pub(super) fn plain_row(text: &str) -> Option<RawRow> {
 }
 
 /// True when [`plain_row`] leaves `text` to serde_json or reads it as serde_json reads it:
-/// the property the tests and the fuzzing checkers hold the reader to.
+/// what the fuzzing checkers hold the reader to (the tests below check it row by row).
 pub(super) fn agrees_with_serde_json(text: &str) -> bool {
     plain_row(text).is_none_or(|row| serde_json::from_str::<RawRow>(text).ok() == Some(row))
 }
