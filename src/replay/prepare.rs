@@ -297,6 +297,41 @@ mod tests {
             .expect("the thread runs its jobs");
     }
 
+    /// The order a replay takes turns in: first turns in order of arrival, and a session's next
+    /// turn, asked for when its turn is taken, at a seeded random point after that.
+    struct TakeOrder {
+        firsts: std::vec::IntoIter<usize>,
+        later: Vec<(usize, usize)>,
+    }
+
+    impl TakeOrder {
+        fn new(prepared: &Prepared<'_>) -> TakeOrder {
+            TakeOrder {
+                firsts: prepared.firsts.clone().into_iter(),
+                later: Vec::new(),
+            }
+        }
+
+        /// The next (session, turn) to take; None once every turn is taken.
+        fn next(&mut self, rng: &mut ChaCha8Rng) -> Option<(usize, usize)> {
+            if !self.later.is_empty() && rng.gen_bool(0.5) {
+                return Some(self.later.remove(rng.gen_range(0..self.later.len())));
+            }
+            self.firsts
+                .next()
+                .map(|s| (s, 0))
+                .or_else(|| self.later.pop())
+        }
+
+        /// `session`'s turn `turn` was taken: its next turn is asked for and will come.
+        fn taken(&mut self, prepared: &mut Prepared<'_>, session: usize, turn: usize) {
+            if turn + 1 < prepared.trace.sessions[session].turns.len() {
+                prepared.ask(session, turn + 1);
+                self.later.push((session, turn + 1));
+            }
+        }
+    }
+
     /// Takes every turn as a replay would (first turns in order of arrival, a session's next
     /// turn asked for when its turn is taken), in a seeded order, with the thread now behind
     /// and now caught up; every request equals the one built directly.
@@ -315,19 +350,9 @@ mod tests {
             let mut cache = LocalHashCache::new(block_size);
             let mut direct = LocalHashCache::new(block_size);
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let mut firsts = prepared.firsts.clone().into_iter();
-            let mut later: Vec<(usize, usize)> = Vec::new();
+            let mut order = TakeOrder::new(&prepared);
             let (mut ahead, mut here) = (0, 0);
-            loop {
-                let (session, turn) = if !later.is_empty() && rng.gen_bool(0.5) {
-                    later.remove(rng.gen_range(0..later.len()))
-                } else if let Some(session) = firsts.next() {
-                    (session, 0)
-                } else if let Some(next) = later.pop() {
-                    next
-                } else {
-                    break;
-                };
+            while let Some((session, turn)) = order.next(&mut rng) {
                 if rng.gen_bool(0.3) {
                     prepared.flush();
                     barrier(&thread);
@@ -351,10 +376,7 @@ mod tests {
                     format!("{expected:?}"),
                     "seed {seed}: session {session} turn {turn}"
                 );
-                if turn + 1 < trace.sessions[session].turns.len() {
-                    prepared.ask(session, turn + 1);
-                    later.push((session, turn + 1));
-                }
+                order.taken(&mut prepared, session, turn);
             }
             assert!(prepared.taken.iter().all(|&t| t), "every turn was taken");
             assert!(
@@ -380,19 +402,9 @@ mod tests {
             let mut cache = LocalHashCache::new(block_size);
             let mut direct = LocalHashCache::new(block_size);
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let mut firsts = prepared.firsts.clone().into_iter();
-            let mut later: Vec<(usize, usize)> = Vec::new();
+            let mut order = TakeOrder::new(&prepared);
             let (mut ahead, mut here) = (0, 0);
-            loop {
-                let (session, turn) = if !later.is_empty() && rng.gen_bool(0.5) {
-                    later.remove(rng.gen_range(0..later.len()))
-                } else if let Some(session) = firsts.next() {
-                    (session, 0)
-                } else if let Some(next) = later.pop() {
-                    next
-                } else {
-                    break;
-                };
+            while let Some((session, turn)) = order.next(&mut rng) {
                 for _ in 0..rng.gen_range(0..3) {
                     prepared.build_ahead(&mut cache);
                 }
@@ -410,10 +422,7 @@ mod tests {
                     format!("{expected:?}"),
                     "seed {seed}: session {session} turn {turn}"
                 );
-                if turn + 1 < trace.sessions[session].turns.len() {
-                    prepared.ask(session, turn + 1);
-                    later.push((session, turn + 1));
-                }
+                order.taken(&mut prepared, session, turn);
                 prepared.flush();
             }
             assert!(prepared.taken.iter().all(|&t| t), "every turn was taken");
