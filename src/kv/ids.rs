@@ -12,6 +12,7 @@
 //! [`BlockIds::remove`]; the id is then reused, so the vector never holds more ids than were
 //! live at once.
 
+use crate::kv::prefetch;
 use crate::kv::table::may_fill;
 use crate::tokens::SequenceHash;
 
@@ -97,13 +98,11 @@ impl<V: Default> BlockIds<V> {
         self.index.warm(hashes);
     }
 
-    /// Reads the slots of `ids` ahead of use (see [`crate::kv::BlockMap::warm`]).
+    /// Prefetches the slots of `ids` ahead of use (see [`crate::kv::BlockMap::warm`]).
     pub fn warm_ids(&self, ids: impl IntoIterator<Item = BlockId>) {
-        let mut acc = 0u64;
         for id in ids {
-            acc ^= self.slots[id.index()].0 .0;
+            prefetch(&self.slots[id.index()].0);
         }
-        std::hint::black_box(acc);
     }
 
     /// The hash `id` stands for (meaningless for a dead id).
@@ -270,11 +269,9 @@ impl IdIndex {
         if self.slots.is_empty() {
             return;
         }
-        let mut acc = 0u32;
         for hash in hashes {
-            acc ^= self.slots[self.home(fingerprint(hash))].1;
+            prefetch(&self.slots[self.home(fingerprint(hash))]);
         }
-        std::hint::black_box(acc);
     }
 
     /// Every id indexed, in no particular order.

@@ -5,6 +5,8 @@ pub mod ids;
 pub use event::{KvEvent, KvEventData, StoredBlock};
 pub use ids::{BlockId, BlockIds};
 pub mod pool;
+mod prefetch;
+pub(crate) use prefetch::prefetch;
 pub mod table;
 pub use pool::{BlockRef, CapacityExhausted, KvPool, PrefixMatch, SequenceBlocks};
 pub use table::{BlockMap, WARM_CHUNK};

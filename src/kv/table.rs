@@ -9,6 +9,7 @@
 //! so a probe usually touches one line. Keys are hashes already; a multiplicative (Fibonacci)
 //! step spreads them over the slots. Iteration order is arbitrary (no caller depends on it).
 
+use crate::kv::prefetch;
 use crate::tokens::SequenceHash;
 
 /// Slots hold at most this share of entries (numerator / denominator): short probe runs.
@@ -133,11 +134,9 @@ impl<V: Default> BlockMap<V> {
         if self.slots.is_empty() {
             return;
         }
-        let mut acc = 0u64;
         for key in keys {
-            acc ^= self.slots[self.home(key.0)].0;
+            prefetch(&self.slots[self.home(key.0)].0);
         }
-        std::hint::black_box(acc);
     }
 
     /// In a loop over `keys` that may stop early: at every [`WARM_CHUNK`]-th index `i`,
