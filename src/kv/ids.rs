@@ -93,7 +93,7 @@ impl<V: Default> BlockIds<V> {
         (BlockId(next), true)
     }
 
-    /// Reads the index slots of `hashes` ahead of interning them (see [`crate::kv::BlockMap::warm`]).
+    /// Prefetches the index slots of `hashes` ahead of interning them (see [`crate::kv::BlockMap::warm`]).
     pub fn warm(&self, hashes: impl IntoIterator<Item = SequenceHash>) {
         self.index.warm(hashes);
     }
@@ -264,7 +264,7 @@ impl IdIndex {
         }
     }
 
-    /// Reads the home slot of every hash (see [`crate::kv::table::BlockMap::warm`]).
+    /// Prefetches the home slot of every hash (see [`crate::kv::table::BlockMap::warm`]).
     fn warm(&self, hashes: impl IntoIterator<Item = SequenceHash>) {
         if self.slots.is_empty() {
             return;

@@ -446,7 +446,7 @@ impl KvPool {
         let evictions = new_blocks.saturating_sub(self.num_free_blocks());
         let mut removed: Vec<SequenceHash> = Vec::with_capacity(events * evictions);
         // The blocks at the front of the LRU are about to be evicted: their state and index
-        // slots are read ahead, so those cache misses overlap.
+        // slots are prefetched, so those cache misses overlap.
         for chunk_start in (0..evictions).step_by(WARM_CHUNK) {
             let n = WARM_CHUNK.min(evictions - chunk_start);
             let victims = self.lru.range(chunk_start..).take(n);

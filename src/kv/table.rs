@@ -127,9 +127,9 @@ impl<V: Default> BlockMap<V> {
         }
     }
 
-    /// Reads the home slot of every key (a prefetch in safe code): the loads are independent,
-    /// so their cache misses overlap, and the probes that follow find the lines in cache. Worth
-    /// it before a loop over a request's blocks, [`WARM_CHUNK`] keys at a time.
+    /// Prefetches the home slot of every key (`src/kv/prefetch.rs`): the misses overlap one
+    /// another and the work that follows, and the probes after them find the lines in cache.
+    /// Worth it before a loop over a request's blocks, [`WARM_CHUNK`] keys at a time.
     pub fn warm(&self, keys: impl IntoIterator<Item = SequenceHash>) {
         if self.slots.is_empty() {
             return;
