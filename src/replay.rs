@@ -164,23 +164,27 @@ enum Metrics {
 }
 
 impl Metrics {
-    fn new(offload: bool, router_thread: Option<RouterThread>) -> Metrics {
+    /// A collector for `requests` requests.
+    fn new(offload: bool, router_thread: Option<RouterThread>, requests: usize) -> Metrics {
+        let collector = Collector::with_capacity(requests);
         if let Some(thread) = router_thread {
             return Metrics::Beside {
                 thread,
-                collector: Arc::default(),
+                collector: Arc::new(Mutex::new(collector)),
                 batch: Vec::with_capacity(BESIDE_BATCH),
             };
         }
-        if offload {
-            if let Ok(thread) = Offloaded::new("replay-metrics", Collector::new(), Wait::Block) {
-                return Metrics::Offloaded {
-                    thread,
-                    batch: Vec::with_capacity(NOTE_BATCH),
-                };
-            }
+        if !offload {
+            return Metrics::Inline(collector);
         }
-        Metrics::Inline(Collector::new())
+        match Offloaded::new("replay-metrics", collector, Wait::Block) {
+            Ok(thread) => Metrics::Offloaded {
+                thread,
+                batch: Vec::with_capacity(NOTE_BATCH),
+            },
+            // No thread: the collector stays here.
+            Err((_, collector)) => Metrics::Inline(collector),
+        }
     }
 
     fn note(&mut self, note: Note) {
@@ -395,9 +399,19 @@ pub fn replay_observed(
     let router_moved = second_core && cluster.offload_router().unwrap_or(false);
     observer.start(&mut cluster);
     let block_size = cluster.block_size();
+    // The KV router's index makes room up front for every block the trace can store (at most
+    // what the workers cache): growing it mid-replay rehashes the whole table, a pause of
+    // milliseconds that the next routing decision would wait through.
+    let trace_blocks = trace
+        .sessions
+        .iter()
+        .flat_map(|s| &s.turns)
+        .map(|t| (t.input_length + t.output_length).div_ceil(block_size))
+        .fold(0usize, usize::saturating_add);
+    cluster.reserve_router_index(trace_blocks);
     let total = trace.num_requests();
     let mut hash_cache = LocalHashCache::new(block_size);
-    let collector = Metrics::new(second_core && !router_moved, cluster.router_thread());
+    let collector = Metrics::new(second_core && !router_moved, cluster.router_thread(), total);
     // Requests are built ahead on the collector's own thread, which has time to spare. The
     // KV router's thread has none (the router's answers wait for every job before them):
     // there the replay builds them itself while it waits for a routing decision.
@@ -657,11 +671,12 @@ mod tests {
             assert_eq!(records.len(), 1_500);
             serde_json::to_string(&report).expect("serialises")
         };
-        let beside = Metrics::new(false, router.beside());
+        // (Room made for more, fewer or no requests changes nothing.)
+        let beside = Metrics::new(false, router.beside(), 0);
         assert!(matches!(beside, Metrics::Beside { .. }));
-        let own = Metrics::new(true, None);
+        let own = Metrics::new(true, None, 1_500);
         assert!(matches!(own, Metrics::Offloaded { .. }));
-        let here = report(Metrics::new(false, None));
+        let here = report(Metrics::new(false, None, 10));
         assert_eq!(report(own), here);
         assert_eq!(report(beside), here);
         assert!(here.contains("\"completed_requests\":1500"), "{here}");

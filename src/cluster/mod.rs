@@ -323,6 +323,10 @@ impl ActiveSet {
     }
 }
 
+/// The most blocks [`Cluster::reserve_router_index`] makes room for ahead of time (an index of
+/// about 48 MB); a larger index grows as it fills.
+pub const MAX_INDEX_RESERVE: usize = 1 << 20;
+
 impl Cluster {
     /// A cluster of idle workers with empty pools.
     pub fn new(config: ClusterConfig) -> Result<Cluster, ConfigError> {
@@ -424,6 +428,20 @@ impl Cluster {
     /// when the thread cannot start (the router then stays as it was).
     pub fn offload_router(&mut self) -> std::io::Result<bool> {
         self.router.offload()
+    }
+
+    /// Makes room in the front router's KV index ([`Router::reserve_index`]) for `blocks`
+    /// blocks, or for what the front workers can cache at once if that is fewer (the index
+    /// never holds more), and at most [`MAX_INDEX_RESERVE`]: a replay passes its trace's
+    /// blocks, so that the index does not grow while the replay waits on it.
+    pub fn reserve_router_index(&mut self, blocks: usize) {
+        let per_worker = self
+            .workers
+            .first()
+            .map_or(0, |w| w.scheduler().config().num_gpu_blocks);
+        let cacheable = self.num_front.saturating_mul(per_worker);
+        self.router
+            .reserve_index(blocks.min(cacheable).min(MAX_INDEX_RESERVE));
     }
 
     /// The front router's thread once offloaded ([`Cluster::offload_router`]), for work that

@@ -275,6 +275,10 @@ impl KvIndexer for FlatIndex {
         self.clear(worker);
     }
 
+    fn reserve(&mut self, blocks: usize) {
+        self.blocks.reserve(blocks);
+    }
+
     fn stats(&self) -> IndexerStats {
         self.stats
     }

@@ -107,6 +107,11 @@ pub trait KvIndexer {
     fn apply(&mut self, event: &KvEvent);
     /// Forgets everything about `worker`.
     fn remove_worker(&mut self, worker: WorkerId);
+    /// Makes room for about `blocks` indexed blocks ahead of time, where that spares the
+    /// indexer pauses to grow while events come in (by default nothing).
+    fn reserve(&mut self, blocks: usize) {
+        let _ = blocks;
+    }
     /// Event counters.
     fn stats(&self) -> IndexerStats;
     /// Records that a request with these hashes was routed to `worker` at `now`. Only the

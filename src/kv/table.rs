@@ -250,9 +250,24 @@ impl<V: Default> BlockMap<V> {
         self.iter().map(|(_, v)| v)
     }
 
+    /// Makes room for `entries` entries in all, so that the map does not grow (nor pause to
+    /// re-insert everything) before it holds that many. Never shrinks.
+    pub fn reserve(&mut self, entries: usize) {
+        let wanted = (entries.saturating_mul(MAX_LOAD.1) / MAX_LOAD.0)
+            .checked_next_power_of_two()
+            .unwrap_or(usize::MAX);
+        if wanted > self.slots.len() {
+            self.resize(wanted);
+        }
+    }
+
     /// Doubles the slots (or makes the first ones) and re-inserts every entry.
     fn grow(&mut self) {
-        let n = (self.slots.len() * 2).max(MIN_SLOTS);
+        self.resize((self.slots.len() * 2).max(MIN_SLOTS));
+    }
+
+    /// Re-inserts every entry into `n` slots (a power of two, at least the entries).
+    fn resize(&mut self, n: usize) {
         let old = std::mem::replace(
             &mut self.slots,
             std::iter::repeat_with(|| (0, V::default()))
@@ -367,6 +382,48 @@ mod tests {
             ours.clear();
             assert!(ours.is_empty());
             assert_eq!(ours.get(&SequenceHash(1)), None);
+        }
+    }
+
+    /// A reserved map takes that many entries without growing, keeps what it held when
+    /// reserved, and never shrinks; its contents agree with an unreserved map's.
+    #[test]
+    fn a_reserved_map_does_not_grow_before_it_is_full() {
+        let mut plain: BlockMap<u32> = BlockMap::new();
+        let mut reserved: BlockMap<u32> = BlockMap::new();
+        for k in 1..=100u64 {
+            plain.insert(SequenceHash(k), k as u32);
+            reserved.insert(SequenceHash(k), k as u32);
+        }
+        reserved.reserve(5_000);
+        let slots = reserved.slots.len();
+        assert!(slots * MAX_LOAD.0 >= 5_000 * MAX_LOAD.1, "{slots} slots");
+        for k in 101..=5_000u64 {
+            plain.insert(SequenceHash(k * 7919), k as u32);
+            reserved.insert(SequenceHash(k * 7919), k as u32);
+            assert_eq!(reserved.slots.len(), slots, "grew at {k} entries");
+        }
+        reserved.reserve(10);
+        assert_eq!(
+            reserved.slots.len(),
+            slots,
+            "a smaller reservation shrinks nothing"
+        );
+        // Past what the slots hold, it grows as before.
+        let mut k = 5_001u64;
+        while reserved.slots.len() == slots {
+            plain.insert(SequenceHash(k * 7919), 1);
+            reserved.insert(SequenceHash(k * 7919), 1);
+            k += 1;
+        }
+        assert_eq!(reserved.len() * MAX_LOAD.1, slots * MAX_LOAD.0 + MAX_LOAD.1);
+        let mut a: Vec<(u64, u32)> = plain.iter().map(|(k, v)| (k.0, *v)).collect();
+        let mut b: Vec<(u64, u32)> = reserved.iter().map(|(k, v)| (k.0, *v)).collect();
+        a.sort_unstable();
+        b.sort_unstable();
+        assert_eq!(a, b);
+        for k in 1..=100u64 {
+            assert_eq!(reserved.get(&SequenceHash(k)), Some(&(k as u32)));
         }
     }
 }

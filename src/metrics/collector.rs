@@ -79,6 +79,14 @@ impl Collector {
         Collector::default()
     }
 
+    /// A collector with room for requests `0..requests` (ids are usually dense from 0), so
+    /// that its table does not stop to grow as they arrive.
+    pub fn with_capacity(requests: usize) -> Collector {
+        let mut c = Collector::default();
+        c.dense.reserve(requests);
+        c
+    }
+
     fn get_mut(&mut self, id: RequestId) -> Option<&mut RequestState> {
         lookup(&mut self.dense, &mut self.sparse, id)
     }

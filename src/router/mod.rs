@@ -503,6 +503,16 @@ impl Router {
         }
     }
 
+    /// Makes room in the KV router's index for about `blocks` blocks ahead of time
+    /// ([`KvIndexer::reserve`]), so that it does not stop to grow its table while KV events
+    /// come in (on the core's thread, a routing decision would wait through that). Other
+    /// routers keep no index.
+    pub fn reserve_index(&mut self, blocks: usize) {
+        if self.config.mode == RouterMode::KvRouter {
+            self.core.post(move |c| c.indexer.0.reserve(blocks));
+        }
+    }
+
     /// Where the core runs on a thread of its own, a handle that runs other work there, in
     /// order with the core's jobs (see [`Router::offload`]).
     pub(crate) fn beside(&self) -> Option<RouterThread> {

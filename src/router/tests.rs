@@ -425,8 +425,9 @@ fn holders_agree_with_each_workers_load_on(offloaded: bool) {
 }
 
 /// A router whose core runs on its own thread decides exactly as one that keeps it, over seeded
-/// random KV events, routes (softmax draws included), pinned routes, first tokens and frees;
-/// an offloaded router and an unoffloadable one (round-robin) say so.
+/// random KV events, routes (softmax draws included), pinned routes, first tokens and frees,
+/// and so does one whose index made room ahead (as a replay's does); an offloaded router and
+/// an unoffloadable one (round-robin) say so.
 #[test]
 fn an_offloaded_core_decides_as_an_inline_one() {
     use rand::{Rng, SeedableRng};
@@ -437,6 +438,7 @@ fn an_offloaded_core_decides_as_an_inline_one() {
     let mut inline = Router::new(config.clone(), 4, 4, 8192, 9);
     let mut offloaded = Router::new(config, 4, 4, 8192, 9);
     assert!(offloaded.offload().expect("thread"));
+    offloaded.reserve_index(50_000);
     assert!(matches!(offloaded.core, CoreHandle::Offloaded(_)));
     let mut rr = Router::new(
         RouterConfig {
