@@ -433,12 +433,17 @@ impl Cluster {
     /// Makes room in the front router's KV index ([`Router::reserve_index`]) for `blocks`
     /// blocks, or for what the front workers can cache at once if that is fewer (the index
     /// never holds more), and at most [`MAX_INDEX_RESERVE`]: a replay passes its trace's
-    /// blocks, so that the index does not grow while the replay waits on it.
+    /// blocks, so that the index does not grow while the replay waits on it. Without prefix
+    /// caching no block is ever stored there, and nothing is reserved.
     pub fn reserve_router_index(&mut self, blocks: usize) {
-        let per_worker = self
-            .workers
-            .first()
-            .map_or(0, |w| w.scheduler().config().num_gpu_blocks);
+        let per_worker = self.workers.first().map_or(0, |w| {
+            let config = w.scheduler().config();
+            if config.enable_prefix_caching {
+                config.num_gpu_blocks
+            } else {
+                0
+            }
+        });
         let cacheable = self.num_front.saturating_mul(per_worker);
         self.router
             .reserve_index(blocks.min(cacheable).min(MAX_INDEX_RESERVE));

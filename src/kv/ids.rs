@@ -93,7 +93,8 @@ impl<V: Default> BlockIds<V> {
         (BlockId(next), true)
     }
 
-    /// Prefetches the index slots of `hashes` ahead of interning them (see [`crate::kv::BlockMap::warm`]).
+    /// Prefetches the index slots of `hashes` ahead of interning them (see
+    /// [`crate::kv::BlockMap::warm`]).
     pub fn warm(&self, hashes: impl IntoIterator<Item = SequenceHash>) {
         self.index.warm(hashes);
     }

@@ -253,7 +253,11 @@ impl<V: Default> BlockMap<V> {
     /// Makes room for `entries` entries in all, so that the map does not grow (nor pause to
     /// re-insert everything) before it holds that many. Never shrinks.
     pub fn reserve(&mut self, entries: usize) {
+        if entries == 0 {
+            return;
+        }
         let wanted = (entries.saturating_mul(MAX_LOAD.1) / MAX_LOAD.0)
+            .max(MIN_SLOTS)
             .checked_next_power_of_two()
             .unwrap_or(usize::MAX);
         if wanted > self.slots.len() {
@@ -424,6 +428,30 @@ mod tests {
         assert_eq!(a, b);
         for k in 1..=100u64 {
             assert_eq!(reserved.get(&SequenceHash(k)), Some(&(k as u32)));
+        }
+    }
+
+    /// Reserving nothing, or a handful, leaves a map that works as a new one does (no table
+    /// smaller than the first one it would make).
+    #[test]
+    fn a_small_reservation_leaves_a_working_map() {
+        for entries in [0, 1, 2, 3, 9] {
+            let mut map: BlockMap<u32> = BlockMap::new();
+            map.reserve(entries);
+            assert!(
+                map.slots.is_empty() || map.slots.len() >= MIN_SLOTS,
+                "{entries}"
+            );
+            for k in 1..=40u64 {
+                map.insert(SequenceHash(k.wrapping_mul(0x9E37_79B9)), k as u32);
+            }
+            for k in 1..=40u64 {
+                assert_eq!(
+                    map.get(&SequenceHash(k.wrapping_mul(0x9E37_79B9))),
+                    Some(&(k as u32))
+                );
+            }
+            assert_eq!(map.len(), 40);
         }
     }
 }
