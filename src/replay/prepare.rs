@@ -332,6 +332,34 @@ mod tests {
         }
     }
 
+    /// Takes `session`'s turn `turn` as the replay does and checks that the request equals the
+    /// one built directly (with `direct`); true when it had been built ahead.
+    fn take_and_check(
+        prepared: &mut Prepared<'_>,
+        cache: &mut LocalHashCache,
+        direct: &mut LocalHashCache,
+        (session, turn): (usize, usize),
+        seed: u64,
+    ) -> bool {
+        let ahead = prepared
+            .ready
+            .contains_key(&(prepared.offsets[session] + turn));
+        let taken = prepared.take(session, turn, cache);
+        let request = &prepared.trace.sessions[session].turns[turn];
+        let expected = engine_request(
+            request,
+            prepared.trace_block_size,
+            direct.block_size(),
+            direct,
+        );
+        assert_eq!(
+            format!("{taken:?}"),
+            format!("{expected:?}"),
+            "seed {seed}: session {session} turn {turn}"
+        );
+        ahead
+    }
+
     /// Takes every turn as a replay would (first turns in order of arrival, a session's next
     /// turn asked for when its turn is taken), in a seeded order, with the thread now behind
     /// and now caught up; every request equals the one built directly.
@@ -357,25 +385,22 @@ mod tests {
                     prepared.flush();
                     barrier(&thread);
                 }
-                let slot = prepared.offsets[session] + turn;
                 while let Ok((k, built)) = prepared.built.try_recv() {
                     if !prepared.taken[k] {
                         prepared.ready.insert(k, built);
                     }
                 }
-                if prepared.ready.contains_key(&slot) {
+                if take_and_check(
+                    &mut prepared,
+                    &mut cache,
+                    &mut direct,
+                    (session, turn),
+                    seed,
+                ) {
                     ahead += 1;
                 } else {
                     here += 1;
                 }
-                let taken = prepared.take(session, turn, &mut cache);
-                let request = &trace.sessions[session].turns[turn];
-                let expected = engine_request(request, trace_block_size, block_size, &mut direct);
-                assert_eq!(
-                    format!("{taken:?}"),
-                    format!("{expected:?}"),
-                    "seed {seed}: session {session} turn {turn}"
-                );
                 order.taken(&mut prepared, session, turn);
             }
             assert!(prepared.taken.iter().all(|&t| t), "every turn was taken");
@@ -408,20 +433,17 @@ mod tests {
                 for _ in 0..rng.gen_range(0..3) {
                     prepared.build_ahead(&mut cache);
                 }
-                let slot = prepared.offsets[session] + turn;
-                if prepared.ready.contains_key(&slot) {
+                if take_and_check(
+                    &mut prepared,
+                    &mut cache,
+                    &mut direct,
+                    (session, turn),
+                    seed,
+                ) {
                     ahead += 1;
                 } else {
                     here += 1;
                 }
-                let taken = prepared.take(session, turn, &mut cache);
-                let request = &trace.sessions[session].turns[turn];
-                let expected = engine_request(request, 64, block_size, &mut direct);
-                assert_eq!(
-                    format!("{taken:?}"),
-                    format!("{expected:?}"),
-                    "seed {seed}: session {session} turn {turn}"
-                );
                 order.taken(&mut prepared, session, turn);
                 prepared.flush();
             }
