@@ -4,7 +4,8 @@
 //! TTFT and inter-token gaps of concurrent streams follow `--fixed-latency 20,5` and
 //! `--fixed-latency 20,0.5` (decode steps shorter than tokio's 1 ms timer tick), against the
 //! same schedule kept by a bare endpoint paced by one precise timer (the timing baseline: the
-//! HTTP path, the timer and the host, without the engine), and the host's own pauses.
+//! HTTP path, the timer and the host, without the engine), the timer's own lateness and the
+//! host's pauses.
 //!
 //! Run with: `cargo bench -p mock_server --bench http_path`
 //!
@@ -48,6 +49,8 @@ struct Settings {
     timing_requests: usize,
     /// How long every core spins to catch the host's pauses.
     pause_probe: Duration,
+    /// Waits in each check of the timer's own lateness.
+    timer_waits: usize,
 }
 
 /// Binds 127.0.0.1:0 and spawns a server future built from the listener; returns its address
@@ -522,6 +525,20 @@ async fn start_paced_bare(step_ms: f64) -> Result<(SocketAddr, tokio::sync::ones
     .await
 }
 
+/// How late a [`PreciseTimer`] wait wakes its task: `waits` waits, each `gap` from when it was
+/// asked for, µs, sorted.
+async fn timer_lateness(gap: Duration, waits: usize) -> Result<Vec<f64>> {
+    let timer = PreciseTimer::start()?;
+    let mut late = Vec::with_capacity(waits);
+    for _ in 0..waits {
+        let deadline = Instant::now() + gap;
+        timer.sleep_until(deadline).await;
+        late.push((Instant::now() - deadline).as_secs_f64() * 1e6);
+    }
+    late.sort_by(f64::total_cmp);
+    Ok(late)
+}
+
 /// Pauses of the host, seen by spinning on every core at once for `span`: per core, how many
 /// times the clock jumped by more than 0.5 ms between two reads (a time the core was taken
 /// away), and the longest jump, ms.
@@ -581,6 +598,21 @@ async fn run(settings: Settings) -> Result<()> {
             .map(|(n, longest)| format!("{n} (longest {longest:.2} ms)"))
             .collect::<Vec<_>>()
             .join(", ")
+    );
+    let mut lateness = Vec::new();
+    for gap_us in [300, 3000] {
+        let late = timer_lateness(Duration::from_micros(gap_us), settings.timer_waits).await?;
+        lateness.push(format!(
+            "{} ms apart p50 {:.0} / p99 {:.0} us",
+            gap_us as f64 / 1e3,
+            percentile(&late, 50.0),
+            percentile(&late, 99.0)
+        ));
+    }
+    println!(
+        "timer: {} waits on a PreciseTimer wake their task late by {}",
+        settings.timer_waits,
+        lateness.join(", ")
     );
     for (step_ms, tokens) in [(5.0, 20), (0.5, 100)] {
         // The two servers take turns, a few requests per stream each, so that both see the
@@ -669,12 +701,14 @@ fn main() -> Result<()> {
             // 320 TTFTs per step: the p99 is then the fourth largest, not nearly the maximum.
             timing_requests: 40,
             pause_probe: Duration::from_millis(500),
+            timer_waits: 400,
         }
     } else {
         Settings {
             load: Duration::from_millis(200),
             timing_requests: 2,
             pause_probe: Duration::from_millis(20),
+            timer_waits: 10,
         }
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
