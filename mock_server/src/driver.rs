@@ -20,8 +20,8 @@
 //! Wake-ups: tokio's timer rounds every sleep up to its next millisecond tick, which made
 //! tokens up to a millisecond late and decode steps shorter than a millisecond arrive in
 //! bursts. The task therefore sleeps on a [`PreciseTimer`]: a thread of the driver's own blocks
-//! until shortly before the next event, spins the last tens of microseconds (at most once per
-//! millisecond, never while idle) and wakes the task, which forwards the outputs to the
+//! until shortly before the next event (by what its blocking waits overran lately), spins the
+//! rest of the way (never while idle) and wakes the task, which forwards the outputs to the
 //! handlers' tokio channels at once. Tokio's timer races it, and the task only proceeds once
 //! tokio's clock has reached the event, so under tokio's paused test clock the driver keeps
 //! following tokio time. An event already due is advanced to without sleeping, and so is every

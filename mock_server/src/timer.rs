@@ -3,14 +3,16 @@
 //! millisecond tick.
 //!
 //! A dedicated OS thread serves one wait at a time. It blocks on a channel with a timeout (a
-//! futex wait) until [`SPIN`] before the deadline, then spins the last stretch and wakes the
-//! waiting task through a `oneshot`. On Linux the thread sets its own timer slack to 1 ns
-//! first: with the default 50 µs the kernel may end every timed wait up to that much late,
-//! which on a small VM made the thread's wake-ups about 50 µs later at the median, spin or
-//! not (a wait that ends late starts its spin after the deadline). It spins only
-//! while a wait is pending, for at most [`SPIN`] once per [`SPIN_EVERY`] (a busy server keeps
-//! its CPU for delivering tokens), so an idle server burns no CPU; it ends when its
-//! [`PreciseTimer`] is dropped.
+//! futex wait) until a *margin* before the deadline, then spins the rest of the way and wakes
+//! the waiting task through a `oneshot`. A timed wait ends after its timeout, by however long
+//! the kernel and the host take to run the thread again: on a small VM whose idle cores are
+//! halted, 30 to over 100 µs, more after a longer wait. The margin is what the thread's own
+//! waits overran their timeouts by lately ([`Margins`]), kept apart for waits shorter and
+//! longer than [`LONG_WAIT`], so the wait ends about when the task is due and the spin covers
+//! only the difference; a wait that overruns its margin fires late by the excess, with no spin.
+//! On Linux the thread also sets its own timer slack to 1 ns, where the default 50 µs lets the
+//! kernel end every timed wait up to that much later still. The thread spins only while a wait
+//! is pending, so an idle server burns no CPU; it ends when its [`PreciseTimer`] is dropped.
 //!
 //! [`PreciseTimer::sleep_until`] races that thread against tokio's own timer and only ever
 //! returns once tokio's clock has reached the deadline. Under tokio's paused test clock the
@@ -19,22 +21,52 @@
 //! `#[tokio::test(start_paused = true)]`.
 
 use std::future::Future;
-use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant as StdInstant};
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-/// How long before a deadline the timer thread stops blocking and spins: more than a blocking
-/// wait ends late by (the wake-up of a sleeping thread, tens of microseconds on a small VM).
-pub const SPIN: Duration = Duration::from_micros(80);
+/// The largest margin (and so the longest spin of one wait).
+pub const MAX_MARGIN: Duration = Duration::from_micros(200);
 
-/// The timer spins at most once per this period (at most [`SPIN`] of CPU per period): when
-/// deadlines come closer together than this, the server is busy, spinning would take the CPU
-/// from the tasks that deliver the tokens, and the blocking wait alone is used (a steady
-/// lateness of some tens of microseconds, which shifts the tokens but keeps their gaps).
-pub const SPIN_EVERY: Duration = Duration::from_millis(1);
+/// Waits at least this long keep a margin of their own: a core that was halted longer takes
+/// longer to run the thread again.
+pub const LONG_WAIT: Duration = Duration::from_millis(1);
+
+/// How far before a deadline the thread ends its blocking wait, for short and long waits:
+/// an average of what the last few waits of each kind overran their timeouts by, at most
+/// [`MAX_MARGIN`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Margins {
+    /// For waits shorter than [`LONG_WAIT`].
+    pub short: Duration,
+    /// For waits of [`LONG_WAIT`] or more.
+    pub long: Duration,
+}
+
+impl Margins {
+    /// The margin of a wait of `length`.
+    pub fn of(&self, length: Duration) -> Duration {
+        if length < LONG_WAIT {
+            self.short
+        } else {
+            self.long
+        }
+    }
+
+    /// Learns from a wait of `length` that ended `overrun` after its timeout: that wait kind's
+    /// margin moves an eighth of the way there (capped at [`MAX_MARGIN`]).
+    pub fn learn(&mut self, length: Duration, overrun: Duration) {
+        let margin = if length < LONG_WAIT {
+            &mut self.short
+        } else {
+            &mut self.long
+        };
+        *margin = (*margin * 7 + overrun.min(MAX_MARGIN)) / 8;
+    }
+}
 
 /// One wait: fire `fire` at `deadline`.
 struct Wait {
@@ -142,41 +174,65 @@ fn tighten_timer_slack() -> Option<u64> {
 /// The timer thread: serves waits until the channel closes.
 fn serve_waits(waits: &mpsc::Receiver<Wait>) {
     let mut pending: Option<Wait> = None;
-    // When the thread last woke a waiter (spinning or not).
-    let mut fired_at: Option<StdInstant> = None;
+    let mut margins = Margins::default();
+    // The pending wait's blocking wait has ended: only the spin is left.
+    let mut blocked = false;
     loop {
         let Some(wait) = pending.take() else {
             match waits.recv() {
                 Ok(wait) => pending = Some(wait),
                 Err(_) => return,
             }
+            blocked = false;
             continue;
         };
         if wait.fire.is_closed() {
             // The waiter moved on.
+            blocked = false;
             continue;
         }
-        let block = wait
-            .deadline
-            .saturating_duration_since(StdInstant::now())
-            .saturating_sub(if fired_at.is_none_or(|t| t.elapsed() >= SPIN_EVERY) {
-                SPIN
-            } else {
-                Duration::ZERO
-            });
+        let now = StdInstant::now();
+        let remaining = wait.deadline.saturating_duration_since(now);
+        // After its blocking wait, a wait only spins (unless that wait ended far too early).
+        let block = if blocked && remaining <= MAX_MARGIN {
+            Duration::ZERO
+        } else {
+            remaining.saturating_sub(margins.of(remaining))
+        };
         if !block.is_zero() {
             match waits.recv_timeout(block) {
                 // A newer wait replaces this one.
-                Ok(newer) => pending = Some(newer),
-                Err(RecvTimeoutError::Timeout) => pending = Some(wait),
+                Ok(newer) => {
+                    pending = Some(newer);
+                    blocked = false;
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    margins.learn(
+                        remaining,
+                        StdInstant::now().saturating_duration_since(now + block),
+                    );
+                    pending = Some(wait);
+                    blocked = true;
+                }
                 Err(RecvTimeoutError::Disconnected) => return,
             }
             continue;
         }
-        while StdInstant::now() < wait.deadline {
+        // The spin still takes a newer wait, which may be due sooner.
+        let mut newer = None;
+        while newer.is_none() && StdInstant::now() < wait.deadline {
             std::hint::spin_loop();
+            match waits.try_recv() {
+                Ok(wait) => newer = Some(wait),
+                Err(TryRecvError::Empty) => {}
+                Err(TryRecvError::Disconnected) => return,
+            }
         }
-        fired_at = Some(StdInstant::now());
+        blocked = false;
+        if newer.is_some() {
+            pending = newer;
+            continue;
+        }
         // The waiter may have moved on meanwhile; nothing to do then.
         let _ = wait.fire.send(());
     }
@@ -236,6 +292,39 @@ mod tests {
         let start = Instant::now();
         timer.sleep_until(start + Duration::from_secs(10)).await;
         assert_eq!(start.elapsed(), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn margins_follow_the_overruns_of_each_kind_of_wait_within_their_bound() {
+        let us = Duration::from_micros;
+        let (short, long) = (us(300), Duration::from_millis(3));
+        let mut m = Margins::default();
+        // Steady overruns bring each margin to them, and one kind leaves the other alone.
+        for _ in 0..200 {
+            m.learn(short, us(40));
+        }
+        assert!(m.of(short) > us(39) && m.of(short) <= us(40), "{m:?}");
+        assert_eq!(m.of(long), Duration::ZERO);
+        for _ in 0..200 {
+            m.learn(long, us(120));
+        }
+        assert!(m.of(long) > us(119) && m.of(long) <= us(120), "{m:?}");
+        assert!(m.of(short) <= us(40));
+        assert_eq!(m.of(LONG_WAIT), m.long);
+        // Punctual waits bring a margin down again.
+        for _ in 0..200 {
+            m.learn(short, Duration::ZERO);
+        }
+        assert!(m.of(short) < us(1), "{m:?}");
+        // One huge overrun moves a margin by an eighth of at most MAX_MARGIN, and no run of
+        // them takes it past MAX_MARGIN.
+        let mut fresh = Margins::default();
+        fresh.learn(short, Duration::from_secs(1));
+        assert_eq!(fresh.short, MAX_MARGIN / 8);
+        for _ in 0..500 {
+            fresh.learn(short, Duration::from_secs(1));
+        }
+        assert!(fresh.short <= MAX_MARGIN, "{fresh:?}");
     }
 
     #[cfg(target_os = "linux")]
