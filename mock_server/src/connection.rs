@@ -2,7 +2,7 @@
 //! HTTP/1.1 connection (hyper, `TCP_NODELAY`) under the connection-level [`HttpLimits`], and
 //! drains on shutdown.
 //!
-//! - **Header-read and idle deadlines.** Each connection's [`Activity`] tracks whether a
+//! - **Header-read and idle deadlines.** Each connection's `Activity` tracks whether a
 //!   request is in progress, when the connection last went idle and when the next request's
 //!   first byte arrived. With no request in progress, the connection is closed at
 //!   `first byte (or accept) + header_read_timeout`, or at `idle since + idle_timeout` while no

@@ -69,8 +69,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 256)]
     pub default_max_tokens: usize,
 
-    /// How long answers run without `ignore_eos`: fixed[:LENGTH], uniform:LO,HI or
-    /// lognormal:MEAN,SIGMA, where a LENGTH is a token count (64) or a share of the request's
+    /// How long answers run without `ignore_eos`: `fixed[:LENGTH]`, `uniform:LO,HI` or
+    /// `lognormal:MEAN,SIGMA`, where a LENGTH is a token count (64) or a share of the request's
     /// output limit (50%). `fixed` runs every answer to its limit; shorter answers end with
     /// finish_reason "stop".
     #[arg(long, value_name = "DIST", default_value = DEFAULT_OUTPUT_LENGTH_DIST)]

@@ -556,7 +556,7 @@ const CHUNK_PREFIX: &[u8] = b"data: {\"choices\":[";
 
 /// The end of every chunk of one response, serialised once: `],"created":…,"id":…,"model":…,
 /// "object":…,"system_fingerprint":…}` and the blank line that ends the event. A chunk is then
-/// [`CHUNK_PREFIX`], its one choice object and this suffix, written straight into the body's
+/// `CHUNK_PREFIX`, its one choice object and this suffix, written straight into the body's
 /// buffer: byte for byte what serialising the whole chunk object gives, without building it.
 #[derive(Clone, Debug)]
 pub struct ChunkFrame {
