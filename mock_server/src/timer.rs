@@ -12,7 +12,11 @@
 //! only the difference; a wait that overruns its margin fires late by the excess, with no spin.
 //! On Linux the thread also sets its own timer slack to 1 ns, where the default 50 µs lets the
 //! kernel end every timed wait up to that much later still. The thread spins only while a wait
-//! is pending, so an idle server burns no CPU; it ends when its [`PreciseTimer`] is dropped.
+//! is pending, so an idle server burns no CPU, and for at most one part in [`SPIN_SHARE`] of
+//! its time ([`SpinBudget`]): when deadlines come so close together that the margins would
+//! keep it spinning, the server is busy and the CPU goes to the tasks that deliver the tokens
+//! (the waits then end a little late, which shifts the tokens but keeps their gaps). It ends
+//! when its [`PreciseTimer`] is dropped.
 //!
 //! [`PreciseTimer::sleep_until`] races that thread against tokio's own timer and only ever
 //! returns once tokio's clock has reached the deadline. Under tokio's paused test clock the
@@ -65,6 +69,40 @@ impl Margins {
             &mut self.long
         };
         *margin = (*margin * 7 + overrun.min(MAX_MARGIN)) / 8;
+    }
+}
+
+/// The thread spins for at most one part in this of its time.
+pub const SPIN_SHARE: u32 = 10;
+
+/// Spin time the thread may use: a bucket that fills by one part in [`SPIN_SHARE`] of the time
+/// that passes, up to [`MAX_MARGIN`], and empties by the time spent spinning.
+#[derive(Clone, Copy, Debug)]
+pub struct SpinBudget {
+    available: Duration,
+    at: StdInstant,
+}
+
+impl SpinBudget {
+    /// A full bucket at `now`.
+    pub fn new(now: StdInstant) -> SpinBudget {
+        SpinBudget {
+            available: MAX_MARGIN,
+            at: now,
+        }
+    }
+
+    /// The spin time available at `now`.
+    pub fn available(&mut self, now: StdInstant) -> Duration {
+        let earned = now.saturating_duration_since(self.at) / SPIN_SHARE;
+        self.available = (self.available + earned).min(MAX_MARGIN);
+        self.at = self.at.max(now);
+        self.available
+    }
+
+    /// Takes `spun` out of the bucket.
+    pub fn spend(&mut self, spun: Duration) {
+        self.available = self.available.saturating_sub(spun);
     }
 }
 
@@ -175,6 +213,7 @@ fn tighten_timer_slack() -> Option<u64> {
 fn serve_waits(waits: &mpsc::Receiver<Wait>) {
     let mut pending: Option<Wait> = None;
     let mut margins = Margins::default();
+    let mut budget = SpinBudget::new(StdInstant::now());
     // The pending wait's blocking wait has ended: only the spin is left.
     let mut blocked = false;
     loop {
@@ -197,7 +236,7 @@ fn serve_waits(waits: &mpsc::Receiver<Wait>) {
         let block = if blocked && remaining <= MAX_MARGIN {
             Duration::ZERO
         } else {
-            remaining.saturating_sub(margins.of(remaining))
+            remaining.saturating_sub(margins.of(remaining).min(budget.available(now)))
         };
         if !block.is_zero() {
             match waits.recv_timeout(block) {
@@ -220,6 +259,7 @@ fn serve_waits(waits: &mpsc::Receiver<Wait>) {
         }
         // The spin still takes a newer wait, which may be due sooner.
         let mut newer = None;
+        let spin_start = StdInstant::now();
         while newer.is_none() && StdInstant::now() < wait.deadline {
             std::hint::spin_loop();
             match waits.try_recv() {
@@ -228,6 +268,7 @@ fn serve_waits(waits: &mpsc::Receiver<Wait>) {
                 Err(TryRecvError::Disconnected) => return,
             }
         }
+        budget.spend(spin_start.elapsed());
         blocked = false;
         if newer.is_some() {
             pending = newer;
@@ -325,6 +366,24 @@ mod tests {
             fresh.learn(short, Duration::from_secs(1));
         }
         assert!(fresh.short <= MAX_MARGIN, "{fresh:?}");
+    }
+
+    #[test]
+    fn the_spin_budget_is_a_tenth_of_the_time_within_its_bound() {
+        let us = Duration::from_micros;
+        let t0 = StdInstant::now();
+        let mut b = SpinBudget::new(t0);
+        assert_eq!(b.available(t0), MAX_MARGIN);
+        b.spend(MAX_MARGIN);
+        assert_eq!(b.available(t0), Duration::ZERO);
+        // A tenth of the time that passes, and no more than MAX_MARGIN however long.
+        assert_eq!(b.available(t0 + us(500)), us(50));
+        b.spend(us(80));
+        assert_eq!(b.available(t0 + us(500)), Duration::ZERO);
+        assert_eq!(b.available(t0 + us(1500)), us(100));
+        assert_eq!(b.available(t0 + Duration::from_secs(60)), MAX_MARGIN);
+        // A clock read out of order earns nothing and loses nothing.
+        assert_eq!(b.available(t0), MAX_MARGIN);
     }
 
     #[cfg(target_os = "linux")]
