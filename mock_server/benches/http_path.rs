@@ -603,16 +603,16 @@ async fn run(settings: Settings) -> Result<()> {
     for gap_us in [300, 3000] {
         let late = timer_lateness(Duration::from_micros(gap_us), settings.timer_waits).await?;
         lateness.push(format!(
-            "{} ms apart p50 {:.0} / p99 {:.0} us",
+            "{} ms apart, p50 {:.0} / p99 {:.0} us",
             gap_us as f64 / 1e3,
             percentile(&late, 50.0),
             percentile(&late, 99.0)
         ));
     }
     println!(
-        "timer: {} waits on a PreciseTimer wake their task late by {}",
+        "timer: how late a task woke from a PreciseTimer wait ({} waits each): {}",
         settings.timer_waits,
-        lateness.join(", ")
+        lateness.join("; ")
     );
     for (step_ms, tokens) in [(5.0, 20), (0.5, 100)] {
         // The two servers take turns, a few requests per stream each, so that both see the
