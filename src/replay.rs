@@ -409,6 +409,8 @@ pub fn replay_observed(
         .map(|t| (t.input_length + t.output_length).div_ceil(block_size))
         .fold(0usize, usize::saturating_add);
     cluster.reserve_router_index(trace_blocks);
+    // So do the workers' pools, for the same reason and to touch fresh memory once.
+    cluster.reserve_pools(trace_blocks);
     let total = trace.num_requests();
     let mut hash_cache = LocalHashCache::new(block_size);
     let collector = Metrics::new(second_core && !router_moved, cluster.router_thread(), total);

@@ -53,6 +53,13 @@ impl Worker {
         &self.scheduler
     }
 
+    /// Makes room in the worker's KV pool for `blocks` blocks ([`KvPool::reserve`]).
+    ///
+    /// [`KvPool::reserve`]: crate::kv::KvPool::reserve
+    pub fn reserve_pool(&mut self, blocks: usize) {
+        self.scheduler.reserve_pool(blocks);
+    }
+
     /// End of the pass in progress.
     pub fn pass_end(&self) -> Option<SimTime> {
         self.pass_end

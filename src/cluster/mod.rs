@@ -449,6 +449,16 @@ impl Cluster {
             .reserve_index(blocks.min(cacheable).min(MAX_INDEX_RESERVE));
     }
 
+    /// Makes room in every worker's KV pool for an even share of `blocks` blocks (at most
+    /// what the pool holds, [`Worker::reserve_pool`]): a replay passes its trace's blocks, so
+    /// that the pools' tables do not grow while they fill.
+    pub fn reserve_pools(&mut self, blocks: usize) {
+        let share = blocks.div_ceil(self.workers.len().max(1));
+        for worker in &mut self.workers {
+            worker.reserve_pool(share);
+        }
+    }
+
     /// The front router's thread once offloaded ([`Cluster::offload_router`]), for work that
     /// fills its idle time.
     pub(crate) fn router_thread(&self) -> Option<crate::router::RouterThread> {

@@ -93,6 +93,13 @@ impl<V: Default> BlockIds<V> {
         (BlockId(next), true)
     }
 
+    /// Makes room for `ids` live ids in all, so that neither the values nor the index grow
+    /// (copying or re-placing everything) before that many are live. Never shrinks.
+    pub fn reserve(&mut self, ids: usize) {
+        self.slots.reserve(ids.saturating_sub(self.slots.len()));
+        self.index.reserve(ids);
+    }
+
     /// Prefetches the index slots of `hashes` ahead of interning them (see
     /// [`crate::kv::BlockMap::warm`]).
     pub fn warm(&self, hashes: impl IntoIterator<Item = SequenceHash>) {
@@ -283,9 +290,24 @@ impl IdIndex {
             .map(|&(_, id)| id)
     }
 
+    /// Makes the slots hold `entries` entries without growing.
+    fn reserve(&mut self, entries: usize) {
+        let wanted = (entries.saturating_mul(MAX_LOAD.1) / MAX_LOAD.0)
+            .max(MIN_SLOTS)
+            .checked_next_power_of_two()
+            .unwrap_or(usize::MAX);
+        if wanted > self.slots.len() {
+            self.resize(wanted);
+        }
+    }
+
     /// Doubles the slots (or makes the first ones) and re-places every entry.
     fn grow(&mut self) {
-        let n = (self.slots.len() * 2).max(MIN_SLOTS);
+        self.resize((self.slots.len() * 2).max(MIN_SLOTS));
+    }
+
+    /// Re-places every entry into `n` slots (a power of two, at least twice the entries).
+    fn resize(&mut self, n: usize) {
         let old = std::mem::replace(&mut self.slots, vec![(0, EMPTY); n]);
         self.bits = n.trailing_zeros();
         for (fp, id) in old {
@@ -400,6 +422,38 @@ mod tests {
         for (i, &h) in hashes.iter().enumerate() {
             assert_eq!(ids.id(h).is_some(), i % 3 != 0, "hash {i}");
         }
+    }
+
+    /// An interner with room made for `n` ids takes `n` live ids without growing its values
+    /// or its index, and hands out the same ids as one without.
+    #[test]
+    fn a_reserved_interner_does_not_grow_before_it_holds_that_many() {
+        let mut reserved: BlockIds<u32> = BlockIds::new();
+        let mut plain: BlockIds<u32> = BlockIds::new();
+        reserved.intern(SequenceHash(7));
+        reserved.reserve(1_000);
+        plain.intern(SequenceHash(7));
+        let (values, slots) = (reserved.slots.capacity(), reserved.index.slots.len());
+        assert!(
+            values >= 1_000 && slots >= 2_000,
+            "{values} values, {slots} slots"
+        );
+        for k in 0..999u64 {
+            let h = SequenceHash(k.wrapping_mul(0x2545_F491_4F6C_DD1D));
+            assert_eq!(reserved.intern(h), plain.intern(h), "hash {k}");
+            if k % 7 == 0 {
+                let id = plain.id(h).expect("interned");
+                plain.remove(id);
+                reserved.remove(id);
+            }
+        }
+        assert_eq!(reserved.slots.capacity(), values, "the values grew");
+        assert_eq!(reserved.index.slots.len(), slots, "the index grew");
+        reserved.assert_invariants();
+        assert_eq!(reserved.len(), plain.len());
+        // Room for fewer than are live changes nothing.
+        reserved.reserve(10);
+        assert_eq!(reserved.index.slots.len(), slots);
     }
 
     /// A run of blocks freed together is handed out again in its order: neighbours stay

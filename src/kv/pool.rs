@@ -48,6 +48,9 @@ pub struct PrefixMatch {
     pub active_blocks: usize,
 }
 
+/// Stale LRU entries allowed beyond as many as the live ones before the LRU is compacted.
+const LRU_SLACK: usize = 64;
+
 /// The `stamp` of a block that is not cached.
 const UNCACHED: u64 = u64::MAX;
 
@@ -138,6 +141,20 @@ impl KvPool {
             emits_events: true,
             evicted: None,
         }
+    }
+
+    /// Makes room for `blocks` blocks (at most the pool's capacity) in the per-block state and
+    /// the LRU, so that neither grows (copying everything, and touching fresh memory twice)
+    /// while they fill: a replay calls it with what its trace can cache here.
+    pub fn reserve(&mut self, blocks: usize) {
+        if !self.prefix_caching {
+            return;
+        }
+        let blocks = blocks.min(self.capacity);
+        self.blocks.reserve(blocks);
+        // Stale entries take the LRU to up to twice the inactive blocks before it is compacted.
+        let entries = blocks.saturating_mul(2).saturating_add(LRU_SLACK);
+        self.lru.reserve(entries.saturating_sub(self.lru.len()));
     }
 
     /// Records KV events (the default) or, where nobody reads them, not (pending ones are
@@ -647,7 +664,7 @@ impl KvPool {
 
     /// Drops stale LRU entries once they outnumber the live ones (amortised O(1)).
     fn compact_lru(&mut self) {
-        if self.lru.len() > 2 * self.num_inactive + 64 {
+        if self.lru.len() > 2 * self.num_inactive + LRU_SLACK {
             let mut lru = std::mem::take(&mut self.lru);
             lru.retain(|&e| self.is_live(e));
             self.lru = lru;
@@ -950,8 +967,29 @@ mod tests {
 
     #[test]
     fn invariants_hold_over_many_random_operations() {
+        random_operations(None);
+    }
+
+    /// A pool with room made up front (for fewer blocks than it holds, or for more) behaves as
+    /// one without: the same events after every step of the same operations.
+    #[test]
+    fn a_reserved_pool_behaves_as_an_unreserved_one() {
+        let plain = random_operations(None);
+        assert!(plain.len() > 300, "{} events", plain.len());
+        assert_eq!(random_operations(Some(16)), plain);
+        assert_eq!(random_operations(Some(1_000)), plain);
+    }
+
+    /// Seeded random allocations, growths, releases, clears and resets on a pool of 40 blocks
+    /// (with room made for `reserve` blocks first), checking every invariant after each step;
+    /// the events of every step, in order.
+    fn random_operations(reserve: Option<usize>) -> Vec<(usize, KvEventData)> {
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         let mut pool = KvPool::new(40, true);
+        if let Some(blocks) = reserve {
+            pool.reserve(blocks);
+        }
+        let mut events = Vec::new();
         // A few prompt families sharing prefixes.
         let families: Vec<Vec<u32>> = (0..4)
             .map(|f| (0..64).map(|i| f * 1000 + i / 3).collect())
@@ -1035,7 +1073,8 @@ mod tests {
             }
             // The ids are those of cached blocks and of live sequences, no more.
             assert!(pool.num_ids() <= pool.num_cached + holds.len());
-            pool.drain_events();
+            events.extend(pool.drain_events().into_iter().map(|e| (step, e)));
         }
+        events
     }
 }

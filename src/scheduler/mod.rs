@@ -252,6 +252,11 @@ impl Scheduler {
         &self.pool
     }
 
+    /// Makes room in the KV pool for `blocks` blocks ([`KvPool::reserve`]).
+    pub fn reserve_pool(&mut self, blocks: usize) {
+        self.pool.reserve(blocks);
+    }
+
     /// Queues a request. Its prompt blocks must be hashed at this engine's block size.
     pub fn enqueue(&mut self, id: RequestId, request: EngineRequest) {
         let mut max_output = request.max_output_tokens;
