@@ -11,7 +11,7 @@ use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::cluster::{Cluster, ClusterConfig, ClusterStats, Output};
-use crate::ids::RequestId;
+use crate::ids::{RequestId, WorkerId};
 use crate::metrics::{Collector, DisaggFigures, G2Figures, ReplayReport, RequestRecord};
 use crate::offload::{Offloaded, Wait};
 use crate::request::{EngineRequest, Prompt};
@@ -124,22 +124,73 @@ struct Ledger<'a> {
     done: usize,
 }
 
-/// What the metrics collector is told, in order.
+/// What the metrics collector is told, in order: only what it reads, 24 bytes a note (tokens
+/// are nearly all of them, and every note is written to memory on one core and read on the
+/// other), with the rare large ones boxed.
 #[derive(Debug)]
 enum Note {
     /// A request became ready ([`Collector::on_arrival`]).
-    Arrival {
+    Arrival(Box<Arrival>),
+    /// A request was admitted ([`Collector::on_admit`], [`Collector::on_g2_reuse`]).
+    Admitted(Box<Admission>),
+    /// A token was produced ([`Collector::on_token`]).
+    Token { id: RequestId, time: SimTime },
+    /// A request finished ([`Collector::on_finish`]).
+    Finished { id: RequestId, time: SimTime },
+    /// A request was rejected, at submission or by a worker ([`Collector::on_reject`]).
+    Rejected { id: RequestId, time: SimTime },
+    /// A request's KV moved between workers ([`Collector::on_kv_transfer`]).
+    KvTransfer {
         id: RequestId,
-        ready: SimTime,
-        input_length: usize,
-        output_length: usize,
-        session: String,
-        turn: usize,
+        duration: SimDuration,
     },
-    /// The cluster refused a request at submission.
-    Refused { id: RequestId, time: SimTime },
-    /// An output of the cluster.
-    Output(Output),
+}
+
+/// A [`Note::Arrival`].
+#[derive(Debug)]
+struct Arrival {
+    id: RequestId,
+    ready: SimTime,
+    input_length: usize,
+    output_length: usize,
+    session: String,
+    turn: usize,
+}
+
+/// A [`Note::Admitted`].
+#[derive(Debug)]
+struct Admission {
+    id: RequestId,
+    worker: WorkerId,
+    time: SimTime,
+    reused_tokens: usize,
+    g2_reused_tokens: usize,
+}
+
+impl Note {
+    /// The note for an output of the cluster; None for one the collector does not read.
+    fn of(out: &Output) -> Option<Note> {
+        Some(match *out {
+            Output::Admitted {
+                id,
+                worker,
+                time,
+                reused_tokens,
+                g2_reused_tokens,
+            } => Note::Admitted(Box::new(Admission {
+                id,
+                worker,
+                time,
+                reused_tokens,
+                g2_reused_tokens,
+            })),
+            Output::KvTransfer { id, duration, .. } => Note::KvTransfer { id, duration },
+            Output::Token { id, time, .. } => Note::Token { id, time },
+            Output::Finished { id, time } => Note::Finished { id, time },
+            Output::Rejected { id, time, .. } => Note::Rejected { id, time },
+            Output::Preempted { .. } => return None,
+        })
+    }
 }
 
 /// Notes the replay gathers before it hands them to the collector's thread as one job.
@@ -275,32 +326,22 @@ fn router_thread_stopped() -> ! {
 /// Tells the collector one note.
 fn tell(collector: &mut Collector, note: Note) {
     match note {
-        Note::Arrival {
-            id,
-            ready,
-            input_length,
-            output_length,
-            session,
-            turn,
-        } => collector.on_arrival(id, ready, input_length, output_length, Some(&session), turn),
-        Note::Refused { id, time } => collector.on_reject(id, time),
-        Note::Output(out) => match out {
-            Output::Admitted {
-                id,
-                worker,
-                time,
-                reused_tokens,
-                g2_reused_tokens,
-            } => {
-                collector.on_admit(id, time, reused_tokens, worker);
-                collector.on_g2_reuse(id, g2_reused_tokens);
-            }
-            Output::KvTransfer { id, duration, .. } => collector.on_kv_transfer(id, duration),
-            Output::Token { id, time, .. } => collector.on_token(id, time),
-            Output::Preempted { .. } => {}
-            Output::Finished { id, time } => collector.on_finish(id, time),
-            Output::Rejected { id, time, .. } => collector.on_reject(id, time),
-        },
+        Note::Arrival(a) => collector.on_arrival(
+            a.id,
+            a.ready,
+            a.input_length,
+            a.output_length,
+            Some(&a.session),
+            a.turn,
+        ),
+        Note::Admitted(a) => {
+            collector.on_admit(a.id, a.time, a.reused_tokens, a.worker);
+            collector.on_g2_reuse(a.id, a.g2_reused_tokens);
+        }
+        Note::Token { id, time } => collector.on_token(id, time),
+        Note::Finished { id, time } => collector.on_finish(id, time),
+        Note::Rejected { id, time } => collector.on_reject(id, time),
+        Note::KvTransfer { id, duration } => collector.on_kv_transfer(id, duration),
     }
 }
 
@@ -324,7 +365,7 @@ impl Ledger<'_> {
     }
 
     /// A request was rejected at `time` (the collector learns it from the output, or from a
-    /// [`Note::Refused`] when the cluster refused it at submission).
+    /// [`Note::Rejected`] of its own when the cluster refused it at submission).
     fn reject(&mut self, id: RequestId, time: SimTime, reason: RejectReason) {
         let o = self.origins[id.0 as usize];
         let line = self.trace.sessions[o.session].turns[o.turn].line;
@@ -340,7 +381,9 @@ impl Ledger<'_> {
                 Output::Rejected { id, time, reason } => self.reject(id, time, reason),
                 _ => {}
             }
-            self.collector.note(Note::Output(out));
+            if let Some(note) = Note::of(&out) {
+                self.collector.note(note);
+            }
         }
     }
 }
@@ -475,16 +518,16 @@ pub fn replay_observed(
             };
             debug_assert_eq!(id, RequestId(ledger.origins.len() as u64));
             ledger.origins.push(origin);
-            ledger.collector.note(Note::Arrival {
+            ledger.collector.note(Note::Arrival(Box::new(Arrival {
                 id,
                 ready,
                 input_length: turn.input_length,
                 output_length: turn.output_length,
                 session: session.id.clone(),
                 turn: origin.turn,
-            });
+            })));
             if let Err(rejection) = submitted {
-                ledger.collector.note(Note::Refused { id, time: now });
+                ledger.collector.note(Note::Rejected { id, time: now });
                 ledger.reject(id, now, rejection.reason);
             }
         }
@@ -620,45 +663,63 @@ pub fn engine_request(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::WorkerId;
     use crate::router::{Router, RouterConfig};
 
-    /// The notes of `n` requests: arrival, admission, 5 tokens and the finish each, spread over
-    /// more than one batch of either kind.
+    /// The notes of `n` requests: arrival, admission, 5 tokens, a preemption (no note) and the
+    /// finish each, spread over more than one batch of either kind.
     fn notes(n: u64) -> Vec<Note> {
         let mut notes = Vec::new();
         for i in 0..n {
             let (id, t) = (RequestId(i), i * 1_000);
-            notes.push(Note::Arrival {
+            notes.push(Note::Arrival(Box::new(Arrival {
                 id,
                 ready: SimTime(t),
                 input_length: 100 + i as usize % 7,
                 output_length: 5,
                 session: format!("s{}", i % 13),
                 turn: (i / 13) as usize,
-            });
-            notes.push(Note::Output(Output::Admitted {
+            })));
+            let outputs = [Output::Admitted {
                 id,
                 worker: WorkerId(0),
                 time: SimTime(t + 10 + i % 5),
                 reused_tokens: i as usize % 3 * 16,
                 g2_reused_tokens: 0,
-            }));
-            for index in 1..=5 {
-                let time = SimTime(t + 500 + index as u64 * (40 + i % 11));
-                notes.push(Note::Output(Output::Token {
-                    id,
-                    token: 0,
-                    index,
-                    time,
-                }));
-            }
-            notes.push(Note::Output(Output::Finished {
+            }]
+            .into_iter()
+            .chain((1..=5).map(|index| Output::Token {
                 id,
-                time: SimTime(t + 500 + 5 * (40 + i % 11)),
-            }));
+                token: 0,
+                index,
+                time: SimTime(t + 500 + index as u64 * (40 + i % 11)),
+            }))
+            .chain([
+                Output::Preempted {
+                    id,
+                    time: SimTime(t + 600),
+                },
+                Output::Finished {
+                    id,
+                    time: SimTime(t + 500 + 5 * (40 + i % 11)),
+                },
+            ]);
+            notes.extend(outputs.filter_map(|out| Note::of(&out)));
         }
         notes
+    }
+
+    /// A note is 24 bytes: three to a cache line where an output is one.
+    #[test]
+    fn a_note_is_small() {
+        assert_eq!(std::mem::size_of::<Note>(), 24);
+        let out = Output::Preempted {
+            id: RequestId(1),
+            time: SimTime(2),
+        };
+        assert!(
+            Note::of(&out).is_none(),
+            "the collector does not read preemptions"
+        );
     }
 
     /// Wherever the collector runs (here, on a thread of its own, or in an offloaded KV
