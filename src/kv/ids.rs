@@ -13,7 +13,6 @@
 //! live at once.
 
 use crate::kv::prefetch;
-use crate::kv::table::may_fill;
 use crate::tokens::SequenceHash;
 
 /// A dense id standing for one [`SequenceHash`] in one [`BlockIds`] (ids of different
@@ -255,20 +254,28 @@ impl IdIndex {
                 _ => i = (i + 1) & mask,
             }
         }
-        self.slots[i] = (0, EMPTY);
         self.len -= 1;
-        // Shift the rest of the probe run back (no tombstones).
+        // Shift the rest of the probe run back (no tombstones): an entry moves into the hole
+        // unless its home lies cyclically after the hole (it would land before its home), that
+        // is when it is at least as far from its home as from the hole. Written without a
+        // branch: which entries move follows no pattern a predictor could learn.
         let mut j = i;
         loop {
             j = (j + 1) & mask;
             let (fp, next) = self.slots[j];
             if next == EMPTY {
+                self.slots[i] = (0, EMPTY);
                 return true;
             }
-            if may_fill(i, j, self.home(fp)) {
-                self.slots.swap(i, j);
-                i = j;
-            }
+            let from_home = j.wrapping_sub(self.home(fp)) & mask;
+            let from_hole = j.wrapping_sub(i) & mask;
+            // All ones when the entry moves, else zero (a mask, which compilers keep as
+            // arithmetic where they may turn a select back into a branch).
+            let moves = usize::from(from_home >= from_hole).wrapping_neg();
+            let (hole_fp, hole_id) = self.slots[i];
+            let pick = |moved: u32, kept: u32| (moved & moves as u32) | (kept & !moves as u32);
+            self.slots[i] = (pick(fp, hole_fp), pick(next, hole_id));
+            i = (j & moves) | (i & !moves);
         }
     }
 
