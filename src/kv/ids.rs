@@ -463,6 +463,58 @@ mod tests {
         assert_eq!(reserved.index.slots.len(), slots);
     }
 
+    /// Probe runs that wrap past the end of the index, with entries of neighbouring homes
+    /// interleaved in them, survive every order of removal: each removal leaves every other
+    /// entry found, and the index consistent.
+    #[test]
+    fn probe_runs_that_wrap_around_the_index_survive_any_removal_order() {
+        const FIB: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut inverse = FIB;
+        for _ in 0..6 {
+            inverse = inverse.wrapping_mul(2u64.wrapping_sub(FIB.wrapping_mul(inverse)));
+        }
+        // A hash whose fingerprint is `fp` (the product's high half), told apart by `low`.
+        let with_fingerprint =
+            |fp: u32, low: u64| SequenceHash(((u64::from(fp) << 32) | low).wrapping_mul(inverse));
+        // Five entries at home in the last slot, two in the first and one in the second, of a
+        // 16-slot index (the top four bits of a fingerprint name its home).
+        let hashes: Vec<SequenceHash> = (0..5)
+            .map(|k| with_fingerprint(0xF000_0000 + k, k.into()))
+            .chain((0..2).map(|k| with_fingerprint(k, 10 + u64::from(k))))
+            .chain([with_fingerprint(0x1000_0000, 20)])
+            .collect();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        for _ in 0..200 {
+            let mut ids: BlockIds<u64> = BlockIds::new();
+            let mut order: Vec<usize> = (0..hashes.len()).collect();
+            // Inserted in a random order (which entry sits where in a run changes), removed in
+            // another.
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.gen_range(0..=i));
+            }
+            for &i in &order {
+                let (id, inserted) = ids.intern(hashes[i]);
+                assert!(inserted);
+                *ids.get_mut(id) = i as u64;
+            }
+            assert_eq!(ids.index.slots.len(), 16);
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.gen_range(0..=i));
+            }
+            for (n, &gone) in order.iter().enumerate() {
+                let id = ids.id(hashes[gone]).expect("still interned");
+                ids.remove(id);
+                ids.assert_invariants();
+                assert_eq!(ids.id(hashes[gone]), None);
+                for &left in &order[n + 1..] {
+                    let id = ids.id(hashes[left]).expect("another entry is still found");
+                    assert_eq!(*ids.get(id), left as u64);
+                }
+            }
+            assert!(ids.is_empty());
+        }
+    }
+
     /// A run of blocks freed together is handed out again in its order: neighbours stay
     /// neighbours.
     #[test]
