@@ -257,8 +257,8 @@ impl IdIndex {
         self.len -= 1;
         // Shift the rest of the probe run back (no tombstones): an entry moves into the hole
         // unless its home lies cyclically after the hole (it would land before its home), that
-        // is when it is at least as far from its home as from the hole. Written without a
-        // branch: which entries move follows no pattern a predictor could learn.
+        // is when it is at least as far from its home as from the hole. Whether it moves is
+        // computed without a branch: which entries move follows no pattern a predictor learns.
         let mut j = i;
         loop {
             j = (j + 1) & mask;

@@ -143,9 +143,10 @@ impl KvPool {
         }
     }
 
-    /// Makes room for `blocks` blocks (at most the pool's capacity) in the per-block state and
-    /// the LRU, so that neither grows (copying everything, and touching fresh memory twice)
-    /// while they fill: a replay calls it with what its trace can cache here.
+    /// Makes room for `blocks` blocks (at most the pool's capacity) in the per-block state, its
+    /// hash index and the LRU, so that none of them grows (copying or re-placing everything,
+    /// and touching fresh memory twice) while they fill: a replay calls it with its share of
+    /// the trace's blocks.
     pub fn reserve(&mut self, blocks: usize) {
         if !self.prefix_caching {
             return;
