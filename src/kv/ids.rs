@@ -476,12 +476,19 @@ mod tests {
         // A hash whose fingerprint is `fp` (the product's high half), told apart by `low`.
         let with_fingerprint =
             |fp: u32, low: u64| SequenceHash(((u64::from(fp) << 32) | low).wrapping_mul(inverse));
-        // Five entries at home in the last slot, two in the first and one in the second, of a
-        // 16-slot index (the top four bits of a fingerprint name its home).
+        // Eight entries take an index of this many slots, whose home is a fingerprint's top
+        // `bits` bits.
+        let slots = (8 * MAX_LOAD.1 / MAX_LOAD.0)
+            .next_power_of_two()
+            .max(MIN_SLOTS);
+        let bits = slots.trailing_zeros();
+        let at_home = |home: u32, k: u32| (home << (32 - bits)) + k;
+        // Five entries at home in the last slot, two in the first and one in the second.
+        let last = slots as u32 - 1;
         let hashes: Vec<SequenceHash> = (0..5)
-            .map(|k| with_fingerprint(0xF000_0000 + k, k.into()))
-            .chain((0..2).map(|k| with_fingerprint(k, 10 + u64::from(k))))
-            .chain([with_fingerprint(0x1000_0000, 20)])
+            .map(|k| with_fingerprint(at_home(last, k), k.into()))
+            .chain((0..2).map(|k| with_fingerprint(at_home(0, k), 10 + u64::from(k))))
+            .chain([with_fingerprint(at_home(1, 0), 20)])
             .collect();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
         for _ in 0..200 {
@@ -497,7 +504,7 @@ mod tests {
                 assert!(inserted);
                 *ids.get_mut(id) = i as u64;
             }
-            assert_eq!(ids.index.slots.len(), 16);
+            assert_eq!(ids.index.slots.len(), slots);
             for i in (1..order.len()).rev() {
                 order.swap(i, rng.gen_range(0..=i));
             }
