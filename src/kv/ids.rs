@@ -13,6 +13,7 @@
 //! live at once.
 
 use crate::kv::prefetch;
+use crate::kv::table::{slots_for, MAX_LOAD, MIN_SLOTS};
 use crate::tokens::SequenceHash;
 
 /// A dense id standing for one [`SequenceHash`] in one [`BlockIds`] (ids of different
@@ -166,10 +167,6 @@ impl<V: Default> BlockIds<V> {
     }
 }
 
-/// Slots of the index hold at most this share of entries (numerator / denominator).
-const MAX_LOAD: (usize, usize) = (1, 2);
-/// Slots of the index's first allocation.
-const MIN_SLOTS: usize = 16;
 /// An empty index slot's id.
 const EMPTY: u32 = u32::MAX;
 
@@ -299,10 +296,7 @@ impl IdIndex {
 
     /// Makes the slots hold `entries` entries without growing.
     fn reserve(&mut self, entries: usize) {
-        let wanted = (entries.saturating_mul(MAX_LOAD.1) / MAX_LOAD.0)
-            .max(MIN_SLOTS)
-            .checked_next_power_of_two()
-            .unwrap_or(usize::MAX);
+        let wanted = slots_for(entries);
         if wanted > self.slots.len() {
             self.resize(wanted);
         }
@@ -388,17 +382,25 @@ mod tests {
         assert_eq!(seen, want);
     }
 
+    /// The fingerprint's multiplier.
+    const FIB: u64 = 0x9E37_79B9_7F4A_7C15;
+
+    /// The multiplier's inverse modulo 2^64 (Newton's iteration; FIB is odd): a product `p`
+    /// comes from the hash `p * inverse`.
+    fn fib_inverse() -> u64 {
+        let mut inverse = FIB;
+        for _ in 0..6 {
+            inverse = inverse.wrapping_mul(2u64.wrapping_sub(FIB.wrapping_mul(inverse)));
+        }
+        inverse
+    }
+
     /// Hashes whose fingerprints are equal (their products with the multiplier differ by 1 to
     /// 63, so they share the high bits) still get ids of their own, are found, and are removed
     /// one at a time: the index confirms a fingerprint against the hash.
     #[test]
     fn equal_fingerprints_are_told_apart_by_their_hashes() {
-        const FIB: u64 = 0x9E37_79B9_7F4A_7C15;
-        // The multiplier's inverse modulo 2^64 (Newton's iteration; FIB is odd).
-        let mut inverse = FIB;
-        for _ in 0..6 {
-            inverse = inverse.wrapping_mul(2u64.wrapping_sub(FIB.wrapping_mul(inverse)));
-        }
+        let inverse = fib_inverse();
         assert_eq!(FIB.wrapping_mul(inverse), 1);
         let base = 0x1234_5678_9abc_def0u64;
         let hashes: Vec<SequenceHash> = (0..64u64)
@@ -468,19 +470,13 @@ mod tests {
     /// entry found, and the index consistent.
     #[test]
     fn probe_runs_that_wrap_around_the_index_survive_any_removal_order() {
-        const FIB: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut inverse = FIB;
-        for _ in 0..6 {
-            inverse = inverse.wrapping_mul(2u64.wrapping_sub(FIB.wrapping_mul(inverse)));
-        }
+        let inverse = fib_inverse();
         // A hash whose fingerprint is `fp` (the product's high half), told apart by `low`.
         let with_fingerprint =
             |fp: u32, low: u64| SequenceHash(((u64::from(fp) << 32) | low).wrapping_mul(inverse));
         // Eight entries take an index of this many slots, whose home is a fingerprint's top
         // `bits` bits.
-        let slots = (8 * MAX_LOAD.1 / MAX_LOAD.0)
-            .next_power_of_two()
-            .max(MIN_SLOTS);
+        let slots = slots_for(8);
         let bits = slots.trailing_zeros();
         let at_home = |home: u32, k: u32| (home << (32 - bits)) + k;
         // Five entries at home in the last slot, two in the first and one in the second.

@@ -12,12 +12,21 @@
 use crate::kv::prefetch;
 use crate::tokens::SequenceHash;
 
-/// Slots hold at most this share of entries (numerator / denominator): short probe runs.
-const MAX_LOAD: (usize, usize) = (1, 2);
+/// Slots hold at most this share of entries (numerator / denominator): short probe runs. (The
+/// pool's id index, [`crate::kv::ids`], probes the same way at the same load.)
+pub(crate) const MAX_LOAD: (usize, usize) = (1, 2);
 /// Keys to [`BlockMap::warm`] at once: their lines stay in the first-level cache until used.
 pub const WARM_CHUNK: usize = 32;
 /// Slots of the first allocation.
-const MIN_SLOTS: usize = 16;
+pub(crate) const MIN_SLOTS: usize = 16;
+
+/// The slots (a power of two) that hold `entries` entries within [`MAX_LOAD`].
+pub(crate) fn slots_for(entries: usize) -> usize {
+    (entries.saturating_mul(MAX_LOAD.1) / MAX_LOAD.0)
+        .max(MIN_SLOTS)
+        .checked_next_power_of_two()
+        .unwrap_or(usize::MAX)
+}
 
 /// A map from [`SequenceHash`] to `V`, made for random probes on large tables (see the module
 /// docs). Key 0 marks an empty slot; a block whose hash is 0 lives in `zero` instead.
@@ -256,10 +265,7 @@ impl<V: Default> BlockMap<V> {
         if entries == 0 {
             return;
         }
-        let wanted = (entries.saturating_mul(MAX_LOAD.1) / MAX_LOAD.0)
-            .max(MIN_SLOTS)
-            .checked_next_power_of_two()
-            .unwrap_or(usize::MAX);
+        let wanted = slots_for(entries);
         if wanted > self.slots.len() {
             self.resize(wanted);
         }
