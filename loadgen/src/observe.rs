@@ -30,7 +30,9 @@ pub struct ObserveArgs {
     #[arg(long, overrides_with = "scrape_metrics")]
     pub no_scrape_metrics: bool,
 
-    /// Interval between two samples of `/metrics`, in ms.
+    /// Interval between two samples of `/metrics`, in ms; a slow scrape (a large exposition)
+    /// pushes the next one back to ten times its duration, so that scraping takes at most a
+    /// tenth of the run.
     #[arg(long, default_value_t = 500)]
     pub scrape_interval_ms: u64,
 

@@ -1,8 +1,9 @@
 //! The target's Prometheus metrics over a run: [`parse`] reads the text exposition format
 //! (any line it cannot read is skipped, never an error), [`Snapshot::of`] picks the serving
 //! figures out of known metric names (vLLM `vllm:*`, SGLang `sglang:*`, Dynamo `dynamo_*`,
-//! mockserve's `vllm:*` per worker and `servesim_*`), and [`Scraper`] samples `{url}/metrics`
-//! every interval while the run lasts. The result, [`ServerMetrics`], is a time series plus a
+//! mockserve's `vllm:*` per worker and `servesim_*`; [`Snapshot::read`] parses only their
+//! lines), and [`Scraper`] samples `{url}/metrics` every interval while the run lasts (further
+//! apart after a slow scrape). The result, [`ServerMetrics`], is a time series plus a
 //! summary (peak and mean) in the report's `server_metrics` key.
 //!
 //! Figures per sample: requests running and waiting (summed over workers), KV-cache usage (the
@@ -154,13 +155,39 @@ const PREEMPTIONS: &[&str] = &["vllm:num_preemptions", "sglang:num_preemptions"]
 /// Labels naming a worker.
 const WORKER_LABELS: &[&str] = &["worker", "worker_id", "engine", "dp_rank"];
 
-/// True when `sample` is the metric `name` (counters may carry `_total`).
-fn is(sample: &PromSample, name: &str) -> bool {
-    sample.name == name
-        || sample
-            .name
-            .strip_suffix("_total")
-            .is_some_and(|n| n == name)
+/// A worker's figure that a known metric carries.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Figure {
+    Running,
+    Waiting,
+    KvUsage,
+    PrefixHits,
+    PrefixQueries,
+    PrefixRate,
+    Preemptions,
+}
+
+/// The figure the metric `name` carries, if it is a known one (counters may carry `_total`).
+fn figure(name: &str) -> Option<Figure> {
+    let is = |known: &str| name == known || name.strip_suffix("_total") == Some(known);
+    let any = |names: &[&str]| names.iter().any(|n| is(n));
+    if any(RUNNING) {
+        Some(Figure::Running)
+    } else if any(WAITING) {
+        Some(Figure::Waiting)
+    } else if any(KV_USAGE) {
+        Some(Figure::KvUsage)
+    } else if PREFIX_COUNTERS.iter().any(|(h, _)| is(h)) {
+        Some(Figure::PrefixHits)
+    } else if PREFIX_COUNTERS.iter().any(|(_, q)| is(q)) {
+        Some(Figure::PrefixQueries)
+    } else if any(PREFIX_RATE) {
+        Some(Figure::PrefixRate)
+    } else if any(PREEMPTIONS) {
+        Some(Figure::Preemptions)
+    } else {
+        None
+    }
 }
 
 fn worker_of(s: &PromSample) -> String {
@@ -202,41 +229,63 @@ pub struct WorkerFigures {
     pub preemptions: Option<f64>,
 }
 
-fn add(slot: &mut Option<f64>, v: f64) {
-    if v.is_finite() {
-        *slot = Some(slot.unwrap_or(0.0) + v);
-    }
-}
-
 impl Snapshot {
     /// The known figures among `samples`.
     pub fn of(samples: &[PromSample]) -> Snapshot {
         let mut snap = Snapshot::default();
         for s in samples {
-            let w = snap.workers.entry(worker_of(s)).or_default();
-            if RUNNING.iter().any(|n| is(s, n)) {
-                add(&mut w.running, s.value);
-            } else if WAITING.iter().any(|n| is(s, n)) {
-                add(&mut w.waiting, s.value);
-            } else if KV_USAGE.iter().any(|n| is(s, n)) {
-                let v = if s.name.ends_with("_percent") && s.value > 1.0 {
-                    s.value / 100.0
-                } else {
-                    s.value
-                };
-                add(&mut w.kv_usage, v);
-            } else if PREFIX_COUNTERS.iter().any(|(h, _)| is(s, h)) {
-                add(&mut w.prefix_hits, s.value);
-            } else if PREFIX_COUNTERS.iter().any(|(_, q)| is(s, q)) {
-                add(&mut w.prefix_queries, s.value);
-            } else if PREFIX_RATE.iter().any(|n| is(s, n)) {
-                add(&mut w.prefix_hit_rate, s.value);
-            } else if PREEMPTIONS.iter().any(|n| is(s, n)) {
-                add(&mut w.preemptions, s.value);
+            if let Some(f) = figure(&s.name) {
+                snap.add(s, f);
             }
         }
-        snap.workers.retain(|_, w| *w != WorkerFigures::default());
         snap
+    }
+
+    /// The known figures in the text `text`, the same as [`Snapshot::of`] its [`parse`]: only
+    /// the lines of known metrics are parsed, where a server with many workers writes many
+    /// megabytes of histograms nobody here reads.
+    pub fn read(text: &str) -> Snapshot {
+        let mut snap = Snapshot::default();
+        for line in text.lines() {
+            // The name's leading run of name bytes: where the line parses, its name is exactly
+            // that run, so a line whose run is no known name can be skipped unparsed.
+            let line = line.trim_start();
+            let end = line
+                .bytes()
+                .position(|b| !(b.is_ascii_alphanumeric() || b == b'_' || b == b':'))
+                .unwrap_or(line.len());
+            let Some(f) = figure(&line[..end]) else {
+                continue;
+            };
+            if let Some(s) = parse_line(line) {
+                snap.add(&s, f);
+            }
+        }
+        snap
+    }
+
+    /// Adds `s`, a sample of figure `f`, to its worker's figures (a value that is not finite
+    /// adds nothing).
+    fn add(&mut self, s: &PromSample, f: Figure) {
+        if !s.value.is_finite() {
+            return;
+        }
+        let w = self.workers.entry(worker_of(s)).or_default();
+        let slot = match f {
+            Figure::Running => &mut w.running,
+            Figure::Waiting => &mut w.waiting,
+            Figure::KvUsage => &mut w.kv_usage,
+            Figure::PrefixHits => &mut w.prefix_hits,
+            Figure::PrefixQueries => &mut w.prefix_queries,
+            Figure::PrefixRate => &mut w.prefix_hit_rate,
+            Figure::Preemptions => &mut w.preemptions,
+        };
+        let v = if f == Figure::KvUsage && s.name.ends_with("_percent") && s.value > 1.0 {
+            s.value / 100.0
+        } else {
+            s.value
+        };
+        *slot = Some(slot.unwrap_or(0.0) + v);
     }
 
     /// True when no known figure was found.
@@ -320,7 +369,7 @@ pub struct ServerSummary {
 pub struct ServerMetrics {
     /// The scraped URL.
     pub url: String,
-    /// Interval between samples, ms.
+    /// Interval asked for between samples, ms (slow scrapes space them further apart).
     pub interval_ms: u64,
     /// Peak and mean.
     pub summary: ServerSummary,
@@ -425,7 +474,13 @@ impl ServerMetrics {
     }
 }
 
-/// Samples `/metrics` in the background.
+/// A scrape that takes longer than a tenth of the interval pushes the next one back to this
+/// many times its duration, so that scraping a large exposition (a server with many workers
+/// writes megabytes of histograms) takes at most a tenth of the run, on both sides.
+const SLOW_SCRAPE_SPACING: u32 = 10;
+
+/// Samples `/metrics` in the background, every interval, or less often when a scrape is slow
+/// (the next waits ten times its duration).
 pub struct Scraper {
     stop: oneshot::Sender<()>,
     task: JoinHandle<ServerMetrics>,
@@ -440,8 +495,13 @@ async fn fetch(client: &reqwest::Client, url: &str, api_key: Option<&str>) -> Op
     if !response.status().is_success() {
         return None;
     }
-    let text = response.text().await.ok()?;
-    Some(Snapshot::of(&parse(&text)))
+    let body = response.bytes().await.ok()?;
+    // The text format is UTF-8; a body that is not is read with its bad bytes replaced.
+    let text = match std::str::from_utf8(&body) {
+        Ok(text) => std::borrow::Cow::Borrowed(text),
+        Err(_) => String::from_utf8_lossy(&body),
+    };
+    Some(Snapshot::read(&text))
 }
 
 impl Scraper {
@@ -451,6 +511,17 @@ impl Scraper {
         let url = format!("{}/metrics", target.url);
         let client = target.endpoint.client.clone();
         let api_key = target.endpoint.api_key.clone();
+        Scraper::sample(client, url, api_key, interval, forced).await
+    }
+
+    /// [`Scraper::start`] on the metrics at `url`.
+    async fn sample(
+        client: reqwest::Client,
+        url: String,
+        api_key: Option<String>,
+        interval: Duration,
+        forced: bool,
+    ) -> Option<Scraper> {
         let first = fetch(&client, &url, api_key.as_deref()).await;
         if first.as_ref().is_none_or(Snapshot::is_empty) {
             if forced {
@@ -466,19 +537,20 @@ impl Scraper {
             if let Some(s) = first {
                 snaps.push((0.0, s));
             }
-            let mut ticker = tokio::time::interval_at(start + interval, interval);
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut next = start + interval;
             loop {
                 tokio::select! {
                     biased;
                     _ = &mut stopped => break,
-                    _ = ticker.tick() => {}
+                    _ = tokio::time::sleep_until(next) => {}
                 }
-                let t = start.elapsed().as_secs_f64() * 1000.0;
+                let began = Instant::now();
+                let t = (began - start).as_secs_f64() * 1000.0;
                 match fetch(&client, &url, api_key.as_deref()).await {
                     Some(s) if !s.is_empty() => snaps.push((t, s)),
                     _ => failed += 1,
                 }
+                next = began + interval.max(began.elapsed() * SLOW_SCRAPE_SPACING);
             }
             // One last sample at the end of the run.
             let t = start.elapsed().as_secs_f64() * 1000.0;
@@ -552,6 +624,103 @@ vllm:time_to_first_token_seconds_bucket{le="+Inf",worker="0"} 7
         }
         let _ = parse(&junk);
         let _ = Snapshot::of(&parse(&junk));
+    }
+
+    /// Reading a snapshot straight from the text (only known lines parsed) gives what parsing
+    /// every line and picking the known samples gives, on seeded random expositions: known and
+    /// unknown names, `_total` suffixes, worker labels, odd values, separators that are not
+    /// ASCII, and broken lines.
+    #[test]
+    fn a_snapshot_read_from_text_is_the_one_of_its_parsed_samples() {
+        use rand::{Rng, SeedableRng};
+        let names: Vec<&str> = [RUNNING, WAITING, KV_USAGE, PREFIX_RATE, PREEMPTIONS]
+            .concat()
+            .into_iter()
+            .chain(PREFIX_COUNTERS.iter().flat_map(|&(h, q)| [h, q]))
+            .chain([
+                "vllm:e2e_request_latency_seconds_bucket",
+                "other",
+                "vllm:num",
+            ])
+            .collect();
+        let labels = [
+            "",
+            "{worker=\"0\"}",
+            "{engine=\"3\",le=\"+Inf\"}",
+            "{model_name=\"m\", dp_rank=\"1\"}",
+            "{worker=\"q\\\"uo}te\"}",
+            "{worker=\"broken}",
+            "{}",
+        ];
+        let values = ["1", "0", "42.5", "150", "+Inf", "NaN", "-3e-2", "x", ""];
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
+        let mut with_workers = 0;
+        for _ in 0..300 {
+            let mut text = String::new();
+            for _ in 0..rng.gen_range(0..40) {
+                match rng.gen_range(0..10) {
+                    0 => text.push_str("# HELP vllm:num_requests_running x\n"),
+                    1 => text.push_str("  \n"),
+                    _ => {
+                        let name = names[rng.gen_range(0..names.len())];
+                        let total = if rng.gen_bool(0.3) { "_total" } else { "" };
+                        let label = labels[rng.gen_range(0..labels.len())];
+                        let value = values[rng.gen_range(0..values.len())];
+                        let lead = if rng.gen_bool(0.1) { " " } else { "" };
+                        let gap = [" ", "\t", "\u{2003}", "é "][rng.gen_range(0..4)];
+                        text.push_str(&format!("{lead}{name}{total}{label}{gap}{value}\n"));
+                    }
+                }
+            }
+            let read = Snapshot::read(&text);
+            assert_eq!(read, Snapshot::of(&parse(&text)), "{text}");
+            with_workers += usize::from(read.workers.len() > 1);
+        }
+        assert!(
+            with_workers > 100,
+            "{with_workers} of 300 name several workers"
+        );
+    }
+
+    /// Samples `/metrics` served after `delay` every 50 ms for `run`; the samples' times.
+    async fn sample_times(delay: Duration, run: Duration) -> Vec<f64> {
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || async move {
+                tokio::time::sleep(delay).await;
+                "vllm:num_requests_running 1\n"
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let interval = Duration::from_millis(50);
+        let scraper = Scraper::sample(reqwest::Client::new(), url, None, interval, true)
+            .await
+            .expect("the metrics are known");
+        tokio::time::sleep(run).await;
+        let metrics = scraper.finish().await;
+        server.abort();
+        assert_eq!(metrics.summary.failed_scrapes, 0);
+        metrics.samples.iter().map(|s| s.t_ms).collect()
+    }
+
+    /// Fast scrapes come every interval; a scrape slower than a tenth of the interval pushes
+    /// the next one back to ten times its duration (bounds generous for a loaded machine).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn slow_scrapes_are_spaced_to_ten_times_their_duration() {
+        let run = Duration::from_millis(900);
+        let fast = sample_times(Duration::ZERO, run).await;
+        assert!(fast.len() >= 6, "{fast:?}");
+        let slow = sample_times(Duration::from_millis(60), run).await;
+        // The first sample, the loop's first (50 ms in), the next 600 ms after it, the last.
+        assert!(slow.len() <= 5, "{slow:?}");
+        let loop_samples = &slow[1..slow.len() - 1];
+        for pair in loop_samples.windows(2) {
+            assert!(pair[1] - pair[0] >= 500.0, "{slow:?}");
+        }
     }
 
     #[test]
