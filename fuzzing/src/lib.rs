@@ -13,6 +13,8 @@
 //!   on a tiny cluster to the end, every request completed or rejected, the same way twice.
 //! - [`sse::sse_stream`]: loadgen's SSE parser gives the same events however the bytes are split,
 //!   and holds no more than its bound.
+//! - [`metrics::metrics_text`]: loadgen reads the same serving figures from any `/metrics` answer
+//!   whether it parses every line or only those of the metrics it knows.
 //! - [`tokenizer::prompt_text`]: the `tiktoken` encodings give tiktoken's own ids for any text
 //!   (servesim splits ASCII text by hand and caches pieces), the same twice, and decode back.
 //!
@@ -30,6 +32,7 @@
 //! ```
 
 pub mod http;
+pub mod metrics;
 pub mod mutate;
 pub mod runner;
 pub mod sse;
@@ -178,6 +181,53 @@ const SSE_TOKENS: &[&[u8]] = &[
     b"\0",
 ];
 
+/// Metric names loadgen reads, label sets, values and separators of the Prometheus text format.
+const METRICS_TOKENS: &[&[u8]] = &[
+    b"vllm:num_requests_running",
+    b"vllm:num_requests_waiting",
+    b"vllm:kv_cache_usage_perc",
+    b"vllm:prefix_cache_hits",
+    b"vllm:prefix_cache_queries",
+    b"vllm:num_preemptions",
+    b"sglang:num_running_reqs",
+    b"sglang:cache_hit_rate",
+    b"dynamo_component_kvstats_gpu_cache_usage_percent",
+    b"servesim_router_parked_requests",
+    b"vllm:e2e_request_latency_seconds_bucket",
+    b"_total",
+    b"{engine=\"0\"}",
+    b"{worker=\"1\",model_name=\"m\"}",
+    b"{dp_rank=\"2\"}",
+    b"{le=\"+Inf\"}",
+    b"{}",
+    b"{",
+    b"}",
+    b"=",
+    b",",
+    b"\"",
+    b"\\",
+    b"\\\"",
+    b" ",
+    b"\t",
+    b"\n",
+    b"\r\n",
+    b"# HELP ",
+    b"# TYPE ",
+    b" 0",
+    b" 1",
+    b" 150",
+    b" +Inf",
+    b" -Inf",
+    b" NaN",
+    b" 1e308",
+    b" -0.5",
+    b" 1700000000",
+    b"\xe2\x80\x83",
+    b"\xc3\xa9",
+    b"\xff",
+    b"\0",
+];
+
 /// Text where pre-tokenizers split differently: contractions, digit runs, symbol runs before
 /// line ends, every whitespace mix, letters of other cases and scripts, special-token strings.
 const TEXT_TOKENS: &[&[u8]] = &[
@@ -226,7 +276,7 @@ const TEXT_TOKENS: &[&[u8]] = &[
 ];
 
 /// Every target, in a fixed order.
-pub const TARGETS: [Target; 5] = [
+pub const TARGETS: [Target; 6] = [
     Target {
         name: "chat_body",
         check: http::chat_body,
@@ -252,6 +302,13 @@ pub const TARGETS: [Target; 5] = [
         name: "sse_stream",
         check: sse::sse_stream,
         dictionary: SSE_TOKENS,
+        fields: &[],
+        max_len: 64 << 10,
+    },
+    Target {
+        name: "metrics_text",
+        check: metrics::metrics_text,
+        dictionary: METRICS_TOKENS,
         fields: &[],
         max_len: 64 << 10,
     },

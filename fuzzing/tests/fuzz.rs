@@ -90,6 +90,11 @@ fn sse_stream() {
 }
 
 #[test]
+fn metrics_text() {
+    run("metrics_text");
+}
+
+#[test]
 fn prompt_text() {
     run("prompt_text");
 }
