@@ -241,9 +241,9 @@ impl Snapshot {
         snap
     }
 
-    /// The known figures in the text `text`, the same as [`Snapshot::of`] its [`parse`]: only
-    /// the lines of known metrics are parsed, where a server with many workers writes many
-    /// megabytes of histograms nobody here reads.
+    /// The known figures in `text`: what [`Snapshot::of`] gives for its [`parse`], but only the
+    /// lines of known metrics are parsed (a server with many workers writes megabytes of
+    /// histograms that nothing here reads).
     pub fn read(text: &str) -> Snapshot {
         let mut snap = Snapshot::default();
         for line in text.lines() {
