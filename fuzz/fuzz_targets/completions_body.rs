@@ -1,14 +1,4 @@
 //! A request body to `POST /v1/completions`; see `servesim_fuzzing::http::completions_body`.
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| servesim_fuzzing::http::completions_body(data));
-
-// Half of the mutations are libFuzzer's own, half the target's structure-aware ones.
-libfuzzer_sys::fuzz_mutator!(|data: &mut [u8], size: usize, max_size: usize, seed: u32| {
-    if seed % 2 == 0 {
-        libfuzzer_sys::fuzzer_mutate(data, size, max_size)
-    } else {
-        let target = servesim_fuzzing::target("completions_body").expect("a known target");
-        servesim_fuzzing::mutate::mutate_in_place(target, data, size, max_size, u64::from(seed))
-    }
-});
+servesim_fuzzing::libfuzzer_target!("completions_body");

@@ -326,6 +326,30 @@ pub fn target(name: &str) -> Option<&'static Target> {
     TARGETS.iter().find(|t| t.name == name)
 }
 
+/// The libFuzzer entry points of the target called `name`, for its binary under `fuzz/`
+/// (which depends on `libfuzzer-sys`): the target's checker on every input, and a mutator that
+/// leaves half the mutations to libFuzzer and makes the other half the target's own
+/// structure-aware ones ([`mutate::mutate_in_place`]). A name not in [`TARGETS`] panics at the
+/// first input.
+#[macro_export]
+macro_rules! libfuzzer_target {
+    ($name:literal) => {
+        libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+            let target = $crate::target($name).expect("a known target");
+            (target.check)(data)
+        });
+
+        libfuzzer_sys::fuzz_mutator!(|data: &mut [u8], size: usize, max_size: usize, seed: u32| {
+            if seed % 2 == 0 {
+                libfuzzer_sys::fuzzer_mutate(data, size, max_size)
+            } else {
+                let target = $crate::target($name).expect("a known target");
+                $crate::mutate::mutate_in_place(target, data, size, max_size, u64::from(seed))
+            }
+        });
+    };
+}
+
 /// The `fuzz/` directory of the repository: `corpus/<target>/` holds the seed inputs,
 /// `regressions/<target>/` the inputs that once violated a property.
 pub fn fuzz_dir() -> PathBuf {
