@@ -48,6 +48,11 @@ pub fn parse(text: &str) -> Vec<PromSample> {
     text.lines().filter_map(parse_line).collect()
 }
 
+/// True for the characters a metric name is made of.
+fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_' || c == ':'
+}
+
 fn parse_line(line: &str) -> Option<PromSample> {
     let line = line.trim();
     if line.is_empty() || line.starts_with('#') {
@@ -57,11 +62,7 @@ fn parse_line(line: &str) -> Option<PromSample> {
         .find(|c: char| c == '{' || c.is_whitespace())
         .unwrap_or(line.len());
     let name = &line[..name_end];
-    if name.is_empty()
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
-    {
+    if name.is_empty() || !name.chars().all(is_name_char) {
         return None;
     }
     let mut rest = &line[name_end..];
@@ -247,13 +248,10 @@ impl Snapshot {
     pub fn read(text: &str) -> Snapshot {
         let mut snap = Snapshot::default();
         for line in text.lines() {
-            // The name's leading run of name bytes: where the line parses, its name is exactly
-            // that run, so a line whose run is no known name can be skipped unparsed.
+            // The line's leading run of name characters: where the line parses, its name is
+            // exactly that run, so a line whose run is no known name can be skipped unparsed.
             let line = line.trim_start();
-            let end = line
-                .bytes()
-                .position(|b| !(b.is_ascii_alphanumeric() || b == b'_' || b == b':'))
-                .unwrap_or(line.len());
+            let end = line.find(|c: char| !is_name_char(c)).unwrap_or(line.len());
             let Some(f) = figure(&line[..end]) else {
                 continue;
             };
