@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""The shape of the house: import circles between files, long files and public items per crate.
+
+Usage: python3 scripts/house.py [--max-lines N]   (from anywhere inside the repository)
+
+For every crate of the workspace it reads the Rust files under its `src/`, takes the paths each
+file names through `crate::` and `super::` (in `use` items and inline), resolves them to the file
+that defines that module, and prints:
+
+- every import circle between files (a strongly connected group of two or more files); a
+  parent's `mod child;` declaration is not an import, and a file's own `#[cfg(test)]` tail is
+  left out;
+- every file longer than --max-lines (default 800), not counting test files and a file's
+  `#[cfg(test)]` tail;
+- the count of `pub`, `pub(crate)` and other restricted items per crate.
+
+Exits 1 when it finds a circle or a long file, so a check can call it. Standard library only.
+"""
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+CRATES = {
+    "servesim": "src",
+    "mock_server": "mock_server/src",
+    "loadgen": "loadgen/src",
+    "indexer_bench": "indexer_bench/src",
+    "servesim_fuzzing": "fuzzing/src",
+}
+
+PATH_RE = re.compile(r"\b(crate|super)((?:::\w+)+)")
+USE_GROUP_RE = re.compile(r"\buse\s+(crate|super)((?:::\w+)*)::\{([^;]*)\}", re.S)
+PUB_RE = re.compile(r"^\s*pub(\([^)]*\))?\s+(?:unsafe\s+|async\s+|const\s+)*"
+                    r"(fn|struct|enum|trait|type|const|static|mod|use)\b", re.M)
+
+
+def module_path(root: Path, file: Path) -> tuple:
+    """The module path of a file: src/a/b.rs -> ("a", "b"); src/a/mod.rs -> ("a",)."""
+    parts = list(file.relative_to(root).with_suffix("").parts)
+    if parts[-1] in ("mod", "lib", "main"):
+        parts.pop()
+    return tuple(parts)
+
+
+TEST_TAIL_RE = re.compile(r"^#\[cfg\(test\)\]\s*\n\s*mod\s+\w+\s*\{", re.M)
+
+
+def without_tests(text: str) -> str:
+    """The file without its trailing `#[cfg(test)]` module."""
+    cut = TEST_TAIL_RE.search(text)
+    return text[: cut.start()] if cut else text
+
+
+def code_of(text: str) -> str:
+    """The file without comments and without its trailing `#[cfg(test)]` module."""
+    return re.sub(r"//[^\n]*", "", without_tests(text))
+
+
+def resolve(modules: dict, path: tuple):
+    """The file of the longest module prefix of `path`."""
+    for n in range(len(path), -1, -1):
+        if path[:n] in modules:
+            return modules[path[:n]]
+    return None
+
+
+def edges_of(modules: dict, here: tuple, is_dir_module: bool, code: str) -> set:
+    """The files that `code` (the file of module `here`) imports from."""
+    base_super = here[:-1]
+    found = set()
+
+    def add(kind: str, rest: str):
+        names = tuple(p for p in rest.split("::") if p)
+        if kind == "crate":
+            target = names
+        else:
+            parent = list(base_super)
+            while names and names[0] == "super":
+                parent = parent[:-1]
+                names = names[1:]
+            target = tuple(parent) + names
+        file = resolve(modules, target)
+        if file is not None:
+            found.add(file)
+
+    for m in USE_GROUP_RE.finditer(code):
+        for item in re.split(r",", m.group(3)):
+            item = item.strip().split(" as ")[0].strip()
+            if not item or item in ("self", "*") or item.startswith("{"):
+                add(m.group(1), m.group(2))
+                continue
+            add(m.group(1), m.group(2) + "::" + item.split("::{")[0])
+    for m in PATH_RE.finditer(code):
+        add(m.group(1), m.group(2))
+    return found
+
+
+def circles(graph: dict) -> list:
+    """Strongly connected groups of two or more files (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def is_test_file(path: Path) -> bool:
+    return path.name in ("tests.rs", "test.rs") or "tests" in path.parts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--max-lines", type=int, default=800)
+    args = parser.parse_args()
+    top = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True,
+                              text=True, check=True).stdout.strip())
+    bad = False
+    long_files = []
+    print("crate             files  circles   pub  pub(restricted)")
+    all_circles = []
+    for crate, src in CRATES.items():
+        root = top / src
+        files = sorted(p for p in root.rglob("*.rs"))
+        modules = {}
+        for f in files:
+            if f.name == "main.rs" and (root / "lib.rs").exists():
+                continue
+            modules[module_path(root, f)] = f
+        graph = {}
+        pub = restricted = 0
+        for f in files:
+            text = f.read_text()
+            code = code_of(text)
+            for m in PUB_RE.finditer(code):
+                if m.group(1):
+                    restricted += 1
+                else:
+                    pub += 1
+            lines = len(without_tests(text).splitlines())
+            if not is_test_file(f) and lines > args.max_lines:
+                long_files.append((lines, f.relative_to(top)))
+            if f.name == "main.rs" and (root / "lib.rs").exists():
+                continue
+            here = module_path(root, f)
+            graph[f] = {e for e in edges_of(modules, here, f.name == "mod.rs", code) if e != f}
+        found = circles(graph)
+        all_circles += found
+        print(f"{crate:<17} {len(files):>5}  {len(found):>7}  {pub:>4}  {restricted:>15}")
+    for group in all_circles:
+        bad = True
+        print("circle: " + " <-> ".join(str(f.relative_to(top)) for f in group))
+    for n, f in sorted(long_files, reverse=True):
+        bad = True
+        print(f"long file: {f} ({n} lines > {args.max_lines})")
+    if not bad:
+        print("no import circles, no file over", args.max_lines, "lines outside tests")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
