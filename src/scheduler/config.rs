@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::policy::{Planner, VictimOrder};
+use super::policy::{BatchingPolicy, EngineType, Planner, PreemptionMode, VictimOrder};
 use crate::kv::G2Config;
 use crate::perf::{Polynomial, ScaledLatency};
 
@@ -27,67 +27,6 @@ impl std::fmt::Display for WorkerRole {
             WorkerRole::Prefill => "prefill",
             WorkerRole::Decode => "decode",
         })
-    }
-}
-
-/// Which engine's batching behaviour to simulate.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EngineType {
-    /// vLLM v1: running first, FIFO admission, chunked prefill, LIFO preemption.
-    #[default]
-    Vllm,
-    /// SGLang: new-token-ratio reservation, extend passes, retraction.
-    Sglang,
-    /// TRT-LLM guaranteed-no-evict: reserve to completion, never preempt.
-    Trtllm,
-}
-
-impl std::str::FromStr for EngineType {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "vllm" => Ok(EngineType::Vllm),
-            "sglang" => Ok(EngineType::Sglang),
-            "trtllm" => Ok(EngineType::Trtllm),
-            _ => Err(format!(
-                "unknown engine type {s:?} (expected vllm, sglang or trtllm)"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for EngineType {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            EngineType::Vllm => "vllm",
-            EngineType::Sglang => "sglang",
-            EngineType::Trtllm => "trtllm",
-        })
-    }
-}
-
-/// Which running request vLLM preempts when KV blocks run out.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PreemptionMode {
-    /// The newest running request (vLLM v1).
-    #[default]
-    Lifo,
-    /// The oldest running request.
-    Fifo,
-}
-
-impl std::str::FromStr for PreemptionMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "lifo" => Ok(PreemptionMode::Lifo),
-            "fifo" => Ok(PreemptionMode::Fifo),
-            _ => Err(format!(
-                "unknown preemption mode {s:?} (expected lifo or fifo)"
-            )),
-        }
     }
 }
 
@@ -196,6 +135,11 @@ pub struct ConfigError(pub String);
 pub const MAX_KV_TOKENS: usize = 1 << 40;
 
 impl EngineConfig {
+    /// The batching behaviour these settings select.
+    pub fn policy(&self) -> BatchingPolicy {
+        BatchingPolicy::of(self.engine_type, self.preemption_mode)
+    }
+
     /// Checks that the settings can work together: sizes positive and the pool within
     /// `MAX_KV_TOKENS` (2^40 tokens), speed-up ratios positive (infinity allowed), SGLang's chunk a
     /// positive multiple of the block size within its per-pass prefill budget, and a host tier

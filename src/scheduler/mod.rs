@@ -13,8 +13,8 @@ mod offload;
 mod policy;
 mod sglang;
 pub use admission::RejectReason;
-pub use config::{ConfigError, EngineConfig, EngineType, PreemptionMode, SglangConfig, WorkerRole};
-pub use policy::{BatchingPolicy, Planner, VictimOrder};
+pub use config::{ConfigError, EngineConfig, SglangConfig, WorkerRole};
+pub use policy::{BatchingPolicy, EngineType, Planner, PreemptionMode, VictimOrder};
 
 use std::collections::{BTreeMap, VecDeque};
 

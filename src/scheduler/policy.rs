@@ -2,7 +2,66 @@
 //! flavour has or lacks, decided once from the [`EngineType`], so the scheduler asks what to do
 //! instead of which engine it is.
 
-use super::config::{EngineConfig, EngineType, PreemptionMode};
+/// Which engine's batching behaviour to simulate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineType {
+    /// vLLM v1: running first, FIFO admission, chunked prefill, LIFO preemption.
+    #[default]
+    Vllm,
+    /// SGLang: new-token-ratio reservation, extend passes, retraction.
+    Sglang,
+    /// TRT-LLM guaranteed-no-evict: reserve to completion, never preempt.
+    Trtllm,
+}
+
+impl std::str::FromStr for EngineType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "vllm" => Ok(EngineType::Vllm),
+            "sglang" => Ok(EngineType::Sglang),
+            "trtllm" => Ok(EngineType::Trtllm),
+            _ => Err(format!(
+                "unknown engine type {s:?} (expected vllm, sglang or trtllm)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for EngineType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EngineType::Vllm => "vllm",
+            EngineType::Sglang => "sglang",
+            EngineType::Trtllm => "trtllm",
+        })
+    }
+}
+
+/// Which running request vLLM preempts when KV blocks run out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PreemptionMode {
+    /// The newest running request (vLLM v1).
+    #[default]
+    Lifo,
+    /// The oldest running request.
+    Fifo,
+}
+
+impl std::str::FromStr for PreemptionMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "lifo" => Ok(PreemptionMode::Lifo),
+            "fifo" => Ok(PreemptionMode::Fifo),
+            _ => Err(format!(
+                "unknown preemption mode {s:?} (expected lifo or fifo)"
+            )),
+        }
+    }
+}
 
 /// How a pass is planned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,12 +148,5 @@ impl BatchingPolicy {
                 honours_chunked_prefill_flag: false,
             },
         }
-    }
-}
-
-impl EngineConfig {
-    /// The batching behaviour these settings select.
-    pub fn policy(&self) -> BatchingPolicy {
-        BatchingPolicy::of(self.engine_type, self.preemption_mode)
     }
 }
