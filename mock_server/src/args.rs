@@ -291,7 +291,7 @@ impl EngineArgs {
             ),
         ];
         for (flag, ratio) in ratios {
-            if !(ratio >= MIN_SPEEDUP_RATIO) {
+            if ratio.is_nan() || ratio < MIN_SPEEDUP_RATIO {
                 return Err(ConfigError(format!(
                     "{flag} must be at least {MIN_SPEEDUP_RATIO} (inf means no delay), got {}",
                     show_number(ratio)

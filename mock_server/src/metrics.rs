@@ -293,10 +293,13 @@ pub struct Metrics {
     pub g2_onboarded_blocks: Family<WorkerLabel, Gauge>,
     /// `servesim_faults` by type: faults injected (`--fault-rate`, `x-servesim-fault`).
     pub faults: Family<FaultLabel, Counter>,
-    /// `servesim_kv_events_published` per worker: KV-event batches sent on its ZeroMQ socket.
+    /// `servesim_kv_events_published` per worker: KV-event batches published (numbered, kept
+    /// for replay and queued for each subscriber).
     pub kv_events_published: Family<WorkerLabel, Counter>,
-    /// `servesim_kv_events_dropped` per worker: batches dropped because the socket lagged
-    /// (a slow or absent subscriber never stalls the engine); replay can serve them.
+    /// `servesim_kv_events_dropped` per worker: batches dropped for a subscriber that fell
+    /// more than [`crate::kv_events::PEER_QUEUE`] batches behind (its oldest queued one, once
+    /// per subscriber that lost it); other subscribers and the engine never wait for it, and
+    /// replay can serve the batch.
     pub kv_events_dropped: Family<WorkerLabel, Counter>,
     /// `servesim_kv_events_unknown_blocks`: stored blocks published without their tokens
     /// (a defect: always 0).
@@ -461,7 +464,7 @@ impl Metrics {
         );
         r.register(
             "servesim_kv_events_dropped",
-            "KV-event batches dropped because the publisher lagged, per worker",
+            "KV-event batches dropped for subscribers that fell behind, per worker",
             m.kv_events_dropped.clone(),
         );
         r.register(
