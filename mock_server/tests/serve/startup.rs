@@ -254,14 +254,26 @@ async fn the_binary_prints_no_address_when_a_kv_socket_cannot_start() -> Result<
     for (flags, needles) in cases {
         let mut argv = vec!["--port", "0", "--speedup-ratio", "inf"];
         argv.extend_from_slice(&flags);
-        let (stdout, stderr) = failing_binary(&argv).await?;
-        assert_eq!(stdout, "", "{flags:?}: no address printed");
-        assert_eq!(stderr.lines().count(), 1, "{flags:?}: one line: {stderr}");
-        assert!(stderr.starts_with("mockserve: error: "), "{stderr}");
-        for needle in needles {
-            assert!(stderr.contains(needle), "{flags:?}: {stderr}");
-        }
+        check_one_line(&argv, &needles).await?;
     }
+    // The HTTP port itself in use: named by its flags.
+    check_one_line(
+        &["--host", "0.0.0.0", "--port", &port],
+        &["--host 0.0.0.0 --port", &port, "in use"],
+    )
+    .await?;
     drop(busy);
+    Ok(())
+}
+
+/// The binary run with `argv` fails, prints nothing on stdout and one error line holding `needles`.
+async fn check_one_line(argv: &[&str], needles: &[&str]) -> Result<()> {
+    let (stdout, stderr) = failing_binary(argv).await?;
+    assert_eq!(stdout, "", "{argv:?}: no address printed");
+    assert_eq!(stderr.lines().count(), 1, "{argv:?}: one line: {stderr}");
+    assert!(stderr.starts_with("mockserve: error: "), "{stderr}");
+    for needle in needles {
+        assert!(stderr.contains(needle), "{argv:?}: {stderr}");
+    }
     Ok(())
 }
