@@ -239,12 +239,38 @@ fn read_model_config(path: &Path) -> Result<u64, ConfigError> {
         .map_err(|e| ConfigError(format!("--model-config {}: {e}", path.display())))
 }
 
+/// The longest pass `--fixed-latency` may set: one hour, in milliseconds.
+pub const MAX_FIXED_LATENCY_MS: f64 = 3_600_000.0;
+
+/// The smallest `--speedup-ratio` and `--decode-speedup-ratio` (and their product): a thousand
+/// times slower than the model, so that scaled passes stay within microsecond arithmetic.
+pub const MIN_SPEEDUP_RATIO: f64 = 1e-3;
+
+/// The smallest positive bandwidth flag in GB/s (1 MB/s): slower links would time transfers
+/// beyond microsecond arithmetic.
+pub const MIN_BANDWIDTH_GBPS: f64 = 1e-3;
+
+/// `x` for an error message: as written when it is of a sane size, in scientific notation when
+/// it is huge or tiny (`1e308`, not 309 digits).
+pub fn show_number(x: f64) -> String {
+    if x.is_finite() && x != 0.0 && !(1e-6..1e15).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
+
 fn parse_fixed(s: &str) -> Result<Fixed, String> {
     let (p, d) = s.split_once(',').ok_or("expected PREFILL_MS,DECODE_MS")?;
     let num = |v: &str| v.trim().parse::<f64>().map_err(|e| format!("{v:?}: {e}"));
     let (prefill_ms, decode_ms) = (num(p)?, num(d)?);
-    if !(prefill_ms >= 0.0 && decode_ms >= 0.0 && prefill_ms.is_finite() && decode_ms.is_finite()) {
-        return Err("times must be finite and >= 0".into());
+    for ms in [prefill_ms, decode_ms] {
+        if !(0.0..=MAX_FIXED_LATENCY_MS).contains(&ms) {
+            return Err(format!(
+                "times must be finite, >= 0 and at most {MAX_FIXED_LATENCY_MS} ms (one hour), got {}",
+                show_number(ms)
+            ));
+        }
     }
     Ok(Fixed {
         prefill_ms,
@@ -253,11 +279,67 @@ fn parse_fixed(s: &str) -> Result<Fixed, String> {
 }
 
 impl EngineArgs {
+    /// The number flags the engine's own validation would accept but that overflow its
+    /// microsecond arithmetic, and weights too large to print sanely in its messages.
+    fn check_numbers(&self) -> Result<(), ConfigError> {
+        let ratios = [
+            ("--speedup-ratio", self.speedup_ratio),
+            ("--decode-speedup-ratio", self.decode_speedup_ratio),
+            (
+                "--speedup-ratio x --decode-speedup-ratio",
+                self.speedup_ratio * self.decode_speedup_ratio,
+            ),
+        ];
+        for (flag, ratio) in ratios {
+            if ratio.is_nan() || ratio < MIN_SPEEDUP_RATIO {
+                return Err(ConfigError(format!(
+                    "{flag} must be at least {MIN_SPEEDUP_RATIO} (inf means no delay), got {}",
+                    show_number(ratio)
+                )));
+            }
+        }
+        let weight = self.overlap_score_weight;
+        if !(0.0..=servesim::cluster::MAX_OVERLAP_SCORE_WEIGHT).contains(&weight) {
+            return Err(ConfigError(format!(
+                "--overlap-score-weight must be a number between 0 and {}, got {}",
+                show_number(servesim::cluster::MAX_OVERLAP_SCORE_WEIGHT),
+                show_number(weight)
+            )));
+        }
+        let floats = [
+            ("--router-temperature", Some(self.router_temperature)),
+            ("--router-queue-threshold", self.router_queue_threshold),
+        ];
+        for (flag, value) in floats {
+            if let Some(v) = value.filter(|v| !(v.is_finite() && *v >= 0.0)) {
+                return Err(ConfigError(format!(
+                    "{flag} must be finite and >= 0, got {}",
+                    show_number(v)
+                )));
+            }
+        }
+        let bandwidths = [
+            ("--kv-transfer-bandwidth", self.kv_transfer_bandwidth),
+            ("--bandwidth-g1-to-g2-gbps", self.bandwidth_g1_to_g2_gbps),
+            ("--bandwidth-g2-to-g1-gbps", self.bandwidth_g2_to_g1_gbps),
+        ];
+        for (flag, gbps) in bandwidths {
+            if let Some(g) = gbps.filter(|g| !(*g == 0.0 || *g >= MIN_BANDWIDTH_GBPS)) {
+                return Err(ConfigError(format!(
+                    "{flag} must be 0 (instant) or at least {MIN_BANDWIDTH_GBPS} GB/s, got {}",
+                    show_number(g)
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The validated cluster configuration these flags describe: flag combinations that only
     /// apply to another mode are errors, then [`ClusterConfig::validate`] checks every value
     /// (NaN and infinite weights, zero or huge sizes, overflowing products, ...).
     pub fn cluster_config(&self) -> Result<ClusterConfig, ConfigError> {
         let bad = |m: &str| Err(ConfigError(m.to_string()));
+        self.check_numbers()?;
         let kv_bytes_per_token = match (&self.model_config, self.kv_bytes_per_token) {
             (Some(path), _) => Some(read_model_config(path)?),
             (None, Some(0)) => return bad("--kv-bytes-per-token must be positive"),
@@ -390,8 +472,28 @@ mod tests {
             &["--router-queue-threshold", "nan"],
             "--router-queue-threshold",
         ),
-        (&["--speedup-ratio", "0"], "speed-up"),
-        (&["--decode-speedup-ratio", "nan"], "speed-up"),
+        (&["--speedup-ratio", "0"], "--speedup-ratio"),
+        (
+            &["--speedup-ratio", "1e-300"],
+            "--speedup-ratio must be at least 0.001",
+        ),
+        (&["--decode-speedup-ratio", "nan"], "--decode-speedup-ratio"),
+        (
+            &["--speedup-ratio", "0.01", "--decode-speedup-ratio", "0.01"],
+            "--speedup-ratio x --decode-speedup-ratio",
+        ),
+        (&["--fixed-latency", "1e308,1"], "got 1e308"),
+        (&["--fixed-latency", "1,3600001"], "at most 3600000 ms"),
+        (&["--router-temperature", "1e309"], "--router-temperature"),
+        (
+            &[
+                "--serving-mode",
+                "disagg",
+                "--kv-transfer-bandwidth",
+                "1e-300",
+            ],
+            "--kv-transfer-bandwidth must be 0 (instant) or at least 0.001 GB/s, got 1e-300",
+        ),
         (&["--num-workers", "0"], "--num-workers"),
         (&["--num-workers", "100000"], "--num-workers"),
         (&["--max-num-seqs", "0"], "--max-num-seqs"),
@@ -461,6 +563,10 @@ mod tests {
                     },
                 };
                 assert!(msg.contains(needle), "{argv:?}: {msg}");
+                assert!(
+                    !msg.contains("0000000000000000"),
+                    "{argv:?}: a huge number written out: {msg}"
+                );
             }
         }
     }

@@ -20,9 +20,17 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `--body-read-timeout`.
 pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// Default `--idle-timeout`: longer than the pool idle timeout of common clients (reqwest and
-/// hyper: 90 s), so a client rarely reuses a connection the server is closing.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+/// Default `--idle-timeout`: 5 s, uvicorn's keep-alive (what vLLM's server runs), so idle
+/// connections give their `--max-connections` slot back quickly.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest `--header-read-timeout`, `--body-read-timeout`, `--idle-timeout`,
+/// `--shutdown-timeout` and `--startup-delay`: one day.
+pub const MAX_SECONDS_FLAG: Duration = Duration::from_secs(86_400);
+/// The largest `--max-body-bytes`: 1 GiB (bodies are held in memory).
+pub const MAX_BODY_BYTES: usize = 1 << 30;
+/// The largest `--max-model-len` and `--default-max-tokens`: 2^40 tokens, the engine's limit
+/// on a worker's KV pool.
+pub const MAX_TOKENS_FLAG: usize = 1 << 40;
 /// Default `--max-connections`.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// Default `--shutdown-timeout`.
@@ -134,14 +142,20 @@ impl ServerConfig {
     /// Checks the server settings (the cluster's are checked when it is built).
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: &str| Err(ConfigError(m.to_string()));
+        if self.model_name.trim().is_empty() {
+            return bad("--model-name must not be empty");
+        }
+        if self.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+            return bad("--api-key must not be empty (leave it out to serve without a key)");
+        }
         if !(0.0..=1.0).contains(&self.reasoning_ratio) {
             return bad("--reasoning-ratio must be between 0 and 1");
         }
-        if self.default_max_tokens == 0 {
-            return bad("--default-max-tokens must be positive");
+        if self.default_max_tokens == 0 || self.default_max_tokens > MAX_TOKENS_FLAG {
+            return bad("--default-max-tokens must be between 1 and 2^40 (1099511627776)");
         }
-        if self.max_body_bytes == 0 {
-            return bad("--max-body-bytes must be positive");
+        if self.max_body_bytes == 0 || self.max_body_bytes > MAX_BODY_BYTES {
+            return bad("--max-body-bytes must be between 1 and 2^30 (1 GiB)");
         }
         if !(0.0..=1.0).contains(&self.stop_probability) {
             return bad("--stop-probability must be between 0 and 1");
@@ -149,8 +163,11 @@ impl ServerConfig {
         if !(0.0..=1.0).contains(&self.tool_call_probability) {
             return bad("--tool-call-probability must be between 0 and 1");
         }
-        if self.max_model_len == 0 {
-            return bad("--max-model-len must be positive");
+        if self.max_model_len == 0 || self.max_model_len > MAX_TOKENS_FLAG {
+            return bad("--max-model-len must be between 1 and 2^40 (1099511627776)");
+        }
+        if self.startup_delay > MAX_SECONDS_FLAG {
+            return bad("--startup-delay must be at most 86400 seconds (one day)");
         }
         self.http.validate()?;
         self.cluster.validate()
@@ -194,6 +211,15 @@ impl HttpLimits {
             || self.idle_timeout.is_zero()
         {
             return bad("HTTP read and idle timeouts must be positive");
+        }
+        let timeouts = [
+            self.header_read_timeout,
+            self.body_read_timeout,
+            self.idle_timeout,
+            self.shutdown_timeout,
+        ];
+        if timeouts.iter().any(|t| *t > MAX_SECONDS_FLAG) {
+            return bad("HTTP timeouts must be at most 86400 seconds (one day)");
         }
         if self.max_connections == 0 || self.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
             return bad("--max-connections must be positive (and below 2^61)");

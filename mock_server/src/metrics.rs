@@ -8,6 +8,14 @@
 //! registered without their `_total` suffix; the encoder appends it to the samples. Token
 //! counters and latency histograms are fed by the driver task, which sees every engine
 //! output; gauges are set from the cluster's snapshot when `/metrics` is scraped.
+//!
+//! With many workers the exposition is large (about 25 MB and 280,000 lines at 1,024 workers)
+//! and costly to build, so [`Metrics::encode`] builds it off the runtime's worker threads
+//! (`block_in_place`), one build at a time, and an exposition that took at least
+//! [`REUSE_THRESHOLD`] to build is served again to scrapes that arrive within
+//! [`REUSE_FACTOR`] times its build time: however many clients scrape, building costs at most
+//! about a quarter of one core. A scrape after a quiet spell, and every scrape of a server whose
+//! exposition builds faster than the threshold, gets a fresh build.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -18,6 +26,11 @@ use prometheus_client::registry::Registry;
 use servesim::cluster::ClusterStats;
 use servesim::ids::WorkerId;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use tokio::time::Instant;
 
 /// The per-worker label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -280,10 +293,13 @@ pub struct Metrics {
     pub g2_onboarded_blocks: Family<WorkerLabel, Gauge>,
     /// `servesim_faults` by type: faults injected (`--fault-rate`, `x-servesim-fault`).
     pub faults: Family<FaultLabel, Counter>,
-    /// `servesim_kv_events_published` per worker: KV-event batches sent on its ZeroMQ socket.
+    /// `servesim_kv_events_published` per worker: KV-event batches published (numbered, kept
+    /// for replay and queued for each subscriber).
     pub kv_events_published: Family<WorkerLabel, Counter>,
-    /// `servesim_kv_events_dropped` per worker: batches dropped because the socket lagged
-    /// (a slow or absent subscriber never stalls the engine); replay can serve them.
+    /// `servesim_kv_events_dropped` per worker: batches dropped for a subscriber that fell
+    /// more than [`crate::kv_events::PEER_QUEUE`] batches behind (its oldest queued one, once
+    /// per subscriber that lost it); other subscribers and the engine never wait for it, and
+    /// replay can serve the batch.
     pub kv_events_dropped: Family<WorkerLabel, Counter>,
     /// `servesim_kv_events_unknown_blocks`: stored blocks published without their tokens
     /// (a defect: always 0).
@@ -291,7 +307,29 @@ pub struct Metrics {
     /// The length of the last exposition: the next one starts with room for it (with many
     /// workers it runs to megabytes, which growing from empty copies about twice over).
     encoded_len: AtomicUsize,
+    /// The last exposition built. A `std` mutex held for a whole build (off the runtime's
+    /// worker threads, never across an await), so that scrapes build one at a time and a
+    /// scrape that waited can take the build that finished meanwhile.
+    exposition: Mutex<Option<Exposition>>,
 }
+
+/// An exposition built earlier, kept for the scrapes right after it.
+#[derive(Debug)]
+struct Exposition {
+    /// When its build began.
+    started: Instant,
+    /// How long the build took.
+    took: Duration,
+    /// The text.
+    text: Bytes,
+}
+
+/// Builds that took at least this long are reused (see [`REUSE_FACTOR`]); cheaper ones never.
+pub const REUSE_THRESHOLD: Duration = Duration::from_millis(25);
+
+/// A costly exposition is served again to scrapes arriving within this many times its build
+/// time after its build began.
+pub const REUSE_FACTOR: u32 = 4;
 
 /// The serving-pool label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -375,6 +413,7 @@ impl Metrics {
             kv_events_published: Family::default(),
             kv_events_dropped: Family::default(),
             kv_events_unknown_blocks: Counter::default(),
+            exposition: Mutex::new(None),
             encoded_len: AtomicUsize::new(0),
         };
         let r = &mut m.registry;
@@ -425,7 +464,7 @@ impl Metrics {
         );
         r.register(
             "servesim_kv_events_dropped",
-            "KV-event batches dropped because the publisher lagged, per worker",
+            "KV-event batches dropped for subscribers that fell behind, per worker",
             m.kv_events_dropped.clone(),
         );
         r.register(
@@ -732,13 +771,134 @@ impl Metrics {
         }
     }
 
-    /// The OpenMetrics text exposition.
-    pub fn encode(&self) -> String {
+    /// The OpenMetrics text exposition: built now, or the one a scrape just before this one
+    /// built when building is costly (see the module docs). On a multi-threaded runtime the
+    /// build (or the wait for another scrape's) runs in `block_in_place`, so the runtime's other
+    /// tasks move to another thread meanwhile.
+    pub fn encode(&self) -> Bytes {
+        let arrived = Instant::now();
+        let build = || {
+            let mut last = self
+                .exposition
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if let Some(e) = last.as_ref() {
+                let recent = e.took >= REUSE_THRESHOLD
+                    && arrived.saturating_duration_since(e.started) < e.took * REUSE_FACTOR;
+                if e.started >= arrived || recent {
+                    return e.text.clone();
+                }
+            }
+            let started = Instant::now();
+            let text = Bytes::from(self.build());
+            *last = Some(Exposition {
+                started,
+                took: started.elapsed(),
+                text: text.clone(),
+            });
+            text
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(build)
+            }
+            _ => build(),
+        }
+    }
+
+    /// Builds the exposition.
+    fn build(&self) -> String {
         let room = self.encoded_len.load(Ordering::Relaxed);
         let mut out = String::with_capacity(room + room / 8);
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         self.encoded_len.store(out.len(), Ordering::Relaxed);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cheap_exposition_is_built_fresh_for_every_scrape() {
+        let m = Metrics::new();
+        m.init_workers(2);
+        let before = m.encode();
+        assert_eq!(before, Bytes::from(m.build()));
+        m.overloaded.inc();
+        let after = m.encode();
+        assert_ne!(before, after);
+        let text = std::str::from_utf8(&after).expect("utf-8");
+        assert!(
+            text.contains("servesim_http_requests_overloaded_total 1\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_costly_exposition_is_served_again_within_its_window_only() {
+        let m = Metrics::new();
+        let costly = |took: Duration| Exposition {
+            started: Instant::now(),
+            took,
+            text: Bytes::from_static(b"cached"),
+        };
+        // Built just now and costly: reused.
+        *m.exposition.lock().expect("lock") = Some(costly(Duration::from_secs(60)));
+        assert_eq!(m.encode(), Bytes::from_static(b"cached"));
+        // Cheap builds are never reused.
+        *m.exposition.lock().expect("lock") = Some(costly(Duration::from_millis(1)));
+        assert_eq!(m.encode(), Bytes::from(m.build()));
+        // Costly but old: rebuilt.
+        *m.exposition.lock().expect("lock") = Some(Exposition {
+            started: Instant::now() - Duration::from_secs(10),
+            took: REUSE_THRESHOLD,
+            text: Bytes::from_static(b"cached"),
+        });
+        assert_eq!(m.encode(), Bytes::from(m.build()));
+    }
+
+    /// The cost of scraping 1,024 workers: `cargo test -p mock_server --lib -- --ignored
+    /// --nocapture scrape_cost` (debug builds are several times slower than release).
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn scrape_cost_at_1024_workers() {
+        let m = std::sync::Arc::new(Metrics::for_model("mock-model", 131_072));
+        m.init_workers(1024);
+        for w in 0..1024 {
+            let label = m.engine(WorkerId(w));
+            m.ttft.get_or_create(&label).observe(0.05);
+            m.request_prompt_tokens.get_or_create(&label).observe(900.0);
+        }
+        let started = std::time::Instant::now();
+        let text = m.build();
+        let one = started.elapsed();
+        println!(
+            "one build: {one:?}, {} bytes, {} lines",
+            text.len(),
+            text.lines().count()
+        );
+        // Two scrape loops back to back for two seconds, before (a build per scrape) and now.
+        for (name, reuse) in [("a build per scrape", false), ("encode", true)] {
+            let scrapes = AtomicUsize::new(0);
+            let until = std::time::Instant::now() + Duration::from_secs(2);
+            std::thread::scope(|s| {
+                for _ in 0..2 {
+                    s.spawn(|| {
+                        while std::time::Instant::now() < until {
+                            let _ = if reuse {
+                                m.encode()
+                            } else {
+                                Bytes::from(m.build())
+                            };
+                            scrapes.fetch_add(1, Ordering::Relaxed);
+                        }
+                    });
+                }
+            });
+            println!("{name}: {} scrapes in 2 s", scrapes.load(Ordering::Relaxed));
+        }
     }
 }

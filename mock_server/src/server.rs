@@ -9,16 +9,17 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use servesim::cluster::{ClusterConfig, ServingMode};
 use servesim::scheduler::ConfigError;
 use tokio::net::TcpListener;
 
 use crate::api::{app, AppState};
-use crate::args::EngineArgs;
+use crate::args::{show_number, EngineArgs};
 use crate::config::{
     HttpLimits, ReasoningFormat, ServerConfig, DEFAULT_BODY_READ_TIMEOUT,
     DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_STOP_PROBABILITY,
-    DEFAULT_TOOL_CALL_PROBABILITY,
+    DEFAULT_TOOL_CALL_PROBABILITY, MAX_SECONDS_FLAG,
 };
 use crate::connection::Edge;
 use crate::fault::{FaultArgs, FaultConfig};
@@ -148,8 +149,15 @@ pub struct HttpArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_BODY_READ_TIMEOUT.as_secs_f64())]
     pub body_read_timeout: f64,
 
-    /// Seconds a kept-alive connection may wait for its next request; then it is closed.
-    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_IDLE_TIMEOUT.as_secs_f64())]
+    /// Seconds a kept-alive connection may wait for its next request; then it is closed. The
+    /// default is uvicorn's keep-alive (what vLLM runs), so idle clients give their
+    /// `--max-connections` slot back quickly.
+    #[arg(
+        long,
+        visible_alias = "idle-timeout-s",
+        value_name = "SECONDS",
+        default_value_t = DEFAULT_IDLE_TIMEOUT.as_secs_f64()
+    )]
     pub idle_timeout: f64,
 
     /// Open connections at most; a connection beyond is answered 503 and closed.
@@ -177,37 +185,47 @@ impl Default for HttpArgs {
 
 // Built here, next to the flags, so that `config` (which the handlers import) knows no flags.
 impl HttpLimits {
-    /// The limits the flags describe; timeouts must be positive (the shutdown one may be 0).
+    /// The limits the flags describe; timeouts must be positive (the shutdown one may be 0)
+    /// and at most a day.
     pub fn from_args(args: &HttpArgs) -> Result<HttpLimits, ConfigError> {
-        let seconds = |value: f64, flag: &str, allow_zero: bool| {
-            let ok = value.is_finite() && (value > 0.0 || (allow_zero && value == 0.0));
-            ok.then(|| Duration::try_from_secs_f64(value).ok())
-                .flatten()
-                .ok_or_else(|| {
-                    let bound = if allow_zero { "0 or more" } else { "positive" };
-                    ConfigError(format!("--{flag} must be a {bound} number of seconds"))
-                })
-        };
         let limits = HttpLimits {
-            header_read_timeout: seconds(args.header_read_timeout, "header-read-timeout", false)?,
-            body_read_timeout: seconds(args.body_read_timeout, "body-read-timeout", false)?,
-            idle_timeout: seconds(args.idle_timeout, "idle-timeout", false)?,
+            header_read_timeout: seconds_flag(
+                args.header_read_timeout,
+                "header-read-timeout",
+                false,
+            )?,
+            body_read_timeout: seconds_flag(args.body_read_timeout, "body-read-timeout", false)?,
+            idle_timeout: seconds_flag(args.idle_timeout, "idle-timeout", false)?,
             max_connections: args.max_connections,
-            shutdown_timeout: seconds(args.shutdown_timeout, "shutdown-timeout", true)?,
+            shutdown_timeout: seconds_flag(args.shutdown_timeout, "shutdown-timeout", true)?,
         };
         limits.validate()?;
         Ok(limits)
     }
 }
 
+/// A flag of seconds as a [`Duration`]: finite, positive (or 0 with `allow_zero`) and at most
+/// [`MAX_SECONDS_FLAG`]; the error names `--flag` and shows the value readably.
+fn seconds_flag(value: f64, flag: &str, allow_zero: bool) -> Result<Duration, ConfigError> {
+    let low_ok = value > 0.0 || (allow_zero && value == 0.0);
+    if low_ok && value <= MAX_SECONDS_FLAG.as_secs_f64() {
+        if let Ok(d) = Duration::try_from_secs_f64(value) {
+            return Ok(d);
+        }
+    }
+    let low = if allow_zero { "from 0" } else { "above 0" };
+    Err(ConfigError(format!(
+        "--{flag} must be a number of seconds {low} up to {} (one day), got {}",
+        MAX_SECONDS_FLAG.as_secs(),
+        show_number(value)
+    )))
+}
+
 impl ServerConfig {
     /// The configuration the flags describe, with the vLLM-worker flags.
     pub fn from_serve_args(args: &ServeArgs, vllm: &VllmArgs) -> Result<ServerConfig, ConfigError> {
         let config = ServerConfig::from_args(args)?;
-        let startup_delay = (vllm.startup_delay.is_finite() && vllm.startup_delay >= 0.0)
-            .then(|| Duration::try_from_secs_f64(vllm.startup_delay).ok())
-            .flatten()
-            .ok_or_else(|| ConfigError("--startup-delay must be 0 or more seconds".into()))?;
+        let startup_delay = seconds_flag(vllm.startup_delay, "startup-delay", true)?;
         let mut lora_modules: Vec<(String, String)> = Vec::new();
         for module in &vllm.lora_modules {
             let (name, path) = module.split_once('=').unwrap_or((module, module));
@@ -233,11 +251,17 @@ impl ServerConfig {
         if vllm.max_loras == 0 {
             return Err(ConfigError("--max-loras must be positive".into()));
         }
+        let kv_events = vllm
+            .kv_events
+            .config()
+            .map_err(|e| ConfigError(e.to_string()))?;
+        if let Some(kv_events) = &kv_events {
+            kv_events
+                .check_ports(num_workers(&config.cluster))
+                .map_err(|e| ConfigError(e.to_string()))?;
+        }
         Ok(ServerConfig {
-            kv_events: vllm
-                .kv_events
-                .config()
-                .map_err(|e| ConfigError(e.to_string()))?,
+            kv_events,
             lora_modules,
             max_loras: vllm.max_loras,
             startup_delay,
@@ -277,6 +301,18 @@ impl ServerConfig {
         };
         config.validate()?;
         Ok(config)
+    }
+}
+
+/// Workers `cluster` runs: one KV-event publisher (and port) each.
+pub fn num_workers(cluster: &ClusterConfig) -> usize {
+    match &cluster.serving {
+        ServingMode::Aggregated => cluster.num_workers,
+        ServingMode::Disagg {
+            num_prefill_workers,
+            num_decode_workers,
+            ..
+        } => num_prefill_workers.saturating_add(*num_decode_workers),
     }
 }
 
@@ -356,8 +392,10 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// `mockserve serve`: binds, prints the address, serves until SIGINT/SIGTERM, then drains for
-/// up to `--shutdown-timeout`; a second signal exits at once (an error).
+/// `mockserve serve`: validates the flags (port ranges included), binds the HTTP listener and
+/// every KV-event socket, and only then prints the address; serves until SIGINT/SIGTERM, then
+/// drains for up to `--shutdown-timeout`; a second signal exits at once (an error). Any
+/// failure before the address is printed is one error naming the flag.
 pub fn run(args: &ServeArgs, vllm: &VllmArgs) -> anyhow::Result<()> {
     let config = ServerConfig::from_serve_args(args, vllm)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -368,11 +406,19 @@ pub fn run(args: &ServeArgs, vllm: &VllmArgs) -> anyhow::Result<()> {
         let mut signals = ShutdownSignals::new().context("installing signal handlers")?;
         let listener = TcpListener::bind((args.host.as_str(), args.port))
             .await
-            .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+            .with_context(|| {
+                format!(
+                    "--host {} --port {}: cannot listen on {}:{}",
+                    args.host, args.port, args.host, args.port
+                )
+            })?;
         let addr: SocketAddr = listener.local_addr()?;
         let drain = config.http.shutdown_timeout;
+        // Every other socket (the KV-event ones) is bound here, before the address is printed:
+        // a client that sees the address finds everything listening.
+        let state = AppState::start(config).await?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = serve(listener, config, async {
+        let server = serve_state(listener, state, async {
             let _ = stopped.await;
         });
         let mut server = std::pin::pin!(server);

@@ -4,24 +4,34 @@
 //! - [`KvEventsArgs`] are the flags; [`KvEventsConfig`] their validated value.
 //! - [`KvEventPublisher`] owns one ZeroMQ PUB socket per simulated worker (the worker is the
 //!   data-parallel rank: it publishes on the endpoint's port + rank) and, with a replay
-//!   endpoint, one ROUTER socket per rank that serves missed batches.
+//!   endpoint, one ROUTER socket per rank that serves missed batches. Both speak ZMTP 3.0
+//!   through [`zmtp`], which explains why the `zeromq` crate's sockets are not used.
 //! - [`KvExport`] is what the live driver holds: the [`tokens::BlockTokens`] side table (the
 //!   engine keeps hashes only) and the publisher. After every engine advance it turns the
 //!   cluster's exported [`servesim::kv::KvEvent`]s into one [`wire::WireBatch`] per worker.
 //!
 //! Each message is three frames: the topic, the batch's sequence number (8 bytes big-endian,
 //! from 0 per rank) and the MessagePack payload ([`wire::WireFormat`]). The driver encodes and
-//! numbers each batch, keeps the last [`REPLAY_BUFFER`] per rank for replay, and hands it to the
-//! rank's socket task through a bounded channel: when a subscriber is slow or a connect is
-//! pending, batches beyond [`CHANNEL_CAPACITY`] are dropped and counted
-//! (`servesim_kv_events_dropped`), never waited for, so the engine and the HTTP path never stall.
-//! A subscriber sees the gap in the sequence numbers and can ask the replay socket for it.
+//! numbers each batch, keeps the last [`REPLAY_BUFFER`] per rank for replay, and queues it for
+//! every subscriber of the rank whose subscription matches the topic.
+//!
+//! Peers are isolated from each other, as libzmq's per-peer high-water mark isolates them in
+//! vLLM: each subscriber has its own queue of at most [`PEER_QUEUE`] batches and its own task
+//! writing it. A subscriber that reads too slowly (or not at all) loses its oldest queued
+//! batches, counted per worker in `servesim_kv_events_dropped` and logged once per subscriber
+//! (and again with its total when it leaves); the others, the engine and the HTTP path never
+//! wait for it. It sees the gap in the sequence numbers and can ask the replay socket for it.
+//! Each replay client is answered by its own task too, so one that stops reading delays only
+//! itself. A socket serves at most [`MAX_PEERS`] connections at once.
 
 pub mod tokens;
 pub mod wire;
+pub mod zmtp;
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use clap::Args;
@@ -30,19 +40,35 @@ use servesim::ids::RequestId;
 use servesim::kv::KvEvent;
 use servesim::time::SimTime;
 use servesim::tokens::Token;
-use tokio::sync::mpsc;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_util::sync::{CancellationToken, DropGuard};
-use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::metrics::{Metrics, WorkerLabel};
 use tokens::{BlockTokens, LoraTag};
 use wire::{WireBatch, WireFormat};
+use zmtp::{Offer, Peer, Role};
 
 /// Batches kept per rank for replay (vLLM's buffer size).
 pub const REPLAY_BUFFER: usize = 10_000;
 
-/// Batches waiting for a rank's socket at most; more are dropped (and counted).
-pub const CHANNEL_CAPACITY: usize = 4096;
+/// Batches queued for one subscriber at most (its high-water mark); past it the subscriber's
+/// oldest queued batch is dropped (and counted).
+pub const PEER_QUEUE: usize = 4096;
+
+/// Connections one socket serves at once at most (subscribers of a PUB socket, clients of a
+/// replay socket); a connection beyond is closed at once.
+pub const MAX_PEERS: usize = 256;
+
+/// Pause after a failed accept (out of file descriptors, say).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// First pause before reconnecting a socket that connects out; it doubles up to
+/// [`RECONNECT_MAX`].
+const RECONNECT_MIN: Duration = Duration::from_millis(100);
+
+/// Longest pause before reconnecting.
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
 
 /// The replay answer's end marker: -1 as an 8-byte signed big-endian integer.
 pub const END_OF_REPLAY: [u8; 8] = (-1i64).to_be_bytes();
@@ -113,11 +139,14 @@ pub enum KvEventsError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The port of some rank is beyond 65535.
+    /// The port of the last rank is beyond 65535.
     #[error(
-        "KV events endpoint {endpoint}: worker {rank} would publish on port {port}, beyond 65535"
+        "{flag} {endpoint}: worker {rank} would use port {port}, beyond 65535 (the port plus \
+         the number of workers minus one must be at most 65535)"
     )]
     PortOverflow {
+        /// The endpoint's flag.
+        flag: &'static str,
         /// As given.
         endpoint: String,
         /// The rank.
@@ -125,14 +154,83 @@ pub enum KvEventsError {
         /// Base port + rank.
         port: usize,
     },
-    /// Binding failed (the port is in use, the address is not local, ...).
-    #[error("cannot bind the KV events endpoint {endpoint}: {source}")]
-    Bind {
-        /// The rank's endpoint.
+    /// The replay ports of some ranks are publish ports of others.
+    #[error(
+        "--kv-events-replay-endpoint {replay}: its ports {replay_first}..={replay_last} (one \
+         per worker) overlap the publish ports {first}..={last} of --kv-events-endpoint \
+         {endpoint}"
+    )]
+    PortCollision {
+        /// The publish endpoint, as given.
         endpoint: String,
-        /// The socket's error.
-        source: zeromq::ZmqError,
+        /// Its first and last port.
+        first: usize,
+        /// Its last port.
+        last: usize,
+        /// The replay endpoint, as given.
+        replay: String,
+        /// Its first port.
+        replay_first: usize,
+        /// Its last port.
+        replay_last: usize,
     },
+    /// Binding failed (the port is in use, the address is not local, ...).
+    #[error("{flag} {endpoint}: worker {rank} cannot bind {addr}: {error}")]
+    Bind {
+        /// The endpoint's flag.
+        flag: &'static str,
+        /// As given.
+        endpoint: String,
+        /// The rank.
+        rank: usize,
+        /// The address bound.
+        addr: String,
+        /// The socket's error (its text is part of this error's, so it is no `source`).
+        error: std::io::Error,
+    },
+}
+
+impl KvEventsConfig {
+    /// Checks the port ranges `num_ranks` workers use: each endpoint's last port within 65535,
+    /// and the replay ports apart from the publish ports. Port 0 (any free port) is exempt.
+    pub fn check_ports(&self, num_ranks: usize) -> Result<(), KvEventsError> {
+        let last_rank = num_ranks.saturating_sub(1);
+        let range = |endpoint: &ZmqEndpoint, flag| {
+            let first = usize::from(endpoint.port);
+            let last = first + last_rank;
+            if first != 0 && last > usize::from(u16::MAX) {
+                return Err(KvEventsError::PortOverflow {
+                    flag,
+                    endpoint: endpoint.text.clone(),
+                    rank: last_rank,
+                    port: last,
+                });
+            }
+            Ok((first, last))
+        };
+        let (first, last) = range(&self.endpoint, ENDPOINT_FLAG)?;
+        let Some(replay) = &self.replay_endpoint else {
+            return Ok(());
+        };
+        let (replay_first, replay_last) = range(replay, REPLAY_FLAG)?;
+        let same_host = self.endpoint.host == replay.host || self.endpoint.bind || replay.bind;
+        if first != 0
+            && replay_first != 0
+            && same_host
+            && first <= replay_last
+            && replay_first <= last
+        {
+            return Err(KvEventsError::PortCollision {
+                endpoint: self.endpoint.text.clone(),
+                first,
+                last,
+                replay: replay.text.clone(),
+                replay_first,
+                replay_last,
+            });
+        }
+        Ok(())
+    }
 }
 
 /// A TCP ZeroMQ endpoint, bound (`*`, `0.0.0.0`, `::`) or connected (any other host).
@@ -184,6 +282,11 @@ impl ZmqEndpoint {
 
     /// The endpoint of `rank`: the port offset by the rank (port 0 stays 0: any free port).
     pub fn for_rank(&self, rank: usize) -> Result<String, KvEventsError> {
+        Ok(format!("tcp://{}", self.addr_for_rank(rank)?))
+    }
+
+    /// The `HOST:PORT` of `rank` (to bind or connect to).
+    pub fn addr_for_rank(&self, rank: usize) -> Result<String, KvEventsError> {
         let port = if self.port == 0 {
             0
         } else {
@@ -191,12 +294,13 @@ impl ZmqEndpoint {
         };
         if port > usize::from(u16::MAX) {
             return Err(KvEventsError::PortOverflow {
+                flag: ENDPOINT_FLAG,
                 endpoint: self.text.clone(),
                 rank,
                 port,
             });
         }
-        Ok(format!("tcp://{}:{port}", self.host))
+        Ok(format!("{}:{port}", self.host))
     }
 }
 
@@ -204,15 +308,23 @@ impl ZmqEndpoint {
 /// never across an await.
 type ReplayBuffer = Arc<Mutex<VecDeque<(u64, Bytes)>>>;
 
+/// The subscribers connected to a rank's PUB socket. A `std` mutex: held to add or remove one
+/// or to offer each a message, never across an await.
+type PeerList = Arc<Mutex<Vec<Arc<Peer>>>>;
+
 /// One rank's sending side, held by the driver.
 #[derive(Debug)]
 struct Rank {
     /// The next batch's sequence number.
     next_seq: u64,
-    /// To the rank's socket task.
-    tx: mpsc::Sender<(u64, Bytes)>,
+    /// The subscribers batches are queued for.
+    peers: PeerList,
     /// Recent batches for the replay socket.
     replay: ReplayBuffer,
+    /// The bound PUB address (None when connecting).
+    pub_addr: Option<SocketAddr>,
+    /// The bound replay address (None without replay or when connecting).
+    replay_addr: Option<SocketAddr>,
 }
 
 /// The ZeroMQ publishers of every rank. Dropping it stops their tasks and closes the sockets.
@@ -220,76 +332,79 @@ struct Rank {
 pub struct KvEventPublisher {
     ranks: Vec<Rank>,
     format: WireFormat,
+    /// The topic frame of every message.
+    topic: Bytes,
     metrics: Arc<Metrics>,
-    /// Stops the replay tasks when the publisher goes.
+    /// Stops every socket and connection task when the publisher goes.
     _stop: DropGuard,
 }
 
+/// The flag of the PUB endpoint, for messages.
+const ENDPOINT_FLAG: &str = "--kv-events-endpoint";
+/// The flag of the replay endpoint, for messages.
+const REPLAY_FLAG: &str = "--kv-events-replay-endpoint";
+
 impl KvEventPublisher {
     /// Binds (or starts connecting) one PUB socket per rank, and the replay sockets, on the
-    /// current tokio runtime. Bind errors (a port in use) are returned here, before serving.
+    /// current tokio runtime. Port ranges are checked and every socket is bound before this
+    /// returns: a bad range or a port in use is an error here, before anything is served, and
+    /// nothing stays bound after an error.
     pub async fn start(
         config: &KvEventsConfig,
         num_ranks: usize,
         metrics: Arc<Metrics>,
     ) -> Result<KvEventPublisher, KvEventsError> {
+        config.check_ports(num_ranks)?;
         let stop = CancellationToken::new();
+        // Dropped on an early return too: the tasks spawned so far stop and unbind.
+        let guard = stop.clone().drop_guard();
         let mut ranks = Vec::with_capacity(num_ranks);
         for rank in 0..num_ranks {
-            let endpoint = config.endpoint.for_rank(rank)?;
-            let mut socket = zeromq::PubSocket::new();
-            if config.endpoint.bind {
-                bind(&mut socket, &endpoint).await?;
-            }
-            let replay: ReplayBuffer = Arc::default();
-            if let Some(replay_endpoint) = &config.replay_endpoint {
-                let endpoint = replay_endpoint.for_rank(rank)?;
-                let mut router = zeromq::RouterSocket::new();
-                if replay_endpoint.bind {
-                    bind(&mut router, &endpoint).await?;
-                    tokio::spawn(serve_replay(router, Arc::clone(&replay), stop.clone()));
-                } else {
-                    let replay = Arc::clone(&replay);
-                    let stop = stop.clone();
-                    tokio::spawn(async move {
-                        tokio::select! {
-                            biased;
-                            () = stop.cancelled() => {}
-                            connected = router.connect(&endpoint) => if connected.is_ok() {
-                                serve_replay(router, replay, stop).await;
-                            } else {
-                                eprintln!("mockserve: warning: cannot connect the KV events replay endpoint {endpoint}");
-                            },
-                        }
-                    });
-                }
-            }
-            let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
-            let connect = (!config.endpoint.bind).then_some(endpoint);
-            tokio::spawn(publish(PublishTask {
-                socket,
-                connect,
-                topic: Bytes::from(config.topic.clone().into_bytes()),
-                rx,
+            let peers = PeerList::default();
+            let replay = ReplayBuffer::default();
+            let publish = Arc::new(Service::Publish {
                 rank: rank as u32,
-                metrics: Arc::clone(&metrics),
-            }));
+                peers: Arc::clone(&peers),
+            });
+            let pub_addr = open(&config.endpoint, ENDPOINT_FLAG, rank, publish, &stop).await?;
+            let replay_addr = match &config.replay_endpoint {
+                Some(endpoint) => {
+                    let service = Arc::new(Service::Replay(Arc::clone(&replay)));
+                    open(endpoint, REPLAY_FLAG, rank, service, &stop).await?
+                }
+                None => None,
+            };
             ranks.push(Rank {
                 next_seq: 0,
-                tx,
+                peers,
                 replay,
+                pub_addr,
+                replay_addr,
             });
         }
         Ok(KvEventPublisher {
             ranks,
             format: config.format,
+            topic: Bytes::from(config.topic.clone().into_bytes()),
             metrics,
-            _stop: stop.drop_guard(),
+            _stop: guard,
         })
     }
 
-    /// Numbers, encodes and queues one batch of `rank`; dropped (and counted) when the rank's
-    /// queue is full. Never waits.
+    /// The address `rank`'s PUB socket is bound to (None when it connects out).
+    pub fn pub_addr(&self, rank: usize) -> Option<SocketAddr> {
+        self.ranks.get(rank).and_then(|r| r.pub_addr)
+    }
+
+    /// The address `rank`'s replay socket is bound to (None without replay or when it
+    /// connects out).
+    pub fn replay_addr(&self, rank: usize) -> Option<SocketAddr> {
+        self.ranks.get(rank).and_then(|r| r.replay_addr)
+    }
+
+    /// Numbers, encodes and keeps one batch of `rank` for replay, and queues it for each
+    /// subscriber of its topic: a subscriber with [`PEER_QUEUE`] batches already queued loses
+    /// its oldest one (counted in `servesim_kv_events_dropped`). Never waits.
     pub fn publish(&mut self, rank: usize, batch: &WireBatch) {
         let Some(r) = self.ranks.get_mut(rank) else {
             return;
@@ -297,128 +412,229 @@ impl KvEventPublisher {
         let seq = r.next_seq;
         r.next_seq += 1;
         let payload = Bytes::from(batch.encode(self.format));
+        let label = WorkerLabel {
+            worker: rank as u32,
+        };
+        self.metrics.kv_events_published.get_or_create(&label).inc();
         {
             // Short section, no await: push and trim.
-            let mut replay = r.replay.lock().unwrap_or_else(|p| p.into_inner());
+            let mut replay = r.replay.lock().unwrap_or_else(PoisonError::into_inner);
             replay.push_back((seq, payload.clone()));
             while replay.len() > REPLAY_BUFFER {
                 replay.pop_front();
             }
         }
-        if r.tx.try_send((seq, payload)).is_err() {
-            self.metrics
-                .kv_events_dropped
-                .get_or_create(&WorkerLabel {
-                    worker: rank as u32,
-                })
-                .inc();
-        }
-    }
-}
-
-/// What a rank's socket task owns.
-struct PublishTask {
-    socket: zeromq::PubSocket,
-    /// The endpoint to connect to first (None: the socket is bound already).
-    connect: Option<String>,
-    topic: Bytes,
-    rx: mpsc::Receiver<(u64, Bytes)>,
-    rank: u32,
-    metrics: Arc<Metrics>,
-}
-
-/// Sends a rank's batches until the driver drops its sender.
-async fn publish(mut task: PublishTask) {
-    if let Some(endpoint) = &task.connect {
-        if let Err(e) = task.socket.connect(endpoint).await {
-            eprintln!("mockserve: warning: cannot connect the KV events endpoint {endpoint}: {e}");
+        // Short section, no await: each offer is a push (and maybe a pop).
+        let peers = r.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        if peers.is_empty() {
             return;
         }
-    }
-    let label = WorkerLabel { worker: task.rank };
-    while let Some((seq, payload)) = task.rx.recv().await {
-        let frames = vec![
-            task.topic.clone(),
-            Bytes::copy_from_slice(&seq.to_be_bytes()),
-            payload,
-        ];
-        let Ok(message) = ZmqMessage::try_from(frames) else {
-            continue;
-        };
-        match task.socket.send(message).await {
-            Ok(()) => task.metrics.kv_events_published.get_or_create(&label).inc(),
-            Err(_) => task.metrics.kv_events_dropped.get_or_create(&label).inc(),
-        };
-    }
-}
-
-/// Binds `socket` to `endpoint`; the error names the endpoint.
-async fn bind(socket: &mut impl Socket, endpoint: &str) -> Result<(), KvEventsError> {
-    socket
-        .bind(endpoint)
-        .await
-        .map(drop)
-        .map_err(|source| KvEventsError::Bind {
-            endpoint: endpoint.to_string(),
-            source,
-        })
-}
-
-/// Answers replay requests: `[identity, (empty,) start_seq]` gets every buffered batch with
-/// `seq >= start_seq` as `[identity, (empty,) seq, payload]`, then the end marker.
-async fn serve_replay(
-    mut router: zeromq::RouterSocket,
-    replay: ReplayBuffer,
-    stop: CancellationToken,
-) {
-    loop {
-        let request = tokio::select! {
-            biased;
-            () = stop.cancelled() => return,
-            request = router.recv() => request,
-        };
-        let Ok(request) = request else {
-            continue;
-        };
-        let frames = request.into_vec();
-        let (identity, delimiter, start) = match frames.as_slice() {
-            [id, start] => (id.clone(), false, start),
-            [id, empty, start] if empty.is_empty() => (id.clone(), true, start),
-            _ => continue,
-        };
-        let Ok(start) = <[u8; 8]>::try_from(start.as_ref()) else {
-            continue;
-        };
-        let start = u64::from_be_bytes(start);
-        let batches: Vec<(u64, Bytes)> = {
-            // Short section, no await: copy out the wanted batches.
-            let buffer = replay.lock().unwrap_or_else(|p| p.into_inner());
-            buffer
-                .iter()
-                .filter(|(s, _)| *s >= start)
-                .cloned()
-                .collect()
-        };
-        let envelope = |seq: Bytes, payload: Bytes| {
-            let mut frames = vec![identity.clone()];
-            if delimiter {
-                frames.push(Bytes::new());
-            }
-            frames.push(seq);
-            frames.push(payload);
-            ZmqMessage::try_from(frames)
-        };
-        for (seq, payload) in batches {
-            if let Ok(m) = envelope(Bytes::copy_from_slice(&seq.to_be_bytes()), payload) {
-                if router.send(m).await.is_err() {
-                    break;
+        let message = zmtp::encode_message(&[&self.topic, &seq.to_be_bytes(), &payload]);
+        for peer in peers.iter() {
+            if peer.offer(&self.topic, &message) == Offer::QueuedDroppingOldest {
+                self.metrics.kv_events_dropped.get_or_create(&label).inc();
+                if peer.dropped() == 1 {
+                    eprintln!(
+                        "mockserve: warning: KV events subscriber {} of worker {rank} is not \
+                         reading; past {PEER_QUEUE} queued batches its oldest are dropped",
+                        peer.addr
+                    );
                 }
             }
         }
-        if let Ok(m) = envelope(Bytes::from_static(&END_OF_REPLAY), Bytes::new()) {
-            let _ = router.send(m).await;
+    }
+}
+
+/// What a rank's socket does with each connection.
+#[derive(Debug)]
+enum Service {
+    /// PUB: the connection is a subscriber with its own queue.
+    Publish {
+        /// The rank, for log lines.
+        rank: u32,
+        /// Where the subscriber is listed while connected.
+        peers: PeerList,
+    },
+    /// ROUTER: the connection is a replay client answered from the buffer.
+    Replay(ReplayBuffer),
+}
+
+impl Service {
+    fn role(&self) -> Role {
+        match self {
+            Service::Publish { .. } => Role::Pub,
+            Service::Replay(_) => Role::Router,
         }
     }
+
+    /// Serves one connection until the peer leaves or misbehaves.
+    async fn run(&self, mut stream: TcpStream, addr: SocketAddr) {
+        let _ = stream.set_nodelay(true);
+        if zmtp::handshake(&mut stream, self.role()).await.is_err() {
+            return;
+        }
+        match self {
+            Service::Publish { rank, peers } => {
+                let peer = Arc::new(Peer::new(addr, PEER_QUEUE));
+                lock(peers).push(Arc::clone(&peer));
+                zmtp::serve_subscriber(stream, Arc::clone(&peer)).await;
+                lock(peers).retain(|p| !Arc::ptr_eq(p, &peer));
+                let dropped = peer.dropped();
+                if dropped > 0 {
+                    eprintln!(
+                        "mockserve: KV events subscriber {addr} of worker {rank} left; \
+                         {dropped} batches were dropped for it"
+                    );
+                }
+            }
+            Service::Replay(buffer) => {
+                let _ =
+                    zmtp::serve_replay_client(stream, |frames| replay_answer(buffer, frames)).await;
+            }
+        }
+    }
+}
+
+/// Locks a peer list (a poisoned lock still holds a valid list).
+fn lock(peers: &PeerList) -> MutexGuard<'_, Vec<Arc<Peer>>> {
+    peers.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Binds `endpoint` for `rank` and spawns its accept loop, or spawns a task that connects out;
+/// returns the bound address.
+async fn open(
+    endpoint: &ZmqEndpoint,
+    flag: &'static str,
+    rank: usize,
+    service: Arc<Service>,
+    stop: &CancellationToken,
+) -> Result<Option<SocketAddr>, KvEventsError> {
+    let addr = endpoint.addr_for_rank(rank)?;
+    if !endpoint.bind {
+        tokio::spawn(connect_out(addr, service, stop.clone()));
+        return Ok(None);
+    }
+    let listener = TcpListener::bind(addr.as_str())
+        .await
+        .map_err(|error| KvEventsError::Bind {
+            flag,
+            endpoint: endpoint.text.clone(),
+            rank,
+            addr: addr.clone(),
+            error,
+        })?;
+    let local = listener.local_addr().ok();
+    tokio::spawn(accept_peers(listener, service, stop.clone()));
+    Ok(local)
+}
+
+/// Accepts connections until `stop`, each served by its own task; past [`MAX_PEERS`] at once
+/// a new connection is closed.
+async fn accept_peers(listener: TcpListener, service: Arc<Service>, stop: CancellationToken) {
+    let slots = Arc::new(Semaphore::new(MAX_PEERS));
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((stream, addr)) = accepted else {
+            // Out of descriptors, say: try again shortly rather than spin.
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
+            }
+        };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            continue;
+        };
+        let service = Arc::clone(&service);
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => {}
+                () = service.run(stream, addr) => {}
+            }
+            drop(slot);
+        });
+    }
+}
+
+/// Connects to `addr` (`HOST:PORT`) and serves the connection, reconnecting with a growing
+/// pause (as ZeroMQ does) after a failure or a disconnect, until `stop`.
+async fn connect_out(addr: String, service: Arc<Service>, stop: CancellationToken) {
+    let mut pause = RECONNECT_MIN;
+    let mut warned = false;
+    loop {
+        let connected = tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            connected = TcpStream::connect(addr.as_str()) => connected,
+        };
+        match connected.and_then(|s| s.peer_addr().map(|peer| (s, peer))) {
+            Ok((stream, peer)) => {
+                pause = RECONNECT_MIN;
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return,
+                    () = service.run(stream, peer) => {}
+                }
+            }
+            Err(e) if !warned => {
+                warned = true;
+                eprintln!(
+                    "mockserve: warning: cannot connect the KV events socket to {addr}: {e}; \
+                     retrying"
+                );
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(RECONNECT_MAX);
+    }
+}
+
+/// The answer to a replay request `[start_seq]` (DEALER) or `[empty, start_seq]` (REQ):
+/// every buffered batch with `seq >= start_seq` as `[(empty,) seq, payload]`, then the end
+/// marker. Anything else gets no answer.
+fn replay_answer(buffer: &ReplayBuffer, request: &[Bytes]) -> Vec<Vec<Bytes>> {
+    let (delimiter, start) = match request {
+        [start] => (false, start),
+        [empty, start] if empty.is_empty() => (true, start),
+        _ => return Vec::new(),
+    };
+    let Ok(start) = <[u8; 8]>::try_from(start.as_ref()) else {
+        return Vec::new();
+    };
+    let start = u64::from_be_bytes(start);
+    let envelope = |seq: Bytes, payload: Bytes| {
+        let mut frames = Vec::with_capacity(3);
+        if delimiter {
+            frames.push(Bytes::new());
+        }
+        frames.push(seq);
+        frames.push(payload);
+        frames
+    };
+    // Short section, no await: copy out the wanted batches (shared bytes, not copies).
+    let mut answer: Vec<Vec<Bytes>> = {
+        let buffer = buffer.lock().unwrap_or_else(PoisonError::into_inner);
+        buffer
+            .iter()
+            .filter(|(s, _)| *s >= start)
+            .map(|(seq, payload)| {
+                envelope(Bytes::copy_from_slice(&seq.to_be_bytes()), payload.clone())
+            })
+            .collect()
+    };
+    answer.push(envelope(Bytes::from_static(&END_OF_REPLAY), Bytes::new()));
+    answer
 }
 
 /// The driver's KV-event export: token bookkeeping plus the publisher.

@@ -207,7 +207,7 @@ async fn bad_vllm_worker_flags_are_clear_startup_errors() -> Result<()> {
         ),
         (
             vec!["--kv-events-endpoint", in_use.as_str()],
-            "cannot bind the KV events endpoint",
+            "worker 0 cannot bind 0.0.0.0:",
         ),
         (
             vec!["--lora-modules", "mock-model"],

@@ -20,6 +20,8 @@ mod faults;
 mod http_edge;
 // KV events over ZeroMQ: wire format, a live subscriber, replay.
 mod kv_events;
+// KV-event peers are isolated: a stalled subscriber or replay client holds back only itself.
+mod peers;
 // LoRA adapters, runtime loading, the loading delay, bad vLLM-worker flags.
 mod lora;
 // Requests the engine can never run, and a dead engine task.
@@ -28,6 +30,9 @@ mod liveness;
 mod metrics;
 // Dynamo's `nvext`: strict parsing, pinning, response worker ids and timing.
 mod nvext;
+// Starting up: sockets bound and port ranges checked before the address is printed, bad
+// flags named, the idle timeout flag.
+mod startup;
 // vLLM's surface besides generation: tokenize, version, ping, model card, its metric set.
 mod vllm;
 // The streaming wire format, determinism, pacing and cancellation.
