@@ -26,8 +26,8 @@
 //! Every value is range-checked, so that no row can make a replay wait or allocate without
 //! bound: a timestamp is finite, non-negative and at most [`MAX_TIMESTAMP_MS`], a delay at most
 //! [`MAX_TRACE_TIME_MS`]; a row
-//! asks for at most [`MAX_ROW_TOKENS`] prompt tokens and as many output tokens, with at most as
-//! many hash ids; the block size is at most [`MAX_TRACE_BLOCK_SIZE`]. The schedule after the
+//! asks for at most [`MAX_ROW_TOKENS`] prompt tokens with at most as many hash ids, and at
+//! most [`MAX_ROW_OUTPUT_TOKENS`] output tokens; the block size is at most [`MAX_TRACE_BLOCK_SIZE`]. The schedule after the
 //! speed-up (the last session's arrival, each session's arrival plus its delays) is at most
 //! [`ScheduleBound`]'s bound, [`DEFAULT_MAX_SCHEDULE`] (seven days) unless the caller lifts it
 //! (`--allow-long-schedule` of both replays); beyond it the row is a
@@ -64,9 +64,13 @@ pub const MAX_TRACE_TIME_MS: f64 = 1e12;
 /// milliseconds (timestamps are absolute; the schedule starts at the earliest one).
 pub const MAX_TIMESTAMP_MS: f64 = 9_007_199_254_740_992.0;
 
-/// Most prompt tokens (after clamping to what `hash_ids` cover) and most output tokens a row may
-/// ask for, and most hash ids it may hold: 2^22 (4,194,304).
+/// Most prompt tokens (after clamping to what `hash_ids` cover) a row may ask for, and most
+/// hash ids it may hold: 2^22 (4,194,304).
 pub const MAX_ROW_TOKENS: usize = 1 << 22;
+
+/// Most output tokens a row may ask for: 2^30. Larger than any context, so that a row the
+/// engine can never run is still read (and counted as rejected by the replay), yet bounded.
+pub const MAX_ROW_OUTPUT_TOKENS: usize = 1 << 30;
 
 /// Largest `trace_block_size`: 2^20 tokens per hash id.
 pub const MAX_TRACE_BLOCK_SIZE: usize = 1 << 20;

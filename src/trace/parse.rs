@@ -10,7 +10,8 @@ use serde::Deserialize;
 use super::plain::plain_row;
 use super::{
     describe_ms, ScheduleBound, Session, Trace, TraceError, TraceOptions, TraceRequest,
-    MAX_ROW_TOKENS, MAX_TIMESTAMP_MS, MAX_TRACE_BLOCK_SIZE, MAX_TRACE_TIME_MS,
+    MAX_ROW_OUTPUT_TOKENS, MAX_ROW_TOKENS, MAX_TIMESTAMP_MS, MAX_TRACE_BLOCK_SIZE,
+    MAX_TRACE_TIME_MS,
 };
 use crate::time::{SimDuration, SimTime};
 
@@ -349,9 +350,11 @@ fn parse_row(
         .ok_or_else(|| "missing field \"output_length\"".to_string())?;
     let output_length = usize::try_from(output_length)
         .ok()
-        .filter(|&n| n <= MAX_ROW_TOKENS)
+        .filter(|&n| n <= MAX_ROW_OUTPUT_TOKENS)
         .ok_or_else(|| {
-            format!("\"output_length\" must be at most {MAX_ROW_TOKENS}, got {output_length}")
+            format!(
+                "\"output_length\" must be at most {MAX_ROW_OUTPUT_TOKENS}, got {output_length}"
+            )
         })?;
     if hash_ids.len() > MAX_ROW_TOKENS {
         return Err(format!(
@@ -647,12 +650,12 @@ mod tests {
                 "\"delay\" must be finite, >= 0 and at most 1e12 ms, got 1e18",
             ),
             (
-                r#"{"timestamp": 0, "output_length": 4194305, "hash_ids": [1]}"#,
-                "\"output_length\" must be at most 4194304, got 4194305",
+                r#"{"timestamp": 0, "output_length": 1073741825, "hash_ids": [1]}"#,
+                "\"output_length\" must be at most 1073741824, got 1073741825",
             ),
             (
                 r#"{"timestamp": 0, "output_length": 18446744073709551615, "hash_ids": [1]}"#,
-                "\"output_length\" must be at most 4194304",
+                "\"output_length\" must be at most 1073741824",
             ),
             (r#"[1, 2]"#, "invalid JSON"),
         ];
