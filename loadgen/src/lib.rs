@@ -30,6 +30,8 @@
 //!   metrics over time), [`html`] (the self-contained HTML report), [`live`] (the live view).
 //! - `profile`: [`profile`](mod@profile) (prefill and decode latency measured into a profile
 //!   that `--perf-profile` reads).
+//! - [`limits`]: every flag's allowed range (caps as named constants) and the output-path check
+//!   each mode's validation runs before anything connects.
 //! - [`error`]: [`LoadgenError`] and the exit status of each.
 //!
 //! A ping of the embedded server, in-process:
@@ -52,6 +54,7 @@ pub mod driver;
 pub mod error;
 pub mod failure;
 pub mod html;
+pub mod limits;
 pub mod live;
 pub mod merge;
 pub mod multiturn;
