@@ -115,6 +115,42 @@ pub enum Command {
     },
 }
 
+/// Checks a command's flags as its run does first, without running anything: every range
+/// ([`limits`]), every combination, the output paths, and the embedded server's settings. The
+/// run commands call the same checks on their own, so a run never starts on flags this refuses.
+pub fn validate(command: &Command) -> Result<(), LoadgenError> {
+    match command {
+        Command::Multiturn(args) => args.config().map(|_| ()),
+        Command::Replay(args) => {
+            args.check()?;
+            args.target
+                .spec(&target::EmbeddedOptions::default())
+                .map(|_| ())
+        }
+        Command::Bench(args) => {
+            args.plan()?;
+            args.target
+                .spec(&target::EmbeddedOptions::default())
+                .map(|_| ())
+        }
+        Command::Sweep(args) => {
+            args.plan()?;
+            args.bench
+                .target
+                .spec(&target::EmbeddedOptions::default())
+                .map(|_| ())
+        }
+        Command::Profile(args) => {
+            args.plan()?;
+            args.target
+                .spec(&target::EmbeddedOptions::default())
+                .map(|_| ())
+        }
+        Command::Merge(args) => merge::check(args),
+        Command::Compare(_) | Command::Completions { .. } => Ok(()),
+    }
+}
+
 /// The completion script of `loadgen` for `shell`.
 pub fn completions(shell: clap_complete::Shell) -> Vec<u8> {
     let mut script = Vec::new();

@@ -146,13 +146,18 @@ pub fn merge(raws: &[RawSample]) -> LiveReport {
     live
 }
 
-/// Runs `loadgen merge`: prints and writes the merged report.
-pub fn run(args: &MergeArgs) -> Result<LiveReport, LoadgenError> {
+/// Checks before reading anything that the output files can be written.
+pub fn check(args: &MergeArgs) -> Result<(), LoadgenError> {
     crate::limits::output_paths([
         ("--report-json", args.report_json.as_deref()),
         ("--per-request-jsonl", args.per_request_jsonl.as_deref()),
         ("--html", args.html.as_deref()),
-    ])?;
+    ])
+}
+
+/// Runs `loadgen merge`: prints and writes the merged report.
+pub fn run(args: &MergeArgs) -> Result<LiveReport, LoadgenError> {
+    check(args)?;
     let (raws, skipped) = read(&args.files)?;
     if raws.is_empty() {
         return Err(LoadgenError::Config(

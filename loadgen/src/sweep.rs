@@ -233,6 +233,14 @@ impl SweepArgs {
         if self.bench.request_rate.is_some() {
             return bad("sweep takes its rates as --request-rate R1,R2,...");
         }
+        if self.find_max_goodput {
+            // Checked first: a bad start would otherwise be reported as the base plan's rate.
+            let start_max = match self.search_axis {
+                SearchAxis::RequestRate => limits::MAX_REQUEST_RATE,
+                SearchAxis::Concurrency => limits::MAX_CONCURRENCY as f64,
+            };
+            limits::positive("--search-start", self.search_start, start_max)?;
+        }
         // The base plan is validated with the first open-loop rate, so that open-loop flags
         // (--arrival, --burstiness) are checked as bench checks them.
         let mut bench = self.bench.clone();
@@ -303,11 +311,6 @@ impl SweepArgs {
             if base.slo.is_none() {
                 return bad("--find-max-goodput needs --slo (e.g. ttft=500ms,itl=50ms)");
             }
-            let start_max = match self.search_axis {
-                SearchAxis::RequestRate => limits::MAX_REQUEST_RATE,
-                SearchAxis::Concurrency => limits::MAX_CONCURRENCY as f64,
-            };
-            limits::positive("--search-start", self.search_start, start_max)?;
             if !(self.search_factor > 1.0 && self.search_factor <= limits::MAX_SEARCH_FACTOR) {
                 return Err(LoadgenError::OutOfRange {
                     flag: "--search-factor".into(),
