@@ -275,7 +275,7 @@ pub fn parse_with_bound(
         };
         let first_line = s.turns.first().map_or(0, |(t, _)| t.line);
         let mut at_ms = (s.first_ts_ms - min_first) / ratio;
-        if !(at_ms <= bound_ms) {
+        if at_ms.is_nan() || at_ms > bound_ms {
             return Err(long(
                 first_line,
                 format!("session \"{}\" arrives", s.id),
@@ -284,7 +284,7 @@ pub fn parse_with_bound(
         }
         for (n, (turn, delay_ms)) in s.turns.iter().enumerate().skip(1) {
             at_ms += delay_ms / ratio;
-            if !(at_ms <= bound_ms) {
+            if at_ms.is_nan() || at_ms > bound_ms {
                 return Err(long(
                     turn.line,
                     format!(
