@@ -29,9 +29,9 @@
 //! asks for at most [`MAX_ROW_TOKENS`] prompt tokens with at most as many hash ids, and at
 //! most [`MAX_ROW_OUTPUT_TOKENS`] output tokens; the block size is at most [`MAX_TRACE_BLOCK_SIZE`]. The schedule after the
 //! speed-up (the last session's arrival, each session's arrival plus its delays) is at most
-//! [`ScheduleBound`]'s bound, [`DEFAULT_MAX_SCHEDULE`] (seven days) unless the caller lifts it
-//! (`--allow-long-schedule` of both replays); beyond it the row is a
-//! [`TraceError::LongSchedule`].
+//! [`MAX_TRACE_TIME_MS`], and with [`parse_with_bound`] / [`load_with_bound`] at most a
+//! [`ScheduleBound`]: both replays ask for [`DEFAULT_MAX_SCHEDULE`] (seven days) unless
+//! `--allow-long-schedule`; beyond it the row is a [`TraceError::LongSchedule`].
 
 mod hash;
 mod parse;
@@ -76,11 +76,11 @@ pub const MAX_ROW_OUTPUT_TOKENS: usize = 1 << 30;
 pub const MAX_TRACE_BLOCK_SIZE: usize = 1 << 20;
 
 /// How long a trace's schedule may run once sped up: the arrival of its last session, and each
-/// session's arrival plus the sum of its delays.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// session's arrival plus the sum of its delays. The replays, which wait for (or report) the
+/// schedule, bound it by [`ScheduleBound::Default`] unless `--allow-long-schedule`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScheduleBound {
-    /// At most [`DEFAULT_MAX_SCHEDULE`].
-    #[default]
+    /// At most [`DEFAULT_MAX_SCHEDULE`] (the replays' default).
     Default,
     /// At most this long (itself at most [`MAX_TRACE_TIME_MS`]).
     AtMost(SimDuration),
@@ -285,10 +285,10 @@ pub enum TraceError {
     },
 }
 
-/// Reads and parses the trace at `path` with the default schedule bound; errors name the file
-/// as given.
+/// Reads and parses the trace at `path` (its schedule up to [`MAX_TRACE_TIME_MS`], as
+/// [`parse`]); errors name the file as given.
 pub fn load(path: &Path, opts: &TraceOptions) -> Result<Trace, TraceError> {
-    load_with_bound(path, opts, ScheduleBound::Default)
+    load_with_bound(path, opts, ScheduleBound::Unbounded)
 }
 
 /// [`load`] with a schedule bound of the caller's.

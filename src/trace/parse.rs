@@ -84,14 +84,15 @@ pub(super) fn show(x: f64) -> String {
     }
 }
 
-/// Parses a Mooncake JSONL trace from `reader` with the default schedule bound;
-/// `source_name` labels errors (usually the path).
+/// Parses a Mooncake JSONL trace from `reader`; `source_name` labels errors (usually the
+/// path). The schedule may run up to [`MAX_TRACE_TIME_MS`]: a caller that waits for it bounds it
+/// further with [`parse_with_bound`].
 pub fn parse(
     reader: impl BufRead,
     source_name: &str,
     opts: &TraceOptions,
 ) -> Result<Trace, TraceError> {
-    parse_with_bound(reader, source_name, opts, ScheduleBound::Default)
+    parse_with_bound(reader, source_name, opts, ScheduleBound::Unbounded)
 }
 
 /// [`parse`] with a schedule bound of the caller's: the sped-up arrival of every session and
@@ -671,13 +672,14 @@ mod tests {
     /// replay could wait for them; a long schedule passes when the caller lifts the bound.
     #[test]
     fn the_schedule_is_bounded() {
+        let week = ScheduleBound::Default;
         let week_ms = 7.0 * 86_400_000.0;
         let far = format!(
             "{{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1]}}\n\
              {{\"timestamp\": {}, \"output_length\": 1, \"hash_ids\": [1]}}\n",
             week_ms + 1.0
         );
-        match parse_str(&far, &opts(4, 1.0)) {
+        match parse_with_bound(far.as_bytes(), "trace.jsonl", &opts(4, 1.0), week) {
             Err(TraceError::LongSchedule {
                 line,
                 at_ms,
@@ -690,7 +692,8 @@ mod tests {
             }
             other => panic!("expected a long schedule, got {other:?}"),
         }
-        let e = parse_str(&far, &opts(4, 1.0)).expect_err("long");
+        let e =
+            parse_with_bound(far.as_bytes(), "trace.jsonl", &opts(4, 1.0), week).expect_err("long");
         assert_eq!(
             e.to_string(),
             "trace.jsonl:2: session \"request_2\" arrives 7.0 days after the trace's start, \
@@ -698,10 +701,9 @@ mod tests {
              replay it anyway (up to 31.7 years), or a larger --arrival-speedup-ratio"
         );
         // The speed-up applies first: at 2x the same rows fit.
-        let t = parse_str(&far, &opts(4, 2.0)).expect("fits at 2x");
+        let t = parse_with_bound(far.as_bytes(), "t", &opts(4, 2.0), week).expect("fits at 2x");
         assert_eq!(t.sessions[1].first_arrival.0, (week_ms + 1.0) as u64 * 500);
-        let t = parse_with_bound(far.as_bytes(), "t", &opts(4, 1.0), ScheduleBound::Unbounded)
-            .expect("allowed");
+        let t = parse_str(&far, &opts(4, 1.0)).expect("parse leaves the schedule to the caller");
         assert_eq!(t.sessions[1].first_arrival.0, (week_ms + 1.0) as u64 * 1000);
         // Delays add up: each is short, the session is not.
         let day = 86_400_000.0;
@@ -713,7 +715,7 @@ mod tests {
                 "{{\"session_id\": \"s\", \"delay\": {day}, \"output_length\": 1, \"hash_ids\": [1]}}\n"
             ));
         }
-        match parse_str(&text, &opts(4, 1.0)) {
+        match parse_with_bound(text.as_bytes(), "t", &opts(4, 1.0), week) {
             Err(TraceError::LongSchedule { line, at_ms, .. }) => {
                 assert_eq!((line, at_ms), (9, 8.0 * day));
             }
