@@ -56,8 +56,8 @@ pub struct BenchArgs {
     /// Stop sending after this many seconds (above 0, at most 604800: seven days).
     #[arg(long)]
     pub duration: Option<f64>,
-    /// Excluded from the statistics: the first N requests ("N") or those due in the first S
-    /// seconds ("Ss").
+    /// Excluded from the statistics: the first N requests ("N", at most 10^7) or those due in
+    /// the first S seconds ("Ss", at most 604800).
     #[arg(long)]
     pub warmup: Option<Warmup>,
     /// Mean unique prompt tokens per request (with --shared-prefix-tokens at most 2^22).

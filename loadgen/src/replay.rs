@@ -294,8 +294,12 @@ impl ReplayArgs {
             1,
             trace::MAX_TRACE_BLOCK_SIZE,
         )?;
-        if let Some(n) = self.max_requests {
-            limits::count("--max-requests", n, 1, usize::MAX)?;
+        if self.max_requests == Some(0) {
+            return Err(LoadgenError::OutOfRange {
+                flag: "--max-requests".into(),
+                got: "0".into(),
+                allowed: "at least 1".into(),
+            });
         }
         if let Some(n) = self.max_in_flight {
             limits::count("--max-in-flight", n, 1, limits::MAX_CONCURRENCY)?;
