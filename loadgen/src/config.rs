@@ -183,39 +183,29 @@ impl MultiturnArgs {
     /// Validates the flags into a run description (`--ping` overrides applied).
     pub fn config(&self) -> Result<MultiturnConfig, LoadgenError> {
         let max_failure_rate = self.failures.max_failure_rate()?;
-        let target = self.target.spec(&self.chat_server.options())?;
-        let mean_delay_ms = self.mean_delay_ms.unwrap_or(if target.is_embedded() {
+        // Without --url the embedded server is the target.
+        let mean_delay_ms = self.mean_delay_ms.unwrap_or(if self.target.url.is_none() {
             EMBEDDED_MEAN_DELAY_MS
         } else {
             URL_MEAN_DELAY_MS
         });
-        let mut config = MultiturnConfig {
-            workload: WorkloadSpec {
-                num_users: self.num_users,
-                num_turns: self.num_turns,
-                num_user_tokens: self.num_user_tokens,
-                mean_delay_ms,
-                seed: self.target.engine.seed,
-            },
-            target,
-            max_completion_tokens: self.max_completion_tokens,
-            ignore_eos: !self.no_ignore_eos,
-            speculative_prefill: self.speculative_prefill,
-            verbose: self.verbose,
-            ping: self.ping,
-            max_failure_rate,
-            report: self.report.clone(),
-            html: self.html.clone(),
+        let mut workload = WorkloadSpec {
+            num_users: self.num_users,
+            num_turns: self.num_turns,
+            num_user_tokens: self.num_user_tokens,
+            mean_delay_ms,
+            seed: self.target.engine.seed,
         };
+        let mut max_completion_tokens = self.max_completion_tokens;
         if self.ping {
-            config.workload.num_users = 1;
-            config.workload.num_turns = 1;
-            config.workload.num_user_tokens = 50;
-            config.workload.mean_delay_ms = 0;
-            config.max_completion_tokens = 50;
-            config.verbose = true;
+            workload.num_users = 1;
+            workload.num_turns = 1;
+            workload.num_user_tokens = 50;
+            workload.mean_delay_ms = 0;
+            max_completion_tokens = 50;
         }
-        let w = &config.workload;
+        // The ranges first: the target (the embedded server, the tokenizer) is built after.
+        let w = &workload;
         limits::count("--num-users", w.num_users, 1, limits::MAX_USERS)?;
         limits::count("--num-turns", w.num_turns, 1, limits::MAX_TURNS)?;
         limits::product(
@@ -239,7 +229,7 @@ impl MultiturnArgs {
         }
         limits::count(
             "--max-completion-tokens",
-            config.max_completion_tokens as usize,
+            max_completion_tokens as usize,
             1,
             limits::MAX_OUTPUT_TOKENS,
         )?;
@@ -249,7 +239,7 @@ impl MultiturnArgs {
             &[
                 w.num_users,
                 w.num_turns,
-                w.num_user_tokens + config.max_completion_tokens as usize,
+                w.num_user_tokens + max_completion_tokens as usize,
             ],
             limits::MAX_TOKENS_IN_FLIGHT,
             "MAX_TOKENS_IN_FLIGHT",
@@ -267,14 +257,25 @@ impl MultiturnArgs {
             limits::MAX_PROMPT_TOKENS,
         )?;
         limits::output_paths([
-            ("--output", config.report.report_json.as_deref()),
+            ("--output", self.report.report_json.as_deref()),
             (
                 "--per-request-jsonl",
-                config.report.per_request_jsonl.as_deref(),
+                self.report.per_request_jsonl.as_deref(),
             ),
-            ("--html", config.html.as_deref()),
+            ("--html", self.html.as_deref()),
         ])?;
-        Ok(config)
+        Ok(MultiturnConfig {
+            target: self.target.spec(&self.chat_server.options())?,
+            workload,
+            max_completion_tokens,
+            ignore_eos: !self.no_ignore_eos,
+            speculative_prefill: self.speculative_prefill,
+            verbose: self.verbose || self.ping,
+            ping: self.ping,
+            max_failure_rate,
+            report: self.report.clone(),
+            html: self.html.clone(),
+        })
     }
 }
 
