@@ -417,3 +417,71 @@ fn trace_edge_cases_are_accepted_or_named() {
         assert!(msg.contains(needle), "{file}: {msg}");
     }
 }
+
+/// A trace whose schedule runs past seven days (after the speed-up) is refused before the run,
+/// naming its line; `--allow-long-schedule` replays it, with the duration it really has. A
+/// timestamp no f64 holds in whole milliseconds is refused whatever the flag.
+#[test]
+fn a_long_schedule_is_refused_unless_allowed() {
+    let dir = std::env::temp_dir().join(format!("servesim-long-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("long.jsonl");
+    // 40 days of trace time: 10 days at the default speed-up of 4.
+    std::fs::write(
+        &trace,
+        "{\"timestamp\": 0, \"output_length\": 2, \"hash_ids\": [1]}\n\
+         {\"timestamp\": 3456000000, \"output_length\": 2, \"hash_ids\": [2]}\n",
+    )
+    .unwrap();
+    let path = trace.to_str().unwrap();
+    let e = mock_server::replay_cmd::run(&replay_args(&["replay", path, "-q"]))
+        .expect_err("ten days of schedule");
+    let text = format!("{e:#}");
+    assert!(
+        text.contains("long.jsonl:2: session \"request_2\" arrives 10.0 days after")
+            && text.contains("--allow-long-schedule"),
+        "{text}"
+    );
+    let outcome = mock_server::replay_cmd::run(&replay_args(&[
+        "replay",
+        path,
+        "-q",
+        "--allow-long-schedule",
+    ]))
+    .expect("allowed");
+    assert_eq!(outcome.report.completed_requests, 2);
+    assert!(
+        outcome.report.duration_ms >= 864_000_000.0 && outcome.report.duration_ms < 865_000_000.0,
+        "{}",
+        outcome.report.duration_ms
+    );
+    std::fs::write(
+        &trace,
+        "{\"timestamp\": 0, \"output_length\": 2, \"hash_ids\": [1]}\n\
+         {\"timestamp\": 1e300, \"output_length\": 2, \"hash_ids\": [2]}\n",
+    )
+    .unwrap();
+    for extra in [None, Some("--allow-long-schedule")] {
+        let mut args = vec!["replay", path, "-q"];
+        args.extend(extra);
+        let e = mock_server::replay_cmd::run(&replay_args(&args)).expect_err("1e300");
+        let text = format!("{e:#}");
+        assert!(
+            text.contains("long.jsonl:2: \"timestamp\" must be finite, >= 0 and at most")
+                && text.contains("got 1e300"),
+            "{text}"
+        );
+    }
+    let e = mock_server::replay_cmd::run(&replay_args(&[
+        "replay",
+        path,
+        "--trace-block-size",
+        "4294967296",
+    ]))
+    .expect_err("block size");
+    assert_eq!(
+        e.to_string(),
+        "--trace-block-size must be from 1 to 1048576, got 4294967296"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

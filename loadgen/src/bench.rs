@@ -28,6 +28,7 @@ use serde_json::json;
 use crate::client::Response;
 use crate::driver::{self, DriverConfig, Planned, Script, Start};
 use crate::error::LoadgenError;
+use crate::limits;
 use crate::prompt::PromptSynth;
 use crate::replay_report::{self, LiveRecord, RequestInfo};
 use crate::target::{request_body, Api, EmbeddedOptions, TargetArgs};
@@ -36,45 +37,45 @@ use mock_server::args::ReportArgs;
 /// `loadgen bench` flags.
 #[derive(Args, Clone, Debug)]
 pub struct BenchArgs {
-    /// Closed loop: this many requests in flight (with --request-rate: the cap).
+    /// Closed loop: this many requests in flight (with --request-rate: the cap); 1 to 100000.
     #[arg(long)]
     pub concurrency: Option<usize>,
-    /// Open loop: requests per second ("inf" = all at once).
+    /// Open loop: requests per second, above 0 and at most 10^6 ("inf" = all at once).
     #[arg(long)]
     pub request_rate: Option<f64>,
     /// Inter-arrival distribution of the open loop [default: poisson].
     #[arg(long, value_enum)]
     pub arrival: Option<Arrival>,
     /// Gamma shape of the inter-arrival gaps with --arrival gamma (below 1 burstier, above 1
-    /// smoother; 1 = Poisson) [default: 1].
+    /// smoother; 1 = Poisson), 0.001 to 1000 [default: 1].
     #[arg(long)]
     pub burstiness: Option<f64>,
-    /// Requests to send [default: 100 unless --duration is given].
+    /// Requests to send, 1 to 10^7 [default: 100 unless --duration is given].
     #[arg(long)]
     pub num_requests: Option<usize>,
-    /// Stop sending after this many seconds.
+    /// Stop sending after this many seconds (above 0, at most 604800: seven days).
     #[arg(long)]
     pub duration: Option<f64>,
-    /// Excluded from the statistics: the first N requests ("N") or those due in the first S
-    /// seconds ("Ss").
+    /// Excluded from the statistics: the first N requests ("N", at most 10^7) or those due in
+    /// the first S seconds ("Ss", at most 604800).
     #[arg(long)]
     pub warmup: Option<Warmup>,
-    /// Mean unique prompt tokens per request.
+    /// Mean unique prompt tokens per request (with --shared-prefix-tokens at most 2^22).
     #[arg(long, default_value_t = 256)]
     pub input_tokens: usize,
-    /// Standard deviation of the unique prompt tokens.
+    /// Standard deviation of the unique prompt tokens (0 to 2^22; draws stay within 1 and 2^22).
     #[arg(long, default_value_t = 0.0)]
     pub input_tokens_stddev: f64,
-    /// Mean output tokens (max_tokens with ignore_eos).
+    /// Mean output tokens (max_tokens with ignore_eos), 1 to 2^22.
     #[arg(long, default_value_t = 128)]
     pub output_tokens: usize,
-    /// Standard deviation of the output tokens.
+    /// Standard deviation of the output tokens (0 to 2^22).
     #[arg(long, default_value_t = 0.0)]
     pub output_tokens_stddev: f64,
-    /// Tokens of a shared system prefix before each prompt (0 = none).
+    /// Tokens of a shared system prefix before each prompt (0 = none, at most 2^22).
     #[arg(long, default_value_t = 0)]
     pub shared_prefix_tokens: usize,
-    /// Distinct shared prefixes; request k uses prefix k mod N.
+    /// Distinct shared prefixes; request k uses prefix k mod N (1 to 10^7).
     #[arg(long, default_value_t = 1)]
     pub num_prefix_groups: usize,
     /// Service-level objectives for goodput, e.g. ttft=200ms,itl=50ms,e2e=10s (itl = a request's
@@ -211,8 +212,8 @@ impl BenchArgs {
     /// Validates the flags into a plan.
     pub fn plan(&self) -> Result<BenchPlan, LoadgenError> {
         let bad = |m: &str| Err(LoadgenError::Config(m.to_string()));
-        if self.concurrency == Some(0) {
-            return bad("--concurrency must be positive");
+        if let Some(n) = self.concurrency {
+            limits::count("--concurrency", n, 1, limits::MAX_CONCURRENCY)?;
         }
         let load = match self.request_rate {
             None => {
@@ -225,8 +226,15 @@ impl BenchArgs {
                     users: self.concurrency.unwrap_or(1),
                 }
             }
-            Some(r) if r.is_nan() || r <= 0.0 => {
-                return bad("--request-rate must be positive (or inf)")
+            Some(r) if !(r == f64::INFINITY || (r > 0.0 && r <= limits::MAX_REQUEST_RATE)) => {
+                return Err(LoadgenError::OutOfRange {
+                    flag: "--request-rate".into(),
+                    got: limits::show(r),
+                    allowed: format!(
+                        "above 0 and at most {}, or inf",
+                        limits::show(limits::MAX_REQUEST_RATE)
+                    ),
+                })
             }
             Some(r) => {
                 let rate = if r.is_infinite() {
@@ -246,10 +254,12 @@ impl BenchArgs {
                             "--burstiness is the shape of gamma gaps: it needs --arrival gamma",
                         )
                     }
-                    Some(b) if !(b.is_finite() && b > 0.0) => {
-                        return bad("--burstiness must be positive")
-                    }
-                    Some(b) => b,
+                    Some(b) => limits::within(
+                        "--burstiness",
+                        b,
+                        limits::MIN_BURSTINESS,
+                        limits::MAX_BURSTINESS,
+                    )?,
                 };
                 Load::Open {
                     rate,
@@ -259,14 +269,16 @@ impl BenchArgs {
                 }
             }
         };
-        if self.num_requests == Some(0) {
-            return bad("--num-requests must be positive");
+        if let Some(n) = self.num_requests {
+            limits::count("--num-requests", n, 1, limits::MAX_REQUESTS)?;
         }
         let duration = match self.duration {
-            Some(d) if !(d.is_finite() && d > 0.0) => {
-                return bad("--duration must be positive seconds")
-            }
-            d => d.map(Duration::from_secs_f64),
+            Some(d) => Some(Duration::from_secs_f64(limits::positive(
+                "--duration",
+                d,
+                limits::MAX_DURATION_S,
+            )?)),
+            None => None,
         };
         let stop = match (self.num_requests, duration) {
             (None, None) => Stop::Requests(DEFAULT_NUM_REQUESTS),
@@ -284,6 +296,35 @@ impl BenchArgs {
         {
             return bad("--request-rate inf needs --num-requests (every request is due at once)");
         }
+        if let (
+            Load::Open {
+                rate: Rate::PerSecond(r),
+                ..
+            },
+            Stop::Duration(d),
+        ) = (load, stop)
+        {
+            // The open loop precomputes every send offset: their number must stay bounded.
+            let expected = r * d.as_secs_f64();
+            if expected > limits::MAX_REQUESTS as f64 {
+                return Err(LoadgenError::Config(format!(
+                    "--request-rate x --duration schedules about {} requests, above the {} \
+                     loadgen allows in one run (MAX_REQUESTS): lower either or give \
+                     --num-requests",
+                    limits::show(expected.round()),
+                    limits::MAX_REQUESTS
+                )));
+            }
+        }
+        match self.warmup {
+            Some(Warmup::Requests(w)) => {
+                limits::count("--warmup", w, 0, limits::MAX_REQUESTS)?;
+            }
+            Some(Warmup::Seconds(w)) => {
+                limits::within("--warmup (seconds)", w, 0.0, limits::MAX_DURATION_S)?;
+            }
+            None => {}
+        }
         match (self.warmup, stop.max_requests(), stop.duration()) {
             (Some(Warmup::Requests(w)), Some(n), _) if w >= n => {
                 return bad(
@@ -295,22 +336,72 @@ impl BenchArgs {
             }
             _ => {}
         }
-        for (flag, sd) in [
-            ("--input-tokens-stddev", self.input_tokens_stddev),
-            ("--output-tokens-stddev", self.output_tokens_stddev),
-        ] {
-            if !(sd.is_finite() && sd >= 0.0) {
-                return Err(LoadgenError::Config(format!(
-                    "{flag} must be zero or positive"
-                )));
-            }
+        limits::count(
+            "--input-tokens",
+            self.input_tokens,
+            0,
+            limits::MAX_PROMPT_TOKENS,
+        )?;
+        limits::count(
+            "--shared-prefix-tokens",
+            self.shared_prefix_tokens,
+            0,
+            limits::MAX_PROMPT_TOKENS,
+        )?;
+        limits::count(
+            "--input-tokens + --shared-prefix-tokens",
+            self.input_tokens + self.shared_prefix_tokens,
+            0,
+            limits::MAX_PROMPT_TOKENS,
+        )?;
+        limits::within(
+            "--input-tokens-stddev",
+            self.input_tokens_stddev,
+            0.0,
+            limits::MAX_PROMPT_TOKENS as f64,
+        )?;
+        limits::count(
+            "--output-tokens",
+            self.output_tokens,
+            1,
+            limits::MAX_OUTPUT_TOKENS,
+        )?;
+        limits::within(
+            "--output-tokens-stddev",
+            self.output_tokens_stddev,
+            0.0,
+            limits::MAX_OUTPUT_TOKENS as f64,
+        )?;
+        limits::count(
+            "--num-prefix-groups",
+            self.num_prefix_groups,
+            1,
+            limits::MAX_REQUESTS,
+        )?;
+        let in_flight = match load {
+            Load::Closed { users } => Some(users),
+            Load::Open { max_in_flight, .. } => max_in_flight,
+        };
+        if let Some(n) = in_flight {
+            limits::product(
+                "--concurrency x (--shared-prefix-tokens + --input-tokens + --output-tokens)",
+                &[
+                    n,
+                    self.shared_prefix_tokens + self.input_tokens + self.output_tokens,
+                ],
+                limits::MAX_TOKENS_IN_FLIGHT,
+                "MAX_TOKENS_IN_FLIGHT",
+            )?;
         }
-        if self.output_tokens == 0 {
-            return bad("--output-tokens must be positive");
-        }
-        if self.num_prefix_groups == 0 {
-            return bad("--num-prefix-groups must be positive");
-        }
+        self.observe.check()?;
+        limits::output_paths([
+            ("--report-json", self.report.report_json.as_deref()),
+            (
+                "--per-request-jsonl",
+                self.report.per_request_jsonl.as_deref(),
+            ),
+            ("--html", self.observe.html.as_deref()),
+        ])?;
         if self.num_prefix_groups > 1 && self.shared_prefix_tokens == 0 {
             return bad("--num-prefix-groups needs --shared-prefix-tokens");
         }
@@ -552,8 +643,9 @@ fn gamma(rng: &mut ChaCha8Rng, shape: f64) -> f64 {
     }
 }
 
-/// Open-loop send offsets (seconds): request 0 at 0, then gaps, at most `count` offsets (all of
-/// them when None) and none past `limit_s`. An infinite rate needs a `count`.
+/// Open-loop send offsets (seconds): request 0 at 0, then gaps, at most `count` offsets (at
+/// most [`limits::MAX_REQUESTS`] when None) and none past `limit_s`. An infinite rate needs a
+/// `count`.
 pub fn arrival_offsets(
     rate: f64,
     arrival: Arrival,
@@ -565,7 +657,7 @@ pub fn arrival_offsets(
     let count = match count {
         Some(n) => n,
         None if rate.is_infinite() || limit_s.is_infinite() => return Vec::new(),
-        None => usize::MAX,
+        None => limits::MAX_REQUESTS,
     };
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xA11_1FA1);
     let mut out = Vec::new();
@@ -589,13 +681,26 @@ pub fn arrival_offsets(
 fn lengths(plan: &BenchPlan, k: usize) -> (usize, usize) {
     let mut rng =
         ChaCha8Rng::seed_from_u64(plan.seed.wrapping_mul(0x9E37_79B9).wrapping_add(k as u64));
-    let draw = |rng: &mut ChaCha8Rng, mean: usize, sd: f64| {
-        ((mean as f64 + sd * normal(rng)).round().max(1.0)) as usize
+    // A draw lies in [1, max]: a wide deviation never asks for an unbounded prompt.
+    let draw = |rng: &mut ChaCha8Rng, mean: usize, sd: f64, max: usize| {
+        ((mean as f64 + sd * normal(rng))
+            .round()
+            .clamp(1.0, max.max(1) as f64)) as usize
     };
     let l = &plan.lengths;
     (
-        draw(&mut rng, l.input_tokens, l.input_tokens_stddev),
-        draw(&mut rng, l.output_tokens, l.output_tokens_stddev),
+        draw(
+            &mut rng,
+            l.input_tokens,
+            l.input_tokens_stddev,
+            limits::MAX_PROMPT_TOKENS.saturating_sub(l.shared_prefix_tokens),
+        ),
+        draw(
+            &mut rng,
+            l.output_tokens,
+            l.output_tokens_stddev,
+            limits::MAX_OUTPUT_TOKENS,
+        ),
     )
 }
 
@@ -1176,7 +1281,9 @@ mod tests {
             (&["--max-failure-rate", "2"], "--max-failure-rate"),
         ] {
             match plan(flags) {
-                Err(LoadgenError::Config(m)) => assert!(m.contains(says), "{flags:?}: {m}"),
+                Err(e @ (LoadgenError::Config(_) | LoadgenError::OutOfRange { .. })) => {
+                    assert!(e.to_string().contains(says), "{flags:?}: {e}")
+                }
                 other => panic!("{flags:?}: {other:?}"),
             }
         }

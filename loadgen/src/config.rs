@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use crate::error::LoadgenError;
 use crate::failure::FailureArgs;
+use crate::limits;
 use crate::target::{EmbeddedOptions, TargetArgs, TargetSpec};
 
 /// Think time (ms) between turns when loadgen drives its embedded server and `--mean-delay-ms` is
@@ -41,19 +42,20 @@ pub const URL_MEAN_DELAY_MS: u64 = 5000;
         .help("Write one JSON line per request (the raw_results entries) to this file")),
 )]
 pub struct MultiturnArgs {
-    /// Concurrent users (one conversation each).
+    /// Concurrent users (one conversation each), 1 to 100000.
     #[arg(long, default_value_t = 10)]
     pub num_users: usize,
 
-    /// Turns per user.
+    /// Turns per user, 1 to 10000 (users x turns at most 10^7).
     #[arg(long, default_value_t = 5)]
     pub num_turns: usize,
 
-    /// User-prompt tokens per turn (exact when the tokenizer is known, else ~0.8 words per token).
+    /// User-prompt tokens per turn (exact when the tokenizer is known, else ~0.8 words per token),
+    /// at most 2^22.
     #[arg(long, default_value_t = 128)]
     pub num_user_tokens: usize,
 
-    /// Sent as max_completion_tokens.
+    /// Sent as max_completion_tokens, 1 to 2^22.
     #[arg(long, default_value_t = 1000)]
     pub max_completion_tokens: u32,
 
@@ -65,7 +67,8 @@ pub struct MultiturnArgs {
     #[arg(long, overrides_with = "ignore_eos")]
     pub no_ignore_eos: bool,
 
-    /// Mean of the exponential think time after each completed turn, in ms; 0 = none.
+    /// Mean of the exponential think time after each completed turn, in ms; 0 = none; at most
+    /// 3600000 (one hour).
     /// [default: 5000 with --url, 500 for the embedded server]
     #[arg(long)]
     pub mean_delay_ms: Option<u64>,
@@ -119,7 +122,7 @@ pub struct ChatServerArgs {
     #[arg(long, value_enum, default_value_t = ReasoningFormat::Separate)]
     pub reasoning_format: ReasoningFormat,
 
-    /// Context length of the embedded server.
+    /// Context length of the embedded server (1 to 2^22).
     #[arg(long, default_value_t = 131072)]
     pub max_model_len: usize,
 }
@@ -131,6 +134,7 @@ impl ChatServerArgs {
             max_model_len: self.max_model_len,
             reasoning_ratio: self.reasoning_ratio,
             reasoning_format: self.reasoning_format,
+            fit_context: false,
         }
     }
 }
@@ -140,7 +144,7 @@ impl ChatServerArgs {
 pub struct WorkloadSpec {
     /// Users (conversations).
     pub num_users: usize,
-    /// Turns per user.
+    /// Turns per user, 1 to 10000 (users x turns at most 10^7).
     pub num_turns: usize,
     /// User tokens per turn.
     pub num_user_tokens: usize,
@@ -178,47 +182,100 @@ pub struct MultiturnConfig {
 impl MultiturnArgs {
     /// Validates the flags into a run description (`--ping` overrides applied).
     pub fn config(&self) -> Result<MultiturnConfig, LoadgenError> {
-        let bad = |m: &str| Err(LoadgenError::Config(m.to_string()));
         let max_failure_rate = self.failures.max_failure_rate()?;
-        let target = self.target.spec(&self.chat_server.options())?;
-        let mean_delay_ms = self.mean_delay_ms.unwrap_or(if target.is_embedded() {
+        // Without --url the embedded server is the target.
+        let mean_delay_ms = self.mean_delay_ms.unwrap_or(if self.target.url.is_none() {
             EMBEDDED_MEAN_DELAY_MS
         } else {
             URL_MEAN_DELAY_MS
         });
-        let mut config = MultiturnConfig {
-            workload: WorkloadSpec {
-                num_users: self.num_users,
-                num_turns: self.num_turns,
-                num_user_tokens: self.num_user_tokens,
-                mean_delay_ms,
-                seed: self.target.engine.seed,
-            },
-            target,
-            max_completion_tokens: self.max_completion_tokens,
+        let mut workload = WorkloadSpec {
+            num_users: self.num_users,
+            num_turns: self.num_turns,
+            num_user_tokens: self.num_user_tokens,
+            mean_delay_ms,
+            seed: self.target.engine.seed,
+        };
+        let mut max_completion_tokens = self.max_completion_tokens;
+        if self.ping {
+            workload.num_users = 1;
+            workload.num_turns = 1;
+            workload.num_user_tokens = 50;
+            workload.mean_delay_ms = 0;
+            max_completion_tokens = 50;
+        }
+        // The ranges first: the target (the embedded server, the tokenizer) is built after.
+        let w = &workload;
+        limits::count("--num-users", w.num_users, 1, limits::MAX_USERS)?;
+        limits::count("--num-turns", w.num_turns, 1, limits::MAX_TURNS)?;
+        limits::product(
+            "--num-users x --num-turns",
+            &[w.num_users, w.num_turns],
+            limits::MAX_REQUESTS,
+            "MAX_REQUESTS",
+        )?;
+        limits::count(
+            "--num-user-tokens",
+            w.num_user_tokens,
+            0,
+            limits::MAX_PROMPT_TOKENS,
+        )?;
+        if w.mean_delay_ms > limits::MAX_DELAY_MS {
+            return Err(LoadgenError::OutOfRange {
+                flag: "--mean-delay-ms".into(),
+                got: w.mean_delay_ms.to_string(),
+                allowed: format!("from 0 to {}", limits::MAX_DELAY_MS),
+            });
+        }
+        limits::count(
+            "--max-completion-tokens",
+            max_completion_tokens as usize,
+            1,
+            limits::MAX_OUTPUT_TOKENS,
+        )?;
+        // Every user's conversation at its last turn: all its prompts and answers.
+        limits::product(
+            "--num-users x --num-turns x (--num-user-tokens + --max-completion-tokens)",
+            &[
+                w.num_users,
+                w.num_turns,
+                w.num_user_tokens + max_completion_tokens as usize,
+            ],
+            limits::MAX_TOKENS_IN_FLIGHT,
+            "MAX_TOKENS_IN_FLIGHT",
+        )?;
+        limits::within(
+            "--reasoning-ratio",
+            self.chat_server.reasoning_ratio,
+            0.0,
+            1.0,
+        )?;
+        limits::count(
+            "--max-model-len",
+            self.chat_server.max_model_len,
+            1,
+            limits::MAX_PROMPT_TOKENS,
+        )?;
+        limits::output_paths([
+            ("--output", self.report.report_json.as_deref()),
+            (
+                "--per-request-jsonl",
+                self.report.per_request_jsonl.as_deref(),
+            ),
+            ("--html", self.html.as_deref()),
+        ])?;
+        Ok(MultiturnConfig {
+            target: self.target.spec(&self.chat_server.options())?,
+            workload,
+            max_completion_tokens,
             ignore_eos: !self.no_ignore_eos,
             speculative_prefill: self.speculative_prefill,
-            verbose: self.verbose,
+            verbose: self.verbose || self.ping,
             ping: self.ping,
             max_failure_rate,
             report: self.report.clone(),
             html: self.html.clone(),
-        };
-        if self.ping {
-            config.workload.num_users = 1;
-            config.workload.num_turns = 1;
-            config.workload.num_user_tokens = 50;
-            config.workload.mean_delay_ms = 0;
-            config.max_completion_tokens = 50;
-            config.verbose = true;
-        }
-        if config.workload.num_users == 0 || config.workload.num_turns == 0 {
-            return bad("--num-users and --num-turns must be positive");
-        }
-        if config.max_completion_tokens == 0 {
-            return bad("--max-completion-tokens must be positive");
-        }
-        Ok(config)
+        })
     }
 }
 

@@ -8,6 +8,16 @@ pub enum LoadgenError {
     /// A flag value or combination is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A flag's value is outside the range loadgen accepts ([`crate::limits`]).
+    #[error("invalid configuration: {flag} must be {allowed}, got {got}")]
+    OutOfRange {
+        /// The flag, e.g. `--concurrency`.
+        flag: String,
+        /// The value given, as it is shown (scientific notation for huge numbers).
+        got: String,
+        /// The allowed range, e.g. `from 1 to 100000`.
+        allowed: String,
+    },
     /// The embedded server's settings are invalid.
     #[error("embedded server: {0}")]
     Server(#[from] servesim::scheduler::ConfigError),

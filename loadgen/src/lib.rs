@@ -30,6 +30,8 @@
 //!   metrics over time), [`html`] (the self-contained HTML report), [`live`] (the live view).
 //! - `profile`: [`profile`](mod@profile) (prefill and decode latency measured into a profile
 //!   that `--perf-profile` reads).
+//! - [`limits`]: every flag's allowed range (caps as named constants) and the output-path check
+//!   each mode's validation runs before anything connects.
 //! - [`error`]: [`LoadgenError`] and the exit status of each.
 //!
 //! A ping of the embedded server, in-process:
@@ -52,6 +54,7 @@ pub mod driver;
 pub mod error;
 pub mod failure;
 pub mod html;
+pub mod limits;
 pub mod live;
 pub mod merge;
 pub mod multiturn;
@@ -110,6 +113,42 @@ pub enum Command {
         /// The shell to complete for.
         shell: clap_complete::Shell,
     },
+}
+
+/// Checks a command's flags as its run does first, without running anything: every range
+/// ([`limits`]), every combination, the output paths, and the embedded server's settings. The
+/// run commands call the same checks on their own, so a run never starts on flags this refuses.
+pub fn validate(command: &Command) -> Result<(), LoadgenError> {
+    match command {
+        Command::Multiturn(args) => args.config().map(|_| ()),
+        Command::Replay(args) => {
+            args.check()?;
+            args.target
+                .spec(&target::EmbeddedOptions::default())
+                .map(|_| ())
+        }
+        Command::Bench(args) => {
+            args.plan()?;
+            args.target
+                .spec(&target::EmbeddedOptions::default())
+                .map(|_| ())
+        }
+        Command::Sweep(args) => {
+            args.plan()?;
+            args.bench
+                .target
+                .spec(&target::EmbeddedOptions::default())
+                .map(|_| ())
+        }
+        Command::Profile(args) => {
+            args.plan()?;
+            args.target
+                .spec(&target::EmbeddedOptions::default())
+                .map(|_| ())
+        }
+        Command::Merge(args) => merge::check(args),
+        Command::Compare(_) | Command::Completions { .. } => Ok(()),
+    }
 }
 
 /// The completion script of `loadgen` for `shell`.

@@ -22,7 +22,8 @@ use crate::replay_report::{self, LiveReport, RawSample, RequestInfo};
 /// `loadgen merge` flags.
 #[derive(Args, Clone, Debug)]
 pub struct MergeArgs {
-    /// Per-request JSONL files written with --per-request-jsonl (bench or replay).
+    /// Per-request JSONL files written with --per-request-jsonl (bench or replay); each file
+    /// once (the same file twice, or two copies of one, is refused).
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
 
@@ -43,15 +44,41 @@ pub struct MergeArgs {
     pub html: Option<PathBuf>,
 }
 
-/// Reads the `raw` records of JSONL files (lines without one are skipped and counted).
+/// Reads the `raw` records of JSONL files (lines without one are skipped and counted). A file
+/// given twice (the same file by any path, or a copy with the same records) is refused: its
+/// records would count twice.
 pub fn read(files: &[PathBuf]) -> Result<(Vec<RawSample>, usize), LoadgenError> {
     let mut out = Vec::new();
     let mut skipped = 0;
+    // (canonical path, content hash, path) of the files read so far; a file whose hash matches
+    // is read again to compare the bytes.
+    let mut seen: Vec<(Option<PathBuf>, u64, &PathBuf)> = Vec::new();
     for path in files {
         let text = std::fs::read_to_string(path).map_err(|source| LoadgenError::Io {
             path: path.clone(),
             source,
         })?;
+        let canonical = std::fs::canonicalize(path).ok();
+        let hash = xxhash_rust::xxh3::xxh3_64(text.as_bytes());
+        for (other_canonical, other_hash, other) in &seen {
+            if canonical.is_some() && canonical == *other_canonical {
+                return Err(LoadgenError::Config(format!(
+                    "{} and {} are the same file: its records would be counted twice",
+                    other.display(),
+                    path.display()
+                )));
+            }
+            if !text.trim().is_empty()
+                && hash == *other_hash
+                && std::fs::read_to_string(other).is_ok_and(|t| t == text)
+            {
+                return Err(LoadgenError::Config(format!(
+                    "{} and {} hold the same records (a copy?): they would be counted twice",
+                    other.display(),
+                    path.display()
+                )));
+            }
+        }
         for (n, line) in text.lines().enumerate() {
             if line.trim().is_empty() {
                 continue;
@@ -74,6 +101,7 @@ pub fn read(files: &[PathBuf]) -> Result<(Vec<RawSample>, usize), LoadgenError> 
                 None => skipped += 1,
             }
         }
+        seen.push((canonical, hash, path));
     }
     Ok((out, skipped))
 }
@@ -118,8 +146,18 @@ pub fn merge(raws: &[RawSample]) -> LiveReport {
     live
 }
 
+/// Checks before reading anything that the output files can be written.
+pub fn check(args: &MergeArgs) -> Result<(), LoadgenError> {
+    crate::limits::output_paths([
+        ("--report-json", args.report_json.as_deref()),
+        ("--per-request-jsonl", args.per_request_jsonl.as_deref()),
+        ("--html", args.html.as_deref()),
+    ])
+}
+
 /// Runs `loadgen merge`: prints and writes the merged report.
 pub fn run(args: &MergeArgs) -> Result<LiveReport, LoadgenError> {
+    check(args)?;
     let (raws, skipped) = read(&args.files)?;
     if raws.is_empty() {
         return Err(LoadgenError::Config(

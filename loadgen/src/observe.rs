@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use crate::bench::RunHooks;
 use crate::error::LoadgenError;
+use crate::limits;
 use crate::live::LiveView;
 use crate::replay_report::LiveReport;
 use crate::scrape::{Scraper, ServerMetrics};
@@ -32,7 +33,7 @@ pub struct ObserveArgs {
 
     /// Interval between two samples of `/metrics`, in ms; a slow scrape (a large exposition)
     /// pushes the next one back to ten times its duration, so that scraping takes at most a
-    /// tenth of the run.
+    /// tenth of the run. At most 3600000 (one hour); below 50 counts as 50.
     #[arg(long, default_value_t = 500)]
     pub scrape_interval_ms: u64,
 
@@ -43,6 +44,18 @@ pub struct ObserveArgs {
 }
 
 impl ObserveArgs {
+    /// Checks the flags' ranges (`--scrape-interval-ms` at most [`limits::MAX_DELAY_MS`]).
+    pub fn check(&self) -> Result<(), LoadgenError> {
+        if self.scrape_interval_ms > limits::MAX_DELAY_MS {
+            return Err(LoadgenError::OutOfRange {
+                flag: "--scrape-interval-ms".into(),
+                got: self.scrape_interval_ms.to_string(),
+                allowed: format!("from 0 to {}", limits::MAX_DELAY_MS),
+            });
+        }
+        Ok(())
+    }
+
     /// The scrape interval, at least 50 ms.
     pub fn interval(&self) -> Duration {
         Duration::from_millis(self.scrape_interval_ms.max(50))

@@ -24,6 +24,7 @@ use servesim::trace::{self, Trace, TraceOptions, TraceRequest};
 use crate::client::Response;
 use crate::driver::{self, DriverConfig, Planned, Script, Start};
 use crate::error::LoadgenError;
+use crate::limits;
 use crate::prompt::PromptSynth;
 use crate::replay_report::{self, LiveReport, RequestInfo};
 use crate::target::{request_body, Api, EmbeddedOptions, TargetArgs};
@@ -35,20 +36,26 @@ pub struct ReplayArgs {
     /// Mooncake JSONL trace.
     pub trace: PathBuf,
 
-    /// Divides arrival timestamps and inter-turn delays.
+    /// Divides arrival timestamps and inter-turn delays (10^-6 to 10^6).
     #[arg(long, default_value_t = 4.0)]
     pub arrival_speedup_ratio: f64,
 
-    /// Prompt tokens per trace hash id.
+    /// Prompt tokens per trace hash id (1 to 2^20).
     #[arg(long, default_value_t = 512)]
     pub trace_block_size: usize,
 
-    /// Replay only the first N rows of the file (like `head -n N`).
+    /// Replay a trace whose schedule, sped up, runs longer than seven days of wall time (the
+    /// last arrival, or a session's arrival plus its delays): by default such a trace is
+    /// refused before anything is sent, naming the row past the bound.
+    #[arg(long)]
+    pub allow_long_schedule: bool,
+
+    /// Replay only the first N rows of the file (like `head -n N`); at least 1.
     #[arg(long)]
     pub max_requests: Option<usize>,
 
-    /// Requests in flight at most (further ones wait; their latency still counts from their
-    /// scheduled time).
+    /// Requests in flight at most, 1 to 100000 (further ones wait; their latency still counts
+    /// from their scheduled time).
     #[arg(long)]
     pub max_in_flight: Option<usize>,
 
@@ -271,15 +278,83 @@ impl Script for SessionScript {
     }
 }
 
-/// Loads the trace (the first `max_requests` rows when given).
+impl ReplayArgs {
+    /// Checks every flag's range (and that the report files can be written) before the trace
+    /// is read or anything connects.
+    pub fn check(&self) -> Result<(), LoadgenError> {
+        limits::within(
+            "--arrival-speedup-ratio",
+            self.arrival_speedup_ratio,
+            limits::MIN_ARRIVAL_SPEEDUP,
+            limits::MAX_ARRIVAL_SPEEDUP,
+        )?;
+        limits::count(
+            "--trace-block-size",
+            self.trace_block_size,
+            1,
+            trace::MAX_TRACE_BLOCK_SIZE,
+        )?;
+        if self.max_requests == Some(0) {
+            return Err(LoadgenError::OutOfRange {
+                flag: "--max-requests".into(),
+                got: "0".into(),
+                allowed: "at least 1".into(),
+            });
+        }
+        if let Some(n) = self.max_in_flight {
+            limits::count("--max-in-flight", n, 1, limits::MAX_CONCURRENCY)?;
+        }
+        self.failures.max_failure_rate()?;
+        self.observe.check()?;
+        limits::output_paths([
+            ("--report-json", self.report.report_json.as_deref()),
+            (
+                "--per-request-jsonl",
+                self.report.per_request_jsonl.as_deref(),
+            ),
+            ("--html", self.observe.html.as_deref()),
+        ])
+    }
+}
+
+/// Every prompt of `plans` (incremental sessions repeat their history) is at most
+/// [`limits::MAX_PROMPT_TOKENS`]; the error names the trace line of the first that is not.
+pub fn check_prompt_lengths(
+    trace: &Trace,
+    plans: &[Vec<PromptPlan>],
+    source_name: &str,
+) -> Result<(), LoadgenError> {
+    for (session, turns) in trace.sessions.iter().zip(plans) {
+        for (turn, plan) in session.turns.iter().zip(turns) {
+            if plan.len() > limits::MAX_PROMPT_TOKENS {
+                return Err(LoadgenError::Trace(trace::TraceError::Line {
+                    source_name: source_name.to_string(),
+                    line: turn.line,
+                    message: format!(
+                        "with the earlier rows of session \"{}\" prepended (incremental), the \
+                         prompt is {} tokens, more than the {} loadgen sends",
+                        session.id,
+                        plan.len(),
+                        limits::MAX_PROMPT_TOKENS
+                    ),
+                }));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Loads the trace (the first `max_requests` rows when given), its schedule bounded unless
+/// `--allow-long-schedule`.
 pub fn load_trace(args: &ReplayArgs) -> Result<Trace, LoadgenError> {
     let options = TraceOptions {
         trace_block_size: args.trace_block_size,
         arrival_speedup_ratio: args.arrival_speedup_ratio,
     };
+    let bound = trace::ScheduleBound::of_flag(args.allow_long_schedule);
     let name = args.trace.display().to_string();
     let trace = match args.max_requests {
-        None => trace::load(&args.trace, &options)?,
+        None => trace::load_with_bound(&args.trace, &options, bound)?,
         Some(n) => {
             let text = std::fs::read_to_string(&args.trace).map_err(|source| LoadgenError::Io {
                 path: args.trace.clone(),
@@ -296,7 +371,7 @@ pub fn load_trace(args: &ReplayArgs) -> Result<Trace, LoadgenError> {
                 }
                 end += line.len();
             }
-            trace::parse(std::io::Cursor::new(&text[..end]), &name, &options)?
+            trace::parse_with_bound(std::io::Cursor::new(&text[..end]), &name, &options, bound)?
         }
     };
     Ok(trace)
@@ -331,12 +406,7 @@ pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, 
     macro_rules! sayln {
         ($($t:tt)*) => { if console { println!($($t)*); } };
     }
-    if args.max_requests == Some(0) {
-        return Err(LoadgenError::Config(
-            "--max-requests must be positive".into(),
-        ));
-    }
-    args.failures.max_failure_rate()?;
+    args.check()?;
     let trace = load_trace(args)?;
     let spec = args.target.spec(&EmbeddedOptions::default())?;
     let shape = session_shape(&trace);
@@ -355,6 +425,7 @@ pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, 
         sayln!("Session mode forced: {mode:?}");
     }
     let plans = plans(&trace, mode);
+    check_prompt_lengths(&trace, &plans, &args.trace.display().to_string())?;
     let expected = expected_reuse(&trace, &plans, args.trace_block_size);
     let target = spec.connect(args.endpoint).await?;
     let synth = Arc::new(target.synth(args.trace_block_size));

@@ -360,6 +360,13 @@ pub struct ServerSummary {
     pub preemptions: Option<f64>,
     /// Scrapes that failed or found no known metric.
     pub failed_scrapes: u64,
+    /// Of those, scrapes that got no answer within [`SCRAPE_TIMEOUT`] (a stalled `/metrics`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub timed_out_scrapes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What the scraper saw: the `server_metrics` key of a report.
@@ -379,6 +386,15 @@ pub struct ServerMetrics {
 pub fn series(
     snaps: &[(f64, Snapshot)],
     failed_scrapes: u64,
+) -> (Vec<ServerSample>, ServerSummary) {
+    series_with_timeouts(snaps, failed_scrapes, 0)
+}
+
+/// [`series`] with the count of failed scrapes that timed out.
+pub fn series_with_timeouts(
+    snaps: &[(f64, Snapshot)],
+    failed_scrapes: u64,
+    timed_out_scrapes: u64,
 ) -> (Vec<ServerSample>, ServerSummary) {
     let mut out = Vec::with_capacity(snaps.len());
     let first_preempt = snaps.first().and_then(|(_, s)| s.sum(|w| w.preemptions));
@@ -431,6 +447,7 @@ pub fn series(
         prefix_hit_rate: overall_rate,
         preemptions: out.last().and_then(|s| s.preemptions),
         failed_scrapes,
+        timed_out_scrapes,
     };
     (out, summary)
 }
@@ -459,8 +476,16 @@ impl ServerMetrics {
         .into_iter()
         .flatten()
         .collect();
+        let failures = match (s.failed_scrapes, s.timed_out_scrapes) {
+            (0, _) => String::new(),
+            (n, 0) => format!("; {n} scrapes failed"),
+            (n, t) => format!(
+                "; {n} scrapes failed ({t} got no answer within {} s)",
+                SCRAPE_TIMEOUT.as_secs()
+            ),
+        };
         format!(
-            "Server metrics ({} samples of {}): {}\n",
+            "Server metrics ({} samples of {}): {}{failures}\n",
             self.samples.len(),
             self.url,
             if parts.is_empty() {
@@ -484,22 +509,83 @@ pub struct Scraper {
     task: JoinHandle<ServerMetrics>,
 }
 
-async fn fetch(client: &reqwest::Client, url: &str, api_key: Option<&str>) -> Option<Snapshot> {
-    let mut request = client.get(url).timeout(Duration::from_secs(5));
+/// How long one scrape may take before it counts as failed (timed out).
+pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a scrape of `/metrics` gave no snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ScrapeFailure {
+    /// No complete answer within the timeout: the endpoint stalled.
+    TimedOut(Duration),
+    /// The request failed or was answered with an error status.
+    Failed(String),
+}
+
+impl std::fmt::Display for ScrapeFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScrapeFailure::TimedOut(t) => {
+                write!(
+                    f,
+                    "the scrape timed out (no answer within {} s)",
+                    t.as_secs_f64()
+                )
+            }
+            ScrapeFailure::Failed(why) => write!(f, "the scrape failed: {why}"),
+        }
+    }
+}
+
+/// One scrape of `url`, at most `timeout` long.
+async fn fetch(
+    client: &reqwest::Client,
+    url: &str,
+    api_key: Option<&str>,
+    timeout: Duration,
+) -> Result<Snapshot, ScrapeFailure> {
+    let failure = |e: reqwest::Error| {
+        if e.is_timeout() {
+            ScrapeFailure::TimedOut(timeout)
+        } else {
+            ScrapeFailure::Failed(crate::error::chain(&e))
+        }
+    };
+    let mut request = client.get(url).timeout(timeout);
     if let Some(key) = api_key {
         request = request.bearer_auth(key);
     }
-    let response = request.send().await.ok()?;
+    let response = request.send().await.map_err(failure)?;
     if !response.status().is_success() {
-        return None;
+        return Err(ScrapeFailure::Failed(format!(
+            "answered {}",
+            response.status()
+        )));
     }
-    let body = response.bytes().await.ok()?;
+    let body = response.bytes().await.map_err(failure)?;
     // The text format is UTF-8; a body that is not is read with its bad bytes replaced.
     let text = match std::str::from_utf8(&body) {
         Ok(text) => std::borrow::Cow::Borrowed(text),
         Err(_) => String::from_utf8_lossy(&body),
     };
-    Some(Snapshot::read(&text))
+    Ok(Snapshot::read(&text))
+}
+
+/// The warning for a first scrape that found nothing to sample (None when there is nothing to
+/// say): a stall is always reported, since it cost the run [`SCRAPE_TIMEOUT`]; other failures
+/// and an exposition without a known metric only when `--scrape-metrics` asked for the series.
+pub fn first_scrape_warning(
+    url: &str,
+    first: &Result<Snapshot, ScrapeFailure>,
+    forced: bool,
+) -> Option<String> {
+    match first {
+        Ok(s) if !s.is_empty() => None,
+        Ok(_) => forced.then(|| format!("{url} serves no known server metric; not scraping")),
+        Err(e @ ScrapeFailure::TimedOut(_)) => Some(format!(
+            "{url}: {e}; not scraping the server's metrics (--no-scrape-metrics skips the try)"
+        )),
+        Err(e) => forced.then(|| format!("{url}: {e}; not scraping")),
+    }
 }
 
 impl Scraper {
@@ -521,12 +607,12 @@ impl Scraper {
         forced: bool,
     ) -> Option<Scraper> {
         let began = Instant::now();
-        let first = fetch(&client, &url, api_key.as_deref()).await;
+        let first = fetch(&client, &url, api_key.as_deref(), SCRAPE_TIMEOUT).await;
         let took = began.elapsed();
-        if first.as_ref().is_none_or(Snapshot::is_empty) {
-            if forced {
-                eprintln!("loadgen: warning: {url} serves no known server metric; not scraping");
-            }
+        if let Some(warning) = first_scrape_warning(&url, &first, forced) {
+            eprintln!("loadgen: warning: {warning}");
+        }
+        if first.as_ref().map_or(true, Snapshot::is_empty) {
             return None;
         }
         let (stop, mut stopped) = oneshot::channel::<()>();
@@ -534,7 +620,8 @@ impl Scraper {
             let start = Instant::now();
             let mut snaps: Vec<(f64, Snapshot)> = Vec::new();
             let mut failed = 0u64;
-            if let Some(s) = first {
+            let mut timed_out = 0u64;
+            if let Ok(s) = first {
                 snaps.push((0.0, s));
             }
             let mut next = start + interval.max(took * SLOW_SCRAPE_SPACING);
@@ -546,21 +633,24 @@ impl Scraper {
                 }
                 let began = Instant::now();
                 let t = (began - start).as_secs_f64() * 1000.0;
-                match fetch(&client, &url, api_key.as_deref()).await {
-                    Some(s) if !s.is_empty() => snaps.push((t, s)),
-                    _ => failed += 1,
+                match fetch(&client, &url, api_key.as_deref(), SCRAPE_TIMEOUT).await {
+                    Ok(s) if !s.is_empty() => snaps.push((t, s)),
+                    Ok(_) | Err(ScrapeFailure::Failed(_)) => failed += 1,
+                    Err(ScrapeFailure::TimedOut(_)) => {
+                        failed += 1;
+                        timed_out += 1;
+                    }
                 }
                 next = began + interval.max(began.elapsed() * SLOW_SCRAPE_SPACING);
             }
             // One last sample at the end of the run.
             let t = start.elapsed().as_secs_f64() * 1000.0;
-            if let Some(s) = fetch(&client, &url, api_key.as_deref())
-                .await
-                .filter(|s| !s.is_empty())
-            {
-                snaps.push((t, s));
+            if let Ok(s) = fetch(&client, &url, api_key.as_deref(), SCRAPE_TIMEOUT).await {
+                if !s.is_empty() {
+                    snaps.push((t, s));
+                }
             }
-            let (samples, summary) = series(&snaps, failed);
+            let (samples, summary) = series_with_timeouts(&snaps, failed, timed_out);
             ServerMetrics {
                 url,
                 interval_ms: interval.as_millis() as u64,
@@ -720,6 +810,85 @@ vllm:time_to_first_token_seconds_bucket{le="+Inf",worker="0"} 7
         for pair in slow[..slow.len() - 1].windows(2) {
             assert!(pair[1] - pair[0] >= 500.0, "{slow:?}");
         }
+    }
+
+    /// A `/metrics` that never answers is reported as a timed-out scrape (not as an exposition
+    /// without known metrics), even when `--scrape-metrics` was not given; the console counts
+    /// failed and timed-out scrapes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stalled_metrics_endpoint_is_reported_as_timed_out() {
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(|| async {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                "vllm:num_requests_running 1\n"
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}/metrics", listener.local_addr().expect("addr"));
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let first = tokio::time::timeout(
+            Duration::from_secs(30),
+            fetch(
+                &reqwest::Client::new(),
+                &url,
+                None,
+                Duration::from_millis(200),
+            ),
+        )
+        .await
+        .expect("the scrape's own timeout ends it");
+        server.abort();
+        assert_eq!(
+            first,
+            Err(ScrapeFailure::TimedOut(Duration::from_millis(200)))
+        );
+        for forced in [false, true] {
+            assert_eq!(
+                first_scrape_warning(&url, &first, forced).as_deref(),
+                Some(
+                    format!(
+                        "{url}: the scrape timed out (no answer within 0.2 s); not scraping the \
+                         server's metrics (--no-scrape-metrics skips the try)"
+                    )
+                    .as_str()
+                )
+            );
+        }
+        let refused = Err(ScrapeFailure::Failed("answered 404 Not Found".into()));
+        assert_eq!(first_scrape_warning(&url, &refused, false), None);
+        assert_eq!(
+            first_scrape_warning(&url, &refused, true).as_deref(),
+            Some(
+                format!("{url}: the scrape failed: answered 404 Not Found; not scraping").as_str()
+            )
+        );
+        let unknown = Ok(Snapshot::of(&parse("unrelated 1\n")));
+        assert_eq!(
+            first_scrape_warning(&url, &unknown, true).as_deref(),
+            Some(format!("{url} serves no known server metric; not scraping").as_str())
+        );
+        let known = Snapshot::of(&parse("vllm:num_requests_running 2\n"));
+        let (samples, summary) = series_with_timeouts(&[(0.0, known)], 3, 2);
+        let metrics = ServerMetrics {
+            url: url.clone(),
+            interval_ms: 500,
+            summary,
+            samples,
+        };
+        assert_eq!(
+            metrics.console(),
+            format!(
+                "Server metrics (1 samples of {url}): running peak 2.0 mean 2.0; 3 scrapes \
+                 failed (2 got no answer within 5 s)\n"
+            )
+        );
+        assert_eq!(
+            serde_json::to_value(&metrics.summary).expect("json")["timed_out_scrapes"],
+            2
+        );
     }
 
     #[test]

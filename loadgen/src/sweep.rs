@@ -24,6 +24,7 @@ use tokio::sync::watch;
 use crate::bench::{self, BenchArgs, BenchPlan, Load, Rate, RunHooks};
 use crate::driver::{Observer, Sample};
 use crate::error::LoadgenError;
+use crate::limits;
 use crate::replay_report::LiveRecord;
 use crate::target::EmbeddedOptions;
 
@@ -67,9 +68,14 @@ pub struct SweepArgs {
     #[arg(long = "arrival-speedup-ratio", value_delimiter = ',')]
     pub arrival_speedups: Vec<f64>,
 
-    /// Prompt tokens per trace hash id (replay points).
+    /// Prompt tokens per trace hash id (replay points), 1 to 2^20.
     #[arg(long, default_value_t = 512)]
     pub trace_block_size: usize,
+
+    /// Replay points: replay --trace even when its schedule, sped up, runs longer than seven
+    /// days (as `replay --allow-long-schedule`).
+    #[arg(long)]
+    pub allow_long_schedule: bool,
 
     /// Search the highest load whose requests meet --slo (at least --min-attainment of them)
     /// without saturating: a geometric ramp from --search-start, then bisection.
@@ -227,6 +233,14 @@ impl SweepArgs {
         if self.bench.request_rate.is_some() {
             return bad("sweep takes its rates as --request-rate R1,R2,...");
         }
+        if self.find_max_goodput {
+            // Checked first: a bad start would otherwise be reported as the base plan's rate.
+            let start_max = match self.search_axis {
+                SearchAxis::RequestRate => limits::MAX_REQUEST_RATE,
+                SearchAxis::Concurrency => limits::MAX_CONCURRENCY as f64,
+            };
+            limits::positive("--search-start", self.search_start, start_max)?;
+        }
         // The base plan is validated with the first open-loop rate, so that open-loop flags
         // (--arrival, --burstiness) are checked as bench checks them.
         let mut bench = self.bench.clone();
@@ -253,6 +267,7 @@ impl SweepArgs {
             trace: trace.clone(),
             arrival_speedup_ratio: 1.0,
             trace_block_size: self.trace_block_size,
+            allow_long_schedule: self.allow_long_schedule,
             max_requests: self.bench.num_requests,
             max_in_flight: self.bench.concurrency,
             session_mode: crate::replay::SessionMode::Auto,
@@ -266,13 +281,26 @@ impl SweepArgs {
             target: self.bench.target.clone(),
         });
         let mode = if !self.arrival_speedups.is_empty() {
-            if self
-                .arrival_speedups
-                .iter()
-                .any(|x| !(x.is_finite() && *x > 0.0))
-            {
-                return bad("--arrival-speedup-ratio values must be positive and finite");
+            limits::count(
+                "--arrival-speedup-ratio (points)",
+                self.arrival_speedups.len(),
+                1,
+                limits::MAX_SWEEP_POINTS,
+            )?;
+            for &x in &self.arrival_speedups {
+                limits::within(
+                    "--arrival-speedup-ratio",
+                    x,
+                    limits::MIN_ARRIVAL_SPEEDUP,
+                    limits::MAX_ARRIVAL_SPEEDUP,
+                )?;
             }
+            limits::count(
+                "--trace-block-size",
+                self.trace_block_size,
+                1,
+                servesim::trace::MAX_TRACE_BLOCK_SIZE,
+            )?;
             SweepMode::List(
                 self.arrival_speedups
                     .iter()
@@ -283,15 +311,20 @@ impl SweepArgs {
             if base.slo.is_none() {
                 return bad("--find-max-goodput needs --slo (e.g. ttft=500ms,itl=50ms)");
             }
-            if !(self.search_start.is_finite() && self.search_start > 0.0) {
-                return bad("--search-start must be positive");
+            if !(self.search_factor > 1.0 && self.search_factor <= limits::MAX_SEARCH_FACTOR) {
+                return Err(LoadgenError::OutOfRange {
+                    flag: "--search-factor".into(),
+                    got: limits::show(self.search_factor),
+                    allowed: format!("above 1 and at most {}", limits::MAX_SEARCH_FACTOR),
+                });
             }
-            if !(self.search_factor.is_finite() && self.search_factor > 1.0) {
-                return bad("--search-factor must be above 1");
-            }
-            if self.max_points < 2 {
-                return bad("--max-points must be at least 2");
-            }
+            limits::count(
+                "--search-steps",
+                self.search_steps,
+                0,
+                limits::MAX_SEARCH_STEPS,
+            )?;
+            limits::count("--max-points", self.max_points, 2, limits::MAX_SWEEP_POINTS)?;
             SweepMode::Search {
                 axis: self.search_axis,
                 start: self.search_start,
@@ -300,8 +333,20 @@ impl SweepArgs {
                 max_points: self.max_points,
             }
         } else if !self.concurrencies.is_empty() {
-            if self.concurrencies.contains(&0) {
-                return bad("--concurrency values must be positive");
+            limits::count(
+                "--concurrency (points)",
+                self.concurrencies.len(),
+                1,
+                limits::MAX_SWEEP_POINTS,
+            )?;
+            for &n in &self.concurrencies {
+                limits::count("--concurrency", n, 1, limits::MAX_CONCURRENCY)?;
+                let mut point = self.bench.clone();
+                point.concurrency = Some(n);
+                point.request_rate = None;
+                point.arrival = None;
+                point.burstiness = None;
+                point.plan()?;
             }
             SweepMode::List(
                 self.concurrencies
@@ -310,12 +355,17 @@ impl SweepArgs {
                     .collect(),
             )
         } else {
-            if self
-                .request_rates
-                .iter()
-                .any(|r| !(r.is_finite() && *r > 0.0))
-            {
-                return bad("--request-rate values must be positive and finite");
+            limits::count(
+                "--request-rate (points)",
+                self.request_rates.len(),
+                1,
+                limits::MAX_SWEEP_POINTS,
+            )?;
+            for &r in &self.request_rates {
+                limits::positive("--request-rate", r, limits::MAX_REQUEST_RATE)?;
+                let mut point = bench.clone();
+                point.request_rate = Some(r);
+                point.plan()?;
             }
             SweepMode::List(
                 self.request_rates
@@ -563,6 +613,20 @@ pub fn next_search_load(
     }
 }
 
+/// The highest load a search may reach on `axis`: [`limits::MAX_REQUEST_RATE`], or the most
+/// concurrent requests whose prompts and answers stay within [`limits::MAX_TOKENS_IN_FLIGHT`]
+/// (at most [`limits::MAX_CONCURRENCY`]).
+pub fn search_ceiling(axis: SearchAxis, base: &BenchPlan) -> f64 {
+    match axis {
+        SearchAxis::RequestRate => limits::MAX_REQUEST_RATE,
+        SearchAxis::Concurrency => {
+            let l = &base.lengths;
+            let per_request = (l.shared_prefix_tokens + l.input_tokens + l.output_tokens).max(1);
+            (limits::MAX_TOKENS_IN_FLIGHT / per_request).clamp(1, limits::MAX_CONCURRENCY) as f64
+        }
+    }
+}
+
 /// The outcome of a sweep.
 #[derive(Debug)]
 pub struct SweepRun {
@@ -692,6 +756,10 @@ pub async fn run_points(
                 let Some(x) = next_search_load(&loads, start, factor, steps, integer) else {
                     break;
                 };
+                // The ramp ends at the highest load loadgen offers.
+                if x > search_ceiling(axis, &plan.base) {
+                    break;
+                }
                 let load = match axis {
                     SearchAxis::RequestRate => LoadPoint::RequestRate(x),
                     SearchAxis::Concurrency => LoadPoint::Concurrency(x as usize),
@@ -957,8 +1025,11 @@ mod tests {
                 &["--concurrency", "1", "--request-rate", "2"],
                 "exactly one",
             ),
-            (&["--concurrency", "0"], "positive"),
-            (&["--request-rate", "0"], "positive"),
+            (
+                &["--concurrency", "0"],
+                "--concurrency must be from 1 to 100000, got 0",
+            ),
+            (&["--request-rate", "0"], "--request-rate must be above 0"),
             (&["--find-max-goodput"], "--slo"),
             (
                 &[
@@ -977,7 +1048,9 @@ mod tests {
             ),
         ] {
             match plan(bad) {
-                Err(LoadgenError::Config(m)) => assert!(m.contains(says), "{bad:?}: {m}"),
+                Err(e @ (LoadgenError::Config(_) | LoadgenError::OutOfRange { .. })) => {
+                    assert!(e.to_string().contains(says), "{bad:?}: {e}")
+                }
                 other => panic!("{bad:?}: {other:?}"),
             }
         }

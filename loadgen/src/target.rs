@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 
 use crate::client::{self, Endpoint};
 use crate::error::LoadgenError;
+use crate::limits;
 use crate::prompt::PromptSynth;
 
 /// Context length of the embedded server for `replay` and `bench`: large enough for any trace row.
@@ -51,12 +52,13 @@ pub struct TargetArgs {
     #[arg(long)]
     pub api_key: Option<String>,
 
-    /// Per-request timeout in seconds.
+    /// Per-request timeout in seconds (above 0, at most 86400: one day).
     #[arg(long, default_value_t = 600.0)]
     pub request_timeout_s: f64,
 
     /// Longest SSE line (and event data) accepted from the server, in bytes; a longer one fails
-    /// its request ("SSE line longer than --max-line-bytes") and is never buffered whole.
+    /// its request ("SSE line longer than --max-line-bytes") and is never buffered whole
+    /// (1 to 2^30).
     #[arg(long, default_value_t = crate::sse::DEFAULT_MAX_LINE_BYTES)]
     pub max_line_bytes: usize,
 
@@ -74,6 +76,22 @@ pub struct EmbeddedOptions {
     pub reasoning_ratio: f64,
     /// How reasoning is streamed.
     pub reasoning_format: ReasoningFormat,
+    /// Lower the context length to what one worker can serve ([`servable_context`]): the
+    /// modes without a `--max-model-len` flag (`replay`, `bench`, `sweep`, `profile`), so that
+    /// the server neither warns about a flag the user cannot set nor admits prompts its KV pool
+    /// must refuse.
+    pub fit_context: bool,
+}
+
+/// The longest context one worker of `engine` can serve, at most `max_model_len`: its KV pool
+/// (`--num-gpu-blocks` x `--block-size`) and, when prompts cannot be chunked, one pass's token
+/// budget (`--max-num-batched-tokens`).
+pub fn servable_context(engine: &servesim::scheduler::EngineConfig, max_model_len: usize) -> usize {
+    let mut len = max_model_len.min(engine.kv_capacity_tokens());
+    if !engine.enable_chunked_prefill && engine.policy().honours_chunked_prefill_flag {
+        len = len.min(engine.max_num_batched_tokens);
+    }
+    len.max(1)
 }
 
 impl Default for EmbeddedOptions {
@@ -83,6 +101,7 @@ impl Default for EmbeddedOptions {
             max_model_len: EMBEDDED_MAX_MODEL_LEN,
             reasoning_ratio: 0.0,
             reasoning_format: ReasoningFormat::Separate,
+            fit_context: true,
         }
     }
 }
@@ -91,16 +110,17 @@ impl TargetArgs {
     /// The validated target: the URL checked, or the embedded server's configuration built
     /// (engine flags and `embedded` checked, `--tokenizer` loaded).
     pub fn spec(&self, embedded: &EmbeddedOptions) -> Result<TargetSpec, LoadgenError> {
-        if !(self.request_timeout_s.is_finite() && self.request_timeout_s > 0.0) {
-            return Err(LoadgenError::Config(
-                "--request-timeout-s must be positive".into(),
-            ));
-        }
-        if self.max_line_bytes == 0 {
-            return Err(LoadgenError::Config(
-                "--max-line-bytes must be positive".into(),
-            ));
-        }
+        let request_timeout_s = limits::positive(
+            "--request-timeout-s",
+            self.request_timeout_s,
+            limits::MAX_REQUEST_TIMEOUT_S,
+        )?;
+        limits::count(
+            "--max-line-bytes",
+            self.max_line_bytes,
+            1,
+            limits::MAX_LINE_BYTES,
+        )?;
         let (url, server) = match &self.url {
             Some(url) if !(url.starts_with("http://") || url.starts_with("https://")) => {
                 return Err(LoadgenError::Config(
@@ -110,26 +130,35 @@ impl TargetArgs {
             Some(url) => (Some(url.trim_end_matches('/').to_string()), None),
             None => (
                 None,
-                Some(ServerConfig::from_args(&ServeArgs {
-                    host: "127.0.0.1".into(),
-                    port: 0,
-                    model_name: "mock-model".into(),
-                    max_model_len: embedded.max_model_len,
-                    api_key: self.api_key.clone(),
-                    max_waiting: None,
-                    reasoning_ratio: embedded.reasoning_ratio,
-                    reasoning_format: embedded.reasoning_format,
-                    default_max_tokens: 256,
-                    // Answers end early unless loadgen sends ignore_eos (its default).
-                    output_length_dist: Default::default(),
-                    stop_probability: mock_server::config::DEFAULT_STOP_PROBABILITY,
-                    tool_call_probability: mock_server::config::DEFAULT_TOOL_CALL_PROBABILITY,
-                    max_body_bytes: EMBEDDED_MAX_BODY_BYTES,
-                    tokenizer: self.tokenizer.clone(),
-                    engine: self.engine.clone(),
-                    http: Default::default(),
-                    faults: Default::default(),
-                })?),
+                Some(
+                    ServerConfig::from_args(&ServeArgs {
+                        host: "127.0.0.1".into(),
+                        port: 0,
+                        model_name: "mock-model".into(),
+                        max_model_len: embedded.max_model_len,
+                        api_key: self.api_key.clone(),
+                        max_waiting: None,
+                        reasoning_ratio: embedded.reasoning_ratio,
+                        reasoning_format: embedded.reasoning_format,
+                        default_max_tokens: 256,
+                        // Answers end early unless loadgen sends ignore_eos (its default).
+                        output_length_dist: Default::default(),
+                        stop_probability: mock_server::config::DEFAULT_STOP_PROBABILITY,
+                        tool_call_probability: mock_server::config::DEFAULT_TOOL_CALL_PROBABILITY,
+                        max_body_bytes: EMBEDDED_MAX_BODY_BYTES,
+                        tokenizer: self.tokenizer.clone(),
+                        engine: self.engine.clone(),
+                        http: Default::default(),
+                        faults: Default::default(),
+                    })
+                    .map(|mut config| {
+                        if embedded.fit_context {
+                            config.max_model_len =
+                                servable_context(&config.cluster.engine, config.max_model_len);
+                        }
+                        config
+                    })?,
+                ),
             ),
         };
         Ok(TargetSpec {
@@ -137,7 +166,7 @@ impl TargetArgs {
             model: self.model.clone(),
             tokenizer: self.tokenizer.clone(),
             api_key: self.api_key.clone(),
-            request_timeout: Duration::from_secs_f64(self.request_timeout_s),
+            request_timeout: Duration::from_secs_f64(request_timeout_s),
             max_line_bytes: self.max_line_bytes,
             server,
         })

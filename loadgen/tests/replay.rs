@@ -177,3 +177,54 @@ fn trace_errors_are_line_numbered_as_in_mockserve() {
     let err = loadgen::replay::load_trace(&a).expect_err("bad row");
     assert!(err.to_string().contains("bad.jsonl:2:"), "{err}");
 }
+
+/// A row due in the far future (timestamp 1e300, a session delay of 1e18 ms, or ten days of
+/// schedule at the speed-up) makes `loadgen replay` fail at once, naming the row, instead of
+/// waiting for it; `--allow-long-schedule` accepts the ten days (and only loads here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_far_future_row_fails_fast_with_its_line() -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("loadgen-replay-far-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let first =
+        "{\"timestamp\": 0, \"session_id\": \"s\", \"output_length\": 1, \"hash_ids\": [1]}";
+    let cases = [
+        (
+            "{\"timestamp\": 1e300, \"output_length\": 1, \"hash_ids\": [2]}",
+            "far.jsonl:2: \"timestamp\" must be finite, >= 0 and at most 9.007199254740992e15 ms, got 1e300",
+        ),
+        (
+            "{\"session_id\": \"s\", \"delay\": 1e18, \"output_length\": 1, \"hash_ids\": [2]}",
+            "far.jsonl:2: \"delay\" must be finite, >= 0 and at most 1e12 ms, got 1e18",
+        ),
+        (
+            // 40 days of trace time: 10 days at the default speed-up of 4.
+            "{\"session_id\": \"s\", \"delay\": 3456000000, \"output_length\": 1, \"hash_ids\": [2]}",
+            "far.jsonl:2: turn 1 of session \"s\" is due (its arrival plus its delays) at least \
+             10.0 days after the trace's start, beyond the 7.0 days a trace's schedule may run; \
+             pass --allow-long-schedule",
+        ),
+    ];
+    let path = dir.join("far.jsonl");
+    let path_str = path.to_str().expect("utf-8");
+    for (row, says) in cases {
+        std::fs::write(&path, format!("{first}\n{row}\n"))?;
+        let cli = Cli::try_parse_from(["loadgen", "replay", path_str, "--quiet"])?;
+        let err = within(30, loadgen::run_async(cli))
+            .await?
+            .expect_err("refused");
+        let text = loadgen::error::chain(&err);
+        assert!(
+            matches!(err, loadgen::LoadgenError::Trace(_)) && text.contains(says),
+            "{text}"
+        );
+    }
+    let allowed = args(&[path_str, "--allow-long-schedule"]);
+    let trace = loadgen::replay::load_trace(&allowed)?;
+    assert_eq!(
+        trace.sessions[0].turns[1].delay.as_micros(),
+        864_000_000_000,
+        "ten days, sped up"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

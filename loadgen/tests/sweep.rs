@@ -1,7 +1,9 @@
 //! `loadgen sweep`, `merge`, server metrics and the HTML report against the embedded server:
 //! a rate sweep saturates where the engine model says it must (the same cluster replayed on a
 //! virtual clock), merging a run's split records rebuilds its report, a bench run records the
-//! server's series and draws them.
+//! server's series and draws them. And the flags' bounds: every numeric flag is range-checked
+//! before anything runs (huge values are an error naming the flag, never a panic, an abort or
+//! a wait), output paths are checked first, and merge refuses a file given twice.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -358,4 +360,402 @@ async fn a_sweep_of_only_failures_is_an_error() -> Result<()> {
         ),
     }
     Ok(())
+}
+
+/// The command line `argv` (after `loadgen`) run in-process: its error, which must come fast.
+async fn run_err(argv: &[&str]) -> Result<loadgen::LoadgenError> {
+    let cli = Cli::try_parse_from(std::iter::once("loadgen").chain(argv.iter().copied()))
+        .with_context(|| format!("{argv:?} parses"))?;
+    match within(30, loadgen::run_async(cli)).await? {
+        Ok(()) => bail!("{argv:?} ran"),
+        Err(e) => Ok(e),
+    }
+}
+
+/// True when `text` holds a run of more than 20 digits (a number printed in full).
+fn has_long_number(text: &str) -> bool {
+    let mut run = 0;
+    for c in text.chars() {
+        run = if c.is_ascii_digit() { run + 1 } else { 0 };
+        if run > 20 {
+            return true;
+        }
+    }
+    false
+}
+
+/// Values that used to panic (Duration from 1e308 seconds), abort on allocation (4294967296
+/// users, tokens or block size) or print 309-digit numbers are refused before anything runs,
+/// by an error naming the flag and its range.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_flag_values_are_refused_by_name_before_anything_runs() -> Result<()> {
+    let trace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/trace_small.jsonl");
+    let trace = trace.to_str().context("utf-8")?;
+    let big = "4294967296";
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["bench", "--duration", "1e308"],
+            "--duration must be above 0 and at most 604800, got 1e308",
+        ),
+        (
+            vec!["bench", "--request-timeout-s", "1e308"],
+            "--request-timeout-s must be above 0 and at most 86400, got 1e308",
+        ),
+        (
+            vec!["bench", "--input-tokens-stddev", "1e308"],
+            "--input-tokens-stddev must be from 0 to 4194304, got 1e308",
+        ),
+        (
+            vec!["bench", "--concurrency", big],
+            "--concurrency must be from 1 to 100000, got 4294967296",
+        ),
+        (
+            vec!["bench", "--input-tokens", big],
+            "--input-tokens must be from 0 to 4194304, got 4294967296",
+        ),
+        (
+            vec!["bench", "--shared-prefix-tokens", big],
+            "--shared-prefix-tokens must be from 0 to 4194304, got 4294967296",
+        ),
+        (
+            vec!["bench", "--request-rate", "1e308", "--duration", "10"],
+            "--request-rate must be above 0 and at most 1000000, or inf, got 1e308",
+        ),
+        (
+            vec!["bench", "--request-rate", "100000", "--duration", "604800"],
+            "schedules about 6.048e10 requests",
+        ),
+        (
+            vec!["multiturn", "--num-users", big],
+            "--num-users must be from 1 to 100000, got 4294967296",
+        ),
+        (
+            vec!["multiturn", "--num-turns", big],
+            "--num-turns must be from 1 to 10000, got 4294967296",
+        ),
+        (
+            vec!["multiturn", "--num-users", "100000", "--num-turns", "10000"],
+            "--num-users x --num-turns is 1e9, above the 10000000",
+        ),
+        (
+            vec!["replay", trace, "--trace-block-size", big],
+            "--trace-block-size must be from 1 to 1048576, got 4294967296",
+        ),
+        (
+            vec!["replay", trace, "--arrival-speedup-ratio", "1e-308"],
+            "--arrival-speedup-ratio must be from 1e-6 to 1000000, got 1e-308",
+        ),
+        (
+            vec!["profile", "--prefill-isl", "64,4294967296"],
+            "--prefill-isl must be from 0 to 4194304, got 4294967296",
+        ),
+        (
+            vec![
+                "profile",
+                "--decode-batch-sizes",
+                "100000",
+                "--decode-context-lengths",
+                "4096,8192",
+            ],
+            "a decode point's batch size x (context length + output tokens) is",
+        ),
+        (
+            vec!["sweep", "--concurrency", "1,4294967296"],
+            "--concurrency must be from 1 to 100000, got 4294967296",
+        ),
+    ];
+    for (argv, says) in cases {
+        let e = run_err(&argv).await?;
+        let text = loadgen::error::chain(&e);
+        assert!(text.contains(says), "{argv:?}: {text}");
+        assert!(!has_long_number(&text), "{argv:?}: {text}");
+        assert_eq!(e.exit_code(), 1, "{argv:?}");
+    }
+    Ok(())
+}
+
+/// Output paths are checked before anything connects: the run against an address where nothing
+/// listens fails on the path, not on the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_output_paths_fail_before_the_run() -> Result<()> {
+    let dir = temp_path("outputs");
+    std::fs::create_dir_all(&dir)?;
+    let missing = dir.join("no/such/folder/r.json");
+    let missing = missing.to_str().context("utf-8")?;
+    let missing_npz = dir.join("no/such/folder/p.npz");
+    let missing_npz = missing_npz.to_str().context("utf-8")?;
+    let folder = dir.to_str().context("utf-8")?;
+    let trace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/trace_small.jsonl");
+    let trace = trace.to_str().context("utf-8")?;
+    let url = "http://127.0.0.1:9";
+    for (argv, says) in [
+        (
+            vec!["bench", "--url", url, "--report-json", missing],
+            "--report-json",
+        ),
+        (vec!["bench", "--url", url, "--html", folder], "--html"),
+        (
+            vec!["bench", "--url", url, "--per-request-jsonl", missing],
+            "--per-request-jsonl",
+        ),
+        (
+            vec!["replay", trace, "--url", url, "--html", missing],
+            "--html",
+        ),
+        (
+            vec!["multiturn", "--url", url, "--output", folder],
+            "--output",
+        ),
+        (
+            vec![
+                "sweep",
+                "--url",
+                url,
+                "--concurrency",
+                "1",
+                "--report-json",
+                missing,
+            ],
+            "--report-json",
+        ),
+        (
+            vec!["profile", "--url", url, "--output", missing_npz],
+            "--output",
+        ),
+        (
+            vec!["merge", trace, "--report-json", folder],
+            "--report-json",
+        ),
+    ] {
+        let e = run_err(&argv).await?;
+        let text = e.to_string();
+        assert!(
+            matches!(e, loadgen::LoadgenError::Config(_)) && text.contains(says),
+            "{argv:?}: {text}"
+        );
+        assert!(
+            text.contains("is a directory") || text.contains("does not exist"),
+            "{argv:?}: {text}"
+        );
+    }
+    assert_eq!(std::fs::read_dir(&dir)?.count(), 0, "no probe file is left");
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// `merge a a` (or `a` and a path to the same file, or a copy of it) would count every record
+/// twice: it is refused, naming both files.
+#[test]
+fn merge_refuses_a_file_given_twice() -> Result<()> {
+    let dir = temp_path("merge-twice");
+    std::fs::create_dir_all(dir.join("sub"))?;
+    let a = dir.join("a.jsonl");
+    std::fs::write(&a, "{\"no_raw\": 1}\n")?;
+    let copy = dir.join("copy.jsonl");
+    std::fs::copy(&a, &copy)?;
+    let other = dir.join("other.jsonl");
+    std::fs::write(&other, "{\"no_raw\": 2}\n")?;
+    let a_str = a.to_str().context("utf-8")?;
+    let dotted = dir.join("sub/../a.jsonl");
+    for (second, says) in [
+        (a.clone(), "are the same file"),
+        (dotted, "are the same file"),
+        (copy, "hold the same records"),
+    ] {
+        let e = loadgen::merge::read(&[a.clone(), second.clone()]).expect_err("twice");
+        let text = e.to_string();
+        assert!(
+            text.contains(says)
+                && text.contains(a_str)
+                && text.contains(&second.display().to_string()),
+            "{text}"
+        );
+    }
+    let (records, skipped) = loadgen::merge::read(&[a, other])?;
+    assert_eq!((records.len(), skipped), (0, 2));
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// `replay` and `bench` have no `--max-model-len`: their embedded server's context length is
+/// what a worker can serve, so the server does not warn about a flag the user cannot set.
+#[test]
+fn the_embedded_context_fits_the_engine_without_a_warning() -> Result<()> {
+    for (flags, context) in [
+        (vec![], 16384 * 64),
+        (vec!["--num-gpu-blocks", "100000"], 1 << 22),
+        (vec!["--no-chunked-prefill"], 8192),
+        (vec!["--num-gpu-blocks", "10", "--block-size", "16"], 160),
+    ] {
+        let spec = bench_args(&flags)
+            .target
+            .spec(&loadgen::target::EmbeddedOptions::default())?;
+        let server = spec.server.context("embedded")?;
+        assert_eq!(server.max_model_len, context, "{flags:?}");
+        assert_eq!(
+            server.live_cluster().warnings(),
+            Vec::<String>::new(),
+            "{flags:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Seeded random numeric strings for every numeric flag of every command: each command line
+/// either fails to parse or validates to a value or an error, never a panic; every error names
+/// its flag and prints no number in full.
+#[test]
+fn any_numeric_flag_value_validates_or_errors_without_panicking() {
+    use rand::{Rng, SeedableRng};
+    let trace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/trace_small.jsonl");
+    let trace = trace.to_str().expect("utf-8");
+    let flags: Vec<(Vec<&str>, &str)> = [
+        (
+            vec!["bench"],
+            vec![
+                "--concurrency",
+                "--request-rate",
+                "--num-requests",
+                "--duration",
+                "--input-tokens",
+                "--input-tokens-stddev",
+                "--output-tokens",
+                "--output-tokens-stddev",
+                "--shared-prefix-tokens",
+                "--num-prefix-groups",
+                "--request-timeout-s",
+                "--max-line-bytes",
+                "--max-failure-rate",
+                "--scrape-interval-ms",
+                "--warmup",
+            ],
+        ),
+        (
+            vec!["bench", "--request-rate", "5", "--arrival", "gamma"],
+            vec!["--burstiness"],
+        ),
+        (
+            vec!["multiturn"],
+            vec![
+                "--num-users",
+                "--num-turns",
+                "--num-user-tokens",
+                "--max-completion-tokens",
+                "--mean-delay-ms",
+                "--reasoning-ratio",
+                "--max-model-len",
+                "--request-timeout-s",
+            ],
+        ),
+        (
+            vec!["replay", trace],
+            vec![
+                "--arrival-speedup-ratio",
+                "--trace-block-size",
+                "--max-requests",
+                "--max-in-flight",
+            ],
+        ),
+        (vec!["sweep"], vec!["--concurrency", "--request-rate"]),
+        (
+            vec!["sweep", "--find-max-goodput", "--slo", "ttft=1s"],
+            vec![
+                "--search-start",
+                "--search-factor",
+                "--search-steps",
+                "--max-points",
+                "--min-attainment",
+            ],
+        ),
+        (
+            vec!["sweep", "--trace", trace],
+            vec!["--arrival-speedup-ratio", "--trace-block-size"],
+        ),
+        (
+            vec!["profile"],
+            vec![
+                "--prefill-isl",
+                "--prefill-samples",
+                "--decode-batch-sizes",
+                "--decode-context-lengths",
+                "--decode-tokens",
+                "--prefill-chunk",
+                "--time-budget-s",
+            ],
+        ),
+    ]
+    .into_iter()
+    .flat_map(|(prefix, flags)| flags.into_iter().map(move |f| (prefix.clone(), f)))
+    .collect();
+    let fixed = [
+        "0",
+        "1",
+        "-1",
+        "-0",
+        "inf",
+        "-inf",
+        "nan",
+        "NaN",
+        "1e308",
+        "1e-308",
+        "4294967296",
+        "18446744073709551615",
+        "18446744073709551616",
+        ".5",
+        "1e",
+        "0x10",
+        "7s",
+        "1e3s",
+    ];
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let (mut valid, mut refused, mut unparsed) = (0, 0, 0);
+    for (prefix, flag) in &flags {
+        for i in 0..40 {
+            let value = match i {
+                i if i < fixed.len() => fixed[i].to_string(),
+                _ => match rng.gen_range(0..4) {
+                    0 => {
+                        let digits = rng.gen_range(1..400);
+                        (0..digits)
+                            .map(|_| char::from(b'0' + rng.gen_range(0..10u8)))
+                            .collect()
+                    }
+                    1 => {
+                        let shift = rng.gen_range(0..64);
+                        rng.gen_range(0u64..u64::MAX >> shift).to_string()
+                    }
+                    2 => format!(
+                        "{}{}e{}",
+                        if rng.gen_bool(0.2) { "-" } else { "" },
+                        rng.gen::<f64>() * 10.0,
+                        rng.gen_range(-400..400)
+                    ),
+                    _ => format!("{}", rng.gen_range(0.0..1e7)),
+                },
+            };
+            let mut argv = vec!["loadgen".to_string()];
+            argv.extend(prefix.iter().map(|s| s.to_string()));
+            argv.push(format!("{flag}={value}"));
+            let Ok(cli) = Cli::try_parse_from(&argv) else {
+                unparsed += 1;
+                continue;
+            };
+            match loadgen::validate(&cli.command) {
+                Ok(()) => valid += 1,
+                Err(e) => {
+                    refused += 1;
+                    let text = e.to_string();
+                    assert!(!has_long_number(&text), "{argv:?}: {text}");
+                    if let loadgen::LoadgenError::OutOfRange { flag: named, .. } = &e {
+                        assert!(named.starts_with(flag), "{argv:?}: {text}");
+                    }
+                }
+            }
+        }
+    }
+    // Each outcome happens: the generator reaches valid, refused and unparsable values.
+    assert!(
+        valid > 100 && refused > 100 && unparsed > 100,
+        "{valid} {refused} {unparsed}"
+    );
 }

@@ -70,13 +70,18 @@ pub struct ReplayArgs {
     /// Mooncake JSONL trace.
     pub trace: PathBuf,
 
-    /// Divides arrival timestamps and inter-turn delays.
+    /// Divides arrival timestamps and inter-turn delays (finite, above 0).
     #[arg(long, default_value_t = 4.0)]
     pub arrival_speedup_ratio: f64,
 
-    /// Prompt tokens per trace hash id.
+    /// Prompt tokens per trace hash id (1 to 2^20).
     #[arg(long, default_value_t = 512)]
     pub trace_block_size: usize,
+
+    /// Replay a trace whose schedule (sped up) runs longer than seven days of simulated time:
+    /// by default such a trace is refused, naming the row past the bound.
+    #[arg(long)]
+    pub allow_long_schedule: bool,
 
     /// Run the replay this many times in-process (the last run is reported).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
@@ -99,8 +104,23 @@ pub struct ReplayArgs {
 /// Runs the replay, prints the report and writes the requested files.
 pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
     let cluster = args.engine.cluster_config()?;
-    if args.trace_block_size == 0 {
-        anyhow::bail!("--trace-block-size must be positive");
+    if !(1..=trace::MAX_TRACE_BLOCK_SIZE).contains(&args.trace_block_size) {
+        anyhow::bail!(
+            "--trace-block-size must be from 1 to {}, got {}",
+            trace::MAX_TRACE_BLOCK_SIZE,
+            args.trace_block_size
+        );
+    }
+    let ratio = args.arrival_speedup_ratio;
+    if !(ratio.is_finite() && ratio > 0.0) {
+        anyhow::bail!(
+            "--arrival-speedup-ratio must be finite and above 0, got {}",
+            if ratio.is_finite() && !(1e-4..1e9).contains(&ratio.abs()) {
+                format!("{ratio:e}")
+            } else {
+                format!("{ratio}")
+            }
+        );
     }
     for warning in cluster.warnings() {
         eprintln!("mockserve: warning: {warning}");
@@ -130,7 +150,11 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
             export: None,
             trace_block_size: args.trace_block_size,
         });
-    let trace = trace::load(&args.trace, &options)?;
+    let trace = trace::load_with_bound(
+        &args.trace,
+        &options,
+        trace::ScheduleBound::of_flag(args.allow_long_schedule),
+    )?;
     if let Some(warning) = clamped_warning(&trace, args.trace_block_size) {
         eprintln!("mockserve: warning: {warning}");
     }

@@ -22,6 +22,16 @@
 //! `delay`, else the timestamp gap to the previous turn), subtracts the earliest first arrival and
 //! divides arrivals and delays by `arrival_speedup_ratio`, as Dynamo's offline replay does. Every
 //! malformed line is a [`TraceError::Line`] naming the file and the 1-based line.
+//!
+//! Every value is range-checked, so that no row can make a replay wait or allocate without
+//! bound: a timestamp is finite, non-negative and at most [`MAX_TIMESTAMP_MS`], a delay at most
+//! [`MAX_TRACE_TIME_MS`]; a row
+//! asks for at most [`MAX_ROW_TOKENS`] prompt tokens with at most as many hash ids, and at
+//! most [`MAX_ROW_OUTPUT_TOKENS`] output tokens; the block size is at most [`MAX_TRACE_BLOCK_SIZE`]. The schedule after the
+//! speed-up (the last session's arrival, each session's arrival plus its delays) is at most
+//! [`MAX_TRACE_TIME_MS`], and with [`parse_with_bound`] / [`load_with_bound`] at most a
+//! [`ScheduleBound`]: both replays ask for [`DEFAULT_MAX_SCHEDULE`] (seven days) unless
+//! `--allow-long-schedule`; beyond it the row is a [`TraceError::LongSchedule`].
 
 mod hash;
 mod parse;
@@ -36,11 +46,88 @@ pub use hash::LocalHashCache;
 pub fn plain_row_agrees(line: &str) -> bool {
     plain::agrees_with_serde_json(line)
 }
-pub use parse::parse;
+pub use parse::{parse, parse_with_bound};
 
 use std::path::{Path, PathBuf};
 
 use crate::time::{SimDuration, SimTime};
+
+/// Longest schedule a trace may describe, after the speed-up, unless the caller allows more
+/// ([`ScheduleBound::Unbounded`]): seven days.
+pub const DEFAULT_MAX_SCHEDULE: SimDuration = SimDuration(7 * 86_400 * 1_000_000);
+
+/// Largest time any timestamp, delay or schedule point may stand for, in ms, whatever the
+/// bound: 10^12 ms (about 31.7 years), far inside what [`SimTime`] holds.
+pub const MAX_TRACE_TIME_MS: f64 = 1e12;
+
+/// Largest raw `timestamp`, in ms: 2^53, beyond which an f64 no longer holds whole
+/// milliseconds (timestamps are absolute; the schedule starts at the earliest one).
+pub const MAX_TIMESTAMP_MS: f64 = 9_007_199_254_740_992.0;
+
+/// Most prompt tokens (after clamping to what `hash_ids` cover) a row may ask for, and most
+/// hash ids it may hold: 2^22 (4,194,304).
+pub const MAX_ROW_TOKENS: usize = 1 << 22;
+
+/// Most output tokens a row may ask for: 2^30. Larger than any context, so that a row the
+/// engine can never run is still read (and counted as rejected by the replay), yet bounded.
+pub const MAX_ROW_OUTPUT_TOKENS: usize = 1 << 30;
+
+/// Largest `trace_block_size`: 2^20 tokens per hash id.
+pub const MAX_TRACE_BLOCK_SIZE: usize = 1 << 20;
+
+/// How long a trace's schedule may run once sped up: the arrival of its last session, and each
+/// session's arrival plus the sum of its delays. The replays, which wait for (or report) the
+/// schedule, bound it by [`ScheduleBound::Default`] unless `--allow-long-schedule`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScheduleBound {
+    /// At most [`DEFAULT_MAX_SCHEDULE`] (the replays' default).
+    Default,
+    /// At most this long (itself at most [`MAX_TRACE_TIME_MS`]).
+    AtMost(SimDuration),
+    /// Any length up to [`MAX_TRACE_TIME_MS`] (`--allow-long-schedule`).
+    Unbounded,
+}
+
+impl ScheduleBound {
+    /// The bound in ms.
+    pub fn millis(self) -> f64 {
+        match self {
+            ScheduleBound::Default => DEFAULT_MAX_SCHEDULE.0 as f64 / 1e3,
+            ScheduleBound::AtMost(d) => (d.0 as f64 / 1e3).min(MAX_TRACE_TIME_MS),
+            ScheduleBound::Unbounded => MAX_TRACE_TIME_MS,
+        }
+    }
+
+    /// `--allow-long-schedule` given or not.
+    pub fn of_flag(allow_long_schedule: bool) -> ScheduleBound {
+        if allow_long_schedule {
+            ScheduleBound::Unbounded
+        } else {
+            ScheduleBound::Default
+        }
+    }
+}
+
+/// A span of trace time in words: `12.5 days`, `3.2 hours`, `42 s` (never a 309-digit number).
+pub fn describe_ms(ms: f64) -> String {
+    let s = ms / 1e3;
+    if !s.is_finite() {
+        "an unbounded time".to_string()
+    } else if s >= 365.25 * 86_400.0 {
+        let years = s / (365.25 * 86_400.0);
+        if years >= 1e6 {
+            format!("{years:.1e} years")
+        } else {
+            format!("{years:.1} years")
+        }
+    } else if s >= 86_400.0 {
+        format!("{:.1} days", s / 86_400.0)
+    } else if s >= 3_600.0 {
+        format!("{:.1} hours", s / 3_600.0)
+    } else {
+        format!("{s:.3} s")
+    }
+}
 
 /// How to interpret a trace file.
 #[derive(Clone, Debug, PartialEq)]
@@ -160,7 +247,37 @@ pub enum TraceError {
         /// The file name (or other label) of the trace.
         source_name: String,
     },
-    /// The options are invalid (block size zero, speedup ratio not finite and positive).
+    /// A row's arrival or a session's end (arrival plus delays), after the speed-up, is later
+    /// than the [`ScheduleBound`] allows.
+    #[error(
+        "{source_name}:{line}: {what} {} after the trace's start, beyond the {} a trace's \
+         schedule may run; {}",
+        describe_ms(*at_ms),
+        describe_ms(*bound_ms),
+        if *bound_ms < MAX_TRACE_TIME_MS {
+            format!(
+                "pass --allow-long-schedule to replay it anyway (up to {}), or a larger \
+                 --arrival-speedup-ratio",
+                describe_ms(MAX_TRACE_TIME_MS)
+            )
+        } else {
+            "pass a larger --arrival-speedup-ratio".to_string()
+        }
+    )]
+    LongSchedule {
+        /// The file name (or other label) of the trace.
+        source_name: String,
+        /// 1-based line of the row that ends past the bound.
+        line: usize,
+        /// `the session "s" arrives` or `the session "s" ends at least`.
+        what: String,
+        /// When, in (sped-up) ms after the trace's start.
+        at_ms: f64,
+        /// The bound, ms.
+        bound_ms: f64,
+    },
+    /// The options are invalid (block size zero or above [`MAX_TRACE_BLOCK_SIZE`], speedup ratio
+    /// not finite and positive).
     #[error("invalid trace options: {message}")]
     Options {
         /// What is wrong.
@@ -168,16 +285,27 @@ pub enum TraceError {
     },
 }
 
-/// Reads and parses the trace at `path`; errors name the file as given.
+/// Reads and parses the trace at `path` (its schedule up to [`MAX_TRACE_TIME_MS`], as
+/// [`parse`]); errors name the file as given.
 pub fn load(path: &Path, opts: &TraceOptions) -> Result<Trace, TraceError> {
+    load_with_bound(path, opts, ScheduleBound::Unbounded)
+}
+
+/// [`load`] with a schedule bound of the caller's.
+pub fn load_with_bound(
+    path: &Path,
+    opts: &TraceOptions,
+    bound: ScheduleBound,
+) -> Result<Trace, TraceError> {
     let file = std::fs::File::open(path).map_err(|source| TraceError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    parse(
+    parse_with_bound(
         std::io::BufReader::new(file),
         &path.display().to_string(),
         opts,
+        bound,
     )
 }
 

@@ -8,7 +8,11 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use super::plain::plain_row;
-use super::{Session, Trace, TraceError, TraceOptions, TraceRequest};
+use super::{
+    describe_ms, ScheduleBound, Session, Trace, TraceError, TraceOptions, TraceRequest,
+    MAX_ROW_OUTPUT_TOKENS, MAX_ROW_TOKENS, MAX_TIMESTAMP_MS, MAX_TRACE_BLOCK_SIZE,
+    MAX_TRACE_TIME_MS,
+};
 use crate::time::{SimDuration, SimTime};
 
 /// A row as written in the file; every field optional so missing ones get our own messages.
@@ -70,23 +74,53 @@ struct StagedSession {
     turns: Vec<(TraceRequest, f64)>,
 }
 
-/// Parses a Mooncake JSONL trace from `reader`; `source_name` labels errors (usually the path).
+/// `x` for a message: scientific notation for very large or very small magnitudes (never a
+/// 309-digit number).
+pub(super) fn show(x: f64) -> String {
+    if x.is_finite() && x != 0.0 && !(1e-4..1e9).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
+
+/// Parses a Mooncake JSONL trace from `reader`; `source_name` labels errors (usually the
+/// path). The schedule may run up to [`MAX_TRACE_TIME_MS`]: a caller that waits for it bounds it
+/// further with [`parse_with_bound`].
 pub fn parse(
-    mut reader: impl BufRead,
+    reader: impl BufRead,
     source_name: &str,
     opts: &TraceOptions,
 ) -> Result<Trace, TraceError> {
-    if opts.trace_block_size == 0 {
+    parse_with_bound(reader, source_name, opts, ScheduleBound::Unbounded)
+}
+
+/// [`parse`] with a schedule bound of the caller's: the sped-up arrival of every session and
+/// its arrival plus its delays are at most `bound`.
+pub fn parse_with_bound(
+    mut reader: impl BufRead,
+    source_name: &str,
+    opts: &TraceOptions,
+    bound: ScheduleBound,
+) -> Result<Trace, TraceError> {
+    if !(1..=MAX_TRACE_BLOCK_SIZE).contains(&opts.trace_block_size) {
         return Err(TraceError::Options {
-            message: "trace_block_size must be positive".to_string(),
+            message: format!(
+                "the trace block size must be from 1 to {MAX_TRACE_BLOCK_SIZE}, got {}",
+                opts.trace_block_size
+            ),
         });
     }
     let ratio = opts.arrival_speedup_ratio;
     if !(ratio.is_finite() && ratio > 0.0) {
         return Err(TraceError::Options {
-            message: format!("arrival_speedup_ratio must be finite and > 0, got {ratio}"),
+            message: format!(
+                "the arrival speed-up ratio must be finite and > 0, got {}",
+                show(ratio)
+            ),
         });
     }
+    let bound_ms = bound.millis();
     let line_err = |line: usize, message: String| TraceError::Line {
         source_name: source_name.to_string(),
         line,
@@ -169,7 +203,8 @@ pub fn parse(
                         return Err(line_err(
                             line,
                             format!(
-                                "first turn of session \"{id}\" must not have a delay (got {d})"
+                                "first turn of session \"{id}\" must not have a delay (got {})",
+                                show(d)
                             ),
                         ));
                     }
@@ -193,8 +228,10 @@ pub fn parse(
                     return Err(line_err(
                         line,
                         format!(
-                            "timestamp {ts} is earlier than the previous turn's {prev} \
-                             in session \"{id}\" (negative delay)"
+                            "timestamp {} is earlier than the previous turn's {} \
+                             in session \"{id}\" (negative delay)",
+                            show(ts),
+                            show(prev)
                         ),
                     ));
                 }
@@ -202,10 +239,15 @@ pub fn parse(
             } else {
                 0.0
             };
-            if !(delay_ms.is_finite() && delay_ms >= 0.0) {
+            if !(delay_ms.is_finite() && (0.0..=MAX_TRACE_TIME_MS).contains(&delay_ms)) {
                 return Err(line_err(
                     line,
-                    format!("delay must be finite and >= 0, got {delay_ms}"),
+                    format!(
+                        "delay must be finite, >= 0 and at most {} ms ({}), got {}",
+                        show(MAX_TRACE_TIME_MS),
+                        describe_ms(MAX_TRACE_TIME_MS),
+                        show(delay_ms)
+                    ),
                 ));
             }
             prev_ts = row.timestamp;
@@ -222,6 +264,39 @@ pub fn parse(
         .iter()
         .map(|s| s.first_ts_ms)
         .fold(f64::INFINITY, f64::min);
+    // The schedule once sped up, in f64 ms (no overflow, no saturation): every session's
+    // arrival, then its arrival plus each delay, against the bound.
+    for s in &staged {
+        let long = |line: usize, what: String, at_ms: f64| TraceError::LongSchedule {
+            source_name: source_name.to_string(),
+            line,
+            what,
+            at_ms,
+            bound_ms,
+        };
+        let first_line = s.turns.first().map_or(0, |(t, _)| t.line);
+        let mut at_ms = (s.first_ts_ms - min_first) / ratio;
+        if at_ms.is_nan() || at_ms > bound_ms {
+            return Err(long(
+                first_line,
+                format!("session \"{}\" arrives", s.id),
+                at_ms,
+            ));
+        }
+        for (n, (turn, delay_ms)) in s.turns.iter().enumerate().skip(1) {
+            at_ms += delay_ms / ratio;
+            if at_ms.is_nan() || at_ms > bound_ms {
+                return Err(long(
+                    turn.line,
+                    format!(
+                        "turn {n} of session \"{}\" is due (its arrival plus its delays) at least",
+                        s.id
+                    ),
+                    at_ms,
+                ));
+            }
+        }
+    }
     let sessions = staged
         .into_iter()
         .map(|s| Session {
@@ -275,16 +350,35 @@ fn parse_row(
         .output_length
         .ok_or_else(|| "missing field \"output_length\"".to_string())?;
     let output_length = usize::try_from(output_length)
-        .map_err(|_| format!("\"output_length\" {output_length} is too large"))?;
+        .ok()
+        .filter(|&n| n <= MAX_ROW_OUTPUT_TOKENS)
+        .ok_or_else(|| {
+            format!(
+                "\"output_length\" must be at most {MAX_ROW_OUTPUT_TOKENS}, got {output_length}"
+            )
+        })?;
+    if hash_ids.len() > MAX_ROW_TOKENS {
+        return Err(format!(
+            "\"hash_ids\" holds {} ids, more than the {MAX_ROW_TOKENS} a row may hold",
+            hash_ids.len()
+        ));
+    }
     if output_length == 0 {
         return Err(
             "\"output_length\" must be at least 1 (every request generates a token)".to_string(),
         );
     }
-    for (name, value) in [("timestamp", raw.timestamp), ("delay", raw.delay)] {
+    for (name, value, max) in [
+        ("timestamp", raw.timestamp, MAX_TIMESTAMP_MS),
+        ("delay", raw.delay, MAX_TRACE_TIME_MS),
+    ] {
         if let Some(v) = value {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(format!("\"{name}\" must be finite and >= 0, got {v}"));
+            if !(v.is_finite() && (0.0..=max).contains(&v)) {
+                return Err(format!(
+                    "\"{name}\" must be finite, >= 0 and at most {} ms, got {}",
+                    show(max),
+                    show(v)
+                ));
             }
         }
     }
@@ -300,6 +394,17 @@ fn parse_row(
         return Err("\"input_length\" must be > 0".to_string());
     }
     let input_length = requested.min(capacity);
+    if input_length > MAX_ROW_TOKENS {
+        return Err(format!(
+            "the prompt is {input_length} tokens ({}), more than the {MAX_ROW_TOKENS} a row \
+             may ask for",
+            if raw.input_length.is_some() {
+                "\"input_length\""
+            } else {
+                "hash_ids.len() x trace block size"
+            }
+        ));
+    }
     let requested_input_length = (requested > capacity).then_some(requested);
     let key = match raw.session_id {
         Some(id) => SessionKey::Named(id_string("session_id", id)?),
@@ -503,7 +608,7 @@ mod tests {
             ),
             (
                 r#"{"timestamp": -5, "output_length": 1, "hash_ids": [1]}"#,
-                "\"timestamp\" must be finite and >= 0",
+                "\"timestamp\" must be finite, >= 0",
             ),
             (
                 r#"{"timestamp": 0, "delay": -1, "session_id": "q", "output_length": 1, "hash_ids": [1]}"#,
@@ -537,6 +642,22 @@ mod tests {
                 r#"{"timestamp": 1e999, "output_length": 1, "hash_ids": [1]}"#,
                 "invalid JSON",
             ),
+            (
+                r#"{"timestamp": 1e300, "output_length": 1, "hash_ids": [1]}"#,
+                "\"timestamp\" must be finite, >= 0 and at most 9.007199254740992e15 ms, got 1e300",
+            ),
+            (
+                r#"{"timestamp": 0, "session_id": "q", "delay": 1e18, "output_length": 1, "hash_ids": [1]}"#,
+                "\"delay\" must be finite, >= 0 and at most 1e12 ms, got 1e18",
+            ),
+            (
+                r#"{"timestamp": 0, "output_length": 1073741825, "hash_ids": [1]}"#,
+                "\"output_length\" must be at most 1073741824, got 1073741825",
+            ),
+            (
+                r#"{"timestamp": 0, "output_length": 18446744073709551615, "hash_ids": [1]}"#,
+                "\"output_length\" must be at most 1073741824",
+            ),
             (r#"[1, 2]"#, "invalid JSON"),
         ];
         for (row, want) in cases {
@@ -545,6 +666,109 @@ mod tests {
             assert_eq!(line, 3, "{row}: {message}");
             assert!(message.contains(want), "{row}: {message:?} lacks {want:?}");
         }
+    }
+
+    /// Timestamps and delays far in the future are refused with the row's line, before any
+    /// replay could wait for them; a long schedule passes when the caller lifts the bound.
+    #[test]
+    fn the_schedule_is_bounded() {
+        let week = ScheduleBound::Default;
+        let week_ms = 7.0 * 86_400_000.0;
+        let far = format!(
+            "{{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1]}}\n\
+             {{\"timestamp\": {}, \"output_length\": 1, \"hash_ids\": [1]}}\n",
+            week_ms + 1.0
+        );
+        match parse_with_bound(far.as_bytes(), "trace.jsonl", &opts(4, 1.0), week) {
+            Err(TraceError::LongSchedule {
+                line,
+                at_ms,
+                bound_ms,
+                ..
+            }) => {
+                assert_eq!(line, 2);
+                assert_eq!(at_ms, week_ms + 1.0);
+                assert_eq!(bound_ms, week_ms);
+            }
+            other => panic!("expected a long schedule, got {other:?}"),
+        }
+        let e =
+            parse_with_bound(far.as_bytes(), "trace.jsonl", &opts(4, 1.0), week).expect_err("long");
+        assert_eq!(
+            e.to_string(),
+            "trace.jsonl:2: session \"request_2\" arrives 7.0 days after the trace's start, \
+             beyond the 7.0 days a trace's schedule may run; pass --allow-long-schedule to \
+             replay it anyway (up to 31.7 years), or a larger --arrival-speedup-ratio"
+        );
+        // The speed-up applies first: at 2x the same rows fit.
+        let t = parse_with_bound(far.as_bytes(), "t", &opts(4, 2.0), week).expect("fits at 2x");
+        assert_eq!(t.sessions[1].first_arrival.0, (week_ms + 1.0) as u64 * 500);
+        let t = parse_str(&far, &opts(4, 1.0)).expect("parse leaves the schedule to the caller");
+        assert_eq!(t.sessions[1].first_arrival.0, (week_ms + 1.0) as u64 * 1000);
+        // Delays add up: each is short, the session is not.
+        let day = 86_400_000.0;
+        let mut text = String::from(
+            "{\"session_id\": \"s\", \"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1]}\n",
+        );
+        for _ in 0..8 {
+            text.push_str(&format!(
+                "{{\"session_id\": \"s\", \"delay\": {day}, \"output_length\": 1, \"hash_ids\": [1]}}\n"
+            ));
+        }
+        match parse_with_bound(text.as_bytes(), "t", &opts(4, 1.0), week) {
+            Err(TraceError::LongSchedule { line, at_ms, .. }) => {
+                assert_eq!((line, at_ms), (9, 8.0 * day));
+            }
+            other => panic!("expected a long schedule, got {other:?}"),
+        }
+        let bounded = ScheduleBound::AtMost(SimDuration::from_millis(1000));
+        match parse_with_bound(far.as_bytes(), "t", &opts(4, 1e5), bounded) {
+            Err(TraceError::LongSchedule { line: 2, .. }) => {}
+            other => panic!("expected a long schedule, got {other:?}"),
+        }
+        // A tiny speed-up stretches the schedule past any bound without overflowing.
+        let e = parse_with_bound(
+            far.as_bytes(),
+            "t",
+            &opts(4, 1e-290),
+            ScheduleBound::Unbounded,
+        )
+        .expect_err("stretched");
+        assert_eq!(
+            e.to_string(),
+            "t:2: session \"request_2\" arrives 1.9e288 years after the trace's start, beyond \
+             the 31.7 years a trace's schedule may run; pass a larger --arrival-speedup-ratio"
+        );
+    }
+
+    /// Prompt sizes, hash ids and the block size are capped; the messages name the row.
+    #[test]
+    fn token_counts_are_bounded() {
+        let big = opts(MAX_TRACE_BLOCK_SIZE, 1.0);
+        let row = r#"{"timestamp": 0, "output_length": 1, "hash_ids": [1, 2, 3, 4, 5]}"#;
+        match parse_str(row, &big) {
+            Err(TraceError::Line { line, message, .. }) => {
+                assert_eq!(line, 1);
+                assert!(message.contains("more than the 4194304"), "{message}");
+            }
+            other => panic!("expected a line error, got {other:?}"),
+        }
+        let row = r#"{"timestamp": 0, "input_length": 4194304, "output_length": 1, "hash_ids": [1, 2, 3, 4, 5]}"#;
+        assert_eq!(
+            parse_str(row, &big)
+                .expect("at the cap")
+                .total_input_tokens(),
+            1 << 22
+        );
+        for tbs in [0, MAX_TRACE_BLOCK_SIZE + 1, 1 << 32] {
+            let e = parse_str(row, &opts(tbs, 1.0)).expect_err("bad block size");
+            assert!(
+                matches!(&e, TraceError::Options { message } if message.contains(&tbs.to_string())),
+                "{e}"
+            );
+        }
+        let e = parse_str(row, &opts(4, f64::MAX * 10.0)).expect_err("inf");
+        assert!(e.to_string().contains("got inf"), "{e}");
     }
 
     #[test]

@@ -28,6 +28,7 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::error::LoadgenError;
+use crate::limits;
 use crate::target::{Api, EmbeddedOptions, TargetArgs};
 use fit::Measurements;
 
@@ -41,7 +42,7 @@ pub struct ProfileArgs {
     #[arg(long, default_value = "profile.npz")]
     pub output: PathBuf,
 
-    /// Prompt lengths of the prefill curve, comma-separated.
+    /// Prompt lengths of the prefill curve, comma-separated (each at most 2^22, at most 64).
     #[arg(
         long,
         value_delimiter = ',',
@@ -49,7 +50,7 @@ pub struct ProfileArgs {
     )]
     pub prefill_isl: Vec<usize>,
 
-    /// TTFT samples per prompt length (the median is used).
+    /// TTFT samples per prompt length (the median is used), 1 to 1000.
     #[arg(long, default_value_t = 3)]
     pub prefill_samples: usize,
 
@@ -60,11 +61,12 @@ pub struct ProfileArgs {
     #[arg(long, value_enum, default_value_t = PrefillMethod::Ttft)]
     pub prefill_from: PrefillMethod,
 
-    /// Concurrent streams of the decode grid, comma-separated.
+    /// Concurrent streams of the decode grid, comma-separated (each at most 100000; a point's
+    /// streams hold at most 2^28 tokens).
     #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
     pub decode_batch_sizes: Vec<usize>,
 
-    /// Prompt lengths of the decode grid's streams, comma-separated.
+    /// Prompt lengths of the decode grid's streams, comma-separated (each at most 2^22).
     #[arg(long, value_delimiter = ',', default_value = "512,2048,8192")]
     pub decode_context_lengths: Vec<usize>,
 
@@ -78,7 +80,7 @@ pub struct ProfileArgs {
     #[arg(long, default_value_t = 2048)]
     pub prefill_chunk: usize,
 
-    /// Stop measuring after this many seconds and write what was measured.
+    /// Stop measuring after this many seconds and write what was measured (at most 604800).
     #[arg(long, default_value_t = 600.0)]
     pub time_budget_s: f64,
 
@@ -180,6 +182,56 @@ impl ProfileArgs {
                 self.output.display()
             ));
         }
+        for (flag, values, max) in [
+            (
+                "--prefill-isl",
+                &self.prefill_isl,
+                limits::MAX_PROMPT_TOKENS,
+            ),
+            (
+                "--decode-batch-sizes",
+                &self.decode_batch_sizes,
+                limits::MAX_CONCURRENCY,
+            ),
+            (
+                "--decode-context-lengths",
+                &self.decode_context_lengths,
+                limits::MAX_PROMPT_TOKENS,
+            ),
+        ] {
+            limits::count(
+                &format!("the number of {flag} values"),
+                values.len(),
+                0,
+                limits::MAX_GRID_VALUES,
+            )?;
+            for &v in values {
+                limits::count(flag, v, 0, max)?;
+            }
+        }
+        limits::count(
+            "--prefill-samples",
+            self.prefill_samples,
+            1,
+            limits::MAX_PROFILE_SAMPLES,
+        )?;
+        limits::count(
+            "--decode-tokens",
+            self.decode_tokens,
+            4,
+            limits::MAX_OUTPUT_TOKENS,
+        )?;
+        limits::count(
+            "--prefill-chunk",
+            self.prefill_chunk,
+            1,
+            limits::MAX_PROMPT_TOKENS,
+        )?;
+        let time_budget_s = limits::positive(
+            "--time-budget-s",
+            self.time_budget_s,
+            limits::MAX_DURATION_S,
+        )?;
         let mut prefill_isl = self.prefill_isl.clone();
         prefill_isl.sort_unstable();
         prefill_isl.dedup();
@@ -209,13 +261,22 @@ impl ProfileArgs {
         if self.prefill_chunk == 0 {
             return bad("--prefill-chunk must be positive".into());
         }
-        if !(self.time_budget_s.is_finite() && self.time_budget_s > 0.0) {
-            return bad("--time-budget-s must be positive".into());
-        }
-        let decode = contexts
+        let decode: Vec<(usize, usize)> = contexts
             .iter()
             .flat_map(|&c| batches.iter().map(move |&b| (b, c)))
             .collect();
+        for &(b, c) in &decode {
+            limits::product(
+                "a decode point's batch size x (context length + output tokens)",
+                &[
+                    b,
+                    c + self.decode_tokens + b * c / self.prefill_chunk + b + 2,
+                ],
+                limits::MAX_TOKENS_IN_FLIGHT,
+                "MAX_TOKENS_IN_FLIGHT",
+            )?;
+        }
+        limits::output_paths([("--output", Some(self.output.as_path()))])?;
         Ok(ProfilePlan {
             prefill_isl,
             prefill_samples: self.prefill_samples,
@@ -223,7 +284,7 @@ impl ProfileArgs {
             decode,
             decode_tokens: self.decode_tokens,
             prefill_chunk: self.prefill_chunk,
-            time_budget: Duration::from_secs_f64(self.time_budget_s),
+            time_budget: Duration::from_secs_f64(time_budget_s),
             progress: !self.quiet,
         })
     }
