@@ -12,8 +12,10 @@
 //! run from the engine's submission to the first and last token, exactly as the `/metrics`
 //! TTFT and end-to-end histograms measure them.
 
+use std::collections::BTreeSet;
 use std::convert::Infallible;
-use std::task::Poll;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 
 use axum::body::Bytes;
 use futures_util::Stream;
@@ -158,6 +160,124 @@ pub struct Generation {
     pub received: SimTime,
     /// Cancelled at the server's shutdown deadline: the generation then ends with an error.
     pub stop: tokio_util::sync::CancellationToken,
+    /// Which choices may have an event waiting: only those are polled, so a step costs the
+    /// same however many choices a request has (a batch of 20,000 prompts stays linear).
+    pub ready: ReadyChoices,
+}
+
+/// The choices of a [`Generation`] whose event channels were woken since they were last found
+/// empty, lowest index first, and how many choices are still running.
+///
+/// Each choice's channel is polled with a waker of its own, which puts the choice back in the
+/// set and wakes the generation's task; a choice outside the set has nothing to read.
+#[derive(Debug)]
+pub struct ReadyChoices {
+    shared: Arc<ReadyShared>,
+    wakers: Vec<Waker>,
+    /// Choices not finished yet.
+    running: usize,
+}
+
+#[derive(Debug, Default)]
+struct ReadyShared {
+    /// The woken choices. A std Mutex: every section is a set insert or pop, never across an
+    /// `.await`.
+    set: Mutex<BTreeSet<usize>>,
+    /// The generation's task.
+    task: futures_util::task::AtomicWaker,
+}
+
+/// Wakes one choice: puts it in the ready set and wakes the generation's task.
+struct ChoiceWaker {
+    index: usize,
+    shared: Arc<ReadyShared>,
+}
+
+impl Wake for ChoiceWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.shared.insert(self.index);
+        self.shared.task.wake();
+    }
+}
+
+impl ReadyShared {
+    fn insert(&self, index: usize) {
+        self.set
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(index);
+    }
+
+    /// The lowest woken choice numbered `from` or more, taken out of the set.
+    fn pop_from(&self, from: usize) -> Option<usize> {
+        let mut set = self
+            .set
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let first = set.range(from..).next().copied()?;
+        set.remove(&first);
+        Some(first)
+    }
+}
+
+impl ReadyChoices {
+    /// The set for `choices` choices, all of them ready to be polled once.
+    pub fn new(choices: usize) -> ReadyChoices {
+        let shared = Arc::new(ReadyShared {
+            set: Mutex::new((0..choices).collect()),
+            task: futures_util::task::AtomicWaker::new(),
+        });
+        let wakers = (0..choices)
+            .map(|index| {
+                Waker::from(Arc::new(ChoiceWaker {
+                    index,
+                    shared: Arc::clone(&shared),
+                }))
+            })
+            .collect();
+        ReadyChoices {
+            shared,
+            wakers,
+            running: choices,
+        }
+    }
+
+    /// The next event of the lowest-numbered choice that has one: `Ready((choice, event))`,
+    /// `event` being `None` when its channel closed. `Pending` when none has, with the task
+    /// (`task`, when given) to be woken as soon as one has.
+    fn poll_event(
+        &self,
+        choices: &mut [Choice],
+        task: Option<&Waker>,
+    ) -> Poll<(usize, Option<Event>)> {
+        if let Some(task) = task {
+            // Registered before the set is read, so a wake after the read reaches this task.
+            self.shared.task.register(task);
+        }
+        // One pass in index order: a choice that wakes itself while polled (tokio's budget
+        // for the task is spent) is polled again on the next call, not in a loop here.
+        let mut from = 0;
+        while let Some(i) = self.shared.pop_from(from) {
+            from = i + 1;
+            let (Some(choice), Some(waker)) = (choices.get_mut(i), self.wakers.get(i)) else {
+                continue;
+            };
+            if choice.done {
+                continue;
+            }
+            let mut cx = Context::from_waker(waker);
+            if let Poll::Ready(event) = choice.submission.events.poll_recv(&mut cx) {
+                // More may be queued behind it: the choice stays in the set.
+                self.shared.insert(i);
+                return Poll::Ready((i, event));
+            }
+        }
+        Poll::Pending
+    }
 }
 
 /// The next thing to tell the client.
@@ -185,6 +305,7 @@ impl Generation {
         loop {
             let choices = &mut self.choices;
             let stop = &self.stop;
+            let ready = &self.ready;
             let (i, event) = tokio::select! {
                 biased;
                 () = stop.cancelled() => {
@@ -194,15 +315,7 @@ impl Generation {
                     return Step::Error(ApiError::shutting_down());
                 }
                 next = std::future::poll_fn(|cx| {
-                    for (i, choice) in choices.iter_mut().enumerate() {
-                        if choice.done {
-                            continue;
-                        }
-                        if let Poll::Ready(event) = choice.submission.events.poll_recv(cx) {
-                            return Poll::Ready((i, event));
-                        }
-                    }
-                    Poll::Pending
+                    ready.poll_event(choices, Some(cx.waker()))
                 }) => next,
             };
             if let Some(step) = self.on_event(i, event) {
@@ -217,21 +330,13 @@ impl Generation {
     ///
     /// [`next`]: Generation::next
     pub fn try_next(&mut self) -> Option<Step> {
-        use tokio::sync::mpsc::error::TryRecvError;
         loop {
             if self.done || self.stop.is_cancelled() {
                 return None;
             }
-            let (i, event) = self
-                .choices
-                .iter_mut()
-                .enumerate()
-                .filter(|(_, c)| !c.done)
-                .find_map(|(i, c)| match c.submission.events.try_recv() {
-                    Ok(event) => Some((i, Some(event))),
-                    Err(TryRecvError::Disconnected) => Some((i, None)),
-                    Err(TryRecvError::Empty) => None,
-                })?;
+            let Poll::Ready((i, event)) = self.ready.poll_event(&mut self.choices, None) else {
+                return None;
+            };
             if let Some(step) = self.on_event(i, event) {
                 return Some(step);
             }
@@ -286,7 +391,8 @@ impl Generation {
             Output::Finished { .. } => {
                 choice.done = true;
                 choice.submission.mark_done();
-                if self.choices.iter().all(|c| c.done) {
+                self.ready.running = self.ready.running.saturating_sub(1);
+                if self.ready.running == 0 {
                     self.finish();
                 }
                 Some(Step::Finished { choice: i })
@@ -1021,6 +1127,7 @@ mod tests {
             logprobs: false,
             received: SimTime::ZERO,
             stop: state.stop_generations.child_token(),
+            ready: ReadyChoices::new(n),
         }
     }
 

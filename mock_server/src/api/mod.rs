@@ -621,6 +621,7 @@ async fn generate(
         Endpoint::Chat => "chatcmpl",
         Endpoint::Text => "cmpl",
     };
+    let ready = generation::ReadyChoices::new(choices.len());
     let generation = Generation {
         header: Header {
             id: format!(
@@ -642,6 +643,7 @@ async fn generate(
         logprobs: params.logprobs.is_some(),
         received,
         stop: state.stop_generations.child_token(),
+        ready,
     };
     if params.stream {
         let body =
