@@ -208,6 +208,11 @@ struct StopAt {
 }
 
 /// The first stop string or stop token id in the text, checked once `min_tokens` are out.
+///
+/// Each token's check looks only at the window a new match can lie in: the token's text and
+/// the `longest - 1` bytes before it (at the first checked token, every match that starts in
+/// that window counts, one completed by the unchecked tokens before it included). The work is
+/// the text's length times the number of stops, whatever their lengths.
 fn find_stop(tokens: &[u32], texts: &[String], spec: &AnswerSpec) -> Option<StopAt> {
     let longest = spec.stop.iter().map(String::len).max().unwrap_or(0);
     let mut full = String::new();
@@ -227,10 +232,15 @@ fn find_stop(tokens: &[u32], texts: &[String], spec: &AnswerSpec) -> Option<Stop
             while !full.is_char_boundary(from) {
                 from -= 1;
             }
+            // Matches ending at or before `before` were looked for at earlier checked tokens.
+            let first_checked = i == spec.min_tokens;
             let found = spec
                 .stop
                 .iter()
-                .filter_map(|s| full[from..].find(s.as_str()).map(|p| (from + p, s)))
+                .filter_map(|s| {
+                    let end_from = if first_checked { 0 } else { before + 1 };
+                    first_match(full.as_bytes(), s.as_bytes(), from, end_from).map(|p| (p, s))
+                })
                 .min_by_key(|(p, _)| *p);
             if let Some((at, s)) = found {
                 let cut = if spec.include_stop_str {
@@ -247,6 +257,22 @@ fn find_stop(tokens: &[u32], texts: &[String], spec: &AnswerSpec) -> Option<Stop
         }
     }
     None
+}
+
+/// Where the leftmost occurrence of `needle` in `haystack` starts, among those that start at
+/// `from` or later and end at `end_from` or later (byte offsets). Only the end positions are
+/// scanned (for the needle's last byte), each candidate compared in full.
+fn first_match(haystack: &[u8], needle: &[u8], from: usize, end_from: usize) -> Option<usize> {
+    let (&last, _) = needle.split_last()?;
+    let first_end = end_from.max(from + needle.len());
+    if first_end > haystack.len() {
+        return None;
+    }
+    // `end` is one past the candidate's last byte.
+    (first_end..=haystack.len())
+        .filter(|&end| haystack[end - 1] == last)
+        .map(|end| end - needle.len())
+        .find(|&start| &haystack[start..start + needle.len()] == needle)
 }
 
 /// Cuts per-token texts at byte `cut` of their concatenation.
@@ -575,5 +601,83 @@ mod tests {
         let kept = Answer::plan(&s, codec.as_ref(), 21);
         assert_eq!(kept.content(), text[..at + stop.len()]);
         assert_eq!(kept.tokens.len(), cut.tokens.len());
+    }
+
+    /// The whole-window search stops used to run at every token: [`find_stop`] must agree
+    /// with it.
+    fn find_stop_whole_window(
+        tokens: &[u32],
+        texts: &[String],
+        spec: &AnswerSpec,
+    ) -> Option<(usize, usize, Value)> {
+        let longest = spec.stop.iter().map(String::len).max().unwrap_or(0);
+        let mut full = String::new();
+        for (i, (&token, text)) in tokens.iter().zip(texts).enumerate() {
+            let before = full.len();
+            let checked = i + 1 > spec.min_tokens;
+            if checked && spec.stop_token_ids.contains(&token) {
+                return Some((i, before, json!(token)));
+            }
+            full.push_str(text);
+            if checked && longest > 0 {
+                let mut from = before.saturating_sub(longest - 1);
+                while !full.is_char_boundary(from) {
+                    from -= 1;
+                }
+                let found = spec
+                    .stop
+                    .iter()
+                    .filter_map(|s| full[from..].find(s.as_str()).map(|p| (from + p, s)))
+                    .min_by_key(|(p, _)| *p);
+                if let Some((at, s)) = found {
+                    let cut = if spec.include_stop_str {
+                        at + s.len()
+                    } else {
+                        at
+                    };
+                    return Some((i, cut, json!(s)));
+                }
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn windowed_stop_matching_agrees_with_the_whole_window_search() {
+        let codec = default_codec();
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let mut found = 0;
+        for seed in 0..300u64 {
+            let tokens = codec.answer_tokens(&mut rng, 0, 40);
+            let mut texts: Vec<String> = tokens
+                .iter()
+                .map(|&t| codec.token_text(t).into_owned())
+                .collect();
+            if seed % 5 == 0 {
+                texts[3] = "é中😀aaa".into();
+            }
+            let text: String = texts.concat();
+            let mut s = spec(40);
+            s.min_tokens = rng.gen_range(0..12);
+            s.include_stop_str = rng.gen_bool(0.5);
+            for _ in 0..rng.gen_range(1..4) {
+                let a = rng.gen_range(0..text.len());
+                let b = (a + rng.gen_range(1..24)).min(text.len());
+                let (Some(stop), _) = (text.get(a..b), ()) else {
+                    continue;
+                };
+                if !stop.is_empty() {
+                    s.stop.push(stop.to_string());
+                }
+            }
+            if rng.gen_bool(0.2) {
+                s.stop.push("aa".into());
+            }
+            let new = find_stop(&tokens, &texts, &s).map(|f| (f.token, f.cut, f.reason));
+            let old = find_stop_whole_window(&tokens, &texts, &s);
+            assert_eq!(new, old, "seed {seed}: {:?}", s.stop);
+            found += usize::from(new.is_some());
+        }
+        assert!(found > 200, "{found}");
     }
 }
