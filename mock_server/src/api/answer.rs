@@ -170,6 +170,14 @@ impl Words for CodecWords<'_> {
     }
 }
 
+/// Bytes of a JSON document drawn per token of its output limit at first: JSON of words runs
+/// about 4 bytes a token, so a document cut there is past what the limit shows.
+const JSON_BYTES_PER_TOKEN: usize = 8;
+
+/// Bytes per token of the output limit beyond which a JSON document is not drawn again with a
+/// larger budget (its tokens would average over this).
+const MAX_JSON_BYTES_PER_TOKEN: usize = 64;
+
 /// Per-token texts of `tokens`, which encode `whole`: single-token decodes when they add up to
 /// it, else the growth of the decoded prefix (a token that ends inside a character shows
 /// nothing until the character is complete).
@@ -289,10 +297,6 @@ impl Answer {
     /// Plans one choice from its seed.
     pub fn plan(spec: &AnswerSpec, codec: &dyn TextCodec, seed: u64) -> Answer {
         let limit = spec.limit.max(1);
-        let mut words = CodecWords {
-            codec,
-            rng: rng(seed, stream::WORDS),
-        };
         // The length the model would run if nothing stopped it.
         let sampled = if spec.ignore_eos {
             limit
@@ -306,10 +310,45 @@ impl Answer {
             .tools
             .as_ref()
             .and_then(|t| t.pick(&mut tool_rng, spec.tool_call_probability));
-        let mut answer = if let Some(tool) = tool {
-            let call = ToolCall::generate(tool, &mut tool_rng, &mut words);
-            let tokens = codec.encode(&call.arguments);
-            let texts = token_texts(codec, &tokens, &call.arguments);
+        // A JSON document (tool arguments or a JSON mode's answer) is drawn within a byte
+        // budget past what `limit` tokens show; should the text cut there still fit in
+        // `limit` tokens (unusually long tokens), it is drawn again with a larger budget.
+        let json_document = |max_bytes: usize| -> Option<(String, bool, Option<ToolCall>)> {
+            let mut words = CodecWords {
+                codec,
+                rng: rng(seed, stream::WORDS),
+            };
+            if let Some(tool) = tool {
+                let (call, truncated) =
+                    ToolCall::generate(tool, &mut tool_rng.clone(), &mut words, max_bytes);
+                return Some((call.arguments.clone(), truncated, Some(call)));
+            }
+            spec.format
+                .generate(
+                    &mut rng(seed, stream::WORDS + 16),
+                    &mut words,
+                    (sampled.min(limit), limit),
+                    max_bytes,
+                    &|t: &str| codec.encode(t).len(),
+                )
+                .map(|(text, truncated)| (text, truncated, None))
+        };
+        let mut max_bytes = limit.saturating_add(1).saturating_mul(JSON_BYTES_PER_TOKEN);
+        let mut document = json_document(max_bytes);
+        let mut encoded = None;
+        while let Some((text, true, _)) = &document {
+            let tokens = codec.encode(text);
+            if tokens.len() > limit || max_bytes >= limit.saturating_mul(MAX_JSON_BYTES_PER_TOKEN) {
+                encoded = Some(tokens);
+                break;
+            }
+            max_bytes = max_bytes.saturating_mul(4);
+            document = json_document(max_bytes);
+        }
+        let truncated = matches!(document, Some((_, true, _)));
+        let mut answer = if let Some((arguments, _, Some(call))) = document {
+            let tokens = encoded.unwrap_or_else(|| codec.encode(&arguments));
+            let texts = token_texts(codec, &tokens, &arguments);
             let pieces = texts
                 .into_iter()
                 .enumerate()
@@ -329,19 +368,17 @@ impl Answer {
                 stop_reason: None,
                 tool_calls: vec![call],
             }
-        } else if let Some(text) = spec.format.generate(
-            &mut rng(seed, stream::WORDS + 16),
-            &mut words,
-            sampled.min(limit),
-            limit,
-            &|t: &str| codec.encode(t).len(),
-        ) {
-            let tokens = codec.encode(&text);
+        } else if let Some((text, _, None)) = document {
+            let tokens = encoded.unwrap_or_else(|| codec.encode(&text));
             let texts = token_texts(codec, &tokens, &text);
             Answer::text(spec, tokens, texts, 0, FinishReason::Stop)
         } else {
             Answer::free_text(spec, codec, seed, sampled)
         };
+        if truncated && answer.tokens.len() <= limit {
+            // Cut at the budget yet within the limit: the limit ended it all the same.
+            answer.finish_reason = FinishReason::Length;
+        }
         if answer.tokens.len() > limit {
             answer.tokens.truncate(limit);
             answer.pieces.truncate(limit);
