@@ -749,7 +749,15 @@ async fn generate(
         headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
         Ok(response)
     } else {
-        Ok(Json(generation::collect(generation).await?).into_response())
+        let body = generation::collect(generation).await?;
+        Ok((
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            body,
+        )
+            .into_response())
     }
 }
 
