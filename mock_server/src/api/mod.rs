@@ -27,6 +27,13 @@
 //!   (`top_logprobs` on chat) add seeded log-probabilities.
 //! - `n` (1 to 128) choices per prompt, each its own engine request; `/v1/completions` takes a
 //!   batch of prompts (choice index = prompt number × n + choice number) and `echo`.
+//! - Every request has a work budget ([`budget`]): stop strings, stop token ids, prompts,
+//!   choices, planned output tokens and log-probability entries are capped, each beyond its
+//!   cap a 400 naming the parameter; token ids out of the vocabulary are a 400 too. Large
+//!   prompts are tokenized, and large requests planned and answered whole, off the runtime's
+//!   worker threads; planning stops when the client leaves or the server shuts down.
+//! - `--api-key` guards the routes under `/v1` only, as vLLM's (`/tokenize`, `/detokenize`,
+//!   `/health`, `/metrics` answer without it).
 //! - Streams start with the `role` chunk at once; an engine rejection after that is a final
 //!   `data: {"error":…}` event and `data: [DONE]`.
 //! - `usage.prompt_tokens_details.cached_tokens` is the prefix-cache hit at first admission.
@@ -652,7 +659,14 @@ async fn generate(
     let planned: usize = limits.iter().map(|l| l * n).sum();
     let codec = Arc::clone(&config.codec);
     let plan_limits = limits.clone();
-    let answers = off_runtime(planned > INLINE_PLAN_TOKENS, move || {
+    // JSON answers cost more a token (drawn, serialized and tokenized as a document).
+    let json_answers = spec.tools.is_some() || spec.format != json_mode::ResponseFormat::Text;
+    let inline_tokens = if json_answers {
+        INLINE_PLAN_TOKENS / 16
+    } else {
+        INLINE_PLAN_TOKENS
+    };
+    let answers = off_runtime(planned > inline_tokens, move || {
         let mut answers = Vec::with_capacity(plan_limits.len() * n);
         for (p, &limit) in plan_limits.iter().enumerate() {
             let spec = AnswerSpec {
