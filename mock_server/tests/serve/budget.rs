@@ -342,7 +342,7 @@ async fn a_batch_of_the_most_prompts_finishes() -> Result<()> {
 }
 
 #[tokio::test]
-async fn whole_logprobs_are_the_streamed_ones_in_one_body() -> Result<()> {
+async fn a_whole_logprob_batch_is_one_body_the_size_of_what_it_says() -> Result<()> {
     let server = start(config(None)).await?;
     let body = chat(
         json!({"max_tokens": 2000, "n": 16, "logprobs": true, "top_logprobs": 20,
