@@ -258,7 +258,8 @@ fn generate_at<R: Rng + ?Sized>(
                 if budget.exhausted() {
                     break;
                 }
-                budget.spend(1);
+                // The comma before every item but the first.
+                budget.spend(usize::from(!values.is_empty()));
                 values.push(generate_at(root, &items, rng, words, depth + 1, budget));
             }
             Value::Array(values)
@@ -358,7 +359,8 @@ fn generate_object<R: Rng + ?Sized>(
                     break;
                 }
                 if required.contains(&name.as_str()) || rng.gen_bool(0.5) {
-                    budget.spend(name.len() + 4);
+                    // `"name":`, after a comma unless it is the first.
+                    budget.spend(name.len() + 3 + usize::from(!out.is_empty()));
                     out.insert(
                         name.clone(),
                         generate_at(root, property, rng, words, depth + 1, budget),
@@ -369,7 +371,7 @@ fn generate_object<R: Rng + ?Sized>(
         None if object.get("additionalProperties") != Some(&Value::Bool(false)) => {
             for _ in 0..rng.gen_range(1..=3) {
                 let (key, value) = (words.word(), words.word());
-                budget.spend(key.len() + value.len() + 6);
+                budget.spend(key.len() + value.len() + 5 + usize::from(!out.is_empty()));
                 out.insert(key, Value::String(value));
             }
         }
@@ -382,7 +384,7 @@ fn generate_object<R: Rng + ?Sized>(
     for name in required {
         if !out.contains_key(name) {
             let word = words.word();
-            budget.spend(name.len() + word.len() + 6);
+            budget.spend(name.len() + word.len() + 5 + usize::from(!out.is_empty()));
             out.insert(name.to_string(), Value::String(word));
         }
     }
@@ -568,5 +570,52 @@ mod tests {
             1 << 20,
         );
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn the_byte_budget_cuts_recursive_schemas_and_leaves_smaller_values_alone() {
+        let schema = weather();
+        for seed in 0..50 {
+            let whole = generate(
+                &schema,
+                &mut ChaCha8Rng::seed_from_u64(seed),
+                &mut Fixed(0),
+                usize::MAX,
+            );
+            let text = whole.value.to_string();
+            let fits = generate(
+                &schema,
+                &mut ChaCha8Rng::seed_from_u64(seed),
+                &mut Fixed(0),
+                text.len() + 1,
+            );
+            assert_eq!(
+                fits,
+                Generated {
+                    value: whole.value.clone(),
+                    truncated: false
+                }
+            );
+        }
+        let recursive = json!({
+            "$defs": {"n": {"type": "array", "minItems": 2, "items": {"$ref": "#/$defs/n"}}},
+            "$ref": "#/$defs/n"
+        });
+        check(&recursive, "s").expect("well formed");
+        for max_bytes in [1, 100, 10_000, 1_000_000] {
+            let cut = generate(
+                &recursive,
+                &mut ChaCha8Rng::seed_from_u64(1),
+                &mut Fixed(0),
+                max_bytes,
+            );
+            assert!(cut.truncated);
+            let len = cut.value.to_string().len();
+            // The counted bytes are a lower bound: the text passes the budget by little.
+            assert!(
+                len >= max_bytes && len <= 2 * max_bytes + 64,
+                "{len} for {max_bytes}"
+            );
+        }
     }
 }
