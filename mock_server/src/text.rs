@@ -32,6 +32,12 @@ pub trait TextCodec: Send + Sync + std::fmt::Debug {
     /// The text of some token ids (concatenating per-token decodes gives the whole text).
     fn decode(&self, ids: &[u32]) -> String;
 
+    /// How many token ids the codec knows (`0..vocab_size`), when it knows: ids beyond are
+    /// refused in requests. `None` accepts every id.
+    fn vocab_size(&self) -> Option<usize> {
+        None
+    }
+
     /// The text of one token id: `decode(&[id])`, borrowed when the codec keeps it at hand.
     fn token_text(&self, id: u32) -> Cow<'_, str> {
         Cow::Owned(self.decode(&[id]))
@@ -105,6 +111,10 @@ impl TextCodec for TokenizerCodec {
 
     fn decode(&self, ids: &[u32]) -> String {
         self.tokenizer.decode(ids)
+    }
+
+    fn vocab_size(&self) -> Option<usize> {
+        Some(self.tokenizer.vocab_size())
     }
 
     fn token_text(&self, id: u32) -> Cow<'_, str> {

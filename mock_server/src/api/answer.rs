@@ -170,6 +170,14 @@ impl Words for CodecWords<'_> {
     }
 }
 
+/// Bytes of a JSON document drawn per token of its output limit at first: JSON of words runs
+/// about 4 bytes a token, so a document cut there is past what the limit shows.
+const JSON_BYTES_PER_TOKEN: usize = 8;
+
+/// Bytes per token of the output limit beyond which a JSON document is not drawn again with a
+/// larger budget (its tokens would average over this).
+const MAX_JSON_BYTES_PER_TOKEN: usize = 64;
+
 /// Per-token texts of `tokens`, which encode `whole`: single-token decodes when they add up to
 /// it, else the growth of the decoded prefix (a token that ends inside a character shows
 /// nothing until the character is complete).
@@ -208,6 +216,11 @@ struct StopAt {
 }
 
 /// The first stop string or stop token id in the text, checked once `min_tokens` are out.
+///
+/// Each token's check looks only at the window a new match can lie in: the token's text and
+/// the `longest - 1` bytes before it (at the first checked token, every match that starts in
+/// that window counts, one completed by the unchecked tokens before it included). The work is
+/// the text's length times the number of stops, whatever their lengths.
 fn find_stop(tokens: &[u32], texts: &[String], spec: &AnswerSpec) -> Option<StopAt> {
     let longest = spec.stop.iter().map(String::len).max().unwrap_or(0);
     let mut full = String::new();
@@ -227,10 +240,15 @@ fn find_stop(tokens: &[u32], texts: &[String], spec: &AnswerSpec) -> Option<Stop
             while !full.is_char_boundary(from) {
                 from -= 1;
             }
+            // Matches ending at or before `before` were looked for at earlier checked tokens.
+            let first_checked = i == spec.min_tokens;
             let found = spec
                 .stop
                 .iter()
-                .filter_map(|s| full[from..].find(s.as_str()).map(|p| (from + p, s)))
+                .filter_map(|s| {
+                    let end_from = if first_checked { 0 } else { before + 1 };
+                    first_match(full.as_bytes(), s.as_bytes(), from, end_from).map(|p| (p, s))
+                })
                 .min_by_key(|(p, _)| *p);
             if let Some((at, s)) = found {
                 let cut = if spec.include_stop_str {
@@ -249,6 +267,22 @@ fn find_stop(tokens: &[u32], texts: &[String], spec: &AnswerSpec) -> Option<Stop
     None
 }
 
+/// Where the leftmost occurrence of `needle` in `haystack` starts, among those that start at
+/// `from` or later and end at `end_from` or later (byte offsets). Only the end positions are
+/// scanned (for the needle's last byte), each candidate compared in full.
+fn first_match(haystack: &[u8], needle: &[u8], from: usize, end_from: usize) -> Option<usize> {
+    let (&last, _) = needle.split_last()?;
+    let first_end = end_from.max(from + needle.len());
+    if first_end > haystack.len() {
+        return None;
+    }
+    // `end` is one past the candidate's last byte.
+    (first_end..=haystack.len())
+        .filter(|&end| haystack[end - 1] == last)
+        .map(|end| end - needle.len())
+        .find(|&start| &haystack[start..start + needle.len()] == needle)
+}
+
 /// Cuts per-token texts at byte `cut` of their concatenation.
 fn cut_texts(texts: &mut [String], cut: usize) {
     let mut at = 0;
@@ -263,10 +297,6 @@ impl Answer {
     /// Plans one choice from its seed.
     pub fn plan(spec: &AnswerSpec, codec: &dyn TextCodec, seed: u64) -> Answer {
         let limit = spec.limit.max(1);
-        let mut words = CodecWords {
-            codec,
-            rng: rng(seed, stream::WORDS),
-        };
         // The length the model would run if nothing stopped it.
         let sampled = if spec.ignore_eos {
             limit
@@ -280,10 +310,45 @@ impl Answer {
             .tools
             .as_ref()
             .and_then(|t| t.pick(&mut tool_rng, spec.tool_call_probability));
-        let mut answer = if let Some(tool) = tool {
-            let call = ToolCall::generate(tool, &mut tool_rng, &mut words);
-            let tokens = codec.encode(&call.arguments);
-            let texts = token_texts(codec, &tokens, &call.arguments);
+        // A JSON document (tool arguments or a JSON mode's answer) is drawn within a byte
+        // budget past what `limit` tokens show; should the text cut there still fit in
+        // `limit` tokens (unusually long tokens), it is drawn again with a larger budget.
+        let json_document = |max_bytes: usize| -> Option<(String, bool, Option<ToolCall>)> {
+            let mut words = CodecWords {
+                codec,
+                rng: rng(seed, stream::WORDS),
+            };
+            if let Some(tool) = tool {
+                let (call, truncated) =
+                    ToolCall::generate(tool, &mut tool_rng.clone(), &mut words, max_bytes);
+                return Some((call.arguments.clone(), truncated, Some(call)));
+            }
+            spec.format
+                .generate(
+                    &mut rng(seed, stream::WORDS + 16),
+                    &mut words,
+                    (sampled.min(limit), limit),
+                    max_bytes,
+                    &|t: &str| codec.encode(t).len(),
+                )
+                .map(|(text, truncated)| (text, truncated, None))
+        };
+        let mut max_bytes = limit.saturating_add(1).saturating_mul(JSON_BYTES_PER_TOKEN);
+        let mut document = json_document(max_bytes);
+        let mut encoded = None;
+        while let Some((text, true, _)) = &document {
+            let tokens = codec.encode(text);
+            if tokens.len() > limit || max_bytes >= limit.saturating_mul(MAX_JSON_BYTES_PER_TOKEN) {
+                encoded = Some(tokens);
+                break;
+            }
+            max_bytes = max_bytes.saturating_mul(4);
+            document = json_document(max_bytes);
+        }
+        let truncated = matches!(document, Some((_, true, _)));
+        let mut answer = if let Some((arguments, _, Some(call))) = document {
+            let tokens = encoded.unwrap_or_else(|| codec.encode(&arguments));
+            let texts = token_texts(codec, &tokens, &arguments);
             let pieces = texts
                 .into_iter()
                 .enumerate()
@@ -303,19 +368,17 @@ impl Answer {
                 stop_reason: None,
                 tool_calls: vec![call],
             }
-        } else if let Some(text) = spec.format.generate(
-            &mut rng(seed, stream::WORDS + 16),
-            &mut words,
-            sampled.min(limit),
-            limit,
-            &|t: &str| codec.encode(t).len(),
-        ) {
-            let tokens = codec.encode(&text);
+        } else if let Some((text, _, None)) = document {
+            let tokens = encoded.unwrap_or_else(|| codec.encode(&text));
             let texts = token_texts(codec, &tokens, &text);
             Answer::text(spec, tokens, texts, 0, FinishReason::Stop)
         } else {
             Answer::free_text(spec, codec, seed, sampled)
         };
+        if truncated && answer.tokens.len() <= limit {
+            // Cut at the budget yet within the limit: the limit ended it all the same.
+            answer.finish_reason = FinishReason::Length;
+        }
         if answer.tokens.len() > limit {
             answer.tokens.truncate(limit);
             answer.pieces.truncate(limit);
@@ -575,5 +638,83 @@ mod tests {
         let kept = Answer::plan(&s, codec.as_ref(), 21);
         assert_eq!(kept.content(), text[..at + stop.len()]);
         assert_eq!(kept.tokens.len(), cut.tokens.len());
+    }
+
+    /// The whole-window search stops used to run at every token: [`find_stop`] must agree
+    /// with it.
+    fn find_stop_whole_window(
+        tokens: &[u32],
+        texts: &[String],
+        spec: &AnswerSpec,
+    ) -> Option<(usize, usize, Value)> {
+        let longest = spec.stop.iter().map(String::len).max().unwrap_or(0);
+        let mut full = String::new();
+        for (i, (&token, text)) in tokens.iter().zip(texts).enumerate() {
+            let before = full.len();
+            let checked = i + 1 > spec.min_tokens;
+            if checked && spec.stop_token_ids.contains(&token) {
+                return Some((i, before, json!(token)));
+            }
+            full.push_str(text);
+            if checked && longest > 0 {
+                let mut from = before.saturating_sub(longest - 1);
+                while !full.is_char_boundary(from) {
+                    from -= 1;
+                }
+                let found = spec
+                    .stop
+                    .iter()
+                    .filter_map(|s| full[from..].find(s.as_str()).map(|p| (from + p, s)))
+                    .min_by_key(|(p, _)| *p);
+                if let Some((at, s)) = found {
+                    let cut = if spec.include_stop_str {
+                        at + s.len()
+                    } else {
+                        at
+                    };
+                    return Some((i, cut, json!(s)));
+                }
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn windowed_stop_matching_agrees_with_the_whole_window_search() {
+        let codec = default_codec();
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let mut found = 0;
+        for seed in 0..300u64 {
+            let tokens = codec.answer_tokens(&mut rng, 0, 40);
+            let mut texts: Vec<String> = tokens
+                .iter()
+                .map(|&t| codec.token_text(t).into_owned())
+                .collect();
+            if seed % 5 == 0 {
+                texts[3] = "é中😀aaa".into();
+            }
+            let text: String = texts.concat();
+            let mut s = spec(40);
+            s.min_tokens = rng.gen_range(0..12);
+            s.include_stop_str = rng.gen_bool(0.5);
+            for _ in 0..rng.gen_range(1..4) {
+                let a = rng.gen_range(0..text.len());
+                let b = (a + rng.gen_range(1..24)).min(text.len());
+                let (Some(stop), _) = (text.get(a..b), ()) else {
+                    continue;
+                };
+                if !stop.is_empty() {
+                    s.stop.push(stop.to_string());
+                }
+            }
+            if rng.gen_bool(0.2) {
+                s.stop.push("aa".into());
+            }
+            let new = find_stop(&tokens, &texts, &s).map(|f| (f.token, f.cut, f.reason));
+            let old = find_stop_whole_window(&tokens, &texts, &s);
+            assert_eq!(new, old, "seed {seed}: {:?}", s.stop);
+            found += usize::from(new.is_some());
+        }
+        assert!(found > 200, "{found}");
     }
 }

@@ -12,20 +12,24 @@
 //! run from the engine's submission to the first and last token, exactly as the `/metrics`
 //! TTFT and end-to-end histograms measure them.
 
+use std::collections::BTreeSet;
 use std::convert::Infallible;
-use std::task::Poll;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 
 use axum::body::Bytes;
 use futures_util::Stream;
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Serialize, Serializer};
 use serde_json::{json, Value};
 use servesim::cluster::Output;
 use servesim::ids::WorkerId;
 use servesim::request::{EngineRequest, Prompt};
 use servesim::time::SimTime;
 
-use super::answer::{Answer, Piece};
+use super::answer::Answer;
 use super::error::ApiError;
-use super::logprobs::{chat_logprobs, completion_logprobs};
+use super::logprobs::{chat_logprobs, completion_logprobs, TokenLogprob};
 use super::tools::render_calls;
 use super::AppState;
 use crate::driver::{Event, Submission};
@@ -158,6 +162,124 @@ pub struct Generation {
     pub received: SimTime,
     /// Cancelled at the server's shutdown deadline: the generation then ends with an error.
     pub stop: tokio_util::sync::CancellationToken,
+    /// Which choices may have an event waiting: only those are polled, so a step costs the
+    /// same however many choices a request has (a batch of 20,000 prompts stays linear).
+    pub ready: ReadyChoices,
+}
+
+/// The choices of a [`Generation`] whose event channels were woken since they were last found
+/// empty, lowest index first, and how many choices are still running.
+///
+/// Each choice's channel is polled with a waker of its own, which puts the choice back in the
+/// set and wakes the generation's task; a choice outside the set has nothing to read.
+#[derive(Debug)]
+pub struct ReadyChoices {
+    shared: Arc<ReadyShared>,
+    wakers: Vec<Waker>,
+    /// Choices not finished yet.
+    running: usize,
+}
+
+#[derive(Debug, Default)]
+struct ReadyShared {
+    /// The woken choices. A std Mutex: every section is a set insert or pop, never across an
+    /// `.await`.
+    set: Mutex<BTreeSet<usize>>,
+    /// The generation's task.
+    task: futures_util::task::AtomicWaker,
+}
+
+/// Wakes one choice: puts it in the ready set and wakes the generation's task.
+struct ChoiceWaker {
+    index: usize,
+    shared: Arc<ReadyShared>,
+}
+
+impl Wake for ChoiceWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.shared.insert(self.index);
+        self.shared.task.wake();
+    }
+}
+
+impl ReadyShared {
+    fn insert(&self, index: usize) {
+        self.set
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(index);
+    }
+
+    /// The lowest woken choice numbered `from` or more, taken out of the set.
+    fn pop_from(&self, from: usize) -> Option<usize> {
+        let mut set = self
+            .set
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let first = set.range(from..).next().copied()?;
+        set.remove(&first);
+        Some(first)
+    }
+}
+
+impl ReadyChoices {
+    /// The set for `choices` choices, all of them ready to be polled once.
+    pub fn new(choices: usize) -> ReadyChoices {
+        let shared = Arc::new(ReadyShared {
+            set: Mutex::new((0..choices).collect()),
+            task: futures_util::task::AtomicWaker::new(),
+        });
+        let wakers = (0..choices)
+            .map(|index| {
+                Waker::from(Arc::new(ChoiceWaker {
+                    index,
+                    shared: Arc::clone(&shared),
+                }))
+            })
+            .collect();
+        ReadyChoices {
+            shared,
+            wakers,
+            running: choices,
+        }
+    }
+
+    /// The next event of the lowest-numbered choice that has one: `Ready((choice, event))`,
+    /// `event` being `None` when its channel closed. `Pending` when none has, with the task
+    /// (`task`, when given) to be woken as soon as one has.
+    fn poll_event(
+        &self,
+        choices: &mut [Choice],
+        task: Option<&Waker>,
+    ) -> Poll<(usize, Option<Event>)> {
+        if let Some(task) = task {
+            // Registered before the set is read, so a wake after the read reaches this task.
+            self.shared.task.register(task);
+        }
+        // One pass in index order: a choice that wakes itself while polled (tokio's budget
+        // for the task is spent) is polled again on the next call, not in a loop here.
+        let mut from = 0;
+        while let Some(i) = self.shared.pop_from(from) {
+            from = i + 1;
+            let (Some(choice), Some(waker)) = (choices.get_mut(i), self.wakers.get(i)) else {
+                continue;
+            };
+            if choice.done {
+                continue;
+            }
+            let mut cx = Context::from_waker(waker);
+            if let Poll::Ready(event) = choice.submission.events.poll_recv(&mut cx) {
+                // More may be queued behind it: the choice stays in the set.
+                self.shared.insert(i);
+                return Poll::Ready((i, event));
+            }
+        }
+        Poll::Pending
+    }
 }
 
 /// The next thing to tell the client.
@@ -185,6 +307,7 @@ impl Generation {
         loop {
             let choices = &mut self.choices;
             let stop = &self.stop;
+            let ready = &self.ready;
             let (i, event) = tokio::select! {
                 biased;
                 () = stop.cancelled() => {
@@ -194,15 +317,7 @@ impl Generation {
                     return Step::Error(ApiError::shutting_down());
                 }
                 next = std::future::poll_fn(|cx| {
-                    for (i, choice) in choices.iter_mut().enumerate() {
-                        if choice.done {
-                            continue;
-                        }
-                        if let Poll::Ready(event) = choice.submission.events.poll_recv(cx) {
-                            return Poll::Ready((i, event));
-                        }
-                    }
-                    Poll::Pending
+                    ready.poll_event(choices, Some(cx.waker()))
                 }) => next,
             };
             if let Some(step) = self.on_event(i, event) {
@@ -217,21 +332,13 @@ impl Generation {
     ///
     /// [`next`]: Generation::next
     pub fn try_next(&mut self) -> Option<Step> {
-        use tokio::sync::mpsc::error::TryRecvError;
         loop {
             if self.done || self.stop.is_cancelled() {
                 return None;
             }
-            let (i, event) = self
-                .choices
-                .iter_mut()
-                .enumerate()
-                .filter(|(_, c)| !c.done)
-                .find_map(|(i, c)| match c.submission.events.try_recv() {
-                    Ok(event) => Some((i, Some(event))),
-                    Err(TryRecvError::Disconnected) => Some((i, None)),
-                    Err(TryRecvError::Empty) => None,
-                })?;
+            let Poll::Ready((i, event)) = self.ready.poll_event(&mut self.choices, None) else {
+                return None;
+            };
             if let Some(step) = self.on_event(i, event) {
                 return Some(step);
             }
@@ -286,7 +393,8 @@ impl Generation {
             Output::Finished { .. } => {
                 choice.done = true;
                 choice.submission.mark_done();
-                if self.choices.iter().all(|c| c.done) {
+                self.ready.running = self.ready.running.saturating_sub(1);
+                if self.ready.running == 0 {
                     self.finish();
                 }
                 Some(Step::Finished { choice: i })
@@ -713,11 +821,16 @@ pub fn sse_stream(
 struct Collected {
     reasoning: String,
     content: String,
-    logprobs: Vec<super::logprobs::TokenLogprob>,
+    /// The choice's tokens that carry log-probabilities (indices into its answer's pieces).
+    logprobs: Vec<usize>,
 }
 
-/// Runs a generation to the end and returns the single response object.
-pub async fn collect(mut generation: Generation) -> Result<Value, ApiError> {
+/// Runs a generation to the end and returns the single response object, serialized.
+///
+/// Log-probabilities are written straight from the answers' pieces, never built as JSON values
+/// (a value tree costs some 30 times the text it serializes to), and a large response is
+/// written off the runtime's worker threads.
+pub async fn collect(mut generation: Generation) -> Result<Vec<u8>, ApiError> {
     let mut collected: Vec<Collected> = generation
         .choices
         .iter()
@@ -726,17 +839,20 @@ pub async fn collect(mut generation: Generation) -> Result<Value, ApiError> {
     loop {
         match generation.next().await {
             Step::Token { choice, token } => {
-                let piece: Piece = generation.choices[choice]
-                    .answer
-                    .pieces
-                    .get(token)
-                    .cloned()
-                    .unwrap_or_default();
-                let out = &mut collected[choice];
+                let (Some(c), Some(out)) =
+                    (generation.choices.get(choice), collected.get_mut(choice))
+                else {
+                    continue;
+                };
+                let Some(piece) = c.answer.pieces.get(token) else {
+                    continue;
+                };
                 out.reasoning
                     .push_str(piece.reasoning.as_deref().unwrap_or(""));
                 out.content.push_str(piece.content.as_deref().unwrap_or(""));
-                out.logprobs.extend(piece.logprob);
+                if piece.logprob.is_some() {
+                    out.logprobs.push(token);
+                }
             }
             Step::Finished { .. } => {
                 if generation.done {
@@ -746,15 +862,45 @@ pub async fn collect(mut generation: Generation) -> Result<Value, ApiError> {
             Step::Error(e) => return Err(e),
         }
     }
+    let entries: usize = generation
+        .choices
+        .iter()
+        .map(|c| {
+            let top = c
+                .answer
+                .pieces
+                .first()
+                .and_then(|p| p.logprob.as_ref())
+                .map_or(0, |lp| lp.top.len());
+            c.completion_tokens * (1 + top)
+        })
+        .sum();
+    let heavy = entries > 1 << 16 || generation.choices.len() > 1024;
+    super::off_runtime(heavy, move || response_body(&generation, collected)).await?
+}
+
+/// The whole response of a finished generation, serialized.
+fn response_body(generation: &Generation, collected: Vec<Collected>) -> Result<Vec<u8>, ApiError> {
     let logprobs_asked = generation.logprobs;
+    let mut logprobs = Vec::with_capacity(collected.len());
     let choices: Vec<Value> = generation
         .choices
         .iter()
         .zip(collected)
         .map(|(c, out)| {
             let finish = c.answer.finish_reason.as_str();
-            let lps: Vec<&super::logprobs::TokenLogprob> = out.logprobs.iter().collect();
-            match generation.header.endpoint {
+            let tokens: Vec<&TokenLogprob> = out
+                .logprobs
+                .iter()
+                .filter_map(|&t| c.answer.pieces.get(t)?.logprob.as_ref())
+                .collect();
+            // Written in place of the `logprobs` null below when asked for.
+            let mut choice_logprobs = ChoiceLogprobs {
+                endpoint: generation.header.endpoint,
+                tokens,
+                offset: 0,
+            };
+            let choice = match generation.header.endpoint {
                 Endpoint::Chat => {
                     let mut message = json!({"role": "assistant", "content": out.content});
                     if !out.reasoning.is_empty() {
@@ -772,26 +918,19 @@ pub async fn collect(mut generation: Generation) -> Result<Value, ApiError> {
                             })
                             .collect();
                     }
-                    let logprobs = if logprobs_asked {
-                        chat_logprobs(&lps)
-                    } else {
-                        Value::Null
-                    };
-                    json!({"index": c.index, "message": message, "logprobs": logprobs,
+                    json!({"index": c.index, "message": message, "logprobs": null,
                            "finish_reason": finish, "stop_reason": c.answer.stop_reason})
                 }
                 Endpoint::Text => {
                     let echo = c.echo.clone().unwrap_or_default();
-                    let logprobs = if logprobs_asked {
-                        completion_logprobs(&lps, echo.chars().count())
-                    } else {
-                        Value::Null
-                    };
+                    choice_logprobs.offset = echo.chars().count();
                     json!({"index": c.index, "text": format!("{echo}{}", out.content),
-                           "logprobs": logprobs, "finish_reason": finish,
+                           "logprobs": null, "finish_reason": finish,
                            "stop_reason": c.answer.stop_reason})
                 }
-            }
+            };
+            logprobs.push(logprobs_asked.then_some(choice_logprobs));
+            choice
         })
         .collect();
     let object = match generation.header.endpoint {
@@ -804,13 +943,196 @@ pub async fn collect(mut generation: Generation) -> Result<Value, ApiError> {
         "created": generation.header.created,
         "model": generation.header.model,
         "system_fingerprint": SYSTEM_FINGERPRINT,
-        "choices": choices,
+        "choices": [],
         "usage": generation.usage(),
     });
     if let Some(nvext) = generation.nvext() {
         response["nvext"] = nvext;
     }
-    Ok(response)
+    let body = ResponseBody {
+        response: &response,
+        choices: &choices,
+        logprobs: &logprobs,
+    };
+    serde_json::to_vec(&body).map_err(|e| ApiError {
+        status: axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+        message: format!("Writing the response failed: {e}"),
+        kind: "server_error",
+        param: None,
+        code: None,
+    })
+}
+
+/// A whole response: `response`'s fields with `choices` in place of its (empty) `choices`,
+/// each choice's `logprobs` written from its tokens when asked for. Keys come out sorted, as
+/// serde_json writes a value, so the bytes are those of the equivalent value tree.
+struct ResponseBody<'a> {
+    response: &'a Value,
+    choices: &'a [Value],
+    logprobs: &'a [Option<ChoiceLogprobs<'a>>],
+}
+
+impl Serialize for ResponseBody<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let empty = serde_json::Map::new();
+        let fields = self.response.as_object().unwrap_or(&empty);
+        let mut map = serializer.serialize_map(Some(fields.len()))?;
+        for (key, value) in fields {
+            if key == "choices" {
+                map.serialize_entry(key, &ChoicesBody(self))?;
+            } else {
+                map.serialize_entry(key, value)?;
+            }
+        }
+        map.end()
+    }
+}
+
+struct ChoicesBody<'a, 'b>(&'b ResponseBody<'a>);
+
+impl Serialize for ChoicesBody<'_, '_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let body = self.0;
+        let mut seq = serializer.serialize_seq(Some(body.choices.len()))?;
+        for (i, choice) in body.choices.iter().enumerate() {
+            match body.logprobs.get(i) {
+                Some(Some(logprobs)) => seq.serialize_element(&ChoiceBody { choice, logprobs })?,
+                _ => seq.serialize_element(choice)?,
+            }
+        }
+        seq.end()
+    }
+}
+
+/// One choice object with its `logprobs` written from its tokens.
+struct ChoiceBody<'a, 'b> {
+    choice: &'b Value,
+    logprobs: &'b ChoiceLogprobs<'a>,
+}
+
+impl Serialize for ChoiceBody<'_, '_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let empty = serde_json::Map::new();
+        let fields = self.choice.as_object().unwrap_or(&empty);
+        let mut map = serializer.serialize_map(Some(fields.len()))?;
+        for (key, value) in fields {
+            if key == "logprobs" {
+                map.serialize_entry(key, self.logprobs)?;
+            } else {
+                map.serialize_entry(key, value)?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// A choice's `logprobs`: chat's `{content, refusal}` ([`chat_logprobs`]) or the completions'
+/// parallel arrays ([`completion_logprobs`]), the first token at `offset` characters.
+struct ChoiceLogprobs<'a> {
+    endpoint: Endpoint,
+    tokens: Vec<&'a TokenLogprob>,
+    offset: usize,
+}
+
+impl Serialize for ChoiceLogprobs<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(4))?;
+        match self.endpoint {
+            Endpoint::Chat => {
+                let content = each(&self.tokens, |t| ChatToken(t));
+                map.serialize_entry("content", &content)?;
+                map.serialize_entry("refusal", &())?;
+            }
+            Endpoint::Text => {
+                let offsets = TextOffsets {
+                    tokens: &self.tokens,
+                    offset: self.offset,
+                };
+                map.serialize_entry("text_offset", &offsets)?;
+                let logprobs = each(&self.tokens, |t| t.logprob);
+                map.serialize_entry("token_logprobs", &logprobs)?;
+                let texts = each(&self.tokens, |t| t.token.as_str());
+                map.serialize_entry("tokens", &texts)?;
+                let top = each(&self.tokens, |t| {
+                    // The token first, then alternatives not already named.
+                    let mut top = std::collections::BTreeMap::new();
+                    top.insert(t.token.as_str(), t.logprob);
+                    for (token, lp) in &t.top {
+                        top.entry(token.as_str()).or_insert(*lp);
+                    }
+                    top
+                });
+                map.serialize_entry("top_logprobs", &top)?;
+            }
+        }
+        map.end()
+    }
+}
+
+/// A sequence of `f(item)` for each item, made as it is written.
+struct Each<'a, T, F>(&'a [T], F);
+
+fn each<'a, T, U: Serialize, F: Fn(&'a T) -> U>(items: &'a [T], f: F) -> Each<'a, T, F> {
+    Each(items, f)
+}
+
+impl<'a, T, U: Serialize, F: Fn(&'a T) -> U> Serialize for Each<'a, T, F> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+        for item in self.0 {
+            seq.serialize_element(&(self.1)(item))?;
+        }
+        seq.end()
+    }
+}
+
+/// Completions `text_offset`: where each token starts, in characters.
+struct TextOffsets<'a, 'b> {
+    tokens: &'b [&'a TokenLogprob],
+    offset: usize,
+}
+
+impl Serialize for TextOffsets<'_, '_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(self.tokens.len()))?;
+        let mut offset = self.offset;
+        for t in self.tokens {
+            seq.serialize_element(&offset)?;
+            offset += t.token.chars().count();
+        }
+        seq.end()
+    }
+}
+
+/// One token of chat's `logprobs.content`: `{bytes, logprob, token, top_logprobs}`.
+struct ChatToken<'a>(&'a TokenLogprob);
+
+impl Serialize for ChatToken<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let t = self.0;
+        let mut map = serializer.serialize_map(Some(4))?;
+        map.serialize_entry("bytes", t.token.as_bytes())?;
+        map.serialize_entry("logprob", &t.logprob)?;
+        map.serialize_entry("token", &t.token)?;
+        map.serialize_entry(
+            "top_logprobs",
+            &each(&t.top, |(token, lp)| Alternative(token, *lp)),
+        )?;
+        map.end()
+    }
+}
+
+/// One of chat's `top_logprobs`: `{bytes, logprob, token}`.
+struct Alternative<'a>(&'a str, f64);
+
+impl Serialize for Alternative<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(3))?;
+        map.serialize_entry("bytes", self.0.as_bytes())?;
+        map.serialize_entry("logprob", &self.1)?;
+        map.serialize_entry("token", self.0)?;
+        map.end()
+    }
 }
 
 #[cfg(test)]
@@ -818,7 +1140,7 @@ mod tests {
     use servesim::cluster::ClusterConfig;
     use servesim::request::Prompt;
 
-    use super::super::answer::{FinishReason, ToolFragment};
+    use super::super::answer::{FinishReason, Piece, ToolFragment};
     use super::super::logprobs::TokenLogprob;
     use super::super::tools::ToolCall;
     use super::*;
@@ -1021,6 +1343,7 @@ mod tests {
             logprobs: false,
             received: SimTime::ZERO,
             stop: state.stop_generations.child_token(),
+            ready: ReadyChoices::new(n),
         }
     }
 
@@ -1137,5 +1460,68 @@ mod tests {
         assert!(end.contains("\"finish_reason\":\"tool_calls\""), "{end}");
         assert!(end.ends_with("}\n\ndata: [DONE]\n\n"), "{end}");
         assert_eq!(end.matches("\n\n").count(), 2, "{end}");
+    }
+
+    #[test]
+    fn written_logprobs_are_the_serialised_logprob_values() {
+        let tokens = [
+            TokenLogprob {
+                token: " \"q\"\n".into(),
+                logprob: -0.25,
+                top: vec![(" \"q\"\n".into(), -0.25), ("é\u{1}".into(), -1.5)],
+            },
+            TokenLogprob {
+                token: "中😀".into(),
+                logprob: -3.0e-7,
+                top: vec![
+                    ("b".into(), -0.1),
+                    ("a".into(), -2.0),
+                    ("中😀".into(), -9.0),
+                ],
+            },
+            TokenLogprob {
+                token: "x".into(),
+                logprob: 0.0,
+                top: Vec::new(),
+            },
+        ];
+        let refs: Vec<&TokenLogprob> = tokens.iter().collect();
+        for (endpoint, want) in [
+            (Endpoint::Chat, chat_logprobs(&refs)),
+            (Endpoint::Text, completion_logprobs(&refs, 7)),
+        ] {
+            let written = ChoiceLogprobs {
+                endpoint,
+                tokens: refs.clone(),
+                offset: 7,
+            };
+            assert_eq!(
+                serde_json::to_string(&written).expect("serialises"),
+                want.to_string(),
+                "{endpoint:?}"
+            );
+        }
+        let choice = json!({"index": 3, "logprobs": null, "text": "t", "finish_reason": "stop"});
+        let response = json!({"id": "x", "choices": [], "usage": {"a": 1}});
+        let logprobs = [
+            Some(ChoiceLogprobs {
+                endpoint: Endpoint::Text,
+                tokens: refs.clone(),
+                offset: 0,
+            }),
+            None,
+        ];
+        let body = ResponseBody {
+            response: &response,
+            choices: &[choice.clone(), choice.clone()],
+            logprobs: &logprobs,
+        };
+        let mut with = choice.clone();
+        with["logprobs"] = completion_logprobs(&refs, 0);
+        let want = json!({"id": "x", "choices": [with, choice], "usage": {"a": 1}});
+        assert_eq!(
+            serde_json::to_string(&body).expect("serialises"),
+            want.to_string()
+        );
     }
 }

@@ -62,18 +62,21 @@ impl ResponseFormat {
     /// The answer text in a JSON mode (None for free text). A `json_object` answer grows field
     /// by field until `size(text)` reaches `target` (tokens, say), so answers still vary in
     /// length, but never past `max` while a smaller object fits; a schema's value is as its
-    /// schema makes it.
+    /// schema makes it, cut at `max_bytes` ([`schema::generate`]; the flag says whether it was).
     pub fn generate<R: Rng + ?Sized>(
         &self,
         rng: &mut R,
         words: &mut dyn schema::Words,
-        target: usize,
-        max: usize,
+        (target, max): (usize, usize),
+        max_bytes: usize,
         size: &dyn Fn(&str) -> usize,
-    ) -> Option<String> {
+    ) -> Option<(String, bool)> {
         match self {
             ResponseFormat::Text => None,
-            ResponseFormat::JsonSchema(s) => Some(schema::generate(s, rng, words).to_string()),
+            ResponseFormat::JsonSchema(s) => {
+                let generated = schema::generate(s, rng, words, max_bytes);
+                Some((generated.value.to_string(), generated.truncated))
+            }
             ResponseFormat::JsonObject => {
                 let mut object = Map::new();
                 let mut fitting: Option<String> = None;
@@ -85,10 +88,10 @@ impl ResponseFormat {
                     let text = Value::Object(object.clone()).to_string();
                     let tokens = size(&text);
                     if tokens > max {
-                        return Some(fitting.unwrap_or(text));
+                        return Some((fitting.unwrap_or(text), false));
                     }
                     if tokens >= target || object.len() >= 4096 {
-                        return Some(text);
+                        return Some((text, false));
                     }
                     fitting = Some(text);
                 }

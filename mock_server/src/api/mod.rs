@@ -27,6 +27,13 @@
 //!   (`top_logprobs` on chat) add seeded log-probabilities.
 //! - `n` (1 to 128) choices per prompt, each its own engine request; `/v1/completions` takes a
 //!   batch of prompts (choice index = prompt number × n + choice number) and `echo`.
+//! - Every request has a work budget ([`budget`]): stop strings, stop token ids, prompts,
+//!   choices, planned output tokens and log-probability entries are capped, each beyond its
+//!   cap a 400 naming the parameter; token ids out of the vocabulary are a 400 too. Large
+//!   prompts are tokenized, and large requests planned and answered whole, off the runtime's
+//!   worker threads; planning stops when the client leaves or the server shuts down.
+//! - `--api-key` guards the routes under `/v1` only, as vLLM's (`/tokenize`, `/detokenize`,
+//!   `/health`, `/metrics` answer without it).
 //! - Streams start with the `role` chunk at once; an engine rejection after that is a final
 //!   `data: {"error":…}` event and `data: [DONE]`.
 //! - `usage.prompt_tokens_details.cached_tokens` is the prefix-cache hit at first admission.
@@ -51,6 +58,7 @@
 //!   `--fixed-latency 20,5` and 3 tokens: 20 and 30) whatever the host's load.
 
 pub mod answer;
+pub mod budget;
 pub mod error;
 pub mod generation;
 pub mod json_mode;
@@ -360,10 +368,16 @@ async fn chat_completions(
         check_auth(&state, &headers)?;
         let mut request = ChatRequest::parse(&body?.0)?;
         apply_header_overrides(&mut request.params, &headers)?;
-        let prompt = state.config.codec.render_chat(&request.messages, true);
         let spec = request.params.speculative_prefill().then(|| SpecPrefill {
             messages: request.messages.clone(),
         });
+        let text_bytes: usize = request.messages.iter().map(|m| m.content.len()).sum();
+        let codec = Arc::clone(&state.config.codec);
+        let messages = request.messages;
+        let prompt = off_runtime(text_bytes > INLINE_TEXT_BYTES, move || {
+            codec.render_chat(&messages, true)
+        })
+        .await?;
         let prompts = vec![PromptIn {
             tokens: prompt,
             echo: None,
@@ -398,28 +412,47 @@ async fn completions(
         check_auth(&state, &headers)?;
         let mut request = CompletionRequest::parse(&body?.0)?;
         apply_header_overrides(&mut request.params, &headers)?;
-        let codec = &state.config.codec;
-        let prompts = request
-            .prompts
-            .into_iter()
-            .map(|prompt| {
-                let (tokens, text) = match prompt {
-                    PromptInput::Text(text) => (codec.encode(&text), text),
-                    PromptInput::Tokens(ids) => {
-                        let text = if request.echo {
-                            codec.decode(&ids)
-                        } else {
-                            String::new()
-                        };
-                        (ids, text)
-                    }
-                };
-                PromptIn {
-                    tokens,
-                    echo: request.echo.then_some(text),
+        if let Some(vocab_size) = state.config.codec.vocab_size() {
+            for prompt in &request.prompts {
+                if let PromptInput::Tokens(ids) = prompt {
+                    budget::check_token_ids(ids, vocab_size, "prompt")?;
                 }
+            }
+        }
+        let size: usize = request
+            .prompts
+            .iter()
+            .map(|p| match p {
+                PromptInput::Text(text) => text.len(),
+                PromptInput::Tokens(ids) => ids.len() * 4,
             })
-            .collect();
+            .sum();
+        let codec = Arc::clone(&state.config.codec);
+        let echo = request.echo;
+        let prompts = off_runtime(size > INLINE_TEXT_BYTES, move || {
+            request
+                .prompts
+                .into_iter()
+                .map(|prompt| {
+                    let (tokens, text) = match prompt {
+                        PromptInput::Text(text) => (codec.encode(&text), text),
+                        PromptInput::Tokens(ids) => {
+                            let text = if echo {
+                                codec.decode(&ids)
+                            } else {
+                                String::new()
+                            };
+                            (ids, text)
+                        }
+                    };
+                    PromptIn {
+                        tokens,
+                        echo: echo.then_some(text),
+                    }
+                })
+                .collect()
+        })
+        .await?;
         let request_in = RequestIn {
             endpoint: Endpoint::Text,
             received,
@@ -430,6 +463,33 @@ async fn completions(
     }
     .await;
     result.unwrap_or_else(|e| fail(&state, e))
+}
+
+/// Prompt text (bytes) beyond which tokenizing is moved off the runtime's worker threads.
+const INLINE_TEXT_BYTES: usize = 64 << 10;
+
+/// Output tokens a request plans beyond which planning is moved off the runtime's worker
+/// threads.
+const INLINE_PLAN_TOKENS: usize = 16 << 10;
+
+/// Runs `work` on tokio's blocking pool when `heavy` (so the runtime's worker threads keep
+/// answering other requests, `/health` among them), else at once.
+async fn off_runtime<T: Send + 'static>(
+    heavy: bool,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    if !heavy {
+        return Ok(work());
+    }
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError {
+            status: axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            message: format!("Preparing the request failed: {e}"),
+            kind: "server_error",
+            param: None,
+            code: None,
+        })
 }
 
 /// One prompt of a request: its token ids and, for a completions `echo`, its text.
@@ -553,6 +613,14 @@ async fn generate(
             }
         }
     }
+    if let Some(vocab_size) = config.codec.vocab_size() {
+        budget::check_token_ids(&params.stop_token_ids, vocab_size, "stop_token_ids")?;
+    }
+    let logprobs_param = match endpoint {
+        Endpoint::Chat => "top_logprobs",
+        Endpoint::Text => "logprobs",
+    };
+    budget::check_plan(&limits, n, params.logprobs, logprobs_param)?;
     let number = state.counter.fetch_add(1, Ordering::Relaxed);
     let seed = params.seed.unwrap_or_else(|| {
         config
@@ -585,15 +653,52 @@ async fn generate(
             name: a.name.clone(),
         })
     });
+    // Planning stops when the client leaves (this future is dropped) or the server shuts down.
+    let cancel = state.stop_generations.child_token();
+    let _cancel_on_drop = cancel.clone().drop_guard();
+    let planned: usize = limits.iter().map(|l| l * n).sum();
+    let codec = Arc::clone(&config.codec);
+    let plan_limits = limits.clone();
+    // JSON answers cost more a token (drawn, serialized and tokenized as a document).
+    let json_answers = spec.tools.is_some() || spec.format != json_mode::ResponseFormat::Text;
+    let inline_tokens = if json_answers {
+        INLINE_PLAN_TOKENS / 16
+    } else {
+        INLINE_PLAN_TOKENS
+    };
+    let answers = off_runtime(planned > inline_tokens, move || {
+        let mut answers = Vec::with_capacity(plan_limits.len() * n);
+        for (p, &limit) in plan_limits.iter().enumerate() {
+            let spec = AnswerSpec {
+                limit,
+                ..spec.clone()
+            };
+            for j in 0..n {
+                if cancel.is_cancelled() {
+                    return None;
+                }
+                let index = p * n + j;
+                answers.push(Answer::plan(
+                    &spec,
+                    codec.as_ref(),
+                    choice_seed(seed, index),
+                ));
+            }
+        }
+        Some(answers)
+    })
+    .await?
+    .ok_or_else(ApiError::shutting_down)?;
+    let mut answers = answers.into_iter();
     let mut choices = Vec::with_capacity(prompts.len() * n);
     for (p, (prompt, limit)) in prompts.iter().zip(limits).enumerate() {
-        let spec = AnswerSpec {
-            limit,
-            ..spec.clone()
-        };
         for j in 0..n {
             let index = p * n + j;
-            let answer = Answer::plan(&spec, config.codec.as_ref(), choice_seed(seed, index));
+            let Some(answer) = answers.next() else {
+                return Err(ApiError::shutting_down());
+            };
+            // Other tasks run between submissions of a large batch.
+            tokio::task::consume_budget().await;
             let engine_request = Choice::engine_request(
                 vllm::prompt_for(&prompt.tokens, state.block_size, adapter.as_ref()),
                 &answer,
@@ -621,6 +726,7 @@ async fn generate(
         Endpoint::Chat => "chatcmpl",
         Endpoint::Text => "cmpl",
     };
+    let ready = generation::ReadyChoices::new(choices.len());
     let generation = Generation {
         header: Header {
             id: format!(
@@ -642,6 +748,7 @@ async fn generate(
         logprobs: params.logprobs.is_some(),
         received,
         stop: state.stop_generations.child_token(),
+        ready,
     };
     if params.stream {
         let body =
@@ -656,7 +763,15 @@ async fn generate(
         headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
         Ok(response)
     } else {
-        Ok(Json(generation::collect(generation).await?).into_response())
+        let body = generation::collect(generation).await?;
+        Ok((
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            body,
+        )
+            .into_response())
     }
 }
 

@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use super::budget::{exceeded, MAX_PROMPTS, MAX_STOPS, MAX_STOP_BYTES, MAX_STOP_TOKEN_IDS};
 use super::error::ApiError;
 use super::json_mode::ResponseFormat;
 use super::logprobs::MAX_TOP_LOGPROBS;
@@ -381,8 +382,38 @@ fn generation_params(body: &Map<String, Value>) -> Result<GenerationParams, ApiE
             ))
         }
     };
+    if stop.len() > MAX_STOPS {
+        return Err(exceeded(
+            "stop",
+            format!("{} stop strings given", stop.len()),
+            format!("{MAX_STOPS} stop strings"),
+        ));
+    }
+    if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+        return Err(exceeded(
+            "stop",
+            format!("a stop string of {} bytes given", long.len()),
+            format!("{MAX_STOP_BYTES} bytes (UTF-8) per stop string"),
+        ));
+    }
     let stop = stop.into_iter().filter(|s| !s.is_empty()).collect();
     let stop_token_ids = field::<Vec<u32>>(body, "stop_token_ids")?.unwrap_or_default();
+    if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(exceeded(
+            "stop_token_ids",
+            format!("{} stop token ids given", stop_token_ids.len()),
+            format!("{MAX_STOP_TOKEN_IDS} stop token ids"),
+        ));
+    }
+    if let Some(max) = max_tokens.filter(|&max| min_tokens > max) {
+        return Err(ApiError::invalid(
+            format!(
+                "Invalid 'min_tokens': {min_tokens}. It must be at most the output limit \
+                 ('max_tokens' or 'max_completion_tokens'), {max}."
+            ),
+            Some("min_tokens"),
+        ));
+    }
     let include_stop_str = field::<bool>(body, "include_stop_str_in_output")?.unwrap_or(false);
     let response_format = ResponseFormat::parse(body)?;
     let nvext = match body.get("nvext") {
@@ -569,6 +600,16 @@ impl CompletionRequest {
             }
             Some(Value::String(s)) => vec![PromptInput::Text(s.clone())],
             Some(Value::Array(items)) if items.is_empty() => return Err(bad()),
+            Some(Value::Array(items))
+                if items.len() > MAX_PROMPTS
+                    && items.iter().all(|v| v.is_string() || v.is_array()) =>
+            {
+                return Err(exceeded(
+                    "prompt",
+                    format!("a batch of {} prompts given", items.len()),
+                    format!("{MAX_PROMPTS} prompts per request"),
+                ))
+            }
             Some(Value::Array(items)) if items.iter().all(Value::is_string) => items
                 .iter()
                 .map(|v| PromptInput::Text(v.as_str().unwrap_or_default().to_string()))

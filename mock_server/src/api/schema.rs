@@ -4,6 +4,9 @@
 //! numeric ranges, string lengths and a few formats, `anyOf`/`oneOf`/`allOf` and local `$ref`s.
 //!
 //! `pattern` and the rarer keywords are accepted and not enforced on generated values.
+//!
+//! Generation has a byte budget: a value whose text would pass it (a recursive `$ref`, nested
+//! `minItems`) stops there, so its cost follows the answer's output limit.
 
 use rand::Rng;
 use serde_json::{json, Map, Value};
@@ -127,9 +130,56 @@ pub trait Words {
     fn word(&mut self) -> String;
 }
 
-/// Generates a value satisfying `schema` (itself checked by [`check`]).
-pub fn generate<R: Rng + ?Sized>(schema: &Value, rng: &mut R, words: &mut dyn Words) -> Value {
-    generate_at(schema, schema, rng, words, 0)
+/// The bytes a generated value may take: once its serialized text reaches them, generation
+/// stops descending (an answer already longer than its output limit can show is cut there
+/// anyway), so a recursive schema costs what the limit allows, not what the schema nests.
+#[derive(Debug)]
+struct Budget {
+    /// Bytes left; counted on the way (a lower bound of the serialized size).
+    left: usize,
+}
+
+impl Budget {
+    fn spend(&mut self, bytes: usize) {
+        self.left = self.left.saturating_sub(bytes);
+    }
+
+    fn exhausted(&self) -> bool {
+        self.left == 0
+    }
+}
+
+/// A generated value, and whether the byte budget cut it short.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Generated {
+    /// The value (satisfying the schema unless `truncated`).
+    pub value: Value,
+    /// Generation stopped at the byte budget: nodes beyond it are missing or `null`.
+    pub truncated: bool,
+}
+
+/// Generates a value satisfying `schema` (itself checked by [`check`]), stopping once its
+/// serialized text reaches `max_bytes`. A value within the budget is exactly the one drawn
+/// without it.
+pub fn generate<R: Rng + ?Sized>(
+    schema: &Value,
+    rng: &mut R,
+    words: &mut dyn Words,
+    max_bytes: usize,
+) -> Generated {
+    let mut budget = Budget {
+        left: max_bytes.max(1),
+    };
+    let value = generate_at(schema, schema, rng, words, 0, &mut budget);
+    Generated {
+        value,
+        truncated: budget.exhausted(),
+    }
+}
+
+/// Serialized length of a value the schema gives whole (`const`, `enum`).
+fn json_len(value: &Value) -> usize {
+    serde_json::to_vec(value).map_or(1, |v| v.len())
 }
 
 fn generate_at<R: Rng + ?Sized>(
@@ -138,37 +188,47 @@ fn generate_at<R: Rng + ?Sized>(
     rng: &mut R,
     words: &mut dyn Words,
     depth: usize,
+    budget: &mut Budget,
 ) -> Value {
+    if budget.exhausted() {
+        return Value::Null;
+    }
     let Some(object) = schema.as_object() else {
         // `true` (anything) or `false` (nothing can satisfy it): a string either way.
-        return Value::String(words.word());
+        let word = words.word();
+        budget.spend(word.len() + 2);
+        return Value::String(word);
     };
     if depth > MAX_DEPTH {
+        budget.spend(4);
         return Value::Null;
     }
     if let Some(reference) = object.get("$ref").and_then(Value::as_str) {
         if let Some(target) = resolve(root, reference) {
-            return generate_at(root, target, rng, words, depth + 1);
+            return generate_at(root, target, rng, words, depth + 1, budget);
         }
     }
     if let Some(value) = object.get("const") {
+        budget.spend(json_len(value));
         return value.clone();
     }
     if let Some(values) = object.get("enum").and_then(Value::as_array) {
         if !values.is_empty() {
-            return values[rng.gen_range(0..values.len())].clone();
+            let value = &values[rng.gen_range(0..values.len())];
+            budget.spend(json_len(value));
+            return value.clone();
         }
     }
     for key in ["anyOf", "oneOf"] {
         if let Some(branches) = object.get(key).and_then(Value::as_array) {
             if !branches.is_empty() {
                 let branch = &branches[rng.gen_range(0..branches.len())];
-                return generate_at(root, branch, rng, words, depth + 1);
+                return generate_at(root, branch, rng, words, depth + 1, budget);
             }
         }
     }
     if let Some(branches) = object.get("allOf").and_then(Value::as_array) {
-        return generate_all_of(root, object, branches, rng, words, depth);
+        return generate_all_of(root, object, branches, rng, words, depth, budget);
     }
     let kind = match object.get("type") {
         Some(Value::String(t)) => t.as_str(),
@@ -186,37 +246,55 @@ fn generate_at<R: Rng + ?Sized>(
         _ => "string",
     };
     match kind {
-        "object" => generate_object(root, object, rng, words, depth),
+        "object" => generate_object(root, object, rng, words, depth, budget),
         "array" => {
             let min = bound(object, "minItems").unwrap_or(1);
             let max = bound(object, "maxItems").unwrap_or(min + 2).max(min);
             let count = rng.gen_range(min..=max.min(min + 8));
             let items = object.get("items").cloned().unwrap_or(json!({}));
-            Value::Array(
-                (0..count)
-                    .map(|_| generate_at(root, &items, rng, words, depth + 1))
-                    .collect(),
-            )
+            budget.spend(2);
+            let mut values = Vec::with_capacity(count.min(64));
+            for _ in 0..count {
+                if budget.exhausted() {
+                    break;
+                }
+                // The comma before every item but the first.
+                budget.spend(usize::from(!values.is_empty()));
+                values.push(generate_at(root, &items, rng, words, depth + 1, budget));
+            }
+            Value::Array(values)
         }
         "integer" => {
             let (lo, hi) = range(object, true);
             let lo = lo.ceil() as i64;
             let hi = (hi.floor() as i64).max(lo);
+            budget.spend(1);
             json!(rng.gen_range(lo..=hi))
         }
         "number" => {
             let (lo, hi) = range(object, false);
             let x = lo + rng.gen::<f64>() * (hi - lo).max(0.0);
             let rounded = (x * 100.0).round() / 100.0;
+            budget.spend(1);
             json!(if (lo..=hi).contains(&rounded) {
                 rounded
             } else {
                 x
             })
         }
-        "boolean" => Value::Bool(rng.gen()),
-        "null" => Value::Null,
-        _ => Value::String(generate_string(object, rng, words)),
+        "boolean" => {
+            budget.spend(4);
+            Value::Bool(rng.gen())
+        }
+        "null" => {
+            budget.spend(4);
+            Value::Null
+        }
+        _ => {
+            let s = generate_string(object, rng, words);
+            budget.spend(s.len() + 2);
+            Value::String(s)
+        }
     }
 }
 
@@ -227,6 +305,7 @@ fn generate_all_of<R: Rng + ?Sized>(
     rng: &mut R,
     words: &mut dyn Words,
     depth: usize,
+    budget: &mut Budget,
 ) -> Value {
     // Objects merge their properties and requirements; anything else takes the first branch.
     let mut merged = object.clone();
@@ -247,7 +326,7 @@ fn generate_all_of<R: Rng + ?Sized>(
     }
     if properties.is_empty() {
         let first = branches.first().unwrap_or(&Value::Bool(true));
-        return generate_at(root, first, rng, words, depth + 1);
+        return generate_at(root, first, rng, words, depth + 1, budget);
     }
     if let Some(p) = object.get("properties").and_then(Value::as_object) {
         properties.extend(p.clone());
@@ -255,7 +334,7 @@ fn generate_all_of<R: Rng + ?Sized>(
     merged.insert("type".into(), json!("object"));
     merged.insert("properties".into(), Value::Object(properties));
     merged.insert("required".into(), Value::Array(required));
-    generate_object(root, &merged, rng, words, depth)
+    generate_object(root, &merged, rng, words, depth, budget)
 }
 
 fn generate_object<R: Rng + ?Sized>(
@@ -264,6 +343,7 @@ fn generate_object<R: Rng + ?Sized>(
     rng: &mut R,
     words: &mut dyn Words,
     depth: usize,
+    budget: &mut Budget,
 ) -> Value {
     let required: Vec<&str> = object
         .get("required")
@@ -271,28 +351,41 @@ fn generate_object<R: Rng + ?Sized>(
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
     let mut out = Map::new();
+    budget.spend(2);
     match object.get("properties").and_then(Value::as_object) {
         Some(properties) => {
             for (name, property) in properties {
+                if budget.exhausted() {
+                    break;
+                }
                 if required.contains(&name.as_str()) || rng.gen_bool(0.5) {
+                    // `"name":`, after a comma unless it is the first.
+                    budget.spend(name.len() + 3 + usize::from(!out.is_empty()));
                     out.insert(
                         name.clone(),
-                        generate_at(root, property, rng, words, depth + 1),
+                        generate_at(root, property, rng, words, depth + 1, budget),
                     );
                 }
             }
         }
         None if object.get("additionalProperties") != Some(&Value::Bool(false)) => {
             for _ in 0..rng.gen_range(1..=3) {
-                out.insert(words.word(), Value::String(words.word()));
+                let (key, value) = (words.word(), words.word());
+                budget.spend(key.len() + value.len() + 5 + usize::from(!out.is_empty()));
+                out.insert(key, Value::String(value));
             }
         }
         None => {}
     }
+    if budget.exhausted() {
+        return Value::Object(out);
+    }
     // Required names without a property schema still get a value.
     for name in required {
         if !out.contains_key(name) {
-            out.insert(name.to_string(), Value::String(words.word()));
+            let word = words.word();
+            budget.spend(name.len() + word.len() + 5 + usize::from(!out.is_empty()));
+            out.insert(name.to_string(), Value::String(word));
         }
     }
     Value::Object(out)
@@ -420,7 +513,7 @@ mod tests {
         let mut words = Fixed(0);
         for seed in 0..200 {
             let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let v = generate(&schema, &mut rng, &mut words);
+            let v = generate(&schema, &mut rng, &mut words, usize::MAX).value;
             let city = v["city"].as_str().expect("city");
             assert!((3..=12).contains(&city.chars().count()), "{v}");
             assert!(["celsius", "fahrenheit"].contains(&v["unit"].as_str().expect("unit")));
@@ -464,8 +557,65 @@ mod tests {
     #[test]
     fn same_seed_same_value() {
         let schema = weather();
-        let a = generate(&schema, &mut ChaCha8Rng::seed_from_u64(9), &mut Fixed(0));
-        let b = generate(&schema, &mut ChaCha8Rng::seed_from_u64(9), &mut Fixed(0));
+        let a = generate(
+            &schema,
+            &mut ChaCha8Rng::seed_from_u64(9),
+            &mut Fixed(0),
+            1 << 20,
+        );
+        let b = generate(
+            &schema,
+            &mut ChaCha8Rng::seed_from_u64(9),
+            &mut Fixed(0),
+            1 << 20,
+        );
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn the_byte_budget_cuts_recursive_schemas_and_leaves_smaller_values_alone() {
+        let schema = weather();
+        for seed in 0..50 {
+            let whole = generate(
+                &schema,
+                &mut ChaCha8Rng::seed_from_u64(seed),
+                &mut Fixed(0),
+                usize::MAX,
+            );
+            let text = whole.value.to_string();
+            let fits = generate(
+                &schema,
+                &mut ChaCha8Rng::seed_from_u64(seed),
+                &mut Fixed(0),
+                text.len() + 1,
+            );
+            assert_eq!(
+                fits,
+                Generated {
+                    value: whole.value.clone(),
+                    truncated: false
+                }
+            );
+        }
+        let recursive = json!({
+            "$defs": {"n": {"type": "array", "minItems": 2, "items": {"$ref": "#/$defs/n"}}},
+            "$ref": "#/$defs/n"
+        });
+        check(&recursive, "s").expect("well formed");
+        for max_bytes in [1, 100, 10_000, 1_000_000] {
+            let cut = generate(
+                &recursive,
+                &mut ChaCha8Rng::seed_from_u64(1),
+                &mut Fixed(0),
+                max_bytes,
+            );
+            assert!(cut.truncated);
+            let len = cut.value.to_string().len();
+            // The counted bytes are a lower bound: the text passes the budget by little.
+            assert!(
+                len >= max_bytes && len <= 2 * max_bytes + 64,
+                "{len} for {max_bytes}"
+            );
+        }
     }
 }

@@ -219,22 +219,25 @@ pub struct ToolCall {
 }
 
 impl ToolCall {
-    /// A call of `tool` with arguments drawn from its schema.
+    /// A call of `tool` with arguments drawn from its schema, and whether they were cut at
+    /// `max_bytes` ([`schema::generate`]).
     pub fn generate<R: Rng + ?Sized>(
         tool: &Tool,
         rng: &mut R,
         words: &mut dyn schema::Words,
-    ) -> ToolCall {
+        max_bytes: usize,
+    ) -> (ToolCall, bool) {
         const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
         let id: String = (0..24)
             .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
             .collect();
-        let arguments = schema::generate(&tool.parameters, rng, words).to_string();
-        ToolCall {
+        let generated = schema::generate(&tool.parameters, rng, words, max_bytes);
+        let call = ToolCall {
             id: format!("call_{id}"),
             name: tool.name.clone(),
-            arguments,
-        }
+            arguments: generated.value.to_string(),
+        };
+        (call, generated.truncated)
     }
 }
 

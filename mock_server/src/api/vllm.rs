@@ -9,6 +9,8 @@
 //!   `return_token_strs` is true). A `model` other than a served one is a 404.
 //! - `/detokenize` takes `{"tokens": [...]}` and answers `{"prompt": "..."}`.
 //! - `/ping` answers as `/health` does.
+//! - `--api-key` guards only the routes under `/v1`, as vLLM's: `/tokenize` and `/detokenize`
+//!   answer without it. A token id out of the vocabulary is a 400 naming `tokens`.
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -20,13 +22,8 @@ use super::protocol::{ApiJson, ChatRequest};
 use super::{check_auth, fail, ApiError, AppState};
 
 /// `POST /tokenize`.
-pub async fn tokenize(
-    State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Result<ApiJson, ApiError>,
-) -> Response {
+pub async fn tokenize(State(state): State<AppState>, body: Result<ApiJson, ApiError>) -> Response {
     let result = (|| {
-        check_auth(&state, &headers)?;
         let body = body?.0;
         check_model(&state, &body)?;
         let tokens = if body.contains_key("messages") {
@@ -73,11 +70,9 @@ pub async fn tokenize(
 /// `POST /detokenize`.
 pub async fn detokenize(
     State(state): State<AppState>,
-    headers: HeaderMap,
     body: Result<ApiJson, ApiError>,
 ) -> Response {
     let result = (|| {
-        check_auth(&state, &headers)?;
         let body = body?.0;
         check_model(&state, &body)?;
         let bad = || {
@@ -94,6 +89,9 @@ pub async fn detokenize(
             .map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok()))
             .collect::<Option<Vec<u32>>>()
             .ok_or_else(bad)?;
+        if let Some(vocab_size) = state.config.codec.vocab_size() {
+            super::budget::check_token_ids(&ids, vocab_size, "tokens")?;
+        }
         Ok(Json(json!({"prompt": state.config.codec.decode(&ids)})).into_response())
     })();
     result.unwrap_or_else(|e| fail(&state, e))

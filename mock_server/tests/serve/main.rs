@@ -8,6 +8,8 @@ mod common;
 
 // What answers say: lengths, stops, tool calls, logprobs, JSON mode, n, echo, prompt batches.
 mod answers;
+// The work budget of one request: caps, bounded answers, a responsive server meanwhile.
+mod budget;
 // The `mockserve` binary and its command line: flags, smoke test, stdout closed early.
 mod binary;
 // Prefix caching across turns and speculative prefill.

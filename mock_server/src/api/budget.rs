@@ -1,0 +1,138 @@
+//! The work budget of one request: what a request may cost the server (CPU and memory) is
+//! proportional to its token limits and its size on the wire. Each cap is a named constant here;
+//! beyond one, the request is a 400 `invalid_request_error` naming the parameter (`param`) with
+//! a message that states the cap.
+//!
+//! Stop strings are then matched against the new text of each token plus a window of the
+//! longest stop's length ([`super::answer`]), JSON answers stop growing once they are past what
+//! the output limit can show ([`super::schema`]), and the answers of a large request are planned
+//! off the runtime's worker threads, stopping when the client leaves or the server shuts down.
+
+use super::error::ApiError;
+
+/// Stop strings per request at most (`stop`). OpenAI accepts 4 and vLLM does not limit them;
+/// 16 accepts every request OpenAI does and the longer lists some vLLM clients send, while
+/// keeping the per-token matching to 16 short scans.
+pub const MAX_STOPS: usize = 16;
+
+/// Bytes (UTF-8) per stop string at most (`stop`): a stop is matched against the new text and
+/// the last `MAX_STOP_BYTES - 1` bytes before it, so this bounds the window.
+pub const MAX_STOP_BYTES: usize = 1024;
+
+/// Stop token ids per request at most (`stop_token_ids`); each output token is compared with
+/// every one of them.
+pub const MAX_STOP_TOKEN_IDS: usize = 128;
+
+/// Prompts in one `/v1/completions` batch at most (`prompt`).
+pub const MAX_PROMPTS: usize = 20_000;
+
+/// Choices of one request at most, prompts × `n` (`n`): each is an engine request of its own.
+pub const MAX_CHOICES: usize = 20_000;
+
+/// Output tokens one request may plan at most, summed over its choices (`max_tokens`): every
+/// answer is planned token by token before the engine runs it.
+pub const MAX_OUTPUT_TOKENS: usize = 1 << 20;
+
+/// Log-probability entries one request may ask for at most (`top_logprobs` on chat, `logprobs`
+/// on completions): the output limits of its choices summed, times 1 + the alternatives per
+/// token. Answers carry their log-probabilities from the start, streamed or not; a whole
+/// response of this many entries is about 50 MB of JSON.
+pub const MAX_LOGPROB_ENTRIES: usize = 1 << 20;
+
+/// A 400 for a parameter beyond its cap: `what` says what was asked, `cap` what is allowed.
+pub fn exceeded(
+    param: &str,
+    what: impl std::fmt::Display,
+    cap: impl std::fmt::Display,
+) -> ApiError {
+    ApiError::invalid(
+        format!("Invalid '{param}': {what}; at most {cap} are accepted."),
+        Some(param),
+    )
+    .with_code("request_too_large")
+}
+
+/// Checks that every id is in the vocabulary (`0..vocab_size`): a 400 naming `param` for the
+/// first that is not, as vLLM answers.
+pub fn check_token_ids(ids: &[u32], vocab_size: usize, param: &str) -> Result<(), ApiError> {
+    match ids.iter().find(|&&id| id as usize >= vocab_size) {
+        None => Ok(()),
+        Some(id) => Err(ApiError::invalid(
+            format!(
+                "Invalid '{param}': token id {id} is out of vocabulary (the vocabulary has \
+                 {vocab_size} tokens, ids 0 to {}).",
+                vocab_size.saturating_sub(1)
+            ),
+            Some(param),
+        )),
+    }
+}
+
+/// The work one request plans, checked against the caps above: `limits` holds each prompt's
+/// output limit, `n` the choices per prompt, `top_logprobs` the alternatives per token when
+/// log-probabilities are asked for, under the name `logprobs_param`.
+pub fn check_plan(
+    limits: &[usize],
+    n: usize,
+    top_logprobs: Option<usize>,
+    logprobs_param: &str,
+) -> Result<(), ApiError> {
+    let choices = limits.len().saturating_mul(n);
+    if choices > MAX_CHOICES {
+        return Err(exceeded(
+            "n",
+            format!(
+                "{} prompts × {n} choices make {choices} choices",
+                limits.len()
+            ),
+            format!("{MAX_CHOICES} choices per request"),
+        ));
+    }
+    let tokens = limits
+        .iter()
+        .fold(0usize, |sum, &l| sum.saturating_add(l.saturating_mul(n)));
+    if tokens > MAX_OUTPUT_TOKENS {
+        return Err(exceeded(
+            "max_tokens",
+            format!(
+                "the output limits of the request's {choices} choices add up to {tokens} tokens"
+            ),
+            format!("{MAX_OUTPUT_TOKENS} output tokens per request"),
+        ));
+    }
+    if let Some(top) = top_logprobs {
+        let entries = tokens.saturating_mul(1 + top);
+        if entries > MAX_LOGPROB_ENTRIES {
+            return Err(exceeded(
+                logprobs_param,
+                format!(
+                    "{tokens} output tokens × (1 + {top} alternatives) make {entries} \
+                     log-probability entries"
+                ),
+                format!("{MAX_LOGPROB_ENTRIES} entries per request"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_beyond_a_cap_name_its_parameter() {
+        assert_eq!(check_plan(&[2000; 16], 1, Some(20), "top_logprobs"), Ok(()));
+        let e = check_plan(&[2000], 128, Some(20), "top_logprobs").expect_err("too many");
+        assert_eq!(e.param.as_deref(), Some("top_logprobs"));
+        assert!(e.message.contains("1048576 entries"), "{}", e.message);
+        let e = check_plan(&[1; 20_001], 1, None, "logprobs").expect_err("too many");
+        assert_eq!(e.param.as_deref(), Some("n"));
+        let e = check_plan(&[1 << 20, 1], 1, None, "logprobs").expect_err("too many");
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        assert_eq!(check_plan(&[1; 20_000], 1, None, "logprobs"), Ok(()));
+        assert_eq!(check_token_ids(&[0, 9], 10, "prompt"), Ok(()));
+        let e = check_token_ids(&[0, 10], 10, "prompt").expect_err("out of vocabulary");
+        assert_eq!(e.param.as_deref(), Some("prompt"));
+    }
+}
