@@ -89,6 +89,12 @@ pub fn trace_line(data: &[u8]) {
                 "the error names line {line} of a {lines}-line input: {message}"
             );
         }
+        Err(e @ TraceError::LongSchedule { line, .. }) => {
+            assert!(
+                (1..=lines).contains(&line),
+                "the error names line {line} of a {lines}-line input: {e}"
+            );
+        }
         Err(TraceError::Empty { .. }) => {
             assert!(
                 data_lines(data).all(|l| l.trim().is_empty()),
