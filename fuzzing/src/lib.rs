@@ -31,7 +31,10 @@
 //! assert!(target("no_such_target").is_none());
 //! ```
 
+pub mod cost;
+pub mod costly;
 pub mod http;
+pub mod meter;
 pub mod metrics;
 pub mod mutate;
 pub mod runner;

@@ -1,0 +1,163 @@
+//! The cost budget of one request body: the most heap the server may hold for it and the
+//! longest it may take, both growing with the body's size.
+//!
+//! A small valid body must not buy work out of proportion to what it asks for (a long stop
+//! string rescanned per token, a recursive schema built in full, a batch handled in quadratic
+//! time), so besides answering correctly a request must answer within [`BODY_BUDGET`]. Heap is
+//! the deterministic measure (counted by [`crate::meter`]); wall time is a generous backstop
+//! for CPU-bound work, sized for debug builds on a loaded two-core machine.
+
+use std::fmt;
+use std::time::Duration;
+
+/// What one body may cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CostBudget {
+    /// Heap any body may use: the server's per-request state, the answer and its encoding.
+    pub heap_base_bytes: usize,
+    /// Heap per byte of body: parsing keeps the body and its JSON value, a prompt its tokens.
+    pub heap_bytes_per_body_byte: usize,
+    /// Time any body may take, headers to the last answer byte.
+    pub time_base: Duration,
+    /// Time per MiB of body: parsing and tokenizing it.
+    pub time_per_mib: Duration,
+    /// Heap growth past this many times the heap budget aborts the process (see
+    /// [`crate::meter`]), so that a value built without bound does not take the machine.
+    pub ceiling_factor: usize,
+    /// The ceiling is never below this (so a body over budget is reported with its figure).
+    pub ceiling_min_bytes: usize,
+}
+
+/// The budget of every HTTP body target: 64 MiB + 64 bytes per body byte of heap, 5 s + 1 s
+/// per MiB of body, and an abort past 4 times the heap budget (2 GiB at least).
+///
+/// Real requests fit it with a wide margin: in a debug build a chat request asking for 2,000
+/// tokens with 20 log probabilities each holds about 20 MiB, a prompt of 7 MiB of varied text
+/// about 250 MiB of its 512 MiB.
+pub const BODY_BUDGET: CostBudget = CostBudget {
+    heap_base_bytes: 64 << 20,
+    heap_bytes_per_body_byte: 64,
+    time_base: Duration::from_secs(5),
+    time_per_mib: Duration::from_secs(1),
+    ceiling_factor: 4,
+    ceiling_min_bytes: 2 << 30,
+};
+
+impl CostBudget {
+    /// Heap a body of `body_len` bytes may hold at its peak.
+    pub fn heap_bytes(&self, body_len: usize) -> usize {
+        self.heap_base_bytes
+            .saturating_add(self.heap_bytes_per_body_byte.saturating_mul(body_len))
+    }
+
+    /// Time a body of `body_len` bytes may take.
+    pub fn time(&self, body_len: usize) -> Duration {
+        let mib = body_len as f64 / (1 << 20) as f64;
+        self.time_base + self.time_per_mib.mul_f64(mib)
+    }
+
+    /// Heap growth that aborts the process while a body of `body_len` bytes is checked.
+    pub fn ceiling_bytes(&self, body_len: usize) -> usize {
+        self.heap_bytes(body_len)
+            .saturating_mul(self.ceiling_factor)
+            .max(self.ceiling_min_bytes)
+    }
+
+    /// `Ok` when `spent` is within the budget of a body of `body_len` bytes; otherwise the
+    /// budget exceeded, what was spent and what the budget was.
+    pub fn check(&self, body_len: usize, spent: &Spent) -> Result<(), String> {
+        let budget = self.heap_bytes(body_len);
+        if spent.peak_heap_bytes > budget {
+            return Err(format!(
+                "over the heap budget: the server's heap grew by {} ({} bytes) for a \
+                 {body_len}-byte body, whose budget is {} + {} per body byte = {} ({budget} \
+                 bytes)",
+                Bytes(spent.peak_heap_bytes),
+                spent.peak_heap_bytes,
+                Bytes(self.heap_base_bytes),
+                Bytes(self.heap_bytes_per_body_byte),
+                Bytes(budget),
+            ));
+        }
+        let time = self.time(body_len);
+        if spent.elapsed > time {
+            return Err(format!(
+                "over the time budget: the answer took {:.1?} for a {body_len}-byte body, whose \
+                 budget is {:?} + {:?} per MiB = {time:.1?}",
+                spent.elapsed, self.time_base, self.time_per_mib
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What checking one body cost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Spent {
+    /// The most the server's heap grew above its level before the request.
+    pub peak_heap_bytes: usize,
+    /// Wall time from sending the request to its last answer byte.
+    pub elapsed: Duration,
+}
+
+/// A byte count in binary units, for messages.
+struct Bytes(usize);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0 as f64;
+        match self.0 {
+            0..1024 => write!(f, "{} B", self.0),
+            1024..0x10_0000 => write!(f, "{:.1} KiB", n / 1024.0),
+            0x10_0000..0x4000_0000 => write!(f, "{:.1} MiB", n / (1 << 20) as f64),
+            _ => write!(f, "{:.2} GiB", n / (1 << 30) as f64),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_grows_with_the_body() {
+        assert_eq!(BODY_BUDGET.heap_bytes(0), 64 << 20);
+        assert_eq!(BODY_BUDGET.heap_bytes(1 << 20), 128 << 20);
+        assert_eq!(BODY_BUDGET.time(0), Duration::from_secs(5));
+        assert_eq!(BODY_BUDGET.time(3 << 19), Duration::from_millis(6500));
+        assert_eq!(BODY_BUDGET.ceiling_bytes(100), 2 << 30);
+        assert_eq!(BODY_BUDGET.ceiling_bytes(8 << 20), 4 * (576 << 20));
+    }
+
+    #[test]
+    fn spending_past_either_budget_names_it_and_the_figures() {
+        let within = Spent {
+            peak_heap_bytes: 64 << 20,
+            elapsed: Duration::from_secs(5),
+        };
+        assert_eq!(BODY_BUDGET.check(0, &within), Ok(()));
+        let heap = Spent {
+            peak_heap_bytes: 1_340_000_000,
+            ..within
+        };
+        let message = BODY_BUDGET.check(100, &heap).expect_err("over");
+        assert!(
+            message.starts_with("over the heap budget")
+                && message.contains("1.25 GiB (1340000000 bytes)")
+                && message.contains("100-byte body")
+                && message.contains("64.0 MiB + 64 B per body byte = 64.0 MiB (67115264 bytes)"),
+            "{message}"
+        );
+        let time = Spent {
+            elapsed: Duration::from_secs(7),
+            ..within
+        };
+        let message = BODY_BUDGET.check(1 << 20, &time).expect_err("over");
+        assert!(
+            message.starts_with("over the time budget: the answer took 7.0s")
+                && message.contains("= 6.0s"),
+            "{message}"
+        );
+        assert_eq!(BODY_BUDGET.check(1 << 20, &within), Ok(()));
+    }
+}
