@@ -3,9 +3,12 @@
 //! mockserve's default limits ([`crate::http::Limits::Default`]).
 //!
 //! Each body is built by a generator (a repeat of a short literal), so none of them is stored;
-//! scaled-down versions that fit the fuzzed server's limits are seeds of the body targets
-//! (`fuzz/corpus/<target>/cost_*.json`). A server must refuse each with a 400 naming the
-//! parameter, or answer it within its budget.
+//! versions scaled down to the fuzzed server's limits (64 KiB bodies, a 1,024-token context)
+//! are seeds of the body targets, `fuzz/corpus/<target>/cost_*.json`, for libFuzzer to grow.
+//! A server must refuse each with a 400 naming the parameter, or answer it within its budget;
+//! `fuzzing/tests/cost.rs` checks both sets, each input in a process of its own.
+
+use std::path::Path;
 
 use serde_json::{json, Value};
 
@@ -121,6 +124,16 @@ const MODEL: &str = crate::http::MODEL;
 /// One short user message.
 fn hi() -> Value {
     json!([{"role": "user", "content": "hi"}])
+}
+
+/// Names of the costly seeds in `fuzz/corpus/<target>/` start with this.
+pub const COSTLY_SEED_PREFIX: &str = "cost_";
+
+/// Whether the file at `path` is a costly seed: the stable runner leaves those to the cost
+/// test, which checks them one process at a time.
+pub fn is_costly_seed(path: &Path) -> bool {
+    path.file_name()
+        .is_some_and(|name| name.to_string_lossy().starts_with(COSTLY_SEED_PREFIX))
 }
 
 /// The costly body called `name`.
