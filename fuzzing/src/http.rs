@@ -377,7 +377,7 @@ impl Harness {
     fn measured_exchange(&self, server: &Server, data: &[u8]) -> (Result<Answer, String>, Spent) {
         let _turn = self.turn();
         let charged = charge_thread(Some(self.meter));
-        self.meter.arm(BODY_BUDGET.ceiling_bytes(data.len()));
+        self.meter.arm(BODY_BUDGET.ceiling_bytes(data.len()), data);
         let started = Instant::now();
         let answer = server.exchange(self.endpoint, data, BODY_BUDGET.time(data.len()));
         let spent = Spent {

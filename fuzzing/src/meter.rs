@@ -16,6 +16,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::io::Write;
 use std::sync::atomic::{AtomicIsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 /// Bytes held by the threads charged to one account, and the most they held.
 #[derive(Debug)]
@@ -31,7 +32,13 @@ pub struct Meter {
     base: AtomicIsize,
     /// Growth past `base` that aborts the process; `isize::MAX` while disarmed.
     ceiling: AtomicIsize,
+    /// The input being measured, shown when the ceiling aborts the process. `std` mutex: the
+    /// abort only tries it, and [`Meter::arm`] holds it for a copy.
+    input: Mutex<Vec<u8>>,
 }
+
+/// Bytes of the input written out when the ceiling aborts the process.
+const SHOWN_INPUT_BYTES: usize = 64 << 10;
 
 impl Meter {
     /// A disarmed meter, for a `static`.
@@ -42,12 +49,19 @@ impl Meter {
             peak: AtomicIsize::new(0),
             base: AtomicIsize::new(0),
             ceiling: AtomicIsize::new(isize::MAX),
+            input: Mutex::new(Vec::new()),
         }
     }
 
-    /// Starts a measurement: growth counts from the bytes held now, and growth past
-    /// `ceiling_bytes` aborts the process.
-    pub fn arm(&self, ceiling_bytes: usize) {
+    /// Starts measuring what `input` costs: growth counts from the bytes held now, and growth
+    /// past `ceiling_bytes` aborts the process, writing (the start of) `input` to stderr.
+    pub fn arm(&self, ceiling_bytes: usize, input: &[u8]) {
+        let kept = input[..input.len().min(SHOWN_INPUT_BYTES)].to_vec();
+        let replaced = std::mem::replace(
+            &mut *self.input.lock().unwrap_or_else(PoisonError::into_inner),
+            kept,
+        );
+        drop(replaced);
         let held = self.held.load(Ordering::Relaxed);
         self.base.store(held, Ordering::Relaxed);
         self.peak.store(held, Ordering::Relaxed);
@@ -95,6 +109,14 @@ impl Meter {
         let _ = stderr.write_all(
             b" bytes (far over its cost budget); aborting before it takes the machine's memory\n",
         );
+        // `try_lock`: the thread that holds the lock may be the one allocating.
+        if let Ok(input) = self.input.try_lock() {
+            let _ = stderr.write_all(b"the input's first ");
+            let _ = stderr.write_all(digits(input.len(), &mut [0; 20]));
+            let _ = stderr.write_all(b" bytes follow between the lines of dashes:\n-----\n");
+            let _ = stderr.write_all(&input);
+            let _ = stderr.write_all(b"\n-----\n");
+        }
         std::process::abort()
     }
 }
@@ -187,7 +209,7 @@ mod tests {
             vec![0u8; 64 << 20]
         });
         let previous = charge_thread(Some(&METER));
-        METER.arm(usize::MAX);
+        METER.arm(usize::MAX, b"input");
         let big = vec![1u8; 8 << 20];
         drop(big);
         let small = vec![2u8; 1 << 20];
@@ -201,6 +223,51 @@ mod tests {
         drop(small);
         assert_eq!(outside.join().expect("joined").len(), 64 << 20);
         assert!((8 << 20..9 << 20).contains(&peak), "peak {peak}");
+    }
+
+    /// Set in the child process of [`growth_past_the_ceiling_aborts_naming_the_input`].
+    const CEILING_CHILD: &str = "SERVESIM_METER_CEILING_CHILD";
+
+    #[test]
+    fn growth_past_the_ceiling_aborts_naming_the_input() {
+        let exe = std::env::current_exe().expect("the test binary");
+        let output = std::process::Command::new(exe)
+            .args(["--exact", "meter::tests::past_the_ceiling", "--nocapture"])
+            .env(CEILING_CHILD, "1")
+            .output()
+            .expect("the child runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "the child passed:\n{stderr}");
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(output.status.signal(), Some(6), "not SIGABRT:\n{stderr}");
+        }
+        assert!(
+            stderr.contains("checked by `ceiling` made the heap grow by ")
+                && stderr.contains("past the hard ceiling of 1048576 bytes")
+                && stderr.contains(
+                    "first 9 bytes follow between the lines of dashes:\n-----\nan input\n"
+                ),
+            "{stderr}"
+        );
+    }
+
+    /// The child of [`growth_past_the_ceiling_aborts_naming_the_input`]; does nothing in a
+    /// plain run.
+    #[test]
+    fn past_the_ceiling() {
+        static METER: Meter = Meter::new("ceiling");
+        if std::env::var_os(CEILING_CHILD).is_none() {
+            return;
+        }
+        charge_thread(Some(&METER));
+        METER.arm(1 << 20, b"an input\n");
+        let held = vec![7u8; 4 << 20];
+        panic!(
+            "{} bytes held past the ceiling without an abort",
+            held.len()
+        );
     }
 
     #[test]
