@@ -1,5 +1,6 @@
-//! The cost budget of one request body: the most heap the server may hold for it and the
-//! longest it may take, both growing with the body's size.
+//! The cost budget of one request body: the most heap the server may hold for it, growing with
+//! the body's size and its answer's, and the longest it may take, growing with the body's.
+//! Answers themselves are bounded apart (8 MiB, [`crate::http::MAX_RESPONSE_BYTES`]).
 //!
 //! A small valid body must not buy work out of proportion to what it asks for (a long stop
 //! string rescanned per token, a recursive schema built in full, a batch handled in quadratic
@@ -17,6 +18,9 @@ pub struct CostBudget {
     pub heap_base_bytes: usize,
     /// Heap per byte of body: parsing keeps the body and its JSON value, a prompt its tokens.
     pub heap_bytes_per_body_byte: usize,
+    /// Heap per byte of answer: the answer is built as a JSON value before it is encoded (a
+    /// 3 MB answer with log probabilities holds 74 MiB in a debug build).
+    pub heap_bytes_per_answer_byte: usize,
     /// Time any body may take, headers to the last answer byte.
     pub time_base: Duration,
     /// Time per MiB of body: parsing and tokenizing it.
@@ -28,15 +32,20 @@ pub struct CostBudget {
     pub ceiling_min_bytes: usize,
 }
 
-/// The budget of every HTTP body target: 64 MiB + 64 bytes per body byte of heap, 5 s + 1 s
-/// per MiB of body, and an abort past 4 times the heap budget (2 GiB at least).
+/// The budget of every HTTP body target: a heap growth of 64 MiB + 64 bytes per body byte + 32
+/// per answer byte, 5 s + 1 s per MiB of body, and an abort past 4 times the heap budget of the
+/// body without its answer (2 GiB at least).
 ///
-/// Real requests fit it with a wide margin: in a debug build a chat request asking for 2,000
-/// tokens with 20 log probabilities each holds about 20 MiB, a prompt of 7 MiB of varied text
-/// about 250 MiB of its 512 MiB.
+/// Real requests fit it with a margin of two or more. Measured in a debug build on the server
+/// with mockserve's default limits: a chat answer of 2,000 tokens with 20 log probabilities
+/// each (3.0 MB) held 74 MiB of 155 MiB, and took 3.4 s of its 5 s (the closest to a budget:
+/// larger answers need a cap in the server); 4,000 tokens streamed 2.2 MiB; 4 choices of 500
+/// tokens 0.6 MiB; a 550 KB prompt 1.9 MiB of 98 MiB, answered in 0.2 s; 500 prompts of a
+/// batch 2.0 MiB.
 pub const BODY_BUDGET: CostBudget = CostBudget {
     heap_base_bytes: 64 << 20,
     heap_bytes_per_body_byte: 64,
+    heap_bytes_per_answer_byte: 32,
     time_base: Duration::from_secs(5),
     time_per_mib: Duration::from_secs(1),
     ceiling_factor: 4,
@@ -44,10 +53,12 @@ pub const BODY_BUDGET: CostBudget = CostBudget {
 };
 
 impl CostBudget {
-    /// Heap a body of `body_len` bytes may hold at its peak.
-    pub fn heap_bytes(&self, body_len: usize) -> usize {
+    /// Heap a body of `body_len` bytes with an answer of `answer_len` bytes may hold at its
+    /// peak.
+    pub fn heap_bytes(&self, body_len: usize, answer_len: usize) -> usize {
         self.heap_base_bytes
             .saturating_add(self.heap_bytes_per_body_byte.saturating_mul(body_len))
+            .saturating_add(self.heap_bytes_per_answer_byte.saturating_mul(answer_len))
     }
 
     /// Time a body of `body_len` bytes may take.
@@ -58,7 +69,7 @@ impl CostBudget {
 
     /// Heap growth that aborts the process while a body of `body_len` bytes is checked.
     pub fn ceiling_bytes(&self, body_len: usize) -> usize {
-        self.heap_bytes(body_len)
+        self.heap_bytes(body_len, 0)
             .saturating_mul(self.ceiling_factor)
             .max(self.ceiling_min_bytes)
     }
@@ -66,16 +77,18 @@ impl CostBudget {
     /// `Ok` when `spent` is within the budget of a body of `body_len` bytes; otherwise the
     /// budget exceeded, what was spent and what the budget was.
     pub fn check(&self, body_len: usize, spent: &Spent) -> Result<(), String> {
-        let budget = self.heap_bytes(body_len);
+        let answer_len = spent.answer_bytes;
+        let budget = self.heap_bytes(body_len, answer_len);
         if spent.peak_heap_bytes > budget {
             return Err(format!(
                 "over the heap budget: the server's heap grew by {} ({} bytes) for a \
-                 {body_len}-byte body, whose budget is {} + {} per body byte = {} ({budget} \
-                 bytes)",
+                 {body_len}-byte body and a {answer_len}-byte answer, whose budget is {} + {} \
+                 per body byte + {} per answer byte = {} ({budget} bytes)",
                 Bytes(spent.peak_heap_bytes),
                 spent.peak_heap_bytes,
                 Bytes(self.heap_base_bytes),
                 Bytes(self.heap_bytes_per_body_byte),
+                Bytes(self.heap_bytes_per_answer_byte),
                 Bytes(budget),
             ));
         }
@@ -98,6 +111,8 @@ pub struct Spent {
     pub peak_heap_bytes: usize,
     /// Wall time from sending the request to its last answer byte.
     pub elapsed: Duration,
+    /// Bytes of the answer's body (0 when none came).
+    pub answer_bytes: usize,
 }
 
 /// A byte count in binary units, for messages.
@@ -121,8 +136,9 @@ mod tests {
 
     #[test]
     fn the_budget_grows_with_the_body() {
-        assert_eq!(BODY_BUDGET.heap_bytes(0), 64 << 20);
-        assert_eq!(BODY_BUDGET.heap_bytes(1 << 20), 128 << 20);
+        assert_eq!(BODY_BUDGET.heap_bytes(0, 0), 64 << 20);
+        assert_eq!(BODY_BUDGET.heap_bytes(1 << 20, 0), 128 << 20);
+        assert_eq!(BODY_BUDGET.heap_bytes(1 << 20, 2 << 20), 192 << 20);
         assert_eq!(BODY_BUDGET.time(0), Duration::from_secs(5));
         assert_eq!(BODY_BUDGET.time(3 << 19), Duration::from_millis(6500));
         assert_eq!(BODY_BUDGET.ceiling_bytes(100), 2 << 30);
@@ -134,8 +150,20 @@ mod tests {
         let within = Spent {
             peak_heap_bytes: 64 << 20,
             elapsed: Duration::from_secs(5),
+            answer_bytes: 0,
         };
         assert_eq!(BODY_BUDGET.check(0, &within), Ok(()));
+        let large_answer = Spent {
+            peak_heap_bytes: 74 << 20,
+            answer_bytes: 3_000_000,
+            ..within
+        };
+        assert_eq!(BODY_BUDGET.check(150, &large_answer), Ok(()));
+        let small_answer = Spent {
+            answer_bytes: 300_000,
+            ..large_answer
+        };
+        assert!(BODY_BUDGET.check(150, &small_answer).is_err());
         let heap = Spent {
             peak_heap_bytes: 1_340_000_000,
             ..within
@@ -144,8 +172,11 @@ mod tests {
         assert!(
             message.starts_with("over the heap budget")
                 && message.contains("1.25 GiB (1340000000 bytes)")
-                && message.contains("100-byte body")
-                && message.contains("64.0 MiB + 64 B per body byte = 64.0 MiB (67115264 bytes)"),
+                && message.contains("100-byte body and a 0-byte answer")
+                && message.contains(
+                    "64.0 MiB + 64 B per body byte + 32 B per answer byte = 64.0 MiB \
+                     (67115264 bytes)"
+                ),
             "{message}"
         );
         let time = Spent {

@@ -9,8 +9,9 @@
 //!
 //! - the request costs no more than its [`BODY_BUDGET`]: the heap of the server (its runtime's
 //!   threads and the thread sending the request) grows by at most 64 MiB + 64 bytes per body
-//!   byte, and the whole exchange (headers and body) ends within 5 s + 1 s per MiB of body;
-//!   longer is a hang or work out of proportion to the body;
+//!   byte + 32 per answer byte, the answer is at most [`MAX_RESPONSE_BYTES`], and the whole
+//!   exchange (headers and body) ends within 5 s + 1 s per MiB of body; longer is a hang or
+//!   work out of proportion to the body;
 //! - the status is 200, a 4xx, or a 503 after which the engine still answers; never another 5xx;
 //! - every 4xx (and 503) body is `{"error":{"message","type","param","code"}}` with a non-empty
 //!   message, string type, and string-or-null param and code;
@@ -87,7 +88,7 @@ pub const SERVER_FLAGS: &[&str] = &[
 ];
 
 /// The flags of the server with mockserve's default limits (8 MiB bodies, a 131,072-token
-/// context, 256 default output tokens, one worker with 16,384 blocks of 64 tokens), without
+/// context, 256 default output tokens, four workers of 16,384 blocks of 64 tokens), without
 /// delays: what a body may cost on a server as deployed.
 pub const DEFAULT_LIMITS_FLAGS: &[&str] = &["mockserve", "--speedup-ratio", "inf"];
 
@@ -167,8 +168,9 @@ pub fn check_body(endpoint: Endpoint, limits: Limits, data: &[u8]) -> Spent {
     harness(endpoint, limits).check(data)
 }
 
-/// The most the heap grew while the body now checked on `endpoint` with `limits` was (or the
-/// last one checked there): for a checker stuck in the server, that time cannot interrupt.
+/// The most the heap has grown since the body being checked on `endpoint` with `limits` (or,
+/// when none is, the last one) was sent: the figure to report when a checker is stuck in
+/// server work that its time budget cannot interrupt.
 pub fn heap_growth(endpoint: Endpoint, limits: Limits) -> usize {
     harness(endpoint, limits).meter.peak_growth()
 }
@@ -383,6 +385,7 @@ impl Harness {
         let spent = Spent {
             elapsed: started.elapsed(),
             peak_heap_bytes: self.meter.disarm(),
+            answer_bytes: answer.as_ref().map_or(0, |answer| answer.body.len()),
         };
         charge_thread(charged);
         (answer, spent)
@@ -413,7 +416,7 @@ impl Harness {
                     _ => format!(
                         "within the heap budget: the heap grew by {} bytes of {}",
                         spent.peak_heap_bytes,
-                        BODY_BUDGET.heap_bytes(data.len())
+                        BODY_BUDGET.heap_bytes(data.len(), 0)
                     ),
                 };
                 panic!(

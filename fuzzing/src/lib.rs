@@ -19,8 +19,9 @@
 //!   (servesim splits ASCII text by hand and caches pieces), the same twice, and decode back.
 //!
 //! The HTTP checkers also hold every body to a **cost budget** ([`cost::BODY_BUDGET`]): while
-//! the server answers, its heap may grow by at most 64 MiB + 64 bytes per body byte, and the
-//! answer must be complete within 5 s + 1 s per MiB of body. The heap is counted by this crate's
+//! the server answers, its heap may grow by at most 64 MiB + 64 bytes per body byte + 32 per
+//! answer byte (answers are at most 8 MiB), and the answer must be complete within 5 s + 1 s
+//! per MiB of body. The heap is counted by this crate's
 //! global allocator ([`meter`]), per server: each server's runtime threads and the thread that
 //! sends the request are charged to its [`meter::Meter`], one input at a time, so other checks
 //! running at once do not count. Growth past 4 times the heap budget (2 GiB at least) aborts

@@ -166,7 +166,7 @@ fn check(
                 format!(
                     ": heap grew by {} bytes of {}, took {:.2?} of {:.1?}",
                     spent.peak_heap_bytes,
-                    BODY_BUDGET.heap_bytes(len),
+                    BODY_BUDGET.heap_bytes(len, spent.answer_bytes),
                     spent.elapsed,
                     BODY_BUDGET.time(len)
                 )
@@ -184,7 +184,7 @@ fn check(
                 format!(
                     "; the heap had grown by {} bytes (budget {})",
                     heap_growth(endpoint, limits),
-                    BODY_BUDGET.heap_bytes(len)
+                    BODY_BUDGET.heap_bytes(len, 0)
                 )
             });
             eprintln!(
