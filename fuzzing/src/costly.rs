@@ -1,4 +1,4 @@
-//! Small valid request bodies that once cost mockserve work out of proportion to what they ask
+//! Small valid request bodies that can cost a server work out of proportion to what they ask
 //! for, at full size, for checking against the [`crate::cost`] budget on a server with
 //! mockserve's default limits ([`crate::http::Limits::Default`]).
 //!
@@ -21,7 +21,7 @@ pub struct CostlyBody {
     pub name: &'static str,
     /// Where it is sent.
     pub endpoint: Endpoint,
-    /// The work it once caused.
+    /// The work it can cause: what a server must refuse or bound.
     pub cost: &'static str,
     /// Builds the body.
     build: fn() -> Value,

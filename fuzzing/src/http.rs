@@ -168,6 +168,12 @@ pub fn check_body(endpoint: Endpoint, limits: Limits, data: &[u8]) -> Spent {
     harness(endpoint, limits).check(data)
 }
 
+/// Starts the server that bodies to `endpoint` with `limits` go to, unless it runs: callers
+/// that time checks leave its start-up (seconds in a debug build) out that way.
+pub fn start_server(endpoint: Endpoint, limits: Limits) {
+    harness(endpoint, limits).server();
+}
+
 /// The most the heap has grown since the body being checked on `endpoint` with `limits` (or,
 /// when none is, the last one) was sent: the figure to report when a checker is stuck in
 /// server work that its time budget cannot interrupt.

@@ -3,8 +3,8 @@
 //! seeds `fuzz/corpus/{chat,completions}_body/cost_*.json` on the fuzzed server.
 //!
 //! Each must be refused with a 400 or answered within the budget (see `servesim_fuzzing::cost`).
-//! They run in `servesim-fuzz-check` child processes, three groups at once and one child after
-//! another in each group: a child stops at its first violation (a server over budget may still be busy with it) or aborts at the heap
+//! They run in `servesim-fuzz-check` child processes, one after another: a child stops at its
+//! first violation (a server over budget may still be busy with it) or aborts at the heap
 //! ceiling, and the next child goes on with the inputs after that one, so every input gets its
 //! own verdict.
 
@@ -132,20 +132,10 @@ fn costly_bodies_stay_within_budget() {
         !chat.is_empty() && !completions.is_empty(),
         "no costly seeds"
     );
-    // Three children at a time: most of a child's time is its servers' start-up (the
-    // tokenizer's tables take seconds in a debug build), and cheap answers stay far within
-    // their time budget even on a busy machine.
-    let verdicts: Vec<Verdict> = std::thread::scope(|scope| {
-        let groups = [
-            scope.spawn(|| check_all(&["costly"], &names)),
-            scope.spawn(|| check_all(&["files", "chat_body"], &chat)),
-            scope.spawn(|| check_all(&["files", "completions_body"], &completions)),
-        ];
-        groups
-            .into_iter()
-            .flat_map(|group| group.join().expect("a group of checks"))
-            .collect()
-    });
+    // One child at a time, so that one input's work does not slow another's.
+    let mut verdicts = check_all(&["costly"], &names);
+    verdicts.extend(check_all(&["files", "chat_body"], &chat));
+    verdicts.extend(check_all(&["files", "completions_body"], &completions));
     assert_eq!(verdicts.len(), names.len() + chat.len() + completions.len());
     let mut failures = Vec::new();
     for (input, verdict) in &verdicts {

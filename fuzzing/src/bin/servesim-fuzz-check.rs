@@ -15,7 +15,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use servesim_fuzzing::cost::{Spent, BODY_BUDGET};
 use servesim_fuzzing::costly::{costly_body, COSTLY_BODIES};
-use servesim_fuzzing::http::{check_body, heap_growth, Endpoint, Limits};
+use servesim_fuzzing::http::{check_body, heap_growth, start_server, Endpoint, Limits};
 use servesim_fuzzing::target;
 
 /// Checks inputs with a fuzz target's checker; stops at the first violation (exit status 1).
@@ -148,6 +148,13 @@ fn check(
     checker: impl FnOnce(&[u8]) -> Option<Spent> + Send + 'static,
 ) -> bool {
     let len = data.len();
+    if let Some((endpoint, limits)) = body {
+        // The patience below is for the input, not for the server's start-up.
+        if std::panic::catch_unwind(|| start_server(endpoint, limits)).is_err() {
+            println!("{name}: VIOLATION ({len} bytes)");
+            return false;
+        }
+    }
     let (verdict_tx, verdict) = mpsc::channel();
     let spawned = std::thread::Builder::new()
         .name("check".into())
