@@ -24,7 +24,7 @@ const CHECKER: &str = env!("CARGO_BIN_EXE_servesim-fuzz-check");
 /// tokenizer's tables), the input's time budget (12 s at most here) and the checker's grace.
 const VERDICT_WAIT: Duration = Duration::from_secs(180);
 
-/// Bytes of a child's stderr shown with a violation.
+/// Bytes of a child's stderr shown with a violation (its start).
 const SHOWN_STDERR: usize = 3000;
 
 /// One input's verdict: `Ok` with the checker's line, or `Err` with why.
@@ -91,16 +91,22 @@ fn check_all(args: &[&str], inputs: &[String]) -> Vec<Verdict> {
             );
             break;
         };
-        let mut from = stderr.len().saturating_sub(SHOWN_STDERR);
-        while !stderr.is_char_boundary(from) {
-            from += 1;
-        }
-        let tail: Vec<&str> = stderr[from..]
+        // The first lines: the violation, or the abort message before the input it shows.
+        let said: Vec<&str> = stderr
             .lines()
             .filter(|line| !line.starts_with("mockserve: warning"))
             .collect();
+        let mut said = said.join("\n");
+        if said.len() > SHOWN_STDERR {
+            let mut end = SHOWN_STDERR;
+            while !said.is_char_boundary(end) {
+                end -= 1;
+            }
+            said.truncate(end);
+            said.push_str(" [...]");
+        }
         let input = &rest[done];
-        let why = format!("{failure} ({status}):\n{}", tail.join("\n"));
+        let why = format!("{failure} ({status}):\n{said}");
         verdicts.push((input.clone(), Err(why)));
         rest = &rest[done + 1..];
     }
