@@ -2,10 +2,16 @@
 //! `POST /v1/completions`, sent through [`mock_server::api::app`] with `tower::ServiceExt::oneshot`.
 //!
 //! Each target owns one server (built on first use, per process): a multi-threaded tokio runtime
-//! and an engine at `--speedup-ratio inf` with small limits, so that the largest answer a body can
-//! ask for is streamed in milliseconds. Properties, for every body:
+//! and an engine at `--speedup-ratio inf` with small limits ([`SERVER_FLAGS`]), so that the
+//! largest answer a body can ask for is streamed in milliseconds. [`check_body`] also checks
+//! bodies against a server with mockserve's default limits ([`DEFAULT_LIMITS_FLAGS`]), where
+//! larger bodies and answers are allowed. Properties, for every body:
 //!
-//! - the whole exchange (headers and body) ends within [`TIMEOUT`]; longer is a hang;
+//! - the request costs no more than its [`BODY_BUDGET`]: the heap of the server (its runtime's
+//!   threads and the thread sending the request) grows by at most 64 MiB + 64 bytes per body
+//!   byte + 32 per answer byte, the answer is at most [`MAX_RESPONSE_BYTES`], and the whole
+//!   exchange (headers and body) ends within 5 s + 1 s per MiB of body; longer is a hang or
+//!   work out of proportion to the body;
 //! - the status is 200, a 4xx, or a 503 after which the engine still answers; never another 5xx;
 //! - every 4xx (and 503) body is `{"error":{"message","type","param","code"}}` with a non-empty
 //!   message, string type, and string-or-null param and code;
@@ -22,8 +28,8 @@
 //! does not fail every later input.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
@@ -35,8 +41,18 @@ use mock_server::config::ServerConfig;
 use serde_json::Value;
 use tower::ServiceExt;
 
-/// Longest a request may take, headers to the last body byte.
-pub const TIMEOUT: Duration = Duration::from_secs(5);
+use crate::cost::{Spent, BODY_BUDGET};
+use crate::meter::{charge_thread, Meter};
+
+/// Longest a small request may take, headers to the last body byte (larger bodies get 1 s more
+/// per MiB: see [`BODY_BUDGET`]).
+pub const TIMEOUT: Duration = BODY_BUDGET.time_base;
+
+/// Bytes of a violating answer shown in the message.
+const SHOWN_ANSWER_BYTES: usize = 4 << 10;
+
+/// Longest an input waits for the previous one to the same server to finish.
+const TURN_WAIT: Duration = Duration::from_secs(10);
 
 /// A liveness probe follows every this many inputs.
 pub const LIVENESS_EVERY: u64 = 8;
@@ -70,6 +86,21 @@ pub const SERVER_FLAGS: &[&str] = &[
     "--reasoning-ratio",
     "0.25",
 ];
+
+/// The flags of the server with mockserve's default limits (8 MiB bodies, a 131,072-token
+/// context, 256 default output tokens, four workers of 16,384 blocks of 64 tokens), without
+/// delays: what a body may cost on a server as deployed.
+pub const DEFAULT_LIMITS_FLAGS: &[&str] = &["mockserve", "--speedup-ratio", "inf"];
+
+/// Which server a body goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limits {
+    /// The fuzzed server's small limits ([`SERVER_FLAGS`]), as [`chat_body`] and
+    /// [`completions_body`] use.
+    Fuzz,
+    /// mockserve's default limits ([`DEFAULT_LIMITS_FLAGS`]).
+    Default,
+}
 
 /// The model the fuzzed server serves.
 pub const MODEL: &str = "mock-model";
@@ -123,16 +154,58 @@ impl Endpoint {
 
 /// Checks a `/v1/chat/completions` body (see the module docs for the properties).
 pub fn chat_body(data: &[u8]) {
-    CHAT.check(data);
+    check_body(Endpoint::Chat, Limits::Fuzz, data);
 }
 
 /// Checks a `/v1/completions` body (see the module docs for the properties).
 pub fn completions_body(data: &[u8]) {
-    COMPLETIONS.check(data);
+    check_body(Endpoint::Completions, Limits::Fuzz, data);
 }
 
-static CHAT: Harness = Harness::new(Endpoint::Chat);
-static COMPLETIONS: Harness = Harness::new(Endpoint::Completions);
+/// Checks a body to `endpoint` on the server with `limits` (see the module docs for the
+/// properties) and returns what it cost; panics naming the violated property.
+pub fn check_body(endpoint: Endpoint, limits: Limits, data: &[u8]) -> Spent {
+    harness(endpoint, limits).check(data)
+}
+
+/// Starts the server that bodies to `endpoint` with `limits` go to, unless it runs: callers
+/// that time checks leave its start-up (seconds in a debug build) out that way.
+pub fn start_server(endpoint: Endpoint, limits: Limits) {
+    harness(endpoint, limits).server();
+}
+
+/// The most the heap has grown since the body being checked on `endpoint` with `limits` (or,
+/// when none is, the last one) was sent: the figure to report when a checker is stuck in
+/// server work that its time budget cannot interrupt.
+pub fn heap_growth(endpoint: Endpoint, limits: Limits) -> usize {
+    harness(endpoint, limits).meter.peak_growth()
+}
+
+fn harness(endpoint: Endpoint, limits: Limits) -> &'static Harness {
+    match (endpoint, limits) {
+        (Endpoint::Chat, Limits::Fuzz) => &CHAT,
+        (Endpoint::Completions, Limits::Fuzz) => &COMPLETIONS,
+        (Endpoint::Chat, Limits::Default) => &CHAT_DEFAULT_LIMITS,
+        (Endpoint::Completions, Limits::Default) => &COMPLETIONS_DEFAULT_LIMITS,
+    }
+}
+
+static CHAT: Harness = Harness::new(Endpoint::Chat, SERVER_FLAGS, &CHAT_METER);
+static COMPLETIONS: Harness = Harness::new(Endpoint::Completions, SERVER_FLAGS, &COMPLETIONS_METER);
+static CHAT_DEFAULT_LIMITS: Harness = Harness::new(
+    Endpoint::Chat,
+    DEFAULT_LIMITS_FLAGS,
+    &CHAT_DEFAULT_LIMITS_METER,
+);
+static COMPLETIONS_DEFAULT_LIMITS: Harness = Harness::new(
+    Endpoint::Completions,
+    DEFAULT_LIMITS_FLAGS,
+    &COMPLETIONS_DEFAULT_LIMITS_METER,
+);
+static CHAT_METER: Meter = Meter::new("chat_body");
+static COMPLETIONS_METER: Meter = Meter::new("completions_body");
+static CHAT_DEFAULT_LIMITS_METER: Meter = Meter::new("chat_body with default limits");
+static COMPLETIONS_DEFAULT_LIMITS_METER: Meter = Meter::new("completions_body with default limits");
 
 /// A runtime and the server state living on it.
 struct Server {
@@ -145,8 +218,9 @@ struct Server {
 }
 
 impl Server {
-    fn start() -> Server {
-        let cli = match mock_server::Cli::try_parse_from(SERVER_FLAGS) {
+    /// Starts a server with `flags` whose runtime threads are charged to `meter`.
+    fn start(flags: &[&str], meter: &'static Meter) -> Server {
+        let cli = match mock_server::Cli::try_parse_from(flags) {
             Ok(cli) => cli,
             Err(e) => panic!("the fuzzed server's flags do not parse: {e}"),
         };
@@ -156,6 +230,9 @@ impl Server {
         };
         let runtime = match tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
+            .on_thread_start(move || {
+                charge_thread(Some(meter));
+            })
             .enable_all()
             .build()
         {
@@ -179,13 +256,19 @@ impl Server {
         }
     }
 
-    /// Sends `body` and reads the whole answer, or says why it could not within [`TIMEOUT`].
-    fn exchange(&self, endpoint: Endpoint, body: &[u8]) -> Result<Answer, String> {
+    /// Sends `body` and reads the whole answer, or says why it could not within `timeout`.
+    fn exchange(
+        &self,
+        endpoint: Endpoint,
+        body: &[u8],
+        timeout: Duration,
+    ) -> Result<Answer, String> {
         let request = Request::post(endpoint.path())
             .header(header::CONTENT_TYPE, "application/json")
             .body(Body::from(body.to_vec()))
             .map_err(|e| format!("cannot build the request: {e}"))?;
         let router = self.router.clone();
+        let body_len = body.len();
         self.runtime.block_on(async move {
             let exchange = async {
                 let response = router
@@ -211,9 +294,13 @@ impl Server {
                     body,
                 })
             };
-            tokio::time::timeout(TIMEOUT, exchange)
-                .await
-                .map_err(|_| format!("no complete answer within {TIMEOUT:?} (hang)"))?
+            tokio::time::timeout(timeout, exchange).await.map_err(|_| {
+                format!(
+                    "no complete answer within the time budget of {timeout:.1?} for a {}-byte \
+                     body (hang, or work out of proportion to the body)",
+                    body_len
+                )
+            })?
         })
     }
 }
@@ -225,26 +312,89 @@ struct Answer {
     body: Vec<u8>,
 }
 
-/// One endpoint's server and input count.
+/// One endpoint's server, its input count and the meter of its cost.
 struct Harness {
     endpoint: Endpoint,
+    /// The server's command line.
+    flags: &'static [&'static str],
+    /// Charged with the heap of the server's threads and of the thread sending a request.
+    meter: &'static Meter,
     /// `std` mutex: held only to take or replace the server, never across a request.
     server: Mutex<Option<Arc<Server>>>,
+    /// Held while one input is measured: the meter counts one request at a time.
+    turn: Mutex<()>,
     inputs: AtomicU64,
 }
 
 impl Harness {
-    const fn new(endpoint: Endpoint) -> Harness {
+    const fn new(
+        endpoint: Endpoint,
+        flags: &'static [&'static str],
+        meter: &'static Meter,
+    ) -> Harness {
         Harness {
             endpoint,
+            flags,
+            meter,
             server: Mutex::new(None),
+            turn: Mutex::new(()),
             inputs: AtomicU64::new(0),
         }
     }
 
+    /// The running server, started (and warmed by one small request, so that what loads on
+    /// first use is not charged to an input) when there is none.
     fn server(&self) -> Arc<Server> {
         let mut slot = self.server.lock().unwrap_or_else(PoisonError::into_inner);
-        Arc::clone(slot.get_or_insert_with(|| Arc::new(Server::start())))
+        if let Some(server) = slot.as_ref() {
+            return Arc::clone(server);
+        }
+        let server = Arc::new(Server::start(self.flags, self.meter));
+        let probe = self.endpoint.probe();
+        match server.exchange(self.endpoint, probe.as_bytes(), TIMEOUT) {
+            Ok(answer) if answer.status == StatusCode::OK => {}
+            Ok(answer) => panic!(
+                "a new server answers a small valid request to {} with {}: {}",
+                self.endpoint.path(),
+                answer.status,
+                String::from_utf8_lossy(&answer.body)
+            ),
+            Err(e) => panic!("a new server does not answer a small valid request: {e}"),
+        }
+        Arc::clone(slot.insert(server))
+    }
+
+    /// Waits for the previous input to this server to be measured.
+    fn turn(&self) -> MutexGuard<'_, ()> {
+        let started = Instant::now();
+        loop {
+            match self.turn.try_lock() {
+                Ok(turn) => return turn,
+                Err(TryLockError::Poisoned(poisoned)) => return poisoned.into_inner(),
+                Err(TryLockError::WouldBlock) if started.elapsed() > TURN_WAIT => panic!(
+                    "the previous input to {} has not returned for {TURN_WAIT:?}: its server \
+                     is wedged",
+                    self.endpoint.path()
+                ),
+                Err(TryLockError::WouldBlock) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+    }
+
+    /// Sends `data` and measures what it costs, one input at a time.
+    fn measured_exchange(&self, server: &Server, data: &[u8]) -> (Result<Answer, String>, Spent) {
+        let _turn = self.turn();
+        let charged = charge_thread(Some(self.meter));
+        self.meter.arm(BODY_BUDGET.ceiling_bytes(data.len()), data);
+        let started = Instant::now();
+        let answer = server.exchange(self.endpoint, data, BODY_BUDGET.time(data.len()));
+        let spent = Spent {
+            elapsed: started.elapsed(),
+            peak_heap_bytes: self.meter.disarm(),
+            answer_bytes: answer.as_ref().map_or(0, |answer| answer.body.len()),
+        };
+        charge_thread(charged);
+        (answer, spent)
     }
 
     /// Drops the server (after a hang) so the next input starts a fresh one.
@@ -259,31 +409,53 @@ impl Harness {
         }
     }
 
-    fn check(&self, data: &[u8]) {
+    fn check(&self, data: &[u8]) -> Spent {
         let server = self.server();
         let endpoint = self.endpoint;
-        let answer = match server.exchange(endpoint, data) {
+        let (answer, spent) = self.measured_exchange(&server, data);
+        let answer = match answer {
             Ok(answer) => answer,
             Err(e) => {
                 self.discard(server);
-                panic!("POST {}: {e}", endpoint.path());
+                let heap = match BODY_BUDGET.check(data.len(), &spent) {
+                    Err(over) if over.starts_with("over the heap") => over,
+                    _ => format!(
+                        "within the heap budget: the heap grew by {} bytes of {}",
+                        spent.peak_heap_bytes,
+                        BODY_BUDGET.heap_bytes(data.len(), 0)
+                    ),
+                };
+                panic!(
+                    "POST {}: {e} (it gave up after {:.1?}); {heap}",
+                    endpoint.path(),
+                    spent.elapsed
+                );
             }
         };
-        let verdict = check_answer(endpoint, &answer)
+        let verdict = BODY_BUDGET
+            .check(data.len(), &spent)
+            .and_then(|()| check_answer(endpoint, &answer))
             .and_then(|generated| server.check_limit(data, generated));
         if let Err(e) = verdict {
+            let shown = &answer.body[..answer.body.len().min(SHOWN_ANSWER_BYTES)];
             panic!(
-                "POST {}: {e}\nstatus {}, content-type {:?}, body:\n{}",
+                "POST {}: {e}\nstatus {}, content-type {:?}, body ({} bytes{}):\n{}",
                 endpoint.path(),
                 answer.status,
                 answer.content_type,
-                String::from_utf8_lossy(&answer.body)
+                answer.body.len(),
+                if shown.len() < answer.body.len() {
+                    format!(", the first {} shown", shown.len())
+                } else {
+                    String::new()
+                },
+                String::from_utf8_lossy(shown)
             );
         }
         let n = self.inputs.fetch_add(1, Ordering::Relaxed) + 1;
         if answer.status == StatusCode::SERVICE_UNAVAILABLE || n % LIVENESS_EVERY == 0 {
             let probe = endpoint.probe();
-            let answer = server.exchange(endpoint, probe.as_bytes());
+            let answer = server.exchange(endpoint, probe.as_bytes(), TIMEOUT);
             let verdict = answer.and_then(|answer| match answer.status {
                 StatusCode::OK => check_answer(endpoint, &answer)
                     .and_then(|generated| server.check_limit(probe.as_bytes(), generated)),
@@ -302,6 +474,7 @@ impl Harness {
                 );
             }
         }
+        spent
     }
 }
 

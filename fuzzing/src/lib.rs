@@ -18,6 +18,19 @@
 //! - [`tokenizer::prompt_text`]: the `tiktoken` encodings give tiktoken's own ids for any text
 //!   (servesim splits ASCII text by hand and caches pieces), the same twice, and decode back.
 //!
+//! The HTTP checkers also hold every body to a **cost budget** ([`cost::BODY_BUDGET`]): while
+//! the server answers, its heap may grow by at most 64 MiB + 64 bytes per body byte + 32 per
+//! answer byte (answers are at most 8 MiB), and the answer must be complete within 5 s + 1 s
+//! per MiB of body. The heap is counted by this crate's global allocator ([`meter`]), per
+//! server: each server's runtime threads and the thread that sends the request are charged to
+//! its [`meter::Meter`], one input at a time, so other checks running at once do not count.
+//! Growth past 4 times the heap budget of the body alone (2 GiB at least) aborts the process
+//! with a message and the input, before a body built without bound takes the machine's memory.
+//! [`costly::COSTLY_BODIES`] are bodies that can break the budget at full size, checked on a
+//! server with mockserve's default limits; their scaled-down seeds are the `cost_*` files of
+//! `fuzz/corpus/`, which the stable runner leaves to the cost test (`fuzzing/tests/cost.rs`,
+//! which runs the `servesim-fuzz-check` binary in child processes).
+//!
 //! [`TARGETS`] lists them with the tokens and field names the [`mutate::Mutator`] splices in.
 //! [`runner::fuzz`] loads a seed corpus, mutates it with a seeded ChaCha generator for a time
 //! budget and stops at the first violation with a [`runner::Finding`] that can be replayed.
@@ -31,7 +44,10 @@
 //! assert!(target("no_such_target").is_none());
 //! ```
 
+pub mod cost;
+pub mod costly;
 pub mod http;
+pub mod meter;
 pub mod metrics;
 pub mod mutate;
 pub mod runner;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::costly::is_costly_seed;
 use crate::mutate::Mutator;
 use crate::Target;
 
@@ -133,7 +134,10 @@ pub enum FuzzError {
     Violation(Box<Finding>),
 }
 
-/// Every file directly in `dir` (dot files skipped), sorted by name, with its bytes.
+/// Every file directly in `dir`, sorted by name, with its bytes; dot files are skipped, and so
+/// are the costly seeds ([`crate::costly::is_costly_seed`]), which are checked one process at a
+/// time: a server that spends on them without bound would abort the process at the heap
+/// ceiling, or keep a thread busy for minutes, and take every other check with it.
 pub fn load_corpus(dir: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>, FuzzError> {
     let corpus_err = |path: &Path| {
         let path = path.to_path_buf();
@@ -143,7 +147,8 @@ pub fn load_corpus(dir: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>, FuzzError> {
     for entry in std::fs::read_dir(dir).map_err(corpus_err(dir))? {
         let entry = entry.map_err(corpus_err(dir))?;
         let hidden = entry.file_name().to_string_lossy().starts_with('.');
-        if !hidden && entry.file_type().map_err(corpus_err(dir))?.is_file() {
+        let skipped = hidden || is_costly_seed(&entry.path());
+        if !skipped && entry.file_type().map_err(corpus_err(dir))?.is_file() {
             paths.push(entry.path());
         }
     }

@@ -4,6 +4,11 @@
 //! - `SERVESIM_FUZZ_SECS`: seconds of mutation per target (default 30 when `CI` is set, else 5).
 //! - `SERVESIM_FUZZ_SEED`: the mutation seed (default 0), printed with any finding.
 //!
+//! The seeds are the files of `fuzz/corpus/<target>/` but the costly ones (`cost_*`), which
+//! `tests/cost.rs` checks in child processes. A body that costs more than its budget
+//! (`servesim_fuzzing::cost`) is a finding like any other; one whose heap passes the budget's
+//! ceiling aborts this test binary with a message naming the target.
+//!
 //! A finding prints the seed, the iteration and the input, and saves the input under
 //! `target/tmp/fuzz-findings/<target>/`; copy it into `fuzz/regressions/<target>/` to keep it.
 //!
@@ -24,7 +29,8 @@ use servesim_fuzzing::runner::{check_once, fuzz, load_corpus, FuzzError, FuzzOpt
 use servesim_fuzzing::sse::Outcome;
 use servesim_fuzzing::{fuzz_dir, sse, target, TARGETS};
 
-/// Longest one input may take (the HTTP checkers time out at 5 s themselves).
+/// Longest one input may take (the HTTP checkers give up at their time budget themselves:
+/// 5 s + 1 s per MiB of body, after a first server start of a few seconds).
 const HANG_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn budget() -> Duration {
