@@ -3,6 +3,8 @@ openai SDK (streaming, tool calls, 429 from a full queue, startup errors)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import re
 import subprocess
@@ -10,6 +12,7 @@ import sysconfig
 import threading
 import time
 import urllib.request
+from importlib import metadata
 from pathlib import Path
 from typing import Callable, List
 
@@ -196,3 +199,15 @@ def test_stop_is_idempotent_and_reports_exit_status(mockserve_factory):
     server = mockserve_factory(tokenizer="builtin")
     assert server.stop() == 0
     assert server.stop() == 0
+
+
+def test_installed_files_match_record_and_plugin_is_registered():
+    dist = metadata.distribution("servesim")
+    assert dist.read_text("WHEEL") is not None and "Root-Is-Purelib: false" in dist.read_text("WHEEL")
+    hashed = [f for f in dist.files or [] if f.hash is not None]
+    assert {f.name for f in hashed} >= {"mockserve", "loadgen", "__init__.py", "pytest_plugin.py"}
+    for f in hashed:
+        digest = hashlib.new(f.hash.mode, Path(f.locate()).read_bytes()).digest()
+        assert base64.urlsafe_b64encode(digest).rstrip(b"=").decode() == f.hash.value, f
+    plugins = metadata.entry_points().select(group="pytest11")
+    assert [p.value for p in plugins if p.name == "servesim"] == ["servesim.pytest_plugin"]
