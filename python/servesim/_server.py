@@ -226,7 +226,7 @@ class MockServer:
         while True:
             found = _LISTENING.search(_read_bytes(self._stdout))
             if found:
-                self.host = found.group(1).decode()
+                self.host = found.group(1).decode().strip("[]")  # [::1] -> ::1
                 self.port = int(found.group(2))
                 return
             code = self.process.poll()
