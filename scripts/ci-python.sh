@@ -6,7 +6,8 @@
 #
 #   scripts/ci-python.sh
 #
-# Needs python3 (3.8+, with venv) and access to a Python package index for openai and pytest.
+# Needs python3 (3.8+, with venv) and, on the first run, access to a Python package index for
+# openai and pytest.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 target=${CARGO_TARGET_DIR:-"$here/target"}
@@ -25,10 +26,21 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/servesim-ci-python.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 started=$SECONDS
 
-# The pinned test dependencies install (network) while the wheel is built (disk, CPU).
+# The pinned test dependencies install while the wheel is built. Their wheels are downloaded once
+# into $target/ci-python-wheels (kept across runs, like the build itself); the venv is new.
+pins=("openai==$openai_version" "pytest==$pytest_version")
+wheelhouse="$target/ci-python-wheels/openai-$openai_version-pytest-$pytest_version"
+install_deps() {
+    if [[ ! -f $wheelhouse/.complete ]]; then
+        rm -rf "$wheelhouse"
+        python3 -m pip download --quiet --disable-pip-version-check --dest "$wheelhouse" "${pins[@]}"
+        touch "$wheelhouse/.complete"
+    fi
+    "$work/venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-index \
+        --find-links "$wheelhouse" "${pins[@]}"
+}
 python3 -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    "openai==$openai_version" "pytest==$pytest_version" &
+install_deps &
 deps=$!
 # Deflate level 1: the debug binaries are large and the wheel never leaves this directory.
 python3 "$here/scripts/build-wheel.py" --mockserve "$target/debug/mockserve" \
