@@ -359,7 +359,7 @@ fn router_weights_that_cannot_work_are_clear_errors() {
         (["--router-temperature", "inf"], "--router-temperature"),
         (["--router-temperature", "nan"], "--router-temperature"),
         (["--num-workers", "1000000"], "--num-workers"),
-        (["--speedup-ratio", "nan"], "speed-up"),
+        (["--speedup-ratio", "nan"], "--speedup-ratio"),
         (
             ["--num-gpu-blocks", "18446744073709551615"],
             "--num-gpu-blocks",
