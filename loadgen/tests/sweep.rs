@@ -3,7 +3,9 @@
 //! virtual clock), merging a run's split records rebuilds its report, a bench run records the
 //! server's series and draws them. And the flags' bounds: every numeric flag is range-checked
 //! before anything runs (huge values are an error naming the flag, never a panic, an abort or
-//! a wait), output paths are checked first, and merge refuses a file given twice.
+//! a wait), output paths are checked first, and merge refuses a file given twice. Sharded
+//! runs (`--shard I/N`) of bench, replay and multiturn merge into the unsharded run's requests,
+//! and merge checks the shard set.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -1087,5 +1089,114 @@ async fn multiturn_shards_hold_the_unsharded_conversations() -> Result<()> {
     let e = merge_files(&files, &dir.join("merged.jsonl")).expect_err("multiturn");
     assert!(e.to_string().contains("a multiturn record"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// `--shard` and `--start-at` are checked before anything runs, by errors naming the flag, on
+/// every command that takes them; a sweep and a closed loop that could not send its share are
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shard_and_start_at_are_checked_by_name() -> Result<()> {
+    let trace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/trace_small.jsonl");
+    let trace = trace.to_str().context("utf-8")?;
+    for command in [vec!["bench"], vec!["replay", trace], vec!["multiturn"]] {
+        for (flags, message) in [
+            (
+                ["--shard", "3/3"],
+                "--shard must be I/N with I < N and 1 <= N <= 65536, got 3/3",
+            ),
+            (
+                ["--shard", "0/65537"],
+                "--shard must be I/N with I < N and 1 <= N <= 65536, got 0/65537",
+            ),
+            (
+                ["--start-at", "2000-01-01T00:00:00Z"],
+                "--start-at must be from 60 s ago to 24 h ahead",
+            ),
+            (
+                ["--start-at", "4102444800"],
+                "--start-at must be from 60 s ago to 24 h ahead",
+            ),
+        ] {
+            let mut argv = command.clone();
+            argv.extend_from_slice(&flags);
+            let e = run_err(&argv).await?;
+            assert!(e.to_string().contains(message), "{argv:?}: {e}");
+        }
+        for bad in ["1", "a/3", "1/3/4", "1/x"] {
+            let mut argv = vec!["loadgen"];
+            argv.extend_from_slice(&command);
+            argv.extend(["--shard", bad]);
+            let e = Cli::try_parse_from(&argv).expect_err(bad);
+            assert!(e.to_string().contains("--shard <I/N>"), "{e}");
+        }
+        let mut argv = vec!["loadgen"];
+        argv.extend_from_slice(&command);
+        argv.extend(["--start-at", "2026-12-02T19:00:00+01:00"]);
+        let e = Cli::try_parse_from(&argv).expect_err("not UTC");
+        assert!(e.to_string().contains("only UTC"), "{e}");
+    }
+    let e = run_err(&["sweep", "--concurrency", "1,2", "--shard", "0/2"]).await?;
+    assert!(e.to_string().contains("a sweep runs in one process"), "{e}");
+    let e = run_err(&[
+        "bench",
+        "--concurrency",
+        "2",
+        "--num-requests",
+        "10",
+        "--shard",
+        "0/3",
+    ])
+    .await?;
+    assert!(e.to_string().contains("every shard needs a user"), "{e}");
+    // With --duration alone, a shard without a user runs and sends nothing.
+    let jsonl = temp_path("empty-shard.jsonl");
+    let j = jsonl.display().to_string();
+    run_cli(&[
+        "loadgen",
+        "bench",
+        "--quiet",
+        "--no-scrape-metrics",
+        "--speedup-ratio",
+        "inf",
+        "--concurrency",
+        "2",
+        "--duration",
+        "0.2",
+        "--shard",
+        "2/3",
+        "--per-request-jsonl",
+        &j,
+    ])
+    .await?;
+    assert_eq!(std::fs::read_to_string(&jsonl)?, "");
+    // --start-at: the run sends nothing before that time.
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_micros() as u64;
+    let at_us = now_us + 1_500_000;
+    let at = format!("{}.{:06}", at_us / 1_000_000, at_us % 1_000_000);
+    run_cli(&[
+        "loadgen",
+        "bench",
+        "--quiet",
+        "--no-scrape-metrics",
+        "--speedup-ratio",
+        "inf",
+        "--num-requests",
+        "2",
+        "--start-at",
+        &at,
+        "--per-request-jsonl",
+        &j,
+    ])
+    .await?;
+    let raws = raw_records(&jsonl)?;
+    assert_eq!(raws.len(), 2);
+    assert!(
+        raws.iter().all(|r| r.run_start_unix_us >= at_us),
+        "started before --start-at {at}"
+    );
+    let _ = std::fs::remove_file(&jsonl);
     Ok(())
 }
