@@ -234,11 +234,14 @@ fn now_unix_us() -> u64 {
 /// `--shard` and `--start-at`, shared by `bench`, `replay` and `multiturn`.
 #[derive(Args, Clone, Debug, Default)]
 pub struct ShardArgs {
-    /// Send only part I of N of the run (0 <= I < N, 1 <= N <= 65536), for one load spread over
-    /// N loadgen processes: open-loop arrival k, closed-loop user u, trace session s and
-    /// conversation u go to shard (k, u, s) mod N; closed-loop shard I takes the request
-    /// indices I, I+N, I+2N, ... of the request budget. Records carry the global session index
-    /// and "shard": [I, N]; `loadgen merge` of the N files gives the unsharded run's requests.
+    /// Send only part I of N of the run (I < N, 1 <= N <= 65536), one load spread over N
+    /// loadgen processes: open-loop arrival k, closed-loop user u, trace session s and
+    /// multiturn user u go to the shard their index mod N names, at their unsharded times with
+    /// their unsharded requests. Closed-loop shard I sends the request indices I, I+N, I+2N,
+    /// ... of --num-requests (every shard then needs a user: --concurrency >= N; with
+    /// --duration alone the request set is not fixed). Records carry the global session or
+    /// user index and "shard": [I, N]; `loadgen merge` of the N per-request files rebuilds the
+    /// unsharded run's requests and report (bench and replay).
     #[arg(long, value_name = "I/N")]
     pub shard: Option<Shard>,
 

@@ -1029,7 +1029,9 @@ async fn multiturn_shards_hold_the_unsharded_conversations() -> Result<()> {
             .map(|l| Ok(serde_json::from_str(l)?))
             .collect()
     };
-    let key = |v: &Value| -> Result<((u64, u64), (Value, Value, Value))> {
+    // (user, turn) → (prompt, output, cached tokens) of a multiturn record.
+    type Keyed = ((u64, u64), (Value, Value, Value));
+    let key = |v: &Value| -> Result<Keyed> {
         Ok((
             (
                 v["user_id"].as_u64().context("user_id")?,
