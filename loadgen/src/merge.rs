@@ -11,7 +11,8 @@
 //!
 //! Shards of one run (`--shard I/N`, records with `"shard": [I, N]`) keep their global
 //! session indices; the shard set is checked first ([`check_shards`]): one N, every I of
-//! `0..N` exactly once, no unsharded file among them. `multiturn`'s per-request records (its
+//! `0..N` exactly once, no unsharded file among them (empty files, from shards that had
+//! nothing to send, stand for as many missing shards). `multiturn`'s per-request records (its
 //! `raw_results`, with `user_id` and no `raw` object) cannot be merged: they are refused.
 
 use std::collections::BTreeMap;
@@ -152,7 +153,9 @@ fn show_shard(shard: Option<(u32, u32)>) -> String {
 }
 
 /// Checks the shard set of the files (`(file, its records' shard)`; `empty` files had no
-/// record): all unsharded, or shards `I/N` of one N with every `I` in `0..N` exactly once.
+/// record): all unsharded, or shards `I/N` of one N with every `I` in `0..N` exactly once,
+/// where the empty files (a shard with nothing to send writes no record) stand for the
+/// missing shards when there are exactly as many of them.
 pub fn check_shards(
     shards: &[(&PathBuf, Option<(u32, u32)>)],
     empty: usize,
@@ -161,7 +164,7 @@ pub fn check_shards(
         .iter()
         .filter_map(|(p, s)| s.map(|s| (*p, s)))
         .collect();
-    let Some(&(first_path, (_, n))) = sharded.first() else {
+    let Some(&(first_path, (first_index, n))) = sharded.first() else {
         return Ok(());
     };
     if let Some((p, _)) = shards.iter().find(|(_, s)| s.is_none()) {
@@ -174,7 +177,8 @@ pub fn check_shards(
     }
     if let Some((p, (i, m))) = sharded.iter().find(|(_, (_, m))| *m != n) {
         return Err(LoadgenError::Config(format!(
-            "{} is shard {i}/{m} and {} is shard of {n}: the shards of one run share N",
+            "{} is shard {i}/{m} and {} is shard {first_index}/{n}: the shards of one run \
+             share N",
             p.display(),
             first_path.display()
         )));
@@ -193,7 +197,9 @@ pub fn check_shards(
         .filter(|i| !by_index.contains_key(i))
         .map(|i| format!("{i}/{n}"))
         .collect();
-    if !missing.is_empty() {
+    // A shard with nothing to send (fewer sessions or users than N) writes an empty file:
+    // as many empty files as missing shards complete the set.
+    if !missing.is_empty() && missing.len() != empty {
         let shown = if missing.len() > 10 {
             format!(
                 "{} and {} more",
@@ -207,7 +213,10 @@ pub fn check_shards(
             "shards missing: {shown} (given {} of {n}{})",
             by_index.len(),
             if empty > 0 {
-                format!("; {empty} files hold no record, so their shard is unknown")
+                format!(
+                    "; {empty} files hold no record, so their shard is unknown: as many as the \
+                     missing shards would stand for them"
+                )
             } else {
                 String::new()
             }
@@ -328,4 +337,43 @@ pub fn run(args: &MergeArgs) -> Result<LiveReport, LoadgenError> {
         crate::html::write(path, &[crate::html::RunView::of("merged", &json)])?;
     }
     Ok(live)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_sets_are_complete_or_refused() {
+        let files: Vec<PathBuf> = (0..4)
+            .map(|i| PathBuf::from(format!("s{i}.jsonl")))
+            .collect();
+        let set = |shards: &[Option<(u32, u32)>]| -> Vec<(&PathBuf, Option<(u32, u32)>)> {
+            files.iter().zip(shards.iter().copied()).collect()
+        };
+        check_shards(&set(&[Some((1, 3)), Some((0, 3)), Some((2, 3))]), 0).expect("complete");
+        check_shards(&set(&[None, None]), 0).expect("unsharded");
+        // A shard that had nothing to send wrote an empty file.
+        check_shards(&set(&[Some((0, 3)), Some((2, 3))]), 1).expect("one empty file");
+        let e = check_shards(&set(&[Some((0, 3)), Some((2, 3))]), 0).expect_err("missing");
+        assert_eq!(
+            e.to_string(),
+            "invalid configuration: shards missing: 1/3 (given 2 of 3)"
+        );
+        let e = check_shards(&set(&[Some((0, 3))]), 1).expect_err("two missing, one empty");
+        assert!(e.to_string().contains("shards missing: 1/3, 2/3"), "{e}");
+        let e = check_shards(&set(&[Some((0, 3)), Some((1, 4))]), 0).expect_err("two N");
+        assert_eq!(
+            e.to_string(),
+            "invalid configuration: s1.jsonl is shard 1/4 and s0.jsonl is shard 0/3: the \
+             shards of one run share N"
+        );
+        let e = check_shards(&set(&[Some((0, 2)), Some((0, 2))]), 0).expect_err("twice");
+        assert!(e.to_string().contains("shard 0/2 is given twice"), "{e}");
+        let e = check_shards(&set(&[Some((0, 2)), None]), 0).expect_err("mixed");
+        assert!(
+            e.to_string().contains("s1.jsonl holds unsharded records"),
+            "{e}"
+        );
+    }
 }
