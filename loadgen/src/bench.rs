@@ -877,11 +877,14 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
     let plan = args.plan()?;
     let spec = args.target.spec(&EmbeddedOptions::default())?;
     let target = spec.connect(plan.api).await?;
+    args.sharding.wait_for_start().await;
     let observe = crate::observe::Observe::start(
         &args.observe,
         &args.report,
         &target,
-        plan.stop.max_requests(),
+        plan.stop
+            .max_requests()
+            .map(|n| plan.shard.map_or(n, |s| s.share(n))),
     )
     .await;
     let mode = plan.describe();
@@ -894,7 +897,6 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
         },
         target.url
     );
-    args.sharding.wait_for_start().await;
     let result = run_plan(&plan, &target, &observe.hooks()).await;
     let observed = observe.finish().await;
     target.shutdown().await;

@@ -176,6 +176,7 @@ async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, 
         "Running {} users x {} turns = {} total requests...",
         num_users, config.workload.num_turns, total
     );
+    config.sharding.wait_for_start().await;
     let bar = if config.report.show_progress() {
         ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
     } else {
@@ -247,7 +248,6 @@ async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, 
         observer,
         ..DriverConfig::default()
     };
-    config.sharding.wait_for_start().await;
     let out = driver::drive(target.endpoint.clone(), scripts, &driver_config).await?;
     let mut data = RunData::default();
     for s in &out.samples {

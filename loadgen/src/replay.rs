@@ -484,10 +484,10 @@ pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, 
             }) as Box<dyn Script>
         })
         .collect();
+    args.sharding.wait_for_start().await;
     let observe =
         crate::observe::Observe::start(&args.observe, &args.report, &target, Some(total)).await;
     let hooks = observe.hooks();
-    args.sharding.wait_for_start().await;
     let started = std::time::Instant::now();
     let config = DriverConfig {
         max_in_flight: args.max_in_flight,

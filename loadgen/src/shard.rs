@@ -56,6 +56,11 @@ impl Shard {
         (self.index + local as u64 * self.count) as usize
     }
 
+    /// How many of the global indices `0..total` this shard owns.
+    pub fn share(&self, total: usize) -> usize {
+        ((total as u64 + self.count - 1 - self.index) / self.count) as usize
+    }
+
     /// `[I, N]`, as records carry it.
     pub fn pair(&self) -> (u32, u32) {
         (self.index as u32, self.count as u32)
@@ -308,6 +313,19 @@ mod tests {
             [1, 4, 7]
         );
         assert_eq!((0..3).map(|j| s.global(j)).collect::<Vec<_>>(), [1, 4, 7]);
+        for total in 0..20 {
+            for n in 1..6 {
+                let owned: usize = (0..n)
+                    .map(|i| Shard { index: i, count: n }.share(total))
+                    .sum();
+                assert_eq!(owned, total);
+                let s = Shard {
+                    index: n - 1,
+                    count: n,
+                };
+                assert_eq!(s.share(total), (0..total).filter(|&k| s.owns(k)).count());
+            }
+        }
         for bad in ["", "1", "1/", "/3", "a/3", "1/3/4", "-1/3", "1 /3", "+1/3"] {
             assert!(bad.parse::<Shard>().is_err(), "{bad:?}");
         }
