@@ -99,6 +99,12 @@ pub struct BenchArgs {
     /// Where requests go.
     #[command(flatten)]
     pub target: TargetArgs,
+    /// One run over N processes: open-loop arrival k goes to shard k % N (same time, same
+    /// request); closed-loop shard I runs users u % N == I and the request indices I, I+N, ...
+    /// of --num-requests (a fixed request set needs --num-requests and at least N users; with
+    /// --duration alone each shard sends until the time is up, so the set is not fixed).
+    #[command(flatten, next_help_heading = "Sharding (one run over N processes)")]
+    pub sharding: crate::shard::ShardArgs,
 }
 
 /// Request rate of the open loop.
@@ -203,6 +209,8 @@ pub struct BenchPlan {
     pub max_failure_rate: f64,
     /// The route requests go to.
     pub api: Api,
+    /// The part of the run this process sends (`--shard`; None: all of it).
+    pub shard: Option<crate::shard::Shard>,
 }
 
 /// Requests when neither `--num-requests` nor `--duration` is given.
@@ -405,6 +413,20 @@ impl BenchArgs {
         if self.num_prefix_groups > 1 && self.shared_prefix_tokens == 0 {
             return bad("--num-prefix-groups needs --shared-prefix-tokens");
         }
+        self.sharding.check()?;
+        let shard = self.sharding.shard;
+        if let (Some(sh), Load::Closed { users }, Some(_)) = (shard, load, stop.max_requests()) {
+            // Shard I sends the request indices I, I+N, ...: with no user of its own, they
+            // would never be sent.
+            if (users as u64) < sh.count {
+                return Err(LoadgenError::Config(format!(
+                    "--shard {}/{} with --concurrency {users} and a request budget: every shard \
+                     needs a user to send its share of --num-requests (give at least {} users, \
+                     or --duration alone)",
+                    sh.index, sh.count, sh.count
+                )));
+            }
+        }
         Ok(BenchPlan {
             load,
             stop,
@@ -421,6 +443,7 @@ impl BenchArgs {
             seed: self.target.engine.seed,
             max_failure_rate: self.failures.max_failure_rate()?,
             api: self.endpoint,
+            shard,
         })
     }
 }
@@ -763,13 +786,23 @@ impl Script for OneShot {
     }
 }
 
+/// Request indices taken by each closed-loop user, by local user then turn: a sample's
+/// request is `taken[session][turn]`. Locked only to push or read, never across an await.
+type Taken = Arc<std::sync::Mutex<Vec<Vec<usize>>>>;
+
 /// One closed-loop user: the next request index as soon as the previous finished.
 struct User {
     requests: Arc<Requests>,
+    /// The counter the users of this process share (the shard's own when sharded: its `c`-th
+    /// request is the global index `I + c * N`).
     next: Arc<AtomicUsize>,
+    shard: Option<crate::shard::Shard>,
     /// Requests to send in all (None: until the duration ends).
     limit: Option<usize>,
-    ks: Vec<usize>,
+    /// This user's local index in `taken`.
+    index: usize,
+    taken: Taken,
+    turn: usize,
 }
 
 impl Script for User {
@@ -777,16 +810,22 @@ impl Script for User {
         Duration::ZERO
     }
     fn next(&mut self, _previous: Option<&Response>) -> Option<Planned> {
-        let k = self.next.fetch_add(1, Ordering::Relaxed);
+        let c = self.next.fetch_add(1, Ordering::Relaxed);
+        let k = crate::shard::global(self.shard, c);
         if self.limit.is_some_and(|n| k >= n) {
             return None;
         }
-        let start = if self.ks.is_empty() {
+        let start = if self.turn == 0 {
             Start::At(Duration::ZERO)
         } else {
             Start::After(Duration::ZERO)
         };
-        self.ks.push(k);
+        self.turn += 1;
+        if let Ok(mut taken) = self.taken.lock() {
+            if let Some(ks) = taken.get_mut(self.index) {
+                ks.push(k);
+            }
+        }
         Some(Planned {
             start,
             body: self.requests.body(k),
@@ -838,11 +877,14 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
     let plan = args.plan()?;
     let spec = args.target.spec(&EmbeddedOptions::default())?;
     let target = spec.connect(plan.api).await?;
+    args.sharding.wait_for_start().await;
     let observe = crate::observe::Observe::start(
         &args.observe,
         &args.report,
         &target,
-        plan.stop.max_requests(),
+        plan.stop
+            .max_requests()
+            .map(|n| plan.shard.map_or(n, |s| s.share(n))),
     )
     .await;
     let mode = plan.describe();
@@ -935,12 +977,16 @@ pub async fn run_plan(
         synth: target.synth(1),
         model: target.model.clone(),
     });
+    let shard = plan.shard;
+    let owns = |i: usize| shard.is_none_or(|sh| sh.owns(i));
+    let taken: Taken = Arc::default();
     let (scripts, max_in_flight): (Vec<Box<dyn Script>>, Option<usize>) = match plan.load {
         Load::Open { max_in_flight, .. } => {
             let s = plan
                 .arrival_offsets()
                 .into_iter()
                 .enumerate()
+                .filter(|&(k, _)| owns(k))
                 .map(|(k, t)| {
                     Box::new(OneShot {
                         requests: requests.clone(),
@@ -954,13 +1000,20 @@ pub async fn run_plan(
         }
         Load::Closed { users } => {
             let next = Arc::new(AtomicUsize::new(0));
-            let s = (0..users)
-                .map(|_| {
+            let local_users = (0..users).filter(|&u| owns(u)).count();
+            if let Ok(mut t) = taken.lock() {
+                *t = vec![Vec::new(); local_users];
+            }
+            let s = (0..local_users)
+                .map(|index| {
                     Box::new(User {
                         requests: requests.clone(),
                         next: next.clone(),
+                        shard,
                         limit: plan.stop.max_requests(),
-                        ks: Vec::new(),
+                        index,
+                        taken: taken.clone(),
+                        turn: 0,
                     }) as Box<dyn Script>
                 })
                 .collect();
@@ -981,28 +1034,50 @@ pub async fn run_plan(
     let result = driver::drive(target.endpoint.clone(), scripts, &config).await;
     let wall = started.elapsed();
     bar.finish_and_clear();
-    let out = result?;
-    // Request index of each sample: open loop one per session; closed loop by send order (the
-    // prompt length itself comes from the server's usage).
+    let mut out = result?;
+    // Request index of each sample: open loop one per session (the local session j is the
+    // global arrival I + j * N); closed loop the index the user took for that turn.
     let open_loop = matches!(plan.load, Load::Open { .. });
-    let infos: Vec<RequestInfo> = (0..out.samples.len()).map(|i| requests.info(i)).collect();
+    let taken = taken.lock().map(|t| t.clone()).unwrap_or_default();
+    let ks: Vec<usize> = out
+        .samples
+        .iter()
+        .map(|s| {
+            if open_loop {
+                crate::shard::global(shard, s.session)
+            } else {
+                taken
+                    .get(s.session)
+                    .and_then(|t| t.get(s.turn))
+                    .copied()
+                    .unwrap_or(s.seq as usize)
+            }
+        })
+        .collect();
+    // Records carry the global arrival or user index.
+    for s in &mut out.samples {
+        s.session = crate::shard::global(shard, s.session);
+    }
+    let infos: Vec<RequestInfo> = ks.iter().map(|&k| requests.info(k)).collect();
     let measured: Vec<_> = out
         .samples
         .iter()
-        .filter(|s| match plan.warmup {
+        .zip(ks.iter().zip(&infos))
+        .filter(|(s, (&k, _))| match plan.warmup {
             None => true,
+            // Sharded, the first N requests of the whole run (by request index).
+            Some(Warmup::Requests(n)) if shard.is_some() => k >= n,
             Some(Warmup::Requests(n)) => s.seq >= n as u64,
             Some(Warmup::Seconds(x)) => (s.scheduled_us as f64) >= x * 1e6,
         })
-        .map(|s| {
-            let k = if open_loop { s.session } else { s.seq as usize };
-            (s, &infos[k.min(infos.len() - 1)])
-        })
+        .map(|(s, (_, info))| (s, info))
         .collect();
     let warmup_requests = out.samples.len() - measured.len();
     let mut live = replay_report::build(&measured, wall);
     live.set_started_at(out.started_at);
-    let json = bench_json(&live, &mode, warmup_requests, plan.slo);
+    live.set_shard(shard);
+    let mut json = bench_json(&live, &mode, warmup_requests, plan.slo);
+    crate::shard::annotate(&mut json, shard);
     let goodput = plan
         .slo
         .map(|slo| goodput(&slo, &live.records, live.report.duration_ms / 1000.0));

@@ -106,6 +106,12 @@ pub struct MultiturnArgs {
     /// The embedded server's chat settings (ignored with --url).
     #[command(flatten, next_help_heading = "Embedded server (without --url)")]
     pub chat_server: ChatServerArgs,
+
+    /// One run over N processes: shard I runs the conversations of the users u with
+    /// u % N == I (the workload is generated for every user first, so each conversation is the
+    /// unsharded run's).
+    #[command(flatten, next_help_heading = "Sharding (one run over N processes)")]
+    pub sharding: crate::shard::ShardArgs,
 }
 
 /// The embedded mockserve's chat settings: the reasoning share (with a default that makes
@@ -177,6 +183,8 @@ pub struct MultiturnConfig {
     pub report: ReportArgs,
     /// The HTML report's path.
     pub html: Option<std::path::PathBuf>,
+    /// `--shard` and `--start-at` (checked).
+    pub sharding: crate::shard::ShardArgs,
 }
 
 impl MultiturnArgs {
@@ -264,6 +272,7 @@ impl MultiturnArgs {
             ),
             ("--html", self.html.as_deref()),
         ])?;
+        self.sharding.check()?;
         Ok(MultiturnConfig {
             target: self.target.spec(&self.chat_server.options())?,
             workload,
@@ -275,6 +284,7 @@ impl MultiturnArgs {
             max_failure_rate,
             report: self.report.clone(),
             html: self.html.clone(),
+            sharding: self.sharding.clone(),
         })
     }
 }

@@ -30,6 +30,8 @@
 //!   metrics over time), [`html`] (the self-contained HTML report), [`live`] (the live view).
 //! - `profile`: [`profile`](mod@profile) (prefill and decode latency measured into a profile
 //!   that `--perf-profile` reads).
+//! - [`shard`]: `--shard I/N` and `--start-at`, one load split over N processes that
+//!   [`merge`] puts back together.
 //! - [`limits`]: every flag's allowed range (caps as named constants) and the output-path check
 //!   each mode's validation runs before anything connects.
 //! - [`error`]: [`LoadgenError`] and the exit status of each.
@@ -65,6 +67,7 @@ pub mod prompt;
 pub mod replay;
 pub mod replay_report;
 pub mod scrape;
+pub mod shard;
 pub mod sse;
 pub mod sweep;
 pub mod target;

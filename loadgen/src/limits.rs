@@ -87,6 +87,22 @@ pub const MAX_PROFILE_SAMPLES: usize = 1_000;
 /// `--decode-context-lengths`).
 pub const MAX_GRID_VALUES: usize = 64;
 
+/// Processes one run may be split over at most (`--shard I/N`).
+pub const MAX_SHARDS: u64 = 65_536;
+
+/// `--shard I/N`: `I < N` and `1 <= N <=` [`MAX_SHARDS`].
+pub fn shard(shard: crate::shard::Shard) -> Result<crate::shard::Shard, LoadgenError> {
+    if (1..=MAX_SHARDS).contains(&shard.count) && shard.index < shard.count {
+        Ok(shard)
+    } else {
+        Err(out_of_range(
+            "--shard",
+            format!("{}/{}", shard.index, shard.count),
+            format!("I/N with I < N and 1 <= N <= {MAX_SHARDS}"),
+        ))
+    }
+}
+
 /// `x` for a message: plain for ordinary magnitudes, scientific for very large or very small
 /// ones (never a 309-digit number).
 pub fn show(x: f64) -> String {

@@ -8,6 +8,12 @@
 //! ([`replay_report::build`]): percentiles come from the raw samples, throughput from the union
 //! of the windows (earliest scheduled send to last completion). Merging the halves of one run's
 //! records gives that run's report.
+//!
+//! Shards of one run (`--shard I/N`, records with `"shard": [I, N]`) keep their global
+//! session indices; the shard set is checked first ([`check_shards`]): one N, every I of
+//! `0..N` exactly once, no unsharded file among them (empty files, from shards that had
+//! nothing to send, stand for as many missing shards). `multiturn`'s per-request records (its
+//! `raw_results`, with `user_id` and no `raw` object) cannot be merged: they are refused.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -23,7 +29,9 @@ use crate::replay_report::{self, LiveReport, RawSample, RequestInfo};
 #[derive(Args, Clone, Debug)]
 pub struct MergeArgs {
     /// Per-request JSONL files written with --per-request-jsonl (bench or replay); each file
-    /// once (the same file twice, or two copies of one, is refused).
+    /// once (the same file twice, or two copies of one, is refused). The files of a --shard
+    /// run must be its N shards, each once (a missing, duplicated or unsharded file is
+    /// refused); multiturn records are refused.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
 
@@ -50,6 +58,8 @@ pub struct MergeArgs {
 pub fn read(files: &[PathBuf]) -> Result<(Vec<RawSample>, usize), LoadgenError> {
     let mut out = Vec::new();
     let mut skipped = 0;
+    // The shard of each file's records (None: unsharded; no entry: no records).
+    let mut shards: Vec<(&PathBuf, Option<(u32, u32)>)> = Vec::new();
     // (canonical path, content hash, path) of the files read so far; a file whose hash matches
     // is read again to compare the bytes.
     let mut seen: Vec<(Option<PathBuf>, u64, &PathBuf)> = Vec::new();
@@ -79,6 +89,7 @@ pub fn read(files: &[PathBuf]) -> Result<(Vec<RawSample>, usize), LoadgenError> 
                 )));
             }
         }
+        let mut file_shard: Option<Option<(u32, u32)>> = None;
         for (n, line) in text.lines().enumerate() {
             if line.trim().is_empty() {
                 continue;
@@ -86,11 +97,34 @@ pub fn read(files: &[PathBuf]) -> Result<(Vec<RawSample>, usize), LoadgenError> 
             let v: Value = serde_json::from_str(line).map_err(|e| {
                 LoadgenError::Config(format!("{}:{}: not JSON: {e}", path.display(), n + 1))
             })?;
+            if v.get("raw").is_none() && v.get("user_id").is_some() {
+                return Err(LoadgenError::Config(format!(
+                    "{}:{}: a multiturn record (user_id, no raw object): merge rebuilds bench \
+                     and replay reports only",
+                    path.display(),
+                    n + 1
+                )));
+            }
             match v
                 .get("raw")
                 .map(|r| serde_json::from_value::<RawSample>(r.clone()))
             {
-                Some(Ok(raw)) => out.push(raw),
+                Some(Ok(raw)) => {
+                    match file_shard {
+                        None => file_shard = Some(raw.shard),
+                        Some(shard) if shard != raw.shard => {
+                            return Err(LoadgenError::Config(format!(
+                                "{}:{}: shard {} in a file whose records are shard {}",
+                                path.display(),
+                                n + 1,
+                                show_shard(raw.shard),
+                                show_shard(shard)
+                            )))
+                        }
+                        Some(_) => {}
+                    }
+                    out.push(raw)
+                }
                 Some(Err(e)) => {
                     return Err(LoadgenError::Config(format!(
                         "{}:{}: bad raw record: {e}",
@@ -102,14 +136,101 @@ pub fn read(files: &[PathBuf]) -> Result<(Vec<RawSample>, usize), LoadgenError> 
             }
         }
         seen.push((canonical, hash, path));
+        if let Some(shard) = file_shard {
+            shards.push((path, shard));
+        }
     }
+    let empty = files.len() - shards.len();
+    check_shards(&shards, empty)?;
     Ok((out, skipped))
 }
 
+fn show_shard(shard: Option<(u32, u32)>) -> String {
+    match shard {
+        Some((i, n)) => format!("{i}/{n}"),
+        None => "none (unsharded)".into(),
+    }
+}
+
+/// Checks the shard set of the files (`(file, its records' shard)`; `empty` files had no
+/// record): all unsharded, or shards `I/N` of one N with every `I` in `0..N` exactly once,
+/// where the empty files (a shard with nothing to send writes no record) stand for the
+/// missing shards when there are exactly as many of them.
+pub fn check_shards(
+    shards: &[(&PathBuf, Option<(u32, u32)>)],
+    empty: usize,
+) -> Result<(), LoadgenError> {
+    let sharded: Vec<_> = shards
+        .iter()
+        .filter_map(|(p, s)| s.map(|s| (*p, s)))
+        .collect();
+    let Some(&(first_path, (first_index, n))) = sharded.first() else {
+        return Ok(());
+    };
+    if let Some((p, _)) = shards.iter().find(|(_, s)| s.is_none()) {
+        return Err(LoadgenError::Config(format!(
+            "{} holds unsharded records and {} shard records: a run's shards merge only with \
+             each other",
+            p.display(),
+            first_path.display()
+        )));
+    }
+    if let Some((p, (i, m))) = sharded.iter().find(|(_, (_, m))| *m != n) {
+        return Err(LoadgenError::Config(format!(
+            "{} is shard {i}/{m} and {} is shard {first_index}/{n}: the shards of one run \
+             share N",
+            p.display(),
+            first_path.display()
+        )));
+    }
+    let mut by_index: BTreeMap<u32, &PathBuf> = BTreeMap::new();
+    for &(p, (i, _)) in &sharded {
+        if let Some(other) = by_index.insert(i, p) {
+            return Err(LoadgenError::Config(format!(
+                "shard {i}/{n} is given twice ({} and {})",
+                other.display(),
+                p.display()
+            )));
+        }
+    }
+    let missing: Vec<String> = (0..n)
+        .filter(|i| !by_index.contains_key(i))
+        .map(|i| format!("{i}/{n}"))
+        .collect();
+    // A shard with nothing to send (fewer sessions or users than N) writes an empty file:
+    // as many empty files as missing shards complete the set.
+    if !missing.is_empty() && missing.len() != empty {
+        let shown = if missing.len() > 10 {
+            format!(
+                "{} and {} more",
+                missing[..10].join(", "),
+                missing.len() - 10
+            )
+        } else {
+            missing.join(", ")
+        };
+        return Err(LoadgenError::Config(format!(
+            "shards missing: {shown} (given {} of {n}{})",
+            by_index.len(),
+            if empty > 0 {
+                format!(
+                    "; {empty} files hold no record, so their shard is unknown: as many as the \
+                     missing shards would stand for them"
+                )
+            } else {
+                String::new()
+            }
+        )));
+    }
+    Ok(())
+}
+
 /// The report of `raws` (several processes' records): clocks aligned on the earliest
-/// wall-clock start, sessions of each process kept apart.
+/// wall-clock start, sessions of each process kept apart (shards' records keep their global
+/// session indices).
 pub fn merge(raws: &[RawSample]) -> LiveReport {
     let first_start = raws.iter().map(|r| r.run_start_unix_us).min().unwrap_or(0);
+    let sharded = raws.iter().any(|r| r.shard.is_some());
     // Session offsets per process (by run start), in start order.
     let mut bases: BTreeMap<u64, usize> = BTreeMap::new();
     let mut next = 0;
@@ -130,7 +251,11 @@ pub fn merge(raws: &[RawSample]) -> LiveReport {
         .map(|r| {
             r.to_sample(
                 r.run_start_unix_us - first_start,
-                bases.get(&r.run_start_unix_us).copied().unwrap_or(0),
+                if sharded {
+                    0
+                } else {
+                    bases.get(&r.run_start_unix_us).copied().unwrap_or(0)
+                },
             )
         })
         .collect();
@@ -171,12 +296,21 @@ pub fn run(args: &MergeArgs) -> Result<LiveReport, LoadgenError> {
         s.len()
     };
     let live = merge(&raws);
-    let mode = format!(
-        "merged: {} records from {} files ({} processes)",
-        raws.len(),
-        args.files.len(),
-        processes
-    );
+    let shards = raws.iter().find_map(|r| r.shard).map(|(_, n)| n);
+    let mode = match shards {
+        Some(n) => format!(
+            "merged: {} records from {} files (shards 0..{n} of one run, {} processes)",
+            raws.len(),
+            args.files.len(),
+            processes
+        ),
+        None => format!(
+            "merged: {} records from {} files ({} processes)",
+            raws.len(),
+            args.files.len(),
+            processes
+        ),
+    };
     let mut json = crate::bench::bench_json(&live, &mode, 0, args.slo);
     crate::observe::Observed::default().annotate(
         &mut json,
@@ -203,4 +337,43 @@ pub fn run(args: &MergeArgs) -> Result<LiveReport, LoadgenError> {
         crate::html::write(path, &[crate::html::RunView::of("merged", &json)])?;
     }
     Ok(live)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_sets_are_complete_or_refused() {
+        let files: Vec<PathBuf> = (0..4)
+            .map(|i| PathBuf::from(format!("s{i}.jsonl")))
+            .collect();
+        let set = |shards: &[Option<(u32, u32)>]| -> Vec<(&PathBuf, Option<(u32, u32)>)> {
+            files.iter().zip(shards.iter().copied()).collect()
+        };
+        check_shards(&set(&[Some((1, 3)), Some((0, 3)), Some((2, 3))]), 0).expect("complete");
+        check_shards(&set(&[None, None]), 0).expect("unsharded");
+        // A shard that had nothing to send wrote an empty file.
+        check_shards(&set(&[Some((0, 3)), Some((2, 3))]), 1).expect("one empty file");
+        let e = check_shards(&set(&[Some((0, 3)), Some((2, 3))]), 0).expect_err("missing");
+        assert_eq!(
+            e.to_string(),
+            "invalid configuration: shards missing: 1/3 (given 2 of 3)"
+        );
+        let e = check_shards(&set(&[Some((0, 3))]), 1).expect_err("two missing, one empty");
+        assert!(e.to_string().contains("shards missing: 1/3, 2/3"), "{e}");
+        let e = check_shards(&set(&[Some((0, 3)), Some((1, 4))]), 0).expect_err("two N");
+        assert_eq!(
+            e.to_string(),
+            "invalid configuration: s1.jsonl is shard 1/4 and s0.jsonl is shard 0/3: the \
+             shards of one run share N"
+        );
+        let e = check_shards(&set(&[Some((0, 2)), Some((0, 2))]), 0).expect_err("twice");
+        assert!(e.to_string().contains("shard 0/2 is given twice"), "{e}");
+        let e = check_shards(&set(&[Some((0, 2)), None]), 0).expect_err("mixed");
+        assert!(
+            e.to_string().contains("s1.jsonl holds unsharded records"),
+            "{e}"
+        );
+    }
 }

@@ -108,6 +108,7 @@ fn record(sample: &Sample, user_tokens: Option<usize>) -> RawResult {
         prompt_tokens: r.prompt_tokens,
         cached_tokens: r.cached_tokens,
         error: r.failure.clone(),
+        shard: None,
     }
 }
 
@@ -155,12 +156,27 @@ async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, 
     let (url, model) = (target.url.as_str(), target.model.clone());
     print_config(config, url, &model);
 
-    let workload = Workload::generate(&config.workload, &counter);
-    let total = (config.workload.num_users * config.workload.num_turns) as u64;
+    // Every user's conversation from the seed, then this shard's users: each is the
+    // unsharded run's conversation.
+    let mut workload = Workload::generate(&config.workload, &counter);
+    let shard = config.sharding.shard;
+    if let Some(sh) = shard {
+        workload.users.retain(|u| sh.owns(u.user_id));
+        println!(
+            "Shard {}/{}: {} of the {} users",
+            sh.index,
+            sh.count,
+            workload.users.len(),
+            config.workload.num_users
+        );
+    }
+    let num_users = workload.users.len();
+    let total = (num_users * config.workload.num_turns) as u64;
     println!(
         "Running {} users x {} turns = {} total requests...",
-        config.workload.num_users, config.workload.num_turns, total
+        num_users, config.workload.num_turns, total
     );
+    config.sharding.wait_for_start().await;
     let bar = if config.report.show_progress() {
         ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
     } else {
@@ -177,6 +193,7 @@ async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, 
         ignore_eos: config.ignore_eos,
         speculative_prefill: config.speculative_prefill,
     });
+    // By local user.
     let user_tokens: Vec<Vec<Option<usize>>> = workload
         .users
         .iter()
@@ -193,7 +210,7 @@ async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, 
             };
             let line = format!(
                 "  [user {}][turn {}/{}] ttft={ttft}  total={:.1}s  ok={}",
-                s.session,
+                crate::shard::global(shard, s.session),
                 s.turn + 1,
                 num_turns,
                 (s.lag_us() + tm.end_us) as f64 / 1e6,
@@ -205,7 +222,12 @@ async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, 
                 bar.println(line);
             }
             if let Some(f) = &s.response.failure {
-                eprintln!("  [user {}][turn {}] {}", s.session, s.turn, f);
+                eprintln!(
+                    "  [user {}][turn {}] {}",
+                    crate::shard::global(shard, s.session),
+                    s.turn,
+                    f
+                );
             }
         }) as Observer
     });
@@ -242,19 +264,23 @@ async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, 
             .and_then(|u| u.get(s.turn))
             .copied()
             .flatten();
-        data.records.push(record(s, tokens));
+        let mut rec = record(s, tokens);
+        rec.user_id = crate::shard::global(shard, s.session);
+        rec.shard = shard.map(|sh| sh.pair());
+        data.records.push(rec);
     }
     data.duration_s = out.duration.as_secs_f64();
     bar.finish_and_clear();
     println!("\nBenchmark completed in {:.1}s", data.duration_s);
 
-    let results = Results::build(
+    let mut results = Results::build(
         data,
-        config.workload.num_users,
+        num_users,
         config.workload.num_turns,
         config.speculative_prefill,
         config.to_json(&model, url),
     );
+    crate::shard::annotate(&mut results.config, shard);
     print!("{}", results.console());
     write_files(&results, config)?;
     Ok(results)

@@ -78,7 +78,7 @@ pub struct PerTurnStats {
 /// One request as Dynamo's `raw_results` lists it, plus loadgen's fields.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RawResult {
-    /// 0-based user.
+    /// 0-based user (the global index in a `--shard` run).
     pub user_id: usize,
     /// 0-based turn.
     pub turn: usize,
@@ -130,6 +130,9 @@ pub struct RawResult {
     /// Why it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<Failure>,
+    /// `[I, N]` of a `--shard I/N` run (absent unsharded); `user_id` is the global user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<(u32, u32)>,
 }
 
 /// Statistics of a rate (per request), with the ranks of [`StatsReport`]

@@ -85,6 +85,11 @@ pub struct ReplayArgs {
     /// Where requests go.
     #[command(flatten)]
     pub target: TargetArgs,
+
+    /// One replay over N processes: shard I sends the trace sessions s with s % N == I, at
+    /// their unsharded times.
+    #[command(flatten, next_help_heading = "Sharding (one run over N processes)")]
+    pub sharding: crate::shard::ShardArgs,
 }
 
 /// How session rows relate to each other.
@@ -306,6 +311,7 @@ impl ReplayArgs {
         }
         self.failures.max_failure_rate()?;
         self.observe.check()?;
+        self.sharding.check()?;
         limits::output_paths([
             ("--report-json", self.report.report_json.as_deref()),
             (
@@ -443,12 +449,30 @@ pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, 
             "embedded server's tokenizer"
         }
     );
-    let total = trace.num_requests();
+    // A shard's sessions, by global index (all of them unsharded).
+    let shard = args.sharding.shard;
+    let owned: Vec<usize> = (0..trace.sessions.len())
+        .filter(|&s| shard.is_none_or(|sh| sh.owns(s)))
+        .collect();
+    if let Some(sh) = shard {
+        sayln!(
+            "Shard {}/{}: {} of the {} sessions",
+            sh.index,
+            sh.count,
+            owned.len(),
+            trace.sessions.len()
+        );
+    }
+    let total = owned
+        .iter()
+        .map(|&s| trace.sessions[s].turns.len())
+        .sum::<usize>();
     let trace = Arc::new(trace);
     let plans = Arc::new(plans);
     let model: Arc<str> = Arc::from(target.model.as_str());
-    let scripts: Vec<Box<dyn Script>> = (0..trace.sessions.len())
-        .map(|session| {
+    let scripts: Vec<Box<dyn Script>> = owned
+        .iter()
+        .map(|&session| {
             Box::new(SessionScript {
                 trace: trace.clone(),
                 plans: plans.clone(),
@@ -460,6 +484,7 @@ pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, 
             }) as Box<dyn Script>
         })
         .collect();
+    args.sharding.wait_for_start().await;
     let observe =
         crate::observe::Observe::start(&args.observe, &args.report, &target, Some(total)).await;
     let hooks = observe.hooks();
@@ -474,7 +499,11 @@ pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, 
     let wall = started.elapsed();
     let observed = observe.finish().await;
     target.shutdown().await;
-    let out = result?;
+    let mut out = result?;
+    // Local session j ran global session owned[j]: records carry the global index.
+    for s in &mut out.samples {
+        s.session = owned[s.session];
+    }
 
     let infos: Vec<Vec<RequestInfo>> = trace
         .sessions
@@ -501,6 +530,7 @@ pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, 
         .collect();
     let mut live = replay_report::build(&items, wall);
     live.set_started_at(out.started_at);
+    live.set_shard(shard);
     let expected_total: usize = items
         .iter()
         .filter(|(s, _)| s.response.failure.is_none())
@@ -550,6 +580,7 @@ pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, 
             "target": spec.describe(),
         })),
     );
+    crate::shard::annotate(&mut json, shard);
     sayln!("Live replay report");
     say!("{}", live.report_lines());
     sayln!(

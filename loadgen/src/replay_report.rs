@@ -84,7 +84,7 @@ pub struct RawSample {
     /// Wall-clock time (µs since the Unix epoch) of the run start of the process that sent it:
     /// aligns the clocks of several processes.
     pub run_start_unix_us: u64,
-    /// Session (script) index within its process.
+    /// Session (script) index: within its process, or the global index with `shard`.
     pub session: usize,
     /// Position within the session.
     pub turn: usize,
@@ -136,6 +136,9 @@ pub struct RawSample {
     pub session_id: Option<String>,
     /// Expected prefix-cache tokens (replay).
     pub expected_reused_tokens: Option<usize>,
+    /// `[I, N]` of a `--shard I/N` run (absent unsharded); `session` is then the global index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<(u32, u32)>,
 }
 
 impl RawSample {
@@ -170,6 +173,7 @@ impl RawSample {
             max_output: info.max_output,
             session_id: info.session.clone(),
             expected_reused_tokens: info.expected_reused_tokens,
+            shard: None,
         }
     }
 
@@ -396,6 +400,14 @@ impl LiveReport {
             .map_or(0, |d| d.as_micros() as u64);
         for r in &mut self.records {
             r.raw.run_start_unix_us = us;
+        }
+    }
+
+    /// Stamps every record with the shard of its process (records already carry global
+    /// session indices: [`crate::shard::Shard::global`]).
+    pub fn set_shard(&mut self, shard: Option<crate::shard::Shard>) {
+        for r in &mut self.records {
+            r.raw.shard = shard.map(|s| s.pair());
         }
     }
 

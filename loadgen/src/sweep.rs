@@ -233,6 +233,9 @@ impl SweepArgs {
         if self.bench.request_rate.is_some() {
             return bad("sweep takes its rates as --request-rate R1,R2,...");
         }
+        if self.bench.sharding.shard.is_some() || self.bench.sharding.start_at.is_some() {
+            return bad("--shard and --start-at split one bench, replay or multiturn run over several processes; a sweep runs in one process");
+        }
         if self.find_max_goodput {
             // Checked first: a bad start would otherwise be reported as the base plan's rate.
             let start_max = match self.search_axis {
@@ -279,6 +282,7 @@ impl SweepArgs {
             },
             failures: self.bench.failures.clone(),
             target: self.bench.target.clone(),
+            sharding: Default::default(),
         });
         let mode = if !self.arrival_speedups.is_empty() {
             limits::count(

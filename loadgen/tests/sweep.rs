@@ -3,7 +3,9 @@
 //! virtual clock), merging a run's split records rebuilds its report, a bench run records the
 //! server's series and draws them. And the flags' bounds: every numeric flag is range-checked
 //! before anything runs (huge values are an error naming the flag, never a panic, an abort or
-//! a wait), output paths are checked first, and merge refuses a file given twice.
+//! a wait), output paths are checked first, and merge refuses a file given twice. Sharded
+//! runs (`--shard I/N`) of bench, replay and multiturn merge into the unsharded run's requests,
+//! and merge checks the shard set.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -758,4 +760,445 @@ fn any_numeric_flag_value_validates_or_errors_without_panicking() {
         valid > 100 && refused > 100 && unparsed > 100,
         "{valid} {refused} {unparsed}"
     );
+}
+
+/// The `raw` records of a per-request JSONL file.
+fn raw_records(path: &std::path::Path) -> Result<Vec<loadgen::replay_report::RawSample>> {
+    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: Value = serde_json::from_str(l)?;
+            Ok(serde_json::from_value(v["raw"].clone())?)
+        })
+        .collect()
+}
+
+/// (session, turn) → (prompt tokens, output tokens, cached tokens) of every request.
+type Tokens = std::collections::BTreeMap<(usize, usize), (Option<u64>, u64, Option<u64>)>;
+
+fn tokens(raws: &[loadgen::replay_report::RawSample]) -> Tokens {
+    raws.iter()
+        .map(|r| {
+            (
+                (r.session, r.turn),
+                (r.prompt_tokens, r.output_tokens, r.cached_tokens),
+            )
+        })
+        .collect()
+}
+
+/// Runs `argv` (a bench, replay or multiturn command line) in-process.
+async fn run_cli(argv: &[&str]) -> Result<()> {
+    let cli = Cli::try_parse_from(argv)?;
+    within(120, loadgen::run_async(cli)).await??;
+    Ok(())
+}
+
+/// Merges `files` into `out` (per-request JSONL); the merged report.
+fn merge_files(
+    files: &[PathBuf],
+    out: &std::path::Path,
+) -> Result<loadgen::replay_report::LiveReport, loadgen::LoadgenError> {
+    let mut argv = vec!["loadgen".to_string(), "merge".to_string()];
+    argv.extend(files.iter().map(|p| p.display().to_string()));
+    argv.extend(["--per-request-jsonl".to_string(), out.display().to_string()]);
+    match Cli::try_parse_from(argv).expect("valid flags").command {
+        Command::Merge(m) => loadgen::merge::run(&m),
+        _ => unreachable!(),
+    }
+}
+
+/// A trace of four two-turn sessions that share no hash id with each other.
+const SHARD_TRACE: &str = r#"{"timestamp": 0, "session_id": "s0", "input_length": 32, "output_length": 4, "hash_ids": [1, 2]}
+{"timestamp": 5, "session_id": "s1", "input_length": 48, "output_length": 5, "hash_ids": [11, 12, 13]}
+{"timestamp": 9, "session_id": "s2", "input_length": 16, "output_length": 3, "hash_ids": [21]}
+{"timestamp": 14, "session_id": "s3", "input_length": 40, "output_length": 6, "hash_ids": [31, 32, 33]}
+{"timestamp": 20, "session_id": "s0", "delay": 5, "input_length": 64, "output_length": 4, "hash_ids": [1, 2, 3, 4]}
+{"timestamp": 25, "session_id": "s1", "delay": 5, "input_length": 64, "output_length": 2, "hash_ids": [11, 12, 13, 14]}
+{"timestamp": 30, "session_id": "s2", "delay": 5, "input_length": 48, "output_length": 7, "hash_ids": [21, 22, 23]}
+{"timestamp": 35, "session_id": "s3", "delay": 5, "input_length": 64, "output_length": 8, "hash_ids": [31, 32, 33, 34]}
+"#;
+
+/// `--shard I/N` then `merge` gives the unsharded run's requests: bench (open loop with a fixed
+/// request count, closed loop with `--num-requests`) and replay, each run once unsharded and
+/// as three shards run one after another, each on a fresh embedded server at
+/// `--speedup-ratio inf`.
+///
+/// What is exactly equal, and why: prompt and output token counts are the request's own (its
+/// body, `max_tokens` with `ignore_eos`), so they match per request, and the random lengths
+/// (`--*-stddev`) make every bench request's pair depend on its index k: a shard sending the
+/// wrong k fails. Cached tokens match per request because none of these workloads shares a
+/// prefix between sessions (bench prompts are unique per request; the trace's sessions share no
+/// hash id) and a session's later turn is sent after its earlier one completed: the cache state
+/// a request meets depends only on its own session, whichever server and shard ran the others.
+/// (A workload with cross-session sharing, e.g. `--shared-prefix-tokens`, would see different
+/// hits when its sessions run in different processes; it is not asserted here.) Latencies
+/// depend on wall time and are not compared. The closed loop's (user, turn) of a request
+/// depends on which user was free first, so it is compared as the multiset of its requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shards_merge_into_the_unsharded_run() -> Result<()> {
+    let dir = temp_path("shards");
+    std::fs::create_dir_all(&dir)?;
+    let trace = dir.join("trace.jsonl");
+    std::fs::write(&trace, SHARD_TRACE)?;
+    let trace = trace.display().to_string();
+    let bench = |extra: &'static [&'static str]| {
+        let mut argv = vec![
+            "loadgen",
+            "bench",
+            "--quiet",
+            "--no-scrape-metrics",
+            "--speedup-ratio",
+            "inf",
+            "--input-tokens",
+            "64",
+            "--input-tokens-stddev",
+            "20",
+            "--output-tokens",
+            "6",
+            "--output-tokens-stddev",
+            "3",
+        ];
+        argv.extend_from_slice(extra);
+        argv
+    };
+    let modes: Vec<(&str, Vec<&str>)> = vec![
+        (
+            "open",
+            bench(&["--request-rate", "inf", "--num-requests", "12"]),
+        ),
+        (
+            "closed",
+            bench(&["--concurrency", "3", "--num-requests", "11"]),
+        ),
+        (
+            "replay",
+            vec![
+                "loadgen",
+                "replay",
+                &trace,
+                "--quiet",
+                "--no-scrape-metrics",
+                "--speedup-ratio",
+                "inf",
+                "--trace-block-size",
+                "16",
+                "--block-size",
+                "16",
+            ],
+        ),
+    ];
+    let mut shard_files: Vec<Vec<PathBuf>> = Vec::new();
+    for (name, argv) in &modes {
+        let whole = dir.join(format!("{name}-whole.jsonl"));
+        let w = whole.display().to_string();
+        let mut a = argv.clone();
+        a.extend(["--per-request-jsonl", &w]);
+        run_cli(&a).await?;
+        let mut files = Vec::new();
+        for i in 0..3 {
+            let path = dir.join(format!("{name}-{i}.jsonl"));
+            let p = path.display().to_string();
+            let shard = format!("{i}/3");
+            let mut a = argv.clone();
+            a.extend(["--per-request-jsonl", &p, "--shard", &shard]);
+            run_cli(&a).await?;
+            // Every record carries the shard and a global session of that shard.
+            let raws = raw_records(&path)?;
+            assert!(!raws.is_empty(), "{name} shard {i}");
+            for r in &raws {
+                assert_eq!(r.shard, Some((i, 3)), "{name}");
+                assert_eq!(r.session % 3, i as usize, "{name}: session {}", r.session);
+            }
+            files.push(path);
+        }
+        let merged_path = dir.join(format!("{name}-merged.jsonl"));
+        let merged = merge_files(&files, &merged_path)?;
+        let whole_raws = raw_records(&whole)?;
+        let merged_raws = raw_records(&merged_path)?;
+        assert!(whole_raws.iter().all(|r| r.shard.is_none()));
+        let text = std::fs::read_to_string(&whole)?;
+        assert!(
+            !text.contains("\"shard\""),
+            "unsharded records name no shard"
+        );
+        if *name == "closed" {
+            let multiset = |raws: &[loadgen::replay_report::RawSample]| {
+                let mut v: Vec<_> = raws
+                    .iter()
+                    .map(|r| (r.prompt_tokens, r.output_tokens, r.cached_tokens))
+                    .collect();
+                v.sort();
+                v
+            };
+            assert_eq!(multiset(&merged_raws), multiset(&whole_raws), "{name}");
+            // Three users, one per shard: each shard's records are one user's.
+            let users: std::collections::BTreeSet<usize> =
+                merged_raws.iter().map(|r| r.session).collect();
+            assert_eq!(users.into_iter().collect::<Vec<_>>(), [0, 1, 2]);
+        } else {
+            assert_eq!(tokens(&merged_raws), tokens(&whole_raws), "{name}");
+        }
+        if *name == "replay" {
+            // Later turns hit their session's cache: the comparison covers real hits.
+            assert!(
+                merged_raws.iter().any(|r| r.cached_tokens.unwrap_or(0) > 0),
+                "replay: no cache hit"
+            );
+        }
+        let distinct: std::collections::BTreeSet<_> =
+            whole_raws.iter().map(|r| r.prompt_tokens).collect();
+        assert!(distinct.len() >= 4, "{name}: lengths vary by request");
+        // The report figures that do not depend on wall time.
+        let whole_report: Value = {
+            let argv_json = dir.join(format!("{name}-whole.json"));
+            let merged_again = merge_files(std::slice::from_ref(&whole), &argv_json)?;
+            serde_json::to_value(merged_again.report)?
+        };
+        let merged_report = serde_json::to_value(&merged.report)?;
+        for key in [
+            "num_requests",
+            "completed_requests",
+            "total_input_tokens",
+            "total_output_tokens",
+            "prefix_cache_reused_ratio",
+        ] {
+            assert_eq!(merged_report[key], whole_report[key], "{name}: {key}");
+        }
+        assert_eq!(merged.failures.total, 0, "{name}");
+        shard_files.push(files);
+    }
+    assert_eq!(raw_records(&dir.join("open-merged.jsonl"))?.len(), 12);
+    assert_eq!(raw_records(&dir.join("closed-merged.jsonl"))?.len(), 11);
+    assert_eq!(raw_records(&dir.join("replay-merged.jsonl"))?.len(), 8);
+
+    // The shard set is checked.
+    let out = dir.join("refused.jsonl");
+    let open = &shard_files[0];
+    let e = merge_files(&open[..2], &out).expect_err("a shard missing");
+    assert!(
+        e.to_string().contains("shards missing: 2/3 (given 2 of 3"),
+        "{e}"
+    );
+    let e = merge_files(
+        &[open[0].clone(), open[1].clone(), shard_files[1][1].clone()],
+        &out,
+    )
+    .expect_err("a shard twice");
+    assert!(e.to_string().contains("shard 1/3 is given twice"), "{e}");
+    let mut with_whole = open.clone();
+    with_whole.push(dir.join("open-whole.jsonl"));
+    let e = merge_files(&with_whole, &out).expect_err("sharded and unsharded");
+    assert!(e.to_string().contains("holds unsharded records"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// multiturn's shards: each user's conversation is the unsharded run's (the workload is
+/// generated for every user, then filtered), so per (user, turn) the prompt, output and cached
+/// tokens are equal (no prefix is shared between users: the system prompt names the user
+/// within the first block of 32 tokens: first turns never hit, which the test checks).
+/// `merge` refuses multiturn records with an error saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multiturn_shards_hold_the_unsharded_conversations() -> Result<()> {
+    let dir = temp_path("multiturn-shards");
+    std::fs::create_dir_all(&dir)?;
+    let argv = [
+        "loadgen",
+        "multiturn",
+        "--quiet",
+        "--speedup-ratio",
+        "inf",
+        "--block-size",
+        "32",
+        "--num-users",
+        "5",
+        "--num-turns",
+        "2",
+        "--num-user-tokens",
+        "64",
+        "--max-completion-tokens",
+        "6",
+        "--mean-delay-ms",
+        "0",
+    ];
+    let records = |path: &std::path::Path| -> Result<Vec<Value>> {
+        std::fs::read_to_string(path)?
+            .lines()
+            .map(|l| Ok(serde_json::from_str(l)?))
+            .collect()
+    };
+    // (user, turn) → (prompt, output, cached tokens) of a multiturn record.
+    type Keyed = ((u64, u64), (Value, Value, Value));
+    let key = |v: &Value| -> Result<Keyed> {
+        Ok((
+            (
+                v["user_id"].as_u64().context("user_id")?,
+                v["turn"].as_u64().context("turn")?,
+            ),
+            (
+                v["prompt_tokens"].clone(),
+                v["output_tokens"].clone(),
+                v["cached_tokens"].clone(),
+            ),
+        ))
+    };
+    let whole = dir.join("whole.jsonl");
+    let w = whole.display().to_string();
+    let mut a = argv.to_vec();
+    a.extend(["--per-request-jsonl", &w]);
+    run_cli(&a).await?;
+    let whole_records = records(&whole)?;
+    assert!(whole_records.iter().all(|r| r.get("shard").is_none()));
+    let expected = whole_records
+        .iter()
+        .map(key)
+        .collect::<Result<std::collections::BTreeMap<_, _>>>()?;
+    assert_eq!(expected.len(), 10);
+    // No prefix is shared between users: first turns never hit. Second turns hit the cache
+    // (their history): the comparison covers real hits.
+    assert!(
+        expected
+            .iter()
+            .all(|((_, turn), (_, _, cached))| *turn == 1 || cached.as_u64() == Some(0)),
+        "a first turn hit another user's prefix: {expected:?}"
+    );
+    assert!(
+        expected
+            .iter()
+            .any(|((_, turn), (_, _, cached))| *turn == 1 && cached.as_u64().unwrap_or(0) > 0),
+        "no cache hit in {expected:?}"
+    );
+    let mut got = std::collections::BTreeMap::new();
+    let mut files = Vec::new();
+    for i in 0..3u64 {
+        let path = dir.join(format!("shard-{i}.jsonl"));
+        let p = path.display().to_string();
+        let shard = format!("{i}/3");
+        let mut a = argv.to_vec();
+        a.extend(["--per-request-jsonl", &p, "--shard", &shard]);
+        run_cli(&a).await?;
+        for r in records(&path)? {
+            assert_eq!(r["shard"], serde_json::json!([i, 3]));
+            let (k, v) = key(&r)?;
+            assert_eq!(k.0 % 3, i, "user {} in shard {i}", k.0);
+            assert!(got.insert(k, v).is_none(), "{k:?} twice");
+        }
+        files.push(path);
+    }
+    assert_eq!(got, expected);
+    let e = merge_files(&files, &dir.join("merged.jsonl")).expect_err("multiturn");
+    assert!(e.to_string().contains("a multiturn record"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// `--shard` and `--start-at` are checked before anything runs, by errors naming the flag, on
+/// every command that takes them; a sweep and a closed loop that could not send its share are
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shard_and_start_at_are_checked_by_name() -> Result<()> {
+    let trace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/trace_small.jsonl");
+    let trace = trace.to_str().context("utf-8")?;
+    for command in [vec!["bench"], vec!["replay", trace], vec!["multiturn"]] {
+        for (flags, message) in [
+            (
+                ["--shard", "3/3"],
+                "--shard must be I/N with I < N and 1 <= N <= 65536, got 3/3",
+            ),
+            (
+                ["--shard", "0/65537"],
+                "--shard must be I/N with I < N and 1 <= N <= 65536, got 0/65537",
+            ),
+            (
+                ["--start-at", "2000-01-01T00:00:00Z"],
+                "--start-at must be from 60 s ago to 24 h ahead",
+            ),
+            (
+                ["--start-at", "4102444800"],
+                "--start-at must be from 60 s ago to 24 h ahead",
+            ),
+        ] {
+            let mut argv = command.clone();
+            argv.extend_from_slice(&flags);
+            let e = run_err(&argv).await?;
+            assert!(e.to_string().contains(message), "{argv:?}: {e}");
+        }
+        for bad in ["1", "a/3", "1/3/4", "1/x"] {
+            let mut argv = vec!["loadgen"];
+            argv.extend_from_slice(&command);
+            argv.extend(["--shard", bad]);
+            let e = Cli::try_parse_from(&argv).expect_err(bad);
+            assert!(e.to_string().contains("--shard <I/N>"), "{e}");
+        }
+        let mut argv = vec!["loadgen"];
+        argv.extend_from_slice(&command);
+        argv.extend(["--start-at", "2026-12-02T19:00:00+01:00"]);
+        let e = Cli::try_parse_from(&argv).expect_err("not UTC");
+        assert!(e.to_string().contains("only UTC"), "{e}");
+    }
+    let e = run_err(&["sweep", "--concurrency", "1,2", "--shard", "0/2"]).await?;
+    assert!(e.to_string().contains("a sweep runs in one process"), "{e}");
+    let e = run_err(&[
+        "bench",
+        "--concurrency",
+        "2",
+        "--num-requests",
+        "10",
+        "--shard",
+        "0/3",
+    ])
+    .await?;
+    assert!(e.to_string().contains("every shard needs a user"), "{e}");
+    // With --duration alone, a shard without a user runs and sends nothing.
+    let jsonl = temp_path("empty-shard.jsonl");
+    let j = jsonl.display().to_string();
+    run_cli(&[
+        "loadgen",
+        "bench",
+        "--quiet",
+        "--no-scrape-metrics",
+        "--speedup-ratio",
+        "inf",
+        "--concurrency",
+        "2",
+        "--duration",
+        "0.2",
+        "--shard",
+        "2/3",
+        "--per-request-jsonl",
+        &j,
+    ])
+    .await?;
+    assert_eq!(std::fs::read_to_string(&jsonl)?, "");
+    // --start-at: the run sends nothing before that time.
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_micros() as u64;
+    let at_us = now_us + 1_500_000;
+    let at = format!("{}.{:06}", at_us / 1_000_000, at_us % 1_000_000);
+    run_cli(&[
+        "loadgen",
+        "bench",
+        "--quiet",
+        "--no-scrape-metrics",
+        "--speedup-ratio",
+        "inf",
+        "--num-requests",
+        "2",
+        "--start-at",
+        &at,
+        "--per-request-jsonl",
+        &j,
+    ])
+    .await?;
+    let raws = raw_records(&jsonl)?;
+    assert_eq!(raws.len(), 2);
+    assert!(
+        raws.iter().all(|r| r.run_start_unix_us >= at_us),
+        "started before --start-at {at}"
+    );
+    let _ = std::fs::remove_file(&jsonl);
+    Ok(())
 }
