@@ -36,8 +36,61 @@ pub const MAX_OUTPUT_TOKENS: usize = 1 << 20;
 /// Log-probability entries one request may ask for at most (`top_logprobs` on chat, `logprobs`
 /// on completions): the output limits of its choices summed, times 1 + the alternatives per
 /// token. Answers carry their log-probabilities from the start, streamed or not; a whole
-/// response of this many entries is about 50 MB of JSON.
-pub const MAX_LOGPROB_ENTRIES: usize = 1 << 20;
+/// response of this many entries is about 12 MB of JSON (`n` 4 x 3,000 tokens x 20
+/// alternatives fits; `n` 16 x 2,000 x 20 does not).
+pub const MAX_LOGPROB_ENTRIES: usize = 1 << 18;
+
+/// Bytes one word of prompt text may hold at most: a run of letters, of white space or of other
+/// symbols, which a byte-pair tokenizer takes as one piece and merges in time that grows with the
+/// square of its length. Real text has no such words (digits split every three, and URLs and
+/// base64 split at their punctuation); a 64 KiB word tokenizes in well under a second.
+pub const MAX_WORD_BYTES: usize = 64 << 10;
+
+/// Which run of text a character continues: the pre-tokenizers of the BPE encodings split
+/// words at changes between these.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CharClass {
+    Letter,
+    Space,
+    Digit,
+    Other,
+}
+
+fn char_class(c: char) -> CharClass {
+    if c.is_alphabetic() {
+        CharClass::Letter
+    } else if c.is_whitespace() {
+        CharClass::Space
+    } else if c.is_numeric() {
+        CharClass::Digit
+    } else {
+        CharClass::Other
+    }
+}
+
+/// Checks that no word of `text` (a run of one class of characters, digits aside) is longer
+/// than [`MAX_WORD_BYTES`]: a 400 naming `param` otherwise. One pass over the text.
+pub fn check_word_lengths(text: &str, param: &str) -> Result<(), ApiError> {
+    let mut class = None;
+    let mut run = 0usize;
+    for c in text.chars() {
+        let this = char_class(c);
+        if class == Some(this) {
+            run += c.len_utf8();
+        } else {
+            class = Some(this);
+            run = c.len_utf8();
+        }
+        if this != CharClass::Digit && run > MAX_WORD_BYTES {
+            return Err(exceeded(
+                param,
+                format!("the text holds a word (a run of letters, spaces or symbols) of over {MAX_WORD_BYTES} bytes"),
+                format!("{MAX_WORD_BYTES} bytes per word"),
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// A 400 for a parameter beyond its cap: `what` says what was asked, `cap` what is allowed.
 pub fn exceeded(

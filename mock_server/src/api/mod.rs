@@ -371,6 +371,9 @@ async fn chat_completions(
         let spec = request.params.speculative_prefill().then(|| SpecPrefill {
             messages: request.messages.clone(),
         });
+        for message in &request.messages {
+            budget::check_word_lengths(&message.content, "messages")?;
+        }
         let text_bytes: usize = request.messages.iter().map(|m| m.content.len()).sum();
         let codec = Arc::clone(&state.config.codec);
         let messages = request.messages;
@@ -417,6 +420,11 @@ async fn completions(
                 if let PromptInput::Tokens(ids) = prompt {
                     budget::check_token_ids(ids, vocab_size, "prompt")?;
                 }
+            }
+        }
+        for prompt in &request.prompts {
+            if let PromptInput::Text(text) = prompt {
+                budget::check_word_lengths(text, "prompt")?;
             }
         }
         let size: usize = request

@@ -31,6 +31,9 @@ pub async fn tokenize(State(state): State<AppState>, body: Result<ApiJson, ApiEr
             chat.entry("model")
                 .or_insert_with(|| Value::String(state.config.model_name.clone()));
             let request = ChatRequest::parse(&chat)?;
+            for message in &request.messages {
+                super::budget::check_word_lengths(&message.content, "messages")?;
+            }
             let add_generation_prompt = flag(&body, "add_generation_prompt", true)?;
             state
                 .config
@@ -38,7 +41,10 @@ pub async fn tokenize(State(state): State<AppState>, body: Result<ApiJson, ApiEr
                 .render_chat(&request.messages, add_generation_prompt)
         } else {
             match body.get("prompt") {
-                Some(Value::String(text)) => state.config.codec.encode(text),
+                Some(Value::String(text)) => {
+                    super::budget::check_word_lengths(text, "prompt")?;
+                    state.config.codec.encode(text)
+                }
                 _ => {
                     return Err(ApiError::invalid(
                         "Expected either 'prompt' (a string) or 'messages'",

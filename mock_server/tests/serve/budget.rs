@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use mock_server::api::budget::{
     MAX_CHOICES, MAX_LOGPROB_ENTRIES, MAX_OUTPUT_TOKENS, MAX_PROMPTS, MAX_STOPS, MAX_STOP_BYTES,
-    MAX_STOP_TOKEN_IDS,
+    MAX_STOP_TOKEN_IDS, MAX_WORD_BYTES,
 };
 use mock_server::api::AppState;
 use serde_json::{json, Value};
@@ -393,7 +393,7 @@ async fn health_answers_while_the_costliest_accepted_bodies_run() -> Result<()> 
         ),
         (
             "/v1/chat/completions",
-            chat(json!({"max_tokens": 3000, "n": 16, "logprobs": true, "top_logprobs": 20})),
+            chat(json!({"max_tokens": 3000, "n": 4, "logprobs": true, "top_logprobs": 20})),
         ),
         (
             "/v1/completions",
@@ -445,9 +445,9 @@ async fn health_answers_while_the_costliest_accepted_bodies_run() -> Result<()> 
             .filter(|w| *w == pattern)
             .count()
     };
-    assert_eq!(count(&bodies[2], b"\"top_logprobs\":["), 16 * 3000);
-    assert_eq!(count(&bodies[2], b"\"token\":"), 16 * 3000 * 21);
-    assert_eq!(count(&bodies[2], b"\"finish_reason\":\"length\""), 16);
+    assert_eq!(count(&bodies[2], b"\"top_logprobs\":["), 4 * 3000);
+    assert_eq!(count(&bodies[2], b"\"token\":"), 4 * 3000 * 21);
+    assert_eq!(count(&bodies[2], b"\"finish_reason\":\"length\""), 4);
     let batch: Value = serde_json::from_slice(&bodies[3])?;
     let choices = batch["choices"].as_array().context("choices")?;
     assert_eq!(choices.len(), MAX_PROMPTS);
@@ -455,5 +455,54 @@ async fn health_answers_while_the_costliest_accepted_bodies_run() -> Result<()> 
         assert_eq!(c["index"], i);
     }
     assert_eq!(batch["usage"]["completion_tokens"], MAX_PROMPTS);
+    Ok(())
+}
+
+/// A word (one run of letters, spaces or symbols) is one piece for a byte-pair tokenizer, merged
+/// in time that grows with the square of its length: a word at the cap is tokenized and
+/// answered, one byte more is a 400 naming the field before any tokenizing, on every route that
+/// tokenizes text. Digits split every three, so a long number is no such word.
+#[tokio::test]
+async fn a_word_beyond_the_cap_is_refused_before_tokenizing() -> Result<()> {
+    let state = AppState::new(config(None))?;
+    let at_cap = "a".repeat(MAX_WORD_BYTES);
+    let (status, b) = post(
+        &state,
+        "/v1/completions",
+        &completion(json!({"prompt": format!("x {at_cap} y"), "max_tokens": 1})),
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK, "{b}");
+    let digits = "7".repeat(MAX_WORD_BYTES + 1);
+    let (status, b) = post(&state, "/tokenize", &json!({"prompt": digits})).await?;
+    assert_eq!(status, StatusCode::OK, "{b}");
+    let beyond = "a".repeat(MAX_WORD_BYTES + 1);
+    let spaces = " ".repeat(MAX_WORD_BYTES + 1);
+    let symbols = "~".repeat(MAX_WORD_BYTES + 1);
+    for (path, body, param) in [
+        (
+            "/v1/completions",
+            completion(json!({"prompt": ["hi", beyond.clone()]})),
+            "prompt",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"prompt": spaces})),
+            "prompt",
+        ),
+        (
+            "/v1/chat/completions",
+            chat_body(&json!([user(&symbols)]), json!({})),
+            "messages",
+        ),
+        (
+            "/v1/chat/completions",
+            chat_body(&json!([user(&beyond)]), json!({})),
+            "messages",
+        ),
+        ("/tokenize", json!({"prompt": beyond.clone()}), "prompt"),
+    ] {
+        refused(&state, path, &body, param, MAX_WORD_BYTES).await?;
+    }
     Ok(())
 }
