@@ -161,6 +161,27 @@ pub fn within(flag: &str, value: f64, min: f64, max: f64) -> Result<f64, Loadgen
     }
 }
 
+/// `--arrival-speedup-ratio` within [`MIN_ARRIVAL_SPEEDUP`]..=[`MAX_ARRIVAL_SPEEDUP`] (`replay`
+/// and each point of a trace `sweep`).
+pub fn arrival_speedup(value: f64) -> Result<f64, LoadgenError> {
+    within(
+        "--arrival-speedup-ratio",
+        value,
+        MIN_ARRIVAL_SPEEDUP,
+        MAX_ARRIVAL_SPEEDUP,
+    )
+}
+
+/// `--trace-block-size` within 1..=[`servesim::trace::MAX_TRACE_BLOCK_SIZE`].
+pub fn trace_block_size(value: usize) -> Result<usize, LoadgenError> {
+    count(
+        "--trace-block-size",
+        value,
+        1,
+        servesim::trace::MAX_TRACE_BLOCK_SIZE,
+    )
+}
+
 /// An error for a combination of flags whose product passes `max` (`what` says which product).
 pub fn product(
     what: &str,

@@ -287,18 +287,8 @@ impl ReplayArgs {
     /// Checks every flag's range (and that the report files can be written) before the trace
     /// is read or anything connects.
     pub fn check(&self) -> Result<(), LoadgenError> {
-        limits::within(
-            "--arrival-speedup-ratio",
-            self.arrival_speedup_ratio,
-            limits::MIN_ARRIVAL_SPEEDUP,
-            limits::MAX_ARRIVAL_SPEEDUP,
-        )?;
-        limits::count(
-            "--trace-block-size",
-            self.trace_block_size,
-            1,
-            trace::MAX_TRACE_BLOCK_SIZE,
-        )?;
+        limits::arrival_speedup(self.arrival_speedup_ratio)?;
+        limits::trace_block_size(self.trace_block_size)?;
         if self.max_requests == Some(0) {
             return Err(LoadgenError::OutOfRange {
                 flag: "--max-requests".into(),

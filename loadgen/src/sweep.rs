@@ -292,19 +292,9 @@ impl SweepArgs {
                 limits::MAX_SWEEP_POINTS,
             )?;
             for &x in &self.arrival_speedups {
-                limits::within(
-                    "--arrival-speedup-ratio",
-                    x,
-                    limits::MIN_ARRIVAL_SPEEDUP,
-                    limits::MAX_ARRIVAL_SPEEDUP,
-                )?;
+                limits::arrival_speedup(x)?;
             }
-            limits::count(
-                "--trace-block-size",
-                self.trace_block_size,
-                1,
-                servesim::trace::MAX_TRACE_BLOCK_SIZE,
-            )?;
+            limits::trace_block_size(self.trace_block_size)?;
             SweepMode::List(
                 self.arrival_speedups
                     .iter()
