@@ -12,8 +12,12 @@
 //! Shards of one run (`--shard I/N`, records with `"shard": [I, N]`) keep their global
 //! session indices; the shard set is checked first ([`check_shards`]): one N, every I of
 //! `0..N` exactly once, no unsharded file among them (empty files, from shards that had
-//! nothing to send, stand for as many missing shards). `multiturn`'s per-request records (its
-//! `raw_results`, with `user_id` and no `raw` object) cannot be merged: they are refused.
+//! nothing to send, stand for as many missing shards).
+//!
+//! `multiturn`'s per-request records (its `raw_results`: `user_id`, no `raw` object) merge as
+//! the shards of one run: a `--shard` run's records carry what the report pools
+//! ([`ShardSample`]), and [`merge_multiturn`] rebuilds the whole run's [`Results`] with the
+//! code a run uses. An unsharded multiturn run is one process already: its records are refused.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -23,6 +27,7 @@ use serde_json::{json, Value};
 
 use crate::bench::Slo;
 use crate::error::LoadgenError;
+use crate::multiturn_report::{RawResult, Results, RunData, ShardSample};
 use crate::replay_report::{self, LiveReport, RawSample, RequestInfo};
 
 /// `loadgen merge` flags.
@@ -31,7 +36,7 @@ pub struct MergeArgs {
     /// Per-request JSONL files written with --per-request-jsonl (bench or replay); each file
     /// once (the same file twice, or two copies of one, is refused). The files of a --shard
     /// run must be its N shards, each once (a missing, duplicated or unsharded file is
-    /// refused); multiturn records are refused.
+    /// refused). Multiturn records merge only as the shards of one run.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
 
@@ -52,11 +57,33 @@ pub struct MergeArgs {
     pub html: Option<PathBuf>,
 }
 
-/// Reads the `raw` records of JSONL files (lines without one are skipped and counted). A file
-/// given twice (the same file by any path, or a copy with the same records) is refused: its
-/// records would count twice.
+/// The records of the files given to `loadgen merge`.
+#[derive(Clone, Debug)]
+pub enum Records {
+    /// `bench` or `replay` records (their `raw` objects), and the count of lines without one.
+    Live(Vec<RawSample>, usize),
+    /// The records of a `multiturn --shard` run's shards.
+    Multiturn(Vec<RawResult>),
+}
+
+/// Reads the `raw` records of `bench` or `replay` JSONL files (lines without one are skipped
+/// and counted); multiturn records are refused ([`read_records`] takes both).
 pub fn read(files: &[PathBuf]) -> Result<(Vec<RawSample>, usize), LoadgenError> {
+    match read_records(files)? {
+        Records::Live(raws, skipped) => Ok((raws, skipped)),
+        Records::Multiturn(_) => Err(LoadgenError::Config(
+            "multiturn records where bench or replay records were expected".into(),
+        )),
+    }
+}
+
+/// Reads the records of JSONL files: `bench`/`replay` ones (their `raw` objects; lines
+/// without one are skipped and counted) or a multiturn run's shards, never both. A file given
+/// twice (the same file by any path, or a copy with the same records) is refused: its records
+/// would count twice.
+pub fn read_records(files: &[PathBuf]) -> Result<Records, LoadgenError> {
     let mut out = Vec::new();
+    let mut multiturn: Vec<RawResult> = Vec::new();
     let mut skipped = 0;
     // The shard of each file's records (None: unsharded; no entry: no records).
     let mut shards: Vec<(&PathBuf, Option<(u32, u32)>)> = Vec::new();
@@ -98,12 +125,37 @@ pub fn read(files: &[PathBuf]) -> Result<(Vec<RawSample>, usize), LoadgenError> 
                 LoadgenError::Config(format!("{}:{}: not JSON: {e}", path.display(), n + 1))
             })?;
             if v.get("raw").is_none() && v.get("user_id").is_some() {
-                return Err(LoadgenError::Config(format!(
-                    "{}:{}: a multiturn record (user_id, no raw object): merge rebuilds bench \
-                     and replay reports only",
-                    path.display(),
-                    n + 1
-                )));
+                let at = || format!("{}:{}", path.display(), n + 1);
+                let rec: RawResult = serde_json::from_value(v).map_err(|e| {
+                    LoadgenError::Config(format!("{}: bad multiturn record: {e}", at()))
+                })?;
+                if rec.shard.is_none() || rec.merge.is_none() {
+                    return Err(LoadgenError::Config(format!(
+                        "{}: a multiturn record of an unsharded run: multiturn records merge \
+                         only as the shards of one run (multiturn --shard I/N)",
+                        at()
+                    )));
+                }
+                match file_shard {
+                    None => file_shard = Some(rec.shard),
+                    Some(shard) if shard != rec.shard => {
+                        return Err(LoadgenError::Config(format!(
+                            "{}: shard {} in a file whose records are shard {}",
+                            at(),
+                            show_shard(rec.shard),
+                            show_shard(shard)
+                        )))
+                    }
+                    Some(_) => {}
+                }
+                if !out.is_empty() {
+                    return Err(mixed(path, n));
+                }
+                multiturn.push(rec);
+                continue;
+            }
+            if !multiturn.is_empty() && v.get("raw").is_some() {
+                return Err(mixed(path, n));
             }
             match v
                 .get("raw")
@@ -142,7 +194,19 @@ pub fn read(files: &[PathBuf]) -> Result<(Vec<RawSample>, usize), LoadgenError> 
     }
     let empty = files.len() - shards.len();
     check_shards(&shards, empty)?;
-    Ok((out, skipped))
+    Ok(if multiturn.is_empty() {
+        Records::Live(out, skipped)
+    } else {
+        Records::Multiturn(multiturn)
+    })
+}
+
+fn mixed(path: &std::path::Path, line: usize) -> LoadgenError {
+    LoadgenError::Config(format!(
+        "{}:{}: multiturn and bench or replay records together: merge takes one run's kind",
+        path.display(),
+        line + 1
+    ))
 }
 
 fn show_shard(shard: Option<(u32, u32)>) -> String {
@@ -280,10 +344,130 @@ pub fn check(args: &MergeArgs) -> Result<(), LoadgenError> {
     ])
 }
 
+/// The whole run's results from the records of a multiturn run's shards (a complete shard set,
+/// as [`read_records`] checks): clocks aligned on the earliest wall-clock start, the records
+/// in (user, turn) order without their shard data, as an unsharded run writes them.
+pub fn merge_multiturn(records: Vec<RawResult>, config: Value) -> Result<Results, LoadgenError> {
+    let shape = |m: &ShardSample| (m.num_users, m.num_turns, m.speculative_prefill);
+    let Some(first) = records.iter().find_map(|r| r.merge.as_ref()).map(shape) else {
+        return Err(LoadgenError::Config(
+            "no multiturn shard records in the given files".into(),
+        ));
+    };
+    let first_start = records
+        .iter()
+        .filter_map(|r| r.merge.as_ref().map(|m| m.run_start_unix_us))
+        .min()
+        .unwrap_or(0);
+    let mut data = RunData::default();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut end_us = 0;
+    for mut rec in records {
+        let Some(m) = rec.merge.take() else {
+            return Err(LoadgenError::Config(format!(
+                "user {} turn {}: a multiturn record without its shard data",
+                rec.user_id, rec.turn
+            )));
+        };
+        let bad = |what: String| Err(LoadgenError::Config(what));
+        if shape(&m) != first {
+            return bad(format!(
+                "records of two runs: {} users x {} turns (speculative prefill {}) and {} x {} \
+                 ({}): the shards of one run share its settings",
+                first.0, first.1, first.2, m.num_users, m.num_turns, m.speculative_prefill
+            ));
+        }
+        if rec.user_id >= m.num_users || rec.turn >= m.num_turns {
+            return bad(format!(
+                "user {} turn {} is outside the run's {} users x {} turns",
+                rec.user_id, rec.turn, m.num_users, m.num_turns
+            ));
+        }
+        if let Some((i, n)) = rec.shard {
+            if rec.user_id as u64 % u64::from(n) != u64::from(i) {
+                return bad(format!(
+                    "user {} is in a record of shard {i}/{n}, which does not own it",
+                    rec.user_id
+                ));
+            }
+        }
+        if !seen.insert((rec.user_id, rec.turn)) {
+            return bad(format!(
+                "user {} turn {} appears twice: it would be counted twice",
+                rec.user_id, rec.turn
+            ));
+        }
+        end_us = end_us.max(m.run_start_unix_us - first_start + m.end_us);
+        data.chunk_gaps_us.extend(m.chunk_gaps_us);
+        data.output_tokens_per_s_per_user
+            .extend(m.output_tokens_per_s);
+        rec.shard = None;
+        data.records.push(rec);
+    }
+    data.records.sort_by_key(|r| (r.user_id, r.turn));
+    data.duration_s = std::time::Duration::from_micros(end_us).as_secs_f64();
+    Ok(Results::build(data, first.0, first.1, first.2, config))
+}
+
+/// What `loadgen merge` rebuilt.
+#[derive(Clone, Debug)]
+pub enum Merged {
+    /// A `bench` or `replay` report.
+    Live(Box<LiveReport>),
+    /// A multiturn run's results.
+    Multiturn(Box<Results>),
+}
+
 /// Runs `loadgen merge`: prints and writes the merged report.
-pub fn run(args: &MergeArgs) -> Result<LiveReport, LoadgenError> {
+pub fn run(args: &MergeArgs) -> Result<Merged, LoadgenError> {
     check(args)?;
-    let (raws, skipped) = read(&args.files)?;
+    match read_records(&args.files)? {
+        Records::Live(raws, skipped) => {
+            run_live(args, raws, skipped).map(|l| Merged::Live(l.into()))
+        }
+        Records::Multiturn(records) => {
+            run_multiturn(args, records).map(|r| Merged::Multiturn(r.into()))
+        }
+    }
+}
+
+fn run_multiturn(args: &MergeArgs, records: Vec<RawResult>) -> Result<Results, LoadgenError> {
+    if args.slo.is_some() {
+        return Err(LoadgenError::Config(
+            "--slo applies to bench and replay records; these are a multiturn run's".into(),
+        ));
+    }
+    let count = records.len();
+    let shards = records.iter().find_map(|r| r.shard).map_or(0, |(_, n)| n);
+    let mode = format!(
+        "merged: {count} records from {} files (shards 0..{shards} of one multiturn run)",
+        args.files.len()
+    );
+    let config = json!({
+        "mode": mode,
+        "files": args.files.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+        "shards": shards,
+    });
+    let results = merge_multiturn(records, config)?;
+    println!("Merged report: {mode}");
+    print!("{}", results.console());
+    crate::multiturn::write_results(
+        &results,
+        args.report_json.as_deref(),
+        args.per_request_jsonl.as_deref(),
+    )?;
+    if let Some(path) = &args.html {
+        let json = serde_json::to_value(&results).unwrap_or_default();
+        crate::html::write(path, &[crate::html::RunView::of("merged", &json)])?;
+    }
+    Ok(results)
+}
+
+fn run_live(
+    args: &MergeArgs,
+    raws: Vec<RawSample>,
+    skipped: usize,
+) -> Result<LiveReport, LoadgenError> {
     if raws.is_empty() {
         return Err(LoadgenError::Config(
             "no per-request records with a \"raw\" object in the given files".into(),

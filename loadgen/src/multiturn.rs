@@ -16,7 +16,7 @@ use crate::client::{FirstToken, Response};
 use crate::config::MultiturnConfig;
 use crate::driver::{self, DriverConfig, Observer, Planned, Sample, Script, Start};
 use crate::error::LoadgenError;
-use crate::multiturn_report::{RawResult, Results, RunData};
+use crate::multiturn_report::{RawResult, Results, RunData, ShardSample};
 use crate::target::{Api, Connected};
 use crate::workload::{TokenCounter, UserScript, Workload};
 
@@ -109,6 +109,7 @@ fn record(sample: &Sample, user_tokens: Option<usize>) -> RawResult {
         cached_tokens: r.cached_tokens,
         error: r.failure.clone(),
         shard: None,
+        merge: None,
     }
 }
 
@@ -250,14 +251,22 @@ async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, 
     };
     let out = driver::drive(target.endpoint.clone(), scripts, &driver_config).await?;
     let mut data = RunData::default();
+    let run_start_unix_us = out
+        .started_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64);
     for s in &out.samples {
+        let (mut gaps, mut per_s) = (Vec::new(), None);
         if s.response.failure.is_none() {
             let timing = &s.response.timing;
-            let chunks = &timing.token_chunks_us;
-            data.chunk_gaps_us
-                .extend(chunks.windows(2).map(|w| w[1] - w[0]));
-            data.output_tokens_per_s_per_user
-                .extend(timing.output_tokens_per_s(s.response.output_tokens));
+            gaps = timing
+                .token_chunks_us
+                .windows(2)
+                .map(|w| w[1] - w[0])
+                .collect();
+            per_s = timing.output_tokens_per_s(s.response.output_tokens);
+            data.chunk_gaps_us.extend(&gaps);
+            data.output_tokens_per_s_per_user.extend(per_s);
         }
         let tokens = user_tokens
             .get(s.session)
@@ -266,7 +275,18 @@ async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, 
             .flatten();
         let mut rec = record(s, tokens);
         rec.user_id = crate::shard::global(shard, s.session);
-        rec.shard = shard.map(|sh| sh.pair());
+        if let Some(sh) = shard {
+            rec.shard = Some(sh.pair());
+            rec.merge = Some(ShardSample {
+                num_users: config.workload.num_users,
+                num_turns,
+                speculative_prefill: config.speculative_prefill,
+                run_start_unix_us,
+                end_us: s.end_us(),
+                chunk_gaps_us: gaps,
+                output_tokens_per_s: per_s,
+            });
+        }
         data.records.push(rec);
     }
     data.duration_s = out.duration.as_secs_f64();
@@ -288,16 +308,30 @@ async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, 
 
 /// Writes `--output` (the results) and `--per-request-jsonl` (one `raw_results` entry a line).
 fn write_files(results: &Results, config: &MultiturnConfig) -> Result<(), LoadgenError> {
+    write_results(
+        results,
+        config.report.report_json.as_deref(),
+        config.report.per_request_jsonl.as_deref(),
+    )
+}
+
+/// Writes the results (pretty JSON) to `report_json` and one `raw_results` entry a line to
+/// `per_request_jsonl`.
+pub fn write_results(
+    results: &Results,
+    report_json: Option<&std::path::Path>,
+    per_request_jsonl: Option<&std::path::Path>,
+) -> Result<(), LoadgenError> {
     let io = |path: &std::path::Path| {
         let path = path.to_path_buf();
         move |source| LoadgenError::Io { path, source }
     };
-    if let Some(path) = &config.report.report_json {
+    if let Some(path) = report_json {
         let text = serde_json::to_string_pretty(results).unwrap_or_default();
         std::fs::write(path, text + "\n").map_err(io(path))?;
         println!("Results written to: {}", path.display());
     }
-    if let Some(path) = &config.report.per_request_jsonl {
+    if let Some(path) = per_request_jsonl {
         let file = std::fs::File::create(path).map_err(io(path))?;
         let mut w = std::io::BufWriter::new(file);
         for r in &results.raw_results {

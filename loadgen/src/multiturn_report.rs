@@ -133,6 +133,32 @@ pub struct RawResult {
     /// `[I, N]` of a `--shard I/N` run (absent unsharded); `user_id` is the global user.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<(u32, u32)>,
+    /// What `loadgen merge` needs to rebuild the whole run's report from its shards (present
+    /// only in a `--shard` run's records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merge: Option<ShardSample>,
+}
+
+/// A `--shard` run's record's share of the run: the whole run's shape, the shard's wall-clock
+/// start and this request's samples that the report pools (so the merged report is built from
+/// raw samples, as an unsharded run's is).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShardSample {
+    /// Users of the whole (unsharded) run.
+    pub num_users: usize,
+    /// Turns per user.
+    pub num_turns: usize,
+    /// The speculative-prefill hint was sent.
+    pub speculative_prefill: bool,
+    /// Wall-clock start of the shard's run, µs since the Unix epoch (offset 0 of `end_us`).
+    pub run_start_unix_us: u64,
+    /// End of the request, µs from the shard's run start.
+    pub end_us: u64,
+    /// Gaps between consecutive token chunks (empty unless the request succeeded).
+    pub chunk_gaps_us: Vec<u64>,
+    /// Output tokens per second of a successful request with two tokens or more
+    /// ([`crate::client::Timing::output_tokens_per_s`]).
+    pub output_tokens_per_s: Option<f64>,
 }
 
 /// Statistics of a rate (per request), with the ranks of [`StatsReport`]

@@ -288,7 +288,9 @@ async fn merging_split_records_gives_the_original_report() -> Result<()> {
             Command::Merge(m) => m,
             _ => unreachable!(),
         };
-    let merged = loadgen::merge::run(&merge)?;
+    let loadgen::merge::Merged::Live(merged) = loadgen::merge::run(&merge)? else {
+        anyhow::bail!("bench records merged into a multiturn report");
+    };
     assert_eq!(
         merged.report.without_wall_clock(),
         run.live.report.without_wall_clock()
@@ -800,6 +802,18 @@ fn merge_files(
     files: &[PathBuf],
     out: &std::path::Path,
 ) -> Result<loadgen::replay_report::LiveReport, loadgen::LoadgenError> {
+    match merge_any(files, out)? {
+        loadgen::merge::Merged::Live(live) => Ok(*live),
+        loadgen::merge::Merged::Multiturn(_) => Err(loadgen::LoadgenError::Config(
+            "multiturn records where bench or replay records were expected".into(),
+        )),
+    }
+}
+
+fn merge_any(
+    files: &[PathBuf],
+    out: &std::path::Path,
+) -> Result<loadgen::merge::Merged, loadgen::LoadgenError> {
     let mut argv = vec!["loadgen".to_string(), "merge".to_string()];
     argv.extend(files.iter().map(|p| p.display().to_string()));
     argv.extend(["--per-request-jsonl".to_string(), out.display().to_string()]);
@@ -999,7 +1013,8 @@ async fn shards_merge_into_the_unsharded_run() -> Result<()> {
 /// generated for every user, then filtered), so per (user, turn) the prompt, output and cached
 /// tokens are equal (no prefix is shared between users: the system prompt names the user
 /// within the first block of 32 tokens: first turns never hit, which the test checks).
-/// `merge` refuses multiturn records with an error saying so.
+/// `merge` of the shards gives the unsharded run's records and counts; an incomplete shard
+/// set, an unsharded run and shards of two runs are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multiturn_shards_hold_the_unsharded_conversations() -> Result<()> {
     let dir = temp_path("multiturn-shards");
@@ -1088,8 +1103,70 @@ async fn multiturn_shards_hold_the_unsharded_conversations() -> Result<()> {
         files.push(path);
     }
     assert_eq!(got, expected);
-    let e = merge_files(&files, &dir.join("merged.jsonl")).expect_err("multiturn");
-    assert!(e.to_string().contains("a multiturn record"), "{e}");
+    // The merge of the shards is the unsharded run: the same requests with the same tokens and
+    // cache hits, the same counts, and records shaped as an unsharded run writes them.
+    let merged_path = dir.join("merged.jsonl");
+    let loadgen::merge::Merged::Multiturn(merged) = merge_any(&files, &merged_path)? else {
+        anyhow::bail!("multiturn shards merged into a bench report");
+    };
+    assert_eq!(
+        (merged.num_users, merged.num_turns, merged.total_requests),
+        (5, 2, 10)
+    );
+    assert_eq!(merged.successful_requests, 10);
+    let merged_records = records(&merged_path)?;
+    let keys: Vec<(u64, u64)> = merged_records
+        .iter()
+        .map(|r| Ok(key(r)?.0))
+        .collect::<Result<_>>()?;
+    let whole_keys: Vec<(u64, u64)> = whole_records
+        .iter()
+        .map(|r| Ok(key(r)?.0))
+        .collect::<Result<_>>()?;
+    assert_eq!(keys, whole_keys, "records in (user, turn) order");
+    let merged_map = merged_records
+        .iter()
+        .map(key)
+        .collect::<Result<std::collections::BTreeMap<_, _>>>()?;
+    assert_eq!(merged_map, expected);
+    for (m, w) in merged_records.iter().zip(&whole_records) {
+        let fields = |v: &Value| -> Vec<String> {
+            v.as_object()
+                .map(|o| o.keys().cloned().collect())
+                .unwrap_or_default()
+        };
+        assert_eq!(fields(m), fields(w));
+    }
+    // Pooled samples come from every shard: one inter-chunk gap per token after the first.
+    let gaps: u64 = whole_records
+        .iter()
+        .map(|r| r["chunks"].as_u64().unwrap_or(0).saturating_sub(1))
+        .sum();
+    let merged_json = serde_json::to_value(&*merged)?;
+    assert_eq!(
+        merged_json["throughput"]["output_tokens"],
+        serde_json::json!(whole_records
+            .iter()
+            .map(|r| r["output_tokens"].as_u64().unwrap_or(0))
+            .sum::<u64>())
+    );
+    assert!(gaps > 0 && merged.aggregate_inter_chunk.is_some());
+    // Shards of two runs, a shard given twice, a missing shard, and an unsharded run are
+    // refused.
+    let e = merge_any(&files[..2], &merged_path).expect_err("missing");
+    assert!(e.to_string().contains("shards missing: 2/3"), "{e}");
+    let e = merge_any(&[whole.clone()], &merged_path).expect_err("unsharded");
+    assert!(
+        e.to_string()
+            .contains("a multiturn record of an unsharded run"),
+        "{e}"
+    );
+    let other = dir.join("other-run.jsonl");
+    let text = std::fs::read_to_string(&files[2])?.replace("\"num_turns\":2", "\"num_turns\":3");
+    std::fs::write(&other, text)?;
+    let e = merge_any(&[files[0].clone(), files[1].clone(), other], &merged_path)
+        .expect_err("two runs");
+    assert!(e.to_string().contains("records of two runs"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
