@@ -246,7 +246,7 @@ pub struct ShardArgs {
     /// ... of --num-requests (every shard then needs a user: --concurrency >= N; with
     /// --duration alone the request set is not fixed). Records carry the global session or
     /// user index and "shard": [I, N]; `loadgen merge` of the N per-request files rebuilds the
-    /// unsharded run's requests and report (bench and replay).
+    /// unsharded run's requests and report (bench, replay and multiturn).
     #[arg(long, value_name = "I/N")]
     pub shard: Option<Shard>,
 

@@ -1155,7 +1155,7 @@ async fn multiturn_shards_hold_the_unsharded_conversations() -> Result<()> {
     // refused.
     let e = merge_any(&files[..2], &merged_path).expect_err("missing");
     assert!(e.to_string().contains("shards missing: 2/3"), "{e}");
-    let e = merge_any(&[whole.clone()], &merged_path).expect_err("unsharded");
+    let e = merge_any(std::slice::from_ref(&whole), &merged_path).expect_err("unsharded");
     assert!(
         e.to_string()
             .contains("a multiturn record of an unsharded run"),
