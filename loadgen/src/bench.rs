@@ -846,6 +846,8 @@ pub struct BenchRun {
     pub json: serde_json::Value,
     /// The run was stopped early (its in-flight requests count as cancelled).
     pub aborted: bool,
+    /// How late the server handed its tokens to clients, when it said.
+    pub server_lateness: Option<crate::scrape::Lateness>,
 }
 
 fn mean_std(v: &[f64]) -> (f64, f64) {
@@ -901,6 +903,7 @@ pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
     let observed = observe.finish().await;
     target.shutdown().await;
     let mut run = result?;
+    run.server_lateness = observed.lateness();
     observed.annotate(&mut run.json, &run.live, Some(config_json(&plan, &spec)));
     println!(
         "Bench report ({} warmup requests excluded)",
@@ -1087,6 +1090,7 @@ pub async fn run_plan(
         warmup_requests,
         json,
         aborted: out.aborted,
+        server_lateness: None,
     })
 }
 

@@ -61,6 +61,10 @@ pub enum LoadgenError {
         /// Requests sent.
         total: usize,
     },
+    /// The server fell behind its own schedule by more than `--max-server-lateness` (or did
+    /// not say how late it was).
+    #[error("{0}")]
+    ServerLate(String),
     /// Too many requests failed.
     #[error("{failed} of {total} requests failed ({:.1}%), above --max-failure-rate {:.1}%", 100.0 * *failed as f64 / *total as f64, 100.0 * max_rate)]
     TooManyFailures {

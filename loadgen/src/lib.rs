@@ -174,11 +174,13 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
         }
         Command::Replay(args) => {
             let run = replay::replay(&args).await?;
-            run.live.verdict(args.failures.max_failure_rate)
+            run.live.verdict(args.failures.max_failure_rate)?;
+            observe::lateness_verdict(run.server_lateness, &args.observe)
         }
         Command::Bench(args) => {
             let run = bench::bench(&args).await?;
-            run.live.verdict(args.failures.max_failure_rate)
+            run.live.verdict(args.failures.max_failure_rate)?;
+            observe::lateness_verdict(run.server_lateness, &args.observe)
         }
         Command::Sweep(args) => {
             sweep::sweep(&args).await?;

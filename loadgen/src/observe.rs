@@ -14,7 +14,7 @@ use crate::error::LoadgenError;
 use crate::limits;
 use crate::live::LiveView;
 use crate::replay_report::LiveReport;
-use crate::scrape::{Scraper, ServerMetrics};
+use crate::scrape::{Lateness, Scraper, ServerMetrics};
 use crate::target::Connected;
 use mock_server::args::ReportArgs;
 
@@ -41,11 +41,36 @@ pub struct ObserveArgs {
     /// configuration) to this file.
     #[arg(long, value_name = "PATH")]
     pub html: Option<PathBuf>,
+
+    /// Fail the run (exit status 1, after its report) when the server fell behind its own
+    /// schedule: its 99th-percentile token lateness over the run (mockserve's
+    /// `servesim_token_lateness_seconds`, read from /metrics) is above this many ms, so the
+    /// latencies measured include host delay. A target that does not report it fails the
+    /// check (bench and replay; 0 to 3600000).
+    #[arg(long, value_name = "MS")]
+    pub max_server_lateness: Option<f64>,
 }
 
 impl ObserveArgs {
-    /// Checks the flags' ranges (`--scrape-interval-ms` at most [`limits::MAX_DELAY_MS`]).
+    /// Checks the flags' ranges (`--scrape-interval-ms` and `--max-server-lateness` at most
+    /// [`limits::MAX_DELAY_MS`]; the latter needs the metrics scraped).
     pub fn check(&self) -> Result<(), LoadgenError> {
+        if let Some(ms) = self.max_server_lateness {
+            if !(0.0..=limits::MAX_DELAY_MS as f64).contains(&ms) {
+                return Err(LoadgenError::OutOfRange {
+                    flag: "--max-server-lateness".into(),
+                    got: ms.to_string(),
+                    allowed: format!("from 0 to {}", limits::MAX_DELAY_MS),
+                });
+            }
+            if self.no_scrape_metrics {
+                return Err(LoadgenError::Config(
+                    "--max-server-lateness reads the server's /metrics, which \
+                     --no-scrape-metrics turns off"
+                        .into(),
+                ));
+            }
+        }
         if self.scrape_interval_ms > limits::MAX_DELAY_MS {
             return Err(LoadgenError::OutOfRange {
                 flag: "--scrape-interval-ms".into(),
@@ -141,6 +166,11 @@ impl Observed {
         }
     }
 
+    /// How late the server handed its tokens to clients during the run, when it said.
+    pub fn lateness(&self) -> Option<Lateness> {
+        self.server.as_ref()?.summary.token_lateness
+    }
+
     /// Console lines: the server metrics' summary.
     pub fn console(&self) -> String {
         self.server
@@ -155,5 +185,34 @@ impl Observed {
             return Ok(());
         };
         crate::html::write(path, &[crate::html::RunView::of("run", json)])
+    }
+}
+
+/// `--max-server-lateness`: fails when the server's 99th-percentile token lateness over the run
+/// (`lateness`) is above `args`' limit, or unknown (the target did not report it).
+pub fn lateness_verdict(
+    lateness: Option<Lateness>,
+    args: &ObserveArgs,
+) -> Result<(), LoadgenError> {
+    let Some(max_ms) = args.max_server_lateness else {
+        return Ok(());
+    };
+    match lateness {
+        None => Err(LoadgenError::ServerLate(format!(
+            "--max-server-lateness {max_ms}: the target reported no token lateness \
+             ({}; mockserve reports it on /metrics): the run's latencies cannot be told free \
+             of host delay",
+            crate::scrape::LATENESS_METRIC
+        ))),
+        Some(l) if l.p99_or_inf_ms() > max_ms => Err(LoadgenError::ServerLate(format!(
+            "the server fell behind its own schedule by {} p99 over {} tokens, above \
+             --max-server-lateness {max_ms} ms: the run's latencies include host delay",
+            match l.p99_ms {
+                Some(ms) => format!("up to {ms} ms"),
+                None => format!("more than {} ms", l.largest_bucket_ms),
+            },
+            l.tokens
+        ))),
+        Some(_) => Ok(()),
     }
 }

@@ -384,6 +384,8 @@ pub struct ReplayRun {
     pub expected_prefix_reuse_ratio: f64,
     /// The report JSON as written.
     pub json: serde_json::Value,
+    /// How late the server handed its tokens to clients, when it said.
+    pub server_lateness: Option<crate::scrape::Lateness>,
 }
 
 /// Runs `loadgen replay`: prints the report and writes the requested files. The failure-rate
@@ -594,6 +596,7 @@ pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, 
         live,
         session_mode: mode,
         expected_prefix_reuse_ratio: expected_ratio,
+        server_lateness: observed.lateness(),
         json,
     })
 }

@@ -191,6 +191,12 @@ fn figure(name: &str) -> Option<Figure> {
     }
 }
 
+/// A `_bucket` or `_count` series of [`LATENESS_METRIC`].
+fn is_lateness(name: &str) -> bool {
+    name.strip_prefix(LATENESS_METRIC)
+        .is_some_and(|rest| rest == "_bucket" || rest == "_count")
+}
+
 fn worker_of(s: &PromSample) -> String {
     WORKER_LABELS
         .iter()
@@ -205,7 +211,149 @@ pub struct Snapshot {
     /// Per worker: running, waiting, KV usage, prefix hits, prefix queries, hit-rate gauge,
     /// preemptions.
     pub workers: BTreeMap<String, WorkerFigures>,
+    /// mockserve's `servesim_token_lateness_seconds` histogram, summed over its series.
+    pub lateness: Option<Buckets>,
 }
+
+/// mockserve's histogram of how late it handed each token to its client against the token's
+/// simulated time.
+pub const LATENESS_METRIC: &str = "servesim_token_lateness_seconds";
+
+/// A cumulative Prometheus histogram: `(upper bound, count at or below it)` by bound (`+Inf`
+/// last), and the total count.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Buckets {
+    /// Cumulative counts by upper bound, ascending.
+    pub cumulative: Vec<(f64, f64)>,
+    /// Observations.
+    pub count: f64,
+}
+
+impl Buckets {
+    /// Adds one `_bucket` or `_count` sample (another series of the same histogram adds up).
+    fn add(&mut self, s: &PromSample) {
+        if s.name.ends_with("_count") {
+            self.count += s.value;
+            return;
+        }
+        let Some(le) = s.label("le").and_then(|v| match v {
+            "+Inf" | "Inf" | "inf" => Some(f64::INFINITY),
+            v => v.parse::<f64>().ok().filter(|b| !b.is_nan()),
+        }) else {
+            return;
+        };
+        match self.cumulative.iter_mut().find(|(b, _)| *b == le) {
+            Some((_, c)) => *c += s.value,
+            None => {
+                self.cumulative.push((le, s.value));
+                self.cumulative.sort_by(|a, b| a.0.total_cmp(&b.0));
+            }
+        }
+    }
+
+    /// What was observed between `earlier` and `self` (counts subtracted bound by bound; a
+    /// bound missing from `earlier` counts from 0).
+    fn since(&self, earlier: Option<&Buckets>) -> Buckets {
+        let before = |le: f64| {
+            earlier
+                .and_then(|e| e.cumulative.iter().find(|(b, _)| *b == le))
+                .map_or(0.0, |(_, c)| *c)
+        };
+        Buckets {
+            cumulative: self
+                .cumulative
+                .iter()
+                .map(|&(le, c)| (le, (c - before(le)).max(0.0)))
+                .collect(),
+            count: (self.count - earlier.map_or(0.0, |e| e.count)).max(0.0),
+        }
+    }
+
+    /// The upper bound of the bucket holding quantile `q` (0..1): the smallest bound whose
+    /// cumulative count reaches `q` of the total (`+Inf` when only the last bucket does). None
+    /// without observations.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let total = self
+            .cumulative
+            .last()
+            .map_or(0.0, |(_, c)| *c)
+            .max(self.count);
+        if total <= 0.0 {
+            return None;
+        }
+        let rank = (q * total).ceil().max(1.0);
+        self.cumulative
+            .iter()
+            .find(|(_, c)| *c >= rank)
+            .map(|(le, _)| *le)
+            .or(Some(f64::INFINITY))
+    }
+}
+
+/// How late the server handed tokens to clients against its own schedule over the run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Lateness {
+    /// Tokens sent during the run.
+    pub tokens: u64,
+    /// Upper bound of the histogram bucket holding the median, ms (None: beyond the largest
+    /// bucket).
+    pub p50_ms: Option<f64>,
+    /// The same for the 99th percentile.
+    pub p99_ms: Option<f64>,
+    /// The largest finite bucket bound, ms: a quantile beyond it is `None`.
+    pub largest_bucket_ms: f64,
+}
+
+impl Lateness {
+    /// From the histogram at the first and at the last scrape; None when no token was sent.
+    fn of(first: Option<&Buckets>, last: &Buckets) -> Option<Lateness> {
+        let run = last.since(first);
+        // Bounds in ms, rounded to the µs (5e-5 s is 0.05 ms, not 0.05000000000000001).
+        let ms = |b: f64| (b * 1e6).round() / 1e3;
+        let quantile = |q: f64| run.quantile(q).filter(|b| b.is_finite()).map(ms);
+        let tokens = run.count.round() as u64;
+        (tokens > 0).then(|| Lateness {
+            tokens,
+            p50_ms: quantile(0.5),
+            p99_ms: quantile(0.99),
+            largest_bucket_ms: ms(run
+                .cumulative
+                .iter()
+                .map(|(b, _)| *b)
+                .filter(|b| b.is_finite())
+                .fold(0.0, f64::max)),
+        })
+    }
+
+    /// The 99th percentile in ms for comparisons: beyond the largest bucket counts as infinite.
+    pub fn p99_or_inf_ms(&self) -> f64 {
+        self.p99_ms.unwrap_or(f64::INFINITY)
+    }
+
+    /// `≤ 0.5 ms`, or `> 10000 ms` beyond the largest bucket.
+    fn show(&self, v: Option<f64>) -> String {
+        match v {
+            Some(v) => format!("<= {v} ms"),
+            None => format!("> {} ms", self.largest_bucket_ms),
+        }
+    }
+
+    /// The report's warning when the server fell behind (p99 above [`LATE_WARNING_MS`]).
+    pub fn warning(&self) -> Option<String> {
+        (self.p99_or_inf_ms() > LATE_WARNING_MS).then(|| {
+            format!(
+                "WARNING: the server fell behind its own schedule by {} p99 over {} tokens \
+                 ({LATENESS_METRIC}): latencies include host delay",
+                self.show(self.p99_ms),
+                self.tokens
+            )
+        })
+    }
+}
+
+/// A server whose 99th-percentile token lateness is above this many ms is reported as having
+/// fallen behind its schedule.
+pub const LATE_WARNING_MS: f64 = 1.0;
 
 /// One worker's raw figures in one scrape.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -235,7 +383,9 @@ impl Snapshot {
     pub fn of(samples: &[PromSample]) -> Snapshot {
         let mut snap = Snapshot::default();
         for s in samples {
-            if let Some(f) = figure(&s.name) {
+            if is_lateness(&s.name) {
+                snap.lateness.get_or_insert_with(Buckets::default).add(s);
+            } else if let Some(f) = figure(&s.name) {
                 snap.add(s, f);
             }
         }
@@ -252,6 +402,12 @@ impl Snapshot {
             // exactly that run, so a line whose run is no known name can be skipped unparsed.
             let line = line.trim_start();
             let end = line.find(|c: char| !is_name_char(c)).unwrap_or(line.len());
+            if is_lateness(&line[..end]) {
+                if let Some(s) = parse_line(line) {
+                    snap.lateness.get_or_insert_with(Buckets::default).add(&s);
+                }
+                continue;
+            }
             let Some(f) = figure(&line[..end]) else {
                 continue;
             };
@@ -288,7 +444,7 @@ impl Snapshot {
 
     /// True when no known figure was found.
     pub fn is_empty(&self) -> bool {
-        self.workers.is_empty()
+        self.workers.is_empty() && self.lateness.is_none()
     }
 
     fn sum(&self, f: impl Fn(&WorkerFigures) -> Option<f64>) -> Option<f64> {
@@ -363,6 +519,10 @@ pub struct ServerSummary {
     /// Of those, scrapes that got no answer within [`SCRAPE_TIMEOUT`] (a stalled `/metrics`).
     #[serde(skip_serializing_if = "is_zero")]
     pub timed_out_scrapes: u64,
+    /// How late the server (mockserve) handed its tokens to clients against its own schedule
+    /// during the run, when it says ([`LATENESS_METRIC`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_lateness: Option<Lateness>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -448,6 +608,10 @@ pub fn series_with_timeouts(
         preemptions: out.last().and_then(|s| s.preemptions),
         failed_scrapes,
         timed_out_scrapes,
+        token_lateness: snaps.last().and_then(|(_, last)| {
+            let first = snaps.first().and_then(|(_, s)| s.lateness.as_ref());
+            Lateness::of(first, last.lateness.as_ref()?)
+        }),
     };
     (out, summary)
 }
@@ -472,6 +636,14 @@ impl ServerMetrics {
             s.prefix_hit_rate
                 .map(|r| format!("prefix-cache hit rate {:.1}%", 100.0 * r)),
             s.preemptions.map(|p| format!("preemptions {p}")),
+            s.token_lateness.map(|l| {
+                format!(
+                    "token lateness p50 {} p99 {} ({} tokens)",
+                    l.show(l.p50_ms),
+                    l.show(l.p99_ms),
+                    l.tokens
+                )
+            }),
         ]
         .into_iter()
         .flatten()
@@ -484,8 +656,13 @@ impl ServerMetrics {
                 SCRAPE_TIMEOUT.as_secs()
             ),
         };
+        let warning = s
+            .token_lateness
+            .and_then(|l| l.warning())
+            .map(|w| w + "\n")
+            .unwrap_or_default();
         format!(
-            "Server metrics ({} samples of {}): {}{failures}\n",
+            "Server metrics ({} samples of {}): {}{failures}\n{warning}",
             self.samples.len(),
             self.url,
             if parts.is_empty() {

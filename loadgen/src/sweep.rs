@@ -233,6 +233,9 @@ impl SweepArgs {
         if self.bench.request_rate.is_some() {
             return bad("sweep takes its rates as --request-rate R1,R2,...");
         }
+        if self.bench.observe.max_server_lateness.is_some() {
+            return bad("--max-server-lateness judges one bench or replay run, not a sweep");
+        }
         if self.bench.sharding.shard.is_some() || self.bench.sharding.start_at.is_some() {
             return bad("--shard and --start-at split one bench, replay or multiturn run over several processes; a sweep runs in one process");
         }

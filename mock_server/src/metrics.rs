@@ -148,6 +148,12 @@ const E2E_BUCKETS: [f64; 21] = [
     480.0, 960.0, 1920.0, 7680.0,
 ];
 
+/// `servesim_token_lateness_seconds` buckets: 50 µs to 10 s.
+pub const LATENESS_BUCKETS: [f64; 17] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0,
+];
+
 /// `vllm:iteration_tokens_total` buckets (vLLM's default CUDA-graph capture sizes).
 const ITERATION_BUCKETS: [f64; 13] = [
     1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
@@ -304,6 +310,14 @@ pub struct Metrics {
     /// `servesim_kv_events_unknown_blocks`: stored blocks published without their tokens
     /// (a defect: always 0).
     pub kv_events_unknown_blocks: Counter,
+    /// `servesim_token_lateness_seconds`: per token handed to a client, how long after its
+    /// simulated time ([`crate::driver::SimClock`]) the handler got it. A host that cannot keep
+    /// up with the schedule (too little CPU for the load) shows here: client-side latencies
+    /// then include host delay that the engine did not model.
+    pub token_lateness: Histogram,
+    /// `servesim_behind_schedule_seconds` (gauge): the lateness of the last token handed to a
+    /// client.
+    pub behind_schedule: Gauge<f64, AtomicU64>,
     /// The length of the last exposition: the next one starts with room for it (with many
     /// workers it runs to megabytes, which growing from empty copies about twice over).
     encoded_len: AtomicUsize,
@@ -413,6 +427,8 @@ impl Metrics {
             kv_events_published: Family::default(),
             kv_events_dropped: Family::default(),
             kv_events_unknown_blocks: Counter::default(),
+            token_lateness: Histogram::new(LATENESS_BUCKETS),
+            behind_schedule: Gauge::default(),
             exposition: Mutex::new(None),
             encoded_len: AtomicUsize::new(0),
         };
@@ -643,7 +659,24 @@ impl Metrics {
             "Speculative next-turn prefills running now",
             m.spec_in_flight.clone(),
         );
+        r.register(
+            "servesim_token_lateness_seconds",
+            "Per token sent, how long after its simulated time the server handed it to the client",
+            m.token_lateness.clone(),
+        );
+        r.register(
+            "servesim_behind_schedule_seconds",
+            "Lateness of the last token sent against its simulated time",
+            m.behind_schedule.clone(),
+        );
         m
+    }
+
+    /// Records a token handed to its client `late` after its simulated time.
+    pub fn token_sent(&self, late: Duration) {
+        let secs = late.as_secs_f64();
+        self.token_lateness.observe(secs);
+        self.behind_schedule.set(secs);
     }
 
     /// Creates every per-worker series, so a scrape shows each worker before it has served.

@@ -16,6 +16,7 @@ use std::collections::BTreeSet;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use futures_util::Stream;
@@ -382,6 +383,10 @@ impl Generation {
             // Not visible to the client (the hand-off shows in the cluster's counters).
             Output::Preempted { .. } | Output::KvTransfer { .. } => None,
             Output::Token { index, time, .. } => {
+                let late = self.state.engine.clock().now().saturating_since(time);
+                self.state
+                    .metrics
+                    .token_sent(Duration::from_micros(late.as_micros()));
                 choice.completion_tokens += 1;
                 choice.first_token.get_or_insert(time);
                 choice.last_token = Some(time);

@@ -87,3 +87,41 @@ async fn metrics_parse_and_move() -> Result<()> {
     );
     Ok(())
 }
+
+/// Every token handed to a client is on `servesim_token_lateness_seconds`, and a server held up
+/// while its tokens fall due (its runtime, this test's only thread, blocked) reports them late
+/// by the hold-up: the server says when its own timing is not to be trusted.
+#[tokio::test]
+async fn tokens_report_how_late_the_server_handed_them_over() -> Result<()> {
+    // A 1 ms prefill and 1 ms decode steps: 40 tokens due within about 41 ms of the submission.
+    let server = start(config(Some((1.0, 1.0)))).await?;
+    let body = chat_body(
+        &json!([user("hello")]),
+        json!({"max_tokens": 40, "stream": true}),
+    );
+    let response = within(
+        server
+            .client
+            .post(format!("{}/v1/chat/completions", server.base))
+            .json(&body)
+            .send(),
+    )
+    .await??;
+    assert_eq!(response.status(), StatusCode::OK);
+    // Held up 200 ms: no token after the first (which the response's headers wait for) can
+    // reach its handler before the hold-up ends, 159 ms or more after its simulated time.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let events = read_sse(response, tokio::time::Instant::now()).await?;
+    assert!(events.len() >= 40, "{} events", events.len());
+    let m = scrape(&server).await?;
+    let get = |k: &str| m.get(k).copied().unwrap_or(f64::NAN);
+    assert_eq!(get("servesim_token_lateness_seconds_count"), 40.0);
+    assert_eq!(
+        get("servesim_token_lateness_seconds_bucket{le=\"+Inf\"}"),
+        40.0
+    );
+    assert!(get("servesim_token_lateness_seconds_bucket{le=\"0.1\"}") <= 1.0);
+    assert!(get("servesim_token_lateness_seconds_sum") >= 39.0 * 0.159);
+    assert!(get("servesim_behind_schedule_seconds") >= 0.159);
+    Ok(())
+}
