@@ -1113,4 +1113,84 @@ vllm:time_to_first_token_seconds_bucket{le="+Inf",worker="0"} 7
         assert!(s[0].workers.is_empty());
         assert!(Snapshot::of(&parse("unrelated_metric 1\n")).is_empty());
     }
+
+    /// The lateness histogram is read from either parser, summed over series, taken over the
+    /// run (last scrape minus first) and its quantiles are bucket bounds; a p99 above 1 ms is
+    /// a warning, one beyond the largest bucket is "more than" it.
+    #[test]
+    fn token_lateness_over_the_run() {
+        let exposition = |counts: [u64; 4]| {
+            format!(
+                "# TYPE servesim_token_lateness_seconds histogram\n\
+                 servesim_token_lateness_seconds_bucket{{le=\"0.00005\"}} {}\n\
+                 servesim_token_lateness_seconds_bucket{{le=\"0.001\"}} {}\n\
+                 servesim_token_lateness_seconds_bucket{{le=\"0.01\"}} {}\n\
+                 servesim_token_lateness_seconds_bucket{{le=\"+Inf\"}} {}\n\
+                 servesim_token_lateness_seconds_count {}\n\
+                 servesim_token_lateness_seconds_sum 0.5\n",
+                counts[0], counts[1], counts[2], counts[3], counts[3]
+            )
+        };
+        let before = exposition([10, 10, 10, 10]);
+        assert_eq!(Snapshot::read(&before), Snapshot::of(&parse(&before)));
+        let early = Snapshot::read(&before);
+        assert!(!early.is_empty());
+        // 100 tokens during the run: 98 within 50 µs, one within 1 ms, one within 10 ms.
+        let late = Snapshot::read(&exposition([108, 109, 110, 110]));
+        let (_, summary) = series(&[(0.0, early.clone()), (1.0, late)], 0);
+        let l = summary.token_lateness.expect("lateness");
+        assert_eq!(
+            l,
+            Lateness {
+                tokens: 100,
+                p50_ms: Some(0.05),
+                p99_ms: Some(1.0),
+                largest_bucket_ms: 10.0
+            }
+        );
+        assert_eq!(l.warning(), None);
+        // Two tokens beyond 1 ms out of 100: p99 is the 10 ms bucket.
+        let (_, summary) = series(
+            &[
+                (0.0, early.clone()),
+                (1.0, Snapshot::read(&exposition([108, 108, 110, 110]))),
+            ],
+            0,
+        );
+        let l = summary.token_lateness.expect("lateness");
+        assert_eq!(l.p99_ms, Some(10.0));
+        assert_eq!(
+            l.warning().as_deref(),
+            Some(
+                "WARNING: the server fell behind its own schedule by <= 10 ms p99 over 100 \
+                 tokens (servesim_token_lateness_seconds): latencies include host delay"
+            )
+        );
+        // Beyond the largest bucket.
+        let (_, summary) = series(
+            &[
+                (0.0, early.clone()),
+                (1.0, Snapshot::read(&exposition([10, 10, 10, 20]))),
+            ],
+            0,
+        );
+        let l = summary.token_lateness.expect("lateness");
+        assert_eq!((l.p50_ms, l.p99_ms), (None, None));
+        assert!(l.warning().is_some_and(|w| w.contains("by > 10 ms p99")));
+        // No token during the run: nothing to say.
+        let (_, summary) = series(&[(0.0, early.clone()), (1.0, early)], 0);
+        assert_eq!(summary.token_lateness, None);
+        // Two series (two servers behind one URL) add up bound by bound.
+        let two = "servesim_token_lateness_seconds_bucket{le=\"0.001\",w=\"a\"} 3\n\
+                   servesim_token_lateness_seconds_bucket{le=\"0.001\",w=\"b\"} 4\n\
+                   servesim_token_lateness_seconds_bucket{le=\"+Inf\",w=\"a\"} 3\n\
+                   servesim_token_lateness_seconds_bucket{le=\"+Inf\",w=\"b\"} 5\n\
+                   servesim_token_lateness_seconds_count{w=\"a\"} 3\n\
+                   servesim_token_lateness_seconds_count{w=\"b\"} 5\n";
+        let b = Snapshot::read(two).lateness.expect("buckets");
+        assert_eq!(b.cumulative, vec![(0.001, 7.0), (f64::INFINITY, 8.0)]);
+        assert_eq!(b.count, 8.0);
+        assert_eq!(b.quantile(0.5), Some(0.001));
+        assert_eq!(b.quantile(0.99), Some(f64::INFINITY));
+    }
 }

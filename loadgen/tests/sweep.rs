@@ -259,6 +259,26 @@ async fn merging_split_records_gives_the_original_report() -> Result<()> {
             .is_some_and(|p| p >= 1.0),
         "{server}"
     );
+    // The server said how late it handed over every token of the run.
+    let tokens: u64 = run.live.records.iter().map(|r| r.raw.output_tokens).sum();
+    assert_eq!(server["summary"]["token_lateness"]["tokens"], tokens);
+    let lateness = run.server_lateness.context("token lateness")?;
+    assert_eq!(lateness.tokens, tokens);
+    let judge = |max: f64| {
+        let mut observe = args.observe.clone();
+        observe.max_server_lateness = Some(max);
+        loadgen::observe::lateness_verdict(run.server_lateness, &observe)
+    };
+    // Every bucket bound is above 0: a limit of 0 always fails, and one hour never does.
+    let e = judge(0.0).expect_err("late");
+    assert!(matches!(e, loadgen::LoadgenError::ServerLate(_)), "{e}");
+    assert!(
+        e.to_string()
+            .contains("the server fell behind its own schedule by")
+            && e.to_string().contains("above --max-server-lateness 0 ms"),
+        "{e}"
+    );
+    judge(3_600_000.0)?;
     // Chat endpoint, workers and finish reasons recorded.
     assert_eq!(report["config"]["endpoint"], "chat");
     assert_eq!(report["finish_reasons"]["length"], 30);
@@ -794,6 +814,69 @@ fn tokens(raws: &[loadgen::replay_report::RawSample]) -> Tokens {
 async fn run_cli(argv: &[&str]) -> Result<()> {
     let cli = Cli::try_parse_from(argv)?;
     within(120, loadgen::run_async(cli)).await??;
+    Ok(())
+}
+
+/// `--max-server-lateness` fails a run whose server fell behind (a limit of 0 ms: every token
+/// is in a bucket above it) with exit status 1 after the report, passes one within it, fails
+/// one whose target does not report lateness, and is refused without scraping and in a sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_server_lateness_turns_a_late_server_into_a_failed_run() -> Result<()> {
+    let run = |limit: &'static str, extra: &'static [&'static str]| async move {
+        let mut argv = vec![
+            "loadgen",
+            "bench",
+            "--quiet",
+            "--speedup-ratio",
+            "inf",
+            "--num-requests",
+            "5",
+            "--request-rate",
+            "100",
+            "--output-tokens",
+            "4",
+            "--max-server-lateness",
+            limit,
+        ];
+        argv.extend_from_slice(extra);
+        let cli = Cli::try_parse_from(argv)?;
+        anyhow::Ok(within(120, loadgen::run_async(cli)).await?)
+    };
+    let e = run("0", &[]).await?.expect_err("late");
+    assert!(matches!(e, loadgen::LoadgenError::ServerLate(_)), "{e}");
+    assert_eq!(e.exit_code(), 1);
+    run("3600000", &[]).await??;
+    let e = run("5", &["--no-scrape-metrics"])
+        .await?
+        .expect_err("no scrape");
+    assert!(
+        e.to_string().contains("--no-scrape-metrics turns off"),
+        "{e}"
+    );
+    let e = run("1e9", &[]).await?.expect_err("range");
+    assert!(
+        e.to_string().contains("--max-server-lateness must be"),
+        "{e}"
+    );
+    // A target without the metric: nothing says its timing is sound.
+    let observe = loadgen::observe::ObserveArgs {
+        max_server_lateness: Some(5.0),
+        ..Default::default()
+    };
+    let e = loadgen::observe::lateness_verdict(None, &observe).expect_err("unknown");
+    assert!(e.to_string().contains("reported no token lateness"), "{e}");
+    let cli = Cli::try_parse_from([
+        "loadgen",
+        "sweep",
+        "--request-rate",
+        "10,20",
+        "--max-server-lateness",
+        "5",
+    ])?;
+    let e = within(60, loadgen::run_async(cli))
+        .await?
+        .expect_err("sweep");
+    assert!(e.to_string().contains("not a sweep"), "{e}");
     Ok(())
 }
 
