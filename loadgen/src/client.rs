@@ -115,8 +115,33 @@ pub struct Response {
     /// The worker that served it, when the server said so (`nvext.worker_id`, asked for with
     /// `nvext.extra_fields`; the decode worker of a disaggregated pair).
     pub worker: Option<u32>,
+    /// The tool calls the answer streamed (`delta.tool_calls`), pieced together by index.
+    pub tool_calls: Vec<ToolCall>,
     /// None on success.
     pub failure: Option<Failure>,
+}
+
+/// One tool call of a streamed answer: its id, function name and the concatenated argument
+/// text.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ToolCall {
+    /// `id` (sent with the call's first delta).
+    pub id: String,
+    /// `function.name`.
+    pub name: String,
+    /// `function.arguments`, concatenated over the deltas.
+    pub arguments: String,
+}
+
+impl ToolCall {
+    /// The call as an assistant message's `tool_calls` entry.
+    pub fn to_json(&self) -> Value {
+        serde_json::json!({
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        })
+    }
 }
 
 /// The response of a request dropped because the run stopped early (sent at `start`).
@@ -196,7 +221,13 @@ struct Facts<'a> {
     /// `choices[0].delta`, when present: its `content`, `reasoning_content` and `reasoning`
     /// (each `""` when absent or not a string).
     delta: Option<[&'a str; 3]>,
+    /// `choices[0].delta.tool_calls`: (index, id, function name, argument text) of each.
+    tool_calls: Vec<ToolDelta<'a>>,
 }
+
+/// One entry of `delta.tool_calls`: the call's `index` (its position when absent), `id`,
+/// `function.name` and `function.arguments` (`""` when absent).
+type ToolDelta<'a> = (usize, Option<&'a str>, Option<&'a str>, &'a str);
 
 /// A JSON object decoded as `T`. A derived struct also accepts a JSON array (its fields by
 /// position), which a [`Value`] lookup by key never would; this wrapper accepts objects only,
@@ -289,6 +320,25 @@ struct ChunkDelta<'a> {
     reasoning_content: Option<Cow<'a, str>>,
     #[serde(borrow)]
     reasoning: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    tool_calls: Option<Vec<Object<ChunkToolCall<'a>>>>,
+}
+
+#[derive(Deserialize)]
+struct ChunkToolCall<'a> {
+    index: Option<usize>,
+    #[serde(borrow)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    function: Option<Object<ChunkFunction<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct ChunkFunction<'a> {
+    #[serde(borrow)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    arguments: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize)]
@@ -358,18 +408,38 @@ impl<'a> Chunk<'a> {
                     id(p.decode_worker_id).or_else(|| id(p.prefill_worker_id))
                 }
             });
+        let delta = choice.and_then(|c| c.delta.as_ref()).map(|Object(d)| d);
+        let tool_calls = delta
+            .and_then(|d| d.tool_calls.as_ref())
+            .map(|calls| {
+                calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, Object(c))| {
+                        let f = c.function.as_ref().map(|Object(f)| f);
+                        (
+                            c.index.unwrap_or(i),
+                            c.id.as_deref(),
+                            f.and_then(|f| f.name.as_deref()),
+                            f.and_then(|f| f.arguments.as_deref()).unwrap_or(""),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         Facts {
             usage,
             finish_reason: choice.and_then(|c| c.finish_reason.as_deref()),
             worker,
             text: choice.and_then(|c| c.text.as_deref()),
-            delta: choice.and_then(|c| c.delta.as_ref()).map(|Object(d)| {
+            delta: delta.map(|d| {
                 [
                     d.content.as_deref().unwrap_or(""),
                     d.reasoning_content.as_deref().unwrap_or(""),
                     d.reasoning.as_deref().unwrap_or(""),
                 ]
             }),
+            tool_calls,
         }
     }
 }
@@ -383,6 +453,7 @@ struct StreamState {
     usage: Option<(Option<u64>, Option<u64>, Option<u64>)>,
     finish_reason: Option<String>,
     worker: Option<u32>,
+    tool_calls: Vec<ToolCall>,
     think: InlineThink,
     done: bool,
 }
@@ -398,6 +469,7 @@ impl StreamState {
             usage: None,
             finish_reason: None,
             worker: None,
+            tool_calls: Vec::new(),
             think: InlineThink::default(),
             done: false,
         }
@@ -452,6 +524,28 @@ impl StreamState {
                 text("reasoning"),
             ]
         });
+        let tool_calls = v
+            .pointer("/choices/0/delta/tool_calls")
+            .and_then(Value::as_array)
+            .map(|calls| {
+                calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| {
+                        let s = |p: &str| c.pointer(p).and_then(Value::as_str);
+                        (
+                            c.get("index")
+                                .and_then(Value::as_u64)
+                                .and_then(|n| usize::try_from(n).ok())
+                                .unwrap_or(i),
+                            s("/id"),
+                            s("/function/name"),
+                            s("/function/arguments").unwrap_or(""),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         self.on_facts(
             Facts {
                 usage,
@@ -461,6 +555,7 @@ impl StreamState {
                 worker: v.pointer("/nvext/worker_id").and_then(worker_of),
                 text: v.pointer("/choices/0/text").and_then(Value::as_str),
                 delta,
+                tool_calls,
             },
             t,
         );
@@ -491,6 +586,28 @@ impl StreamState {
         let Some([content, reasoning_content, reasoning]) = facts.delta else {
             return;
         };
+        // Tool calls are answer tokens: the first delta of one is the answer's first token,
+        // and a delta with argument text is a token chunk (the one naming the function alone
+        // carries no generated argument text).
+        let mut tool_tokens = false;
+        for (index, id, name, arguments) in facts.tool_calls {
+            if index >= MAX_TOOL_CALLS {
+                continue;
+            }
+            if self.tool_calls.len() <= index {
+                self.tool_calls.resize_with(index + 1, ToolCall::default);
+            }
+            let call = &mut self.tool_calls[index];
+            if let Some(id) = id {
+                call.id = id.to_string();
+            }
+            if let Some(name) = name {
+                call.name.push_str(name);
+            }
+            call.arguments.push_str(arguments);
+            self.timing.first_answer_us.get_or_insert(t);
+            tool_tokens |= !arguments.is_empty();
+        }
         let reasoning_text = if reasoning_content.is_empty() {
             reasoning
         } else {
@@ -504,7 +621,7 @@ impl StreamState {
             answer = a;
             self.content.push_str(content);
         }
-        if reasoning || answer {
+        if reasoning || answer || tool_tokens {
             self.chunks += 1;
             self.timing.token_chunks_us.push(t);
         }
@@ -541,10 +658,15 @@ impl StreamState {
             cached_tokens: cached,
             finish_reason: self.finish_reason,
             worker: self.worker,
+            tool_calls: self.tool_calls,
             failure,
         }
     }
 }
+
+/// Tool calls of one answer kept at most (a delta with a larger index is ignored): an index is
+/// the server's to choose, and it must not size a vector.
+pub const MAX_TOOL_CALLS: usize = 128;
 
 /// The serving worker of a response's `nvext.worker_id`: a number, or Dynamo's object
 /// `{"prefill_worker_id", "decode_worker_id"}` (the decode worker, else the prefill one).
@@ -712,9 +834,10 @@ mod tests {
         }
         let t = &s.timing;
         format!(
-            "{results:?} chunks={} content={:?} usage={:?} finish={:?} worker={:?} stamps={} answer={} reasoning={}",
+            "{results:?} chunks={} content={:?} tools={:?} usage={:?} finish={:?} worker={:?} stamps={} answer={} reasoning={}",
             s.chunks,
             s.content,
+            s.tool_calls,
             s.usage,
             s.finish_reason,
             s.worker,
@@ -760,6 +883,15 @@ mod tests {
         r#"{"choices":[{"finish_reason":1,"delta":{"content":"z"}}]}"#,
         r#"{"choices":[{"delta":{"content":"a","content":"b"}}]}"#,
         r#"{"choices":[{"delta":{"content":"x"}}]} trailing"#,
+        r#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"","name":"lookup"},"id":"call_1","index":0,"type":"function"}]}}]}"#,
+        r#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{\"q\": 1}"},"index":0}]}}]}"#,
+        r#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"x"},"index":1},{"id":"c2","index":2}]}}]}"#,
+        r#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"y"}}]}}]}"#,
+        r#"{"choices":[{"delta":{"tool_calls":[{"index":99999999999,"function":{"arguments":"z"}}]}}]}"#,
+        r#"{"choices":[{"delta":{"tool_calls":[{"index":"1","function":{"arguments":"w"}}]}}]}"#,
+        r#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":5}}]}}]}"#,
+        r#"{"choices":[{"delta":{"tool_calls":5}}]}"#,
+        r#"{"choices":[{"delta":{"tool_calls":[7]}}]}"#,
         "not json",
         "",
         "[DONE]",
@@ -787,6 +919,42 @@ mod tests {
             let fast = serde_json::from_str::<Object<Chunk<'_>>>(chunk);
             assert!(fast.is_ok_and(|Object(c)| c.error.is_none()), "{chunk}");
         }
+    }
+
+    /// A streamed tool call (mockserve's shape, as OpenAI's): pieced together by index; its
+    /// first delta is the answer's first token, and only deltas with argument text are token
+    /// chunks, so the usage of a one-token call agrees.
+    #[test]
+    fn streamed_tool_calls_are_answer_tokens() {
+        let mut s = state();
+        for e in [
+            r#"{"choices":[{"delta":{"content":"","role":"assistant"},"finish_reason":null,"index":0}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"","name":"lookup"},"id":"call_A","index":0,"type":"function"}]},"finish_reason":null,"index":0}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{}"},"index":0}]},"finish_reason":null,"index":0}]}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"tool_calls","index":0}]}"#,
+            r#"{"choices":[],"usage":{"completion_tokens":1,"prompt_tokens":64,"prompt_tokens_details":{"cached_tokens":0}}}"#,
+            "[DONE]",
+        ] {
+            s.on_event(e).expect("not an error");
+        }
+        assert!(s.timing.first_answer_us.is_some());
+        let r = s.finish(None);
+        assert_eq!(r.failure, None);
+        assert_eq!((r.chunks, r.output_tokens, r.usage_mismatch), (1, 1, false));
+        assert_eq!(r.finish_reason.as_deref(), Some("tool_calls"));
+        assert_eq!(
+            r.tool_calls,
+            vec![ToolCall {
+                id: "call_A".into(),
+                name: "lookup".into(),
+                arguments: "{}".into()
+            }]
+        );
+        assert_eq!(
+            r.tool_calls[0].to_json(),
+            serde_json::json!({"id": "call_A", "type": "function",
+                "function": {"name": "lookup", "arguments": "{}"}})
+        );
     }
 
     #[test]

@@ -207,6 +207,7 @@ impl RawSample {
                 cached_tokens: self.cached_tokens,
                 finish_reason: self.finish_reason.clone(),
                 worker: self.worker,
+                tool_calls: Vec::new(),
                 failure: self.failure.clone(),
             },
         };
@@ -551,6 +552,7 @@ mod tests {
                 cached_tokens: Some(0),
                 finish_reason: Some("length".into()),
                 worker: None,
+                tool_calls: Vec::new(),
                 failure: None,
             },
         }

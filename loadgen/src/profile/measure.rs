@@ -413,6 +413,7 @@ mod tests {
                 failure: None,
                 finish_reason: None,
                 worker: None,
+                tool_calls: Vec::new(),
             },
         )
     }
