@@ -586,9 +586,8 @@ impl StreamState {
         let Some([content, reasoning_content, reasoning]) = facts.delta else {
             return;
         };
-        // Tool calls are answer tokens: the first delta of one is the answer's first token,
-        // and a delta with argument text is a token chunk (the one naming the function alone
-        // carries no generated argument text).
+        // Tool calls are answer tokens: a delta with argument text is a token chunk (the one
+        // naming the function alone carries no generated argument text).
         let mut tool_tokens = false;
         for (index, id, name, arguments) in facts.tool_calls {
             if index >= MAX_TOOL_CALLS {
@@ -605,8 +604,10 @@ impl StreamState {
                 call.name.push_str(name);
             }
             call.arguments.push_str(arguments);
-            self.timing.first_answer_us.get_or_insert(t);
             tool_tokens |= !arguments.is_empty();
+        }
+        if tool_tokens {
+            self.timing.first_answer_us.get_or_insert(t);
         }
         let reasoning_text = if reasoning_content.is_empty() {
             reasoning
@@ -921,9 +922,9 @@ mod tests {
         }
     }
 
-    /// A streamed tool call (mockserve's shape, as OpenAI's): pieced together by index; its
-    /// first delta is the answer's first token, and only deltas with argument text are token
-    /// chunks, so the usage of a one-token call agrees.
+    /// A streamed tool call (mockserve's shape, as OpenAI's): pieced together by index; only
+    /// deltas with argument text are token chunks (the first is the answer's first token), so
+    /// the usage of a one-token call agrees.
     #[test]
     fn streamed_tool_calls_are_answer_tokens() {
         let mut s = state();

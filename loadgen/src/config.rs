@@ -12,6 +12,9 @@ use crate::failure::FailureArgs;
 use crate::limits;
 use crate::target::{EmbeddedOptions, TargetArgs, TargetSpec};
 
+/// `--tool-call-share` when only `--tool-wait-ms` is given.
+pub const DEFAULT_TOOL_CALL_SHARE: f64 = 0.5;
+
 /// Think time (ms) between turns when loadgen drives its embedded server and `--mean-delay-ms` is
 /// not given: Dynamo's 5000 ms divided by the embedded default decode speed-up (10), so the first
 /// run finishes in seconds while the answers still interleave.
@@ -77,6 +80,19 @@ pub struct MultiturnArgs {
     /// ("nvext": {"agent_hints": {"speculative_prefill": true}}).
     #[arg(long)]
     pub speculative_prefill: bool,
+
+    /// Share of turns (all but the last; 0 to 1) whose answer is asked for as a tool call
+    /// (every request then carries one tool; these send tool_choice "required", the others
+    /// "none"); the next turn is the tool's result, sent --tool-wait-ms after the call arrived
+    /// instead of a think time. [default: 0.5 with --tool-wait-ms]
+    #[arg(long)]
+    pub tool_call_share: Option<f64>,
+
+    /// How long a tool runs before its result is sent, ms: fixed:MS, uniform:LO,HI, exp:MEAN or
+    /// lognormal:MEAN,SIGMA (each from 0 to 3600000). Turns a share of the turns into tool
+    /// calls (--tool-call-share).
+    #[arg(long, value_name = "DIST")]
+    pub tool_wait_ms: Option<crate::workload::WaitDist>,
 
     /// Print one line per turn and error bodies.
     #[arg(short, long)]
@@ -146,7 +162,7 @@ impl ChatServerArgs {
 }
 
 /// The workload's shape (pure input of [`crate::workload::Workload::generate`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct WorkloadSpec {
     /// Users (conversations).
     pub num_users: usize,
@@ -158,6 +174,8 @@ pub struct WorkloadSpec {
     pub mean_delay_ms: u64,
     /// Seed of think times and text.
     pub seed: u64,
+    /// Tool turns, when asked for.
+    pub tools: Option<crate::workload::ToolTurns>,
 }
 
 /// A validated `loadgen multiturn` run.
@@ -197,19 +215,34 @@ impl MultiturnArgs {
         } else {
             URL_MEAN_DELAY_MS
         });
-        let mut workload = WorkloadSpec {
-            num_users: self.num_users,
-            num_turns: self.num_turns,
-            num_user_tokens: self.num_user_tokens,
-            mean_delay_ms,
-            seed: self.target.engine.seed,
-        };
+        let mut workload =
+            WorkloadSpec {
+                num_users: self.num_users,
+                num_turns: self.num_turns,
+                num_user_tokens: self.num_user_tokens,
+                mean_delay_ms,
+                seed: self.target.engine.seed,
+                tools: match (self.tool_call_share, self.tool_wait_ms) {
+                    (None, None) => None,
+                    (Some(_), None) => return Err(LoadgenError::Config(
+                        "--tool-call-share needs --tool-wait-ms: how long the tool runs before \
+                         its result is sent"
+                            .into(),
+                    )),
+                    (share, Some(wait)) => {
+                        let share = share.unwrap_or(DEFAULT_TOOL_CALL_SHARE);
+                        limits::within("--tool-call-share", share, 0.0, 1.0)?;
+                        Some(crate::workload::ToolTurns { share, wait })
+                    }
+                },
+            };
         let mut max_completion_tokens = self.max_completion_tokens;
         if self.ping {
             workload.num_users = 1;
             workload.num_turns = 1;
             workload.num_user_tokens = 50;
             workload.mean_delay_ms = 0;
+            workload.tools = None;
             max_completion_tokens = 50;
         }
         // The ranges first: the target (the embedded server, the tokenizer) is built after.
@@ -319,7 +352,7 @@ impl MultiturnConfig {
             "heuristic" => "heuristic (0.8 words per token)".to_string(),
             other => other.to_string(),
         };
-        json!({
+        let mut config = json!({
             "target": if self.target.is_embedded() { "embedded" } else { "url" },
             "url": target_url,
             "model": model,
@@ -338,7 +371,12 @@ impl MultiturnConfig {
             "request_timeout_s": self.target.request_timeout.as_secs_f64(),
             "max_line_bytes": self.target.max_line_bytes,
             "embedded_server": server,
-        })
+        });
+        if let (Some(t), Some(map)) = (self.workload.tools, config.as_object_mut()) {
+            map.insert("tool_call_share".into(), json!(t.share));
+            map.insert("tool_wait_ms".into(), json!(t.wait.to_string()));
+        }
+        config
     }
 }
 

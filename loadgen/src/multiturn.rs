@@ -26,10 +26,29 @@ struct BodyParams {
     max_completion_tokens: u32,
     ignore_eos: bool,
     speculative_prefill: bool,
+    /// Every request carries [`tool_definition`] (tool turns were asked for).
+    tools: bool,
+}
+
+/// The one tool of a run with tool turns: a lookup whose result is the next turn's text.
+fn tool_definition() -> Value {
+    json!({
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look something up and return what was found.",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}},
+                "required": ["query"],
+            },
+        },
+    })
 }
 
 impl BodyParams {
-    fn body(&self, messages: &[Value]) -> Value {
+    /// The request of a turn whose history is `messages`; `tool_call` asks for a tool call.
+    fn body(&self, messages: &[Value], tool_call: bool) -> Value {
         let mut body = json!({
             "model": self.model,
             "messages": messages,
@@ -42,6 +61,10 @@ impl BodyParams {
         }
         if self.speculative_prefill {
             body["nvext"] = json!({"agent_hints": {"speculative_prefill": true}});
+        }
+        if self.tools {
+            body["tools"] = json!([tool_definition()]);
+            body["tool_choice"] = json!(if tool_call { "required" } else { "none" });
         }
         body
     }
@@ -57,19 +80,45 @@ struct Conversation {
     next_turn: usize,
 }
 
+/// The history entry of a successful answer: its text, and its tool calls when it made some.
+fn assistant_message(r: &Response) -> Value {
+    if r.tool_calls.is_empty() {
+        return json!({"role": "assistant", "content": r.content});
+    }
+    json!({
+        "role": "assistant",
+        "content": if r.content.is_empty() { Value::Null } else { json!(r.content) },
+        "tool_calls": r.tool_calls.iter().map(crate::client::ToolCall::to_json).collect::<Vec<_>>(),
+    })
+}
+
 impl Script for Conversation {
     fn first_start(&self) -> Duration {
         Duration::ZERO
     }
 
     fn next(&mut self, previous: Option<&Response>) -> Option<Planned> {
-        if let Some(r) = previous.filter(|r| r.failure.is_none()) {
-            self.messages
-                .push(json!({"role": "assistant", "content": r.content}));
+        let answered = previous.filter(|r| r.failure.is_none());
+        if let Some(r) = answered {
+            self.messages.push(assistant_message(r));
         }
         let t = self.script.turns.get(self.next_turn)?;
-        self.messages
-            .push(json!({"role": "user", "content": t.user_text}));
+        // The tool's result answers the call (the first, when the model made several; the
+        // others get an empty result); a turn after an answer without a call is a user turn.
+        match answered.map(|r| r.tool_calls.as_slice()) {
+            Some([first, rest @ ..]) if t.after_tool => {
+                self.messages.push(
+                    json!({"role": "tool", "tool_call_id": first.id, "content": t.user_text}),
+                );
+                for call in rest {
+                    self.messages
+                        .push(json!({"role": "tool", "tool_call_id": call.id, "content": ""}));
+                }
+            }
+            _ => self
+                .messages
+                .push(json!({"role": "user", "content": t.user_text})),
+        }
         let start = if self.next_turn == 0 {
             Start::At(t.delay)
         } else {
@@ -78,7 +127,7 @@ impl Script for Conversation {
         self.next_turn += 1;
         Some(Planned {
             start,
-            body: self.params.body(&self.messages),
+            body: self.params.body(&self.messages, t.tool_call),
         })
     }
 }
@@ -108,6 +157,8 @@ fn record(sample: &Sample, user_tokens: Option<usize>) -> RawResult {
         prompt_tokens: r.prompt_tokens,
         cached_tokens: r.cached_tokens,
         error: r.failure.clone(),
+        tool_call: false,
+        after_tool: false,
         shard: None,
         merge: None,
     }
@@ -129,6 +180,13 @@ fn print_config(c: &MultiturnConfig, url: &str, model: &str) {
     println!("  Ignore EOS: {}", c.ignore_eos);
     println!("  Mean delay: {}ms", w.mean_delay_ms);
     println!("  Speculative prefill: {}", c.speculative_prefill);
+    if let Some(t) = &w.tools {
+        println!(
+            "  Tool calls: {}% of turns, tool wait {} ms",
+            t.share * 100.0,
+            t.wait
+        );
+    }
     println!("  Seed: {}", w.seed);
     println!();
 }
@@ -193,12 +251,18 @@ async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, 
         max_completion_tokens: config.max_completion_tokens,
         ignore_eos: config.ignore_eos,
         speculative_prefill: config.speculative_prefill,
+        tools: config.workload.tools.is_some(),
     });
-    // By local user.
-    let user_tokens: Vec<Vec<Option<usize>>> = workload
+    // By local user: (user tokens, asks for a tool call, answers one).
+    let turn_facts: Vec<Vec<(Option<usize>, bool, bool)>> = workload
         .users
         .iter()
-        .map(|u| u.turns.iter().map(|t| t.user_tokens).collect())
+        .map(|u| {
+            u.turns
+                .iter()
+                .map(|t| (t.user_tokens, t.tool_call, t.after_tool))
+                .collect()
+        })
         .collect();
     let num_turns = config.workload.num_turns;
     let observer: Option<Observer> = config.verbose.then(|| {
@@ -268,12 +332,14 @@ async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, 
             data.chunk_gaps_us.extend(&gaps);
             data.output_tokens_per_s_per_user.extend(per_s);
         }
-        let tokens = user_tokens
+        let (tokens, tool_call, after_tool) = turn_facts
             .get(s.session)
             .and_then(|u| u.get(s.turn))
             .copied()
-            .flatten();
+            .unwrap_or_default();
         let mut rec = record(s, tokens);
+        rec.tool_call = tool_call;
+        rec.after_tool = after_tool;
         rec.user_id = crate::shard::global(shard, s.session);
         if let Some(sh) = shard {
             rec.shard = Some(sh.pair());

@@ -130,6 +130,12 @@ pub struct RawResult {
     /// Why it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<Failure>,
+    /// The turn asked for a tool call (`--tool-wait-ms`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tool_call: bool,
+    /// The turn sent a tool's result, after a tool wait.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub after_tool: bool,
     /// `[I, N]` of a `--shard I/N` run (absent unsharded); `user_id` is the global user.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<(u32, u32)>,
@@ -266,6 +272,81 @@ pub struct Results {
     /// Every setting and the target.
     #[serde(default)]
     pub config: Value,
+    /// Turns after a tool call against turns after a user's think time (runs with tool turns).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_turns: Option<ToolTurnStats>,
+}
+
+/// What tool waits do: the later turns (2 and on) that sent a tool's result after its wait,
+/// against those that sent a user message after a think time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolTurnStats {
+    /// Turns that asked for a tool call.
+    pub tool_calls: usize,
+    /// Turns that sent a tool's result.
+    pub after_tool: TurnGroup,
+    /// Later turns that sent a user message.
+    pub after_user: TurnGroup,
+}
+
+/// Successful requests of one kind of turn.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TurnGroup {
+    /// Successful requests.
+    pub requests: usize,
+    /// Their TTFT (first answer token).
+    pub ttft: Option<StatsReport>,
+    /// Prompt tokens (`usage.prompt_tokens`).
+    pub prompt_tokens: u64,
+    /// Of those, served from the prefix cache (`cached_tokens`).
+    pub cached_tokens: u64,
+}
+
+impl TurnGroup {
+    fn of<'a>(records: impl Iterator<Item = &'a RawResult>) -> TurnGroup {
+        let ok: Vec<&RawResult> = records.filter(|r| r.success).collect();
+        let ttft: Vec<u64> = ok.iter().filter_map(|r| r.first_answer_us).collect();
+        TurnGroup {
+            requests: ok.len(),
+            ttft: StatsReport::of(&ttft),
+            prompt_tokens: ok.iter().filter_map(|r| r.prompt_tokens).sum(),
+            cached_tokens: ok.iter().filter_map(|r| r.cached_tokens).sum(),
+        }
+    }
+
+    /// The console line.
+    fn line(&self, name: &str) -> String {
+        let ttft = match &self.ttft {
+            Some(s) => format!("TTFT p50 {:.1}ms p99 {:.1}ms", ms(s.p50_us), ms(s.p99_us)),
+            None => "no TTFT".to_string(),
+        };
+        let cached = if self.prompt_tokens > 0 {
+            format!(
+                "{:.1}% of prompt tokens cached",
+                100.0 * self.cached_tokens as f64 / self.prompt_tokens as f64
+            )
+        } else {
+            "no prompt tokens reported".to_string()
+        };
+        format!(
+            "  {name:<11} {:>6} requests, {ttft}, {cached}",
+            self.requests
+        )
+    }
+}
+
+impl ToolTurnStats {
+    /// None when the run had no tool turns.
+    fn of(records: &[RawResult]) -> Option<ToolTurnStats> {
+        if !records.iter().any(|r| r.tool_call || r.after_tool) {
+            return None;
+        }
+        Some(ToolTurnStats {
+            tool_calls: records.iter().filter(|r| r.tool_call).count(),
+            after_tool: TurnGroup::of(records.iter().filter(|r| r.after_tool)),
+            after_user: TurnGroup::of(records.iter().filter(|r| r.turn > 0 && !r.after_tool)),
+        })
+    }
 }
 
 fn per_turn(
@@ -360,6 +441,7 @@ impl Results {
             }),
             failures,
             usage_mismatches,
+            tool_turns: ToolTurnStats::of(&records),
             raw_results: records,
             config,
         }
@@ -429,6 +511,15 @@ impl Results {
                     u.p50, u.p95, u.mean
                 );
             }
+        }
+        if let Some(t) = &self.tool_turns {
+            let _ = writeln!(
+                o,
+                "\nTool turns ({} asked for a tool call; later turns by what they sent):",
+                t.tool_calls
+            );
+            let _ = writeln!(o, "{}", t.after_tool.line("tool result"));
+            let _ = writeln!(o, "{}", t.after_user.line("user"));
         }
         o
     }

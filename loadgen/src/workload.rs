@@ -10,7 +10,15 @@
 //!
 //! User turns have exactly `num_user_tokens` tokens when a tokenizer is known; otherwise they
 //! have `floor(num_user_tokens * 0.8)` words (Dynamo's heuristic of ~1.3 tokens per word).
+//!
+//! Tool turns (`--tool-call-share`, `--tool-wait-ms`): each turn but the last is, with the
+//! share's probability, one whose answer is asked for as a tool call; the next turn is then the
+//! tool's result, sent a tool wait ([`WaitDist`]) after the call arrived instead of a think
+//! time. Both draws come from a generator of their own (seeded from the seed), in (user, turn)
+//! order, so think times and texts are those of the same seed without tools.
 
+use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,12 +49,113 @@ impl std::fmt::Debug for TokenCounter {
 /// One turn of one user.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TurnScript {
-    /// Think time before sending this turn (zero for the first).
+    /// Think time (or, after a tool call, the tool's wait) before sending this turn (zero for
+    /// the first).
     pub delay: Duration,
-    /// The user message.
+    /// The user message (after a tool call, the tool's result).
     pub user_text: String,
     /// Its token count when known exactly.
     pub user_tokens: Option<usize>,
+    /// This turn's answer is asked for as a tool call (`tool_choice: "required"`); the next
+    /// turn answers it.
+    pub tool_call: bool,
+    /// This turn answers the previous turn's tool call, after a tool wait.
+    pub after_tool: bool,
+}
+
+/// How long a tool runs (`--tool-wait-ms`), in ms: `fixed:MS`, `uniform:LO,HI`, `exp:MEAN`
+/// (exponential) or `lognormal:MEAN,SIGMA` (log-normal with that mean; `SIGMA` is the standard
+/// deviation of the underlying normal). Every value is from 0 to one hour, and so is every
+/// draw (a log-normal one is cut there).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum WaitDist {
+    /// Always this long.
+    Fixed(f64),
+    /// Uniform between the two.
+    Uniform(f64, f64),
+    /// Exponential with this mean.
+    Exponential(f64),
+    /// Log-normal with this mean and shape.
+    Lognormal(f64, f64),
+}
+
+/// The longest tool wait, ms (one hour, as `--mean-delay-ms`).
+const MAX_WAIT_MS: f64 = crate::limits::MAX_DELAY_MS as f64;
+
+impl WaitDist {
+    /// One wait in ms.
+    pub fn sample(&self, rng: &mut ChaCha8Rng) -> f64 {
+        let ms = match *self {
+            WaitDist::Fixed(ms) => ms,
+            WaitDist::Uniform(lo, hi) => lo + (hi - lo) * rng.gen::<f64>(),
+            WaitDist::Exponential(mean) => exponential_ms(rng, mean),
+            WaitDist::Lognormal(mean, sigma) => {
+                // Box-Muller: a standard normal from two uniforms in (0, 1].
+                let u1 = (1.0 - rng.gen::<f64>()).clamp(f64::MIN_POSITIVE, 1.0);
+                let u2 = rng.gen::<f64>();
+                let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+                (mean.ln() - sigma * sigma / 2.0 + sigma * z).exp()
+            }
+        };
+        ms.clamp(0.0, MAX_WAIT_MS)
+    }
+}
+
+impl fmt::Display for WaitDist {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WaitDist::Fixed(ms) => write!(f, "fixed:{ms}"),
+            WaitDist::Uniform(lo, hi) => write!(f, "uniform:{lo},{hi}"),
+            WaitDist::Exponential(mean) => write!(f, "exp:{mean}"),
+            WaitDist::Lognormal(mean, sigma) => write!(f, "lognormal:{mean},{sigma}"),
+        }
+    }
+}
+
+impl FromStr for WaitDist {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let syntax = "expected fixed:MS, uniform:LO,HI, exp:MEAN or lognormal:MEAN,SIGMA";
+        let (kind, rest) = s
+            .split_once(':')
+            .ok_or_else(|| format!("{s:?}: {syntax}"))?;
+        let numbers: Vec<f64> = rest
+            .split(',')
+            .map(|v| {
+                v.trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|x| x.is_finite() && (0.0..=MAX_WAIT_MS).contains(x))
+                    .ok_or_else(|| {
+                        format!("{s:?}: {v:?} is not a number of ms from 0 to {MAX_WAIT_MS}")
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        match (kind, numbers.as_slice()) {
+            ("fixed", &[ms]) => Ok(WaitDist::Fixed(ms)),
+            ("uniform", &[lo, hi]) if lo <= hi => Ok(WaitDist::Uniform(lo, hi)),
+            ("uniform", &[_, _]) => Err(format!("{s:?}: LO must not be above HI")),
+            ("exp", &[mean]) => Ok(WaitDist::Exponential(mean)),
+            ("lognormal", &[mean, sigma]) if mean > 0.0 && sigma <= 10.0 => {
+                Ok(WaitDist::Lognormal(mean, sigma))
+            }
+            ("lognormal", &[_, _]) => Err(format!(
+                "{s:?}: a log-normal needs a MEAN above 0 and a SIGMA of at most 10"
+            )),
+            _ => Err(format!("{s:?}: {syntax}")),
+        }
+    }
+}
+
+/// Tool turns: the share of turns (all but the last) whose answer is a tool call, and how long
+/// the tool runs before its result is sent.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ToolTurns {
+    /// 0 to 1.
+    pub share: f64,
+    /// The tool's run time.
+    pub wait: WaitDist,
 }
 
 /// One user's conversation.
@@ -119,6 +228,8 @@ impl Workload {
                             delay,
                             user_text,
                             user_tokens,
+                            tool_call: false,
+                            after_tool: false,
                         }
                     })
                     .collect();
@@ -128,10 +239,33 @@ impl Workload {
                     turns,
                 }
             })
-            .collect();
-        Workload { users }
+            .collect::<Vec<UserScript>>();
+        let mut workload = Workload { users };
+        if let Some(tools) = spec.tools {
+            workload.add_tool_turns(tools, spec.seed);
+        }
+        workload
+    }
+
+    /// Makes a share of the turns tool calls, each answered by the next turn after a tool wait.
+    fn add_tool_turns(&mut self, tools: ToolTurns, seed: u64) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ TOOL_SEED);
+        for user in &mut self.users {
+            for t in 1..user.turns.len() {
+                if rng.gen::<f64>() < tools.share {
+                    let wait = tools.wait.sample(&mut rng);
+                    user.turns[t - 1].tool_call = true;
+                    let next = &mut user.turns[t];
+                    next.after_tool = true;
+                    next.delay = Duration::from_secs_f64(wait / 1000.0);
+                }
+            }
+        }
     }
 }
+
+/// Mixed into the seed of the tool draws' generator.
+const TOOL_SEED: u64 = 0x7001_ca11_5eed_0001;
 
 #[cfg(test)]
 mod tests {
@@ -145,6 +279,7 @@ mod tests {
             num_user_tokens: 37,
             mean_delay_ms: 100,
             seed,
+            tools: None,
         }
     }
 
@@ -200,5 +335,70 @@ mod tests {
             .collect();
         let mean = delays.iter().sum::<f64>() / delays.len() as f64;
         assert!((mean - 100.0).abs() < 10.0, "mean {mean}");
+    }
+
+    /// Tool turns change only the turns they pick: the same texts and think times elsewhere,
+    /// the waits after calls, never a call on a last turn; the share is kept; wait
+    /// distributions parse, print back and are refused out of range.
+    #[test]
+    fn tool_turns_are_drawn_apart_from_the_rest() {
+        let mut s = spec(11);
+        s.num_users = 50;
+        let plain = Workload::generate(&s, &TokenCounter::Heuristic);
+        s.tools = Some(ToolTurns {
+            share: 0.5,
+            wait: "fixed:250".parse().expect("valid"),
+        });
+        let tools = Workload::generate(&s, &TokenCounter::Heuristic);
+        let mut calls = 0;
+        for (p, t) in plain.users.iter().zip(&tools.users) {
+            assert!(!t.turns.last().expect("turns").tool_call);
+            for (i, (a, b)) in p.turns.iter().zip(&t.turns).enumerate() {
+                assert_eq!(a.user_text, b.user_text);
+                let after_call = i > 0 && t.turns[i - 1].tool_call;
+                assert_eq!(b.after_tool, after_call);
+                if after_call {
+                    assert_eq!(b.delay, Duration::from_millis(250));
+                } else {
+                    assert_eq!(a.delay, b.delay);
+                }
+                calls += usize::from(b.tool_call);
+            }
+        }
+        // 150 candidate turns at one half.
+        assert!((50..=100).contains(&calls), "{calls} tool calls");
+        for (text, dist) in [
+            ("fixed:0", WaitDist::Fixed(0.0)),
+            ("uniform:10,20.5", WaitDist::Uniform(10.0, 20.5)),
+            ("exp:300", WaitDist::Exponential(300.0)),
+            ("lognormal:800,0.5", WaitDist::Lognormal(800.0, 0.5)),
+        ] {
+            let parsed: WaitDist = text.parse().expect("valid");
+            assert_eq!(parsed, dist);
+            assert_eq!(parsed.to_string(), text);
+        }
+        for bad in [
+            "fixed",
+            "fixed:-1",
+            "fixed:3600001",
+            "fixed:NaN",
+            "uniform:5,1",
+            "exp:1,2",
+            "lognormal:0,1",
+            "lognormal:10,11",
+            "gamma:1",
+        ] {
+            assert!(bad.parse::<WaitDist>().is_err(), "{bad}");
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let draws: Vec<f64> = (0..20_000)
+            .map(|_| WaitDist::Lognormal(800.0, 0.5).sample(&mut rng))
+            .collect();
+        let mean = draws.iter().sum::<f64>() / draws.len() as f64;
+        assert!((mean - 800.0).abs() < 20.0, "mean {mean}");
+        let u: Vec<f64> = (0..1000)
+            .map(|_| WaitDist::Uniform(10.0, 20.0).sample(&mut rng))
+            .collect();
+        assert!(u.iter().all(|v| (10.0..20.0).contains(v)));
     }
 }

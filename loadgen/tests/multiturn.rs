@@ -518,3 +518,162 @@ async fn binary_smoke_ping() -> Result<()> {
     assert!(!out.status.success());
     Ok(())
 }
+
+/// Tool turns on the wire: every request carries the tool, a tool turn asks for a call with
+/// `tool_choice: "required"` (the others `"none"`), the answer's call goes back into the
+/// history with its id, the next turn sends the tool's result for that id, and it leaves the
+/// tool's wait after the call's answer ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_turns_send_the_result_of_the_call_after_the_tool_wait() -> Result<()> {
+    type Seen = Arc<Mutex<Vec<(Value, std::time::Instant)>>>;
+    let seen: Seen = Arc::default();
+    let answer = |State(seen): State<Seen>, Json(body): Json<Value>| async move {
+        let n = {
+            let mut s = seen.lock().expect("lock");
+            s.push((body.clone(), std::time::Instant::now()));
+            s.len() - 1
+        };
+        let sse = if body["tool_choice"] == "required" {
+            let call = json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0,
+                "id": format!("call_{n}"), "type": "function",
+                "function": {"name": "lookup", "arguments": ""}}]}}]});
+            let args = json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0,
+                "function": {"arguments": "{\"query\": \"q\"}"}}]}}]});
+            let end =
+                json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]});
+            let usage =
+                json!({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3}});
+            format!(
+                "data: {call}\n\ndata: {args}\n\ndata: {end}\n\ndata: {usage}\n\ndata: [DONE]\n\n"
+            )
+        } else {
+            sse_ok("done")
+        };
+        axum::response::Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(Body::from(sse))
+            .expect("response")
+    };
+    let app = models(&["m"]).merge(
+        Router::new()
+            .route("/v1/chat/completions", post(answer))
+            .with_state(seen.clone()),
+    );
+    let url = stub(app).await?;
+    let (results, verdict) = multiturn(&[
+        "--url",
+        &url,
+        "--num-users",
+        "1",
+        "--num-turns",
+        "3",
+        "--mean-delay-ms",
+        "0",
+        "--tool-call-share",
+        "1",
+        "--tool-wait-ms",
+        "fixed:150",
+    ])
+    .await?;
+    verdict?;
+    let seen = seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 3);
+    let tool_def = &seen[0].0["tools"][0]["function"]["name"];
+    assert_eq!(tool_def, "lookup");
+    let choices: Vec<&Value> = seen.iter().map(|(b, _)| &b["tool_choice"]).collect();
+    assert_eq!(
+        choices,
+        [&json!("required"), &json!("required"), &json!("none")]
+    );
+    for (turn, (body, _)) in seen.iter().enumerate().skip(1) {
+        let messages = body["messages"].as_array().context("messages")?;
+        let n = messages.len();
+        let call_id = format!("call_{}", turn - 1);
+        assert_eq!(messages[n - 2]["role"], "assistant");
+        assert_eq!(messages[n - 2]["content"], Value::Null);
+        assert_eq!(messages[n - 2]["tool_calls"][0]["id"], json!(call_id));
+        assert_eq!(
+            messages[n - 2]["tool_calls"][0]["function"]["arguments"],
+            "{\"query\": \"q\"}"
+        );
+        assert_eq!(messages[n - 1]["role"], "tool");
+        assert_eq!(messages[n - 1]["tool_call_id"], json!(call_id));
+        assert!(messages[n - 1]["content"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty()));
+        // The tool ran 150 ms after the call's answer (which ended at once).
+        let gap = seen[turn].1 - seen[turn - 1].1;
+        assert!(gap >= Duration::from_millis(150), "turn {turn}: {gap:?}");
+    }
+    let tools = results.tool_turns.clone().context("tool turn stats")?;
+    assert_eq!(tools.tool_calls, 2);
+    assert_eq!(
+        (tools.after_tool.requests, tools.after_user.requests),
+        (2, 0)
+    );
+    let flags: Vec<(bool, bool)> = results
+        .raw_results
+        .iter()
+        .map(|r| (r.tool_call, r.after_tool))
+        .collect();
+    assert_eq!(flags, [(true, false), (true, true), (false, true)]);
+    // The tool-call answers have a TTFT: their argument text is the answer.
+    assert!(results
+        .raw_results
+        .iter()
+        .all(|r| r.first_answer_us.is_some()));
+    assert_eq!(results.config["tool_wait_ms"], "fixed:150");
+    Ok(())
+}
+
+/// Against the embedded server every tool turn runs (mockserve answers `required` with a
+/// call and takes the tool's result), and the result's turn reuses the cached conversation;
+/// the flags are checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_turns_run_against_the_embedded_server() -> Result<()> {
+    let (results, verdict) = multiturn(&[
+        "--num-users",
+        "2",
+        "--num-turns",
+        "3",
+        "--num-user-tokens",
+        "48",
+        "--max-completion-tokens",
+        "16",
+        "--speedup-ratio",
+        "inf",
+        "--tool-call-share",
+        "1",
+        "--tool-wait-ms",
+        "fixed:20",
+    ])
+    .await?;
+    verdict?;
+    assert_eq!(results.successful_requests, 6);
+    let tools = results.tool_turns.clone().context("tool turn stats")?;
+    assert_eq!(tools.tool_calls, 4);
+    assert_eq!(tools.after_tool.requests, 4);
+    assert!(tools.after_tool.cached_tokens > 0, "{tools:?}");
+    let console = results.console();
+    assert!(
+        console.contains("Tool turns (4 asked for a tool call"),
+        "{console}"
+    );
+    for (flags, message) in [
+        (
+            vec!["--tool-call-share", "0.5"],
+            "--tool-call-share needs --tool-wait-ms",
+        ),
+        (
+            vec!["--tool-call-share", "1.5", "--tool-wait-ms", "exp:10"],
+            "--tool-call-share must be from 0 to 1",
+        ),
+    ] {
+        let e = args(&flags).config().expect_err("refused");
+        assert!(e.to_string().contains(message), "{e}");
+    }
+    let e = Cli::try_parse_from(["loadgen", "multiturn", "--tool-wait-ms", "uniform:5,1"])
+        .expect_err("bad distribution");
+    assert!(e.to_string().contains("LO must not be above HI"), "{e}");
+    Ok(())
+}
