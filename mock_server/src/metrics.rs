@@ -117,6 +117,15 @@ pub struct SkipLabel {
     pub reason: &'static str,
 }
 
+/// The label of a fault injected on the KV event plane (`--kv-events-faults`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KvFaultLabel {
+    /// Worker index.
+    pub worker: u32,
+    /// `drop`, `duplicate`, `reorder` or `delay`.
+    pub fault: &'static str,
+}
+
 /// The injected-fault label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FaultLabel {
@@ -307,6 +316,9 @@ pub struct Metrics {
     /// per subscriber that lost it); other subscribers and the engine never wait for it, and
     /// replay can serve the batch.
     pub kv_events_dropped: Family<WorkerLabel, Counter>,
+    /// `servesim_kv_events_faults` per worker and fault: batches that met a fault injected
+    /// with `--kv-events-faults`.
+    pub kv_events_faults: Family<KvFaultLabel, Counter>,
     /// `servesim_kv_events_unknown_blocks`: stored blocks published without their tokens
     /// (a defect: always 0).
     pub kv_events_unknown_blocks: Counter,
@@ -426,6 +438,7 @@ impl Metrics {
             faults: Family::default(),
             kv_events_published: Family::default(),
             kv_events_dropped: Family::default(),
+            kv_events_faults: Family::default(),
             kv_events_unknown_blocks: Counter::default(),
             token_lateness: Histogram::new(LATENESS_BUCKETS),
             behind_schedule: Gauge::default(),
@@ -482,6 +495,11 @@ impl Metrics {
             "servesim_kv_events_dropped",
             "KV-event batches dropped for subscribers that fell behind, per worker",
             m.kv_events_dropped.clone(),
+        );
+        r.register(
+            "servesim_kv_events_faults",
+            "KV-event batches that met an injected fault (--kv-events-faults), per worker and fault",
+            m.kv_events_faults.clone(),
         );
         r.register(
             "servesim_kv_events_unknown_blocks",

@@ -23,7 +23,12 @@
 //! wait for it. It sees the gap in the sequence numbers and can ask the replay socket for it.
 //! Each replay client is answered by its own task too, so one that stops reading delays only
 //! itself. A socket serves at most [`MAX_PEERS`] connections at once.
+//!
+//! `--kv-events-faults` injects seeded faults on delivery ([`faults`]): batches dropped,
+//! duplicated, reordered or delayed (a delayed batch waits on a task of its rank), while
+//! numbering and the replay buffer stay exact.
 
+pub mod faults;
 pub mod tokens;
 pub mod wire;
 pub mod zmtp;
@@ -44,7 +49,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::metrics::{Metrics, WorkerLabel};
+use crate::metrics::{KvFaultLabel, Metrics, WorkerLabel};
+use faults::{EventFaults, RankFaults};
 use tokens::{BlockTokens, LoraTag};
 use wire::{WireBatch, WireFormat};
 use zmtp::{Offer, Peer, Role};
@@ -94,6 +100,13 @@ pub struct KvEventsArgs {
     /// MessagePack encoding of the batches.
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = WireFormat::Array)]
     pub kv_events_format: WireFormat,
+
+    /// Seeded faults on delivery, to test a router's recovery: comma-separated drop=P,
+    /// duplicate=P, reorder=P (per batch, 0 to 1), delay=MS (every batch, 0 to 60000) and
+    /// seed=N, e.g. `drop=0.05,seed=1`. Numbering and replay stay exact: a dropped batch is a
+    /// gap the replay endpoint fills.
+    #[arg(long, value_name = "SPEC", requires = "kv_events_endpoint")]
+    pub kv_events_faults: Option<EventFaults>,
 }
 
 impl KvEventsArgs {
@@ -111,6 +124,7 @@ impl KvEventsArgs {
                 .transpose()?,
             topic: self.kv_events_topic.clone(),
             format: self.kv_events_format,
+            faults: self.kv_events_faults,
         }))
     }
 }
@@ -126,6 +140,8 @@ pub struct KvEventsConfig {
     pub topic: String,
     /// The payload encoding.
     pub format: WireFormat,
+    /// Faults injected on delivery.
+    pub faults: Option<EventFaults>,
 }
 
 /// Why KV events cannot be published.
@@ -325,6 +341,10 @@ struct Rank {
     pub_addr: Option<SocketAddr>,
     /// The bound replay address (None without replay or when connecting).
     replay_addr: Option<SocketAddr>,
+    /// Faults injected on delivery, when asked for.
+    faults: Option<RankFaults>,
+    /// The rank's delay task, when batches are delivered late: (due, message).
+    delayed: Option<tokio::sync::mpsc::UnboundedSender<(tokio::time::Instant, Bytes)>>,
 }
 
 /// The ZeroMQ publishers of every rank. Dropping it stops their tasks and closes the sockets.
@@ -374,12 +394,28 @@ impl KvEventPublisher {
                 }
                 None => None,
             };
+            let faults = config.faults.map(|f| RankFaults::new(f, rank));
+            let delayed = faults.as_ref().filter(|f| !f.delay().is_zero()).map(|_| {
+                let (send, receive) = tokio::sync::mpsc::unbounded_channel();
+                let topic = Bytes::from(config.topic.clone().into_bytes());
+                tokio::spawn(deliver_late(
+                    receive,
+                    Arc::clone(&peers),
+                    topic,
+                    rank,
+                    Arc::clone(&metrics),
+                    stop.clone(),
+                ));
+                send
+            });
             ranks.push(Rank {
                 next_seq: 0,
                 peers,
                 replay,
                 pub_addr,
                 replay_addr,
+                faults,
+                delayed,
             });
         }
         Ok(KvEventPublisher {
@@ -424,24 +460,84 @@ impl KvEventPublisher {
                 replay.pop_front();
             }
         }
-        // Short section, no await: each offer is a push (and maybe a pop).
-        let peers = r.peers.lock().unwrap_or_else(PoisonError::into_inner);
-        if peers.is_empty() {
+        let Some(faults) = &mut r.faults else {
+            if lock(&r.peers).is_empty() {
+                return;
+            }
+            let message = zmtp::encode_message(&[&self.topic, &seq.to_be_bytes(), &payload]);
+            offer_all(&r.peers, &self.topic, &message, rank, &self.metrics);
             return;
-        }
+        };
         let message = zmtp::encode_message(&[&self.topic, &seq.to_be_bytes(), &payload]);
-        for peer in peers.iter() {
-            if peer.offer(&self.topic, &message) == Offer::QueuedDroppingOldest {
-                self.metrics.kv_events_dropped.get_or_create(&label).inc();
-                if peer.dropped() == 1 {
-                    eprintln!(
-                        "mockserve: warning: KV events subscriber {} of worker {rank} is not \
-                         reading; past {PEER_QUEUE} queued batches its oldest are dropped",
-                        peer.addr
-                    );
+        let (messages, drawn) = faults.deliver(message);
+        for fault in drawn {
+            let label = KvFaultLabel {
+                worker: rank as u32,
+                fault: fault.label(),
+            };
+            self.metrics.kv_events_faults.get_or_create(&label).inc();
+        }
+        match &r.delayed {
+            Some(late) => {
+                let due = tokio::time::Instant::now() + faults.delay();
+                for message in messages {
+                    // Fails only once the publisher is stopping.
+                    let _ = late.send((due, message));
+                }
+            }
+            None => {
+                for message in &messages {
+                    offer_all(&r.peers, &self.topic, message, rank, &self.metrics);
                 }
             }
         }
+    }
+}
+
+/// Queues `message` for every subscriber of `rank` whose subscription matches `topic`; a
+/// subscriber with [`PEER_QUEUE`] batches already queued loses its oldest (counted and logged
+/// once). Short section, no await: each offer is a push (and maybe a pop).
+fn offer_all(peers: &PeerList, topic: &Bytes, message: &Bytes, rank: usize, metrics: &Metrics) {
+    let label = WorkerLabel {
+        worker: rank as u32,
+    };
+    for peer in lock(peers).iter() {
+        if peer.offer(topic, message) == Offer::QueuedDroppingOldest {
+            metrics.kv_events_dropped.get_or_create(&label).inc();
+            if peer.dropped() == 1 {
+                eprintln!(
+                    "mockserve: warning: KV events subscriber {} of worker {rank} is not \
+                     reading; past {PEER_QUEUE} queued batches its oldest are dropped",
+                    peer.addr
+                );
+            }
+        }
+    }
+}
+
+/// A rank's late deliveries (`delay=MS`): each message is offered at its due time, in order,
+/// until the publisher stops.
+async fn deliver_late(
+    mut late: tokio::sync::mpsc::UnboundedReceiver<(tokio::time::Instant, Bytes)>,
+    peers: PeerList,
+    topic: Bytes,
+    rank: usize,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) {
+    loop {
+        let next = tokio::select! {
+            () = stop.cancelled() => return,
+            next = late.recv() => next,
+        };
+        let Some((due, message)) = next else {
+            return;
+        };
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep_until(due) => {}
+        }
+        offer_all(&peers, &topic, &message, rank, &metrics);
     }
 }
 

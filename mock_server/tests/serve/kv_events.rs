@@ -413,6 +413,7 @@ async fn served_kv_events_name_the_blocks_the_engine_cached() -> Result<()> {
         kv_events_replay_endpoint: Some(format!("tcp://127.0.0.1:{replay_port}")),
         kv_events_topic: "kv".into(),
         kv_events_format: WireFormat::Array,
+        kv_events_faults: None,
     };
     let config = ServerConfig {
         kv_events: kv.config()?,
@@ -505,6 +506,132 @@ async fn served_kv_events_name_the_blocks_the_engine_cached() -> Result<()> {
         metrics.contains("servesim_kv_events_unknown_blocks_total 0"),
         "{metrics}"
     );
+    Ok(())
+}
+
+/// What one subscriber of a one-worker server with `--kv-events-faults SPEC` received while
+/// 12 prompts were served (each stores blocks), in arrival order with arrival times, what the
+/// replay socket holds, the `servesim_kv_events_faults` counts by fault, and when the last
+/// request ended.
+struct FaultRun {
+    received: Vec<(u64, Bytes, std::time::Instant)>,
+    replayed: Vec<(u64, Bytes)>,
+    counted: BTreeMap<String, f64>,
+    served: std::time::Instant,
+}
+
+async fn run_with_faults(spec: &str) -> Result<FaultRun> {
+    let (port, mut sub, _spare) = within(bind_pair::<zeromq::SubSocket>(20)).await??;
+    let (replay_port, mut dealer, _spare_dealer) =
+        within(bind_pair::<zeromq::DealerSocket>(20)).await??;
+    sub.subscribe("").await?;
+    let mut cluster = ClusterConfig {
+        num_workers: 1,
+        ..ClusterConfig::default()
+    };
+    cluster.engine.block_size = BLOCK_SIZE;
+    cluster.engine.latency.speedup_ratio = f64::INFINITY;
+    let kv = KvEventsArgs {
+        kv_events_endpoint: Some(format!("tcp://127.0.0.1:{port}")),
+        kv_events_replay_endpoint: Some(format!("tcp://127.0.0.1:{replay_port}")),
+        kv_events_topic: "kv".into(),
+        kv_events_format: WireFormat::Array,
+        kv_events_faults: Some(spec.parse().map_err(anyhow::Error::msg)?),
+    };
+    let config = ServerConfig {
+        kv_events: kv.config()?,
+        ..ServerConfig::new(cluster)
+    };
+    let server = within(serve_with(config)).await??;
+    // The publisher connects to the test's socket: let it, so that nothing is missed.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..12u32 {
+        let prompt: Vec<u32> = (i * 1000..i * 1000 + 40).collect();
+        let body = json!({"model": "mock-model", "prompt": prompt, "max_tokens": 2});
+        let response = within(
+            server
+                .client
+                .post(format!("{}/v1/completions", server.base))
+                .json(&body)
+                .send(),
+        )
+        .await??;
+        ensure!(response.status().is_success(), "{}", response.text().await?);
+        within(response.bytes()).await??;
+    }
+    let served = std::time::Instant::now();
+    let mut received = Vec::new();
+    while let Ok(message) = timeout(Duration::from_millis(1500), sub.recv()).await {
+        let frames = message?.into_vec();
+        ensure!(frames.len() == 3, "three frames");
+        let seq = u64::from_be_bytes(<[u8; 8]>::try_from(frames[1].as_ref())?);
+        received.push((seq, frames[2].clone(), std::time::Instant::now()));
+    }
+    let replayed = within(replay_from(&mut dealer, 0)).await??;
+    let metrics = within(server.client.get(format!("{}/metrics", server.base)).send())
+        .await??
+        .text()
+        .await?;
+    let counted = metrics
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("servesim_kv_events_faults_total{")?;
+            let fault = rest.split("fault=\"").nth(1)?.split('"').next()?;
+            let value = l.rsplit(' ').next()?.parse::<f64>().ok()?;
+            Some((fault.to_string(), value))
+        })
+        .collect();
+    Ok(FaultRun {
+        received,
+        replayed,
+        counted,
+        served,
+    })
+}
+
+/// `--kv-events-faults`: dropped batches leave gaps the replay socket fills with the same
+/// bytes, duplicates repeat a number, reordered batches come after their successor, delayed
+/// ones come late; each counted per fault; numbering and replay stay exact throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_on_the_event_plane_are_what_a_router_sees() -> Result<()> {
+    let seqs = |r: &FaultRun| r.received.iter().map(|(s, _, _)| *s).collect::<Vec<_>>();
+    let drop = run_with_faults("drop=0.5,seed=3").await?;
+    let total = drop.replayed.len() as u64;
+    ensure!(total >= 12, "{total} batches published");
+    assert_eq!(
+        drop.replayed.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        (0..total).collect::<Vec<_>>(),
+        "replay holds every batch, numbered from 0"
+    );
+    let got = seqs(&drop);
+    let dropped = drop.counted.get("drop").copied().unwrap_or(0.0);
+    assert_eq!(got.len() as f64, total as f64 - dropped, "{got:?}");
+    assert!(dropped > 0.0 && !got.is_empty(), "{got:?}");
+    assert!(got.windows(2).all(|w| w[0] < w[1]), "in order: {got:?}");
+    for (seq, payload, _) in &drop.received {
+        assert_eq!(&drop.replayed[*seq as usize].1, payload);
+    }
+
+    let dup = run_with_faults("duplicate=1").await?;
+    let n = dup.replayed.len() as u64;
+    let twice: Vec<u64> = (0..n).flat_map(|s| [s, s]).collect();
+    assert_eq!(seqs(&dup), twice);
+    assert_eq!(dup.counted.get("duplicate").copied(), Some(n as f64));
+
+    let reorder = run_with_faults("reorder=1").await?;
+    let n = reorder.replayed.len() as u64;
+    // Pairs swapped; with an odd count the last is still held back.
+    let swapped: Vec<u64> = (0..n / 2).flat_map(|p| [2 * p + 1, 2 * p]).collect();
+    assert_eq!(seqs(&reorder), swapped);
+
+    let late = run_with_faults("delay=400").await?;
+    assert_eq!(
+        seqs(&late),
+        (0..late.replayed.len() as u64).collect::<Vec<_>>()
+    );
+    let last = late.received.last().context("delivered")?.2;
+    // The last batch was published before the last request ended: it came 400 ms later.
+    assert!(last.duration_since(late.served) >= Duration::from_millis(300));
     Ok(())
 }
 

@@ -54,6 +54,7 @@ async fn publisher(replay: bool) -> Result<(KvEventPublisher, Arc<Metrics>)> {
             .transpose()?,
         topic: String::new(),
         format: WireFormat::Array,
+        faults: None,
     };
     let metrics = Arc::new(Metrics::new());
     let publisher = KvEventPublisher::start(&config, 1, Arc::clone(&metrics)).await?;
