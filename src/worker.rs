@@ -168,6 +168,11 @@ impl Worker {
         self.scheduler.emits_kv_events()
     }
 
+    /// Empties the prefix cache ([`Scheduler::reset_prefix_cache`]); false while busy.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        self.scheduler.reset_prefix_cache()
+    }
+
     /// KV events since the last call, tagged with this worker's id and sequence numbers.
     pub fn drain_kv_events(&mut self) -> Vec<KvEvent> {
         self.scheduler

@@ -427,6 +427,20 @@ impl EngineHandle {
     pub async fn snapshot(&self) -> Result<LiveStats, SubmitError> {
         self.with_driver(|d| d.snapshot())
     }
+
+    /// Empties the prefix cache of every idle worker (vLLM's `POST /reset_prefix_cache`); each
+    /// publishes `AllBlocksCleared` (with `--kv-events-endpoint`) and its router forgets its
+    /// blocks. Per worker, whether it was reset (false: it was running requests).
+    pub async fn reset_prefix_cache(&self) -> Result<Vec<bool>, SubmitError> {
+        self.with_driver(|d| {
+            let reset = (0..d.cluster.workers().len())
+                .map(|w| d.cluster.reset_prefix_cache(w))
+                .collect();
+            let now = d.clock.now();
+            d.export_kv_events(&[], now);
+            reset
+        })
+    }
 }
 
 /// How far ahead of the wall clock the driver task advances the engine when it wakes: events

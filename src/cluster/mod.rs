@@ -779,6 +779,36 @@ impl Cluster {
         }
     }
 
+    /// Hands worker `w`'s KV events to the export (when on) and to its router.
+    fn forward_kv_events(&mut self, w: usize) {
+        let mut events = self.workers[w].drain_kv_events();
+        if events.is_empty() {
+            return;
+        }
+        if let Some(exported) = &mut self.exported_kv_events {
+            exported.extend_from_slice(&events);
+        }
+        let (router, local) = self.router_of(w);
+        for event in &mut events {
+            event.worker = local;
+        }
+        router.apply_kv_events(events);
+    }
+
+    /// Empties worker `w`'s prefix cache (vLLM's `POST /reset_prefix_cache`) when nothing holds
+    /// its blocks; its `Cleared` event reaches its router and the export at once (the worker
+    /// is idle). False, changing nothing, when `w` is in a pass, holds blocks or is no worker.
+    pub fn reset_prefix_cache(&mut self, w: usize) -> bool {
+        let Some(worker) = self.workers.get_mut(w) else {
+            return false;
+        };
+        if worker.pass_end().is_some() || !worker.reset_prefix_cache() {
+            return false;
+        }
+        self.forward_kv_events(w);
+        true
+    }
+
     /// Moves a worker's events into outputs and its router's bookkeeping. A prefill worker's
     /// admission and token are hidden (the decode side's are the request's), and its finished
     /// requests are handed off; a decode worker's admission carries the prefill-side reuse.
@@ -787,17 +817,7 @@ impl Cluster {
         // KV events reach the router when the pass that produced them ends (Dynamo's pass-end
         // visibility): a worker in a pass keeps them until then.
         if self.workers[w].pass_end().is_none() {
-            let mut events = self.workers[w].drain_kv_events();
-            if !events.is_empty() {
-                if let Some(exported) = &mut self.exported_kv_events {
-                    exported.extend_from_slice(&events);
-                }
-                let (router, local) = self.router_of(w);
-                for event in &mut events {
-                    event.worker = local;
-                }
-                router.apply_kv_events(events);
-            }
+            self.forward_kv_events(w);
         }
         let worker = WorkerId(w as u32);
         let mut freed = false;

@@ -514,3 +514,61 @@ fn kv_events_are_built_only_where_read() {
     let kv = Cluster::new(config(RouterMode::KvRouter)).expect("valid");
     assert_eq!(emitting(&kv), [true, true]);
 }
+
+/// A prefix-cache reset empties an idle worker's cache at once (the next identical prompt
+/// reuses nothing), publishes `Cleared` to the export and its router, and is refused, changing
+/// nothing, while the worker runs a request; an unknown worker is refused.
+#[test]
+fn a_prefix_cache_reset_clears_an_idle_worker_only() {
+    let mut c = Cluster::new(ClusterConfig {
+        engine: engine(64),
+        num_workers: 2,
+        router: RouterConfig {
+            mode: RouterMode::KvRouter,
+            ..RouterConfig::default()
+        },
+        ..ClusterConfig::default()
+    })
+    .expect("valid");
+    c.export_kv_events();
+    let tokens: Vec<u32> = (0..64).collect();
+    let reuse = |c: &mut Cluster| {
+        let id = c
+            .submit_to(request(&tokens, 2), WorkerId(0), SimTime::ZERO)
+            .expect("admitted");
+        let out = run(c);
+        out.iter()
+            .find_map(|o| match o {
+                Output::Admitted {
+                    id: i,
+                    reused_tokens,
+                    ..
+                } if *i == id => Some(*reused_tokens),
+                _ => None,
+            })
+            .expect("admitted")
+    };
+    assert_eq!(reuse(&mut c), 0);
+    assert!(reuse(&mut c) > 0, "the second run hits the cache");
+    c.drain_kv_events();
+    assert!(!c.reset_prefix_cache(7), "no such worker");
+    assert!(c.reset_prefix_cache(0));
+    let events = c.drain_kv_events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].worker, WorkerId(0));
+    assert!(matches!(events[0].data, KvEventData::Cleared));
+    assert_eq!(reuse(&mut c), 0, "nothing cached after the reset");
+    // Busy: a request admitted and not finished holds blocks.
+    c.submit_to(request(&tokens, 50), WorkerId(0), SimTime::ZERO)
+        .expect("admitted");
+    if let Some(t) = c.next_event_time() {
+        c.advance(t);
+    }
+    assert!(!c.reset_prefix_cache(0));
+    c.drain_kv_events();
+    run(&mut c);
+    assert!(c
+        .drain_kv_events()
+        .iter()
+        .all(|e| !matches!(e.data, KvEventData::Cleared)));
+}

@@ -247,6 +247,12 @@ impl Scheduler {
         &self.config
     }
 
+    /// Empties the prefix cache (vLLM's `reset_prefix_cache`; a `Cleared` KV event when events
+    /// are recorded). False, changing nothing, during a pass or while a request holds blocks.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        !self.in_pass && self.pool.reset()
+    }
+
     /// The KV pool (read only).
     pub fn pool(&self) -> &KvPool {
         &self.pool

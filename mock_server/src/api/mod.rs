@@ -218,6 +218,7 @@ pub fn app(state: AppState) -> Router {
         .route("/ping", get(vllm::ping).post(vllm::ping))
         .route("/v1/load_lora_adapter", post(vllm::load_lora_adapter))
         .route("/v1/unload_lora_adapter", post(vllm::unload_lora_adapter))
+        .route("/reset_prefix_cache", post(vllm::reset_prefix_cache))
         .fallback(|uri: Uri| async move { ApiError::route_not_found(uri.path()) })
         .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
             ApiError::method_not_allowed(method.as_str(), uri.path())

@@ -329,6 +329,24 @@ pub async fn load_lora_adapter(
     result.unwrap_or_else(|e| fail(&state, e))
 }
 
+/// `POST /reset_prefix_cache` (vLLM's development endpoint): empties the prefix cache of every
+/// idle worker, each publishing `AllBlocksCleared`; a worker running requests keeps its cache.
+/// 200 with `{"reset_workers": [...], "busy_workers": [...]}`.
+pub async fn reset_prefix_cache(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let result = async {
+        check_auth(&state, &headers)?;
+        let reset = state.engine.reset_prefix_cache().await?;
+        let workers =
+            |done: bool| -> Vec<usize> { (0..reset.len()).filter(|&w| reset[w] == done).collect() };
+        Ok::<_, ApiError>(
+            Json(json!({"reset_workers": workers(true), "busy_workers": workers(false)}))
+                .into_response(),
+        )
+    }
+    .await;
+    result.unwrap_or_else(|e| fail(&state, e))
+}
+
 /// `POST /v1/unload_lora_adapter {"lora_name"}`: 200 with vLLM's text; an adapter that is not
 /// loaded is a 400.
 pub async fn unload_lora_adapter(

@@ -635,6 +635,66 @@ async fn faults_on_the_event_plane_are_what_a_router_sees() -> Result<()> {
     Ok(())
 }
 
+/// `POST /reset_prefix_cache` (vLLM's) empties an idle worker's cache: the subscriber gets
+/// `AllBlocksCleared`, and the same prompt again reuses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_cache_reset_publishes_all_blocks_cleared() -> Result<()> {
+    let (port, mut sub, _spare) = within(bind_pair::<zeromq::SubSocket>(20)).await??;
+    sub.subscribe("").await?;
+    let mut cluster = ClusterConfig {
+        num_workers: 1,
+        ..ClusterConfig::default()
+    };
+    cluster.engine.block_size = BLOCK_SIZE;
+    cluster.engine.latency.speedup_ratio = f64::INFINITY;
+    let kv = KvEventsArgs {
+        kv_events_endpoint: Some(format!("tcp://127.0.0.1:{port}")),
+        kv_events_topic: "kv".into(),
+        ..KvEventsArgs::default()
+    };
+    let config = ServerConfig {
+        kv_events: kv.config()?,
+        ..ServerConfig::new(cluster)
+    };
+    let server = within(serve_with(config)).await??;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cached = || async {
+        let body = json!({"model": "mock-model", "prompt": (0..64).collect::<Vec<u32>>(),
+            "max_tokens": 2});
+        let response = within(
+            server
+                .client
+                .post(format!("{}/v1/completions", server.base))
+                .json(&body)
+                .send(),
+        )
+        .await??;
+        let v: serde_json::Value = within(response.json()).await??;
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .context("cached_tokens")
+    };
+    assert_eq!(cached().await?, 0);
+    assert!(cached().await? > 0);
+    let reset = within(
+        server
+            .client
+            .post(format!("{}/reset_prefix_cache", server.base))
+            .send(),
+    )
+    .await??;
+    assert_eq!(reset.status(), 200);
+    let answer: serde_json::Value = within(reset.json()).await??;
+    assert_eq!(answer, json!({"reset_workers": [0], "busy_workers": []}));
+    let mut batches = BTreeMap::new();
+    within(receive(&mut sub, &mut batches, Duration::from_secs(1))).await??;
+    let (_, last) = batches.last_key_value().context("batches")?;
+    let (_, events) = decode_array_batch(last)?;
+    assert_eq!(events, [Seen::Cleared]);
+    assert_eq!(cached().await?, 0, "nothing cached after the reset");
+    Ok(())
+}
+
 #[test]
 fn replay_writes_the_kv_event_stream_as_json_lines() -> Result<()> {
     use clap::Parser;
