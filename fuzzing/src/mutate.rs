@@ -10,7 +10,7 @@
 use rand::{Rng, SeedableRng};
 use serde_json::{Map, Number, Value};
 
-use crate::Target;
+use crate::targets::Target;
 
 /// Mutates inputs of one target.
 #[derive(Clone, Copy, Debug)]

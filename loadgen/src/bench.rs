@@ -26,7 +26,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::client::Response;
-use crate::driver::{self, DriverConfig, Planned, Script, Start};
+use crate::driver::{self, DriverConfig, Planned, RunHooks, Script, Start};
 use crate::error::LoadgenError;
 use crate::limits;
 use crate::prompt::PromptSynth;
@@ -857,19 +857,6 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
     let m = v.iter().sum::<f64>() / v.len() as f64;
     let var = v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / v.len() as f64;
     (m, var.sqrt())
-}
-
-/// How one plan runs on a connected target, beyond the plan itself.
-#[derive(Clone, Default)]
-pub struct RunHooks {
-    /// Progress bar, incremented per completed request.
-    pub bar: Option<ProgressBar>,
-    /// Called per completed request (live view, over-capacity watch).
-    pub observer: Option<driver::Observer>,
-    /// Stops the run early when it turns true.
-    pub abort: Option<tokio::sync::watch::Receiver<bool>>,
-    /// Counts requests as they are sent.
-    pub sent: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// Runs `loadgen bench`: prints the report and writes the requested files. The failure-rate

@@ -11,6 +11,7 @@ use crate::error::LoadgenError;
 use crate::failure::FailureArgs;
 use crate::limits;
 use crate::target::{EmbeddedOptions, TargetArgs, TargetSpec};
+use crate::workload::WorkloadSpec;
 
 /// `--tool-call-share` when only `--tool-wait-ms` is given.
 pub const DEFAULT_TOOL_CALL_SHARE: f64 = 0.5;
@@ -159,23 +160,6 @@ impl ChatServerArgs {
             fit_context: false,
         }
     }
-}
-
-/// The workload's shape (pure input of [`crate::workload::Workload::generate`]).
-#[derive(Clone, Debug, PartialEq)]
-pub struct WorkloadSpec {
-    /// Users (conversations).
-    pub num_users: usize,
-    /// Turns per user, 1 to 10000 (users x turns at most 10^7).
-    pub num_turns: usize,
-    /// User tokens per turn.
-    pub num_user_tokens: usize,
-    /// Mean think time in ms, 0 = none.
-    pub mean_delay_ms: u64,
-    /// Seed of think times and text.
-    pub seed: u64,
-    /// Tool turns, when asked for.
-    pub tools: Option<crate::workload::ToolTurns>,
 }
 
 /// A validated `loadgen multiturn` run.

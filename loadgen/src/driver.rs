@@ -114,6 +114,20 @@ impl Sample {
 /// Called with every sample as it completes (verbose lines).
 pub type Observer = Arc<dyn Fn(&Sample) + Send + Sync>;
 
+/// How one run goes on a connected target beyond its schedule: what watches it and what may
+/// stop it (the parts of a [`DriverConfig`] that observers supply).
+#[derive(Clone, Default)]
+pub struct RunHooks {
+    /// Progress bar, incremented per completed request.
+    pub bar: Option<ProgressBar>,
+    /// Called per completed request (live view, over-capacity watch).
+    pub observer: Option<Observer>,
+    /// Stops the run early when it turns true.
+    pub abort: Option<watch::Receiver<bool>>,
+    /// Counts requests as they are sent.
+    pub sent: Option<Arc<AtomicU64>>,
+}
+
 /// How the driver runs.
 #[derive(Clone, Default)]
 pub struct DriverConfig {

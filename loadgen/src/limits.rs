@@ -90,14 +90,14 @@ pub const MAX_GRID_VALUES: usize = 64;
 /// Processes one run may be split over at most (`--shard I/N`).
 pub const MAX_SHARDS: u64 = 65_536;
 
-/// `--shard I/N`: `I < N` and `1 <= N <=` [`MAX_SHARDS`].
-pub fn shard(shard: crate::shard::Shard) -> Result<crate::shard::Shard, LoadgenError> {
-    if (1..=MAX_SHARDS).contains(&shard.count) && shard.index < shard.count {
-        Ok(shard)
+/// `--shard I/N` (`index`/`count`): `I < N` and `1 <= N <=` [`MAX_SHARDS`].
+pub fn shard(index: u64, count: u64) -> Result<(), LoadgenError> {
+    if (1..=MAX_SHARDS).contains(&count) && index < count {
+        Ok(())
     } else {
         Err(out_of_range(
             "--shard",
-            format!("{}/{}", shard.index, shard.count),
+            format!("{index}/{count}"),
             format!("I/N with I < N and 1 <= N <= {MAX_SHARDS}"),
         ))
     }

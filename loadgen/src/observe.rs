@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::bench::RunHooks;
+use crate::driver::RunHooks;
 use crate::error::LoadgenError;
 use crate::limits;
 use crate::live::LiveView;

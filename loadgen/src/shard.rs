@@ -261,7 +261,7 @@ impl ShardArgs {
     /// Checks both flags' ranges ([`limits::shard`], and `--start-at` against the clock now).
     pub fn check(&self) -> Result<(), LoadgenError> {
         if let Some(shard) = self.shard {
-            limits::shard(shard)?;
+            limits::shard(shard.index, shard.count)?;
         }
         if let Some(at) = self.start_at {
             check_start_at(at, now_unix_us())?;
@@ -329,16 +329,17 @@ mod tests {
         for bad in ["", "1", "1/", "/3", "a/3", "1/3/4", "-1/3", "1 /3", "+1/3"] {
             assert!(bad.parse::<Shard>().is_err(), "{bad:?}");
         }
-        assert!(limits::shard("0/1".parse().expect("syntax")).is_ok());
-        assert!(limits::shard("65535/65536".parse().expect("syntax")).is_ok());
+        let check = |s: Shard| limits::shard(s.index, s.count);
+        assert!(check("0/1".parse().expect("syntax")).is_ok());
+        assert!(check("65535/65536".parse().expect("syntax")).is_ok());
         for bad in ["3/3", "0/0", "0/65537", "99999999999999999/3"] {
             let e = match bad.parse::<Shard>() {
-                Ok(s) => limits::shard(s).expect_err(bad).to_string(),
+                Ok(s) => check(s).expect_err(bad).to_string(),
                 Err(e) => e,
             };
             assert!(e.contains("--shard") || e.contains("expected I/N"), "{e}");
         }
-        let e = limits::shard(Shard { index: 3, count: 3 }).expect_err("I = N");
+        let e = check(Shard { index: 3, count: 3 }).expect_err("I = N");
         assert_eq!(
             e.to_string(),
             "invalid configuration: --shard must be I/N with I < N and 1 <= N <= 65536, got 3/3"

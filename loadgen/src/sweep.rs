@@ -21,7 +21,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use crate::bench::{self, BenchArgs, BenchPlan, Load, Rate, RunHooks};
+use crate::bench::{self, BenchArgs, BenchPlan, Load, Rate};
+use crate::driver::RunHooks;
 use crate::driver::{Observer, Sample};
 use crate::error::LoadgenError;
 use crate::limits;

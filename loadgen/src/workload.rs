@@ -26,8 +26,6 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use servesim::tokenizer::{text_with_exact_tokens, Tokenizer, LOREM_WORDS};
 
-use crate::config::WorkloadSpec;
-
 /// How user text is sized.
 #[derive(Clone)]
 pub enum TokenCounter {
@@ -44,6 +42,23 @@ impl std::fmt::Debug for TokenCounter {
             TokenCounter::Heuristic => f.write_str("Heuristic"),
         }
     }
+}
+
+/// The workload's shape (pure input of [`Workload::generate`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkloadSpec {
+    /// Users (conversations).
+    pub num_users: usize,
+    /// Turns per user, 1 to 10000 (users x turns at most 10^7).
+    pub num_turns: usize,
+    /// User tokens per turn.
+    pub num_user_tokens: usize,
+    /// Mean think time in ms, 0 = none.
+    pub mean_delay_ms: u64,
+    /// Seed of think times and text.
+    pub seed: u64,
+    /// Tool turns, when asked for.
+    pub tools: Option<ToolTurns>,
 }
 
 /// One turn of one user.

@@ -41,7 +41,7 @@ use futures_util::StreamExt;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::api::ApiError;
+use crate::api::error::ApiError;
 use crate::metrics::{FaultLabel, Metrics};
 
 /// The request header that forces a fault type (or `none`).
