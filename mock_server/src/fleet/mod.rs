@@ -336,7 +336,9 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
     let (publisher, kv_endpoints) = match &server.kv_events {
         None => (None, vec![(None, None); n]),
         Some(kv) => {
-            let publisher = KvEventPublisher::start(kv, n, Arc::clone(&engine_metrics)).await?;
+            let publisher = KvEventPublisher::start(kv, n, Arc::clone(&engine_metrics))
+                .await?
+                .standalone_workers();
             let mut endpoints = Vec::with_capacity(n);
             for i in 0..n {
                 let bound =

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -390,5 +391,60 @@ async fn fleet_binary_smoke_test() -> Result<()> {
         assert_eq!(response.status(), 200, "{url}");
     }
     child.kill().await?;
+    Ok(())
+}
+
+/// Worker 1's KV events come out of worker 1's own socket, as a vLLM without data parallelism
+/// publishes them (rank 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_worker_publishes_its_kv_events_on_its_own_socket() -> Result<()> {
+    use zeromq::{Socket, SocketRecv};
+    let config = fleet_config(&[
+        "--workers",
+        "3",
+        "--port",
+        "0",
+        "--speedup-ratio",
+        "inf",
+        "--block-size",
+        "16",
+        "--kv-events-endpoint",
+        "tcp://*:0",
+    ])?;
+    let fleet = within(launch(config)).await??;
+    let worker = &fleet.manifest.workers[1];
+    let endpoint = worker.kv_events_endpoint.clone().context("an endpoint")?;
+    let mut sub = zeromq::SubSocket::new();
+    within(sub.connect(&endpoint)).await??;
+    within(sub.subscribe("")).await??;
+    let client = reqwest::Client::new();
+    // A subscriber misses what was published before it joined: send until a batch comes.
+    let mut payload = None;
+    for turn in 0..40 {
+        let text = format!("turn {turn} {}", long_question());
+        chat(&client, &worker.url, &text).await?;
+        if let Ok(message) = tokio::time::timeout(Duration::from_millis(250), sub.recv()).await {
+            let frames = message?.into_vec();
+            assert_eq!(frames.len(), 3, "[topic, seq, payload]");
+            payload = Some(frames[2].clone());
+            break;
+        }
+    }
+    let payload = payload.context("no KV-event batch from worker 1")?;
+    let batch = rmpv::decode::read_value(&mut &payload[..])?;
+    let batch = batch.as_array().context("[ts, events, rank]")?;
+    assert_eq!(batch[2].as_u64(), Some(0), "a standalone worker is rank 0");
+    let tags: Vec<&str> = batch[1]
+        .as_array()
+        .context("events")?
+        .iter()
+        .filter_map(|e| e.as_array()?.first()?.as_str())
+        .collect();
+    assert!(tags.contains(&"BlockStored"), "{tags:?}");
+    // Nothing ran on the other workers.
+    let samples = scrape_url(&client, &fleet.manifest.workers[0].metrics_url).await?;
+    let published = samples.get("servesim_kv_events_published_total{worker=\"0\"}");
+    assert_eq!(published, Some(&0.0), "{samples:?}");
+    within(fleet.shutdown()).await?;
     Ok(())
 }
