@@ -26,7 +26,7 @@ use anyhow::Context;
 use clap::Args;
 use servesim::cluster::{Cluster, ServingMode};
 use servesim::ids::WorkerId;
-use servesim::router::RouterMode;
+use servesim::router::{RouterConfig, RouterMode};
 use servesim::scheduler::ConfigError;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -235,6 +235,12 @@ impl FleetConfig {
                 instead: "every fleet worker prefills and decodes its own requests",
             });
         }
+        if serve.engine.router_queue_threshold.is_some() {
+            return Err(FleetError::NotForFleet {
+                flag: "--router-queue-threshold",
+                instead: "no request waits at a router: each runs on its listener's worker",
+            });
+        }
         let listen = if args.listen.is_empty() {
             let last = workers - 1;
             if serve.port != 0 && usize::from(serve.port) + last > usize::from(u16::MAX) {
@@ -255,8 +261,11 @@ impl FleetConfig {
         serve.engine.num_workers = Some(workers);
         let mut server = ServerConfig::from_serve_args(&serve, &args.vllm)?;
         // Every request is pinned to its listener's worker: the cluster's own router never
-        // chooses, and round-robin keeps no index of the workers' caches.
-        server.cluster.router.mode = RouterMode::RoundRobin;
+        // chooses (its flags have no effect), and round-robin keeps no index of the caches.
+        server.cluster.router = RouterConfig {
+            mode: RouterMode::RoundRobin,
+            ..RouterConfig::default()
+        };
         debug_assert!(matches!(server.cluster.serving, ServingMode::Aggregated));
         Ok(FleetConfig {
             server,
