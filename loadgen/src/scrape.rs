@@ -966,7 +966,10 @@ vllm:time_to_first_token_seconds_bucket{le="+Inf",worker="0"} 7
     #[test]
     fn a_fleets_routing_judge_gives_the_routing_quality_of_the_run() {
         let before = Snapshot::read(&fleet_exposition(10, 0, 0, [10, 10, 10]));
-        assert_eq!(before, Snapshot::of(&parse(&fleet_exposition(10, 0, 0, [10, 10, 10]))));
+        assert_eq!(
+            before,
+            Snapshot::of(&parse(&fleet_exposition(10, 0, 0, [10, 10, 10])))
+        );
         let routing = before.routing.as_ref().expect("routing figures");
         assert_eq!(routing.decisions, 10.0);
         assert_eq!(routing.regret_buckets.len(), 3);
@@ -988,9 +991,11 @@ vllm:time_to_first_token_seconds_bucket{le="+Inf",worker="0"} 7
         };
         let console = metrics.console();
         assert!(
-            console.contains("Routing quality (100 decisions): prefix-cache hits 50.0% of prompt \
+            console.contains(
+                "Routing quality (100 decisions): prefix-cache hits 50.0% of prompt \
                               tokens on the chosen workers, 60.0% on the best (oracle); regret \
-                              p50 <= 0 tokens, p99 <= 64 tokens, mean 10.0; best choice 80.0%"),
+                              p50 <= 0 tokens, p99 <= 64 tokens, mean 10.0; best choice 80.0%"
+            ),
             "{console}"
         );
         // No decision during the run: no routing line.
