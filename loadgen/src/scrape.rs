@@ -607,7 +607,7 @@ pub fn series_with_timeouts(
 fn routing_between(snaps: &[(f64, Snapshot)]) -> Option<RoutingSummary> {
     let mut routed = snaps.iter().filter_map(|(_, s)| s.routing.as_ref());
     let first = routed.next()?;
-    let last = routed.last().unwrap_or(first);
+    let last = routed.next_back().unwrap_or(first);
     // The first scrape is taken just before the run: the difference is the run's.
     RoutingSummary::between(first, last)
 }
