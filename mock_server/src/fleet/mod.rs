@@ -171,20 +171,23 @@ pub enum Listen {
 }
 
 impl Listen {
-    /// Worker `i`'s `(host, port)` to bind.
-    fn addr(&self, i: usize) -> (String, u16) {
+    /// Every worker's `(host, port)` to bind, `n` of them (as many as validated).
+    fn addrs(&self, n: usize) -> Vec<(String, u16)> {
         match self {
-            Listen::Consecutive { host, first_port } => {
-                let port = match first_port {
-                    0 => 0,
-                    p => u16::try_from(usize::from(*p) + i).unwrap_or(u16::MAX),
-                };
-                (host.clone(), port)
-            }
-            Listen::Each(addrs) => {
-                let addr = addrs.get(i).copied().unwrap_or(([127, 0, 0, 1], 0).into());
-                (addr.ip().to_string(), addr.port())
-            }
+            Listen::Consecutive { host, first_port } => (0..n)
+                .map(|i| {
+                    // Validated: the last port is at most 65535 (0 stays 0, a free port each).
+                    let port = match first_port {
+                        0 => 0,
+                        p => u16::try_from(usize::from(*p) + i).unwrap_or(u16::MAX),
+                    };
+                    (host.clone(), port)
+                })
+                .collect(),
+            Listen::Each(addrs) => addrs
+                .iter()
+                .map(|a| (a.ip().to_string(), a.port()))
+                .collect(),
         }
     }
 }
@@ -324,13 +327,15 @@ async fn bind(what: String, (host, port): (String, u16)) -> Result<TcpListener, 
 
 /// Starts a fleet on the current tokio runtime: binds every worker's listener, the admin
 /// listener and every KV-event socket, starts the shared engine and the judge, serves each
-/// worker, then writes the manifest (when asked). Any error comes before anything is served,
-/// and leaves nothing bound.
+/// worker, then writes the manifest (when asked). An error leaves nothing bound: every one
+/// comes before anything is served, but a manifest that cannot be written, which stops the
+/// workers first.
 pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
     let n = config.num_workers();
+    let addrs = config.listen.addrs(n);
     let mut listeners = Vec::with_capacity(n);
-    for i in 0..n {
-        listeners.push(bind(format!("worker {i}"), config.listen.addr(i)).await?);
+    for (i, addr) in addrs.iter().enumerate() {
+        listeners.push(bind(format!("worker {i}"), addr.clone()).await?);
     }
     let admin = match &config.admin {
         Some(addr) => Some(bind("--admin-port".into(), addr.clone()).await?),
@@ -377,12 +382,13 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
         config.decision_log_size,
         routing,
     ));
-    engine.observe_arrivals(Arc::clone(&judge) as Arc<dyn crate::driver::ArrivalObserver>);
+    // Just spawned: the driver is running.
+    let _ = engine.observe_arrivals(Arc::clone(&judge) as Arc<dyn crate::driver::ArrivalObserver>);
     let mut workers = Vec::with_capacity(n);
     for (i, (listener, (kv, replay))) in listeners.iter().zip(kv_endpoints).enumerate() {
         let addr = dialable(listener.local_addr().map_err(|error| FleetError::Bind {
             what: format!("worker {i}"),
-            addr: format!("{:?}", config.listen.addr(i)),
+            addr: format!("{}:{}", addrs[i].0, addrs[i].1),
             error,
         })?);
         workers.push(ManifestWorker {
