@@ -41,6 +41,7 @@ use crate::metrics::{EndpointLabel, Metrics};
 use crate::server::{ServeArgs, ShutdownSignals, VllmArgs};
 use judge::{Judge, DEFAULT_DECISION_LOG};
 use manifest::{dialable, Manifest, ManifestWorker};
+use metrics::{FleetMetrics, MetricsDialect, WorkerMetrics};
 
 /// The most workers one fleet runs.
 pub const MAX_FLEET_WORKERS: usize = 4096;
@@ -72,6 +73,10 @@ pub struct FleetArgs {
     /// series, `/fleet/decisions`, `/fleet/manifest`) on this port of --host (0 picks one).
     #[arg(long, value_name = "PORT")]
     pub admin_port: Option<u16>,
+
+    /// The metric names of every worker's `/metrics`: vLLM's (as `serve`) or SGLang's.
+    #[arg(long, value_enum, value_name = "DIALECT", default_value_t = MetricsDialect::Vllm)]
+    pub metrics_dialect: MetricsDialect,
 
     /// Routing decisions `GET /fleet/decisions` keeps (the latest ones).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_DECISION_LOG)]
@@ -205,6 +210,8 @@ pub struct FleetConfig {
     pub manifest_path: Option<PathBuf>,
     /// Decisions the judge keeps.
     pub decision_log_size: usize,
+    /// The metric names of the workers' `/metrics`.
+    pub metrics_dialect: MetricsDialect,
 }
 
 impl FleetConfig {
@@ -276,6 +283,7 @@ impl FleetConfig {
             admin: args.admin_port.map(|port| (args.serve.host.clone(), port)),
             manifest_path: args.fleet_manifest.clone(),
             decision_log_size: args.decision_log_size,
+            metrics_dialect: args.metrics_dialect,
         })
     }
 
@@ -424,20 +432,19 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
     };
     let stop = CancellationToken::new();
     let mut tasks = JoinSet::new();
-    let engine_config = server.cluster.engine.clone();
+    let fleet_metrics = FleetMetrics {
+        engine: Arc::clone(&engine_metrics),
+        routing: judge.metrics.clone(),
+        config: server.cluster.engine.clone(),
+        dialect: config.metrics_dialect,
+    };
     for (i, listener) in listeners.into_iter().enumerate() {
         let worker = WorkerId(u32::try_from(i).unwrap_or(u32::MAX));
         let own = Arc::new(Metrics::for_model(&server.model_name, server.max_model_len));
         for endpoint in ["chat", "completions"] {
             let _ = own.http_requests.get_or_create(&EndpointLabel { endpoint });
         }
-        let view = metrics::WorkerMetrics::new(
-            &engine_metrics,
-            &own,
-            &judge.metrics,
-            worker,
-            &engine_config,
-        );
+        let view = WorkerMetrics::new(&fleet_metrics, &own, worker);
         let state = AppState::for_worker(server.clone(), engine.clone(), own, worker);
         let edge = Edge {
             limits: server.http.clone(),

@@ -448,3 +448,38 @@ async fn each_worker_publishes_its_kv_events_on_its_own_socket() -> Result<()> {
     within(fleet.shutdown()).await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sglang_dialect_speaks_sglangs_metric_names() -> Result<()> {
+    let config = fleet_config(&[
+        "--workers",
+        "2",
+        "--port",
+        "0",
+        "--speedup-ratio",
+        "inf",
+        "--metrics-dialect",
+        "sglang",
+    ])?;
+    let fleet = within(launch(config)).await??;
+    let client = reqwest::Client::new();
+    let worker = &fleet.manifest.workers[1];
+    chat(&client, &worker.url, "hello there").await?;
+    let samples = scrape_url(&client, &worker.metrics_url).await?;
+    let get = |name: &str| samples.get(name).copied();
+    assert_eq!(
+        get("sglang:generation_tokens_total{model_name=\"mock-model\"}"),
+        Some(3.0),
+        "{samples:?}"
+    );
+    assert_eq!(
+        get("sglang:num_running_reqs{model_name=\"mock-model\"}"),
+        Some(0.0)
+    );
+    assert!(
+        samples.keys().all(|k| !k.starts_with("vllm:")),
+        "{samples:?}"
+    );
+    within(fleet.shutdown()).await?;
+    Ok(())
+}
