@@ -31,6 +31,12 @@ pub struct ObserveArgs {
     #[arg(long, overrides_with = "scrape_metrics")]
     pub no_scrape_metrics: bool,
 
+    /// Sample this Prometheus endpoint instead of the target's `/metrics`: the workers' or a
+    /// `mockserve fleet` admin's behind a router (whose routing judge adds a routing-quality
+    /// line to the summary).
+    #[arg(long, value_name = "URL")]
+    pub metrics_url: Option<String>,
+
     /// Interval between two samples of `/metrics`, in ms; a slow scrape (a large exposition)
     /// pushes the next one back to ten times its duration, so that scraping takes at most a
     /// tenth of the run. At most 3600000 (one hour); below 50 counts as 50.
@@ -114,7 +120,13 @@ impl Observe {
         let scraper = if args.no_scrape_metrics {
             None
         } else {
-            Scraper::start(target, args.interval(), args.scrape_metrics).await
+            Scraper::start(
+                target,
+                args.metrics_url.as_deref(),
+                args.interval(),
+                args.scrape_metrics,
+            )
+            .await
         };
         let live = (!report.quiet).then(|| LiveView::start(expected_requests));
         Observe { scraper, live }

@@ -213,6 +213,146 @@ pub struct Snapshot {
     pub workers: BTreeMap<String, WorkerFigures>,
     /// mockserve's `servesim_token_lateness_seconds` histogram, summed over its series.
     pub lateness: Option<Buckets>,
+    /// A mockserve fleet's routing judge (`servesim_routing_*`), when the target has one.
+    pub routing: Option<RoutingFigures>,
+}
+
+/// The prefix of the routing judge's series (`mockserve fleet`).
+const ROUTING_PREFIX: &str = "servesim_routing_";
+
+/// The routing judge's counters in one scrape (cumulative): how the decisions of the router in
+/// front of a `mockserve fleet` compare with the best worker at each arrival.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RoutingFigures {
+    /// Decisions judged.
+    pub decisions: f64,
+    /// Their prompt tokens.
+    pub prompt_tokens: f64,
+    /// Prompt tokens cached on the chosen workers.
+    pub achieved_hit_tokens: f64,
+    /// Prompt tokens cached on the best workers.
+    pub oracle_hit_tokens: f64,
+    /// The sum of every decision's regret, in tokens.
+    pub regret_sum: f64,
+    /// The regret histogram: (upper bound, cumulative count), as scraped.
+    pub regret_buckets: Vec<(f64, f64)>,
+}
+
+impl RoutingFigures {
+    /// Adds sample `s` of a `servesim_routing_*` series.
+    fn add(&mut self, s: &PromSample) {
+        let name = s.name.strip_prefix(ROUTING_PREFIX).unwrap_or_default();
+        let slot = match name {
+            "decisions_total" => &mut self.decisions,
+            "prompt_tokens_total" => &mut self.prompt_tokens,
+            "achieved_hit_tokens_total" => &mut self.achieved_hit_tokens,
+            "oracle_hit_tokens_total" => &mut self.oracle_hit_tokens,
+            "regret_tokens_sum" => &mut self.regret_sum,
+            "regret_tokens_bucket" => {
+                let le = match s.label("le") {
+                    Some("+Inf") => f64::INFINITY,
+                    Some(le) => match le.parse::<f64>() {
+                        Ok(le) => le,
+                        Err(_) => return,
+                    },
+                    None => return,
+                };
+                self.regret_buckets.push((le, s.value));
+                return;
+            }
+            _ => return,
+        };
+        *slot = s.value;
+    }
+}
+
+/// The routing judge's figures over a run (`mockserve fleet`; see docs/routers.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct RoutingSummary {
+    /// Decisions judged during the run.
+    pub decisions: f64,
+    /// Prompt tokens cached on the chosen workers, over all prompt tokens.
+    pub achieved_hit_rate: Option<f64>,
+    /// Prompt tokens cached on the best workers, over all prompt tokens.
+    pub oracle_hit_rate: Option<f64>,
+    /// Mean regret per decision, in tokens.
+    pub regret_mean_tokens: Option<f64>,
+    /// Median regret: the upper bound of the histogram bucket that holds it, in tokens.
+    pub regret_p50_tokens: Option<f64>,
+    /// 99th percentile of the regret, as the median.
+    pub regret_p99_tokens: Option<f64>,
+    /// Share of decisions with no regret (the chosen worker held the longest prefix).
+    pub best_choice_share: Option<f64>,
+}
+
+impl RoutingSummary {
+    /// The figures between two scrapes (`None` when no decision was judged in between).
+    fn between(first: &RoutingFigures, last: &RoutingFigures) -> Option<RoutingSummary> {
+        let decisions = last.decisions - first.decisions;
+        if decisions <= 0.0 {
+            return None;
+        }
+        let prompt = last.prompt_tokens - first.prompt_tokens;
+        let rate = |a: f64, b: f64| (prompt > 0.0).then(|| ((a - b) / prompt).clamp(0.0, 1.0));
+        // Bucket counts during the run, by upper bound (both scrapes list the same bounds).
+        let mut buckets: Vec<(f64, f64)> = last
+            .regret_buckets
+            .iter()
+            .map(|&(le, n)| {
+                let before = first
+                    .regret_buckets
+                    .iter()
+                    .find(|(l, _)| *l == le)
+                    .map_or(0.0, |(_, n)| *n);
+                (le, n - before)
+            })
+            .collect();
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let total = buckets.last().map_or(0.0, |(_, n)| *n);
+        let quantile = |q: f64| {
+            (total > 0.0).then(|| {
+                buckets
+                    .iter()
+                    .find(|(_, n)| *n >= q * total)
+                    .map_or(f64::INFINITY, |(le, _)| *le)
+            })
+        };
+        let best = buckets
+            .iter()
+            .find(|(le, _)| *le == 0.0)
+            .and_then(|(_, n)| (total > 0.0).then(|| n / total));
+        Some(RoutingSummary {
+            decisions,
+            achieved_hit_rate: rate(last.achieved_hit_tokens, first.achieved_hit_tokens),
+            oracle_hit_rate: rate(last.oracle_hit_tokens, first.oracle_hit_tokens),
+            regret_mean_tokens: Some((last.regret_sum - first.regret_sum) / decisions),
+            regret_p50_tokens: quantile(0.5),
+            regret_p99_tokens: quantile(0.99),
+            best_choice_share: best,
+        })
+    }
+
+    /// The console line.
+    fn console(&self) -> String {
+        let pct = |r: Option<f64>| r.map_or("-".to_string(), |r| format!("{:.1}%", 100.0 * r));
+        let tokens = |t: Option<f64>| match t {
+            Some(t) if t.is_finite() => format!("<= {t:.0}"),
+            Some(_) => "beyond the last bucket".to_string(),
+            None => "-".to_string(),
+        };
+        format!(
+            "Routing quality ({:.0} decisions): prefix-cache hits {} of prompt tokens on the \
+             chosen workers, {} on the best (oracle); regret p50 {} tokens, p99 {} tokens, mean \
+             {:.1}; best choice {} of decisions\n",
+            self.decisions,
+            pct(self.achieved_hit_rate),
+            pct(self.oracle_hit_rate),
+            tokens(self.regret_p50_tokens),
+            tokens(self.regret_p99_tokens),
+            self.regret_mean_tokens.unwrap_or(0.0),
+            pct(self.best_choice_share),
+        )
+    }
 }
 
 /// mockserve's histogram of how late it handed each token to its client against the token's
@@ -387,6 +527,8 @@ impl Snapshot {
                 snap.lateness.get_or_insert_with(Buckets::default).add(s);
             } else if let Some(f) = figure(&s.name) {
                 snap.add(s, f);
+            } else if s.name.starts_with(ROUTING_PREFIX) {
+                snap.routing.get_or_insert_with(Default::default).add(s);
             }
         }
         snap
@@ -409,6 +551,11 @@ impl Snapshot {
                 continue;
             }
             let Some(f) = figure(&line[..end]) else {
+                if line[..end].starts_with(ROUTING_PREFIX) {
+                    if let Some(s) = parse_line(line) {
+                        snap.routing.get_or_insert_with(Default::default).add(&s);
+                    }
+                }
                 continue;
             };
             if let Some(s) = parse_line(line) {
@@ -444,7 +591,7 @@ impl Snapshot {
 
     /// True when no known figure was found.
     pub fn is_empty(&self) -> bool {
-        self.workers.is_empty() && self.lateness.is_none()
+        self.workers.is_empty() && self.lateness.is_none() && self.routing.is_none()
     }
 
     fn sum(&self, f: impl Fn(&WorkerFigures) -> Option<f64>) -> Option<f64> {
@@ -514,6 +661,9 @@ pub struct ServerSummary {
     pub prefix_hit_rate: Option<f64>,
     /// Preemptions during the run.
     pub preemptions: Option<f64>,
+    /// The routing judge's figures, when the target is (or fronts) a `mockserve fleet`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub routing: Option<RoutingSummary>,
     /// Scrapes that failed or found no known metric.
     pub failed_scrapes: u64,
     /// Of those, scrapes that got no answer within [`SCRAPE_TIMEOUT`] (a stalled `/metrics`).
@@ -606,6 +756,7 @@ pub fn series_with_timeouts(
         kv_usage: PeakMean::of(out.iter().filter_map(|s| s.kv_usage)),
         prefix_hit_rate: overall_rate,
         preemptions: out.last().and_then(|s| s.preemptions),
+        routing: routing_between(snaps),
         failed_scrapes,
         timed_out_scrapes,
         token_lateness: snaps.last().and_then(|(_, last)| {
@@ -616,8 +767,18 @@ pub fn series_with_timeouts(
     (out, summary)
 }
 
+/// The routing judge's figures between the first and the last scrape that carry them.
+fn routing_between(snaps: &[(f64, Snapshot)]) -> Option<RoutingSummary> {
+    let mut routed = snaps.iter().filter_map(|(_, s)| s.routing.as_ref());
+    let first = routed.next()?;
+    let last = routed.next_back().unwrap_or(first);
+    // The first scrape is taken just before the run: the difference is the run's.
+    RoutingSummary::between(first, last)
+}
+
 impl ServerMetrics {
-    /// The console lines: peak and mean of each series.
+    /// The console lines: peak and mean of each series, and the routing quality when the
+    /// target has a routing judge.
     pub fn console(&self) -> String {
         let s = &self.summary;
         let pm = |name: &str, v: &Option<PeakMean>, scale: f64, unit: &str| {
@@ -661,8 +822,9 @@ impl ServerMetrics {
             .and_then(|l| l.warning())
             .map(|w| w + "\n")
             .unwrap_or_default();
+        let routing = s.routing.map(|r| r.console()).unwrap_or_default();
         format!(
-            "Server metrics ({} samples of {}): {}{failures}\n{warning}",
+            "Server metrics ({} samples of {}): {}{failures}\n{warning}{routing}",
             self.samples.len(),
             self.url,
             if parts.is_empty() {
@@ -766,10 +928,19 @@ pub fn first_scrape_warning(
 }
 
 impl Scraper {
-    /// Starts sampling `{target}/metrics` every `interval` when it answers with a known metric;
-    /// `forced` (`--scrape-metrics`) says so when it does not.
-    pub async fn start(target: &Connected, interval: Duration, forced: bool) -> Option<Scraper> {
-        let url = format!("{}/metrics", target.url);
+    /// Starts sampling `{target}/metrics` (or `metrics_url`, `--metrics-url`) every `interval`
+    /// when it answers with a known metric; `forced` (`--scrape-metrics`) says so when it does
+    /// not.
+    pub async fn start(
+        target: &Connected,
+        metrics_url: Option<&str>,
+        interval: Duration,
+        forced: bool,
+    ) -> Option<Scraper> {
+        let url = match metrics_url {
+            Some(url) => url.to_string(),
+            None => format!("{}/metrics", target.url),
+        };
         let client = target.endpoint.client.clone();
         let api_key = target.endpoint.api_key.clone();
         Scraper::sample(client, url, api_key, interval, forced).await
@@ -947,6 +1118,67 @@ vllm:time_to_first_token_seconds_bucket{le="+Inf",worker="0"} 7
             with_workers > 100,
             "{with_workers} of 300 name several workers"
         );
+    }
+
+    /// A `mockserve fleet`'s routing judge: its counters and regret histogram at two scrapes.
+    fn fleet_exposition(decisions: u64, achieved: u64, oracle: u64, buckets: [u64; 3]) -> String {
+        let prompt = decisions * 100;
+        let regret = oracle - achieved;
+        format!(
+            "# TYPE servesim_routing_decisions counter\n\
+             servesim_routing_decisions_total {decisions}\n\
+             servesim_routing_prompt_tokens_total {prompt}\n\
+             servesim_routing_achieved_hit_tokens_total {achieved}\n\
+             servesim_routing_oracle_hit_tokens_total {oracle}\n\
+             servesim_routing_regret_tokens_sum {regret}.0\n\
+             servesim_routing_regret_tokens_count {decisions}\n\
+             servesim_routing_regret_tokens_bucket{{le=\"0.0\"}} {}\n\
+             servesim_routing_regret_tokens_bucket{{le=\"64.0\"}} {}\n\
+             servesim_routing_regret_tokens_bucket{{le=\"+Inf\"}} {}\n\
+             vllm:num_requests_running{{model_name=\"m\",engine=\"0\"}} 1\n# EOF\n",
+            buckets[0], buckets[1], buckets[2]
+        )
+    }
+
+    #[test]
+    fn a_fleets_routing_judge_gives_the_routing_quality_of_the_run() {
+        let before = Snapshot::read(&fleet_exposition(10, 0, 0, [10, 10, 10]));
+        assert_eq!(
+            before,
+            Snapshot::of(&parse(&fleet_exposition(10, 0, 0, [10, 10, 10])))
+        );
+        let routing = before.routing.as_ref().expect("routing figures");
+        assert_eq!(routing.decisions, 10.0);
+        assert_eq!(routing.regret_buckets.len(), 3);
+        // 100 decisions during the run, 100 prompt tokens each: 5,000 hit on the chosen
+        // workers, 6,000 on the best; 80 best choices, 19 at most 64 tokens off, 1 beyond.
+        let after = Snapshot::read(&fleet_exposition(110, 5_000, 6_000, [90, 109, 110]));
+        let (_, summary) = series(&[(0.0, before), (1000.0, after)], 0);
+        let r = summary.routing.expect("a routing summary");
+        assert_eq!(r.decisions, 100.0);
+        assert_eq!(r.achieved_hit_rate, Some(0.5));
+        assert_eq!(r.oracle_hit_rate, Some(0.6));
+        assert_eq!(r.regret_mean_tokens, Some(10.0));
+        assert_eq!(r.regret_p50_tokens, Some(0.0));
+        assert_eq!(r.regret_p99_tokens, Some(64.0));
+        assert_eq!(r.best_choice_share, Some(0.8));
+        let metrics = ServerMetrics {
+            summary,
+            ..ServerMetrics::default()
+        };
+        let console = metrics.console();
+        assert!(
+            console.contains(
+                "Routing quality (100 decisions): prefix-cache hits 50.0% of prompt \
+                              tokens on the chosen workers, 60.0% on the best (oracle); regret \
+                              p50 <= 0 tokens, p99 <= 64 tokens, mean 10.0; best choice 80.0%"
+            ),
+            "{console}"
+        );
+        // No decision during the run: no routing line.
+        let idle = Snapshot::read(&fleet_exposition(10, 0, 0, [10, 10, 10]));
+        let (_, summary) = series(&[(0.0, idle.clone()), (1000.0, idle)], 0);
+        assert_eq!(summary.routing, None);
     }
 
     /// Samples `/metrics` served after `delay` every 50 ms for `run`; the samples' times.

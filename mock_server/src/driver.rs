@@ -172,6 +172,15 @@ pub struct LiveStats {
     pub lora_waiting: Vec<String>,
 }
 
+/// Told of every pinned submission as it arrives, with the cluster as it is just before the
+/// request enters it, under the driver's lock: what the engine truly holds at each routing
+/// decision (the fleet's routing judge, [`crate::fleet::judge`]). It runs on the submission's
+/// path, so it must be quick.
+pub trait ArrivalObserver: Send + Sync + std::fmt::Debug {
+    /// `request` arrived at `now` and was pinned to `worker`.
+    fn arrived(&self, cluster: &Cluster, request: &EngineRequest, worker: WorkerId, now: SimTime);
+}
+
 /// How a request is submitted, besides the engine request itself.
 #[derive(Clone, Debug)]
 pub struct SubmitOptions {
@@ -394,12 +403,23 @@ impl EngineHandle {
         })
     }
 
+    /// Has `observer` told of every pinned submission from now on (see [`ArrivalObserver`]);
+    /// false when the driver has stopped.
+    pub fn observe_arrivals(&self, observer: Arc<dyn ArrivalObserver>) -> bool {
+        self.with_driver(|d| d.observer = Some(observer)).is_ok()
+    }
+
     /// Submits a speculative prefill: nobody reads its outputs and it runs to completion. It is
     /// skipped (and counted) when [`MAX_SPECULATIVE_PREFILLS`] run already or the queue bound
     /// is reached; false when the driver has stopped.
     pub fn submit_speculative(&self, request: EngineRequest) -> bool {
+        self.submit_speculative_on(request, None)
+    }
+
+    /// [`EngineHandle::submit_speculative`], run on `pinned` instead of routed when given.
+    pub fn submit_speculative_on(&self, request: EngineRequest, pinned: Option<WorkerId>) -> bool {
         let nudge = self.with_driver(|d| {
-            d.speculative(request);
+            d.speculative(request, pinned);
             // The task ends if the engine failed.
             d.catch_up().map_or(true, |next| d.needs_plan(next))
         });
@@ -581,6 +601,8 @@ struct Driver {
     /// A nudge is on its way to the task, which plans again when it gets it: later changes need
     /// not send another.
     nudged: bool,
+    /// Told of every pinned submission, if set ([`EngineHandle::observe_arrivals`]).
+    observer: Option<Arc<dyn ArrivalObserver>>,
 }
 
 /// What the driver remembers of an unfinished request.
@@ -657,6 +679,7 @@ impl Driver {
             outbox: Vec::new(),
             planned: None,
             nudged: false,
+            observer: None,
         }
     }
 
@@ -780,6 +803,9 @@ impl Driver {
         let now = self.now();
         let earliest = SimTime(now.as_micros().saturating_sub(MAX_BACKDATE_US));
         let arrival = received.map_or(now, |r| r.clamp(earliest, now));
+        if let (Some(observer), Some(worker)) = (&self.observer, pinned) {
+            observer.arrived(&self.cluster, &request, worker, arrival);
+        }
         let id = self.start(request, pinned, false, arrival)?;
         if let Some(t) = self.tracked.get_mut(&id) {
             t.finish_reason = finish_reason;
@@ -792,7 +818,7 @@ impl Driver {
 
     /// Starts a speculative prefill unless [`MAX_SPECULATIVE_PREFILLS`] run already or the
     /// queue is full (skipped and counted then).
-    fn speculative(&mut self, request: EngineRequest) {
+    fn speculative(&mut self, request: EngineRequest, pinned: Option<WorkerId>) {
         let skip = if self.speculative_in_flight >= MAX_SPECULATIVE_PREFILLS {
             Some(SKIP_IN_FLIGHT)
         } else if self.check_queue().is_err() {
@@ -810,7 +836,7 @@ impl Driver {
             None => {
                 // A prompt the engine refuses is not warmed (nor counted as submitted).
                 let now = self.now();
-                if self.start(request, None, true, now).is_ok() {
+                if self.start(request, pinned, true, now).is_ok() {
                     self.speculative_in_flight += 1;
                     self.metrics.spec_submitted.inc();
                     self.metrics

@@ -7,6 +7,8 @@
 //!   from [`config::HttpLimits`], graceful drain).
 //! - [`driver::EngineHandle`] is the live driver: one task owning the simulated cluster, woken
 //!   on time by a [`timer::PreciseTimer`].
+//! - [`fleet`] runs N workers in one process, each its own vLLM-like endpoint, and judges the
+//!   routing decisions made in front of them (`mockserve fleet`).
 //! - [`fault`] injects seeded failures (`--fault-rate`, `x-servesim-fault`) for testing clients.
 //! - [`metrics::Metrics`] holds the Prometheus metrics (vLLM names per worker, `servesim_*`).
 //! - [`text::TextCodec`] turns messages into prompt ids and answer ids into text (servesim's
@@ -40,6 +42,7 @@ pub mod config;
 pub mod connection;
 pub mod driver;
 pub mod fault;
+pub mod fleet;
 pub mod kv_events;
 pub mod metrics;
 pub mod output_length;
@@ -77,6 +80,9 @@ pub struct Cli {
 pub enum Command {
     /// Serve the OpenAI-compatible API over the simulated engine (the default).
     Serve(Box<ServeCommand>),
+    /// N simulated vLLM-like workers in one process, each its own endpoint (HTTP, metrics, KV
+    /// events), for routers in front of them; a judge scores every routing decision.
+    Fleet(Box<fleet::FleetArgs>),
     /// Replay a Mooncake trace on a virtual clock and report Dynamo-compatible metrics.
     Replay(Box<replay_cmd::ReplayArgs>),
     /// Print a shell completion script on stdout, e.g. `mockserve completions bash`.
@@ -110,6 +116,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         None => server::run(&cli.serve, &cli.vllm),
         Some(Command::Serve(args)) => server::run(&args.serve, &args.vllm),
+        Some(Command::Fleet(args)) => fleet::run(&args),
         Some(Command::Replay(args)) => replay_cmd::run(&args).map(|_| ()),
         Some(Command::Completions { shell }) => {
             write_stdout(&completions(shell))?;

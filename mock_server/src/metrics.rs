@@ -697,6 +697,12 @@ impl Metrics {
         self.behind_schedule.set(secs);
     }
 
+    /// The registry, to add series beside the server's own before it is shared (a fleet adds
+    /// its routing judge's).
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
     /// Creates every per-worker series, so a scrape shows each worker before it has served.
     pub fn init_workers(&self, num_workers: usize) {
         for w in 0..num_workers as u32 {

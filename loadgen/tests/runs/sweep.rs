@@ -1,7 +1,8 @@
 //! `loadgen sweep`, `merge`, server metrics and the HTML report against the embedded server:
 //! a rate sweep saturates where the engine model says it must (the same cluster replayed on a
 //! virtual clock), merging a run's split records rebuilds its report, a bench run records the
-//! server's series and draws them. And the flags' bounds: every numeric flag is range-checked
+//! server's series and draws them, and a run against a `mockserve fleet` its routing judge's
+//! figures. And the flags' bounds: every numeric flag is range-checked
 //! before anything runs (huge values are an error naming the flag, never a panic, an abort or
 //! a wait), output paths are checked first, and merge refuses a file given twice. Sharded
 //! runs (`--shard I/N`) of bench, replay and multiturn merge into the unsharded run's requests,
@@ -1360,5 +1361,76 @@ async fn shard_and_start_at_are_checked_by_name() -> Result<()> {
         "started before --start-at {at}"
     );
     let _ = std::fs::remove_file(&jsonl);
+    Ok(())
+}
+
+/// A run against one worker of a `mockserve fleet`, sampling the fleet's admin `/metrics`
+/// (`--metrics-url`): the report's server metrics carry the routing judge's summary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_against_a_fleet_reports_its_routing_quality() -> Result<()> {
+    let cli = mock_server::Cli::try_parse_from([
+        "mockserve",
+        "fleet",
+        "--workers",
+        "2",
+        "--port",
+        "0",
+        "--admin-port",
+        "0",
+        "--speedup-ratio",
+        "inf",
+        "--block-size",
+        "16",
+    ])?;
+    let Some(mock_server::Command::Fleet(fleet_args)) = cli.command else {
+        bail!("expected fleet");
+    };
+    let config = mock_server::fleet::FleetConfig::from_args(&fleet_args)?;
+    let fleet = within(60, mock_server::fleet::launch(config)).await??;
+    let worker = fleet.manifest.workers[0].url.clone();
+    let admin = fleet.manifest.admin_url.clone().context("admin URL")?;
+    let json_path = temp_path("fleet.json");
+    let jp = json_path.display().to_string();
+    let metrics_url = format!("{admin}/metrics");
+    let args = bench_args(&[
+        "--url",
+        &worker,
+        "--metrics-url",
+        &metrics_url,
+        "--scrape-interval-ms",
+        "100",
+        "--concurrency",
+        "2",
+        "--num-requests",
+        "20",
+        "--input-tokens",
+        "64",
+        "--output-tokens",
+        "4",
+        "--shared-prefix-tokens",
+        "256",
+        "--num-prefix-groups",
+        "2",
+        "--report-json",
+        &jp,
+    ]);
+    let run = within(120, loadgen::bench::bench(&args)).await??;
+    assert_eq!(run.live.failures.total, 0);
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json_path)?)?;
+    let server = &report["server_metrics"];
+    assert_eq!(server["url"], metrics_url.as_str());
+    let routing = &server["summary"]["routing"];
+    assert_eq!(routing["decisions"], 20.0, "{server}");
+    // Every request ran on worker 0, the only one that ever cached anything: always the best.
+    assert_eq!(routing["best_choice_share"], 1.0, "{routing}");
+    assert_eq!(routing["achieved_hit_rate"], routing["oracle_hit_rate"]);
+    assert!(
+        routing["achieved_hit_rate"]
+            .as_f64()
+            .is_some_and(|r| r > 0.5),
+        "the shared prefixes are cached: {routing}"
+    );
+    within(60, fleet.shutdown()).await?;
+    std::fs::remove_file(&json_path)?;
     Ok(())
 }

@@ -437,7 +437,10 @@ impl Generation {
                 output_tokens: Vec::new(),
             };
             // False only while shutting down: then there is no next turn to warm.
-            let _ = self.state.engine.submit_speculative(request);
+            let _ = self
+                .state
+                .engine
+                .submit_speculative_on(request, self.state.worker);
         }
     }
 

@@ -119,6 +119,10 @@ pub struct AppState {
     pub lora: Arc<vllm::LoraRegistry>,
     /// When the simulated model load ends (`--startup-delay`): `/health` answers 503 before.
     pub ready_at: tokio::time::Instant,
+    /// The worker every generation request runs on, when this endpoint is one worker of a
+    /// fleet (`mockserve fleet`): its listener is the routing decision, so `nvext` and header
+    /// pinning are overridden.
+    pub worker: Option<WorkerId>,
 }
 
 impl AppState {
@@ -157,6 +161,23 @@ impl AppState {
         Ok(AppState::assemble(config, engine, metrics, block_size))
     }
 
+    /// The state of one fleet worker's endpoint: `engine` is shared by every worker of the
+    /// fleet, and every generation request of this endpoint runs on `worker`. `metrics` holds
+    /// this endpoint's own HTTP counters (the engine's series are fed to the metrics the
+    /// engine was spawned with).
+    pub fn for_worker(
+        config: ServerConfig,
+        engine: EngineHandle,
+        metrics: Arc<Metrics>,
+        worker: WorkerId,
+    ) -> AppState {
+        let block_size = config.cluster.engine.block_size;
+        AppState {
+            worker: Some(worker),
+            ..AppState::assemble(config, engine, metrics, block_size)
+        }
+    }
+
     fn assemble(
         config: ServerConfig,
         engine: EngineHandle,
@@ -174,6 +195,7 @@ impl AppState {
             started: unix_now(),
             stop_generations: CancellationToken::new(),
             ready_at,
+            worker: None,
         }
     }
 
@@ -583,6 +605,8 @@ async fn generate(
         Some(adapter)
     };
     let pinned = match params.nvext.backend_instance_id {
+        // A fleet worker runs what its listener received.
+        _ if state.worker.is_some() => state.worker,
         None => None,
         Some(id) if id < config.cluster.num_workers as u64 => Some(WorkerId(id as u32)),
         Some(id) => {

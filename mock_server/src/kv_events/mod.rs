@@ -355,6 +355,9 @@ pub struct KvEventPublisher {
     /// The topic frame of every message.
     topic: Bytes,
     metrics: Arc<Metrics>,
+    /// Each rank is a standalone worker with an endpoint of its own (a fleet's): its batches
+    /// carry data-parallel rank 0, as a vLLM without data parallelism sends them.
+    standalone: bool,
     /// Stops every socket and connection task when the publisher goes.
     _stop: DropGuard,
 }
@@ -423,8 +426,18 @@ impl KvEventPublisher {
             format: config.format,
             topic: Bytes::from(config.topic.clone().into_bytes()),
             metrics,
+            standalone: false,
             _stop: guard,
         })
+    }
+
+    /// This publisher with every rank a standalone worker (`mockserve fleet`): batches carry
+    /// data-parallel rank 0 instead of the worker's index.
+    pub fn standalone_workers(self) -> KvEventPublisher {
+        KvEventPublisher {
+            standalone: true,
+            ..self
+        }
     }
 
     /// The address `rank`'s PUB socket is bound to (None when it connects out).
@@ -849,10 +862,14 @@ impl KvExport {
             by_worker.entry(event.worker.0).or_default().push(wire);
         }
         for (rank, events) in by_worker {
+            let data_parallel_rank = match &self.sink {
+                KvSink::Zmq(publisher) if publisher.standalone => 0,
+                _ => rank,
+            };
             let batch = WireBatch {
                 ts: ts_seconds,
                 events,
-                data_parallel_rank: Some(rank),
+                data_parallel_rank: Some(data_parallel_rank),
             };
             match &mut self.sink {
                 KvSink::Zmq(publisher) => publisher.publish(rank as usize, &batch),

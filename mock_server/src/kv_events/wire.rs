@@ -1,7 +1,8 @@
-//! vLLM's KV-event batch ([`WireBatch`]) and its two MessagePack encodings ([`WireFormat`]):
-//! the array form (structs as arrays in field order, an event's tag first) that Dynamo's
-//! standalone indexer and llm-d-inference-sim read by default, and the map form of current
-//! vLLM (structs as maps, the tag under `"type"`).
+//! vLLM's KV-event batch ([`WireBatch`]) and its MessagePack encodings ([`WireFormat`]): the
+//! array form (structs as arrays in field order, an event's tag first) that Dynamo's
+//! standalone indexer and llm-d-inference-sim read by default, the map form of current vLLM
+//! (structs as maps, the tag under `"type"`), and the batch as an array of events as maps,
+//! which vllm-router 0.1.17's `kv_aware` policy decodes.
 
 use clap::ValueEnum;
 use serde::Serialize;
@@ -18,6 +19,10 @@ pub enum WireFormat {
     Array,
     /// Structs as maps keyed by field name, an event's tag under `"type"` (current vLLM).
     Map,
+    /// The batch as an array (`[ts, events, rank]`), each event a map with its tag under
+    /// `"type"`: what vllm-router 0.1.17's `kv_aware` policy decodes (it refuses both other
+    /// forms).
+    MapEvents,
 }
 
 /// One KV event as vLLM publishes it.
@@ -70,6 +75,7 @@ impl WireBatch {
         let mut e = Encoder {
             out: &mut out,
             format,
+            keyed: false,
         };
         e.batch(self);
         out
@@ -80,20 +86,33 @@ impl WireBatch {
 struct Encoder<'a> {
     out: &'a mut Vec<u8>,
     format: WireFormat,
+    /// The struct being written is a map: its fields are keyed.
+    keyed: bool,
 }
 
 impl Encoder<'_> {
-    /// A struct header: an array of `fields.len()` (+1 for a tag) or a map of as many entries.
+    /// Whether the format writes a batch (`event` false) or an event as a map.
+    fn as_map(&self, event: bool) -> bool {
+        match self.format {
+            WireFormat::Array => false,
+            WireFormat::Map => true,
+            WireFormat::MapEvents => event,
+        }
+    }
+
+    /// A struct header (an event's when it has a tag): an array of `fields.len()` (+1 for a
+    /// tag) or a map of as many entries.
     fn start(&mut self, tag: Option<&str>, len: usize) {
         let with_tag = len + usize::from(tag.is_some());
-        match self.format {
-            WireFormat::Array => {
+        self.keyed = self.as_map(tag.is_some());
+        match self.keyed {
+            false => {
                 let _ = rmp::encode::write_array_len(self.out, with_tag as u32);
                 if let Some(tag) = tag {
                     self.str(tag);
                 }
             }
-            WireFormat::Map => {
+            true => {
                 let _ = rmp::encode::write_map_len(self.out, with_tag as u32);
                 if let Some(tag) = tag {
                     self.str("type");
@@ -103,9 +122,9 @@ impl Encoder<'_> {
         }
     }
 
-    /// A field's key (map form only).
+    /// A field's key (in a map only).
     fn key(&mut self, name: &str) {
-        if self.format == WireFormat::Map {
+        if self.keyed {
             self.str(name);
         }
     }
@@ -152,6 +171,8 @@ impl Encoder<'_> {
         for event in &b.events {
             self.event(event);
         }
+        // Back in the batch after its events.
+        self.keyed = self.as_map(false);
         self.key("data_parallel_rank");
         self.opt_uint(b.data_parallel_rank.map(u64::from));
     }
@@ -270,6 +291,42 @@ mod tests {
         ] {
             assert!(text.contains(key), "{key} missing");
         }
+    }
+
+    #[test]
+    fn map_events_form_is_an_array_batch_of_tagged_maps() {
+        let bytes = batch().encode(WireFormat::MapEvents);
+        let value = rmpv::decode::read_value(&mut &bytes[..]).expect("MessagePack");
+        let batch = value.as_array().expect("the batch is an array");
+        assert_eq!(batch.len(), 3);
+        assert_eq!(batch[0].as_f64(), Some(1.5));
+        assert_eq!(batch[2].as_u64(), Some(3));
+        let events = batch[1].as_array().expect("events");
+        let field = |event: &rmpv::Value, key: &str| {
+            event
+                .as_map()
+                .expect("an event is a map")
+                .iter()
+                .find(|(k, _)| k.as_str() == Some(key))
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(
+            field(&events[0], "type").and_then(|t| t.as_str().map(String::from)),
+            Some("BlockStored".into())
+        );
+        let tokens = field(&events[0], "token_ids").expect("token_ids");
+        assert_eq!(tokens.as_array().map(Vec::len), Some(4));
+        assert_eq!(
+            field(&events[2], "type").and_then(|t| t.as_str().map(String::from)),
+            Some("AllBlocksCleared".into())
+        );
+        // The other forms are unchanged by it.
+        assert_eq!(batch_bytes_head(WireFormat::Array), 0x93);
+        assert_eq!(batch_bytes_head(WireFormat::Map), 0x83);
+    }
+
+    fn batch_bytes_head(format: WireFormat) -> u8 {
+        batch().encode(format)[0]
     }
 
     #[test]

@@ -18,6 +18,8 @@ mod cache;
 mod errors;
 // Fault injection: each type on the wire, header forcing, KV freed, seeded draws.
 mod faults;
+// `mockserve fleet`: N endpoints in one process, the manifest, pinning, the routing judge.
+mod fleet;
 // The HTTP edge over raw sockets: read timeouts, the connection cap, the shutdown drain.
 mod http_edge;
 // KV events over ZeroMQ: wire format, a live subscriber, replay.

@@ -1,0 +1,343 @@
+//! The routing judge: scores every routing decision made in front of a fleet against what the
+//! fleet truly held when the request arrived.
+//!
+//! A router outside the process picks a worker by sending the request to that worker's
+//! listener. At that instant, under the driver's lock ([`ArrivalObserver`]), the judge reads
+//! every worker's KV pool: the longest cached prefix of the request's prompt there (in tokens,
+//! full blocks of the GPU tier) and its load (requests running plus waiting). The decision's
+//! *regret* is the best worker's cached prefix minus the chosen one's: prompt tokens the fleet
+//! had cached but recomputes because of the choice. Each decision is kept in a bounded log (the
+//! latest `capacity`, served as JSON lines by `GET /fleet/decisions`) and summed into
+//! [`RoutingMetrics`] (`servesim_routing_*`).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+use servesim::cluster::Cluster;
+use servesim::ids::WorkerId;
+use servesim::request::EngineRequest;
+use servesim::time::SimTime;
+
+use crate::driver::{ArrivalObserver, SimClock};
+
+/// Decisions `GET /fleet/decisions` keeps by default (the latest ones).
+pub const DEFAULT_DECISION_LOG: usize = 100_000;
+
+/// Upper bounds of the `servesim_routing_regret_tokens` buckets: 0 (the best choice) alone,
+/// then powers of two up to 128 Ki tokens.
+const REGRET_BUCKETS: [f64; 14] = [
+    0.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0,
+    131072.0,
+];
+
+/// One routing decision, scored: a line of `GET /fleet/decisions`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Decision {
+    /// Its number, from 0 in arrival order (a reader asks for `?since=` the next one).
+    pub seq: u64,
+    /// When the request arrived, in Unix milliseconds (on the engine's clock).
+    pub time_ms: f64,
+    /// The worker the router chose (the one whose listener got the request).
+    pub worker: u32,
+    /// The prompt's length in tokens.
+    pub prompt_tokens: usize,
+    /// The chosen worker's cached prefix of the prompt, in tokens.
+    pub chosen_overlap_tokens: usize,
+    /// The longest cached prefix of the prompt on any worker, in tokens.
+    pub best_overlap_tokens: usize,
+    /// A worker holding that prefix: the least loaded of them, then the lowest index.
+    pub best_worker: u32,
+    /// `best_overlap_tokens - chosen_overlap_tokens`: cached tokens the choice gave up.
+    pub regret_tokens: usize,
+    /// Every worker's requests running plus waiting just before the request arrived, by index.
+    pub loads: Vec<u32>,
+}
+
+/// The judge's Prometheus series, shared (cheap clones of the same atomics) by the fleet's
+/// admin `/metrics` and every worker's.
+#[derive(Clone, Debug)]
+pub struct RoutingMetrics {
+    /// `servesim_routing_decisions`: requests routed (one per engine request: a choice of `n`,
+    /// a prompt of a batch).
+    pub decisions: Counter,
+    /// `servesim_routing_prompt_tokens`: their prompt tokens.
+    pub prompt_tokens: Counter,
+    /// `servesim_routing_achieved_hit_tokens`: cached prefix tokens on the chosen workers.
+    pub achieved_hit_tokens: Counter,
+    /// `servesim_routing_oracle_hit_tokens`: cached prefix tokens on the best workers.
+    pub oracle_hit_tokens: Counter,
+    /// `servesim_routing_regret_tokens`: the regret of each decision.
+    pub regret_tokens: Histogram,
+}
+
+impl Default for RoutingMetrics {
+    fn default() -> Self {
+        RoutingMetrics {
+            decisions: Counter::default(),
+            prompt_tokens: Counter::default(),
+            achieved_hit_tokens: Counter::default(),
+            oracle_hit_tokens: Counter::default(),
+            regret_tokens: Histogram::new(REGRET_BUCKETS),
+        }
+    }
+}
+
+impl RoutingMetrics {
+    /// Registers every series in `registry` (a clone: the registry reads the same atomics).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "servesim_routing_decisions",
+            "Routing decisions judged (engine requests that arrived on a fleet worker)",
+            self.decisions.clone(),
+        );
+        registry.register(
+            "servesim_routing_prompt_tokens",
+            "Prompt tokens of the judged requests",
+            self.prompt_tokens.clone(),
+        );
+        registry.register(
+            "servesim_routing_achieved_hit_tokens",
+            "Prompt tokens cached on the chosen worker when the request arrived",
+            self.achieved_hit_tokens.clone(),
+        );
+        registry.register(
+            "servesim_routing_oracle_hit_tokens",
+            "Prompt tokens cached on the best worker when the request arrived",
+            self.oracle_hit_tokens.clone(),
+        );
+        registry.register(
+            "servesim_routing_regret_tokens",
+            "Cached prompt tokens a decision gave up: best worker's prefix minus the chosen one's",
+            self.regret_tokens.clone(),
+        );
+    }
+
+    fn add(&self, d: &Decision) {
+        self.decisions.inc();
+        self.prompt_tokens.inc_by(d.prompt_tokens as u64);
+        self.achieved_hit_tokens
+            .inc_by(d.chosen_overlap_tokens as u64);
+        self.oracle_hit_tokens.inc_by(d.best_overlap_tokens as u64);
+        self.regret_tokens.observe(d.regret_tokens as f64);
+    }
+}
+
+/// Scores `request` arriving at `now` on `chosen`, against every worker of `cluster` as it is
+/// (before the request enters it). `seq` and `time_ms` are left at 0 for the log to set.
+pub fn score(cluster: &Cluster, request: &EngineRequest, chosen: WorkerId) -> Decision {
+    let block_size = cluster.block_size();
+    let hashes = &request.prompt.blocks.sequence;
+    let mut chosen_overlap = 0;
+    // (overlap, load, index) of the best worker: longest prefix, then least load, then index.
+    let mut best: Option<(usize, u32, u32)> = None;
+    let mut loads = Vec::with_capacity(cluster.workers().len());
+    for worker in cluster.workers() {
+        let scheduler = worker.scheduler();
+        let overlap = scheduler.pool().lookup_prefix_hashes(hashes).blocks * block_size;
+        let stats = scheduler.stats();
+        let load = u32::try_from(stats.running + stats.waiting).unwrap_or(u32::MAX);
+        loads.push(load);
+        let index = worker.id().0;
+        if worker.id() == chosen {
+            chosen_overlap = overlap;
+        }
+        let better = best.is_none_or(|(o, l, _)| overlap > o || (overlap == o && load < l));
+        if better {
+            best = Some((overlap, load, index));
+        }
+    }
+    let (best_overlap, _, best_worker) = best.unwrap_or((0, 0, chosen.0));
+    Decision {
+        seq: 0,
+        time_ms: 0.0,
+        worker: chosen.0,
+        prompt_tokens: request.prompt.len,
+        chosen_overlap_tokens: chosen_overlap,
+        best_overlap_tokens: best_overlap,
+        best_worker,
+        regret_tokens: best_overlap.saturating_sub(chosen_overlap),
+        loads,
+    }
+}
+
+/// The latest decisions and the next number.
+#[derive(Debug, Default)]
+struct DecisionLog {
+    /// The number of the next decision.
+    next_seq: u64,
+    /// The latest decisions, oldest first, shared with readers that copy them out.
+    recent: VecDeque<Arc<Decision>>,
+}
+
+/// The routing judge of a fleet (see the module docs). Installed on the fleet's engine with
+/// [`crate::driver::EngineHandle::observe_arrivals`].
+#[derive(Debug)]
+pub struct Judge {
+    /// The engine's clock, to stamp decisions in Unix time.
+    clock: SimClock,
+    /// Decisions kept at most.
+    capacity: usize,
+    /// The log. A `std` mutex held to push one decision or to copy `Arc`s out, never across an
+    /// `.await` (it is taken under the driver's lock on every arrival).
+    log: Mutex<DecisionLog>,
+    /// The sums over every decision, kept or not.
+    pub metrics: RoutingMetrics,
+}
+
+impl Judge {
+    /// A judge keeping the latest `capacity` decisions, stamping them with `clock` and summing
+    /// them into `metrics` (registered wherever they are shown).
+    pub fn new(clock: SimClock, capacity: usize, metrics: RoutingMetrics) -> Judge {
+        Judge {
+            clock,
+            capacity,
+            log: Mutex::new(DecisionLog::default()),
+            metrics,
+        }
+    }
+
+    /// Numbers, counts and keeps a scored decision; returns its number.
+    pub fn record(&self, mut decision: Decision) -> u64 {
+        self.metrics.add(&decision);
+        let mut log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+        decision.seq = log.next_seq;
+        log.next_seq += 1;
+        if self.capacity > 0 {
+            if log.recent.len() == self.capacity {
+                log.recent.pop_front();
+            }
+            log.recent.push_back(Arc::new(decision));
+        }
+        log.next_seq - 1
+    }
+
+    /// The kept decisions numbered `since` or later, oldest first.
+    pub fn decisions_since(&self, since: u64) -> Vec<Arc<Decision>> {
+        let log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+        let first = log.recent.front().map_or(0, |d| d.seq);
+        let skip = usize::try_from(since.saturating_sub(first)).unwrap_or(usize::MAX);
+        log.recent.iter().skip(skip).cloned().collect()
+    }
+}
+
+impl ArrivalObserver for Judge {
+    fn arrived(&self, cluster: &Cluster, request: &EngineRequest, worker: WorkerId, now: SimTime) {
+        let decision = Decision {
+            time_ms: self.clock.unix_ms(now),
+            ..score(cluster, request, worker)
+        };
+        self.record(decision);
+    }
+}
+
+/// Writes `decisions` as JSON lines.
+pub fn to_jsonl(decisions: &[Arc<Decision>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(decisions.len() * 160);
+    for d in decisions {
+        // Serializing plain numbers into a Vec cannot fail.
+        if serde_json::to_writer(&mut out, d.as_ref()).is_ok() {
+            out.push(b'\n');
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use servesim::cluster::{ClusterConfig, Output};
+    use servesim::request::Prompt;
+
+    fn cluster(workers: usize) -> Cluster {
+        let mut config = ClusterConfig {
+            num_workers: workers,
+            ..ClusterConfig::default()
+        };
+        config.engine.block_size = 4;
+        Cluster::new(config).expect("valid")
+    }
+
+    fn request(tokens: &[u32]) -> EngineRequest {
+        EngineRequest {
+            prompt: Prompt::from_tokens(tokens, 4),
+            max_output_tokens: 2,
+            output_tokens: Vec::new(),
+        }
+    }
+
+    /// Runs `request` on `worker` to its end.
+    fn run_on(cluster: &mut Cluster, request: EngineRequest, worker: u32) {
+        let mut now = SimTime::ZERO;
+        cluster
+            .submit_to(request, WorkerId(worker), now)
+            .expect("accepted");
+        let mut finished = false;
+        while !finished {
+            now = cluster.next_event_time().expect("work pending");
+            finished = cluster
+                .advance(now)
+                .iter()
+                .any(|o| matches!(o, Output::Finished { .. }));
+        }
+    }
+
+    #[test]
+    fn regret_is_the_best_cached_prefix_minus_the_chosen_one() {
+        let mut cluster = cluster(3);
+        let prompt: Vec<u32> = (0..10).collect();
+        let fresh = score(&cluster, &request(&prompt), WorkerId(1));
+        assert_eq!(
+            (fresh.best_overlap_tokens, fresh.regret_tokens, fresh.loads),
+            (0, 0, vec![0, 0, 0])
+        );
+        run_on(&mut cluster, request(&prompt), 0);
+        // Two full blocks of 4 are cached on worker 0.
+        let elsewhere = score(&cluster, &request(&prompt), WorkerId(1));
+        assert_eq!(elsewhere.chosen_overlap_tokens, 0);
+        assert_eq!(elsewhere.best_overlap_tokens, 8);
+        assert_eq!(elsewhere.best_worker, 0);
+        assert_eq!(elsewhere.regret_tokens, 8);
+        let there = score(&cluster, &request(&prompt), WorkerId(0));
+        assert_eq!((there.chosen_overlap_tokens, there.regret_tokens), (8, 0));
+        // A prompt sharing only the first block.
+        let other: Vec<u32> = (0..4).chain(100..110).collect();
+        let partial = score(&cluster, &request(&other), WorkerId(2));
+        assert_eq!((partial.best_overlap_tokens, partial.regret_tokens), (4, 4));
+    }
+
+    #[test]
+    fn the_log_keeps_the_latest_decisions_and_counts_them_all() {
+        let judge = Judge::new(SimClock::start(), 3, RoutingMetrics::default());
+        let decision = |regret: usize| Decision {
+            seq: 0,
+            time_ms: 0.0,
+            worker: 1,
+            prompt_tokens: 20,
+            chosen_overlap_tokens: 16 - regret,
+            best_overlap_tokens: 16,
+            best_worker: 0,
+            regret_tokens: regret,
+            loads: vec![0, 1],
+        };
+        for i in 0..5 {
+            assert_eq!(judge.record(decision(i % 2 * 16)), i as u64);
+        }
+        let kept: Vec<u64> = judge.decisions_since(0).iter().map(|d| d.seq).collect();
+        assert_eq!(kept, vec![2, 3, 4]);
+        let later: Vec<u64> = judge.decisions_since(4).iter().map(|d| d.seq).collect();
+        assert_eq!(later, vec![4]);
+        assert!(judge.decisions_since(5).is_empty());
+        assert_eq!(judge.metrics.decisions.get(), 5);
+        assert_eq!(judge.metrics.oracle_hit_tokens.get(), 80);
+        assert_eq!(judge.metrics.achieved_hit_tokens.get(), 48);
+        let lines = to_jsonl(&judge.decisions_since(4));
+        let parsed: Decision =
+            serde_json::from_slice(lines.strip_suffix(b"\n").expect("a line")).expect("JSON");
+        assert_eq!(parsed.seq, 4);
+        assert_eq!(parsed.regret_tokens, 0);
+    }
+}

@@ -1,0 +1,528 @@
+//! `mockserve fleet`: N simulated workers in one process, each a complete vLLM-like endpoint,
+//! for routers that sit in front of N workers (vllm-router, sglang-router, Dynamo's indexer).
+//!
+//! - [`FleetArgs`] are the flags; [`FleetConfig`] their validated value ([`FleetError`] names
+//!   the bad flag).
+//! - [`launch`] binds every socket, starts ONE engine of N workers on one clock, and serves
+//!   each worker's API on its own listener, every request pinned to that worker: the listener
+//!   a router picks is the routing decision. All workers share the runtime, the tokenizer and
+//!   the clock; each has its own `/metrics` ([`metrics::WorkerMetrics`]), KV-event publisher
+//!   (port + index, as `serve` numbers its workers), LoRA registry, faults and loading delay.
+//! - [`judge::Judge`] scores every decision against what every worker held when the request
+//!   arrived; [`http`] serves its log and metrics.
+//! - [`manifest::Manifest`] names every worker's URLs and endpoints (`--fleet-manifest`).
+//! - [`run`] is the command: launch, print the addresses, serve until SIGINT/SIGTERM, drain.
+
+pub mod http;
+pub mod judge;
+pub mod manifest;
+pub mod metrics;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+use servesim::cluster::{Cluster, ServingMode};
+use servesim::ids::WorkerId;
+use servesim::router::{RouterConfig, RouterMode};
+use servesim::scheduler::ConfigError;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::AppState;
+use crate::config::ServerConfig;
+use crate::connection::Edge;
+use crate::driver::EngineHandle;
+use crate::kv_events::{KvEventPublisher, KvEventsError};
+use crate::metrics::{EndpointLabel, Metrics};
+use crate::server::{ServeArgs, ShutdownSignals, VllmArgs};
+use judge::{Judge, DEFAULT_DECISION_LOG};
+use manifest::{dialable, Manifest, ManifestWorker};
+use metrics::{FleetMetrics, MetricsDialect, WorkerMetrics};
+
+/// The most workers one fleet runs.
+pub const MAX_FLEET_WORKERS: usize = 4096;
+
+/// `mockserve fleet` flags: the fleet's own, then `serve`'s (each worker is configured as one
+/// `serve` worker would be).
+#[derive(Args, Debug)]
+pub struct FleetArgs {
+    /// Simulated workers, each its own vLLM-like endpoint [default: one per --listen address].
+    #[arg(long, value_name = "N")]
+    pub workers: Option<usize>,
+
+    /// Each worker's own listen address, comma-separated (`127.0.0.1:8001,127.0.0.2:8001`),
+    /// instead of consecutive ports from --port on --host.
+    #[arg(
+        long,
+        value_name = "ADDR,ADDR,...",
+        value_delimiter = ',',
+        conflicts_with = "port"
+    )]
+    pub listen: Vec<SocketAddr>,
+
+    /// Write a JSON manifest here once every socket listens: each worker's index, URL,
+    /// metrics URL and KV-event endpoints.
+    #[arg(long, value_name = "PATH")]
+    pub fleet_manifest: Option<PathBuf>,
+
+    /// Serve the fleet's own routes (the whole fleet's `/metrics` with the routing judge's
+    /// series, `/fleet/decisions`, `/fleet/manifest`) on this port of --host (0 picks one).
+    #[arg(long, value_name = "PORT")]
+    pub admin_port: Option<u16>,
+
+    /// The metric names of every worker's `/metrics`: vLLM's (as `serve`) or SGLang's.
+    #[arg(long, value_enum, value_name = "DIALECT", default_value_t = MetricsDialect::Vllm)]
+    pub metrics_dialect: MetricsDialect,
+
+    /// Routing decisions `GET /fleet/decisions` keeps (the latest ones).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_DECISION_LOG)]
+    pub decision_log_size: usize,
+
+    /// Server flags, applied to every worker (--port is the first worker's).
+    #[command(flatten)]
+    pub serve: ServeArgs,
+
+    /// vLLM-worker flags, applied to every worker (worker i publishes on the port + i).
+    #[command(flatten)]
+    pub vllm: VllmArgs,
+}
+
+/// Why a fleet cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    /// Neither a positive --workers nor any --listen address.
+    #[error("a fleet needs at least one worker: give --workers N (N >= 1) or --listen ADDR,...")]
+    NoWorkers,
+    /// More workers than [`MAX_FLEET_WORKERS`].
+    #[error("--workers {workers}: a fleet runs at most {max} workers")]
+    TooManyWorkers {
+        /// As given.
+        workers: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// `--workers` and the number of `--listen` addresses differ.
+    #[error("--workers {workers} but --listen gives {addresses} addresses: give one per worker")]
+    AddressCount {
+        /// As given.
+        workers: usize,
+        /// Addresses given.
+        addresses: usize,
+    },
+    /// The last worker's port is beyond 65535.
+    #[error(
+        "--port {port} with {workers} workers: worker {last} would listen on port {}, beyond \
+         65535 (the port plus the number of workers minus one must be at most 65535)",
+        *port as usize + last
+    )]
+    PortOverflow {
+        /// The first worker's port.
+        port: u16,
+        /// Workers.
+        workers: usize,
+        /// The last worker's index.
+        last: usize,
+    },
+    /// A `serve` flag that a fleet sets itself.
+    #[error("{flag} does not apply to mockserve fleet: {instead}")]
+    NotForFleet {
+        /// The flag.
+        flag: &'static str,
+        /// What to do instead.
+        instead: &'static str,
+    },
+    /// A worker setting is invalid (the message names the flag).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The KV-event sockets cannot be opened.
+    #[error(transparent)]
+    KvEvents(#[from] KvEventsError),
+    /// A worker's (or the admin) listener cannot bind.
+    #[error("{what}: cannot listen on {addr}: {error}")]
+    Bind {
+        /// `worker N` or `--admin-port`.
+        what: String,
+        /// The address.
+        addr: String,
+        /// The socket's error.
+        error: std::io::Error,
+    },
+    /// The manifest cannot be written.
+    #[error("--fleet-manifest {}: {error}", path.display())]
+    Manifest {
+        /// As given.
+        path: PathBuf,
+        /// The write's error.
+        error: std::io::Error,
+    },
+}
+
+/// Where the workers listen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Listen {
+    /// On `host`, worker i on `first_port + i` (every worker a free port when 0).
+    Consecutive {
+        /// `--host`.
+        host: String,
+        /// `--port`.
+        first_port: u16,
+    },
+    /// Worker i on the i-th address (`--listen`).
+    Each(Vec<SocketAddr>),
+}
+
+impl Listen {
+    /// Every worker's `(host, port)` to bind, `n` of them (as many as validated).
+    fn addrs(&self, n: usize) -> Vec<(String, u16)> {
+        match self {
+            Listen::Consecutive { host, first_port } => (0..n)
+                .map(|i| {
+                    // Validated: the last port is at most 65535 (0 stays 0, a free port each).
+                    let port = match first_port {
+                        0 => 0,
+                        p => u16::try_from(usize::from(*p) + i).unwrap_or(u16::MAX),
+                    };
+                    (host.clone(), port)
+                })
+                .collect(),
+            Listen::Each(addrs) => addrs
+                .iter()
+                .map(|a| (a.ip().to_string(), a.port()))
+                .collect(),
+        }
+    }
+}
+
+/// A validated fleet.
+#[derive(Clone, Debug)]
+pub struct FleetConfig {
+    /// Every worker's settings; `cluster.num_workers` is the fleet's size.
+    pub server: ServerConfig,
+    /// Where the workers listen.
+    pub listen: Listen,
+    /// The admin listener's `(host, port)`, if any.
+    pub admin: Option<(String, u16)>,
+    /// Where to write the manifest, if anywhere.
+    pub manifest_path: Option<PathBuf>,
+    /// Decisions the judge keeps.
+    pub decision_log_size: usize,
+    /// The metric names of the workers' `/metrics`.
+    pub metrics_dialect: MetricsDialect,
+}
+
+impl FleetConfig {
+    /// The fleet the flags describe, checked before anything binds.
+    pub fn from_args(args: &FleetArgs) -> Result<FleetConfig, FleetError> {
+        let workers = match (args.workers, args.listen.len()) {
+            (None | Some(0), 0) => return Err(FleetError::NoWorkers),
+            (None, n) => n,
+            (Some(w), 0) => w,
+            (Some(w), n) if w == n => w,
+            (Some(workers), addresses) => {
+                return Err(FleetError::AddressCount { workers, addresses })
+            }
+        };
+        if workers > MAX_FLEET_WORKERS {
+            return Err(FleetError::TooManyWorkers {
+                workers,
+                max: MAX_FLEET_WORKERS,
+            });
+        }
+        let serve = &args.serve;
+        if serve.engine.num_workers.is_some() {
+            return Err(FleetError::NotForFleet {
+                flag: "--num-workers",
+                instead: "give --workers N (one endpoint per worker)",
+            });
+        }
+        if serve.engine.serving_mode != crate::args::ServingModeFlag::Aggregated {
+            return Err(FleetError::NotForFleet {
+                flag: "--serving-mode disagg",
+                instead: "every fleet worker prefills and decodes its own requests",
+            });
+        }
+        if serve.engine.router_queue_threshold.is_some() {
+            return Err(FleetError::NotForFleet {
+                flag: "--router-queue-threshold",
+                instead: "no request waits at a router: each runs on its listener's worker",
+            });
+        }
+        let listen = if args.listen.is_empty() {
+            let last = workers - 1;
+            if serve.port != 0 && usize::from(serve.port) + last > usize::from(u16::MAX) {
+                return Err(FleetError::PortOverflow {
+                    port: serve.port,
+                    workers,
+                    last,
+                });
+            }
+            Listen::Consecutive {
+                host: serve.host.clone(),
+                first_port: serve.port,
+            }
+        } else {
+            Listen::Each(args.listen.clone())
+        };
+        let mut serve = serve.clone();
+        serve.engine.num_workers = Some(workers);
+        let mut server = ServerConfig::from_serve_args(&serve, &args.vllm)?;
+        // Every request is pinned to its listener's worker: the cluster's own router never
+        // chooses (its flags have no effect), and round-robin keeps no index of the caches.
+        server.cluster.router = RouterConfig {
+            mode: RouterMode::RoundRobin,
+            ..RouterConfig::default()
+        };
+        debug_assert!(matches!(server.cluster.serving, ServingMode::Aggregated));
+        Ok(FleetConfig {
+            server,
+            listen,
+            admin: args.admin_port.map(|port| (args.serve.host.clone(), port)),
+            manifest_path: args.fleet_manifest.clone(),
+            decision_log_size: args.decision_log_size,
+            metrics_dialect: args.metrics_dialect,
+        })
+    }
+
+    /// Workers in the fleet.
+    pub fn num_workers(&self) -> usize {
+        self.server.cluster.num_workers
+    }
+}
+
+/// A fleet that serves: every socket listens. Stop it with [`RunningFleet::shutdown`].
+#[derive(Debug)]
+pub struct RunningFleet {
+    /// Where everything listens.
+    pub manifest: Manifest,
+    /// The engine every worker shares.
+    pub engine: EngineHandle,
+    /// The routing judge.
+    pub judge: Arc<Judge>,
+    /// Ends every listener's accept loop (then each drains).
+    stop: CancellationToken,
+    /// The listeners' tasks.
+    tasks: JoinSet<()>,
+}
+
+impl RunningFleet {
+    /// Stops accepting on every listener and drains open requests (up to
+    /// `--shutdown-timeout`), then returns.
+    pub async fn shutdown(mut self) {
+        self.stop.cancel();
+        while self.tasks.join_next().await.is_some() {}
+    }
+
+    /// Resolves when a listener's task ends before shutdown (it never does unless it panics).
+    pub async fn stopped(&mut self) {
+        let _ = self.tasks.join_next().await;
+    }
+}
+
+/// Binds `(host, port)`, naming `what` in the error.
+async fn bind(what: String, (host, port): (String, u16)) -> Result<TcpListener, FleetError> {
+    TcpListener::bind((host.as_str(), port))
+        .await
+        .map_err(|error| FleetError::Bind {
+            what,
+            addr: format!("{host}:{port}"),
+            error,
+        })
+}
+
+/// Starts a fleet on the current tokio runtime: binds every worker's listener, the admin
+/// listener and every KV-event socket, starts the shared engine and the judge, serves each
+/// worker, then writes the manifest (when asked). An error leaves nothing bound: every one
+/// comes before anything is served, but a manifest that cannot be written, which stops the
+/// workers first.
+pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
+    let n = config.num_workers();
+    let addrs = config.listen.addrs(n);
+    let mut listeners = Vec::with_capacity(n);
+    for (i, addr) in addrs.iter().enumerate() {
+        listeners.push(bind(format!("worker {i}"), addr.clone()).await?);
+    }
+    let admin = match &config.admin {
+        Some(addr) => Some(bind("--admin-port".into(), addr.clone()).await?),
+        None => None,
+    };
+    let server = config.server;
+    let cluster = Cluster::new(server.live_cluster())?;
+    let mut engine_metrics = Metrics::for_model(&server.model_name, server.max_model_len);
+    let routing = judge::RoutingMetrics::default();
+    routing.register(engine_metrics.registry_mut());
+    let engine_metrics = Arc::new(engine_metrics);
+    let (publisher, kv_endpoints) = match &server.kv_events {
+        None => (None, vec![(None, None); n]),
+        Some(kv) => {
+            let publisher = KvEventPublisher::start(kv, n, Arc::clone(&engine_metrics))
+                .await?
+                .standalone_workers();
+            let mut endpoints = Vec::with_capacity(n);
+            for i in 0..n {
+                let bound =
+                    |addr: Option<SocketAddr>| addr.map(|a| format!("tcp://{}", dialable(a)));
+                let publish = match bound(publisher.pub_addr(i)) {
+                    Some(e) => Some(e),
+                    None => Some(kv.endpoint.for_rank(i)?),
+                };
+                let replay = match (&kv.replay_endpoint, bound(publisher.replay_addr(i))) {
+                    (_, Some(e)) => Some(e),
+                    (Some(endpoint), None) => Some(endpoint.for_rank(i)?),
+                    (None, None) => None,
+                };
+                endpoints.push((publish, replay));
+            }
+            (Some(publisher), endpoints)
+        }
+    };
+    let engine = EngineHandle::spawn_publishing(
+        cluster,
+        server.max_waiting,
+        Arc::clone(&engine_metrics),
+        publisher,
+    );
+    let judge = Arc::new(Judge::new(
+        engine.clock(),
+        config.decision_log_size,
+        routing,
+    ));
+    // Just spawned: the driver is running.
+    let _ = engine.observe_arrivals(Arc::clone(&judge) as Arc<dyn crate::driver::ArrivalObserver>);
+    let mut workers = Vec::with_capacity(n);
+    for (i, (listener, (kv, replay))) in listeners.iter().zip(kv_endpoints).enumerate() {
+        let addr = dialable(listener.local_addr().map_err(|error| FleetError::Bind {
+            what: format!("worker {i}"),
+            addr: format!("{}:{}", addrs[i].0, addrs[i].1),
+            error,
+        })?);
+        workers.push(ManifestWorker {
+            index: i,
+            url: format!("http://{addr}"),
+            metrics_url: format!("http://{addr}/metrics"),
+            kv_events_endpoint: kv,
+            kv_events_replay_endpoint: replay,
+        });
+    }
+    let admin_url = match &admin {
+        Some(l) => Some(format!(
+            "http://{}",
+            dialable(l.local_addr().map_err(|error| FleetError::Bind {
+                what: "--admin-port".into(),
+                addr: format!("{:?}", config.admin),
+                error,
+            })?)
+        )),
+        None => None,
+    };
+    let manifest = Manifest {
+        model: server.model_name.clone(),
+        block_size: server.cluster.engine.block_size,
+        admin_url,
+        workers,
+    };
+    let routes = http::FleetRoutes {
+        engine: engine.clone(),
+        metrics: Arc::clone(&engine_metrics),
+        judge: Arc::clone(&judge),
+        manifest: Arc::from(manifest.to_json()),
+    };
+    let stop = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+    let fleet_metrics = FleetMetrics {
+        engine: Arc::clone(&engine_metrics),
+        routing: judge.metrics.clone(),
+        config: server.cluster.engine.clone(),
+        dialect: config.metrics_dialect,
+    };
+    for (i, listener) in listeners.into_iter().enumerate() {
+        let worker = WorkerId(u32::try_from(i).unwrap_or(u32::MAX));
+        let own = Arc::new(Metrics::for_model(&server.model_name, server.max_model_len));
+        for endpoint in ["chat", "completions"] {
+            let _ = own.http_requests.get_or_create(&EndpointLabel { endpoint });
+        }
+        let view = WorkerMetrics::new(&fleet_metrics, &own, worker);
+        let state = AppState::for_worker(server.clone(), engine.clone(), own, worker);
+        let edge = Edge {
+            limits: server.http.clone(),
+            stop_generations: state.stop_generations.clone(),
+            router: http::worker_router(state, view, routes.clone()),
+        };
+        tasks.spawn(edge.run(listener, stop.clone().cancelled_owned()));
+    }
+    if let Some(listener) = admin {
+        let edge = Edge {
+            limits: server.http.clone(),
+            stop_generations: CancellationToken::new(),
+            router: http::admin_router(routes.clone()),
+        };
+        tasks.spawn(edge.run(listener, stop.clone().cancelled_owned()));
+    }
+    let fleet = RunningFleet {
+        manifest,
+        engine,
+        judge,
+        stop,
+        tasks,
+    };
+    if let Some(path) = &config.manifest_path {
+        if let Err(error) = fleet.manifest.write(path) {
+            fleet.shutdown().await;
+            return Err(FleetError::Manifest {
+                path: path.clone(),
+                error,
+            });
+        }
+    }
+    Ok(fleet)
+}
+
+/// `mockserve fleet`: validates the flags, launches the fleet, prints every worker's address
+/// (and the admin's), serves until SIGINT/SIGTERM, then drains for up to
+/// `--shutdown-timeout`; a second signal exits at once (an error).
+pub fn run(args: &FleetArgs) -> anyhow::Result<()> {
+    let config = FleetConfig::from_args(args)?;
+    let drain = config.server.http.shutdown_timeout;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let result = runtime.block_on(async {
+        let mut signals = ShutdownSignals::new().context("installing signal handlers")?;
+        let mut fleet = launch(config).await?;
+        let mut lines = String::new();
+        for w in &fleet.manifest.workers {
+            lines.push_str(&format!(
+                "mockserve fleet worker {} listening on {}\n",
+                w.index, w.url
+            ));
+        }
+        if let Some(url) = &fleet.manifest.admin_url {
+            lines.push_str(&format!("mockserve fleet admin listening on {url}\n"));
+        }
+        // Nobody reading stdout (a closed pipe) does not stop the fleet.
+        if let Err(e) = crate::write_stdout(lines.as_bytes()) {
+            eprintln!("mockserve: warning: writing to stdout failed: {e}");
+        }
+        tokio::select! {
+            biased;
+            () = fleet.stopped() => anyhow::bail!("a worker's listener stopped unexpectedly"),
+            () = signals.recv() => {}
+        }
+        eprintln!(
+            "mockserve: shutting down; open requests have {:.1} s to finish (signal again to \
+             exit now)",
+            drain.as_secs_f64()
+        );
+        tokio::select! {
+            biased;
+            () = fleet.shutdown() => Ok(()),
+            () = signals.recv() => anyhow::bail!("second signal: exiting without draining"),
+        }
+    });
+    runtime.shutdown_background();
+    result
+}
