@@ -33,10 +33,17 @@
 //! [`ScheduleBound`]: both replays ask for [`DEFAULT_MAX_SCHEDULE`] (seven days) unless
 //! `--allow-long-schedule`; beyond it the row is a [`TraceError::LongSchedule`].
 
+mod agentic;
+mod graph;
 mod hash;
 mod parse;
 mod plain;
+mod weka;
 
+pub use agentic::AGENTIC_MOONCAKE_SCHEMA;
+pub use graph::{
+    detect_format, Dependency, GraphNode, Play, Relation, RequestGraph, TraceFormat, Trigger,
+};
 pub use hash::LocalHashCache;
 
 /// True when the parser's direct reader of plain rows (integer fields and an integer
@@ -307,6 +314,58 @@ pub fn load_with_bound(
         opts,
         bound,
     )
+}
+
+/// Reads the agentic trace at `path` as `format` into a validated [`RequestGraph`];
+/// `trace_block_size` is the tokens per hash id for formats whose file does not name it (legacy
+/// agentic Mooncake). [`TraceFormat::Auto`] detects the format first ([`detect_format`]); plain
+/// Mooncake is not a graph (read it with [`load`]).
+pub fn load_graph(
+    path: &Path,
+    format: TraceFormat,
+    trace_block_size: usize,
+) -> Result<RequestGraph, TraceError> {
+    let format = detect_format(path, format)?;
+    let file = std::fs::File::open(path).map_err(|source| TraceError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_graph(
+        std::io::BufReader::new(file),
+        &path.display().to_string(),
+        format,
+        trace_block_size,
+    )
+}
+
+/// [`load_graph`] over a reader, the format named (`Auto` is read as agentic Mooncake);
+/// `source_name` labels errors.
+pub fn parse_graph(
+    reader: impl std::io::BufRead,
+    source_name: &str,
+    format: TraceFormat,
+    trace_block_size: usize,
+) -> Result<RequestGraph, TraceError> {
+    if !(1..=MAX_TRACE_BLOCK_SIZE).contains(&trace_block_size) {
+        return Err(TraceError::Options {
+            message: format!(
+                "the trace block size must be from 1 to {MAX_TRACE_BLOCK_SIZE}, got \
+                 {trace_block_size}"
+            ),
+        });
+    }
+    match format {
+        TraceFormat::Auto | TraceFormat::AgenticMooncake => {
+            agentic::parse(reader, source_name, trace_block_size)
+        }
+        TraceFormat::Weka => weka::parse(reader, source_name),
+        TraceFormat::Mooncake
+        | TraceFormat::MooncakeDelta
+        | TraceFormat::AppliedComputeAgentic
+        | TraceFormat::Dynamo => Err(TraceError::Options {
+            message: format!("the {format} format is not a request graph this replay reads"),
+        }),
+    }
 }
 
 #[cfg(test)]
