@@ -724,6 +724,26 @@ mod tests {
         assert_eq!(outcome.rejections[0].line, 4);
     }
 
+    /// The reference's weka example: with no `api_time` the recorded gap (1 s) is counted from
+    /// the first request's start, so the second starts 1000 ms after the first one's last token.
+    #[test]
+    fn a_weka_request_waits_for_its_predecessor_plus_the_recorded_gap() {
+        let outcome = run(&fixture("weka.jsonl"), TraceFormat::Weka, 1.0);
+        let t = times(&outcome);
+        assert_eq!(t[0].1, 0);
+        assert_eq!(t[0].2, 60_688);
+        assert_eq!(t[1].1, t[0].2 + 1_000_000);
+        let auto = run(&fixture("weka.jsonl"), TraceFormat::Auto, 1.0);
+        assert_eq!(times(&auto), t, "detected as weka");
+        // Sub-agents, worker streams and joins run to the end; every play completes.
+        let outcome = run(&fixture("weka_subagent.json"), TraceFormat::Auto, 1.0);
+        let agentic = outcome.agentic.as_ref().expect("agentic");
+        assert_eq!(agentic.input_format, "weka");
+        assert_eq!((agentic.completed_plays, agentic.node_count), (2, 6));
+        assert_eq!(agentic.plays[0].spawn_edges, 2);
+        assert_eq!(agentic.plays[1].start_ms, 0.0, "every play starts at 0");
+    }
+
     #[test]
     fn the_same_graph_gives_the_same_report() {
         let text = fixture("worked_example.jsonl");

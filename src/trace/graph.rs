@@ -11,7 +11,10 @@ use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 use super::parse::show;
-use super::{TraceError, TraceRequest, MAX_ROW_OUTPUT_TOKENS, MAX_ROW_TOKENS, MAX_TRACE_TIME_MS};
+use super::{
+    ScheduleBound, TraceError, TraceRequest, MAX_ROW_OUTPUT_TOKENS, MAX_ROW_TOKENS,
+    MAX_TRACE_TIME_MS,
+};
 use crate::time::SimDuration;
 
 /// How a trace file is read: named with `--trace-format`, or detected from the file
@@ -204,6 +207,48 @@ impl RequestGraph {
             .iter()
             .map(|n| n.not_before_ms)
             .fold(f64::INFINITY, f64::min)
+    }
+
+    /// Checks that every floor and every dependency delay, divided by `speedup`, is within
+    /// `bound` (as [`super::parse_with_bound`] bounds a Mooncake trace's schedule); the error
+    /// names the node's line.
+    pub fn check_schedule(
+        &self,
+        source_name: &str,
+        speedup: f64,
+        bound: ScheduleBound,
+    ) -> Result<(), TraceError> {
+        let bound_ms = bound.millis();
+        let m = self.min_not_before_ms();
+        for node in &self.nodes {
+            let long = |what: String, at_ms: f64| TraceError::LongSchedule {
+                source_name: source_name.to_string(),
+                line: node.request.line,
+                what,
+                at_ms,
+                bound_ms,
+            };
+            let at_ms = (node.not_before_ms - m) / speedup;
+            if at_ms.is_nan() || at_ms > bound_ms {
+                return Err(long(
+                    format!("request \"{}\" is due (its floor)", node.id()),
+                    at_ms,
+                ));
+            }
+            for dep in &node.dependencies {
+                let at_ms = dep.delay_ms / speedup;
+                if at_ms.is_nan() || at_ms > bound_ms {
+                    return Err(long(
+                        format!(
+                            "request \"{}\" is due (a dependency's delay alone) at least",
+                            node.id()
+                        ),
+                        at_ms,
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// A node's floor once shifted and sped up: `(not_before_ms - M) / speedup`.
@@ -570,6 +615,10 @@ pub(super) fn detect_in(mut reader: impl BufRead) -> std::io::Result<TraceFormat
 
 /// The format the first row alone shows, if it shows one.
 fn first_row_format(text: &str) -> Option<TraceFormat> {
+    // JSON spread over lines (a pretty-printed array or object) is only ever a weka corpus.
+    if text == "[" || text == "{" || (text.starts_with('[') && text.ends_with(',')) {
+        return Some(TraceFormat::Weka);
+    }
     let value: serde_json::Value = serde_json::from_str(text).ok()?;
     let object = match &value {
         serde_json::Value::Array(plays) => plays.first()?.as_object()?,
@@ -635,6 +684,7 @@ mod tests {
                 TraceFormat::Dynamo,
             ),
             ("{\"num_turns\":2}\n", TraceFormat::AppliedComputeAgentic),
+            ("[\n  {\"id\": \"p\",\n", TraceFormat::Weka),
             (
                 "{\"timestamp\":0,\"output_length\":1,\"hash_ids\":[1]}\n",
                 TraceFormat::Mooncake,

@@ -338,10 +338,10 @@ pub fn load_graph(
     )
 }
 
-/// [`load_graph`] over a reader, the format named (`Auto` is read as agentic Mooncake);
-/// `source_name` labels errors.
+/// [`load_graph`] over a reader (`Auto` reads it all to detect the format); `source_name`
+/// labels errors.
 pub fn parse_graph(
-    reader: impl std::io::BufRead,
+    mut reader: impl std::io::BufRead,
     source_name: &str,
     format: TraceFormat,
     trace_block_size: usize,
@@ -353,6 +353,16 @@ pub fn parse_graph(
                  {trace_block_size}"
             ),
         });
+    }
+    if format == TraceFormat::Auto {
+        let mut bytes = Vec::new();
+        let io = |source| TraceError::Io {
+            path: PathBuf::from(source_name),
+            source,
+        };
+        reader.read_to_end(&mut bytes).map_err(io)?;
+        let format = graph::detect_in(&bytes[..]).map_err(io)?;
+        return parse_graph(&bytes[..], source_name, format, trace_block_size);
     }
     match format {
         TraceFormat::Auto | TraceFormat::AgenticMooncake => {
