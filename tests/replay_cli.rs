@@ -608,12 +608,12 @@ fn agentic_trace_errors_are_named_before_the_run() {
         "replay",
         p,
         "--trace-format",
-        "dynamo",
+        "mooncake-delta",
         "-q",
     ]))
     .unwrap_err();
     assert!(
-        format!("{e:#}").contains("the dynamo format is not a request graph"),
+        format!("{e:#}").contains("the mooncake-delta format is not a request graph"),
         "{e:#}"
     );
     let parsed =

@@ -744,6 +744,25 @@ mod tests {
         assert_eq!(agentic.plays[1].start_ms, 0.0, "every play starts at 0");
     }
 
+    /// A request trace: the child session starts 50 ms after the parent's first request is
+    /// sent; the parent's next request waits 300 ms after its predecessor's last token and
+    /// 100 ms after the child's.
+    #[test]
+    fn a_dynamo_request_trace_replays_its_sessions_spawns_and_joins() {
+        let outcome = run(
+            &fixture("dynamo_request_trace.jsonl"),
+            TraceFormat::Auto,
+            1.0,
+        );
+        let t = times(&outcome);
+        assert_eq!(t[0].1, 0);
+        assert_eq!(t[1].1, 50_000);
+        assert_eq!(t[2].1, (t[0].2 + 300_000).max(t[1].2 + 100_000));
+        let agentic = outcome.agentic.as_ref().expect("agentic");
+        assert_eq!(agentic.input_format, "dynamo");
+        assert_eq!(agentic.requests[1].parent_id.as_deref(), Some("ps"));
+    }
+
     #[test]
     fn the_same_graph_gives_the_same_report() {
         let text = fixture("worked_example.jsonl");

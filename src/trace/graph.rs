@@ -579,12 +579,24 @@ pub fn detect_format(path: &Path, requested: TraceFormat) -> Result<TraceFormat,
     if requested != TraceFormat::Auto {
         return Ok(requested);
     }
-    let io = |source| TraceError::Io {
+    detect_in(open(path)?).map_err(|source| TraceError::Io {
         path: path.to_path_buf(),
         source,
-    };
-    let file = std::fs::File::open(path).map_err(io)?;
-    detect_in(std::io::BufReader::new(file)).map_err(io)
+    })
+}
+
+/// The text of the trace at `path`, decompressed when its name ends in `.gz` (request traces
+/// are often written as `.jsonl.gz` shards).
+pub(super) fn open(path: &Path) -> Result<Box<dyn BufRead>, TraceError> {
+    let file = std::fs::File::open(path).map_err(|source| TraceError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(if path.extension().is_some_and(|e| e == "gz") {
+        Box::new(std::io::BufReader::new(flate2::read::GzDecoder::new(file)))
+    } else {
+        Box::new(std::io::BufReader::new(file))
+    })
 }
 
 /// [`detect_format`] over a reader.

@@ -34,6 +34,7 @@
 //! `--allow-long-schedule`; beyond it the row is a [`TraceError::LongSchedule`].
 
 mod agentic;
+mod dynamo;
 mod graph;
 mod hash;
 mod parse;
@@ -41,6 +42,7 @@ mod plain;
 mod weka;
 
 pub use agentic::AGENTIC_MOONCAKE_SCHEMA;
+pub use dynamo::DYNAMO_REQUEST_TRACE_SCHEMA;
 pub use graph::{
     detect_format, Dependency, GraphNode, Play, Relation, RequestGraph, TraceFormat, Trigger,
 };
@@ -326,12 +328,8 @@ pub fn load_graph(
     trace_block_size: usize,
 ) -> Result<RequestGraph, TraceError> {
     let format = detect_format(path, format)?;
-    let file = std::fs::File::open(path).map_err(|source| TraceError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
     parse_graph(
-        std::io::BufReader::new(file),
+        graph::open(path)?,
         &path.display().to_string(),
         format,
         trace_block_size,
@@ -369,18 +367,36 @@ pub fn parse_graph(
             agentic::parse(reader, source_name, trace_block_size)
         }
         TraceFormat::Weka => weka::parse(reader, source_name),
-        TraceFormat::Mooncake
-        | TraceFormat::MooncakeDelta
-        | TraceFormat::AppliedComputeAgentic
-        | TraceFormat::Dynamo => Err(TraceError::Options {
-            message: format!("the {format} format is not a request graph this replay reads"),
-        }),
+        TraceFormat::Dynamo => dynamo::parse(reader, source_name),
+        TraceFormat::Mooncake | TraceFormat::MooncakeDelta | TraceFormat::AppliedComputeAgentic => {
+            Err(TraceError::Options {
+                message: format!("the {format} format is not a request graph this replay reads"),
+            })
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gzipped_request_traces_are_read() {
+        use std::io::Write;
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/agentic");
+        let text = std::fs::read(dir.join("dynamo_request_trace.jsonl")).expect("fixture");
+        let path =
+            std::env::temp_dir().join(format!("servesim-trace-{}.jsonl.gz", std::process::id()));
+        let mut gz = flate2::write::GzEncoder::new(
+            std::fs::File::create(&path).expect("temp file"),
+            flate2::Compression::fast(),
+        );
+        gz.write_all(&text).expect("writes");
+        gz.finish().expect("finishes");
+        let g = load_graph(&path, TraceFormat::Auto, 512).expect("reads");
+        assert_eq!((g.format, g.nodes.len()), (TraceFormat::Dynamo, 3));
+        std::fs::remove_file(&path).ok();
+    }
 
     #[test]
     fn fixtures_load() {
