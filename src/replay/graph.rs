@@ -763,6 +763,25 @@ mod tests {
         assert_eq!(agentic.requests[1].parent_id.as_deref(), Some("ps"));
     }
 
+    /// An applied-compute session: each turn starts its tool call's latency after the last
+    /// token of the turn before, and reuses that turn's prompt blocks.
+    #[test]
+    fn an_applied_compute_session_waits_for_each_tool_call() {
+        let text = fixture("applied_compute_agentic.jsonl");
+        let graph = parse_graph(text.as_bytes(), "a", TraceFormat::Auto, 64).expect("parses");
+        let outcome = replay_graph(&graph, &config(), 1.0, |_, _| {}, &mut ()).expect("replays");
+        let t = times(&outcome);
+        assert_eq!(t[0].1, 0);
+        assert_eq!(t[1].1, t[0].2 + 500_000);
+        assert_eq!(t[2].1, t[1].2 + 1_250_000);
+        let reused: Vec<usize> = outcome
+            .records
+            .iter()
+            .map(|r| r.reused_input_tokens)
+            .collect();
+        assert_eq!(reused, [0, 256, 320]);
+    }
+
     #[test]
     fn the_same_graph_gives_the_same_report() {
         let text = fixture("worked_example.jsonl");

@@ -34,6 +34,7 @@
 //! `--allow-long-schedule`; beyond it the row is a [`TraceError::LongSchedule`].
 
 mod agentic;
+mod applied;
 mod dynamo;
 mod graph;
 mod hash;
@@ -368,11 +369,10 @@ pub fn parse_graph(
         }
         TraceFormat::Weka => weka::parse(reader, source_name),
         TraceFormat::Dynamo => dynamo::parse(reader, source_name),
-        TraceFormat::Mooncake | TraceFormat::MooncakeDelta | TraceFormat::AppliedComputeAgentic => {
-            Err(TraceError::Options {
-                message: format!("the {format} format is not a request graph this replay reads"),
-            })
-        }
+        TraceFormat::AppliedComputeAgentic => applied::parse(reader, source_name, trace_block_size),
+        TraceFormat::Mooncake | TraceFormat::MooncakeDelta => Err(TraceError::Options {
+            message: format!("the {format} format is not a request graph this replay reads"),
+        }),
     }
 }
 
