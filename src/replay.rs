@@ -24,7 +24,7 @@ use crate::trace::{LocalHashCache, Trace, TraceRequest};
 mod graph;
 mod prepare;
 
-pub use graph::{replay_graph, AgenticReport, NodeRecord, NodeStatus, PlayOutcome};
+pub use graph::{replay_graph, AgenticReport, GraphReplay, NodeRecord, NodeStatus, PlayOutcome};
 use prepare::{Post, Prepared};
 
 /// Why a replay could not run to the end.
@@ -44,6 +44,9 @@ pub enum ReplayError {
     /// The speed-up of an agentic replay is not finite and above 0.
     #[error("the speed-up must be finite and above 0, got {0}")]
     Speedup(f64),
+    /// An agentic replay was asked for zero lanes.
+    #[error("the number of agentic lanes must be at least 1")]
+    Lanes,
 }
 
 /// The result of one replay.

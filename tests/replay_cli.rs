@@ -562,6 +562,33 @@ fn agentic_traces_replay_with_an_agentic_section() {
     );
     assert!(summary.contains("(1 completed, 0 failed)"), "{summary}");
     assert!(summary.contains("1000.000 ms tool waits"), "{summary}");
+    // One lane: q0 (play p1) waits for p0 to settle.
+    let laned = mock_server::replay_cmd::run(&replay_args(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--arrival-speedup-ratio",
+        "1",
+        "--agentic-lanes",
+        "1",
+        "-q",
+    ]))
+    .expect("lanes replay");
+    let agentic = laned.agentic.as_ref().expect("agentic");
+    assert_eq!(agentic.lanes, Some(1));
+    assert_eq!(agentic.plays[1].start_ms, agentic.plays[0].settled_at_ms);
+    assert!(mock_server::replay_cmd::agentic_summary(agentic).contains(", 1 lanes)"));
+    let e = mock_server::replay_cmd::run(&replay_args(&[
+        "replay",
+        fixture("trace_small.jsonl").to_str().unwrap(),
+        "--agentic-lanes",
+        "2",
+        "-q",
+    ]))
+    .unwrap_err();
+    assert!(
+        format!("{e:#}").starts_with("--agentic-lanes needs an agentic trace"),
+        "{e:#}"
+    );
     // Legacy rows are detected by their wait_for.
     let legacy = mock_server::replay_cmd::run(&replay_args(&[
         "replay",

@@ -16,7 +16,7 @@ use clap::Args;
 use servesim::cluster::{Cluster, Output};
 use servesim::ids::RequestId;
 use servesim::replay::{
-    replay, replay_graph, replay_observed, set_wall_time, AgenticReport, ReplayConfig,
+    replay, replay_graph, replay_observed, set_wall_time, AgenticReport, GraphReplay, ReplayConfig,
     ReplayObserver, ReplayOutcome, ReplayRejection,
 };
 use servesim::time::SimTime;
@@ -85,6 +85,12 @@ pub struct ReplayArgs {
     /// trace, the floors (not_before_ms) and every dependency delay.
     #[arg(long, default_value_t = 4.0)]
     pub arrival_speedup_ratio: f64,
+
+    /// Agentic traces: run the plays in this many lanes (a closed loop of agents: plays in
+    /// play_id order, the next one starting when a lane's play settles); by default every play
+    /// runs by its floors.
+    #[arg(long, value_name = "L", value_parser = clap::value_parser!(u32).range(1..))]
+    pub agentic_lanes: Option<u32>,
 
     /// Prompt tokens per trace hash id (1 to 2^20); agentic v2 and weka traces name their own.
     #[arg(long, default_value_t = 512)]
@@ -190,6 +196,16 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
             Loaded::Graph(graph)
         }
     };
+    if let (Loaded::Sessions(_), Some(_)) = (&loaded, args.agentic_lanes) {
+        anyhow::bail!(
+            "--agentic-lanes needs an agentic trace; {} is plain Mooncake",
+            args.trace.display()
+        );
+    }
+    let how = GraphReplay {
+        speedup: ratio,
+        lanes: args.agentic_lanes.map(|l| l as usize),
+    };
     let (trace_block_size, num_requests) = match &loaded {
         Loaded::Sessions(trace) => (args.trace_block_size, trace.num_requests()),
         Loaded::Graph(graph) => (graph.block_size, graph.nodes.len()),
@@ -228,9 +244,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
             }
             (Loaded::Sessions(trace), None) => replay(trace, &config, progress),
             (Loaded::Graph(graph), Some(observer)) => {
-                replay_graph(graph, &config, ratio, progress, observer)
+                replay_graph(graph, &config, &how, progress, observer)
             }
-            (Loaded::Graph(graph), None) => replay_graph(graph, &config, ratio, progress, &mut ()),
+            (Loaded::Graph(graph), None) => replay_graph(graph, &config, &how, progress, &mut ()),
         };
         let wall = started.elapsed();
         if let Some(b) = bar {
@@ -332,11 +348,14 @@ pub fn clamped_warning(trace: &trace::Trace, trace_block_size: usize) -> Option<
 /// the critical path.
 pub fn agentic_summary(agentic: &AgenticReport) -> String {
     let mut out = format!(
-        "Agentic trace ({}, block size {}, speed-up {})\n  plays {} ({} completed, {} failed), \
+        "Agentic trace ({}, block size {}, speed-up {}{})\n  plays {} ({} completed, {} failed), \
          requests {} ({} skipped)\n",
         agentic.input_format,
         agentic.block_size,
         agentic.speedup,
+        agentic
+            .lanes
+            .map_or_else(String::new, |l| format!(", {l} lanes")),
         agentic.play_count,
         agentic.completed_plays,
         agentic.failed_plays,

@@ -8,12 +8,18 @@
 //! the engine rejects fails its play: the play's nodes not yet dispatched are skipped (never
 //! sent, absent from the report), those in flight finish.
 //!
+//! With lanes ([`GraphReplay::lanes`], a closed loop of `L` agents), plays queue in order of
+//! `play_id`; the first `L` start at 0 and, when a play settles (its last node ends, or its last
+//! in-flight node after a failure), the freed lane takes the next play at once. A play that got
+//! its lane at `S` has floors `S + (not_before_ms - R) / speedup`, `R` its smallest root
+//! `not_before_ms`.
+//!
 //! The loop is the Mooncake replay's (pass ends first at each instant, then the arrivals due,
 //! then idle workers start), with one collector on this thread: graph traces are small next to
 //! Mooncake's millions of rows.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -28,6 +34,24 @@ use crate::metrics::Collector;
 use crate::scheduler::RejectReason;
 use crate::time::{SimDuration, SimTime};
 use crate::trace::{LocalHashCache, Relation, RequestGraph, Trigger};
+
+/// How a graph is replayed, beyond the cluster's settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GraphReplay {
+    /// Divides floors and dependency delays (finite, > 0; 1 = as recorded).
+    pub speedup: f64,
+    /// Plays run at once, each in a lane taken from a queue; None runs every play by its floors.
+    pub lanes: Option<usize>,
+}
+
+impl Default for GraphReplay {
+    fn default() -> Self {
+        GraphReplay {
+            speedup: 1.0,
+            lanes: None,
+        }
+    }
+}
 
 /// What happened to one node of the graph.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -99,6 +123,9 @@ pub struct PlayOutcome {
     /// Of the makespan, time the critical path's first node was held by its floor after the
     /// play's first dispatch. The three add up to the makespan.
     pub critical_path_floor_wait_ms: f64,
+    /// The lane the play ran in (with lanes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lane: Option<usize>,
     /// Spawn edges (sub-agents and worker streams started) in the play.
     pub spawn_edges: usize,
     /// Most spawn edges out of one node (the widest fan-out).
@@ -114,6 +141,9 @@ pub struct AgenticReport {
     pub block_size: usize,
     /// The divisor of floors and delays.
     pub speedup: f64,
+    /// Lanes (plays at once), if the run had them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lanes: Option<usize>,
     /// The header's `source`, where the format has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<serde_json::Value>,
@@ -153,7 +183,17 @@ struct NodeState {
 struct Run<'a> {
     graph: &'a RequestGraph,
     speedup: f64,
-    floors: Vec<SimDuration>,
+    /// Per node, its floor on the virtual clock (with lanes, set when its play gets a lane).
+    floors: Vec<SimTime>,
+    /// Plays waiting for a lane, in order (empty without lanes).
+    queue: VecDeque<usize>,
+    /// Per play, the lane it holds or held (with lanes).
+    lane_of: Vec<Option<usize>>,
+    /// Per play, nodes dispatched and not yet ended, and nodes ended.
+    in_flight: Vec<usize>,
+    ended: Vec<usize>,
+    /// Per play, whether it has settled.
+    settled: Vec<bool>,
     nodes: Vec<NodeState>,
     /// Per node, the (child, dependency index) edges its dispatch and its completion release.
     on_dispatch: Vec<Vec<(usize, usize)>>,
@@ -186,12 +226,51 @@ impl Run<'_> {
         state.waiting -= 1;
         if state.waiting == 0 {
             let latest = state.due.map_or(due, |(at, _)| at);
-            let floor = SimTime::ZERO + self.floors[child];
+            let floor = self.floors[child];
             self.schedule(child, floor.max(latest));
         }
     }
 
+    /// Play `play` gets lane `lane` at `now`: its floors are set from `now` and its roots
+    /// scheduled.
+    fn start_play(&mut self, play: usize, lane: usize, now: SimTime) {
+        let graph = self.graph;
+        let nodes = &graph.plays[play].nodes;
+        self.lane_of[play] = Some(lane);
+        let r = nodes
+            .iter()
+            .filter(|&&n| graph.nodes[n].dependencies.is_empty())
+            .map(|&n| graph.nodes[n].not_before_ms)
+            .fold(f64::INFINITY, f64::min);
+        for &n in nodes {
+            let offset = (graph.nodes[n].not_before_ms - r) / self.speedup;
+            self.floors[n] = now + SimDuration::from_millis_f64(offset);
+            if graph.nodes[n].dependencies.is_empty() {
+                self.schedule(n, self.floors[n]);
+            }
+        }
+    }
+
+    /// A node of `play` ended at `now`: when that settles the play, its lane takes the next
+    /// play waiting.
+    fn node_ended(&mut self, play: usize, now: SimTime) {
+        self.in_flight[play] -= 1;
+        self.ended[play] += 1;
+        let all = self.ended[play] == self.graph.plays[play].nodes.len();
+        let failed_and_idle = self.failed[play].is_some() && self.in_flight[play] == 0;
+        if self.settled[play] || !(all || failed_and_idle) {
+            return;
+        }
+        self.settled[play] = true;
+        if let Some(lane) = self.lane_of[play] {
+            if let Some(next) = self.queue.pop_front() {
+                self.start_play(next, lane, now);
+            }
+        }
+    }
+
     fn dispatched(&mut self, node: usize, now: SimTime) {
+        self.in_flight[self.graph.nodes[node].play] += 1;
         self.nodes[node].dispatched = Some(now);
         for k in 0..self.on_dispatch[node].len() {
             let (child, dep) = self.on_dispatch[node][k];
@@ -208,6 +287,7 @@ impl Run<'_> {
             let (child, dep) = self.on_completion[node][k];
             self.fire(child, dep, t);
         }
+        self.node_ended(self.graph.nodes[node].play, time);
     }
 
     fn rejected(&mut self, node: usize, time: SimTime, reason: RejectReason) {
@@ -224,6 +304,7 @@ impl Run<'_> {
         }
         let play = self.graph.nodes[node].play;
         self.failed[play].get_or_insert(node);
+        self.node_ended(play, time);
     }
 
     fn handle(&mut self, outputs: &mut Vec<Output>) {
@@ -246,19 +327,24 @@ impl Run<'_> {
     }
 }
 
-/// Replays `graph` to the end with floors and delays divided by `speedup` (finite, > 0).
+/// Replays `graph` to the end, floors and delays divided by `how.speedup` (finite, > 0), plays
+/// in `how.lanes` lanes if given (at least 1).
 ///
 /// The report keeps the Mooncake replay's keys (over the dispatched nodes) and
 /// [`ReplayOutcome::agentic`] holds the plays' outcomes and every node's times.
 pub fn replay_graph(
     graph: &RequestGraph,
     config: &ReplayConfig,
-    speedup: f64,
+    how: &GraphReplay,
     mut progress: impl FnMut(usize, usize),
     observer: &mut dyn ReplayObserver,
 ) -> Result<ReplayOutcome, ReplayError> {
+    let speedup = how.speedup;
     if !(speedup.is_finite() && speedup > 0.0) {
         return Err(ReplayError::Speedup(speedup));
+    }
+    if how.lanes == Some(0) {
+        return Err(ReplayError::Lanes);
     }
     let mut cluster = Cluster::new(config.cluster.clone())?;
     observer.start(&mut cluster);
@@ -297,7 +383,14 @@ pub fn replay_graph(
     let mut run = Run {
         graph,
         speedup,
-        floors: (0..total).map(|n| graph.floor(n, speedup)).collect(),
+        floors: (0..total)
+            .map(|n| SimTime::ZERO + graph.floor(n, speedup))
+            .collect(),
+        queue: VecDeque::new(),
+        lane_of: vec![None; graph.plays.len()],
+        in_flight: vec![0; graph.plays.len()],
+        ended: vec![0; graph.plays.len()],
+        settled: vec![false; graph.plays.len()],
         nodes,
         on_dispatch,
         on_completion,
@@ -309,10 +402,24 @@ pub fn replay_graph(
         rejections: Vec::new(),
         done: 0,
     };
-    for n in 0..total {
-        if graph.nodes[n].dependencies.is_empty() {
-            let floor = SimTime::ZERO + run.floors[n];
-            run.schedule(n, floor);
+    match how.lanes {
+        None => {
+            for n in 0..total {
+                if graph.nodes[n].dependencies.is_empty() {
+                    run.schedule(n, run.floors[n]);
+                }
+            }
+        }
+        Some(lanes) => {
+            let mut order: Vec<usize> = (0..graph.plays.len()).collect();
+            order.sort_by(|&a, &b| graph.plays[a].id.cmp(&graph.plays[b].id));
+            run.queue = order.into();
+            for lane in 0..lanes {
+                let Some(play) = run.queue.pop_front() else {
+                    break;
+                };
+                run.start_play(play, lane, SimTime::ZERO);
+            }
         }
     }
     let mut hash_cache = LocalHashCache::new(block_size);
@@ -387,7 +494,7 @@ pub fn replay_graph(
     }
     let stats = cluster.snapshot();
     let preemptions = stats.workers.iter().map(|w| w.scheduler.preemptions).sum();
-    let agentic = summarize(&run);
+    let agentic = summarize(&run, how.lanes);
     let (mut report, records) = run.collector.finish(Duration::ZERO);
     add_topology_figures(&mut report, &stats, config);
     let mut rejections = run.rejections;
@@ -402,7 +509,7 @@ pub fn replay_graph(
 }
 
 /// The plays' outcomes and every node's record, once the run is over.
-fn summarize(run: &Run<'_>) -> AgenticReport {
+fn summarize(run: &Run<'_>, lanes: Option<usize>) -> AgenticReport {
     let graph = run.graph;
     let requests: Vec<NodeRecord> = graph
         .nodes
@@ -481,6 +588,7 @@ fn summarize(run: &Run<'_>) -> AgenticReport {
                 critical_path_model_ms: path.model.as_millis_f64(),
                 critical_path_tool_wait_ms: path.tool_wait.as_millis_f64(),
                 critical_path_floor_wait_ms: path.floor_wait.as_millis_f64(),
+                lane: run.lane_of[p],
                 spawn_edges: fan_out.values().sum(),
                 max_fan_out: fan_out.values().copied().max().unwrap_or(0),
             }
@@ -490,6 +598,7 @@ fn summarize(run: &Run<'_>) -> AgenticReport {
         input_format: graph.format.name().to_string(),
         block_size: graph.block_size,
         speedup: run.speedup,
+        lanes,
         source: graph.source.clone(),
         node_count: graph.nodes.len(),
         skipped_requests: requests
@@ -529,7 +638,7 @@ fn critical_path(run: &Run<'_>, end: usize, start: SimTime) -> CriticalPath {
             return path;
         };
         path.model = path.model + until.saturating_since(dispatched);
-        let floor = SimTime::ZERO + run.floors[node];
+        let floor = run.floors[node];
         match state.due {
             Some((due, k)) if due >= floor => {
                 let dep = &run.graph.nodes[node].dependencies[k];
@@ -578,7 +687,11 @@ mod tests {
 
     fn run(text: &str, format: TraceFormat, speedup: f64) -> ReplayOutcome {
         let graph = parse_graph(text.as_bytes(), "t.jsonl", format, 512).expect("parses");
-        replay_graph(&graph, &config(), speedup, |_, _| {}, &mut ()).expect("replays")
+        let how = GraphReplay {
+            speedup,
+            lanes: None,
+        };
+        replay_graph(&graph, &config(), &how, |_, _| {}, &mut ()).expect("replays")
     }
 
     /// (dispatch, last token) of each node, in µs.
@@ -698,7 +811,14 @@ mod tests {
         .expect("parses");
         // r2 asks for more output than any context holds.
         graph.nodes[2].request.output_length = 1 << 30;
-        let outcome = replay_graph(&graph, &config(), 1.0, |_, _| {}, &mut ()).expect("replays");
+        let outcome = replay_graph(
+            &graph,
+            &config(),
+            &GraphReplay::default(),
+            |_, _| {},
+            &mut (),
+        )
+        .expect("replays");
         let agentic = outcome.agentic.as_ref().expect("agentic");
         let status: Vec<NodeStatus> = agentic.requests.iter().map(|r| r.status).collect();
         assert_eq!(
@@ -763,13 +883,56 @@ mod tests {
         assert_eq!(agentic.requests[1].parent_id.as_deref(), Some("ps"));
     }
 
+    /// The reference's lanes example: with one lane, p0 runs as without lanes and q0 waits
+    /// for p0 to settle, ignoring its floor; with two, each play starts at 0.
+    #[test]
+    fn with_one_lane_the_second_play_starts_when_the_first_settles() {
+        let text = fixture("worked_example.jsonl");
+        let graph = parse_graph(text.as_bytes(), "w", TraceFormat::Auto, 64).expect("parses");
+        let free = times(&run(&text, TraceFormat::Auto, 1.0));
+        let lanes = |n: usize| {
+            let how = GraphReplay {
+                speedup: 1.0,
+                lanes: Some(n),
+            };
+            replay_graph(&graph, &config(), &how, |_, _| {}, &mut ()).expect("replays")
+        };
+        let one = lanes(1);
+        let t = times(&one);
+        assert_eq!(t[..4], free[..4], "p0 is unchanged");
+        assert_eq!(t[4].1, t[3].2, "q0 starts when r3, p0's last node, ends");
+        let agentic = one.agentic.as_ref().expect("agentic");
+        assert_eq!(agentic.lanes, Some(1));
+        assert_eq!(
+            (agentic.plays[0].lane, agentic.plays[1].lane),
+            (Some(0), Some(0))
+        );
+        let two = times(&lanes(2));
+        assert_eq!(two[4].1, 0, "q0's floor counts from its lane's start");
+        let zero = GraphReplay {
+            speedup: 1.0,
+            lanes: Some(0),
+        };
+        assert!(matches!(
+            replay_graph(&graph, &config(), &zero, |_, _| {}, &mut ()),
+            Err(ReplayError::Lanes)
+        ));
+    }
+
     /// An applied-compute session: each turn starts its tool call's latency after the last
     /// token of the turn before, and reuses that turn's prompt blocks.
     #[test]
     fn an_applied_compute_session_waits_for_each_tool_call() {
         let text = fixture("applied_compute_agentic.jsonl");
         let graph = parse_graph(text.as_bytes(), "a", TraceFormat::Auto, 64).expect("parses");
-        let outcome = replay_graph(&graph, &config(), 1.0, |_, _| {}, &mut ()).expect("replays");
+        let outcome = replay_graph(
+            &graph,
+            &config(),
+            &GraphReplay::default(),
+            |_, _| {},
+            &mut (),
+        )
+        .expect("replays");
         let t = times(&outcome);
         assert_eq!(t[0].1, 0);
         assert_eq!(t[1].1, t[0].2 + 500_000);
