@@ -365,7 +365,8 @@ pub fn agentic_summary(agentic: &AgenticReport) -> String {
     for play in &agentic.plays {
         out.push_str(&format!(
             "  {} {}: makespan {:.3} ms, critical path {} requests ({:.3} ms model, {:.3} ms \
-             tool waits, {:.3} ms floors), {} spawn edges\n",
+             tool waits, {:.3} ms floors), {} spawn edges, {} of {} prefix tokens lost in \
+             waits\n",
             play.play_id,
             play.status,
             play.makespan_ms,
@@ -373,7 +374,9 @@ pub fn agentic_summary(agentic: &AgenticReport) -> String {
             play.critical_path_model_ms,
             play.critical_path_tool_wait_ms,
             play.critical_path_floor_wait_ms,
-            play.spawn_edges
+            play.spawn_edges,
+            play.prefix_tokens_lost_in_waits,
+            play.prefix_tokens_after_waits
         ));
     }
     out

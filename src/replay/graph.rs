@@ -130,6 +130,14 @@ pub struct PlayOutcome {
     pub spawn_edges: usize,
     /// Most spawn edges out of one node (the widest fan-out).
     pub max_fan_out: usize,
+    /// KV cost of waits: over the play's dispatched nodes with a completion dependency, the
+    /// prompt tokens the engine could have found cached from such a source (their common
+    /// hash-id prefix, in full engine blocks, and short of the last block of a fully cached
+    /// prompt, which the engine recomputes)...
+    pub prefix_tokens_after_waits: u64,
+    /// ...and of those, the tokens it did not find (evicted, or on another worker, while the
+    /// play waited), recomputed.
+    pub prefix_tokens_lost_in_waits: u64,
 }
 
 /// The `agentic` section of a graph replay's report.
@@ -494,8 +502,9 @@ pub fn replay_graph(
     }
     let stats = cluster.snapshot();
     let preemptions = stats.workers.iter().map(|w| w.scheduler.preemptions).sum();
-    let agentic = summarize(&run, how.lanes);
-    let (mut report, records) = run.collector.finish(Duration::ZERO);
+    let (mut report, records) = std::mem::take(&mut run.collector).finish(Duration::ZERO);
+    let reused: Vec<usize> = records.iter().map(|r| r.reused_input_tokens).collect();
+    let agentic = summarize(&run, how.lanes, &reused, block_size);
     add_topology_figures(&mut report, &stats, config);
     let mut rejections = run.rejections;
     rejections.sort_by_key(|r| r.id);
@@ -509,7 +518,12 @@ pub fn replay_graph(
 }
 
 /// The plays' outcomes and every node's record, once the run is over.
-fn summarize(run: &Run<'_>, lanes: Option<usize>) -> AgenticReport {
+fn summarize(
+    run: &Run<'_>,
+    lanes: Option<usize>,
+    reused: &[usize],
+    block_size: usize,
+) -> AgenticReport {
     let graph = run.graph;
     let requests: Vec<NodeRecord> = graph
         .nodes
@@ -569,6 +583,17 @@ fn summarize(run: &Run<'_>, lanes: Option<usize>) -> AgenticReport {
                     }
                 }
             }
+            let (mut after_waits, mut lost) = (0u64, 0u64);
+            for &n in &sent {
+                let expected = resumable_prefix(graph, n, block_size);
+                let found = run.nodes[n]
+                    .engine_id
+                    .and_then(|id| reused.get(id.0 as usize))
+                    .copied()
+                    .unwrap_or(0);
+                after_waits += expected as u64;
+                lost += expected.saturating_sub(found) as u64;
+            }
             let failure = run.failed[p];
             PlayOutcome {
                 play_id: play.id.clone(),
@@ -591,6 +616,8 @@ fn summarize(run: &Run<'_>, lanes: Option<usize>) -> AgenticReport {
                 lane: run.lane_of[p],
                 spawn_edges: fan_out.values().sum(),
                 max_fan_out: fan_out.values().copied().max().unwrap_or(0),
+                prefix_tokens_after_waits: after_waits,
+                prefix_tokens_lost_in_waits: lost,
             }
         })
         .collect();
@@ -611,6 +638,35 @@ fn summarize(run: &Run<'_>, lanes: Option<usize>) -> AgenticReport {
         plays,
         requests,
     }
+}
+
+/// Prompt tokens of node `n` the engine could find cached from a completion dependency's
+/// source: the longest common hash-id prefix over those sources, in tokens, cut to full engine
+/// blocks and to the blocks before the prompt's last token (a fully cached prompt recomputes
+/// its last block).
+fn resumable_prefix(graph: &RequestGraph, n: usize, block_size: usize) -> usize {
+    let node = &graph.nodes[n].request;
+    let tokens = graph.nodes[n]
+        .dependencies
+        .iter()
+        .filter(|d| d.trigger == Trigger::Completion)
+        .map(|d| {
+            let source = &graph.nodes[d.source].request;
+            let common = node
+                .hash_ids
+                .iter()
+                .zip(&source.hash_ids)
+                .take_while(|(a, b)| a == b)
+                .count();
+            (common * graph.block_size)
+                .min(node.input_length)
+                .min(source.input_length)
+        })
+        .max()
+        .unwrap_or(0);
+    let block_size = block_size.max(1);
+    let cacheable = node.input_length.saturating_sub(1) / block_size * block_size;
+    (tokens / block_size * block_size).min(cacheable)
 }
 
 /// A play's critical path in parts that add up to its makespan.
@@ -943,6 +999,42 @@ mod tests {
             .map(|r| r.reused_input_tokens)
             .collect();
         assert_eq!(reused, [0, 256, 320]);
+    }
+
+    /// The KV cost of a wait: r1 shares r0's four blocks, but while p0 waits 500 ms another
+    /// play fills the eight-block cache and evicts them: r1 recomputes them.
+    #[test]
+    fn blocks_evicted_during_a_wait_are_counted() {
+        let text = fixture("agentic_mooncake_v2.jsonl");
+        let evictor = r#"{"request_id":"x0","play_id":"p1","session_id":"x","model":"M","input_length":448,"output_length":8,"hash_ids":[70,71,72,73,74,75,76],"not_before_ms":100,"dependencies":[]}"#;
+        let graph = parse_graph(
+            format!("{text}{evictor}\n").as_bytes(),
+            "t",
+            TraceFormat::Auto,
+            64,
+        )
+        .expect("parses");
+        let mut small = config();
+        small.cluster.engine.num_gpu_blocks = 8;
+        let outcome = replay_graph(&graph, &small, &GraphReplay::default(), |_, _| {}, &mut ())
+            .expect("replays");
+        let p0 = &outcome.agentic.as_ref().expect("agentic").plays[0];
+        assert_eq!(p0.prefix_tokens_after_waits, 256);
+        assert_eq!(p0.prefix_tokens_lost_in_waits, 256);
+        // With room for everything, nothing is lost.
+        let outcome = replay_graph(
+            &graph,
+            &config(),
+            &GraphReplay::default(),
+            |_, _| {},
+            &mut (),
+        )
+        .expect("replays");
+        let p0 = &outcome.agentic.as_ref().expect("agentic").plays[0];
+        assert_eq!(
+            (p0.prefix_tokens_after_waits, p0.prefix_tokens_lost_in_waits),
+            (256, 0)
+        );
     }
 
     #[test]
