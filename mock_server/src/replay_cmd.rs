@@ -76,8 +76,8 @@ pub struct ReplayArgs {
     /// How to read the trace: auto (detected from the first row: a dynamo.agentic_mooncake
     /// header, a weka play, a dynamo.request.trace.v1 record, or rows with wait_for),
     /// mooncake, agentic-mooncake (v2 with its header, or legacy v1), weka, dynamo (.jsonl or
-    /// .jsonl.gz), applied-compute-agentic (rows with num_turns); mooncake-delta is named but
-    /// not read yet.
+    /// .jsonl.gz), applied-compute-agentic (rows with num_turns), mooncake-delta (Mooncake rows
+    /// holding only each turn's new tokens; never detected, name it).
     #[arg(long, default_value = "auto", value_parser = parse_trace_format)]
     pub trace_format: TraceFormat,
 

@@ -1037,6 +1037,34 @@ mod tests {
         );
     }
 
+    /// The reference's delta example: turn 2 (238 tokens) finds turn 1's three full blocks
+    /// (192 tokens) cached; each turn starts its delay after the last token of the one before.
+    #[test]
+    fn mooncake_delta_turns_reuse_the_history_they_repeat() {
+        let text = fixture("mooncake_delta.jsonl");
+        let graph =
+            parse_graph(text.as_bytes(), "d", TraceFormat::MooncakeDelta, 64).expect("parses");
+        let outcome = replay_graph(
+            &graph,
+            &config(),
+            &GraphReplay::default(),
+            |_, _| {},
+            &mut (),
+        )
+        .expect("replays");
+        let inputs: Vec<usize> = outcome.records.iter().map(|r| r.input_length).collect();
+        assert_eq!(inputs, [128, 200, 238]);
+        let reused: Vec<usize> = outcome
+            .records
+            .iter()
+            .map(|r| r.reused_input_tokens)
+            .collect();
+        assert_eq!(reused, [0, 128, 192]);
+        let t = times(&outcome);
+        assert_eq!(t[1].1, t[0].2 + 100_000);
+        assert_eq!(t[2].1, t[1].2 + 250_000);
+    }
+
     #[test]
     fn the_same_graph_gives_the_same_report() {
         let text = fixture("worked_example.jsonl");

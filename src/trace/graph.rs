@@ -25,15 +25,15 @@ pub enum TraceFormat {
     Auto,
     /// Plain Mooncake rows: sessions in a closed loop ([`super::Trace`]).
     Mooncake,
-    /// Mooncake rows holding only each turn's new tokens (not read yet).
+    /// Mooncake rows holding only each turn's new tokens (never detected).
     MooncakeDelta,
     /// `dynamo.agentic_mooncake` version 2 (with its header) or legacy v1 rows (`wait_for`).
     AgenticMooncake,
     /// AgentX / AIPerf `weka_trace`: one play per top-level object.
     Weka,
-    /// One row per session of turns and tool calls (not read yet).
+    /// One row per session of turns and tool calls.
     AppliedComputeAgentic,
-    /// `dynamo.request.trace.v1` request records (not read yet).
+    /// `dynamo.request.trace.v1` request records.
     Dynamo,
 }
 

@@ -35,6 +35,7 @@
 
 mod agentic;
 mod applied;
+mod delta;
 mod dynamo;
 mod graph;
 mod hash;
@@ -370,7 +371,8 @@ pub fn parse_graph(
         TraceFormat::Weka => weka::parse(reader, source_name),
         TraceFormat::Dynamo => dynamo::parse(reader, source_name),
         TraceFormat::AppliedComputeAgentic => applied::parse(reader, source_name, trace_block_size),
-        TraceFormat::Mooncake | TraceFormat::MooncakeDelta => Err(TraceError::Options {
+        TraceFormat::MooncakeDelta => delta::parse(reader, source_name, trace_block_size),
+        TraceFormat::Mooncake => Err(TraceError::Options {
             message: format!("the {format} format is not a request graph this replay reads"),
         }),
     }
