@@ -9,7 +9,7 @@
 //! sent, absent from the report), those in flight finish.
 //!
 //! With lanes ([`GraphReplay::lanes`], a closed loop of `L` agents), plays queue in order of
-//! `play_id`; the first `L` start at 0 and, when a play settles (its last node ends, or its last
+//! `source_play_ordinal` where the trace gives one, else of `play_id`; the first `L` start at 0 and, when a play settles (its last node ends, or its last
 //! in-flight node after a failure), the freed lane takes the next play at once. A play that got
 //! its lane at `S` has floors `S + (not_before_ms - R) / speedup`, `R` its smallest root
 //! `not_before_ms`.
@@ -178,12 +178,18 @@ pub struct AgenticReport {
 struct NodeState {
     /// Dependencies not yet fired.
     waiting: usize,
-    /// Latest `T(source) + delay` so far, and the dependency that set it.
+    /// Latest `T(source) + delay` so far, and the dependency that set it (the critical path
+    /// follows it back).
     due: Option<(SimTime, usize)>,
+    /// The engine's id, once dispatched.
     engine_id: Option<RequestId>,
+    /// When it was dispatched: the trigger time of its dispatch edges.
     dispatched: Option<SimTime>,
+    /// When its latest token came: the trigger time of its completion edges.
     last_token: Option<SimTime>,
+    /// When it finished or was rejected.
     terminal: Option<SimTime>,
+    /// Whether the engine refused or rejected it.
     rejected: bool,
 }
 
@@ -197,11 +203,13 @@ struct Run<'a> {
     queue: VecDeque<usize>,
     /// Per play, the lane it holds or held (with lanes).
     lane_of: Vec<Option<usize>>,
-    /// Per play, nodes dispatched and not yet ended, and nodes ended.
+    /// Per play, nodes dispatched and not yet ended (a failed play settles when none is left).
     in_flight: Vec<usize>,
+    /// Per play, nodes ended (a play settles when all have).
     ended: Vec<usize>,
     /// Per play, whether it has settled.
     settled: Vec<bool>,
+    /// Per node, its state.
     nodes: Vec<NodeState>,
     /// Per node, the (child, dependency index) edges its dispatch and its completion release.
     on_dispatch: Vec<Vec<(usize, usize)>>,
@@ -210,10 +218,15 @@ struct Run<'a> {
     failed: Vec<Option<usize>>,
     /// Engine id -> node.
     node_of: Vec<usize>,
+    /// Nodes ready at a time, earliest first; ties in the order they became ready.
     arrivals: BinaryHeap<Reverse<(SimTime, u64, usize)>>,
+    /// The next tie-breaking sequence number.
     next_seq: u64,
+    /// The report's metrics, told every output as the Mooncake replay tells it.
     collector: Collector,
+    /// Nodes the engine refused or rejected.
     rejections: Vec<ReplayRejection>,
+    /// Nodes ended, for progress.
     done: usize,
 }
 
@@ -420,7 +433,10 @@ pub fn replay_graph(
         }
         Some(lanes) => {
             let mut order: Vec<usize> = (0..graph.plays.len()).collect();
-            order.sort_by(|&a, &b| graph.plays[a].id.cmp(&graph.plays[b].id));
+            order.sort_by(|&a, &b| {
+                let (a, b) = (&graph.plays[a], &graph.plays[b]);
+                (a.ordinal, &a.id).cmp(&(b.ordinal, &b.id))
+            });
             run.queue = order.into();
             for lane in 0..lanes {
                 let Some(play) = run.queue.pop_front() else {
@@ -965,6 +981,25 @@ mod tests {
         );
         let two = times(&lanes(2));
         assert_eq!(two[4].1, 0, "q0's floor counts from its lane's start");
+        // source_play_ordinal puts p1 first: q0 starts at 0, p0 when q0 ends.
+        let ordered = text
+            .replace(
+                "\"play_id\":\"p0\",",
+                "\"play_id\":\"p0\",\"source_play_ordinal\":1,",
+            )
+            .replace(
+                "\"play_id\":\"p1\",",
+                "\"play_id\":\"p1\",\"source_play_ordinal\":0,",
+            );
+        let graph = parse_graph(ordered.as_bytes(), "w", TraceFormat::Auto, 64).expect("parses");
+        let how = GraphReplay {
+            speedup: 1.0,
+            lanes: Some(1),
+        };
+        let outcome = replay_graph(&graph, &config(), &how, |_, _| {}, &mut ()).expect("replays");
+        let t = times(&outcome);
+        assert_eq!(t[4].1, 0);
+        assert_eq!(t[0].1, t[4].2, "r0 starts when q0 ends");
         let zero = GraphReplay {
             speedup: 1.0,
             lanes: Some(0),

@@ -54,6 +54,8 @@ struct V2Row {
     dependencies: Option<Vec<V2Dependency>>,
     #[serde(default)]
     output_token_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    source_play_ordinal: Option<u64>,
 }
 
 /// A v2 dependency.
@@ -107,6 +109,7 @@ pub(super) fn parse(
     let mut state = State::Start;
     let mut nodes: Vec<RawNode> = Vec::new();
     let mut hashes = HashScope::default();
+    let mut ordinals = Ordinals::default();
     for_each_line(reader, source_name, |line, text| {
         if let State::Start = state {
             let value: serde_json::Value = json_row(text)?;
@@ -120,7 +123,9 @@ pub(super) fn parse(
         }
         match &state {
             State::V2 { block_size, .. } => {
-                nodes.push(v2_row(text, line, *block_size, &mut hashes)?);
+                let (node, ordinal) = v2_row(text, line, *block_size, &mut hashes)?;
+                ordinals.note(&node.play_id, ordinal, line)?;
+                nodes.push(node);
             }
             State::V1 | State::Start => {
                 nodes.push(v1_row(text, line, trace_block_size, &mut hashes)?);
@@ -129,13 +134,23 @@ pub(super) fn parse(
         Ok(())
     })?;
     match state {
-        State::V2 { block_size, source } => build(
-            nodes,
-            source_name,
-            TraceFormat::AgenticMooncake,
-            block_size,
-            source,
-        ),
+        State::V2 { block_size, source } => {
+            let mut graph = build(
+                nodes,
+                source_name,
+                TraceFormat::AgenticMooncake,
+                block_size,
+                source,
+            )?;
+            ordinals
+                .apply(&mut graph)
+                .map_err(|(line, message)| TraceError::Line {
+                    source_name: source_name.to_string(),
+                    line,
+                    message,
+                })?;
+            Ok(graph)
+        }
         State::V1 | State::Start => {
             name_legacy_plays(&mut nodes);
             build(
@@ -146,6 +161,75 @@ pub(super) fn parse(
                 None,
             )
         }
+    }
+}
+
+/// The `source_play_ordinal`s of v2 rows: on every row or none, one per play, and (checked
+/// once every row is read) running from 0 without gaps.
+#[derive(Default)]
+struct Ordinals {
+    /// Whether the first row had one.
+    used: Option<bool>,
+    /// Play id -> (its ordinal, the line that set it).
+    of_play: HashMap<String, (u64, usize)>,
+    /// Ordinal -> play id.
+    play_of: HashMap<u64, String>,
+}
+
+impl Ordinals {
+    /// Row `line` of play `play` has `ordinal`.
+    fn note(&mut self, play: &str, ordinal: Option<u64>, line: usize) -> Result<(), String> {
+        if *self.used.get_or_insert(ordinal.is_some()) != ordinal.is_some() {
+            return Err("\"source_play_ordinal\" must be set on every row or on none".to_string());
+        }
+        let Some(ordinal) = ordinal else {
+            return Ok(());
+        };
+        match self.of_play.get(play) {
+            Some(&(o, at)) if o != ordinal => Err(format!(
+                "\"source_play_ordinal\" {ordinal} differs from play \"{play}\"'s {o} (line {at})"
+            )),
+            Some(_) => Ok(()),
+            None => {
+                if let Some(other) = self.play_of.get(&ordinal) {
+                    return Err(format!(
+                        "\"source_play_ordinal\" {ordinal} is play \"{other}\"'s already"
+                    ));
+                }
+                self.of_play.insert(play.to_string(), (ordinal, line));
+                self.play_of.insert(ordinal, play.to_string());
+                Ok(())
+            }
+        }
+    }
+
+    /// Sets each play's ordinal; an error (line, message) when they do not run from 0 without
+    /// gaps.
+    fn apply(self, graph: &mut RequestGraph) -> Result<(), (usize, String)> {
+        if self.of_play.is_empty() {
+            return Ok(());
+        }
+        let plays = graph.plays.len() as u64;
+        if let Some((&(o, line), play)) = self
+            .of_play
+            .iter()
+            .map(|(play, at)| (at, play))
+            .filter(|((o, _), _)| *o >= plays)
+            .min_by_key(|((_, line), _)| *line)
+        {
+            return Err((
+                line,
+                format!(
+                    "\"source_play_ordinal\" {o} of play \"{play}\" leaves a gap: {plays} plays \
+                     run from 0 to {}",
+                    plays - 1
+                ),
+            ));
+        }
+        for play in &mut graph.plays {
+            play.ordinal = self.of_play.get(&play.id).map(|&(o, _)| o);
+        }
+        Ok(())
     }
 }
 
@@ -207,7 +291,7 @@ fn v2_row(
     line: usize,
     block_size: usize,
     hashes: &mut HashScope,
-) -> Result<RawNode, String> {
+) -> Result<(RawNode, Option<u64>), String> {
     let row: V2Row = json_row(text)?;
     let request_id = id_string(
         "request_id",
@@ -295,7 +379,7 @@ fn v2_row(
             delay_ms,
         });
     }
-    Ok(RawNode {
+    let node = RawNode {
         request: TraceRequest {
             line,
             request_id: Some(request_id),
@@ -309,7 +393,8 @@ fn v2_row(
         session_id,
         not_before_ms,
         dependencies,
-    })
+    };
+    Ok((node, row.source_play_ordinal))
 }
 
 /// One legacy row: `wait_for` ids become completion edges of `delay + tool_wait_ms`; rows
@@ -516,6 +601,54 @@ mod tests {
         assert_eq!(g.plays.len(), 1);
         assert_eq!(g.plays[0].id, "legacy-play:x");
         assert_eq!(g.nodes[0].session_id, "agentic-session");
+    }
+
+    #[test]
+    fn source_play_ordinals_are_on_every_row_one_per_play_and_without_gaps() {
+        let h = HEADER.to_string();
+        let with = |id: &str, play: &str, o: u64| {
+            row(id, play, IDS, "").replace(
+                "\"dependencies\"",
+                &format!("\"source_play_ordinal\":{o},\"dependencies\""),
+            )
+        };
+        let g = graph(&[
+            h.clone(),
+            with("a", "zz", 0),
+            with("b", "aa", 1),
+            with("c", "zz", 0),
+        ])
+        .expect("parses");
+        let ordinals: Vec<(&str, Option<u64>)> =
+            g.plays.iter().map(|p| (p.id.as_str(), p.ordinal)).collect();
+        assert_eq!(ordinals, [("zz", Some(0)), ("aa", Some(1))]);
+        let (line, m) = err_of(&[h.clone(), with("a", "p", 0), row("b", "q", IDS, "")]);
+        assert_eq!(
+            (line, m.as_str()),
+            (
+                3,
+                "\"source_play_ordinal\" must be set on every row or on none"
+            )
+        );
+        let (line, m) = err_of(&[h.clone(), with("a", "p", 0), with("b", "p", 1)]);
+        assert_eq!(
+            (line, m.as_str()),
+            (
+                3,
+                "\"source_play_ordinal\" 1 differs from play \"p\"'s 0 (line 2)"
+            )
+        );
+        let (line, m) = err_of(&[h.clone(), with("a", "p", 0), with("b", "q", 0)]);
+        assert_eq!(
+            (line, m.as_str()),
+            (3, "\"source_play_ordinal\" 0 is play \"p\"'s already")
+        );
+        let (line, m) = err_of(&[h.clone(), with("a", "p", 0), with("b", "q", 2)]);
+        assert_eq!(line, 3);
+        assert_eq!(
+            m,
+            "\"source_play_ordinal\" 2 of play \"q\" leaves a gap: 2 plays run from 0 to 1"
+        );
     }
 
     #[test]

@@ -178,6 +178,9 @@ pub struct Play {
     pub id: String,
     /// Its nodes, in trace order.
     pub nodes: Vec<usize>,
+    /// Its place in the queue for lanes (`source_play_ordinal`), where the trace gives one;
+    /// else plays queue by id.
+    pub ordinal: Option<u64>,
 }
 
 /// A validated request graph: every dependency names an earlier-checked node of the same play,
@@ -380,6 +383,7 @@ pub(super) fn build(
             plays.push(Play {
                 id: node.play_id.clone(),
                 nodes: Vec::new(),
+                ordinal: None,
             });
             plays.len() - 1
         });
@@ -465,8 +469,9 @@ pub(super) fn build(
     })
 }
 
-/// A cycle of the graph (node indices in dependency order, each depending on the next... the
-/// last on the first), if there is one: Kahn's algorithm, then a walk among what is left.
+/// A cycle of the graph, if there is one, as node indices source first (each node is a
+/// dependency of the next, the last of the first): Kahn's algorithm, then a walk among the
+/// nodes it could not order.
 fn find_cycle(deps: &[Vec<Dependency>]) -> Option<Vec<usize>> {
     let n = deps.len();
     let mut waiting: Vec<usize> = deps.iter().map(Vec::len).collect();
