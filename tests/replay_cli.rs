@@ -542,6 +542,18 @@ fn agentic_traces_replay_with_an_agentic_section() {
             })
             .collect();
         assert_eq!(&arrivals[..3], &[0.0, 100.0, 300.0]);
+        let second: serde_json::Value = serde_json::from_str(
+            std::fs::read_to_string(&records)
+                .unwrap()
+                .lines()
+                .nth(1)
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            second["agentic"],
+            serde_json::json!({"request_id": "r1", "play_id": "p0", "conversation_id": "sub", "parent_id": "r0"})
+        );
     }
     let summary = mock_server::replay_cmd::agentic_summary(
         mock_server::replay_cmd::run(&replay_args(&[

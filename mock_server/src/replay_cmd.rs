@@ -302,8 +302,18 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
     }
     if let (Some(file), Some(path)) = (records_file, &args.report.per_request_jsonl) {
         let mut w = std::io::BufWriter::new(file);
+        let labels = agentic_labels(outcome.agentic.as_ref());
         for record in &outcome.records {
-            serde_json::to_writer(&mut w, record)?;
+            match labels.get(&record.request_id) {
+                Some(agentic) => serde_json::to_writer(
+                    &mut w,
+                    &AgenticRecord {
+                        record,
+                        agentic: agentic.clone(),
+                    },
+                )?,
+                None => serde_json::to_writer(&mut w, record)?,
+            }
             w.write_all(b"\n")?;
         }
         w.flush()
@@ -342,6 +352,46 @@ pub fn clamped_warning(trace: &trace::Trace, trace_block_size: usize) -> Option<
         first.requested_input_length.unwrap_or(first.input_length),
         first.input_length
     ))
+}
+
+/// A per-request record of an agentic replay: the record, then the node it was.
+#[derive(serde::Serialize)]
+struct AgenticRecord<'a> {
+    #[serde(flatten)]
+    record: &'a servesim::metrics::RequestRecord,
+    agentic: serde_json::Value,
+}
+
+/// Per engine request id, the node it was: `{request_id, play_id, conversation_id,
+/// parent_id?, lane_id?}` (AISimulate's per-request `agentic` object).
+fn agentic_labels(agentic: Option<&AgenticReport>) -> BTreeMap<u64, serde_json::Value> {
+    let Some(agentic) = agentic else {
+        return BTreeMap::new();
+    };
+    let lanes: BTreeMap<&str, usize> = agentic
+        .plays
+        .iter()
+        .filter_map(|p| Some((p.play_id.as_str(), p.lane?)))
+        .collect();
+    agentic
+        .requests
+        .iter()
+        .filter_map(|node| {
+            let id = node.engine_id?;
+            let mut label = serde_json::json!({
+                "request_id": node.request_id,
+                "play_id": node.play_id,
+                "conversation_id": node.session_id,
+            });
+            if let Some(parent) = &node.parent_id {
+                label["parent_id"] = serde_json::json!(parent);
+            }
+            if let Some(lane) = lanes.get(node.play_id.as_str()) {
+                label["lane_id"] = serde_json::json!(format!("lane:{lane}"));
+            }
+            Some((id.0, label))
+        })
+        .collect()
 }
 
 /// The agentic section in words: the plays' outcomes, and per play its makespan split along

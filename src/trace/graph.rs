@@ -668,6 +668,46 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 mod tests {
     use super::*;
 
+    /// Floors and delays, sped up, are bounded like a Mooncake trace's schedule.
+    #[test]
+    fn the_schedule_is_bounded() {
+        let header = r#"{"schema":"dynamo.agentic_mooncake","version":2,"block_size":4}"#;
+        let row = |id: &str, nb: f64, deps: &str| {
+            format!(
+                r#"{{"request_id":"{id}","play_id":"p","session_id":"s","model":"M","input_length":4,"output_length":1,"hash_ids":[1],"not_before_ms":{nb},"dependencies":[{deps}]}}"#
+            )
+        };
+        let week_ms = 7.0 * 86_400_000.0;
+        let far = format!(
+            "{header}\n{}\n{}\n",
+            row("a", 0.0, ""),
+            row("b", week_ms + 1.0, "")
+        );
+        let g =
+            super::super::parse_graph(far.as_bytes(), "t", TraceFormat::Auto, 4).expect("parses");
+        let e = g
+            .check_schedule("t", 1.0, ScheduleBound::Default)
+            .expect_err("too far");
+        assert!(
+            e.to_string()
+                .starts_with("t:3: request \"b\" is due (its floor) 7.0 days"),
+            "{e}"
+        );
+        g.check_schedule("t", 2.0, ScheduleBound::Default)
+            .expect("fits at 2x");
+        let dep =
+            r#"{"request_id":"a","trigger":"completion","relation":"sequence","delay_ms":1e12}"#;
+        let long = format!("{header}\n{}\n{}\n", row("a", 0.0, ""), row("b", 0.0, dep));
+        let g =
+            super::super::parse_graph(long.as_bytes(), "t", TraceFormat::Auto, 4).expect("parses");
+        let e = g
+            .check_schedule("t", 1.0, ScheduleBound::Default)
+            .expect_err("too long a delay");
+        assert!(e.to_string().contains("a dependency's delay alone"), "{e}");
+        g.check_schedule("t", 1.0, ScheduleBound::Unbounded)
+            .expect("allowed");
+    }
+
     #[test]
     fn formats_parse_by_name_and_show_the_list_otherwise() {
         for f in TraceFormat::ALL {
