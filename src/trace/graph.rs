@@ -613,18 +613,18 @@ pub(super) fn detect_in(mut reader: impl BufRead) -> std::io::Result<TraceFormat
         if reader.read_until(b'\n', &mut buf)? == 0 {
             return Ok(TraceFormat::Mooncake);
         }
-        let text = String::from_utf8_lossy(&buf);
-        let text = text.trim_start_matches('\u{feff}').trim();
-        if text.is_empty() {
-            continue;
-        }
         if first {
+            let text = String::from_utf8_lossy(&buf);
+            let text = text.trim_start_matches('\u{feff}').trim();
+            if text.is_empty() {
+                continue;
+            }
             first = false;
             if let Some(format) = first_row_format(text) {
                 return Ok(format);
             }
         }
-        if contains(text.as_bytes(), b"\"wait_for\"") {
+        if contains(&buf, b"\"wait_for\"") {
             return Ok(TraceFormat::AgenticMooncake);
         }
     }
@@ -660,8 +660,16 @@ fn first_row_format(text: &str) -> Option<TraceFormat> {
     None
 }
 
+/// Whether `needle` (not empty) occurs in `haystack`.
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+    let Some((&head, rest)) = needle.split_first() else {
+        return true;
+    };
+    haystack
+        .iter()
+        .enumerate()
+        .filter(|&(_, &b)| b == head)
+        .any(|(i, _)| haystack[i + 1..].starts_with(rest))
 }
 
 #[cfg(test)]
