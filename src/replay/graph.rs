@@ -1100,6 +1100,81 @@ mod tests {
         assert_eq!(t[2].1, t[1].2 + 250_000);
     }
 
+    /// Seeded mutations of every agentic fixture (bytes dropped, digits changed, spans
+    /// repeated) read as every graph format: an error or a graph, never a panic; and every
+    /// small graph that reads replays to the end.
+    #[test]
+    fn mutated_traces_are_errors_or_graphs_that_replay() {
+        use rand::{Rng, SeedableRng};
+        let dir = format!("{}/fixtures/agentic", env!("CARGO_MANIFEST_DIR"));
+        let mut names: Vec<_> = std::fs::read_dir(&dir)
+            .expect("fixtures")
+            .map(|e| e.expect("entry").path())
+            .collect();
+        names.sort();
+        let formats = [
+            TraceFormat::Auto,
+            TraceFormat::AgenticMooncake,
+            TraceFormat::Weka,
+            TraceFormat::Dynamo,
+            TraceFormat::AppliedComputeAgentic,
+            TraceFormat::MooncakeDelta,
+        ];
+        let (mut graphs, mut errors) = (0, 0);
+        for (k, path) in names.iter().enumerate() {
+            let text = std::fs::read(path).expect("fixture");
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(k as u64);
+            for _ in 0..60 {
+                let mut bytes = text.clone();
+                for _ in 0..rng.gen_range(1..4) {
+                    let at = rng.gen_range(0..bytes.len());
+                    match rng.gen_range(0..4) {
+                        0 => {
+                            bytes.remove(at);
+                        }
+                        1 => bytes[at] = b"0123456789-.e"[rng.gen_range(0..13)],
+                        2 => {
+                            let end = (at + rng.gen_range(1..40)).min(bytes.len());
+                            let span = bytes[at..end].to_vec();
+                            bytes.splice(at..at, span);
+                        }
+                        _ => bytes[at] = b"{}[],:\"\n "[rng.gen_range(0..9)],
+                    }
+                }
+                for format in formats {
+                    match parse_graph(&bytes[..], "m", format, 64) {
+                        Ok(graph) => {
+                            graphs += 1;
+                            let tokens: usize =
+                                graph.nodes.iter().map(|n| n.request.input_length).sum();
+                            if tokens > 20_000 {
+                                continue;
+                            }
+                            let outcome = replay_graph(
+                                &graph,
+                                &config(),
+                                &GraphReplay::default(),
+                                |_, _| {},
+                                &mut (),
+                            )
+                            .expect("a graph that reads replays");
+                            let agentic = outcome.agentic.expect("agentic");
+                            assert_eq!(
+                                agentic.completed_plays + agentic.failed_plays,
+                                agentic.play_count
+                            );
+                        }
+                        Err(_) => errors += 1,
+                    }
+                }
+            }
+        }
+        assert!(
+            graphs > 100 && errors > 100,
+            "{graphs} graphs, {errors} errors"
+        );
+    }
+
     #[test]
     fn the_same_graph_gives_the_same_report() {
         let text = fixture("worked_example.jsonl");

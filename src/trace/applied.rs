@@ -16,11 +16,14 @@ use std::io::BufRead;
 use serde::Deserialize;
 
 use super::graph::{
-    build, check_delay, check_lengths, for_each_line, json_row, HashScope, RawDependency, RawNode,
-    Relation, RequestGraph, TraceFormat, Trigger,
+    build, check_delay, check_lengths, for_each_line, hold_hash_ids, json_row, HashScope,
+    RawDependency, RawNode, Relation, RequestGraph, TraceFormat, Trigger,
 };
-use super::{TraceError, TraceRequest, MAX_ROW_TOKENS};
+use super::{TraceError, TraceRequest};
 use crate::time::SimDuration;
+
+/// Most turns a session row may have: 2^16.
+const MAX_TURNS: usize = 1 << 16;
 
 /// A session row.
 #[derive(Deserialize)]
@@ -51,13 +54,14 @@ pub(super) fn parse(
 ) -> Result<RequestGraph, TraceError> {
     let mut nodes = Vec::new();
     let mut hashes = HashScope::default();
+    let mut held = 0;
     for_each_line(reader, source_name, |line, text| {
         let row: Row = json_row(text)?;
         let turns = row.num_turns.ok_or_else(|| missing("num_turns"))?;
         let turns = usize::try_from(turns)
             .ok()
-            .filter(|&n| n <= MAX_ROW_TOKENS)
-            .ok_or_else(|| format!("\"num_turns\" must be at most {MAX_ROW_TOKENS}"))?;
+            .filter(|&n| n <= MAX_TURNS)
+            .ok_or_else(|| format!("\"num_turns\" must be at most {MAX_TURNS}"))?;
         let responses = row
             .assistant_response_length
             .ok_or_else(|| missing("assistant_response_length"))?;
@@ -88,6 +92,7 @@ pub(super) fn parse(
         for k in 0..=turns {
             let output = responses.get(k).copied().unwrap_or(last_output);
             check_lengths(input, output).map_err(|m| format!("turn {k}: {m}"))?;
+            hold_hash_ids(&mut held, (input as usize).div_ceil(block_size))?;
             let hash_ids = (0..(input as usize).div_ceil(block_size))
                 .map(|b| hashes.intern(line, b as u64))
                 .collect();

@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use std::io::BufRead;
 
 use super::graph::{
-    build, check_delay, check_lengths, for_each_line, json_row, HashScope, RawDependency, RawNode,
-    Relation, RequestGraph, TraceFormat, Trigger,
+    build, check_delay, check_lengths, for_each_line, hold_hash_ids, json_row, HashScope,
+    RawDependency, RawNode, Relation, RequestGraph, TraceFormat, Trigger,
 };
 use super::parse::{id_string, show, RawRow};
 use super::{TraceError, TraceRequest, MAX_ROW_TOKENS, MAX_TIMESTAMP_MS};
@@ -41,6 +41,7 @@ pub(super) fn parse(
     let mut nodes = Vec::new();
     let mut hashes = HashScope::default();
     let mut sessions: HashMap<String, Session> = HashMap::new();
+    let mut held = 0;
     for_each_line(reader, source_name, |line, text| {
         let row: RawRow = json_row(text)?;
         let ids = row
@@ -123,6 +124,7 @@ pub(super) fn parse(
                 .extend(std::iter::repeat_n(token, trace_block_size));
         }
         session.tokens.truncate(start + delta as usize);
+        hold_hash_ids(&mut held, session.tokens.len())?;
         let prompt = session.tokens.clone();
         if prompt.len() > MAX_ROW_TOKENS {
             return Err(format!(

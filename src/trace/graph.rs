@@ -310,6 +310,22 @@ impl HashScope {
     }
 }
 
+/// Most hash ids a graph may hold in all, for formats whose rows expand into many prompts
+/// (`applied_compute_agentic`, `mooncake-delta`): 2^27 (1 GiB of ids).
+pub(super) const MAX_GRAPH_HASH_IDS: usize = 1 << 27;
+
+/// Adds `more` to the hash ids held so far, within [`MAX_GRAPH_HASH_IDS`].
+pub(super) fn hold_hash_ids(held: &mut usize, more: usize) -> Result<(), String> {
+    *held = held.saturating_add(more);
+    if *held > MAX_GRAPH_HASH_IDS {
+        return Err(format!(
+            "the trace's prompts hold more than the {MAX_GRAPH_HASH_IDS} hash ids a graph may \
+             hold in all"
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a dependency's numbers: a delay finite, >= 0 and at most [`MAX_TRACE_TIME_MS`].
 pub(super) fn check_delay(field: &str, ms: f64) -> Result<f64, String> {
     if ms.is_finite() && (0.0..=MAX_TRACE_TIME_MS).contains(&ms) {
