@@ -87,12 +87,13 @@ pub struct ReplayArgs {
     pub arrival_speedup_ratio: f64,
 
     /// Agentic traces: run the plays in this many lanes (a closed loop of agents: plays in
-    /// play_id order, the next one starting when a lane's play settles); by default every play
-    /// runs by its floors.
+    /// source_play_ordinal, else play_id, order, the next one starting when a lane's play
+    /// settles); by default every play runs by its floors.
     #[arg(long, value_name = "L", value_parser = clap::value_parser!(u32).range(1..))]
     pub agentic_lanes: Option<u32>,
 
-    /// Prompt tokens per trace hash id (1 to 2^20); agentic v2 and weka traces name their own.
+    /// Prompt tokens per trace hash id (1 to 2^20); agentic v2, weka and dynamo traces name
+    /// their own.
     #[arg(long, default_value_t = 512)]
     pub trace_block_size: usize,
 
