@@ -1,4 +1,12 @@
-//! Mooncake JSONL traces: parsing, session grouping, timing normalisation and token synthesis.
+//! Mooncake JSONL traces: parsing, session grouping, timing normalisation and token synthesis;
+//! and agentic traces as request graphs.
+//!
+//! Agentic formats (`agentic_mooncake` v2 and legacy, `weka`, `dynamo` request traces,
+//! `mooncake-delta`, `applied_compute_agentic`) are each lowered into one [`RequestGraph`]
+//! ([`load_graph`], the format named or found by [`detect_format`]): nodes with dependencies
+//! (dispatch or completion trigger, a delay), grouped into plays, checked before any replay
+//! (unknown sources, cycles, edges across plays, relations that need a completion trigger), each
+//! error naming its line. The rest of this page is about plain Mooncake traces.
 //!
 //! One JSON object per line (empty lines are skipped, unknown fields ignored, a UTF-8 byte order
 //! mark before the first line is skipped):
