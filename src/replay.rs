@@ -21,8 +21,10 @@ use crate::time::{SimDuration, SimTime};
 use crate::tokens::{sequence_hashes, BlockHashes};
 use crate::trace::{LocalHashCache, Trace, TraceRequest};
 
+mod graph;
 mod prepare;
 
+pub use graph::{replay_graph, AgenticReport, GraphReplay, NodeRecord, NodeStatus, PlayOutcome};
 use prepare::{Post, Prepared};
 
 /// Why a replay could not run to the end.
@@ -39,6 +41,12 @@ pub enum ReplayError {
         /// Requests neither finished nor rejected.
         in_flight: usize,
     },
+    /// The speed-up of an agentic replay is not finite and above 0.
+    #[error("the speed-up must be finite and above 0, got {0}")]
+    Speedup(f64),
+    /// An agentic replay was asked for zero lanes.
+    #[error("the number of agentic lanes must be at least 1")]
+    Lanes,
 }
 
 /// The result of one replay.
@@ -53,6 +61,8 @@ pub struct ReplayOutcome {
     /// Requests that never ran, with their reasons, in request-id order (refused at
     /// submission, or rejected by a worker).
     pub rejections: Vec<ReplayRejection>,
+    /// For an agentic trace ([`replay_graph`]): the plays' outcomes and every node's times.
+    pub agentic: Option<AgenticReport>,
 }
 
 /// A trace request the engine refused, and why.
@@ -559,6 +569,7 @@ pub fn replay_observed(
         records,
         preemptions,
         rejections,
+        agentic: None,
     })
 }
 

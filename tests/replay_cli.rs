@@ -485,3 +485,180 @@ fn a_long_schedule_is_refused_unless_allowed() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An agentic trace replays through the command: the format detected or named, floors and
+/// delays at the recorded pace with `--arrival-speedup-ratio 1`, the report's usual keys plus an
+/// `agentic` section; a plain Mooncake report has no such section.
+#[test]
+fn agentic_traces_replay_with_an_agentic_section() {
+    let dir = std::env::temp_dir().join(format!("servesim-agentic-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let report = dir.join("report.json");
+    let records = dir.join("records.jsonl");
+    let trace = fixture("agentic/worked_example.jsonl");
+    for format in ["auto", "agentic-mooncake", "agentic_mooncake"] {
+        let outcome = mock_server::replay_cmd::run(&replay_args(&[
+            "replay",
+            trace.to_str().unwrap(),
+            "--trace-format",
+            format,
+            "--arrival-speedup-ratio",
+            "1",
+            "--num-workers",
+            "1",
+            "--report-json",
+            report.to_str().unwrap(),
+            "--per-request-jsonl",
+            records.to_str().unwrap(),
+            "-q",
+        ]))
+        .expect("the agentic replay runs");
+        assert_eq!(outcome.report.completed_requests, 5, "{format}");
+        let text = std::fs::read_to_string(&report).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["num_requests"], 5);
+        assert_eq!(
+            v["config"]["trace_block_size"], 64,
+            "the header's block size"
+        );
+        let agentic = &v["agentic"];
+        assert_eq!(agentic["input_format"], "agentic-mooncake");
+        assert_eq!(agentic["completed_plays"], 2);
+        assert_eq!(agentic["plays"][0]["play_id"], "p0");
+        assert_eq!(agentic["plays"][0]["critical_path_floor_wait_ms"], 1000.0);
+        assert_eq!(agentic["source"]["format"], "hand");
+        assert_eq!(
+            agentic["plays"][0]["makespan_ms"], v["duration_ms"],
+            "p0 ends last"
+        );
+        assert!(text.find("\"config\"") < text.find("\"agentic\""), "{text}");
+        let arrivals: Vec<f64> = std::fs::read_to_string(&records)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["arrival_ms"]
+                    .as_f64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(&arrivals[..3], &[0.0, 100.0, 300.0]);
+        let second: serde_json::Value = serde_json::from_str(
+            std::fs::read_to_string(&records)
+                .unwrap()
+                .lines()
+                .nth(1)
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            second["agentic"],
+            serde_json::json!({"request_id": "r1", "play_id": "p0", "conversation_id": "sub", "parent_id": "r0"})
+        );
+    }
+    let summary = mock_server::replay_cmd::agentic_summary(
+        mock_server::replay_cmd::run(&replay_args(&[
+            "replay",
+            fixture("agentic/weka.jsonl").to_str().unwrap(),
+            "--arrival-speedup-ratio",
+            "1",
+            "-q",
+        ]))
+        .expect("weka replays")
+        .agentic
+        .as_ref()
+        .expect("agentic"),
+    );
+    assert!(
+        summary.starts_with("Agentic trace (weka, block size 64"),
+        "{summary}"
+    );
+    assert!(summary.contains("(1 completed, 0 failed)"), "{summary}");
+    assert!(summary.contains("1000.000 ms tool waits"), "{summary}");
+    // One lane: q0 (play p1) waits for p0 to settle.
+    let laned = mock_server::replay_cmd::run(&replay_args(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--arrival-speedup-ratio",
+        "1",
+        "--agentic-lanes",
+        "1",
+        "-q",
+    ]))
+    .expect("lanes replay");
+    let agentic = laned.agentic.as_ref().expect("agentic");
+    assert_eq!(agentic.lanes, Some(1));
+    assert_eq!(agentic.plays[1].start_ms, agentic.plays[0].settled_at_ms);
+    assert!(mock_server::replay_cmd::agentic_summary(agentic).contains(", 1 lanes)"));
+    let e = mock_server::replay_cmd::run(&replay_args(&[
+        "replay",
+        fixture("trace_small.jsonl").to_str().unwrap(),
+        "--agentic-lanes",
+        "2",
+        "-q",
+    ]))
+    .unwrap_err();
+    assert!(
+        format!("{e:#}").starts_with("--agentic-lanes needs an agentic trace"),
+        "{e:#}"
+    );
+    // Legacy rows are detected by their wait_for.
+    let legacy = mock_server::replay_cmd::run(&replay_args(&[
+        "replay",
+        fixture("agentic/legacy_v1.jsonl").to_str().unwrap(),
+        "--trace-block-size",
+        "64",
+        "-q",
+    ]))
+    .expect("legacy replays");
+    assert_eq!(legacy.agentic.as_ref().map(|a| a.play_count), Some(2));
+    // Plain Mooncake: the same report as ever, no agentic key.
+    mock_server::replay_cmd::run(&replay_args(&[
+        "replay",
+        fixture("trace_small.jsonl").to_str().unwrap(),
+        "--report-json",
+        report.to_str().unwrap(),
+        "-q",
+    ]))
+    .expect("plain replay");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert!(v.get("agentic").is_none());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Graph errors stop the command before the run, naming the file and line; a format named
+/// is read as that format; unknown names are refused.
+#[test]
+fn agentic_trace_errors_are_named_before_the_run() {
+    let dir = std::env::temp_dir().join(format!("servesim-agentic-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("cycle.jsonl");
+    let text = std::fs::read_to_string(fixture("agentic/agentic_mooncake_v2.jsonl"))
+        .unwrap()
+        .replace("\"dependencies\":[]", "\"dependencies\":[{\"request_id\":\"r1\",\"trigger\":\"completion\",\"relation\":\"sequence\"}]");
+    std::fs::write(&path, text).unwrap();
+    let p = path.to_str().unwrap();
+    let e = mock_server::replay_cmd::run(&replay_args(&["replay", p, "-q"])).unwrap_err();
+    assert_eq!(
+        format!("{e:#}"),
+        format!("{p}:2: dependency cycle: \"r1\" -> \"r0\" -> \"r1\"")
+    );
+    let e = mock_server::replay_cmd::run(&replay_args(&[
+        "replay",
+        p,
+        "--trace-format",
+        "mooncake",
+        "-q",
+    ]))
+    .unwrap_err();
+    // Named plain Mooncake, the header is a row without hash ids.
+    assert_eq!(
+        format!("{e:#}"),
+        format!("{p}:1: missing field \"hash_ids\"")
+    );
+    let parsed =
+        mock_server::Cli::try_parse_from(["mockserve", "replay", p, "--trace-format", "csv"]);
+    let e = parsed.expect_err("unknown format").to_string();
+    assert!(e.contains("unknown trace format \"csv\""), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}

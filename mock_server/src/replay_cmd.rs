@@ -1,4 +1,7 @@
-//! `mockserve replay TRACE`: the engine on a virtual clock over a Mooncake trace.
+//! `mockserve replay TRACE`: the engine on a virtual clock over a Mooncake trace, or over an
+//! agentic trace's request graph (`--trace-format`, detected by default), whose report then has
+//! an `agentic` section (per play: makespan, critical path, time in the engine and in tool
+//! waits, sub-agent fan-out).
 //!
 //! Requests the engine can never run are counted as rejected (`rejected_requests` in the
 //! report) and listed by reason after it, with a warning; a run in which no request completes
@@ -13,12 +16,12 @@ use clap::Args;
 use servesim::cluster::{Cluster, Output};
 use servesim::ids::RequestId;
 use servesim::replay::{
-    replay, replay_observed, set_wall_time, ReplayConfig, ReplayObserver, ReplayOutcome,
-    ReplayRejection,
+    replay, replay_graph, replay_observed, set_wall_time, AgenticReport, GraphReplay, ReplayConfig,
+    ReplayObserver, ReplayOutcome, ReplayRejection,
 };
 use servesim::time::SimTime;
-use servesim::trace::TraceRequest;
 use servesim::trace::{self, TraceOptions};
+use servesim::trace::{RequestGraph, Trace, TraceFormat, TraceRequest};
 
 use crate::args::{EngineArgs, ReportArgs};
 use crate::kv_events::{JsonlSink, KvExport, KvSink};
@@ -67,14 +70,30 @@ impl ReplayObserver for KvEventsJsonl {
 /// Offline replay flags (Dynamo's offline_replay_bench flags and defaults).
 #[derive(Args, Clone, Debug)]
 pub struct ReplayArgs {
-    /// Mooncake JSONL trace.
+    /// Mooncake JSONL trace, or an agentic trace (see --trace-format).
     pub trace: PathBuf,
 
-    /// Divides arrival timestamps and inter-turn delays (finite, above 0).
+    /// How to read the trace: auto (detected from the first row: a dynamo.agentic_mooncake
+    /// header, a weka play, a dynamo.request.trace.v1 record, or rows with wait_for),
+    /// mooncake, agentic-mooncake (v2 with its header, or legacy v1), weka, dynamo (.jsonl or
+    /// .jsonl.gz), applied-compute-agentic (rows with num_turns), mooncake-delta (Mooncake rows
+    /// holding only each turn's new tokens; never detected, name it).
+    #[arg(long, default_value = "auto", value_parser = parse_trace_format)]
+    pub trace_format: TraceFormat,
+
+    /// Divides arrival timestamps and inter-turn delays (finite, above 0); for an agentic
+    /// trace, the floors (not_before_ms) and every dependency delay.
     #[arg(long, default_value_t = 4.0)]
     pub arrival_speedup_ratio: f64,
 
-    /// Prompt tokens per trace hash id (1 to 2^20).
+    /// Agentic traces: run the plays in this many lanes (a closed loop of agents: plays in
+    /// source_play_ordinal, else play_id, order, the next one starting when a lane's play
+    /// settles); by default every play runs by its floors.
+    #[arg(long, value_name = "L", value_parser = clap::value_parser!(u32).range(1..))]
+    pub agentic_lanes: Option<u32>,
+
+    /// Prompt tokens per trace hash id (1 to 2^20); agentic v2, weka and dynamo traces name
+    /// their own.
     #[arg(long, default_value_t = 512)]
     pub trace_block_size: usize,
 
@@ -99,6 +118,19 @@ pub struct ReplayArgs {
     /// Engine, router and cluster settings.
     #[command(flatten)]
     pub engine: EngineArgs,
+}
+
+/// A `--trace-format` value.
+fn parse_trace_format(s: &str) -> Result<TraceFormat, String> {
+    s.parse()
+}
+
+/// A trace as the replay runs it.
+enum Loaded {
+    /// Plain Mooncake sessions.
+    Sessions(Trace),
+    /// An agentic request graph.
+    Graph(RequestGraph),
 }
 
 /// Runs the replay, prints the report and writes the requested files.
@@ -150,23 +182,47 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
             export: None,
             trace_block_size: args.trace_block_size,
         });
-    let trace = trace::load_with_bound(
-        &args.trace,
-        &options,
-        trace::ScheduleBound::of_flag(args.allow_long_schedule),
-    )?;
-    if let Some(warning) = clamped_warning(&trace, args.trace_block_size) {
-        eprintln!("mockserve: warning: {warning}");
+    let bound = trace::ScheduleBound::of_flag(args.allow_long_schedule);
+    let loaded = match trace::detect_format(&args.trace, args.trace_format)? {
+        TraceFormat::Mooncake => {
+            let trace = trace::load_with_bound(&args.trace, &options, bound)?;
+            if let Some(warning) = clamped_warning(&trace, args.trace_block_size) {
+                eprintln!("mockserve: warning: {warning}");
+            }
+            Loaded::Sessions(trace)
+        }
+        format => {
+            let graph = trace::load_graph(&args.trace, format, args.trace_block_size)?;
+            graph.check_schedule(&args.trace.display().to_string(), ratio, bound)?;
+            Loaded::Graph(graph)
+        }
+    };
+    if let (Loaded::Sessions(_), Some(_)) = (&loaded, args.agentic_lanes) {
+        anyhow::bail!(
+            "--agentic-lanes needs an agentic trace; {} is plain Mooncake",
+            args.trace.display()
+        );
+    }
+    let how = GraphReplay {
+        speedup: ratio,
+        lanes: args.agentic_lanes.map(|l| l as usize),
+    };
+    let (trace_block_size, num_requests) = match &loaded {
+        Loaded::Sessions(trace) => (args.trace_block_size, trace.num_requests()),
+        Loaded::Graph(graph) => (graph.block_size, graph.nodes.len()),
+    };
+    if let Some(kv) = kv_events.as_mut() {
+        kv.trace_block_size = trace_block_size;
     }
     let config = ReplayConfig {
         cluster,
-        trace_block_size: args.trace_block_size,
+        trace_block_size,
     };
     let show_progress = args.report.show_progress();
     let mut outcome = None;
     for _ in 0..args.iterations {
         let bar = show_progress.then(|| {
-            let bar = indicatif::ProgressBar::new(trace.num_requests() as u64);
+            let bar = indicatif::ProgressBar::new(num_requests as u64);
             bar.set_style(
                 indicatif::ProgressStyle::with_template(
                     "replay {bar:40} {pos}/{len} requests {elapsed}",
@@ -183,9 +239,15 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
             }
         };
         // KV events are written for the first iteration (the others are identical).
-        let result = match kv_events.as_mut().filter(|k| k.file.is_some()) {
-            Some(observer) => replay_observed(&trace, &config, progress, observer),
-            None => replay(&trace, &config, progress),
+        let result = match (&loaded, kv_events.as_mut().filter(|k| k.file.is_some())) {
+            (Loaded::Sessions(trace), Some(observer)) => {
+                replay_observed(trace, &config, progress, observer)
+            }
+            (Loaded::Sessions(trace), None) => replay(trace, &config, progress),
+            (Loaded::Graph(graph), Some(observer)) => {
+                replay_graph(graph, &config, &how, progress, observer)
+            }
+            (Loaded::Graph(graph), None) => replay_graph(graph, &config, &how, progress, &mut ()),
         };
         let wall = started.elapsed();
         if let Some(b) = bar {
@@ -214,6 +276,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
         config.cluster.engine.latency.model.describe(),
         outcome.report
     );
+    if let Some(agentic) = &outcome.agentic {
+        text.push_str(&agentic_summary(agentic));
+    }
     let rejected = rejection_summary(&outcome.rejections);
     if !rejected.is_empty() {
         text.push_str("Rejected requests (never ran)\n");
@@ -224,7 +289,10 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
     let console = crate::write_stdout(text.as_bytes()).context("writing the report to stdout")?;
     if let (Some(file), Some(path)) = (report_file, &args.report.report_json) {
         let mut w = std::io::BufWriter::new(file);
-        serde_json::to_writer_pretty(&mut w, &with_config(&outcome.report, &config))?;
+        serde_json::to_writer_pretty(
+            &mut w,
+            &with_config(&outcome.report, &config, outcome.agentic.as_ref()),
+        )?;
         w.write_all(b"\n")?;
         w.flush()
             .with_context(|| format!("writing {}", path.display()))?;
@@ -235,8 +303,18 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
     }
     if let (Some(file), Some(path)) = (records_file, &args.report.per_request_jsonl) {
         let mut w = std::io::BufWriter::new(file);
+        let labels = agentic_labels(outcome.agentic.as_ref());
         for record in &outcome.records {
-            serde_json::to_writer(&mut w, record)?;
+            match labels.get(&record.request_id) {
+                Some(agentic) => serde_json::to_writer(
+                    &mut w,
+                    &AgenticRecord {
+                        record,
+                        agentic: agentic.clone(),
+                    },
+                )?,
+                None => serde_json::to_writer(&mut w, record)?,
+            }
             w.write_all(b"\n")?;
         }
         w.flush()
@@ -277,6 +355,84 @@ pub fn clamped_warning(trace: &trace::Trace, trace_block_size: usize) -> Option<
     ))
 }
 
+/// A per-request record of an agentic replay: the record, then the node it was.
+#[derive(serde::Serialize)]
+struct AgenticRecord<'a> {
+    #[serde(flatten)]
+    record: &'a servesim::metrics::RequestRecord,
+    agentic: serde_json::Value,
+}
+
+/// Per engine request id, the node it was: `{request_id, play_id, conversation_id,
+/// parent_id?, lane_id?}` (AISimulate's per-request `agentic` object).
+fn agentic_labels(agentic: Option<&AgenticReport>) -> BTreeMap<u64, serde_json::Value> {
+    let Some(agentic) = agentic else {
+        return BTreeMap::new();
+    };
+    let lanes: BTreeMap<&str, usize> = agentic
+        .plays
+        .iter()
+        .filter_map(|p| Some((p.play_id.as_str(), p.lane?)))
+        .collect();
+    agentic
+        .requests
+        .iter()
+        .filter_map(|node| {
+            let id = node.engine_id?;
+            let mut label = serde_json::json!({
+                "request_id": node.request_id,
+                "play_id": node.play_id,
+                "conversation_id": node.session_id,
+            });
+            if let Some(parent) = &node.parent_id {
+                label["parent_id"] = serde_json::json!(parent);
+            }
+            if let Some(lane) = lanes.get(node.play_id.as_str()) {
+                label["lane_id"] = serde_json::json!(format!("lane:{lane}"));
+            }
+            Some((id.0, label))
+        })
+        .collect()
+}
+
+/// The agentic section in words: the plays' outcomes, and per play its makespan split along
+/// the critical path.
+pub fn agentic_summary(agentic: &AgenticReport) -> String {
+    let mut out = format!(
+        "Agentic trace ({}, block size {}, speed-up {}{})\n  plays {} ({} completed, {} failed), \
+         requests {} ({} skipped)\n",
+        agentic.input_format,
+        agentic.block_size,
+        agentic.speedup,
+        agentic
+            .lanes
+            .map_or_else(String::new, |l| format!(", {l} lanes")),
+        agentic.play_count,
+        agentic.completed_plays,
+        agentic.failed_plays,
+        agentic.node_count,
+        agentic.skipped_requests
+    );
+    for play in &agentic.plays {
+        out.push_str(&format!(
+            "  {} {}: makespan {:.3} ms, critical path {} requests ({:.3} ms model, {:.3} ms \
+             tool waits, {:.3} ms floors), {} spawn edges, {} of {} prefix tokens lost in \
+             waits\n",
+            play.play_id,
+            play.status,
+            play.makespan_ms,
+            play.critical_path_requests,
+            play.critical_path_model_ms,
+            play.critical_path_tool_wait_ms,
+            play.critical_path_floor_wait_ms,
+            play.spawn_edges,
+            play.prefix_tokens_lost_in_waits,
+            play.prefix_tokens_after_waits
+        ));
+    }
+    out
+}
+
 /// Rejections grouped by kind: count, the first reason in full, and the first trace lines.
 pub fn rejection_summary(rejections: &[ReplayRejection]) -> String {
     const LINES_SHOWN: usize = 5;
@@ -311,15 +467,20 @@ struct WithConfig<'a> {
     #[serde(flatten)]
     report: &'a servesim::metrics::ReplayReport,
     config: serde_json::Value,
+    /// Agentic traces only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    agentic: Option<&'a AgenticReport>,
 }
 
 fn with_config<'a>(
     report: &'a servesim::metrics::ReplayReport,
     config: &ReplayConfig,
+    agentic: Option<&'a AgenticReport>,
 ) -> WithConfig<'a> {
     let latency = &config.cluster.engine.latency;
     WithConfig {
         report,
+        agentic,
         config: serde_json::json!({
             "latency_model": latency.model.describe(),
             "speedup_ratio": latency.speedup_ratio,

@@ -1,4 +1,12 @@
-//! Mooncake JSONL traces: parsing, session grouping, timing normalisation and token synthesis.
+//! Mooncake JSONL traces: parsing, session grouping, timing normalisation and token synthesis;
+//! and agentic traces as request graphs.
+//!
+//! Agentic formats (`agentic_mooncake` v2 and legacy, `weka`, `dynamo` request traces,
+//! `mooncake-delta`, `applied_compute_agentic`) are each lowered into one [`RequestGraph`]
+//! ([`load_graph`], the format named or found by [`detect_format`]): nodes with dependencies
+//! (dispatch or completion trigger, a delay), grouped into plays, checked before any replay
+//! (unknown sources, cycles, edges across plays, relations that need a completion trigger), each
+//! error naming its line. The rest of this page is about plain Mooncake traces.
 //!
 //! One JSON object per line (empty lines are skipped, unknown fields ignored, a UTF-8 byte order
 //! mark before the first line is skipped):
@@ -33,10 +41,21 @@
 //! [`ScheduleBound`]: both replays ask for [`DEFAULT_MAX_SCHEDULE`] (seven days) unless
 //! `--allow-long-schedule`; beyond it the row is a [`TraceError::LongSchedule`].
 
+mod agentic;
+mod applied;
+mod delta;
+mod dynamo;
+mod graph;
 mod hash;
 mod parse;
 mod plain;
+mod weka;
 
+pub use agentic::AGENTIC_MOONCAKE_SCHEMA;
+pub use dynamo::DYNAMO_REQUEST_TRACE_SCHEMA;
+pub use graph::{
+    detect_format, Dependency, GraphNode, Play, Relation, RequestGraph, TraceFormat, Trigger,
+};
 pub use hash::LocalHashCache;
 
 /// True when the parser's direct reader of plain rows (integer fields and an integer
@@ -309,9 +328,85 @@ pub fn load_with_bound(
     )
 }
 
+/// Reads the agentic trace at `path` as `format` into a validated [`RequestGraph`];
+/// `trace_block_size` is the tokens per hash id for formats whose file does not name it (legacy
+/// agentic Mooncake). [`TraceFormat::Auto`] detects the format first ([`detect_format`]); plain
+/// Mooncake is not a graph (read it with [`load`]).
+pub fn load_graph(
+    path: &Path,
+    format: TraceFormat,
+    trace_block_size: usize,
+) -> Result<RequestGraph, TraceError> {
+    let format = detect_format(path, format)?;
+    parse_graph(
+        graph::open(path)?,
+        &path.display().to_string(),
+        format,
+        trace_block_size,
+    )
+}
+
+/// [`load_graph`] over a reader (`Auto` reads it all to detect the format); `source_name`
+/// labels errors.
+pub fn parse_graph(
+    mut reader: impl std::io::BufRead,
+    source_name: &str,
+    format: TraceFormat,
+    trace_block_size: usize,
+) -> Result<RequestGraph, TraceError> {
+    if !(1..=MAX_TRACE_BLOCK_SIZE).contains(&trace_block_size) {
+        return Err(TraceError::Options {
+            message: format!(
+                "the trace block size must be from 1 to {MAX_TRACE_BLOCK_SIZE}, got \
+                 {trace_block_size}"
+            ),
+        });
+    }
+    if format == TraceFormat::Auto {
+        let mut bytes = Vec::new();
+        let io = |source| TraceError::Io {
+            path: PathBuf::from(source_name),
+            source,
+        };
+        reader.read_to_end(&mut bytes).map_err(io)?;
+        let format = graph::detect_in(&bytes[..]).map_err(io)?;
+        return parse_graph(&bytes[..], source_name, format, trace_block_size);
+    }
+    match format {
+        TraceFormat::Auto | TraceFormat::AgenticMooncake => {
+            agentic::parse(reader, source_name, trace_block_size)
+        }
+        TraceFormat::Weka => weka::parse(reader, source_name),
+        TraceFormat::Dynamo => dynamo::parse(reader, source_name),
+        TraceFormat::AppliedComputeAgentic => applied::parse(reader, source_name, trace_block_size),
+        TraceFormat::MooncakeDelta => delta::parse(reader, source_name, trace_block_size),
+        TraceFormat::Mooncake => Err(TraceError::Options {
+            message: format!("the {format} format is not a request graph this replay reads"),
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gzipped_request_traces_are_read() {
+        use std::io::Write;
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/agentic");
+        let text = std::fs::read(dir.join("dynamo_request_trace.jsonl")).expect("fixture");
+        let path =
+            std::env::temp_dir().join(format!("servesim-trace-{}.jsonl.gz", std::process::id()));
+        let mut gz = flate2::write::GzEncoder::new(
+            std::fs::File::create(&path).expect("temp file"),
+            flate2::Compression::fast(),
+        );
+        gz.write_all(&text).expect("writes");
+        gz.finish().expect("finishes");
+        let g = load_graph(&path, TraceFormat::Auto, 512).expect("reads");
+        assert_eq!((g.format, g.nodes.len()), (TraceFormat::Dynamo, 3));
+        std::fs::remove_file(&path).ok();
+    }
 
     #[test]
     fn fixtures_load() {

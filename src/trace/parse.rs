@@ -36,7 +36,7 @@ pub(super) struct RawRow {
 }
 
 /// A string or integer identifier as a string; anything else names the field and what it got.
-fn id_string(field: &str, value: serde_json::Value) -> Result<String, String> {
+pub(super) fn id_string(field: &str, value: serde_json::Value) -> Result<String, String> {
     use serde_json::Value;
     let got = match value {
         Value::String(s) => return Ok(s),

@@ -1,0 +1,1186 @@
+//! Offline replay of an agentic [`RequestGraph`] on the virtual clock, and its
+//! [`AgenticReport`].
+//!
+//! A node becomes ready at exactly `max(floor(n), max over its dependencies of T(source) +
+//! delay_ms / speedup)`, where `T` is the source's dispatch time (dispatch trigger) or the time
+//! of its last token (completion trigger), and `floor(n) = (not_before_ms - M) / speedup` with
+//! `M` the smallest `not_before_ms` of the graph; it is dispatched at that instant. A node that
+//! the engine rejects fails its play: the play's nodes not yet dispatched are skipped (never
+//! sent, absent from the report), those in flight finish.
+//!
+//! With lanes ([`GraphReplay::lanes`], a closed loop of `L` agents), plays queue in order of
+//! `source_play_ordinal` where the trace gives one, else of `play_id`; the first `L` start at 0 and, when a play settles (its last node ends, or its last
+//! in-flight node after a failure), the freed lane takes the next play at once. A play that got
+//! its lane at `S` has floors `S + (not_before_ms - R) / speedup`, `R` its smallest root
+//! `not_before_ms`.
+//!
+//! The loop is the Mooncake replay's (pass ends first at each instant, then the arrivals due,
+//! then idle workers start), with one collector on this thread: graph traces are small next to
+//! Mooncake's millions of rows.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::{
+    add_topology_figures, engine_request, tell, Note, ReplayConfig, ReplayError, ReplayObserver,
+    ReplayOutcome, ReplayRejection,
+};
+use crate::cluster::{Cluster, Output};
+use crate::ids::RequestId;
+use crate::metrics::Collector;
+use crate::scheduler::RejectReason;
+use crate::time::{SimDuration, SimTime};
+use crate::trace::{LocalHashCache, Relation, RequestGraph, Trigger};
+
+/// How a graph is replayed, beyond the cluster's settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GraphReplay {
+    /// Divides floors and dependency delays (finite, > 0; 1 = as recorded).
+    pub speedup: f64,
+    /// Plays run at once, each in a lane taken from a queue; None runs every play by its floors.
+    pub lanes: Option<usize>,
+}
+
+impl Default for GraphReplay {
+    fn default() -> Self {
+        GraphReplay {
+            speedup: 1.0,
+            lanes: None,
+        }
+    }
+}
+
+/// What happened to one node of the graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeStatus {
+    /// It ran to its last token.
+    Completed,
+    /// The engine refused or rejected it; its play failed.
+    Rejected,
+    /// Never sent: its play failed before it became ready.
+    Skipped,
+}
+
+/// One node's times on the virtual clock (skipped nodes have none).
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeRecord {
+    /// The trace's `request_id`.
+    pub request_id: String,
+    /// The node's play.
+    pub play_id: String,
+    /// The node's conversation.
+    pub session_id: String,
+    /// The engine's id for it (the `request_id` of its per-request record), once dispatched.
+    pub engine_id: Option<RequestId>,
+    /// The source of its `spawn` dependency, if any.
+    pub parent_id: Option<String>,
+    /// When it was dispatched (its ready time).
+    pub dispatched: Option<SimTime>,
+    /// When its last token came.
+    pub last_token: Option<SimTime>,
+    /// When it ended (last token or rejection).
+    pub terminal: Option<SimTime>,
+    /// How it ended.
+    pub status: NodeStatus,
+}
+
+/// How a play ended and where its time went.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PlayOutcome {
+    /// The play.
+    pub play_id: String,
+    /// `completed`, or `failed` when one of its nodes was rejected.
+    pub status: &'static str,
+    /// The first node that failed, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_request_id: Option<String>,
+    /// How it failed (`rejected`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_status: Option<&'static str>,
+    /// Nodes dispatched.
+    pub requests: usize,
+    /// Nodes skipped after the failure.
+    pub skipped_requests: usize,
+    /// First dispatch of the play (ms).
+    pub start_ms: f64,
+    /// When its last dispatched node ended (ms).
+    pub settled_at_ms: f64,
+    /// `settled_at_ms - start_ms`.
+    pub makespan_ms: f64,
+    /// Nodes on the critical path: from the node that ended last, back through the dependency
+    /// that set each node's ready time, to a node that waited only for its floor.
+    pub critical_path_requests: usize,
+    /// Of the makespan, time the critical path spent in the engine (dispatch to last token,
+    /// queueing included).
+    pub critical_path_model_ms: f64,
+    /// Of the makespan, time the critical path spent in dependency delays (tool calls and
+    /// other recorded waits).
+    pub critical_path_tool_wait_ms: f64,
+    /// Of the makespan, time the critical path's first node was held by its floor after the
+    /// play's first dispatch. The three add up to the makespan.
+    pub critical_path_floor_wait_ms: f64,
+    /// The lane the play ran in (with lanes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lane: Option<usize>,
+    /// Spawn edges (sub-agents and worker streams started) in the play.
+    pub spawn_edges: usize,
+    /// Most spawn edges out of one node (the widest fan-out).
+    pub max_fan_out: usize,
+    /// KV cost of waits: over the play's dispatched nodes with a completion dependency, the
+    /// prompt tokens the engine could have found cached from such a source (their common
+    /// hash-id prefix, in full engine blocks, and short of the last block of a fully cached
+    /// prompt, which the engine recomputes)...
+    pub prefix_tokens_after_waits: u64,
+    /// ...and of those, the tokens it did not find (evicted, or on another worker, while the
+    /// play waited), recomputed.
+    pub prefix_tokens_lost_in_waits: u64,
+}
+
+/// The `agentic` section of a graph replay's report.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AgenticReport {
+    /// The trace format.
+    pub input_format: String,
+    /// Prompt tokens per hash id.
+    pub block_size: usize,
+    /// The divisor of floors and delays.
+    pub speedup: f64,
+    /// Lanes (plays at once), if the run had them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lanes: Option<usize>,
+    /// The header's `source`, where the format has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<serde_json::Value>,
+    /// Nodes in the graph.
+    pub node_count: usize,
+    /// Nodes never sent (their play failed first).
+    pub skipped_requests: usize,
+    /// Plays in the graph.
+    pub play_count: usize,
+    /// Plays whose every node completed.
+    pub completed_plays: usize,
+    /// Plays with a rejected node.
+    pub failed_plays: usize,
+    /// Per play, in trace order.
+    pub plays: Vec<PlayOutcome>,
+    /// Per node, in trace order (not in the report file: the per-request records hold the
+    /// same times).
+    #[serde(skip)]
+    pub requests: Vec<NodeRecord>,
+}
+
+/// A node's state during the run.
+#[derive(Clone, Debug, Default)]
+struct NodeState {
+    /// Dependencies not yet fired.
+    waiting: usize,
+    /// Latest `T(source) + delay` so far, and the dependency that set it (the critical path
+    /// follows it back).
+    due: Option<(SimTime, usize)>,
+    /// The engine's id, once dispatched.
+    engine_id: Option<RequestId>,
+    /// When it was dispatched: the trigger time of its dispatch edges.
+    dispatched: Option<SimTime>,
+    /// When its latest token came: the trigger time of its completion edges.
+    last_token: Option<SimTime>,
+    /// When it finished or was rejected.
+    terminal: Option<SimTime>,
+    /// Whether the engine refused or rejected it.
+    rejected: bool,
+}
+
+/// The graph replay's bookkeeping.
+struct Run<'a> {
+    graph: &'a RequestGraph,
+    speedup: f64,
+    /// Per node, its floor on the virtual clock (with lanes, set when its play gets a lane).
+    floors: Vec<SimTime>,
+    /// Plays waiting for a lane, in order (empty without lanes).
+    queue: VecDeque<usize>,
+    /// Per play, the lane it holds or held (with lanes).
+    lane_of: Vec<Option<usize>>,
+    /// Per play, nodes dispatched and not yet ended (a failed play settles when none is left).
+    in_flight: Vec<usize>,
+    /// Per play, nodes ended (a play settles when all have).
+    ended: Vec<usize>,
+    /// Per play, whether it has settled.
+    settled: Vec<bool>,
+    /// Per node, its state.
+    nodes: Vec<NodeState>,
+    /// Per node, the (child, dependency index) edges its dispatch and its completion release.
+    on_dispatch: Vec<Vec<(usize, usize)>>,
+    on_completion: Vec<Vec<(usize, usize)>>,
+    /// Per play, its first failed node.
+    failed: Vec<Option<usize>>,
+    /// Engine id -> node.
+    node_of: Vec<usize>,
+    /// Nodes ready at a time, earliest first; ties in the order they became ready.
+    arrivals: BinaryHeap<Reverse<(SimTime, u64, usize)>>,
+    /// The next tie-breaking sequence number.
+    next_seq: u64,
+    /// The report's metrics, told every output as the Mooncake replay tells it.
+    collector: Collector,
+    /// Nodes the engine refused or rejected.
+    rejections: Vec<ReplayRejection>,
+    /// Nodes ended, for progress.
+    done: usize,
+}
+
+impl Run<'_> {
+    fn schedule(&mut self, node: usize, at: SimTime) {
+        self.arrivals.push(Reverse((at, self.next_seq, node)));
+        self.next_seq += 1;
+    }
+
+    /// Dependency `dep` of `child` fired at `t` (its source's trigger time).
+    fn fire(&mut self, child: usize, dep: usize, t: SimTime) {
+        let d = &self.graph.nodes[child].dependencies[dep];
+        let due = t + SimDuration::from_millis_f64(d.delay_ms / self.speedup);
+        let state = &mut self.nodes[child];
+        if state.due.is_none_or(|(at, _)| due > at) {
+            state.due = Some((due, dep));
+        }
+        state.waiting -= 1;
+        if state.waiting == 0 {
+            let latest = state.due.map_or(due, |(at, _)| at);
+            let floor = self.floors[child];
+            self.schedule(child, floor.max(latest));
+        }
+    }
+
+    /// Play `play` gets lane `lane` at `now`: its floors are set from `now` and its roots
+    /// scheduled.
+    fn start_play(&mut self, play: usize, lane: usize, now: SimTime) {
+        let graph = self.graph;
+        let nodes = &graph.plays[play].nodes;
+        self.lane_of[play] = Some(lane);
+        let r = nodes
+            .iter()
+            .filter(|&&n| graph.nodes[n].dependencies.is_empty())
+            .map(|&n| graph.nodes[n].not_before_ms)
+            .fold(f64::INFINITY, f64::min);
+        for &n in nodes {
+            let offset = (graph.nodes[n].not_before_ms - r) / self.speedup;
+            self.floors[n] = now + SimDuration::from_millis_f64(offset);
+            if graph.nodes[n].dependencies.is_empty() {
+                self.schedule(n, self.floors[n]);
+            }
+        }
+    }
+
+    /// A node of `play` ended at `now`: when that settles the play, its lane takes the next
+    /// play waiting.
+    fn node_ended(&mut self, play: usize, now: SimTime) {
+        self.in_flight[play] -= 1;
+        self.ended[play] += 1;
+        let all = self.ended[play] == self.graph.plays[play].nodes.len();
+        let failed_and_idle = self.failed[play].is_some() && self.in_flight[play] == 0;
+        if self.settled[play] || !(all || failed_and_idle) {
+            return;
+        }
+        self.settled[play] = true;
+        if let Some(lane) = self.lane_of[play] {
+            if let Some(next) = self.queue.pop_front() {
+                self.start_play(next, lane, now);
+            }
+        }
+    }
+
+    fn dispatched(&mut self, node: usize, now: SimTime) {
+        self.in_flight[self.graph.nodes[node].play] += 1;
+        self.nodes[node].dispatched = Some(now);
+        for k in 0..self.on_dispatch[node].len() {
+            let (child, dep) = self.on_dispatch[node][k];
+            self.fire(child, dep, now);
+        }
+    }
+
+    fn completed(&mut self, node: usize, time: SimTime) {
+        self.done += 1;
+        let state = &mut self.nodes[node];
+        state.terminal = Some(time);
+        let t = *state.last_token.get_or_insert(time);
+        for k in 0..self.on_completion[node].len() {
+            let (child, dep) = self.on_completion[node][k];
+            self.fire(child, dep, t);
+        }
+        self.node_ended(self.graph.nodes[node].play, time);
+    }
+
+    fn rejected(&mut self, node: usize, time: SimTime, reason: RejectReason) {
+        self.done += 1;
+        let state = &mut self.nodes[node];
+        state.terminal = Some(time);
+        state.rejected = true;
+        if let Some(id) = state.engine_id {
+            self.rejections.push(ReplayRejection {
+                id,
+                line: self.graph.nodes[node].request.line,
+                reason,
+            });
+        }
+        let play = self.graph.nodes[node].play;
+        self.failed[play].get_or_insert(node);
+        self.node_ended(play, time);
+    }
+
+    fn handle(&mut self, outputs: &mut Vec<Output>) {
+        for out in outputs.drain(..) {
+            match out {
+                Output::Token { id, time, .. } => {
+                    let node = self.node_of[id.0 as usize];
+                    self.nodes[node].last_token = Some(time);
+                }
+                Output::Finished { id, time } => self.completed(self.node_of[id.0 as usize], time),
+                Output::Rejected { id, time, reason } => {
+                    self.rejected(self.node_of[id.0 as usize], time, reason)
+                }
+                Output::Admitted { .. } | Output::KvTransfer { .. } | Output::Preempted { .. } => {}
+            }
+            if let Some(note) = Note::of(&out) {
+                tell(&mut self.collector, note);
+            }
+        }
+    }
+}
+
+/// Replays `graph` to the end, floors and delays divided by `how.speedup` (finite, > 0), plays
+/// in `how.lanes` lanes if given (at least 1).
+///
+/// The report keeps the Mooncake replay's keys (over the dispatched nodes) and
+/// [`ReplayOutcome::agentic`] holds the plays' outcomes and every node's times.
+pub fn replay_graph(
+    graph: &RequestGraph,
+    config: &ReplayConfig,
+    how: &GraphReplay,
+    mut progress: impl FnMut(usize, usize),
+    observer: &mut dyn ReplayObserver,
+) -> Result<ReplayOutcome, ReplayError> {
+    let speedup = how.speedup;
+    if !(speedup.is_finite() && speedup > 0.0) {
+        return Err(ReplayError::Speedup(speedup));
+    }
+    if how.lanes == Some(0) {
+        return Err(ReplayError::Lanes);
+    }
+    let mut cluster = Cluster::new(config.cluster.clone())?;
+    observer.start(&mut cluster);
+    let block_size = cluster.block_size();
+    let blocks = graph
+        .nodes
+        .iter()
+        .map(|n| (n.request.input_length + n.request.output_length).div_ceil(block_size))
+        .fold(0usize, usize::saturating_add);
+    cluster.reserve_router_index(blocks);
+    cluster.reserve_pools(blocks);
+    let total = graph.nodes.len();
+    let mut on_dispatch = vec![Vec::new(); total];
+    let mut on_completion = vec![Vec::new(); total];
+    let mut nodes = vec![NodeState::default(); total];
+    for (child, node) in graph.nodes.iter().enumerate() {
+        nodes[child].waiting = node.dependencies.len();
+        for (k, dep) in node.dependencies.iter().enumerate() {
+            match dep.trigger {
+                Trigger::Dispatch => on_dispatch[dep.source].push((child, k)),
+                Trigger::Completion => on_completion[dep.source].push((child, k)),
+            }
+        }
+    }
+    // Each node's position in its conversation, for the per-request records.
+    let mut turns: HashMap<&str, usize> = HashMap::new();
+    let turn_of: Vec<usize> = graph
+        .nodes
+        .iter()
+        .map(|n| {
+            let t = turns.entry(n.session_id.as_str()).or_insert(0);
+            *t += 1;
+            *t - 1
+        })
+        .collect();
+    let mut run = Run {
+        graph,
+        speedup,
+        floors: (0..total)
+            .map(|n| SimTime::ZERO + graph.floor(n, speedup))
+            .collect(),
+        queue: VecDeque::new(),
+        lane_of: vec![None; graph.plays.len()],
+        in_flight: vec![0; graph.plays.len()],
+        ended: vec![0; graph.plays.len()],
+        settled: vec![false; graph.plays.len()],
+        nodes,
+        on_dispatch,
+        on_completion,
+        failed: vec![None; graph.plays.len()],
+        node_of: Vec::with_capacity(total),
+        arrivals: BinaryHeap::new(),
+        next_seq: 0,
+        collector: Collector::with_capacity(total),
+        rejections: Vec::new(),
+        done: 0,
+    };
+    match how.lanes {
+        None => {
+            for n in 0..total {
+                if graph.nodes[n].dependencies.is_empty() {
+                    run.schedule(n, run.floors[n]);
+                }
+            }
+        }
+        Some(lanes) => {
+            let mut order: Vec<usize> = (0..graph.plays.len()).collect();
+            order.sort_by(|&a, &b| {
+                let (a, b) = (&graph.plays[a], &graph.plays[b]);
+                (a.ordinal, &a.id).cmp(&(b.ordinal, &b.id))
+            });
+            run.queue = order.into();
+            for lane in 0..lanes {
+                let Some(play) = run.queue.pop_front() else {
+                    break;
+                };
+                run.start_play(play, lane, SimTime::ZERO);
+            }
+        }
+    }
+    let mut hash_cache = LocalHashCache::new(block_size);
+    let mut now = SimTime::ZERO;
+    let mut last_progress = 0;
+    let mut outputs = Vec::new();
+    loop {
+        let next = match (
+            run.arrivals.peek().map(|Reverse((t, ..))| *t),
+            cluster.next_pass_end(),
+        ) {
+            (Some(a), Some(p)) => a.min(p),
+            (Some(a), None) => a,
+            (None, Some(p)) => p,
+            (None, None) => break,
+        };
+        now = now.max(next);
+        cluster.finish_due_into(now, &mut outputs);
+        observer.outputs(&mut cluster, &outputs, now);
+        run.handle(&mut outputs);
+        while let Some(&Reverse((ready, _, n))) = run.arrivals.peek() {
+            if ready > now {
+                break;
+            }
+            run.arrivals.pop();
+            let node = &graph.nodes[n];
+            if run.failed[node.play].is_some() {
+                continue;
+            }
+            let request =
+                engine_request(&node.request, graph.block_size, block_size, &mut hash_cache);
+            let submitted = cluster.submit(request, now);
+            let id = match &submitted {
+                Ok(id) => {
+                    observer.submitted(*id, &node.request);
+                    *id
+                }
+                Err(rejection) => rejection.id,
+            };
+            debug_assert_eq!(id, RequestId(run.node_of.len() as u64));
+            run.node_of.push(n);
+            run.nodes[n].engine_id = Some(id);
+            run.collector.on_arrival(
+                id,
+                ready,
+                node.request.input_length,
+                node.request.output_length,
+                Some(&node.session_id),
+                turn_of[n],
+            );
+            run.dispatched(n, now);
+            if let Err(rejection) = submitted {
+                run.collector.on_reject(id, now);
+                run.rejected(n, now, rejection.reason);
+            }
+        }
+        cluster.start_idle_into(now, &mut outputs);
+        observer.outputs(&mut cluster, &outputs, now);
+        run.handle(&mut outputs);
+        if run.done >= last_progress + 64 {
+            last_progress = run.done;
+            progress(run.done, total);
+        }
+    }
+    progress(run.done, total);
+    let in_flight = cluster.active_requests();
+    if in_flight > 0 {
+        return Err(ReplayError::DeadEnd {
+            time: now,
+            in_flight,
+        });
+    }
+    let stats = cluster.snapshot();
+    let preemptions = stats.workers.iter().map(|w| w.scheduler.preemptions).sum();
+    let (mut report, records) = std::mem::take(&mut run.collector).finish(Duration::ZERO);
+    let reused: Vec<usize> = records.iter().map(|r| r.reused_input_tokens).collect();
+    let agentic = summarize(&run, how.lanes, &reused, block_size);
+    add_topology_figures(&mut report, &stats, config);
+    let mut rejections = run.rejections;
+    rejections.sort_by_key(|r| r.id);
+    Ok(ReplayOutcome {
+        report,
+        records,
+        preemptions,
+        rejections,
+        agentic: Some(agentic),
+    })
+}
+
+/// The plays' outcomes and every node's record, once the run is over.
+fn summarize(
+    run: &Run<'_>,
+    lanes: Option<usize>,
+    reused: &[usize],
+    block_size: usize,
+) -> AgenticReport {
+    let graph = run.graph;
+    let requests: Vec<NodeRecord> = graph
+        .nodes
+        .iter()
+        .zip(&run.nodes)
+        .map(|(node, state)| NodeRecord {
+            request_id: node.id().to_string(),
+            play_id: graph.plays[node.play].id.clone(),
+            session_id: node.session_id.clone(),
+            engine_id: state.engine_id,
+            parent_id: node
+                .dependencies
+                .iter()
+                .find(|d| d.relation == Relation::Spawn)
+                .map(|d| graph.nodes[d.source].id().to_string()),
+            dispatched: state.dispatched,
+            last_token: state.last_token.filter(|_| !state.rejected),
+            terminal: state.terminal,
+            status: match (state.dispatched, state.rejected) {
+                (None, _) => NodeStatus::Skipped,
+                (Some(_), true) => NodeStatus::Rejected,
+                (Some(_), false) => NodeStatus::Completed,
+            },
+        })
+        .collect();
+    let ms = |t: SimTime| t.as_millis_f64();
+    let plays: Vec<PlayOutcome> = graph
+        .plays
+        .iter()
+        .enumerate()
+        .map(|(p, play)| {
+            let sent: Vec<usize> = play
+                .nodes
+                .iter()
+                .copied()
+                .filter(|&n| run.nodes[n].dispatched.is_some())
+                .collect();
+            let start = sent
+                .iter()
+                .filter_map(|&n| run.nodes[n].dispatched)
+                .min()
+                .unwrap_or(SimTime::ZERO);
+            // The node that ended last (the earliest in the trace among equals).
+            let end = sent
+                .iter()
+                .copied()
+                .max_by_key(|&n| (run.nodes[n].terminal, Reverse(n)));
+            let settled = end.and_then(|n| run.nodes[n].terminal).unwrap_or(start);
+            let path = end
+                .map(|n| critical_path(run, n, start))
+                .unwrap_or_default();
+            let mut fan_out: HashMap<usize, usize> = HashMap::new();
+            for &n in &play.nodes {
+                for d in &graph.nodes[n].dependencies {
+                    if d.relation == Relation::Spawn {
+                        *fan_out.entry(d.source).or_insert(0) += 1;
+                    }
+                }
+            }
+            let (mut after_waits, mut lost) = (0u64, 0u64);
+            for &n in &sent {
+                let expected = resumable_prefix(graph, n, block_size);
+                let found = run.nodes[n]
+                    .engine_id
+                    .and_then(|id| reused.get(id.0 as usize))
+                    .copied()
+                    .unwrap_or(0);
+                after_waits += expected as u64;
+                lost += expected.saturating_sub(found) as u64;
+            }
+            let failure = run.failed[p];
+            PlayOutcome {
+                play_id: play.id.clone(),
+                status: if failure.is_some() {
+                    "failed"
+                } else {
+                    "completed"
+                },
+                failure_request_id: failure.map(|n| graph.nodes[n].id().to_string()),
+                failure_status: failure.map(|_| "rejected"),
+                requests: sent.len(),
+                skipped_requests: play.nodes.len() - sent.len(),
+                start_ms: ms(start),
+                settled_at_ms: ms(settled),
+                makespan_ms: settled.saturating_since(start).as_millis_f64(),
+                critical_path_requests: path.requests,
+                critical_path_model_ms: path.model.as_millis_f64(),
+                critical_path_tool_wait_ms: path.tool_wait.as_millis_f64(),
+                critical_path_floor_wait_ms: path.floor_wait.as_millis_f64(),
+                lane: run.lane_of[p],
+                spawn_edges: fan_out.values().sum(),
+                max_fan_out: fan_out.values().copied().max().unwrap_or(0),
+                prefix_tokens_after_waits: after_waits,
+                prefix_tokens_lost_in_waits: lost,
+            }
+        })
+        .collect();
+    AgenticReport {
+        input_format: graph.format.name().to_string(),
+        block_size: graph.block_size,
+        speedup: run.speedup,
+        lanes,
+        source: graph.source.clone(),
+        node_count: graph.nodes.len(),
+        skipped_requests: requests
+            .iter()
+            .filter(|r| r.status == NodeStatus::Skipped)
+            .count(),
+        play_count: graph.plays.len(),
+        completed_plays: plays.iter().filter(|p| p.status == "completed").count(),
+        failed_plays: plays.iter().filter(|p| p.status == "failed").count(),
+        plays,
+        requests,
+    }
+}
+
+/// Prompt tokens of node `n` the engine could find cached from a completion dependency's
+/// source: the longest common hash-id prefix over those sources, in tokens, cut to full engine
+/// blocks and to the blocks before the prompt's last token (a fully cached prompt recomputes
+/// its last block).
+fn resumable_prefix(graph: &RequestGraph, n: usize, block_size: usize) -> usize {
+    let node = &graph.nodes[n].request;
+    let tokens = graph.nodes[n]
+        .dependencies
+        .iter()
+        .filter(|d| d.trigger == Trigger::Completion)
+        .map(|d| {
+            let source = &graph.nodes[d.source].request;
+            let common = node
+                .hash_ids
+                .iter()
+                .zip(&source.hash_ids)
+                .take_while(|(a, b)| a == b)
+                .count();
+            (common * graph.block_size)
+                .min(node.input_length)
+                .min(source.input_length)
+        })
+        .max()
+        .unwrap_or(0);
+    let block_size = block_size.max(1);
+    let cacheable = node.input_length.saturating_sub(1) / block_size * block_size;
+    (tokens / block_size * block_size).min(cacheable)
+}
+
+/// A play's critical path in parts that add up to its makespan.
+#[derive(Default)]
+struct CriticalPath {
+    requests: usize,
+    model: SimDuration,
+    tool_wait: SimDuration,
+    floor_wait: SimDuration,
+}
+
+/// Walks back from `end` through the dependency that set each node's ready time: the engine's
+/// time of each node up to the point its successor waited on (its last token, or its dispatch
+/// for a dispatch trigger), the delays between, and the floor wait of the first node.
+fn critical_path(run: &Run<'_>, end: usize, start: SimTime) -> CriticalPath {
+    let mut path = CriticalPath::default();
+    let mut node = end;
+    let Some(mut until) = run.nodes[end].terminal else {
+        return path;
+    };
+    loop {
+        path.requests += 1;
+        let state = &run.nodes[node];
+        let Some(dispatched) = state.dispatched else {
+            return path;
+        };
+        path.model = path.model + until.saturating_since(dispatched);
+        let floor = run.floors[node];
+        match state.due {
+            Some((due, k)) if due >= floor => {
+                let dep = &run.graph.nodes[node].dependencies[k];
+                let source = &run.nodes[dep.source];
+                let t = match dep.trigger {
+                    Trigger::Dispatch => source.dispatched,
+                    Trigger::Completion => source.last_token,
+                };
+                let Some(t) = t else {
+                    return path;
+                };
+                path.tool_wait = path.tool_wait + dispatched.saturating_since(t);
+                until = t;
+                node = dep.source;
+            }
+            _ => {
+                path.floor_wait = dispatched.saturating_since(start);
+                return path;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::ClusterConfig;
+    use crate::trace::{parse_graph, TraceFormat};
+
+    /// One aggregated worker with the mocker's defaults (polynomial timing, KV block 64), as in
+    /// the reference's worked example.
+    fn config() -> ReplayConfig {
+        ReplayConfig {
+            cluster: ClusterConfig {
+                num_workers: 1,
+                ..ClusterConfig::default()
+            },
+            trace_block_size: 64,
+        }
+    }
+
+    fn fixture(name: &str) -> String {
+        let path = format!("{}/fixtures/agentic/{name}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read_to_string(path).expect("fixture")
+    }
+
+    fn run(text: &str, format: TraceFormat, speedup: f64) -> ReplayOutcome {
+        let graph = parse_graph(text.as_bytes(), "t.jsonl", format, 512).expect("parses");
+        let how = GraphReplay {
+            speedup,
+            lanes: None,
+        };
+        replay_graph(&graph, &config(), &how, |_, _| {}, &mut ()).expect("replays")
+    }
+
+    /// (dispatch, last token) of each node, in µs.
+    fn times(outcome: &ReplayOutcome) -> Vec<(String, u64, u64)> {
+        let agentic = outcome.agentic.as_ref().expect("an agentic section");
+        agentic
+            .requests
+            .iter()
+            .map(|r| {
+                (
+                    r.request_id.clone(),
+                    r.dispatched.expect("dispatched").0,
+                    r.last_token.expect("completed").0,
+                )
+            })
+            .collect()
+    }
+
+    /// The reference's section 2: r1 starts exactly 500 ms after r0's last token.
+    #[test]
+    fn a_completion_edge_releases_its_node_exactly_delay_after_the_last_token() {
+        let outcome = run(
+            &fixture("agentic_mooncake_v2.jsonl"),
+            TraceFormat::Auto,
+            1.0,
+        );
+        let t = times(&outcome);
+        assert_eq!(t[0].1, 0);
+        // Our polynomial puts r0's last token at 60.688 ms (AISimulate's h200 engine model:
+        // 60.970771 ms); the rule on top of it is the same.
+        assert_eq!(t[0].2, 60_688);
+        assert_eq!(t[1].1, t[0].2 + 500_000);
+        // The per-request records agree: r1 arrives (and is sent) 500 ms after r0's last token.
+        let r0 = &outcome.records[0];
+        let r1 = &outcome.records[1];
+        assert_eq!(r1.arrival_ms, r0.last_token_ms.expect("r0 ends") + 500.0);
+        let agentic = outcome.agentic.as_ref().expect("agentic");
+        let p0 = &agentic.plays[0];
+        assert_eq!(
+            (p0.status, p0.requests, p0.critical_path_requests),
+            ("completed", 2, 2)
+        );
+        assert_eq!(p0.critical_path_tool_wait_ms, 500.0);
+        assert_eq!(
+            p0.critical_path_model_ms
+                + p0.critical_path_tool_wait_ms
+                + p0.critical_path_floor_wait_ms,
+            p0.makespan_ms
+        );
+        assert_eq!(p0.makespan_ms, outcome.report.duration_ms);
+    }
+
+    /// The reference's section 10, start by start: spawn on dispatch, a floor that holds a
+    /// dependent node back, a join, and a second play whose prompt reuses the first's blocks.
+    #[test]
+    fn the_worked_example_starts_every_node_at_its_ready_time() {
+        let outcome = run(
+            &fixture("worked_example.jsonl"),
+            TraceFormat::AgenticMooncake,
+            1.0,
+        );
+        let t = times(&outcome);
+        let at = |id: &str| {
+            t.iter()
+                .find(|(n, ..)| n == id)
+                .map(|(_, d, l)| (*d, *l))
+                .expect(id)
+        };
+        let (r0, r1, r2, r3, q0) = (at("r0"), at("r1"), at("r2"), at("r3"), at("q0"));
+        assert_eq!(r0.0, 0);
+        assert_eq!(r1.0, 100_000, "dispatch(r0) + 100");
+        assert_eq!(q0.0, 300_000, "floor 300");
+        assert_eq!(r2.0, 1_000_000, "max(last(r0) + 200, floor 1000)");
+        assert_eq!(
+            r3.0,
+            r2.1.max(r1.1 + 50_000),
+            "max(last(r2) + 0, last(r1) + 50)"
+        );
+        assert_eq!(r3.0, r2.1);
+        let q0_record = outcome
+            .records
+            .iter()
+            .find(|r| r.arrival_ms == 300.0)
+            .expect("q0's record");
+        assert_eq!(q0_record.reused_input_tokens, 192, "ids are file-global");
+        let agentic = outcome.agentic.as_ref().expect("agentic");
+        assert_eq!((agentic.completed_plays, agentic.failed_plays), (2, 0));
+        let p0 = &agentic.plays[0];
+        assert_eq!(p0.makespan_ms, outcome.report.duration_ms);
+        assert_eq!((p0.spawn_edges, p0.max_fan_out), (1, 1));
+        // r3 <- r2 <- (floor): r2 was held by its floor, 1000 ms after the play's start.
+        assert_eq!(p0.critical_path_requests, 2);
+        assert_eq!(p0.critical_path_floor_wait_ms, 1000.0);
+        assert_eq!(p0.critical_path_tool_wait_ms, 0.0);
+        assert_eq!(agentic.requests[1].parent_id.as_deref(), Some("r0"));
+        // Speed-up 2 halves floors and delays: r1 at 50, q0 at 150, r2 at 500.
+        let fast = times(&run(
+            &fixture("worked_example.jsonl"),
+            TraceFormat::AgenticMooncake,
+            2.0,
+        ));
+        let starts: Vec<u64> = fast.iter().map(|(_, d, _)| *d).collect();
+        assert_eq!(&starts[..3], &[0, 50_000, 500_000]);
+        assert_eq!(starts[4], 150_000);
+    }
+
+    /// A node the engine rejects fails its play: the play's nodes not yet sent are skipped,
+    /// and the other play runs on.
+    #[test]
+    fn a_rejected_node_fails_its_play_and_skips_the_rest() {
+        let mut graph = parse_graph(
+            fixture("worked_example.jsonl").as_bytes(),
+            "t",
+            TraceFormat::AgenticMooncake,
+            64,
+        )
+        .expect("parses");
+        // r2 asks for more output than any context holds.
+        graph.nodes[2].request.output_length = 1 << 30;
+        let outcome = replay_graph(
+            &graph,
+            &config(),
+            &GraphReplay::default(),
+            |_, _| {},
+            &mut (),
+        )
+        .expect("replays");
+        let agentic = outcome.agentic.as_ref().expect("agentic");
+        let status: Vec<NodeStatus> = agentic.requests.iter().map(|r| r.status).collect();
+        assert_eq!(
+            status,
+            [
+                NodeStatus::Completed,
+                NodeStatus::Completed,
+                NodeStatus::Rejected,
+                NodeStatus::Skipped,
+                NodeStatus::Completed
+            ]
+        );
+        let p0 = &agentic.plays[0];
+        assert_eq!(p0.status, "failed");
+        assert_eq!(p0.failure_request_id.as_deref(), Some("r2"));
+        assert_eq!((p0.requests, p0.skipped_requests), (3, 1));
+        assert_eq!((agentic.completed_plays, agentic.failed_plays), (1, 1));
+        assert_eq!(
+            outcome.report.num_requests, 4,
+            "skipped nodes are not requests"
+        );
+        assert_eq!(outcome.rejections.len(), 1);
+        assert_eq!(outcome.rejections[0].line, 4);
+    }
+
+    /// The reference's weka example: with no `api_time` the recorded gap (1 s) is counted from
+    /// the first request's start, so the second starts 1000 ms after the first one's last token.
+    #[test]
+    fn a_weka_request_waits_for_its_predecessor_plus_the_recorded_gap() {
+        let outcome = run(&fixture("weka.jsonl"), TraceFormat::Weka, 1.0);
+        let t = times(&outcome);
+        assert_eq!(t[0].1, 0);
+        assert_eq!(t[0].2, 60_688);
+        assert_eq!(t[1].1, t[0].2 + 1_000_000);
+        let auto = run(&fixture("weka.jsonl"), TraceFormat::Auto, 1.0);
+        assert_eq!(times(&auto), t, "detected as weka");
+        // Sub-agents, worker streams and joins run to the end; every play completes.
+        let outcome = run(&fixture("weka_subagent.json"), TraceFormat::Auto, 1.0);
+        let agentic = outcome.agentic.as_ref().expect("agentic");
+        assert_eq!(agentic.input_format, "weka");
+        assert_eq!((agentic.completed_plays, agentic.node_count), (2, 6));
+        assert_eq!(agentic.plays[0].spawn_edges, 2);
+        assert_eq!(agentic.plays[1].start_ms, 0.0, "every play starts at 0");
+    }
+
+    /// A request trace: the child session starts 50 ms after the parent's first request is
+    /// sent; the parent's next request waits 300 ms after its predecessor's last token and
+    /// 100 ms after the child's.
+    #[test]
+    fn a_dynamo_request_trace_replays_its_sessions_spawns_and_joins() {
+        let outcome = run(
+            &fixture("dynamo_request_trace.jsonl"),
+            TraceFormat::Auto,
+            1.0,
+        );
+        let t = times(&outcome);
+        assert_eq!(t[0].1, 0);
+        assert_eq!(t[1].1, 50_000);
+        assert_eq!(t[2].1, (t[0].2 + 300_000).max(t[1].2 + 100_000));
+        let agentic = outcome.agentic.as_ref().expect("agentic");
+        assert_eq!(agentic.input_format, "dynamo");
+        assert_eq!(agentic.requests[1].parent_id.as_deref(), Some("ps"));
+    }
+
+    /// The reference's lanes example: with one lane, p0 runs as without lanes and q0 waits
+    /// for p0 to settle, ignoring its floor; with two, each play starts at 0.
+    #[test]
+    fn with_one_lane_the_second_play_starts_when_the_first_settles() {
+        let text = fixture("worked_example.jsonl");
+        let graph = parse_graph(text.as_bytes(), "w", TraceFormat::Auto, 64).expect("parses");
+        let free = times(&run(&text, TraceFormat::Auto, 1.0));
+        let lanes = |n: usize| {
+            let how = GraphReplay {
+                speedup: 1.0,
+                lanes: Some(n),
+            };
+            replay_graph(&graph, &config(), &how, |_, _| {}, &mut ()).expect("replays")
+        };
+        let one = lanes(1);
+        let t = times(&one);
+        assert_eq!(t[..4], free[..4], "p0 is unchanged");
+        assert_eq!(t[4].1, t[3].2, "q0 starts when r3, p0's last node, ends");
+        let agentic = one.agentic.as_ref().expect("agentic");
+        assert_eq!(agentic.lanes, Some(1));
+        assert_eq!(
+            (agentic.plays[0].lane, agentic.plays[1].lane),
+            (Some(0), Some(0))
+        );
+        let two = times(&lanes(2));
+        assert_eq!(two[4].1, 0, "q0's floor counts from its lane's start");
+        // source_play_ordinal puts p1 first: q0 starts at 0, p0 when q0 ends.
+        let ordered = text
+            .replace(
+                "\"play_id\":\"p0\",",
+                "\"play_id\":\"p0\",\"source_play_ordinal\":1,",
+            )
+            .replace(
+                "\"play_id\":\"p1\",",
+                "\"play_id\":\"p1\",\"source_play_ordinal\":0,",
+            );
+        let graph = parse_graph(ordered.as_bytes(), "w", TraceFormat::Auto, 64).expect("parses");
+        let how = GraphReplay {
+            speedup: 1.0,
+            lanes: Some(1),
+        };
+        let outcome = replay_graph(&graph, &config(), &how, |_, _| {}, &mut ()).expect("replays");
+        let t = times(&outcome);
+        assert_eq!(t[4].1, 0);
+        assert_eq!(t[0].1, t[4].2, "r0 starts when q0 ends");
+        let zero = GraphReplay {
+            speedup: 1.0,
+            lanes: Some(0),
+        };
+        assert!(matches!(
+            replay_graph(&graph, &config(), &zero, |_, _| {}, &mut ()),
+            Err(ReplayError::Lanes)
+        ));
+    }
+
+    /// An applied-compute session: each turn starts its tool call's latency after the last
+    /// token of the turn before, and reuses that turn's prompt blocks.
+    #[test]
+    fn an_applied_compute_session_waits_for_each_tool_call() {
+        let text = fixture("applied_compute_agentic.jsonl");
+        let graph = parse_graph(text.as_bytes(), "a", TraceFormat::Auto, 64).expect("parses");
+        let outcome = replay_graph(
+            &graph,
+            &config(),
+            &GraphReplay::default(),
+            |_, _| {},
+            &mut (),
+        )
+        .expect("replays");
+        let t = times(&outcome);
+        assert_eq!(t[0].1, 0);
+        assert_eq!(t[1].1, t[0].2 + 500_000);
+        assert_eq!(t[2].1, t[1].2 + 1_250_000);
+        let reused: Vec<usize> = outcome
+            .records
+            .iter()
+            .map(|r| r.reused_input_tokens)
+            .collect();
+        assert_eq!(reused, [0, 256, 320]);
+    }
+
+    /// The KV cost of a wait: r1 shares r0's four blocks, but while p0 waits 500 ms another
+    /// play fills the eight-block cache and evicts them: r1 recomputes them.
+    #[test]
+    fn blocks_evicted_during_a_wait_are_counted() {
+        let text = fixture("agentic_mooncake_v2.jsonl");
+        let evictor = r#"{"request_id":"x0","play_id":"p1","session_id":"x","model":"M","input_length":448,"output_length":8,"hash_ids":[70,71,72,73,74,75,76],"not_before_ms":100,"dependencies":[]}"#;
+        let graph = parse_graph(
+            format!("{text}{evictor}\n").as_bytes(),
+            "t",
+            TraceFormat::Auto,
+            64,
+        )
+        .expect("parses");
+        let mut small = config();
+        small.cluster.engine.num_gpu_blocks = 8;
+        let outcome = replay_graph(&graph, &small, &GraphReplay::default(), |_, _| {}, &mut ())
+            .expect("replays");
+        let p0 = &outcome.agentic.as_ref().expect("agentic").plays[0];
+        assert_eq!(p0.prefix_tokens_after_waits, 256);
+        assert_eq!(p0.prefix_tokens_lost_in_waits, 256);
+        // With room for everything, nothing is lost.
+        let outcome = replay_graph(
+            &graph,
+            &config(),
+            &GraphReplay::default(),
+            |_, _| {},
+            &mut (),
+        )
+        .expect("replays");
+        let p0 = &outcome.agentic.as_ref().expect("agentic").plays[0];
+        assert_eq!(
+            (p0.prefix_tokens_after_waits, p0.prefix_tokens_lost_in_waits),
+            (256, 0)
+        );
+    }
+
+    /// The reference's delta example: turn 2 (238 tokens) finds turn 1's three full blocks
+    /// (192 tokens) cached; each turn starts its delay after the last token of the one before.
+    #[test]
+    fn mooncake_delta_turns_reuse_the_history_they_repeat() {
+        let text = fixture("mooncake_delta.jsonl");
+        let graph =
+            parse_graph(text.as_bytes(), "d", TraceFormat::MooncakeDelta, 64).expect("parses");
+        let outcome = replay_graph(
+            &graph,
+            &config(),
+            &GraphReplay::default(),
+            |_, _| {},
+            &mut (),
+        )
+        .expect("replays");
+        let inputs: Vec<usize> = outcome.records.iter().map(|r| r.input_length).collect();
+        assert_eq!(inputs, [128, 200, 238]);
+        let reused: Vec<usize> = outcome
+            .records
+            .iter()
+            .map(|r| r.reused_input_tokens)
+            .collect();
+        assert_eq!(reused, [0, 128, 192]);
+        let t = times(&outcome);
+        assert_eq!(t[1].1, t[0].2 + 100_000);
+        assert_eq!(t[2].1, t[1].2 + 250_000);
+    }
+
+    /// Seeded mutations of every agentic fixture (bytes dropped, digits changed, spans
+    /// repeated) read as every graph format: an error or a graph, never a panic; and every
+    /// small graph that reads replays to the end.
+    #[test]
+    fn mutated_traces_are_errors_or_graphs_that_replay() {
+        use rand::{Rng, SeedableRng};
+        let dir = format!("{}/fixtures/agentic", env!("CARGO_MANIFEST_DIR"));
+        let mut names: Vec<_> = std::fs::read_dir(&dir)
+            .expect("fixtures")
+            .map(|e| e.expect("entry").path())
+            .collect();
+        names.sort();
+        let formats = [
+            TraceFormat::Auto,
+            TraceFormat::AgenticMooncake,
+            TraceFormat::Weka,
+            TraceFormat::Dynamo,
+            TraceFormat::AppliedComputeAgentic,
+            TraceFormat::MooncakeDelta,
+        ];
+        let (mut graphs, mut errors) = (0, 0);
+        for (k, path) in names.iter().enumerate() {
+            let text = std::fs::read(path).expect("fixture");
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(k as u64);
+            for _ in 0..60 {
+                let mut bytes = text.clone();
+                for _ in 0..rng.gen_range(1..4) {
+                    let at = rng.gen_range(0..bytes.len());
+                    match rng.gen_range(0..4) {
+                        0 => {
+                            bytes.remove(at);
+                        }
+                        1 => bytes[at] = b"0123456789-.e"[rng.gen_range(0..13)],
+                        2 => {
+                            let end = (at + rng.gen_range(1..40)).min(bytes.len());
+                            let span = bytes[at..end].to_vec();
+                            bytes.splice(at..at, span);
+                        }
+                        _ => bytes[at] = b"{}[],:\"\n "[rng.gen_range(0..9)],
+                    }
+                }
+                for format in formats {
+                    match parse_graph(&bytes[..], "m", format, 64) {
+                        Ok(graph) => {
+                            graphs += 1;
+                            let tokens: usize =
+                                graph.nodes.iter().map(|n| n.request.input_length).sum();
+                            if tokens > 20_000 {
+                                continue;
+                            }
+                            let outcome = replay_graph(
+                                &graph,
+                                &config(),
+                                &GraphReplay::default(),
+                                |_, _| {},
+                                &mut (),
+                            )
+                            .expect("a graph that reads replays");
+                            let agentic = outcome.agentic.expect("agentic");
+                            assert_eq!(
+                                agentic.completed_plays + agentic.failed_plays,
+                                agentic.play_count
+                            );
+                        }
+                        Err(_) => errors += 1,
+                    }
+                }
+            }
+        }
+        assert!(
+            graphs > 100 && errors > 100,
+            "{graphs} graphs, {errors} errors"
+        );
+    }
+
+    #[test]
+    fn the_same_graph_gives_the_same_report() {
+        let text = fixture("worked_example.jsonl");
+        let a = run(&text, TraceFormat::Auto, 1.0);
+        let b = run(&text, TraceFormat::Auto, 1.0);
+        assert_eq!(a.report, b.report);
+        assert_eq!(a.agentic, b.agentic);
+    }
+}
