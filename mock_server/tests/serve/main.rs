@@ -20,6 +20,8 @@ mod errors;
 mod faults;
 // `mockserve fleet`: N endpoints in one process, the manifest, pinning, the routing judge.
 mod fleet;
+// The routing judge against a router of the test's own: every decision and sum exact.
+mod judge;
 // The HTTP edge over raw sockets: read timeouts, the connection cap, the shutdown drain.
 mod http_edge;
 // KV events over ZeroMQ: wire format, a live subscriber, replay.
