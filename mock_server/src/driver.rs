@@ -448,13 +448,22 @@ impl EngineHandle {
         self.with_driver(|d| d.snapshot())
     }
 
-    /// Empties the prefix cache of every idle worker (vLLM's `POST /reset_prefix_cache`); each
-    /// publishes `AllBlocksCleared` (with `--kv-events-endpoint`) and its router forgets its
-    /// blocks. Per worker, whether it was reset (false: it was running requests).
-    pub async fn reset_prefix_cache(&self) -> Result<Vec<bool>, SubmitError> {
+    /// Empties the prefix cache of `only` that worker, or of every worker, where idle (vLLM's
+    /// `POST /reset_prefix_cache`); each publishes `AllBlocksCleared` (with
+    /// `--kv-events-endpoint`) and its router forgets its blocks. Per worker asked, whether it
+    /// was reset (false: it was running requests).
+    pub async fn reset_prefix_cache(
+        &self,
+        only: Option<WorkerId>,
+    ) -> Result<Vec<(WorkerId, bool)>, SubmitError> {
         self.with_driver(|d| {
-            let reset = (0..d.cluster.workers().len())
-                .map(|w| d.cluster.reset_prefix_cache(w))
+            let workers: Vec<usize> = match only {
+                Some(w) => vec![w.0 as usize],
+                None => (0..d.cluster.workers().len()).collect(),
+            };
+            let reset = workers
+                .into_iter()
+                .map(|w| (WorkerId(w as u32), d.cluster.reset_prefix_cache(w)))
                 .collect();
             let now = d.clock.now();
             d.export_kv_events(&[], now);

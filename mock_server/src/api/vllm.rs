@@ -330,14 +330,20 @@ pub async fn load_lora_adapter(
 }
 
 /// `POST /reset_prefix_cache` (vLLM's development endpoint): empties the prefix cache of every
-/// idle worker, each publishing `AllBlocksCleared`; a worker running requests keeps its cache.
-/// 200 with `{"reset_workers": [...], "busy_workers": [...]}`.
+/// idle worker behind this endpoint (all of `serve`'s, a fleet endpoint's own), each publishing
+/// `AllBlocksCleared`; a worker running requests keeps its cache. 200 with
+/// `{"reset_workers": [...], "busy_workers": [...]}`.
 pub async fn reset_prefix_cache(State(state): State<AppState>, headers: HeaderMap) -> Response {
     let result = async {
         check_auth(&state, &headers)?;
-        let reset = state.engine.reset_prefix_cache().await?;
-        let workers =
-            |done: bool| -> Vec<usize> { (0..reset.len()).filter(|&w| reset[w] == done).collect() };
+        let reset = state.engine.reset_prefix_cache(state.worker).await?;
+        let workers = |done: bool| -> Vec<u32> {
+            reset
+                .iter()
+                .filter(|(_, r)| *r == done)
+                .map(|(w, _)| w.0)
+                .collect()
+        };
         Ok::<_, ApiError>(
             Json(json!({"reset_workers": workers(true), "busy_workers": workers(false)}))
                 .into_response(),

@@ -145,3 +145,72 @@ async fn the_judge_scores_a_known_router_exactly() -> Result<()> {
     within(fleet.shutdown()).await?;
     Ok(())
 }
+
+/// A fleet endpoint's `POST /reset_prefix_cache` empties its own worker's cache only, as a vLLM
+/// server resets its own engine: the judge then sees the prompt cached on the other worker
+/// alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_endpoint_resets_its_own_cache_only() -> Result<()> {
+    let cli = Cli::try_parse_from([
+        "mockserve",
+        "fleet",
+        "--workers",
+        "2",
+        "--port",
+        "0",
+        "--speedup-ratio",
+        "inf",
+        "--block-size",
+        "16",
+    ])?;
+    let Some(Command::Fleet(args)) = cli.command else {
+        bail!("expected fleet");
+    };
+    let fleet = within(launch(FleetConfig::from_args(&args)?)).await??;
+    let client = reqwest::Client::new();
+    let urls: Vec<String> = fleet
+        .manifest
+        .workers
+        .iter()
+        .map(|w| w.url.clone())
+        .collect();
+    let cached = |url: String| {
+        let client = client.clone();
+        async move {
+            let body = chat_body(
+                &json!([user(&family(0))]),
+                json!({"max_tokens": 2, "ignore_eos": true}),
+            );
+            let response = within(
+                client
+                    .post(format!("{url}/v1/chat/completions"))
+                    .json(&body)
+                    .send(),
+            )
+            .await??;
+            let v: Value = within(response.json()).await??;
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .context("cached_tokens")
+        }
+    };
+    for url in &urls {
+        assert_eq!(cached(url.clone()).await?, 0);
+    }
+    let reset = within(
+        client
+            .post(format!("{}/reset_prefix_cache", urls[1]))
+            .send(),
+    )
+    .await??;
+    assert_eq!(reset.status(), 200);
+    let answer: Value = within(reset.json()).await??;
+    assert_eq!(answer, json!({"reset_workers": [1], "busy_workers": []}));
+    assert!(
+        cached(urls[0].clone()).await? > 0,
+        "worker 0 kept its cache"
+    );
+    assert_eq!(cached(urls[1].clone()).await?, 0, "worker 1 forgot it");
+    within(fleet.shutdown()).await?;
+    Ok(())
+}

@@ -20,7 +20,8 @@ mod errors;
 mod faults;
 // `mockserve fleet`: N endpoints in one process, the manifest, pinning, the routing judge.
 mod fleet;
-// The routing judge against a router of the test's own: every decision and sum exact.
+// The routing judge against a router of the test's own: every decision and sum exact; a fleet
+// endpoint's prefix-cache reset is its own worker's.
 mod judge;
 // The HTTP edge over raw sockets: read timeouts, the connection cap, the shutdown drain.
 mod http_edge;
