@@ -589,6 +589,25 @@ impl Snapshot {
         *slot = Some(slot.unwrap_or(0.0) + v);
     }
 
+    /// The busiest worker's requests (running plus waiting) over the mean worker's; None with
+    /// fewer than two workers or no load.
+    fn imbalance(&self) -> Option<f64> {
+        let loads: Vec<f64> = self
+            .workers
+            .iter()
+            .filter(|(name, _)| !name.is_empty())
+            .filter_map(|(_, w)| match (w.running, w.waiting) {
+                (None, None) => None,
+                (r, q) => Some(r.unwrap_or(0.0) + q.unwrap_or(0.0)),
+            })
+            .collect();
+        if loads.len() < 2 {
+            return None;
+        }
+        let mean = loads.iter().sum::<f64>() / loads.len() as f64;
+        (mean > 0.0).then(|| loads.iter().copied().fold(0.0, f64::max) / mean)
+    }
+
     /// True when no known figure was found.
     pub fn is_empty(&self) -> bool {
         self.workers.is_empty() && self.lateness.is_none() && self.routing.is_none()
@@ -661,6 +680,11 @@ pub struct ServerSummary {
     pub prefix_hit_rate: Option<f64>,
     /// Preemptions during the run.
     pub preemptions: Option<f64>,
+    /// Load imbalance across workers: per sample, the busiest worker's requests (running plus
+    /// waiting) over the mean worker's, over the samples with any load (1 is even; N workers
+    /// with everything on one give N). Only when the series name two workers or more.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load_imbalance: Option<PeakMean>,
     /// The routing judge's figures, when the target is (or fronts) a `mockserve fleet`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub routing: Option<RoutingSummary>,
@@ -756,6 +780,7 @@ pub fn series_with_timeouts(
         kv_usage: PeakMean::of(out.iter().filter_map(|s| s.kv_usage)),
         prefix_hit_rate: overall_rate,
         preemptions: out.last().and_then(|s| s.preemptions),
+        load_imbalance: PeakMean::of(snaps.iter().filter_map(|(_, s)| s.imbalance())),
         routing: routing_between(snaps),
         failed_scrapes,
         timed_out_scrapes,
@@ -797,6 +822,12 @@ impl ServerMetrics {
             s.prefix_hit_rate
                 .map(|r| format!("prefix-cache hit rate {:.1}%", 100.0 * r)),
             s.preemptions.map(|p| format!("preemptions {p}")),
+            s.load_imbalance.map(|l| {
+                format!(
+                    "load imbalance (busiest worker / mean) peak {:.2} mean {:.2}",
+                    l.peak, l.mean
+                )
+            }),
             s.token_lateness.map(|l| {
                 format!(
                     "token lateness p50 {} p99 {} ({} tokens)",
@@ -1424,5 +1455,46 @@ vllm:time_to_first_token_seconds_bucket{le="+Inf",worker="0"} 7
         assert_eq!(b.count, 8.0);
         assert_eq!(b.quantile(0.5), Some(0.001));
         assert_eq!(b.quantile(0.99), Some(f64::INFINITY));
+    }
+
+    /// Load imbalance: the busiest worker's running plus waiting over the mean, per sample
+    /// with load, over named workers only; none with one worker.
+    #[test]
+    fn load_imbalance_is_the_busiest_over_the_mean() {
+        let snap = |loads: &[(u32, u32)]| {
+            let text: String = loads
+                .iter()
+                .enumerate()
+                .map(|(w, (r, q))| {
+                    format!(
+                        "vllm:num_requests_running{{engine=\"{w}\"}} {r}\n\
+                         vllm:num_requests_waiting{{engine=\"{w}\"}} {q}\n"
+                    )
+                })
+                .collect();
+            Snapshot::read(&text)
+        };
+        // 4 + 0 + 2 + 2 over 4 workers: mean 2, busiest 4.
+        assert_eq!(
+            snap(&[(3, 1), (0, 0), (2, 0), (1, 1)]).imbalance(),
+            Some(2.0)
+        );
+        assert_eq!(snap(&[(0, 0), (0, 0)]).imbalance(), None, "no load");
+        assert_eq!(snap(&[(5, 5)]).imbalance(), None, "one worker");
+        let (_, summary) = series(
+            &[
+                (0.0, snap(&[(0, 0), (0, 0)])),
+                (1.0, snap(&[(2, 0), (0, 0)])),
+                (2.0, snap(&[(1, 0), (1, 0)])),
+            ],
+            0,
+        );
+        assert_eq!(
+            summary.load_imbalance,
+            Some(PeakMean {
+                peak: 2.0,
+                mean: 1.5
+            })
+        );
     }
 }
