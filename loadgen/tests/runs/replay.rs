@@ -414,6 +414,82 @@ async fn a_weka_trace_live_follows_its_dependencies_as_offline() -> Result<()> {
     Ok(())
 }
 
+/// Every other format the offline replay reads, live: legacy agentic Mooncake, a Dynamo
+/// request trace, applied-compute sessions and mooncake-delta (named, never detected) follow
+/// their dependencies with the offline replay's requests and cache hits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_agentic_format_replays_live_as_offline() -> Result<()> {
+    for (file, format) in [
+        ("agentic/agentic_mooncake_v2.jsonl", "auto"),
+        ("agentic/legacy_v1.jsonl", "auto"),
+        ("agentic/dynamo_request_trace.jsonl", "auto"),
+        ("agentic/applied_compute_agentic.jsonl", "auto"),
+        ("agentic/mooncake_delta.jsonl", "mooncake-delta"),
+    ] {
+        let trace = fixture(file);
+        let a = args(&[
+            &trace,
+            "--trace-format",
+            format,
+            "--trace-block-size",
+            "64",
+            "--arrival-speedup-ratio",
+            "10",
+            "--num-workers",
+            "1",
+            "--quiet",
+        ]);
+        let offline = offline_graph(&a)?;
+        let run = within(60, loadgen::replay::replay(&a)).await??;
+        check_dependencies(&a, &run)?;
+        check_same_requests(&run, &offline);
+        let agentic = run.agentic.as_ref().expect("agentic");
+        assert_eq!(
+            run.json["trace_format"],
+            agentic.input_format.as_str(),
+            "{file}"
+        );
+    }
+    Ok(())
+}
+
+/// With one lane the worked example's second play waits for the first to settle, then starts
+/// at once (its floor counted from its lane start), as offline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_one_lane_the_next_play_starts_when_the_first_settles() -> Result<()> {
+    let trace = fixture("agentic/worked_example.jsonl");
+    let a = args(&[
+        &trace,
+        "--arrival-speedup-ratio",
+        "10",
+        "--num-workers",
+        "1",
+        "--agentic-lanes",
+        "1",
+        "--quiet",
+    ]);
+    let offline = offline_graph(&a)?;
+    let run = within(60, loadgen::replay::replay(&a)).await??;
+    check_same_requests(&run, &offline);
+    let agentic = run.agentic.as_ref().expect("agentic");
+    let (p0, p1) = (&agentic.plays[0], &agentic.plays[1]);
+    assert_eq!((p0.lane, p1.lane), (Some(0), Some(0)));
+    assert!(
+        p1.start_ms >= p0.settled_at_ms,
+        "{} vs {}",
+        p1.start_ms,
+        p0.settled_at_ms
+    );
+    let q0 = run
+        .live
+        .records
+        .iter()
+        .find(|r| r.agentic.as_ref().is_some_and(|v| v["request_id"] == "q0"))
+        .expect("q0's record");
+    assert_eq!(q0.agentic.as_ref().expect("label")["lane_id"], "lane:0");
+    Ok(())
+}
+
 /// A node the server refuses (an output no context holds) fails its play: the play's later
 /// node is skipped (never sent), the other play completes, as offline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
