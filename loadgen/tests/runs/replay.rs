@@ -453,6 +453,37 @@ async fn every_agentic_format_replays_live_as_offline() -> Result<()> {
     Ok(())
 }
 
+/// With one request in flight at most, a node due while another runs waits for the cap; its
+/// dispatch edges fire on its actual send, so every dependency still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_flight_cap_delays_sends_and_dispatch_edges_follow_them() -> Result<()> {
+    let trace = fixture("agentic/worked_example.jsonl");
+    let a = args(&[
+        &trace,
+        "--arrival-speedup-ratio",
+        "10",
+        "--num-workers",
+        "1",
+        "--max-in-flight",
+        "1",
+        "--quiet",
+    ]);
+    let run = within(60, loadgen::replay::replay(&a)).await??;
+    check_dependencies(&a, &run)?;
+    let agentic = run.agentic.as_ref().expect("agentic");
+    assert_eq!((agentic.completed_plays, agentic.skipped_requests), (2, 0));
+    // r1 was due 10 ms after r0's send, but r0 held the only slot until it ended.
+    let r1 = run
+        .live
+        .records
+        .iter()
+        .find(|r| r.agentic.as_ref().is_some_and(|v| v["request_id"] == "r1"))
+        .expect("r1's record");
+    assert!(r1.raw.cap_wait_us > 0);
+    assert!(r1.sent_ms > r1.scheduled_ms);
+    Ok(())
+}
+
 /// With one lane the worked example's second play waits for the first to settle, then starts
 /// at once (its floor counted from its lane start), as offline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
