@@ -11,9 +11,10 @@
 //! nodes not yet sent are skipped, those in flight finish. With lanes, plays queue as offline
 //! and a play that gets its lane at `S` has floors `S + (not_before_ms - R) / speedup`.
 //!
-//! Each request is a task of its own (so a slow stream never holds the queue); it tells the
-//! scheduler when it was sent and what came back, over a channel. Every request is recorded as
-//! a driver [`Sample`] (scheduled = due time, sent, in-flight cap wait, response), so the live
+//! Each request is a task of its own (so a slow stream never holds the queue), started a little
+//! before the node is due ([`PACER_LEAD`], as the driver's pacer does) to build its body; it
+//! tells the scheduler when it was sent and what came back, over a channel. Every request is
+//! recorded as a driver [`Sample`] (scheduled = due time, sent, in-flight cap wait, response), so the live
 //! report is built by the same code as for every other mode; [`GraphOutput::times`] holds what
 //! `servesim::replay::summarize` needs for the `agentic` section.
 
@@ -30,7 +31,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 
 use crate::client::{self, Endpoint};
-use crate::driver::{aborted, is_aborted, DriverConfig, Sample};
+use crate::driver::{aborted, is_aborted, DriverConfig, Sample, PACER_LEAD};
 use crate::error::LoadgenError;
 use crate::prompt::PromptSynth;
 use crate::target::{request_body, Api};
@@ -125,6 +126,12 @@ async fn send_node(
         request.output_length,
     );
     let abort = &shared.config.abort;
+    // Spawned up to `PACER_LEAD` early: the body is built before the node is due.
+    tokio::select! {
+        biased;
+        _ = aborted(abort.clone()) => {}
+        _ = tokio::time::sleep_until(shared.start + Duration::from_micros(due_us)) => {}
+    }
     let before_cap = Instant::now();
     let permit = match &shared.cap {
         Some(s) => tokio::select! {
@@ -413,10 +420,11 @@ pub async fn drive_graph(
     let mut samples: Vec<Sample> = Vec::new();
     let mut stopped = false;
     loop {
-        // Send everything due (a node of a failed play is skipped).
-        let now_us = since(start, Instant::now());
+        // Send everything due (a node of a failed play is skipped); a task starts up to
+        // `PACER_LEAD` early to build its body, then waits for the exact time.
+        let horizon_us = since(start, Instant::now() + PACER_LEAD);
         while let Some(&Reverse((due, _, n))) = state.ready.peek() {
-            if due > now_us {
+            if due > horizon_us {
                 break;
             }
             state.ready.pop();
@@ -429,10 +437,11 @@ pub async fn drive_graph(
         if state.ready.is_empty() && pending == 0 {
             break;
         }
-        let next_due = state
-            .ready
-            .peek()
-            .map(|Reverse((due, ..))| start + Duration::from_micros(*due));
+        let next_due = state.ready.peek().map(|Reverse((due, ..))| {
+            (start + Duration::from_micros(*due))
+                .checked_sub(PACER_LEAD)
+                .unwrap_or(start)
+        });
         let event = tokio::select! {
             biased;
             _ = aborted(config.abort.clone()), if !stopped => {
