@@ -562,9 +562,11 @@ async fn a_failed_node_skips_the_rest_of_its_play() -> Result<()> {
     let p0 = &agentic.plays[0];
     assert_eq!(p0.status, "failed");
     assert_eq!(p0.failure_request_id.as_deref(), Some("r2"));
+    assert_eq!(p0.failure_status, Some("http"), "the server refused it");
     assert_eq!((p0.requests, p0.skipped_requests), (3, 1));
     assert_eq!((agentic.completed_plays, agentic.failed_plays), (1, 1));
     assert_eq!(run.live.records.len(), 4, "a skipped node is not a request");
+    assert_eq!(run.json["agentic"]["skipped_requests"], 1);
     assert_eq!(run.live.failures.total, 1);
     check_dependencies(&a, &run)?;
     let _ = std::fs::remove_dir_all(&dir);
