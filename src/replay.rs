@@ -24,7 +24,10 @@ use crate::trace::{LocalHashCache, Trace, TraceRequest};
 mod graph;
 mod prepare;
 
-pub use graph::{replay_graph, AgenticReport, GraphReplay, NodeRecord, NodeStatus, PlayOutcome};
+pub use graph::{
+    replay_graph, summarize, AgenticReport, GraphReplay, GraphTimes, NodeRecord, NodeStatus,
+    NodeTimes, PlayOutcome,
+};
 use prepare::{Post, Prepared};
 
 /// Why a replay could not run to the end.

@@ -1161,6 +1161,7 @@ mod tests {
             error_status: (!ok).then_some(500),
             finish_reason: None,
             raw: Default::default(),
+            agentic: None,
         }
     }
 

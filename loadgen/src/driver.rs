@@ -187,7 +187,7 @@ struct Shared {
 }
 
 /// Resolves when `abort` turns true; never without one (or once its sender is gone).
-async fn aborted(abort: Option<watch::Receiver<bool>>) {
+pub(crate) async fn aborted(abort: Option<watch::Receiver<bool>>) {
     match abort {
         Some(mut rx) => {
             if rx.wait_for(|stop| *stop).await.is_err() {
@@ -198,7 +198,7 @@ async fn aborted(abort: Option<watch::Receiver<bool>>) {
     }
 }
 
-fn is_aborted(abort: &Option<watch::Receiver<bool>>) -> bool {
+pub(crate) fn is_aborted(abort: &Option<watch::Receiver<bool>>) -> bool {
     abort.as_ref().is_some_and(|rx| *rx.borrow())
 }
 

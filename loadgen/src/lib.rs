@@ -1,8 +1,8 @@
 //! loadgen: a load generator for OpenAI-compatible LLM endpoints: multi-turn conversations
-//! (`multiturn`, Dynamo's `multiturn_bench`), a Mooncake trace replayed live on its schedule
-//! (`replay`), and synthetic closed- or open-loop load with goodput (`bench`), all on one driver
-//! with one TTFT definition and one failure report. Without `--url` it starts mockserve
-//! in-process on 127.0.0.1 and drives it.
+//! (`multiturn`, Dynamo's `multiturn_bench`), a Mooncake or agentic trace replayed live on its
+//! schedule (`replay`), and synthetic closed- or open-loop load with goodput (`bench`), all on
+//! one driver with one TTFT definition and one failure report. Without `--url` it starts
+//! mockserve in-process on 127.0.0.1 and drives it.
 //!
 //! [`Cli`] is the command line and [`run`] / [`run_async`] execute it; a run whose failed
 //! requests exceed `--max-failure-rate` returns [`LoadgenError::TooManyFailures`] (or
@@ -20,7 +20,9 @@
 //! - `multiturn`: [`config`] (flags → [`config::MultiturnConfig`]), [`workload`] (the seeded
 //!   conversations), [`multiturn`] (the run), [`multiturn_report`] (Dynamo's statistics and keys,
 //!   [`multiturn_report::Results`]) and [`compare`] (two results files side by side).
-//! - `replay`: [`replay`] (a Mooncake trace as sessions), [`prompt`] (prompts from hash ids).
+//! - `replay`: [`replay`] (a Mooncake trace as sessions, or an agentic trace's request graph),
+//!   [`graph_driver`] (the graph's scheduler: each node sent when its dependencies allow),
+//!   [`prompt`] (prompts from hash ids).
 //! - `bench`: [`bench`](mod@bench) (flags → [`bench::BenchPlan`], arrivals, lengths, goodput).
 //! - [`replay_report`]: the `replay` and `bench` report, with `mockserve replay`'s keys, and the
 //!   raw per-request record ([`replay_report::RawSample`]) it can be rebuilt from.
@@ -55,6 +57,7 @@ pub mod config;
 pub mod driver;
 pub mod error;
 pub mod failure;
+pub mod graph_driver;
 pub mod html;
 pub mod limits;
 pub mod live;

@@ -7,23 +7,32 @@
 //! out as raw `/v1/completions` prompts (no chat template: trace blocks stay aligned with KV
 //! blocks), with `max_tokens = output_length` and `ignore_eos`.
 //!
+//! An agentic trace (`--trace-format`, detected as `mockserve replay` detects it) is read into
+//! servesim's request graph and sent by [`crate::graph_driver`]: each node when its dependencies
+//! allow (dispatch edges on the source's send, completion edges on its end, plus `delay_ms /
+//! speedup`), never before its floor; a failed request fails its play and skips the play's
+//! nodes not yet sent. Its prompts are the node's hash ids as the lowering scoped them, sent as
+//! they are. The report adds `mockserve replay`'s `agentic` section, from the same code.
+//!
 //! Sessions: rows are *cumulative* when each row's `hash_ids` extend the previous row's (the row
 //! already holds the history; sent as is) or *incremental* when they do not (the row holds only
 //! the new part; the previous rows' prompts are prepended). [`session_shape`] decides, the run
 //! says which, and the history is never added twice.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use serde_json::json;
-use servesim::trace::{self, Trace, TraceOptions, TraceRequest};
+use servesim::replay::{summarize, AgenticReport, GraphTimes};
+use servesim::trace::{self, RequestGraph, Trace, TraceFormat, TraceOptions, TraceRequest};
 
 use crate::client::Response;
 use crate::driver::{self, DriverConfig, Planned, Script, Start};
 use crate::error::LoadgenError;
+use crate::graph_driver::{self, GraphPlan};
 use crate::limits;
 use crate::prompt::PromptSynth;
 use crate::replay_report::{self, LiveReport, RequestInfo};
@@ -33,12 +42,27 @@ use mock_server::args::ReportArgs;
 /// `loadgen replay` flags (`mockserve replay`'s, plus the live ones).
 #[derive(Args, Clone, Debug)]
 pub struct ReplayArgs {
-    /// Mooncake JSONL trace.
+    /// Mooncake JSONL trace, or an agentic trace (see --trace-format).
     pub trace: PathBuf,
 
-    /// Divides arrival timestamps and inter-turn delays (10^-6 to 10^6).
+    /// How to read the trace: auto (detected from the first row: a dynamo.agentic_mooncake
+    /// header, a weka play, a dynamo.request.trace.v1 record, or rows with wait_for),
+    /// mooncake, agentic-mooncake (v2 with its header, or legacy v1), weka, dynamo (.jsonl or
+    /// .jsonl.gz), applied-compute-agentic (rows with num_turns), mooncake-delta (Mooncake rows
+    /// holding only each turn's new tokens; never detected, name it).
+    #[arg(long, default_value = "auto", value_parser = parse_trace_format)]
+    pub trace_format: TraceFormat,
+
+    /// Divides arrival timestamps and inter-turn delays (10^-6 to 10^6); for an agentic trace,
+    /// the floors (not_before_ms) and every dependency delay.
     #[arg(long, default_value_t = 4.0)]
     pub arrival_speedup_ratio: f64,
+
+    /// Agentic traces: run the plays in this many lanes (a closed loop of agents: plays in
+    /// source_play_ordinal, else play_id, order, the next one starting when a lane's play
+    /// settles); by default every play runs by its floors.
+    #[arg(long, value_name = "L", value_parser = clap::value_parser!(u32).range(1..))]
+    pub agentic_lanes: Option<u32>,
 
     /// Prompt tokens per trace hash id (1 to 2^20).
     #[arg(long, default_value_t = 512)]
@@ -90,6 +114,11 @@ pub struct ReplayArgs {
     /// their unsharded times.
     #[command(flatten, next_help_heading = "Sharding (one run over N processes)")]
     pub sharding: crate::shard::ShardArgs,
+}
+
+/// A `--trace-format` value.
+fn parse_trace_format(s: &str) -> Result<TraceFormat, String> {
+    s.parse()
 }
 
 /// How session rows relate to each other.
@@ -229,25 +258,40 @@ pub fn expected_reuse(trace: &Trace, plans: &[Vec<PromptPlan>], block: usize) ->
         }
     }
     order.sort();
-    let mut seen: HashSet<u64> = HashSet::new();
+    let mut seen = SeenPrefixes::default();
     let mut out: Vec<Vec<usize>> = plans.iter().map(|p| vec![0; p.len()]).collect();
     for (_, si, ti) in order {
         let plan = &plans[si][ti];
+        out[si][ti] = seen.add(plan.ids(), plan.len(), block);
+    }
+    out
+}
+
+/// Hash-id prefixes of the prompts sent so far (an unbounded prefix cache).
+#[derive(Default)]
+struct SeenPrefixes {
+    /// Chained hashes of every prefix seen.
+    seen: HashSet<u64>,
+}
+
+impl SeenPrefixes {
+    /// Adds a prompt (`ids`, `len` tokens, `block` tokens per id); returns its tokens whose
+    /// hash-id prefix was seen before, capped at `len`.
+    fn add(&mut self, ids: impl IntoIterator<Item = u64>, len: usize, block: usize) -> usize {
         let mut chain = 0xcbf2_9ce4_8422_2325u64;
         let mut hit_blocks = 0;
         let mut prefix_intact = true;
-        for id in plan.ids() {
+        for id in ids {
             chain = xxhash_rust::xxh3::xxh3_64_with_seed(&id.to_le_bytes(), chain);
-            if prefix_intact && seen.contains(&chain) {
+            if prefix_intact && self.seen.contains(&chain) {
                 hit_blocks += 1;
             } else {
                 prefix_intact = false;
             }
-            seen.insert(chain);
+            self.seen.insert(chain);
         }
-        out[si][ti] = (hit_blocks * block).min(plan.len());
+        (hit_blocks * block).min(len)
     }
-    out
 }
 
 /// One session as a driver script.
@@ -386,6 +430,9 @@ pub struct ReplayRun {
     pub json: serde_json::Value,
     /// How late the server handed its tokens to clients, when it said.
     pub server_lateness: Option<crate::scrape::Lateness>,
+    /// For an agentic trace: the plays' outcomes and every node's times (µs since the run
+    /// start), as `mockserve replay` reports them.
+    pub agentic: Option<AgenticReport>,
 }
 
 /// Runs `loadgen replay`: prints the report and writes the requested files. The failure-rate
@@ -405,6 +452,16 @@ pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, 
         ($($t:tt)*) => { if console { println!($($t)*); } };
     }
     args.check()?;
+    let format = trace::detect_format(&args.trace, args.trace_format)?;
+    if format != TraceFormat::Mooncake {
+        return replay_graph(args, format, console).await;
+    }
+    if args.agentic_lanes.is_some() {
+        return Err(LoadgenError::Config(format!(
+            "--agentic-lanes needs an agentic trace; {} is plain Mooncake",
+            args.trace.display()
+        )));
+    }
     let trace = load_trace(args)?;
     let spec = args.target.spec(&EmbeddedOptions::default())?;
     let shape = session_shape(&trace);
@@ -598,5 +655,312 @@ pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, 
         expected_prefix_reuse_ratio: expected_ratio,
         server_lateness: observed.lateness(),
         json,
+        agentic: None,
+    })
+}
+
+/// Loads an agentic trace (`format`, already detected) as a request graph, checked as
+/// `mockserve replay` checks it: its schedule bounded unless `--allow-long-schedule`; the flags
+/// that only mean something for plain Mooncake rows are refused.
+pub fn load_graph(args: &ReplayArgs, format: TraceFormat) -> Result<RequestGraph, LoadgenError> {
+    if args.max_requests.is_some() {
+        return Err(LoadgenError::Config(format!(
+            "--max-requests replays the first rows of a plain Mooncake trace; {} is an agentic \
+             trace ({format}), replayed whole (its rows depend on each other)",
+            args.trace.display()
+        )));
+    }
+    if args.session_mode != SessionMode::Auto {
+        return Err(LoadgenError::Config(format!(
+            "--session-mode is for plain Mooncake traces; the prompts of an agentic trace \
+             ({format}) are sent as its rows say"
+        )));
+    }
+    if args.agentic_lanes.is_some() && args.sharding.shard.is_some() {
+        return Err(LoadgenError::Config(
+            "--agentic-lanes and --shard do not go together: lanes queue every play of the \
+             trace"
+                .into(),
+        ));
+    }
+    let graph = trace::load_graph(&args.trace, format, args.trace_block_size)?;
+    graph.check_schedule(
+        &args.trace.display().to_string(),
+        args.arrival_speedup_ratio,
+        trace::ScheduleBound::of_flag(args.allow_long_schedule),
+    )?;
+    Ok(graph)
+}
+
+/// The `agentic` section of a live run over the plays `owned` (all of them unsharded): the
+/// other plays' nodes were neither sent nor skipped, and are left out.
+fn agentic_section(times: &GraphTimes<'_>, owned: &[usize]) -> AgenticReport {
+    let mut agentic = summarize(times);
+    if owned.len() == times.graph.plays.len() {
+        return agentic;
+    }
+    let mine: HashSet<&str> = owned
+        .iter()
+        .map(|&p| times.graph.plays[p].id.as_str())
+        .collect();
+    agentic.plays.retain(|p| mine.contains(p.play_id.as_str()));
+    agentic
+        .requests
+        .retain(|r| mine.contains(r.play_id.as_str()));
+    agentic.node_count = agentic.requests.len();
+    agentic.play_count = agentic.plays.len();
+    agentic.skipped_requests = agentic.plays.iter().map(|p| p.skipped_requests).sum();
+    agentic.completed_plays = agentic
+        .plays
+        .iter()
+        .filter(|p| p.status == "completed")
+        .count();
+    agentic.failed_plays = agentic.plays.len() - agentic.completed_plays;
+    agentic
+}
+
+/// Per-request labels of a graph run, by the record's `request_id`: the node it was
+/// (`request_id`, `play_id`, `conversation_id`, `parent_id` of a spawn, `lane_id`), as
+/// `mockserve replay --per-request-jsonl` writes them.
+fn agentic_labels(agentic: &AgenticReport) -> HashMap<u64, serde_json::Value> {
+    let lanes: HashMap<&str, usize> = agentic
+        .plays
+        .iter()
+        .filter_map(|p| Some((p.play_id.as_str(), p.lane?)))
+        .collect();
+    agentic
+        .requests
+        .iter()
+        .filter_map(|node| {
+            let id = node.engine_id?;
+            let mut label = json!({
+                "request_id": node.request_id,
+                "play_id": node.play_id,
+                "conversation_id": node.session_id,
+            });
+            if let Some(parent) = &node.parent_id {
+                label["parent_id"] = json!(parent);
+            }
+            if let Some(lane) = lanes.get(node.play_id.as_str()) {
+                label["lane_id"] = json!(format!("lane:{lane}"));
+            }
+            Some((id.0, label))
+        })
+        .collect()
+}
+
+/// A live replay of an agentic trace: its graph sent by [`graph_driver::drive_graph`], the
+/// report with the live replay's keys plus the `agentic` section.
+async fn replay_graph(
+    args: &ReplayArgs,
+    format: TraceFormat,
+    console: bool,
+) -> Result<ReplayRun, LoadgenError> {
+    macro_rules! say {
+        ($($t:tt)*) => { if console { print!($($t)*); } };
+    }
+    macro_rules! sayln {
+        ($($t:tt)*) => { if console { println!($($t)*); } };
+    }
+    let graph = load_graph(args, format)?;
+    let spec = args.target.spec(&EmbeddedOptions::default())?;
+    let lanes = args.agentic_lanes.map(|l| l as usize);
+    let speedup = args.arrival_speedup_ratio;
+    sayln!(
+        "Trace {}: agentic ({format}), {} requests in {} plays, {} tokens per hash id, \
+         speed-up {speedup}{}",
+        args.trace.display(),
+        graph.nodes.len(),
+        graph.plays.len(),
+        graph.block_size,
+        lanes.map_or_else(String::new, |l| format!(", {l} lanes"))
+    );
+    let target = spec.connect(args.endpoint).await?;
+    let synth = Arc::new(target.synth(graph.block_size));
+    sayln!(
+        "Prompts: {} tokens per hash id, {} ({})",
+        graph.block_size,
+        if synth.is_exact() {
+            "exact"
+        } else {
+            "approximate: ~1 lorem word per token"
+        },
+        if args.target.url.is_some() {
+            "target"
+        } else {
+            "embedded server's tokenizer"
+        }
+    );
+    // A shard's plays (all of them unsharded), at their unsharded times.
+    let shard = args.sharding.shard;
+    let owned: Vec<usize> = (0..graph.plays.len())
+        .filter(|&p| shard.is_none_or(|sh| sh.owns(p)))
+        .collect();
+    if let Some(sh) = shard {
+        sayln!(
+            "Shard {}/{}: {} of the {} plays",
+            sh.index,
+            sh.count,
+            owned.len(),
+            graph.plays.len()
+        );
+    }
+    let total: usize = owned.iter().map(|&p| graph.plays[p].nodes.len()).sum();
+    let graph = Arc::new(graph);
+    let plan = GraphPlan {
+        graph: graph.clone(),
+        synth,
+        model: Arc::from(target.model.as_str()),
+        api: args.endpoint,
+        speedup,
+        lanes,
+        plays: owned.clone(),
+    };
+    args.sharding.wait_for_start().await;
+    let observe =
+        crate::observe::Observe::start(&args.observe, &args.report, &target, Some(total)).await;
+    let hooks = observe.hooks();
+    let started = std::time::Instant::now();
+    let config = DriverConfig {
+        max_in_flight: args.max_in_flight,
+        observer: hooks.observer,
+        sent: hooks.sent,
+        ..DriverConfig::default()
+    };
+    let result = graph_driver::drive_graph(target.endpoint.clone(), plan, &config).await;
+    let wall = started.elapsed();
+    let observed = observe.finish().await;
+    target.shutdown().await;
+    let mut out = result?;
+
+    // Expected reuse in the order the prompts were sent (samples are in send order).
+    let mut seen = SeenPrefixes::default();
+    let infos: Vec<RequestInfo> = out
+        .samples
+        .iter()
+        .map(|s| {
+            let node = &graph.nodes[s.session];
+            let r = &node.request;
+            RequestInfo {
+                input_length: r.input_length,
+                max_output: r.output_length,
+                session: Some(node.session_id.clone()),
+                turn: s.turn,
+                expected_reused_tokens: Some(seen.add(
+                    r.hash_ids.iter().copied(),
+                    r.input_length,
+                    graph.block_size,
+                )),
+            }
+        })
+        .collect();
+    let items: Vec<_> = out.samples.iter().zip(&infos).collect();
+    let mut live = replay_report::build(&items, wall);
+    live.set_started_at(out.started_at);
+    live.set_shard(shard);
+    for rec in &live.records {
+        if let Some(t) = out.times.get_mut(rec.raw.session) {
+            t.engine_id = Some(servesim::ids::RequestId(rec.record.request_id));
+            t.reused_input_tokens = rec.record.reused_input_tokens;
+        }
+    }
+    let engine_block_size = spec
+        .server
+        .as_ref()
+        .map_or(graph.block_size, |s| s.cluster.engine.block_size);
+    let agentic = agentic_section(
+        &GraphTimes {
+            graph: &graph,
+            nodes: &out.times,
+            failed: &out.failed,
+            lane_of: &out.lane_of,
+            speedup,
+            lanes,
+            engine_block_size,
+        },
+        &owned,
+    );
+    let labels = agentic_labels(&agentic);
+    for rec in &mut live.records {
+        rec.agentic = labels.get(&rec.record.request_id).cloned();
+    }
+    let ok = |(s, _): &&(&crate::driver::Sample, &RequestInfo)| s.response.failure.is_none();
+    let expected_total: usize = items
+        .iter()
+        .filter(ok)
+        .filter_map(|(_, i)| i.expected_reused_tokens)
+        .sum();
+    let input_total: usize = items.iter().filter(ok).map(|(_, i)| i.input_length).sum();
+    let expected_ratio = if input_total > 0 {
+        expected_total as f64 / input_total as f64
+    } else {
+        0.0
+    };
+    let mismatched = items
+        .iter()
+        .filter(|(s, i)| {
+            s.response
+                .prompt_tokens
+                .is_some_and(|p| p as usize != i.input_length)
+        })
+        .count();
+    let mut json = live.to_json(&[
+        ("trace_format", json!(format.name())),
+        ("expected_prefix_reuse_ratio", json!(expected_ratio)),
+        (
+            "observed_prefix_reuse_ratio",
+            json!(live.report.prefix_cache_reused_ratio),
+        ),
+        ("prompt_length_mismatches", json!(mismatched)),
+        ("arrival_speedup_ratio", json!(speedup)),
+        ("trace_block_size", json!(graph.block_size)),
+        (
+            "agentic",
+            serde_json::to_value(&agentic).unwrap_or(serde_json::Value::Null),
+        ),
+    ]);
+    observed.annotate(
+        &mut json,
+        &live,
+        Some(json!({
+            "mode": "replay",
+            "trace": args.trace.display().to_string(),
+            "trace_format": format.name(),
+            "endpoint": args.endpoint.name(),
+            "arrival_speedup_ratio": speedup,
+            "trace_block_size": graph.block_size,
+            "agentic_lanes": lanes,
+            "max_in_flight": args.max_in_flight,
+            "target": spec.describe(),
+        })),
+    );
+    crate::shard::annotate(&mut json, shard);
+    sayln!("Live replay report");
+    say!("{}", live.report_lines());
+    say!("{}", mock_server::replay_cmd::agentic_summary(&agentic));
+    sayln!(
+        "Prefix reuse: expected from the trace's hash ids {:.4}, reported by the server (cached_tokens) {:.4}",
+        expected_ratio, live.report.prefix_cache_reused_ratio
+    );
+    if mismatched > 0 {
+        sayln!("WARNING: {mismatched} prompts did not have the trace's input_length (server usage.prompt_tokens)");
+    }
+    say!("{}", live.failure_lines());
+    say!("{}", live.lag_lines());
+    say!("{}", observed.console());
+    replay_report::write_files(
+        &json,
+        &live.records,
+        args.report.report_json.as_deref(),
+        args.report.per_request_jsonl.as_deref(),
+    )?;
+    observed.write_html(&json, &args.observe)?;
+    Ok(ReplayRun {
+        live,
+        session_mode: SessionMode::Cumulative,
+        expected_prefix_reuse_ratio: expected_ratio,
+        server_lateness: observed.lateness(),
+        json,
+        agentic: Some(agentic),
     })
 }

@@ -74,6 +74,10 @@ pub struct LiveRecord {
     pub finish_reason: Option<String>,
     /// Everything the driver measured, unrounded: `loadgen merge` rebuilds the report from it.
     pub raw: RawSample,
+    /// For an agentic trace, the node the request was (`request_id`, `play_id`,
+    /// `conversation_id`, `parent_id`, `lane_id`), as `mockserve replay` labels its records.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agentic: Option<Value>,
 }
 
 /// One request exactly as the driver measured it (µs, relative to its process's run start)
@@ -360,6 +364,7 @@ pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> Li
                 error_status: s.response.failure.as_ref().and_then(|f| f.status()),
                 finish_reason: s.response.finish_reason.clone(),
                 raw: raws[i].clone(),
+                agentic: None,
             }
         })
         .collect();

@@ -278,6 +278,8 @@ impl SweepArgs {
             max_requests: self.bench.num_requests,
             max_in_flight: self.bench.concurrency,
             session_mode: crate::replay::SessionMode::Auto,
+            trace_format: servesim::trace::TraceFormat::Auto,
+            agentic_lanes: None,
             endpoint: self.bench.endpoint,
             report: crate::observe::quiet(),
             observe: crate::observe::ObserveArgs {

@@ -59,7 +59,7 @@ impl Default for GraphReplay {
 pub enum NodeStatus {
     /// It ran to its last token.
     Completed,
-    /// The engine refused or rejected it; its play failed.
+    /// The engine refused or rejected it (live: the request failed); its play failed.
     Rejected,
     /// Never sent: its play failed before it became ready.
     Skipped,
@@ -98,7 +98,8 @@ pub struct PlayOutcome {
     /// The first node that failed, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_request_id: Option<String>,
-    /// How it failed (`rejected`).
+    /// How it failed: `rejected` offline; live, the failed request's class (`http`,
+    /// `timeout`, `transport`, `cancelled`, ...).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure_status: Option<&'static str>,
     /// Nodes dispatched.
@@ -520,7 +521,7 @@ pub fn replay_graph(
     let preemptions = stats.workers.iter().map(|w| w.scheduler.preemptions).sum();
     let (mut report, records) = std::mem::take(&mut run.collector).finish(Duration::ZERO);
     let reused: Vec<usize> = records.iter().map(|r| r.reused_input_tokens).collect();
-    let agentic = summarize(&run, how.lanes, &reused, block_size);
+    let agentic = summarize_run(&run, how.lanes, &reused, block_size);
     add_topology_figures(&mut report, &stats, config);
     let mut rejections = run.rejections;
     rejections.sort_by_key(|r| r.id);
@@ -534,17 +535,95 @@ pub fn replay_graph(
 }
 
 /// The plays' outcomes and every node's record, once the run is over.
-fn summarize(
+fn summarize_run(
     run: &Run<'_>,
     lanes: Option<usize>,
     reused: &[usize],
     block_size: usize,
 ) -> AgenticReport {
+    let nodes: Vec<NodeTimes> = run
+        .nodes
+        .iter()
+        .zip(&run.floors)
+        .map(|(state, &floor)| NodeTimes {
+            floor,
+            due: state.due,
+            dispatched: state.dispatched,
+            last_token: state.last_token.filter(|_| !state.rejected),
+            terminal: state.terminal,
+            failure: state.rejected.then_some("rejected"),
+            engine_id: state.engine_id,
+            reused_input_tokens: state
+                .engine_id
+                .and_then(|id| reused.get(id.0 as usize))
+                .copied()
+                .unwrap_or(0),
+        })
+        .collect();
+    summarize(&GraphTimes {
+        graph: run.graph,
+        nodes: &nodes,
+        failed: &run.failed,
+        lane_of: &run.lane_of,
+        speedup: run.speedup,
+        lanes,
+        engine_block_size: block_size,
+    })
+}
+
+/// One node's times as a replay measured them (on the virtual clock offline; live, on the wall
+/// clock since the run started): what [`summarize`] builds the `agentic` section from.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeTimes {
+    /// Its floor (with lanes, from its play's lane start).
+    pub floor: SimTime,
+    /// The latest `T(source) + delay` over its dependencies and the index of the dependency
+    /// that set it (the critical path follows it back); None for a root.
+    pub due: Option<(SimTime, usize)>,
+    /// When it was dispatched (sent); None if it was skipped.
+    pub dispatched: Option<SimTime>,
+    /// When its completion edges fired: its last token (live, the end of its stream); None if
+    /// it failed or never ran.
+    pub last_token: Option<SimTime>,
+    /// When it ended (completed or failed).
+    pub terminal: Option<SimTime>,
+    /// How it failed (`rejected` offline; live, the failure's class), None otherwise.
+    pub failure: Option<&'static str>,
+    /// The id of its per-request record, once dispatched.
+    pub engine_id: Option<RequestId>,
+    /// Prompt tokens found in the prefix cache at admission.
+    pub reused_input_tokens: usize,
+}
+
+/// A finished run of a graph, as [`summarize`] reads it.
+#[derive(Clone, Copy, Debug)]
+pub struct GraphTimes<'a> {
+    /// The graph that ran.
+    pub graph: &'a RequestGraph,
+    /// Per node (graph order), its times.
+    pub nodes: &'a [NodeTimes],
+    /// Per play, its first failed node.
+    pub failed: &'a [Option<usize>],
+    /// Per play, the lane it held (with lanes).
+    pub lane_of: &'a [Option<usize>],
+    /// The divisor of floors and delays.
+    pub speedup: f64,
+    /// Lanes, if the run had them.
+    pub lanes: Option<usize>,
+    /// The engine's KV block size (for the prefix tokens a wait could keep).
+    pub engine_block_size: usize,
+}
+
+/// The `agentic` section of a finished graph run: per play its outcome, makespan, critical
+/// path and fan-out, and every node's record. The offline replay and `loadgen replay` build
+/// their sections with it, so both report the same figures the same way.
+pub fn summarize(run: &GraphTimes<'_>) -> AgenticReport {
     let graph = run.graph;
+    let block_size = run.engine_block_size;
     let requests: Vec<NodeRecord> = graph
         .nodes
         .iter()
-        .zip(&run.nodes)
+        .zip(run.nodes)
         .map(|(node, state)| NodeRecord {
             request_id: node.id().to_string(),
             play_id: graph.plays[node.play].id.clone(),
@@ -556,12 +635,12 @@ fn summarize(
                 .find(|d| d.relation == Relation::Spawn)
                 .map(|d| graph.nodes[d.source].id().to_string()),
             dispatched: state.dispatched,
-            last_token: state.last_token.filter(|_| !state.rejected),
+            last_token: state.last_token,
             terminal: state.terminal,
-            status: match (state.dispatched, state.rejected) {
+            status: match (state.dispatched, state.failure) {
                 (None, _) => NodeStatus::Skipped,
-                (Some(_), true) => NodeStatus::Rejected,
-                (Some(_), false) => NodeStatus::Completed,
+                (Some(_), Some(_)) => NodeStatus::Rejected,
+                (Some(_), None) => NodeStatus::Completed,
             },
         })
         .collect();
@@ -589,7 +668,7 @@ fn summarize(
                 .max_by_key(|&n| (run.nodes[n].terminal, Reverse(n)));
             let settled = end.and_then(|n| run.nodes[n].terminal).unwrap_or(start);
             let path = end
-                .map(|n| critical_path(run, n, start))
+                .map(|n| critical_path(graph, run.nodes, n, start))
                 .unwrap_or_default();
             let mut fan_out: HashMap<usize, usize> = HashMap::new();
             for &n in &play.nodes {
@@ -602,15 +681,11 @@ fn summarize(
             let (mut after_waits, mut lost) = (0u64, 0u64);
             for &n in &sent {
                 let expected = resumable_prefix(graph, n, block_size);
-                let found = run.nodes[n]
-                    .engine_id
-                    .and_then(|id| reused.get(id.0 as usize))
-                    .copied()
-                    .unwrap_or(0);
+                let found = run.nodes[n].reused_input_tokens;
                 after_waits += expected as u64;
                 lost += expected.saturating_sub(found) as u64;
             }
-            let failure = run.failed[p];
+            let failure = run.failed.get(p).copied().flatten();
             PlayOutcome {
                 play_id: play.id.clone(),
                 status: if failure.is_some() {
@@ -619,7 +694,7 @@ fn summarize(
                     "completed"
                 },
                 failure_request_id: failure.map(|n| graph.nodes[n].id().to_string()),
-                failure_status: failure.map(|_| "rejected"),
+                failure_status: failure.map(|n| run.nodes[n].failure.unwrap_or("rejected")),
                 requests: sent.len(),
                 skipped_requests: play.nodes.len() - sent.len(),
                 start_ms: ms(start),
@@ -629,7 +704,7 @@ fn summarize(
                 critical_path_model_ms: path.model.as_millis_f64(),
                 critical_path_tool_wait_ms: path.tool_wait.as_millis_f64(),
                 critical_path_floor_wait_ms: path.floor_wait.as_millis_f64(),
-                lane: run.lane_of[p],
+                lane: run.lane_of.get(p).copied().flatten(),
                 spawn_edges: fan_out.values().sum(),
                 max_fan_out: fan_out.values().copied().max().unwrap_or(0),
                 prefix_tokens_after_waits: after_waits,
@@ -641,7 +716,7 @@ fn summarize(
         input_format: graph.format.name().to_string(),
         block_size: graph.block_size,
         speedup: run.speedup,
-        lanes,
+        lanes: run.lanes,
         source: graph.source.clone(),
         node_count: graph.nodes.len(),
         skipped_requests: requests
@@ -697,24 +772,31 @@ struct CriticalPath {
 /// Walks back from `end` through the dependency that set each node's ready time: the engine's
 /// time of each node up to the point its successor waited on (its last token, or its dispatch
 /// for a dispatch trigger), the delays between, and the floor wait of the first node.
-fn critical_path(run: &Run<'_>, end: usize, start: SimTime) -> CriticalPath {
+fn critical_path(
+    graph: &RequestGraph,
+    nodes: &[NodeTimes],
+    end: usize,
+    start: SimTime,
+) -> CriticalPath {
     let mut path = CriticalPath::default();
     let mut node = end;
-    let Some(mut until) = run.nodes[end].terminal else {
+    let Some(mut until) = nodes[end].terminal else {
         return path;
     };
     loop {
         path.requests += 1;
-        let state = &run.nodes[node];
+        let state = &nodes[node];
         let Some(dispatched) = state.dispatched else {
             return path;
         };
         path.model = path.model + until.saturating_since(dispatched);
-        let floor = run.floors[node];
+        let floor = state.floor;
         match state.due {
             Some((due, k)) if due >= floor => {
-                let dep = &run.graph.nodes[node].dependencies[k];
-                let source = &run.nodes[dep.source];
+                let Some(dep) = graph.nodes[node].dependencies.get(k) else {
+                    return path;
+                };
+                let source = &nodes[dep.source];
                 let t = match dep.trigger {
                     Trigger::Dispatch => source.dispatched,
                     Trigger::Completion => source.last_token,
