@@ -19,7 +19,8 @@ use super::graph::{
     build, check_delay, check_lengths, for_each_line, hold_hash_ids, json_row, HashScope,
     RawDependency, RawNode, Relation, RequestGraph, TraceFormat, Trigger,
 };
-use super::parse::{id_string, show, RawRow};
+use super::parse::{id_string, show};
+use super::row::RawRow;
 use super::{TraceError, TraceRequest, MAX_ROW_TOKENS, MAX_TIMESTAMP_MS};
 use crate::time::SimDuration;
 

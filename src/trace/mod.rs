@@ -49,6 +49,7 @@ mod graph;
 mod hash;
 mod parse;
 mod plain;
+mod row;
 mod weka;
 
 pub use agentic::AGENTIC_MOONCAKE_SCHEMA;

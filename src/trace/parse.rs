@@ -5,35 +5,14 @@ use std::collections::HashMap;
 use std::io::BufRead;
 use std::path::PathBuf;
 
-use serde::Deserialize;
-
 use super::plain::plain_row;
+use super::row::RawRow;
 use super::{
     describe_ms, ScheduleBound, Session, Trace, TraceError, TraceOptions, TraceRequest,
     MAX_ROW_OUTPUT_TOKENS, MAX_ROW_TOKENS, MAX_TIMESTAMP_MS, MAX_TRACE_BLOCK_SIZE,
     MAX_TRACE_TIME_MS,
 };
 use crate::time::{SimDuration, SimTime};
-
-/// A row as written in the file; every field optional so missing ones get our own messages.
-/// (Rows of the plain shape are read by [`plain_row`] instead, into the same value.)
-#[derive(Debug, Default, Deserialize, PartialEq)]
-pub(super) struct RawRow {
-    #[serde(default, alias = "created_time")]
-    pub(super) timestamp: Option<f64>,
-    #[serde(default, alias = "input_tokens")]
-    pub(super) input_length: Option<u64>,
-    #[serde(default, alias = "output_tokens")]
-    pub(super) output_length: Option<u64>,
-    #[serde(default)]
-    pub(super) hash_ids: Option<Vec<u64>>,
-    #[serde(default)]
-    pub(super) session_id: Option<serde_json::Value>,
-    #[serde(default, alias = "delay_ms")]
-    pub(super) delay: Option<f64>,
-    #[serde(default)]
-    pub(super) request_id: Option<serde_json::Value>,
-}
 
 /// A string or integer identifier as a string; anything else names the field and what it got.
 pub(super) fn id_string(field: &str, value: serde_json::Value) -> Result<String, String> {

@@ -5,7 +5,7 @@
 //! unknown or repeated keys, malformed JSON) is left to serde_json, so a row this reader takes
 //! comes out exactly as serde_json reads it, and every error is serde_json's.
 
-use super::parse::RawRow;
+use super::row::RawRow;
 
 /// `text` (one line) as a row when it has the plain shape; None leaves it to serde_json.
 pub(super) fn plain_row(text: &str) -> Option<RawRow> {
