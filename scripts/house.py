@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The shape of the house: import circles between files, long files and public items per crate.
 
-Usage: python3 scripts/house.py [--max-lines N]   (from anywhere inside the repository)
+Usage: python3 scripts/house.py [--max-lines N] [--circles-only]   (from anywhere inside the repository)
 
 For every crate of the workspace it reads the Rust files under its `src/`, takes the paths each
 file names through `crate::` and `super::` (in `use` items and inline), resolves them to the file
@@ -14,7 +14,8 @@ that defines that module, and prints:
   `#[cfg(test)]` tail;
 - the count of `pub`, `pub(crate)` and other restricted items per crate.
 
-Exits 1 when it finds a circle or a long file, so a check can call it. Standard library only.
+Exits 1 when it finds a circle or a long file (with --circles-only, a circle only: what CI
+runs), so a check can call it. Standard library only.
 """
 
 import argparse
@@ -139,6 +140,11 @@ def is_test_file(path: Path) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-lines", type=int, default=800)
+    parser.add_argument(
+        "--circles-only",
+        action="store_true",
+        help="fail on import circles only (long files are listed, not failed): what CI checks",
+    )
     args = parser.parse_args()
     top = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True,
                               text=True, check=True).stdout.strip())
@@ -178,10 +184,12 @@ def main() -> int:
         bad = True
         print("circle: " + " <-> ".join(str(f.relative_to(top)) for f in group))
     for n, f in sorted(long_files, reverse=True):
-        bad = True
+        bad = bad or not args.circles_only
         print(f"long file: {f} ({n} lines > {args.max_lines})")
-    if not bad:
+    if not all_circles and not long_files:
         print("no import circles, no file over", args.max_lines, "lines outside tests")
+    elif not all_circles:
+        print("no import circles")
     return 1 if bad else 0
 
 
