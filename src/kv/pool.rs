@@ -15,9 +15,9 @@
 
 use std::collections::VecDeque;
 
+use crate::kv::block_ids::{BlockId, BlockIds};
+use crate::kv::block_map::WARM_CHUNK;
 use crate::kv::event::{KvEventData, StoredBlock};
-use crate::kv::ids::{BlockId, BlockIds};
-use crate::kv::table::WARM_CHUNK;
 use crate::tokens::{HashKeyMap, LocalBlockHash, SequenceHash};
 
 /// One block held by a request.

@@ -255,7 +255,7 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
 
     use super::*;
-    use crate::offload::{Offloaded, Wait};
+    use crate::side_thread::{Offloaded, Wait};
     use crate::trace::{parse, TraceOptions};
 
     /// A trace of `sessions` sessions of 1 to 4 turns, prompts of 1 to 12 trace blocks whose

@@ -24,7 +24,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::ids::{RequestId, WorkerId};
 use crate::indexer::{ApproximateConfig, ApproximateIndexer, FlatIndex, KvIndexer};
 use crate::kv::KvEvent;
-use crate::offload::{Offloaded, Wait};
+use crate::side_thread::{Offloaded, Wait};
 use crate::time::SimTime;
 use crate::tokens::{LocalBlockHash, SequenceHash};
 
@@ -236,7 +236,7 @@ struct Core {
 
 /// The thread of an offloaded router's core, for work that needs nothing of the core
 /// ([`Router::beside`]).
-pub(crate) struct RouterThread(crate::offload::Beside<Box<Core>>);
+pub(crate) struct RouterThread(crate::side_thread::Beside<Box<Core>>);
 
 impl RouterThread {
     /// Runs `job` on the router's thread after everything sent there before it; false when

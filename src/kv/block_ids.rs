@@ -12,8 +12,8 @@
 //! [`BlockIds::remove`]; the id is then reused, so the vector never holds more ids than were
 //! live at once.
 
+use crate::kv::block_map::{slots_for, MAX_LOAD, MIN_SLOTS};
 use crate::kv::prefetch;
-use crate::kv::table::{slots_for, MAX_LOAD, MIN_SLOTS};
 use crate::tokens::SequenceHash;
 
 /// A dense id standing for one [`SequenceHash`] in one [`BlockIds`] (ids of different
@@ -276,7 +276,7 @@ impl IdIndex {
         }
     }
 
-    /// Prefetches the home slot of every hash (see [`crate::kv::table::BlockMap::warm`]).
+    /// Prefetches the home slot of every hash (see [`crate::kv::block_map::BlockMap::warm`]).
     fn warm(&self, hashes: impl IntoIterator<Item = SequenceHash>) {
         if self.slots.is_empty() {
             return;
