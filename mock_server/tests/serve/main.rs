@@ -20,6 +20,8 @@ mod errors;
 mod faults;
 // `mockserve fleet`: N endpoints in one process, the manifest, pinning, the routing judge.
 mod fleet;
+// Faults on fleet workers (down, slow, stalled, 503): on the wire, by schedule and admin route.
+mod fleet_faults;
 // The HTTP edge over raw sockets: read timeouts, the connection cap, the shutdown drain.
 mod http_edge;
 // KV events over ZeroMQ: wire format, a live subscriber, replay.
