@@ -19,6 +19,8 @@
 #
 #   scripts/router-bench.sh
 #
+# loadgen is given the model name: sglang-router's own /v1/models names its workers' model
+# `unknown` (it reads it from SGLang's /server_info, which mockserve does not serve).
 # Needs `cargo build -p mock_server -p loadgen` (release binaries are used when built; or
 # MOCKSERVE=path LOADGEN=path), python3, curl, and the routers' venv under SERVESIM_PEERS (default
 # .peers/), which `scripts/peers/setup.sh routers` makes (run here when missing; needs PyPI once).
@@ -89,12 +91,12 @@ for run in $runs; do
     t0=$SECONDS
     case $workload in
       replay)
-        "$loadgen" replay "$out/slice.jsonl" --url "$router" --metrics-url "$admin/metrics" \
+        "$loadgen" replay "$out/slice.jsonl" --url "$router" --model mock-model --metrics-url "$admin/metrics" \
           --arrival-speedup-ratio "$replay_speedup" --trace-block-size "$trace_block_size" --max-failure-rate 1 \
           --per-request-jsonl "$out/$name.requests.jsonl" --report-json "$out/$name.report.json" \
           -q >"$out/$name.loadgen.log" 2>&1 || echo "  loadgen exited $? (see $out/$name.loadgen.log)" >&2 ;;
       multiturn)
-        "$loadgen" multiturn --url "$router" --num-users "$mt_users" --num-turns "$mt_turns" \
+        "$loadgen" multiturn --url "$router" --model mock-model --num-users "$mt_users" --num-turns "$mt_turns" \
           --num-user-tokens 256 --max-completion-tokens 32 --ignore-eos --max-failure-rate 1 \
           --per-request-jsonl "$out/$name.requests.jsonl" --output "$out/$name.report.json" \
           -q >"$out/$name.loadgen.log" 2>&1 || echo "  loadgen exited $? (see $out/$name.loadgen.log)" >&2 ;;

@@ -79,6 +79,12 @@ for w in json.load(open(sys.argv[1]))["workers"]:
   "${args[@]}" "$@" >"$out/$name.router.log" 2>&1 &
   router_pid=$!
   wait_http "$router/health" 120
+  # sglang-router answers /health before it has registered its workers (in the background):
+  # wait until its /v1/models names one.
+  for _ in $(seq 1 300); do
+    if curl -sf "$router/v1/models" | grep -q '"id"'; then break; fi
+    sleep 0.1
+  done
   # Let a KV-aware router subscribe before the first request.
   sleep 1
 }
