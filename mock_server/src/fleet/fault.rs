@@ -478,12 +478,13 @@ pub async fn gate(
     next: Next,
 ) -> Response {
     let kind = route(request.uri().path());
-    let Some(mut states) = faults.subscribe(index) else {
+    let states = match kind {
+        Route::Other => None,
+        Route::Generation | Route::Health => faults.subscribe(index),
+    };
+    let Some(mut states) = states else {
         return next.run(request).await;
     };
-    if kind == Route::Other {
-        return next.run(request).await;
-    }
     let mut held = false;
     loop {
         let state = *states.borrow_and_update();
