@@ -161,7 +161,7 @@ async fn set_fault(
         _ => {
             let message = format!(
                 "no worker {index:?}: the fleet has workers 0 to {}",
-                workers - 1
+                workers.saturating_sub(1)
             );
             return ApiError::invalid(message, Some("index"))
                 .with_code("worker_not_found")

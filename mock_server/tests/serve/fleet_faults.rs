@@ -198,11 +198,11 @@ async fn each_worker_state_shows_on_the_wire() -> Result<()> {
     let (slow_ttft, slow_itl) = token_times(&client, &urls[0]).await?;
     let ratio = |slow: Duration, plain: Duration| slow.as_secs_f64() / plain.as_secs_f64();
     assert!(
-        (2.0..5.0).contains(&ratio(slow_ttft, ttft)),
+        (2.0..6.0).contains(&ratio(slow_ttft, ttft)),
         "TTFT {ttft:?} then {slow_ttft:?}"
     );
     assert!(
-        (2.0..5.0).contains(&ratio(slow_itl, itl)),
+        (2.0..6.0).contains(&ratio(slow_itl, itl)),
         "ITL {itl:?} then {slow_itl:?}"
     );
     let listed = within(client.get(format!("{admin}/fleet/workers")).send()).await??;
@@ -257,7 +257,7 @@ async fn the_schedule_switches_states_in_order() -> Result<()> {
         "1,1",
         &[
             "--worker-faults",
-            "1=503@200ms..600ms,1=down@800ms..1200ms,0=stalled@0ms..400ms",
+            "1=503@200ms..700ms,1=down@1200ms..1700ms,0=stalled@0ms..400ms",
         ],
     )
     .await?;
