@@ -19,8 +19,11 @@
 #
 #   scripts/router-bench.sh
 #
-# loadgen is given the model name: sglang-router's own /v1/models names its workers' model
-# `unknown` (it reads it from SGLang's /server_info, which mockserve does not serve).
+# loadgen's replay asks no serving worker (`--no-worker-id`: with `nvext` in a request,
+# vllm-router 0.1.17's kv_aware credits no cached prefix; the judge says who served), and is
+# given the model name: sglang-router's own /v1/models names its workers' model
+# `unknown` (it reads it from SGLang's /server_info, which mockserve does not serve); so is
+# multiturn.
 # Needs `cargo build -p mock_server -p loadgen` (release binaries are used when built; or
 # MOCKSERVE=path LOADGEN=path), python3, curl, and the routers' venv under SERVESIM_PEERS (default
 # .peers/), which `scripts/peers/setup.sh routers` makes (run here when missing; needs PyPI once).
@@ -92,7 +95,7 @@ for run in $runs; do
     case $workload in
       replay)
         "$loadgen" replay "$out/slice.jsonl" --url "$router" --model mock-model --metrics-url "$admin/metrics" \
-          --arrival-speedup-ratio "$replay_speedup" --trace-block-size "$trace_block_size" --max-failure-rate 1 \
+          --arrival-speedup-ratio "$replay_speedup" --trace-block-size "$trace_block_size" --no-worker-id --max-failure-rate 1 \
           --per-request-jsonl "$out/$name.requests.jsonl" --report-json "$out/$name.report.json" \
           -q >"$out/$name.loadgen.log" 2>&1 || echo "  loadgen exited $? (see $out/$name.loadgen.log)" >&2 ;;
       multiturn)

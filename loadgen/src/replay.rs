@@ -257,6 +257,8 @@ struct SessionScript {
     synth: Arc<PromptSynth>,
     model: Arc<str>,
     api: Api,
+    /// Whether bodies ask for the serving worker.
+    ask_worker_id: bool,
     session: usize,
     next_turn: usize,
 }
@@ -278,7 +280,13 @@ impl Script for SessionScript {
         self.next_turn += 1;
         Some(Planned {
             start,
-            body: request_body(self.api, &self.model, text, turn.output_length),
+            body: request_body(
+                self.api,
+                &self.model,
+                text,
+                turn.output_length,
+                self.ask_worker_id,
+            ),
         })
     }
 }
@@ -471,6 +479,7 @@ pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, 
                 synth: synth.clone(),
                 model: model.clone(),
                 api: args.endpoint,
+                ask_worker_id: target.ask_worker_id,
                 session,
                 next_turn: 0,
             }) as Box<dyn Script>
