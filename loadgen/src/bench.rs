@@ -732,6 +732,8 @@ struct Requests {
     plan: BenchPlan,
     synth: PromptSynth,
     model: String,
+    /// Whether bodies ask for the serving worker.
+    ask_worker_id: bool,
 }
 
 /// Hash-id space of the shared prefixes (unique parts use the request index).
@@ -759,7 +761,13 @@ impl Requests {
         }
         let unique = self.plan.seed.rotate_left(32) ^ k as u64;
         pieces.extend(self.synth.filler(unique, input));
-        request_body(self.plan.api, &self.model, self.synth.text(&pieces), output)
+        request_body(
+            self.plan.api,
+            &self.model,
+            self.synth.text(&pieces),
+            output,
+            self.ask_worker_id,
+        )
     }
 }
 
@@ -966,6 +974,7 @@ pub async fn run_plan(
         plan,
         synth: target.synth(1),
         model: target.model.clone(),
+        ask_worker_id: target.ask_worker_id,
     });
     let shard = plan.shard;
     let owns = |i: usize| shard.is_none_or(|sh| sh.owns(i));

@@ -53,6 +53,8 @@ pub struct GraphPlan {
     pub lanes: Option<usize>,
     /// The plays to run (a shard's); the others are neither sent nor skipped.
     pub plays: Vec<usize>,
+    /// Ask for the serving worker (`nvext.extra_fields`; off with `--no-worker-id`).
+    pub ask_worker_id: bool,
 }
 
 /// What [`drive_graph`] returns.
@@ -124,6 +126,7 @@ async fn send_node(
         &shared.plan.model,
         text,
         request.output_length,
+        shared.plan.ask_worker_id,
     );
     let abort = &shared.config.abort;
     // Spawned up to `PACER_LEAD` early: the body is built before the node is due.

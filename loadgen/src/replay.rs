@@ -301,6 +301,8 @@ struct SessionScript {
     synth: Arc<PromptSynth>,
     model: Arc<str>,
     api: Api,
+    /// Whether bodies ask for the serving worker.
+    ask_worker_id: bool,
     session: usize,
     next_turn: usize,
 }
@@ -322,7 +324,13 @@ impl Script for SessionScript {
         self.next_turn += 1;
         Some(Planned {
             start,
-            body: request_body(self.api, &self.model, text, turn.output_length),
+            body: request_body(
+                self.api,
+                &self.model,
+                text,
+                turn.output_length,
+                self.ask_worker_id,
+            ),
         })
     }
 }
@@ -528,6 +536,7 @@ pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, 
                 synth: synth.clone(),
                 model: model.clone(),
                 api: args.endpoint,
+                ask_worker_id: target.ask_worker_id,
                 session,
                 next_turn: 0,
             }) as Box<dyn Script>
@@ -815,6 +824,7 @@ async fn replay_graph(
         speedup,
         lanes,
         plays: owned.clone(),
+        ask_worker_id: target.ask_worker_id,
     };
     args.sharding.wait_for_start().await;
     let observe =

@@ -62,6 +62,12 @@ pub struct TargetArgs {
     #[arg(long, default_value_t = crate::sse::DEFAULT_MAX_LINE_BYTES)]
     pub max_line_bytes: usize,
 
+    /// Do not ask which worker served each request: replay and bench send no
+    /// `nvext.extra_fields` (some routers treat a request with `nvext` differently:
+    /// vllm-router 0.1.17's kv_aware then credits no cached prefix). Multiturn never asks.
+    #[arg(long)]
+    pub no_worker_id: bool,
+
     /// Engine, router and cluster settings of the embedded server (ignored with --url).
     #[command(flatten, next_help_heading = "Embedded server (without --url)")]
     pub engine: EngineArgs,
@@ -168,6 +174,7 @@ impl TargetArgs {
             api_key: self.api_key.clone(),
             request_timeout: Duration::from_secs_f64(request_timeout_s),
             max_line_bytes: self.max_line_bytes,
+            ask_worker_id: !self.no_worker_id,
             server,
         })
     }
@@ -188,6 +195,8 @@ pub struct TargetSpec {
     pub request_timeout: Duration,
     /// Longest SSE line accepted.
     pub max_line_bytes: usize,
+    /// Whether requests ask for their serving worker (`nvext.extra_fields`; not `--no-worker-id`).
+    pub ask_worker_id: bool,
     /// The embedded server's configuration (None with `--url`).
     pub server: Option<ServerConfig>,
 }
@@ -313,6 +322,8 @@ pub struct Connected {
     pub endpoint: Endpoint,
     /// The tokenizer prompts are sized with (None = heuristic).
     pub tokenizer: Option<Arc<dyn Tokenizer>>,
+    /// Whether requests ask for their serving worker (`nvext.extra_fields`).
+    pub ask_worker_id: bool,
     /// The embedded server, to stop at the end.
     embedded: Option<Embedded>,
 }
@@ -446,15 +457,23 @@ impl TargetSpec {
             url,
             model,
             tokenizer,
+            ask_worker_id: self.ask_worker_id,
             embedded: None,
         })
     }
 }
 
 /// A streamed body for `api` with `prompt`: a `/v1/completions` body, or a chat body whose one
-/// user message is the prompt. Both ask for `max_tokens` exactly (`ignore_eos`), usage, and the
-/// serving worker (`nvext.extra_fields`, which mockserve and Dynamo answer and others ignore).
-pub fn request_body(api: Api, model: &str, prompt: String, max_tokens: usize) -> serde_json::Value {
+/// user message is the prompt. Both ask for `max_tokens` exactly (`ignore_eos`), usage, and, with
+/// `ask_worker_id`, the serving worker (`nvext.extra_fields`, which mockserve and Dynamo answer and
+/// others ignore).
+pub fn request_body(
+    api: Api,
+    model: &str,
+    prompt: String,
+    max_tokens: usize,
+    ask_worker_id: bool,
+) -> serde_json::Value {
     let mut body = match api {
         Api::Completions => completion_body(model, prompt, max_tokens),
         Api::Chat => serde_json::json!({
@@ -466,7 +485,9 @@ pub fn request_body(api: Api, model: &str, prompt: String, max_tokens: usize) ->
             "stream_options": {"include_usage": true},
         }),
     };
-    body["nvext"] = serde_json::json!({"extra_fields": ["worker_id"]});
+    if ask_worker_id {
+        body["nvext"] = serde_json::json!({"extra_fields": ["worker_id"]});
+    }
     body
 }
 
@@ -500,6 +521,16 @@ mod tests {
             .expect("valid flags")
             .target
             .spec(&EmbeddedOptions::default())
+    }
+
+    #[test]
+    fn no_worker_id_leaves_nvext_out() {
+        let asked = request_body(Api::Completions, "m", "p".into(), 3, true);
+        assert_eq!(asked["nvext"]["extra_fields"][0], "worker_id");
+        let plain = request_body(Api::Chat, "m", "p".into(), 3, false);
+        assert!(plain.get("nvext").is_none(), "{plain}");
+        assert!(spec(&["--url", "http://x", "--no-worker-id"]).is_ok_and(|s| !s.ask_worker_id));
+        assert!(spec(&["--url", "http://x"]).is_ok_and(|s| s.ask_worker_id));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 # one root directory: two virtualenvs with exact pins and a hub-free tokenizer directory.
 # Safe to re-run: finished steps are checked and skipped.
 #
-# usage: scripts/peers/setup.sh [all | tokenizer | openai | dynamo]...     (default: all)
+# usage: scripts/peers/setup.sh [all | tokenizer | openai | dynamo | routers]... (default: all)
 # env:   SERVESIM_PEERS  root of all state (default: .peers/ in the repository root, git-ignored)
 #        PYTHON          interpreter for the venvs (default: python3.11, else python3; >= 3.11)
 #        SETUP_MODE      lock (default: install locks/<venv>.txt with pip --no-deps)
@@ -13,6 +13,8 @@
 #   venv/openai/               openai 3.57.0, the OpenAI Python SDK for client checks
 #   venv/dynamo/               ai-dynamo 1.6.1 + ai-dynamo-runtime 1.6.1 (frontend, mocker,
 #                              offline replay, standalone KV indexer)
+#   venv/routers/              vllm-router 0.1.17 and sglang-router 0.3.2 (wheels only), the real
+#                              routers scripts/router-bench.sh puts in front of a mockserve fleet
 #   tokenizer/deepseek-v3-tok/ DeepSeek-V3 tokenizer.json (MIT, from the litellm wheel) + config
 #   home/ cache/               HOME, pip cache and HF cache for everything these scripts run
 #   run/                       PID files and logs of run_dynamo.sh
@@ -31,9 +33,9 @@ case $MODE in lock | resolve) ;; *) die "SETUP_MODE must be lock or resolve, not
 targets=()
 for t in "${@:-all}"; do
   case $t in
-    all) targets+=(openai dynamo tokenizer) ;;
-    tokenizer | openai | dynamo) targets+=("$t") ;;
-    *) die "unknown step '$t' (all | tokenizer | openai | dynamo)" ;;
+    all) targets+=(openai dynamo tokenizer routers) ;;
+    tokenizer | openai | dynamo | routers) targets+=("$t") ;;
+    *) die "unknown step '$t' (all | tokenizer | openai | dynamo | routers)" ;;
   esac
 done
 
@@ -83,7 +85,9 @@ install_venv() {  # name: venv $ROOT/venv/NAME from locks/NAME.txt (or resolve_N
   ensure_venv "$dir"
   rm -f "$dir/.servesim-setup"
   if [ "$MODE" = lock ]; then
-    "$dir/bin/python" -m pip install -q --no-deps -r "$lock"
+    local wheels=()  # the routers' venv takes wheels only (they carry the Rust binaries)
+    if [ "$name" = routers ]; then wheels=(--only-binary=:all:); fi
+    "$dir/bin/python" -m pip install -q --no-deps "${wheels[@]}" -r "$lock"
   else
     "resolve_$name" "$dir/bin/python"
   fi
@@ -93,6 +97,10 @@ install_venv() {  # name: venv $ROOT/venv/NAME from locks/NAME.txt (or resolve_N
 }
 
 resolve_openai() { "$1" -m pip install -q openai==3.57.0; }
+
+resolve_routers() {
+  "$1" -m pip install -q --only-binary=:all: vllm-router==0.1.17 sglang-router==0.3.2
+}
 
 resolve_dynamo() {
   # ai-dynamo 1.6.1 requires aisimulate==0.13.0, which cannot be installed from PyPI (see
@@ -113,6 +121,13 @@ setup_dynamo() {
   install_venv dynamo
   "$ROOT/venv/dynamo/bin/python" -c 'import importlib.metadata as m, dynamo.replay, dynamo.frontend, dynamo.mocker, dynamo.indexer, zmq
 print("[dynamo] ai-dynamo", m.version("ai-dynamo"), "/ ai-dynamo-runtime", m.version("ai-dynamo-runtime"))'
+}
+
+setup_routers() {
+  install_venv routers
+  "$ROOT/venv/routers/bin/vllm-router" --version 2>/dev/null | head -1 || true
+  "$ROOT/venv/routers/bin/python" -c 'import importlib.metadata as m, sglang_router
+print("[routers] vllm-router", m.version("vllm-router"), "/ sglang-router", m.version("sglang-router"))'
 }
 
 tokenizer_ok() {  # dir

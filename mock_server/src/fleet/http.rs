@@ -2,17 +2,20 @@
 //! and the admin listener `GET /fleet/decisions` (the judge's log as JSON lines, `?since=SEQ`
 //! for the decisions from number SEQ on) and `GET /fleet/manifest`. The admin listener also
 //! answers `GET /metrics` (the whole fleet's series, like `serve`'s, plus the judge's) and
-//! `GET /health`.
+//! `GET /health`, `GET /fleet/workers` (each worker's fault state) and
+//! `POST /fleet/workers/{i}/fault` (`{"state": "down"|"slow"|"stalled"|"503"|"ok", "factor": K}`).
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
 use axum::http::{header, Method, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::json;
 
+use super::fault::{gate, WorkerFaults, WorkerState};
 use super::judge::{to_jsonl, Judge};
 use super::metrics::WorkerMetrics;
 use crate::api::{app, ApiError, AppState};
@@ -33,25 +36,40 @@ pub struct FleetRoutes {
     pub judge: Arc<Judge>,
     /// The manifest as pretty JSON.
     pub manifest: Arc<str>,
+    /// Every worker's fault state.
+    pub faults: Arc<WorkerFaults>,
+    /// Every worker's URL, by index.
+    pub worker_urls: Arc<[String]>,
 }
 
 /// One worker's endpoint: the fleet's routes, the worker's `/metrics`, and everything else the
-/// worker's own API (`api`, pinned to the worker) answers.
-pub fn worker_router(api: AppState, metrics: WorkerMetrics, fleet: FleetRoutes) -> Router {
-    let seat = (fleet.engine.clone(), Arc::new(metrics));
+/// worker's own API (`api`, pinned to the worker) answers, behind the worker's fault
+/// [`gate`] (`faults`: every worker's states and this worker's index).
+pub fn worker_router(
+    api: AppState,
+    metrics: Arc<WorkerMetrics>,
+    fleet: FleetRoutes,
+    faults: (Arc<WorkerFaults>, usize),
+) -> Router {
+    let seat = (fleet.engine.clone(), metrics);
     fleet_routes(fleet)
         .route("/metrics", get(worker_metrics).with_state(seat))
         .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
             ApiError::method_not_allowed(method.as_str(), uri.path())
         })
         .fallback_service(app(api))
+        .layer(axum::middleware::from_fn_with_state(faults, gate))
 }
 
 /// The admin listener's router.
 pub fn admin_router(fleet: FleetRoutes) -> Router {
     fleet_routes(fleet.clone())
         .route("/metrics", get(fleet_metrics).with_state(fleet.clone()))
-        .route("/health", get(health).with_state(fleet))
+        .route("/health", get(health).with_state(fleet.clone()))
+        .route(
+            "/fleet/workers/{index}/fault",
+            post(set_fault).with_state(fleet.clone()),
+        )
         .fallback(|uri: Uri| async move { ApiError::route_not_found(uri.path()) })
         .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
             ApiError::method_not_allowed(method.as_str(), uri.path())
@@ -63,6 +81,7 @@ fn fleet_routes(fleet: FleetRoutes) -> Router {
     Router::new()
         .route("/fleet/decisions", get(decisions))
         .route("/fleet/manifest", get(manifest))
+        .route("/fleet/workers", get(workers))
         .with_state(fleet)
 }
 
@@ -105,6 +124,66 @@ async fn manifest(State(fleet): State<FleetRoutes>) -> Response {
         fleet.manifest.to_string(),
     )
         .into_response()
+}
+
+/// `GET /fleet/workers`: every worker's index, URL and fault state.
+async fn workers(State(fleet): State<FleetRoutes>) -> Response {
+    let workers: Vec<serde_json::Value> = fleet
+        .worker_urls
+        .iter()
+        .enumerate()
+        .map(|(i, url)| fleet.faults.state(i).to_json(i, url))
+        .collect();
+    Json(json!({ "workers": workers })).into_response()
+}
+
+/// The body of `POST /fleet/workers/{i}/fault`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FaultBody {
+    /// `ok`, `down`, `slow`, `stalled` or `503`.
+    state: String,
+    /// The `slow` factor.
+    #[serde(default)]
+    factor: Option<f64>,
+}
+
+/// `POST /fleet/workers/{i}/fault`: sets worker i's state; answers its entry of
+/// `GET /fleet/workers`.
+async fn set_fault(
+    State(fleet): State<FleetRoutes>,
+    Path(index): Path<String>,
+    body: Bytes,
+) -> Response {
+    let workers = fleet.worker_urls.len();
+    let index = match index.parse::<usize>() {
+        Ok(i) if i < workers => i,
+        _ => {
+            let message = format!(
+                "no worker {index:?}: the fleet has workers 0 to {}",
+                workers.saturating_sub(1)
+            );
+            return ApiError::invalid(message, Some("index"))
+                .with_code("worker_not_found")
+                .into_response();
+        }
+    };
+    let body: FaultBody = match serde_json::from_slice(&body) {
+        Ok(body) => body,
+        Err(e) => {
+            let message = format!(
+                "expected {{\"state\": \"ok\"|\"down\"|\"slow\"|\"stalled\"|\"503\", \
+                 \"factor\": K}}: {e}"
+            );
+            return ApiError::invalid(message, None).into_response();
+        }
+    };
+    let state = match WorkerState::parse(&body.state, body.factor) {
+        Ok(state) => state,
+        Err(message) => return ApiError::invalid(message, Some("state")).into_response(),
+    };
+    fleet.faults.set(index, state);
+    Json(state.to_json(index, &fleet.worker_urls[index])).into_response()
 }
 
 /// The `since` parameter of a query string: 0 when absent.

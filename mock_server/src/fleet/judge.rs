@@ -22,6 +22,7 @@ use servesim::ids::WorkerId;
 use servesim::request::EngineRequest;
 use servesim::time::SimTime;
 
+use super::fault::WorkerFaults;
 use crate::driver::{ArrivalObserver, SimClock};
 
 /// Decisions `GET /fleet/decisions` keeps by default (the latest ones).
@@ -127,8 +128,15 @@ impl RoutingMetrics {
 }
 
 /// Scores `request` arriving at `now` on `chosen`, against every worker of `cluster` as it is
-/// (before the request enters it). `seq` and `time_ms` are left at 0 for the log to set.
-pub fn score(cluster: &Cluster, request: &EngineRequest, chosen: WorkerId) -> Decision {
+/// (before the request enters it). `seq` and `time_ms` are left at 0 for the log to set. A
+/// worker `available` says no to (one that cannot answer: down, stalled, 503) is never the best
+/// choice; the chosen one always may be.
+pub fn score(
+    cluster: &Cluster,
+    request: &EngineRequest,
+    chosen: WorkerId,
+    available: &dyn Fn(WorkerId) -> bool,
+) -> Decision {
     let block_size = cluster.block_size();
     let hashes = &request.prompt.blocks.sequence;
     let mut chosen_overlap = 0;
@@ -144,6 +152,8 @@ pub fn score(cluster: &Cluster, request: &EngineRequest, chosen: WorkerId) -> De
         let index = worker.id().0;
         if worker.id() == chosen {
             chosen_overlap = overlap;
+        } else if !available(worker.id()) {
+            continue;
         }
         let better = best.is_none_or(|(o, l, _)| overlap > o || (overlap == o && load < l));
         if better {
@@ -186,6 +196,8 @@ pub struct Judge {
     log: Mutex<DecisionLog>,
     /// The sums over every decision, kept or not.
     pub metrics: RoutingMetrics,
+    /// The workers' fault states: an unavailable worker is never the best choice.
+    faults: Option<Arc<WorkerFaults>>,
 }
 
 impl Judge {
@@ -197,6 +209,16 @@ impl Judge {
             capacity,
             log: Mutex::new(DecisionLog::default()),
             metrics,
+            faults: None,
+        }
+    }
+
+    /// The same judge, never counting a worker that `faults` says cannot answer (down,
+    /// stalled, 503) as the best choice.
+    pub fn excluding_unavailable(self, faults: Arc<WorkerFaults>) -> Judge {
+        Judge {
+            faults: Some(faults),
+            ..self
         }
     }
 
@@ -226,9 +248,14 @@ impl Judge {
 
 impl ArrivalObserver for Judge {
     fn arrived(&self, cluster: &Cluster, request: &EngineRequest, worker: WorkerId, now: SimTime) {
+        let available = |w: WorkerId| {
+            self.faults
+                .as_ref()
+                .is_none_or(|f| !f.state(w.0 as usize).is_unavailable())
+        };
         let decision = Decision {
             time_ms: self.clock.unix_ms(now),
-            ..score(cluster, request, worker)
+            ..score(cluster, request, worker, &available)
         };
         self.record(decision);
     }
@@ -289,23 +316,23 @@ mod tests {
     fn regret_is_the_best_cached_prefix_minus_the_chosen_one() {
         let mut cluster = cluster(3);
         let prompt: Vec<u32> = (0..10).collect();
-        let fresh = score(&cluster, &request(&prompt), WorkerId(1));
+        let fresh = score(&cluster, &request(&prompt), WorkerId(1), &|_| true);
         assert_eq!(
             (fresh.best_overlap_tokens, fresh.regret_tokens, fresh.loads),
             (0, 0, vec![0, 0, 0])
         );
         run_on(&mut cluster, request(&prompt), 0);
         // Two full blocks of 4 are cached on worker 0.
-        let elsewhere = score(&cluster, &request(&prompt), WorkerId(1));
+        let elsewhere = score(&cluster, &request(&prompt), WorkerId(1), &|_| true);
         assert_eq!(elsewhere.chosen_overlap_tokens, 0);
         assert_eq!(elsewhere.best_overlap_tokens, 8);
         assert_eq!(elsewhere.best_worker, 0);
         assert_eq!(elsewhere.regret_tokens, 8);
-        let there = score(&cluster, &request(&prompt), WorkerId(0));
+        let there = score(&cluster, &request(&prompt), WorkerId(0), &|_| true);
         assert_eq!((there.chosen_overlap_tokens, there.regret_tokens), (8, 0));
         // A prompt sharing only the first block.
         let other: Vec<u32> = (0..4).chain(100..110).collect();
-        let partial = score(&cluster, &request(&other), WorkerId(2));
+        let partial = score(&cluster, &request(&other), WorkerId(2), &|_| true);
         assert_eq!((partial.best_overlap_tokens, partial.regret_tokens), (4, 4));
     }
 

@@ -10,9 +10,12 @@
 //!   (port + index, as `serve` numbers its workers), LoRA registry, faults and loading delay.
 //! - [`judge::Judge`] scores every decision against what every worker held when the request
 //!   arrived; [`http`] serves its log and metrics.
+//! - [`fault::WorkerFaults`] holds each worker's fault state (`down`, `slow`, `stalled`, `503`),
+//!   set by `--worker-faults` ([`fault::Schedule`]) or the admin listener.
 //! - [`manifest::Manifest`] names every worker's URLs and endpoints (`--fleet-manifest`).
 //! - [`run`] is the command: launch, print the addresses, serve until SIGINT/SIGTERM, drain.
 
+pub mod fault;
 pub mod http;
 pub mod judge;
 pub mod manifest;
@@ -39,6 +42,7 @@ use crate::driver::EngineHandle;
 use crate::kv_events::{KvEventPublisher, KvEventsError};
 use crate::metrics::{EndpointLabel, Metrics};
 use crate::server::{ServeArgs, ShutdownSignals, VllmArgs};
+use fault::{FaultMetrics, Schedule, ScheduleError, WorkerFaults, WorkerState};
 use judge::{Judge, DEFAULT_DECISION_LOG};
 use manifest::{dialable, Manifest, ManifestWorker};
 use metrics::{FleetMetrics, MetricsDialect, WorkerMetrics};
@@ -81,6 +85,12 @@ pub struct FleetArgs {
     /// Routing decisions `GET /fleet/decisions` keeps (the latest ones).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_DECISION_LOG)]
     pub decision_log_size: usize,
+
+    /// Faults on workers by schedule, times from the fleet's start: comma-separated
+    /// `WORKER=STATE@START..[END]`, STATE one of `down`, `stalled`, `503`, `slow:K`
+    /// (`2=down@10s..20s,3=slow:4@5s..`); outside its windows a worker is `ok`.
+    #[arg(long, value_name = "SPEC")]
+    pub worker_faults: Option<String>,
 
     /// Server flags, applied to every worker (--port is the first worker's).
     #[command(flatten)]
@@ -135,6 +145,9 @@ pub enum FleetError {
         /// What to do instead.
         instead: &'static str,
     },
+    /// `--worker-faults` is invalid.
+    #[error(transparent)]
+    WorkerFaults(#[from] ScheduleError),
     /// A worker setting is invalid (the message names the flag).
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -212,6 +225,8 @@ pub struct FleetConfig {
     pub decision_log_size: usize,
     /// The metric names of the workers' `/metrics`.
     pub metrics_dialect: MetricsDialect,
+    /// Faults on workers by schedule (`--worker-faults`).
+    pub worker_faults: Schedule,
 }
 
 impl FleetConfig {
@@ -267,6 +282,10 @@ impl FleetConfig {
         } else {
             Listen::Each(args.listen.clone())
         };
+        let worker_faults = match &args.worker_faults {
+            Some(spec) => Schedule::parse(spec, workers)?,
+            None => Schedule::default(),
+        };
         let mut serve = serve.clone();
         serve.engine.num_workers = Some(workers);
         let mut server = ServerConfig::from_serve_args(&serve, &args.vllm)?;
@@ -284,6 +303,7 @@ impl FleetConfig {
             manifest_path: args.fleet_manifest.clone(),
             decision_log_size: args.decision_log_size,
             metrics_dialect: args.metrics_dialect,
+            worker_faults,
         })
     }
 
@@ -302,6 +322,8 @@ pub struct RunningFleet {
     pub engine: EngineHandle,
     /// The routing judge.
     pub judge: Arc<Judge>,
+    /// Every worker's fault state.
+    pub faults: Arc<WorkerFaults>,
     /// Ends every listener's accept loop (then each drains).
     stop: CancellationToken,
     /// The listeners' tasks.
@@ -354,6 +376,9 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
     let mut engine_metrics = Metrics::for_model(&server.model_name, server.max_model_len);
     let routing = judge::RoutingMetrics::default();
     routing.register(engine_metrics.registry_mut());
+    let fault_metrics = FaultMetrics::default();
+    fault_metrics.register(engine_metrics.registry_mut());
+    let faults = Arc::new(WorkerFaults::new(n, fault_metrics));
     let engine_metrics = Arc::new(engine_metrics);
     let (publisher, kv_endpoints) = match &server.kv_events {
         None => (None, vec![(None, None); n]),
@@ -385,11 +410,10 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
         Arc::clone(&engine_metrics),
         publisher,
     );
-    let judge = Arc::new(Judge::new(
-        engine.clock(),
-        config.decision_log_size,
-        routing,
-    ));
+    let judge = Arc::new(
+        Judge::new(engine.clock(), config.decision_log_size, routing)
+            .excluding_unavailable(Arc::clone(&faults)),
+    );
     // Just spawned: the driver is running.
     let _ = engine.observe_arrivals(Arc::clone(&judge) as Arc<dyn crate::driver::ArrivalObserver>);
     let mut workers = Vec::with_capacity(n);
@@ -429,6 +453,8 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
         metrics: Arc::clone(&engine_metrics),
         judge: Arc::clone(&judge),
         manifest: Arc::from(manifest.to_json()),
+        faults: Arc::clone(&faults),
+        worker_urls: manifest.workers.iter().map(|w| w.url.clone()).collect(),
     };
     let stop = CancellationToken::new();
     let mut tasks = JoinSet::new();
@@ -444,15 +470,21 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
         for endpoint in ["chat", "completions"] {
             let _ = own.http_requests.get_or_create(&EndpointLabel { endpoint });
         }
-        let view = WorkerMetrics::new(&fleet_metrics, &own, worker);
-        let state = AppState::for_worker(server.clone(), engine.clone(), own, worker);
-        let edge = Edge {
-            limits: server.http.clone(),
-            stop_generations: state.stop_generations.clone(),
-            router: http::worker_router(state, view, routes.clone()),
+        let seat = WorkerSeat {
+            index: i,
+            state: AppState::for_worker(server.clone(), engine.clone(), Arc::clone(&own), worker),
+            view: Arc::new(WorkerMetrics::new(&fleet_metrics, &own, worker)),
+            routes: routes.clone(),
+            faults: Arc::clone(&faults),
         };
-        tasks.spawn(edge.run(listener, stop.clone().cancelled_owned()));
+        tasks.spawn(serve_worker(seat, listener, stop.clone()));
     }
+    tasks.spawn(fault::run_schedule(
+        config.worker_faults,
+        Arc::clone(&faults),
+        tokio::time::Instant::now(),
+        stop.clone(),
+    ));
     if let Some(listener) = admin {
         let edge = Edge {
             limits: server.http.clone(),
@@ -465,6 +497,7 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
         manifest,
         engine,
         judge,
+        faults,
         stop,
         tasks,
     };
@@ -478,6 +511,108 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
         }
     }
     Ok(fleet)
+}
+
+/// What one worker's endpoint serves, kept across its listener's restarts.
+struct WorkerSeat {
+    /// The worker's index.
+    index: usize,
+    /// Its API's state (each listener gets a clone with its own `stop_generations`).
+    state: AppState,
+    /// Its `/metrics`.
+    view: Arc<WorkerMetrics>,
+    /// The fleet's routes.
+    routes: http::FleetRoutes,
+    /// Every worker's fault state.
+    faults: Arc<WorkerFaults>,
+}
+
+/// Serves one worker on `listener` until `stop`. While the worker is `down` its listener is
+/// closed (connections are refused) and its running generations are ended; when it leaves
+/// `down` the same address is bound again.
+async fn serve_worker(seat: WorkerSeat, listener: TcpListener, stop: CancellationToken) {
+    let Some(mut states) = seat.faults.subscribe(seat.index) else {
+        return;
+    };
+    let addr = listener.local_addr().ok();
+    let mut listener = Some(listener);
+    // Each listener's accept loop; an old one drains while a new one serves.
+    let mut listeners = JoinSet::new();
+    'serving: loop {
+        while matches!(*states.borrow_and_update(), WorkerState::Down) {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => break 'serving,
+                changed = states.changed() => if changed.is_err() { break 'serving },
+            }
+        }
+        let listener = match (listener.take(), addr) {
+            (Some(listener), _) => listener,
+            (None, Some(addr)) => match rebind(addr, seat.index, &stop).await {
+                Some(listener) => listener,
+                None => break,
+            },
+            (None, None) => break,
+        };
+        let state = AppState {
+            stop_generations: CancellationToken::new(),
+            ..seat.state.clone()
+        };
+        let generations = state.stop_generations.clone();
+        let edge = Edge {
+            limits: state.config.http.clone(),
+            stop_generations: generations.clone(),
+            router: http::worker_router(
+                state,
+                seat.view.clone(),
+                seat.routes.clone(),
+                (Arc::clone(&seat.faults), seat.index),
+            ),
+        };
+        let down = stop.child_token();
+        listeners.spawn(edge.run(listener, down.clone().cancelled_owned()));
+        loop {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => break 'serving,
+                changed = states.changed() => {
+                    if changed.is_err() {
+                        break 'serving;
+                    }
+                    if matches!(*states.borrow_and_update(), WorkerState::Down) {
+                        // Refuse new connections, end the running generations.
+                        down.cancel();
+                        generations.cancel();
+                        continue 'serving;
+                    }
+                }
+            }
+        }
+    }
+    while listeners.join_next().await.is_some() {}
+}
+
+/// Binds `addr` again after a `down` spell, retrying while another socket holds it; `None`
+/// when the fleet stops first.
+async fn rebind(addr: SocketAddr, index: usize, stop: &CancellationToken) -> Option<TcpListener> {
+    let mut warned = false;
+    loop {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => return Some(listener),
+            Err(e) if !warned => {
+                warned = true;
+                eprintln!(
+                    "mockserve fleet: worker {index} cannot listen on {addr} again: {e}; retrying"
+                );
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return None,
+            () = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}
+        }
+    }
 }
 
 /// `mockserve fleet`: validates the flags, launches the fleet, prints every worker's address

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use crate::common::*;
 
 /// The fleet configuration of `mockserve fleet FLAGS...`.
-fn fleet_config(flags: &[&str]) -> Result<FleetConfig> {
+pub(crate) fn fleet_config(flags: &[&str]) -> Result<FleetConfig> {
     let mut argv = vec!["mockserve", "fleet"];
     argv.extend_from_slice(flags);
     let cli = Cli::try_parse_from(&argv)?;
@@ -27,7 +27,7 @@ fn fleet_config(flags: &[&str]) -> Result<FleetConfig> {
 }
 
 /// The error `mockserve fleet FLAGS...` is refused with, before anything binds.
-fn refused(flags: &[&str]) -> String {
+pub(crate) fn refused(flags: &[&str]) -> String {
     match fleet_config(flags) {
         Ok(config) => panic!("{flags:?} accepted: {config:?}"),
         Err(e) => format!("{e:#}"),
@@ -42,7 +42,7 @@ fn scratch(name: &str) -> Result<PathBuf> {
 }
 
 /// A chat completion of `text` (3 tokens, to the limit) sent to `url`; returns the response.
-async fn chat(client: &reqwest::Client, url: &str, text: &str) -> Result<Value> {
+pub(crate) async fn chat(client: &reqwest::Client, url: &str, text: &str) -> Result<Value> {
     let body = chat_body(
         &json!([user(text)]),
         json!({"max_tokens": 3, "ignore_eos": true}),
@@ -59,14 +59,17 @@ async fn chat(client: &reqwest::Client, url: &str, text: &str) -> Result<Value> 
 }
 
 /// Scrapes `url` (a `/metrics` URL) and parses it.
-async fn scrape_url(client: &reqwest::Client, url: &str) -> Result<BTreeMap<String, f64>> {
+pub(crate) async fn scrape_url(
+    client: &reqwest::Client,
+    url: &str,
+) -> Result<BTreeMap<String, f64>> {
     let response = within(client.get(url).send()).await??;
     assert_eq!(response.status(), 200);
     parse_exposition(&within(response.text()).await??)
 }
 
 /// The judge's log, from `url` (a worker's or the admin's base URL).
-async fn decisions(client: &reqwest::Client, url: &str) -> Result<Vec<Decision>> {
+pub(crate) async fn decisions(client: &reqwest::Client, url: &str) -> Result<Vec<Decision>> {
     let response = within(client.get(format!("{url}/fleet/decisions")).send()).await??;
     assert_eq!(response.status(), 200);
     let text = within(response.text()).await??;

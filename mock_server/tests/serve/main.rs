@@ -20,6 +20,8 @@ mod errors;
 mod faults;
 // `mockserve fleet`: N endpoints in one process, the manifest, pinning, the routing judge.
 mod fleet;
+// Faults on fleet workers (down, slow, stalled, 503): on the wire, by schedule and admin route.
+mod fleet_faults;
 // The routing judge against a router of the test's own: every decision and sum exact; a fleet
 // endpoint's prefix-cache reset is its own worker's.
 mod judge;
