@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the reference tooling used to compare servesim against NVIDIA Dynamo, all of it under
-# one root directory: two virtualenvs with exact pins and a hub-free tokenizer directory.
+# one root directory: virtualenvs with exact pins and a hub-free tokenizer directory.
 # Safe to re-run: finished steps are checked and skipped.
 #
-# usage: scripts/peers/setup.sh [all | tokenizer | openai | dynamo]...     (default: all)
+# usage: scripts/peers/setup.sh [all | tokenizer | openai | dynamo | aisimulate]...   (default: all)
+#        (all = openai dynamo tokenizer; aisimulate, 1.5 GB, is installed only when named)
 # env:   SERVESIM_PEERS  root of all state (default: .peers/ in the repository root, git-ignored)
 #        PYTHON          interpreter for the venvs (default: python3.11, else python3; >= 3.11)
 #        SETUP_MODE      lock (default: install locks/<venv>.txt with pip --no-deps)
@@ -13,6 +14,9 @@
 #   venv/openai/               openai 3.57.0, the OpenAI Python SDK for client checks
 #   venv/dynamo/               ai-dynamo 1.6.1 + ai-dynamo-runtime 1.6.1 (frontend, mocker,
 #                              offline replay, standalone KV indexer)
+#   venv/aisimulate/           aisimulate 0.13.0.dev202610270000000085 (wheels only): NVIDIA's
+#                              simulator, the reference for agentic trace replay
+#                              (scripts/compare-aisimulate.sh); no GPU, no network at run time
 #   tokenizer/deepseek-v3-tok/ DeepSeek-V3 tokenizer.json (MIT, from the litellm wheel) + config
 #   home/ cache/               HOME, pip cache and HF cache for everything these scripts run
 #   run/                       PID files and logs of run_dynamo.sh
@@ -32,8 +36,8 @@ targets=()
 for t in "${@:-all}"; do
   case $t in
     all) targets+=(openai dynamo tokenizer) ;;
-    tokenizer | openai | dynamo) targets+=("$t") ;;
-    *) die "unknown step '$t' (all | tokenizer | openai | dynamo)" ;;
+    tokenizer | openai | dynamo | aisimulate) targets+=("$t") ;;
+    *) die "unknown step '$t' (all | tokenizer | openai | dynamo | aisimulate)" ;;
   esac
 done
 
@@ -94,6 +98,11 @@ install_venv() {  # name: venv $ROOT/venv/NAME from locks/NAME.txt (or resolve_N
 
 resolve_openai() { "$1" -m pip install -q openai==3.57.0; }
 
+# The plain aisimulate==0.13.0 on PyPI is an sdist stub that downloads from NVIDIA's own index;
+# this pre-release has real wheels on PyPI. Wheels only, so nothing is built.
+AISIMULATE_PIN=aisimulate==0.13.0.dev202610270000000085
+resolve_aisimulate() { "$1" -m pip install -q --only-binary=:all: "$AISIMULATE_PIN"; }
+
 resolve_dynamo() {
   # ai-dynamo 1.6.1 requires aisimulate==0.13.0, which cannot be installed from PyPI (see
   # README). Install ai-dynamo without its dependencies, then its dependencies minus aisimulate.
@@ -113,6 +122,12 @@ setup_dynamo() {
   install_venv dynamo
   "$ROOT/venv/dynamo/bin/python" -c 'import importlib.metadata as m, dynamo.replay, dynamo.frontend, dynamo.mocker, dynamo.indexer, zmq
 print("[dynamo] ai-dynamo", m.version("ai-dynamo"), "/ ai-dynamo-runtime", m.version("ai-dynamo-runtime"))'
+}
+
+setup_aisimulate() {
+  install_venv aisimulate
+  "$ROOT/venv/aisimulate/bin/python" -c 'import importlib.metadata as m, aisimulate.predict
+print("[aisimulate] aisimulate", m.version("aisimulate"))'
 }
 
 tokenizer_ok() {  # dir
