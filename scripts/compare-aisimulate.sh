@@ -10,7 +10,8 @@
 #
 # Cases (NAME: trace, workers, arrival speedup, lanes):
 #   am_rr4_s1   agentic Mooncake v2 (scripts/gen-agentic-trace.py agentic-mooncake), 4 workers, 1
-#   am_rr1_s1   the same on 1 worker (heavy queueing)
+#   am_light    a lighter agentic Mooncake v2 trace (40 plays a minute apart), 4 workers, 1
+#   am_rr1_s1   the first trace on 1 worker (heavy queueing)
 #   am_rr4_s2   4 workers, speedup 2 (floors and tool waits halved)
 #   am_rr4_l8   4 workers, speedup 1, 8 agentic lanes
 #   weka_rr4_s1 weka corpus with sub-agents (scripts/gen-agentic-trace.py weka), 4 workers, 1
@@ -49,6 +50,8 @@ else
 fi
 seed=${SEED:-0}
 "$here/scripts/gen-agentic-trace.py" agentic-mooncake --seed "$seed" >"$out/agentic.jsonl"
+"$here/scripts/gen-agentic-trace.py" agentic-mooncake --seed "$seed" --plays 40 --mean-play-gap-ms 60000 \
+  >"$out/light.jsonl"
 "$here/scripts/gen-agentic-trace.py" weka --seed "$seed" >"$out/weka.jsonl"
 cp "$here/fixtures/agentic/worked_example.jsonl" "$out/worked.jsonl"
 
@@ -63,6 +66,7 @@ out, ais, mockserve, wanted = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:
 # name: (trace, AISimulate format, workers, speedup, lanes)
 CASES = {
     "am_rr4_s1": ("agentic.jsonl", "agentic_mooncake", 4, 1.0, None),
+    "am_light": ("light.jsonl", "agentic_mooncake", 4, 1.0, None),
     "am_rr1_s1": ("agentic.jsonl", "agentic_mooncake", 1, 1.0, None),
     "am_rr4_s2": ("agentic.jsonl", "agentic_mooncake", 4, 2.0, None),
     "am_rr4_l8": ("agentic.jsonl", "agentic_mooncake", 4, 1.0, 8),
@@ -153,6 +157,24 @@ def ours_value(report, key):
     return report.get(key)
 
 
+def rule_check(trace, speedup, records):
+    """Nodes of an agentic Mooncake v2 trace (no lanes) whose dispatch time is exactly
+    max(floor, max over dependencies of T(source) + delay / speedup), from the tool's own times."""
+    rows = [json.loads(line) for line in open(trace) if line.strip()][1:]
+    low = min(r["not_before_ms"] for r in rows)
+    ok = total = 0
+    for r in rows:
+        if r["request_id"] not in records:
+            continue
+        ready = (r["not_before_ms"] - low) / speedup
+        for d in r.get("dependencies") or []:
+            src = records[d["request_id"]]
+            ready = max(ready, (src[0] if d["trigger"] == "dispatch" else src[2]) + d["delay_ms"] / speedup)
+        total += 1
+        ok += abs(records[r["request_id"]][0] - ready) <= 0.0015
+    return ok, total
+
+
 summary = []
 for name in wanted or CASES:
     trace, fmt, workers, speedup, lanes = CASES[name]
@@ -182,6 +204,9 @@ for name in wanted or CASES:
         same = sum(d <= 0.001 + 1e-9 for d in diffs)
         line.append(f"{what}: {same}/{len(diffs)} within 1 us, max diff {max(diffs, default=0):.3f} ms")
     print("  per request  " + "; ".join(line))
+    if fmt == "agentic_mooncake" and not lanes:
+        (ao, at), (oo, ot) = rule_check(trace, speedup, a_rec), rule_check(trace, speedup, o_rec)
+        print(f"  readiness rule  aisimulate {ao}/{at} dispatches follow it from its own times, mockserve {oo}/{ot}")
     if only_a or only_o:
         print(f"  requests only in aisimulate: {len(only_a)} {sorted(only_a)[:3]}; only in mockserve: {len(only_o)} {sorted(only_o)[:3]}")
     print(f"  {'process time (user+sys, s)':32s} aisimulate {a_cost[1]:14.2f}   mockserve {o_cost[1]:14.2f}   x{a_cost[1] / max(o_cost[1], 1e-9):.1f} faster")
