@@ -116,8 +116,18 @@ def run_aisimulate(name, trace, fmt, workers, speedup, lanes):
     records = {}
     for line in open(os.path.join(res, "requests.jsonl")):
         r = json.loads(line)
-        records[r["agentic"]["request_id"]] = (r["dispatched_at_ms"], r.get("first_token_ms"), r.get("last_token_ms"))
+        records[node_id(r)] = (r["dispatched_at_ms"], r.get("first_token_ms"), r.get("last_token_ms"))
     return report, records, cost
+
+
+def node_id(record):
+    """The node's request id; weka ids `weka:<digest>:request:...` take the play's own id in
+    place of the digest, whose input differs between the two tools."""
+    rid, play = record["agentic"]["request_id"], record["agentic"]["play_id"]
+    if rid.startswith("weka:") and ":play:" in play:
+        digest, source_play = play.split(":")[1], play.split(":play:", 1)[1]
+        return rid.replace(f"weka:{digest}:", f"weka:{source_play}:", 1)
+    return rid
 
 
 def run_mockserve(name, trace, fmt, workers, speedup, lanes):
@@ -134,7 +144,7 @@ def run_mockserve(name, trace, fmt, workers, speedup, lanes):
     records = {}
     for line in open(per):
         r = json.loads(line)
-        records[r["agentic"]["request_id"]] = (r["arrival_ms"], r.get("first_token_ms"), r.get("last_token_ms"))
+        records[node_id(r)] = (r["arrival_ms"], r.get("first_token_ms"), r.get("last_token_ms"))
     return report, records, cost
 
 

@@ -226,7 +226,7 @@ def gen_weka(args: argparse.Namespace) -> list[dict]:
                     inner.append(req(it, sisl, sosl, sids))
                     it += inner[-1]["api_time"] + lognormal_ms(rng, 250, 1.0, 10_000) / 1000
                 last_end = inner[-1]["t"] + inner[-1]["api_time"]
-                duration = round((last_end - marker_t) * 1000 + rng.uniform(1, 100), 3)
+                duration = int((last_end - marker_t) * 1000 + rng.uniform(1, 100))  # AISimulate wants an integer
                 requests.append({"type": "subagent", "t": round(marker_t, 4), "agent_id": f"agent-{len(requests)}",
                                  "subagent_type": sk, "status": "completed" if blocking else "async_launched",
                                  "duration_ms": duration, "requests": inner})
