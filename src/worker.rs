@@ -18,6 +18,10 @@ pub struct Worker {
     scheduler: Scheduler,
     /// End of the pass in progress; None while idle.
     pass_end: Option<SimTime>,
+    /// The last pass's end on the clock and before rounding to the microsecond (in
+    /// microseconds): a pass that starts when the last one ended starts at the unrounded time,
+    /// so back-to-back passes do not add up their rounding errors.
+    last_end: Option<(SimTime, f64)>,
     /// Next KV event id (per worker, from 0).
     next_event_id: u64,
     /// Passes run so far.
@@ -36,6 +40,7 @@ impl Worker {
             id,
             scheduler: Scheduler::new(config, seed),
             pass_end: None,
+            last_end: None,
             next_event_id: 0,
             passes: 0,
             busy_us: 0,
@@ -120,12 +125,18 @@ impl Worker {
         }
         self.scheduler.advance_transfers(now);
         loop {
-            if let Some(PassPlan { duration, .. }) = self.scheduler.start_pass() {
-                let end = now + duration;
+            if let Some(PassPlan { exact_us, .. }) = self.scheduler.start_pass() {
+                let start_us = match self.last_end {
+                    Some((at, exact)) if at == now => exact,
+                    _ => now.as_micros() as f64,
+                };
+                let exact_end = start_us + exact_us;
+                let end = SimTime((exact_end.round() as u64).max(now.as_micros()));
+                self.last_end = Some((end, exact_end));
                 self.stalled = false;
                 self.pass_end = Some(end);
                 self.passes += 1;
-                self.busy_us += duration.as_micros();
+                self.busy_us += (end - now).as_micros();
                 return Some(end);
             }
             if !self.scheduler.has_work() {

@@ -60,16 +60,16 @@ fn single_request_ttft_and_e2e_by_hand() {
     let r = &outcome.report;
     // Prefill of 1000 tokens: 4.209989e-07 * 1000^2 + 1.518344e-02 * 1000 + 16.50142 = 32.1059 ms.
     assert_eq!(r.ttft.mean, 32.106);
-    // Two decode steps at u = 1001 and 1002 tokens of 16384 * 64: 5.7916 ms each (rounded to us).
+    // Two decode steps at u = 1001 and 1002 tokens of 16384 * 64: 5.7915 ms each. The passes
+    // run back to back, so the end of the last one is the exact sum, rounded to the microsecond.
     let step_us = |len: f64| {
         let u = len / (16384.0 * 64.0);
-        ((-25.74 * u * u + 54.01 * u + 5.74) * 1000.0).round()
+        (-25.74 * u * u + 54.01 * u + 5.74) * 1000.0
     };
-    assert_eq!((step_us(1001.0), step_us(1002.0)), (5792.0, 5792.0));
-    assert_eq!(
-        (r.e2e_latency.mean * 1000.0).round(),
-        32_106.0 + 5_792.0 + 5_792.0
-    );
+    let prefill_us = (4.209989e-07 * 1e6 + 1.518344e-02 * 1e3 + 16.50142) * 1000.0;
+    let end_us = (prefill_us + step_us(1001.0) + step_us(1002.0)).round();
+    assert_eq!(end_us, 43_689.0);
+    assert_eq!((r.e2e_latency.mean * 1000.0).round(), end_us);
     assert_eq!(r.total_output_tokens, 3);
     assert_eq!(r.prefix_cache_reused_ratio, 0.0);
     // The engine reads no clock: wall-clock figures are the caller's to fill in.

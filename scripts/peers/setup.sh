@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Installs the reference tooling used to compare servesim against NVIDIA Dynamo, all of it under
-# one root directory: two virtualenvs with exact pins and a hub-free tokenizer directory.
+# one root directory: virtualenvs with exact pins and a hub-free tokenizer directory.
 # Safe to re-run: finished steps are checked and skipped.
 #
-# usage: scripts/peers/setup.sh [all | tokenizer | openai | dynamo | routers]... (default: all)
+# usage: scripts/peers/setup.sh [all | tokenizer | openai | dynamo | routers | aisimulate]...
+#        (default: all = openai dynamo tokenizer routers; aisimulate, 1.5 GB, is installed only
+#        when named)
 # env:   SERVESIM_PEERS  root of all state (default: .peers/ in the repository root, git-ignored)
 #        PYTHON          interpreter for the venvs (default: python3.11, else python3; >= 3.11)
 #        SETUP_MODE      lock (default: install locks/<venv>.txt with pip --no-deps)
@@ -15,6 +17,9 @@
 #                              offline replay, standalone KV indexer)
 #   venv/routers/              vllm-router 0.1.17 and sglang-router 0.3.2 (wheels only), the real
 #                              routers scripts/router-bench.sh puts in front of a mockserve fleet
+#   venv/aisimulate/           aisimulate 0.13.0.dev202610270000000085 (wheels only): NVIDIA's
+#                              simulator, the reference for agentic trace replay
+#                              (scripts/compare-aisimulate.sh); no GPU, no network at run time
 #   tokenizer/deepseek-v3-tok/ DeepSeek-V3 tokenizer.json (MIT, from the litellm wheel) + config
 #   home/ cache/               HOME, pip cache and HF cache for everything these scripts run
 #   run/                       PID files and logs of run_dynamo.sh
@@ -34,8 +39,8 @@ targets=()
 for t in "${@:-all}"; do
   case $t in
     all) targets+=(openai dynamo tokenizer routers) ;;
-    tokenizer | openai | dynamo | routers) targets+=("$t") ;;
-    *) die "unknown step '$t' (all | tokenizer | openai | dynamo | routers)" ;;
+    tokenizer | openai | dynamo | routers | aisimulate) targets+=("$t") ;;
+    *) die "unknown step '$t' (all | tokenizer | openai | dynamo | routers | aisimulate)" ;;
   esac
 done
 
@@ -102,6 +107,11 @@ resolve_routers() {
   "$1" -m pip install -q --only-binary=:all: vllm-router==0.1.17 sglang-router==0.3.2
 }
 
+# The plain aisimulate==0.13.0 on PyPI is an sdist stub that downloads from NVIDIA's own index;
+# this pre-release has real wheels on PyPI. Wheels only, so nothing is built.
+AISIMULATE_PIN=aisimulate==0.13.0.dev202610270000000085
+resolve_aisimulate() { "$1" -m pip install -q --only-binary=:all: "$AISIMULATE_PIN"; }
+
 resolve_dynamo() {
   # ai-dynamo 1.6.1 requires aisimulate==0.13.0, which cannot be installed from PyPI (see
   # README). Install ai-dynamo without its dependencies, then its dependencies minus aisimulate.
@@ -128,6 +138,12 @@ setup_routers() {
   "$ROOT/venv/routers/bin/vllm-router" --version 2>/dev/null | head -1 || true
   "$ROOT/venv/routers/bin/python" -c 'import importlib.metadata as m, sglang_router
 print("[routers] vllm-router", m.version("vllm-router"), "/ sglang-router", m.version("sglang-router"))'
+}
+
+setup_aisimulate() {
+  install_venv aisimulate
+  "$ROOT/venv/aisimulate/bin/python" -c 'import importlib.metadata as m, aisimulate.predict
+print("[aisimulate] aisimulate", m.version("aisimulate"))'
 }
 
 tokenizer_ok() {  # dir

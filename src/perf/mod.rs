@@ -155,13 +155,34 @@ pub struct ScaledLatency {
 impl ScaledLatency {
     /// Scaled prefill duration of a batch.
     pub fn prefill(&self, batch: &PrefillBatch) -> SimDuration {
-        SimDuration::from_millis_f64(scale(self.model.prefill_ms(batch), self.speedup_ratio))
+        SimDuration::from_millis_f64(self.prefill_ms(batch))
     }
 
     /// Scaled decode duration of one step.
     pub fn decode(&self, batch: &DecodeBatch) -> SimDuration {
+        SimDuration::from_millis_f64(self.decode_ms(batch))
+    }
+
+    /// Scaled prefill time of a batch in milliseconds, not rounded; 0 when not a positive
+    /// finite time.
+    pub fn prefill_ms(&self, batch: &PrefillBatch) -> f64 {
+        positive(scale(self.model.prefill_ms(batch), self.speedup_ratio))
+    }
+
+    /// Scaled decode time of one step in milliseconds, not rounded; 0 when not a positive
+    /// finite time.
+    pub fn decode_ms(&self, batch: &DecodeBatch) -> f64 {
         let ratio = self.speedup_ratio * self.decode_speedup_ratio;
-        SimDuration::from_millis_f64(scale(self.model.decode_ms(batch), ratio))
+        positive(scale(self.model.decode_ms(batch), ratio))
+    }
+}
+
+/// `ms` when it is a positive finite time, else 0 (as [`SimDuration::from_millis_f64`] reads it).
+fn positive(ms: f64) -> f64 {
+    if ms.is_finite() && ms > 0.0 {
+        ms
+    } else {
+        0.0
     }
 }
 

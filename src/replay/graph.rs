@@ -219,10 +219,11 @@ struct Run<'a> {
     failed: Vec<Option<usize>>,
     /// Engine id -> node.
     node_of: Vec<usize>,
-    /// Nodes ready at a time, earliest first; ties in the order they became ready.
-    arrivals: BinaryHeap<Reverse<(SimTime, u64, usize)>>,
-    /// The next tie-breaking sequence number.
-    next_seq: u64,
+    /// Nodes ready at a time, earliest first; ties in `request_id` order (AISimulate's).
+    arrivals: BinaryHeap<Reverse<(SimTime, usize, usize)>>,
+    /// Per node, its place among the nodes sorted by `request_id`: the tie-break of nodes
+    /// ready at the same instant.
+    rank: Vec<usize>,
     /// The report's metrics, told every output as the Mooncake replay tells it.
     collector: Collector,
     /// Nodes the engine refused or rejected.
@@ -233,8 +234,7 @@ struct Run<'a> {
 
 impl Run<'_> {
     fn schedule(&mut self, node: usize, at: SimTime) {
-        self.arrivals.push(Reverse((at, self.next_seq, node)));
-        self.next_seq += 1;
+        self.arrivals.push(Reverse((at, self.rank[node], node)));
     }
 
     /// Dependency `dep` of `child` fired at `t` (its source's trigger time).
@@ -419,7 +419,15 @@ pub fn replay_graph(
         failed: vec![None; graph.plays.len()],
         node_of: Vec::with_capacity(total),
         arrivals: BinaryHeap::new(),
-        next_seq: 0,
+        rank: {
+            let mut by_id: Vec<usize> = (0..total).collect();
+            by_id.sort_by(|&a, &b| graph.nodes[a].id().cmp(graph.nodes[b].id()));
+            let mut rank = vec![0; total];
+            for (r, n) in by_id.into_iter().enumerate() {
+                rank[n] = r;
+            }
+            rank
+        },
         collector: Collector::with_capacity(total),
         rejections: Vec::new(),
         done: 0,
@@ -864,6 +872,26 @@ mod tests {
             .collect()
     }
 
+    /// Nodes ready at the same instant are sent in `request_id` order, not file order, as
+    /// AISimulate sends them (round-robin placement follows that order).
+    #[test]
+    fn nodes_ready_together_are_sent_in_request_id_order() {
+        let header = r#"{"schema":"dynamo.agentic_mooncake","version":2,"block_size":64,"hash_id_scope":"local","source":{"format":"hand","digest":"x"}}"#;
+        let row = |id: &str, len: usize, first_hash: u64| {
+            let hashes: Vec<String> = (0..len.div_ceil(64) as u64)
+                .map(|h| (first_hash + h).to_string())
+                .collect();
+            format!(
+                r#"{{"request_id":"{id}","play_id":"p{id}","session_id":"s","model":"M","input_length":{len},"output_length":2,"hash_ids":[{}],"not_before_ms":0,"dependencies":[]}}"#,
+                hashes.join(",")
+            )
+        };
+        let text = [header.to_string(), row("b", 128, 10), row("a", 64, 20)].join("\n");
+        let outcome = run(&text, TraceFormat::Auto, 1.0);
+        let sent: Vec<usize> = outcome.records.iter().map(|r| r.input_length).collect();
+        assert_eq!(sent, vec![64, 128], "a (64 tokens) first, then b");
+    }
+
     /// The reference's section 2: r1 starts exactly 500 ms after r0's last token.
     #[test]
     fn a_completion_edge_releases_its_node_exactly_delay_after_the_last_token() {
@@ -874,9 +902,10 @@ mod tests {
         );
         let t = times(&outcome);
         assert_eq!(t[0].1, 0);
-        // Our polynomial puts r0's last token at 60.688 ms (AISimulate's h200 engine model:
-        // 60.970771 ms); the rule on top of it is the same.
-        assert_eq!(t[0].2, 60_688);
+        // Our polynomial puts r0's last token at 60.690 ms (AISimulate's built-in engine with
+        // polynomial timing: 60.689703 ms; its h200 engine model: 60.970771 ms); the rule on top
+        // of it is the same.
+        assert_eq!(t[0].2, 60_690);
         assert_eq!(t[1].1, t[0].2 + 500_000);
         // The per-request records agree: r1 arrives (and is sent) 500 ms after r0's last token.
         let r0 = &outcome.records[0];
@@ -1005,7 +1034,7 @@ mod tests {
         let outcome = run(&fixture("weka.jsonl"), TraceFormat::Weka, 1.0);
         let t = times(&outcome);
         assert_eq!(t[0].1, 0);
-        assert_eq!(t[0].2, 60_688);
+        assert_eq!(t[0].2, 60_690);
         assert_eq!(t[1].1, t[0].2 + 1_000_000);
         let auto = run(&fixture("weka.jsonl"), TraceFormat::Auto, 1.0);
         assert_eq!(times(&auto), t, "detected as weka");

@@ -73,10 +73,13 @@ pub enum SchedulerEvent {
 }
 
 /// The result of planning a pass.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PassPlan {
     /// How long the pass takes (prefill then decode).
     pub duration: SimDuration,
+    /// The same in microseconds before rounding, so that a worker running passes back to back
+    /// keeps the fractions and its clock does not drift from the latency model's.
+    pub exact_us: f64,
     /// New prompt tokens computed.
     pub prefill_tokens: usize,
     /// Requests that emit a token at the end of the pass.
@@ -406,7 +409,7 @@ impl Scheduler {
                 None
             };
         }
-        let prefill = self.config.latency.prefill(&pass.batch);
+        let prefill_ms = self.config.latency.prefill_ms(&pass.batch);
         // Requests whose KV covers their whole sequence after this pass emit a token at its end.
         let mut ready = std::mem::take(&mut self.ready);
         ready.clear();
@@ -429,13 +432,15 @@ impl Scheduler {
         if self.policy.caps_decode_kv_at_pool {
             active_kv_tokens = active_kv_tokens.min(total_kv_tokens);
         }
-        let decode = self.config.latency.decode(&DecodeBatch {
+        let decode_ms = self.config.latency.decode_ms(&DecodeBatch {
             num_requests: num_decoding,
             active_kv_tokens,
             total_kv_tokens,
         });
         let plan = PassPlan {
-            duration: prefill + decode,
+            duration: SimDuration::from_millis_f64(prefill_ms)
+                + SimDuration::from_millis_f64(decode_ms),
+            exact_us: (prefill_ms + decode_ms) * 1000.0,
             prefill_tokens: pass.batch.new_tokens(),
             decoding: ready.len(),
         };
