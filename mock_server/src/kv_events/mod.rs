@@ -46,6 +46,7 @@ use servesim::kv::KvEvent;
 use servesim::time::SimTime;
 use servesim::tokens::Token;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::Semaphore;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -57,6 +58,11 @@ use zmtp::{Offer, Peer, Role};
 
 /// Batches kept per rank for replay (vLLM's buffer size).
 pub const REPLAY_BUFFER: usize = 10_000;
+
+/// Batches a rank's `delay=MS` fault holds at most (past it a batch is dropped for every
+/// subscriber and counted in `servesim_kv_events_dropped`): the delay's memory is bounded
+/// whatever the event rate.
+pub const LATE_QUEUE: usize = PEER_QUEUE;
 
 /// Batches queued for one subscriber at most (its high-water mark); past it the subscriber's
 /// oldest queued batch is dropped (and counted).
@@ -344,7 +350,7 @@ struct Rank {
     /// Faults injected on delivery, when asked for.
     faults: Option<RankFaults>,
     /// The rank's delay task, when batches are delivered late: (due, message).
-    delayed: Option<tokio::sync::mpsc::UnboundedSender<(tokio::time::Instant, Bytes)>>,
+    delayed: Option<tokio::sync::mpsc::Sender<(tokio::time::Instant, Bytes)>>,
 }
 
 /// The ZeroMQ publishers of every rank. Dropping it stops their tasks and closes the sockets.
@@ -399,7 +405,7 @@ impl KvEventPublisher {
             };
             let faults = config.faults.map(|f| RankFaults::new(f, rank));
             let delayed = faults.as_ref().filter(|f| !f.delay().is_zero()).map(|_| {
-                let (send, receive) = tokio::sync::mpsc::unbounded_channel();
+                let (send, receive) = tokio::sync::mpsc::channel(LATE_QUEUE);
                 let topic = Bytes::from(config.topic.clone().into_bytes());
                 tokio::spawn(deliver_late(
                     receive,
@@ -494,8 +500,15 @@ impl KvEventPublisher {
             Some(late) => {
                 let due = tokio::time::Instant::now() + faults.delay();
                 for message in messages {
-                    // Fails only once the publisher is stopping.
-                    let _ = late.send((due, message));
+                    // Full: the delay holds LATE_QUEUE batches already; this one is lost for
+                    // every subscriber (replay still serves it), as a slow subscriber's are.
+                    // Closed: the publisher is stopping.
+                    if let Err(TrySendError::Full(_)) = late.try_send((due, message)) {
+                        let label = WorkerLabel {
+                            worker: rank as u32,
+                        };
+                        self.metrics.kv_events_dropped.get_or_create(&label).inc();
+                    }
                 }
             }
             None => {
@@ -531,7 +544,7 @@ fn offer_all(peers: &PeerList, topic: &Bytes, message: &Bytes, rank: usize, metr
 /// A rank's late deliveries (`delay=MS`): each message is offered at its due time, in order,
 /// until the publisher stops.
 async fn deliver_late(
-    mut late: tokio::sync::mpsc::UnboundedReceiver<(tokio::time::Instant, Bytes)>,
+    mut late: tokio::sync::mpsc::Receiver<(tokio::time::Instant, Bytes)>,
     peers: PeerList,
     topic: Bytes,
     rank: usize,
