@@ -1,11 +1,11 @@
 //! The scheduler of a live agentic replay: one task that holds a request graph's ready queue
 //! and sends each node when its dependencies allow, on the wall clock.
 //!
-//! The rule is the offline replay's (`servesim::replay::replay_graph`), with milliseconds since
-//! the run started in place of virtual time: a node is due at `max(floor, max over its
-//! dependencies of T(source) + delay_ms / speedup)`, where `T` is the moment the source was
-//! sent (dispatch trigger) or the moment its stream ended (completion trigger: its last token
-//! and the end of the stream arrive together), and `floor = (not_before_ms - M) / speedup`.
+//! When a node is due is `servesim::replay::Readiness`'s rule, the offline replay's, driven
+//! here in microseconds since the run started: dispatch edges fire when a request is handed to
+//! the HTTP client, completion edges when its stream ends (its last token and the end of the
+//! stream arrive together); nodes due at the same instant go in `request_id` order.
+//!
 //! Tool waits are real waits; sub-agents are requests in flight at once. A node whose request
 //! fails (an HTTP error, a broken stream, a timeout, a cancellation) fails its play: the play's
 //! nodes not yet sent are skipped, those in flight finish. With lanes, plays queue as offline
@@ -18,15 +18,13 @@
 //! report is built by the same code as for every other mode; [`GraphOutput::times`] holds what
 //! `servesim::replay::summarize` needs for the `agentic` section.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use servesim::replay::NodeTimes;
-use servesim::time::{SimDuration, SimTime};
-use servesim::trace::{RequestGraph, Trigger};
+use servesim::replay::{NodeTimes, Readiness};
+use servesim::time::SimTime;
+use servesim::trace::RequestGraph;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 
@@ -192,121 +190,6 @@ async fn send_node(
     });
 }
 
-/// The scheduler's bookkeeping (times in µs since the run start).
-struct Graph<'a> {
-    graph: &'a RequestGraph,
-    speedup: f64,
-    times: Vec<NodeTimes>,
-    /// Per node, dependencies not yet fired.
-    waiting: Vec<usize>,
-    /// Per node, the (child, dependency index) edges its send and its end release.
-    on_dispatch: Vec<Vec<(usize, usize)>>,
-    on_completion: Vec<Vec<(usize, usize)>>,
-    /// Nodes due at a time, earliest first; ties in the order they became due.
-    ready: BinaryHeap<Reverse<(u64, u64, usize)>>,
-    next_seq: u64,
-    failed: Vec<Option<usize>>,
-    queue: VecDeque<usize>,
-    lane_of: Vec<Option<usize>>,
-    in_flight: Vec<usize>,
-    ended: Vec<usize>,
-    settled: Vec<bool>,
-}
-
-impl Graph<'_> {
-    fn schedule(&mut self, node: usize, at_us: u64) {
-        self.ready.push(Reverse((at_us, self.next_seq, node)));
-        self.next_seq += 1;
-    }
-
-    /// Dependency `dep` of `child` fired at `t` (its source's send or end).
-    fn fire(&mut self, child: usize, dep: usize, t: SimTime) {
-        let d = &self.graph.nodes[child].dependencies[dep];
-        let due = t + SimDuration::from_millis_f64(d.delay_ms / self.speedup);
-        let state = &mut self.times[child];
-        if state.due.is_none_or(|(at, _)| due > at) {
-            state.due = Some((due, dep));
-        }
-        self.waiting[child] = self.waiting[child].saturating_sub(1);
-        if self.waiting[child] == 0 {
-            let at = state.floor.max(state.due.map_or(due, |(at, _)| at));
-            self.schedule(child, at.0);
-        }
-    }
-
-    /// Play `play` gets lane `lane` at `now`: floors from `now`, roots scheduled.
-    fn start_play(&mut self, play: usize, lane: usize, now: SimTime) {
-        let graph = self.graph;
-        let nodes = &graph.plays[play].nodes;
-        self.lane_of[play] = Some(lane);
-        let r = nodes
-            .iter()
-            .filter(|&&n| graph.nodes[n].dependencies.is_empty())
-            .map(|&n| graph.nodes[n].not_before_ms)
-            .fold(f64::INFINITY, f64::min);
-        for &n in nodes {
-            let offset = (graph.nodes[n].not_before_ms - r) / self.speedup;
-            self.times[n].floor = now + SimDuration::from_millis_f64(offset);
-            if graph.nodes[n].dependencies.is_empty() {
-                self.schedule(n, self.times[n].floor.0);
-            }
-        }
-    }
-
-    fn sent(&mut self, node: usize, at: SimTime) {
-        self.in_flight[self.graph.nodes[node].play] += 1;
-        self.times[node].dispatched = Some(at);
-        for k in 0..self.on_dispatch[node].len() {
-            let (child, dep) = self.on_dispatch[node][k];
-            self.fire(child, dep, at);
-        }
-    }
-
-    /// Node `node` ended at `end` (failed with `failure`, if given).
-    fn done(&mut self, node: usize, end: SimTime, failure: Option<&'static str>) {
-        let play = self.graph.nodes[node].play;
-        self.times[node].terminal = Some(end);
-        match failure {
-            Some(kind) => {
-                self.times[node].failure = Some(kind);
-                self.failed[play].get_or_insert(node);
-            }
-            None => {
-                self.times[node].last_token = Some(end);
-                for k in 0..self.on_completion[node].len() {
-                    let (child, dep) = self.on_completion[node][k];
-                    self.fire(child, dep, end);
-                }
-            }
-        }
-        self.in_flight[play] = self.in_flight[play].saturating_sub(1);
-        self.ended[play] += 1;
-        self.maybe_settle(play, end);
-    }
-
-    /// A node of `play` was skipped at the cap (never sent).
-    fn skipped(&mut self, node: usize, now: SimTime) {
-        let play = self.graph.nodes[node].play;
-        self.maybe_settle(play, now);
-    }
-
-    /// When `play` has settled (every node ended, or after a failure none is in flight), its
-    /// lane takes the next play waiting.
-    fn maybe_settle(&mut self, play: usize, now: SimTime) {
-        let all = self.ended[play] == self.graph.plays[play].nodes.len();
-        let failed_and_idle = self.failed[play].is_some() && self.in_flight[play] == 0;
-        if self.settled[play] || !(all || failed_and_idle) {
-            return;
-        }
-        self.settled[play] = true;
-        if let Some(lane) = self.lane_of[play] {
-            if let Some(next) = self.queue.pop_front() {
-                self.start_play(next, lane, now);
-            }
-        }
-    }
-}
-
 /// Runs `plan` against `endpoint` to the end: every node of its plays sent when due, or
 /// skipped after its play failed. `config`'s in-flight cap, progress bar, observer, abort and
 /// sent counter apply as in [`crate::driver::drive`] (`stop_after` does not).
@@ -332,19 +215,6 @@ pub async fn drive_graph(
         )));
     }
     let graph = plan.graph.clone();
-    let total = graph.nodes.len();
-    let mut on_dispatch = vec![Vec::new(); total];
-    let mut on_completion = vec![Vec::new(); total];
-    let mut waiting = vec![0; total];
-    for (child, node) in graph.nodes.iter().enumerate() {
-        waiting[child] = node.dependencies.len();
-        for (k, dep) in node.dependencies.iter().enumerate() {
-            match dep.trigger {
-                Trigger::Dispatch => on_dispatch[dep.source].push((child, k)),
-                Trigger::Completion => on_completion[dep.source].push((child, k)),
-            }
-        }
-    }
     let mut turns: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     let turn_of: Vec<usize> = graph
         .nodes
@@ -356,53 +226,7 @@ pub async fn drive_graph(
         })
         .collect();
     let plays = graph.plays.len();
-    let mut state = Graph {
-        graph: &graph,
-        speedup,
-        times: (0..total)
-            .map(|n| NodeTimes {
-                floor: SimTime::ZERO + graph.floor(n, speedup),
-                ..NodeTimes::default()
-            })
-            .collect(),
-        waiting,
-        on_dispatch,
-        on_completion,
-        ready: BinaryHeap::new(),
-        next_seq: 0,
-        failed: vec![None; plays],
-        queue: VecDeque::new(),
-        lane_of: vec![None; plays],
-        in_flight: vec![0; plays],
-        ended: vec![0; plays],
-        settled: vec![false; plays],
-    };
-    let mut owned = plan.plays.clone();
-    owned.retain(|&p| p < plays);
-    match plan.lanes {
-        None => {
-            for &p in &owned {
-                for &n in &graph.plays[p].nodes {
-                    if graph.nodes[n].dependencies.is_empty() {
-                        state.schedule(n, state.times[n].floor.0);
-                    }
-                }
-            }
-        }
-        Some(lanes) => {
-            owned.sort_by(|&a, &b| {
-                let (a, b) = (&graph.plays[a], &graph.plays[b]);
-                (a.ordinal, &a.id).cmp(&(b.ordinal, &b.id))
-            });
-            state.queue = owned.into();
-            for lane in 0..lanes {
-                let Some(play) = state.queue.pop_front() else {
-                    break;
-                };
-                state.start_play(play, lane, SimTime::ZERO);
-            }
-        }
-    }
+    let mut state = Readiness::new(&graph, speedup, plan.lanes, &plan.plays);
     let start = Instant::now();
     let started_at = std::time::SystemTime::now();
     let shared = Arc::new(Shared {
@@ -425,23 +249,16 @@ pub async fn drive_graph(
     loop {
         // Send everything due (a node of a failed play is skipped); a task starts up to
         // `PACER_LEAD` early to build its body, then waits for the exact time.
-        let horizon_us = since(start, Instant::now() + PACER_LEAD);
-        while let Some(&Reverse((due, _, n))) = state.ready.peek() {
-            if due > horizon_us {
-                break;
-            }
-            state.ready.pop();
-            if state.failed[graph.nodes[n].play].is_some() {
-                continue;
-            }
+        let horizon = SimTime(since(start, Instant::now() + PACER_LEAD));
+        while let Some((n, due)) = state.pop_due(horizon) {
             pending += 1;
-            tasks.spawn(send_node(shared.clone(), n, due, tx.clone()));
+            tasks.spawn(send_node(shared.clone(), n, due.0, tx.clone()));
         }
-        if state.ready.is_empty() && pending == 0 {
+        if state.is_drained() && pending == 0 {
             break;
         }
-        let next_due = state.ready.peek().map(|Reverse((due, ..))| {
-            (start + Duration::from_micros(*due))
+        let next_due = state.next_due().map(|due| {
+            (start + Duration::from_micros(due.0))
                 .checked_sub(PACER_LEAD)
                 .unwrap_or(start)
         });
@@ -449,7 +266,7 @@ pub async fn drive_graph(
             biased;
             _ = aborted(config.abort.clone()), if !stopped => {
                 stopped = true;
-                state.ready.clear();
+                state.stop();
                 continue;
             }
             event = rx.recv() => event,
@@ -471,30 +288,33 @@ pub async fn drive_graph(
         // The scheduler holds a sender: the channel never closes under it.
         let Some(event) = event else { break };
         match event {
-            Event::Sent { node, at_us } => state.sent(node, SimTime(at_us)),
+            Event::Sent { node, at_us } => state.dispatched(node, SimTime(at_us)),
             Event::Skipped { node } => {
                 pending = pending.saturating_sub(1);
                 state.skipped(node, SimTime(since(start, Instant::now())));
             }
             Event::Done { node, sample } => {
                 pending = pending.saturating_sub(1);
-                let failure = sample.response.failure.as_ref().map(|f| f.kind());
                 let end = SimTime(sample.end_us());
-                if failure.is_some() {
-                    let play = graph.nodes[node].play;
-                    shared.play_failed[play].store(true, Ordering::Release);
+                match sample.response.failure.as_ref().map(|f| f.kind()) {
+                    Some(kind) => {
+                        let play = graph.nodes[node].play;
+                        shared.play_failed[play].store(true, Ordering::Release);
+                        state.failed(node, end, kind);
+                    }
+                    None => state.completed(node, end),
                 }
-                state.done(node, end, failure);
                 samples.push(*sample);
             }
         }
     }
     samples.sort_by_key(|s| s.seq);
+    let settled = state.finish();
     Ok(GraphOutput {
         samples,
-        times: state.times,
-        failed: state.failed,
-        lane_of: state.lane_of,
+        times: settled.times,
+        failed: settled.failed,
+        lane_of: settled.lane_of,
         started_at,
         aborted: is_aborted(&config.abort),
     })

@@ -1,29 +1,22 @@
 //! Offline replay of an agentic [`RequestGraph`] on the virtual clock, and its
 //! [`AgenticReport`].
 //!
-//! A node becomes ready at exactly `max(floor(n), max over its dependencies of T(source) +
-//! delay_ms / speedup)`, where `T` is the source's dispatch time (dispatch trigger) or the time
-//! of its last token (completion trigger), and `floor(n) = (not_before_ms - M) / speedup` with
-//! `M` the smallest `not_before_ms` of the graph; it is dispatched at that instant. A node that
-//! the engine rejects fails its play: the play's nodes not yet dispatched are skipped (never
-//! sent, absent from the report), those in flight finish.
-//!
-//! With lanes ([`GraphReplay::lanes`], a closed loop of `L` agents), plays queue in order of
-//! `source_play_ordinal` where the trace gives one, else of `play_id`; the first `L` start at 0 and, when a play settles (its last node ends, or its last
-//! in-flight node after a failure), the freed lane takes the next play at once. A play that got
-//! its lane at `S` has floors `S + (not_before_ms - R) / speedup`, `R` its smallest root
-//! `not_before_ms`.
+//! Each node is dispatched the instant [`Readiness`] makes it due (its floor, its dependencies
+//! and their delays, its play's lane). A node that the engine rejects fails its play: the
+//! play's nodes not yet dispatched are skipped (never sent, absent from the report), those in
+//! flight finish.
 //!
 //! The loop is the Mooncake replay's (pass ends first at each instant, then the arrivals due,
 //! then idle workers start), with one collector on this thread: graph traces are small next to
 //! Mooncake's millions of rows.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde::Serialize;
 
+use super::Readiness;
 use super::{
     add_topology_figures, engine_request, tell, Note, ReplayConfig, ReplayError, ReplayObserver,
     ReplayOutcome, ReplayRejection,
@@ -174,56 +167,14 @@ pub struct AgenticReport {
     pub requests: Vec<NodeRecord>,
 }
 
-/// A node's state during the run.
-#[derive(Clone, Debug, Default)]
-struct NodeState {
-    /// Dependencies not yet fired.
-    waiting: usize,
-    /// Latest `T(source) + delay` so far, and the dependency that set it (the critical path
-    /// follows it back).
-    due: Option<(SimTime, usize)>,
-    /// The engine's id, once dispatched.
-    engine_id: Option<RequestId>,
-    /// When it was dispatched: the trigger time of its dispatch edges.
-    dispatched: Option<SimTime>,
-    /// When its latest token came: the trigger time of its completion edges.
-    last_token: Option<SimTime>,
-    /// When it finished or was rejected.
-    terminal: Option<SimTime>,
-    /// Whether the engine refused or rejected it.
-    rejected: bool,
-}
-
 /// The graph replay's bookkeeping.
 struct Run<'a> {
-    graph: &'a RequestGraph,
-    speedup: f64,
-    /// Per node, its floor on the virtual clock (with lanes, set when its play gets a lane).
-    floors: Vec<SimTime>,
-    /// Plays waiting for a lane, in order (empty without lanes).
-    queue: VecDeque<usize>,
-    /// Per play, the lane it holds or held (with lanes).
-    lane_of: Vec<Option<usize>>,
-    /// Per play, nodes dispatched and not yet ended (a failed play settles when none is left).
-    in_flight: Vec<usize>,
-    /// Per play, nodes ended (a play settles when all have).
-    ended: Vec<usize>,
-    /// Per play, whether it has settled.
-    settled: Vec<bool>,
-    /// Per node, its state.
-    nodes: Vec<NodeState>,
-    /// Per node, the (child, dependency index) edges its dispatch and its completion release.
-    on_dispatch: Vec<Vec<(usize, usize)>>,
-    on_completion: Vec<Vec<(usize, usize)>>,
-    /// Per play, its first failed node.
-    failed: Vec<Option<usize>>,
+    /// Which nodes are due, and every node's times.
+    ready: Readiness<'a>,
+    /// Per node, the engine's id, once dispatched.
+    engine_ids: Vec<Option<RequestId>>,
     /// Engine id -> node.
     node_of: Vec<usize>,
-    /// Nodes ready at a time, earliest first; ties in `request_id` order (AISimulate's).
-    arrivals: BinaryHeap<Reverse<(SimTime, usize, usize)>>,
-    /// Per node, its place among the nodes sorted by `request_id`: the tie-break of nodes
-    /// ready at the same instant.
-    rank: Vec<usize>,
     /// The report's metrics, told every output as the Mooncake replay tells it.
     collector: Collector,
     /// Nodes the engine refused or rejected.
@@ -233,112 +184,27 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    fn schedule(&mut self, node: usize, at: SimTime) {
-        self.arrivals.push(Reverse((at, self.rank[node], node)));
-    }
-
-    /// Dependency `dep` of `child` fired at `t` (its source's trigger time).
-    fn fire(&mut self, child: usize, dep: usize, t: SimTime) {
-        let d = &self.graph.nodes[child].dependencies[dep];
-        let due = t + SimDuration::from_millis_f64(d.delay_ms / self.speedup);
-        let state = &mut self.nodes[child];
-        if state.due.is_none_or(|(at, _)| due > at) {
-            state.due = Some((due, dep));
-        }
-        state.waiting -= 1;
-        if state.waiting == 0 {
-            let latest = state.due.map_or(due, |(at, _)| at);
-            let floor = self.floors[child];
-            self.schedule(child, floor.max(latest));
-        }
-    }
-
-    /// Play `play` gets lane `lane` at `now`: its floors are set from `now` and its roots
-    /// scheduled.
-    fn start_play(&mut self, play: usize, lane: usize, now: SimTime) {
-        let graph = self.graph;
-        let nodes = &graph.plays[play].nodes;
-        self.lane_of[play] = Some(lane);
-        let r = nodes
-            .iter()
-            .filter(|&&n| graph.nodes[n].dependencies.is_empty())
-            .map(|&n| graph.nodes[n].not_before_ms)
-            .fold(f64::INFINITY, f64::min);
-        for &n in nodes {
-            let offset = (graph.nodes[n].not_before_ms - r) / self.speedup;
-            self.floors[n] = now + SimDuration::from_millis_f64(offset);
-            if graph.nodes[n].dependencies.is_empty() {
-                self.schedule(n, self.floors[n]);
-            }
-        }
-    }
-
-    /// A node of `play` ended at `now`: when that settles the play, its lane takes the next
-    /// play waiting.
-    fn node_ended(&mut self, play: usize, now: SimTime) {
-        self.in_flight[play] -= 1;
-        self.ended[play] += 1;
-        let all = self.ended[play] == self.graph.plays[play].nodes.len();
-        let failed_and_idle = self.failed[play].is_some() && self.in_flight[play] == 0;
-        if self.settled[play] || !(all || failed_and_idle) {
-            return;
-        }
-        self.settled[play] = true;
-        if let Some(lane) = self.lane_of[play] {
-            if let Some(next) = self.queue.pop_front() {
-                self.start_play(next, lane, now);
-            }
-        }
-    }
-
-    fn dispatched(&mut self, node: usize, now: SimTime) {
-        self.in_flight[self.graph.nodes[node].play] += 1;
-        self.nodes[node].dispatched = Some(now);
-        for k in 0..self.on_dispatch[node].len() {
-            let (child, dep) = self.on_dispatch[node][k];
-            self.fire(child, dep, now);
-        }
-    }
-
-    fn completed(&mut self, node: usize, time: SimTime) {
+    fn rejected(&mut self, node: usize, time: SimTime, reason: RejectReason, line: usize) {
         self.done += 1;
-        let state = &mut self.nodes[node];
-        state.terminal = Some(time);
-        let t = *state.last_token.get_or_insert(time);
-        for k in 0..self.on_completion[node].len() {
-            let (child, dep) = self.on_completion[node][k];
-            self.fire(child, dep, t);
+        if let Some(id) = self.engine_ids[node] {
+            self.rejections.push(ReplayRejection { id, line, reason });
         }
-        self.node_ended(self.graph.nodes[node].play, time);
+        self.ready.failed(node, time, "rejected");
     }
 
-    fn rejected(&mut self, node: usize, time: SimTime, reason: RejectReason) {
-        self.done += 1;
-        let state = &mut self.nodes[node];
-        state.terminal = Some(time);
-        state.rejected = true;
-        if let Some(id) = state.engine_id {
-            self.rejections.push(ReplayRejection {
-                id,
-                line: self.graph.nodes[node].request.line,
-                reason,
-            });
-        }
-        let play = self.graph.nodes[node].play;
-        self.failed[play].get_or_insert(node);
-        self.node_ended(play, time);
-    }
-
-    fn handle(&mut self, outputs: &mut Vec<Output>) {
+    fn handle(&mut self, graph: &RequestGraph, outputs: &mut Vec<Output>) {
         for out in outputs.drain(..) {
             match out {
                 Output::Token { id, time, .. } => {
-                    let node = self.node_of[id.0 as usize];
-                    self.nodes[node].last_token = Some(time);
+                    self.ready.token(self.node_of[id.0 as usize], time);
                 }
-                Output::Finished { id, time } => self.completed(self.node_of[id.0 as usize], time),
+                Output::Finished { id, time } => {
+                    self.done += 1;
+                    self.ready.completed(self.node_of[id.0 as usize], time);
+                }
                 Output::Rejected { id, time, reason } => {
-                    self.rejected(self.node_of[id.0 as usize], time, reason)
+                    let node = self.node_of[id.0 as usize];
+                    self.rejected(node, time, reason, graph.nodes[node].request.line);
                 }
                 Output::Admitted { .. } | Output::KvTransfer { .. } | Output::Preempted { .. } => {}
             }
@@ -379,18 +245,6 @@ pub fn replay_graph(
     cluster.reserve_router_index(blocks);
     cluster.reserve_pools(blocks);
     let total = graph.nodes.len();
-    let mut on_dispatch = vec![Vec::new(); total];
-    let mut on_completion = vec![Vec::new(); total];
-    let mut nodes = vec![NodeState::default(); total];
-    for (child, node) in graph.nodes.iter().enumerate() {
-        nodes[child].waiting = node.dependencies.len();
-        for (k, dep) in node.dependencies.iter().enumerate() {
-            match dep.trigger {
-                Trigger::Dispatch => on_dispatch[dep.source].push((child, k)),
-                Trigger::Completion => on_completion[dep.source].push((child, k)),
-            }
-        }
-    }
     // Each node's position in its conversation, for the per-request records.
     let mut turns: HashMap<&str, usize> = HashMap::new();
     let turn_of: Vec<usize> = graph
@@ -402,68 +256,21 @@ pub fn replay_graph(
             *t - 1
         })
         .collect();
+    let every_play: Vec<usize> = (0..graph.plays.len()).collect();
     let mut run = Run {
-        graph,
-        speedup,
-        floors: (0..total)
-            .map(|n| SimTime::ZERO + graph.floor(n, speedup))
-            .collect(),
-        queue: VecDeque::new(),
-        lane_of: vec![None; graph.plays.len()],
-        in_flight: vec![0; graph.plays.len()],
-        ended: vec![0; graph.plays.len()],
-        settled: vec![false; graph.plays.len()],
-        nodes,
-        on_dispatch,
-        on_completion,
-        failed: vec![None; graph.plays.len()],
+        ready: Readiness::new(graph, speedup, how.lanes, &every_play),
+        engine_ids: vec![None; total],
         node_of: Vec::with_capacity(total),
-        arrivals: BinaryHeap::new(),
-        rank: {
-            let mut by_id: Vec<usize> = (0..total).collect();
-            by_id.sort_by(|&a, &b| graph.nodes[a].id().cmp(graph.nodes[b].id()));
-            let mut rank = vec![0; total];
-            for (r, n) in by_id.into_iter().enumerate() {
-                rank[n] = r;
-            }
-            rank
-        },
         collector: Collector::with_capacity(total),
         rejections: Vec::new(),
         done: 0,
     };
-    match how.lanes {
-        None => {
-            for n in 0..total {
-                if graph.nodes[n].dependencies.is_empty() {
-                    run.schedule(n, run.floors[n]);
-                }
-            }
-        }
-        Some(lanes) => {
-            let mut order: Vec<usize> = (0..graph.plays.len()).collect();
-            order.sort_by(|&a, &b| {
-                let (a, b) = (&graph.plays[a], &graph.plays[b]);
-                (a.ordinal, &a.id).cmp(&(b.ordinal, &b.id))
-            });
-            run.queue = order.into();
-            for lane in 0..lanes {
-                let Some(play) = run.queue.pop_front() else {
-                    break;
-                };
-                run.start_play(play, lane, SimTime::ZERO);
-            }
-        }
-    }
     let mut hash_cache = LocalHashCache::new(block_size);
     let mut now = SimTime::ZERO;
     let mut last_progress = 0;
     let mut outputs = Vec::new();
     loop {
-        let next = match (
-            run.arrivals.peek().map(|Reverse((t, ..))| *t),
-            cluster.next_pass_end(),
-        ) {
+        let next = match (run.ready.next_due(), cluster.next_pass_end()) {
             (Some(a), Some(p)) => a.min(p),
             (Some(a), None) => a,
             (None, Some(p)) => p,
@@ -472,16 +279,9 @@ pub fn replay_graph(
         now = now.max(next);
         cluster.finish_due_into(now, &mut outputs);
         observer.outputs(&mut cluster, &outputs, now);
-        run.handle(&mut outputs);
-        while let Some(&Reverse((ready, _, n))) = run.arrivals.peek() {
-            if ready > now {
-                break;
-            }
-            run.arrivals.pop();
+        run.handle(graph, &mut outputs);
+        while let Some((n, ready)) = run.ready.pop_due(now) {
             let node = &graph.nodes[n];
-            if run.failed[node.play].is_some() {
-                continue;
-            }
             let request =
                 engine_request(&node.request, graph.block_size, block_size, &mut hash_cache);
             let submitted = cluster.submit(request, now);
@@ -494,7 +294,7 @@ pub fn replay_graph(
             };
             debug_assert_eq!(id, RequestId(run.node_of.len() as u64));
             run.node_of.push(n);
-            run.nodes[n].engine_id = Some(id);
+            run.engine_ids[n] = Some(id);
             run.collector.on_arrival(
                 id,
                 ready,
@@ -503,15 +303,15 @@ pub fn replay_graph(
                 Some(&node.session_id),
                 turn_of[n],
             );
-            run.dispatched(n, now);
+            run.ready.dispatched(n, now);
             if let Err(rejection) = submitted {
                 run.collector.on_reject(id, now);
-                run.rejected(n, now, rejection.reason);
+                run.rejected(n, now, rejection.reason, node.request.line);
             }
         }
         cluster.start_idle_into(now, &mut outputs);
         observer.outputs(&mut cluster, &outputs, now);
-        run.handle(&mut outputs);
+        run.handle(graph, &mut outputs);
         if run.done >= last_progress + 64 {
             last_progress = run.done;
             progress(run.done, total);
@@ -529,7 +329,7 @@ pub fn replay_graph(
     let preemptions = stats.workers.iter().map(|w| w.scheduler.preemptions).sum();
     let (mut report, records) = std::mem::take(&mut run.collector).finish(Duration::ZERO);
     let reused: Vec<usize> = records.iter().map(|r| r.reused_input_tokens).collect();
-    let agentic = summarize_run(&run, how.lanes, &reused, block_size);
+    let agentic = summarize_run(graph, how, run.ready, &run.engine_ids, &reused, block_size);
     add_topology_figures(&mut report, &stats, config);
     let mut rejections = run.rejections;
     rejections.sort_by_key(|r| r.id);
@@ -544,37 +344,28 @@ pub fn replay_graph(
 
 /// The plays' outcomes and every node's record, once the run is over.
 fn summarize_run(
-    run: &Run<'_>,
-    lanes: Option<usize>,
+    graph: &RequestGraph,
+    how: &GraphReplay,
+    ready: Readiness<'_>,
+    engine_ids: &[Option<RequestId>],
     reused: &[usize],
     block_size: usize,
 ) -> AgenticReport {
-    let nodes: Vec<NodeTimes> = run
-        .nodes
-        .iter()
-        .zip(&run.floors)
-        .map(|(state, &floor)| NodeTimes {
-            floor,
-            due: state.due,
-            dispatched: state.dispatched,
-            last_token: state.last_token.filter(|_| !state.rejected),
-            terminal: state.terminal,
-            failure: state.rejected.then_some("rejected"),
-            engine_id: state.engine_id,
-            reused_input_tokens: state
-                .engine_id
-                .and_then(|id| reused.get(id.0 as usize))
-                .copied()
-                .unwrap_or(0),
-        })
-        .collect();
+    let mut settled = ready.finish();
+    for (times, &engine_id) in settled.times.iter_mut().zip(engine_ids) {
+        times.engine_id = engine_id;
+        times.reused_input_tokens = engine_id
+            .and_then(|id| reused.get(id.0 as usize))
+            .copied()
+            .unwrap_or(0);
+    }
     summarize(&GraphTimes {
-        graph: run.graph,
-        nodes: &nodes,
-        failed: &run.failed,
-        lane_of: &run.lane_of,
-        speedup: run.speedup,
-        lanes,
+        graph,
+        nodes: &settled.times,
+        failed: &settled.failed,
+        lane_of: &settled.lane_of,
+        speedup: how.speedup,
+        lanes: how.lanes,
         engine_block_size: block_size,
     })
 }

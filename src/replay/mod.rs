@@ -23,12 +23,14 @@ use crate::trace::{LocalHashCache, Trace, TraceRequest};
 
 mod graph;
 mod prepare;
+mod readiness;
 
 pub use graph::{
     replay_graph, summarize, AgenticReport, GraphReplay, GraphTimes, NodeRecord, NodeStatus,
     NodeTimes, PlayOutcome,
 };
 use prepare::{Post, Prepared};
+pub use readiness::{Readiness, Settled};
 
 /// Why a replay could not run to the end.
 #[derive(Debug, thiserror::Error)]
