@@ -1,5 +1,5 @@
-//! Records the git commit the binary is built from, for `--version`, as `SERVESIM_GIT_COMMIT`.
-//! Outside a git checkout, or without git, the commit is `unknown`; this script never fails.
+// Records the git commit the binary is built from, for `--version`, as `SERVESIM_GIT_COMMIT`.
+// Outside a git checkout, or without git, the commit is `unknown`; this script never fails.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
