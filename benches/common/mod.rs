@@ -15,7 +15,7 @@ struct Flags<A: clap::Args> {
 /// Parses the benchmark's flags (cargo's `--bench` removed) as `A` and runs them. A bare
 /// `cargo bench` passes only `--bench`: the entry point then says so and exits 0, so a
 /// workspace-wide `cargo bench` does not fail on it.
-pub fn bench_main<A: clap::Args>(
+pub(crate) fn bench_main<A: clap::Args>(
     name: &str,
     run: impl FnOnce(A) -> anyhow::Result<()>,
 ) -> ExitCode {

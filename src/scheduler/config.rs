@@ -132,7 +132,7 @@ pub struct ConfigError(pub String);
 
 /// KV tokens per worker at most (`num_gpu_blocks * block_size`): far beyond any GPU, and low
 /// enough that token arithmetic never overflows.
-pub const MAX_KV_TOKENS: usize = 1 << 40;
+pub(crate) const MAX_KV_TOKENS: usize = 1 << 40;
 
 impl EngineConfig {
     /// The batching behaviour these settings select.

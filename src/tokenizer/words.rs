@@ -124,7 +124,7 @@ pub const LOREM_WORDS: &[&str] = &[
 ];
 
 /// Common English words (lowercase ASCII letters), roughly by frequency.
-pub const COMMON_WORDS: &str = "
+pub(crate) const COMMON_WORDS: &str = "
 the of and to a in is it you that he was for on are with as i his they be at one have this
 from or had by hot word but what some we can out other were all there when up use your how
 said an each she which do their time if will way about many then them write would like so

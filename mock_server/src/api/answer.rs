@@ -132,11 +132,11 @@ pub struct Answer {
 
 /// Independent seeded streams, so that one feature's draws never shift another's.
 mod stream {
-    pub const LENGTH: u64 = 1;
-    pub const STOP: u64 = 2;
-    pub const TOOL: u64 = 3;
-    pub const LOGPROBS: u64 = 4;
-    pub const WORDS: u64 = 5;
+    pub(super) const LENGTH: u64 = 1;
+    pub(super) const STOP: u64 = 2;
+    pub(super) const TOOL: u64 = 3;
+    pub(super) const LOGPROBS: u64 = 4;
+    pub(super) const WORDS: u64 = 5;
 }
 
 fn rng(seed: u64, stream: u64) -> ChaCha8Rng {
