@@ -48,7 +48,7 @@ async fn events_without_faults_leave_no_decision_stale() -> Result<()> {
 }
 
 /// A fleet of `workers` workers on free ports with an admin listener, blocks of 16 tokens,
-/// `extra` flags added.
+/// `extra` flags added (`--speedup-ratio inf` unless they give one).
 async fn fleet_with(workers: usize, extra: &[&str]) -> Result<RunningFleet> {
     let workers = workers.to_string();
     let mut argv = vec![
@@ -60,11 +60,12 @@ async fn fleet_with(workers: usize, extra: &[&str]) -> Result<RunningFleet> {
         "0",
         "--admin-port",
         "0",
-        "--speedup-ratio",
-        "inf",
         "--block-size",
         "16",
     ];
+    if !extra.contains(&"--speedup-ratio") {
+        argv.extend(["--speedup-ratio", "inf"]);
+    }
     argv.extend_from_slice(extra);
     let cli = Cli::try_parse_from(argv)?;
     let Some(Command::Fleet(args)) = cli.command else {
@@ -291,6 +292,56 @@ fn stale_kinds(log: &[Decision]) -> Vec<(bool, bool)> {
     log.iter()
         .map(|d| (d.stale_evicted, d.stale_missed))
         .collect()
+}
+
+/// Without faults, a pass's KV events leave when the pass ends (as vLLM publishes at the end of
+/// its engine step), while its blocks are cached from its start: a prompt sent to another worker
+/// during worker 0's 3-second prefill of the same prompt finds the best worker's blocks not
+/// announced yet (missed); after the pass, nothing is stale. That lag is the only source of
+/// stale decisions without faults.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_faults_only_a_running_pass_makes_a_decision_stale() -> Result<()> {
+    let fleet = fleet_with(
+        2,
+        &[
+            "--kv-events-endpoint",
+            "tcp://*:0",
+            "--speedup-ratio",
+            "1",
+            "--fixed-latency",
+            "3000,1",
+        ],
+    )
+    .await?;
+    let client = reqwest::Client::new();
+    let admin = fleet.manifest.admin_url.clone().context("an admin URL")?;
+    let urls: Vec<String> = fleet
+        .manifest
+        .workers
+        .iter()
+        .map(|w| w.url.clone())
+        .collect();
+    let first = tokio::spawn({
+        let (client, url) = (client.clone(), urls[0].clone());
+        async move { ask(&client, &url, 0).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ask(&client, &urls[1], 0).await?;
+    within(first).await???;
+    ask(&client, &urls[1], 0).await?;
+    let log = decisions(&client, &admin).await?;
+    assert_eq!(
+        stale_kinds(&log),
+        [(false, false), (false, true), (false, false)],
+        "{log:?}"
+    );
+    assert_eq!(
+        (log[1].best_worker, log[1].announced_best_overlap_tokens),
+        (0, Some(0))
+    );
+    assert!(log[1].best_overlap_tokens >= 32, "{log:?}");
+    within(fleet.shutdown()).await?;
+    Ok(())
 }
 
 /// `delay=3000`: every batch leaves 3 s after its step. A prompt sent to another worker right
