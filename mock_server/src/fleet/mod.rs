@@ -390,6 +390,7 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
     fault_metrics.register(engine_metrics.registry_mut());
     let faults = Arc::new(WorkerFaults::new(n, fault_metrics));
     let engine_metrics = Arc::new(engine_metrics);
+    let mut kv_restarts = None;
     let (publisher, kv_endpoints) = match &server.kv_events {
         None => (None, vec![(None, None); n]),
         Some(kv) => {
@@ -400,6 +401,7 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
                 Some(view) => publisher.with_view(Arc::clone(view)),
                 None => publisher,
             };
+            kv_restarts = Some(publisher.restart_switch());
             let mut endpoints = Vec::with_capacity(n);
             for i in 0..n {
                 let bound =
@@ -470,6 +472,7 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
         judge: Arc::clone(&judge),
         manifest: Arc::from(manifest.to_json()),
         faults: Arc::clone(&faults),
+        kv_restarts,
         worker_urls: manifest.workers.iter().map(|w| w.url.clone()).collect(),
     };
     let stop = CancellationToken::new();

@@ -41,6 +41,7 @@ pub mod zmtp;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -420,6 +421,8 @@ pub struct KvEventPublisher {
     standalone: bool,
     /// What the sent batches announced, for the routing judge (`mockserve fleet`).
     view: Option<Arc<PublishedView>>,
+    /// Restarts asked for on demand.
+    restarts: RestartSwitch,
     /// Stops every socket and connection task when the publisher goes.
     _stop: DropGuard,
 }
@@ -487,6 +490,10 @@ impl KvEventPublisher {
                 delayed,
             });
         }
+        let restarts = RestartSwitch {
+            asked: ranks.iter().map(|_| AtomicBool::new(false)).collect(),
+            replay: ranks.iter().map(|r| Arc::clone(&r.replay)).collect(),
+        };
         Ok(KvEventPublisher {
             ranks,
             format: config.format,
@@ -494,6 +501,7 @@ impl KvEventPublisher {
             metrics,
             standalone: false,
             view: None,
+            restarts,
             _stop: guard,
         })
     }
@@ -519,6 +527,12 @@ impl KvEventPublisher {
         }
     }
 
+    /// The switch that restarts a rank's publisher on demand (`mockserve fleet`'s
+    /// `POST /fleet/workers/{i}/kv-events/restart`).
+    pub fn restart_switch(&self) -> RestartSwitch {
+        self.restarts.clone()
+    }
+
     /// The address `rank`'s PUB socket is bound to (None when it connects out).
     pub fn pub_addr(&self, rank: usize) -> Option<SocketAddr> {
         self.ranks.get(rank).and_then(|r| r.pub_addr)
@@ -542,17 +556,15 @@ impl KvEventPublisher {
         let label = WorkerLabel {
             worker: rank as u32,
         };
-        let restarted = r.faults.as_mut().is_some_and(RankFaults::restarts);
-        if restarted {
+        let drawn = r.faults.as_mut().is_some_and(RankFaults::restarts);
+        let asked = self
+            .restarts
+            .asked
+            .get(rank)
+            .is_some_and(|a| a.swap(false, Ordering::Relaxed));
+        if drawn || asked {
             r.next_seq = 0;
-            r.replay
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .batches
-                .clear();
-            if let Some(view) = &self.view {
-                view.restarted(rank);
-            }
+            empty_replay(&r.replay, rank);
             let fault = KvFaultLabel {
                 worker: rank as u32,
                 fault: Fault::Restarted.label(),
@@ -628,6 +640,39 @@ impl KvEventPublisher {
         while replay.batches.len() > REPLAY_BUFFER {
             replay.batches.pop_front();
         }
+    }
+}
+
+/// Restarts of ranks' publishers asked for on demand, shared with whoever asks; cheap to clone.
+/// A restart empties the rank's replay buffer at once and numbers its next batch 0, as the
+/// publisher of a restarted vLLM engine starts.
+#[derive(Clone, Debug)]
+pub struct RestartSwitch {
+    /// Per rank: a restart waits for the rank's next batch.
+    asked: Arc<[AtomicBool]>,
+    /// Per rank: its replay buffer.
+    replay: Arc<[ReplayBuffer]>,
+}
+
+impl RestartSwitch {
+    /// Restarts the publisher of `rank`; false when there is no such rank.
+    pub fn restart(&self, rank: usize) -> bool {
+        let (Some(asked), Some(replay)) = (self.asked.get(rank), self.replay.get(rank)) else {
+            return false;
+        };
+        empty_replay(replay, rank);
+        asked.store(true, Ordering::Relaxed);
+        true
+    }
+}
+
+/// Empties a restarted rank's replay buffer; its view forgets the batches it waited for.
+fn empty_replay(replay: &ReplayBuffer, rank: usize) {
+    // Short section, no await.
+    let mut replay = replay.lock().unwrap_or_else(PoisonError::into_inner);
+    replay.batches.clear();
+    if let Some(view) = &replay.view {
+        view.restarted(rank);
     }
 }
 

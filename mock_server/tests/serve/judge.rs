@@ -489,3 +489,107 @@ async fn dropped_events_are_missed_until_replayed() -> Result<()> {
     within(fleet.shutdown()).await?;
     Ok(())
 }
+
+/// The sequence numbers a subscriber receives until `quiet` passes without a message.
+async fn received_seqs(sub: &mut zeromq::SubSocket, quiet: Duration) -> Result<Vec<u64>> {
+    use zeromq::SocketRecv;
+    let mut seqs = Vec::new();
+    while let Ok(message) = tokio::time::timeout(quiet, sub.recv()).await {
+        let frames = message?.into_vec();
+        ensure!(frames.len() == 3, "[topic, seq, payload]: {frames:?}");
+        seqs.push(u64::from_be_bytes(<[u8; 8]>::try_from(frames[1].as_ref())?));
+    }
+    Ok(seqs)
+}
+
+/// `POST /fleet/workers/{i}/kv-events/restart`: worker i's publisher starts over as a restarted
+/// vLLM engine's does: its replay buffer is empty at once, its next batch is numbered 0, and the
+/// restart is counted; an unknown worker, or a fleet without KV events, is a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_restarts_on_demand() -> Result<()> {
+    use zeromq::Socket;
+    let fleet = fleet_with(
+        2,
+        &[
+            "--kv-events-endpoint",
+            "tcp://*:0",
+            "--kv-events-replay-endpoint",
+            "tcp://*:0",
+        ],
+    )
+    .await?;
+    let client = reqwest::Client::new();
+    let admin = fleet.manifest.admin_url.clone().context("an admin URL")?;
+    let worker = fleet.manifest.workers[0].clone();
+    let publish = worker.kv_events_endpoint.clone().context("an endpoint")?;
+    let replay = worker
+        .kv_events_replay_endpoint
+        .clone()
+        .context("a replay endpoint")?;
+    let mut sub = zeromq::SubSocket::new();
+    within(sub.connect(&publish)).await??;
+    within(sub.subscribe("")).await??;
+    // Let the subscription reach the publisher before the first batch.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ask(&client, &worker.url, 0).await?;
+    ask(&client, &worker.url, 1).await?;
+    let before = received_seqs(&mut sub, Duration::from_millis(700)).await?;
+    let n = before.len() as u64;
+    ensure!(n >= 2, "{before:?}");
+    assert_eq!(before, (0..n).collect::<Vec<_>>());
+    assert_eq!(replay_all(&replay).await?, n as usize);
+    let restart = |i: usize| {
+        let client = client.clone();
+        let url = format!("{admin}/fleet/workers/{i}/kv-events/restart");
+        async move {
+            let response = within(client.post(url).send()).await??;
+            let status = response.status().as_u16();
+            let body: Value = within(response.json()).await??;
+            Ok::<_, anyhow::Error>((status, body))
+        }
+    };
+    assert_eq!(
+        restart(0).await?,
+        (200, json!({"worker": 0, "kv_events_restarted": true}))
+    );
+    assert_eq!(replay_all(&replay).await?, 0, "the replay buffer is empty");
+    ask(&client, &worker.url, 2).await?;
+    let after = received_seqs(&mut sub, Duration::from_millis(700)).await?;
+    let m = after.len() as u64;
+    ensure!(m >= 1, "{after:?}");
+    assert_eq!(after, (0..m).collect::<Vec<_>>());
+    assert_eq!(replay_all(&replay).await?, m as usize);
+    let metrics = within(client.get(format!("{admin}/metrics")).send())
+        .await??
+        .text()
+        .await?;
+    let restarts: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("servesim_kv_events_faults_total{") && l.contains("restart"))
+        .collect();
+    assert_eq!(restarts.len(), 1, "{restarts:?}");
+    assert!(
+        restarts[0].contains("worker=\"0\"") && restarts[0].ends_with(" 1"),
+        "{restarts:?}"
+    );
+    let (status, body) = restart(7).await?;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (400, &json!("worker_not_found"))
+    );
+    within(fleet.shutdown()).await?;
+
+    let quiet = fleet_with(1, &[]).await?;
+    let admin = quiet.manifest.admin_url.clone().context("an admin URL")?;
+    let response = within(
+        client
+            .post(format!("{admin}/fleet/workers/0/kv-events/restart"))
+            .send(),
+    )
+    .await??;
+    assert_eq!(response.status(), 400);
+    let body: Value = within(response.json()).await??;
+    assert_eq!(body["error"]["code"], "kv_events_off", "{body}");
+    within(quiet.shutdown()).await?;
+    Ok(())
+}
