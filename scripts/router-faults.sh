@@ -18,6 +18,7 @@
 # Prints SKIP and exits 0 when the routers' venv cannot be set up (no PyPI). Needs
 # `cargo build -p mock_server -p loadgen` (release binaries are used when built; or
 # MOCKSERVE=path LOADGEN=path), python3, curl. Env: WORKERS (4), FAULTS (space-separated specs),
+# FLEET_FLAGS (extra `mockserve fleet` flags, e.g. a smaller pool: `--num-gpu-blocks 2048`),
 # REPLAY_FROM (3600), REPLAY_REQUESTS (300), REPLAY_SPEEDUP (4), TRACE_BLOCK_SIZE (64), KEEP=1
 # keeps the scratch folder; ports as scripts/router-bench.sh (HTTP_PORT, KV_PORT, ADMIN_PORT,
 # ROUTER_PORT) and REPLAY_PORT (5800: the replay endpoints).
@@ -38,6 +39,7 @@ replay_from=${REPLAY_FROM:-3600}
 replay_requests=${REPLAY_REQUESTS:-300}
 replay_speedup=${REPLAY_SPEEDUP:-4}
 trace_block_size=${TRACE_BLOCK_SIZE:-64}
+read -r -a fleet_flags <<<"${FLEET_FLAGS:-}"
 
 python3 - "$here/traces/mooncake_synthetic_trace.jsonl" "$replay_from" "$replay_requests" >"$out/slice.jsonl" <<'PY'
 import json, sys
@@ -73,7 +75,7 @@ echo "router-faults: $workers workers, $mockserve, $loadgen, scratch $out" >&2
 rows=()
 for spec in $faults; do
   name="faults.${spec//[^a-z0-9]/_}"
-  flags=(--kv-events-replay-endpoint "tcp://*:$replay_port")
+  flags=(--kv-events-replay-endpoint "tcp://*:$replay_port" "${fleet_flags[@]}")
   if [ "$spec" != none ]; then flags+=(--kv-events-faults "$spec"); fi
   start_fleet "$name" "$workers" "${flags[@]}"
   start_router "$name" vllm-router kv_aware
