@@ -236,6 +236,12 @@ pub struct RoutingFigures {
     pub regret_sum: f64,
     /// The regret histogram: (upper bound, cumulative count), as scraped.
     pub regret_buckets: Vec<(f64, f64)>,
+    /// Decisions made on stale KV events, when the fleet publishes them.
+    pub stale_decisions: Option<f64>,
+    /// Of those, decisions where the events credited the chosen worker with evicted blocks.
+    pub stale_evicted_decisions: Option<f64>,
+    /// Of those, decisions where the events showed the best worker with fewer blocks.
+    pub stale_missed_decisions: Option<f64>,
 }
 
 impl RoutingFigures {
@@ -248,6 +254,9 @@ impl RoutingFigures {
             "achieved_hit_tokens_total" => &mut self.achieved_hit_tokens,
             "oracle_hit_tokens_total" => &mut self.oracle_hit_tokens,
             "regret_tokens_sum" => &mut self.regret_sum,
+            "stale_decisions_total" => self.stale_decisions.insert(0.0),
+            "stale_evicted_decisions_total" => self.stale_evicted_decisions.insert(0.0),
+            "stale_missed_decisions_total" => self.stale_missed_decisions.insert(0.0),
             "regret_tokens_bucket" => {
                 let le = match s.label("le") {
                     Some("+Inf") => f64::INFINITY,
@@ -283,6 +292,12 @@ pub struct RoutingSummary {
     pub regret_p99_tokens: Option<f64>,
     /// Share of decisions with no regret (the chosen worker held the longest prefix).
     pub best_choice_share: Option<f64>,
+    /// Decisions made on stale KV events (see docs/routers.md), when the fleet publishes them.
+    pub stale_decisions: Option<f64>,
+    /// Of those, the events credited the chosen worker with blocks it had evicted.
+    pub stale_evicted_decisions: Option<f64>,
+    /// Of those, the events showed the best worker with fewer blocks than it held.
+    pub stale_missed_decisions: Option<f64>,
 }
 
 impl RoutingSummary {
@@ -317,6 +332,8 @@ impl RoutingSummary {
                     .map_or(f64::INFINITY, |(le, _)| *le)
             })
         };
+        // A counter the first scrape lacks (created since) counts from 0.
+        let counted = |a: Option<f64>, b: Option<f64>| b.map(|b| (b - a.unwrap_or(0.0)).max(0.0));
         let best = buckets
             .iter()
             .find(|(le, _)| *le == 0.0)
@@ -329,6 +346,15 @@ impl RoutingSummary {
             regret_p50_tokens: quantile(0.5),
             regret_p99_tokens: quantile(0.99),
             best_choice_share: best,
+            stale_decisions: counted(first.stale_decisions, last.stale_decisions),
+            stale_evicted_decisions: counted(
+                first.stale_evicted_decisions,
+                last.stale_evicted_decisions,
+            ),
+            stale_missed_decisions: counted(
+                first.stale_missed_decisions,
+                last.stale_missed_decisions,
+            ),
         })
     }
 
@@ -340,10 +366,20 @@ impl RoutingSummary {
             Some(_) => "beyond the last bucket".to_string(),
             None => "-".to_string(),
         };
+        let stale = match self.stale_decisions {
+            Some(n) => format!(
+                "; stale KV events behind {n:.0} decisions ({}): {:.0} credited evicted \
+                 blocks, {:.0} missed stored ones",
+                pct(Some(n / self.decisions)),
+                self.stale_evicted_decisions.unwrap_or(0.0),
+                self.stale_missed_decisions.unwrap_or(0.0),
+            ),
+            None => String::new(),
+        };
         format!(
             "Routing quality ({:.0} decisions): prefix-cache hits {} of prompt tokens on the \
              chosen workers, {} on the best (oracle); regret p50 {} tokens, p99 {} tokens, mean \
-             {:.1}; best choice {} of decisions\n",
+             {:.1}; best choice {} of decisions{stale}\n",
             self.decisions,
             pct(self.achieved_hit_rate),
             pct(self.oracle_hit_rate),
@@ -1210,6 +1246,37 @@ vllm:time_to_first_token_seconds_bucket{le="+Inf",worker="0"} 7
         let idle = Snapshot::read(&fleet_exposition(10, 0, 0, [10, 10, 10]));
         let (_, summary) = series(&[(0.0, idle.clone()), (1000.0, idle)], 0);
         assert_eq!(summary.routing, None);
+        assert!(!console.contains("stale"), "{console}");
+    }
+
+    #[test]
+    fn a_fleet_publishing_kv_events_gives_its_stale_decisions() {
+        let with_stale = |decisions: u64, evicted: u64, missed: u64, either: u64| {
+            fleet_exposition(decisions, 0, 0, [decisions; 3]).replace(
+                "# EOF\n",
+                &format!(
+                    "servesim_routing_stale_decisions_total {either}\n\
+                     servesim_routing_stale_evicted_decisions_total {evicted}\n\
+                     servesim_routing_stale_missed_decisions_total {missed}\n# EOF\n"
+                ),
+            )
+        };
+        let before = Snapshot::read(&with_stale(10, 1, 2, 3));
+        let after = Snapshot::read(&with_stale(50, 3, 12, 13));
+        let (_, summary) = series(&[(0.0, before), (1000.0, after)], 0);
+        let r = summary.routing.expect("a routing summary");
+        assert_eq!(r.decisions, 40.0);
+        assert_eq!(r.stale_decisions, Some(10.0));
+        assert_eq!(r.stale_evicted_decisions, Some(2.0));
+        assert_eq!(r.stale_missed_decisions, Some(10.0));
+        let console = r.console();
+        assert!(
+            console.contains(
+                "; stale KV events behind 10 decisions (25.0%): 2 credited evicted blocks, 10 \
+                 missed stored ones\n"
+            ),
+            "{console}"
+        );
     }
 
     /// Samples `/metrics` served after `delay` every 50 ms for `run`; the samples' times.

@@ -319,6 +319,9 @@ pub struct Metrics {
     /// `servesim_kv_events_faults` per worker and fault: batches that met a fault injected
     /// with `--kv-events-faults`.
     pub kv_events_faults: Family<KvFaultLabel, Counter>,
+    /// `servesim_kv_events_replayed` per worker: batches the replay endpoint served (a
+    /// subscriber recovering a gap).
+    pub kv_events_replayed: Family<WorkerLabel, Counter>,
     /// `servesim_kv_events_unknown_blocks`: stored blocks published without their tokens
     /// (a defect: always 0).
     pub kv_events_unknown_blocks: Counter,
@@ -439,6 +442,7 @@ impl Metrics {
             kv_events_published: Family::default(),
             kv_events_dropped: Family::default(),
             kv_events_faults: Family::default(),
+            kv_events_replayed: Family::default(),
             kv_events_unknown_blocks: Counter::default(),
             token_lateness: Histogram::new(LATENESS_BUCKETS),
             behind_schedule: Gauge::default(),
@@ -500,6 +504,11 @@ impl Metrics {
             "servesim_kv_events_faults",
             "KV-event batches that met an injected fault (--kv-events-faults), per worker and fault",
             m.kv_events_faults.clone(),
+        );
+        r.register(
+            "servesim_kv_events_replayed",
+            "KV-event batches served by the replay endpoint, per worker",
+            m.kv_events_replayed.clone(),
         );
         r.register(
             "servesim_kv_events_unknown_blocks",

@@ -2,8 +2,9 @@
 //! and the admin listener `GET /fleet/decisions` (the judge's log as JSON lines, `?since=SEQ`
 //! for the decisions from number SEQ on) and `GET /fleet/manifest`. The admin listener also
 //! answers `GET /metrics` (the whole fleet's series, like `serve`'s, plus the judge's) and
-//! `GET /health`, `GET /fleet/workers` (each worker's fault state) and
-//! `POST /fleet/workers/{i}/fault` (`{"state": "down"|"slow"|"stalled"|"503"|"ok", "factor": K}`).
+//! `GET /health`, `GET /fleet/workers` (each worker's fault state),
+//! `POST /fleet/workers/{i}/fault` (`{"state": "down"|"slow"|"stalled"|"503"|"ok", "factor": K}`)
+//! and `POST /fleet/workers/{i}/kv-events/restart` (the worker's KV-event publisher starts over).
 
 use std::sync::Arc;
 
@@ -20,6 +21,7 @@ use super::judge::{to_jsonl, Judge};
 use super::metrics::WorkerMetrics;
 use crate::api::{app, ApiError, AppState};
 use crate::driver::EngineHandle;
+use crate::kv_events::RestartSwitch;
 use crate::metrics::Metrics;
 
 /// The OpenMetrics text content type (what `prometheus-client` writes).
@@ -38,6 +40,8 @@ pub struct FleetRoutes {
     pub manifest: Arc<str>,
     /// Every worker's fault state.
     pub faults: Arc<WorkerFaults>,
+    /// Restarts every worker's KV-event publisher on demand (None without KV events).
+    pub kv_restarts: Option<RestartSwitch>,
     /// Every worker's URL, by index.
     pub worker_urls: Arc<[String]>,
 }
@@ -69,6 +73,10 @@ pub fn admin_router(fleet: FleetRoutes) -> Router {
         .route(
             "/fleet/workers/{index}/fault",
             post(set_fault).with_state(fleet.clone()),
+        )
+        .route(
+            "/fleet/workers/{index}/kv-events/restart",
+            post(restart_kv_events).with_state(fleet.clone()),
         )
         .fallback(|uri: Uri| async move { ApiError::route_not_found(uri.path()) })
         .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
@@ -150,23 +158,49 @@ struct FaultBody {
 
 /// `POST /fleet/workers/{i}/fault`: sets worker i's state; answers its entry of
 /// `GET /fleet/workers`.
-async fn set_fault(
-    State(fleet): State<FleetRoutes>,
-    Path(index): Path<String>,
-    body: Bytes,
-) -> Response {
+/// The worker `index` names, or the error that says there is none.
+fn worker_index(fleet: &FleetRoutes, index: &str) -> Result<usize, ApiError> {
     let workers = fleet.worker_urls.len();
-    let index = match index.parse::<usize>() {
-        Ok(i) if i < workers => i,
+    match index.parse::<usize>() {
+        Ok(i) if i < workers => Ok(i),
         _ => {
             let message = format!(
                 "no worker {index:?}: the fleet has workers 0 to {}",
                 workers.saturating_sub(1)
             );
-            return ApiError::invalid(message, Some("index"))
-                .with_code("worker_not_found")
-                .into_response();
+            Err(ApiError::invalid(message, Some("index")).with_code("worker_not_found"))
         }
+    }
+}
+
+/// `POST /fleet/workers/{i}/kv-events/restart`: worker i's KV-event publisher starts over, as a
+/// restarted vLLM engine's does: its replay buffer empties now and its next batch is numbered 0.
+async fn restart_kv_events(
+    State(fleet): State<FleetRoutes>,
+    Path(index): Path<String>,
+) -> Response {
+    let index = match worker_index(&fleet, &index) {
+        Ok(i) => i,
+        Err(e) => return e.into_response(),
+    };
+    let Some(restarts) = &fleet.kv_restarts else {
+        let message = "the fleet publishes no KV events (start it with --kv-events-endpoint)";
+        return ApiError::invalid(message.to_string(), None)
+            .with_code("kv_events_off")
+            .into_response();
+    };
+    let restarted = restarts.restart(index);
+    Json(json!({"worker": index, "kv_events_restarted": restarted})).into_response()
+}
+
+async fn set_fault(
+    State(fleet): State<FleetRoutes>,
+    Path(index): Path<String>,
+    body: Bytes,
+) -> Response {
+    let index = match worker_index(&fleet, &index) {
+        Ok(i) => i,
+        Err(e) => return e.into_response(),
     };
     let body: FaultBody = match serde_json::from_slice(&body) {
         Ok(body) => body,

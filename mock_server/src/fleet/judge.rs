@@ -9,6 +9,16 @@
 //! had cached but recomputes because of the choice. Each decision is kept in a bounded log (the
 //! latest `capacity`, served as JSON lines by `GET /fleet/decisions`) and summed into
 //! [`RoutingMetrics`] (`servesim_routing_*`).
+//!
+//! When the fleet publishes KV events, the judge also reads what the events sent so far
+//! announce ([`PublishedView`]: what a consumer that applied every sent batch would believe)
+//! and marks the decision *stale* when that view differs from the truth where it matters:
+//! it credits the chosen worker with more of the prompt than it holds (blocks evicted or
+//! cleared but not yet announced: `stale_evicted`), or shows the best worker with less than
+//! it holds (blocks stored but not yet announced, or never: `stale_missed`). A router that
+//! consumes the events can do no better than that view, so a stale decision is one the event
+//! plane (its lag and its faults) may have cost. Each check walks the prompt's blocks once on
+//! two workers.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -24,6 +34,7 @@ use servesim::time::SimTime;
 
 use super::fault::WorkerFaults;
 use crate::driver::{ArrivalObserver, SimClock};
+use crate::kv_events::view::PublishedView;
 
 /// Decisions `GET /fleet/decisions` keeps by default (the latest ones).
 pub const DEFAULT_DECISION_LOG: usize = 100_000;
@@ -56,6 +67,27 @@ pub struct Decision {
     pub regret_tokens: usize,
     /// Every worker's requests running plus waiting just before the request arrived, by index.
     pub loads: Vec<u32>,
+    /// The chosen worker's prefix of the prompt in what the sent KV events announced, in
+    /// tokens (absent when the fleet publishes none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announced_chosen_overlap_tokens: Option<usize>,
+    /// The best worker's prefix of the prompt in what the sent KV events announced, in tokens
+    /// (absent when the fleet publishes none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announced_best_overlap_tokens: Option<usize>,
+    /// The events credited the chosen worker with cached prompt blocks it no longer held.
+    #[serde(default)]
+    pub stale_evicted: bool,
+    /// The events showed the best worker with fewer cached prompt blocks than it held.
+    #[serde(default)]
+    pub stale_missed: bool,
+}
+
+impl Decision {
+    /// Whether the decision was made on stale information, of either kind.
+    pub fn stale(&self) -> bool {
+        self.stale_evicted || self.stale_missed
+    }
 }
 
 /// The judge's Prometheus series, shared (cheap clones of the same atomics) by the fleet's
@@ -73,6 +105,18 @@ pub struct RoutingMetrics {
     pub oracle_hit_tokens: Counter,
     /// `servesim_routing_regret_tokens`: the regret of each decision.
     pub regret_tokens: Histogram,
+    /// `servesim_routing_stale_decisions`: decisions made on stale information (either kind;
+    /// registered only when the fleet publishes KV events).
+    pub stale_decisions: Counter,
+    /// `servesim_routing_stale_evicted_decisions`: the events credited the chosen worker with
+    /// blocks it had evicted.
+    pub stale_evicted_decisions: Counter,
+    /// `servesim_routing_stale_missed_decisions`: the events showed the best worker with
+    /// fewer blocks than it held.
+    pub stale_missed_decisions: Counter,
+    /// Whether the stale-information counters are registered: only when the fleet publishes
+    /// KV events (without them there is nothing to be stale about).
+    pub stale_checked: bool,
 }
 
 impl Default for RoutingMetrics {
@@ -83,12 +127,17 @@ impl Default for RoutingMetrics {
             achieved_hit_tokens: Counter::default(),
             oracle_hit_tokens: Counter::default(),
             regret_tokens: Histogram::new(REGRET_BUCKETS),
+            stale_decisions: Counter::default(),
+            stale_evicted_decisions: Counter::default(),
+            stale_missed_decisions: Counter::default(),
+            stale_checked: false,
         }
     }
 }
 
 impl RoutingMetrics {
-    /// Registers every series in `registry` (a clone: the registry reads the same atomics).
+    /// Registers every series in `registry` (a clone: the registry reads the same atomics);
+    /// the stale-information counters when [`RoutingMetrics::stale_checked`].
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "servesim_routing_decisions",
@@ -115,6 +164,27 @@ impl RoutingMetrics {
             "Cached prompt tokens a decision gave up: best worker's prefix minus the chosen one's",
             self.regret_tokens.clone(),
         );
+        if !self.stale_checked {
+            return;
+        }
+        registry.register(
+            "servesim_routing_stale_decisions",
+            "Decisions made on stale KV events: the sent events credited the chosen worker with \
+             evicted blocks, or showed the best worker with fewer blocks than it held",
+            self.stale_decisions.clone(),
+        );
+        registry.register(
+            "servesim_routing_stale_evicted_decisions",
+            "Decisions where the sent KV events credited the chosen worker with blocks it had \
+             evicted",
+            self.stale_evicted_decisions.clone(),
+        );
+        registry.register(
+            "servesim_routing_stale_missed_decisions",
+            "Decisions where the sent KV events showed the best worker with fewer blocks than \
+             it held",
+            self.stale_missed_decisions.clone(),
+        );
     }
 
     fn add(&self, d: &Decision) {
@@ -124,6 +194,15 @@ impl RoutingMetrics {
             .inc_by(d.chosen_overlap_tokens as u64);
         self.oracle_hit_tokens.inc_by(d.best_overlap_tokens as u64);
         self.regret_tokens.observe(d.regret_tokens as f64);
+        if d.stale() {
+            self.stale_decisions.inc();
+        }
+        if d.stale_evicted {
+            self.stale_evicted_decisions.inc();
+        }
+        if d.stale_missed {
+            self.stale_missed_decisions.inc();
+        }
     }
 }
 
@@ -171,6 +250,32 @@ pub fn score(
         best_worker,
         regret_tokens: best_overlap.saturating_sub(chosen_overlap),
         loads,
+        announced_chosen_overlap_tokens: None,
+        announced_best_overlap_tokens: None,
+        stale_evicted: false,
+        stale_missed: false,
+    }
+}
+
+/// `decision` (scored by [`score`] for `request`) checked against what the sent KV events
+/// announced (`view`): the announced prefixes on the chosen and the best worker, and whether
+/// either was stale.
+pub fn check_staleness(
+    decision: Decision,
+    request: &EngineRequest,
+    block_size: usize,
+    view: &PublishedView,
+) -> Decision {
+    let hashes = &request.prompt.blocks.sequence;
+    let announced = |w: u32| view.prefix_blocks(w as usize, hashes) * block_size;
+    let chosen = announced(decision.worker);
+    let best = announced(decision.best_worker);
+    Decision {
+        announced_chosen_overlap_tokens: Some(chosen),
+        announced_best_overlap_tokens: Some(best),
+        stale_evicted: chosen > decision.chosen_overlap_tokens,
+        stale_missed: best < decision.best_overlap_tokens,
+        ..decision
     }
 }
 
@@ -198,6 +303,8 @@ pub struct Judge {
     pub metrics: RoutingMetrics,
     /// The workers' fault states: an unavailable worker is never the best choice.
     faults: Option<Arc<WorkerFaults>>,
+    /// What the sent KV events announced, when the fleet publishes them.
+    view: Option<Arc<PublishedView>>,
 }
 
 impl Judge {
@@ -210,6 +317,7 @@ impl Judge {
             log: Mutex::new(DecisionLog::default()),
             metrics,
             faults: None,
+            view: None,
         }
     }
 
@@ -218,6 +326,15 @@ impl Judge {
     pub fn excluding_unavailable(self, faults: Arc<WorkerFaults>) -> Judge {
         Judge {
             faults: Some(faults),
+            ..self
+        }
+    }
+
+    /// The same judge, checking every decision against what the sent KV events announced
+    /// (`view`, applied by the fleet's publisher).
+    pub fn checking_staleness(self, view: Arc<PublishedView>) -> Judge {
+        Judge {
+            view: Some(view),
             ..self
         }
     }
@@ -253,10 +370,13 @@ impl ArrivalObserver for Judge {
                 .as_ref()
                 .is_none_or(|f| !f.state(w.0 as usize).is_unavailable())
         };
-        let decision = Decision {
+        let mut decision = Decision {
             time_ms: self.clock.unix_ms(now),
             ..score(cluster, request, worker, &available)
         };
+        if let Some(view) = &self.view {
+            decision = check_staleness(decision, request, cluster.block_size(), view);
+        }
         self.record(decision);
     }
 }
@@ -336,6 +456,63 @@ mod tests {
         assert_eq!((partial.best_overlap_tokens, partial.regret_tokens), (4, 4));
     }
 
+    /// A view holding `hashes` on `worker` alone.
+    fn announced(workers: usize, worker: usize, hashes: &[u64]) -> PublishedView {
+        use crate::kv_events::view::ViewDelta;
+        use crate::kv_events::wire::{WireBatch, WireEvent};
+        let view = PublishedView::new(workers);
+        let batch = WireBatch {
+            ts: 0.0,
+            events: vec![WireEvent::BlockStored {
+                block_hashes: hashes.to_vec(),
+                parent_block_hash: None,
+                token_ids: Vec::new(),
+                block_size: 4,
+                lora_id: None,
+                medium: Some("GPU"),
+                lora_name: None,
+            }],
+            data_parallel_rank: Some(0),
+        };
+        view.sent(worker, &ViewDelta::of(&batch));
+        view
+    }
+
+    #[test]
+    fn a_decision_is_stale_where_the_announced_blocks_differ_from_the_truth() {
+        let mut cluster = cluster(2);
+        let prompt: Vec<u32> = (0..10).collect();
+        let r = request(&prompt);
+        run_on(&mut cluster, request(&prompt), 0);
+        let hashes: Vec<u64> = r.prompt.blocks.sequence.iter().map(|h| h.0).collect();
+        let check = |chosen: u32, view: &PublishedView| {
+            let d = score(&cluster, &r, WorkerId(chosen), &|_| true);
+            check_staleness(d, &r, 4, view)
+        };
+        // The events announced the truth: nothing stale.
+        let truth = announced(2, 0, &hashes[..2]);
+        let d = check(1, &truth);
+        assert_eq!(
+            (
+                d.announced_chosen_overlap_tokens,
+                d.announced_best_overlap_tokens
+            ),
+            (Some(0), Some(8))
+        );
+        assert!(!d.stale());
+        // Worker 0's second block not announced yet: the best worker looked shorter.
+        let lagging = announced(2, 0, &hashes[..1]);
+        let d = check(1, &lagging);
+        assert_eq!(d.announced_best_overlap_tokens, Some(4));
+        assert!(d.stale_missed && !d.stale_evicted);
+        // Worker 1 announced as holding the prompt it never had (or had evicted): chosen on
+        // that belief, and worker 0's blocks unannounced.
+        let ghost = announced(2, 1, &hashes[..2]);
+        let d = check(1, &ghost);
+        assert_eq!(d.announced_chosen_overlap_tokens, Some(8));
+        assert!(d.stale_evicted && d.stale_missed);
+    }
+
     #[test]
     fn the_log_keeps_the_latest_decisions_and_counts_them_all() {
         let judge = Judge::new(SimClock::start(), 3, RoutingMetrics::default());
@@ -349,6 +526,10 @@ mod tests {
             best_worker: 0,
             regret_tokens: regret,
             loads: vec![0, 1],
+            announced_chosen_overlap_tokens: None,
+            announced_best_overlap_tokens: None,
+            stale_evicted: false,
+            stale_missed: regret > 0,
         };
         for i in 0..5 {
             assert_eq!(judge.record(decision(i % 2 * 16)), i as u64);
@@ -361,6 +542,9 @@ mod tests {
         assert_eq!(judge.metrics.decisions.get(), 5);
         assert_eq!(judge.metrics.oracle_hit_tokens.get(), 80);
         assert_eq!(judge.metrics.achieved_hit_tokens.get(), 48);
+        assert_eq!(judge.metrics.stale_decisions.get(), 2);
+        assert_eq!(judge.metrics.stale_missed_decisions.get(), 2);
+        assert_eq!(judge.metrics.stale_evicted_decisions.get(), 0);
         let lines = to_jsonl(&judge.decisions_since(4));
         let parsed: Decision =
             serde_json::from_slice(lines.strip_suffix(b"\n").expect("a line")).expect("JSON");

@@ -9,7 +9,8 @@
 //!   the clock; each has its own `/metrics` ([`metrics::WorkerMetrics`]), KV-event publisher
 //!   (port + index, as `serve` numbers its workers), LoRA registry, faults and loading delay.
 //! - [`judge::Judge`] scores every decision against what every worker held when the request
-//!   arrived; [`http`] serves its log and metrics.
+//!   arrived, and (with KV events) against what the sent events announced; [`http`] serves
+//!   its log and metrics.
 //! - [`fault::WorkerFaults`] holds each worker's fault state (`down`, `slow`, `stalled`, `503`),
 //!   set by `--worker-faults` ([`fault::Schedule`]) or the admin listener.
 //! - [`manifest::Manifest`] names every worker's URLs and endpoints (`--fleet-manifest`).
@@ -39,6 +40,7 @@ use crate::api::AppState;
 use crate::config::ServerConfig;
 use crate::connection::Edge;
 use crate::driver::EngineHandle;
+use crate::kv_events::view::PublishedView;
 use crate::kv_events::{KvEventPublisher, KvEventsError};
 use crate::metrics::{EndpointLabel, Metrics};
 use crate::server::{ServeArgs, ShutdownSignals, VllmArgs};
@@ -374,18 +376,32 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
     let server = config.server;
     let cluster = Cluster::new(server.live_cluster())?;
     let mut engine_metrics = Metrics::for_model(&server.model_name, server.max_model_len);
-    let routing = judge::RoutingMetrics::default();
+    // What the sent KV events announce, for the judge's stale-information checks.
+    let view = server
+        .kv_events
+        .as_ref()
+        .map(|_| Arc::new(PublishedView::new(n)));
+    let routing = judge::RoutingMetrics {
+        stale_checked: view.is_some(),
+        ..judge::RoutingMetrics::default()
+    };
     routing.register(engine_metrics.registry_mut());
     let fault_metrics = FaultMetrics::default();
     fault_metrics.register(engine_metrics.registry_mut());
     let faults = Arc::new(WorkerFaults::new(n, fault_metrics));
     let engine_metrics = Arc::new(engine_metrics);
+    let mut kv_restarts = None;
     let (publisher, kv_endpoints) = match &server.kv_events {
         None => (None, vec![(None, None); n]),
         Some(kv) => {
             let publisher = KvEventPublisher::start(kv, n, Arc::clone(&engine_metrics))
                 .await?
                 .standalone_workers();
+            let publisher = match &view {
+                Some(view) => publisher.with_view(Arc::clone(view)),
+                None => publisher,
+            };
+            kv_restarts = Some(publisher.restart_switch());
             let mut endpoints = Vec::with_capacity(n);
             for i in 0..n {
                 let bound =
@@ -410,10 +426,12 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
         Arc::clone(&engine_metrics),
         publisher,
     );
-    let judge = Arc::new(
-        Judge::new(engine.clock(), config.decision_log_size, routing)
-            .excluding_unavailable(Arc::clone(&faults)),
-    );
+    let mut judge = Judge::new(engine.clock(), config.decision_log_size, routing)
+        .excluding_unavailable(Arc::clone(&faults));
+    if let Some(view) = view {
+        judge = judge.checking_staleness(view);
+    }
+    let judge = Arc::new(judge);
     // Just spawned: the driver is running.
     let _ = engine.observe_arrivals(Arc::clone(&judge) as Arc<dyn crate::driver::ArrivalObserver>);
     let mut workers = Vec::with_capacity(n);
@@ -454,6 +472,7 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
         judge: Arc::clone(&judge),
         manifest: Arc::from(manifest.to_json()),
         faults: Arc::clone(&faults),
+        kv_restarts,
         worker_urls: manifest.workers.iter().map(|w| w.url.clone()).collect(),
     };
     let stop = CancellationToken::new();

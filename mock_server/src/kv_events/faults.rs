@@ -1,7 +1,9 @@
 //! Seeded faults on the KV event plane (`--kv-events-faults`), so that a router's gap recovery,
 //! deduplication and tolerance of late or out-of-order batches can be exercised: each published
 //! batch of a worker may be dropped, duplicated, held back behind the next one (reordered), and
-//! every batch may be delivered late by a fixed delay.
+//! every batch may be delivered late by a fixed delay. `restart=N` restarts a worker's
+//! publisher after every N batches, as a restarted vLLM engine's new publisher does: its
+//! numbering starts over at 0 and its replay buffer is empty.
 //!
 //! Faults act on delivery only: every batch is numbered and kept for replay as usual, so a
 //! dropped one leaves a gap in the sequence numbers that the replay endpoint can fill, a
@@ -13,7 +15,6 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use axum::body::Bytes;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -21,8 +22,9 @@ use rand_chacha::ChaCha8Rng;
 pub const MAX_DELAY: Duration = Duration::from_secs(60);
 
 /// `--kv-events-faults`: comma-separated `drop=P`, `duplicate=P`, `reorder=P` (probabilities
-/// per batch, 0 to 1), `delay=MS` (every batch delivered that much later, 0 to 60000) and
-/// `seed=N`; at least one fault.
+/// per batch, 0 to 1), `delay=MS` (every batch delivered that much later, 0 to 60000),
+/// `restart=N` (a publisher restart after every N batches of a worker) and `seed=N`; at least
+/// one fault.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct EventFaults {
     /// Share of batches not delivered.
@@ -33,6 +35,8 @@ pub struct EventFaults {
     pub reorder: f64,
     /// Delivery delay of every batch.
     pub delay: Duration,
+    /// Batches a worker's publisher sends between restarts (0: it never restarts).
+    pub restart: u64,
     /// Seed of the draws.
     pub seed: u64,
 }
@@ -72,6 +76,14 @@ impl FromStr for EventFaults {
                             )
                         })?
                 }
+                "restart" => {
+                    faults.restart = value
+                        .parse::<u64>()
+                        .ok()
+                        .ok_or_else(|| {
+                            format!("restart={value}: a number of batches (0: never)")
+                        })?
+                }
                 "seed" => {
                     faults.seed = value
                         .parse()
@@ -79,7 +91,7 @@ impl FromStr for EventFaults {
                 }
                 other => {
                     return Err(format!(
-                        "unknown fault {other:?}: expected drop, duplicate, reorder, delay or seed"
+                        "unknown fault {other:?}: expected drop, duplicate, reorder, delay, restart or seed"
                     ))
                 }
             }
@@ -88,9 +100,11 @@ impl FromStr for EventFaults {
             && faults.duplicate == 0.0
             && faults.reorder == 0.0
             && faults.delay.is_zero()
+            && faults.restart == 0
         {
             return Err(format!(
-                "{s:?} injects nothing: give drop=P, duplicate=P, reorder=P or delay=MS"
+                "{s:?} injects nothing: give drop=P, duplicate=P, reorder=P, delay=MS or \
+                 restart=N"
             ));
         }
         Ok(faults)
@@ -101,11 +115,12 @@ impl fmt::Display for EventFaults {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "drop={},duplicate={},reorder={},delay={},seed={}",
+            "drop={},duplicate={},reorder={},delay={},restart={},seed={}",
             self.drop,
             self.duplicate,
             self.reorder,
             self.delay.as_millis(),
+            self.restart,
             self.seed
         )
     }
@@ -122,6 +137,8 @@ pub enum Fault {
     Reordered,
     /// Delivered late.
     Delayed,
+    /// Its publisher restarted just before it: numbered 0, the replay buffer emptied.
+    Restarted,
 }
 
 impl Fault {
@@ -132,26 +149,45 @@ impl Fault {
             Fault::Duplicated => "duplicate",
             Fault::Reordered => "reorder",
             Fault::Delayed => "delay",
+            Fault::Restarted => "restart",
         }
     }
 }
 
-/// One worker's faults: its generator and the batch it holds back.
+/// One worker's faults: its generator, the batch it holds back and the batches since its
+/// publisher's last restart.
 #[derive(Debug)]
-pub struct RankFaults {
+pub struct RankFaults<T> {
     faults: EventFaults,
     rng: ChaCha8Rng,
-    held: Option<Bytes>,
+    held: Option<T>,
+    since_restart: u64,
 }
 
-impl RankFaults {
+impl<T: Clone> RankFaults<T> {
     /// The faults of worker `rank`.
-    pub fn new(faults: EventFaults, rank: usize) -> RankFaults {
+    pub fn new(faults: EventFaults, rank: usize) -> RankFaults<T> {
         RankFaults {
             faults,
             rng: ChaCha8Rng::seed_from_u64(faults.seed ^ (rank as u64).rotate_left(32)),
             held: None,
+            since_restart: 0,
         }
+    }
+
+    /// Whether the publisher restarts before it numbers its next batch: after every
+    /// `restart` batches (never the first). Draws nothing, so other faults meet the same
+    /// batches with and without it.
+    pub fn restarts(&mut self) -> bool {
+        if self.faults.restart == 0 {
+            return false;
+        }
+        if self.since_restart == self.faults.restart {
+            self.since_restart = 1;
+            return true;
+        }
+        self.since_restart += 1;
+        false
     }
 
     /// The delivery delay of every batch.
@@ -162,7 +198,7 @@ impl RankFaults {
     /// What to deliver, in order, now that `message` (the next batch) is published, and the
     /// faults drawn for it. Three draws per batch, whichever apply, so that one fault's share
     /// does not move another's draws.
-    pub fn deliver(&mut self, message: Bytes) -> (Vec<Bytes>, Vec<Fault>) {
+    pub fn deliver(&mut self, message: T) -> (Vec<T>, Vec<Fault>) {
         let (drop, duplicate, reorder) = (
             self.rng.gen::<f64>() < self.faults.drop,
             self.rng.gen::<f64>() < self.faults.duplicate,
@@ -200,10 +236,11 @@ impl RankFaults {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::body::Bytes;
 
     #[test]
     fn the_spec_parses_prints_back_and_refuses_nonsense() {
-        let f: EventFaults = "drop=0.1, duplicate=0.05,reorder=0.2,delay=250,seed=9"
+        let f: EventFaults = "drop=0.1, duplicate=0.05,reorder=0.2,delay=250,restart=7,seed=9"
             .parse()
             .expect("valid");
         assert_eq!(
@@ -213,6 +250,7 @@ mod tests {
                 duplicate: 0.05,
                 reorder: 0.2,
                 delay: Duration::from_millis(250),
+                restart: 7,
                 seed: 9
             }
         );
@@ -222,6 +260,8 @@ mod tests {
             ("drop=-0.1", "a probability from 0 to 1"),
             ("delay=60001", "whole milliseconds from 0 to 60000"),
             ("delay=1.5", "whole milliseconds"),
+            ("restart=-1", "a number of batches"),
+            ("restart=0", "injects nothing"),
             ("jitter=3", "unknown fault \"jitter\""),
             ("drop", "expected KEY=VALUE"),
             ("seed=3", "injects nothing"),
@@ -233,7 +273,7 @@ mod tests {
     }
 
     fn run(spec: &str, n: u8) -> (Vec<u8>, Vec<Vec<Fault>>) {
-        let mut r = RankFaults::new(spec.parse().expect("valid"), 0);
+        let mut r = RankFaults::<Bytes>::new(spec.parse().expect("valid"), 0);
         let mut delivered = Vec::new();
         let mut faults = Vec::new();
         for i in 0..n {
@@ -270,12 +310,36 @@ mod tests {
         assert_eq!(a.len(), 200 - dropped);
         assert!((40..=80).contains(&dropped), "{dropped} dropped");
         // A reordered batch comes out, even when the next one is dropped.
-        let mut r = RankFaults::new("reorder=1,drop=0".parse().expect("valid"), 0);
+        let mut r = RankFaults::<Bytes>::new("reorder=1,drop=0".parse().expect("valid"), 0);
         assert!(r.deliver(Bytes::from_static(b"a")).0.is_empty());
         r.faults.drop = 1.0;
         assert_eq!(
             r.deliver(Bytes::from_static(b"b")).0,
             [Bytes::from_static(b"a")]
         );
+    }
+
+    /// `restart=3`: the publisher restarts before batches 3, 6, 9, ... (counting from 0),
+    /// and the other faults meet the same batches with or without it.
+    #[test]
+    fn restarts_come_every_n_batches_without_moving_the_draws() {
+        let mut r = RankFaults::<u8>::new("restart=3".parse().expect("valid"), 0);
+        let restarts: Vec<bool> = (0..10).map(|_| r.restarts()).collect();
+        assert_eq!(
+            restarts,
+            [false, false, false, true, false, false, true, false, false, true]
+        );
+        let mut never = RankFaults::<u8>::new("drop=0.5".parse().expect("valid"), 0);
+        assert!((0..10).all(|_| !never.restarts()));
+        let draws = |spec: &str| {
+            let mut r = RankFaults::<u8>::new(spec.parse().expect("valid"), 0);
+            (0..50u8)
+                .map(|i| {
+                    r.restarts();
+                    r.deliver(i).0
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(draws("drop=0.4,seed=3"), draws("drop=0.4,restart=5,seed=3"));
     }
 }

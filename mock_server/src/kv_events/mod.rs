@@ -26,15 +26,22 @@
 //!
 //! `--kv-events-faults` injects seeded faults on delivery ([`faults`]): batches dropped,
 //! duplicated, reordered or delayed (a delayed batch waits on a task of its rank), while
-//! numbering and the replay buffer stay exact.
+//! numbering and the replay buffer stay exact; and publisher restarts, after which numbering
+//! starts over at 0 with an empty replay buffer.
+//!
+//! With a [`view::PublishedView`] ([`KvEventPublisher::with_view`], as `mockserve fleet` does)
+//! every batch is also applied to it when it is sent (or replayed after it was not), so the
+//! routing judge knows what the events announced at every arrival.
 
 pub mod faults;
 pub mod tokens;
+pub mod view;
 pub mod wire;
 pub mod zmtp;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -51,8 +58,9 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::metrics::{KvFaultLabel, Metrics, WorkerLabel};
-use faults::{EventFaults, RankFaults};
+use faults::{EventFaults, Fault, RankFaults};
 use tokens::{BlockTokens, LoraTag};
+use view::{PublishedView, ViewDelta};
 use wire::{WireBatch, WireFormat};
 use zmtp::{Offer, Peer, Role};
 
@@ -328,7 +336,54 @@ impl ZmqEndpoint {
 
 /// The batches a rank published lately, for replay. A `std` mutex: held only to push or copy,
 /// never across an await.
-type ReplayBuffer = Arc<Mutex<VecDeque<(u64, Bytes)>>>;
+type ReplayBuffer = Arc<Mutex<ReplayState>>;
+
+/// A rank's replay buffer and the view its replayed batches are announced to.
+#[derive(Debug, Default)]
+struct ReplayState {
+    /// The latest batches, oldest first: number, payload, and what it announces (with a view).
+    batches: VecDeque<(u64, Bytes, Option<Arc<ViewDelta>>)>,
+    /// The view a batch served here is applied to if it was never sent live.
+    view: Option<Arc<PublishedView>>,
+}
+
+/// What a sent batch announces, applied to the view when it leaves.
+#[derive(Clone, Debug)]
+struct Announce {
+    /// Where.
+    view: Arc<PublishedView>,
+    /// The batch's changes.
+    delta: Arc<ViewDelta>,
+}
+
+/// A batch on its way to the subscribers: its number, its encoded message and what it
+/// announces (with a view).
+#[derive(Clone, Debug)]
+struct Outgoing {
+    /// The batch's sequence number.
+    seq: u64,
+    /// `[topic, seq, payload]`, encoded.
+    message: Bytes,
+    /// Applied to the view when sent.
+    announce: Option<Announce>,
+}
+
+impl Outgoing {
+    /// Queues the batch for every subscriber of `rank` and applies it to the view.
+    fn send(&self, peers: &PeerList, topic: &Bytes, rank: usize, metrics: &Metrics) {
+        offer_all(peers, topic, &self.message, rank, metrics);
+        if let Some(a) = &self.announce {
+            a.view.sent(rank, &a.delta);
+        }
+    }
+
+    /// The batch is lost for every subscriber: the view waits for it from the replay endpoint.
+    fn lost(&self, rank: usize) {
+        if let Some(a) = &self.announce {
+            a.view.missed(rank, self.seq);
+        }
+    }
+}
 
 /// The subscribers connected to a rank's PUB socket. A `std` mutex: held to add or remove one
 /// or to offer each a message, never across an await.
@@ -348,9 +403,9 @@ struct Rank {
     /// The bound replay address (None without replay or when connecting).
     replay_addr: Option<SocketAddr>,
     /// Faults injected on delivery, when asked for.
-    faults: Option<RankFaults>,
-    /// The rank's delay task, when batches are delivered late: (due, message).
-    delayed: Option<tokio::sync::mpsc::Sender<(tokio::time::Instant, Bytes)>>,
+    faults: Option<RankFaults<Outgoing>>,
+    /// The rank's delay task, when batches are delivered late: (due, batch).
+    delayed: Option<tokio::sync::mpsc::Sender<(tokio::time::Instant, Outgoing)>>,
 }
 
 /// The ZeroMQ publishers of every rank. Dropping it stops their tasks and closes the sockets.
@@ -364,6 +419,10 @@ pub struct KvEventPublisher {
     /// Each rank is a standalone worker with an endpoint of its own (a fleet's): its batches
     /// carry data-parallel rank 0, as a vLLM without data parallelism sends them.
     standalone: bool,
+    /// What the sent batches announced, for the routing judge (`mockserve fleet`).
+    view: Option<Arc<PublishedView>>,
+    /// Restarts asked for on demand.
+    restarts: RestartSwitch,
     /// Stops every socket and connection task when the publisher goes.
     _stop: DropGuard,
 }
@@ -398,7 +457,11 @@ impl KvEventPublisher {
             let pub_addr = open(&config.endpoint, ENDPOINT_FLAG, rank, publish, &stop).await?;
             let replay_addr = match &config.replay_endpoint {
                 Some(endpoint) => {
-                    let service = Arc::new(Service::Replay(Arc::clone(&replay)));
+                    let service = Arc::new(Service::Replay {
+                        rank,
+                        buffer: Arc::clone(&replay),
+                        metrics: Arc::clone(&metrics),
+                    });
                     open(endpoint, REPLAY_FLAG, rank, service, &stop).await?
                 }
                 None => None,
@@ -427,12 +490,18 @@ impl KvEventPublisher {
                 delayed,
             });
         }
+        let restarts = RestartSwitch {
+            asked: ranks.iter().map(|_| AtomicBool::new(false)).collect(),
+            replay: ranks.iter().map(|r| Arc::clone(&r.replay)).collect(),
+        };
         Ok(KvEventPublisher {
             ranks,
             format: config.format,
             topic: Bytes::from(config.topic.clone().into_bytes()),
             metrics,
             standalone: false,
+            view: None,
+            restarts,
             _stop: guard,
         })
     }
@@ -444,6 +513,24 @@ impl KvEventPublisher {
             standalone: true,
             ..self
         }
+    }
+
+    /// This publisher applying every batch it sends (or replays after it was not sent) to
+    /// `view`, which must have a worker per rank.
+    pub fn with_view(self, view: Arc<PublishedView>) -> KvEventPublisher {
+        for r in &self.ranks {
+            r.replay.lock().unwrap_or_else(PoisonError::into_inner).view = Some(Arc::clone(&view));
+        }
+        KvEventPublisher {
+            view: Some(view),
+            ..self
+        }
+    }
+
+    /// The switch that restarts a rank's publisher on demand (`mockserve fleet`'s
+    /// `POST /fleet/workers/{i}/kv-events/restart`).
+    pub fn restart_switch(&self) -> RestartSwitch {
+        self.restarts.clone()
     }
 
     /// The address `rank`'s PUB socket is bound to (None when it connects out).
@@ -459,64 +546,133 @@ impl KvEventPublisher {
 
     /// Numbers, encodes and keeps one batch of `rank` for replay, and queues it for each
     /// subscriber of its topic: a subscriber with [`PEER_QUEUE`] batches already queued loses
-    /// its oldest one (counted in `servesim_kv_events_dropped`). Never waits.
+    /// its oldest one (counted in `servesim_kv_events_dropped`). Faults, when asked for, act
+    /// on delivery; a `restart` fault first starts the numbering over at 0 with an empty
+    /// replay buffer. Never waits.
     pub fn publish(&mut self, rank: usize, batch: &WireBatch) {
         let Some(r) = self.ranks.get_mut(rank) else {
             return;
         };
-        let seq = r.next_seq;
-        r.next_seq += 1;
-        let payload = Bytes::from(batch.encode(self.format));
         let label = WorkerLabel {
             worker: rank as u32,
         };
-        self.metrics.kv_events_published.get_or_create(&label).inc();
-        {
-            // Short section, no await: push and trim.
-            let mut replay = r.replay.lock().unwrap_or_else(PoisonError::into_inner);
-            replay.push_back((seq, payload.clone()));
-            while replay.len() > REPLAY_BUFFER {
-                replay.pop_front();
-            }
-        }
-        let Some(faults) = &mut r.faults else {
-            if lock(&r.peers).is_empty() {
-                return;
-            }
-            let message = zmtp::encode_message(&[&self.topic, &seq.to_be_bytes(), &payload]);
-            offer_all(&r.peers, &self.topic, &message, rank, &self.metrics);
-            return;
-        };
-        let message = zmtp::encode_message(&[&self.topic, &seq.to_be_bytes(), &payload]);
-        let (messages, drawn) = faults.deliver(message);
-        for fault in drawn {
-            let label = KvFaultLabel {
+        let drawn = r.faults.as_mut().is_some_and(RankFaults::restarts);
+        let asked = self
+            .restarts
+            .asked
+            .get(rank)
+            .is_some_and(|a| a.swap(false, Ordering::Relaxed));
+        if drawn || asked {
+            r.next_seq = 0;
+            empty_replay(&r.replay, rank);
+            let fault = KvFaultLabel {
                 worker: rank as u32,
-                fault: fault.label(),
+                fault: Fault::Restarted.label(),
             };
-            self.metrics.kv_events_faults.get_or_create(&label).inc();
+            self.metrics.kv_events_faults.get_or_create(&fault).inc();
         }
-        match &r.delayed {
-            Some(late) => {
-                let due = tokio::time::Instant::now() + faults.delay();
-                for message in messages {
-                    // Full: the delay holds LATE_QUEUE batches already; this one is lost for
-                    // every subscriber (replay still serves it), as a slow subscriber's are.
-                    // Closed: the publisher is stopping.
-                    if let Err(TrySendError::Full(_)) = late.try_send((due, message)) {
-                        let label = WorkerLabel {
-                            worker: rank as u32,
-                        };
-                        self.metrics.kv_events_dropped.get_or_create(&label).inc();
+        let seq = r.next_seq;
+        r.next_seq += 1;
+        let payload = Bytes::from(batch.encode(self.format));
+        self.metrics.kv_events_published.get_or_create(&label).inc();
+        let announce = self.view.as_ref().map(|view| Announce {
+            view: Arc::clone(view),
+            delta: Arc::new(ViewDelta::of(batch)),
+        });
+        let delta = announce.as_ref().map(|a| Arc::clone(&a.delta));
+        let outgoing = Outgoing {
+            seq,
+            message: Bytes::new(),
+            announce,
+        };
+        match &mut r.faults {
+            None => {
+                if !lock(&r.peers).is_empty() {
+                    let message =
+                        zmtp::encode_message(&[&self.topic, &seq.to_be_bytes(), &payload]);
+                    offer_all(&r.peers, &self.topic, &message, rank, &self.metrics);
+                }
+                if let Some(a) = &outgoing.announce {
+                    a.view.sent(rank, &a.delta);
+                }
+            }
+            Some(faults) => {
+                let outgoing = Outgoing {
+                    message: zmtp::encode_message(&[&self.topic, &seq.to_be_bytes(), &payload]),
+                    ..outgoing
+                };
+                let (batches, drawn) = faults.deliver(outgoing.clone());
+                for fault in drawn {
+                    let label = KvFaultLabel {
+                        worker: rank as u32,
+                        fault: fault.label(),
+                    };
+                    self.metrics.kv_events_faults.get_or_create(&label).inc();
+                    if fault == Fault::Dropped {
+                        outgoing.lost(rank);
+                    }
+                }
+                match &r.delayed {
+                    Some(late) => {
+                        let due = tokio::time::Instant::now() + faults.delay();
+                        for b in batches {
+                            // Full: the delay holds LATE_QUEUE batches already; this one is
+                            // lost for every subscriber (replay still serves it), as a slow
+                            // subscriber's are. Closed: the publisher is stopping.
+                            if let Err(TrySendError::Full((_, b))) = late.try_send((due, b)) {
+                                b.lost(rank);
+                                self.metrics.kv_events_dropped.get_or_create(&label).inc();
+                            }
+                        }
+                    }
+                    None => {
+                        for b in &batches {
+                            b.send(&r.peers, &self.topic, rank, &self.metrics);
+                        }
                     }
                 }
             }
-            None => {
-                for message in &messages {
-                    offer_all(&r.peers, &self.topic, message, rank, &self.metrics);
-                }
-            }
         }
+        // Kept for replay once its fate is settled: a replay that serves a batch never sent
+        // finds it already waited for by the view.
+        let mut replay = r.replay.lock().unwrap_or_else(PoisonError::into_inner);
+        replay.batches.push_back((seq, payload, delta));
+        while replay.batches.len() > REPLAY_BUFFER {
+            replay.batches.pop_front();
+        }
+    }
+}
+
+/// Restarts of ranks' publishers asked for on demand, shared with whoever asks; cheap to clone.
+/// A restart empties the rank's replay buffer at once and numbers its next batch 0, as the
+/// publisher of a restarted vLLM engine starts.
+#[derive(Clone, Debug)]
+pub struct RestartSwitch {
+    /// Per rank: a restart waits for the rank's next batch.
+    asked: Arc<[AtomicBool]>,
+    /// Per rank: its replay buffer.
+    replay: Arc<[ReplayBuffer]>,
+}
+
+impl RestartSwitch {
+    /// Restarts the publisher of `rank`; false when there is no such rank.
+    pub fn restart(&self, rank: usize) -> bool {
+        let (Some(asked), Some(replay)) = (self.asked.get(rank), self.replay.get(rank)) else {
+            return false;
+        };
+        empty_replay(replay, rank);
+        asked.store(true, Ordering::Relaxed);
+        true
+    }
+}
+
+/// Empties a restarted rank's replay buffer; its view forgets the batches it waited for.
+fn empty_replay(replay: &ReplayBuffer, rank: usize) {
+    // Short section, no await.
+    let mut replay = replay.lock().unwrap_or_else(PoisonError::into_inner);
+    replay.batches.clear();
+    if let Some(view) = &replay.view {
+        view.restarted(rank);
     }
 }
 
@@ -541,10 +697,10 @@ fn offer_all(peers: &PeerList, topic: &Bytes, message: &Bytes, rank: usize, metr
     }
 }
 
-/// A rank's late deliveries (`delay=MS`): each message is offered at its due time, in order,
-/// until the publisher stops.
+/// A rank's late deliveries (`delay=MS`): each batch is sent at its due time, in order, until
+/// the publisher stops.
 async fn deliver_late(
-    mut late: tokio::sync::mpsc::Receiver<(tokio::time::Instant, Bytes)>,
+    mut late: tokio::sync::mpsc::Receiver<(tokio::time::Instant, Outgoing)>,
     peers: PeerList,
     topic: Bytes,
     rank: usize,
@@ -556,14 +712,14 @@ async fn deliver_late(
             () = stop.cancelled() => return,
             next = late.recv() => next,
         };
-        let Some((due, message)) = next else {
+        let Some((due, batch)) = next else {
             return;
         };
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep_until(due) => {}
         }
-        offer_all(&peers, &topic, &message, rank, &metrics);
+        batch.send(&peers, &topic, rank, &metrics);
     }
 }
 
@@ -578,14 +734,21 @@ enum Service {
         peers: PeerList,
     },
     /// ROUTER: the connection is a replay client answered from the buffer.
-    Replay(ReplayBuffer),
+    Replay {
+        /// The rank, for the view and the metrics.
+        rank: usize,
+        /// Its recent batches.
+        buffer: ReplayBuffer,
+        /// Where served batches are counted.
+        metrics: Arc<Metrics>,
+    },
 }
 
 impl Service {
     fn role(&self) -> Role {
         match self {
             Service::Publish { .. } => Role::Pub,
-            Service::Replay(_) => Role::Router,
+            Service::Replay { .. } => Role::Router,
         }
     }
 
@@ -609,9 +772,25 @@ impl Service {
                     );
                 }
             }
-            Service::Replay(buffer) => {
-                let _ =
-                    zmtp::serve_replay_client(stream, |frames| replay_answer(buffer, frames)).await;
+            Service::Replay {
+                rank,
+                buffer,
+                metrics,
+            } => {
+                let answer = |frames: &[Bytes]| {
+                    let answer = replay_answer(buffer, *rank, frames);
+                    let label = WorkerLabel {
+                        worker: *rank as u32,
+                    };
+                    // Every message but the end marker is a batch.
+                    let served = answer.len().saturating_sub(1) as u64;
+                    metrics
+                        .kv_events_replayed
+                        .get_or_create(&label)
+                        .inc_by(served);
+                    answer
+                };
+                let _ = zmtp::serve_replay_client(stream, answer).await;
             }
         }
     }
@@ -724,8 +903,9 @@ async fn connect_out(addr: String, service: Arc<Service>, stop: CancellationToke
 
 /// The answer to a replay request `[start_seq]` (DEALER) or `[empty, start_seq]` (REQ):
 /// every buffered batch with `seq >= start_seq` as `[(empty,) seq, payload]`, then the end
-/// marker. Anything else gets no answer.
-fn replay_answer(buffer: &ReplayBuffer, request: &[Bytes]) -> Vec<Vec<Bytes>> {
+/// marker. Anything else gets no answer. A served batch that was never sent live is applied
+/// to the view of `rank`.
+fn replay_answer(buffer: &ReplayBuffer, rank: usize, request: &[Bytes]) -> Vec<Vec<Bytes>> {
     let (delimiter, start) = match request {
         [start] => (false, start),
         [empty, start] if empty.is_empty() => (true, start),
@@ -745,16 +925,26 @@ fn replay_answer(buffer: &ReplayBuffer, request: &[Bytes]) -> Vec<Vec<Bytes>> {
         frames
     };
     // Short section, no await: copy out the wanted batches (shared bytes, not copies).
-    let mut answer: Vec<Vec<Bytes>> = {
+    let (wanted, view) = {
         let buffer = buffer.lock().unwrap_or_else(PoisonError::into_inner);
-        buffer
+        let wanted: Vec<_> = buffer
+            .batches
             .iter()
-            .filter(|(s, _)| *s >= start)
-            .map(|(seq, payload)| {
-                envelope(Bytes::copy_from_slice(&seq.to_be_bytes()), payload.clone())
-            })
-            .collect()
+            .filter(|(s, _, _)| *s >= start)
+            .cloned()
+            .collect();
+        (wanted, buffer.view.clone())
     };
+    let mut answer = Vec::with_capacity(wanted.len() + 1);
+    for (seq, payload, delta) in wanted {
+        if let (Some(view), Some(delta)) = (&view, &delta) {
+            view.replayed(rank, seq, delta);
+        }
+        answer.push(envelope(
+            Bytes::copy_from_slice(&seq.to_be_bytes()),
+            payload,
+        ));
+    }
     answer.push(envelope(Bytes::from_static(&END_OF_REPLAY), Bytes::new()));
     answer
 }

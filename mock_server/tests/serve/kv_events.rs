@@ -635,6 +635,27 @@ async fn faults_on_the_event_plane_are_what_a_router_sees() -> Result<()> {
     Ok(())
 }
 
+/// `restart=4`: the publisher restarts after every 4 batches, as a restarted vLLM engine's new
+/// publisher does: the numbering starts over at 0 and the replay buffer holds only the batches
+/// published since; each restart is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_restart_starts_the_numbering_over() -> Result<()> {
+    let run = run_with_faults("restart=4").await?;
+    let seqs: Vec<u64> = run.received.iter().map(|(s, _, _)| *s).collect();
+    let n = seqs.len() as u64;
+    ensure!(n >= 12, "{n} batches received");
+    assert_eq!(seqs, (0..n).map(|i| i % 4).collect::<Vec<_>>());
+    let restarts = (n - 1) / 4;
+    assert_eq!(run.counted.get("restart").copied(), Some(restarts as f64));
+    let since = (n - 4 * restarts) as usize;
+    let last = &run.received[run.received.len() - since..];
+    assert_eq!(run.replayed.len(), since, "{:?}", run.replayed);
+    for ((seq, payload), (s, p, _)) in run.replayed.iter().zip(last) {
+        assert_eq!((seq, payload), (s, p));
+    }
+    Ok(())
+}
+
 /// `POST /reset_prefix_cache` (vLLM's) empties an idle worker's cache: the subscriber gets
 /// `AllBlocksCleared`, and the same prompt again reuses nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
