@@ -26,12 +26,14 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::client::Response;
-use crate::driver::{self, DriverConfig, Planned, RunHooks, Script, Start};
+use crate::driver::{self, Planned, RunHooks, Script, Start};
 use crate::error::LoadgenError;
+use crate::harness::{self, Mode, Report, RunArgs, Settings};
 use crate::limits;
+use crate::observe::Observed;
 use crate::prompt::PromptSynth;
 use crate::replay_report::{self, LiveRecord, RequestInfo};
-use crate::target::{request_body, Api, EmbeddedOptions, TargetArgs};
+use crate::target::{request_body, Api, Connected, EmbeddedOptions, TargetSpec};
 use mock_server::args::ReportArgs;
 
 /// `loadgen bench` flags.
@@ -86,25 +88,9 @@ pub struct BenchArgs {
     /// message, through the server's chat template).
     #[arg(long, value_enum, default_value_t = Api::Completions)]
     pub endpoint: Api,
-    /// Report files and progress.
+    /// Report files, observers, failure threshold, target and sharding.
     #[command(flatten)]
-    pub report: ReportArgs,
-    /// Server metrics, HTML report.
-    #[command(flatten)]
-    pub observe: crate::observe::ObserveArgs,
-
-    /// Failure threshold.
-    #[command(flatten)]
-    pub failures: crate::failure::FailureArgs,
-    /// Where requests go.
-    #[command(flatten)]
-    pub target: TargetArgs,
-    /// One run over N processes: open-loop arrival k goes to shard k % N (same time, same
-    /// request); closed-loop shard I runs users u % N == I and the request indices I, I+N, ...
-    /// of --num-requests (a fixed request set needs --num-requests and at least N users; with
-    /// --duration alone each shard sends until the time is up, so the set is not fixed).
-    #[command(flatten, next_help_heading = "Sharding (one run over N processes)")]
-    pub sharding: crate::shard::ShardArgs,
+    pub run: RunArgs,
 }
 
 /// Request rate of the open loop.
@@ -401,20 +387,21 @@ impl BenchArgs {
                 "MAX_TOKENS_IN_FLIGHT",
             )?;
         }
-        self.observe.check()?;
+        let run = &self.run;
+        run.observe.check()?;
         limits::output_paths([
-            ("--report-json", self.report.report_json.as_deref()),
+            ("--report-json", run.report.report_json.as_deref()),
             (
                 "--per-request-jsonl",
-                self.report.per_request_jsonl.as_deref(),
+                run.report.per_request_jsonl.as_deref(),
             ),
-            ("--html", self.observe.html.as_deref()),
+            ("--html", run.observe.html.as_deref()),
         ])?;
         if self.num_prefix_groups > 1 && self.shared_prefix_tokens == 0 {
             return bad("--num-prefix-groups needs --shared-prefix-tokens");
         }
-        self.sharding.check()?;
-        let shard = self.sharding.shard;
+        run.sharding.check()?;
+        let shard = run.sharding.shard;
         if let (Some(sh), Load::Closed { users }, Some(_)) = (shard, load, stop.max_requests()) {
             // Shard I sends the request indices I, I+N, ...: with no user of its own, they
             // would never be sent.
@@ -440,8 +427,8 @@ impl BenchArgs {
                 num_prefix_groups: self.num_prefix_groups,
             },
             slo: self.slo,
-            seed: self.target.engine.seed,
-            max_failure_rate: self.failures.max_failure_rate()?,
+            seed: run.target.engine.seed,
+            max_failure_rate: run.failures.max_failure_rate()?,
             api: self.endpoint,
             shard,
         })
@@ -739,18 +726,19 @@ struct Requests {
 /// Hash-id space of the shared prefixes (unique parts use the request index).
 const PREFIX_ID_BASE: u64 = 1 << 62;
 
-impl Requests {
-    fn info(&self, k: usize) -> RequestInfo {
-        let (input, output) = lengths(&self.plan, k);
-        RequestInfo {
-            input_length: self.plan.lengths.shared_prefix_tokens + input,
-            max_output: output,
-            session: None,
-            turn: 0,
-            expected_reused_tokens: None,
-        }
+/// What the report knows of request `k` of `plan`.
+fn info(plan: &BenchPlan, k: usize) -> RequestInfo {
+    let (input, output) = lengths(plan, k);
+    RequestInfo {
+        input_length: plan.lengths.shared_prefix_tokens + input,
+        max_output: output,
+        session: None,
+        turn: 0,
+        expected_reused_tokens: None,
     }
+}
 
+impl Requests {
     fn body(&self, k: usize) -> serde_json::Value {
         let (input, output) = lengths(&self.plan, k);
         let l = &self.plan.lengths;
@@ -872,48 +860,107 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
 /// ([`replay_report::LiveReport::verdict`]; [`crate::run_async`] applies it).
 pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
     let plan = args.plan()?;
-    let spec = args.target.spec(&EmbeddedOptions::default())?;
-    let target = spec.connect(plan.api).await?;
-    args.sharding.wait_for_start().await;
-    let observe = crate::observe::Observe::start(
-        &args.observe,
-        &args.report,
-        &target,
-        plan.stop
+    let spec = args.run.target.spec(&EmbeddedOptions::default())?;
+    let mode = BenchMode {
+        plan,
+        spec: &spec,
+        taken: Taken::default(),
+    };
+    harness::run(mode, &spec, &Settings::of(&args.run)).await
+}
+
+/// `loadgen bench` in the harness: the plan's schedule, its report with the observers' series
+/// and the plan as `config`.
+struct BenchMode<'a> {
+    plan: BenchPlan,
+    spec: &'a TargetSpec,
+    /// The closed loop's request indices, by user then turn (the schedule's).
+    taken: Taken,
+}
+
+impl Mode for BenchMode<'_> {
+    type Schedule = Vec<Box<dyn Script>>;
+    type Driven = driver::DriverOutput;
+    type Run = BenchRun;
+
+    fn api(&self) -> Api {
+        self.plan.api
+    }
+
+    fn prepare(
+        &mut self,
+        target: &Connected,
+    ) -> Result<(Vec<Box<dyn Script>>, Option<usize>), LoadgenError> {
+        let schedule = Schedule::new(&self.plan, target);
+        self.taken = schedule.taken;
+        let expected = self
+            .plan
+            .stop
             .max_requests()
-            .map(|n| plan.shard.map_or(n, |s| s.share(n))),
-    )
-    .await;
-    let mode = plan.describe();
-    println!(
-        "loadgen bench: {mode}; prompts {} ({})",
-        if target.synth(1).is_exact() {
-            "exact"
-        } else {
-            "approximate"
-        },
-        target.url
-    );
-    let result = run_plan(&plan, &target, &observe.hooks()).await;
-    let observed = observe.finish().await;
-    target.shutdown().await;
-    let mut run = result?;
-    run.server_lateness = observed.lateness();
-    observed.annotate(&mut run.json, &run.live, Some(config_json(&plan, &spec)));
-    println!(
-        "Bench report ({} warmup requests excluded)",
-        run.warmup_requests
-    );
-    print!("{}", run.console());
-    print!("{}", observed.console());
-    replay_report::write_files(
-        &run.json,
-        &run.live.records,
-        args.report.report_json.as_deref(),
-        args.report.per_request_jsonl.as_deref(),
-    )?;
-    observed.write_html(&run.json, &args.observe)?;
-    Ok(run)
+            .map(|n| self.plan.shard.map_or(n, |s| s.share(n)));
+        Ok((schedule.scripts, expected))
+    }
+
+    fn announce(&self, target: &Connected) {
+        println!(
+            "loadgen bench: {}; prompts {} ({})",
+            self.plan.describe(),
+            if target.synth(1).is_exact() {
+                "exact"
+            } else {
+                "approximate"
+            },
+            target.url
+        );
+    }
+
+    async fn drive(
+        &mut self,
+        scripts: Vec<Box<dyn Script>>,
+        target: &Connected,
+        hooks: RunHooks,
+    ) -> Result<driver::DriverOutput, LoadgenError> {
+        send(&self.plan, target, scripts, hooks).await
+    }
+
+    fn report(
+        &mut self,
+        driven: driver::DriverOutput,
+        wall: Duration,
+        observed: &Observed,
+    ) -> Result<BenchRun, LoadgenError> {
+        let mut run = measure(&self.plan, &self.taken, driven, wall);
+        run.server_lateness = observed.lateness();
+        observed.annotate(
+            &mut run.json,
+            &run.live,
+            Some(config_json(&self.plan, self.spec)),
+        );
+        Ok(run)
+    }
+}
+
+impl Report for BenchRun {
+    fn console_text(&self) -> String {
+        format!(
+            "Bench report ({} warmup requests excluded)\n{}",
+            self.warmup_requests,
+            self.console()
+        )
+    }
+
+    fn write_files(&self, report: &ReportArgs) -> Result<(), LoadgenError> {
+        replay_report::write_files(
+            &self.json,
+            &self.live.records,
+            report.report_json.as_deref(),
+            report.per_request_jsonl.as_deref(),
+        )
+    }
+
+    fn html_json(&self) -> (&'static str, std::borrow::Cow<'_, serde_json::Value>) {
+        ("run", std::borrow::Cow::Borrowed(&self.json))
+    }
 }
 
 /// The `config` block of a bench report: the plan and the target.
@@ -966,22 +1013,58 @@ impl BenchRun {
 /// Runs `plan` on a connected target and builds its report (nothing printed or written).
 pub async fn run_plan(
     plan: &BenchPlan,
-    target: &crate::target::Connected,
+    target: &Connected,
     hooks: &RunHooks,
 ) -> Result<BenchRun, LoadgenError> {
-    let plan = *plan;
-    let requests = Arc::new(Requests {
-        plan,
-        synth: target.synth(1),
-        model: target.model.clone(),
-        ask_worker_id: target.ask_worker_id,
-    });
-    let shard = plan.shard;
-    let owns = |i: usize| shard.is_none_or(|sh| sh.owns(i));
-    let taken: Taken = Arc::default();
-    let (scripts, max_in_flight): (Vec<Box<dyn Script>>, Option<usize>) = match plan.load {
-        Load::Open { max_in_flight, .. } => {
-            let s = plan
+    let schedule = Schedule::new(plan, target);
+    let started = std::time::Instant::now();
+    let out = send(plan, target, schedule.scripts, hooks.clone()).await?;
+    Ok(measure(plan, &schedule.taken, out, started.elapsed()))
+}
+
+/// Sends a plan's scripts: the open loop's in-flight cap, the stop time, `hooks` watching.
+async fn send(
+    plan: &BenchPlan,
+    target: &Connected,
+    scripts: Vec<Box<dyn Script>>,
+    mut hooks: RunHooks,
+) -> Result<driver::DriverOutput, LoadgenError> {
+    let max_in_flight = match plan.load {
+        Load::Open { max_in_flight, .. } => max_in_flight,
+        Load::Closed { .. } => None,
+    };
+    let bar = hooks.bar.take().unwrap_or_else(ProgressBar::hidden);
+    hooks.bar = Some(bar.clone());
+    let config = hooks.driver_config(max_in_flight, plan.stop.duration());
+    let result = driver::drive(target.endpoint.clone(), scripts, &config).await;
+    bar.finish_and_clear();
+    result
+}
+
+/// A plan's scripts for one connected target, and what maps their samples back to request
+/// indices.
+struct Schedule {
+    /// The closed loop's request indices, by user then turn.
+    taken: Taken,
+    /// One per session.
+    scripts: Vec<Box<dyn Script>>,
+}
+
+impl Schedule {
+    /// The sessions of `plan` this process sends: one per open-loop arrival, or one per
+    /// closed-loop user.
+    fn new(plan: &BenchPlan, target: &Connected) -> Schedule {
+        let requests = Arc::new(Requests {
+            plan: *plan,
+            synth: target.synth(1),
+            model: target.model.clone(),
+            ask_worker_id: target.ask_worker_id,
+        });
+        let shard = plan.shard;
+        let owns = |i: usize| shard.is_none_or(|sh| sh.owns(i));
+        let taken: Taken = Arc::default();
+        let scripts: Vec<Box<dyn Script>> = match plan.load {
+            Load::Open { .. } => plan
                 .arrival_offsets()
                 .into_iter()
                 .enumerate()
@@ -994,46 +1077,41 @@ pub async fn run_plan(
                         sent: false,
                     }) as Box<dyn Script>
                 })
-                .collect();
-            (s, max_in_flight)
-        }
-        Load::Closed { users } => {
-            let next = Arc::new(AtomicUsize::new(0));
-            let local_users = (0..users).filter(|&u| owns(u)).count();
-            if let Ok(mut t) = taken.lock() {
-                *t = vec![Vec::new(); local_users];
+                .collect(),
+            Load::Closed { users } => {
+                let next = Arc::new(AtomicUsize::new(0));
+                let local_users = (0..users).filter(|&u| owns(u)).count();
+                if let Ok(mut t) = taken.lock() {
+                    *t = vec![Vec::new(); local_users];
+                }
+                (0..local_users)
+                    .map(|index| {
+                        Box::new(User {
+                            requests: requests.clone(),
+                            next: next.clone(),
+                            shard,
+                            limit: plan.stop.max_requests(),
+                            index,
+                            taken: taken.clone(),
+                            turn: 0,
+                        }) as Box<dyn Script>
+                    })
+                    .collect()
             }
-            let s = (0..local_users)
-                .map(|index| {
-                    Box::new(User {
-                        requests: requests.clone(),
-                        next: next.clone(),
-                        shard,
-                        limit: plan.stop.max_requests(),
-                        index,
-                        taken: taken.clone(),
-                        turn: 0,
-                    }) as Box<dyn Script>
-                })
-                .collect();
-            (s, None)
-        }
-    };
-    let mode = plan.describe();
-    let bar = hooks.bar.clone().unwrap_or_else(ProgressBar::hidden);
-    let config = DriverConfig {
-        max_in_flight,
-        stop_after: plan.stop.duration(),
-        bar: Some(bar.clone()),
-        observer: hooks.observer.clone(),
-        abort: hooks.abort.clone(),
-        sent: hooks.sent.clone(),
-    };
-    let started = std::time::Instant::now();
-    let result = driver::drive(target.endpoint.clone(), scripts, &config).await;
-    let wall = started.elapsed();
-    bar.finish_and_clear();
-    let mut out = result?;
+        };
+        Schedule { taken, scripts }
+    }
+}
+
+/// The report of a run of `plan` (warmup excluded); `taken` maps closed-loop samples to their
+/// request indices.
+fn measure(
+    plan: &BenchPlan,
+    taken: &Taken,
+    mut out: driver::DriverOutput,
+    wall: Duration,
+) -> BenchRun {
+    let shard = plan.shard;
     // Request index of each sample: open loop one per session (the local session j is the
     // global arrival I + j * N); closed loop the index the user took for that turn.
     let open_loop = matches!(plan.load, Load::Open { .. });
@@ -1057,7 +1135,7 @@ pub async fn run_plan(
     for s in &mut out.samples {
         s.session = crate::shard::global(shard, s.session);
     }
-    let infos: Vec<RequestInfo> = ks.iter().map(|&k| requests.info(k)).collect();
+    let infos: Vec<RequestInfo> = ks.iter().map(|&k| info(plan, k)).collect();
     let measured: Vec<_> = out
         .samples
         .iter()
@@ -1075,19 +1153,19 @@ pub async fn run_plan(
     let mut live = replay_report::build(&measured, wall);
     live.set_started_at(out.started_at);
     live.set_shard(shard);
-    let mut json = bench_json(&live, &mode, warmup_requests, plan.slo);
+    let mut json = bench_json(&live, &plan.describe(), warmup_requests, plan.slo);
     crate::shard::annotate(&mut json, shard);
     let goodput = plan
         .slo
         .map(|slo| goodput(&slo, &live.records, live.report.duration_ms / 1000.0));
-    Ok(BenchRun {
+    BenchRun {
         live,
         goodput,
         warmup_requests,
         json,
         aborted: out.aborted,
         server_lateness: None,
-    })
+    }
 }
 
 /// The bench report JSON of `live`: its keys, then the mode, warmup, token lengths and goodput.

@@ -8,6 +8,9 @@
 //! requests exceed `--max-failure-rate` returns [`LoadgenError::TooManyFailures`] (or
 //! [`LoadgenError::AllFailed`]) after writing its reports. The modules:
 //!
+//! - [`harness`]: the one run harness every run command goes through (connect, observe,
+//!   drive, report, write); a mode supplies only its schedule and its report, and
+//!   [`harness::RunArgs`] are the flags it reads.
 //! - [`target`]: where requests go ([`target::TargetArgs`] → [`target::TargetSpec`] →
 //!   [`target::Connected`]): `--url` or the embedded mockserve, model detection, the tokenizer.
 //! - [`driver`]: the one driver loop; each session is a [`driver::Script`] whose requests are due
@@ -58,6 +61,7 @@ pub mod driver;
 pub mod error;
 pub mod failure;
 pub mod graph_driver;
+pub mod harness;
 pub mod html;
 pub mod limits;
 pub mod live;
@@ -129,19 +133,22 @@ pub fn validate(command: &Command) -> Result<(), LoadgenError> {
         Command::Multiturn(args) => args.config().map(|_| ()),
         Command::Replay(args) => {
             args.check()?;
-            args.target
+            args.run
+                .target
                 .spec(&target::EmbeddedOptions::default())
                 .map(|_| ())
         }
         Command::Bench(args) => {
             args.plan()?;
-            args.target
+            args.run
+                .target
                 .spec(&target::EmbeddedOptions::default())
                 .map(|_| ())
         }
         Command::Sweep(args) => {
             args.plan()?;
             args.bench
+                .run
                 .target
                 .spec(&target::EmbeddedOptions::default())
                 .map(|_| ())
@@ -177,13 +184,13 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
         }
         Command::Replay(args) => {
             let run = replay::replay(&args).await?;
-            run.live.verdict(args.failures.max_failure_rate)?;
-            observe::lateness_verdict(run.server_lateness, &args.observe)
+            run.live.verdict(args.run.failures.max_failure_rate)?;
+            observe::lateness_verdict(run.server_lateness, &args.run.observe)
         }
         Command::Bench(args) => {
             let run = bench::bench(&args).await?;
-            run.live.verdict(args.failures.max_failure_rate)?;
-            observe::lateness_verdict(run.server_lateness, &args.observe)
+            run.live.verdict(args.run.failures.max_failure_rate)?;
+            observe::lateness_verdict(run.server_lateness, &args.run.observe)
         }
         Command::Sweep(args) => {
             sweep::sweep(&args).await?;

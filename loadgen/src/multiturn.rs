@@ -5,6 +5,7 @@
 //! time starts when the previous answer has fully arrived), sending the whole history and
 //! appending the streamed answer on success.
 
+use std::borrow::Cow;
 use std::io::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,11 +15,14 @@ use serde_json::{json, Value};
 
 use crate::client::{FirstToken, Response};
 use crate::config::MultiturnConfig;
-use crate::driver::{self, DriverConfig, Observer, Planned, Sample, Script, Start};
+use crate::driver::{self, DriverConfig, Observer, Planned, RunHooks, Sample, Script, Start};
 use crate::error::LoadgenError;
+use crate::harness::{self, Mode, Report, Settings};
 use crate::multiturn_report::{RawResult, Results, RunData, ShardSample};
+use crate::observe::Observed;
 use crate::target::{Api, Connected};
 use crate::workload::{TokenCounter, UserScript, Workload};
+use mock_server::args::ReportArgs;
 
 /// What every conversation needs to build its bodies.
 struct BodyParams {
@@ -196,189 +200,269 @@ fn print_config(c: &MultiturnConfig, url: &str, model: &str) {
 pub async fn multiturn(config: &MultiturnConfig) -> Result<Results, LoadgenError> {
     println!("Multiturn Chat Benchmark");
     println!("========================\n");
-    let target = config.target.connect(Api::Chat).await?;
-    let result = drive(config, &target).await;
-    target.shutdown().await;
-    let results = result?;
-    if let Some(path) = &config.html {
-        let json = serde_json::to_value(&results).unwrap_or_default();
-        crate::html::write(path, &[crate::html::RunView::of("multiturn", &json)])?;
-    }
-    Ok(results)
+    let settings = Settings {
+        report: &config.report,
+        observe: None,
+        live_view: false,
+        html: config.html.as_deref(),
+        sharding: &config.sharding,
+        console: true,
+    };
+    let mode = Conversations {
+        config,
+        model: String::new(),
+        url: String::new(),
+        num_users: 0,
+        turn_facts: Vec::new(),
+        bar: ProgressBar::hidden(),
+    };
+    let run = harness::run(mode, &config.target, &settings).await?;
+    Ok(run.results)
 }
 
-async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, LoadgenError> {
-    let counter = match &target.tokenizer {
-        Some(t) => TokenCounter::Exact(t.clone()),
-        None => TokenCounter::Heuristic,
-    };
-    let (url, model) = (target.url.as_str(), target.model.clone());
-    print_config(config, url, &model);
+/// `multiturn` in the harness: one conversation per user, no observers besides the progress
+/// bar and the verbose lines.
+struct Conversations<'a> {
+    config: &'a MultiturnConfig,
+    /// The target's model and URL, for the results' configuration.
+    model: String,
+    url: String,
+    /// Users this process runs.
+    num_users: usize,
+    /// By local user then turn: (user tokens, asks for a tool call, answers one).
+    turn_facts: Vec<Vec<(Option<usize>, bool, bool)>>,
+    bar: ProgressBar,
+}
 
-    // Every user's conversation from the seed, then this shard's users: each is the
-    // unsharded run's conversation.
-    let mut workload = Workload::generate(&config.workload, &counter);
-    let shard = config.sharding.shard;
-    if let Some(sh) = shard {
-        workload.users.retain(|u| sh.owns(u.user_id));
-        println!(
-            "Shard {}/{}: {} of the {} users",
-            sh.index,
-            sh.count,
-            workload.users.len(),
-            config.workload.num_users
-        );
+/// The results of a multiturn run and how long it took.
+struct MultiturnRun {
+    results: Results,
+    duration_s: f64,
+}
+
+impl Mode for Conversations<'_> {
+    type Schedule = (Vec<Box<dyn Script>>, DriverConfig);
+    type Driven = driver::DriverOutput;
+    type Run = MultiturnRun;
+
+    fn api(&self) -> Api {
+        Api::Chat
     }
-    let num_users = workload.users.len();
-    let total = (num_users * config.workload.num_turns) as u64;
-    println!(
-        "Running {} users x {} turns = {} total requests...",
-        num_users, config.workload.num_turns, total
-    );
-    config.sharding.wait_for_start().await;
-    let bar = if config.report.show_progress() {
-        ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
-    } else {
-        ProgressBar::hidden()
-    };
-    if let Ok(style) = ProgressStyle::with_template(
-        "[{elapsed_precise}] [{wide_bar:.cyan/blue}] {pos}/{len} turns ({eta})",
-    ) {
-        bar.set_style(style.progress_chars("#>-"));
-    }
-    let params = Arc::new(BodyParams {
-        model: model.clone(),
-        max_completion_tokens: config.max_completion_tokens,
-        ignore_eos: config.ignore_eos,
-        speculative_prefill: config.speculative_prefill,
-        tools: config.workload.tools.is_some(),
-    });
-    // By local user: (user tokens, asks for a tool call, answers one).
-    let turn_facts: Vec<Vec<(Option<usize>, bool, bool)>> = workload
-        .users
-        .iter()
-        .map(|u| {
-            u.turns
-                .iter()
-                .map(|t| (t.user_tokens, t.tool_call, t.after_tool))
-                .collect()
-        })
-        .collect();
-    let num_turns = config.workload.num_turns;
-    let observer: Option<Observer> = config.verbose.then(|| {
-        let bar = bar.clone();
-        Arc::new(move |s: &Sample| {
-            let tm = &s.response.timing;
-            let ttft = match s.ttft_us(FirstToken::Answer) {
-                Some(t) => format!("{:.1}ms", t as f64 / 1000.0),
-                None => "-".into(),
-            };
-            let line = format!(
-                "  [user {}][turn {}/{}] ttft={ttft}  total={:.1}s  ok={}",
-                crate::shard::global(shard, s.session),
-                s.turn + 1,
-                num_turns,
-                (s.lag_us() + tm.end_us) as f64 / 1e6,
-                s.response.failure.is_none()
-            );
-            if bar.is_hidden() {
-                println!("{line}");
-            } else {
-                bar.println(line);
-            }
-            if let Some(f) = &s.response.failure {
-                eprintln!(
-                    "  [user {}][turn {}] {}",
-                    crate::shard::global(shard, s.session),
-                    s.turn,
-                    f
-                );
-            }
-        }) as Observer
-    });
-    let scripts: Vec<Box<dyn Script>> = workload
-        .users
-        .into_iter()
-        .map(|script| {
-            Box::new(Conversation {
-                params: params.clone(),
-                messages: vec![json!({"role": "system", "content": script.system_prompt})],
-                script,
-                next_turn: 0,
-            }) as Box<dyn Script>
-        })
-        .collect();
-    let driver_config = DriverConfig {
-        bar: Some(bar.clone()),
-        observer,
-        ..DriverConfig::default()
-    };
-    let out = driver::drive(target.endpoint.clone(), scripts, &driver_config).await?;
-    let mut data = RunData::default();
-    let run_start_unix_us = out
-        .started_at
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as u64);
-    for s in &out.samples {
-        let (mut gaps, mut per_s) = (Vec::new(), None);
-        if s.response.failure.is_none() {
-            let timing = &s.response.timing;
-            gaps = timing
-                .token_chunks_us
-                .windows(2)
-                .map(|w| w[1] - w[0])
-                .collect();
-            per_s = timing.output_tokens_per_s(s.response.output_tokens);
-            data.chunk_gaps_us.extend(&gaps);
-            data.output_tokens_per_s_per_user.extend(per_s);
-        }
-        let (tokens, tool_call, after_tool) = turn_facts
-            .get(s.session)
-            .and_then(|u| u.get(s.turn))
-            .copied()
-            .unwrap_or_default();
-        let mut rec = record(s, tokens);
-        rec.tool_call = tool_call;
-        rec.after_tool = after_tool;
-        rec.user_id = crate::shard::global(shard, s.session);
+
+    fn prepare(
+        &mut self,
+        target: &Connected,
+    ) -> Result<(Self::Schedule, Option<usize>), LoadgenError> {
+        let config = self.config;
+        let counter = match &target.tokenizer {
+            Some(t) => TokenCounter::Exact(t.clone()),
+            None => TokenCounter::Heuristic,
+        };
+        self.url = target.url.clone();
+        self.model = target.model.clone();
+        print_config(config, &self.url, &self.model);
+
+        // Every user's conversation from the seed, then this shard's users: each is the
+        // unsharded run's conversation.
+        let mut workload = Workload::generate(&config.workload, &counter);
+        let shard = config.sharding.shard;
         if let Some(sh) = shard {
-            rec.shard = Some(sh.pair());
-            rec.merge = Some(ShardSample {
-                num_users: config.workload.num_users,
-                num_turns,
-                speculative_prefill: config.speculative_prefill,
-                run_start_unix_us,
-                end_us: s.end_us(),
-                chunk_gaps_us: gaps,
-                output_tokens_per_s: per_s,
-            });
+            workload.users.retain(|u| sh.owns(u.user_id));
+            println!(
+                "Shard {}/{}: {} of the {} users",
+                sh.index,
+                sh.count,
+                workload.users.len(),
+                config.workload.num_users
+            );
         }
-        data.records.push(rec);
+        self.num_users = workload.users.len();
+        let total = (self.num_users * config.workload.num_turns) as u64;
+        println!(
+            "Running {} users x {} turns = {} total requests...",
+            self.num_users, config.workload.num_turns, total
+        );
+        let bar = if config.report.show_progress() {
+            ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
+        } else {
+            ProgressBar::hidden()
+        };
+        if let Ok(style) = ProgressStyle::with_template(
+            "[{elapsed_precise}] [{wide_bar:.cyan/blue}] {pos}/{len} turns ({eta})",
+        ) {
+            bar.set_style(style.progress_chars("#>-"));
+        }
+        self.bar = bar.clone();
+        let params = Arc::new(BodyParams {
+            model: self.model.clone(),
+            max_completion_tokens: config.max_completion_tokens,
+            ignore_eos: config.ignore_eos,
+            speculative_prefill: config.speculative_prefill,
+            tools: config.workload.tools.is_some(),
+        });
+        self.turn_facts = workload
+            .users
+            .iter()
+            .map(|u| {
+                u.turns
+                    .iter()
+                    .map(|t| (t.user_tokens, t.tool_call, t.after_tool))
+                    .collect()
+            })
+            .collect();
+        let num_turns = config.workload.num_turns;
+        let observer: Option<Observer> = config.verbose.then(|| {
+            let bar = bar.clone();
+            Arc::new(move |s: &Sample| {
+                let tm = &s.response.timing;
+                let ttft = match s.ttft_us(FirstToken::Answer) {
+                    Some(t) => format!("{:.1}ms", t as f64 / 1000.0),
+                    None => "-".into(),
+                };
+                let line = format!(
+                    "  [user {}][turn {}/{}] ttft={ttft}  total={:.1}s  ok={}",
+                    crate::shard::global(shard, s.session),
+                    s.turn + 1,
+                    num_turns,
+                    (s.lag_us() + tm.end_us) as f64 / 1e6,
+                    s.response.failure.is_none()
+                );
+                if bar.is_hidden() {
+                    println!("{line}");
+                } else {
+                    bar.println(line);
+                }
+                if let Some(f) = &s.response.failure {
+                    eprintln!(
+                        "  [user {}][turn {}] {}",
+                        crate::shard::global(shard, s.session),
+                        s.turn,
+                        f
+                    );
+                }
+            }) as Observer
+        });
+        let scripts: Vec<Box<dyn Script>> = workload
+            .users
+            .into_iter()
+            .map(|script| {
+                Box::new(Conversation {
+                    params: params.clone(),
+                    messages: vec![json!({"role": "system", "content": script.system_prompt})],
+                    script,
+                    next_turn: 0,
+                }) as Box<dyn Script>
+            })
+            .collect();
+        let driver_config = DriverConfig {
+            bar: Some(bar),
+            observer,
+            ..DriverConfig::default()
+        };
+        Ok(((scripts, driver_config), None))
     }
-    data.duration_s = out.duration.as_secs_f64();
-    bar.finish_and_clear();
-    println!("\nBenchmark completed in {:.1}s", data.duration_s);
 
-    let mut results = Results::build(
-        data,
-        num_users,
-        config.workload.num_turns,
-        config.speculative_prefill,
-        config.to_json(&model, url),
-    );
-    crate::shard::annotate(&mut results.config, shard);
-    print!("{}", results.console());
-    write_files(&results, config)?;
-    Ok(results)
+    async fn drive(
+        &mut self,
+        (scripts, config): Self::Schedule,
+        target: &Connected,
+        _hooks: RunHooks,
+    ) -> Result<driver::DriverOutput, LoadgenError> {
+        driver::drive(target.endpoint.clone(), scripts, &config).await
+    }
+
+    fn report(
+        &mut self,
+        out: driver::DriverOutput,
+        _wall: Duration,
+        _observed: &Observed,
+    ) -> Result<MultiturnRun, LoadgenError> {
+        let config = self.config;
+        let shard = config.sharding.shard;
+        let num_turns = config.workload.num_turns;
+        let mut data = RunData::default();
+        let run_start_unix_us = out
+            .started_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        for s in &out.samples {
+            let (mut gaps, mut per_s) = (Vec::new(), None);
+            if s.response.failure.is_none() {
+                let timing = &s.response.timing;
+                gaps = timing
+                    .token_chunks_us
+                    .windows(2)
+                    .map(|w| w[1] - w[0])
+                    .collect();
+                per_s = timing.output_tokens_per_s(s.response.output_tokens);
+                data.chunk_gaps_us.extend(&gaps);
+                data.output_tokens_per_s_per_user.extend(per_s);
+            }
+            let (tokens, tool_call, after_tool) = self
+                .turn_facts
+                .get(s.session)
+                .and_then(|u| u.get(s.turn))
+                .copied()
+                .unwrap_or_default();
+            let mut rec = record(s, tokens);
+            rec.tool_call = tool_call;
+            rec.after_tool = after_tool;
+            rec.user_id = crate::shard::global(shard, s.session);
+            if let Some(sh) = shard {
+                rec.shard = Some(sh.pair());
+                rec.merge = Some(ShardSample {
+                    num_users: config.workload.num_users,
+                    num_turns,
+                    speculative_prefill: config.speculative_prefill,
+                    run_start_unix_us,
+                    end_us: s.end_us(),
+                    chunk_gaps_us: gaps,
+                    output_tokens_per_s: per_s,
+                });
+            }
+            data.records.push(rec);
+        }
+        data.duration_s = out.duration.as_secs_f64();
+        self.bar.finish_and_clear();
+        let duration_s = data.duration_s;
+        let mut results = Results::build(
+            data,
+            self.num_users,
+            num_turns,
+            config.speculative_prefill,
+            config.to_json(&self.model, &self.url),
+        );
+        crate::shard::annotate(&mut results.config, shard);
+        Ok(MultiturnRun {
+            results,
+            duration_s,
+        })
+    }
 }
 
-/// Writes `--output` (the results) and `--per-request-jsonl` (one `raw_results` entry a line).
-fn write_files(results: &Results, config: &MultiturnConfig) -> Result<(), LoadgenError> {
-    write_results(
-        results,
-        config.report.report_json.as_deref(),
-        config.report.per_request_jsonl.as_deref(),
-    )
+impl Report for MultiturnRun {
+    fn console_text(&self) -> String {
+        format!(
+            "\nBenchmark completed in {:.1}s\n{}",
+            self.duration_s,
+            self.results.console()
+        )
+    }
+
+    fn write_files(&self, report: &ReportArgs) -> Result<(), LoadgenError> {
+        write_results(
+            &self.results,
+            report.report_json.as_deref(),
+            report.per_request_jsonl.as_deref(),
+        )
+    }
+
+    fn html_json(&self) -> (&'static str, Cow<'_, Value>) {
+        (
+            "multiturn",
+            Cow::Owned(serde_json::to_value(&self.results).unwrap_or_default()),
+        )
+    }
 }
 
 /// Writes the results (pretty JSON) to `report_json` and one `raw_results` entry a line to

@@ -109,11 +109,12 @@ pub struct Observe {
 }
 
 impl Observe {
-    /// Starts the scraper (when asked, or by default when the target serves `/metrics`) and the
-    /// live view (unless `-q`; a refreshed line on a terminal, else a plain line now and then).
+    /// Starts the scraper (when asked, or by default when the target serves `/metrics`) and,
+    /// with `live_view` (not `-q`), the live view (a refreshed line on a terminal, else a plain
+    /// line now and then).
     pub async fn start(
         args: &ObserveArgs,
-        report: &ReportArgs,
+        live_view: bool,
         target: &Connected,
         expected_requests: Option<usize>,
     ) -> Observe {
@@ -128,7 +129,7 @@ impl Observe {
             )
             .await
         };
-        let live = (!report.quiet).then(|| LiveView::start(expected_requests));
+        let live = live_view.then(|| LiveView::start(expected_requests));
         Observe { scraper, live }
     }
 
@@ -189,14 +190,6 @@ impl Observed {
             .as_ref()
             .map(ServerMetrics::console)
             .unwrap_or_default()
-    }
-
-    /// Writes the HTML report of `json` when `--html` was given.
-    pub fn write_html(&self, json: &Value, args: &ObserveArgs) -> Result<(), LoadgenError> {
-        let Some(path) = &args.html else {
-            return Ok(());
-        };
-        crate::html::write(path, &[crate::html::RunView::of("run", json)])
     }
 }
 

@@ -30,13 +30,15 @@ use servesim::replay::{summarize, AgenticReport, GraphTimes};
 use servesim::trace::{self, RequestGraph, Trace, TraceFormat, TraceOptions, TraceRequest};
 
 use crate::client::Response;
-use crate::driver::{self, DriverConfig, Planned, Script, Start};
+use crate::driver::{self, Planned, RunHooks, Script, Start};
 use crate::error::LoadgenError;
 use crate::graph_driver::{self, GraphPlan};
+use crate::harness::{self, Mode, Report, RunArgs, Settings};
 use crate::limits;
+use crate::observe::Observed;
 use crate::prompt::PromptSynth;
 use crate::replay_report::{self, LiveReport, RequestInfo};
-use crate::target::{request_body, Api, EmbeddedOptions, TargetArgs};
+use crate::target::{request_body, Api, Connected, EmbeddedOptions};
 use mock_server::args::ReportArgs;
 
 /// `loadgen replay` flags (`mockserve replay`'s, plus the live ones).
@@ -94,26 +96,10 @@ pub struct ReplayArgs {
     #[arg(long, value_enum, default_value_t = Api::Completions)]
     pub endpoint: Api,
 
-    /// Report files and progress.
+    /// Report files, observers, failure threshold, target and sharding (shard I sends the
+    /// trace sessions s with s % N == I, at their unsharded times).
     #[command(flatten)]
-    pub report: ReportArgs,
-
-    /// Server metrics, HTML report.
-    #[command(flatten)]
-    pub observe: crate::observe::ObserveArgs,
-
-    /// Failure threshold.
-    #[command(flatten)]
-    pub failures: crate::failure::FailureArgs,
-
-    /// Where requests go.
-    #[command(flatten)]
-    pub target: TargetArgs,
-
-    /// One replay over N processes: shard I sends the trace sessions s with s % N == I, at
-    /// their unsharded times.
-    #[command(flatten, next_help_heading = "Sharding (one run over N processes)")]
-    pub sharding: crate::shard::ShardArgs,
+    pub run: RunArgs,
 }
 
 /// A `--trace-format` value.
@@ -351,16 +337,17 @@ impl ReplayArgs {
         if let Some(n) = self.max_in_flight {
             limits::count("--max-in-flight", n, 1, limits::MAX_CONCURRENCY)?;
         }
-        self.failures.max_failure_rate()?;
-        self.observe.check()?;
-        self.sharding.check()?;
+        let run = &self.run;
+        run.failures.max_failure_rate()?;
+        run.observe.check()?;
+        run.sharding.check()?;
         limits::output_paths([
-            ("--report-json", self.report.report_json.as_deref()),
+            ("--report-json", run.report.report_json.as_deref()),
             (
                 "--per-request-jsonl",
-                self.report.per_request_jsonl.as_deref(),
+                run.report.per_request_jsonl.as_deref(),
             ),
-            ("--html", self.observe.html.as_deref()),
+            ("--html", run.observe.html.as_deref()),
         ])
     }
 }
@@ -434,6 +421,8 @@ pub struct ReplayRun {
     pub session_mode: SessionMode,
     /// Σ expected reused tokens / Σ prompt tokens.
     pub expected_prefix_reuse_ratio: f64,
+    /// Prompts whose length the server counted otherwise than the trace's `input_length`.
+    pub prompt_length_mismatches: usize,
     /// The report JSON as written.
     pub json: serde_json::Value,
     /// How late the server handed its tokens to clients, when it said.
@@ -452,13 +441,6 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
 /// Runs a live replay; `console` says whether it prints (a sweep's points do not). The
 /// report files of `args` are written either way.
 pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, LoadgenError> {
-    // Every console line goes through this.
-    macro_rules! say {
-        ($($t:tt)*) => { if console { print!($($t)*); } };
-    }
-    macro_rules! sayln {
-        ($($t:tt)*) => { if console { println!($($t)*); } };
-    }
     args.check()?;
     let format = trace::detect_format(&args.trace, args.trace_format)?;
     if format != TraceFormat::Mooncake {
@@ -471,162 +453,169 @@ pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, 
         )));
     }
     let trace = load_trace(args)?;
-    let spec = args.target.spec(&EmbeddedOptions::default())?;
+    let spec = args.run.target.spec(&EmbeddedOptions::default())?;
     let shape = session_shape(&trace);
     let mode = match args.session_mode {
         SessionMode::Auto => shape.detected(),
         m => m,
     };
-    sayln!(
-        "Trace {}: {} requests in {} sessions; {}",
-        args.trace.display(),
-        trace.num_requests(),
-        trace.sessions.len(),
-        shape.describe()
-    );
-    if args.session_mode != SessionMode::Auto {
-        sayln!("Session mode forced: {mode:?}");
+    if console {
+        println!(
+            "Trace {}: {} requests in {} sessions; {}",
+            args.trace.display(),
+            trace.num_requests(),
+            trace.sessions.len(),
+            shape.describe()
+        );
+        if args.session_mode != SessionMode::Auto {
+            println!("Session mode forced: {mode:?}");
+        }
     }
     let plans = plans(&trace, mode);
     check_prompt_lengths(&trace, &plans, &args.trace.display().to_string())?;
     let expected = expected_reuse(&trace, &plans, args.trace_block_size);
-    let target = spec.connect(args.endpoint).await?;
-    let synth = Arc::new(target.synth(args.trace_block_size));
-    sayln!(
-        "Prompts: {} tokens per hash id, {} ({})",
-        args.trace_block_size,
-        if synth.is_exact() {
-            "exact"
-        } else {
-            "approximate: ~1 lorem word per token"
-        },
-        if args.target.url.is_some() {
-            "target"
-        } else {
-            "embedded server's tokenizer"
-        }
-    );
-    // A shard's sessions, by global index (all of them unsharded).
-    let shard = args.sharding.shard;
-    let owned: Vec<usize> = (0..trace.sessions.len())
-        .filter(|&s| shard.is_none_or(|sh| sh.owns(s)))
-        .collect();
-    if let Some(sh) = shard {
-        sayln!(
-            "Shard {}/{}: {} of the {} sessions",
-            sh.index,
-            sh.count,
-            owned.len(),
-            trace.sessions.len()
-        );
-    }
-    let total = owned
-        .iter()
-        .map(|&s| trace.sessions[s].turns.len())
-        .sum::<usize>();
-    let trace = Arc::new(trace);
-    let plans = Arc::new(plans);
-    let model: Arc<str> = Arc::from(target.model.as_str());
-    let scripts: Vec<Box<dyn Script>> = owned
-        .iter()
-        .map(|&session| {
-            Box::new(SessionScript {
-                trace: trace.clone(),
-                plans: plans.clone(),
-                synth: synth.clone(),
-                model: model.clone(),
-                api: args.endpoint,
-                ask_worker_id: target.ask_worker_id,
-                session,
-                next_turn: 0,
-            }) as Box<dyn Script>
-        })
-        .collect();
-    args.sharding.wait_for_start().await;
-    let observe =
-        crate::observe::Observe::start(&args.observe, &args.report, &target, Some(total)).await;
-    let hooks = observe.hooks();
-    let started = std::time::Instant::now();
-    let config = DriverConfig {
-        max_in_flight: args.max_in_flight,
-        observer: hooks.observer,
-        sent: hooks.sent,
-        ..DriverConfig::default()
+    let sessions = SessionsMode {
+        args,
+        spec: &spec,
+        console,
+        session_mode: mode,
+        trace: Arc::new(trace),
+        plans: Arc::new(plans),
+        expected,
+        owned: Vec::new(),
     };
-    let result = driver::drive(target.endpoint.clone(), scripts, &config).await;
-    let wall = started.elapsed();
-    let observed = observe.finish().await;
-    target.shutdown().await;
-    let mut out = result?;
-    // Local session j ran global session owned[j]: records carry the global index.
-    for s in &mut out.samples {
-        s.session = owned[s.session];
+    harness::run(sessions, &spec, &settings(args, console)).await
+}
+
+/// The harness settings of a live replay.
+fn settings(args: &ReplayArgs, console: bool) -> Settings<'_> {
+    Settings {
+        console,
+        ..Settings::of(&args.run)
+    }
+}
+
+/// A Mooncake trace's sessions in the harness: one driver script per session this process
+/// owns.
+struct SessionsMode<'a> {
+    args: &'a ReplayArgs,
+    spec: &'a crate::target::TargetSpec,
+    console: bool,
+    session_mode: SessionMode,
+    trace: Arc<Trace>,
+    plans: Arc<Vec<Vec<PromptPlan>>>,
+    /// Expected reused tokens, by session then turn.
+    expected: Vec<Vec<usize>>,
+    /// The sessions this process sends, by global index (all of them unsharded).
+    owned: Vec<usize>,
+}
+
+impl Mode for SessionsMode<'_> {
+    type Schedule = Vec<Box<dyn Script>>;
+    type Driven = driver::DriverOutput;
+    type Run = ReplayRun;
+
+    fn api(&self) -> Api {
+        self.args.endpoint
     }
 
-    let infos: Vec<Vec<RequestInfo>> = trace
-        .sessions
-        .iter()
-        .enumerate()
-        .map(|(si, s)| {
-            s.turns
-                .iter()
-                .enumerate()
-                .map(|(ti, t)| RequestInfo {
-                    input_length: plans[si][ti].len(),
-                    max_output: t.output_length,
-                    session: Some(s.id.clone()),
-                    turn: ti,
-                    expected_reused_tokens: Some(expected[si][ti]),
-                })
-                .collect()
-        })
-        .collect();
-    let items: Vec<_> = out
-        .samples
-        .iter()
-        .map(|s| (s, &infos[s.session][s.turn]))
-        .collect();
-    let mut live = replay_report::build(&items, wall);
-    live.set_started_at(out.started_at);
-    live.set_shard(shard);
-    let expected_total: usize = items
-        .iter()
-        .filter(|(s, _)| s.response.failure.is_none())
-        .filter_map(|(_, i)| i.expected_reused_tokens)
-        .sum();
-    let input_total: usize = items
-        .iter()
-        .filter(|(s, _)| s.response.failure.is_none())
-        .map(|(_, i)| i.input_length)
-        .sum();
-    let expected_ratio = if input_total > 0 {
-        expected_total as f64 / input_total as f64
-    } else {
-        0.0
-    };
-    let mismatched = items
-        .iter()
-        .filter(|(s, i)| {
-            s.response
-                .prompt_tokens
-                .is_some_and(|p| p as usize != i.input_length)
-        })
-        .count();
-    let mut json = live.to_json(&[
-        ("session_mode", json!(format!("{mode:?}").to_lowercase())),
-        ("expected_prefix_reuse_ratio", json!(expected_ratio)),
-        (
-            "observed_prefix_reuse_ratio",
-            json!(live.report.prefix_cache_reused_ratio),
-        ),
-        ("prompt_length_mismatches", json!(mismatched)),
-        ("arrival_speedup_ratio", json!(args.arrival_speedup_ratio)),
-        ("trace_block_size", json!(args.trace_block_size)),
-    ]);
-    observed.annotate(
-        &mut json,
-        &live,
-        Some(json!({
+    fn prepare(
+        &mut self,
+        target: &Connected,
+    ) -> Result<(Vec<Box<dyn Script>>, Option<usize>), LoadgenError> {
+        let args = self.args;
+        let synth = Arc::new(target.synth(args.trace_block_size));
+        if self.console {
+            println!("{}", prompts_line(args, &synth, args.trace_block_size));
+        }
+        let trace = &self.trace;
+        let shard = args.run.sharding.shard;
+        self.owned = (0..trace.sessions.len())
+            .filter(|&s| shard.is_none_or(|sh| sh.owns(s)))
+            .collect();
+        if let (Some(sh), true) = (shard, self.console) {
+            println!(
+                "Shard {}/{}: {} of the {} sessions",
+                sh.index,
+                sh.count,
+                self.owned.len(),
+                trace.sessions.len()
+            );
+        }
+        let total = self
+            .owned
+            .iter()
+            .map(|&s| trace.sessions[s].turns.len())
+            .sum::<usize>();
+        let model: Arc<str> = Arc::from(target.model.as_str());
+        let scripts = self
+            .owned
+            .iter()
+            .map(|&session| {
+                Box::new(SessionScript {
+                    trace: trace.clone(),
+                    plans: self.plans.clone(),
+                    synth: synth.clone(),
+                    model: model.clone(),
+                    api: args.endpoint,
+                    ask_worker_id: target.ask_worker_id,
+                    session,
+                    next_turn: 0,
+                }) as Box<dyn Script>
+            })
+            .collect();
+        Ok((scripts, Some(total)))
+    }
+
+    async fn drive(
+        &mut self,
+        scripts: Vec<Box<dyn Script>>,
+        target: &Connected,
+        hooks: RunHooks,
+    ) -> Result<driver::DriverOutput, LoadgenError> {
+        let config = hooks.driver_config(self.args.max_in_flight, None);
+        driver::drive(target.endpoint.clone(), scripts, &config).await
+    }
+
+    fn report(
+        &mut self,
+        mut out: driver::DriverOutput,
+        wall: Duration,
+        observed: &Observed,
+    ) -> Result<ReplayRun, LoadgenError> {
+        let args = self.args;
+        // Local session j ran global session owned[j]: records carry the global index.
+        for s in &mut out.samples {
+            s.session = self.owned[s.session];
+        }
+        let infos: Vec<Vec<RequestInfo>> = self
+            .trace
+            .sessions
+            .iter()
+            .enumerate()
+            .map(|(si, s)| {
+                s.turns
+                    .iter()
+                    .enumerate()
+                    .map(|(ti, t)| RequestInfo {
+                        input_length: self.plans[si][ti].len(),
+                        max_output: t.output_length,
+                        session: Some(s.id.clone()),
+                        turn: ti,
+                        expected_reused_tokens: Some(self.expected[si][ti]),
+                    })
+                    .collect()
+            })
+            .collect();
+        let items: Vec<_> = out
+            .samples
+            .iter()
+            .map(|s| (s, &infos[s.session][s.turn]))
+            .collect();
+        let mut live = replay_report::build(&items, wall);
+        live.set_started_at(out.started_at);
+        let mode = format!("{:?}", self.session_mode).to_lowercase();
+        let config = json!({
             "mode": "replay",
             "trace": args.trace.display().to_string(),
             "endpoint": args.endpoint.name(),
@@ -634,38 +623,154 @@ pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, 
             "trace_block_size": args.trace_block_size,
             "max_requests": args.max_requests,
             "max_in_flight": args.max_in_flight,
-            "session_mode": format!("{mode:?}").to_lowercase(),
-            "target": spec.describe(),
-        })),
-    );
-    crate::shard::annotate(&mut json, shard);
-    sayln!("Live replay report");
-    say!("{}", live.report_lines());
-    sayln!(
-        "Prefix reuse: expected from the trace's hash ids {:.4}, reported by the server (cached_tokens) {:.4}",
-        expected_ratio, live.report.prefix_cache_reused_ratio
-    );
-    if mismatched > 0 {
-        sayln!("WARNING: {mismatched} prompts did not have the trace's input_length (server usage.prompt_tokens)");
+            "session_mode": mode,
+            "target": self.spec.describe(),
+        });
+        let keys = ReplayKeys {
+            first: ("session_mode", json!(mode)),
+            arrival_speedup_ratio: args.arrival_speedup_ratio,
+            trace_block_size: args.trace_block_size,
+            config,
+        };
+        Ok(keys.run(
+            live,
+            &items,
+            None,
+            self.session_mode,
+            args.run.sharding.shard,
+            observed,
+        ))
     }
-    say!("{}", live.failure_lines());
-    say!("{}", live.lag_lines());
-    say!("{}", observed.console());
-    replay_report::write_files(
-        &json,
-        &live.records,
-        args.report.report_json.as_deref(),
-        args.report.per_request_jsonl.as_deref(),
-    )?;
-    observed.write_html(&json, &args.observe)?;
-    Ok(ReplayRun {
-        live,
-        session_mode: mode,
-        expected_prefix_reuse_ratio: expected_ratio,
-        server_lateness: observed.lateness(),
-        json,
-        agentic: None,
-    })
+}
+
+/// The "Prompts:" line of a live replay.
+fn prompts_line(args: &ReplayArgs, synth: &PromptSynth, block_size: usize) -> String {
+    format!(
+        "Prompts: {} tokens per hash id, {} ({})",
+        block_size,
+        if synth.is_exact() {
+            "exact"
+        } else {
+            "approximate: ~1 lorem word per token"
+        },
+        if args.run.target.url.is_some() {
+            "target"
+        } else {
+            "embedded server's tokenizer"
+        }
+    )
+}
+
+/// The keys a live replay's report adds to the live report's, and its `config`.
+struct ReplayKeys {
+    /// `session_mode` (Mooncake) or `trace_format` (agentic).
+    first: (&'static str, serde_json::Value),
+    arrival_speedup_ratio: f64,
+    trace_block_size: usize,
+    config: serde_json::Value,
+}
+
+impl ReplayKeys {
+    /// The finished replay: the prefix reuse the trace predicts and the server reported, the
+    /// report JSON with the observers' series, `config` and the shard.
+    fn run(
+        self,
+        mut live: LiveReport,
+        items: &[(&crate::driver::Sample, &RequestInfo)],
+        agentic: Option<AgenticReport>,
+        session_mode: SessionMode,
+        shard: Option<crate::shard::Shard>,
+        observed: &Observed,
+    ) -> ReplayRun {
+        live.set_shard(shard);
+        let ok = |(s, _): &&(&crate::driver::Sample, &RequestInfo)| s.response.failure.is_none();
+        let expected_total: usize = items
+            .iter()
+            .filter(ok)
+            .filter_map(|(_, i)| i.expected_reused_tokens)
+            .sum();
+        let input_total: usize = items.iter().filter(ok).map(|(_, i)| i.input_length).sum();
+        let expected_ratio = if input_total > 0 {
+            expected_total as f64 / input_total as f64
+        } else {
+            0.0
+        };
+        let mismatched = items
+            .iter()
+            .filter(|(s, i)| {
+                s.response
+                    .prompt_tokens
+                    .is_some_and(|p| p as usize != i.input_length)
+            })
+            .count();
+        let mut keys = vec![
+            self.first,
+            ("expected_prefix_reuse_ratio", json!(expected_ratio)),
+            (
+                "observed_prefix_reuse_ratio",
+                json!(live.report.prefix_cache_reused_ratio),
+            ),
+            ("prompt_length_mismatches", json!(mismatched)),
+            ("arrival_speedup_ratio", json!(self.arrival_speedup_ratio)),
+            ("trace_block_size", json!(self.trace_block_size)),
+        ];
+        if let Some(agentic) = &agentic {
+            keys.push((
+                "agentic",
+                serde_json::to_value(agentic).unwrap_or(serde_json::Value::Null),
+            ));
+        }
+        let mut json = live.to_json(&keys);
+        observed.annotate(&mut json, &live, Some(self.config));
+        crate::shard::annotate(&mut json, shard);
+        ReplayRun {
+            live,
+            session_mode,
+            expected_prefix_reuse_ratio: expected_ratio,
+            prompt_length_mismatches: mismatched,
+            json,
+            server_lateness: observed.lateness(),
+            agentic,
+        }
+    }
+}
+
+impl Report for ReplayRun {
+    fn console_text(&self) -> String {
+        let mut s = String::from("Live replay report\n");
+        s.push_str(&self.live.report_lines());
+        if let Some(agentic) = &self.agentic {
+            s.push_str(&mock_server::replay_cmd::agentic_summary(agentic));
+        }
+        s.push_str(&format!(
+            "Prefix reuse: expected from the trace's hash ids {:.4}, reported by the server \
+             (cached_tokens) {:.4}\n",
+            self.expected_prefix_reuse_ratio, self.live.report.prefix_cache_reused_ratio
+        ));
+        if self.prompt_length_mismatches > 0 {
+            s.push_str(&format!(
+                "WARNING: {} prompts did not have the trace's input_length (server \
+                 usage.prompt_tokens)\n",
+                self.prompt_length_mismatches
+            ));
+        }
+        s.push_str(&self.live.failure_lines());
+        s.push_str(&self.live.lag_lines());
+        s
+    }
+
+    fn write_files(&self, report: &ReportArgs) -> Result<(), LoadgenError> {
+        replay_report::write_files(
+            &self.json,
+            &self.live.records,
+            report.report_json.as_deref(),
+            report.per_request_jsonl.as_deref(),
+        )
+    }
+
+    fn html_json(&self) -> (&'static str, std::borrow::Cow<'_, serde_json::Value>) {
+        ("run", std::borrow::Cow::Borrowed(&self.json))
+    }
 }
 
 /// Loads an agentic trace (`format`, already detected) as a request graph, checked as
@@ -685,7 +790,7 @@ pub fn load_graph(args: &ReplayArgs, format: TraceFormat) -> Result<RequestGraph
              ({format}) are sent as its rows say"
         )));
     }
-    if args.agentic_lanes.is_some() && args.sharding.shard.is_some() {
+    if args.agentic_lanes.is_some() && args.run.sharding.shard.is_some() {
         return Err(LoadgenError::Config(
             "--agentic-lanes and --shard do not go together: lanes queue every play of the \
              trace"
@@ -765,212 +870,181 @@ async fn replay_graph(
     format: TraceFormat,
     console: bool,
 ) -> Result<ReplayRun, LoadgenError> {
-    macro_rules! say {
-        ($($t:tt)*) => { if console { print!($($t)*); } };
-    }
-    macro_rules! sayln {
-        ($($t:tt)*) => { if console { println!($($t)*); } };
-    }
     let graph = load_graph(args, format)?;
-    let spec = args.target.spec(&EmbeddedOptions::default())?;
+    let spec = args.run.target.spec(&EmbeddedOptions::default())?;
     let lanes = args.agentic_lanes.map(|l| l as usize);
-    let speedup = args.arrival_speedup_ratio;
-    sayln!(
-        "Trace {}: agentic ({format}), {} requests in {} plays, {} tokens per hash id, \
-         speed-up {speedup}{}",
-        args.trace.display(),
-        graph.nodes.len(),
-        graph.plays.len(),
-        graph.block_size,
-        lanes.map_or_else(String::new, |l| format!(", {l} lanes"))
-    );
-    let target = spec.connect(args.endpoint).await?;
-    let synth = Arc::new(target.synth(graph.block_size));
-    sayln!(
-        "Prompts: {} tokens per hash id, {} ({})",
-        graph.block_size,
-        if synth.is_exact() {
-            "exact"
-        } else {
-            "approximate: ~1 lorem word per token"
-        },
-        if args.target.url.is_some() {
-            "target"
-        } else {
-            "embedded server's tokenizer"
-        }
-    );
-    // A shard's plays (all of them unsharded), at their unsharded times.
-    let shard = args.sharding.shard;
-    let owned: Vec<usize> = (0..graph.plays.len())
-        .filter(|&p| shard.is_none_or(|sh| sh.owns(p)))
-        .collect();
-    if let Some(sh) = shard {
-        sayln!(
-            "Shard {}/{}: {} of the {} plays",
-            sh.index,
-            sh.count,
-            owned.len(),
-            graph.plays.len()
+    if console {
+        println!(
+            "Trace {}: agentic ({format}), {} requests in {} plays, {} tokens per hash id, \
+             speed-up {}{}",
+            args.trace.display(),
+            graph.nodes.len(),
+            graph.plays.len(),
+            graph.block_size,
+            args.arrival_speedup_ratio,
+            lanes.map_or_else(String::new, |l| format!(", {l} lanes"))
         );
     }
-    let total: usize = owned.iter().map(|&p| graph.plays[p].nodes.len()).sum();
-    let graph = Arc::new(graph);
-    let plan = GraphPlan {
-        graph: graph.clone(),
-        synth,
-        model: Arc::from(target.model.as_str()),
-        api: args.endpoint,
-        speedup,
+    let mode = GraphMode {
+        args,
+        spec: &spec,
+        console,
+        format,
         lanes,
-        plays: owned.clone(),
-        ask_worker_id: target.ask_worker_id,
+        graph: Arc::new(graph),
+        owned: Vec::new(),
     };
-    args.sharding.wait_for_start().await;
-    let observe =
-        crate::observe::Observe::start(&args.observe, &args.report, &target, Some(total)).await;
-    let hooks = observe.hooks();
-    let started = std::time::Instant::now();
-    let config = DriverConfig {
-        max_in_flight: args.max_in_flight,
-        observer: hooks.observer,
-        sent: hooks.sent,
-        ..DriverConfig::default()
-    };
-    let result = graph_driver::drive_graph(target.endpoint.clone(), plan, &config).await;
-    let wall = started.elapsed();
-    let observed = observe.finish().await;
-    target.shutdown().await;
-    let mut out = result?;
+    harness::run(mode, &spec, &settings(args, console)).await
+}
 
-    // Expected reuse in the order the prompts were sent (samples are in send order).
-    let mut seen = SeenPrefixes::default();
-    let infos: Vec<RequestInfo> = out
-        .samples
-        .iter()
-        .map(|s| {
-            let node = &graph.nodes[s.session];
-            let r = &node.request;
-            RequestInfo {
-                input_length: r.input_length,
-                max_output: r.output_length,
-                session: Some(node.session_id.clone()),
-                turn: s.turn,
-                expected_reused_tokens: Some(seen.add(
-                    r.hash_ids.iter().copied(),
-                    r.input_length,
-                    graph.block_size,
-                )),
-            }
-        })
-        .collect();
-    let items: Vec<_> = out.samples.iter().zip(&infos).collect();
-    let mut live = replay_report::build(&items, wall);
-    live.set_started_at(out.started_at);
-    live.set_shard(shard);
-    for rec in &live.records {
-        if let Some(t) = out.times.get_mut(rec.raw.session) {
-            t.engine_id = Some(servesim::ids::RequestId(rec.record.request_id));
-            t.reused_input_tokens = rec.record.reused_input_tokens;
+/// An agentic trace's request graph in the harness, sent by [`graph_driver::drive_graph`].
+struct GraphMode<'a> {
+    args: &'a ReplayArgs,
+    spec: &'a crate::target::TargetSpec,
+    console: bool,
+    format: TraceFormat,
+    lanes: Option<usize>,
+    graph: Arc<RequestGraph>,
+    /// The plays this process sends (all of them unsharded).
+    owned: Vec<usize>,
+}
+
+impl Mode for GraphMode<'_> {
+    type Schedule = GraphPlan;
+    type Driven = graph_driver::GraphOutput;
+    type Run = ReplayRun;
+
+    fn api(&self) -> Api {
+        self.args.endpoint
+    }
+
+    fn prepare(&mut self, target: &Connected) -> Result<(GraphPlan, Option<usize>), LoadgenError> {
+        let (args, graph) = (self.args, &self.graph);
+        let synth = Arc::new(target.synth(graph.block_size));
+        if self.console {
+            println!("{}", prompts_line(args, &synth, graph.block_size));
         }
+        // A shard's plays (all of them unsharded), at their unsharded times.
+        let shard = args.run.sharding.shard;
+        self.owned = (0..graph.plays.len())
+            .filter(|&p| shard.is_none_or(|sh| sh.owns(p)))
+            .collect();
+        if let (Some(sh), true) = (shard, self.console) {
+            println!(
+                "Shard {}/{}: {} of the {} plays",
+                sh.index,
+                sh.count,
+                self.owned.len(),
+                graph.plays.len()
+            );
+        }
+        let total: usize = self.owned.iter().map(|&p| graph.plays[p].nodes.len()).sum();
+        let plan = GraphPlan {
+            graph: graph.clone(),
+            synth,
+            model: Arc::from(target.model.as_str()),
+            api: args.endpoint,
+            speedup: args.arrival_speedup_ratio,
+            lanes: self.lanes,
+            plays: self.owned.clone(),
+            ask_worker_id: target.ask_worker_id,
+        };
+        Ok((plan, Some(total)))
     }
-    let engine_block_size = spec
-        .server
-        .as_ref()
-        .map_or(graph.block_size, |s| s.cluster.engine.block_size);
-    let agentic = agentic_section(
-        &GraphTimes {
-            graph: &graph,
-            nodes: &out.times,
-            failed: &out.failed,
-            lane_of: &out.lane_of,
-            speedup,
-            lanes,
-            engine_block_size,
-        },
-        &owned,
-    );
-    let labels = agentic_labels(&agentic);
-    for rec in &mut live.records {
-        rec.agentic = labels.get(&rec.record.request_id).cloned();
+
+    async fn drive(
+        &mut self,
+        plan: GraphPlan,
+        target: &Connected,
+        hooks: RunHooks,
+    ) -> Result<graph_driver::GraphOutput, LoadgenError> {
+        let config = hooks.driver_config(self.args.max_in_flight, None);
+        graph_driver::drive_graph(target.endpoint.clone(), plan, &config).await
     }
-    let ok = |(s, _): &&(&crate::driver::Sample, &RequestInfo)| s.response.failure.is_none();
-    let expected_total: usize = items
-        .iter()
-        .filter(ok)
-        .filter_map(|(_, i)| i.expected_reused_tokens)
-        .sum();
-    let input_total: usize = items.iter().filter(ok).map(|(_, i)| i.input_length).sum();
-    let expected_ratio = if input_total > 0 {
-        expected_total as f64 / input_total as f64
-    } else {
-        0.0
-    };
-    let mismatched = items
-        .iter()
-        .filter(|(s, i)| {
-            s.response
-                .prompt_tokens
-                .is_some_and(|p| p as usize != i.input_length)
-        })
-        .count();
-    let mut json = live.to_json(&[
-        ("trace_format", json!(format.name())),
-        ("expected_prefix_reuse_ratio", json!(expected_ratio)),
-        (
-            "observed_prefix_reuse_ratio",
-            json!(live.report.prefix_cache_reused_ratio),
-        ),
-        ("prompt_length_mismatches", json!(mismatched)),
-        ("arrival_speedup_ratio", json!(speedup)),
-        ("trace_block_size", json!(graph.block_size)),
-        (
-            "agentic",
-            serde_json::to_value(&agentic).unwrap_or(serde_json::Value::Null),
-        ),
-    ]);
-    observed.annotate(
-        &mut json,
-        &live,
-        Some(json!({
+
+    fn report(
+        &mut self,
+        mut out: graph_driver::GraphOutput,
+        wall: Duration,
+        observed: &Observed,
+    ) -> Result<ReplayRun, LoadgenError> {
+        let (args, graph) = (self.args, &self.graph);
+        let speedup = args.arrival_speedup_ratio;
+        // Expected reuse in the order the prompts were sent (samples are in send order).
+        let mut seen = SeenPrefixes::default();
+        let infos: Vec<RequestInfo> = out
+            .samples
+            .iter()
+            .map(|s| {
+                let node = &graph.nodes[s.session];
+                let r = &node.request;
+                RequestInfo {
+                    input_length: r.input_length,
+                    max_output: r.output_length,
+                    session: Some(node.session_id.clone()),
+                    turn: s.turn,
+                    expected_reused_tokens: Some(seen.add(
+                        r.hash_ids.iter().copied(),
+                        r.input_length,
+                        graph.block_size,
+                    )),
+                }
+            })
+            .collect();
+        let items: Vec<_> = out.samples.iter().zip(&infos).collect();
+        let mut live = replay_report::build(&items, wall);
+        live.set_started_at(out.started_at);
+        for rec in &live.records {
+            if let Some(t) = out.times.get_mut(rec.raw.session) {
+                t.engine_id = Some(servesim::ids::RequestId(rec.record.request_id));
+                t.reused_input_tokens = rec.record.reused_input_tokens;
+            }
+        }
+        let engine_block_size = self
+            .spec
+            .server
+            .as_ref()
+            .map_or(graph.block_size, |s| s.cluster.engine.block_size);
+        let agentic = agentic_section(
+            &GraphTimes {
+                graph,
+                nodes: &out.times,
+                failed: &out.failed,
+                lane_of: &out.lane_of,
+                speedup,
+                lanes: self.lanes,
+                engine_block_size,
+            },
+            &self.owned,
+        );
+        let labels = agentic_labels(&agentic);
+        for rec in &mut live.records {
+            rec.agentic = labels.get(&rec.record.request_id).cloned();
+        }
+        let config = json!({
             "mode": "replay",
             "trace": args.trace.display().to_string(),
-            "trace_format": format.name(),
+            "trace_format": self.format.name(),
             "endpoint": args.endpoint.name(),
             "arrival_speedup_ratio": speedup,
             "trace_block_size": graph.block_size,
-            "agentic_lanes": lanes,
+            "agentic_lanes": self.lanes,
             "max_in_flight": args.max_in_flight,
-            "target": spec.describe(),
-        })),
-    );
-    crate::shard::annotate(&mut json, shard);
-    sayln!("Live replay report");
-    say!("{}", live.report_lines());
-    say!("{}", mock_server::replay_cmd::agentic_summary(&agentic));
-    sayln!(
-        "Prefix reuse: expected from the trace's hash ids {:.4}, reported by the server (cached_tokens) {:.4}",
-        expected_ratio, live.report.prefix_cache_reused_ratio
-    );
-    if mismatched > 0 {
-        sayln!("WARNING: {mismatched} prompts did not have the trace's input_length (server usage.prompt_tokens)");
+            "target": self.spec.describe(),
+        });
+        let keys = ReplayKeys {
+            first: ("trace_format", json!(self.format.name())),
+            arrival_speedup_ratio: speedup,
+            trace_block_size: graph.block_size,
+            config,
+        };
+        Ok(keys.run(
+            live,
+            &items,
+            Some(agentic),
+            SessionMode::Cumulative,
+            args.run.sharding.shard,
+            observed,
+        ))
     }
-    say!("{}", live.failure_lines());
-    say!("{}", live.lag_lines());
-    say!("{}", observed.console());
-    replay_report::write_files(
-        &json,
-        &live.records,
-        args.report.report_json.as_deref(),
-        args.report.per_request_jsonl.as_deref(),
-    )?;
-    observed.write_html(&json, &args.observe)?;
-    Ok(ReplayRun {
-        live,
-        session_mode: SessionMode::Cumulative,
-        expected_prefix_reuse_ratio: expected_ratio,
-        server_lateness: observed.lateness(),
-        json,
-        agentic: Some(agentic),
-    })
 }

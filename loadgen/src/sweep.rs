@@ -25,9 +25,13 @@ use crate::bench::{self, BenchArgs, BenchPlan, Load, Rate};
 use crate::driver::RunHooks;
 use crate::driver::{Observer, Sample};
 use crate::error::LoadgenError;
+use crate::harness::{self, Mode, Report, Settings};
 use crate::limits;
+use crate::observe::Observed;
 use crate::replay_report::LiveRecord;
+use crate::target::Connected;
 use crate::target::EmbeddedOptions;
+use mock_server::args::ReportArgs;
 
 /// An open-loop point achieving less than this share of its offered rate is saturated.
 pub const RATE_SHORTFALL: f64 = 0.9;
@@ -234,10 +238,11 @@ impl SweepArgs {
         if self.bench.request_rate.is_some() {
             return bad("sweep takes its rates as --request-rate R1,R2,...");
         }
-        if self.bench.observe.max_server_lateness.is_some() {
+        if self.bench.run.observe.max_server_lateness.is_some() {
             return bad("--max-server-lateness judges one bench or replay run, not a sweep");
         }
-        if self.bench.sharding.shard.is_some() || self.bench.sharding.start_at.is_some() {
+        let sharding = &self.bench.run.sharding;
+        if sharding.shard.is_some() || sharding.start_at.is_some() {
             return bad("--shard and --start-at split one bench, replay or multiturn run over several processes; a sweep runs in one process");
         }
         if self.find_max_goodput {
@@ -281,14 +286,16 @@ impl SweepArgs {
             trace_format: servesim::trace::TraceFormat::Auto,
             agentic_lanes: None,
             endpoint: self.bench.endpoint,
-            report: crate::observe::quiet(),
-            observe: crate::observe::ObserveArgs {
-                no_scrape_metrics: true,
-                ..Default::default()
+            run: crate::harness::RunArgs {
+                report: crate::observe::quiet(),
+                observe: crate::observe::ObserveArgs {
+                    no_scrape_metrics: true,
+                    ..Default::default()
+                },
+                failures: self.bench.run.failures.clone(),
+                target: self.bench.run.target.clone(),
+                sharding: Default::default(),
             },
-            failures: self.bench.failures.clone(),
-            target: self.bench.target.clone(),
-            sharding: Default::default(),
         });
         let mode = if !self.arrival_speedups.is_empty() {
             limits::count(
@@ -638,6 +645,8 @@ pub struct SweepRun {
     pub best: Option<usize>,
     /// The JSON report.
     pub json: Value,
+    /// The sweep searched the highest good load (`--find-max-goodput`).
+    pub search: bool,
 }
 
 /// Runs one point on the connected target, stopping it early when the server is clearly over
@@ -831,106 +840,171 @@ pub fn table(points: &[Point], knee: Option<usize>, best: Option<usize>) -> Stri
 /// Runs `loadgen sweep`: every point, the table, the report files.
 pub async fn sweep(args: &SweepArgs) -> Result<SweepRun, LoadgenError> {
     let plan = args.plan()?;
-    let spec = args.bench.target.spec(&EmbeddedOptions::default())?;
-    let target = spec.connect(plan.base.api).await?;
-    let mut observe_args = args.bench.observe.clone();
-    observe_args.no_scrape_metrics |= plan.replay.is_some();
-    let observe =
-        crate::observe::Observe::start(&observe_args, &crate::observe::quiet(), &target, None)
-            .await;
-    println!(
-        "loadgen sweep: {}; each point: {:?}",
-        match &plan.mode {
-            SweepMode::List(l) => format!("{} points", l.len()),
-            SweepMode::Search { axis, .. } =>
-                format!("searching the highest {axis:?} meeting the SLO"),
-        },
-        plan.base.stop
-    );
-    let quiet = args.bench.report.quiet;
-    let result = run_points(&plan, &target, |p| {
-        if !quiet {
-            eprintln!(
-                "  {}: {:.2} req/s, TTFT p50 {:.1} ms{}",
-                p.load.label(),
-                p.rps(),
-                p.f("median_ttft_ms"),
-                if p.saturation.is_empty() {
-                    ""
-                } else {
-                    ", saturated"
-                }
-            );
-        }
-    })
-    .await;
-    let observed = observe.finish().await;
-    target.shutdown().await;
-    let points = result?;
-    let knee = knee(&points);
-    let best = match plan.mode {
-        SweepMode::Search { .. } => points
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.good(plan.min_attainment))
-            .max_by(|a, b| a.1.load.value().total_cmp(&b.1.load.value()))
-            .map(|(i, _)| i),
-        SweepMode::List(_) => None,
+    let run = &args.bench.run;
+    let spec = run.target.spec(&EmbeddedOptions::default())?;
+    let mut observe = run.observe.clone();
+    observe.no_scrape_metrics |= plan.replay.is_some();
+    let settings = Settings {
+        report: &run.report,
+        observe: Some(&observe),
+        live_view: false,
+        html: run.observe.html.as_deref(),
+        sharding: &run.sharding,
+        console: true,
     };
-    print!("{}", table(&points, knee, best));
-    if let (Some(b), SweepMode::Search { .. }) = (best, &plan.mode) {
-        println!(
-            "Max goodput: {} ({:.2} good req/s)",
-            points[b].load.label(),
-            points[b].json["goodput"]["rate_rps"]
-                .as_f64()
-                .unwrap_or(0.0)
-        );
-    } else if matches!(plan.mode, SweepMode::Search { .. }) {
-        println!("Max goodput: no point met the SLO");
-    }
-    print!("{}", observed.console());
-    let mut config = bench::config_json(&plan.base, &spec);
-    config["mode"] = json!(format!(
-        "sweep over {}",
-        points
-            .iter()
-            .map(|p| p.load.label())
-            .collect::<Vec<_>>()
-            .join(", ")
-    ));
-    let mut json = json!({
-        "sweep": {
-            "mode": match plan.mode { SweepMode::List(_) => "list", SweepMode::Search { .. } => "find_max_goodput" },
-            "slo": plan.base.slo,
-            "min_attainment": plan.min_attainment,
-            "knee_index": knee,
-            "knee": knee.map(|k| points[k].load),
-            "max_goodput_index": best,
-            "max_goodput": best.map(|b| points[b].load),
-        },
-        "config": config,
-        "points": points.iter().map(|p| p.json.clone()).collect::<Vec<_>>(),
-    });
-    if let (Some(map), Some(server)) = (json.as_object_mut(), &observed.server) {
-        map.insert("server_metrics".into(), json!(server));
-    }
-    crate::replay_report::write_files(&json, &[], args.bench.report.report_json.as_deref(), None)?;
-    if let Some(path) = &args.bench.report.per_request_jsonl {
-        write_point_records(path, &points)?;
-    }
-    observed.write_html(&json, &args.bench.observe)?;
+    let mode = Points {
+        plan: &plan,
+        spec: &spec,
+        quiet: run.report.quiet,
+    };
+    let sweep = harness::run(mode, &spec, &settings).await?;
     // Overload failures are what a sweep looks for, but a sweep in which every request of every
     // point failed measured nothing: the report is written and the exit status says so.
-    let records = points.iter().flat_map(|p| &p.records);
+    let records = sweep.points.iter().flat_map(|p| &p.records);
     let failed = records.clone().filter(|r| r.error.is_some()).count();
     crate::failure::verdict(records.count(), failed, 1.0)?;
-    Ok(SweepRun {
-        points,
-        knee,
-        best,
-        json,
-    })
+    Ok(sweep)
+}
+
+/// A sweep in the harness: its points one after the other on one target, one report over
+/// them.
+struct Points<'a> {
+    plan: &'a SweepPlan,
+    spec: &'a crate::target::TargetSpec,
+    /// No line per point.
+    quiet: bool,
+}
+
+impl Mode for Points<'_> {
+    type Schedule = ();
+    type Driven = Vec<Point>;
+    type Run = SweepRun;
+
+    fn api(&self) -> crate::target::Api {
+        self.plan.base.api
+    }
+
+    fn prepare(&mut self, _target: &Connected) -> Result<((), Option<usize>), LoadgenError> {
+        Ok(((), None))
+    }
+
+    fn announce(&self, _target: &Connected) {
+        println!(
+            "loadgen sweep: {}; each point: {:?}",
+            match &self.plan.mode {
+                SweepMode::List(l) => format!("{} points", l.len()),
+                SweepMode::Search { axis, .. } =>
+                    format!("searching the highest {axis:?} meeting the SLO"),
+            },
+            self.plan.base.stop
+        );
+    }
+
+    async fn drive(
+        &mut self,
+        _schedule: (),
+        target: &Connected,
+        _hooks: RunHooks,
+    ) -> Result<Vec<Point>, LoadgenError> {
+        let quiet = self.quiet;
+        run_points(self.plan, target, |p| {
+            if !quiet {
+                eprintln!(
+                    "  {}: {:.2} req/s, TTFT p50 {:.1} ms{}",
+                    p.load.label(),
+                    p.rps(),
+                    p.f("median_ttft_ms"),
+                    if p.saturation.is_empty() {
+                        ""
+                    } else {
+                        ", saturated"
+                    }
+                );
+            }
+        })
+        .await
+    }
+
+    fn report(
+        &mut self,
+        points: Vec<Point>,
+        _wall: std::time::Duration,
+        observed: &Observed,
+    ) -> Result<SweepRun, LoadgenError> {
+        let plan = self.plan;
+        let knee = knee(&points);
+        let best = match plan.mode {
+            SweepMode::Search { .. } => points
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.good(plan.min_attainment))
+                .max_by(|a, b| a.1.load.value().total_cmp(&b.1.load.value()))
+                .map(|(i, _)| i),
+            SweepMode::List(_) => None,
+        };
+        let mut config = bench::config_json(&plan.base, self.spec);
+        config["mode"] = json!(format!(
+            "sweep over {}",
+            points
+                .iter()
+                .map(|p| p.load.label())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        let mut json = json!({
+            "sweep": {
+                "mode": match plan.mode { SweepMode::List(_) => "list", SweepMode::Search { .. } => "find_max_goodput" },
+                "slo": plan.base.slo,
+                "min_attainment": plan.min_attainment,
+                "knee_index": knee,
+                "knee": knee.map(|k| points[k].load),
+                "max_goodput_index": best,
+                "max_goodput": best.map(|b| points[b].load),
+            },
+            "config": config,
+            "points": points.iter().map(|p| p.json.clone()).collect::<Vec<_>>(),
+        });
+        if let (Some(map), Some(server)) = (json.as_object_mut(), &observed.server) {
+            map.insert("server_metrics".into(), json!(server));
+        }
+        Ok(SweepRun {
+            points,
+            knee,
+            best,
+            json,
+            search: matches!(plan.mode, SweepMode::Search { .. }),
+        })
+    }
+}
+
+impl Report for SweepRun {
+    fn console_text(&self) -> String {
+        let mut s = table(&self.points, self.knee, self.best);
+        match self.best {
+            Some(b) if self.search => s.push_str(&format!(
+                "Max goodput: {} ({:.2} good req/s)\n",
+                self.points[b].load.label(),
+                self.points[b].json["goodput"]["rate_rps"]
+                    .as_f64()
+                    .unwrap_or(0.0)
+            )),
+            _ if self.search => s.push_str("Max goodput: no point met the SLO\n"),
+            _ => {}
+        }
+        s
+    }
+
+    fn write_files(&self, report: &ReportArgs) -> Result<(), LoadgenError> {
+        crate::replay_report::write_files(&self.json, &[], report.report_json.as_deref(), None)?;
+        if let Some(path) = &report.per_request_jsonl {
+            write_point_records(path, &self.points)?;
+        }
+        Ok(())
+    }
+
+    fn html_json(&self) -> (&'static str, std::borrow::Cow<'_, Value>) {
+        ("run", std::borrow::Cow::Borrowed(&self.json))
+    }
 }
 
 /// Writes every point's per-request records, each with its point's index (`point`).

@@ -58,7 +58,7 @@ async fn live_equals_offline_on_the_small_trace() -> Result<()> {
     let offline = offline_replay(
         &loadgen::replay::load_trace(&a)?,
         &ReplayConfig {
-            cluster: a.target.engine.cluster_config()?,
+            cluster: a.run.target.engine.cluster_config()?,
             trace_block_size: a.trace_block_size,
         },
         |_, _| {},
@@ -239,7 +239,7 @@ fn offline_graph(a: &ReplayArgs) -> Result<ReplayOutcome> {
     let format = servesim::trace::detect_format(&a.trace, a.trace_format)?;
     let graph = loadgen::replay::load_graph(a, format)?;
     let config = ReplayConfig {
-        cluster: a.target.engine.cluster_config()?,
+        cluster: a.run.target.engine.cluster_config()?,
         trace_block_size: graph.block_size,
     };
     let how = GraphReplay {
