@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use crate::error::LoadgenError;
-use crate::multiturn_report::{PerTurnStats, Results};
+use crate::multiturn::report::{PerTurnStats, Results};
 
 /// `loadgen compare` flags.
 #[derive(Args, Clone, Debug)]
@@ -286,9 +286,9 @@ pub fn run(args: &CompareArgs) -> Result<String, LoadgenError> {
                 || file.display().to_string(),
                 |s| s.to_string_lossy().into_owned(),
             );
-            views.push(crate::html::RunView::of(&name, &json));
+            views.push(crate::report::html::RunView::of(&name, &json));
         }
-        crate::html::write(path, &views)?;
+        crate::report::html::write(path, &views)?;
         note = format!(
             "Saved HTML comparison of {} runs to {}\n",
             views.len(),

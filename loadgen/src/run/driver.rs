@@ -22,10 +22,10 @@ use serde_json::Value;
 use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
 
-use crate::client::{self, Endpoint, FirstToken, Response};
 use crate::error::LoadgenError;
+use crate::run::client::{self, Endpoint, FirstToken, Response};
 #[cfg(doc)]
-use crate::failure::Failure;
+use crate::run::failure::Failure;
 
 /// How long before a session's first deadline the pacer starts its task.
 pub const PACER_LEAD: Duration = Duration::from_millis(20);

@@ -8,7 +8,7 @@
 //! blocks), with `max_tokens = output_length` and `ignore_eos`.
 //!
 //! An agentic trace (`--trace-format`, detected as `mockserve replay` detects it) is read into
-//! servesim's request graph and sent by [`crate::graph_driver`]: each node when its dependencies
+//! servesim's request graph and sent by [`crate::replay::graph_driver`]: each node when its dependencies
 //! allow (dispatch edges on the source's send, completion edges on its end, plus `delay_ms /
 //! speedup`), never before its floor; a failed request fails its play and skips the play's
 //! nodes not yet sent. Its prompts are the node's hash ids as the lowering scoped them, sent as
@@ -18,6 +18,8 @@
 //! already holds the history; sent as is) or *incremental* when they do not (the row holds only
 //! the new part; the previous rows' prompts are prepended). [`session_shape`] decides, the run
 //! says which, and the history is never added twice.
+
+pub mod graph_driver;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -29,16 +31,16 @@ use serde_json::json;
 use servesim::replay::{summarize, AgenticReport, GraphTimes};
 use servesim::trace::{self, RequestGraph, Trace, TraceFormat, TraceOptions, TraceRequest};
 
-use crate::client::Response;
-use crate::driver::{self, Planned, RunHooks, Script, Start};
 use crate::error::LoadgenError;
-use crate::graph_driver::{self, GraphPlan};
-use crate::harness::{self, Mode, Report, RunArgs, Settings};
 use crate::limits;
 use crate::observe::Observed;
-use crate::prompt::PromptSynth;
-use crate::replay_report::{self, LiveReport, RequestInfo};
-use crate::target::{request_body, Api, Connected, EmbeddedOptions};
+use crate::report::replay_report::{self, LiveReport, RequestInfo};
+use crate::run::client::Response;
+use crate::run::driver::{self, Planned, RunHooks, Script, Start};
+use crate::run::prompt::PromptSynth;
+use crate::run::target::{request_body, Api, Connected, EmbeddedOptions};
+use crate::run::{self, Mode, Report, RunArgs, Settings};
+use graph_driver::GraphPlan;
 use mock_server::args::ReportArgs;
 
 /// `loadgen replay` flags (`mockserve replay`'s, plus the live ones).
@@ -426,7 +428,7 @@ pub struct ReplayRun {
     /// The report JSON as written.
     pub json: serde_json::Value,
     /// How late the server handed its tokens to clients, when it said.
-    pub server_lateness: Option<crate::scrape::Lateness>,
+    pub server_lateness: Option<crate::observe::scrape::Lateness>,
     /// For an agentic trace: the plays' outcomes and every node's times (µs since the run
     /// start), as `mockserve replay` reports them.
     pub agentic: Option<AgenticReport>,
@@ -484,7 +486,7 @@ pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, 
         expected,
         owned: Vec::new(),
     };
-    harness::run(sessions, &spec, &settings(args, console)).await
+    run::execute(sessions, &spec, &settings(args, console)).await
 }
 
 /// The harness settings of a live replay.
@@ -499,7 +501,7 @@ fn settings(args: &ReplayArgs, console: bool) -> Settings<'_> {
 /// owns.
 struct SessionsMode<'a> {
     args: &'a ReplayArgs,
-    spec: &'a crate::target::TargetSpec,
+    spec: &'a crate::run::target::TargetSpec,
     console: bool,
     session_mode: SessionMode,
     trace: Arc<Trace>,
@@ -676,14 +678,15 @@ impl ReplayKeys {
     fn run(
         self,
         mut live: LiveReport,
-        items: &[(&crate::driver::Sample, &RequestInfo)],
+        items: &[(&crate::run::driver::Sample, &RequestInfo)],
         agentic: Option<AgenticReport>,
         session_mode: SessionMode,
-        shard: Option<crate::shard::Shard>,
+        shard: Option<crate::run::shard::Shard>,
         observed: &Observed,
     ) -> ReplayRun {
         live.set_shard(shard);
-        let ok = |(s, _): &&(&crate::driver::Sample, &RequestInfo)| s.response.failure.is_none();
+        let ok =
+            |(s, _): &&(&crate::run::driver::Sample, &RequestInfo)| s.response.failure.is_none();
         let expected_total: usize = items
             .iter()
             .filter(ok)
@@ -722,7 +725,7 @@ impl ReplayKeys {
         }
         let mut json = live.to_json(&keys);
         observed.annotate(&mut json, &live, Some(self.config));
-        crate::shard::annotate(&mut json, shard);
+        crate::run::shard::annotate(&mut json, shard);
         ReplayRun {
             live,
             session_mode,
@@ -894,13 +897,13 @@ async fn replay_graph(
         graph: Arc::new(graph),
         owned: Vec::new(),
     };
-    harness::run(mode, &spec, &settings(args, console)).await
+    run::execute(mode, &spec, &settings(args, console)).await
 }
 
 /// An agentic trace's request graph in the harness, sent by [`graph_driver::drive_graph`].
 struct GraphMode<'a> {
     args: &'a ReplayArgs,
-    spec: &'a crate::target::TargetSpec,
+    spec: &'a crate::run::target::TargetSpec,
     console: bool,
     format: TraceFormat,
     lanes: Option<usize>,

@@ -5,6 +5,11 @@
 //! time starts when the previous answer has fully arrived), sending the whole history and
 //! appending the streamed answer on success.
 
+pub mod compare;
+pub mod config;
+pub mod report;
+pub mod workload;
+
 use std::borrow::Cow;
 use std::io::Write as _;
 use std::sync::Arc;
@@ -13,15 +18,15 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
 
-use crate::client::{FirstToken, Response};
-use crate::config::MultiturnConfig;
-use crate::driver::{self, DriverConfig, Observer, Planned, RunHooks, Sample, Script, Start};
 use crate::error::LoadgenError;
-use crate::harness::{self, Mode, Report, Settings};
-use crate::multiturn_report::{RawResult, Results, RunData, ShardSample};
+use crate::multiturn::config::MultiturnConfig;
+use crate::multiturn::report::{RawResult, Results, RunData, ShardSample};
+use crate::multiturn::workload::{TokenCounter, UserScript, Workload};
 use crate::observe::Observed;
-use crate::target::{Api, Connected};
-use crate::workload::{TokenCounter, UserScript, Workload};
+use crate::run::client::{FirstToken, Response};
+use crate::run::driver::{self, DriverConfig, Observer, Planned, RunHooks, Sample, Script, Start};
+use crate::run::target::{Api, Connected};
+use crate::run::{self, Mode, Report, Settings};
 use mock_server::args::ReportArgs;
 
 /// What every conversation needs to build its bodies.
@@ -92,7 +97,7 @@ fn assistant_message(r: &Response) -> Value {
     json!({
         "role": "assistant",
         "content": if r.content.is_empty() { Value::Null } else { json!(r.content) },
-        "tool_calls": r.tool_calls.iter().map(crate::client::ToolCall::to_json).collect::<Vec<_>>(),
+        "tool_calls": r.tool_calls.iter().map(crate::run::client::ToolCall::to_json).collect::<Vec<_>>(),
     })
 }
 
@@ -216,7 +221,7 @@ pub async fn multiturn(config: &MultiturnConfig) -> Result<Results, LoadgenError
         turn_facts: Vec::new(),
         bar: ProgressBar::hidden(),
     };
-    let run = harness::run(mode, &config.target, &settings).await?;
+    let run = run::execute(mode, &config.target, &settings).await?;
     Ok(run.results)
 }
 
@@ -321,7 +326,7 @@ impl Mode for Conversations<'_> {
                 };
                 let line = format!(
                     "  [user {}][turn {}/{}] ttft={ttft}  total={:.1}s  ok={}",
-                    crate::shard::global(shard, s.session),
+                    crate::run::shard::global(shard, s.session),
                     s.turn + 1,
                     num_turns,
                     (s.lag_us() + tm.end_us) as f64 / 1e6,
@@ -335,7 +340,7 @@ impl Mode for Conversations<'_> {
                 if let Some(f) = &s.response.failure {
                     eprintln!(
                         "  [user {}][turn {}] {}",
-                        crate::shard::global(shard, s.session),
+                        crate::run::shard::global(shard, s.session),
                         s.turn,
                         f
                     );
@@ -407,7 +412,7 @@ impl Mode for Conversations<'_> {
             let mut rec = record(s, tokens);
             rec.tool_call = tool_call;
             rec.after_tool = after_tool;
-            rec.user_id = crate::shard::global(shard, s.session);
+            rec.user_id = crate::run::shard::global(shard, s.session);
             if let Some(sh) = shard {
                 rec.shard = Some(sh.pair());
                 rec.merge = Some(ShardSample {
@@ -432,7 +437,7 @@ impl Mode for Conversations<'_> {
             config.speculative_prefill,
             config.to_json(&self.model, &self.url),
         );
-        crate::shard::annotate(&mut results.config, shard);
+        crate::run::shard::annotate(&mut results.config, shard);
         Ok(MultiturnRun {
             results,
             duration_s,
@@ -496,7 +501,7 @@ pub fn write_results(
 /// The pass/fail verdict: fails when every request failed or the failure share is above
 /// `max_failure_rate`.
 pub fn verdict(results: &Results, max_failure_rate: f64) -> Result<(), LoadgenError> {
-    crate::failure::verdict(
+    crate::run::failure::verdict(
         results.total_requests,
         results.failed_requests,
         max_failure_rate,

@@ -1,8 +1,28 @@
-//! The one run harness: every run command (`bench`, `replay`, `sweep`, `multiturn`) goes
-//! through [`run`], which connects, waits for `--start-at`, starts the observers, drives,
-//! stops them, builds the report, prints it and writes its files. A [`Mode`] supplies only its
-//! schedule and its report; [`RunArgs`] are the flags the harness reads, flattened into each
-//! mode's flags.
+//! One run, whatever the mode: the harness every run command (`bench`, `replay`, `sweep`,
+//! `multiturn`) goes through, and what it runs on.
+//!
+//! The harness (`execute`) connects, waits for `--start-at`, starts the observers, drives, stops
+//! them, builds the report, prints it and writes its files; a mode supplies only its schedule
+//! and its report. [`RunArgs`] are the flags it reads, flattened into each mode's flags. The
+//! modules:
+//!
+//! - [`target`]: where requests go ([`target::TargetArgs`] → [`target::TargetSpec`] →
+//!   [`target::Connected`]): `--url` or the embedded mockserve, model detection, the tokenizer.
+//! - [`driver`]: the one driver loop; each session is a [`driver::Script`] whose requests are
+//!   due at absolute offsets (open loop) or after the previous answer (closed loop).
+//! - [`client`]: one streamed request and its timing; [`sse`]: the bounded SSE parser it reads
+//!   with.
+//! - [`prompt`]: prompt text from hash ids, exact for a known tokenizer.
+//! - [`failure`]: why a request failed, counts by reason and the verdict.
+//! - [`shard`]: `--shard I/N` and `--start-at`, one load split over N processes.
+
+pub mod client;
+pub mod driver;
+pub mod failure;
+pub mod prompt;
+pub mod shard;
+pub mod sse;
+pub mod target;
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -12,12 +32,12 @@ use std::time::Duration;
 use clap::Args;
 use serde_json::Value;
 
-use crate::driver::{DriverConfig, RunHooks};
 use crate::error::LoadgenError;
-use crate::failure::FailureArgs;
 use crate::observe::{Observe, ObserveArgs, Observed};
-use crate::shard::ShardArgs;
-use crate::target::{Api, Connected, TargetArgs, TargetSpec};
+use crate::run::driver::{DriverConfig, RunHooks};
+use crate::run::failure::FailureArgs;
+use crate::run::shard::ShardArgs;
+use crate::run::target::{Api, Connected, TargetArgs, TargetSpec};
 use mock_server::args::ReportArgs;
 
 /// The flags of one run besides its schedule: report files, observers, failure threshold,
@@ -72,7 +92,7 @@ impl<'a> Settings<'a> {
     }
 }
 
-/// What a run command supplies to [`run`]: its schedule (built once connected, sent by
+/// What a run command supplies to [`execute`]: its schedule (built once connected, sent by
 /// [`Mode::drive`]) and its report.
 pub(crate) trait Mode {
     /// What [`Mode::prepare`] builds for [`Mode::drive`] to send.
@@ -127,7 +147,7 @@ pub(crate) trait Report {
 
 /// Runs `mode` on `spec`: connect, `--start-at`, observers, drive, report, print, write files,
 /// write the HTML report. The target is shut down whether the run succeeded or not.
-pub(crate) async fn run<M: Mode>(
+pub(crate) async fn execute<M: Mode>(
     mut mode: M,
     spec: &TargetSpec,
     settings: &Settings<'_>,
@@ -165,7 +185,7 @@ pub(crate) async fn run<M: Mode>(
     run.write_files(settings.report)?;
     if let Some(path) = settings.html {
         let (name, json) = run.html_json();
-        crate::html::write(path, &[crate::html::RunView::of(name, &json)])?;
+        crate::report::html::write(path, &[crate::report::html::RunView::of(name, &json)])?;
     }
     Ok(run)
 }

@@ -14,7 +14,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::error::LoadgenError;
-use crate::replay_report::LiveReport;
+use crate::report::replay_report::LiveReport;
 
 /// Quantiles kept per latency in `latency_cdf` (0%, 1%, ..., 100%).
 pub const CDF_POINTS: usize = 101;

@@ -14,6 +14,15 @@
 //! [`MIN_GAIN`] over a smaller point's. The *knee* ([`knee`]) is the point of the highest
 //! goodput when there is an SLO, else the last point before the first saturated one.
 
+mod point;
+mod saturation;
+
+pub use point::{LoadPoint, Point};
+pub use saturation::{
+    knee, saturation, ttft_growth, Overload, MIN_GAIN, OVERLOAD_MIN_REQUESTS, OVERLOAD_TTFT_GROWTH,
+    RATE_SHORTFALL,
+};
+
 use std::sync::{Arc, Mutex};
 
 use clap::{Args, ValueEnum};
@@ -21,24 +30,16 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use crate::bench::{self, BenchArgs, BenchPlan, Load, Rate};
-use crate::driver::RunHooks;
-use crate::driver::{Observer, Sample};
+use crate::bench::{self, BenchArgs, BenchPlan};
 use crate::error::LoadgenError;
-use crate::harness::{self, Mode, Report, Settings};
 use crate::limits;
 use crate::observe::Observed;
-use crate::replay_report::LiveRecord;
-use crate::target::Connected;
-use crate::target::EmbeddedOptions;
+use crate::run::driver::RunHooks;
+use crate::run::driver::{Observer, Sample};
+use crate::run::target::Connected;
+use crate::run::target::EmbeddedOptions;
+use crate::run::{self, Mode, Report, Settings};
 use mock_server::args::ReportArgs;
-
-/// An open-loop point achieving less than this share of its offered rate is saturated.
-pub const RATE_SHORTFALL: f64 = 0.9;
-
-/// A closed-loop point whose throughput is less than this factor above a smaller point's is
-/// saturated (more load bought no throughput).
-pub const MIN_GAIN: f64 = 1.1;
 
 /// Default share of requests that must meet the SLO for a point to be good.
 pub const DEFAULT_MIN_ATTAINMENT: f64 = 0.9;
@@ -124,78 +125,6 @@ pub enum SearchAxis {
     RequestRate,
     /// Closed loop, requests in flight.
     Concurrency,
-}
-
-/// One load point.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LoadPoint {
-    /// Closed loop with this many requests in flight.
-    Concurrency(usize),
-    /// Open loop at this many requests per second.
-    RequestRate(f64),
-    /// The sweep's trace replayed with its arrivals sped up by this factor.
-    ArrivalSpeedup(f64),
-}
-
-impl LoadPoint {
-    /// The load as a number (req/s or concurrency).
-    pub fn value(self) -> f64 {
-        match self {
-            LoadPoint::Concurrency(n) => n as f64,
-            LoadPoint::RequestRate(r) | LoadPoint::ArrivalSpeedup(r) => r,
-        }
-    }
-
-    /// `c=8` or `8 req/s`.
-    pub fn label(self) -> String {
-        match self {
-            LoadPoint::Concurrency(n) => format!("c={n}"),
-            LoadPoint::RequestRate(r) => format!("{} req/s", trim(r)),
-            LoadPoint::ArrivalSpeedup(x) => format!("replay x{}", trim(x)),
-        }
-    }
-
-    /// The bench plan of this point: `base` with this load and seed.
-    pub fn plan(self, base: &BenchPlan, seed: u64) -> BenchPlan {
-        let mut plan = *base;
-        plan.seed = seed;
-        plan.load = match (self, base.load) {
-            (LoadPoint::Concurrency(users), _) => Load::Closed { users },
-            (
-                LoadPoint::RequestRate(r),
-                Load::Open {
-                    arrival,
-                    burstiness,
-                    max_in_flight,
-                    ..
-                },
-            ) => Load::Open {
-                rate: Rate::PerSecond(r),
-                arrival,
-                burstiness,
-                max_in_flight,
-            },
-            (LoadPoint::ArrivalSpeedup(_), load) => load,
-            (LoadPoint::RequestRate(r), Load::Closed { .. }) => Load::Open {
-                rate: Rate::PerSecond(r),
-                arrival: bench::Arrival::Poisson,
-                burstiness: 1.0,
-                max_in_flight: None,
-            },
-        };
-        plan
-    }
-}
-
-/// `x` with at most 3 decimals and no trailing zeros after the point.
-fn trim(x: f64) -> String {
-    let s = format!("{x:.3}");
-    if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        s
-    }
 }
 
 /// What a sweep runs.
@@ -286,7 +215,7 @@ impl SweepArgs {
             trace_format: servesim::trace::TraceFormat::Auto,
             agentic_lanes: None,
             endpoint: self.bench.endpoint,
-            run: crate::harness::RunArgs {
+            run: crate::run::RunArgs {
                 report: crate::observe::quiet(),
                 observe: crate::observe::ObserveArgs {
                     no_scrape_metrics: true,
@@ -390,192 +319,6 @@ impl SweepArgs {
     }
 }
 
-/// Watches a running point for a server clearly over capacity, from its completed requests.
-#[derive(Debug, Default)]
-pub struct Overload {
-    /// Judge TTFT growth (open loop only: a closed loop bounds its queue).
-    pub open_loop: bool,
-    completed: usize,
-    errors: usize,
-    /// TTFTs (ms) of successful requests in completion order.
-    ttfts: Vec<f64>,
-}
-
-/// Requests a point needs before [`Overload`] judges it.
-pub const OVERLOAD_MIN_REQUESTS: usize = 40;
-
-/// Growth of the median TTFT from the first to the last quarter of a point's completed
-/// requests that marks queueing without bound.
-pub const OVERLOAD_TTFT_GROWTH: f64 = 4.0;
-
-impl Overload {
-    /// Records one completed request.
-    pub fn observe(&mut self, s: &Sample) {
-        self.completed += 1;
-        match s.ttft_us(crate::client::FirstToken::Any) {
-            Some(t) => self.ttfts.push(t as f64 / 1000.0),
-            None => self.errors += 1,
-        }
-    }
-
-    /// Why the server is over capacity, if it clearly is: half or more of at least 10 requests
-    /// failed, or the median TTFT of the last quarter of completions is
-    /// [`OVERLOAD_TTFT_GROWTH`] times the first quarter's (after [`OVERLOAD_MIN_REQUESTS`]).
-    pub fn verdict(&self) -> Option<String> {
-        if self.completed >= 10 && self.errors * 2 >= self.completed {
-            return Some(format!(
-                "{} of {} requests failed",
-                self.errors, self.completed
-            ));
-        }
-        if !self.open_loop {
-            return None;
-        }
-        let growth = ttft_growth(&self.ttfts)?;
-        (self.ttfts.len() >= OVERLOAD_MIN_REQUESTS && growth >= OVERLOAD_TTFT_GROWTH).then(|| {
-            format!("TTFT grows without bound (last quarter's median {growth:.1}x the first's)")
-        })
-    }
-}
-
-/// Median of the last quarter over median of the first quarter (None with fewer than 8).
-pub fn ttft_growth(ttfts: &[f64]) -> Option<f64> {
-    if ttfts.len() < 8 {
-        return None;
-    }
-    let q = ttfts.len() / 4;
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let first = median(&ttfts[..q]);
-    let last = median(&ttfts[ttfts.len() - q..]);
-    (first > 0.0).then(|| last / first)
-}
-
-/// One measured point.
-#[derive(Clone, Debug)]
-pub struct Point {
-    /// The load.
-    pub load: LoadPoint,
-    /// Its bench report JSON (the same keys as `bench`), plus the sweep's keys.
-    pub json: Value,
-    /// Why the point counts as saturated (empty when it does not).
-    pub saturation: Vec<String>,
-    /// Share of requests that met the SLO (None without one).
-    pub attainment: Option<f64>,
-    /// Its per-request records.
-    pub records: Vec<crate::replay_report::LiveRecord>,
-}
-
-impl Point {
-    fn f(&self, key: &str) -> f64 {
-        self.json[key].as_f64().unwrap_or(0.0)
-    }
-
-    /// Achieved requests per second.
-    pub fn rps(&self) -> f64 {
-        self.f("request_throughput_rps")
-    }
-
-    /// True when it met the SLO (when there is one) and did not saturate.
-    pub fn good(&self, min_attainment: f64) -> bool {
-        self.saturation.is_empty() && self.attainment.is_none_or(|a| a >= min_attainment)
-    }
-}
-
-/// Why a point is saturated, given its records (in scheduled order) and the points measured
-/// before it.
-pub fn saturation(
-    load: LoadPoint,
-    json: &Value,
-    records: &[LiveRecord],
-    earlier: &[Point],
-    max_failure_rate: f64,
-) -> Vec<String> {
-    let mut why = Vec::new();
-    if let Some(reason) = json["stopped_early"].as_str() {
-        why.push(format!("stopped early: {reason}"));
-    }
-    let rps = json["request_throughput_rps"].as_f64().unwrap_or(0.0);
-    let total = records.len() as f64;
-    let failed = records.iter().filter(|r| r.error.is_some()).count() as f64;
-    if total > 0.0 && failed / total > max_failure_rate {
-        why.push(format!("{failed} of {total} requests failed"));
-    }
-    match load {
-        LoadPoint::RequestRate(_) | LoadPoint::ArrivalSpeedup(_) => {
-            let r = match load {
-                LoadPoint::RequestRate(r) => r,
-                _ => f64::INFINITY,
-            };
-            // What a server keeping up would achieve: every request done by its send time plus
-            // the run's fastest latency (a finite run drains after its last send).
-            let last_ms = records.iter().map(|r| r.scheduled_ms).fold(0.0, f64::max);
-            let fastest_ms = records
-                .iter()
-                .filter_map(|r| r.record.e2e_latency_ms)
-                .fold(f64::INFINITY, f64::min);
-            let fastest_ms = if fastest_ms.is_finite() {
-                fastest_ms
-            } else {
-                0.0
-            };
-            let keeping_up = total / ((last_ms + fastest_ms) / 1000.0).max(1e-9);
-            let expected = r.min(keeping_up);
-            if rps < RATE_SHORTFALL * expected {
-                why.push(format!("achieved {rps:.2} req/s of {} offered", trim(r)));
-            }
-            let ttfts: Vec<f64> = records.iter().filter_map(|r| r.record.ttft_ms).collect();
-            if let Some(g) = ttft_growth(&ttfts).filter(|&g| g >= OVERLOAD_TTFT_GROWTH) {
-                why.push(format!(
-                    "TTFT grew {g:.1}x from the first to the last quarter"
-                ));
-            }
-        }
-        LoadPoint::Concurrency(n) => {
-            let best_below = earlier
-                .iter()
-                .filter(|p| matches!(p.load, LoadPoint::Concurrency(m) if m < n))
-                .map(Point::rps)
-                .fold(0.0, f64::max);
-            if best_below > 0.0 && rps < MIN_GAIN * best_below {
-                why.push(format!(
-                    "throughput {rps:.2} req/s, not {MIN_GAIN}x above a smaller concurrency's {best_below:.2}"
-                ));
-            }
-        }
-    }
-    why
-}
-
-/// Index of the knee. With an SLO, the point of the highest goodput (good requests per
-/// second); without, the last point (in load order) before the first saturated one, or the last
-/// point when none saturated (None when the first point already saturated).
-pub fn knee(points: &[Point]) -> Option<usize> {
-    let goodput = |p: &Point| p.json["goodput"]["rate_rps"].as_f64();
-    if points.iter().any(|p| goodput(p).is_some()) {
-        return points
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| Some((i, goodput(p)?)))
-            .filter(|(_, g)| *g > 0.0)
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-            .map(|(i, _)| i);
-    }
-    let mut order: Vec<usize> = (0..points.len()).collect();
-    order.sort_by(|&a, &b| points[a].load.value().total_cmp(&points[b].load.value()));
-    let mut knee = None;
-    for i in order {
-        if !points[i].saturation.is_empty() {
-            break;
-        }
-        knee = Some(i);
-    }
-    knee
-}
-
 /// The loads the search visits: given the points so far (in run order), the next load, or None
 /// when the search is over.
 pub fn next_search_load(
@@ -655,15 +398,12 @@ async fn run_point(
     load: LoadPoint,
     plan: &SweepPlan,
     index: usize,
-    target: &crate::target::Connected,
+    target: &crate::run::target::Connected,
     earlier: &[Point],
 ) -> Result<Point, LoadgenError> {
     let point_plan = load.plan(&plan.base, plan.base.seed.wrapping_add(index as u64));
     let (stop_tx, stop_rx) = watch::channel(false);
-    let overload = Overload {
-        open_loop: matches!(load, LoadPoint::RequestRate(_)),
-        ..Overload::default()
-    };
+    let overload = Overload::new(matches!(load, LoadPoint::RequestRate(_)));
     let watch_state = Arc::new(Mutex::new((overload, None::<String>)));
     let state = watch_state.clone();
     let observer: Observer = Arc::new(move |s: &Sample| {
@@ -740,7 +480,7 @@ async fn run_point(
 /// Runs the sweep's points on a connected target.
 pub async fn run_points(
     plan: &SweepPlan,
-    target: &crate::target::Connected,
+    target: &crate::run::target::Connected,
     mut on_point: impl FnMut(&Point),
 ) -> Result<Vec<Point>, LoadgenError> {
     let mut points: Vec<Point> = Vec::new();
@@ -857,12 +597,12 @@ pub async fn sweep(args: &SweepArgs) -> Result<SweepRun, LoadgenError> {
         spec: &spec,
         quiet: run.report.quiet,
     };
-    let sweep = harness::run(mode, &spec, &settings).await?;
+    let sweep = run::execute(mode, &spec, &settings).await?;
     // Overload failures are what a sweep looks for, but a sweep in which every request of every
     // point failed measured nothing: the report is written and the exit status says so.
     let records = sweep.points.iter().flat_map(|p| &p.records);
     let failed = records.clone().filter(|r| r.error.is_some()).count();
-    crate::failure::verdict(records.count(), failed, 1.0)?;
+    crate::run::failure::verdict(records.count(), failed, 1.0)?;
     Ok(sweep)
 }
 
@@ -870,7 +610,7 @@ pub async fn sweep(args: &SweepArgs) -> Result<SweepRun, LoadgenError> {
 /// them.
 struct Points<'a> {
     plan: &'a SweepPlan,
-    spec: &'a crate::target::TargetSpec,
+    spec: &'a crate::run::target::TargetSpec,
     /// No line per point.
     quiet: bool,
 }
@@ -880,7 +620,7 @@ impl Mode for Points<'_> {
     type Driven = Vec<Point>;
     type Run = SweepRun;
 
-    fn api(&self) -> crate::target::Api {
+    fn api(&self) -> crate::run::target::Api {
         self.plan.base.api
     }
 
@@ -995,7 +735,12 @@ impl Report for SweepRun {
     }
 
     fn write_files(&self, report: &ReportArgs) -> Result<(), LoadgenError> {
-        crate::replay_report::write_files(&self.json, &[], report.report_json.as_deref(), None)?;
+        crate::report::replay_report::write_files(
+            &self.json,
+            &[],
+            report.report_json.as_deref(),
+            None,
+        )?;
         if let Some(path) = &report.per_request_jsonl {
             write_point_records(path, &self.points)?;
         }
@@ -1031,6 +776,7 @@ fn write_point_records(path: &std::path::Path, points: &[Point]) -> Result<(), L
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::{Load, Rate};
     use clap::Parser;
 
     fn plan(flags: &[&str]) -> Result<SweepPlan, LoadgenError> {
@@ -1154,46 +900,5 @@ mod tests {
             next_search_load(&[(4.0, false)], 4.0, 2.0, 2, false),
             Some(3.0)
         );
-    }
-
-    fn point(load: LoadPoint, rps: f64, saturated: bool, goodput: Option<f64>) -> Point {
-        Point {
-            load,
-            json: json!({"request_throughput_rps": rps, "goodput": goodput.map(|g| json!({"rate_rps": g}))}),
-            saturation: if saturated { vec!["x".into()] } else { vec![] },
-            attainment: None,
-            records: vec![],
-        }
-    }
-
-    #[test]
-    fn the_knee_and_saturation() {
-        let c = LoadPoint::Concurrency;
-        let pts = vec![
-            point(c(1), 10.0, false, None),
-            point(c(4), 30.0, false, None),
-            point(c(2), 18.0, false, None),
-            point(c(8), 31.0, true, None),
-        ];
-        assert_eq!(knee(&pts), Some(1));
-        assert_eq!(knee(&pts[3..]), None);
-        let with_slo = vec![
-            point(c(1), 10.0, false, Some(10.0)),
-            point(c(2), 18.0, false, Some(17.0)),
-            point(c(4), 30.0, false, Some(5.0)),
-        ];
-        assert_eq!(knee(&with_slo), Some(1));
-        // A closed loop that buys no throughput is saturated; one that does is not.
-        let earlier = vec![point(c(4), 30.0, false, None)];
-        let flat = json!({"request_throughput_rps": 31.0});
-        assert_eq!(saturation(c(8), &flat, &[], &earlier, 0.05).len(), 1);
-        let more = json!({"request_throughput_rps": 40.0});
-        assert!(saturation(c(8), &more, &[], &earlier, 0.05).is_empty());
-        assert_eq!(ttft_growth(&[1.0; 8]), Some(1.0));
-        assert_eq!(
-            ttft_growth(&[1.0, 1.0, 2.0, 3.0, 4.0, 5.0, 9.0, 9.0]),
-            Some(9.0)
-        );
-        assert_eq!(ttft_growth(&[1.0; 7]), None);
     }
 }

@@ -1,0 +1,7 @@
+//! What a run leaves behind: the `replay` and `bench` report with its raw per-request records
+//! ([`replay_report`]), the self-contained HTML report ([`html`]), and one report rebuilt from
+//! the records of several runs ([`merge`]).
+
+pub mod html;
+pub mod merge;
+pub mod replay_report;
