@@ -350,5 +350,9 @@ mod tests {
         assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
         assert_eq!(s.matches("<polyline").count(), 4);
         assert!(s.contains("a&lt;.json"));
+        assert_eq!(
+            (s.len(), xxhash_rust::xxh3::xxh3_64(s.as_bytes())),
+            (2847, 16105126307942792037)
+        );
     }
 }

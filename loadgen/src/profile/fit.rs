@@ -442,6 +442,10 @@ mod tests {
         );
         let svg = svg(&t, &m);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert_eq!(
+            (svg.len(), xxhash_rust::xxh3::xxh3_64(svg.as_bytes())),
+            (1578, 5865883984525431562)
+        );
         assert_eq!(svg.matches("<polyline").count(), 3);
         assert_eq!(svg.matches("<circle").count(), 7);
     }

@@ -898,8 +898,8 @@ mod tests {
         assert_eq!(nice_ticks(0.0, 10.0), vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
     }
 
-    #[test]
-    fn the_page_is_self_contained_and_has_every_section() {
+    /// A run, a sweep and a multiturn run: every chart of the page.
+    fn views() -> Vec<RunView> {
         let run = json!({
             "num_requests": 3, "request_throughput_rps": 2.5, "median_ttft_ms": 12.0,
             "latency_cdf": {"ttft_ms": [1.0, 2.0, 3.0], "itl_ms": [0.5, 0.6], "e2e_ms": [10.0, 20.0]},
@@ -918,11 +918,25 @@ mod tests {
         });
         let multiturn = json!({"per_turn_ttft": [{"turn": 0, "p50_us": 1000, "p95_us": 2000}, {"turn": 1, "p50_us": 500, "p95_us": 900}],
             "raw_results": [{"success": true, "first_answer_us": 1000, "total_latency_us": 5000}]});
-        let page = render(&[
+        vec![
             RunView::of("a", &run),
             RunView::of("sweep", &sweep),
             RunView::of("mt", &multiturn),
-        ]);
+        ]
+    }
+
+    #[test]
+    fn the_page_bytes_are_pinned() {
+        let page = render(&views());
+        assert_eq!(
+            (page.len(), xxhash_rust::xxh3::xxh3_64(page.as_bytes())),
+            (26117, 1684900529061468447)
+        );
+    }
+
+    #[test]
+    fn the_page_is_self_contained_and_has_every_section() {
+        let page = render(&views());
         for needle in [
             "<!DOCTYPE html>",
             "TTFT CDF",
