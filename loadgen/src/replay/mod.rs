@@ -22,7 +22,6 @@
 pub mod graph_driver;
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,42 +40,24 @@ use crate::run::prompt::PromptSynth;
 use crate::run::target::{request_body, Api, Connected, EmbeddedOptions};
 use crate::run::{self, Mode, Report, RunArgs, Settings};
 use graph_driver::GraphPlan;
-use mock_server::args::ReportArgs;
+use mock_server::args::{ReportArgs, TraceArgs};
 
-/// `loadgen replay` flags (`mockserve replay`'s, plus the live ones).
+/// `loadgen replay` flags (`mockserve replay`'s trace flags, plus the live ones).
 #[derive(Args, Clone, Debug)]
+#[command(
+    mut_arg("arrival_speedup_ratio", |a| a.help(
+        "Divides arrival timestamps and inter-turn delays (10^-6 to 10^6); for an agentic trace, \
+         the floors (not_before_ms) and every dependency delay")),
+    mut_arg("trace_block_size", |a| a.help("Prompt tokens per trace hash id (1 to 2^20)")),
+    mut_arg("allow_long_schedule", |a| a.help(
+        "Replay a trace whose schedule, sped up, runs longer than seven days of wall time (the \
+         last arrival, or a session's arrival plus its delays): by default such a trace is \
+         refused before anything is sent, naming the row past the bound")),
+)]
 pub struct ReplayArgs {
-    /// Mooncake JSONL trace, or an agentic trace (see --trace-format).
-    pub trace: PathBuf,
-
-    /// How to read the trace: auto (detected from the first row: a dynamo.agentic_mooncake
-    /// header, a weka play, a dynamo.request.trace.v1 record, or rows with wait_for),
-    /// mooncake, agentic-mooncake (v2 with its header, or legacy v1), weka, dynamo (.jsonl or
-    /// .jsonl.gz), applied-compute-agentic (rows with num_turns), mooncake-delta (Mooncake rows
-    /// holding only each turn's new tokens; never detected, name it).
-    #[arg(long, default_value = "auto", value_parser = parse_trace_format)]
-    pub trace_format: TraceFormat,
-
-    /// Divides arrival timestamps and inter-turn delays (10^-6 to 10^6); for an agentic trace,
-    /// the floors (not_before_ms) and every dependency delay.
-    #[arg(long, default_value_t = 4.0)]
-    pub arrival_speedup_ratio: f64,
-
-    /// Agentic traces: run the plays in this many lanes (a closed loop of agents: plays in
-    /// source_play_ordinal, else play_id, order, the next one starting when a lane's play
-    /// settles); by default every play runs by its floors.
-    #[arg(long, value_name = "L", value_parser = clap::value_parser!(u32).range(1..))]
-    pub agentic_lanes: Option<u32>,
-
-    /// Prompt tokens per trace hash id (1 to 2^20).
-    #[arg(long, default_value_t = 512)]
-    pub trace_block_size: usize,
-
-    /// Replay a trace whose schedule, sped up, runs longer than seven days of wall time (the
-    /// last arrival, or a session's arrival plus its delays): by default such a trace is
-    /// refused before anything is sent, naming the row past the bound.
-    #[arg(long)]
-    pub allow_long_schedule: bool,
+    /// The trace and how to read it (`mockserve replay`'s flags).
+    #[command(flatten)]
+    pub trace: TraceArgs,
 
     /// Replay only the first N rows of the file (like `head -n N`); at least 1.
     #[arg(long)]
@@ -102,11 +83,6 @@ pub struct ReplayArgs {
     /// trace sessions s with s % N == I, at their unsharded times).
     #[command(flatten)]
     pub run: RunArgs,
-}
-
-/// A `--trace-format` value.
-fn parse_trace_format(s: &str) -> Result<TraceFormat, String> {
-    s.parse()
 }
 
 /// How session rows relate to each other.
@@ -327,8 +303,8 @@ impl ReplayArgs {
     /// Checks every flag's range (and that the report files can be written) before the trace
     /// is read or anything connects.
     pub fn check(&self) -> Result<(), LoadgenError> {
-        limits::arrival_speedup(self.arrival_speedup_ratio)?;
-        limits::trace_block_size(self.trace_block_size)?;
+        limits::arrival_speedup(self.trace.arrival_speedup_ratio)?;
+        limits::trace_block_size(self.trace.block_size)?;
         if self.max_requests == Some(0) {
             return Err(LoadgenError::OutOfRange {
                 flag: "--max-requests".into(),
@@ -385,18 +361,19 @@ pub fn check_prompt_lengths(
 /// `--allow-long-schedule`.
 pub fn load_trace(args: &ReplayArgs) -> Result<Trace, LoadgenError> {
     let options = TraceOptions {
-        trace_block_size: args.trace_block_size,
-        arrival_speedup_ratio: args.arrival_speedup_ratio,
+        trace_block_size: args.trace.block_size,
+        arrival_speedup_ratio: args.trace.arrival_speedup_ratio,
     };
-    let bound = trace::ScheduleBound::of_flag(args.allow_long_schedule);
-    let name = args.trace.display().to_string();
+    let bound = trace::ScheduleBound::of_flag(args.trace.allow_long_schedule);
+    let name = args.trace.path.display().to_string();
     let trace = match args.max_requests {
-        None => trace::load_with_bound(&args.trace, &options, bound)?,
+        None => trace::load_with_bound(&args.trace.path, &options, bound)?,
         Some(n) => {
-            let text = std::fs::read_to_string(&args.trace).map_err(|source| LoadgenError::Io {
-                path: args.trace.clone(),
-                source,
-            })?;
+            let text =
+                std::fs::read_to_string(&args.trace.path).map_err(|source| LoadgenError::Io {
+                    path: args.trace.path.clone(),
+                    source,
+                })?;
             let mut kept = 0usize;
             let mut end = 0usize;
             for line in text.split_inclusive('\n') {
@@ -444,14 +421,14 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
 /// report files of `args` are written either way.
 pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, LoadgenError> {
     args.check()?;
-    let format = trace::detect_format(&args.trace, args.trace_format)?;
+    let format = trace::detect_format(&args.trace.path, args.trace.format)?;
     if format != TraceFormat::Mooncake {
         return replay_graph(args, format, console).await;
     }
-    if args.agentic_lanes.is_some() {
+    if args.trace.agentic_lanes.is_some() {
         return Err(LoadgenError::Config(format!(
             "--agentic-lanes needs an agentic trace; {} is plain Mooncake",
-            args.trace.display()
+            args.trace.path.display()
         )));
     }
     let trace = load_trace(args)?;
@@ -464,7 +441,7 @@ pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, 
     if console {
         println!(
             "Trace {}: {} requests in {} sessions; {}",
-            args.trace.display(),
+            args.trace.path.display(),
             trace.num_requests(),
             trace.sessions.len(),
             shape.describe()
@@ -474,8 +451,8 @@ pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, 
         }
     }
     let plans = plans(&trace, mode);
-    check_prompt_lengths(&trace, &plans, &args.trace.display().to_string())?;
-    let expected = expected_reuse(&trace, &plans, args.trace_block_size);
+    check_prompt_lengths(&trace, &plans, &args.trace.path.display().to_string())?;
+    let expected = expected_reuse(&trace, &plans, args.trace.block_size);
     let sessions = SessionsMode {
         args,
         spec: &spec,
@@ -526,9 +503,9 @@ impl Mode for SessionsMode<'_> {
         target: &Connected,
     ) -> Result<(Vec<Box<dyn Script>>, Option<usize>), LoadgenError> {
         let args = self.args;
-        let synth = Arc::new(target.synth(args.trace_block_size));
+        let synth = Arc::new(target.synth(args.trace.block_size));
         if self.console {
-            println!("{}", prompts_line(args, &synth, args.trace_block_size));
+            println!("{}", prompts_line(args, &synth, args.trace.block_size));
         }
         let trace = &self.trace;
         let shard = args.run.sharding.shard;
@@ -619,10 +596,10 @@ impl Mode for SessionsMode<'_> {
         let mode = format!("{:?}", self.session_mode).to_lowercase();
         let config = json!({
             "mode": "replay",
-            "trace": args.trace.display().to_string(),
+            "trace": args.trace.path.display().to_string(),
             "endpoint": args.endpoint.name(),
-            "arrival_speedup_ratio": args.arrival_speedup_ratio,
-            "trace_block_size": args.trace_block_size,
+            "arrival_speedup_ratio": args.trace.arrival_speedup_ratio,
+            "trace_block_size": args.trace.block_size,
             "max_requests": args.max_requests,
             "max_in_flight": args.max_in_flight,
             "session_mode": mode,
@@ -630,8 +607,8 @@ impl Mode for SessionsMode<'_> {
         });
         let keys = ReplayKeys {
             first: ("session_mode", json!(mode)),
-            arrival_speedup_ratio: args.arrival_speedup_ratio,
-            trace_block_size: args.trace_block_size,
+            arrival_speedup_ratio: args.trace.arrival_speedup_ratio,
+            trace_block_size: args.trace.block_size,
             config,
         };
         Ok(keys.run(
@@ -784,7 +761,7 @@ pub fn load_graph(args: &ReplayArgs, format: TraceFormat) -> Result<RequestGraph
         return Err(LoadgenError::Config(format!(
             "--max-requests replays the first rows of a plain Mooncake trace; {} is an agentic \
              trace ({format}), replayed whole (its rows depend on each other)",
-            args.trace.display()
+            args.trace.path.display()
         )));
     }
     if args.session_mode != SessionMode::Auto {
@@ -793,18 +770,18 @@ pub fn load_graph(args: &ReplayArgs, format: TraceFormat) -> Result<RequestGraph
              ({format}) are sent as its rows say"
         )));
     }
-    if args.agentic_lanes.is_some() && args.run.sharding.shard.is_some() {
+    if args.trace.agentic_lanes.is_some() && args.run.sharding.shard.is_some() {
         return Err(LoadgenError::Config(
             "--agentic-lanes and --shard do not go together: lanes queue every play of the \
              trace"
                 .into(),
         ));
     }
-    let graph = trace::load_graph(&args.trace, format, args.trace_block_size)?;
+    let graph = trace::load_graph(&args.trace.path, format, args.trace.block_size)?;
     graph.check_schedule(
-        &args.trace.display().to_string(),
-        args.arrival_speedup_ratio,
-        trace::ScheduleBound::of_flag(args.allow_long_schedule),
+        &args.trace.path.display().to_string(),
+        args.trace.arrival_speedup_ratio,
+        trace::ScheduleBound::of_flag(args.trace.allow_long_schedule),
     )?;
     Ok(graph)
 }
@@ -875,16 +852,16 @@ async fn replay_graph(
 ) -> Result<ReplayRun, LoadgenError> {
     let graph = load_graph(args, format)?;
     let spec = args.run.target.spec(&EmbeddedOptions::default())?;
-    let lanes = args.agentic_lanes.map(|l| l as usize);
+    let lanes = args.trace.agentic_lanes.map(|l| l as usize);
     if console {
         println!(
             "Trace {}: agentic ({format}), {} requests in {} plays, {} tokens per hash id, \
              speed-up {}{}",
-            args.trace.display(),
+            args.trace.path.display(),
             graph.nodes.len(),
             graph.plays.len(),
             graph.block_size,
-            args.arrival_speedup_ratio,
+            args.trace.arrival_speedup_ratio,
             lanes.map_or_else(String::new, |l| format!(", {l} lanes"))
         );
     }
@@ -947,7 +924,7 @@ impl Mode for GraphMode<'_> {
             synth,
             model: Arc::from(target.model.as_str()),
             api: args.endpoint,
-            speedup: args.arrival_speedup_ratio,
+            speedup: args.trace.arrival_speedup_ratio,
             lanes: self.lanes,
             plays: self.owned.clone(),
             ask_worker_id: target.ask_worker_id,
@@ -972,7 +949,7 @@ impl Mode for GraphMode<'_> {
         observed: &Observed,
     ) -> Result<ReplayRun, LoadgenError> {
         let (args, graph) = (self.args, &self.graph);
-        let speedup = args.arrival_speedup_ratio;
+        let speedup = args.trace.arrival_speedup_ratio;
         // Expected reuse in the order the prompts were sent (samples are in send order).
         let mut seen = SeenPrefixes::default();
         let infos: Vec<RequestInfo> = out
@@ -1026,7 +1003,7 @@ impl Mode for GraphMode<'_> {
         }
         let config = json!({
             "mode": "replay",
-            "trace": args.trace.display().to_string(),
+            "trace": args.trace.path.display().to_string(),
             "trace_format": self.format.name(),
             "endpoint": args.endpoint.name(),
             "arrival_speedup_ratio": speedup,

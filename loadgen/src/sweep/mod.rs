@@ -205,15 +205,17 @@ impl SweepArgs {
             return bad("--trace and --arrival-speedup-ratio go together");
         }
         let replay = self.trace.as_ref().map(|trace| crate::replay::ReplayArgs {
-            trace: trace.clone(),
-            arrival_speedup_ratio: 1.0,
-            trace_block_size: self.trace_block_size,
-            allow_long_schedule: self.allow_long_schedule,
+            trace: mock_server::args::TraceArgs {
+                path: trace.clone(),
+                format: servesim::trace::TraceFormat::Auto,
+                arrival_speedup_ratio: 1.0,
+                agentic_lanes: None,
+                block_size: self.trace_block_size,
+                allow_long_schedule: self.allow_long_schedule,
+            },
             max_requests: self.bench.num_requests,
             max_in_flight: self.bench.concurrency,
             session_mode: crate::replay::SessionMode::Auto,
-            trace_format: servesim::trace::TraceFormat::Auto,
-            agentic_lanes: None,
             endpoint: self.bench.endpoint,
             run: crate::run::RunArgs {
                 report: crate::observe::quiet(),
@@ -427,7 +429,7 @@ async fn run_point(
     let (mut json, live, attainment) = match (load, &plan.replay) {
         (LoadPoint::ArrivalSpeedup(x), Some(template)) => {
             let mut args = template.clone();
-            args.arrival_speedup_ratio = x;
+            args.trace.arrival_speedup_ratio = x;
             let run = crate::replay::replay_with(&args, false).await?;
             let attainment = plan.base.slo.map(|slo| {
                 bench::goodput(
@@ -838,7 +840,7 @@ mod tests {
             }
         ));
         let p = plan(&["--trace", "t.jsonl", "--arrival-speedup-ratio", "1,2"]).expect("valid");
-        assert_eq!(p.replay.as_ref().map(|r| r.trace_block_size), Some(512));
+        assert_eq!(p.replay.as_ref().map(|r| r.trace.block_size), Some(512));
         for (bad, says) in [
             (&[][..], "exactly one"),
             (
