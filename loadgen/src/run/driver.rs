@@ -128,6 +128,24 @@ pub struct RunHooks {
     pub sent: Option<Arc<AtomicU64>>,
 }
 
+impl RunHooks {
+    /// The driver's configuration: these hooks, an in-flight cap and a send deadline.
+    pub fn driver_config(
+        self,
+        max_in_flight: Option<usize>,
+        stop_after: Option<Duration>,
+    ) -> DriverConfig {
+        DriverConfig {
+            max_in_flight,
+            stop_after,
+            bar: self.bar,
+            observer: self.observer,
+            abort: self.abort,
+            sent: self.sent,
+        }
+    }
+}
+
 /// How the driver runs.
 #[derive(Clone, Default)]
 pub struct DriverConfig {

@@ -34,7 +34,7 @@ use serde_json::Value;
 
 use crate::error::LoadgenError;
 use crate::observe::{Observe, ObserveArgs, Observed};
-use crate::run::driver::{DriverConfig, RunHooks};
+use crate::run::driver::RunHooks;
 use crate::run::failure::FailureArgs;
 use crate::run::shard::ShardArgs;
 use crate::run::target::{Api, Connected, TargetArgs, TargetSpec};
@@ -188,22 +188,4 @@ pub(crate) async fn execute<M: Mode>(
         crate::report::html::write(path, &[crate::report::html::RunView::of(name, &json)])?;
     }
     Ok(run)
-}
-
-impl RunHooks {
-    /// The driver's configuration: these hooks, an in-flight cap and a send deadline.
-    pub(crate) fn driver_config(
-        self,
-        max_in_flight: Option<usize>,
-        stop_after: Option<Duration>,
-    ) -> DriverConfig {
-        DriverConfig {
-            max_in_flight,
-            stop_after,
-            bar: self.bar,
-            observer: self.observer,
-            abort: self.abort,
-            sent: self.sent,
-        }
-    }
 }
