@@ -4,39 +4,39 @@
 //! one driver with one TTFT definition and one failure report. Without `--url` it starts
 //! mockserve in-process on 127.0.0.1 and drives it.
 //!
-//! [`Cli`] is the command line and [`run`] / [`run_async`] execute it; a run whose failed
+//! [`Cli`] is the command line and [`run()`] / [`run_async`] execute it; a run whose failed
 //! requests exceed `--max-failure-rate` returns [`LoadgenError::TooManyFailures`] (or
-//! [`LoadgenError::AllFailed`]) after writing its reports. The modules:
+//! [`LoadgenError::AllFailed`]) after writing its reports. The folders:
 //!
-//! - [`target`]: where requests go ([`target::TargetArgs`] → [`target::TargetSpec`] →
-//!   [`target::Connected`]): `--url` or the embedded mockserve, model detection, the tokenizer.
-//! - [`driver`]: the one driver loop; each session is a [`driver::Script`] whose requests are due
-//!   at absolute offsets (open loop) or after the previous answer (closed loop), latencies counted
-//!   from the scheduled send ([`driver::Sample`], [`driver::Sample::ttft_us`]).
-//! - [`client`]: one streamed request, its [`client::Timing`] (both TTFT figures,
-//!   [`client::FirstToken`]) and outcome; [`sse`]: the bounded SSE parser it reads with.
-//! - [`failure`]: why a request failed ([`failure::Failure`]), counts by reason
-//!   ([`failure::FailureSummary`], the `failures` key of every report) and the verdict.
-//! - `multiturn`: [`config`] (flags → [`config::MultiturnConfig`]), [`workload`] (the seeded
-//!   conversations), [`multiturn`] (the run), [`multiturn_report`] (Dynamo's statistics and keys,
-//!   [`multiturn_report::Results`]) and [`compare`] (two results files side by side).
-//! - `replay`: [`replay`] (a Mooncake trace as sessions, or an agentic trace's request graph),
-//!   [`graph_driver`] (the graph's scheduler: each node sent when its dependencies allow),
-//!   [`prompt`] (prompts from hash ids).
-//! - `bench`: [`bench`](mod@bench) (flags → [`bench::BenchPlan`], arrivals, lengths, goodput).
-//! - [`replay_report`]: the `replay` and `bench` report, with `mockserve replay`'s keys, and the
-//!   raw per-request record ([`replay_report::RawSample`]) it can be rebuilt from.
-//! - `sweep`: [`sweep`](mod@sweep) (bench or replay over load points, or the max-goodput
-//!   search; saturation and the knee); [`merge`] (one report from several runs' records).
-//! - What a run shows besides its report ([`observe`]): [`scrape`] (the target's Prometheus
-//!   metrics over time), [`html`] (the self-contained HTML report), [`live`] (the live view).
-//! - `profile`: [`profile`](mod@profile) (prefill and decode latency measured into a profile
-//!   that `--perf-profile` reads).
-//! - [`shard`]: `--shard I/N` and `--start-at`, one load split over N processes that
-//!   [`merge`] puts back together.
+//! - [`run`](mod@run): the one run harness every run command goes through (connect, observe,
+//!   drive, report, write; a mode supplies only its schedule and its report, and
+//!   [`run::RunArgs`] are the flags it reads), and what it runs on: [`run::target`] (where
+//!   requests go), [`run::driver`] (the one driver loop, latencies counted from the scheduled
+//!   send: [`run::driver::Sample::ttft_us`]), [`run::client`] and [`run::sse`] (one streamed
+//!   request), [`run::prompt`], [`run::failure`] (counts by reason, the `failures` key of every
+//!   report) and [`run::shard`] (`--shard I/N`, `--start-at`).
+//! - [`observe`]: what a run shows besides its report: [`observe::scrape`] (the target's
+//!   Prometheus metrics over time) and [`observe::live`] (the live view).
+//! - [`report`]: [`report::replay_report`] (the `replay` and `bench` report, with `mockserve
+//!   replay`'s keys, and the raw per-request record it can be rebuilt from),
+//!   [`report::html`] (the self-contained HTML report) and [`report::merge`] (one report from
+//!   several runs' records).
+//! - [`multiturn`]: the run, [`multiturn::config`] (flags → [`multiturn::config::MultiturnConfig`]),
+//!   [`multiturn::workload`] (the seeded conversations), [`multiturn::report`] (Dynamo's
+//!   statistics and keys) and [`multiturn::compare`] (results files side by side).
+//! - [`replay`]: a Mooncake trace as sessions, or an agentic trace's request graph sent by
+//!   [`replay::graph_driver`] (each node when its dependencies allow).
+//! - [`bench`](mod@bench): flags → [`bench::BenchPlan`], arrivals, lengths, goodput.
+//! - [`sweep`](mod@sweep): bench or replay over load points, or the max-goodput search;
+//!   saturation and the knee.
+//! - [`profile`](mod@profile): prefill and decode latency measured into a profile that
+//!   `--perf-profile` reads.
 //! - [`limits`]: every flag's allowed range (caps as named constants) and the output-path check
-//!   each mode's validation runs before anything connects.
-//! - [`error`]: [`LoadgenError`] and the exit status of each.
+//!   each mode's validation runs before anything connects; [`error`]: [`LoadgenError`] and the
+//!   exit status of each.
+//!
+//! The modules other crates, the benches and the tests name are also at the crate root
+//! ([`driver`], [`client`], [`sse`], [`scrape`], [`config`], [`replay_report`], ...).
 //!
 //! A ping of the embedded server, in-process:
 //!
@@ -51,30 +51,22 @@
 //! ```
 
 pub mod bench;
-pub mod client;
-pub mod compare;
-pub mod config;
-pub mod driver;
 pub mod error;
-pub mod failure;
-pub mod graph_driver;
-pub mod html;
 pub mod limits;
-pub mod live;
-pub mod merge;
 pub mod multiturn;
-pub mod multiturn_report;
 pub mod observe;
 pub mod profile;
-pub mod prompt;
 pub mod replay;
-pub mod replay_report;
-pub mod scrape;
-pub mod shard;
-pub mod sse;
+pub mod report;
+pub mod run;
 pub mod sweep;
-pub mod target;
-pub mod workload;
+
+// The flat paths other crates, the benches and the tests use; each module lives in its folder.
+pub use multiturn::{compare, config, report as multiturn_report, workload};
+pub use observe::{live, scrape};
+pub use replay::graph_driver;
+pub use report::{html, merge, replay_report};
+pub use run::{client, driver, failure, prompt, shard, sse, target};
 
 use clap::{Parser, Subcommand};
 
@@ -129,19 +121,22 @@ pub fn validate(command: &Command) -> Result<(), LoadgenError> {
         Command::Multiturn(args) => args.config().map(|_| ()),
         Command::Replay(args) => {
             args.check()?;
-            args.target
+            args.run
+                .target
                 .spec(&target::EmbeddedOptions::default())
                 .map(|_| ())
         }
         Command::Bench(args) => {
             args.plan()?;
-            args.target
+            args.run
+                .target
                 .spec(&target::EmbeddedOptions::default())
                 .map(|_| ())
         }
         Command::Sweep(args) => {
             args.plan()?;
             args.bench
+                .run
                 .target
                 .spec(&target::EmbeddedOptions::default())
                 .map(|_| ())
@@ -177,13 +172,13 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
         }
         Command::Replay(args) => {
             let run = replay::replay(&args).await?;
-            run.live.verdict(args.failures.max_failure_rate)?;
-            observe::lateness_verdict(run.server_lateness, &args.observe)
+            run.live.verdict(args.run.failures.max_failure_rate)?;
+            observe::lateness_verdict(run.server_lateness, &args.run.observe)
         }
         Command::Bench(args) => {
             let run = bench::bench(&args).await?;
-            run.live.verdict(args.failures.max_failure_rate)?;
-            observe::lateness_verdict(run.server_lateness, &args.observe)
+            run.live.verdict(args.run.failures.max_failure_rate)?;
+            observe::lateness_verdict(run.server_lateness, &args.run.observe)
         }
         Command::Sweep(args) => {
             sweep::sweep(&args).await?;

@@ -1,7 +1,7 @@
 //! What loadgen's flags may be: every numeric cap as a named constant, the checks each mode's
-//! validation ([`crate::config::MultiturnArgs::config`], [`crate::bench::BenchArgs::plan`],
+//! validation ([`crate::multiturn::config::MultiturnArgs::config`], [`crate::bench::BenchArgs::plan`],
 //! [`crate::replay::ReplayArgs::check`], [`crate::sweep::SweepArgs::plan`],
-//! [`crate::profile::ProfileArgs::plan`], [`crate::target::TargetArgs::spec`]) runs them with,
+//! [`crate::profile::ProfileArgs::plan`], [`crate::run::target::TargetArgs::spec`]) runs them with,
 //! and the check that an output path can be written before a run spends minutes.
 //!
 //! The caps keep every run bounded in time and memory: nothing is allocated or waited for in

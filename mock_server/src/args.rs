@@ -1,6 +1,8 @@
 //! Engine, router and cluster flags shared by `mockserve serve`, `mockserve replay` and
 //! loadgen's embedded server, and their conversion into a validated [`ClusterConfig`]: the one
 //! place flags are checked (finite, in range, consistent with each other) before anything runs.
+//! Also the flags both replays share: the report files ([`ReportArgs`]) and the trace
+//! ([`TraceArgs`], `mockserve replay` and `loadgen replay`).
 //! [`ClusterConfig::warnings`] lists the valid settings that still make part of a run useless;
 //! each command prints them.
 
@@ -15,6 +17,7 @@ use servesim::router::{RouterConfig, RouterMode};
 use servesim::scheduler::{
     ConfigError, EngineConfig, EngineType, PreemptionMode, SglangConfig, WorkerRole,
 };
+use servesim::trace::TraceFormat;
 
 /// `--serving-mode`: one pool of workers, or prefill and decode pools.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -37,6 +40,61 @@ impl std::str::FromStr for ServingModeFlag {
             )),
         }
     }
+}
+
+/// The trace a replay reads and how: `mockserve replay` (virtual clock) and `loadgen replay`
+/// (live) take the same flags. The help below is `mockserve replay`'s; `loadgen replay` states
+/// its own ranges for the speed-up and the schedule bound.
+#[derive(Args, Clone, Debug)]
+pub struct TraceArgs {
+    /// Mooncake JSONL trace, or an agentic trace (see --trace-format).
+    #[arg(id = "trace", value_name = "TRACE")]
+    pub path: PathBuf,
+
+    /// How to read the trace: auto (detected from the first row: a dynamo.agentic_mooncake
+    /// header, a weka play, a dynamo.request.trace.v1 record, or rows with wait_for),
+    /// mooncake, agentic-mooncake (v2 with its header, or legacy v1), weka, dynamo (.jsonl or
+    /// .jsonl.gz), applied-compute-agentic (rows with num_turns), mooncake-delta (Mooncake rows
+    /// holding only each turn's new tokens; never detected, name it).
+    #[arg(
+        long = "trace-format",
+        id = "trace_format",
+        value_name = "TRACE_FORMAT",
+        default_value = "auto",
+        value_parser = parse_trace_format
+    )]
+    pub format: TraceFormat,
+
+    /// Divides arrival timestamps and inter-turn delays (finite, above 0); for an agentic
+    /// trace, the floors (not_before_ms) and every dependency delay.
+    #[arg(long, default_value_t = 4.0)]
+    pub arrival_speedup_ratio: f64,
+
+    /// Agentic traces: run the plays in this many lanes (a closed loop of agents: plays in
+    /// source_play_ordinal, else play_id, order, the next one starting when a lane's play
+    /// settles); by default every play runs by its floors.
+    #[arg(long, value_name = "L", value_parser = clap::value_parser!(u32).range(1..))]
+    pub agentic_lanes: Option<u32>,
+
+    /// Prompt tokens per trace hash id (1 to 2^20); agentic v2, weka and dynamo traces name
+    /// their own.
+    #[arg(
+        long = "trace-block-size",
+        id = "trace_block_size",
+        value_name = "TRACE_BLOCK_SIZE",
+        default_value_t = 512
+    )]
+    pub block_size: usize,
+
+    /// Replay a trace whose schedule (sped up) runs longer than seven days of simulated time:
+    /// by default such a trace is refused, naming the row past the bound.
+    #[arg(long)]
+    pub allow_long_schedule: bool,
+}
+
+/// A `--trace-format` value.
+fn parse_trace_format(s: &str) -> Result<TraceFormat, String> {
+    s.parse()
 }
 
 /// Where a run's report goes: the files to write and whether to show progress.

@@ -23,7 +23,7 @@ use servesim::time::SimTime;
 use servesim::trace::{self, TraceOptions};
 use servesim::trace::{RequestGraph, Trace, TraceFormat, TraceRequest};
 
-use crate::args::{EngineArgs, ReportArgs};
+use crate::args::{EngineArgs, ReportArgs, TraceArgs};
 use crate::kv_events::{JsonlSink, KvExport, KvSink};
 
 /// Writes a replay's KV events as JSON lines: the prompts are the trace's synthesized tokens.
@@ -70,37 +70,9 @@ impl ReplayObserver for KvEventsJsonl {
 /// Offline replay flags (Dynamo's offline_replay_bench flags and defaults).
 #[derive(Args, Clone, Debug)]
 pub struct ReplayArgs {
-    /// Mooncake JSONL trace, or an agentic trace (see --trace-format).
-    pub trace: PathBuf,
-
-    /// How to read the trace: auto (detected from the first row: a dynamo.agentic_mooncake
-    /// header, a weka play, a dynamo.request.trace.v1 record, or rows with wait_for),
-    /// mooncake, agentic-mooncake (v2 with its header, or legacy v1), weka, dynamo (.jsonl or
-    /// .jsonl.gz), applied-compute-agentic (rows with num_turns), mooncake-delta (Mooncake rows
-    /// holding only each turn's new tokens; never detected, name it).
-    #[arg(long, default_value = "auto", value_parser = parse_trace_format)]
-    pub trace_format: TraceFormat,
-
-    /// Divides arrival timestamps and inter-turn delays (finite, above 0); for an agentic
-    /// trace, the floors (not_before_ms) and every dependency delay.
-    #[arg(long, default_value_t = 4.0)]
-    pub arrival_speedup_ratio: f64,
-
-    /// Agentic traces: run the plays in this many lanes (a closed loop of agents: plays in
-    /// source_play_ordinal, else play_id, order, the next one starting when a lane's play
-    /// settles); by default every play runs by its floors.
-    #[arg(long, value_name = "L", value_parser = clap::value_parser!(u32).range(1..))]
-    pub agentic_lanes: Option<u32>,
-
-    /// Prompt tokens per trace hash id (1 to 2^20); agentic v2, weka and dynamo traces name
-    /// their own.
-    #[arg(long, default_value_t = 512)]
-    pub trace_block_size: usize,
-
-    /// Replay a trace whose schedule (sped up) runs longer than seven days of simulated time:
-    /// by default such a trace is refused, naming the row past the bound.
-    #[arg(long)]
-    pub allow_long_schedule: bool,
+    /// The trace and how to read it.
+    #[command(flatten)]
+    pub trace: TraceArgs,
 
     /// Run the replay this many times in-process (the last run is reported).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
@@ -120,11 +92,6 @@ pub struct ReplayArgs {
     pub engine: EngineArgs,
 }
 
-/// A `--trace-format` value.
-fn parse_trace_format(s: &str) -> Result<TraceFormat, String> {
-    s.parse()
-}
-
 /// A trace as the replay runs it.
 enum Loaded {
     /// Plain Mooncake sessions.
@@ -136,14 +103,14 @@ enum Loaded {
 /// Runs the replay, prints the report and writes the requested files.
 pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
     let cluster = args.engine.cluster_config()?;
-    if !(1..=trace::MAX_TRACE_BLOCK_SIZE).contains(&args.trace_block_size) {
+    if !(1..=trace::MAX_TRACE_BLOCK_SIZE).contains(&args.trace.block_size) {
         anyhow::bail!(
             "--trace-block-size must be from 1 to {}, got {}",
             trace::MAX_TRACE_BLOCK_SIZE,
-            args.trace_block_size
+            args.trace.block_size
         );
     }
-    let ratio = args.arrival_speedup_ratio;
+    let ratio = args.trace.arrival_speedup_ratio;
     if !(ratio.is_finite() && ratio > 0.0) {
         anyhow::bail!(
             "--arrival-speedup-ratio must be finite and above 0, got {}",
@@ -158,8 +125,8 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
         eprintln!("mockserve: warning: {warning}");
     }
     let options = TraceOptions {
-        trace_block_size: args.trace_block_size,
-        arrival_speedup_ratio: args.arrival_speedup_ratio,
+        trace_block_size: args.trace.block_size,
+        arrival_speedup_ratio: args.trace.arrival_speedup_ratio,
     };
     // Output files are opened before the run, so a bad path fails fast instead of after it.
     let create = |path: &std::path::Path| {
@@ -180,35 +147,35 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
         .map(|file| KvEventsJsonl {
             file: Some(file),
             export: None,
-            trace_block_size: args.trace_block_size,
+            trace_block_size: args.trace.block_size,
         });
-    let bound = trace::ScheduleBound::of_flag(args.allow_long_schedule);
-    let loaded = match trace::detect_format(&args.trace, args.trace_format)? {
+    let bound = trace::ScheduleBound::of_flag(args.trace.allow_long_schedule);
+    let loaded = match trace::detect_format(&args.trace.path, args.trace.format)? {
         TraceFormat::Mooncake => {
-            let trace = trace::load_with_bound(&args.trace, &options, bound)?;
-            if let Some(warning) = clamped_warning(&trace, args.trace_block_size) {
+            let trace = trace::load_with_bound(&args.trace.path, &options, bound)?;
+            if let Some(warning) = clamped_warning(&trace, args.trace.block_size) {
                 eprintln!("mockserve: warning: {warning}");
             }
             Loaded::Sessions(trace)
         }
         format => {
-            let graph = trace::load_graph(&args.trace, format, args.trace_block_size)?;
-            graph.check_schedule(&args.trace.display().to_string(), ratio, bound)?;
+            let graph = trace::load_graph(&args.trace.path, format, args.trace.block_size)?;
+            graph.check_schedule(&args.trace.path.display().to_string(), ratio, bound)?;
             Loaded::Graph(graph)
         }
     };
-    if let (Loaded::Sessions(_), Some(_)) = (&loaded, args.agentic_lanes) {
+    if let (Loaded::Sessions(_), Some(_)) = (&loaded, args.trace.agentic_lanes) {
         anyhow::bail!(
             "--agentic-lanes needs an agentic trace; {} is plain Mooncake",
-            args.trace.display()
+            args.trace.path.display()
         );
     }
     let how = GraphReplay {
         speedup: ratio,
-        lanes: args.agentic_lanes.map(|l| l as usize),
+        lanes: args.trace.agentic_lanes.map(|l| l as usize),
     };
     let (trace_block_size, num_requests) = match &loaded {
-        Loaded::Sessions(trace) => (args.trace_block_size, trace.num_requests()),
+        Loaded::Sessions(trace) => (args.trace.block_size, trace.num_requests()),
         Loaded::Graph(graph) => (graph.block_size, graph.nodes.len()),
     };
     if let Some(kv) = kv_events.as_mut() {

@@ -4,6 +4,8 @@
 use serde::{Deserialize, Serialize};
 use servesim::perf::ProfileTables;
 
+use crate::report::chart;
+
 /// One prefill grid point: TTFT of lone requests (`max_tokens` 1, no prefix hits).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PrefillPoint {
@@ -222,137 +224,55 @@ pub fn summary(m: &Measurements, model: Option<&ProfileTables>) -> String {
     s
 }
 
-/// One line of a plot: its label, colour and points.
-type Curve = (String, &'static str, Vec<(f64, f64)>);
-
 /// An SVG of both curves: prefill time over prompt tokens (left), decode step time over active
 /// KV tokens with one line per context length (right); table points as lines, measured points
 /// as dots.
 pub fn svg(t: &ProfileTables, m: &Measurements) -> String {
-    const W: f64 = 460.0;
-    const H: f64 = 320.0;
-    const PAD: f64 = 50.0;
-    let colors = [
-        "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b",
-    ];
-    let mut out = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
-        2.0 * W,
-        H
-    );
-    let panel = |out: &mut String,
-                 x0: f64,
-                 title: &str,
-                 xlabel: &str,
-                 lines: &[Curve],
-                 dots: &[(f64, f64)]| {
-        let all = lines.iter().flat_map(|l| l.2.iter()).chain(dots.iter());
-        let (mut xmax, mut ymax) = (0.0f64, 0.0f64);
-        for &(x, y) in all {
-            xmax = xmax.max(x);
-            ymax = ymax.max(y);
-        }
-        let (xmax, ymax) = (xmax.max(1e-9) * 1.05, ymax.max(1e-9) * 1.1);
-        let sx = |x: f64| x0 + PAD + x / xmax * (W - 1.5 * PAD);
-        let sy = |y: f64| H - PAD - y / ymax * (H - 2.0 * PAD);
-        out.push_str(&format!(
-            "<text x=\"{}\" y=\"20\" font-size=\"13\">{title}</text>\n",
-            x0 + PAD
-        ));
-        out.push_str(&format!(
-            "<line x1=\"{a}\" y1=\"{b}\" x2=\"{c}\" y2=\"{b}\" stroke=\"black\"/><line x1=\"{a}\" y1=\"{b}\" x2=\"{a}\" y2=\"{d}\" stroke=\"black\"/>\n",
-            a = sx(0.0),
-            b = sy(0.0),
-            c = sx(xmax),
-            d = sy(ymax)
-        ));
-        out.push_str(&format!(
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{xlabel} (max {:.0})</text>\n<text x=\"{}\" y=\"{}\">ms (max {:.1})</text>\n",
-            sx(xmax),
-            H - PAD + 30.0,
-            xmax / 1.05,
-            x0 + 5.0,
-            PAD - 10.0,
-            ymax / 1.1
-        ));
-        for (i, (label, color, pts)) in lines.iter().enumerate() {
-            let path: Vec<String> = pts
+    let colors = chart::PROFILE_COLORS;
+    let prefill = chart::Panel {
+        title: "prefill: TTFT over new prompt tokens",
+        x_label: "prompt tokens",
+        lines: vec![(
+            String::new(),
+            colors[0],
+            t.prefill_isl
                 .iter()
-                .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
-                .collect();
-            out.push_str(&format!(
-                "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>\n",
-                path.join(" ")
-            ));
-            if !label.is_empty() {
-                out.push_str(&format!(
-                    "<text x=\"{}\" y=\"{}\" fill=\"{color}\">{label}</text>\n",
-                    x0 + W - 1.4 * PAD,
-                    PAD + 14.0 * i as f64
-                ));
-            }
-        }
-        for &(x, y) in dots {
-            out.push_str(&format!(
-                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.5\" fill=\"black\"/>\n",
-                sx(x),
-                sy(y)
-            ));
-        }
-    };
-    let prefill_line = vec![(
-        String::new(),
-        colors[0],
-        t.prefill_isl
+                .copied()
+                .zip(t.prefill_ttft_ms.iter().copied())
+                .collect(),
+        )],
+        dots: m
+            .prefill
             .iter()
-            .copied()
-            .zip(t.prefill_ttft_ms.iter().copied())
-            .collect::<Vec<_>>(),
-    )];
-    let prefill_dots: Vec<(f64, f64)> = m
-        .prefill
-        .iter()
-        .map(|p| (p.prompt_tokens as f64, p.prefill_ms))
-        .collect();
-    panel(
-        &mut out,
-        0.0,
-        "prefill: TTFT over new prompt tokens",
-        "prompt tokens",
-        &prefill_line,
-        &prefill_dots,
-    );
-    let decode_lines: Vec<Curve> = t
-        .decode_context_length
-        .iter()
-        .enumerate()
-        .map(|(j, c)| {
-            (
-                format!("context {c:.0}"),
-                colors[j % colors.len()],
-                t.decode_active_kv_tokens
-                    .iter()
-                    .zip(&t.decode_itl)
-                    .map(|(x, row)| (*x, row[j]))
-                    .collect(),
-            )
-        })
-        .collect();
-    let decode_dots: Vec<(f64, f64)> = m
-        .decode
-        .iter()
-        .map(|d| (d.active_kv_tokens, d.itl_ms))
-        .collect();
-    panel(
-        &mut out,
-        W,
-        "decode: ITL over active KV tokens",
-        "active KV tokens",
-        &decode_lines,
-        &decode_dots,
-    );
-    out.push_str("</svg>\n");
-    out
+            .map(|p| (p.prompt_tokens as f64, p.prefill_ms))
+            .collect(),
+    };
+    let decode = chart::Panel {
+        title: "decode: ITL over active KV tokens",
+        x_label: "active KV tokens",
+        lines: t
+            .decode_context_length
+            .iter()
+            .enumerate()
+            .map(|(j, c)| {
+                (
+                    format!("context {c:.0}"),
+                    colors[j % colors.len()],
+                    t.decode_active_kv_tokens
+                        .iter()
+                        .zip(&t.decode_itl)
+                        .map(|(x, row)| (*x, row[j]))
+                        .collect(),
+                )
+            })
+            .collect(),
+        dots: m
+            .decode
+            .iter()
+            .map(|d| (d.active_kv_tokens, d.itl_ms))
+            .collect(),
+    };
+    chart::panels(&[prefill, decode])
 }
 
 #[cfg(test)]
@@ -442,6 +362,10 @@ mod tests {
         );
         let svg = svg(&t, &m);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert_eq!(
+            (svg.len(), xxhash_rust::xxh3::xxh3_64(svg.as_bytes())),
+            (1578, 5865883984525431562)
+        );
         assert_eq!(svg.matches("<polyline").count(), 3);
         assert_eq!(svg.matches("<circle").count(), 7);
     }

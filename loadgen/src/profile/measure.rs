@@ -10,10 +10,10 @@ use futures_util::StreamExt;
 
 use super::fit::{median, DecodePoint, Measurements, PrefillPoint};
 use super::{PrefillMethod, ProfilePlan};
-use crate::client::{self, Endpoint, FirstToken, Response};
-use crate::failure::Failure;
-use crate::prompt::PromptSynth;
-use crate::target::{completion_body, Connected};
+use crate::run::client::{self, Endpoint, FirstToken, Response};
+use crate::run::failure::Failure;
+use crate::run::prompt::PromptSynth;
+use crate::run::target::{completion_body, Connected};
 
 /// A run that stopped early: what was measured, and why it stopped.
 pub type Interrupted = (Measurements, String);
@@ -392,7 +392,7 @@ fn steady(streams: &[(u64, Response)], context_length: usize) -> Option<DecodePo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::{Timing, TokenSource};
+    use crate::run::client::{Timing, TokenSource};
 
     fn stream(offset_us: u64, chunks_us: Vec<u64>, prompt: u64) -> (u64, Response) {
         (

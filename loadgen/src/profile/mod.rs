@@ -29,7 +29,7 @@ use clap::Args;
 
 use crate::error::LoadgenError;
 use crate::limits;
-use crate::target::{Api, EmbeddedOptions, TargetArgs};
+use crate::run::target::{Api, EmbeddedOptions, TargetArgs};
 use fit::Measurements;
 
 /// `loadgen profile` flags: the grids, samples and time budget, plus the shared target flags

@@ -109,7 +109,7 @@ async fn bench(
     all.extend(["--report-json", &jp, "--per-request-jsonl", &lp]);
     let args = bench_args(url, &all);
     let run = within(60, loadgen::bench::bench(&args)).await??;
-    let verdict = run.live.verdict(args.failures.max_failure_rate);
+    let verdict = run.live.verdict(args.run.failures.max_failure_rate);
     let json: Value = serde_json::from_str(&std::fs::read_to_string(&json_path)?)?;
     let lines = std::fs::read_to_string(&jsonl_path)?
         .lines()

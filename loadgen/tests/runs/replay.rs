@@ -58,8 +58,8 @@ async fn live_equals_offline_on_the_small_trace() -> Result<()> {
     let offline = offline_replay(
         &loadgen::replay::load_trace(&a)?,
         &ReplayConfig {
-            cluster: a.target.engine.cluster_config()?,
-            trace_block_size: a.trace_block_size,
+            cluster: a.run.target.engine.cluster_config()?,
+            trace_block_size: a.trace.block_size,
         },
         |_, _| {},
     )?
@@ -236,15 +236,15 @@ async fn a_far_future_row_fails_fast_with_its_line() -> Result<()> {
 /// `mockserve replay` of the same agentic trace with the same engine flags: the graph on the
 /// virtual clock.
 fn offline_graph(a: &ReplayArgs) -> Result<ReplayOutcome> {
-    let format = servesim::trace::detect_format(&a.trace, a.trace_format)?;
+    let format = servesim::trace::detect_format(&a.trace.path, a.trace.format)?;
     let graph = loadgen::replay::load_graph(a, format)?;
     let config = ReplayConfig {
-        cluster: a.target.engine.cluster_config()?,
+        cluster: a.run.target.engine.cluster_config()?,
         trace_block_size: graph.block_size,
     };
     let how = GraphReplay {
-        speedup: a.arrival_speedup_ratio,
-        lanes: a.agentic_lanes.map(|l| l as usize),
+        speedup: a.trace.arrival_speedup_ratio,
+        lanes: a.trace.agentic_lanes.map(|l| l as usize),
     };
     Ok(replay_graph(&graph, &config, &how, |_, _| {}, &mut ())?)
 }
@@ -253,10 +253,10 @@ fn offline_graph(a: &ReplayArgs) -> Result<ReplayOutcome> {
 /// dependencies allowed: the source's send (dispatch) or end (completion) plus `delay_ms /
 /// speedup`, all on the run's clock.
 fn check_dependencies(a: &ReplayArgs, run: &loadgen::replay::ReplayRun) -> Result<()> {
-    let format = servesim::trace::detect_format(&a.trace, a.trace_format)?;
+    let format = servesim::trace::detect_format(&a.trace.path, a.trace.format)?;
     let graph = loadgen::replay::load_graph(a, format)?;
     let agentic = run.agentic.as_ref().expect("an agentic section");
-    let speedup = a.arrival_speedup_ratio;
+    let speedup = a.trace.arrival_speedup_ratio;
     for (n, node) in graph.nodes.iter().enumerate() {
         let me = &agentic.requests[n];
         let Some(sent) = me.dispatched else { continue };

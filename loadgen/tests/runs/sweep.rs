@@ -59,6 +59,7 @@ fn capacity_rps(flags: &[&str]) -> Result<f64> {
     let args = sweep_args(flags);
     let spec = args
         .bench
+        .run
         .target
         .spec(&loadgen::target::EmbeddedOptions::default())?;
     let cluster = spec.server.context("embedded")?.cluster;
@@ -266,7 +267,7 @@ async fn merging_split_records_gives_the_original_report() -> Result<()> {
     let lateness = run.server_lateness.context("token lateness")?;
     assert_eq!(lateness.tokens, tokens);
     let judge = |max: f64| {
-        let mut observe = args.observe.clone();
+        let mut observe = args.run.observe.clone();
         observe.max_server_lateness = Some(max);
         loadgen::observe::lateness_verdict(run.server_lateness, &observe)
     };
@@ -613,6 +614,7 @@ fn the_embedded_context_fits_the_engine_without_a_warning() -> Result<()> {
         (vec!["--num-gpu-blocks", "10", "--block-size", "16"], 160),
     ] {
         let spec = bench_args(&flags)
+            .run
             .target
             .spec(&loadgen::target::EmbeddedOptions::default())?;
         let server = spec.server.context("embedded")?;

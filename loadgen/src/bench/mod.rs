@@ -13,25 +13,33 @@
 //! request `k` in group `k % --num-prefix-groups`) followed by `--input-tokens` (normal with
 //! `--input-tokens-stddev`, at least 1) unique tokens, exact for a known tokenizer.
 
+mod arrival;
+mod slo;
+
+use arrival::normal;
+pub use arrival::{arrival_offsets, Arrival};
+pub use slo::{goodput, Goodput, Slo};
+
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use indicatif::ProgressBar;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use serde::Serialize;
 use serde_json::json;
 
-use crate::client::Response;
-use crate::driver::{self, DriverConfig, Planned, RunHooks, Script, Start};
 use crate::error::LoadgenError;
 use crate::limits;
-use crate::prompt::PromptSynth;
-use crate::replay_report::{self, LiveRecord, RequestInfo};
-use crate::target::{request_body, Api, EmbeddedOptions, TargetArgs};
+use crate::observe::Observed;
+use crate::report::replay_report::{self, RequestInfo};
+use crate::run::client::Response;
+use crate::run::driver::{self, Planned, RunHooks, Script, Start};
+use crate::run::prompt::PromptSynth;
+use crate::run::target::{request_body, Api, Connected, EmbeddedOptions, TargetSpec};
+use crate::run::{self, Mode, Report, RunArgs, Settings};
 use mock_server::args::ReportArgs;
 
 /// `loadgen bench` flags.
@@ -86,25 +94,9 @@ pub struct BenchArgs {
     /// message, through the server's chat template).
     #[arg(long, value_enum, default_value_t = Api::Completions)]
     pub endpoint: Api,
-    /// Report files and progress.
+    /// Report files, observers, failure threshold, target and sharding.
     #[command(flatten)]
-    pub report: ReportArgs,
-    /// Server metrics, HTML report.
-    #[command(flatten)]
-    pub observe: crate::observe::ObserveArgs,
-
-    /// Failure threshold.
-    #[command(flatten)]
-    pub failures: crate::failure::FailureArgs,
-    /// Where requests go.
-    #[command(flatten)]
-    pub target: TargetArgs,
-    /// One run over N processes: open-loop arrival k goes to shard k % N (same time, same
-    /// request); closed-loop shard I runs users u % N == I and the request indices I, I+N, ...
-    /// of --num-requests (a fixed request set needs --num-requests and at least N users; with
-    /// --duration alone each shard sends until the time is up, so the set is not fixed).
-    #[command(flatten, next_help_heading = "Sharding (one run over N processes)")]
-    pub sharding: crate::shard::ShardArgs,
+    pub run: RunArgs,
 }
 
 /// Request rate of the open loop.
@@ -210,7 +202,7 @@ pub struct BenchPlan {
     /// The route requests go to.
     pub api: Api,
     /// The part of the run this process sends (`--shard`; None: all of it).
-    pub shard: Option<crate::shard::Shard>,
+    pub shard: Option<crate::run::shard::Shard>,
 }
 
 /// Requests when neither `--num-requests` nor `--duration` is given.
@@ -401,20 +393,21 @@ impl BenchArgs {
                 "MAX_TOKENS_IN_FLIGHT",
             )?;
         }
-        self.observe.check()?;
+        let run = &self.run;
+        run.observe.check()?;
         limits::output_paths([
-            ("--report-json", self.report.report_json.as_deref()),
+            ("--report-json", run.report.report_json.as_deref()),
             (
                 "--per-request-jsonl",
-                self.report.per_request_jsonl.as_deref(),
+                run.report.per_request_jsonl.as_deref(),
             ),
-            ("--html", self.observe.html.as_deref()),
+            ("--html", run.observe.html.as_deref()),
         ])?;
         if self.num_prefix_groups > 1 && self.shared_prefix_tokens == 0 {
             return bad("--num-prefix-groups needs --shared-prefix-tokens");
         }
-        self.sharding.check()?;
-        let shard = self.sharding.shard;
+        run.sharding.check()?;
+        let shard = run.sharding.shard;
         if let (Some(sh), Load::Closed { users }, Some(_)) = (shard, load, stop.max_requests()) {
             // Shard I sends the request indices I, I+N, ...: with no user of its own, they
             // would never be sent.
@@ -440,8 +433,8 @@ impl BenchArgs {
                 num_prefix_groups: self.num_prefix_groups,
             },
             slo: self.slo,
-            seed: self.target.engine.seed,
-            max_failure_rate: self.failures.max_failure_rate()?,
+            seed: run.target.engine.seed,
+            max_failure_rate: run.failures.max_failure_rate()?,
             api: self.endpoint,
             shard,
         })
@@ -502,18 +495,6 @@ impl BenchPlan {
     }
 }
 
-/// Open-loop inter-arrival distribution.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Arrival {
-    /// Exponential gaps.
-    Poisson,
-    /// Equal gaps.
-    Constant,
-    /// Gamma gaps with shape --burstiness.
-    Gamma,
-}
-
 /// What `--warmup` excludes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Warmup {
@@ -537,167 +518,6 @@ impl FromStr for Warmup {
             None => s.parse().map(Warmup::Requests).map_err(|_| bad()),
         }
     }
-}
-
-/// Service-level objectives (ms); a request is good when it succeeded and meets every one set.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct Slo {
-    /// Time to first token.
-    pub ttft_ms: Option<f64>,
-    /// The request's mean inter-token latency.
-    pub itl_ms: Option<f64>,
-    /// End-to-end latency.
-    pub e2e_ms: Option<f64>,
-}
-
-fn parse_ms(v: &str) -> Option<f64> {
-    let (num, scale) = if let Some(x) = v.strip_suffix("ms") {
-        (x, 1.0)
-    } else if let Some(x) = v.strip_suffix("us") {
-        (x, 1e-3)
-    } else if let Some(x) = v.strip_suffix('s') {
-        (x, 1e3)
-    } else {
-        (v, 1.0)
-    };
-    num.trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|x| x.is_finite() && *x >= 0.0)
-        .map(|x| x * scale)
-}
-
-impl FromStr for Slo {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let mut slo = Slo::default();
-        for part in s.split(',').filter(|p| !p.trim().is_empty()) {
-            let (k, v) = part
-                .split_once('=')
-                .ok_or_else(|| format!("expected key=value, got {part:?}"))?;
-            let ms = parse_ms(v.trim()).ok_or_else(|| format!("bad duration {v:?}"))?;
-            match k.trim() {
-                "ttft" => slo.ttft_ms = Some(ms),
-                "itl" | "tpot" => slo.itl_ms = Some(ms),
-                "e2e" | "e2el" => slo.e2e_ms = Some(ms),
-                other => return Err(format!("unknown SLO {other:?} (ttft, itl, e2e)")),
-            }
-        }
-        Ok(slo)
-    }
-}
-
-impl Slo {
-    /// True when the request completed and meets every objective.
-    pub fn met(&self, r: &LiveRecord) -> bool {
-        let ok = |limit: Option<f64>, v: Option<f64>| match (limit, v) {
-            (None, _) => true,
-            (Some(l), Some(v)) => v <= l,
-            (Some(_), None) => false,
-        };
-        r.error.is_none()
-            && r.record.status == servesim::metrics::RequestStatus::Completed
-            && ok(self.ttft_ms, r.record.ttft_ms)
-            && (self.itl_ms.is_none()
-                || r.record
-                    .itl_ms
-                    .is_none_or(|v| v <= self.itl_ms.unwrap_or(f64::INFINITY)))
-            && ok(self.e2e_ms, r.record.e2e_latency_ms)
-    }
-}
-
-/// Goodput figures.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-pub struct Goodput {
-    /// Requests meeting every SLO.
-    pub good_requests: usize,
-    /// Requests counted (errors included).
-    pub total_requests: usize,
-    /// good / total.
-    pub share: f64,
-    /// good per second of the measured window.
-    pub rate_rps: f64,
-}
-
-/// Goodput of `records` over `duration_s` (errors count as misses).
-pub fn goodput(slo: &Slo, records: &[LiveRecord], duration_s: f64) -> Goodput {
-    let good = records.iter().filter(|r| slo.met(r)).count();
-    Goodput {
-        good_requests: good,
-        total_requests: records.len(),
-        share: if records.is_empty() {
-            0.0
-        } else {
-            good as f64 / records.len() as f64
-        },
-        rate_rps: if duration_s > 0.0 {
-            good as f64 / duration_s
-        } else {
-            0.0
-        },
-    }
-}
-
-/// A standard normal draw (Box-Muller).
-fn normal(rng: &mut ChaCha8Rng) -> f64 {
-    let u1: f64 = 1.0 - rng.gen::<f64>();
-    let u2: f64 = rng.gen();
-    (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
-}
-
-/// A gamma draw with `shape` and scale 1 (Marsaglia and Tsang).
-fn gamma(rng: &mut ChaCha8Rng, shape: f64) -> f64 {
-    if shape < 1.0 {
-        let u: f64 = 1.0 - rng.gen::<f64>();
-        return gamma(rng, shape + 1.0) * u.powf(1.0 / shape);
-    }
-    let d = shape - 1.0 / 3.0;
-    let c = 1.0 / (9.0 * d).sqrt();
-    loop {
-        let x = normal(rng);
-        let v = (1.0 + c * x).powi(3);
-        if v <= 0.0 {
-            continue;
-        }
-        let u: f64 = 1.0 - rng.gen::<f64>();
-        if u.ln() < 0.5 * x * x + d - d * v + d * v.ln() {
-            return d * v;
-        }
-    }
-}
-
-/// Open-loop send offsets (seconds): request 0 at 0, then gaps, at most `count` offsets (at
-/// most [`limits::MAX_REQUESTS`] when None) and none past `limit_s`. An infinite rate needs a
-/// `count`.
-pub fn arrival_offsets(
-    rate: f64,
-    arrival: Arrival,
-    burstiness: f64,
-    count: Option<usize>,
-    limit_s: f64,
-    seed: u64,
-) -> Vec<f64> {
-    let count = match count {
-        Some(n) => n,
-        None if rate.is_infinite() || limit_s.is_infinite() => return Vec::new(),
-        None => limits::MAX_REQUESTS,
-    };
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0xA11_1FA1);
-    let mut out = Vec::new();
-    let mut t = 0.0;
-    while out.len() < count && t <= limit_s {
-        out.push(t);
-        if rate.is_infinite() {
-            continue;
-        }
-        let mean = 1.0 / rate;
-        t += match arrival {
-            Arrival::Constant => mean,
-            Arrival::Poisson => -(1.0 - rng.gen::<f64>()).ln() * mean,
-            Arrival::Gamma => gamma(&mut rng, burstiness) * mean / burstiness,
-        };
-    }
-    out
 }
 
 /// Request `k`'s lengths: (unique input tokens, output tokens).
@@ -739,18 +559,19 @@ struct Requests {
 /// Hash-id space of the shared prefixes (unique parts use the request index).
 const PREFIX_ID_BASE: u64 = 1 << 62;
 
-impl Requests {
-    fn info(&self, k: usize) -> RequestInfo {
-        let (input, output) = lengths(&self.plan, k);
-        RequestInfo {
-            input_length: self.plan.lengths.shared_prefix_tokens + input,
-            max_output: output,
-            session: None,
-            turn: 0,
-            expected_reused_tokens: None,
-        }
+/// What the report knows of request `k` of `plan`.
+fn info(plan: &BenchPlan, k: usize) -> RequestInfo {
+    let (input, output) = lengths(plan, k);
+    RequestInfo {
+        input_length: plan.lengths.shared_prefix_tokens + input,
+        max_output: output,
+        session: None,
+        turn: 0,
+        expected_reused_tokens: None,
     }
+}
 
+impl Requests {
     fn body(&self, k: usize) -> serde_json::Value {
         let (input, output) = lengths(&self.plan, k);
         let l = &self.plan.lengths;
@@ -804,7 +625,7 @@ struct User {
     /// The counter the users of this process share (the shard's own when sharded: its `c`-th
     /// request is the global index `I + c * N`).
     next: Arc<AtomicUsize>,
-    shard: Option<crate::shard::Shard>,
+    shard: Option<crate::run::shard::Shard>,
     /// Requests to send in all (None: until the duration ends).
     limit: Option<usize>,
     /// This user's local index in `taken`.
@@ -819,7 +640,7 @@ impl Script for User {
     }
     fn next(&mut self, _previous: Option<&Response>) -> Option<Planned> {
         let c = self.next.fetch_add(1, Ordering::Relaxed);
-        let k = crate::shard::global(self.shard, c);
+        let k = crate::run::shard::global(self.shard, c);
         if self.limit.is_some_and(|n| k >= n) {
             return None;
         }
@@ -855,7 +676,7 @@ pub struct BenchRun {
     /// The run was stopped early (its in-flight requests count as cancelled).
     pub aborted: bool,
     /// How late the server handed its tokens to clients, when it said.
-    pub server_lateness: Option<crate::scrape::Lateness>,
+    pub server_lateness: Option<crate::observe::scrape::Lateness>,
 }
 
 fn mean_std(v: &[f64]) -> (f64, f64) {
@@ -872,52 +693,111 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
 /// ([`replay_report::LiveReport::verdict`]; [`crate::run_async`] applies it).
 pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
     let plan = args.plan()?;
-    let spec = args.target.spec(&EmbeddedOptions::default())?;
-    let target = spec.connect(plan.api).await?;
-    args.sharding.wait_for_start().await;
-    let observe = crate::observe::Observe::start(
-        &args.observe,
-        &args.report,
-        &target,
-        plan.stop
+    let spec = args.run.target.spec(&EmbeddedOptions::default())?;
+    let mode = BenchMode {
+        plan,
+        spec: &spec,
+        taken: Taken::default(),
+    };
+    run::execute(mode, &spec, &Settings::of(&args.run)).await
+}
+
+/// `loadgen bench` in the harness: the plan's schedule, its report with the observers' series
+/// and the plan as `config`.
+struct BenchMode<'a> {
+    plan: BenchPlan,
+    spec: &'a TargetSpec,
+    /// The closed loop's request indices, by user then turn (the schedule's).
+    taken: Taken,
+}
+
+impl Mode for BenchMode<'_> {
+    type Schedule = Vec<Box<dyn Script>>;
+    type Driven = driver::DriverOutput;
+    type Run = BenchRun;
+
+    fn api(&self) -> Api {
+        self.plan.api
+    }
+
+    fn prepare(
+        &mut self,
+        target: &Connected,
+    ) -> Result<(Vec<Box<dyn Script>>, Option<usize>), LoadgenError> {
+        let schedule = Schedule::new(&self.plan, target);
+        self.taken = schedule.taken;
+        let expected = self
+            .plan
+            .stop
             .max_requests()
-            .map(|n| plan.shard.map_or(n, |s| s.share(n))),
-    )
-    .await;
-    let mode = plan.describe();
-    println!(
-        "loadgen bench: {mode}; prompts {} ({})",
-        if target.synth(1).is_exact() {
-            "exact"
-        } else {
-            "approximate"
-        },
-        target.url
-    );
-    let result = run_plan(&plan, &target, &observe.hooks()).await;
-    let observed = observe.finish().await;
-    target.shutdown().await;
-    let mut run = result?;
-    run.server_lateness = observed.lateness();
-    observed.annotate(&mut run.json, &run.live, Some(config_json(&plan, &spec)));
-    println!(
-        "Bench report ({} warmup requests excluded)",
-        run.warmup_requests
-    );
-    print!("{}", run.console());
-    print!("{}", observed.console());
-    replay_report::write_files(
-        &run.json,
-        &run.live.records,
-        args.report.report_json.as_deref(),
-        args.report.per_request_jsonl.as_deref(),
-    )?;
-    observed.write_html(&run.json, &args.observe)?;
-    Ok(run)
+            .map(|n| self.plan.shard.map_or(n, |s| s.share(n)));
+        Ok((schedule.scripts, expected))
+    }
+
+    fn announce(&self, target: &Connected) {
+        println!(
+            "loadgen bench: {}; prompts {} ({})",
+            self.plan.describe(),
+            if target.synth(1).is_exact() {
+                "exact"
+            } else {
+                "approximate"
+            },
+            target.url
+        );
+    }
+
+    async fn drive(
+        &mut self,
+        scripts: Vec<Box<dyn Script>>,
+        target: &Connected,
+        hooks: RunHooks,
+    ) -> Result<driver::DriverOutput, LoadgenError> {
+        send(&self.plan, target, scripts, hooks).await
+    }
+
+    fn report(
+        &mut self,
+        driven: driver::DriverOutput,
+        wall: Duration,
+        observed: &Observed,
+    ) -> Result<BenchRun, LoadgenError> {
+        let mut run = measure(&self.plan, &self.taken, driven, wall);
+        run.server_lateness = observed.lateness();
+        observed.annotate(
+            &mut run.json,
+            &run.live,
+            Some(config_json(&self.plan, self.spec)),
+        );
+        Ok(run)
+    }
+}
+
+impl Report for BenchRun {
+    fn console_text(&self) -> String {
+        format!(
+            "Bench report ({} warmup requests excluded)\n{}",
+            self.warmup_requests,
+            self.console()
+        )
+    }
+
+    fn write_files(&self, report: &ReportArgs) -> Result<(), LoadgenError> {
+        replay_report::write_files(
+            &self.json,
+            &self.live.records,
+            report.report_json.as_deref(),
+            report.per_request_jsonl.as_deref(),
+        )
+    }
+
+    fn html_json(&self) -> (&'static str, std::borrow::Cow<'_, serde_json::Value>) {
+        ("run", std::borrow::Cow::Borrowed(&self.json))
+    }
 }
 
 /// The `config` block of a bench report: the plan and the target.
-pub fn config_json(plan: &BenchPlan, spec: &crate::target::TargetSpec) -> serde_json::Value {
+pub fn config_json(plan: &BenchPlan, spec: &crate::run::target::TargetSpec) -> serde_json::Value {
     json!({
         "mode": plan.describe(),
         "endpoint": plan.api.name(),
@@ -966,22 +846,58 @@ impl BenchRun {
 /// Runs `plan` on a connected target and builds its report (nothing printed or written).
 pub async fn run_plan(
     plan: &BenchPlan,
-    target: &crate::target::Connected,
+    target: &Connected,
     hooks: &RunHooks,
 ) -> Result<BenchRun, LoadgenError> {
-    let plan = *plan;
-    let requests = Arc::new(Requests {
-        plan,
-        synth: target.synth(1),
-        model: target.model.clone(),
-        ask_worker_id: target.ask_worker_id,
-    });
-    let shard = plan.shard;
-    let owns = |i: usize| shard.is_none_or(|sh| sh.owns(i));
-    let taken: Taken = Arc::default();
-    let (scripts, max_in_flight): (Vec<Box<dyn Script>>, Option<usize>) = match plan.load {
-        Load::Open { max_in_flight, .. } => {
-            let s = plan
+    let schedule = Schedule::new(plan, target);
+    let started = std::time::Instant::now();
+    let out = send(plan, target, schedule.scripts, hooks.clone()).await?;
+    Ok(measure(plan, &schedule.taken, out, started.elapsed()))
+}
+
+/// Sends a plan's scripts: the open loop's in-flight cap, the stop time, `hooks` watching.
+async fn send(
+    plan: &BenchPlan,
+    target: &Connected,
+    scripts: Vec<Box<dyn Script>>,
+    mut hooks: RunHooks,
+) -> Result<driver::DriverOutput, LoadgenError> {
+    let max_in_flight = match plan.load {
+        Load::Open { max_in_flight, .. } => max_in_flight,
+        Load::Closed { .. } => None,
+    };
+    let bar = hooks.bar.take().unwrap_or_else(ProgressBar::hidden);
+    hooks.bar = Some(bar.clone());
+    let config = hooks.driver_config(max_in_flight, plan.stop.duration());
+    let result = driver::drive(target.endpoint.clone(), scripts, &config).await;
+    bar.finish_and_clear();
+    result
+}
+
+/// A plan's scripts for one connected target, and what maps their samples back to request
+/// indices.
+struct Schedule {
+    /// The closed loop's request indices, by user then turn.
+    taken: Taken,
+    /// One per session.
+    scripts: Vec<Box<dyn Script>>,
+}
+
+impl Schedule {
+    /// The sessions of `plan` this process sends: one per open-loop arrival, or one per
+    /// closed-loop user.
+    fn new(plan: &BenchPlan, target: &Connected) -> Schedule {
+        let requests = Arc::new(Requests {
+            plan: *plan,
+            synth: target.synth(1),
+            model: target.model.clone(),
+            ask_worker_id: target.ask_worker_id,
+        });
+        let shard = plan.shard;
+        let owns = |i: usize| shard.is_none_or(|sh| sh.owns(i));
+        let taken: Taken = Arc::default();
+        let scripts: Vec<Box<dyn Script>> = match plan.load {
+            Load::Open { .. } => plan
                 .arrival_offsets()
                 .into_iter()
                 .enumerate()
@@ -994,46 +910,41 @@ pub async fn run_plan(
                         sent: false,
                     }) as Box<dyn Script>
                 })
-                .collect();
-            (s, max_in_flight)
-        }
-        Load::Closed { users } => {
-            let next = Arc::new(AtomicUsize::new(0));
-            let local_users = (0..users).filter(|&u| owns(u)).count();
-            if let Ok(mut t) = taken.lock() {
-                *t = vec![Vec::new(); local_users];
+                .collect(),
+            Load::Closed { users } => {
+                let next = Arc::new(AtomicUsize::new(0));
+                let local_users = (0..users).filter(|&u| owns(u)).count();
+                if let Ok(mut t) = taken.lock() {
+                    *t = vec![Vec::new(); local_users];
+                }
+                (0..local_users)
+                    .map(|index| {
+                        Box::new(User {
+                            requests: requests.clone(),
+                            next: next.clone(),
+                            shard,
+                            limit: plan.stop.max_requests(),
+                            index,
+                            taken: taken.clone(),
+                            turn: 0,
+                        }) as Box<dyn Script>
+                    })
+                    .collect()
             }
-            let s = (0..local_users)
-                .map(|index| {
-                    Box::new(User {
-                        requests: requests.clone(),
-                        next: next.clone(),
-                        shard,
-                        limit: plan.stop.max_requests(),
-                        index,
-                        taken: taken.clone(),
-                        turn: 0,
-                    }) as Box<dyn Script>
-                })
-                .collect();
-            (s, None)
-        }
-    };
-    let mode = plan.describe();
-    let bar = hooks.bar.clone().unwrap_or_else(ProgressBar::hidden);
-    let config = DriverConfig {
-        max_in_flight,
-        stop_after: plan.stop.duration(),
-        bar: Some(bar.clone()),
-        observer: hooks.observer.clone(),
-        abort: hooks.abort.clone(),
-        sent: hooks.sent.clone(),
-    };
-    let started = std::time::Instant::now();
-    let result = driver::drive(target.endpoint.clone(), scripts, &config).await;
-    let wall = started.elapsed();
-    bar.finish_and_clear();
-    let mut out = result?;
+        };
+        Schedule { taken, scripts }
+    }
+}
+
+/// The report of a run of `plan` (warmup excluded); `taken` maps closed-loop samples to their
+/// request indices.
+fn measure(
+    plan: &BenchPlan,
+    taken: &Taken,
+    mut out: driver::DriverOutput,
+    wall: Duration,
+) -> BenchRun {
+    let shard = plan.shard;
     // Request index of each sample: open loop one per session (the local session j is the
     // global arrival I + j * N); closed loop the index the user took for that turn.
     let open_loop = matches!(plan.load, Load::Open { .. });
@@ -1043,7 +954,7 @@ pub async fn run_plan(
         .iter()
         .map(|s| {
             if open_loop {
-                crate::shard::global(shard, s.session)
+                crate::run::shard::global(shard, s.session)
             } else {
                 taken
                     .get(s.session)
@@ -1055,9 +966,9 @@ pub async fn run_plan(
         .collect();
     // Records carry the global arrival or user index.
     for s in &mut out.samples {
-        s.session = crate::shard::global(shard, s.session);
+        s.session = crate::run::shard::global(shard, s.session);
     }
-    let infos: Vec<RequestInfo> = ks.iter().map(|&k| requests.info(k)).collect();
+    let infos: Vec<RequestInfo> = ks.iter().map(|&k| info(plan, k)).collect();
     let measured: Vec<_> = out
         .samples
         .iter()
@@ -1075,19 +986,19 @@ pub async fn run_plan(
     let mut live = replay_report::build(&measured, wall);
     live.set_started_at(out.started_at);
     live.set_shard(shard);
-    let mut json = bench_json(&live, &mode, warmup_requests, plan.slo);
-    crate::shard::annotate(&mut json, shard);
+    let mut json = bench_json(&live, &plan.describe(), warmup_requests, plan.slo);
+    crate::run::shard::annotate(&mut json, shard);
     let goodput = plan
         .slo
         .map(|slo| goodput(&slo, &live.records, live.report.duration_ms / 1000.0));
-    Ok(BenchRun {
+    BenchRun {
         live,
         goodput,
         warmup_requests,
         json,
         aborted: out.aborted,
         server_lateness: None,
-    })
+    }
 }
 
 /// The bench report JSON of `live`: its keys, then the mode, warmup, token lengths and goodput.
@@ -1127,81 +1038,6 @@ pub fn bench_json(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use servesim::metrics::{RequestRecord, RequestStatus};
-
-    fn rec(ttft: f64, itl: Option<f64>, e2e: f64, ok: bool) -> LiveRecord {
-        LiveRecord {
-            record: RequestRecord {
-                request_id: 0,
-                session_id: None,
-                turn_index: 0,
-                worker: None,
-                arrival_ms: 0.0,
-                first_admit_ms: None,
-                first_token_ms: None,
-                last_token_ms: None,
-                finish_ms: None,
-                ttft_ms: ok.then_some(ttft),
-                ttst_ms: None,
-                e2e_latency_ms: ok.then_some(e2e),
-                itl_ms: itl,
-                input_length: 1,
-                output_length: 1,
-                max_output_tokens: 1,
-                reused_input_tokens: 0,
-                g2_reused_input_tokens: 0,
-                kv_transfer_ms: None,
-                status: if ok {
-                    RequestStatus::Completed
-                } else {
-                    RequestStatus::Rejected
-                },
-            },
-            scheduled_ms: 0.0,
-            sent_ms: 0.0,
-            schedule_lag_ms: 0.0,
-            prompt_tokens: None,
-            expected_reused_tokens: None,
-            chunks: 1,
-            usage_output_tokens: Some(1),
-            usage_mismatch: false,
-            error: (!ok).then(|| "HTTP 500".to_string()),
-            error_kind: (!ok).then_some("http"),
-            error_status: (!ok).then_some(500),
-            finish_reason: None,
-            raw: Default::default(),
-            agentic: None,
-        }
-    }
-
-    #[test]
-    fn slo_parsing_and_goodput_arithmetic() {
-        let slo: Slo = "ttft=200ms,itl=50ms,e2e=10s".parse().expect("valid");
-        assert_eq!(
-            slo,
-            Slo {
-                ttft_ms: Some(200.0),
-                itl_ms: Some(50.0),
-                e2e_ms: Some(10_000.0)
-            }
-        );
-        assert!("ttft=fast".parse::<Slo>().is_err());
-        assert!("foo=1ms".parse::<Slo>().is_err());
-        let records = vec![
-            rec(100.0, Some(20.0), 5_000.0, true), // good
-            rec(250.0, Some(20.0), 5_000.0, true), // TTFT miss
-            rec(100.0, Some(60.0), 5_000.0, true), // ITL miss
-            rec(100.0, None, 11_000.0, true),      // E2E miss
-            rec(100.0, None, 1_000.0, true),       // good (one token: no ITL)
-            rec(0.0, None, 0.0, false),            // error: a miss
-        ];
-        let g = goodput(&slo, &records, 2.0);
-        assert_eq!((g.good_requests, g.total_requests), (2, 6));
-        assert!((g.share - 2.0 / 6.0).abs() < 1e-12);
-        assert!((g.rate_rps - 1.0).abs() < 1e-12);
-        assert_eq!("5".parse::<Warmup>(), Ok(Warmup::Requests(5)));
-        assert_eq!("1.5s".parse::<Warmup>(), Ok(Warmup::Seconds(1.5)));
-    }
 
     fn plan(flags: &[&str]) -> Result<BenchPlan, LoadgenError> {
         use clap::Parser;
@@ -1222,6 +1058,8 @@ mod tests {
 
     #[test]
     fn plans_for_each_flag_combination() {
+        assert_eq!("5".parse::<Warmup>(), Ok(Warmup::Requests(5)));
+        assert_eq!("1.5s".parse::<Warmup>(), Ok(Warmup::Seconds(1.5)));
         let p = ok(&[]);
         assert_eq!(p.load, Load::Closed { users: 1 });
         assert_eq!(p.stop, Stop::Requests(DEFAULT_NUM_REQUESTS));
@@ -1363,24 +1201,5 @@ mod tests {
                 other => panic!("{flags:?}: {other:?}"),
             }
         }
-    }
-
-    #[test]
-    fn arrivals_have_the_requested_rate() {
-        for arrival in [Arrival::Poisson, Arrival::Constant, Arrival::Gamma] {
-            let t = arrival_offsets(100.0, arrival, 0.5, Some(4001), f64::INFINITY, 1);
-            assert_eq!(t.len(), 4001);
-            let rate = 4000.0 / t[4000];
-            assert!((rate - 100.0).abs() < 8.0, "{arrival:?} {rate}");
-        }
-        assert!(
-            arrival_offsets(f64::INFINITY, Arrival::Poisson, 1.0, Some(5), 1.0, 1)
-                .iter()
-                .all(|&t| t == 0.0)
-        );
-        assert_eq!(
-            arrival_offsets(10.0, Arrival::Constant, 1.0, Some(100), 0.35, 1).len(),
-            4
-        );
     }
 }

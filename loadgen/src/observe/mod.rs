@@ -1,7 +1,10 @@
-//! What a run shows besides its report: the live view on the terminal ([`crate::live`]), the
-//! target's Prometheus metrics sampled while it runs ([`crate::scrape`]) and the HTML report
-//! ([`crate::html`]). [`ObserveArgs`] are the flags every run command shares; [`Observe`] runs
-//! beside the driver and [`Observed`] is what it saw.
+//! What a run shows besides its report: the live view on the terminal ([`live`]) and the
+//! target's Prometheus metrics sampled while it runs ([`scrape`]); the HTML report is
+//! [`crate::report::html`]'s. [`ObserveArgs`] are the flags every run command shares;
+//! [`Observe`] runs beside the driver and [`Observed`] is what it saw.
+
+pub mod live;
+pub mod scrape;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -9,13 +12,13 @@ use std::time::Duration;
 use clap::Args;
 use serde_json::{json, Value};
 
-use crate::driver::RunHooks;
 use crate::error::LoadgenError;
 use crate::limits;
-use crate::live::LiveView;
-use crate::replay_report::LiveReport;
-use crate::scrape::{Lateness, Scraper, ServerMetrics};
-use crate::target::Connected;
+use crate::observe::live::LiveView;
+use crate::observe::scrape::{Lateness, Scraper, ServerMetrics};
+use crate::report::replay_report::LiveReport;
+use crate::run::driver::RunHooks;
+use crate::run::target::Connected;
 use mock_server::args::ReportArgs;
 
 /// Server metrics and HTML report flags (shared by every run command).
@@ -109,11 +112,12 @@ pub struct Observe {
 }
 
 impl Observe {
-    /// Starts the scraper (when asked, or by default when the target serves `/metrics`) and the
-    /// live view (unless `-q`; a refreshed line on a terminal, else a plain line now and then).
+    /// Starts the scraper (when asked, or by default when the target serves `/metrics`) and,
+    /// with `live_view` (not `-q`), the live view (a refreshed line on a terminal, else a plain
+    /// line now and then).
     pub async fn start(
         args: &ObserveArgs,
-        report: &ReportArgs,
+        live_view: bool,
         target: &Connected,
         expected_requests: Option<usize>,
     ) -> Observe {
@@ -128,7 +132,7 @@ impl Observe {
             )
             .await
         };
-        let live = (!report.quiet).then(|| LiveView::start(expected_requests));
+        let live = live_view.then(|| LiveView::start(expected_requests));
         Observe { scraper, live }
     }
 
@@ -168,8 +172,8 @@ impl Observed {
         let Some(map) = json.as_object_mut() else {
             return;
         };
-        map.insert("timeline".into(), crate::html::timeline(live));
-        map.insert("latency_cdf".into(), crate::html::latency_cdf(live));
+        map.insert("timeline".into(), crate::report::html::timeline(live));
+        map.insert("latency_cdf".into(), crate::report::html::latency_cdf(live));
         if let Some(server) = &self.server {
             map.insert("server_metrics".into(), json!(server));
         }
@@ -190,14 +194,6 @@ impl Observed {
             .map(ServerMetrics::console)
             .unwrap_or_default()
     }
-
-    /// Writes the HTML report of `json` when `--html` was given.
-    pub fn write_html(&self, json: &Value, args: &ObserveArgs) -> Result<(), LoadgenError> {
-        let Some(path) = &args.html else {
-            return Ok(());
-        };
-        crate::html::write(path, &[crate::html::RunView::of("run", json)])
-    }
 }
 
 /// `--max-server-lateness`: fails when the server's 99th-percentile token lateness over the run
@@ -214,7 +210,7 @@ pub fn lateness_verdict(
             "--max-server-lateness {max_ms}: the target reported no token lateness \
              ({}; mockserve reports it on /metrics): the run's latencies cannot be told free \
              of host delay",
-            crate::scrape::LATENESS_METRIC
+            crate::observe::scrape::LATENESS_METRIC
         ))),
         Some(l) if l.p99_or_inf_ms() > max_ms => Err(LoadgenError::ServerLate(format!(
             "the server fell behind its own schedule by {} p99 over {} tokens, above \

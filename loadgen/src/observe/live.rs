@@ -12,8 +12,8 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::client::FirstToken;
-use crate::driver::{Observer, Sample};
+use crate::run::client::FirstToken;
+use crate::run::driver::{Observer, Sample};
 
 /// Redraw interval on a terminal.
 pub const TERMINAL_REFRESH: Duration = Duration::from_millis(500);

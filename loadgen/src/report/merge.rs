@@ -27,8 +27,8 @@ use serde_json::{json, Value};
 
 use crate::bench::Slo;
 use crate::error::LoadgenError;
-use crate::multiturn_report::{RawResult, Results, RunData, ShardSample};
-use crate::replay_report::{self, LiveReport, RawSample, RequestInfo};
+use crate::multiturn::report::{RawResult, Results, RunData, ShardSample};
+use crate::report::replay_report::{self, LiveReport, RawSample, RequestInfo};
 
 /// `loadgen merge` flags.
 #[derive(Args, Clone, Debug)]
@@ -310,7 +310,7 @@ pub fn merge(raws: &[RawSample]) -> LiveReport {
             .max()
             .unwrap_or(0);
     }
-    let pairs: Vec<(crate::driver::Sample, RequestInfo)> = raws
+    let pairs: Vec<(crate::run::driver::Sample, RequestInfo)> = raws
         .iter()
         .map(|r| {
             r.to_sample(
@@ -458,7 +458,7 @@ fn run_multiturn(args: &MergeArgs, records: Vec<RawResult>) -> Result<Results, L
     )?;
     if let Some(path) = &args.html {
         let json = serde_json::to_value(&results).unwrap_or_default();
-        crate::html::write(path, &[crate::html::RunView::of("merged", &json)])?;
+        crate::report::html::write(path, &[crate::report::html::RunView::of("merged", &json)])?;
     }
     Ok(results)
 }
@@ -518,7 +518,7 @@ fn run_live(
         args.per_request_jsonl.as_deref(),
     )?;
     if let Some(path) = &args.html {
-        crate::html::write(path, &[crate::html::RunView::of("merged", &json)])?;
+        crate::report::html::write(path, &[crate::report::html::RunView::of("merged", &json)])?;
     }
     Ok(live)
 }

@@ -8,10 +8,10 @@ use mock_server::config::ReasoningFormat;
 use serde_json::{json, Value};
 
 use crate::error::LoadgenError;
-use crate::failure::FailureArgs;
 use crate::limits;
-use crate::target::{EmbeddedOptions, TargetArgs, TargetSpec};
-use crate::workload::WorkloadSpec;
+use crate::multiturn::workload::WorkloadSpec;
+use crate::run::failure::FailureArgs;
+use crate::run::target::{EmbeddedOptions, TargetArgs, TargetSpec};
 
 /// `--tool-call-share` when only `--tool-wait-ms` is given.
 pub const DEFAULT_TOOL_CALL_SHARE: f64 = 0.5;
@@ -93,7 +93,7 @@ pub struct MultiturnArgs {
     /// lognormal:MEAN,SIGMA (each from 0 to 3600000). Turns a share of the turns into tool
     /// calls (--tool-call-share).
     #[arg(long, value_name = "DIST")]
-    pub tool_wait_ms: Option<crate::workload::WaitDist>,
+    pub tool_wait_ms: Option<crate::multiturn::workload::WaitDist>,
 
     /// Print one line per turn and error bodies.
     #[arg(short, long)]
@@ -128,7 +128,7 @@ pub struct MultiturnArgs {
     /// u % N == I (the workload is generated for every user first, so each conversation is the
     /// unsharded run's).
     #[command(flatten, next_help_heading = "Sharding (one run over N processes)")]
-    pub sharding: crate::shard::ShardArgs,
+    pub sharding: crate::run::shard::ShardArgs,
 }
 
 /// The embedded mockserve's chat settings: the reasoning share (with a default that makes
@@ -186,7 +186,7 @@ pub struct MultiturnConfig {
     /// The HTML report's path.
     pub html: Option<std::path::PathBuf>,
     /// `--shard` and `--start-at` (checked).
-    pub sharding: crate::shard::ShardArgs,
+    pub sharding: crate::run::shard::ShardArgs,
 }
 
 impl MultiturnArgs {
@@ -216,7 +216,7 @@ impl MultiturnArgs {
                     (share, Some(wait)) => {
                         let share = share.unwrap_or(DEFAULT_TOOL_CALL_SHARE);
                         limits::within("--tool-call-share", share, 0.0, 1.0)?;
-                        Some(crate::workload::ToolTurns { share, wait })
+                        Some(crate::multiturn::workload::ToolTurns { share, wait })
                     }
                 },
             };

@@ -14,6 +14,15 @@
 //! [`MIN_GAIN`] over a smaller point's. The *knee* ([`knee`]) is the point of the highest
 //! goodput when there is an SLO, else the last point before the first saturated one.
 
+mod point;
+mod saturation;
+
+pub use point::{LoadPoint, Point};
+pub use saturation::{
+    knee, saturation, ttft_growth, Overload, MIN_GAIN, OVERLOAD_MIN_REQUESTS, OVERLOAD_TTFT_GROWTH,
+    RATE_SHORTFALL,
+};
+
 use std::sync::{Arc, Mutex};
 
 use clap::{Args, ValueEnum};
@@ -21,20 +30,16 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::sync::watch;
 
-use crate::bench::{self, BenchArgs, BenchPlan, Load, Rate};
-use crate::driver::RunHooks;
-use crate::driver::{Observer, Sample};
+use crate::bench::{self, BenchArgs, BenchPlan};
 use crate::error::LoadgenError;
 use crate::limits;
-use crate::replay_report::LiveRecord;
-use crate::target::EmbeddedOptions;
-
-/// An open-loop point achieving less than this share of its offered rate is saturated.
-pub const RATE_SHORTFALL: f64 = 0.9;
-
-/// A closed-loop point whose throughput is less than this factor above a smaller point's is
-/// saturated (more load bought no throughput).
-pub const MIN_GAIN: f64 = 1.1;
+use crate::observe::Observed;
+use crate::run::driver::RunHooks;
+use crate::run::driver::{Observer, Sample};
+use crate::run::target::Connected;
+use crate::run::target::EmbeddedOptions;
+use crate::run::{self, Mode, Report, Settings};
+use mock_server::args::ReportArgs;
 
 /// Default share of requests that must meet the SLO for a point to be good.
 pub const DEFAULT_MIN_ATTAINMENT: f64 = 0.9;
@@ -122,78 +127,6 @@ pub enum SearchAxis {
     Concurrency,
 }
 
-/// One load point.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LoadPoint {
-    /// Closed loop with this many requests in flight.
-    Concurrency(usize),
-    /// Open loop at this many requests per second.
-    RequestRate(f64),
-    /// The sweep's trace replayed with its arrivals sped up by this factor.
-    ArrivalSpeedup(f64),
-}
-
-impl LoadPoint {
-    /// The load as a number (req/s or concurrency).
-    pub fn value(self) -> f64 {
-        match self {
-            LoadPoint::Concurrency(n) => n as f64,
-            LoadPoint::RequestRate(r) | LoadPoint::ArrivalSpeedup(r) => r,
-        }
-    }
-
-    /// `c=8` or `8 req/s`.
-    pub fn label(self) -> String {
-        match self {
-            LoadPoint::Concurrency(n) => format!("c={n}"),
-            LoadPoint::RequestRate(r) => format!("{} req/s", trim(r)),
-            LoadPoint::ArrivalSpeedup(x) => format!("replay x{}", trim(x)),
-        }
-    }
-
-    /// The bench plan of this point: `base` with this load and seed.
-    pub fn plan(self, base: &BenchPlan, seed: u64) -> BenchPlan {
-        let mut plan = *base;
-        plan.seed = seed;
-        plan.load = match (self, base.load) {
-            (LoadPoint::Concurrency(users), _) => Load::Closed { users },
-            (
-                LoadPoint::RequestRate(r),
-                Load::Open {
-                    arrival,
-                    burstiness,
-                    max_in_flight,
-                    ..
-                },
-            ) => Load::Open {
-                rate: Rate::PerSecond(r),
-                arrival,
-                burstiness,
-                max_in_flight,
-            },
-            (LoadPoint::ArrivalSpeedup(_), load) => load,
-            (LoadPoint::RequestRate(r), Load::Closed { .. }) => Load::Open {
-                rate: Rate::PerSecond(r),
-                arrival: bench::Arrival::Poisson,
-                burstiness: 1.0,
-                max_in_flight: None,
-            },
-        };
-        plan
-    }
-}
-
-/// `x` with at most 3 decimals and no trailing zeros after the point.
-fn trim(x: f64) -> String {
-    let s = format!("{x:.3}");
-    if s.contains('.') {
-        s.trim_end_matches('0').trim_end_matches('.').to_string()
-    } else {
-        s
-    }
-}
-
 /// What a sweep runs.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SweepMode {
@@ -234,10 +167,11 @@ impl SweepArgs {
         if self.bench.request_rate.is_some() {
             return bad("sweep takes its rates as --request-rate R1,R2,...");
         }
-        if self.bench.observe.max_server_lateness.is_some() {
+        if self.bench.run.observe.max_server_lateness.is_some() {
             return bad("--max-server-lateness judges one bench or replay run, not a sweep");
         }
-        if self.bench.sharding.shard.is_some() || self.bench.sharding.start_at.is_some() {
+        let sharding = &self.bench.run.sharding;
+        if sharding.shard.is_some() || sharding.start_at.is_some() {
             return bad("--shard and --start-at split one bench, replay or multiturn run over several processes; a sweep runs in one process");
         }
         if self.find_max_goodput {
@@ -271,24 +205,28 @@ impl SweepArgs {
             return bad("--trace and --arrival-speedup-ratio go together");
         }
         let replay = self.trace.as_ref().map(|trace| crate::replay::ReplayArgs {
-            trace: trace.clone(),
-            arrival_speedup_ratio: 1.0,
-            trace_block_size: self.trace_block_size,
-            allow_long_schedule: self.allow_long_schedule,
+            trace: mock_server::args::TraceArgs {
+                path: trace.clone(),
+                format: servesim::trace::TraceFormat::Auto,
+                arrival_speedup_ratio: 1.0,
+                agentic_lanes: None,
+                block_size: self.trace_block_size,
+                allow_long_schedule: self.allow_long_schedule,
+            },
             max_requests: self.bench.num_requests,
             max_in_flight: self.bench.concurrency,
             session_mode: crate::replay::SessionMode::Auto,
-            trace_format: servesim::trace::TraceFormat::Auto,
-            agentic_lanes: None,
             endpoint: self.bench.endpoint,
-            report: crate::observe::quiet(),
-            observe: crate::observe::ObserveArgs {
-                no_scrape_metrics: true,
-                ..Default::default()
+            run: crate::run::RunArgs {
+                report: crate::observe::quiet(),
+                observe: crate::observe::ObserveArgs {
+                    no_scrape_metrics: true,
+                    ..Default::default()
+                },
+                failures: self.bench.run.failures.clone(),
+                target: self.bench.run.target.clone(),
+                sharding: Default::default(),
             },
-            failures: self.bench.failures.clone(),
-            target: self.bench.target.clone(),
-            sharding: Default::default(),
         });
         let mode = if !self.arrival_speedups.is_empty() {
             limits::count(
@@ -383,192 +321,6 @@ impl SweepArgs {
     }
 }
 
-/// Watches a running point for a server clearly over capacity, from its completed requests.
-#[derive(Debug, Default)]
-pub struct Overload {
-    /// Judge TTFT growth (open loop only: a closed loop bounds its queue).
-    pub open_loop: bool,
-    completed: usize,
-    errors: usize,
-    /// TTFTs (ms) of successful requests in completion order.
-    ttfts: Vec<f64>,
-}
-
-/// Requests a point needs before [`Overload`] judges it.
-pub const OVERLOAD_MIN_REQUESTS: usize = 40;
-
-/// Growth of the median TTFT from the first to the last quarter of a point's completed
-/// requests that marks queueing without bound.
-pub const OVERLOAD_TTFT_GROWTH: f64 = 4.0;
-
-impl Overload {
-    /// Records one completed request.
-    pub fn observe(&mut self, s: &Sample) {
-        self.completed += 1;
-        match s.ttft_us(crate::client::FirstToken::Any) {
-            Some(t) => self.ttfts.push(t as f64 / 1000.0),
-            None => self.errors += 1,
-        }
-    }
-
-    /// Why the server is over capacity, if it clearly is: half or more of at least 10 requests
-    /// failed, or the median TTFT of the last quarter of completions is
-    /// [`OVERLOAD_TTFT_GROWTH`] times the first quarter's (after [`OVERLOAD_MIN_REQUESTS`]).
-    pub fn verdict(&self) -> Option<String> {
-        if self.completed >= 10 && self.errors * 2 >= self.completed {
-            return Some(format!(
-                "{} of {} requests failed",
-                self.errors, self.completed
-            ));
-        }
-        if !self.open_loop {
-            return None;
-        }
-        let growth = ttft_growth(&self.ttfts)?;
-        (self.ttfts.len() >= OVERLOAD_MIN_REQUESTS && growth >= OVERLOAD_TTFT_GROWTH).then(|| {
-            format!("TTFT grows without bound (last quarter's median {growth:.1}x the first's)")
-        })
-    }
-}
-
-/// Median of the last quarter over median of the first quarter (None with fewer than 8).
-pub fn ttft_growth(ttfts: &[f64]) -> Option<f64> {
-    if ttfts.len() < 8 {
-        return None;
-    }
-    let q = ttfts.len() / 4;
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let first = median(&ttfts[..q]);
-    let last = median(&ttfts[ttfts.len() - q..]);
-    (first > 0.0).then(|| last / first)
-}
-
-/// One measured point.
-#[derive(Clone, Debug)]
-pub struct Point {
-    /// The load.
-    pub load: LoadPoint,
-    /// Its bench report JSON (the same keys as `bench`), plus the sweep's keys.
-    pub json: Value,
-    /// Why the point counts as saturated (empty when it does not).
-    pub saturation: Vec<String>,
-    /// Share of requests that met the SLO (None without one).
-    pub attainment: Option<f64>,
-    /// Its per-request records.
-    pub records: Vec<crate::replay_report::LiveRecord>,
-}
-
-impl Point {
-    fn f(&self, key: &str) -> f64 {
-        self.json[key].as_f64().unwrap_or(0.0)
-    }
-
-    /// Achieved requests per second.
-    pub fn rps(&self) -> f64 {
-        self.f("request_throughput_rps")
-    }
-
-    /// True when it met the SLO (when there is one) and did not saturate.
-    pub fn good(&self, min_attainment: f64) -> bool {
-        self.saturation.is_empty() && self.attainment.is_none_or(|a| a >= min_attainment)
-    }
-}
-
-/// Why a point is saturated, given its records (in scheduled order) and the points measured
-/// before it.
-pub fn saturation(
-    load: LoadPoint,
-    json: &Value,
-    records: &[LiveRecord],
-    earlier: &[Point],
-    max_failure_rate: f64,
-) -> Vec<String> {
-    let mut why = Vec::new();
-    if let Some(reason) = json["stopped_early"].as_str() {
-        why.push(format!("stopped early: {reason}"));
-    }
-    let rps = json["request_throughput_rps"].as_f64().unwrap_or(0.0);
-    let total = records.len() as f64;
-    let failed = records.iter().filter(|r| r.error.is_some()).count() as f64;
-    if total > 0.0 && failed / total > max_failure_rate {
-        why.push(format!("{failed} of {total} requests failed"));
-    }
-    match load {
-        LoadPoint::RequestRate(_) | LoadPoint::ArrivalSpeedup(_) => {
-            let r = match load {
-                LoadPoint::RequestRate(r) => r,
-                _ => f64::INFINITY,
-            };
-            // What a server keeping up would achieve: every request done by its send time plus
-            // the run's fastest latency (a finite run drains after its last send).
-            let last_ms = records.iter().map(|r| r.scheduled_ms).fold(0.0, f64::max);
-            let fastest_ms = records
-                .iter()
-                .filter_map(|r| r.record.e2e_latency_ms)
-                .fold(f64::INFINITY, f64::min);
-            let fastest_ms = if fastest_ms.is_finite() {
-                fastest_ms
-            } else {
-                0.0
-            };
-            let keeping_up = total / ((last_ms + fastest_ms) / 1000.0).max(1e-9);
-            let expected = r.min(keeping_up);
-            if rps < RATE_SHORTFALL * expected {
-                why.push(format!("achieved {rps:.2} req/s of {} offered", trim(r)));
-            }
-            let ttfts: Vec<f64> = records.iter().filter_map(|r| r.record.ttft_ms).collect();
-            if let Some(g) = ttft_growth(&ttfts).filter(|&g| g >= OVERLOAD_TTFT_GROWTH) {
-                why.push(format!(
-                    "TTFT grew {g:.1}x from the first to the last quarter"
-                ));
-            }
-        }
-        LoadPoint::Concurrency(n) => {
-            let best_below = earlier
-                .iter()
-                .filter(|p| matches!(p.load, LoadPoint::Concurrency(m) if m < n))
-                .map(Point::rps)
-                .fold(0.0, f64::max);
-            if best_below > 0.0 && rps < MIN_GAIN * best_below {
-                why.push(format!(
-                    "throughput {rps:.2} req/s, not {MIN_GAIN}x above a smaller concurrency's {best_below:.2}"
-                ));
-            }
-        }
-    }
-    why
-}
-
-/// Index of the knee. With an SLO, the point of the highest goodput (good requests per
-/// second); without, the last point (in load order) before the first saturated one, or the last
-/// point when none saturated (None when the first point already saturated).
-pub fn knee(points: &[Point]) -> Option<usize> {
-    let goodput = |p: &Point| p.json["goodput"]["rate_rps"].as_f64();
-    if points.iter().any(|p| goodput(p).is_some()) {
-        return points
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| Some((i, goodput(p)?)))
-            .filter(|(_, g)| *g > 0.0)
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-            .map(|(i, _)| i);
-    }
-    let mut order: Vec<usize> = (0..points.len()).collect();
-    order.sort_by(|&a, &b| points[a].load.value().total_cmp(&points[b].load.value()));
-    let mut knee = None;
-    for i in order {
-        if !points[i].saturation.is_empty() {
-            break;
-        }
-        knee = Some(i);
-    }
-    knee
-}
-
 /// The loads the search visits: given the points so far (in run order), the next load, or None
 /// when the search is over.
 pub fn next_search_load(
@@ -638,6 +390,8 @@ pub struct SweepRun {
     pub best: Option<usize>,
     /// The JSON report.
     pub json: Value,
+    /// The sweep searched the highest good load (`--find-max-goodput`).
+    pub search: bool,
 }
 
 /// Runs one point on the connected target, stopping it early when the server is clearly over
@@ -646,15 +400,12 @@ async fn run_point(
     load: LoadPoint,
     plan: &SweepPlan,
     index: usize,
-    target: &crate::target::Connected,
+    target: &crate::run::target::Connected,
     earlier: &[Point],
 ) -> Result<Point, LoadgenError> {
     let point_plan = load.plan(&plan.base, plan.base.seed.wrapping_add(index as u64));
     let (stop_tx, stop_rx) = watch::channel(false);
-    let overload = Overload {
-        open_loop: matches!(load, LoadPoint::RequestRate(_)),
-        ..Overload::default()
-    };
+    let overload = Overload::new(matches!(load, LoadPoint::RequestRate(_)));
     let watch_state = Arc::new(Mutex::new((overload, None::<String>)));
     let state = watch_state.clone();
     let observer: Observer = Arc::new(move |s: &Sample| {
@@ -678,7 +429,7 @@ async fn run_point(
     let (mut json, live, attainment) = match (load, &plan.replay) {
         (LoadPoint::ArrivalSpeedup(x), Some(template)) => {
             let mut args = template.clone();
-            args.arrival_speedup_ratio = x;
+            args.trace.arrival_speedup_ratio = x;
             let run = crate::replay::replay_with(&args, false).await?;
             let attainment = plan.base.slo.map(|slo| {
                 bench::goodput(
@@ -731,7 +482,7 @@ async fn run_point(
 /// Runs the sweep's points on a connected target.
 pub async fn run_points(
     plan: &SweepPlan,
-    target: &crate::target::Connected,
+    target: &crate::run::target::Connected,
     mut on_point: impl FnMut(&Point),
 ) -> Result<Vec<Point>, LoadgenError> {
     let mut points: Vec<Point> = Vec::new();
@@ -831,106 +582,176 @@ pub fn table(points: &[Point], knee: Option<usize>, best: Option<usize>) -> Stri
 /// Runs `loadgen sweep`: every point, the table, the report files.
 pub async fn sweep(args: &SweepArgs) -> Result<SweepRun, LoadgenError> {
     let plan = args.plan()?;
-    let spec = args.bench.target.spec(&EmbeddedOptions::default())?;
-    let target = spec.connect(plan.base.api).await?;
-    let mut observe_args = args.bench.observe.clone();
-    observe_args.no_scrape_metrics |= plan.replay.is_some();
-    let observe =
-        crate::observe::Observe::start(&observe_args, &crate::observe::quiet(), &target, None)
-            .await;
-    println!(
-        "loadgen sweep: {}; each point: {:?}",
-        match &plan.mode {
-            SweepMode::List(l) => format!("{} points", l.len()),
-            SweepMode::Search { axis, .. } =>
-                format!("searching the highest {axis:?} meeting the SLO"),
-        },
-        plan.base.stop
-    );
-    let quiet = args.bench.report.quiet;
-    let result = run_points(&plan, &target, |p| {
-        if !quiet {
-            eprintln!(
-                "  {}: {:.2} req/s, TTFT p50 {:.1} ms{}",
-                p.load.label(),
-                p.rps(),
-                p.f("median_ttft_ms"),
-                if p.saturation.is_empty() {
-                    ""
-                } else {
-                    ", saturated"
-                }
-            );
-        }
-    })
-    .await;
-    let observed = observe.finish().await;
-    target.shutdown().await;
-    let points = result?;
-    let knee = knee(&points);
-    let best = match plan.mode {
-        SweepMode::Search { .. } => points
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.good(plan.min_attainment))
-            .max_by(|a, b| a.1.load.value().total_cmp(&b.1.load.value()))
-            .map(|(i, _)| i),
-        SweepMode::List(_) => None,
+    let run = &args.bench.run;
+    let spec = run.target.spec(&EmbeddedOptions::default())?;
+    let mut observe = run.observe.clone();
+    observe.no_scrape_metrics |= plan.replay.is_some();
+    let settings = Settings {
+        report: &run.report,
+        observe: Some(&observe),
+        live_view: false,
+        html: run.observe.html.as_deref(),
+        sharding: &run.sharding,
+        console: true,
     };
-    print!("{}", table(&points, knee, best));
-    if let (Some(b), SweepMode::Search { .. }) = (best, &plan.mode) {
-        println!(
-            "Max goodput: {} ({:.2} good req/s)",
-            points[b].load.label(),
-            points[b].json["goodput"]["rate_rps"]
-                .as_f64()
-                .unwrap_or(0.0)
-        );
-    } else if matches!(plan.mode, SweepMode::Search { .. }) {
-        println!("Max goodput: no point met the SLO");
-    }
-    print!("{}", observed.console());
-    let mut config = bench::config_json(&plan.base, &spec);
-    config["mode"] = json!(format!(
-        "sweep over {}",
-        points
-            .iter()
-            .map(|p| p.load.label())
-            .collect::<Vec<_>>()
-            .join(", ")
-    ));
-    let mut json = json!({
-        "sweep": {
-            "mode": match plan.mode { SweepMode::List(_) => "list", SweepMode::Search { .. } => "find_max_goodput" },
-            "slo": plan.base.slo,
-            "min_attainment": plan.min_attainment,
-            "knee_index": knee,
-            "knee": knee.map(|k| points[k].load),
-            "max_goodput_index": best,
-            "max_goodput": best.map(|b| points[b].load),
-        },
-        "config": config,
-        "points": points.iter().map(|p| p.json.clone()).collect::<Vec<_>>(),
-    });
-    if let (Some(map), Some(server)) = (json.as_object_mut(), &observed.server) {
-        map.insert("server_metrics".into(), json!(server));
-    }
-    crate::replay_report::write_files(&json, &[], args.bench.report.report_json.as_deref(), None)?;
-    if let Some(path) = &args.bench.report.per_request_jsonl {
-        write_point_records(path, &points)?;
-    }
-    observed.write_html(&json, &args.bench.observe)?;
+    let mode = Points {
+        plan: &plan,
+        spec: &spec,
+        quiet: run.report.quiet,
+    };
+    let sweep = run::execute(mode, &spec, &settings).await?;
     // Overload failures are what a sweep looks for, but a sweep in which every request of every
     // point failed measured nothing: the report is written and the exit status says so.
-    let records = points.iter().flat_map(|p| &p.records);
+    let records = sweep.points.iter().flat_map(|p| &p.records);
     let failed = records.clone().filter(|r| r.error.is_some()).count();
-    crate::failure::verdict(records.count(), failed, 1.0)?;
-    Ok(SweepRun {
-        points,
-        knee,
-        best,
-        json,
-    })
+    crate::run::failure::verdict(records.count(), failed, 1.0)?;
+    Ok(sweep)
+}
+
+/// A sweep in the harness: its points one after the other on one target, one report over
+/// them.
+struct Points<'a> {
+    plan: &'a SweepPlan,
+    spec: &'a crate::run::target::TargetSpec,
+    /// No line per point.
+    quiet: bool,
+}
+
+impl Mode for Points<'_> {
+    type Schedule = ();
+    type Driven = Vec<Point>;
+    type Run = SweepRun;
+
+    fn api(&self) -> crate::run::target::Api {
+        self.plan.base.api
+    }
+
+    fn prepare(&mut self, _target: &Connected) -> Result<((), Option<usize>), LoadgenError> {
+        Ok(((), None))
+    }
+
+    fn announce(&self, _target: &Connected) {
+        println!(
+            "loadgen sweep: {}; each point: {:?}",
+            match &self.plan.mode {
+                SweepMode::List(l) => format!("{} points", l.len()),
+                SweepMode::Search { axis, .. } =>
+                    format!("searching the highest {axis:?} meeting the SLO"),
+            },
+            self.plan.base.stop
+        );
+    }
+
+    async fn drive(
+        &mut self,
+        _schedule: (),
+        target: &Connected,
+        _hooks: RunHooks,
+    ) -> Result<Vec<Point>, LoadgenError> {
+        let quiet = self.quiet;
+        run_points(self.plan, target, |p| {
+            if !quiet {
+                eprintln!(
+                    "  {}: {:.2} req/s, TTFT p50 {:.1} ms{}",
+                    p.load.label(),
+                    p.rps(),
+                    p.f("median_ttft_ms"),
+                    if p.saturation.is_empty() {
+                        ""
+                    } else {
+                        ", saturated"
+                    }
+                );
+            }
+        })
+        .await
+    }
+
+    fn report(
+        &mut self,
+        points: Vec<Point>,
+        _wall: std::time::Duration,
+        observed: &Observed,
+    ) -> Result<SweepRun, LoadgenError> {
+        let plan = self.plan;
+        let knee = knee(&points);
+        let best = match plan.mode {
+            SweepMode::Search { .. } => points
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.good(plan.min_attainment))
+                .max_by(|a, b| a.1.load.value().total_cmp(&b.1.load.value()))
+                .map(|(i, _)| i),
+            SweepMode::List(_) => None,
+        };
+        let mut config = bench::config_json(&plan.base, self.spec);
+        config["mode"] = json!(format!(
+            "sweep over {}",
+            points
+                .iter()
+                .map(|p| p.load.label())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        let mut json = json!({
+            "sweep": {
+                "mode": match plan.mode { SweepMode::List(_) => "list", SweepMode::Search { .. } => "find_max_goodput" },
+                "slo": plan.base.slo,
+                "min_attainment": plan.min_attainment,
+                "knee_index": knee,
+                "knee": knee.map(|k| points[k].load),
+                "max_goodput_index": best,
+                "max_goodput": best.map(|b| points[b].load),
+            },
+            "config": config,
+            "points": points.iter().map(|p| p.json.clone()).collect::<Vec<_>>(),
+        });
+        if let (Some(map), Some(server)) = (json.as_object_mut(), &observed.server) {
+            map.insert("server_metrics".into(), json!(server));
+        }
+        Ok(SweepRun {
+            points,
+            knee,
+            best,
+            json,
+            search: matches!(plan.mode, SweepMode::Search { .. }),
+        })
+    }
+}
+
+impl Report for SweepRun {
+    fn console_text(&self) -> String {
+        let mut s = table(&self.points, self.knee, self.best);
+        match self.best {
+            Some(b) if self.search => s.push_str(&format!(
+                "Max goodput: {} ({:.2} good req/s)\n",
+                self.points[b].load.label(),
+                self.points[b].json["goodput"]["rate_rps"]
+                    .as_f64()
+                    .unwrap_or(0.0)
+            )),
+            _ if self.search => s.push_str("Max goodput: no point met the SLO\n"),
+            _ => {}
+        }
+        s
+    }
+
+    fn write_files(&self, report: &ReportArgs) -> Result<(), LoadgenError> {
+        crate::report::replay_report::write_files(
+            &self.json,
+            &[],
+            report.report_json.as_deref(),
+            None,
+        )?;
+        if let Some(path) = &report.per_request_jsonl {
+            write_point_records(path, &self.points)?;
+        }
+        Ok(())
+    }
+
+    fn html_json(&self) -> (&'static str, std::borrow::Cow<'_, Value>) {
+        ("run", std::borrow::Cow::Borrowed(&self.json))
+    }
 }
 
 /// Writes every point's per-request records, each with its point's index (`point`).
@@ -957,6 +778,7 @@ fn write_point_records(path: &std::path::Path, points: &[Point]) -> Result<(), L
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::{Load, Rate};
     use clap::Parser;
 
     fn plan(flags: &[&str]) -> Result<SweepPlan, LoadgenError> {
@@ -1018,7 +840,7 @@ mod tests {
             }
         ));
         let p = plan(&["--trace", "t.jsonl", "--arrival-speedup-ratio", "1,2"]).expect("valid");
-        assert_eq!(p.replay.as_ref().map(|r| r.trace_block_size), Some(512));
+        assert_eq!(p.replay.as_ref().map(|r| r.trace.block_size), Some(512));
         for (bad, says) in [
             (&[][..], "exactly one"),
             (
@@ -1080,46 +902,5 @@ mod tests {
             next_search_load(&[(4.0, false)], 4.0, 2.0, 2, false),
             Some(3.0)
         );
-    }
-
-    fn point(load: LoadPoint, rps: f64, saturated: bool, goodput: Option<f64>) -> Point {
-        Point {
-            load,
-            json: json!({"request_throughput_rps": rps, "goodput": goodput.map(|g| json!({"rate_rps": g}))}),
-            saturation: if saturated { vec!["x".into()] } else { vec![] },
-            attainment: None,
-            records: vec![],
-        }
-    }
-
-    #[test]
-    fn the_knee_and_saturation() {
-        let c = LoadPoint::Concurrency;
-        let pts = vec![
-            point(c(1), 10.0, false, None),
-            point(c(4), 30.0, false, None),
-            point(c(2), 18.0, false, None),
-            point(c(8), 31.0, true, None),
-        ];
-        assert_eq!(knee(&pts), Some(1));
-        assert_eq!(knee(&pts[3..]), None);
-        let with_slo = vec![
-            point(c(1), 10.0, false, Some(10.0)),
-            point(c(2), 18.0, false, Some(17.0)),
-            point(c(4), 30.0, false, Some(5.0)),
-        ];
-        assert_eq!(knee(&with_slo), Some(1));
-        // A closed loop that buys no throughput is saturated; one that does is not.
-        let earlier = vec![point(c(4), 30.0, false, None)];
-        let flat = json!({"request_throughput_rps": 31.0});
-        assert_eq!(saturation(c(8), &flat, &[], &earlier, 0.05).len(), 1);
-        let more = json!({"request_throughput_rps": 40.0});
-        assert!(saturation(c(8), &more, &[], &earlier, 0.05).is_empty());
-        assert_eq!(ttft_growth(&[1.0; 8]), Some(1.0));
-        assert_eq!(
-            ttft_growth(&[1.0, 1.0, 2.0, 3.0, 4.0, 5.0, 9.0, 9.0]),
-            Some(9.0)
-        );
-        assert_eq!(ttft_growth(&[1.0; 7]), None);
     }
 }

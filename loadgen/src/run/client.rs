@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::time::Instant;
 
-pub use crate::failure::Failure;
-use crate::sse::SseParser;
+pub use crate::run::failure::Failure;
+use crate::run::sse::SseParser;
 
 /// Most tokens one streamed chunk is assumed to carry before a server's `usage` is called into
 /// question: servers batch tokens into chunks (stream intervals, speculative decoding), so usage
@@ -41,7 +41,7 @@ pub enum TokenSource {
 
 /// Which token a time-to-first-token counts to. Both are figures of one [`Timing`], computed in
 /// one place ([`Timing::first_token_us`], and from the scheduled send
-/// [`crate::driver::Sample::ttft_us`]) for every mode.
+/// [`crate::run::driver::Sample::ttft_us`]) for every mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FirstToken {
     /// The first token of any kind: content, reasoning or completion text. The replay and bench

@@ -17,10 +17,10 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::client::{self, Endpoint};
 use crate::error::LoadgenError;
 use crate::limits;
-use crate::prompt::PromptSynth;
+use crate::run::client::{self, Endpoint};
+use crate::run::prompt::PromptSynth;
 
 /// Context length of the embedded server for `replay` and `bench`: large enough for any trace row.
 pub const EMBEDDED_MAX_MODEL_LEN: usize = 1 << 22;
@@ -59,7 +59,7 @@ pub struct TargetArgs {
     /// Longest SSE line (and event data) accepted from the server, in bytes; a longer one fails
     /// its request ("SSE line longer than --max-line-bytes") and is never buffered whole
     /// (1 to 2^30).
-    #[arg(long, default_value_t = crate::sse::DEFAULT_MAX_LINE_BYTES)]
+    #[arg(long, default_value_t = crate::run::sse::DEFAULT_MAX_LINE_BYTES)]
     pub max_line_bytes: usize,
 
     /// Do not ask which worker served each request: replay and bench send no

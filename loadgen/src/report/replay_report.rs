@@ -13,11 +13,11 @@ use servesim::ids::{RequestId, WorkerId};
 use servesim::metrics::{Collector, Distribution, ReplayReport, RequestRecord};
 use servesim::time::SimTime;
 
-use crate::client::{Response, Timing, TokenSource};
-use crate::driver::Sample;
 use crate::error::LoadgenError;
-use crate::failure::Failure;
-use crate::failure::FailureSummary;
+use crate::run::client::{Response, Timing, TokenSource};
+use crate::run::driver::Sample;
+use crate::run::failure::Failure;
+use crate::run::failure::FailureSummary;
 
 /// What loadgen intended for one request (the driver only sees bodies).
 #[derive(Clone, Debug, Default)]
@@ -410,8 +410,8 @@ impl LiveReport {
     }
 
     /// Stamps every record with the shard of its process (records already carry global
-    /// session indices: [`crate::shard::Shard::global`]).
-    pub fn set_shard(&mut self, shard: Option<crate::shard::Shard>) {
+    /// session indices: [`crate::run::shard::Shard::global`]).
+    pub fn set_shard(&mut self, shard: Option<crate::run::shard::Shard>) {
         for r in &mut self.records {
             r.raw.shard = shard.map(|s| s.pair());
         }
@@ -425,7 +425,7 @@ impl LiveReport {
     /// The pass/fail verdict of the run: an error when every request failed or more than
     /// `max_failure_rate` of them did.
     pub fn verdict(&self, max_failure_rate: f64) -> Result<(), LoadgenError> {
-        crate::failure::verdict(self.total_requests(), self.failures.total, max_failure_rate)
+        crate::run::failure::verdict(self.total_requests(), self.failures.total, max_failure_rate)
     }
 
     /// The report as JSON: `mockserve replay`'s keys, then `failures`, `usage_mismatches`,
@@ -467,7 +467,7 @@ impl LiveReport {
             s.push_str(&format!("Finish reasons: {}\n", list.join(", ")));
         }
         if self.usage_mismatches > 0 {
-            s.push_str(&crate::multiturn_report::usage_warning(
+            s.push_str(&crate::multiturn::report::usage_warning(
                 self.usage_mismatches,
             ));
             s.push('\n');
@@ -528,7 +528,7 @@ pub fn write_files(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::{Failure, FirstToken, Response, Timing, TokenSource};
+    use crate::run::client::{Failure, FirstToken, Response, Timing, TokenSource};
 
     fn sample(session: usize, lag_us: u64, chunks_us: &[u64], tokens: u64) -> Sample {
         Sample {

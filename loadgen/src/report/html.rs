@@ -14,7 +14,8 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::error::LoadgenError;
-use crate::replay_report::LiveReport;
+use crate::report::chart::{esc, short, Chart, Series};
+use crate::report::replay_report::LiveReport;
 
 /// Quantiles kept per latency in `latency_cdf` (0%, 1%, ..., 100%).
 pub const CDF_POINTS: usize = 101;
@@ -301,287 +302,6 @@ impl RunView {
             v.headline.push(("failed".into(), n.to_string()));
         }
         v
-    }
-}
-
-/// A number in at most 4 significant digits (integers without decimals).
-fn short(x: f64) -> String {
-    if x == 0.0 {
-        return "0".into();
-    }
-    if x.fract() == 0.0 && x.abs() < 1e15 {
-        return format!("{x:.0}");
-    }
-    let a = x.abs();
-    if a >= 1000.0 {
-        format!("{x:.0}")
-    } else if a >= 100.0 {
-        format!("{x:.1}")
-    } else if a >= 1.0 {
-        format!("{x:.2}")
-    } else {
-        format!("{x:.3}")
-    }
-}
-
-/// Series colours (colour-blind safe).
-const COLORS: [&str; 8] = [
-    "#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#f0e442", "#000000",
-];
-
-/// One line of a chart.
-#[derive(Clone, Debug, Default)]
-pub struct Series {
-    /// Legend.
-    pub name: String,
-    /// (x, y) in data units.
-    pub points: Vec<(f64, f64)>,
-    /// Dashed line.
-    pub dashed: bool,
-    /// Draw dots with the given labels (tooltips) instead of only a line.
-    pub dots: Vec<String>,
-    /// Colour index.
-    pub color: usize,
-}
-
-/// A chart: series, axes, horizontal reference lines, marked points.
-#[derive(Clone, Debug, Default)]
-pub struct Chart {
-    /// Title above it.
-    pub title: String,
-    /// X axis label.
-    pub x_label: String,
-    /// Y axis label.
-    pub y_label: String,
-    /// Lines.
-    pub series: Vec<Series>,
-    /// Logarithmic x axis.
-    pub log_x: bool,
-    /// Horizontal reference lines: (y, label).
-    pub hlines: Vec<(f64, String)>,
-    /// Marked points: (x, y, label).
-    pub marks: Vec<(f64, f64, String)>,
-    /// Height in px.
-    pub height: f64,
-}
-
-fn nice_ticks(lo: f64, hi: f64) -> Vec<f64> {
-    if hi.partial_cmp(&lo) != Some(std::cmp::Ordering::Greater) {
-        return vec![lo];
-    }
-    let raw = (hi - lo) / 5.0;
-    let mag = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 2.5, 5.0, 10.0]
-        .iter()
-        .map(|m| m * mag)
-        .find(|&s| s >= raw)
-        .unwrap_or(10.0 * mag);
-    let mut t = (lo / step).ceil() * step;
-    let mut out = Vec::new();
-    while t <= hi + step * 1e-9 && out.len() < 20 {
-        out.push(t);
-        t += step;
-    }
-    out
-}
-
-/// A tick label with as many decimals as the tick step needs.
-fn tick_label(t: f64, ticks: &[f64]) -> String {
-    let step = match ticks {
-        [a, b, ..] => (b - a).abs(),
-        _ => t.abs(),
-    };
-    let decimals = if step > 0.0 {
-        (-step.log10().floor()).max(0.0) as usize
-            + usize::from(step / 10f64.powf(step.log10().floor()) == 2.5)
-    } else {
-        0
-    };
-    format!("{t:.decimals$}")
-}
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-impl Chart {
-    /// The chart as an inline `<svg>`.
-    pub fn svg(&self) -> String {
-        let (w, h) = (
-            720.0,
-            if self.height > 0.0 {
-                self.height
-            } else {
-                300.0
-            },
-        );
-        let (ml, mr, mt, mb) = (64.0, 16.0, 28.0, 44.0);
-        let fx = |x: f64| if self.log_x { x.max(1e-9).log10() } else { x };
-        let all: Vec<(f64, f64)> = self
-            .series
-            .iter()
-            .flat_map(|s| s.points.iter().copied())
-            .filter(|(x, y)| x.is_finite() && y.is_finite() && (!self.log_x || *x > 0.0))
-            .chain(self.marks.iter().map(|(x, y, _)| (*x, *y)))
-            .collect();
-        let mut s = String::new();
-        let _ = write!(
-            s,
-            r#"<figure><figcaption>{}</figcaption><svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" xmlns="http://www.w3.org/2000/svg" role="img">"#,
-            esc(&self.title)
-        );
-        if all.is_empty() {
-            let _ = write!(
-                s,
-                r#"<text x="{}" y="{}" class="empty">no data</text></svg></figure>"#,
-                w / 2.0,
-                h / 2.0
-            );
-            return s;
-        }
-        let (mut x0, mut x1) = all
-            .iter()
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
-                (a.min(fx(p.0)), b.max(fx(p.0)))
-            });
-        let mut y1 = all.iter().map(|p| p.1).fold(0.0, f64::max);
-        for (y, _) in &self.hlines {
-            y1 = y1.max(*y);
-        }
-        let y0 = all.iter().map(|p| p.1).fold(0.0, f64::min);
-        if x1 <= x0 {
-            x0 -= 0.5;
-            x1 += 0.5;
-        }
-        if y1 <= y0 {
-            y1 = y0 + 1.0;
-        }
-        y1 *= 1.05;
-        let px = |x: f64| ml + (fx(x) - x0) / (x1 - x0) * (w - ml - mr);
-        let py = |y: f64| h - mb - (y - y0) / (y1 - y0) * (h - mt - mb);
-        // Axes and ticks.
-        let _ = write!(
-            s,
-            r#"<line class="axis" x1="{ml}" y1="{}" x2="{}" y2="{}"/><line class="axis" x1="{ml}" y1="{mt}" x2="{ml}" y2="{}"/>"#,
-            h - mb,
-            w - mr,
-            h - mb,
-            h - mb
-        );
-        let yt = nice_ticks(y0, y1);
-        for &t in &yt {
-            let y = py(t);
-            let _ = write!(
-                s,
-                r#"<line class="grid" x1="{ml}" y1="{y:.1}" x2="{}" y2="{y:.1}"/><text class="tick" x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
-                w - mr,
-                ml - 6.0,
-                y + 4.0,
-                tick_label(t, &yt)
-            );
-        }
-        let xt = nice_ticks(x0, x1);
-        for &t in &xt {
-            let label = if self.log_x {
-                short(10f64.powf(t))
-            } else {
-                tick_label(t, &xt)
-            };
-            let x = ml + (t - x0) / (x1 - x0) * (w - ml - mr);
-            let _ = write!(
-                s,
-                r#"<text class="tick" x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#,
-                h - mb + 16.0,
-                label
-            );
-        }
-        let _ = write!(
-            s,
-            r#"<text class="label" x="{}" y="{}" text-anchor="middle">{}</text><text class="label" transform="translate(14 {}) rotate(-90)" text-anchor="middle">{}</text>"#,
-            (ml + w - mr) / 2.0,
-            h - 6.0,
-            esc(&self.x_label),
-            (mt + h - mb) / 2.0,
-            esc(&self.y_label)
-        );
-        for (y, label) in &self.hlines {
-            let yy = py(*y);
-            let _ = write!(
-                s,
-                r#"<line class="slo" x1="{ml}" y1="{yy:.1}" x2="{}" y2="{yy:.1}"/><text class="slo-label" x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
-                w - mr,
-                w - mr - 4.0,
-                yy - 4.0,
-                esc(label)
-            );
-        }
-        // Series.
-        for (k, series) in self.series.iter().enumerate() {
-            let color = COLORS[series.color % COLORS.len()];
-            let pts: Vec<String> = series
-                .points
-                .iter()
-                .filter(|(x, y)| x.is_finite() && y.is_finite() && (!self.log_x || *x > 0.0))
-                .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
-                .collect();
-            if pts.len() > 1 {
-                let _ = write!(
-                    s,
-                    r#"<polyline fill="none" stroke="{color}" stroke-width="2" {} points="{}"><title>{}</title></polyline>"#,
-                    if series.dashed {
-                        r#"stroke-dasharray="6 4""#
-                    } else {
-                        ""
-                    },
-                    pts.join(" "),
-                    esc(&series.name)
-                );
-            }
-            for (i, &(x, y)) in series.points.iter().enumerate() {
-                if series.dots.is_empty() && pts.len() > 1 {
-                    break;
-                }
-                let tip = series.dots.get(i).cloned().unwrap_or_default();
-                let _ = write!(
-                    s,
-                    r#"<circle cx="{:.1}" cy="{:.1}" r="4" fill="{color}"><title>{}</title></circle>"#,
-                    px(x),
-                    py(y),
-                    esc(&tip)
-                );
-            }
-            // Legend.
-            let lx = ml + 10.0 + (k % 4) as f64 * 160.0;
-            let ly = mt - 14.0 + (k / 4) as f64 * 14.0;
-            let _ = write!(
-                s,
-                r#"<rect x="{lx}" y="{}" width="12" height="4" fill="{color}"/><text class="legend" x="{}" y="{}">{}</text>"#,
-                ly - 4.0,
-                lx + 16.0,
-                ly,
-                esc(&series.name)
-            );
-        }
-        for (x, y, label) in &self.marks {
-            let (cx, cy) = (px(*x), py(*y));
-            // Labels near the right edge go to the left of the mark.
-            let (lx, anchor) = if cx > w - 140.0 {
-                (cx - 10.0, "end")
-            } else {
-                (cx + 10.0, "start")
-            };
-            let _ = write!(
-                s,
-                r#"<circle class="mark" cx="{cx:.1}" cy="{cy:.1}" r="8"/><text class="mark-label" x="{lx:.1}" y="{:.1}" text-anchor="{anchor}">{}</text>"#,
-                cy - 10.0,
-                esc(label)
-            );
-        }
-        s.push_str("</svg></figure>");
-        s
     }
 }
 
@@ -891,15 +611,11 @@ mod tests {
     fn buckets_are_round_and_bounded() {
         assert_eq!(bucket_s(12.0), 0.2);
         assert_eq!(bucket_s(100.0), 2.0);
-        assert_eq!(tick_label(0.5, &[0.0, 0.25, 0.5]), "0.50");
-        assert_eq!(tick_label(20.0, &[0.0, 20.0]), "20");
-        assert_eq!(tick_label(0.002, &[0.0, 0.001, 0.002]), "0.002");
         assert_eq!(bucket_s(0.0), 0.01);
-        assert_eq!(nice_ticks(0.0, 10.0), vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
     }
 
-    #[test]
-    fn the_page_is_self_contained_and_has_every_section() {
+    /// A run, a sweep and a multiturn run: every chart of the page.
+    fn views() -> Vec<RunView> {
         let run = json!({
             "num_requests": 3, "request_throughput_rps": 2.5, "median_ttft_ms": 12.0,
             "latency_cdf": {"ttft_ms": [1.0, 2.0, 3.0], "itl_ms": [0.5, 0.6], "e2e_ms": [10.0, 20.0]},
@@ -918,11 +634,25 @@ mod tests {
         });
         let multiturn = json!({"per_turn_ttft": [{"turn": 0, "p50_us": 1000, "p95_us": 2000}, {"turn": 1, "p50_us": 500, "p95_us": 900}],
             "raw_results": [{"success": true, "first_answer_us": 1000, "total_latency_us": 5000}]});
-        let page = render(&[
+        vec![
             RunView::of("a", &run),
             RunView::of("sweep", &sweep),
             RunView::of("mt", &multiturn),
-        ]);
+        ]
+    }
+
+    #[test]
+    fn the_page_bytes_are_pinned() {
+        let page = render(&views());
+        assert_eq!(
+            (page.len(), xxhash_rust::xxh3::xxh3_64(page.as_bytes())),
+            (26117, 1684900529061468447)
+        );
+    }
+
+    #[test]
+    fn the_page_is_self_contained_and_has_every_section() {
+        let page = render(&views());
         for needle in [
             "<!DOCTYPE html>",
             "TTFT CDF",

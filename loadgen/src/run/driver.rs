@@ -22,10 +22,10 @@ use serde_json::Value;
 use tokio::sync::{watch, Semaphore};
 use tokio::time::Instant;
 
-use crate::client::{self, Endpoint, FirstToken, Response};
 use crate::error::LoadgenError;
+use crate::run::client::{self, Endpoint, FirstToken, Response};
 #[cfg(doc)]
-use crate::failure::Failure;
+use crate::run::failure::Failure;
 
 /// How long before a session's first deadline the pacer starts its task.
 pub const PACER_LEAD: Duration = Duration::from_millis(20);
@@ -126,6 +126,24 @@ pub struct RunHooks {
     pub abort: Option<watch::Receiver<bool>>,
     /// Counts requests as they are sent.
     pub sent: Option<Arc<AtomicU64>>,
+}
+
+impl RunHooks {
+    /// The driver's configuration: these hooks, an in-flight cap and a send deadline.
+    pub fn driver_config(
+        self,
+        max_in_flight: Option<usize>,
+        stop_after: Option<Duration>,
+    ) -> DriverConfig {
+        DriverConfig {
+            max_in_flight,
+            stop_after,
+            bar: self.bar,
+            observer: self.observer,
+            abort: self.abort,
+            sent: self.sent,
+        }
+    }
 }
 
 /// How the driver runs.

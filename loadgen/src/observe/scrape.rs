@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::target::Connected;
+use crate::run::target::Connected;
 
 /// One sample of the text format: name, labels, value.
 #[derive(Clone, Debug, PartialEq)]

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use crate::error::LoadgenError;
-use crate::multiturn_report::{PerTurnStats, Results};
+use crate::multiturn::report::{PerTurnStats, Results};
+use crate::report::chart;
 
 /// `loadgen compare` flags.
 #[derive(Args, Clone, Debug)]
@@ -117,154 +118,16 @@ pub fn table(rows: &[TurnRow], a_name: &str, b_name: &str) -> String {
     o
 }
 
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
 /// A line chart of per-turn TTFT (p50 solid, p95 dashed) for both runs.
 pub fn svg(rows: &[TurnRow], a_name: &str, b_name: &str) -> String {
-    let (w, h) = (720.0, 420.0);
-    let (left, right, top, bottom) = (70.0, 200.0, 40.0, 50.0);
-    let (pw, ph) = (w - left - right, h - top - bottom);
-    let max_y = rows
+    let turns: Vec<chart::TurnPoint> = rows
         .iter()
-        .flat_map(|r| [r.a, r.b])
-        .flatten()
-        .map(|(_, p95)| p95)
-        .fold(0.0_f64, f64::max);
-    let max_y = nice_ceiling(max_y);
-    let n = rows.len().max(1);
-    let x = |turn: usize| {
-        if n == 1 {
-            left + pw / 2.0
-        } else {
-            left + pw * turn as f64 / (n - 1) as f64
-        }
-    };
-    let y = |v: f64| top + ph - ph * v / max_y;
-    let mut o = String::new();
-    let _ = writeln!(
-        o,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(o, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
-    let _ = writeln!(
-        o,
-        r#"<text x="{}" y="22" text-anchor="middle" font-size="15">Per-turn TTFT (ms)</text>"#,
-        left + pw / 2.0
-    );
-    for i in 0..=5 {
-        let v = max_y * i as f64 / 5.0;
-        let yy = y(v);
-        let _ = writeln!(
-            o,
-            r##"<line x1="{left}" y1="{yy:.1}" x2="{:.1}" y2="{yy:.1}" stroke="#ddd"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
-            left + pw,
-            left - 6.0,
-            yy + 4.0,
-            trim_num(v)
-        );
-    }
-    for r in rows {
-        let xx = x(r.turn);
-        let _ = writeln!(
-            o,
-            r#"<text x="{xx:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-            top + ph + 18.0,
-            r.turn + 1
-        );
-    }
-    let _ = writeln!(
-        o,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">turn</text>"#,
-        left + pw / 2.0,
-        h - 10.0
-    );
-    let _ = writeln!(
-        o,
-        r##"<line x1="{left}" y1="{top}" x2="{left}" y2="{:.1}" stroke="#333"/><line x1="{left}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#333"/>"##,
-        top + ph,
-        top + ph,
-        left + pw,
-        top + ph
-    );
-    let series: [Series; 4] = [
-        ("#1f77b4", "A p50", false, |r| r.a.map(|v| v.0)),
-        ("#1f77b4", "A p95", true, |r| r.a.map(|v| v.1)),
-        ("#d62728", "B p50", false, |r| r.b.map(|v| v.0)),
-        ("#d62728", "B p95", true, |r| r.b.map(|v| v.1)),
-    ];
-    for (i, (color, label, dashed, get)) in series.iter().enumerate() {
-        let points: Vec<String> = rows
-            .iter()
-            .filter_map(|r| get(r).map(|v| format!("{:.1},{:.1}", x(r.turn), y(v))))
-            .collect();
-        let dash = if *dashed {
-            r#" stroke-dasharray="6,4""#
-        } else {
-            ""
-        };
-        let _ = writeln!(
-            o,
-            r#"<polyline fill="none" stroke="{color}" stroke-width="2"{dash} points="{}"/>"#,
-            points.join(" ")
-        );
-        for p in &points {
-            let (px, py) = p.split_once(',').unwrap_or(("0", "0"));
-            let _ = writeln!(o, r#"<circle cx="{px}" cy="{py}" r="3" fill="{color}"/>"#);
-        }
-        let ly = top + 10.0 + 20.0 * i as f64;
-        let lx = left + pw + 15.0;
-        let _ = writeln!(
-            o,
-            r#"<line x1="{lx}" y1="{ly}" x2="{}" y2="{ly}" stroke="{color}" stroke-width="2"{dash}/><text x="{}" y="{}">{label}</text>"#,
-            lx + 25.0,
-            lx + 30.0,
-            ly + 4.0
-        );
-    }
-    let _ = writeln!(
-        o,
-        r#"<text x="{}" y="{}" font-size="11">A: {}</text><text x="{}" y="{}" font-size="11">B: {}</text>"#,
-        left + pw + 15.0,
-        top + 100.0,
-        esc(a_name),
-        left + pw + 15.0,
-        top + 116.0,
-        esc(b_name)
-    );
-    o.push_str("</svg>\n");
-    o
-}
-
-/// A chart line: colour, label, dashed, value of a row.
-type Series = (
-    &'static str,
-    &'static str,
-    bool,
-    fn(&TurnRow) -> Option<f64>,
-);
-
-/// The smallest 1/2/5 x 10^k at or above `v` (1 for v <= 0).
-fn nice_ceiling(v: f64) -> f64 {
-    if v <= 0.0 || !v.is_finite() {
-        return 1.0;
-    }
-    let mag = 10f64.powf(v.log10().floor());
-    for m in [1.0, 2.0, 5.0, 10.0] {
-        if m * mag >= v {
-            return m * mag;
-        }
-    }
-    10.0 * mag
-}
-
-fn trim_num(v: f64) -> String {
-    let s = format!("{v:.2}");
-    s.trim_end_matches('0').trim_end_matches('.').to_string()
+        .map(|r| chart::TurnPoint {
+            turn: r.turn,
+            runs: [r.a, r.b],
+        })
+        .collect();
+    chart::per_turn(&turns, [a_name, b_name])
 }
 
 /// Runs `loadgen compare`; returns the printed table.
@@ -286,9 +149,9 @@ pub fn run(args: &CompareArgs) -> Result<String, LoadgenError> {
                 || file.display().to_string(),
                 |s| s.to_string_lossy().into_owned(),
             );
-            views.push(crate::html::RunView::of(&name, &json));
+            views.push(crate::report::html::RunView::of(&name, &json));
         }
-        crate::html::write(path, &views)?;
+        crate::report::html::write(path, &views)?;
         note = format!(
             "Saved HTML comparison of {} runs to {}\n",
             views.len(),
@@ -317,14 +180,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn nice_ceilings() {
-        assert_eq!(nice_ceiling(0.0), 1.0);
-        assert_eq!(nice_ceiling(3.2), 5.0);
-        assert_eq!(nice_ceiling(12.0), 20.0);
-        assert_eq!(nice_ceiling(100.0), 100.0);
-    }
-
-    #[test]
     fn table_and_svg_show_both_runs() {
         let rows = vec![
             TurnRow {
@@ -350,5 +205,9 @@ mod tests {
         assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"));
         assert_eq!(s.matches("<polyline").count(), 4);
         assert!(s.contains("a&lt;.json"));
+        assert_eq!(
+            (s.len(), xxhash_rust::xxh3::xxh3_64(s.as_bytes())),
+            (2847, 16105126307942792037)
+        );
     }
 }

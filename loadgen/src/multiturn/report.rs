@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use servesim::metrics::Distribution;
 
-use crate::client::{Failure, TokenSource};
-use crate::failure::FailureSummary;
+use crate::run::client::{Failure, TokenSource};
+use crate::run::failure::FailureSummary;
 
 /// Dynamo's aggregate statistics (`LatencyStats`), plus the mean; all in µs.
 ///
@@ -163,7 +163,7 @@ pub struct ShardSample {
     /// Gaps between consecutive token chunks (empty unless the request succeeded).
     pub chunk_gaps_us: Vec<u64>,
     /// Output tokens per second of a successful request with two tokens or more
-    /// ([`crate::client::Timing::output_tokens_per_s`]).
+    /// ([`crate::run::client::Timing::output_tokens_per_s`]).
     pub output_tokens_per_s: Option<f64>,
 }
 
@@ -382,7 +382,7 @@ pub struct RunData {
     pub records: Vec<RawResult>,
     /// Inter-chunk gaps of successful requests, µs.
     pub chunk_gaps_us: Vec<u64>,
-    /// Per-request output throughput of successful requests ([`crate::client::Timing::output_tokens_per_s`]).
+    /// Per-request output throughput of successful requests ([`crate::run::client::Timing::output_tokens_per_s`]).
     pub output_tokens_per_s_per_user: Vec<f64>,
     /// Wall time of the run, seconds.
     pub duration_s: f64,
@@ -529,7 +529,7 @@ impl Results {
 pub fn usage_warning(count: usize) -> String {
     format!(
         "WARNING: {count} requests reported usage.completion_tokens that contradicts the streamed chunks (fewer tokens than chunks, or more than {} per chunk); their counted chunks were used instead",
-        crate::client::MAX_TOKENS_PER_CHUNK
+        crate::run::client::MAX_TOKENS_PER_CHUNK
     )
 }
 

@@ -1,0 +1,185 @@
+//! Goodput: the service-level objectives of `--slo` and the share and rate of requests that
+//! meet them.
+
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use crate::report::replay_report::LiveRecord;
+
+/// Service-level objectives (ms); a request is good when it succeeded and meets every one set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Slo {
+    /// Time to first token.
+    pub ttft_ms: Option<f64>,
+    /// The request's mean inter-token latency.
+    pub itl_ms: Option<f64>,
+    /// End-to-end latency.
+    pub e2e_ms: Option<f64>,
+}
+
+fn parse_ms(v: &str) -> Option<f64> {
+    let (num, scale) = if let Some(x) = v.strip_suffix("ms") {
+        (x, 1.0)
+    } else if let Some(x) = v.strip_suffix("us") {
+        (x, 1e-3)
+    } else if let Some(x) = v.strip_suffix('s') {
+        (x, 1e3)
+    } else {
+        (v, 1.0)
+    };
+    num.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && *x >= 0.0)
+        .map(|x| x * scale)
+}
+
+impl FromStr for Slo {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut slo = Slo::default();
+        for part in s.split(',').filter(|p| !p.trim().is_empty()) {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| format!("expected key=value, got {part:?}"))?;
+            let ms = parse_ms(v.trim()).ok_or_else(|| format!("bad duration {v:?}"))?;
+            match k.trim() {
+                "ttft" => slo.ttft_ms = Some(ms),
+                "itl" | "tpot" => slo.itl_ms = Some(ms),
+                "e2e" | "e2el" => slo.e2e_ms = Some(ms),
+                other => return Err(format!("unknown SLO {other:?} (ttft, itl, e2e)")),
+            }
+        }
+        Ok(slo)
+    }
+}
+
+impl Slo {
+    /// True when the request completed and meets every objective.
+    pub fn met(&self, r: &LiveRecord) -> bool {
+        let ok = |limit: Option<f64>, v: Option<f64>| match (limit, v) {
+            (None, _) => true,
+            (Some(l), Some(v)) => v <= l,
+            (Some(_), None) => false,
+        };
+        r.error.is_none()
+            && r.record.status == servesim::metrics::RequestStatus::Completed
+            && ok(self.ttft_ms, r.record.ttft_ms)
+            && (self.itl_ms.is_none()
+                || r.record
+                    .itl_ms
+                    .is_none_or(|v| v <= self.itl_ms.unwrap_or(f64::INFINITY)))
+            && ok(self.e2e_ms, r.record.e2e_latency_ms)
+    }
+}
+
+/// Goodput figures.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Goodput {
+    /// Requests meeting every SLO.
+    pub good_requests: usize,
+    /// Requests counted (errors included).
+    pub total_requests: usize,
+    /// good / total.
+    pub share: f64,
+    /// good per second of the measured window.
+    pub rate_rps: f64,
+}
+
+/// Goodput of `records` over `duration_s` (errors count as misses).
+pub fn goodput(slo: &Slo, records: &[LiveRecord], duration_s: f64) -> Goodput {
+    let good = records.iter().filter(|r| slo.met(r)).count();
+    Goodput {
+        good_requests: good,
+        total_requests: records.len(),
+        share: if records.is_empty() {
+            0.0
+        } else {
+            good as f64 / records.len() as f64
+        },
+        rate_rps: if duration_s > 0.0 {
+            good as f64 / duration_s
+        } else {
+            0.0
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use servesim::metrics::{RequestRecord, RequestStatus};
+
+    fn rec(ttft: f64, itl: Option<f64>, e2e: f64, ok: bool) -> LiveRecord {
+        LiveRecord {
+            record: RequestRecord {
+                request_id: 0,
+                session_id: None,
+                turn_index: 0,
+                worker: None,
+                arrival_ms: 0.0,
+                first_admit_ms: None,
+                first_token_ms: None,
+                last_token_ms: None,
+                finish_ms: None,
+                ttft_ms: ok.then_some(ttft),
+                ttst_ms: None,
+                e2e_latency_ms: ok.then_some(e2e),
+                itl_ms: itl,
+                input_length: 1,
+                output_length: 1,
+                max_output_tokens: 1,
+                reused_input_tokens: 0,
+                g2_reused_input_tokens: 0,
+                kv_transfer_ms: None,
+                status: if ok {
+                    RequestStatus::Completed
+                } else {
+                    RequestStatus::Rejected
+                },
+            },
+            scheduled_ms: 0.0,
+            sent_ms: 0.0,
+            schedule_lag_ms: 0.0,
+            prompt_tokens: None,
+            expected_reused_tokens: None,
+            chunks: 1,
+            usage_output_tokens: Some(1),
+            usage_mismatch: false,
+            error: (!ok).then(|| "HTTP 500".to_string()),
+            error_kind: (!ok).then_some("http"),
+            error_status: (!ok).then_some(500),
+            finish_reason: None,
+            raw: Default::default(),
+            agentic: None,
+        }
+    }
+
+    #[test]
+    fn slo_parsing_and_goodput_arithmetic() {
+        let slo: Slo = "ttft=200ms,itl=50ms,e2e=10s".parse().expect("valid");
+        assert_eq!(
+            slo,
+            Slo {
+                ttft_ms: Some(200.0),
+                itl_ms: Some(50.0),
+                e2e_ms: Some(10_000.0)
+            }
+        );
+        assert!("ttft=fast".parse::<Slo>().is_err());
+        assert!("foo=1ms".parse::<Slo>().is_err());
+        let records = vec![
+            rec(100.0, Some(20.0), 5_000.0, true), // good
+            rec(250.0, Some(20.0), 5_000.0, true), // TTFT miss
+            rec(100.0, Some(60.0), 5_000.0, true), // ITL miss
+            rec(100.0, None, 11_000.0, true),      // E2E miss
+            rec(100.0, None, 1_000.0, true),       // good (one token: no ITL)
+            rec(0.0, None, 0.0, false),            // error: a miss
+        ];
+        let g = goodput(&slo, &records, 2.0);
+        assert_eq!((g.good_requests, g.total_requests), (2, 6));
+        assert!((g.share - 2.0 / 6.0).abs() < 1e-12);
+        assert!((g.rate_rps - 1.0).abs() < 1e-12);
+    }
+}

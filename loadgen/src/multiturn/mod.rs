@@ -1,0 +1,509 @@
+//! `loadgen multiturn`: start the embedded server if needed, find the model, run every user's
+//! conversation concurrently, and build the [`Results`].
+//!
+//! Runs on the shared [`driver`]: each user is a `Conversation` script, closed loop (the think
+//! time starts when the previous answer has fully arrived), sending the whole history and
+//! appending the streamed answer on success.
+
+pub mod compare;
+pub mod config;
+pub mod report;
+pub mod workload;
+
+use std::borrow::Cow;
+use std::io::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::{json, Value};
+
+use crate::error::LoadgenError;
+use crate::multiturn::config::MultiturnConfig;
+use crate::multiturn::report::{RawResult, Results, RunData, ShardSample};
+use crate::multiturn::workload::{TokenCounter, UserScript, Workload};
+use crate::observe::Observed;
+use crate::run::client::{FirstToken, Response};
+use crate::run::driver::{self, DriverConfig, Observer, Planned, RunHooks, Sample, Script, Start};
+use crate::run::target::{Api, Connected};
+use crate::run::{self, Mode, Report, Settings};
+use mock_server::args::ReportArgs;
+
+/// What every conversation needs to build its bodies.
+struct BodyParams {
+    model: String,
+    max_completion_tokens: u32,
+    ignore_eos: bool,
+    speculative_prefill: bool,
+    /// Every request carries [`tool_definition`] (tool turns were asked for).
+    tools: bool,
+}
+
+/// The one tool of a run with tool turns: a lookup whose result is the next turn's text.
+fn tool_definition() -> Value {
+    json!({
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "description": "Look something up and return what was found.",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}},
+                "required": ["query"],
+            },
+        },
+    })
+}
+
+impl BodyParams {
+    /// The request of a turn whose history is `messages`; `tool_call` asks for a tool call.
+    fn body(&self, messages: &[Value], tool_call: bool) -> Value {
+        let mut body = json!({
+            "model": self.model,
+            "messages": messages,
+            "max_completion_tokens": self.max_completion_tokens,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        });
+        if self.ignore_eos {
+            body["ignore_eos"] = json!(true);
+        }
+        if self.speculative_prefill {
+            body["nvext"] = json!({"agent_hints": {"speculative_prefill": true}});
+        }
+        if self.tools {
+            body["tools"] = json!([tool_definition()]);
+            body["tool_choice"] = json!(if tool_call { "required" } else { "none" });
+        }
+        body
+    }
+}
+
+/// One user's conversation as a driver [`Script`]: the first turn at the run start, each later
+/// turn its think time after the previous answer fully arrived (closed loop), sending the whole
+/// history and appending the streamed answer on success.
+struct Conversation {
+    params: Arc<BodyParams>,
+    script: UserScript,
+    messages: Vec<Value>,
+    next_turn: usize,
+}
+
+/// The history entry of a successful answer: its text, and its tool calls when it made some.
+fn assistant_message(r: &Response) -> Value {
+    if r.tool_calls.is_empty() {
+        return json!({"role": "assistant", "content": r.content});
+    }
+    json!({
+        "role": "assistant",
+        "content": if r.content.is_empty() { Value::Null } else { json!(r.content) },
+        "tool_calls": r.tool_calls.iter().map(crate::run::client::ToolCall::to_json).collect::<Vec<_>>(),
+    })
+}
+
+impl Script for Conversation {
+    fn first_start(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    fn next(&mut self, previous: Option<&Response>) -> Option<Planned> {
+        let answered = previous.filter(|r| r.failure.is_none());
+        if let Some(r) = answered {
+            self.messages.push(assistant_message(r));
+        }
+        let t = self.script.turns.get(self.next_turn)?;
+        // The tool's result answers the call (the first, when the model made several; the
+        // others get an empty result); a turn after an answer without a call is a user turn.
+        match answered.map(|r| r.tool_calls.as_slice()) {
+            Some([first, rest @ ..]) if t.after_tool => {
+                self.messages.push(
+                    json!({"role": "tool", "tool_call_id": first.id, "content": t.user_text}),
+                );
+                for call in rest {
+                    self.messages
+                        .push(json!({"role": "tool", "tool_call_id": call.id, "content": ""}));
+                }
+            }
+            _ => self
+                .messages
+                .push(json!({"role": "user", "content": t.user_text})),
+        }
+        let start = if self.next_turn == 0 {
+            Start::At(t.delay)
+        } else {
+            Start::After(t.delay)
+        };
+        self.next_turn += 1;
+        Some(Planned {
+            start,
+            body: self.params.body(&self.messages, t.tool_call),
+        })
+    }
+}
+
+/// The multiturn record of one driver sample. Latencies are measured from the scheduled send.
+fn record(sample: &Sample, user_tokens: Option<usize>) -> RawResult {
+    let r = &sample.response;
+    let tm = &r.timing;
+    let lag = sample.lag_us();
+    let first_answer_us = sample.ttft_us(FirstToken::Answer);
+    RawResult {
+        user_id: sample.session,
+        turn: sample.turn,
+        ttft_us: first_answer_us.unwrap_or(0),
+        total_latency_us: lag + tm.end_us,
+        success: r.failure.is_none(),
+        first_answer_us,
+        ttft_any_us: sample.ttft_us(FirstToken::Any),
+        headers_us: tm.headers_us.map(|t| t + lag),
+        first_reasoning_us: tm.first_reasoning_us.map(|t| t + lag),
+        chunks: r.chunks,
+        output_tokens: r.output_tokens,
+        output_tokens_source: Some(r.output_tokens_source),
+        usage_output_tokens: r.usage_output_tokens,
+        usage_mismatch: r.usage_mismatch,
+        user_tokens,
+        prompt_tokens: r.prompt_tokens,
+        cached_tokens: r.cached_tokens,
+        error: r.failure.clone(),
+        tool_call: false,
+        after_tool: false,
+        shard: None,
+        merge: None,
+    }
+}
+
+fn print_config(c: &MultiturnConfig, url: &str, model: &str) {
+    let w = &c.workload;
+    println!("Configuration:");
+    println!("  URL: {url}");
+    println!("  Model: {model}");
+    println!("  Users: {}", w.num_users);
+    println!("  Turns: {}", w.num_turns);
+    if c.target.is_embedded() || c.target.tokenizer.is_some() {
+        println!("  User tokens: {} (exact)", w.num_user_tokens);
+    } else {
+        println!("  User tokens: ~{}", w.num_user_tokens);
+    }
+    println!("  Max completion tokens: {}", c.max_completion_tokens);
+    println!("  Ignore EOS: {}", c.ignore_eos);
+    println!("  Mean delay: {}ms", w.mean_delay_ms);
+    println!("  Speculative prefill: {}", c.speculative_prefill);
+    if let Some(t) = &w.tools {
+        println!(
+            "  Tool calls: {}% of turns, tool wait {} ms",
+            t.share * 100.0,
+            t.wait
+        );
+    }
+    println!("  Seed: {}", w.seed);
+    println!();
+}
+
+/// Runs a multi-turn benchmark: prints the console report, writes the results files, returns
+/// the results (the failure-rate verdict is [`verdict`]'s).
+pub async fn multiturn(config: &MultiturnConfig) -> Result<Results, LoadgenError> {
+    println!("Multiturn Chat Benchmark");
+    println!("========================\n");
+    let settings = Settings {
+        report: &config.report,
+        observe: None,
+        live_view: false,
+        html: config.html.as_deref(),
+        sharding: &config.sharding,
+        console: true,
+    };
+    let mode = Conversations {
+        config,
+        model: String::new(),
+        url: String::new(),
+        num_users: 0,
+        turn_facts: Vec::new(),
+        bar: ProgressBar::hidden(),
+    };
+    let run = run::execute(mode, &config.target, &settings).await?;
+    Ok(run.results)
+}
+
+/// `multiturn` in the harness: one conversation per user, no observers besides the progress
+/// bar and the verbose lines.
+struct Conversations<'a> {
+    config: &'a MultiturnConfig,
+    /// The target's model and URL, for the results' configuration.
+    model: String,
+    url: String,
+    /// Users this process runs.
+    num_users: usize,
+    /// By local user then turn: (user tokens, asks for a tool call, answers one).
+    turn_facts: Vec<Vec<(Option<usize>, bool, bool)>>,
+    bar: ProgressBar,
+}
+
+/// The results of a multiturn run and how long it took.
+struct MultiturnRun {
+    results: Results,
+    duration_s: f64,
+}
+
+impl Mode for Conversations<'_> {
+    type Schedule = (Vec<Box<dyn Script>>, DriverConfig);
+    type Driven = driver::DriverOutput;
+    type Run = MultiturnRun;
+
+    fn api(&self) -> Api {
+        Api::Chat
+    }
+
+    fn prepare(
+        &mut self,
+        target: &Connected,
+    ) -> Result<(Self::Schedule, Option<usize>), LoadgenError> {
+        let config = self.config;
+        let counter = match &target.tokenizer {
+            Some(t) => TokenCounter::Exact(t.clone()),
+            None => TokenCounter::Heuristic,
+        };
+        self.url = target.url.clone();
+        self.model = target.model.clone();
+        print_config(config, &self.url, &self.model);
+
+        // Every user's conversation from the seed, then this shard's users: each is the
+        // unsharded run's conversation.
+        let mut workload = Workload::generate(&config.workload, &counter);
+        let shard = config.sharding.shard;
+        if let Some(sh) = shard {
+            workload.users.retain(|u| sh.owns(u.user_id));
+            println!(
+                "Shard {}/{}: {} of the {} users",
+                sh.index,
+                sh.count,
+                workload.users.len(),
+                config.workload.num_users
+            );
+        }
+        self.num_users = workload.users.len();
+        let total = (self.num_users * config.workload.num_turns) as u64;
+        println!(
+            "Running {} users x {} turns = {} total requests...",
+            self.num_users, config.workload.num_turns, total
+        );
+        let bar = if config.report.show_progress() {
+            ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
+        } else {
+            ProgressBar::hidden()
+        };
+        if let Ok(style) = ProgressStyle::with_template(
+            "[{elapsed_precise}] [{wide_bar:.cyan/blue}] {pos}/{len} turns ({eta})",
+        ) {
+            bar.set_style(style.progress_chars("#>-"));
+        }
+        self.bar = bar.clone();
+        let params = Arc::new(BodyParams {
+            model: self.model.clone(),
+            max_completion_tokens: config.max_completion_tokens,
+            ignore_eos: config.ignore_eos,
+            speculative_prefill: config.speculative_prefill,
+            tools: config.workload.tools.is_some(),
+        });
+        self.turn_facts = workload
+            .users
+            .iter()
+            .map(|u| {
+                u.turns
+                    .iter()
+                    .map(|t| (t.user_tokens, t.tool_call, t.after_tool))
+                    .collect()
+            })
+            .collect();
+        let num_turns = config.workload.num_turns;
+        let observer: Option<Observer> = config.verbose.then(|| {
+            let bar = bar.clone();
+            Arc::new(move |s: &Sample| {
+                let tm = &s.response.timing;
+                let ttft = match s.ttft_us(FirstToken::Answer) {
+                    Some(t) => format!("{:.1}ms", t as f64 / 1000.0),
+                    None => "-".into(),
+                };
+                let line = format!(
+                    "  [user {}][turn {}/{}] ttft={ttft}  total={:.1}s  ok={}",
+                    crate::run::shard::global(shard, s.session),
+                    s.turn + 1,
+                    num_turns,
+                    (s.lag_us() + tm.end_us) as f64 / 1e6,
+                    s.response.failure.is_none()
+                );
+                if bar.is_hidden() {
+                    println!("{line}");
+                } else {
+                    bar.println(line);
+                }
+                if let Some(f) = &s.response.failure {
+                    eprintln!(
+                        "  [user {}][turn {}] {}",
+                        crate::run::shard::global(shard, s.session),
+                        s.turn,
+                        f
+                    );
+                }
+            }) as Observer
+        });
+        let scripts: Vec<Box<dyn Script>> = workload
+            .users
+            .into_iter()
+            .map(|script| {
+                Box::new(Conversation {
+                    params: params.clone(),
+                    messages: vec![json!({"role": "system", "content": script.system_prompt})],
+                    script,
+                    next_turn: 0,
+                }) as Box<dyn Script>
+            })
+            .collect();
+        let driver_config = DriverConfig {
+            bar: Some(bar),
+            observer,
+            ..DriverConfig::default()
+        };
+        Ok(((scripts, driver_config), None))
+    }
+
+    async fn drive(
+        &mut self,
+        (scripts, config): Self::Schedule,
+        target: &Connected,
+        _hooks: RunHooks,
+    ) -> Result<driver::DriverOutput, LoadgenError> {
+        driver::drive(target.endpoint.clone(), scripts, &config).await
+    }
+
+    fn report(
+        &mut self,
+        out: driver::DriverOutput,
+        _wall: Duration,
+        _observed: &Observed,
+    ) -> Result<MultiturnRun, LoadgenError> {
+        let config = self.config;
+        let shard = config.sharding.shard;
+        let num_turns = config.workload.num_turns;
+        let mut data = RunData::default();
+        let run_start_unix_us = out
+            .started_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        for s in &out.samples {
+            let (mut gaps, mut per_s) = (Vec::new(), None);
+            if s.response.failure.is_none() {
+                let timing = &s.response.timing;
+                gaps = timing
+                    .token_chunks_us
+                    .windows(2)
+                    .map(|w| w[1] - w[0])
+                    .collect();
+                per_s = timing.output_tokens_per_s(s.response.output_tokens);
+                data.chunk_gaps_us.extend(&gaps);
+                data.output_tokens_per_s_per_user.extend(per_s);
+            }
+            let (tokens, tool_call, after_tool) = self
+                .turn_facts
+                .get(s.session)
+                .and_then(|u| u.get(s.turn))
+                .copied()
+                .unwrap_or_default();
+            let mut rec = record(s, tokens);
+            rec.tool_call = tool_call;
+            rec.after_tool = after_tool;
+            rec.user_id = crate::run::shard::global(shard, s.session);
+            if let Some(sh) = shard {
+                rec.shard = Some(sh.pair());
+                rec.merge = Some(ShardSample {
+                    num_users: config.workload.num_users,
+                    num_turns,
+                    speculative_prefill: config.speculative_prefill,
+                    run_start_unix_us,
+                    end_us: s.end_us(),
+                    chunk_gaps_us: gaps,
+                    output_tokens_per_s: per_s,
+                });
+            }
+            data.records.push(rec);
+        }
+        data.duration_s = out.duration.as_secs_f64();
+        self.bar.finish_and_clear();
+        let duration_s = data.duration_s;
+        let mut results = Results::build(
+            data,
+            self.num_users,
+            num_turns,
+            config.speculative_prefill,
+            config.to_json(&self.model, &self.url),
+        );
+        crate::run::shard::annotate(&mut results.config, shard);
+        Ok(MultiturnRun {
+            results,
+            duration_s,
+        })
+    }
+}
+
+impl Report for MultiturnRun {
+    fn console_text(&self) -> String {
+        format!(
+            "\nBenchmark completed in {:.1}s\n{}",
+            self.duration_s,
+            self.results.console()
+        )
+    }
+
+    fn write_files(&self, report: &ReportArgs) -> Result<(), LoadgenError> {
+        write_results(
+            &self.results,
+            report.report_json.as_deref(),
+            report.per_request_jsonl.as_deref(),
+        )
+    }
+
+    fn html_json(&self) -> (&'static str, Cow<'_, Value>) {
+        (
+            "multiturn",
+            Cow::Owned(serde_json::to_value(&self.results).unwrap_or_default()),
+        )
+    }
+}
+
+/// Writes the results (pretty JSON) to `report_json` and one `raw_results` entry a line to
+/// `per_request_jsonl`.
+pub fn write_results(
+    results: &Results,
+    report_json: Option<&std::path::Path>,
+    per_request_jsonl: Option<&std::path::Path>,
+) -> Result<(), LoadgenError> {
+    let io = |path: &std::path::Path| {
+        let path = path.to_path_buf();
+        move |source| LoadgenError::Io { path, source }
+    };
+    if let Some(path) = report_json {
+        let text = serde_json::to_string_pretty(results).unwrap_or_default();
+        std::fs::write(path, text + "\n").map_err(io(path))?;
+        println!("Results written to: {}", path.display());
+    }
+    if let Some(path) = per_request_jsonl {
+        let file = std::fs::File::create(path).map_err(io(path))?;
+        let mut w = std::io::BufWriter::new(file);
+        for r in &results.raw_results {
+            let line = serde_json::to_string(r).unwrap_or_default();
+            writeln!(w, "{line}").map_err(io(path))?;
+        }
+        w.flush().map_err(io(path))?;
+    }
+    Ok(())
+}
+
+/// The pass/fail verdict: fails when every request failed or the failure share is above
+/// `max_failure_rate`.
+pub fn verdict(results: &Results, max_failure_rate: f64) -> Result<(), LoadgenError> {
+    crate::run::failure::verdict(
+        results.total_requests,
+        results.failed_requests,
+        max_failure_rate,
+    )
+}

@@ -1,0 +1,8 @@
+//! What a run leaves behind: the `replay` and `bench` report with its raw per-request records
+//! ([`replay_report`]), the self-contained HTML report ([`html`]), every SVG chart ([`chart`]),
+//! and one report rebuilt from the records of several runs ([`merge`]).
+
+pub mod chart;
+pub mod html;
+pub mod merge;
+pub mod replay_report;

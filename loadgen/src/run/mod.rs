@@ -1,0 +1,191 @@
+//! One run, whatever the mode: the harness every run command (`bench`, `replay`, `sweep`,
+//! `multiturn`) goes through, and what it runs on.
+//!
+//! The harness (`execute`) connects, waits for `--start-at`, starts the observers, drives, stops
+//! them, builds the report, prints it and writes its files; a mode supplies only its schedule
+//! and its report. [`RunArgs`] are the flags it reads, flattened into each mode's flags. The
+//! modules:
+//!
+//! - [`target`]: where requests go ([`target::TargetArgs`] → [`target::TargetSpec`] →
+//!   [`target::Connected`]): `--url` or the embedded mockserve, model detection, the tokenizer.
+//! - [`driver`]: the one driver loop; each session is a [`driver::Script`] whose requests are
+//!   due at absolute offsets (open loop) or after the previous answer (closed loop).
+//! - [`client`]: one streamed request and its timing; [`sse`]: the bounded SSE parser it reads
+//!   with.
+//! - [`prompt`]: prompt text from hash ids, exact for a known tokenizer.
+//! - [`failure`]: why a request failed, counts by reason and the verdict.
+//! - [`shard`]: `--shard I/N` and `--start-at`, one load split over N processes.
+
+pub mod client;
+pub mod driver;
+pub mod failure;
+pub mod prompt;
+pub mod shard;
+pub mod sse;
+pub mod target;
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::path::Path;
+use std::time::Duration;
+
+use clap::Args;
+use serde_json::Value;
+
+use crate::error::LoadgenError;
+use crate::observe::{Observe, ObserveArgs, Observed};
+use crate::run::driver::RunHooks;
+use crate::run::failure::FailureArgs;
+use crate::run::shard::ShardArgs;
+use crate::run::target::{Api, Connected, TargetArgs, TargetSpec};
+use mock_server::args::ReportArgs;
+
+/// The flags of one run besides its schedule: report files, observers, failure threshold,
+/// target and sharding (`bench` and `replay`; `sweep` through `bench`'s).
+#[derive(Args, Clone, Debug)]
+pub struct RunArgs {
+    /// Report files and progress.
+    #[command(flatten)]
+    pub report: ReportArgs,
+    /// Server metrics, HTML report.
+    #[command(flatten)]
+    pub observe: ObserveArgs,
+    /// Failure threshold.
+    #[command(flatten)]
+    pub failures: FailureArgs,
+    /// Where requests go.
+    #[command(flatten)]
+    pub target: TargetArgs,
+    /// One run over N processes.
+    #[command(flatten, next_help_heading = "Sharding (one run over N processes)")]
+    pub sharding: ShardArgs,
+}
+
+/// What the harness reads besides the mode: the report files, what observes the run (None:
+/// nothing, as in `multiturn`), the HTML report, `--start-at`, and whether anything is printed.
+pub(crate) struct Settings<'a> {
+    /// `--report-json` and `--per-request-jsonl`.
+    pub report: &'a ReportArgs,
+    /// The scraper's flags; None runs without observers.
+    pub observe: Option<&'a ObserveArgs>,
+    /// The live view (unless `--quiet`).
+    pub live_view: bool,
+    /// `--html`.
+    pub html: Option<&'a Path>,
+    /// `--start-at`.
+    pub sharding: &'a ShardArgs,
+    /// Print the report (a sweep's replay points do not; their files are written either way).
+    pub console: bool,
+}
+
+impl<'a> Settings<'a> {
+    /// The settings of a run with `args`' flags, printing its report.
+    pub fn of(args: &'a RunArgs) -> Settings<'a> {
+        Settings {
+            report: &args.report,
+            observe: Some(&args.observe),
+            live_view: !args.report.quiet,
+            html: args.observe.html.as_deref(),
+            sharding: &args.sharding,
+            console: true,
+        }
+    }
+}
+
+/// What a run command supplies to [`execute`]: its schedule (built once connected, sent by
+/// [`Mode::drive`]) and its report.
+pub(crate) trait Mode {
+    /// What [`Mode::prepare`] builds for [`Mode::drive`] to send.
+    type Schedule;
+    /// What the driver returns.
+    type Driven;
+    /// The finished run.
+    type Run: Report;
+
+    /// The route requests go to.
+    fn api(&self) -> Api;
+
+    /// Builds the schedule for the connected target and prints what the run will do; with it,
+    /// the number of requests it will send, when known (the live view's total).
+    fn prepare(
+        &mut self,
+        target: &Connected,
+    ) -> Result<(Self::Schedule, Option<usize>), LoadgenError>;
+
+    /// A line printed once the observers run, just before the first request (none by default).
+    fn announce(&self, _target: &Connected) {}
+
+    /// Sends the schedule, `hooks` watching it.
+    fn drive(
+        &mut self,
+        schedule: Self::Schedule,
+        target: &Connected,
+        hooks: RunHooks,
+    ) -> impl Future<Output = Result<Self::Driven, LoadgenError>> + Send;
+
+    /// The run's report from what the driver returned, the wall time it took, and what the
+    /// observers saw (their series go into the report JSON here).
+    fn report(
+        &mut self,
+        driven: Self::Driven,
+        wall: Duration,
+        observed: &Observed,
+    ) -> Result<Self::Run, LoadgenError>;
+}
+
+/// A finished run as the harness prints and writes it.
+pub(crate) trait Report {
+    /// The console report (the server metrics' summary follows it).
+    fn console_text(&self) -> String;
+
+    /// Writes `--report-json` and `--per-request-jsonl` when given.
+    fn write_files(&self, report: &ReportArgs) -> Result<(), LoadgenError>;
+
+    /// The run's name in the HTML report and the report JSON it draws.
+    fn html_json(&self) -> (&'static str, Cow<'_, Value>);
+}
+
+/// Runs `mode` on `spec`: connect, `--start-at`, observers, drive, report, print, write files,
+/// write the HTML report. The target is shut down whether the run succeeded or not.
+pub(crate) async fn execute<M: Mode>(
+    mut mode: M,
+    spec: &TargetSpec,
+    settings: &Settings<'_>,
+) -> Result<M::Run, LoadgenError> {
+    let target = spec.connect(mode.api()).await?;
+    let (schedule, expected) = match mode.prepare(&target) {
+        Ok(prepared) => prepared,
+        Err(e) => {
+            target.shutdown().await;
+            return Err(e);
+        }
+    };
+    settings.sharding.wait_for_start().await;
+    let observe = match settings.observe {
+        Some(args) => Some(Observe::start(args, settings.live_view, &target, expected).await),
+        None => None,
+    };
+    if settings.console {
+        mode.announce(&target);
+    }
+    let hooks = observe.as_ref().map(Observe::hooks).unwrap_or_default();
+    let started = std::time::Instant::now();
+    let driven = mode.drive(schedule, &target, hooks).await;
+    let wall = started.elapsed();
+    let observed = match observe {
+        Some(o) => o.finish().await,
+        None => Observed::default(),
+    };
+    target.shutdown().await;
+    let run = mode.report(driven?, wall, &observed)?;
+    if settings.console {
+        print!("{}", run.console_text());
+        print!("{}", observed.console());
+    }
+    run.write_files(settings.report)?;
+    if let Some(path) = settings.html {
+        let (name, json) = run.html_json();
+        crate::report::html::write(path, &[crate::report::html::RunView::of(name, &json)])?;
+    }
+    Ok(run)
+}
