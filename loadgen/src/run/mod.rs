@@ -80,7 +80,7 @@ pub(crate) struct Settings<'a> {
 
 impl<'a> Settings<'a> {
     /// The settings of a run with `args`' flags, printing its report.
-    pub fn of(args: &'a RunArgs) -> Settings<'a> {
+    pub(crate) fn of(args: &'a RunArgs) -> Settings<'a> {
         Settings {
             report: &args.report,
             observe: Some(&args.observe),
