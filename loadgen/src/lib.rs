@@ -32,6 +32,8 @@
 //!   metrics over time), [`html`] (the self-contained HTML report), [`live`] (the live view).
 //! - `profile`: [`profile`](mod@profile) (prefill and decode latency measured into a profile
 //!   that `--perf-profile` reads).
+//! - `trace convert`: [`convert`](mod@convert) (multiturn records or an OpenAI request log into
+//!   a Mooncake or agentic trace, hash ids from the real tokens).
 //! - [`shard`]: `--shard I/N` and `--start-at`, one load split over N processes that
 //!   [`merge`] puts back together.
 //! - [`limits`]: every flag's allowed range (caps as named constants) and the output-path check
@@ -54,6 +56,7 @@ pub mod bench;
 pub mod client;
 pub mod compare;
 pub mod config;
+pub mod convert;
 pub mod driver;
 pub mod error;
 pub mod failure;
@@ -114,6 +117,9 @@ pub enum Command {
     /// Measure an endpoint's prefill and decode latency and write a profile (Dynamo mocker's
     /// .npz, a JSON twin and an SVG) that `--perf-profile` reads.
     Profile(profile::ProfileArgs),
+    /// Work on trace files: `loadgen trace convert` turns multiturn records or a log of OpenAI
+    /// chat requests into a Mooncake or agentic_mooncake trace.
+    Trace(convert::TraceArgs),
     /// Print a shell completion script on stdout, e.g. `loadgen completions bash`.
     Completions {
         /// The shell to complete for.
@@ -153,6 +159,9 @@ pub fn validate(command: &Command) -> Result<(), LoadgenError> {
                 .map(|_| ())
         }
         Command::Merge(args) => merge::check(args),
+        Command::Trace(args) => match &args.command {
+            convert::TraceCommand::Convert(a) => a.check(),
+        },
         Command::Compare(_) | Command::Completions { .. } => Ok(()),
     }
 }
@@ -198,6 +207,9 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
             Ok(())
         }
         Command::Profile(args) => profile::profile(&args).await.map(|_| ()),
+        Command::Trace(args) => match &args.command {
+            convert::TraceCommand::Convert(a) => convert::convert(a).map(|_| ()),
+        },
         Command::Completions { shell } => {
             std::io::Write::write_all(&mut std::io::stdout(), &completions(shell)).map_err(
                 |source| LoadgenError::Io {

@@ -6,7 +6,7 @@
 //! appending the streamed answer on success.
 
 use std::io::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 use crate::client::{FirstToken, Response};
 use crate::config::MultiturnConfig;
+use crate::convert::blocks::{ChatPrompts, PromptBlocks, RECORD_BLOCK_TOKENS};
 use crate::driver::{self, DriverConfig, Observer, Planned, Sample, Script, Start};
 use crate::error::LoadgenError;
 use crate::multiturn_report::{RawResult, Results, RunData, ShardSample};
@@ -28,6 +29,9 @@ struct BodyParams {
     speculative_prefill: bool,
     /// Every request carries [`tool_definition`] (tool turns were asked for).
     tools: bool,
+    /// Renders each request's prompt for its record's [`PromptBlocks`] (None without a
+    /// tokenizer).
+    prompts: Option<ChatPrompts>,
 }
 
 /// The one tool of a run with tool turns: a lookup whose result is the next turn's text.
@@ -78,6 +82,9 @@ struct Conversation {
     script: UserScript,
     messages: Vec<Value>,
     next_turn: usize,
+    /// Each sent turn's prompt as block hashes, by turn (read back for the records; a std
+    /// Mutex: locked briefly here and after the run, never across an await).
+    blocks: Arc<Mutex<Vec<Option<PromptBlocks>>>>,
 }
 
 /// The history entry of a successful answer: its text, and its tool calls when it made some.
@@ -125,10 +132,17 @@ impl Script for Conversation {
             Start::After(t.delay)
         };
         self.next_turn += 1;
-        Some(Planned {
-            start,
-            body: self.params.body(&self.messages, t.tool_call),
-        })
+        let body = self.params.body(&self.messages, t.tool_call);
+        if let Some(prompts) = &self.params.prompts {
+            let blocks = prompts
+                .tokens(&body)
+                .ok()
+                .map(|tokens| PromptBlocks::of(&tokens, RECORD_BLOCK_TOKENS));
+            if let Ok(mut all) = self.blocks.lock() {
+                all.push(blocks);
+            }
+        }
+        Some(Planned { start, body })
     }
 }
 
@@ -157,6 +171,8 @@ fn record(sample: &Sample, user_tokens: Option<usize>) -> RawResult {
         prompt_tokens: r.prompt_tokens,
         cached_tokens: r.cached_tokens,
         error: r.failure.clone(),
+        start_us: Some(sample.scheduled_us),
+        prompt_blocks: None,
         tool_call: false,
         after_tool: false,
         shard: None,
@@ -252,6 +268,7 @@ async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, 
         ignore_eos: config.ignore_eos,
         speculative_prefill: config.speculative_prefill,
         tools: config.workload.tools.is_some(),
+        prompts: target.tokenizer.clone().map(ChatPrompts::new),
     });
     // By local user: (user tokens, asks for a tool call, answers one).
     let turn_facts: Vec<Vec<(Option<usize>, bool, bool)>> = workload
@@ -296,15 +313,19 @@ async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, 
             }
         }) as Observer
     });
+    let blocks: Vec<Arc<Mutex<Vec<Option<PromptBlocks>>>>> =
+        (0..workload.users.len()).map(|_| Arc::default()).collect();
     let scripts: Vec<Box<dyn Script>> = workload
         .users
         .into_iter()
-        .map(|script| {
+        .zip(&blocks)
+        .map(|(script, blocks)| {
             Box::new(Conversation {
                 params: params.clone(),
                 messages: vec![json!({"role": "system", "content": script.system_prompt})],
                 script,
                 next_turn: 0,
+                blocks: blocks.clone(),
             }) as Box<dyn Script>
         })
         .collect();
@@ -338,6 +359,9 @@ async fn drive(config: &MultiturnConfig, target: &Connected) -> Result<Results, 
             .copied()
             .unwrap_or_default();
         let mut rec = record(s, tokens);
+        rec.prompt_blocks = blocks
+            .get(s.session)
+            .and_then(|b| b.lock().ok()?.get(s.turn).cloned().flatten());
         rec.tool_call = tool_call;
         rec.after_tool = after_tool;
         rec.user_id = crate::shard::global(shard, s.session);
