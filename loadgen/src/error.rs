@@ -29,7 +29,7 @@ pub enum LoadgenError {
     Trace(#[from] servesim::trace::TraceError),
     /// `loadgen trace convert` could not read its input (line-numbered).
     #[error(transparent)]
-    Convert(#[from] crate::convert::ConvertError),
+    Convert(#[from] crate::convert::error::ConvertError),
     /// `--tokenizer` could not be loaded.
     #[error(transparent)]
     Tokenizer(#[from] servesim::tokenizer::TokenizerError),

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::blocks::{ChatPrompts, PromptBlocks};
-use super::ConvertError;
+use super::error::ConvertError;
 
 /// What the input file holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -13,6 +13,7 @@
 //! Same input and flags, same bytes out.
 
 pub mod blocks;
+pub mod error;
 pub mod input;
 pub mod output;
 
@@ -24,6 +25,7 @@ use clap::{Args, Subcommand};
 use crate::error::LoadgenError;
 use crate::limits;
 use blocks::ChatPrompts;
+pub use error::ConvertError;
 use input::{InputFormat, ReadNotes};
 use output::{Converted, OutputFormat, OutputPlan};
 
@@ -80,38 +82,6 @@ pub struct ConvertArgs {
     /// The trace file to write.
     #[arg(short, long, value_name = "PATH")]
     pub output: PathBuf,
-}
-
-/// Why a conversion failed: a malformed input line (1-based), an empty input, an input that
-/// cannot be read.
-#[derive(Debug, thiserror::Error)]
-pub enum ConvertError {
-    /// A line is malformed.
-    #[error("{source_name}:{line}: {message}")]
-    Line {
-        /// The input file.
-        source_name: String,
-        /// 1-based line.
-        line: usize,
-        /// What is wrong with it.
-        message: String,
-    },
-    /// The input holds no request (nothing, blank lines, or only failed records).
-    #[error("{source_name}: no requests to convert ({why})")]
-    Empty {
-        /// The input file.
-        source_name: String,
-        /// Why.
-        why: String,
-    },
-    /// The input could not be read.
-    #[error("cannot read {source_name}")]
-    Read {
-        /// The input file.
-        source_name: String,
-        /// The I/O error.
-        source: std::io::Error,
-    },
 }
 
 /// What a conversion wrote.

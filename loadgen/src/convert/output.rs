@@ -15,7 +15,7 @@ use clap::ValueEnum;
 use serde::Serialize;
 
 use super::input::Request;
-use super::ConvertError;
+use super::error::ConvertError;
 use servesim::trace::AGENTIC_MOONCAKE_SCHEMA;
 
 /// The trace format written.
