@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use clap::ValueEnum;
 use serde::Serialize;
 
-use super::input::Request;
 use super::error::ConvertError;
+use super::input::Request;
 use servesim::trace::AGENTIC_MOONCAKE_SCHEMA;
 
 /// The trace format written.
