@@ -644,7 +644,7 @@ fn check_invocation(program: Program, args: &[String], whole: bool) -> Result<()
         if word == "--" {
             break;
         }
-        let may_descend = parent_at.map_or(true, |p| at == p + 1);
+        let may_descend = parent_at.is_none_or(|p| at == p + 1);
         if !word.starts_with('-') && may_descend && command.has_subcommands() {
             if let Some(sub) = command.find_subcommand(word) {
                 command = sub;
