@@ -551,6 +551,43 @@ mod tests {
         );
     }
 
+    /// A `--shard` run's records count from their shard's run start (`merge.run_start_unix_us`),
+    /// so shards started apart keep their real offsets; sharded and unsharded records do not
+    /// mix.
+    #[test]
+    fn sharded_records_are_aligned_by_their_run_start() {
+        let rec = |user: u32, start_us: u64, run_start: Option<u64>| {
+            let merge = run_start.map_or(String::new(), |t| {
+                format!(r#","merge":{{"run_start_unix_us":{t}}}"#)
+            });
+            format!(
+                r#"{{"user_id":{user},"turn":0,"ttft_us":1,"total_latency_us":5,"success":true,"output_tokens":2,"start_us":{start_us},"prompt_blocks":{{"tokens":16,"block_size":16,"hashes":[{user}]}}{merge}}}"#
+            )
+        };
+        let text = format!(
+            "{}\n{}\n",
+            rec(0, 1_000, Some(5_000_000)),
+            rec(1, 0, Some(2_000_000))
+        );
+        let s = convert_text(&text, &["--block-size", "16"]).expect("converts");
+        assert_eq!(
+            s.converted.text,
+            concat!(
+                r#"{"request_id":"user-1-turn-0","session_id":"user-1","timestamp":0.0,"input_length":16,"output_length":2,"hash_ids":[0]}"#,
+                "\n",
+                r#"{"request_id":"user-0-turn-0","session_id":"user-0","timestamp":3001.0,"input_length":16,"output_length":2,"hash_ids":[1]}"#,
+                "\n",
+            )
+        );
+        let mixed = format!("{}\n{}\n", rec(0, 0, Some(1)), rec(1, 0, None));
+        assert_eq!(
+            convert_text(&mixed, &["--block-size", "16"]).map(|_| ()),
+            Err(
+                "in.jsonl:2: sharded and unsharded records mixed: convert one run's records".into()
+            )
+        );
+    }
+
     /// Nothing to convert is an error: no lines, blank lines, only failed records.
     #[test]
     fn empty_inputs_are_errors() {
