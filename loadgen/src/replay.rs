@@ -162,9 +162,10 @@ impl SessionShape {
     }
 }
 
-/// Classifies every consecutive pair of rows within each session. A later row extends the
-/// earlier one when it starts with all its hash ids, or with all but a last one that labels a
-/// partial block (of `trace_block_size` tokens), as `loadgen trace convert` writes them.
+/// Classifies every consecutive pair of rows within each session. A later, longer row extends
+/// the earlier one when it starts with all its hash ids, or with at least one full block's and
+/// all but a last one that labels a partial block (of `trace_block_size` tokens), as `loadgen
+/// trace convert` writes them.
 pub fn session_shape(trace: &Trace, trace_block_size: usize) -> SessionShape {
     let mut shape = SessionShape {
         cumulative_pairs: 0,
@@ -177,7 +178,8 @@ pub fn session_shape(trace: &Trace, trace_block_size: usize) -> SessionShape {
                 .len()
                 .min(w[0].input_length / trace_block_size.max(1));
             let extends = w[1].hash_ids.starts_with(&w[0].hash_ids)
-                || (w[1].input_length > w[0].input_length
+                || (full > 0
+                    && w[1].input_length > w[0].input_length
                     && w[1].hash_ids.starts_with(&w[0].hash_ids[..full]));
             if w[1].hash_ids.len() >= w[0].hash_ids.len() && extends {
                 shape.cumulative_pairs += 1;

@@ -220,7 +220,7 @@ pub fn convert(args: &ConvertArgs) -> Result<ConvertSummary, LoadgenError> {
     }
     if args.to == OutputFormat::Mooncake {
         println!(
-            "Replay with: loadgen replay {} --trace-block-size {}",
+            "Replay with: loadgen replay {} --trace-block-size {} --session-mode cumulative",
             args.output.display(),
             args.block_size
         );
