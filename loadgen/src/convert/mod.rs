@@ -315,6 +315,35 @@ mod tests {
         assert_eq!(trace.sessions[0].turns[1].delay.0, 250_000);
     }
 
+    /// `loadgen replay` reads a converted conversation as cumulative (each row holds the
+    /// history) although each row's last id labels a partial block of its own; rows that share
+    /// no full block stay incremental.
+    #[test]
+    fn replay_detects_converted_sessions_as_cumulative() {
+        let s = convert_text(RECORDS, &["--block-size", "32"]).expect("converts");
+        let opts = servesim::trace::TraceOptions {
+            trace_block_size: 32,
+            arrival_speedup_ratio: 1.0,
+        };
+        let trace =
+            servesim::trace::parse(s.converted.text.as_bytes(), "t", &opts).expect("a valid trace");
+        let shape = crate::replay::session_shape(&trace, 32);
+        assert_eq!((shape.cumulative_pairs, shape.incremental_pairs), (1, 0));
+        let incremental = concat!(
+            r#"{"session_id":"a","timestamp":0,"input_length":40,"output_length":1,"hash_ids":[7,8]}"#,
+            "\n",
+            r#"{"session_id":"a","delay":1,"input_length":70,"output_length":1,"hash_ids":[9,10,11]}"#,
+            "\n",
+            r#"{"session_id":"b","timestamp":0,"input_length":20,"output_length":1,"hash_ids":[1]}"#,
+            "\n",
+            r#"{"session_id":"b","delay":1,"input_length":40,"output_length":1,"hash_ids":[2,3]}"#,
+            "\n",
+        );
+        let trace = servesim::trace::parse(incremental.as_bytes(), "t", &opts).expect("valid");
+        let shape = crate::replay::session_shape(&trace, 32);
+        assert_eq!((shape.cumulative_pairs, shape.incremental_pairs), (0, 2));
+    }
+
     #[test]
     fn records_to_agentic_mooncake() {
         let s = convert_text(RECORDS, &["--block-size", "32", "--to", "agentic_mooncake"])
