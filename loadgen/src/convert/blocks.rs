@@ -50,7 +50,7 @@ impl PromptBlocks {
     /// The prefix hash of every full block of `block_size` tokens (a multiple of
     /// [`Self::block_size`]); `None` when it is not a multiple.
     pub fn coarse(&self, block_size: usize) -> Option<Vec<u64>> {
-        if block_size == 0 || block_size % self.block_size != 0 {
+        if block_size == 0 || self.block_size == 0 || block_size % self.block_size != 0 {
             return None;
         }
         let k = block_size / self.block_size;

@@ -218,6 +218,13 @@ pub fn convert(args: &ConvertArgs) -> Result<ConvertSummary, LoadgenError> {
             c.overlapping_turns
         );
     }
+    if c.empty_outputs > 0 {
+        println!(
+            "{} requests generated no token: written with an output length of 1 (a trace row \
+             generates at least one)",
+            c.empty_outputs
+        );
+    }
     if args.to == OutputFormat::Mooncake {
         println!(
             "Replay with: loadgen replay {} --trace-block-size {} --session-mode cumulative",
@@ -560,6 +567,20 @@ mod tests {
                 "{line}"
             );
         }
+        // No output token: written as 1, and counted.
+        let text = ok_log.replace(r#""output_tokens":1"#, r#""output_tokens":0"#);
+        let s = convert_text(&text, &["--block-size", "4"]).expect("converts");
+        assert_eq!(s.converted.empty_outputs, 1);
+        assert!(s.converted.text.contains(r#""output_length":1,"#));
+        let text = ok_log.replace(r#""output_tokens":1"#, r#""output_tokens":1073741825"#);
+        assert_eq!(
+            convert_text(&text, &["--block-size", "4"]).map(|_| ()),
+            Err(
+                "in.jsonl:1: 1073741825 output tokens, more than the 1073741824 a trace row may \
+                 hold"
+                    .into()
+            )
+        );
         // A block size the records' 16-token hashes cannot name.
         assert_eq!(
             convert_text(RECORDS, &["--block-size", "24"]).map(|_| ()),

@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use super::error::ConvertError;
 use super::input::Request;
-use servesim::trace::AGENTIC_MOONCAKE_SCHEMA;
+use servesim::trace::{AGENTIC_MOONCAKE_SCHEMA, MAX_ROW_OUTPUT_TOKENS, MAX_ROW_TOKENS};
 
 /// The trace format written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -57,6 +57,9 @@ pub struct Converted {
     /// Later turns sent before the previous turn of their conversation had ended (their delay
     /// is 0).
     pub overlapping_turns: usize,
+    /// Requests that generated no token, written with an output length of 1 (a trace row
+    /// generates at least one).
+    pub empty_outputs: usize,
 }
 
 /// A Mooncake row.
@@ -174,6 +177,7 @@ pub fn write(
     let mut last_of: HashMap<&str, usize> = HashMap::new();
     let mut text = String::new();
     let mut overlapping_turns = 0;
+    let mut empty_outputs = 0;
     let mut sessions = 0;
     if plan.format == OutputFormat::AgenticMooncake {
         push_json(
@@ -198,6 +202,28 @@ pub fn write(
                 "the prompt has no tokens".into(),
             ));
         }
+        if r.prompt.tokens > MAX_ROW_TOKENS {
+            return Err(line_error(
+                source_name,
+                r,
+                format!(
+                    "the prompt has {} tokens, more than the {MAX_ROW_TOKENS} a trace row may hold",
+                    r.prompt.tokens
+                ),
+            ));
+        }
+        if r.output_length > MAX_ROW_OUTPUT_TOKENS as u64 {
+            return Err(line_error(
+                source_name,
+                r,
+                format!(
+                    "{} output tokens, more than the {MAX_ROW_OUTPUT_TOKENS} a trace row may hold",
+                    r.output_length
+                ),
+            ));
+        }
+        let output_length = r.output_length.max(1);
+        empty_outputs += usize::from(r.output_length == 0);
         let hash_ids = ids.of(r, plan.block_size).ok_or_else(|| {
             line_error(
                 source_name,
@@ -232,7 +258,7 @@ pub fn write(
                     timestamp: think_us.is_none().then(|| ms(r.start_us - t0)),
                     delay: think_us.map(ms),
                     input_length: r.prompt.tokens,
-                    output_length: r.output_length,
+                    output_length,
                     hash_ids: &hash_ids,
                 },
             ),
@@ -259,7 +285,7 @@ pub fn write(
                             .or(r.model.as_deref())
                             .unwrap_or("unknown"),
                         input_length: r.prompt.tokens,
-                        output_length: r.output_length,
+                        output_length,
                         hash_ids: &hash_ids,
                         not_before_ms: if previous.is_some() {
                             0.0
@@ -278,6 +304,7 @@ pub fn write(
         sessions,
         hash_ids: ids.next,
         overlapping_turns,
+        empty_outputs,
     })
 }
 
