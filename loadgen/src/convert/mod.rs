@@ -185,12 +185,14 @@ pub fn convert(args: &ConvertArgs) -> Result<ConvertSummary, LoadgenError> {
     let summary = convert_bytes(&bytes, &source_name, args)?;
     std::fs::write(&args.output, &summary.converted.text).map_err(io(&args.output))?;
     let c = &summary.converted;
+    let plural =
+        |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
     println!(
-        "{}: {} requests in {} sessions, {} hash ids of {} tokens, written to {} ({})",
+        "{}: {} in {}, {} of {} tokens, written to {} ({})",
         source_name,
-        c.requests,
-        c.sessions,
-        c.hash_ids,
+        plural(c.requests, "request", "requests"),
+        plural(c.sessions, "session", "sessions"),
+        plural(c.hash_ids as usize, "hash id", "hash ids"),
         args.block_size,
         args.output.display(),
         match args.to {
