@@ -145,8 +145,8 @@ pub fn detect(
         } else {
             return Err(
                 "cannot tell the input format: neither an OpenAI log line (a \
-                        \"request\" object) nor a loadgen record (\"user_id\" and \"turn\"); \
-                        name it with --from"
+                        \"request\" object) nor a loadgen multiturn record (\"user_id\" and \
+                        \"turn\"); name it with --from"
                     .to_string(),
             );
         });

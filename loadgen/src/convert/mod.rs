@@ -596,8 +596,8 @@ mod tests {
             convert_text(r#"{"hello":1}"#, &["--block-size", "16"]).map(|_| ()),
             Err(
                 "in.jsonl:1: cannot tell the input format: neither an OpenAI log line (a \
-                 \"request\" object) nor a loadgen record (\"user_id\" and \"turn\"); name it \
-                 with --from"
+                 \"request\" object) nor a loadgen multiturn record (\"user_id\" and \
+                 \"turn\"); name it with --from"
                     .to_string()
             )
         );
