@@ -1,7 +1,7 @@
 //! `loadgen trace convert` end to end: a multiturn run's records, converted to Mooncake and to
 //! `agentic_mooncake` and replayed against the embedded mockserve, give the same prompt, output
-//! and cached tokens request by request; the same input converts to the same bytes; the command
-//! line names the malformed line.
+//! and cached tokens request by request; the same input converts to the same bytes; a log's
+//! prompt lengths are the server's; the command line names the malformed line.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -201,6 +201,99 @@ async fn a_multiturn_run_converts_and_replays_with_the_same_tokens_and_cache_hit
         let _ = std::fs::remove_file(&again);
     }
     let _ = std::fs::remove_file(&records);
+    Ok(())
+}
+
+/// A log's prompts are counted as the server counts them: each request of a small log (a
+/// conversation with a tool call and its result, tools offered) sent to the embedded server
+/// reports as many prompt tokens (`usage.prompt_tokens`) as the converted trace's
+/// `input_length`, with the default tokenizer and with a HuggingFace `tokenizer.json`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_logs_prompt_lengths_are_the_servers() -> Result<()> {
+    let tool = serde_json::json!({"type": "function", "function": {"name": "lookup",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}});
+    let bodies = [
+        serde_json::json!({"model": "m", "max_completion_tokens": 3, "messages": [
+            {"role": "system", "content": "You answer briefly."},
+            {"role": "user", "content": "What is a KV cache?"}]}),
+        serde_json::json!({"model": "m", "max_completion_tokens": 3, "tools": [tool],
+            "messages": [
+            {"role": "user", "content": "Look up paged attention, please."},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "lookup", "arguments": "{\"q\":\"paged attention\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "Blocks of KV memory, paged."}]}),
+    ];
+    let log: String = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            serde_json::json!({"timestamp": i * 10, "session_id": "s", "request": b}).to_string()
+                + "\n"
+        })
+        .collect();
+    let input = temp_path("server-log.jsonl");
+    std::fs::write(&input, log)?;
+    let tiny =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tokenizer/tiny_bpe.json");
+    for tokenizer in [None, Some(s(&tiny))] {
+        let out = temp_path("server-trace.jsonl");
+        let mut argv = vec![
+            s(&input),
+            "--block-size".into(),
+            "8".into(),
+            "-o".into(),
+            s(&out),
+        ];
+        let mut engine: Vec<String> = ENGINE.iter().map(|f| f.to_string()).collect();
+        if let Some(t) = &tokenizer {
+            argv.extend(["--tokenizer".to_string(), t.clone()]);
+            engine.extend(["--tokenizer".to_string(), t.clone()]);
+        }
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        loadgen::convert::convert(&convert_args(&argv))?;
+        let lengths: Vec<u64> = std::fs::read_to_string(&out)?
+            .lines()
+            .map(|l| {
+                let row: serde_json::Value = serde_json::from_str(l).expect("a JSON row");
+                row["input_length"].as_u64().expect("an input length")
+            })
+            .collect();
+        let mut bench = vec!["bench".to_string()];
+        bench.extend(engine);
+        let bench: Vec<&str> = bench.iter().map(String::as_str).collect();
+        let Command::Bench(a) = cli(&bench) else {
+            unreachable!()
+        };
+        let spec = a
+            .target
+            .spec(&loadgen::target::EmbeddedOptions::default())?;
+        let target = within(30, spec.connect(loadgen::target::Api::Chat)).await??;
+        let client = reqwest::Client::new();
+        let mut served = Vec::new();
+        for body in &bodies {
+            let mut body = body.clone();
+            body["model"] = serde_json::json!(target.model);
+            let answer: serde_json::Value = within(
+                30,
+                client
+                    .post(format!("{}/v1/chat/completions", target.url))
+                    .json(&body)
+                    .send(),
+            )
+            .await??
+            .json()
+            .await?;
+            served.push(
+                answer["usage"]["prompt_tokens"]
+                    .as_u64()
+                    .with_context(|| format!("usage.prompt_tokens in {answer}"))?,
+            );
+        }
+        target.shutdown().await;
+        assert_eq!(lengths, served, "tokenizer {tokenizer:?}");
+        let _ = std::fs::remove_file(&out);
+    }
+    let _ = std::fs::remove_file(&input);
     Ok(())
 }
 
