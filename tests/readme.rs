@@ -637,17 +637,25 @@ fn is_placeholder(word: &str) -> bool {
 fn check_invocation(program: Program, args: &[String], whole: bool) -> Result<(), String> {
     let root = program.command();
     let mut command = &root;
-    let mut descended = false;
+    // The first word naming a subcommand descends; a nested one (`loadgen trace convert`) must
+    // follow its parent's word.
+    let mut parent_at: Option<usize> = None;
     for (at, word) in args.iter().map(|a| a.trim_matches(['[', ']'])).enumerate() {
         if word == "--" {
             break;
         }
-        if !word.starts_with('-') && !descended && root.has_subcommands() {
-            if let Some(sub) = root.find_subcommand(word) {
+        let may_descend = parent_at.is_none_or(|p| at == p + 1);
+        if !word.starts_with('-') && may_descend && command.has_subcommands() {
+            if let Some(sub) = command.find_subcommand(word) {
                 command = sub;
-                descended = true;
+                parent_at = Some(at);
             } else if at == 0 && !matches!(program, Program::MooncakeBench) {
                 return Err(format!("`{word}` is not a subcommand"));
+            } else if parent_at.is_some() && !is_placeholder(word) {
+                return Err(format!(
+                    "`{word}` is not a subcommand of `{}`",
+                    command.get_name()
+                ));
             }
         }
         if let Some(long) = word.strip_prefix("--").filter(|l| !l.is_empty()) {
@@ -740,7 +748,10 @@ fn command_checks_catch_unknown_flags_and_subcommands() {
         "```\ncargo bench --bench mooncake_bench -- T -n 2 branch-sharded --num-shards 2\n```\n"
     )
     .is_empty());
+    assert!(command_problems("`loadgen trace convert IN --block-size 64 -o OUT`").is_empty());
     for bad in [
+        "```\nloadgen trace convert in.jsonl --block-size 64 -o t.jsonl --no-such-flag\n```\n",
+        "```\nloadgen trace frobnicate in.jsonl\n```\n",
         "```\nloadgen bench --no-such-flag 4\n```\n",
         "```\nloadgen frobnicate --url x\n```\n",
         "```\ncargo run --release -p mock_server -- replay TRACE --no-such-flag\n```\n",

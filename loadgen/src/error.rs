@@ -27,6 +27,9 @@ pub enum LoadgenError {
     /// The trace could not be read (line-numbered, as `mockserve replay`).
     #[error(transparent)]
     Trace(#[from] servesim::trace::TraceError),
+    /// `loadgen trace convert` could not read its input (line-numbered).
+    #[error(transparent)]
+    Convert(#[from] crate::convert::error::ConvertError),
     /// `--tokenizer` could not be loaded.
     #[error(transparent)]
     Tokenizer(#[from] servesim::tokenizer::TokenizerError),

@@ -31,6 +31,8 @@
 //!   saturation and the knee.
 //! - [`profile`](mod@profile): prefill and decode latency measured into a profile that
 //!   `--perf-profile` reads.
+//! - [`convert`](mod@convert): `trace convert`, multiturn records or an OpenAI request log into
+//!   a Mooncake or agentic trace, hash ids from the real tokens.
 //! - [`limits`]: every flag's allowed range (caps as named constants) and the output-path check
 //!   each mode's validation runs before anything connects; [`error`]: [`LoadgenError`] and the
 //!   exit status of each.
@@ -51,6 +53,7 @@
 //! ```
 
 pub mod bench;
+pub mod convert;
 pub mod error;
 pub mod limits;
 pub mod multiturn;
@@ -106,6 +109,9 @@ pub enum Command {
     /// Measure an endpoint's prefill and decode latency and write a profile (Dynamo mocker's
     /// .npz, a JSON twin and an SVG) that `--perf-profile` reads.
     Profile(profile::ProfileArgs),
+    /// Work on trace files: `loadgen trace convert` turns multiturn records or a log of OpenAI
+    /// chat requests into a Mooncake or agentic_mooncake trace.
+    Trace(convert::TraceArgs),
     /// Print a shell completion script on stdout, e.g. `loadgen completions bash`.
     Completions {
         /// The shell to complete for.
@@ -148,6 +154,9 @@ pub fn validate(command: &Command) -> Result<(), LoadgenError> {
                 .map(|_| ())
         }
         Command::Merge(args) => merge::check(args),
+        Command::Trace(args) => match &args.command {
+            convert::TraceCommand::Convert(a) => a.check(),
+        },
         Command::Compare(_) | Command::Completions { .. } => Ok(()),
     }
 }
@@ -193,6 +202,9 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
             Ok(())
         }
         Command::Profile(args) => profile::profile(&args).await.map(|_| ()),
+        Command::Trace(args) => match &args.command {
+            convert::TraceCommand::Convert(a) => convert::convert(a).map(|_| ()),
+        },
         Command::Completions { shell } => {
             std::io::Write::write_all(&mut std::io::stdout(), &completions(shell)).map_err(
                 |source| LoadgenError::Io {

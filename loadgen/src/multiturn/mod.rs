@@ -12,12 +12,13 @@ pub mod workload;
 
 use std::borrow::Cow;
 use std::io::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
 
+use crate::convert::blocks::{ChatPrompts, PromptBlocks, RECORD_BLOCK_TOKENS};
 use crate::error::LoadgenError;
 use crate::multiturn::config::MultiturnConfig;
 use crate::multiturn::report::{RawResult, Results, RunData, ShardSample};
@@ -37,6 +38,9 @@ struct BodyParams {
     speculative_prefill: bool,
     /// Every request carries [`tool_definition`] (tool turns were asked for).
     tools: bool,
+    /// Renders each request's prompt for its record's [`PromptBlocks`] (None without a
+    /// tokenizer).
+    prompts: Option<ChatPrompts>,
 }
 
 /// The one tool of a run with tool turns: a lookup whose result is the next turn's text.
@@ -87,6 +91,9 @@ struct Conversation {
     script: UserScript,
     messages: Vec<Value>,
     next_turn: usize,
+    /// Each sent turn's prompt as block hashes, by turn (read back for the records; a std
+    /// Mutex: locked briefly here and after the run, never across an await).
+    blocks: Arc<Mutex<Vec<Option<PromptBlocks>>>>,
 }
 
 /// The history entry of a successful answer: its text, and its tool calls when it made some.
@@ -134,10 +141,17 @@ impl Script for Conversation {
             Start::After(t.delay)
         };
         self.next_turn += 1;
-        Some(Planned {
-            start,
-            body: self.params.body(&self.messages, t.tool_call),
-        })
+        let body = self.params.body(&self.messages, t.tool_call);
+        if let Some(prompts) = &self.params.prompts {
+            let blocks = prompts
+                .tokens(&body)
+                .ok()
+                .map(|tokens| PromptBlocks::of(&tokens, RECORD_BLOCK_TOKENS));
+            if let Ok(mut all) = self.blocks.lock() {
+                all.push(blocks);
+            }
+        }
+        Some(Planned { start, body })
     }
 }
 
@@ -166,6 +180,8 @@ fn record(sample: &Sample, user_tokens: Option<usize>) -> RawResult {
         prompt_tokens: r.prompt_tokens,
         cached_tokens: r.cached_tokens,
         error: r.failure.clone(),
+        start_us: Some(sample.scheduled_us),
+        prompt_blocks: None,
         tool_call: false,
         after_tool: false,
         shard: None,
@@ -219,6 +235,7 @@ pub async fn multiturn(config: &MultiturnConfig) -> Result<Results, LoadgenError
         url: String::new(),
         num_users: 0,
         turn_facts: Vec::new(),
+        blocks: Vec::new(),
         bar: ProgressBar::hidden(),
     };
     let run = run::execute(mode, &config.target, &settings).await?;
@@ -236,6 +253,8 @@ struct Conversations<'a> {
     num_users: usize,
     /// By local user then turn: (user tokens, asks for a tool call, answers one).
     turn_facts: Vec<Vec<(Option<usize>, bool, bool)>>,
+    /// By local user, each sent turn's prompt as block hashes (for the records).
+    blocks: Vec<Arc<Mutex<Vec<Option<PromptBlocks>>>>>,
     bar: ProgressBar,
 }
 
@@ -304,6 +323,7 @@ impl Mode for Conversations<'_> {
             ignore_eos: config.ignore_eos,
             speculative_prefill: config.speculative_prefill,
             tools: config.workload.tools.is_some(),
+            prompts: target.tokenizer.clone().map(ChatPrompts::new),
         });
         self.turn_facts = workload
             .users
@@ -347,15 +367,18 @@ impl Mode for Conversations<'_> {
                 }
             }) as Observer
         });
+        self.blocks = (0..workload.users.len()).map(|_| Arc::default()).collect();
         let scripts: Vec<Box<dyn Script>> = workload
             .users
             .into_iter()
-            .map(|script| {
+            .zip(&self.blocks)
+            .map(|(script, blocks)| {
                 Box::new(Conversation {
                     params: params.clone(),
                     messages: vec![json!({"role": "system", "content": script.system_prompt})],
                     script,
                     next_turn: 0,
+                    blocks: blocks.clone(),
                 }) as Box<dyn Script>
             })
             .collect();
@@ -410,6 +433,10 @@ impl Mode for Conversations<'_> {
                 .copied()
                 .unwrap_or_default();
             let mut rec = record(s, tokens);
+            rec.prompt_blocks = self
+                .blocks
+                .get(s.session)
+                .and_then(|b| b.lock().ok()?.get(s.turn).cloned().flatten());
             rec.tool_call = tool_call;
             rec.after_tool = after_tool;
             rec.user_id = crate::run::shard::global(shard, s.session);

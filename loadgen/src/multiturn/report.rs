@@ -136,6 +136,14 @@ pub struct RawResult {
     /// The turn sent a tool's result, after a tool wait.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub after_tool: bool,
+    /// When the request was due, µs from the run start (its end is `start_us +
+    /// total_latency_us`): the timing `loadgen trace convert` rebuilds sessions from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_us: Option<u64>,
+    /// The prompt as the target's tokenizer and chat template render it, as block hashes (what
+    /// `loadgen trace convert` names hash ids from); absent when the run had no tokenizer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_blocks: Option<crate::convert::blocks::PromptBlocks>,
     /// `[I, N]` of a `--shard I/N` run (absent unsharded); `user_id` is the global user.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<(u32, u32)>,

@@ -126,17 +126,26 @@ impl SessionShape {
     }
 }
 
-/// Classifies every consecutive pair of rows within each session.
-pub fn session_shape(trace: &Trace) -> SessionShape {
+/// Classifies every consecutive pair of rows within each session. A later, longer row extends
+/// the earlier one when it starts with all its hash ids, or with at least one full block's and
+/// all but a last one that labels a partial block (of `trace_block_size` tokens), as `loadgen
+/// trace convert` writes them.
+pub fn session_shape(trace: &Trace, trace_block_size: usize) -> SessionShape {
     let mut shape = SessionShape {
         cumulative_pairs: 0,
         incremental_pairs: 0,
     };
     for s in &trace.sessions {
         for w in s.turns.windows(2) {
-            if w[1].hash_ids.len() >= w[0].hash_ids.len()
-                && w[1].hash_ids.starts_with(&w[0].hash_ids)
-            {
+            let full = w[0]
+                .hash_ids
+                .len()
+                .min(w[0].input_length / trace_block_size.max(1));
+            let extends = w[1].hash_ids.starts_with(&w[0].hash_ids)
+                || (full > 0
+                    && w[1].input_length > w[0].input_length
+                    && w[1].hash_ids.starts_with(&w[0].hash_ids[..full]));
+            if w[1].hash_ids.len() >= w[0].hash_ids.len() && extends {
                 shape.cumulative_pairs += 1;
             } else {
                 shape.incremental_pairs += 1;
@@ -433,7 +442,7 @@ pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, 
     }
     let trace = load_trace(args)?;
     let spec = args.run.target.spec(&EmbeddedOptions::default())?;
-    let shape = session_shape(&trace);
+    let shape = session_shape(&trace, args.trace.block_size);
     let mode = match args.session_mode {
         SessionMode::Auto => shape.detected(),
         m => m,

@@ -110,7 +110,7 @@ async fn sessions_cumulative_and_incremental() -> Result<()> {
         ]);
         let trace = loadgen::replay::load_trace(&a)?;
         assert_eq!(
-            loadgen::replay::session_shape(&trace).detected(),
+            loadgen::replay::session_shape(&trace, a.trace.block_size).detected(),
             mode,
             "{file}"
         );
