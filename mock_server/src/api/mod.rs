@@ -784,8 +784,10 @@ async fn generate(
         ready,
     };
     if params.stream {
-        let body =
-            axum::body::Body::from_stream(generation::sse_stream(generation, params.include_usage));
+        let body = axum::body::Body::from_stream(generation::stream::sse_stream(
+            generation,
+            params.include_usage,
+        ));
         let mut response = body.into_response();
         let headers = response.headers_mut();
         headers.insert(
@@ -796,7 +798,7 @@ async fn generate(
         headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
         Ok(response)
     } else {
-        let body = generation::collect(generation).await?;
+        let body = generation::collect::collect(generation).await?;
         Ok((
             [(
                 header::CONTENT_TYPE,
