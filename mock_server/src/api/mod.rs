@@ -216,7 +216,7 @@ fn unix_now() -> u64 {
 pub fn app(state: AppState) -> Router {
     let body_limit = DefaultBodyLimit::max(state.config.max_body_bytes);
     let config = &state.config;
-    let faults = crate::fault::FaultInjector::new(
+    let faults = crate::fault::http::FaultInjector::new(
         config.faults.clone(),
         config.seed,
         Arc::clone(&state.metrics),
@@ -228,7 +228,7 @@ pub fn app(state: AppState) -> Router {
         // Only the generation routes above.
         .route_layer(axum::middleware::from_fn_with_state(
             faults,
-            crate::fault::inject,
+            crate::fault::http::inject,
         ))
         .route("/v1/models", get(models))
         .route("/health", get(health))
