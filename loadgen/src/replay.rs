@@ -947,7 +947,7 @@ async fn replay_graph(
     crate::shard::annotate(&mut json, shard);
     sayln!("Live replay report");
     say!("{}", live.report_lines());
-    say!("{}", mock_server::replay_cmd::agentic_summary(&agentic));
+    say!("{}", mock_server::cmd::replay::agentic_summary(&agentic));
     sayln!(
         "Prefix reuse: expected from the trace's hash ids {:.4}, reported by the server (cached_tokens) {:.4}",
         expected_ratio, live.report.prefix_cache_reused_ratio

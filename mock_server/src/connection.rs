@@ -1,4 +1,4 @@
-//! The accept loop under [`crate::server::serve`]: [`Edge`] serves each accepted socket as one
+//! The accept loop under [`crate::cmd::serve::serve`]: [`Edge`] serves each accepted socket as one
 //! HTTP/1.1 connection (hyper, `TCP_NODELAY`) under the connection-level [`HttpLimits`], and
 //! drains on shutdown.
 //!

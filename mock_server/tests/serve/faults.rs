@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use axum::http::StatusCode;
 use clap::Parser;
 use futures_util::StreamExt;
-use mock_server::server::ServeArgs;
+use mock_server::cmd::serve::ServeArgs;
 use mock_server::config::ServerConfig;
 use mock_server::fault::http::FAULT_HEADER;
 use mock_server::fault::{FaultConfig, FaultType};
