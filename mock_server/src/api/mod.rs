@@ -5,8 +5,8 @@
 //! `GET /version`, `GET|POST /ping` ([`vllm`]). Every error is an [`ApiError`] body, including unknown routes (404) and
 //! methods (405, with `Allow`).
 //!
-//! Before any handler, [`edge_limits`] enforces the request-level limits: headers over
-//! [`MAX_HEADER_BYTES`] (431), a body over `--max-body-bytes` (413, at once when
+//! Before any handler, [`layer::edge_limits`] enforces the request-level limits: headers over
+//! [`layer::MAX_HEADER_BYTES`] (431), a body over `--max-body-bytes` (413, at once when
 //! `Content-Length` announces it) or not arriving within `--body-read-timeout` (408). 408 and
 //! 413 say `Connection: close` (the body may be left unread, so the connection is closed).
 //!
@@ -32,8 +32,9 @@
 //!   cap a 400 naming the parameter; token ids out of the vocabulary are a 400 too. Large
 //!   prompts are tokenized, and large requests planned and answered whole, off the runtime's
 //!   worker threads; planning stops when the client leaves or the server shuts down.
-//! - `--api-key` guards the routes under `/v1` only, as vLLM's (`/tokenize`, `/detokenize`,
-//!   `/health`, `/metrics` answer without it).
+//! - `--api-key` guards the routes under `/v1`, as vLLM's, and `/reset_prefix_cache`
+//!   (`/tokenize`, `/detokenize`, `/health`, `/metrics` answer without it). The key, the request
+//!   count and the failure count are layers of the routes ([`layer`]), not handler code.
 //! - Streams start with the `role` chunk at once; an engine rejection after that is a final
 //!   `data: {"error":…}` event and `data: [DONE]`.
 //! - `usage.prompt_tokens_details.cached_tokens` is the prefix-cache hit at first admission.
@@ -62,6 +63,7 @@ pub mod budget;
 pub mod error;
 pub mod generation;
 pub mod json_mode;
+pub mod layer;
 pub mod logprobs;
 pub mod metrics;
 pub mod protocol;
@@ -73,12 +75,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, Uri};
-use axum::middleware::Next;
+use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Json, Router};
 use serde_json::json;
 use servesim::cluster::Cluster;
@@ -87,6 +88,7 @@ use tokio_util::sync::CancellationToken;
 use answer::{Answer, AnswerSpec};
 pub use error::ApiError;
 use generation::{Choice, Endpoint, ExtraFields, Generation, Header, SpecPrefill};
+use layer::Received;
 use protocol::{ApiJson, ChatRequest, CompletionRequest, GenerationParams, PromptInput};
 use servesim::ids::WorkerId;
 use servesim::time::SimTime;
@@ -95,7 +97,7 @@ use tools::Tools;
 use crate::config::ServerConfig;
 use crate::driver::{EngineHandle, SubmitOptions};
 use crate::kv_events::KvEventPublisher;
-use crate::metrics::{EndpointLabel, Metrics};
+use crate::metrics::Metrics;
 
 /// Everything a handler needs; cheap to clone.
 #[derive(Clone, Debug)]
@@ -222,130 +224,75 @@ pub fn app(state: AppState) -> Router {
         Arc::clone(&state.metrics),
         (config.model_name.clone(), config.max_model_len),
     );
+    // A route's own layers, innermost first: the key, then failure counting, then the request
+    // count (so a refused key is a counted request and a counted failure).
+    let key = || from_fn_with_state(state.clone(), layer::require_api_key);
+    let failures = || from_fn_with_state(Arc::clone(&state.metrics), layer::count_failures);
+    let requests = |endpoint: &'static str| {
+        from_fn_with_state(
+            (Arc::clone(&state.metrics), endpoint),
+            layer::count_requests,
+        )
+    };
+    let generation = |route: MethodRouter<AppState>, endpoint| {
+        route
+            .route_layer(key())
+            .route_layer(failures())
+            .route_layer(requests(endpoint))
+    };
     Router::new()
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/completions", post(completions))
+        .route(
+            "/v1/chat/completions",
+            generation(post(chat_completions), "chat"),
+        )
+        .route(
+            "/v1/completions",
+            generation(post(completions), "completions"),
+        )
         // Only the generation routes above.
-        .route_layer(axum::middleware::from_fn_with_state(
-            faults,
-            crate::fault::http::inject,
-        ))
-        .route("/v1/models", get(models))
+        .route_layer(from_fn_with_state(faults, crate::fault::http::inject))
+        .route("/v1/models", get(models).route_layer(key()))
         .route("/health", get(health))
         .route("/metrics", get(metrics::handler))
-        .route("/v1/models/{model}", get(vllm::model))
-        .route("/tokenize", post(vllm::tokenize))
-        .route("/detokenize", post(vllm::detokenize))
+        .route("/v1/models/{model}", get(vllm::model).route_layer(key()))
+        .route("/tokenize", post(vllm::tokenize).route_layer(failures()))
+        .route(
+            "/detokenize",
+            post(vllm::detokenize).route_layer(failures()),
+        )
         .route("/version", get(vllm::version))
         .route("/ping", get(vllm::ping).post(vllm::ping))
-        .route("/v1/load_lora_adapter", post(vllm::load_lora_adapter))
-        .route("/v1/unload_lora_adapter", post(vllm::unload_lora_adapter))
-        .route("/reset_prefix_cache", post(vllm::reset_prefix_cache))
+        .route(
+            "/v1/load_lora_adapter",
+            post(vllm::load_lora_adapter)
+                .route_layer(key())
+                .route_layer(failures()),
+        )
+        .route(
+            "/v1/unload_lora_adapter",
+            post(vllm::unload_lora_adapter)
+                .route_layer(key())
+                .route_layer(failures()),
+        )
+        .route(
+            "/reset_prefix_cache",
+            post(vllm::reset_prefix_cache)
+                .route_layer(key())
+                .route_layer(failures()),
+        )
         .fallback(|uri: Uri| async move { ApiError::route_not_found(uri.path()) })
         .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
             ApiError::method_not_allowed(method.as_str(), uri.path())
         })
         .layer(body_limit)
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            edge_limits,
-        ))
+        .layer(from_fn_with_state(state.clone(), layer::edge_limits))
         .with_state(state)
 }
 
-/// Largest total size of a request's headers (names, values and separators) the handlers
-/// accept; beyond it the answer is an OpenAI-shaped 431. hyper itself answers a bodiless 431
-/// to a head beyond its read buffer (about 400 KiB) or with more than 100 headers.
-pub const MAX_HEADER_BYTES: usize = 64 << 10;
-
-/// When the server had a request whole (headers and body), on the engine's clock: set by
-/// [`edge_limits`], before the handler parses and tokenizes it, and taken as the engine request's
-/// arrival.
-#[derive(Clone, Copy, Debug)]
-pub struct Received(pub SimTime);
-
-/// Request-level limits, checked before any handler: header size (431), body size (413) and
-/// body-read time (408). The body is read here, whole, so no handler ever waits on a slow
-/// client, and the size limit holds whether or not `Content-Length` is sent. The request is
-/// stamped [`Received`] once it is whole.
-pub async fn edge_limits(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let header_bytes: usize = request
-        .headers()
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len() + 4)
-        .sum();
-    if header_bytes > MAX_HEADER_BYTES {
-        return fail(&state, ApiError::headers_too_large(MAX_HEADER_BYTES));
-    }
-    let (mut parts, body) = request.into_parts();
-    if http_body::Body::is_end_stream(&body) {
-        parts
-            .extensions
-            .insert(Received(state.engine.clock().now()));
-        return next.run(Request::from_parts(parts, body)).await;
-    }
-    let limit = state.config.max_body_bytes;
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit as u64) {
-        return fail(&state, ApiError::payload_too_large());
-    }
-    let timeout = state.config.http.body_read_timeout;
-    let read = tokio::time::timeout(
-        timeout,
-        http_body_util::BodyExt::collect(http_body_util::Limited::new(body, limit)),
-    )
-    .await;
-    let bytes = match read {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            return fail(&state, ApiError::payload_too_large())
-        }
-        Ok(Err(e)) => {
-            return fail(
-                &state,
-                ApiError::invalid(format!("Could not read the body: {e}"), None),
-            )
-        }
-        Err(_) => return fail(&state, ApiError::body_timeout(timeout)),
-    };
-    parts
-        .extensions
-        .insert(Received(state.engine.clock().now()));
-    next.run(Request::from_parts(parts, Body::from(bytes)))
-        .await
-}
-
-/// The request's [`Received`] stamp, or now for a request that did not pass [`edge_limits`].
+/// The request's [`Received`] stamp, or now for a request that did not pass
+/// [`layer::edge_limits`].
 fn received_at(state: &AppState, received: Option<Extension<Received>>) -> SimTime {
     received.map_or_else(|| state.engine.clock().now(), |Extension(Received(t))| t)
-}
-
-fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(key) = &state.config.api_key else {
-        return Ok(());
-    };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if given == Some(key.as_str()) {
-        Ok(())
-    } else {
-        Err(ApiError::unauthorized())
-    }
-}
-
-/// Counts an error response and returns it.
-fn fail(state: &AppState, e: ApiError) -> Response {
-    state.metrics.http_failures.inc();
-    if e.status == axum::http::StatusCode::TOO_MANY_REQUESTS {
-        state.metrics.overloaded.inc();
-    }
-    e.into_response()
 }
 
 /// Headers that override `nvext` routing fields, as Dynamo's `apply_header_routing_overrides`.
@@ -380,44 +327,34 @@ async fn chat_completions(
     headers: HeaderMap,
     received: Option<Extension<Received>>,
     body: Result<ApiJson, ApiError>,
-) -> Response {
+) -> Result<Response, ApiError> {
     let received = received_at(&state, received);
-    state
-        .metrics
-        .http_requests
-        .get_or_create(&EndpointLabel { endpoint: "chat" })
-        .inc();
-    let result = async {
-        check_auth(&state, &headers)?;
-        let mut request = ChatRequest::parse(&body?.0)?;
-        apply_header_overrides(&mut request.params, &headers)?;
-        let spec = request.params.speculative_prefill().then(|| SpecPrefill {
-            messages: request.messages.clone(),
-        });
-        for message in &request.messages {
-            budget::check_word_lengths(&message.content, "messages")?;
-        }
-        let text_bytes: usize = request.messages.iter().map(|m| m.content.len()).sum();
-        let codec = Arc::clone(&state.config.codec);
-        let messages = request.messages;
-        let prompt = off_runtime(text_bytes > INLINE_TEXT_BYTES, move || {
-            codec.render_chat(&messages, true)
-        })
-        .await?;
-        let prompts = vec![PromptIn {
-            tokens: prompt,
-            echo: None,
-        }];
-        let request_in = RequestIn {
-            endpoint: Endpoint::Chat,
-            received,
-            spec_prefill: spec,
-            tools: Some(request.tools),
-        };
-        generate(&state, request.params, prompts, request_in).await
+    let mut request = ChatRequest::parse(&body?.0)?;
+    apply_header_overrides(&mut request.params, &headers)?;
+    let spec = request.params.speculative_prefill().then(|| SpecPrefill {
+        messages: request.messages.clone(),
+    });
+    for message in &request.messages {
+        budget::check_word_lengths(&message.content, "messages")?;
     }
-    .await;
-    result.unwrap_or_else(|e| fail(&state, e))
+    let text_bytes: usize = request.messages.iter().map(|m| m.content.len()).sum();
+    let codec = Arc::clone(&state.config.codec);
+    let messages = request.messages;
+    let prompt = off_runtime(text_bytes > INLINE_TEXT_BYTES, move || {
+        codec.render_chat(&messages, true)
+    })
+    .await?;
+    let prompts = vec![PromptIn {
+        tokens: prompt,
+        echo: None,
+    }];
+    let request_in = RequestIn {
+        endpoint: Endpoint::Chat,
+        received,
+        spec_prefill: spec,
+        tools: Some(request.tools),
+    };
+    generate(&state, request.params, prompts, request_in).await
 }
 
 async fn completions(
@@ -425,75 +362,63 @@ async fn completions(
     headers: HeaderMap,
     received: Option<Extension<Received>>,
     body: Result<ApiJson, ApiError>,
-) -> Response {
+) -> Result<Response, ApiError> {
     let received = received_at(&state, received);
-    state
-        .metrics
-        .http_requests
-        .get_or_create(&EndpointLabel {
-            endpoint: "completions",
-        })
-        .inc();
-    let result = async {
-        check_auth(&state, &headers)?;
-        let mut request = CompletionRequest::parse(&body?.0)?;
-        apply_header_overrides(&mut request.params, &headers)?;
-        if let Some(vocab_size) = state.config.codec.vocab_size() {
-            for prompt in &request.prompts {
-                if let PromptInput::Tokens(ids) = prompt {
-                    budget::check_token_ids(ids, vocab_size, "prompt")?;
-                }
-            }
-        }
+    let mut request = CompletionRequest::parse(&body?.0)?;
+    apply_header_overrides(&mut request.params, &headers)?;
+    if let Some(vocab_size) = state.config.codec.vocab_size() {
         for prompt in &request.prompts {
-            if let PromptInput::Text(text) = prompt {
-                budget::check_word_lengths(text, "prompt")?;
+            if let PromptInput::Tokens(ids) = prompt {
+                budget::check_token_ids(ids, vocab_size, "prompt")?;
             }
         }
-        let size: usize = request
-            .prompts
-            .iter()
-            .map(|p| match p {
-                PromptInput::Text(text) => text.len(),
-                PromptInput::Tokens(ids) => ids.len() * 4,
-            })
-            .sum();
-        let codec = Arc::clone(&state.config.codec);
-        let echo = request.echo;
-        let prompts = off_runtime(size > INLINE_TEXT_BYTES, move || {
-            request
-                .prompts
-                .into_iter()
-                .map(|prompt| {
-                    let (tokens, text) = match prompt {
-                        PromptInput::Text(text) => (codec.encode(&text), text),
-                        PromptInput::Tokens(ids) => {
-                            let text = if echo {
-                                codec.decode(&ids)
-                            } else {
-                                String::new()
-                            };
-                            (ids, text)
-                        }
-                    };
-                    PromptIn {
-                        tokens,
-                        echo: echo.then_some(text),
-                    }
-                })
-                .collect()
-        })
-        .await?;
-        let request_in = RequestIn {
-            endpoint: Endpoint::Text,
-            received,
-            spec_prefill: None,
-            tools: None,
-        };
-        generate(&state, request.params, prompts, request_in).await
     }
-    .await;
-    result.unwrap_or_else(|e| fail(&state, e))
+    for prompt in &request.prompts {
+        if let PromptInput::Text(text) = prompt {
+            budget::check_word_lengths(text, "prompt")?;
+        }
+    }
+    let size: usize = request
+        .prompts
+        .iter()
+        .map(|p| match p {
+            PromptInput::Text(text) => text.len(),
+            PromptInput::Tokens(ids) => ids.len() * 4,
+        })
+        .sum();
+    let codec = Arc::clone(&state.config.codec);
+    let echo = request.echo;
+    let prompts = off_runtime(size > INLINE_TEXT_BYTES, move || {
+        request
+            .prompts
+            .into_iter()
+            .map(|prompt| {
+                let (tokens, text) = match prompt {
+                    PromptInput::Text(text) => (codec.encode(&text), text),
+                    PromptInput::Tokens(ids) => {
+                        let text = if echo {
+                            codec.decode(&ids)
+                        } else {
+                            String::new()
+                        };
+                        (ids, text)
+                    }
+                };
+                PromptIn {
+                    tokens,
+                    echo: echo.then_some(text),
+                }
+            })
+            .collect()
+    })
+    .await?;
+    let request_in = RequestIn {
+        endpoint: Endpoint::Text,
+        received,
+        spec_prefill: None,
+        tools: None,
+    };
+    generate(&state, request.params, prompts, request_in).await
 }
 
 /// Prompt text (bytes) beyond which tokenizing is moved off the runtime's worker threads.
@@ -810,10 +735,7 @@ async fn generate(
     }
 }
 
-async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    if let Err(e) = check_auth(&state, &headers) {
-        return e.into_response();
-    }
+async fn models(State(state): State<AppState>) -> Response {
     let name = &state.config.model_name;
     let mut data = vec![vllm::model_card(&state, name, name, None)];
     for adapter in state.lora.all() {
