@@ -7,7 +7,7 @@
 //!   first byte arrived. With no request in progress, the connection is closed at
 //!   `first byte (or accept) + header_read_timeout`, or at `idle since + idle_timeout` while no
 //!   byte has come. A request in progress has no deadline here: its body has one in the router
-//!   ([`crate::api::edge_limits`]), and a stream runs as long as generation does.
+//!   ([`crate::api::layer::edge_limits`]), and a stream runs as long as generation does.
 //! - **Connection cap.** Past `max_connections` open connections, a new one is answered
 //!   `503` (OpenAI body, `Connection: close`) to its first request and closed; past
 //!   [`MAX_REJECTING`] such answers at once, it is closed unanswered.

@@ -1,4 +1,4 @@
-//! Standard output for every command: [`write`] is the one way `mockserve` prints to stdout.
+//! Standard output for every command: [`write()`] is the one way `mockserve` prints to stdout.
 
 /// Writes `bytes` to stdout and flushes. Every stdout write of `mockserve` goes through here
 /// (`print!` panics on a closed pipe): a reader that went away, as `mockserve replay … | head`

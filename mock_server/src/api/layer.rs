@@ -128,7 +128,8 @@ pub async fn count_requests(
     next.run(request).await
 }
 
-/// Counts the route's error answers (see [`count_failure`]).
+/// Counts the route's error answers in `servesim_http_request_failures_total` (every answer
+/// but a success), a 429 also in `servesim_http_requests_overloaded_total`.
 pub async fn count_failures(
     State(metrics): State<Arc<Metrics>>,
     request: Request,
