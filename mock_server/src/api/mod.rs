@@ -326,10 +326,10 @@ async fn chat_completions(
     State(state): State<AppState>,
     headers: HeaderMap,
     received: Option<Extension<Received>>,
-    body: Result<ApiJson, ApiError>,
+    ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
     let received = received_at(&state, received);
-    let mut request = ChatRequest::parse(&body?.0)?;
+    let mut request = ChatRequest::parse(&body)?;
     apply_header_overrides(&mut request.params, &headers)?;
     let spec = request.params.speculative_prefill().then(|| SpecPrefill {
         messages: request.messages.clone(),
@@ -361,10 +361,10 @@ async fn completions(
     State(state): State<AppState>,
     headers: HeaderMap,
     received: Option<Extension<Received>>,
-    body: Result<ApiJson, ApiError>,
+    ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
     let received = received_at(&state, received);
-    let mut request = CompletionRequest::parse(&body?.0)?;
+    let mut request = CompletionRequest::parse(&body)?;
     apply_header_overrides(&mut request.params, &headers)?;
     if let Some(vocab_size) = state.config.codec.vocab_size() {
         for prompt in &request.prompts {

@@ -25,9 +25,8 @@ use super::{ApiError, AppState};
 /// `POST /tokenize`.
 pub async fn tokenize(
     State(state): State<AppState>,
-    body: Result<ApiJson, ApiError>,
+    ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
-    let body = body?.0;
     check_model(&state, &body)?;
     let tokens = if body.contains_key("messages") {
         let mut chat = body.clone();
@@ -77,9 +76,8 @@ pub async fn tokenize(
 /// `POST /detokenize`.
 pub async fn detokenize(
     State(state): State<AppState>,
-    body: Result<ApiJson, ApiError>,
+    ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
-    let body = body?.0;
     check_model(&state, &body)?;
     let bad = || {
         ApiError::invalid(
@@ -296,9 +294,8 @@ fn lora_name(body: &Map<String, Value>) -> Result<String, ApiError> {
 /// loaded already (or the base model's name) is a 400.
 pub async fn load_lora_adapter(
     State(state): State<AppState>,
-    body: Result<ApiJson, ApiError>,
+    ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
-    let body = body?.0;
     let name = lora_name(&body)?;
     let path = match body.get("lora_path") {
         Some(Value::String(path)) if !path.is_empty() => path.clone(),
@@ -341,9 +338,9 @@ pub async fn reset_prefix_cache(State(state): State<AppState>) -> Result<Respons
 /// loaded is a 400.
 pub async fn unload_lora_adapter(
     State(state): State<AppState>,
-    body: Result<ApiJson, ApiError>,
+    ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
-    let name = lora_name(&body?.0)?;
+    let name = lora_name(&body)?;
     if !state.lora.unload(&name) {
         return Err(ApiError::invalid(
             format!("The lora adapter '{name}' cannot be found."),
