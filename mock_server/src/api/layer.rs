@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use servesim::time::SimTime;
 
 use super::error::ApiError;
-use super::AppState;
+use super::state::AppState;
 use crate::metrics::{EndpointLabel, Metrics};
 
 /// Largest total size of a request's headers (names, values and separators) the handlers

@@ -65,15 +65,16 @@ pub mod generation;
 pub mod json_mode;
 pub mod layer;
 pub mod logprobs;
+pub mod lora;
 pub mod metrics;
 pub mod protocol;
 pub mod schema;
+pub mod state;
 pub mod tools;
 pub mod vllm;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, Uri};
@@ -82,8 +83,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Json, Router};
 use serde_json::json;
-use servesim::cluster::Cluster;
-use tokio_util::sync::CancellationToken;
 
 use answer::{Answer, AnswerSpec};
 pub use error::ApiError;
@@ -92,127 +91,12 @@ use layer::Received;
 use protocol::{ApiJson, ChatRequest, CompletionRequest, GenerationParams, PromptInput};
 use servesim::ids::WorkerId;
 use servesim::time::SimTime;
+use state::unix_now;
+pub use state::AppState;
 use tools::Tools;
 
 use crate::config::ServerConfig;
-use crate::driver::{EngineHandle, SubmitOptions};
-use crate::kv_events::KvEventPublisher;
-use crate::metrics::Metrics;
-
-/// Everything a handler needs; cheap to clone.
-#[derive(Clone, Debug)]
-pub struct AppState {
-    /// Validated settings.
-    pub config: Arc<ServerConfig>,
-    /// The live engine.
-    pub engine: EngineHandle,
-    /// Everything `/metrics` shows.
-    pub metrics: Arc<Metrics>,
-    /// Numbers requests (ids, default answer seeds).
-    pub counter: Arc<AtomicU64>,
-    /// The engine's block size (prompts are hashed with it).
-    pub block_size: usize,
-    /// Unix seconds at start (model `created`).
-    pub started: u64,
-    /// Cancelled when the shutdown drain deadline passes: every generation still running then
-    /// ends with a `503 shutting down` error (the final event of a stream).
-    pub stop_generations: CancellationToken,
-    /// The loaded LoRA adapters.
-    pub lora: Arc<vllm::LoraRegistry>,
-    /// When the simulated model load ends (`--startup-delay`): `/health` answers 503 before.
-    pub ready_at: tokio::time::Instant,
-    /// The worker every generation request runs on, when this endpoint is one worker of a
-    /// fleet (`mockserve fleet`): its listener is the routing decision, so `nvext` and header
-    /// pinning are overridden.
-    pub worker: Option<WorkerId>,
-}
-
-impl AppState {
-    /// Validates the settings, builds the cluster and spawns its driver on the current tokio
-    /// runtime.
-    pub fn new(config: ServerConfig) -> Result<AppState, servesim::scheduler::ConfigError> {
-        config.validate()?;
-        let cluster = Cluster::new(config.live_cluster())?;
-        let block_size = cluster.block_size();
-        let metrics = Arc::new(Metrics::for_model(&config.model_name, config.max_model_len));
-        let engine = EngineHandle::spawn(cluster, config.max_waiting, Arc::clone(&metrics));
-        Ok(AppState::assemble(config, engine, metrics, block_size))
-    }
-}
-
-impl AppState {
-    /// [`AppState::new`], and with `config.kv_events` the ZeroMQ publishers bound first (a
-    /// port in use is an error here, before anything is served).
-    pub async fn start(config: ServerConfig) -> anyhow::Result<AppState> {
-        let Some(kv_events) = config.kv_events.clone() else {
-            return Ok(AppState::new(config)?);
-        };
-        config.validate()?;
-        let cluster = Cluster::new(config.live_cluster())?;
-        let block_size = cluster.block_size();
-        let metrics = Arc::new(Metrics::for_model(&config.model_name, config.max_model_len));
-        let publisher =
-            KvEventPublisher::start(&kv_events, cluster.workers().len(), Arc::clone(&metrics))
-                .await?;
-        let engine = EngineHandle::spawn_publishing(
-            cluster,
-            config.max_waiting,
-            Arc::clone(&metrics),
-            Some(publisher),
-        );
-        Ok(AppState::assemble(config, engine, metrics, block_size))
-    }
-
-    /// The state of one fleet worker's endpoint: `engine` is shared by every worker of the
-    /// fleet, and every generation request of this endpoint runs on `worker`. `metrics` holds
-    /// this endpoint's own HTTP counters (the engine's series are fed to the metrics the
-    /// engine was spawned with).
-    pub fn for_worker(
-        config: ServerConfig,
-        engine: EngineHandle,
-        metrics: Arc<Metrics>,
-        worker: WorkerId,
-    ) -> AppState {
-        let block_size = config.cluster.engine.block_size;
-        AppState {
-            worker: Some(worker),
-            ..AppState::assemble(config, engine, metrics, block_size)
-        }
-    }
-
-    fn assemble(
-        config: ServerConfig,
-        engine: EngineHandle,
-        metrics: Arc<Metrics>,
-        block_size: usize,
-    ) -> AppState {
-        let ready_at = tokio::time::Instant::now() + config.startup_delay;
-        AppState {
-            lora: Arc::new(vllm::LoraRegistry::new(&config.lora_modules)),
-            config: Arc::new(config),
-            engine,
-            metrics,
-            counter: Arc::default(),
-            block_size,
-            started: unix_now(),
-            stop_generations: CancellationToken::new(),
-            ready_at,
-            worker: None,
-        }
-    }
-
-    /// False while the simulated model load (`--startup-delay`) runs.
-    pub fn is_ready(&self) -> bool {
-        tokio::time::Instant::now() >= self.ready_at
-    }
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
+use crate::driver::SubmitOptions;
 
 /// The router with every route.
 pub fn app(state: AppState) -> Router {
@@ -340,7 +224,7 @@ async fn chat_completions(
     let text_bytes: usize = request.messages.iter().map(|m| m.content.len()).sum();
     let codec = Arc::clone(&state.config.codec);
     let messages = request.messages;
-    let prompt = off_runtime(text_bytes > INLINE_TEXT_BYTES, move || {
+    let prompt = budget::off_runtime(text_bytes > budget::INLINE_TEXT_BYTES, move || {
         codec.render_chat(&messages, true)
     })
     .await?;
@@ -388,7 +272,7 @@ async fn completions(
         .sum();
     let codec = Arc::clone(&state.config.codec);
     let echo = request.echo;
-    let prompts = off_runtime(size > INLINE_TEXT_BYTES, move || {
+    let prompts = budget::off_runtime(size > budget::INLINE_TEXT_BYTES, move || {
         request
             .prompts
             .into_iter()
@@ -419,33 +303,6 @@ async fn completions(
         tools: None,
     };
     generate(&state, request.params, prompts, request_in).await
-}
-
-/// Prompt text (bytes) beyond which tokenizing is moved off the runtime's worker threads.
-const INLINE_TEXT_BYTES: usize = 64 << 10;
-
-/// Output tokens a request plans beyond which planning is moved off the runtime's worker
-/// threads.
-const INLINE_PLAN_TOKENS: usize = 16 << 10;
-
-/// Runs `work` on tokio's blocking pool when `heavy` (so the runtime's worker threads keep
-/// answering other requests, `/health` among them), else at once.
-async fn off_runtime<T: Send + 'static>(
-    heavy: bool,
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, ApiError> {
-    if !heavy {
-        return Ok(work());
-    }
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| ApiError {
-            status: axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            message: format!("Preparing the request failed: {e}"),
-            kind: "server_error",
-            param: None,
-            code: None,
-        })
 }
 
 /// One prompt of a request: its token ids and, for a completions `echo`, its text.
@@ -620,11 +477,11 @@ async fn generate(
     // JSON answers cost more a token (drawn, serialized and tokenized as a document).
     let json_answers = spec.tools.is_some() || spec.format != json_mode::ResponseFormat::Text;
     let inline_tokens = if json_answers {
-        INLINE_PLAN_TOKENS / 16
+        budget::INLINE_PLAN_TOKENS / 16
     } else {
-        INLINE_PLAN_TOKENS
+        budget::INLINE_PLAN_TOKENS
     };
-    let answers = off_runtime(planned > inline_tokens, move || {
+    let answers = budget::off_runtime(planned > inline_tokens, move || {
         let mut answers = Vec::with_capacity(plan_limits.len() * n);
         for (p, &limit) in plan_limits.iter().enumerate() {
             let spec = AnswerSpec {

@@ -70,7 +70,7 @@ pub async fn collect(mut generation: Generation) -> Result<Vec<u8>, ApiError> {
         })
         .sum();
     let heavy = entries > 1 << 16 || generation.choices.len() > 1024;
-    crate::api::off_runtime(heavy, move || response_body(&generation, collected)).await?
+    crate::api::budget::off_runtime(heavy, move || response_body(&generation, collected)).await?
 }
 
 /// The whole response of a finished generation, serialized.

@@ -32,8 +32,8 @@ use servesim::time::SimTime;
 
 use super::answer::Answer;
 use super::error::ApiError;
+use super::state::AppState;
 use super::tools::render_calls;
-use super::AppState;
 use crate::driver::{Event, Submission};
 use crate::text::{ChatMessage, Role};
 
