@@ -10,10 +10,10 @@ mod common;
 
 use std::process::ExitCode;
 
-use mock_server::replay_cmd::ReplayArgs;
+use mock_server::cmd::replay::ReplayArgs;
 
 fn main() -> ExitCode {
     common::bench_main("offline_replay_bench", |args: ReplayArgs| {
-        mock_server::replay_cmd::run(&args).map(|_| ())
+        mock_server::cmd::replay::run(&args).map(|_| ())
     })
 }

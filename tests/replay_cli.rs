@@ -130,7 +130,7 @@ fn dynamos_disagg_command_runs_and_reports_the_transfers() {
     std::fs::create_dir_all(&dir).unwrap();
     let report = dir.join("report.json");
     let trace = fixture("trace_small.jsonl");
-    let outcome = mock_server::replay_cmd::run(&match cli(&[
+    let outcome = mock_server::cmd::replay::run(&match cli(&[
         "replay",
         trace.to_str().unwrap(),
         "--serving-mode",
@@ -233,7 +233,7 @@ fn g2_replay_reports_host_tier_hits() {
         Some(mock_server::Command::Replay(args)) => *args,
         other => panic!("{other:?}"),
     };
-    let outcome = mock_server::replay_cmd::run(&args).expect("G2 replay runs");
+    let outcome = mock_server::cmd::replay::run(&args).expect("G2 replay runs");
     let g2 = outcome.report.g2.clone().expect("G2 figures");
     assert_eq!(
         outcome.report.completed_requests,
@@ -247,7 +247,7 @@ fn g2_replay_reports_host_tier_hits() {
     assert_eq!(g2.g2_reused_tokens, from_records as u64);
 }
 
-fn replay_args(args: &[&str]) -> mock_server::replay_cmd::ReplayArgs {
+fn replay_args(args: &[&str]) -> mock_server::cmd::replay::ReplayArgs {
     match cli(args).command {
         Some(mock_server::Command::Replay(args)) => *args,
         other => panic!("{other:?}"),
@@ -261,7 +261,7 @@ fn a_request_that_can_never_run_is_counted_with_its_reason_and_its_session_goes_
     let report = dir.join("report.json");
     let records = dir.join("records.jsonl");
     let trace = fixture("trace_huge_output.jsonl");
-    let outcome = mock_server::replay_cmd::run(&replay_args(&[
+    let outcome = mock_server::cmd::replay::run(&replay_args(&[
         "replay",
         trace.to_str().unwrap(),
         "--report-json",
@@ -288,7 +288,7 @@ fn a_request_that_can_never_run_is_counted_with_its_reason_and_its_session_goes_
         "{:?}",
         rejection.reason
     );
-    let summary = mock_server::replay_cmd::rejection_summary(&outcome.rejections);
+    let summary = mock_server::cmd::replay::rejection_summary(&outcome.rejections);
     assert!(summary.contains("exceeds_kv_capacity"), "{summary}");
     assert!(summary.contains("trace lines 2"), "{summary}");
     let json: serde_json::Value =
@@ -320,7 +320,7 @@ fn a_run_in_which_nothing_completes_is_an_error_that_names_the_reason() {
         let mut args = vec!["replay", t, "-q"];
         args.extend(flags.iter().copied());
         let parsed = replay_args(&args);
-        let err = mock_server::replay_cmd::run(&parsed).unwrap_err();
+        let err = mock_server::cmd::replay::run(&parsed).unwrap_err();
         let msg = format!("{err:#}");
         assert!(
             msg.contains("no request completed: 20 of 20 were rejected"),
@@ -392,7 +392,7 @@ fn trace_edge_cases_are_accepted_or_named() {
     // A prompt longer than its hash ids cover is cut to them, and said so.
     let path = fixture("trace_clamped.jsonl");
     let trace = servesim::trace::load(&path, &servesim::trace::TraceOptions::default()).unwrap();
-    let warning = mock_server::replay_cmd::clamped_warning(&trace, 512).expect("a warning");
+    let warning = mock_server::cmd::replay::clamped_warning(&trace, 512).expect("a warning");
     assert!(
         warning.contains("1 trace rows") && warning.contains("line 2, 6755 -> 1024 tokens"),
         "{warning}"
@@ -402,7 +402,7 @@ fn trace_edge_cases_are_accepted_or_named() {
         &servesim::trace::TraceOptions::default(),
     )
     .unwrap();
-    assert_eq!(mock_server::replay_cmd::clamped_warning(&clean, 512), None);
+    assert_eq!(mock_server::cmd::replay::clamped_warning(&clean, 512), None);
     run(cli(&["replay", path.to_str().unwrap(), "-q"])).expect("a clamped row runs");
     for (file, needle) in [
         ("bad/zero_output.jsonl", "zero_output.jsonl:2: \"output_length\" must be at least 1"),
@@ -434,7 +434,7 @@ fn a_long_schedule_is_refused_unless_allowed() {
     )
     .unwrap();
     let path = trace.to_str().unwrap();
-    let e = mock_server::replay_cmd::run(&replay_args(&["replay", path, "-q"]))
+    let e = mock_server::cmd::replay::run(&replay_args(&["replay", path, "-q"]))
         .expect_err("ten days of schedule");
     let text = format!("{e:#}");
     assert!(
@@ -442,7 +442,7 @@ fn a_long_schedule_is_refused_unless_allowed() {
             && text.contains("--allow-long-schedule"),
         "{text}"
     );
-    let outcome = mock_server::replay_cmd::run(&replay_args(&[
+    let outcome = mock_server::cmd::replay::run(&replay_args(&[
         "replay",
         path,
         "-q",
@@ -464,7 +464,7 @@ fn a_long_schedule_is_refused_unless_allowed() {
     for extra in [None, Some("--allow-long-schedule")] {
         let mut args = vec!["replay", path, "-q"];
         args.extend(extra);
-        let e = mock_server::replay_cmd::run(&replay_args(&args)).expect_err("1e300");
+        let e = mock_server::cmd::replay::run(&replay_args(&args)).expect_err("1e300");
         let text = format!("{e:#}");
         assert!(
             text.contains("long.jsonl:2: \"timestamp\" must be finite, >= 0 and at most")
@@ -472,7 +472,7 @@ fn a_long_schedule_is_refused_unless_allowed() {
             "{text}"
         );
     }
-    let e = mock_server::replay_cmd::run(&replay_args(&[
+    let e = mock_server::cmd::replay::run(&replay_args(&[
         "replay",
         path,
         "--trace-block-size",
@@ -497,7 +497,7 @@ fn agentic_traces_replay_with_an_agentic_section() {
     let records = dir.join("records.jsonl");
     let trace = fixture("agentic/worked_example.jsonl");
     for format in ["auto", "agentic-mooncake", "agentic_mooncake"] {
-        let outcome = mock_server::replay_cmd::run(&replay_args(&[
+        let outcome = mock_server::cmd::replay::run(&replay_args(&[
             "replay",
             trace.to_str().unwrap(),
             "--trace-format",
@@ -555,8 +555,8 @@ fn agentic_traces_replay_with_an_agentic_section() {
             serde_json::json!({"request_id": "r1", "play_id": "p0", "conversation_id": "sub", "parent_id": "r0"})
         );
     }
-    let summary = mock_server::replay_cmd::agentic_summary(
-        mock_server::replay_cmd::run(&replay_args(&[
+    let summary = mock_server::cmd::replay::agentic_summary(
+        mock_server::cmd::replay::run(&replay_args(&[
             "replay",
             fixture("agentic/weka.jsonl").to_str().unwrap(),
             "--arrival-speedup-ratio",
@@ -575,7 +575,7 @@ fn agentic_traces_replay_with_an_agentic_section() {
     assert!(summary.contains("(1 completed, 0 failed)"), "{summary}");
     assert!(summary.contains("1000.000 ms tool waits"), "{summary}");
     // One lane: q0 (play p1) waits for p0 to settle.
-    let laned = mock_server::replay_cmd::run(&replay_args(&[
+    let laned = mock_server::cmd::replay::run(&replay_args(&[
         "replay",
         trace.to_str().unwrap(),
         "--arrival-speedup-ratio",
@@ -588,8 +588,8 @@ fn agentic_traces_replay_with_an_agentic_section() {
     let agentic = laned.agentic.as_ref().expect("agentic");
     assert_eq!(agentic.lanes, Some(1));
     assert_eq!(agentic.plays[1].start_ms, agentic.plays[0].settled_at_ms);
-    assert!(mock_server::replay_cmd::agentic_summary(agentic).contains(", 1 lanes)"));
-    let e = mock_server::replay_cmd::run(&replay_args(&[
+    assert!(mock_server::cmd::replay::agentic_summary(agentic).contains(", 1 lanes)"));
+    let e = mock_server::cmd::replay::run(&replay_args(&[
         "replay",
         fixture("trace_small.jsonl").to_str().unwrap(),
         "--agentic-lanes",
@@ -602,7 +602,7 @@ fn agentic_traces_replay_with_an_agentic_section() {
         "{e:#}"
     );
     // Legacy rows are detected by their wait_for.
-    let legacy = mock_server::replay_cmd::run(&replay_args(&[
+    let legacy = mock_server::cmd::replay::run(&replay_args(&[
         "replay",
         fixture("agentic/legacy_v1.jsonl").to_str().unwrap(),
         "--trace-block-size",
@@ -612,7 +612,7 @@ fn agentic_traces_replay_with_an_agentic_section() {
     .expect("legacy replays");
     assert_eq!(legacy.agentic.as_ref().map(|a| a.play_count), Some(2));
     // Plain Mooncake: the same report as ever, no agentic key.
-    mock_server::replay_cmd::run(&replay_args(&[
+    mock_server::cmd::replay::run(&replay_args(&[
         "replay",
         fixture("trace_small.jsonl").to_str().unwrap(),
         "--report-json",
@@ -638,12 +638,12 @@ fn agentic_trace_errors_are_named_before_the_run() {
         .replace("\"dependencies\":[]", "\"dependencies\":[{\"request_id\":\"r1\",\"trigger\":\"completion\",\"relation\":\"sequence\"}]");
     std::fs::write(&path, text).unwrap();
     let p = path.to_str().unwrap();
-    let e = mock_server::replay_cmd::run(&replay_args(&["replay", p, "-q"])).unwrap_err();
+    let e = mock_server::cmd::replay::run(&replay_args(&["replay", p, "-q"])).unwrap_err();
     assert_eq!(
         format!("{e:#}"),
         format!("{p}:2: dependency cycle: \"r1\" -> \"r0\" -> \"r1\"")
     );
-    let e = mock_server::replay_cmd::run(&replay_args(&[
+    let e = mock_server::cmd::replay::run(&replay_args(&[
         "replay",
         p,
         "--trace-format",

@@ -21,8 +21,8 @@ use std::time::Duration;
 use loadgen::client::{self, Endpoint, Response};
 use loadgen::driver::{self, DriverConfig, Planned, Script, Start};
 use mock_server::args::EngineArgs;
+use mock_server::cmd::serve::ServeArgs;
 use mock_server::config::{ReasoningFormat, ServerConfig};
-use mock_server::server::ServeArgs;
 
 const USERS: usize = 64;
 
@@ -122,7 +122,7 @@ fn run(config: ServerConfig, scripts: Vec<Box<dyn Script>>) -> driver::DriverOut
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    server_rt.spawn(mock_server::server::serve(listener, config, async {
+    server_rt.spawn(mock_server::cmd::serve::serve(listener, config, async {
         let _ = stopped.await;
     }));
     let client_rt = tokio::runtime::Builder::new_current_thread()

@@ -1,4 +1,4 @@
-//! The accept loop under [`crate::server::serve`]: [`Edge`] serves each accepted socket as one
+//! The accept loop under [`crate::cmd::serve::serve`]: [`Edge`] serves each accepted socket as one
 //! HTTP/1.1 connection (hyper, `TCP_NODELAY`) under the connection-level [`HttpLimits`], and
 //! drains on shutdown.
 //!
@@ -7,7 +7,7 @@
 //!   first byte arrived. With no request in progress, the connection is closed at
 //!   `first byte (or accept) + header_read_timeout`, or at `idle since + idle_timeout` while no
 //!   byte has come. A request in progress has no deadline here: its body has one in the router
-//!   ([`crate::api::edge_limits`]), and a stream runs as long as generation does.
+//!   ([`crate::api::layer::edge_limits`]), and a stream runs as long as generation does.
 //! - **Connection cap.** Past `max_connections` open connections, a new one is answered
 //!   `503` (OpenAI body, `Connection: close`) to its first request and closed; past
 //!   [`MAX_REJECTING`] such answers at once, it is closed unanswered.

@@ -1,7 +1,7 @@
 //! mockserve: an OpenAI-compatible server and an offline replay over the servesim engine.
 //!
 //! - [`Cli`] is the command line and [`run`] executes it; bare `mockserve` means `mockserve serve`.
-//! - [`server::serve`] runs the HTTP API on a listener with a [`config::ServerConfig`] until a
+//! - [`cmd::serve::serve`] runs the HTTP API on a listener with a [`config::ServerConfig`] until a
 //!   shutdown future resolves, then drains; [`api::app`] is the axum router (for `oneshot`
 //!   tests); [`connection::Edge`] is the accept loop under it (connection limits and timeouts
 //!   from [`config::HttpLimits`], graceful drain).
@@ -19,7 +19,7 @@
 //! ```
 //! # fn main() -> anyhow::Result<()> {
 //! use mock_server::config::ServerConfig;
-//! use mock_server::server::serve;
+//! use mock_server::cmd::serve::serve;
 //! let rt = tokio::runtime::Runtime::new()?;
 //! rt.block_on(async {
 //!     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -38,6 +38,7 @@
 
 pub mod api;
 pub mod args;
+pub mod cmd;
 pub mod config;
 pub mod connection;
 pub mod driver;
@@ -46,8 +47,7 @@ pub mod fleet;
 pub mod kv_events;
 pub mod metrics;
 pub mod output_length;
-pub mod replay_cmd;
-pub mod server;
+pub mod stdout;
 pub mod text;
 pub mod timer;
 
@@ -68,11 +68,11 @@ pub struct Cli {
 
     /// Serve flags when no subcommand is given.
     #[command(flatten)]
-    pub serve: server::ServeArgs,
+    pub serve: cmd::serve::ServeArgs,
 
     /// vLLM-worker flags when no subcommand is given.
     #[command(flatten)]
-    pub vllm: server::VllmArgs,
+    pub vllm: cmd::serve::VllmArgs,
 }
 
 /// Subcommands.
@@ -84,7 +84,7 @@ pub enum Command {
     /// events), for routers in front of them; a judge scores every routing decision.
     Fleet(Box<fleet::FleetArgs>),
     /// Replay a Mooncake trace on a virtual clock and report Dynamo-compatible metrics.
-    Replay(Box<replay_cmd::ReplayArgs>),
+    Replay(Box<cmd::replay::ReplayArgs>),
     /// Print a shell completion script on stdout, e.g. `mockserve completions bash`.
     Completions {
         /// The shell to complete for.
@@ -97,10 +97,10 @@ pub enum Command {
 pub struct ServeCommand {
     /// Server flags.
     #[command(flatten)]
-    pub serve: server::ServeArgs,
+    pub serve: cmd::serve::ServeArgs,
     /// vLLM-worker flags.
     #[command(flatten)]
-    pub vllm: server::VllmArgs,
+    pub vllm: cmd::serve::VllmArgs,
 }
 
 /// The completion script of `mockserve` for `shell`.
@@ -114,27 +114,13 @@ pub fn completions(shell: clap_complete::Shell) -> Vec<u8> {
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        None => server::run(&cli.serve, &cli.vllm),
-        Some(Command::Serve(args)) => server::run(&args.serve, &args.vllm),
+        None => cmd::serve::run(&cli.serve, &cli.vllm),
+        Some(Command::Serve(args)) => cmd::serve::run(&args.serve, &args.vllm),
         Some(Command::Fleet(args)) => fleet::run(&args),
-        Some(Command::Replay(args)) => replay_cmd::run(&args).map(|_| ()),
+        Some(Command::Replay(args)) => cmd::replay::run(&args).map(|_| ()),
         Some(Command::Completions { shell }) => {
-            write_stdout(&completions(shell))?;
+            stdout::write(&completions(shell))?;
             Ok(())
         }
-    }
-}
-
-/// Writes `bytes` to stdout and flushes. Every stdout write of `mockserve` goes through here
-/// (`print!` panics on a closed pipe): a reader that went away, as `mockserve replay … | head`
-/// does, is not an error; the output is dropped and the result is `Ok(false)`, so the command
-/// carries on (or ends) quietly. Other write errors are returned.
-pub fn write_stdout(bytes: &[u8]) -> std::io::Result<bool> {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    match out.write_all(bytes).and_then(|()| out.flush()) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
-        Err(e) => Err(e),
     }
 }

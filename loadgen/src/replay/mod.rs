@@ -729,7 +729,7 @@ impl Report for ReplayRun {
         let mut s = String::from("Live replay report\n");
         s.push_str(&self.live.report_lines());
         if let Some(agentic) = &self.agentic {
-            s.push_str(&mock_server::replay_cmd::agentic_summary(agentic));
+            s.push_str(&mock_server::cmd::replay::agentic_summary(agentic));
         }
         s.push_str(&format!(
             "Prefix reuse: expected from the trace's hash ids {:.4}, reported by the server \

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mock_server::args::EngineArgs;
+use mock_server::cmd::serve::ServeArgs;
 use mock_server::config::{ReasoningFormat, ServerConfig};
-use mock_server::server::ServeArgs;
 use serde_json::Value;
 use servesim::tokenizer::Tokenizer;
 use tokio::net::TcpListener;
@@ -254,7 +254,7 @@ pub async fn start_embedded(config: &ServerConfig) -> Result<(String, Embedded),
     let (stop, stopped) = oneshot::channel::<()>();
     let config = config.clone();
     let task = tokio::spawn(async move {
-        mock_server::server::serve(listener, config, async {
+        mock_server::cmd::serve::serve(listener, config, async {
             let _ = stopped.await;
         })
         .await

@@ -10,6 +10,33 @@
 
 use super::error::ApiError;
 
+/// Prompt text (bytes) beyond which tokenizing is moved off the runtime's worker threads.
+pub const INLINE_TEXT_BYTES: usize = 64 << 10;
+
+/// Output tokens a request plans beyond which planning is moved off the runtime's worker
+/// threads.
+pub const INLINE_PLAN_TOKENS: usize = 16 << 10;
+
+/// Runs `work` on tokio's blocking pool when `heavy` (so the runtime's worker threads keep
+/// answering other requests, `/health` among them), else at once.
+pub async fn off_runtime<T: Send + 'static>(
+    heavy: bool,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    if !heavy {
+        return Ok(work());
+    }
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError {
+            status: axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            message: format!("Preparing the request failed: {e}"),
+            kind: "server_error",
+            param: None,
+            code: None,
+        })
+}
+
 /// Stop strings per request at most (`stop`). OpenAI accepts 4 and vLLM does not limit them;
 /// 16 accepts every request OpenAI does and the longer lists some vLLM clients send, while
 /// keeping the per-token matching to 16 short scans.

@@ -5,17 +5,15 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
-use super::{ApiError, AppState};
+use super::error::ApiError;
+use super::state::AppState;
 
 /// The OpenMetrics text content type `prometheus-client` writes (Prometheus scrapes it).
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Renders every metric.
-pub async fn handler(State(state): State<AppState>) -> Response {
-    let live = match state.engine.snapshot().await {
-        Ok(live) => live,
-        Err(e) => return ApiError::from(e).into_response(),
-    };
+pub async fn handler(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let live = state.engine.snapshot().await?;
     state.metrics.set_gauges(&live.cluster);
     // vLLM reports LoRA figures only when LoRA is on.
     if !state.config.lora_modules.is_empty() || !state.lora.all().is_empty() {
@@ -25,9 +23,9 @@ pub async fn handler(State(state): State<AppState>) -> Response {
             state.config.max_loras,
         );
     }
-    (
+    Ok((
         [(header::CONTENT_TYPE, CONTENT_TYPE)],
         state.metrics.encode(),
     )
-        .into_response()
+        .into_response())
 }

@@ -5,8 +5,8 @@
 //! `GET /version`, `GET|POST /ping` ([`vllm`]). Every error is an [`ApiError`] body, including unknown routes (404) and
 //! methods (405, with `Allow`).
 //!
-//! Before any handler, [`edge_limits`] enforces the request-level limits: headers over
-//! [`MAX_HEADER_BYTES`] (431), a body over `--max-body-bytes` (413, at once when
+//! Before any handler, [`layer::edge_limits`] enforces the request-level limits: headers over
+//! [`layer::MAX_HEADER_BYTES`] (431), a body over `--max-body-bytes` (413, at once when
 //! `Content-Length` announces it) or not arriving within `--body-read-timeout` (408). 408 and
 //! 413 say `Connection: close` (the body may be left unread, so the connection is closed).
 //!
@@ -32,8 +32,9 @@
 //!   cap a 400 naming the parameter; token ids out of the vocabulary are a 400 too. Large
 //!   prompts are tokenized, and large requests planned and answered whole, off the runtime's
 //!   worker threads; planning stops when the client leaves or the server shuts down.
-//! - `--api-key` guards the routes under `/v1` only, as vLLM's (`/tokenize`, `/detokenize`,
-//!   `/health`, `/metrics` answer without it).
+//! - `--api-key` guards the routes under `/v1`, as vLLM's, and `/reset_prefix_cache`
+//!   (`/tokenize`, `/detokenize`, `/health`, `/metrics` answer without it). The key, the request
+//!   count and the failure count are layers of the routes ([`layer`]), not handler code.
 //! - Streams start with the `role` chunk at once; an engine rejection after that is a final
 //!   `data: {"error":…}` event and `data: [DONE]`.
 //! - `usage.prompt_tokens_details.cached_tokens` is the prefix-cache hit at first admission.
@@ -62,290 +63,120 @@ pub mod budget;
 pub mod error;
 pub mod generation;
 pub mod json_mode;
+pub mod layer;
 pub mod logprobs;
+pub mod lora;
 pub mod metrics;
 pub mod protocol;
 pub mod schema;
+pub mod state;
 pub mod tools;
 pub mod vllm;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, Uri};
-use axum::middleware::Next;
+use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Json, Router};
 use serde_json::json;
-use servesim::cluster::Cluster;
-use tokio_util::sync::CancellationToken;
 
 use answer::{Answer, AnswerSpec};
 pub use error::ApiError;
 use generation::{Choice, Endpoint, ExtraFields, Generation, Header, SpecPrefill};
+use layer::Received;
 use protocol::{ApiJson, ChatRequest, CompletionRequest, GenerationParams, PromptInput};
 use servesim::ids::WorkerId;
 use servesim::time::SimTime;
+use state::unix_now;
+pub use state::AppState;
 use tools::Tools;
 
 use crate::config::ServerConfig;
-use crate::driver::{EngineHandle, SubmitOptions};
-use crate::kv_events::KvEventPublisher;
-use crate::metrics::{EndpointLabel, Metrics};
-
-/// Everything a handler needs; cheap to clone.
-#[derive(Clone, Debug)]
-pub struct AppState {
-    /// Validated settings.
-    pub config: Arc<ServerConfig>,
-    /// The live engine.
-    pub engine: EngineHandle,
-    /// Everything `/metrics` shows.
-    pub metrics: Arc<Metrics>,
-    /// Numbers requests (ids, default answer seeds).
-    pub counter: Arc<AtomicU64>,
-    /// The engine's block size (prompts are hashed with it).
-    pub block_size: usize,
-    /// Unix seconds at start (model `created`).
-    pub started: u64,
-    /// Cancelled when the shutdown drain deadline passes: every generation still running then
-    /// ends with a `503 shutting down` error (the final event of a stream).
-    pub stop_generations: CancellationToken,
-    /// The loaded LoRA adapters.
-    pub lora: Arc<vllm::LoraRegistry>,
-    /// When the simulated model load ends (`--startup-delay`): `/health` answers 503 before.
-    pub ready_at: tokio::time::Instant,
-    /// The worker every generation request runs on, when this endpoint is one worker of a
-    /// fleet (`mockserve fleet`): its listener is the routing decision, so `nvext` and header
-    /// pinning are overridden.
-    pub worker: Option<WorkerId>,
-}
-
-impl AppState {
-    /// Validates the settings, builds the cluster and spawns its driver on the current tokio
-    /// runtime.
-    pub fn new(config: ServerConfig) -> Result<AppState, servesim::scheduler::ConfigError> {
-        config.validate()?;
-        let cluster = Cluster::new(config.live_cluster())?;
-        let block_size = cluster.block_size();
-        let metrics = Arc::new(Metrics::for_model(&config.model_name, config.max_model_len));
-        let engine = EngineHandle::spawn(cluster, config.max_waiting, Arc::clone(&metrics));
-        Ok(AppState::assemble(config, engine, metrics, block_size))
-    }
-}
-
-impl AppState {
-    /// [`AppState::new`], and with `config.kv_events` the ZeroMQ publishers bound first (a
-    /// port in use is an error here, before anything is served).
-    pub async fn start(config: ServerConfig) -> anyhow::Result<AppState> {
-        let Some(kv_events) = config.kv_events.clone() else {
-            return Ok(AppState::new(config)?);
-        };
-        config.validate()?;
-        let cluster = Cluster::new(config.live_cluster())?;
-        let block_size = cluster.block_size();
-        let metrics = Arc::new(Metrics::for_model(&config.model_name, config.max_model_len));
-        let publisher =
-            KvEventPublisher::start(&kv_events, cluster.workers().len(), Arc::clone(&metrics))
-                .await?;
-        let engine = EngineHandle::spawn_publishing(
-            cluster,
-            config.max_waiting,
-            Arc::clone(&metrics),
-            Some(publisher),
-        );
-        Ok(AppState::assemble(config, engine, metrics, block_size))
-    }
-
-    /// The state of one fleet worker's endpoint: `engine` is shared by every worker of the
-    /// fleet, and every generation request of this endpoint runs on `worker`. `metrics` holds
-    /// this endpoint's own HTTP counters (the engine's series are fed to the metrics the
-    /// engine was spawned with).
-    pub fn for_worker(
-        config: ServerConfig,
-        engine: EngineHandle,
-        metrics: Arc<Metrics>,
-        worker: WorkerId,
-    ) -> AppState {
-        let block_size = config.cluster.engine.block_size;
-        AppState {
-            worker: Some(worker),
-            ..AppState::assemble(config, engine, metrics, block_size)
-        }
-    }
-
-    fn assemble(
-        config: ServerConfig,
-        engine: EngineHandle,
-        metrics: Arc<Metrics>,
-        block_size: usize,
-    ) -> AppState {
-        let ready_at = tokio::time::Instant::now() + config.startup_delay;
-        AppState {
-            lora: Arc::new(vllm::LoraRegistry::new(&config.lora_modules)),
-            config: Arc::new(config),
-            engine,
-            metrics,
-            counter: Arc::default(),
-            block_size,
-            started: unix_now(),
-            stop_generations: CancellationToken::new(),
-            ready_at,
-            worker: None,
-        }
-    }
-
-    /// False while the simulated model load (`--startup-delay`) runs.
-    pub fn is_ready(&self) -> bool {
-        tokio::time::Instant::now() >= self.ready_at
-    }
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
-}
+use crate::driver::SubmitOptions;
 
 /// The router with every route.
 pub fn app(state: AppState) -> Router {
     let body_limit = DefaultBodyLimit::max(state.config.max_body_bytes);
     let config = &state.config;
-    let faults = crate::fault::FaultInjector::new(
+    let faults = crate::fault::http::FaultInjector::new(
         config.faults.clone(),
         config.seed,
         Arc::clone(&state.metrics),
         (config.model_name.clone(), config.max_model_len),
     );
+    // A route's own layers, innermost first: the key, then failure counting, then the request
+    // count (so a refused key is a counted request and a counted failure).
+    let key = || from_fn_with_state(state.clone(), layer::require_api_key);
+    let failures = || from_fn_with_state(Arc::clone(&state.metrics), layer::count_failures);
+    let requests = |endpoint: &'static str| {
+        from_fn_with_state(
+            (Arc::clone(&state.metrics), endpoint),
+            layer::count_requests,
+        )
+    };
+    let generation = |route: MethodRouter<AppState>, endpoint| {
+        route
+            .route_layer(key())
+            .route_layer(failures())
+            .route_layer(requests(endpoint))
+    };
     Router::new()
-        .route("/v1/chat/completions", post(chat_completions))
-        .route("/v1/completions", post(completions))
+        .route(
+            "/v1/chat/completions",
+            generation(post(chat_completions), "chat"),
+        )
+        .route(
+            "/v1/completions",
+            generation(post(completions), "completions"),
+        )
         // Only the generation routes above.
-        .route_layer(axum::middleware::from_fn_with_state(
-            faults,
-            crate::fault::inject,
-        ))
-        .route("/v1/models", get(models))
+        .route_layer(from_fn_with_state(faults, crate::fault::http::inject))
+        .route("/v1/models", get(models).route_layer(key()))
         .route("/health", get(health))
         .route("/metrics", get(metrics::handler))
-        .route("/v1/models/{model}", get(vllm::model))
-        .route("/tokenize", post(vllm::tokenize))
-        .route("/detokenize", post(vllm::detokenize))
+        .route("/v1/models/{model}", get(vllm::model).route_layer(key()))
+        .route("/tokenize", post(vllm::tokenize).route_layer(failures()))
+        .route(
+            "/detokenize",
+            post(vllm::detokenize).route_layer(failures()),
+        )
         .route("/version", get(vllm::version))
         .route("/ping", get(vllm::ping).post(vllm::ping))
-        .route("/v1/load_lora_adapter", post(vllm::load_lora_adapter))
-        .route("/v1/unload_lora_adapter", post(vllm::unload_lora_adapter))
-        .route("/reset_prefix_cache", post(vllm::reset_prefix_cache))
+        .route(
+            "/v1/load_lora_adapter",
+            post(vllm::load_lora_adapter)
+                .route_layer(key())
+                .route_layer(failures()),
+        )
+        .route(
+            "/v1/unload_lora_adapter",
+            post(vllm::unload_lora_adapter)
+                .route_layer(key())
+                .route_layer(failures()),
+        )
+        .route(
+            "/reset_prefix_cache",
+            post(vllm::reset_prefix_cache)
+                .route_layer(key())
+                .route_layer(failures()),
+        )
         .fallback(|uri: Uri| async move { ApiError::route_not_found(uri.path()) })
         .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
             ApiError::method_not_allowed(method.as_str(), uri.path())
         })
         .layer(body_limit)
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            edge_limits,
-        ))
+        .layer(from_fn_with_state(state.clone(), layer::edge_limits))
         .with_state(state)
 }
 
-/// Largest total size of a request's headers (names, values and separators) the handlers
-/// accept; beyond it the answer is an OpenAI-shaped 431. hyper itself answers a bodiless 431
-/// to a head beyond its read buffer (about 400 KiB) or with more than 100 headers.
-pub const MAX_HEADER_BYTES: usize = 64 << 10;
-
-/// When the server had a request whole (headers and body), on the engine's clock: set by
-/// [`edge_limits`], before the handler parses and tokenizes it, and taken as the engine request's
-/// arrival.
-#[derive(Clone, Copy, Debug)]
-pub struct Received(pub SimTime);
-
-/// Request-level limits, checked before any handler: header size (431), body size (413) and
-/// body-read time (408). The body is read here, whole, so no handler ever waits on a slow
-/// client, and the size limit holds whether or not `Content-Length` is sent. The request is
-/// stamped [`Received`] once it is whole.
-pub async fn edge_limits(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let header_bytes: usize = request
-        .headers()
-        .iter()
-        .map(|(name, value)| name.as_str().len() + value.len() + 4)
-        .sum();
-    if header_bytes > MAX_HEADER_BYTES {
-        return fail(&state, ApiError::headers_too_large(MAX_HEADER_BYTES));
-    }
-    let (mut parts, body) = request.into_parts();
-    if http_body::Body::is_end_stream(&body) {
-        parts
-            .extensions
-            .insert(Received(state.engine.clock().now()));
-        return next.run(Request::from_parts(parts, body)).await;
-    }
-    let limit = state.config.max_body_bytes;
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|len| len > limit as u64) {
-        return fail(&state, ApiError::payload_too_large());
-    }
-    let timeout = state.config.http.body_read_timeout;
-    let read = tokio::time::timeout(
-        timeout,
-        http_body_util::BodyExt::collect(http_body_util::Limited::new(body, limit)),
-    )
-    .await;
-    let bytes = match read {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            return fail(&state, ApiError::payload_too_large())
-        }
-        Ok(Err(e)) => {
-            return fail(
-                &state,
-                ApiError::invalid(format!("Could not read the body: {e}"), None),
-            )
-        }
-        Err(_) => return fail(&state, ApiError::body_timeout(timeout)),
-    };
-    parts
-        .extensions
-        .insert(Received(state.engine.clock().now()));
-    next.run(Request::from_parts(parts, Body::from(bytes)))
-        .await
-}
-
-/// The request's [`Received`] stamp, or now for a request that did not pass [`edge_limits`].
+/// The request's [`Received`] stamp, or now for a request that did not pass
+/// [`layer::edge_limits`].
 fn received_at(state: &AppState, received: Option<Extension<Received>>) -> SimTime {
     received.map_or_else(|| state.engine.clock().now(), |Extension(Received(t))| t)
-}
-
-fn check_auth(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(key) = &state.config.api_key else {
-        return Ok(());
-    };
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    if given == Some(key.as_str()) {
-        Ok(())
-    } else {
-        Err(ApiError::unauthorized())
-    }
-}
-
-/// Counts an error response and returns it.
-fn fail(state: &AppState, e: ApiError) -> Response {
-    state.metrics.http_failures.inc();
-    if e.status == axum::http::StatusCode::TOO_MANY_REQUESTS {
-        state.metrics.overloaded.inc();
-    }
-    e.into_response()
 }
 
 /// Headers that override `nvext` routing fields, as Dynamo's `apply_header_routing_overrides`.
@@ -379,148 +210,99 @@ async fn chat_completions(
     State(state): State<AppState>,
     headers: HeaderMap,
     received: Option<Extension<Received>>,
-    body: Result<ApiJson, ApiError>,
-) -> Response {
+    ApiJson(body): ApiJson,
+) -> Result<Response, ApiError> {
     let received = received_at(&state, received);
-    state
-        .metrics
-        .http_requests
-        .get_or_create(&EndpointLabel { endpoint: "chat" })
-        .inc();
-    let result = async {
-        check_auth(&state, &headers)?;
-        let mut request = ChatRequest::parse(&body?.0)?;
-        apply_header_overrides(&mut request.params, &headers)?;
-        let spec = request.params.speculative_prefill().then(|| SpecPrefill {
-            messages: request.messages.clone(),
-        });
-        for message in &request.messages {
-            budget::check_word_lengths(&message.content, "messages")?;
-        }
-        let text_bytes: usize = request.messages.iter().map(|m| m.content.len()).sum();
-        let codec = Arc::clone(&state.config.codec);
-        let messages = request.messages;
-        let prompt = off_runtime(text_bytes > INLINE_TEXT_BYTES, move || {
-            codec.render_chat(&messages, true)
-        })
-        .await?;
-        let prompts = vec![PromptIn {
-            tokens: prompt,
-            echo: None,
-        }];
-        let request_in = RequestIn {
-            endpoint: Endpoint::Chat,
-            received,
-            spec_prefill: spec,
-            tools: Some(request.tools),
-        };
-        generate(&state, request.params, prompts, request_in).await
+    let mut request = ChatRequest::parse(&body)?;
+    apply_header_overrides(&mut request.params, &headers)?;
+    let spec = request.params.speculative_prefill().then(|| SpecPrefill {
+        messages: request.messages.clone(),
+    });
+    for message in &request.messages {
+        budget::check_word_lengths(&message.content, "messages")?;
     }
-    .await;
-    result.unwrap_or_else(|e| fail(&state, e))
+    let text_bytes: usize = request.messages.iter().map(|m| m.content.len()).sum();
+    let codec = Arc::clone(&state.config.codec);
+    let messages = request.messages;
+    let prompt = budget::off_runtime(text_bytes > budget::INLINE_TEXT_BYTES, move || {
+        codec.render_chat(&messages, true)
+    })
+    .await?;
+    let prompts = vec![PromptIn {
+        tokens: prompt,
+        echo: None,
+    }];
+    let request_in = RequestIn {
+        endpoint: Endpoint::Chat,
+        received,
+        spec_prefill: spec,
+        tools: Some(request.tools),
+    };
+    generate(&state, request.params, prompts, request_in).await
 }
 
 async fn completions(
     State(state): State<AppState>,
     headers: HeaderMap,
     received: Option<Extension<Received>>,
-    body: Result<ApiJson, ApiError>,
-) -> Response {
+    ApiJson(body): ApiJson,
+) -> Result<Response, ApiError> {
     let received = received_at(&state, received);
-    state
-        .metrics
-        .http_requests
-        .get_or_create(&EndpointLabel {
-            endpoint: "completions",
-        })
-        .inc();
-    let result = async {
-        check_auth(&state, &headers)?;
-        let mut request = CompletionRequest::parse(&body?.0)?;
-        apply_header_overrides(&mut request.params, &headers)?;
-        if let Some(vocab_size) = state.config.codec.vocab_size() {
-            for prompt in &request.prompts {
-                if let PromptInput::Tokens(ids) = prompt {
-                    budget::check_token_ids(ids, vocab_size, "prompt")?;
-                }
-            }
-        }
+    let mut request = CompletionRequest::parse(&body)?;
+    apply_header_overrides(&mut request.params, &headers)?;
+    if let Some(vocab_size) = state.config.codec.vocab_size() {
         for prompt in &request.prompts {
-            if let PromptInput::Text(text) = prompt {
-                budget::check_word_lengths(text, "prompt")?;
+            if let PromptInput::Tokens(ids) = prompt {
+                budget::check_token_ids(ids, vocab_size, "prompt")?;
             }
         }
-        let size: usize = request
+    }
+    for prompt in &request.prompts {
+        if let PromptInput::Text(text) = prompt {
+            budget::check_word_lengths(text, "prompt")?;
+        }
+    }
+    let size: usize = request
+        .prompts
+        .iter()
+        .map(|p| match p {
+            PromptInput::Text(text) => text.len(),
+            PromptInput::Tokens(ids) => ids.len() * 4,
+        })
+        .sum();
+    let codec = Arc::clone(&state.config.codec);
+    let echo = request.echo;
+    let prompts = budget::off_runtime(size > budget::INLINE_TEXT_BYTES, move || {
+        request
             .prompts
-            .iter()
-            .map(|p| match p {
-                PromptInput::Text(text) => text.len(),
-                PromptInput::Tokens(ids) => ids.len() * 4,
-            })
-            .sum();
-        let codec = Arc::clone(&state.config.codec);
-        let echo = request.echo;
-        let prompts = off_runtime(size > INLINE_TEXT_BYTES, move || {
-            request
-                .prompts
-                .into_iter()
-                .map(|prompt| {
-                    let (tokens, text) = match prompt {
-                        PromptInput::Text(text) => (codec.encode(&text), text),
-                        PromptInput::Tokens(ids) => {
-                            let text = if echo {
-                                codec.decode(&ids)
-                            } else {
-                                String::new()
-                            };
-                            (ids, text)
-                        }
-                    };
-                    PromptIn {
-                        tokens,
-                        echo: echo.then_some(text),
+            .into_iter()
+            .map(|prompt| {
+                let (tokens, text) = match prompt {
+                    PromptInput::Text(text) => (codec.encode(&text), text),
+                    PromptInput::Tokens(ids) => {
+                        let text = if echo {
+                            codec.decode(&ids)
+                        } else {
+                            String::new()
+                        };
+                        (ids, text)
                     }
-                })
-                .collect()
-        })
-        .await?;
-        let request_in = RequestIn {
-            endpoint: Endpoint::Text,
-            received,
-            spec_prefill: None,
-            tools: None,
-        };
-        generate(&state, request.params, prompts, request_in).await
-    }
-    .await;
-    result.unwrap_or_else(|e| fail(&state, e))
-}
-
-/// Prompt text (bytes) beyond which tokenizing is moved off the runtime's worker threads.
-const INLINE_TEXT_BYTES: usize = 64 << 10;
-
-/// Output tokens a request plans beyond which planning is moved off the runtime's worker
-/// threads.
-const INLINE_PLAN_TOKENS: usize = 16 << 10;
-
-/// Runs `work` on tokio's blocking pool when `heavy` (so the runtime's worker threads keep
-/// answering other requests, `/health` among them), else at once.
-async fn off_runtime<T: Send + 'static>(
-    heavy: bool,
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, ApiError> {
-    if !heavy {
-        return Ok(work());
-    }
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| ApiError {
-            status: axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            message: format!("Preparing the request failed: {e}"),
-            kind: "server_error",
-            param: None,
-            code: None,
-        })
+                };
+                PromptIn {
+                    tokens,
+                    echo: echo.then_some(text),
+                }
+            })
+            .collect()
+    })
+    .await?;
+    let request_in = RequestIn {
+        endpoint: Endpoint::Text,
+        received,
+        spec_prefill: None,
+        tools: None,
+    };
+    generate(&state, request.params, prompts, request_in).await
 }
 
 /// One prompt of a request: its token ids and, for a completions `echo`, its text.
@@ -695,11 +477,11 @@ async fn generate(
     // JSON answers cost more a token (drawn, serialized and tokenized as a document).
     let json_answers = spec.tools.is_some() || spec.format != json_mode::ResponseFormat::Text;
     let inline_tokens = if json_answers {
-        INLINE_PLAN_TOKENS / 16
+        budget::INLINE_PLAN_TOKENS / 16
     } else {
-        INLINE_PLAN_TOKENS
+        budget::INLINE_PLAN_TOKENS
     };
-    let answers = off_runtime(planned > inline_tokens, move || {
+    let answers = budget::off_runtime(planned > inline_tokens, move || {
         let mut answers = Vec::with_capacity(plan_limits.len() * n);
         for (p, &limit) in plan_limits.iter().enumerate() {
             let spec = AnswerSpec {
@@ -784,8 +566,10 @@ async fn generate(
         ready,
     };
     if params.stream {
-        let body =
-            axum::body::Body::from_stream(generation::sse_stream(generation, params.include_usage));
+        let body = axum::body::Body::from_stream(generation::stream::sse_stream(
+            generation,
+            params.include_usage,
+        ));
         let mut response = body.into_response();
         let headers = response.headers_mut();
         headers.insert(
@@ -796,7 +580,7 @@ async fn generate(
         headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
         Ok(response)
     } else {
-        let body = generation::collect(generation).await?;
+        let body = generation::collect::collect(generation).await?;
         Ok((
             [(
                 header::CONTENT_TYPE,
@@ -808,10 +592,7 @@ async fn generate(
     }
 }
 
-async fn models(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    if let Err(e) = check_auth(&state, &headers) {
-        return e.into_response();
-    }
+async fn models(State(state): State<AppState>) -> Response {
     let name = &state.config.model_name;
     let mut data = vec![vllm::model_card(&state, name, name, None)];
     for adapter in state.lora.all() {

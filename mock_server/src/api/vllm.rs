@@ -9,98 +9,96 @@
 //!   `return_token_strs` is true). A `model` other than a served one is a 404.
 //! - `/detokenize` takes `{"tokens": [...]}` and answers `{"prompt": "..."}`.
 //! - `/ping` answers as `/health` does.
-//! - `--api-key` guards only the routes under `/v1`, as vLLM's: `/tokenize` and `/detokenize`
-//!   answer without it. A token id out of the vocabulary is a 400 naming `tokens`.
+//! - `--api-key` guards the routes under `/v1`, as vLLM's, and `/reset_prefix_cache`:
+//!   `/tokenize` and `/detokenize` answer without it. A token id out of the vocabulary is a 400
+//!   naming `tokens`.
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 
+use super::error::ApiError;
+use super::lora::Adapter;
 use super::protocol::{ApiJson, ChatRequest};
-use super::{check_auth, fail, ApiError, AppState};
+use super::state::AppState;
 
 /// `POST /tokenize`.
-pub async fn tokenize(State(state): State<AppState>, body: Result<ApiJson, ApiError>) -> Response {
-    let result = (|| {
-        let body = body?.0;
-        check_model(&state, &body)?;
-        let tokens = if body.contains_key("messages") {
-            let mut chat = body.clone();
-            chat.entry("model")
-                .or_insert_with(|| Value::String(state.config.model_name.clone()));
-            let request = ChatRequest::parse(&chat)?;
-            for message in &request.messages {
-                super::budget::check_word_lengths(&message.content, "messages")?;
+pub async fn tokenize(
+    State(state): State<AppState>,
+    ApiJson(body): ApiJson,
+) -> Result<Response, ApiError> {
+    check_model(&state, &body)?;
+    let tokens = if body.contains_key("messages") {
+        let mut chat = body.clone();
+        chat.entry("model")
+            .or_insert_with(|| Value::String(state.config.model_name.clone()));
+        let request = ChatRequest::parse(&chat)?;
+        for message in &request.messages {
+            super::budget::check_word_lengths(&message.content, "messages")?;
+        }
+        let add_generation_prompt = flag(&body, "add_generation_prompt", true)?;
+        state
+            .config
+            .codec
+            .render_chat(&request.messages, add_generation_prompt)
+    } else {
+        match body.get("prompt") {
+            Some(Value::String(text)) => {
+                super::budget::check_word_lengths(text, "prompt")?;
+                state.config.codec.encode(text)
             }
-            let add_generation_prompt = flag(&body, "add_generation_prompt", true)?;
-            state
-                .config
-                .codec
-                .render_chat(&request.messages, add_generation_prompt)
-        } else {
-            match body.get("prompt") {
-                Some(Value::String(text)) => {
-                    super::budget::check_word_lengths(text, "prompt")?;
-                    state.config.codec.encode(text)
-                }
-                _ => {
-                    return Err(ApiError::invalid(
-                        "Expected either 'prompt' (a string) or 'messages'",
-                        Some("prompt"),
-                    ))
-                }
+            _ => {
+                return Err(ApiError::invalid(
+                    "Expected either 'prompt' (a string) or 'messages'",
+                    Some("prompt"),
+                ))
             }
-        };
-        let token_strs = if flag(&body, "return_token_strs", false)? {
-            let strs: Vec<String> = tokens
-                .iter()
-                .map(|&t| state.config.codec.decode(&[t]))
-                .collect();
-            json!(strs)
-        } else {
-            Value::Null
-        };
-        Ok(Json(json!({
-            "count": tokens.len(),
-            "max_model_len": state.config.max_model_len,
-            "tokens": tokens,
-            "token_strs": token_strs,
-        }))
-        .into_response())
-    })();
-    result.unwrap_or_else(|e| fail(&state, e))
+        }
+    };
+    let token_strs = if flag(&body, "return_token_strs", false)? {
+        let strs: Vec<String> = tokens
+            .iter()
+            .map(|&t| state.config.codec.decode(&[t]))
+            .collect();
+        json!(strs)
+    } else {
+        Value::Null
+    };
+    Ok(Json(json!({
+        "count": tokens.len(),
+        "max_model_len": state.config.max_model_len,
+        "tokens": tokens,
+        "token_strs": token_strs,
+    }))
+    .into_response())
 }
 
 /// `POST /detokenize`.
 pub async fn detokenize(
     State(state): State<AppState>,
-    body: Result<ApiJson, ApiError>,
-) -> Response {
-    let result = (|| {
-        let body = body?.0;
-        check_model(&state, &body)?;
-        let bad = || {
-            ApiError::invalid(
-                "Invalid 'tokens': expected an array of token ids",
-                Some("tokens"),
-            )
-        };
-        let ids = body
-            .get("tokens")
-            .and_then(Value::as_array)
-            .ok_or_else(bad)?
-            .iter()
-            .map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok()))
-            .collect::<Option<Vec<u32>>>()
-            .ok_or_else(bad)?;
-        if let Some(vocab_size) = state.config.codec.vocab_size() {
-            super::budget::check_token_ids(&ids, vocab_size, "tokens")?;
-        }
-        Ok(Json(json!({"prompt": state.config.codec.decode(&ids)})).into_response())
-    })();
-    result.unwrap_or_else(|e| fail(&state, e))
+    ApiJson(body): ApiJson,
+) -> Result<Response, ApiError> {
+    check_model(&state, &body)?;
+    let bad = || {
+        ApiError::invalid(
+            "Invalid 'tokens': expected an array of token ids",
+            Some("tokens"),
+        )
+    };
+    let ids = body
+        .get("tokens")
+        .and_then(Value::as_array)
+        .ok_or_else(bad)?
+        .iter()
+        .map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok()))
+        .collect::<Option<Vec<u32>>>()
+        .ok_or_else(bad)?;
+    if let Some(vocab_size) = state.config.codec.vocab_size() {
+        super::budget::check_token_ids(&ids, vocab_size, "tokens")?;
+    }
+    Ok(Json(json!({"prompt": state.config.codec.decode(&ids)})).into_response())
 }
 
 /// `GET /version`: the server's version, as vLLM reports its own.
@@ -146,19 +144,15 @@ pub fn model_card(state: &AppState, id: &str, root: &str, parent: Option<&str>) 
 /// `GET /v1/models/{model}`: the served model's card, or a 404 naming the model.
 pub async fn model(
     State(state): State<AppState>,
-    headers: HeaderMap,
     Path(model): Path<String>,
-) -> Response {
-    if let Err(e) = check_auth(&state, &headers) {
-        return e.into_response();
-    }
+) -> Result<Response, ApiError> {
     let name = &state.config.model_name;
     if &model == name {
-        Json(model_card(&state, name, name, None)).into_response()
+        Ok(Json(model_card(&state, name, name, None)).into_response())
     } else if let Some(adapter) = state.lora.get(&model) {
-        Json(model_card(&state, &adapter.name, &adapter.path, Some(name))).into_response()
+        Ok(Json(model_card(&state, &adapter.name, &adapter.path, Some(name))).into_response())
     } else {
-        ApiError::model_not_found(&model).into_response()
+        Err(ApiError::model_not_found(&model))
     }
 }
 
@@ -185,86 +179,6 @@ fn flag(body: &Map<String, Value>, name: &str, default: bool) -> Result<bool, Ap
             format!("Invalid type for '{name}': expected a boolean"),
             Some(name),
         )),
-    }
-}
-
-/// A loaded LoRA adapter: served as a model name of its own; its blocks never match the base
-/// model's (its prompts' block hashes are salted by [`Adapter::salt`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Adapter {
-    /// vLLM's `lora_int_id`: 1, 2, ... in load order.
-    pub id: u64,
-    /// The served name.
-    pub name: String,
-    /// Where it was said to come from (never read).
-    pub path: String,
-}
-
-impl Adapter {
-    /// The salt of this adapter's block hashes: a hash of its name.
-    pub fn salt(&self) -> u64 {
-        xxhash_rust::xxh3::xxh3_64(format!("lora:{}", self.name).as_bytes())
-    }
-}
-
-/// The loaded LoRA adapters. A `std` mutex: held for lookups and inserts only, never across
-/// an await.
-#[derive(Debug, Default)]
-pub struct LoraRegistry {
-    inner: std::sync::Mutex<LoraState>,
-}
-
-#[derive(Debug, Default)]
-struct LoraState {
-    /// By name.
-    loaded: std::collections::BTreeMap<String, Adapter>,
-    /// The next adapter's id.
-    next_id: u64,
-}
-
-impl LoraRegistry {
-    /// A registry holding `modules` (`name` or `name=path` each), ids from 1.
-    pub fn new(modules: &[(String, String)]) -> LoraRegistry {
-        let registry = LoraRegistry::default();
-        for (name, path) in modules {
-            let _ = registry.load(name, path);
-        }
-        registry
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, LoraState> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Loads an adapter; false when one of that name is loaded already.
-    pub fn load(&self, name: &str, path: &str) -> bool {
-        let mut state = self.lock();
-        if state.loaded.contains_key(name) {
-            return false;
-        }
-        state.next_id += 1;
-        let adapter = Adapter {
-            id: state.next_id,
-            name: name.to_string(),
-            path: path.to_string(),
-        };
-        state.loaded.insert(name.to_string(), adapter);
-        true
-    }
-
-    /// Unloads an adapter; false when none of that name is loaded.
-    pub fn unload(&self, name: &str) -> bool {
-        self.lock().loaded.remove(name).is_some()
-    }
-
-    /// The adapter served as `name`, if loaded.
-    pub fn get(&self, name: &str) -> Option<Adapter> {
-        self.lock().loaded.get(name).cloned()
-    }
-
-    /// Every loaded adapter, by name.
-    pub fn all(&self) -> Vec<Adapter> {
-        self.lock().loaded.values().cloned().collect()
     }
 }
 
@@ -302,74 +216,58 @@ fn lora_name(body: &Map<String, Value>) -> Result<String, ApiError> {
 /// loaded already (or the base model's name) is a 400.
 pub async fn load_lora_adapter(
     State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Result<ApiJson, ApiError>,
-) -> Response {
-    let result = (|| {
-        check_auth(&state, &headers)?;
-        let body = body?.0;
-        let name = lora_name(&body)?;
-        let path = match body.get("lora_path") {
-            Some(Value::String(path)) if !path.is_empty() => path.clone(),
-            _ => {
-                return Err(ApiError::invalid(
-                    "Both 'lora_name' and 'lora_path' must be provided.",
-                    Some("lora_path"),
-                ))
-            }
-        };
-        if name == state.config.model_name || !state.lora.load(&name, &path) {
+    ApiJson(body): ApiJson,
+) -> Result<Response, ApiError> {
+    let name = lora_name(&body)?;
+    let path = match body.get("lora_path") {
+        Some(Value::String(path)) if !path.is_empty() => path.clone(),
+        _ => {
             return Err(ApiError::invalid(
-                format!("The lora adapter '{name}' has already been loaded."),
-                Some("lora_name"),
-            ));
+                "Both 'lora_name' and 'lora_path' must be provided.",
+                Some("lora_path"),
+            ))
         }
-        Ok(format!("Success: LoRA adapter '{name}' added successfully.").into_response())
-    })();
-    result.unwrap_or_else(|e| fail(&state, e))
+    };
+    if name == state.config.model_name || !state.lora.load(&name, &path) {
+        return Err(ApiError::invalid(
+            format!("The lora adapter '{name}' has already been loaded."),
+            Some("lora_name"),
+        ));
+    }
+    Ok(format!("Success: LoRA adapter '{name}' added successfully.").into_response())
 }
 
 /// `POST /reset_prefix_cache` (vLLM's development endpoint): empties the prefix cache of every
 /// idle worker behind this endpoint (all of `serve`'s, a fleet endpoint's own), each publishing
 /// `AllBlocksCleared`; a worker running requests keeps its cache. 200 with
 /// `{"reset_workers": [...], "busy_workers": [...]}`.
-pub async fn reset_prefix_cache(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    let result = async {
-        check_auth(&state, &headers)?;
-        let reset = state.engine.reset_prefix_cache(state.worker).await?;
-        let workers = |done: bool| -> Vec<u32> {
-            reset
-                .iter()
-                .filter(|(_, r)| *r == done)
-                .map(|(w, _)| w.0)
-                .collect()
-        };
-        Ok::<_, ApiError>(
-            Json(json!({"reset_workers": workers(true), "busy_workers": workers(false)}))
-                .into_response(),
-        )
-    }
-    .await;
-    result.unwrap_or_else(|e| fail(&state, e))
+pub async fn reset_prefix_cache(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let reset = state.engine.reset_prefix_cache(state.worker).await?;
+    let workers = |done: bool| -> Vec<u32> {
+        reset
+            .iter()
+            .filter(|(_, r)| *r == done)
+            .map(|(w, _)| w.0)
+            .collect()
+    };
+    Ok(
+        Json(json!({"reset_workers": workers(true), "busy_workers": workers(false)}))
+            .into_response(),
+    )
 }
 
 /// `POST /v1/unload_lora_adapter {"lora_name"}`: 200 with vLLM's text; an adapter that is not
 /// loaded is a 400.
 pub async fn unload_lora_adapter(
     State(state): State<AppState>,
-    headers: HeaderMap,
-    body: Result<ApiJson, ApiError>,
-) -> Response {
-    let result = (|| {
-        check_auth(&state, &headers)?;
-        let name = lora_name(&body?.0)?;
-        if !state.lora.unload(&name) {
-            return Err(ApiError::invalid(
-                format!("The lora adapter '{name}' cannot be found."),
-                Some("lora_name"),
-            ));
-        }
-        Ok(format!("Success: LoRA adapter '{name}' removed successfully.").into_response())
-    })();
-    result.unwrap_or_else(|e| fail(&state, e))
+    ApiJson(body): ApiJson,
+) -> Result<Response, ApiError> {
+    let name = lora_name(&body)?;
+    if !state.lora.unload(&name) {
+        return Err(ApiError::invalid(
+            format!("The lora adapter '{name}' cannot be found."),
+            Some("lora_name"),
+        ));
+    }
+    Ok(format!("Success: LoRA adapter '{name}' removed successfully.").into_response())
 }

@@ -37,13 +37,13 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::AppState;
+use crate::cmd::serve::{ServeArgs, ShutdownSignals, VllmArgs};
 use crate::config::ServerConfig;
 use crate::connection::Edge;
 use crate::driver::EngineHandle;
 use crate::kv_events::view::PublishedView;
 use crate::kv_events::{KvEventPublisher, KvEventsError};
 use crate::metrics::{EndpointLabel, Metrics};
-use crate::server::{ServeArgs, ShutdownSignals, VllmArgs};
 use fault::{FaultMetrics, Schedule, ScheduleError, WorkerFaults, WorkerState};
 use judge::{Judge, DEFAULT_DECISION_LOG};
 use manifest::{dialable, Manifest, ManifestWorker};
@@ -658,7 +658,7 @@ pub fn run(args: &FleetArgs) -> anyhow::Result<()> {
             lines.push_str(&format!("mockserve fleet admin listening on {url}\n"));
         }
         // Nobody reading stdout (a closed pipe) does not stop the fleet.
-        if let Err(e) = crate::write_stdout(lines.as_bytes()) {
+        if let Err(e) = crate::stdout::write(lines.as_bytes()) {
             eprintln!("mockserve: warning: writing to stdout failed: {e}");
         }
         tokio::select! {

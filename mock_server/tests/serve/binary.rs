@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use mock_server::cmd::serve::ServeArgs;
 use mock_server::config::ServerConfig;
-use mock_server::server::ServeArgs;
 use mock_server::Cli;
 use serde_json::Value;
 use tokio::time::{timeout, Instant};

@@ -6,8 +6,10 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use mock_server::api::AppState;
+use http_body_util::BodyExt;
+use mock_server::api::{app, AppState};
 use serde_json::{json, Value};
+use tower::ServiceExt;
 
 use crate::common::*;
 
@@ -301,5 +303,108 @@ async fn oversized_body_is_413_through_the_router() -> Result<()> {
         post(&state, "/v1/chat/completions", &ok).await?.0,
         StatusCode::OK
     );
+    Ok(())
+}
+
+/// Each route with `--api-key` set: its status without the key (or with it, where marked), and
+/// what it counts in `servesim_http_request_failures_total`,
+/// `servesim_http_requests_overloaded_total` and `servesim_http_requests_total{endpoint}`.
+#[tokio::test]
+async fn the_api_key_and_the_failure_counts_route_by_route() -> Result<()> {
+    use mock_server::metrics::EndpointLabel;
+
+    let mut keyed = config(None);
+    keyed.api_key = Some("sekrit".into());
+    keyed.max_waiting = Some(0);
+    let state = AppState::new(keyed)?;
+    let chat = chat_body(&json!([user("hi")]), json!({"max_tokens": 2}));
+    let text = json!({"model": "mock-model", "prompt": "hi", "max_tokens": 2});
+    let lora = json!({"lora_name": "a", "lora_path": "/a"});
+    let words = json!({"prompt": "hi"});
+    let not_words = json!({"prompt": 1});
+    let ids = json!({"tokens": [1]});
+    let unauthorized = json!({"error": {
+        "message": "Incorrect API key provided.",
+        "type": "invalid_request_error",
+        "param": null,
+        "code": "invalid_api_key",
+    }});
+    // (request, body, key sent, status, failures counted, [chat, completions] requests counted)
+    type Case<'a> = (&'a str, Option<&'a Value>, bool, u16, u64, [u64; 2]);
+    #[rustfmt::skip]
+    let cases: [Case; 20] = [
+        ("POST /v1/chat/completions", Some(&chat), false, 401, 1, [1, 0]),
+        ("POST /v1/completions", Some(&text), false, 401, 1, [0, 1]),
+        ("GET /v1/models", None, false, 401, 0, [0, 0]),
+        ("GET /v1/models/mock-model", None, false, 401, 0, [0, 0]),
+        ("POST /v1/load_lora_adapter", Some(&lora), false, 401, 1, [0, 0]),
+        ("POST /v1/unload_lora_adapter", Some(&lora), false, 401, 1, [0, 0]),
+        ("POST /reset_prefix_cache", None, false, 401, 1, [0, 0]),
+        // Outside `/v1`: no key needed.
+        ("POST /tokenize", Some(&words), false, 200, 0, [0, 0]),
+        ("POST /detokenize", Some(&ids), false, 200, 0, [0, 0]),
+        ("GET /health", None, false, 200, 0, [0, 0]),
+        ("GET /metrics", None, false, 200, 0, [0, 0]),
+        ("GET /version", None, false, 200, 0, [0, 0]),
+        ("GET /ping", None, false, 200, 0, [0, 0]),
+        // Failures past the key: counted on the generation, tokenizer and LoRA routes, not on
+        // the model cards; unknown routes and methods are not counted. A 429 is overloaded too.
+        ("POST /tokenize", Some(&not_words), false, 400, 1, [0, 0]),
+        ("POST /v1/unload_lora_adapter", Some(&lora), true, 400, 1, [0, 0]),
+        ("GET /v1/models/other", None, true, 404, 0, [0, 0]),
+        ("GET /v1/chat/completions", None, false, 405, 0, [0, 0]),
+        ("POST /v1/models", None, true, 405, 0, [0, 0]),
+        ("GET /v1/nowhere", None, false, 404, 0, [0, 0]),
+        ("POST /v1/chat/completions", Some(&chat), true, 429, 1, [1, 0]),
+    ];
+    let metrics = &state.metrics;
+    let requests = |endpoint| {
+        metrics
+            .http_requests
+            .get_or_create(&EndpointLabel { endpoint })
+            .get()
+    };
+    let counts = || {
+        (
+            metrics.http_failures.get(),
+            metrics.overloaded.get(),
+            [requests("chat"), requests("completions")],
+        )
+    };
+    for (line, body, key, status, failures, [chats, texts]) in cases {
+        let (method, path) = line.split_once(' ').context("a request line")?;
+        let (failed, overloaded, [chat_requests, text_requests]) = counts();
+        let mut request = Request::builder().method(method).uri(path);
+        if key {
+            request = request.header("authorization", "Bearer sekrit");
+        }
+        let request = match body {
+            Some(body) => request
+                .header("content-type", "application/json")
+                .body(Body::from(body.to_string()))?,
+            None => request.body(Body::empty())?,
+        };
+        let response = within(app(state.clone()).oneshot(request)).await??;
+        let got = response.status();
+        let bytes = within(response.into_body().collect()).await??.to_bytes();
+        assert_eq!(got.as_u16(), status, "{line}: {bytes:?}");
+        if status == 401 {
+            assert_eq!(
+                serde_json::from_slice::<Value>(&bytes)?,
+                unauthorized,
+                "{line}"
+            );
+        }
+        let refused = u64::from(status == 429);
+        assert_eq!(
+            counts(),
+            (
+                failed + failures,
+                overloaded + refused,
+                [chat_requests + chats, text_requests + texts]
+            ),
+            "{line}"
+        );
+    }
     Ok(())
 }

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use mock_server::api::AppState;
+use mock_server::cmd::serve::serve_state;
 use mock_server::config::{HttpLimits, ServerConfig};
-use mock_server::server::serve_state;
 use serde_json::{json, Value};
 use servesim::cluster::ClusterConfig;
 use servesim::perf::Fixed;

@@ -9,10 +9,10 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context, Result};
 use axum::body::Bytes;
 use mock_server::api::AppState;
+use mock_server::cmd::serve::serve_state;
 use mock_server::config::ServerConfig;
 use mock_server::kv_events::wire::{WireBatch, WireEvent, WireFormat, MEDIUM_GPU};
 use mock_server::kv_events::{KvEventsArgs, END_OF_REPLAY};
-use mock_server::server::serve_state;
 use serde_json::json;
 use servesim::cluster::ClusterConfig;
 use servesim::tokens::BlockHashes;
@@ -740,7 +740,7 @@ fn replay_writes_the_kv_event_stream_as_json_lines() -> Result<()> {
     let Some(mock_server::Command::Replay(args)) = cli.command else {
         bail!("expected replay");
     };
-    let outcome = mock_server::replay_cmd::run(&args)?;
+    let outcome = mock_server::cmd::replay::run(&args)?;
     let text = std::fs::read_to_string(&path)?;
     std::fs::remove_dir_all(&dir)?;
     let mut stored_blocks = 0usize;

@@ -253,7 +253,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
     }
     // A closed stdout (`| head`) drops the rest of the console output; the files are still
     // written and the verdict below still holds.
-    let console = crate::write_stdout(text.as_bytes()).context("writing the report to stdout")?;
+    let console = crate::stdout::write(text.as_bytes()).context("writing the report to stdout")?;
     if let (Some(file), Some(path)) = (report_file, &args.report.report_json) {
         let mut w = std::io::BufWriter::new(file);
         serde_json::to_writer_pretty(
@@ -264,7 +264,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
         w.flush()
             .with_context(|| format!("writing {}", path.display()))?;
         if console {
-            crate::write_stdout(format!("Saved report to {}\n", path.display()).as_bytes())
+            crate::stdout::write(format!("Saved report to {}\n", path.display()).as_bytes())
                 .context("writing to stdout")?;
         }
     }

@@ -424,7 +424,7 @@ pub fn run(args: &ServeArgs, vllm: &VllmArgs) -> anyhow::Result<()> {
         let mut server = std::pin::pin!(server);
         // Nobody reading stdout (a closed pipe) does not stop the server.
         if let Err(e) =
-            crate::write_stdout(format!("mockserve listening on http://{addr}\n").as_bytes())
+            crate::stdout::write(format!("mockserve listening on http://{addr}\n").as_bytes())
         {
             eprintln!("mockserve: warning: writing to stdout failed: {e}");
         }

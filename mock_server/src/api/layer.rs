@@ -1,0 +1,161 @@
+//! The layers the routes run under, each applied where [`super::app`] builds the router:
+//! [`edge_limits`] on every route, [`require_api_key`] on the routes `--api-key` guards,
+//! [`count_requests`] on the generation routes, and [`count_failures`] on the routes whose error
+//! answers count in `servesim_http_request_failures_total`. Handlers then hold only their own
+//! work: they return `Result<Response, ApiError>` and never check a key or count an answer.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use servesim::time::SimTime;
+
+use super::error::ApiError;
+use super::state::AppState;
+use crate::metrics::{EndpointLabel, Metrics};
+
+/// Largest total size of a request's headers (names, values and separators) the handlers
+/// accept; beyond it the answer is an OpenAI-shaped 431. hyper itself answers a bodiless 431
+/// to a head beyond its read buffer (about 400 KiB) or with more than 100 headers.
+pub const MAX_HEADER_BYTES: usize = 64 << 10;
+
+/// When the server had a request whole (headers and body), on the engine's clock: set by
+/// [`edge_limits`], before the handler parses and tokenizes it, and taken as the engine request's
+/// arrival.
+#[derive(Clone, Copy, Debug)]
+pub struct Received(pub SimTime);
+
+/// Request-level limits, checked before any handler: header size (431), body size (413) and
+/// body-read time (408). The body is read here, whole, so no handler ever waits on a slow
+/// client, and the size limit holds whether or not `Content-Length` is sent. The request is
+/// stamped [`Received`] once it is whole.
+pub async fn edge_limits(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let header_bytes: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    if header_bytes > MAX_HEADER_BYTES {
+        return refuse(
+            &state.metrics,
+            ApiError::headers_too_large(MAX_HEADER_BYTES),
+        );
+    }
+    let (mut parts, body) = request.into_parts();
+    if http_body::Body::is_end_stream(&body) {
+        parts
+            .extensions
+            .insert(Received(state.engine.clock().now()));
+        return next.run(Request::from_parts(parts, body)).await;
+    }
+    let limit = state.config.max_body_bytes;
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|len| len > limit as u64) {
+        return refuse(&state.metrics, ApiError::payload_too_large());
+    }
+    let timeout = state.config.http.body_read_timeout;
+    let read = tokio::time::timeout(
+        timeout,
+        http_body_util::BodyExt::collect(http_body_util::Limited::new(body, limit)),
+    )
+    .await;
+    let bytes = match read {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            return refuse(&state.metrics, ApiError::payload_too_large())
+        }
+        Ok(Err(e)) => {
+            return refuse(
+                &state.metrics,
+                ApiError::invalid(format!("Could not read the body: {e}"), None),
+            )
+        }
+        Err(_) => return refuse(&state.metrics, ApiError::body_timeout(timeout)),
+    };
+    parts
+        .extensions
+        .insert(Received(state.engine.clock().now()));
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
+
+/// Answers 401 unless the request carries `Authorization: Bearer KEY` for the server's
+/// `--api-key` (every request passes when none is set).
+pub async fn require_api_key(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match check_api_key(&state, request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn check_api_key(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &state.config.api_key else {
+        return Ok(());
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(key.as_str()) {
+        Ok(())
+    } else {
+        Err(ApiError::unauthorized())
+    }
+}
+
+/// Counts every request of a generation route in `servesim_http_requests_total{endpoint}`
+/// (the state names the endpoint), whatever its answer.
+pub async fn count_requests(
+    State((metrics, endpoint)): State<(Arc<Metrics>, &'static str)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    metrics
+        .http_requests
+        .get_or_create(&EndpointLabel { endpoint })
+        .inc();
+    next.run(request).await
+}
+
+/// Counts the route's error answers in `servesim_http_request_failures_total` (every answer
+/// but a success), a 429 also in `servesim_http_requests_overloaded_total`.
+pub async fn count_failures(
+    State(metrics): State<Arc<Metrics>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let response = next.run(request).await;
+    count_failure(&metrics, response.status());
+    response
+}
+
+/// Counts an answer of `status` in `servesim_http_request_failures_total` unless it is a
+/// success, and a 429 also in `servesim_http_requests_overloaded_total`. A stream that fails
+/// after its 200 is counted by its writer.
+fn count_failure(metrics: &Metrics, status: StatusCode) {
+    if status.is_success() {
+        return;
+    }
+    metrics.http_failures.inc();
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        metrics.overloaded.inc();
+    }
+}
+
+/// `e` as the answer, counted as a failure.
+fn refuse(metrics: &Metrics, e: ApiError) -> Response {
+    let response = e.into_response();
+    count_failure(metrics, response.status());
+    response
+}
