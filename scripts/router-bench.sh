@@ -28,7 +28,8 @@
 # MOCKSERVE=path LOADGEN=path), python3, curl, and the routers' venv under SERVESIM_PEERS (default
 # .peers/), which `scripts/peers/setup.sh routers` makes (run here when missing; needs PyPI once).
 # Env: WORKERS (8), RUNS ("ROUTER:POLICY ..."), WORKLOADS ("replay multiturn"), FLEET_FLAGS
-# (extra `mockserve fleet` flags), KEEP=1 keeps the scratch folder (logs, decision logs,
+# (extra `mockserve fleet` flags), ROUTER_FLAGS (extra router flags, e.g. vllm-router's
+# `--log-level debug`), KEEP=1 keeps the scratch folder (logs, decision logs,
 # loadgen records); ports HTTP_PORT (18300: workers on HTTP_PORT+i), KV_PORT (5700), ADMIN_PORT
 # (18299), ROUTER_PORT (18390).
 set -euo pipefail
@@ -37,6 +38,7 @@ set -euo pipefail
 workers=${WORKERS:-8}
 runs=${RUNS:-"vllm-router:kv_aware vllm-router:cache_aware vllm-router:power_of_two vllm-router:round_robin sglang-router:cache_aware sglang-router:round_robin"}
 workloads=${WORKLOADS:-"replay multiturn"}
+read -r -a router_flags <<<"${ROUTER_FLAGS:-}"
 replay_from=${REPLAY_FROM:-3600}
 replay_requests=${REPLAY_REQUESTS:-300}
 replay_speedup=${REPLAY_SPEEDUP:-4}
@@ -90,7 +92,7 @@ for run in $runs; do
   for workload in $workloads; do
     name="$kind.$policy.$workload"
     start_fleet "$name" "$workers" "${fleet_flags[@]}"
-    start_router "$name" "$kind" "$policy"
+    start_router "$name" "$kind" "$policy" "${router_flags[@]}"
     t0=$SECONDS
     case $workload in
       replay)

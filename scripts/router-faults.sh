@@ -11,7 +11,8 @@
 # fault, from the judge's decision log: the achieved and the oracle prefix hit rate, regret
 # p50/p99, and the decisions made on stale KV events (the events sent so far credited the chosen
 # worker with evicted blocks, or showed the best worker with fewer blocks than it held; see
-# docs/routers.md).
+# docs/routers.md), and the router's resets: how often vllm-router took a sequence number lower
+# than the last one it applied for a restarted publisher and forgot that worker's blocks.
 #
 #   scripts/router-faults.sh
 #
@@ -54,8 +55,11 @@ PY
 # One table row from a run's decision log.
 cat >"$out/row.py" <<'PY'
 import json, sys
-label, decisions = sys.argv[1], sys.argv[2]
+label, decisions, router_log = sys.argv[1], sys.argv[2], sys.argv[3]
 ds = [json.loads(l) for l in open(decisions) if l.strip()]
+# vllm-router's subscriber reads a sequence number below the last one it applied as a restarted
+# publisher (a new engine): it warns `restart seq N < M` and forgets that worker's blocks.
+resets = sum(1 for l in open(router_log, errors="replace") if "restart seq" in l)
 def pct(xs, p):  # nearest rank
     xs = sorted(xs)
     return xs[max(0, min(len(xs) - 1, -(-len(xs) * p // 100) - 1))] if xs else float("nan")
@@ -68,7 +72,7 @@ missed = sum(1 for d in ds if d.get("stale_missed"))
 stale = sum(1 for d in ds if d.get("stale_evicted") or d.get("stale_missed"))
 share = 100 * stale / len(ds) if ds else float("nan")
 print(f"| {label} | {len(ds)} | {100 * achieved:.1f}% | {100 * oracle:.1f}% | "
-      f"{pct(regret, 50)} / {pct(regret, 99)} | {stale} ({share:.1f}%) | {evicted} / {missed} |")
+      f"{pct(regret, 50)} / {pct(regret, 99)} | {stale} ({share:.1f}%) | {evicted} / {missed} | {resets} |")
 PY
 
 echo "router-faults: $workers workers, $mockserve, $loadgen, scratch $out" >&2
@@ -87,11 +91,11 @@ for spec in $faults; do
   curl -sf "$admin/fleet/decisions" >"$out/$name.decisions.jsonl"
   stop_router
   stop_fleet
-  row=$(python3 "$out/row.py" "$spec" "$out/$name.decisions.jsonl")
+  row=$(python3 "$out/row.py" "$spec" "$out/$name.decisions.jsonl" "$out/$name.router.log")
   rows+=("$row")
   echo "$row ($((SECONDS - t0)) s)" >&2
 done
 echo
-echo "| --kv-events-faults | decisions | achieved hits | oracle hits | regret p50 / p99 (tokens) | stale decisions | evicted / missed |"
-echo "| --- | --- | --- | --- | --- | --- | --- |"
+echo "| --kv-events-faults | decisions | achieved hits | oracle hits | regret p50 / p99 (tokens) | stale decisions | evicted / missed | router resets |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 printf '%s\n' "${rows[@]}"

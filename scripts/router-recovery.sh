@@ -11,14 +11,16 @@
 # served (`servesim_kv_events_faults{fault="drop"}`, `servesim_kv_events_replayed`), the
 # decisions made on stale KV events over the run and in each quarter of it (the judge's view
 # takes a batch in when the replay endpoint serves it, so a router that recovers every gap
-# brings it back to the truth), and the achieved and oracle hit rates.
+# brings it back to the truth), the achieved and oracle hit rates, and the router's resets (its
+# `restart seq` warnings: it forgot a worker's blocks).
 #
 #   scripts/router-recovery.sh
 #
 # Prints SKIP and exits 0 when the routers' venv cannot be set up (no PyPI). Needs
 # `cargo build -p mock_server -p loadgen` (or MOCKSERVE=path LOADGEN=path), python3, curl.
 # Env: WORKERS (4), DROP ("drop=0.2,seed=1"), REPLAY_FROM (3600), REPLAY_REQUESTS (300),
-# REPLAY_SPEEDUP (4), TRACE_BLOCK_SIZE (64), KEEP=1 keeps the scratch folder; ports as
+# REPLAY_SPEEDUP (4), TRACE_BLOCK_SIZE (64), RUNS ("events-only with-replay"), ROUTER_FLAGS
+# (extra vllm-router flags, e.g. `--log-level debug`), KEEP=1 keeps the scratch folder; ports as
 # scripts/router-bench.sh and REPLAY_PORT (5800).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -37,6 +39,7 @@ replay_from=${REPLAY_FROM:-3600}
 replay_requests=${REPLAY_REQUESTS:-300}
 replay_speedup=${REPLAY_SPEEDUP:-4}
 trace_block_size=${TRACE_BLOCK_SIZE:-64}
+read -r -a router_flags <<<"${ROUTER_FLAGS:-}"
 
 python3 - "$here/traces/mooncake_synthetic_trace.jsonl" "$replay_from" "$replay_requests" >"$out/slice.jsonl" <<'PY'
 import json, sys
@@ -50,7 +53,7 @@ PY
 
 cat >"$out/row.py" <<'PY'
 import json, re, sys
-label, decisions, metrics = sys.argv[1], sys.argv[2], sys.argv[3]
+label, decisions, metrics, router_log = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 ds = [json.loads(l) for l in open(decisions) if l.strip()]
 text = open(metrics).read()
 def total(pattern):
@@ -63,13 +66,15 @@ quarters = [sum(stale[i * n // 4:(i + 1) * n // 4]) for i in range(4)]
 prompt = sum(d["prompt_tokens"] for d in ds) or 1
 achieved = sum(d["chosen_overlap_tokens"] for d in ds) / prompt
 oracle = sum(d["best_overlap_tokens"] for d in ds) / prompt
+# vllm-router's `restart seq N < M` warnings: it forgot a worker's blocks.
+resets = sum(1 for l in open(router_log, errors="replace") if "restart seq" in l)
 print(f"| {label} | {n} | {dropped:.0f} | {replayed:.0f} | {sum(stale)} | "
-      f"{' / '.join(map(str, quarters))} | {100 * achieved:.1f}% | {100 * oracle:.1f}% |")
+      f"{' / '.join(map(str, quarters))} | {100 * achieved:.1f}% | {100 * oracle:.1f}% | {resets} |")
 PY
 
 echo "router-recovery: $workers workers, $drop, $mockserve, $loadgen, scratch $out" >&2
 rows=()
-for run in events-only with-replay; do
+for run in ${RUNS:-events-only with-replay}; do
   name="recovery.$run"
   start_fleet "$name" "$workers" --kv-events-replay-endpoint "tcp://*:$replay_port" --kv-events-faults "$drop"
   extra=()
@@ -78,7 +83,7 @@ for run in events-only with-replay; do
 for w in json.load(open(sys.argv[1]))["workers"]:
     print("--kv-event-replay-source"); print(w["url"] + "=" + w["kv_events_replay_endpoint"])' "$out/$name.fleet.json")
   fi
-  start_router "$name" vllm-router kv_aware "${extra[@]}"
+  start_router "$name" vllm-router kv_aware "${extra[@]}" "${router_flags[@]}"
   t0=$SECONDS
   "$loadgen" replay "$out/slice.jsonl" --url "$router" --model mock-model --metrics-url "$admin/metrics" \
     --arrival-speedup-ratio "$replay_speedup" --trace-block-size "$trace_block_size" --no-worker-id --max-failure-rate 1 \
@@ -90,11 +95,11 @@ for w in json.load(open(sys.argv[1]))["workers"]:
   curl -sf "$admin/metrics" >"$out/$name.metrics.txt"
   stop_router
   stop_fleet
-  row=$(python3 "$out/row.py" "kv_aware, $run" "$out/$name.decisions.jsonl" "$out/$name.metrics.txt")
+  row=$(python3 "$out/row.py" "kv_aware, $run" "$out/$name.decisions.jsonl" "$out/$name.metrics.txt" "$out/$name.router.log")
   rows+=("$row")
   echo "$row ($((SECONDS - t0)) s)" >&2
 done
 echo
-echo "| router | decisions | batches dropped | batches replayed | stale decisions | stale by quarter | achieved hits | oracle hits |"
-echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+echo "| router | decisions | batches dropped | batches replayed | stale decisions | stale by quarter | achieved hits | oracle hits | router resets |"
+echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
 printf '%s\n' "${rows[@]}"
