@@ -133,7 +133,7 @@ pub struct FaultLabel {
     pub r#type: &'static str,
 }
 
-/// Skip reason: [`crate::driver::MAX_SPECULATIVE_PREFILLS`] already running.
+/// Skip reason: `crate::driver::state::MAX_SPECULATIVE_PREFILLS` already running.
 pub const SKIP_IN_FLIGHT: &str = "in_flight_limit";
 /// `finished_reason` of a request that ran to its output limit.
 pub const FINISHED_LENGTH: &str = "length";
@@ -326,7 +326,7 @@ pub struct Metrics {
     /// (a defect: always 0).
     pub kv_events_unknown_blocks: Counter,
     /// `servesim_token_lateness_seconds`: per token handed to a client, how long after its
-    /// simulated time ([`crate::driver::SimClock`]) the handler got it. A host that cannot keep
+    /// simulated time (`crate::driver::SimClock`) the handler got it. A host that cannot keep
     /// up with the schedule (too little CPU for the load) shows here: client-side latencies
     /// then include host delay that the engine did not model.
     pub token_lateness: Histogram,

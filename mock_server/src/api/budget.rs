@@ -4,8 +4,8 @@
 //! a message that states the cap.
 //!
 //! Stop strings are then matched against the new text of each token plus a window of the
-//! longest stop's length ([`super::answer`]), JSON answers stop growing once they are past what
-//! the output limit can show ([`super::schema`]), and the answers of a large request are planned
+//! longest stop's length (`super::answer`), JSON answers stop growing once they are past what
+//! the output limit can show (`super::schema`), and the answers of a large request are planned
 //! off the runtime's worker threads, stopping when the client leaves or the server shuts down.
 
 use super::error::ApiError;

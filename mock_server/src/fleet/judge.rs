@@ -2,7 +2,7 @@
 //! fleet truly held when the request arrived.
 //!
 //! A router outside the process picks a worker by sending the request to that worker's
-//! listener. At that instant, under the driver's lock ([`ArrivalObserver`]), the judge reads
+//! listener. At that instant, under the driver's lock (`ArrivalObserver`), the judge reads
 //! every worker's KV pool: the longest cached prefix of the request's prompt there (in tokens,
 //! full blocks of the GPU tier) and its load (requests running plus waiting). The decision's
 //! *regret* is the best worker's cached prefix minus the chosen one's: prompt tokens the fleet
@@ -11,7 +11,7 @@
 //! [`RoutingMetrics`] (`servesim_routing_*`).
 //!
 //! When the fleet publishes KV events, the judge also reads what the events sent so far
-//! announce ([`PublishedView`]: what a consumer that applied every sent batch would believe)
+//! announce (`PublishedView`: what a consumer that applied every sent batch would believe)
 //! and marks the decision *stale* when that view differs from the truth where it matters:
 //! it credits the chosen worker with more of the prompt than it holds (blocks evicted or
 //! cleared but not yet announced: `stale_evicted`), or shows the best worker with less than
@@ -289,7 +289,7 @@ struct DecisionLog {
 }
 
 /// The routing judge of a fleet (see the module docs). Installed on the fleet's engine with
-/// [`crate::driver::EngineHandle::observe_arrivals`].
+/// `crate::driver::EngineHandle::observe_arrivals`.
 #[derive(Debug)]
 pub struct Judge {
     /// The engine's clock, to stamp decisions in Unix time.

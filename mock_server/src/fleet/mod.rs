@@ -6,21 +6,21 @@
 //! - [`launch`] binds every socket, starts ONE engine of N workers on one clock, and serves
 //!   each worker's API on its own listener, every request pinned to that worker: the listener
 //!   a router picks is the routing decision. All workers share the runtime, the tokenizer and
-//!   the clock; each has its own `/metrics` ([`metrics::WorkerMetrics`]), KV-event publisher
+//!   the clock; each has its own `/metrics` (`metrics::WorkerMetrics`), KV-event publisher
 //!   (port + index, as `serve` numbers its workers), LoRA registry, faults and loading delay.
 //! - [`judge::Judge`] scores every decision against what every worker held when the request
-//!   arrived, and (with KV events) against what the sent events announced; [`http`] serves
+//!   arrived, and (with KV events) against what the sent events announced; `http` serves
 //!   its log and metrics.
-//! - [`fault::WorkerFaults`] holds each worker's fault state (`down`, `slow`, `stalled`, `503`),
-//!   set by `--worker-faults` ([`fault::Schedule`]) or the admin listener.
+//! - `fault::WorkerFaults` holds each worker's fault state (`down`, `slow`, `stalled`, `503`),
+//!   set by `--worker-faults` (`fault::Schedule`) or the admin listener.
 //! - [`manifest::Manifest`] names every worker's URLs and endpoints (`--fleet-manifest`).
 //! - [`run`] is the command: launch, print the addresses, serve until SIGINT/SIGTERM, drain.
 
-pub mod fault;
-pub mod http;
+pub(crate) mod fault;
+pub(crate) mod http;
 pub mod judge;
 pub mod manifest;
-pub mod metrics;
+pub(crate) mod metrics;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -5,8 +5,8 @@
 //! - [`KvEventPublisher`] owns one ZeroMQ PUB socket per simulated worker (the worker is the
 //!   data-parallel rank: it publishes on the endpoint's port + rank) and, with a replay
 //!   endpoint, one ROUTER socket per rank that serves missed batches. Both speak ZMTP 3.0
-//!   through [`zmtp`], which explains why the `zeromq` crate's sockets are not used.
-//! - [`KvExport`] is what the live driver holds: the [`tokens::BlockTokens`] side table (the
+//!   through `zmtp`, which explains why the `zeromq` crate's sockets are not used.
+//! - [`KvExport`] is what the live driver holds: the `tokens::BlockTokens` side table (the
 //!   engine keeps hashes only) and the publisher. After every engine advance it turns the
 //!   cluster's exported [`servesim::kv::KvEvent`]s into one [`wire::WireBatch`] per worker.
 //!
@@ -24,20 +24,20 @@
 //! Each replay client is answered by its own task too, so one that stops reading delays only
 //! itself. A socket serves at most [`MAX_PEERS`] connections at once.
 //!
-//! `--kv-events-faults` injects seeded faults on delivery ([`faults`]): batches dropped,
+//! `--kv-events-faults` injects seeded faults on delivery (`faults`): batches dropped,
 //! duplicated, reordered or delayed (a delayed batch waits on a task of its rank), while
 //! numbering and the replay buffer stay exact; and publisher restarts, after which numbering
 //! starts over at 0 with an empty replay buffer.
 //!
-//! With a [`view::PublishedView`] ([`KvEventPublisher::with_view`], as `mockserve fleet` does)
+//! With a `view::PublishedView` ([`KvEventPublisher::with_view`], as `mockserve fleet` does)
 //! every batch is also applied to it when it is sent (or replayed after it was not), so the
 //! routing judge knows what the events announced at every arrival.
 
-pub mod faults;
-pub mod tokens;
-pub mod view;
+pub(crate) mod faults;
+pub(crate) mod tokens;
+pub(crate) mod view;
 pub mod wire;
-pub mod zmtp;
+pub(crate) mod zmtp;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -1061,7 +1061,7 @@ impl KvExport {
         }
         let mut by_worker: BTreeMap<u32, Vec<wire::WireEvent>> = BTreeMap::new();
         for event in events {
-            let wire = self.tokens.to_wire(event);
+            let wire = self.tokens.wire_event(event);
             by_worker.entry(event.worker.0).or_default().push(wire);
         }
         for (rank, events) in by_worker {

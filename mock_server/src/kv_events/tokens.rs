@@ -167,7 +167,7 @@ impl BlockTokens {
 
     /// The wire form of one engine event, with the tokens of stored blocks; updates which
     /// worker caches what.
-    pub fn to_wire(&mut self, event: &KvEvent) -> WireEvent {
+    pub fn wire_event(&mut self, event: &KvEvent) -> WireEvent {
         let w = event.worker.0 as usize;
         match &event.data {
             KvEventData::Stored { parent, blocks } => {
@@ -289,7 +289,7 @@ mod tests {
         t.push_token(id, 6);
         t.push_token(id, 7);
         let all = BlockHashes::of(&[1, 2, 3, 4, 5, 6, 7], 2);
-        let wire = t.to_wire(&stored(1, &all, 1..3));
+        let wire = t.wire_event(&stored(1, &all, 1..3));
         let WireEvent::BlockStored {
             token_ids,
             parent_block_hash,
@@ -311,13 +311,13 @@ mod tests {
         let id = RequestId(1);
         t.track(id, &[1, 2, 3, 4]);
         let all = BlockHashes::of(&[1, 2, 3, 4], 2);
-        t.to_wire(&stored(0, &all, 0..2));
+        t.wire_event(&stored(0, &all, 0..2));
         t.release(id, SimTime(10));
         t.retire_until(SimTime(9));
         assert_eq!(t.len(), 2, "not retired before its time");
         t.retire_until(SimTime(10));
         assert_eq!(t.len(), 2, "still cached on worker 0");
-        t.to_wire(&KvEvent {
+        t.wire_event(&KvEvent {
             worker: WorkerId(0),
             event_id: 1,
             data: KvEventData::Removed {
@@ -325,7 +325,7 @@ mod tests {
             },
         });
         assert_eq!(t.len(), 1);
-        t.to_wire(&KvEvent {
+        t.wire_event(&KvEvent {
             worker: WorkerId(0),
             event_id: 2,
             data: KvEventData::Cleared,
@@ -356,7 +356,7 @@ mod tests {
         t.push_token(id, 4);
         let mut all = salted;
         all.push_block(&[3, 4]);
-        let wire = t.to_wire(&stored(0, &all, 0..2));
+        let wire = t.wire_event(&stored(0, &all, 0..2));
         let WireEvent::BlockStored {
             token_ids,
             lora_id,
@@ -378,7 +378,7 @@ mod tests {
     fn unknown_blocks_are_counted() {
         let mut t = BlockTokens::new(1, 2);
         let all = BlockHashes::of(&[1, 2], 2);
-        t.to_wire(&stored(0, &all, 0..1));
+        t.wire_event(&stored(0, &all, 0..1));
         assert_eq!(t.unknown_blocks, 1);
     }
 }
