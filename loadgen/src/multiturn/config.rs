@@ -1,5 +1,5 @@
 //! `loadgen multiturn` flags ([`MultiturnArgs`]: the workload's, on top of the shared
-//! [`TargetArgs`], [`ReportArgs`] and [`FailureArgs`]) and the validated run description they
+//! [`TargetArgs`], [`ReportArgs`] and `FailureArgs`) and the validated run description they
 //! become ([`MultiturnConfig`]) before anything runs.
 
 use clap::Args;

@@ -8,7 +8,7 @@
 pub mod compare;
 pub mod config;
 pub mod report;
-pub mod workload;
+pub(crate) mod workload;
 
 use std::borrow::Cow;
 use std::io::Write as _;

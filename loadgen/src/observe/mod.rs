@@ -1,9 +1,9 @@
-//! What a run shows besides its report: the live view on the terminal ([`live`]) and the
+//! What a run shows besides its report: the live view on the terminal (`live`) and the
 //! target's Prometheus metrics sampled while it runs ([`scrape`]); the HTML report is
-//! [`crate::report::html`]'s. [`ObserveArgs`] are the flags every run command shares;
+//! `crate::report::html`'s. [`ObserveArgs`] are the flags every run command shares;
 //! [`Observe`] runs beside the driver and [`Observed`] is what it saw.
 
-pub mod live;
+pub(crate) mod live;
 pub mod scrape;
 
 use std::path::PathBuf;
@@ -62,7 +62,7 @@ pub struct ObserveArgs {
 
 impl ObserveArgs {
     /// Checks the flags' ranges (`--scrape-interval-ms` and `--max-server-lateness` at most
-    /// [`limits::MAX_DELAY_MS`]; the latter needs the metrics scraped).
+    /// `limits::MAX_DELAY_MS`; the latter needs the metrics scraped).
     pub fn check(&self) -> Result<(), LoadgenError> {
         if let Some(ms) = self.max_server_lateness {
             if !(0.0..=limits::MAX_DELAY_MS as f64).contains(&ms) {

@@ -15,12 +15,12 @@
 //!   step time at active KV tokens = the streams' summed context and context length = their mean
 //!   context, both taken at the middle of the window.
 //!
-//! Measurement runs in [`measure`]; [`fit`] turns the points into tables, a summary and the SVG.
+//! Measurement runs in `measure`; `fit` turns the points into tables, a summary and the SVG.
 //! A request that fails mid-profile stops the run with [`LoadgenError::Profile`] after the points
 //! measured so far are written next to `--output` (`*.partial.json`).
 
-pub mod fit;
-pub mod measure;
+pub(crate) mod fit;
+pub(crate) mod measure;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -3,12 +3,12 @@
 //! The trace is read by `servesim::trace` (the parser, timing normalisation and line-numbered
 //! errors of `mockserve replay`). Each session is a driver [`Script`]: its first turn at the
 //! session's (sped-up) arrival time, each later turn its `delay` after the previous turn
-//! completed (closed loop), as the offline replay does. Prompts come from [`PromptSynth`] and go
+//! completed (closed loop), as the offline replay does. Prompts come from `PromptSynth` and go
 //! out as raw `/v1/completions` prompts (no chat template: trace blocks stay aligned with KV
 //! blocks), with `max_tokens = output_length` and `ignore_eos`.
 //!
 //! An agentic trace (`--trace-format`, detected as `mockserve replay` detects it) is read into
-//! servesim's request graph and sent by [`crate::replay::graph_driver`]: each node when its dependencies
+//! servesim's request graph and sent by `crate::replay::graph_driver`: each node when its dependencies
 //! allow (dispatch edges on the source's send, completion edges on its end, plus `delay_ms /
 //! speedup`), never before its floor; a failed request fails its play and skips the play's
 //! nodes not yet sent. Its prompts are the node's hash ids as the lowering scoped them, sent as
@@ -19,7 +19,7 @@
 //! the new part; the previous rows' prompts are prepended). [`session_shape`] decides, the run
 //! says which, and the history is never added twice.
 
-pub mod graph_driver;
+pub(crate) mod graph_driver;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -340,7 +340,7 @@ impl ReplayArgs {
 }
 
 /// Every prompt of `plans` (incremental sessions repeat their history) is at most
-/// [`limits::MAX_PROMPT_TOKENS`]; the error names the trace line of the first that is not.
+/// `limits::MAX_PROMPT_TOKENS`; the error names the trace line of the first that is not.
 pub fn check_prompt_lengths(
     trace: &Trace,
     plans: &[Vec<PromptPlan>],

@@ -410,7 +410,7 @@ impl LiveReport {
     }
 
     /// Stamps every record with the shard of its process (records already carry global
-    /// session indices: [`crate::run::shard::Shard::global`]).
+    /// session indices: `crate::run::shard::Shard::global`).
     pub fn set_shard(&mut self, shard: Option<crate::run::shard::Shard>) {
         for r in &mut self.records {
             r.raw.shard = shard.map(|s| s.pair());

@@ -365,9 +365,9 @@ pub fn next_search_load(
     }
 }
 
-/// The highest load a search may reach on `axis`: [`limits::MAX_REQUEST_RATE`], or the most
-/// concurrent requests whose prompts and answers stay within [`limits::MAX_TOKENS_IN_FLIGHT`]
-/// (at most [`limits::MAX_CONCURRENCY`]).
+/// The highest load a search may reach on `axis`: `limits::MAX_REQUEST_RATE`, or the most
+/// concurrent requests whose prompts and answers stay within `limits::MAX_TOKENS_IN_FLIGHT`
+/// (at most `limits::MAX_CONCURRENCY`).
 pub fn search_ceiling(axis: SearchAxis, base: &BenchPlan) -> f64 {
     match axis {
         SearchAxis::RequestRate => limits::MAX_REQUEST_RATE,
