@@ -125,7 +125,7 @@ fn resolve<'a>(root: &'a Value, reference: &str) -> Option<&'a Value> {
 }
 
 /// Where generated strings get their words.
-pub trait Words {
+pub(crate) trait Words {
     /// One short lowercase word.
     fn word(&mut self) -> String;
 }

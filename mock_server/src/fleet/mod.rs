@@ -50,7 +50,7 @@ use manifest::{dialable, Manifest, ManifestWorker};
 use metrics::{FleetMetrics, MetricsDialect, WorkerMetrics};
 
 /// The most workers one fleet runs.
-pub const MAX_FLEET_WORKERS: usize = 4096;
+pub(crate) const MAX_FLEET_WORKERS: usize = 4096;
 
 /// `mockserve fleet` flags: the fleet's own, then `serve`'s (each worker is configured as one
 /// `serve` worker would be).
@@ -109,7 +109,7 @@ pub enum FleetError {
     /// Neither a positive --workers nor any --listen address.
     #[error("a fleet needs at least one worker: give --workers N (N >= 1) or --listen ADDR,...")]
     NoWorkers,
-    /// More workers than [`MAX_FLEET_WORKERS`].
+    /// More workers than `MAX_FLEET_WORKERS`.
     #[error("--workers {workers}: a fleet runs at most {max} workers")]
     TooManyWorkers {
         /// As given.

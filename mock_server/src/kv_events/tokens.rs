@@ -50,7 +50,7 @@ struct Sequence {
 
 /// Sequence hash -> block tokens, fed from requests and their outputs.
 #[derive(Debug)]
-pub struct BlockTokens {
+pub(crate) struct BlockTokens {
     /// Tokens per block (the engine's).
     block_size: usize,
     /// Every block some request or worker needs.
@@ -68,7 +68,7 @@ pub struct BlockTokens {
 
 impl BlockTokens {
     /// An empty table for `num_workers` workers of `block_size` tokens per block.
-    pub fn new(num_workers: usize, block_size: usize) -> BlockTokens {
+    pub(crate) fn new(num_workers: usize, block_size: usize) -> BlockTokens {
         BlockTokens {
             block_size,
             table: HashKeyMap::default(),
@@ -80,7 +80,7 @@ impl BlockTokens {
     }
 
     /// Starts tracking request `id` with its prompt tokens, hashed from scratch.
-    pub fn track(&mut self, id: RequestId, prompt: &[Token]) {
+    pub(crate) fn track(&mut self, id: RequestId, prompt: &[Token]) {
         let full = prompt.len() / self.block_size * self.block_size;
         let hashes = BlockHashes::of(&prompt[..full], self.block_size);
         self.track_hashed(id, prompt, hashes, None);
@@ -88,7 +88,7 @@ impl BlockTokens {
 
     /// Starts tracking request `id` with its prompt tokens and the hashes the engine got for
     /// its full blocks (salted for an adapter); its output blocks chain from them.
-    pub fn track_hashed(
+    pub(crate) fn track_hashed(
         &mut self,
         id: RequestId,
         prompt: &[Token],
@@ -113,7 +113,7 @@ impl BlockTokens {
 
     /// Tags request `id`'s blocks with its adapter (prompt blocks it introduced, and every
     /// output block from now on).
-    pub fn set_lora(&mut self, id: RequestId, lora: Option<Arc<LoraTag>>) {
+    pub(crate) fn set_lora(&mut self, id: RequestId, lora: Option<Arc<LoraTag>>) {
         let Some(seq) = self.live.get_mut(&id) else {
             return;
         };
@@ -128,7 +128,7 @@ impl BlockTokens {
     }
 
     /// Appends one output token of request `id` (untracked requests are ignored).
-    pub fn push_token(&mut self, id: RequestId, token: Token) {
+    pub(crate) fn push_token(&mut self, id: RequestId, token: Token) {
         let Some(seq) = self.live.get_mut(&id) else {
             return;
         };
@@ -146,14 +146,14 @@ impl BlockTokens {
 
     /// Stops tracking request `id`; its blocks stay known until the engine has passed
     /// `not_before` (see [`BlockTokens::retire_until`]).
-    pub fn release(&mut self, id: RequestId, not_before: SimTime) {
+    pub(crate) fn release(&mut self, id: RequestId, not_before: SimTime) {
         if let Some(seq) = self.live.remove(&id) {
             self.retiring.push((not_before, seq.hashes.sequence));
         }
     }
 
     /// Drops the blocks of requests released with `not_before <= now`.
-    pub fn retire_until(&mut self, now: SimTime) {
+    pub(crate) fn retire_until(&mut self, now: SimTime) {
         let (due, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retiring)
             .into_iter()
             .partition(|(t, _)| *t <= now);
@@ -167,7 +167,7 @@ impl BlockTokens {
 
     /// The wire form of one engine event, with the tokens of stored blocks; updates which
     /// worker caches what.
-    pub fn wire_event(&mut self, event: &KvEvent) -> WireEvent {
+    pub(crate) fn wire_event(&mut self, event: &KvEvent) -> WireEvent {
         let w = event.worker.0 as usize;
         match &event.data {
             KvEventData::Stored { parent, blocks } => {
@@ -228,13 +228,15 @@ impl BlockTokens {
         }
     }
 
-    /// Blocks known (for tests and bounds).
-    pub fn len(&self) -> usize {
+    /// Blocks known.
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.table.len()
     }
 
     /// True when no block is known.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.table.is_empty()
     }
 
