@@ -12,7 +12,7 @@
 //!   drive, report, write; a mode supplies only its schedule and its report, and
 //!   [`run::RunArgs`] are the flags it reads), and what it runs on: [`run::target`] (where
 //!   requests go), [`run::driver`] (the one driver loop, latencies counted from the scheduled
-//!   send: [`run::driver::Sample::ttft_us`]), [`run::client`] and [`run::sse`] (one streamed
+//!   send: `run::driver::Sample::ttft_us`), [`run::client`] and [`run::sse`] (one streamed
 //!   request), `run::prompt`, `run::failure` (counts by reason, the `failures` key of every
 //!   report) and `run::shard` (`--shard I/N`, `--start-at`).
 //! - [`observe`]: what a run shows besides its report: [`observe::scrape`] (the target's

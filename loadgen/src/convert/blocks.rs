@@ -34,7 +34,7 @@ pub struct PromptBlocks {
 
 impl PromptBlocks {
     /// The hashes of `tokens` in blocks of `block_size` (above 0).
-    pub fn of(tokens: &[u32], block_size: usize) -> PromptBlocks {
+    pub(crate) fn of(tokens: &[u32], block_size: usize) -> PromptBlocks {
         let block_size = block_size.max(1);
         PromptBlocks {
             tokens: tokens.len(),
@@ -49,7 +49,7 @@ impl PromptBlocks {
 
     /// The prefix hash of every full block of `block_size` tokens (a multiple of
     /// [`Self::block_size`]); `None` when it is not a multiple.
-    pub fn coarse(&self, block_size: usize) -> Option<Vec<u64>> {
+    pub(crate) fn coarse(&self, block_size: usize) -> Option<Vec<u64>> {
         if block_size == 0 || self.block_size == 0 || block_size % self.block_size != 0 {
             return None;
         }

@@ -127,7 +127,7 @@ impl ConvertArgs {
 
 /// Converts the bytes of an input named `source_name` (no file is touched): the trace text and
 /// what it holds.
-pub fn convert_bytes(
+pub(crate) fn convert_bytes(
     bytes: &[u8],
     source_name: &str,
     args: &ConvertArgs,

@@ -129,7 +129,7 @@ impl ProfilePlan {
     /// Output tokens a stream of a decode point asks for: the steady tokens plus one per pass
     /// the batch's prefill may take, plus one per stream (the requests of a large batch reach
     /// a busy server over several passes).
-    pub fn stream_tokens(&self, batch_size: usize, context_length: usize) -> usize {
+    pub(crate) fn stream_tokens(&self, batch_size: usize, context_length: usize) -> usize {
         let prefill_passes = (batch_size * context_length).div_ceil(self.prefill_chunk.max(1));
         self.decode_tokens + prefill_passes + batch_size + 2
     }
@@ -150,7 +150,7 @@ pub struct OutputPaths {
 
 impl OutputPaths {
     /// The files next to `output`.
-    pub fn of(output: &Path) -> OutputPaths {
+    pub(crate) fn of(output: &Path) -> OutputPaths {
         let stem = output.with_extension("");
         let with = |ext: &str| {
             let mut p = stem.clone().into_os_string();
