@@ -8,7 +8,7 @@ pub enum LoadgenError {
     /// A flag value or combination is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
-    /// A flag's value is outside the range loadgen accepts ([`crate::limits`]).
+    /// A flag's value is outside the range loadgen accepts (`crate::limits`).
     #[error("invalid configuration: {flag} must be {allowed}, got {got}")]
     OutOfRange {
         /// The flag, e.g. `--concurrency`.

@@ -12,20 +12,20 @@
 //!   drive, report, write; a mode supplies only its schedule and its report, and
 //!   [`run::RunArgs`] are the flags it reads), and what it runs on: [`run::target`] (where
 //!   requests go), [`run::driver`] (the one driver loop, latencies counted from the scheduled
-//!   send: [`run::driver::Sample::ttft_us`]), [`run::client`] and [`run::sse`] (one streamed
-//!   request), [`run::prompt`], [`run::failure`] (counts by reason, the `failures` key of every
-//!   report) and [`run::shard`] (`--shard I/N`, `--start-at`).
+//!   send: `run::driver::Sample::ttft_us`), [`run::client`] and [`run::sse`] (one streamed
+//!   request), `run::prompt`, `run::failure` (counts by reason, the `failures` key of every
+//!   report) and `run::shard` (`--shard I/N`, `--start-at`).
 //! - [`observe`]: what a run shows besides its report: [`observe::scrape`] (the target's
-//!   Prometheus metrics over time) and [`observe::live`] (the live view).
+//!   Prometheus metrics over time) and `observe::live` (the live view).
 //! - [`report`]: [`report::replay_report`] (the `replay` and `bench` report, with `mockserve
 //!   replay`'s keys, and the raw per-request record it can be rebuilt from),
-//!   [`report::html`] (the self-contained HTML report) and [`report::merge`] (one report from
+//!   `report::html` (the self-contained HTML report) and [`report::merge`] (one report from
 //!   several runs' records).
 //! - [`multiturn`]: the run, [`multiturn::config`] (flags → [`multiturn::config::MultiturnConfig`]),
-//!   [`multiturn::workload`] (the seeded conversations), [`multiturn::report`] (Dynamo's
+//!   `multiturn::workload` (the seeded conversations), [`multiturn::report`] (Dynamo's
 //!   statistics and keys) and [`multiturn::compare`] (results files side by side).
 //! - [`replay`]: a Mooncake trace as sessions, or an agentic trace's request graph sent by
-//!   [`replay::graph_driver`] (each node when its dependencies allow).
+//!   `replay::graph_driver` (each node when its dependencies allow).
 //! - [`bench`](mod@bench): flags → [`bench::BenchPlan`], arrivals, lengths, goodput.
 //! - [`sweep`](mod@sweep): bench or replay over load points, or the max-goodput search;
 //!   saturation and the knee.
@@ -33,7 +33,7 @@
 //!   `--perf-profile` reads.
 //! - [`convert`](mod@convert): `trace convert`, multiturn records or an OpenAI request log into
 //!   a Mooncake or agentic trace, hash ids from the real tokens.
-//! - [`limits`]: every flag's allowed range (caps as named constants) and the output-path check
+//! - `limits`: every flag's allowed range (caps as named constants) and the output-path check
 //!   each mode's validation runs before anything connects; [`error`]: [`LoadgenError`] and the
 //!   exit status of each.
 //!
@@ -55,7 +55,7 @@
 pub mod bench;
 pub mod convert;
 pub mod error;
-pub mod limits;
+pub(crate) mod limits;
 pub mod multiturn;
 pub mod observe;
 pub mod profile;
@@ -65,11 +65,10 @@ pub mod run;
 pub mod sweep;
 
 // The flat paths other crates, the benches and the tests use; each module lives in its folder.
-pub use multiturn::{compare, config, report as multiturn_report, workload};
-pub use observe::{live, scrape};
-pub use replay::graph_driver;
-pub use report::{html, merge, replay_report};
-pub use run::{client, driver, failure, prompt, shard, sse, target};
+pub use multiturn::{compare, config, report as multiturn_report};
+pub use observe::scrape;
+pub use report::{merge, replay_report};
+pub use run::{client, driver, sse, target};
 
 use clap::{Parser, Subcommand};
 
@@ -120,7 +119,7 @@ pub enum Command {
 }
 
 /// Checks a command's flags as its run does first, without running anything: every range
-/// ([`limits`]), every combination, the output paths, and the embedded server's settings. The
+/// (`limits`), every combination, the output paths, and the embedded server's settings. The
 /// run commands call the same checks on their own, so a run never starts on flags this refuses.
 pub fn validate(command: &Command) -> Result<(), LoadgenError> {
     match command {

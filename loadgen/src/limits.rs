@@ -14,84 +14,84 @@ use crate::error::LoadgenError;
 
 /// Requests in flight at most: `--concurrency`, `--max-concurrency`, `--max-in-flight`, the
 /// concurrencies of a sweep and `--decode-batch-sizes`.
-pub const MAX_CONCURRENCY: usize = 100_000;
+pub(crate) const MAX_CONCURRENCY: usize = 100_000;
 
 /// Conversations of `loadgen multiturn` at most (`--num-users`).
-pub const MAX_USERS: usize = 100_000;
+pub(crate) const MAX_USERS: usize = 100_000;
 
 /// Turns per conversation at most (`--num-turns`).
-pub const MAX_TURNS: usize = 10_000;
+pub(crate) const MAX_TURNS: usize = 10_000;
 
 /// Requests of one run at most: `--num-requests`, `--num-users` x `--num-turns`, the requests an
 /// open loop schedules (`--request-rate` x `--duration`), `--warmup N` and
 /// `--num-prefix-groups`.
-pub const MAX_REQUESTS: usize = 10_000_000;
+pub(crate) const MAX_REQUESTS: usize = 10_000_000;
 
 /// Prompt tokens of one request at most (4,194,304, the embedded server's context length):
 /// `--input-tokens` plus `--shared-prefix-tokens`, `--num-user-tokens`, `--prefill-isl`,
 /// `--decode-context-lengths`, `--prefill-chunk`, and every trace row.
-pub const MAX_PROMPT_TOKENS: usize = 1 << 22;
+pub(crate) const MAX_PROMPT_TOKENS: usize = 1 << 22;
 
 /// Output tokens of one request at most: `--output-tokens`, `--max-completion-tokens`,
 /// `--decode-tokens`.
-pub const MAX_OUTPUT_TOKENS: usize = 1 << 22;
+pub(crate) const MAX_OUTPUT_TOKENS: usize = 1 << 22;
 
 /// Tokens of the prompts and answers of the requests that can be in flight at once at most
 /// (268,435,456, about a gigabyte of text): `--concurrency` x the longest prompt and answer of
 /// `bench`, `--num-users` x a conversation's whole history in `multiturn`, a decode point's
 /// batch size x context length in `profile`.
-pub const MAX_TOKENS_IN_FLIGHT: usize = 1 << 28;
+pub(crate) const MAX_TOKENS_IN_FLIGHT: usize = 1 << 28;
 
 /// Seven days in seconds: the longest `--duration`, `--time-budget-s` and `--warmup Ns`.
-pub const MAX_DURATION_S: f64 = 7.0 * 86_400.0;
+pub(crate) const MAX_DURATION_S: f64 = 7.0 * 86_400.0;
 
 /// One day in seconds: the longest `--request-timeout-s`.
-pub const MAX_REQUEST_TIMEOUT_S: f64 = 86_400.0;
+pub(crate) const MAX_REQUEST_TIMEOUT_S: f64 = 86_400.0;
 
 /// One hour in ms: the longest mean think time (`--mean-delay-ms`) and `--scrape-interval-ms`.
-pub const MAX_DELAY_MS: u64 = 3_600_000;
+pub(crate) const MAX_DELAY_MS: u64 = 3_600_000;
 
 /// Requests per second at most (`--request-rate`, `--search-start` of a rate search); `inf`
 /// (everything at once) is accepted where the flag's help says so.
-pub const MAX_REQUEST_RATE: f64 = 1e6;
+pub(crate) const MAX_REQUEST_RATE: f64 = 1e6;
 
 /// `--burstiness` (a gamma shape) lies in `[MIN_BURSTINESS, MAX_BURSTINESS]`.
-pub const MIN_BURSTINESS: f64 = 1e-3;
+pub(crate) const MIN_BURSTINESS: f64 = 1e-3;
 
 /// See [`MIN_BURSTINESS`].
-pub const MAX_BURSTINESS: f64 = 1e3;
+pub(crate) const MAX_BURSTINESS: f64 = 1e3;
 
 /// `--arrival-speedup-ratio` lies in `[MIN_ARRIVAL_SPEEDUP, MAX_ARRIVAL_SPEEDUP]` (the trace's
 /// schedule bound then applies to the sped-up schedule).
-pub const MIN_ARRIVAL_SPEEDUP: f64 = 1e-6;
+pub(crate) const MIN_ARRIVAL_SPEEDUP: f64 = 1e-6;
 
 /// See [`MIN_ARRIVAL_SPEEDUP`].
-pub const MAX_ARRIVAL_SPEEDUP: f64 = 1e6;
+pub(crate) const MAX_ARRIVAL_SPEEDUP: f64 = 1e6;
 
 /// Longest SSE line `--max-line-bytes` may allow (1 GiB).
-pub const MAX_LINE_BYTES: usize = 1 << 30;
+pub(crate) const MAX_LINE_BYTES: usize = 1 << 30;
 
 /// Points of a sweep at most (the list's length, `--max-points`).
-pub const MAX_SWEEP_POINTS: usize = 1_000;
+pub(crate) const MAX_SWEEP_POINTS: usize = 1_000;
 
 /// Bisection steps of a search at most (`--search-steps`).
-pub const MAX_SEARCH_STEPS: usize = 64;
+pub(crate) const MAX_SEARCH_STEPS: usize = 64;
 
 /// Largest ramp factor of a search (`--search-factor`).
-pub const MAX_SEARCH_FACTOR: f64 = 1_000.0;
+pub(crate) const MAX_SEARCH_FACTOR: f64 = 1_000.0;
 
 /// Samples per prompt length of `profile` at most (`--prefill-samples`).
-pub const MAX_PROFILE_SAMPLES: usize = 1_000;
+pub(crate) const MAX_PROFILE_SAMPLES: usize = 1_000;
 
 /// Values of one `profile` grid list at most (`--prefill-isl`, `--decode-batch-sizes`,
 /// `--decode-context-lengths`).
-pub const MAX_GRID_VALUES: usize = 64;
+pub(crate) const MAX_GRID_VALUES: usize = 64;
 
 /// Processes one run may be split over at most (`--shard I/N`).
-pub const MAX_SHARDS: u64 = 65_536;
+pub(crate) const MAX_SHARDS: u64 = 65_536;
 
 /// `--shard I/N` (`index`/`count`): `I < N` and `1 <= N <=` [`MAX_SHARDS`].
-pub fn shard(index: u64, count: u64) -> Result<(), LoadgenError> {
+pub(crate) fn shard(index: u64, count: u64) -> Result<(), LoadgenError> {
     if (1..=MAX_SHARDS).contains(&count) && index < count {
         Ok(())
     } else {
@@ -105,7 +105,7 @@ pub fn shard(index: u64, count: u64) -> Result<(), LoadgenError> {
 
 /// `x` for a message: plain for ordinary magnitudes, scientific for very large or very small
 /// ones (never a 309-digit number).
-pub fn show(x: f64) -> String {
+pub(crate) fn show(x: f64) -> String {
     if x.is_finite() && x != 0.0 && !(1e-4..1e9).contains(&x.abs()) {
         format!("{x:e}")
     } else {
@@ -123,7 +123,12 @@ fn out_of_range(flag: &str, got: String, allowed: String) -> LoadgenError {
 }
 
 /// A count in `[min, max]`.
-pub fn count(flag: &str, value: usize, min: usize, max: usize) -> Result<usize, LoadgenError> {
+pub(crate) fn count(
+    flag: &str,
+    value: usize,
+    min: usize,
+    max: usize,
+) -> Result<usize, LoadgenError> {
     if (min..=max).contains(&value) {
         Ok(value)
     } else {
@@ -136,7 +141,7 @@ pub fn count(flag: &str, value: usize, min: usize, max: usize) -> Result<usize, 
 }
 
 /// A finite number above 0 and at most `max`.
-pub fn positive(flag: &str, value: f64, max: f64) -> Result<f64, LoadgenError> {
+pub(crate) fn positive(flag: &str, value: f64, max: f64) -> Result<f64, LoadgenError> {
     if value.is_finite() && value > 0.0 && value <= max {
         Ok(value)
     } else {
@@ -149,7 +154,7 @@ pub fn positive(flag: &str, value: f64, max: f64) -> Result<f64, LoadgenError> {
 }
 
 /// A finite number in `[min, max]`.
-pub fn within(flag: &str, value: f64, min: f64, max: f64) -> Result<f64, LoadgenError> {
+pub(crate) fn within(flag: &str, value: f64, min: f64, max: f64) -> Result<f64, LoadgenError> {
     if value.is_finite() && (min..=max).contains(&value) {
         Ok(value)
     } else {
@@ -163,7 +168,7 @@ pub fn within(flag: &str, value: f64, min: f64, max: f64) -> Result<f64, Loadgen
 
 /// `--arrival-speedup-ratio` within [`MIN_ARRIVAL_SPEEDUP`]..=[`MAX_ARRIVAL_SPEEDUP`] (`replay`
 /// and each point of a trace `sweep`).
-pub fn arrival_speedup(value: f64) -> Result<f64, LoadgenError> {
+pub(crate) fn arrival_speedup(value: f64) -> Result<f64, LoadgenError> {
     within(
         "--arrival-speedup-ratio",
         value,
@@ -173,7 +178,7 @@ pub fn arrival_speedup(value: f64) -> Result<f64, LoadgenError> {
 }
 
 /// `--trace-block-size` within 1..=[`servesim::trace::MAX_TRACE_BLOCK_SIZE`].
-pub fn trace_block_size(value: usize) -> Result<usize, LoadgenError> {
+pub(crate) fn trace_block_size(value: usize) -> Result<usize, LoadgenError> {
     count(
         "--trace-block-size",
         value,
@@ -183,7 +188,7 @@ pub fn trace_block_size(value: usize) -> Result<usize, LoadgenError> {
 }
 
 /// An error for a combination of flags whose product passes `max` (`what` says which product).
-pub fn product(
+pub(crate) fn product(
     what: &str,
     factors: &[usize],
     max: usize,
@@ -205,7 +210,7 @@ pub fn product(
 /// Checks before a run that `path` (the value of `flag`) can be written: not a directory, its
 /// folder exists, and the file (when it exists) opens for writing or the folder takes a new
 /// file. Nothing is truncated or left behind.
-pub fn output_path(flag: &str, path: &Path) -> Result<(), LoadgenError> {
+pub(crate) fn output_path(flag: &str, path: &Path) -> Result<(), LoadgenError> {
     let bad = |why: String| {
         Err(LoadgenError::Config(format!(
             "{flag} {}: {why}",
@@ -253,7 +258,7 @@ pub fn output_path(flag: &str, path: &Path) -> Result<(), LoadgenError> {
 }
 
 /// [`output_path`] for each `(flag, path)` given.
-pub fn output_paths<'a>(
+pub(crate) fn output_paths<'a>(
     paths: impl IntoIterator<Item = (&'a str, Option<&'a Path>)>,
 ) -> Result<(), LoadgenError> {
     for (flag, path) in paths {

@@ -121,7 +121,7 @@ impl ReportArgs {
 }
 
 /// Workers of aggregated serving when `--num-workers` is not given.
-pub const DEFAULT_NUM_WORKERS: usize = 4;
+pub(crate) const DEFAULT_NUM_WORKERS: usize = 4;
 
 /// Simulated engine and routing flags.
 #[derive(Args, Clone, Debug)]
@@ -259,7 +259,7 @@ pub struct EngineArgs {
 /// `num_key_value_heads` falling back to `num_attention_heads`, `head_dim` taken from the file or
 /// else `hidden_size / num_attention_heads`, and `torch_dtype` bytes (float32 4; float16 and
 /// bfloat16 2; fp8 and int8 1; anything else 2), as Dynamo's mocker derives it.
-pub fn kv_bytes_per_token_of(config: &serde_json::Value) -> Result<u64, String> {
+pub(crate) fn kv_bytes_per_token_of(config: &serde_json::Value) -> Result<u64, String> {
     let config = config.get("text_config").unwrap_or(config);
     let int = |key: &str| config.get(key).and_then(serde_json::Value::as_u64);
     let layers = int("num_hidden_layers").ok_or("model config has no num_hidden_layers")?;
@@ -298,19 +298,19 @@ fn read_model_config(path: &Path) -> Result<u64, ConfigError> {
 }
 
 /// The longest pass `--fixed-latency` may set: one hour, in milliseconds.
-pub const MAX_FIXED_LATENCY_MS: f64 = 3_600_000.0;
+pub(crate) const MAX_FIXED_LATENCY_MS: f64 = 3_600_000.0;
 
 /// The smallest `--speedup-ratio` and `--decode-speedup-ratio` (and their product): a thousand
 /// times slower than the model, so that scaled passes stay within microsecond arithmetic.
-pub const MIN_SPEEDUP_RATIO: f64 = 1e-3;
+pub(crate) const MIN_SPEEDUP_RATIO: f64 = 1e-3;
 
 /// The smallest positive bandwidth flag in GB/s (1 MB/s): slower links would time transfers
 /// beyond microsecond arithmetic.
-pub const MIN_BANDWIDTH_GBPS: f64 = 1e-3;
+pub(crate) const MIN_BANDWIDTH_GBPS: f64 = 1e-3;
 
 /// `x` for an error message: as written when it is of a sane size, in scientific notation when
 /// it is huge or tiny (`1e308`, not 309 digits).
-pub fn show_number(x: f64) -> String {
+pub(crate) fn show_number(x: f64) -> String {
     if x.is_finite() && x != 0.0 && !(1e-6..1e15).contains(&x.abs()) {
         format!("{x:e}")
     } else {

@@ -17,24 +17,24 @@ use crate::text::{default_codec, TextCodec};
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
 
 /// Default `--header-read-timeout`.
-pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// Default `--body-read-timeout`.
-pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default `--idle-timeout`: 5 s, uvicorn's keep-alive (what vLLM's server runs), so idle
 /// connections give their `--max-connections` slot back quickly.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The longest `--header-read-timeout`, `--body-read-timeout`, `--idle-timeout`,
 /// `--shutdown-timeout` and `--startup-delay`: one day.
-pub const MAX_SECONDS_FLAG: Duration = Duration::from_secs(86_400);
+pub(crate) const MAX_SECONDS_FLAG: Duration = Duration::from_secs(86_400);
 /// The largest `--max-body-bytes`: 1 GiB (bodies are held in memory).
-pub const MAX_BODY_BYTES: usize = 1 << 30;
+pub(crate) const MAX_BODY_BYTES: usize = 1 << 30;
 /// The largest `--max-model-len` and `--default-max-tokens`: 2^40 tokens, the engine's limit
 /// on a worker's KV pool.
-pub const MAX_TOKENS_FLAG: usize = 1 << 40;
+pub(crate) const MAX_TOKENS_FLAG: usize = 1 << 40;
 /// Default `--max-connections`.
-pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// Default `--shutdown-timeout`.
-pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Default `--stop-probability`.
 pub const DEFAULT_STOP_PROBABILITY: f64 = 0.5;

@@ -53,22 +53,22 @@ use crate::config::HttpLimits;
 
 /// Connections over `max_connections` that may be answering their `503` at once; a connection
 /// beyond that is closed unanswered.
-pub const MAX_REJECTING: usize = 256;
+pub(crate) const MAX_REJECTING: usize = 256;
 
 /// After the shutdown deadline stops the open generations, how long their final events may
 /// take to reach the clients before the remaining connections are dropped.
-pub const SHUTDOWN_FLUSH: Duration = Duration::from_secs(1);
+pub(crate) const SHUTDOWN_FLUSH: Duration = Duration::from_secs(1);
 
 /// After the server ends a connection, how long it keeps reading (and dropping) what the client
 /// still sends, so that the client reads the response instead of a connection reset.
-pub const LINGER: Duration = Duration::from_secs(2);
+pub(crate) const LINGER: Duration = Duration::from_secs(2);
 
 /// Pause after an accept error that is not about one peer (out of file descriptors, say).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// The HTTP server: what every connection shares.
 #[derive(Clone, Debug)]
-pub struct Edge {
+pub(crate) struct Edge {
     /// The API.
     pub router: Router,
     /// Connection limits and the drain deadline.
@@ -97,7 +97,7 @@ struct Shared {
 impl Edge {
     /// Accepts connections on `listener` until `shutdown` resolves, then drains (see the module
     /// docs) and returns once every connection has ended.
-    pub async fn run(self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
+    pub(crate) async fn run(self, listener: TcpListener, shutdown: impl Future<Output = ()>) {
         let Edge {
             router,
             limits,

@@ -3,9 +3,9 @@
 //! - [`Cli`] is the command line and [`run`] executes it; bare `mockserve` means `mockserve serve`.
 //! - [`cmd::serve::serve`] runs the HTTP API on a listener with a [`config::ServerConfig`] until a
 //!   shutdown future resolves, then drains; [`api::app`] is the axum router (for `oneshot`
-//!   tests); [`connection::Edge`] is the accept loop under it (connection limits and timeouts
+//!   tests); `connection::Edge` is the accept loop under it (connection limits and timeouts
 //!   from [`config::HttpLimits`], graceful drain).
-//! - [`driver::EngineHandle`] is the live driver: one task owning the simulated cluster, woken
+//! - `driver::EngineHandle` is the live driver: one task owning the simulated cluster, woken
 //!   on time by a [`timer::PreciseTimer`].
 //! - [`fleet`] runs N workers in one process, each its own vLLM-like endpoint, and judges the
 //!   routing decisions made in front of them (`mockserve fleet`).
@@ -40,14 +40,14 @@ pub mod api;
 pub mod args;
 pub mod cmd;
 pub mod config;
-pub mod connection;
-pub mod driver;
+pub(crate) mod connection;
+pub(crate) mod driver;
 pub mod fault;
 pub mod fleet;
 pub mod kv_events;
 pub mod metrics;
 pub mod output_length;
-pub mod stdout;
+pub(crate) mod stdout;
 pub mod text;
 pub mod timer;
 

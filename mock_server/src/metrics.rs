@@ -12,8 +12,8 @@
 //! With many workers the exposition is large (about 25 MB and 280,000 lines at 1,024 workers)
 //! and costly to build, so [`Metrics::encode`] builds it off the runtime's worker threads
 //! (`block_in_place`), one build at a time, and an exposition that took at least
-//! [`REUSE_THRESHOLD`] to build is served again to scrapes that arrive within
-//! [`REUSE_FACTOR`] times its build time: however many clients scrape, building costs at most
+//! `REUSE_THRESHOLD` to build is served again to scrapes that arrive within
+//! `REUSE_FACTOR` times its build time: however many clients scrape, building costs at most
 //! about a quarter of one core. A scrape after a quiet spell, and every scrape of a server whose
 //! exposition builds faster than the threshold, gets a fresh build.
 
@@ -133,13 +133,13 @@ pub struct FaultLabel {
     pub r#type: &'static str,
 }
 
-/// Skip reason: [`crate::driver::MAX_SPECULATIVE_PREFILLS`] already running.
-pub const SKIP_IN_FLIGHT: &str = "in_flight_limit";
+/// Skip reason: `crate::driver::state::MAX_SPECULATIVE_PREFILLS` already running.
+pub(crate) const SKIP_IN_FLIGHT: &str = "in_flight_limit";
 /// `finished_reason` of a request that ran to its output limit.
-pub const FINISHED_LENGTH: &str = "length";
+pub(crate) const FINISHED_LENGTH: &str = "length";
 
 /// Skip reason: the `--max-waiting` queue is full.
-pub const SKIP_QUEUE_FULL: &str = "queue_full";
+pub(crate) const SKIP_QUEUE_FULL: &str = "queue_full";
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
@@ -158,7 +158,7 @@ const E2E_BUCKETS: [f64; 21] = [
 ];
 
 /// `servesim_token_lateness_seconds` buckets: 50 µs to 10 s.
-pub const LATENESS_BUCKETS: [f64; 17] = [
+pub(crate) const LATENESS_BUCKETS: [f64; 17] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
     2.5, 5.0, 10.0,
 ];
@@ -169,7 +169,7 @@ const ITERATION_BUCKETS: [f64; 13] = [
 ];
 
 /// vLLM's `build_1_2_5_buckets(max_model_len)`: 1, 2, 5, 10, 20, 50, ... up to the limit.
-pub fn buckets_1_2_5(max: usize) -> Vec<f64> {
+pub(crate) fn buckets_1_2_5(max: usize) -> Vec<f64> {
     let mut out = Vec::new();
     let mut exponent = 1usize;
     loop {
@@ -326,7 +326,7 @@ pub struct Metrics {
     /// (a defect: always 0).
     pub kv_events_unknown_blocks: Counter,
     /// `servesim_token_lateness_seconds`: per token handed to a client, how long after its
-    /// simulated time ([`crate::driver::SimClock`]) the handler got it. A host that cannot keep
+    /// simulated time (`crate::driver::SimClock`) the handler got it. A host that cannot keep
     /// up with the schedule (too little CPU for the load) shows here: client-side latencies
     /// then include host delay that the engine did not model.
     pub token_lateness: Histogram,
@@ -354,11 +354,11 @@ struct Exposition {
 }
 
 /// Builds that took at least this long are reused (see [`REUSE_FACTOR`]); cheaper ones never.
-pub const REUSE_THRESHOLD: Duration = Duration::from_millis(25);
+pub(crate) const REUSE_THRESHOLD: Duration = Duration::from_millis(25);
 
 /// A costly exposition is served again to scrapes arriving within this many times its build
 /// time after its build began.
-pub const REUSE_FACTOR: u32 = 4;
+pub(crate) const REUSE_FACTOR: u32 = 4;
 
 /// The serving-pool label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -389,7 +389,7 @@ impl Metrics {
 
     /// Registers every metric (all zero); `vllm:*` series carry `model_name`, and token-count
     /// histograms have buckets up to `max_model_len`.
-    pub fn for_model(model_name: &str, max_model_len: usize) -> Metrics {
+    pub(crate) fn for_model(model_name: &str, max_model_len: usize) -> Metrics {
         let tokens = TokenBuckets(buckets_1_2_5(max_model_len));
         let mut m = Metrics {
             registry: Registry::default(),
@@ -700,7 +700,7 @@ impl Metrics {
     }
 
     /// Records a token handed to its client `late` after its simulated time.
-    pub fn token_sent(&self, late: Duration) {
+    pub(crate) fn token_sent(&self, late: Duration) {
         let secs = late.as_secs_f64();
         self.token_lateness.observe(secs);
         self.behind_schedule.set(secs);
@@ -708,12 +708,12 @@ impl Metrics {
 
     /// The registry, to add series beside the server's own before it is shared (a fleet adds
     /// its routing judge's).
-    pub fn registry_mut(&mut self) -> &mut Registry {
+    pub(crate) fn registry_mut(&mut self) -> &mut Registry {
         &mut self.registry
     }
 
     /// Creates every per-worker series, so a scrape shows each worker before it has served.
-    pub fn init_workers(&self, num_workers: usize) {
+    pub(crate) fn init_workers(&self, num_workers: usize) {
         for w in 0..num_workers as u32 {
             let label = self.engine(WorkerId(w));
             let _ = self.tpot.get_or_create(&label);
@@ -754,7 +754,11 @@ impl Metrics {
     }
 
     /// Sets `vllm:cache_config_info` for `num_workers` engines of `config`.
-    pub fn set_cache_config(&self, num_workers: usize, config: &servesim::scheduler::EngineConfig) {
+    pub(crate) fn set_cache_config(
+        &self,
+        num_workers: usize,
+        config: &servesim::scheduler::EngineConfig,
+    ) {
         let num_cpu_blocks = config.g2.as_ref().map_or(0, |g2| g2.num_blocks);
         for w in 0..num_workers as u32 {
             self.cache_config_info
@@ -777,7 +781,7 @@ impl Metrics {
 
     /// Sets `vllm:lora_requests_info` to now (Unix seconds), labelled with the adapters of
     /// running and waiting requests, as vLLM does: one series, replaced at each update.
-    pub fn set_lora_info(&self, running: &[String], waiting: &[String], max_loras: usize) {
+    pub(crate) fn set_lora_info(&self, running: &[String], waiting: &[String], max_loras: usize) {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
@@ -793,7 +797,7 @@ impl Metrics {
     }
 
     /// Sets the gauges from a cluster snapshot.
-    pub fn set_gauges(&self, stats: &ClusterStats) {
+    pub(crate) fn set_gauges(&self, stats: &ClusterStats) {
         for w in &stats.workers {
             let label = self.engine(w.worker);
             self.running

@@ -12,7 +12,7 @@
 //!
 //! A sample is at least 1 token. A sample at or beyond the limit is cut there and the answer
 //! ends with `finish_reason: "length"`; a shorter one ends with the model's end of sequence,
-//! `finish_reason: "stop"`. The default, [`DEFAULT_OUTPUT_LENGTH_DIST`], is
+//! `finish_reason: "stop"`. The default, `DEFAULT_OUTPUT_LENGTH_DIST`, is
 //! `lognormal:50%,0.5`: answers run about half their limit on average and one in twenty reaches it, so
 //! `ignore_eos` (which always runs to the limit) matters.
 
@@ -22,7 +22,7 @@ use std::str::FromStr;
 use rand::Rng;
 
 /// The default `--output-length-dist`.
-pub const DEFAULT_OUTPUT_LENGTH_DIST: &str = "lognormal:50%,0.5";
+pub(crate) const DEFAULT_OUTPUT_LENGTH_DIST: &str = "lognormal:50%,0.5";
 
 /// A length: a token count or a share of the request's output limit.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -4,7 +4,7 @@
 /// (`print!` panics on a closed pipe): a reader that went away, as `mockserve replay … | head`
 /// does, is not an error; the output is dropped and the result is `Ok(false)`, so the command
 /// carries on (or ends) quietly. Other write errors are returned.
-pub fn write(bytes: &[u8]) -> std::io::Result<bool> {
+pub(crate) fn write(bytes: &[u8]) -> std::io::Result<bool> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     match out.write_all(bytes).and_then(|()| out.flush()) {

@@ -45,7 +45,7 @@ pub trait TextCodec: Send + Sync + std::fmt::Debug {
 }
 
 /// A [`Tokenizer`] with the chat template that matches its special tokens.
-pub struct TokenizerCodec {
+pub(crate) struct TokenizerCodec {
     tokenizer: Box<dyn Tokenizer>,
     template: ChatTemplate,
     /// The text of every answer word's token, decoded once: answers are made of these, and
@@ -64,7 +64,7 @@ impl std::fmt::Debug for TokenizerCodec {
 impl TokenizerCodec {
     /// A codec over `tokenizer`, warmed: one chat rendered and one answer drawn, so the first
     /// request finds nothing left to set up.
-    pub fn new(tokenizer: Box<dyn Tokenizer>) -> TokenizerCodec {
+    pub(crate) fn new(tokenizer: Box<dyn Tokenizer>) -> TokenizerCodec {
         let template = ChatTemplate::for_tokenizer(tokenizer.as_ref());
         let words = tokenizer.answer_words();
         let word_texts = words
@@ -86,7 +86,7 @@ impl TokenizerCodec {
 
     /// A codec over the tokenizer `path` names: `builtin`, `cl100k_base`, `o200k_base`, or a
     /// HuggingFace `tokenizer.json`.
-    pub fn from_file(path: &Path) -> Result<TokenizerCodec, TokenizerError> {
+    pub(crate) fn from_file(path: &Path) -> Result<TokenizerCodec, TokenizerError> {
         Ok(TokenizerCodec::new(load_tokenizer(path)?))
     }
 }

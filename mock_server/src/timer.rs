@@ -7,13 +7,13 @@
 //! the waiting task through a `oneshot`. A timed wait ends after its timeout, by however long
 //! the kernel and the host take to run the thread again: on a small VM whose idle cores are
 //! halted, 30 to over 100 µs, more after a longer wait. The margin is what the thread's own
-//! waits overran their timeouts by lately ([`Margins`]), kept apart for waits shorter and
-//! longer than [`LONG_WAIT`], so the wait ends about when the task is due and the spin covers
+//! waits overran their timeouts by lately (`Margins`), kept apart for waits shorter and
+//! longer than `LONG_WAIT`, so the wait ends about when the task is due and the spin covers
 //! only the difference; a wait that overruns its margin fires late by the excess, with no spin.
 //! On Linux the thread also sets its own timer slack to 1 ns, where the default 50 µs lets the
 //! kernel end every timed wait up to that much later still. The thread spins only while a wait
-//! is pending, so an idle server burns no CPU, and for at most one part in [`SPIN_SHARE`] of
-//! its time ([`SpinBudget`]): when deadlines come so close together that the margins would
+//! is pending, so an idle server burns no CPU, and for at most one part in `SPIN_SHARE` of
+//! its time (`SpinBudget`): when deadlines come so close together that the margins would
 //! keep it spinning, the server is busy and the CPU goes to the tasks that deliver the tokens
 //! (the waits then end a little late, which shifts the tokens but keeps their gaps). It ends
 //! when its [`PreciseTimer`] is dropped.
@@ -33,17 +33,17 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 /// The largest margin (and so the longest spin of one wait).
-pub const MAX_MARGIN: Duration = Duration::from_micros(200);
+pub(crate) const MAX_MARGIN: Duration = Duration::from_micros(200);
 
 /// Waits at least this long keep a margin of their own: a core that was halted longer takes
 /// longer to run the thread again.
-pub const LONG_WAIT: Duration = Duration::from_millis(1);
+pub(crate) const LONG_WAIT: Duration = Duration::from_millis(1);
 
 /// How far before a deadline the thread ends its blocking wait, for short and long waits:
 /// an average of what the last few waits of each kind overran their timeouts by, at most
 /// [`MAX_MARGIN`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Margins {
+pub(crate) struct Margins {
     /// For waits shorter than [`LONG_WAIT`].
     pub short: Duration,
     /// For waits of [`LONG_WAIT`] or more.
@@ -52,7 +52,7 @@ pub struct Margins {
 
 impl Margins {
     /// The margin of a wait of `length`.
-    pub fn of(&self, length: Duration) -> Duration {
+    pub(crate) fn of(&self, length: Duration) -> Duration {
         if length < LONG_WAIT {
             self.short
         } else {
@@ -62,7 +62,7 @@ impl Margins {
 
     /// Learns from a wait of `length` that ended `overrun` after its timeout: that wait kind's
     /// margin moves an eighth of the way there (capped at [`MAX_MARGIN`]).
-    pub fn learn(&mut self, length: Duration, overrun: Duration) {
+    pub(crate) fn learn(&mut self, length: Duration, overrun: Duration) {
         let margin = if length < LONG_WAIT {
             &mut self.short
         } else {
@@ -73,19 +73,19 @@ impl Margins {
 }
 
 /// The thread spins for at most one part in this of its time.
-pub const SPIN_SHARE: u32 = 10;
+pub(crate) const SPIN_SHARE: u32 = 10;
 
 /// Spin time the thread may use: a bucket that fills by one part in [`SPIN_SHARE`] of the time
 /// that passes, up to [`MAX_MARGIN`], and empties by the time spent spinning.
 #[derive(Clone, Copy, Debug)]
-pub struct SpinBudget {
+pub(crate) struct SpinBudget {
     available: Duration,
     at: StdInstant,
 }
 
 impl SpinBudget {
     /// A full bucket at `now`.
-    pub fn new(now: StdInstant) -> SpinBudget {
+    pub(crate) fn new(now: StdInstant) -> SpinBudget {
         SpinBudget {
             available: MAX_MARGIN,
             at: now,
@@ -93,7 +93,7 @@ impl SpinBudget {
     }
 
     /// The spin time available at `now`.
-    pub fn available(&mut self, now: StdInstant) -> Duration {
+    pub(crate) fn available(&mut self, now: StdInstant) -> Duration {
         let earned = now.saturating_duration_since(self.at) / SPIN_SHARE;
         self.available = (self.available + earned).min(MAX_MARGIN);
         self.at = self.at.max(now);
@@ -101,7 +101,7 @@ impl SpinBudget {
     }
 
     /// Takes `spun` out of the bucket.
-    pub fn spend(&mut self, spun: Duration) {
+    pub(crate) fn spend(&mut self, spun: Duration) {
         self.available = self.available.saturating_sub(spun);
     }
 }

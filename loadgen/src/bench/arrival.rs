@@ -49,7 +49,7 @@ fn gamma(rng: &mut ChaCha8Rng, shape: f64) -> f64 {
 }
 
 /// Open-loop send offsets (seconds): request 0 at 0, then gaps, at most `count` offsets (at
-/// most [`limits::MAX_REQUESTS`] when None) and none past `limit_s`. An infinite rate needs a
+/// most `limits::MAX_REQUESTS` when None) and none past `limit_s`. An infinite rate needs a
 /// `count`.
 pub fn arrival_offsets(
     rate: f64,

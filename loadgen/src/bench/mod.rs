@@ -148,7 +148,7 @@ pub enum Stop {
 
 impl Stop {
     /// The request count limit, if any.
-    pub fn max_requests(&self) -> Option<usize> {
+    pub(crate) fn max_requests(&self) -> Option<usize> {
         match *self {
             Stop::Requests(n) | Stop::RequestsOrDuration { requests: n, .. } => Some(n),
             Stop::Duration(_) => None,
@@ -206,7 +206,7 @@ pub struct BenchPlan {
 }
 
 /// Requests when neither `--num-requests` nor `--duration` is given.
-pub const DEFAULT_NUM_REQUESTS: usize = 100;
+pub(crate) const DEFAULT_NUM_REQUESTS: usize = 100;
 
 impl BenchArgs {
     /// Validates the flags into a plan.
@@ -443,7 +443,7 @@ impl BenchArgs {
 
 impl BenchPlan {
     /// One line for the console and the report's `mode` key.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self.load {
             Load::Closed { users } => format!("closed loop: concurrency {users}"),
             Load::Open {
@@ -466,7 +466,7 @@ impl BenchPlan {
     }
 
     /// Open-loop send offsets (seconds) for this plan; empty for a closed loop.
-    pub fn arrival_offsets(&self) -> Vec<f64> {
+    pub(crate) fn arrival_offsets(&self) -> Vec<f64> {
         let Load::Open {
             rate,
             arrival,
@@ -797,7 +797,10 @@ impl Report for BenchRun {
 }
 
 /// The `config` block of a bench report: the plan and the target.
-pub fn config_json(plan: &BenchPlan, spec: &crate::run::target::TargetSpec) -> serde_json::Value {
+pub(crate) fn config_json(
+    plan: &BenchPlan,
+    spec: &crate::run::target::TargetSpec,
+) -> serde_json::Value {
     json!({
         "mode": plan.describe(),
         "endpoint": plan.api.name(),
@@ -844,7 +847,7 @@ impl BenchRun {
 }
 
 /// Runs `plan` on a connected target and builds its report (nothing printed or written).
-pub async fn run_plan(
+pub(crate) async fn run_plan(
     plan: &BenchPlan,
     target: &Connected,
     hooks: &RunHooks,
@@ -1002,7 +1005,7 @@ fn measure(
 }
 
 /// The bench report JSON of `live`: its keys, then the mode, warmup, token lengths and goodput.
-pub fn bench_json(
+pub(crate) fn bench_json(
     live: &replay_report::LiveReport,
     mode: &str,
     warmup_requests: usize,

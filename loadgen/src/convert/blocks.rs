@@ -17,7 +17,7 @@ use servesim::tokens::BlockHashes;
 
 /// Tokens per hash in a multiturn record's [`PromptBlocks`]: a divisor of every usual KV block
 /// size (16, 32, 64, ... and the 512 of public Mooncake traces).
-pub const RECORD_BLOCK_TOKENS: usize = 16;
+pub(crate) const RECORD_BLOCK_TOKENS: usize = 16;
 
 /// A prompt as the sequence hashes of its full blocks: enough to tell, for any two prompts,
 /// how many whole blocks they share from the start.
@@ -34,7 +34,7 @@ pub struct PromptBlocks {
 
 impl PromptBlocks {
     /// The hashes of `tokens` in blocks of `block_size` (above 0).
-    pub fn of(tokens: &[u32], block_size: usize) -> PromptBlocks {
+    pub(crate) fn of(tokens: &[u32], block_size: usize) -> PromptBlocks {
         let block_size = block_size.max(1);
         PromptBlocks {
             tokens: tokens.len(),
@@ -49,7 +49,7 @@ impl PromptBlocks {
 
     /// The prefix hash of every full block of `block_size` tokens (a multiple of
     /// [`Self::block_size`]); `None` when it is not a multiple.
-    pub fn coarse(&self, block_size: usize) -> Option<Vec<u64>> {
+    pub(crate) fn coarse(&self, block_size: usize) -> Option<Vec<u64>> {
         if block_size == 0 || self.block_size == 0 || block_size % self.block_size != 0 {
             return None;
         }
@@ -65,7 +65,7 @@ impl PromptBlocks {
 /// message, tool calls rendered into their assistant messages) and the chat template of the
 /// tokenizer, as the embedded server renders them.
 #[derive(Clone)]
-pub struct ChatPrompts {
+pub(crate) struct ChatPrompts {
     /// The tokenizer.
     tokenizer: Arc<dyn Tokenizer>,
     /// Its chat template (resolved once).
@@ -82,7 +82,7 @@ impl std::fmt::Debug for ChatPrompts {
 
 impl ChatPrompts {
     /// Prompts rendered with `tokenizer` and its chat template.
-    pub fn new(tokenizer: Arc<dyn Tokenizer>) -> ChatPrompts {
+    pub(crate) fn new(tokenizer: Arc<dyn Tokenizer>) -> ChatPrompts {
         let template = ChatTemplate::for_tokenizer(tokenizer.as_ref());
         ChatPrompts {
             tokenizer,
@@ -92,7 +92,7 @@ impl ChatPrompts {
 
     /// The prompt tokens of a `/v1/chat/completions` body, or why mockserve would refuse it
     /// (its 400 message).
-    pub fn tokens(&self, body: &Value) -> Result<Vec<u32>, String> {
+    pub(crate) fn tokens(&self, body: &Value) -> Result<Vec<u32>, String> {
         let object = body
             .as_object()
             .ok_or_else(|| "the request body must be a JSON object".to_string())?;

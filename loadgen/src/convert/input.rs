@@ -33,7 +33,7 @@ impl InputFormat {
 
 /// One request read from the input: who sent it, when, and its prompt as block hashes.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Request {
+pub(crate) struct Request {
     /// 1-based input line (for messages).
     pub line: usize,
     /// Its id in the trace.
@@ -131,7 +131,7 @@ fn strip_location(e: &serde_json::Error) -> String {
 
 /// The format of the first non-blank line: a `request` object makes an OpenAI log, `user_id`
 /// and `turn` a record; `None` for an empty input.
-pub fn detect(
+pub(crate) fn detect(
     reader: impl BufRead,
     source_name: &str,
 ) -> Result<Option<InputFormat>, ConvertError> {
@@ -182,7 +182,7 @@ struct RecordShard {
 
 /// Reads multiturn records: each successful request becomes one [`Request`] of the session
 /// `user-U` (failed ones are counted and left out).
-pub fn read_records(
+pub(crate) fn read_records(
     reader: impl BufRead,
     source_name: &str,
 ) -> Result<(Vec<Request>, ReadNotes), ConvertError> {
@@ -258,7 +258,7 @@ pub fn read_records(
 /// length from `output_tokens`, else `response.usage.completion_tokens`, else the request's
 /// `max_completion_tokens` (or `max_tokens`). Prompts are tokenized with `prompts` and hashed
 /// in blocks of `block_size`.
-pub fn read_openai_log(
+pub(crate) fn read_openai_log(
     reader: impl BufRead,
     source_name: &str,
     prompts: &ChatPrompts,

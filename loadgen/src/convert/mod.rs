@@ -1,21 +1,21 @@
 //! `loadgen trace convert`: real traffic into a replayable trace. The input is loadgen's own
-//! multiturn records ([`input::read_records`]) or a JSONL log of OpenAI chat requests
-//! ([`input::read_openai_log`]); the output a Mooncake or `agentic_mooncake` trace
-//! ([`output::write`]) that `loadgen replay` and `mockserve replay` read.
+//! multiturn records (`input::read_records`) or a JSONL log of OpenAI chat requests
+//! (`input::read_openai_log`); the output a Mooncake or `agentic_mooncake` trace
+//! (`output::write`) that `loadgen replay` and `mockserve replay` read.
 //!
 //! Hash ids come from the real prompt tokens (the chat template included) in blocks of
 //! `--block-size`: two requests share ids exactly as far as their prompts agree in whole blocks
-//! ([`output`] says how ids are given). A multiturn record keeps its prompt as block hashes
-//! ([`blocks::PromptBlocks`], 16 tokens a hash), so records convert at any multiple of 16; a log
+//! (`output` says how ids are given). A multiturn record keeps its prompt as block hashes
+//! (`blocks::PromptBlocks`, 16 tokens a hash), so records convert at any multiple of 16; a log
 //! is tokenized here with `--tokenizer`. Conversations become sessions, their think times the
 //! delays after each previous turn's end; timestamps become the trace's timing.
 //!
 //! Same input and flags, same bytes out.
 
-pub mod blocks;
-pub mod error;
-pub mod input;
-pub mod output;
+pub(crate) mod blocks;
+pub(crate) mod error;
+pub(crate) mod input;
+pub(crate) mod output;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -127,7 +127,7 @@ impl ConvertArgs {
 
 /// Converts the bytes of an input named `source_name` (no file is touched): the trace text and
 /// what it holds.
-pub fn convert_bytes(
+pub(crate) fn convert_bytes(
     bytes: &[u8],
     source_name: &str,
     args: &ConvertArgs,

@@ -30,7 +30,7 @@ pub enum OutputFormat {
 
 /// What the trace is written from besides the requests.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OutputPlan {
+pub(crate) struct OutputPlan {
     /// The format.
     pub format: OutputFormat,
     /// Tokens per hash id.
@@ -159,7 +159,7 @@ impl HashIds {
 }
 
 /// Writes `requests` (any order) as the trace `plan` asks for.
-pub fn write(
+pub(crate) fn write(
     mut requests: Vec<Request>,
     plan: &OutputPlan,
     source_name: &str,

@@ -1,5 +1,5 @@
 //! `loadgen multiturn` flags ([`MultiturnArgs`]: the workload's, on top of the shared
-//! [`TargetArgs`], [`ReportArgs`] and [`FailureArgs`]) and the validated run description they
+//! [`TargetArgs`], [`ReportArgs`] and `FailureArgs`) and the validated run description they
 //! become ([`MultiturnConfig`]) before anything runs.
 
 use clap::Args;
@@ -14,15 +14,15 @@ use crate::run::failure::FailureArgs;
 use crate::run::target::{EmbeddedOptions, TargetArgs, TargetSpec};
 
 /// `--tool-call-share` when only `--tool-wait-ms` is given.
-pub const DEFAULT_TOOL_CALL_SHARE: f64 = 0.5;
+pub(crate) const DEFAULT_TOOL_CALL_SHARE: f64 = 0.5;
 
 /// Think time (ms) between turns when loadgen drives its embedded server and `--mean-delay-ms` is
 /// not given: Dynamo's 5000 ms divided by the embedded default decode speed-up (10), so the first
 /// run finishes in seconds while the answers still interleave.
-pub const EMBEDDED_MEAN_DELAY_MS: u64 = 500;
+pub(crate) const EMBEDDED_MEAN_DELAY_MS: u64 = 500;
 
 /// Think time (ms) between turns against `--url` when `--mean-delay-ms` is not given (Dynamo's).
-pub const URL_MEAN_DELAY_MS: u64 = 5000;
+pub(crate) const URL_MEAN_DELAY_MS: u64 = 5000;
 
 /// `loadgen multiturn`: Dynamo's `multiturn_bench` flags, plus the shared target, report and
 /// failure flags (with multiturn's defaults: `--request-timeout-s 300`, `--seed 42`,
@@ -152,7 +152,7 @@ pub struct ChatServerArgs {
 
 impl ChatServerArgs {
     /// The embedded server's options.
-    pub fn options(&self) -> EmbeddedOptions {
+    pub(crate) fn options(&self) -> EmbeddedOptions {
         EmbeddedOptions {
             max_model_len: self.max_model_len,
             reasoning_ratio: self.reasoning_ratio,
@@ -308,7 +308,7 @@ impl MultiturnArgs {
 
 impl MultiturnConfig {
     /// The `config` block of the JSON results: every setting and the target.
-    pub fn to_json(&self, model: &str, target_url: &str) -> Value {
+    pub(crate) fn to_json(&self, model: &str, target_url: &str) -> Value {
         let server = match &self.target.server {
             None => Value::Null,
             Some(s) => {

@@ -8,7 +8,7 @@
 pub mod compare;
 pub mod config;
 pub mod report;
-pub mod workload;
+pub(crate) mod workload;
 
 use std::borrow::Cow;
 use std::io::Write as _;
@@ -499,7 +499,7 @@ impl Report for MultiturnRun {
 
 /// Writes the results (pretty JSON) to `report_json` and one `raw_results` entry a line to
 /// `per_request_jsonl`.
-pub fn write_results(
+pub(crate) fn write_results(
     results: &Results,
     report_json: Option<&std::path::Path>,
     per_request_jsonl: Option<&std::path::Path>,

@@ -34,7 +34,7 @@ pub struct StatsReport {
 
 impl StatsReport {
     /// Statistics of a sample; None when empty.
-    pub fn of(values: &[u64]) -> Option<StatsReport> {
+    pub(crate) fn of(values: &[u64]) -> Option<StatsReport> {
         if values.is_empty() {
             return None;
         }
@@ -171,7 +171,7 @@ pub struct ShardSample {
     /// Gaps between consecutive token chunks (empty unless the request succeeded).
     pub chunk_gaps_us: Vec<u64>,
     /// Output tokens per second of a successful request with two tokens or more
-    /// ([`crate::run::client::Timing::output_tokens_per_s`]).
+    /// (`crate::run::client::Timing::output_tokens_per_s`).
     pub output_tokens_per_s: Option<f64>,
 }
 
@@ -195,7 +195,7 @@ pub struct RateStats {
 
 impl RateStats {
     /// Statistics of a sample; None when empty.
-    pub fn of(values: &[f64]) -> Option<RateStats> {
+    pub(crate) fn of(values: &[f64]) -> Option<RateStats> {
         if values.is_empty() {
             return None;
         }
@@ -390,7 +390,7 @@ pub struct RunData {
     pub records: Vec<RawResult>,
     /// Inter-chunk gaps of successful requests, µs.
     pub chunk_gaps_us: Vec<u64>,
-    /// Per-request output throughput of successful requests ([`crate::run::client::Timing::output_tokens_per_s`]).
+    /// Per-request output throughput of successful requests (`crate::run::client::Timing::output_tokens_per_s`).
     pub output_tokens_per_s_per_user: Vec<f64>,
     /// Wall time of the run, seconds.
     pub duration_s: f64,
@@ -534,7 +534,7 @@ impl Results {
 }
 
 /// The warning line for requests whose usage contradicted their chunks.
-pub fn usage_warning(count: usize) -> String {
+pub(crate) fn usage_warning(count: usize) -> String {
     format!(
         "WARNING: {count} requests reported usage.completion_tokens that contradicts the streamed chunks (fewer tokens than chunks, or more than {} per chunk); their counted chunks were used instead",
         crate::run::client::MAX_TOKENS_PER_CHUNK

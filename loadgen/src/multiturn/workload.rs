@@ -28,7 +28,7 @@ use servesim::tokenizer::{text_with_exact_tokens, Tokenizer, LOREM_WORDS};
 
 /// How user text is sized.
 #[derive(Clone)]
-pub enum TokenCounter {
+pub(crate) enum TokenCounter {
     /// Exact counts with this tokenizer.
     Exact(Arc<dyn Tokenizer>),
     /// Dynamo's words-per-token heuristic.
@@ -63,7 +63,7 @@ pub struct WorkloadSpec {
 
 /// One turn of one user.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TurnScript {
+pub(crate) struct TurnScript {
     /// Think time (or, after a tool call, the tool's wait) before sending this turn (zero for
     /// the first).
     pub delay: Duration,
@@ -175,7 +175,7 @@ pub struct ToolTurns {
 
 /// One user's conversation.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UserScript {
+pub(crate) struct UserScript {
     /// 0-based user id.
     pub user_id: usize,
     /// The system message.
@@ -186,13 +186,13 @@ pub struct UserScript {
 
 /// Every user's script.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Workload {
+pub(crate) struct Workload {
     /// Users in id order.
     pub users: Vec<UserScript>,
 }
 
 /// Dynamo's system prompt for `user_id`.
-pub fn system_prompt(user_id: usize) -> String {
+pub(crate) fn system_prompt(user_id: usize) -> String {
     format!(
         "You are a helpful assistant. You are assisting user {user_id}. Answer questions thoroughly and accurately."
     )
@@ -206,7 +206,7 @@ fn exponential_ms(rng: &mut ChaCha8Rng, mean_ms: f64) -> f64 {
 
 impl Workload {
     /// The workload `spec` describes, user text sized with `counter`.
-    pub fn generate(spec: &WorkloadSpec, counter: &TokenCounter) -> Workload {
+    pub(crate) fn generate(spec: &WorkloadSpec, counter: &TokenCounter) -> Workload {
         let mut delay_rng = ChaCha8Rng::seed_from_u64(spec.seed);
         let users = (0..spec.num_users)
             .map(|user_id| {

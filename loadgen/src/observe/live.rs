@@ -16,17 +16,17 @@ use crate::run::client::FirstToken;
 use crate::run::driver::{Observer, Sample};
 
 /// Redraw interval on a terminal.
-pub const TERMINAL_REFRESH: Duration = Duration::from_millis(500);
+pub(crate) const TERMINAL_REFRESH: Duration = Duration::from_millis(500);
 
 /// Interval of the plain progress line when stderr is not a terminal.
-pub const PLAIN_REFRESH: Duration = Duration::from_secs(5);
+pub(crate) const PLAIN_REFRESH: Duration = Duration::from_secs(5);
 
 /// TTFT samples kept for the live percentiles (a uniform thinning beyond).
 const MAX_TTFT_SAMPLES: usize = 20_000;
 
 /// What the live view has seen so far.
 #[derive(Debug, Default, Clone)]
-pub struct LiveStats {
+pub(crate) struct LiveStats {
     /// Requests completed (successes and failures).
     pub completed: u64,
     /// Failed requests.
@@ -42,7 +42,7 @@ pub struct LiveStats {
 
 impl LiveStats {
     /// Adds one completed request.
-    pub fn add(&mut self, s: &Sample) {
+    pub(crate) fn add(&mut self, s: &Sample) {
         self.completed += 1;
         if s.response.failure.is_some() {
             self.errors += 1;
@@ -68,7 +68,7 @@ impl LiveStats {
     }
 
     /// TTFT p50 and p99 so far (ms).
-    pub fn ttft_p50_p99(&self) -> Option<(f64, f64)> {
+    pub(crate) fn ttft_p50_p99(&self) -> Option<(f64, f64)> {
         if self.ttfts_ms.is_empty() {
             return None;
         }
@@ -80,7 +80,7 @@ impl LiveStats {
 }
 
 /// One status line.
-pub fn line(
+pub(crate) fn line(
     stats: &LiveStats,
     previous: &LiveStats,
     interval_s: f64,
@@ -105,7 +105,7 @@ pub fn line(
 }
 
 /// The running live view.
-pub struct LiveView {
+pub(crate) struct LiveView {
     stats: Arc<Mutex<LiveStats>>,
     sent: Arc<AtomicU64>,
     stop: oneshot::Sender<()>,
@@ -114,7 +114,7 @@ pub struct LiveView {
 
 impl LiveView {
     /// Starts the refresh task (`expected` requests in all, when known).
-    pub fn start(expected: Option<usize>) -> LiveView {
+    pub(crate) fn start(expected: Option<usize>) -> LiveView {
         let stats = Arc::new(Mutex::new(LiveStats::default()));
         let sent = Arc::new(AtomicU64::new(0));
         let (stop, mut stopped) = oneshot::channel();
@@ -168,7 +168,7 @@ impl LiveView {
     }
 
     /// The driver observer that feeds it.
-    pub fn observer(&self) -> Observer {
+    pub(crate) fn observer(&self) -> Observer {
         let stats = self.stats.clone();
         Arc::new(move |s: &Sample| {
             // Short section, never across an await.
@@ -179,12 +179,12 @@ impl LiveView {
     }
 
     /// The counter the driver increments per sent request.
-    pub fn sent_counter(&self) -> Arc<AtomicU64> {
+    pub(crate) fn sent_counter(&self) -> Arc<AtomicU64> {
         self.sent.clone()
     }
 
     /// Stops the refresh and clears the line.
-    pub async fn finish(self) {
+    pub(crate) async fn finish(self) {
         let _ = self.stop.send(());
         let _ = tokio::time::timeout(Duration::from_secs(2), self.task).await;
     }

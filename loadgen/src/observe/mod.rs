@@ -1,9 +1,9 @@
-//! What a run shows besides its report: the live view on the terminal ([`live`]) and the
+//! What a run shows besides its report: the live view on the terminal (`live`) and the
 //! target's Prometheus metrics sampled while it runs ([`scrape`]); the HTML report is
-//! [`crate::report::html`]'s. [`ObserveArgs`] are the flags every run command shares;
-//! [`Observe`] runs beside the driver and [`Observed`] is what it saw.
+//! `crate::report::html`'s. [`ObserveArgs`] are the flags every run command shares;
+//! `Observe` runs beside the driver and [`Observed`] is what it saw.
 
-pub mod live;
+pub(crate) mod live;
 pub mod scrape;
 
 use std::path::PathBuf;
@@ -62,7 +62,7 @@ pub struct ObserveArgs {
 
 impl ObserveArgs {
     /// Checks the flags' ranges (`--scrape-interval-ms` and `--max-server-lateness` at most
-    /// [`limits::MAX_DELAY_MS`]; the latter needs the metrics scraped).
+    /// `limits::MAX_DELAY_MS`; the latter needs the metrics scraped).
     pub fn check(&self) -> Result<(), LoadgenError> {
         if let Some(ms) = self.max_server_lateness {
             if !(0.0..=limits::MAX_DELAY_MS as f64).contains(&ms) {
@@ -106,7 +106,7 @@ pub fn quiet() -> ReportArgs {
 }
 
 /// The observers of one run, started before the driver.
-pub struct Observe {
+pub(crate) struct Observe {
     scraper: Option<Scraper>,
     live: Option<LiveView>,
 }
@@ -115,7 +115,7 @@ impl Observe {
     /// Starts the scraper (when asked, or by default when the target serves `/metrics`) and,
     /// with `live_view` (not `-q`), the live view (a refreshed line on a terminal, else a plain
     /// line now and then).
-    pub async fn start(
+    pub(crate) async fn start(
         args: &ObserveArgs,
         live_view: bool,
         target: &Connected,
@@ -137,7 +137,7 @@ impl Observe {
     }
 
     /// The driver hooks that feed the live view.
-    pub fn hooks(&self) -> RunHooks {
+    pub(crate) fn hooks(&self) -> RunHooks {
         RunHooks {
             observer: self.live.as_ref().map(LiveView::observer),
             sent: self.live.as_ref().map(LiveView::sent_counter),
@@ -146,7 +146,7 @@ impl Observe {
     }
 
     /// Stops everything; what was seen.
-    pub async fn finish(self) -> Observed {
+    pub(crate) async fn finish(self) -> Observed {
         if let Some(live) = self.live {
             live.finish().await;
         }
@@ -168,7 +168,7 @@ pub struct Observed {
 impl Observed {
     /// Adds the observed series to a report JSON: `server_metrics` (time series and summary),
     /// `timeline` (per-second client figures), `latency_cdf` and `config`.
-    pub fn annotate(&self, json: &mut Value, live: &LiveReport, config: Option<Value>) {
+    pub(crate) fn annotate(&self, json: &mut Value, live: &LiveReport, config: Option<Value>) {
         let Some(map) = json.as_object_mut() else {
             return;
         };

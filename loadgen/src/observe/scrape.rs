@@ -2,7 +2,7 @@
 //! (any line it cannot read is skipped, never an error), [`Snapshot::of`] picks the serving
 //! figures out of known metric names (vLLM `vllm:*`, SGLang `sglang:*`, Dynamo `dynamo_*`,
 //! mockserve's `vllm:*` per worker and `servesim_*`; [`Snapshot::read`] parses only their
-//! lines), and [`Scraper`] samples `{url}/metrics` every interval while the run lasts (further
+//! lines), and `Scraper` samples `{url}/metrics` every interval while the run lasts (further
 //! apart after a slow scrape). The result, [`ServerMetrics`], is a time series plus a
 //! summary (peak and mean) in the report's `server_metrics` key.
 //!
@@ -34,7 +34,7 @@ pub struct PromSample {
 
 impl PromSample {
     /// The value of label `key`.
-    pub fn label(&self, key: &str) -> Option<&str> {
+    pub(crate) fn label(&self, key: &str) -> Option<&str> {
         self.labels
             .iter()
             .find(|(k, _)| k == key)
@@ -393,7 +393,7 @@ impl RoutingSummary {
 
 /// mockserve's histogram of how late it handed each token to its client against the token's
 /// simulated time.
-pub const LATENESS_METRIC: &str = "servesim_token_lateness_seconds";
+pub(crate) const LATENESS_METRIC: &str = "servesim_token_lateness_seconds";
 
 /// A cumulative Prometheus histogram: `(upper bound, count at or below it)` by bound (`+Inf`
 /// last), and the total count.
@@ -448,7 +448,7 @@ impl Buckets {
     /// The upper bound of the bucket holding quantile `q` (0..1): the smallest bound whose
     /// cumulative count reaches `q` of the total (`+Inf` when only the last bucket does). None
     /// without observations.
-    pub fn quantile(&self, q: f64) -> Option<f64> {
+    pub(crate) fn quantile(&self, q: f64) -> Option<f64> {
         let total = self
             .cumulative
             .last()
@@ -502,7 +502,7 @@ impl Lateness {
     }
 
     /// The 99th percentile in ms for comparisons: beyond the largest bucket counts as infinite.
-    pub fn p99_or_inf_ms(&self) -> f64 {
+    pub(crate) fn p99_or_inf_ms(&self) -> f64 {
         self.p99_ms.unwrap_or(f64::INFINITY)
     }
 
@@ -514,7 +514,7 @@ impl Lateness {
         }
     }
 
-    /// The report's warning when the server fell behind (p99 above [`LATE_WARNING_MS`]).
+    /// The report's warning when the server fell behind (p99 above `LATE_WARNING_MS`).
     pub fn warning(&self) -> Option<String> {
         (self.p99_or_inf_ms() > LATE_WARNING_MS).then(|| {
             format!(
@@ -529,7 +529,7 @@ impl Lateness {
 
 /// A server whose 99th-percentile token lateness is above this many ms is reported as having
 /// fallen behind its schedule.
-pub const LATE_WARNING_MS: f64 = 1.0;
+pub(crate) const LATE_WARNING_MS: f64 = 1.0;
 
 /// One worker's raw figures in one scrape.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
@@ -726,11 +726,11 @@ pub struct ServerSummary {
     pub routing: Option<RoutingSummary>,
     /// Scrapes that failed or found no known metric.
     pub failed_scrapes: u64,
-    /// Of those, scrapes that got no answer within [`SCRAPE_TIMEOUT`] (a stalled `/metrics`).
+    /// Of those, scrapes that got no answer within `SCRAPE_TIMEOUT` (a stalled `/metrics`).
     #[serde(skip_serializing_if = "is_zero")]
     pub timed_out_scrapes: u64,
     /// How late the server (mockserve) handed its tokens to clients against its own schedule
-    /// during the run, when it says ([`LATENESS_METRIC`]).
+    /// during the run, when it says (`LATENESS_METRIC`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_lateness: Option<Lateness>,
 }
@@ -761,7 +761,7 @@ pub fn series(
 }
 
 /// [`series`] with the count of failed scrapes that timed out.
-pub fn series_with_timeouts(
+pub(crate) fn series_with_timeouts(
     snaps: &[(f64, Snapshot)],
     failed_scrapes: u64,
     timed_out_scrapes: u64,
@@ -840,7 +840,7 @@ fn routing_between(snaps: &[(f64, Snapshot)]) -> Option<RoutingSummary> {
 impl ServerMetrics {
     /// The console lines: peak and mean of each series, and the routing quality when the
     /// target has a routing judge.
-    pub fn console(&self) -> String {
+    pub(crate) fn console(&self) -> String {
         let s = &self.summary;
         let pm = |name: &str, v: &Option<PeakMean>, scale: f64, unit: &str| {
             v.map(|v| {
@@ -910,17 +910,17 @@ const SLOW_SCRAPE_SPACING: u32 = 10;
 
 /// Samples `/metrics` in the background, every interval, or less often when a scrape is slow
 /// (the next waits ten times its duration).
-pub struct Scraper {
+pub(crate) struct Scraper {
     stop: oneshot::Sender<()>,
     task: JoinHandle<ServerMetrics>,
 }
 
 /// How long one scrape may take before it counts as failed (timed out).
-pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why a scrape of `/metrics` gave no snapshot.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ScrapeFailure {
+pub(crate) enum ScrapeFailure {
     /// No complete answer within the timeout: the endpoint stalled.
     TimedOut(Duration),
     /// The request failed or was answered with an error status.
@@ -979,7 +979,7 @@ async fn fetch(
 /// The warning for a first scrape that found nothing to sample (None when there is nothing to
 /// say): a stall is always reported, since it cost the run [`SCRAPE_TIMEOUT`]; other failures
 /// and an exposition without a known metric only when `--scrape-metrics` asked for the series.
-pub fn first_scrape_warning(
+pub(crate) fn first_scrape_warning(
     url: &str,
     first: &Result<Snapshot, ScrapeFailure>,
     forced: bool,
@@ -998,7 +998,7 @@ impl Scraper {
     /// Starts sampling `{target}/metrics` (or `metrics_url`, `--metrics-url`) every `interval`
     /// when it answers with a known metric; `forced` (`--scrape-metrics`) says so when it does
     /// not.
-    pub async fn start(
+    pub(crate) async fn start(
         target: &Connected,
         metrics_url: Option<&str>,
         interval: Duration,
@@ -1077,7 +1077,7 @@ impl Scraper {
     }
 
     /// Stops sampling; the series.
-    pub async fn finish(self) -> ServerMetrics {
+    pub(crate) async fn finish(self) -> ServerMetrics {
         let _ = self.stop.send(());
         match tokio::time::timeout(Duration::from_secs(10), self.task).await {
             Ok(Ok(m)) => m,

@@ -52,7 +52,7 @@ pub struct Measurements {
 }
 
 /// The median of some samples (0 for none).
-pub fn median(samples: &[f64]) -> f64 {
+pub(crate) fn median(samples: &[f64]) -> f64 {
     let mut v: Vec<f64> = samples.iter().copied().filter(|x| x.is_finite()).collect();
     if v.is_empty() {
         return 0.0;
@@ -76,7 +76,7 @@ const MIN_MS: f64 = 1e-3;
 ///   points), one row per distinct measured active-KV-token count; a column's value at a row is
 ///   the linear interpolation of its own points over active KV tokens, the nearest point's value
 ///   outside their range (the profile README's construction).
-pub fn tables(m: &Measurements) -> Result<ProfileTables, String> {
+pub(crate) fn tables(m: &Measurements) -> Result<ProfileTables, String> {
     let mut prefill: Vec<(f64, f64)> = m
         .prefill
         .iter()
@@ -178,7 +178,7 @@ fn along(points: &[(f64, f64)], x: f64) -> f64 {
 }
 
 /// The measured points and what a profile predicts at them, as a plain-text table.
-pub fn summary(m: &Measurements, model: Option<&ProfileTables>) -> String {
+pub(crate) fn summary(m: &Measurements, model: Option<&ProfileTables>) -> String {
     let mut s = format!(
         "Client overhead (empty-prompt round trip, median): {:.3} ms\n\nPrefill (TTFT at concurrency 1, max_tokens 1)\n",
         m.client_overhead_ms
@@ -227,7 +227,7 @@ pub fn summary(m: &Measurements, model: Option<&ProfileTables>) -> String {
 /// An SVG of both curves: prefill time over prompt tokens (left), decode step time over active
 /// KV tokens with one line per context length (right); table points as lines, measured points
 /// as dots.
-pub fn svg(t: &ProfileTables, m: &Measurements) -> String {
+pub(crate) fn svg(t: &ProfileTables, m: &Measurements) -> String {
     let colors = chart::PROFILE_COLORS;
     let prefill = chart::Panel {
         title: "prefill: TTFT over new prompt tokens",

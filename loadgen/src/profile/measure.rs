@@ -16,7 +16,7 @@ use crate::run::prompt::PromptSynth;
 use crate::run::target::{completion_body, Connected};
 
 /// A run that stopped early: what was measured, and why it stopped.
-pub type Interrupted = (Measurements, String);
+pub(crate) type Interrupted = (Measurements, String);
 
 /// Distinct prompts for one run: each takes a fresh id, spelled in its first tokens, so no two
 /// prompts share a block (and a rerun against a warm server does not hit the last run's cache).
@@ -49,7 +49,7 @@ fn ms(us: u64) -> f64 {
 
 /// Measures every point of `plan`; on a failed request, the points measured so far and the
 /// reason. Points the time budget leaves no room for are skipped with a warning.
-pub async fn run(c: &Connected, plan: &ProfilePlan) -> Result<Measurements, Interrupted> {
+pub(crate) async fn run(c: &Connected, plan: &ProfilePlan) -> Result<Measurements, Interrupted> {
     let started = Instant::now();
     let longest = plan
         .prefill_isl

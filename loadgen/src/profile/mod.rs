@@ -15,12 +15,12 @@
 //!   step time at active KV tokens = the streams' summed context and context length = their mean
 //!   context, both taken at the middle of the window.
 //!
-//! Measurement runs in [`measure`]; [`fit`] turns the points into tables, a summary and the SVG.
+//! Measurement runs in `measure`; `fit` turns the points into tables, a summary and the SVG.
 //! A request that fails mid-profile stops the run with [`LoadgenError::Profile`] after the points
 //! measured so far are written next to `--output` (`*.partial.json`).
 
-pub mod fit;
-pub mod measure;
+pub(crate) mod fit;
+pub(crate) mod measure;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -129,7 +129,7 @@ impl ProfilePlan {
     /// Output tokens a stream of a decode point asks for: the steady tokens plus one per pass
     /// the batch's prefill may take, plus one per stream (the requests of a large batch reach
     /// a busy server over several passes).
-    pub fn stream_tokens(&self, batch_size: usize, context_length: usize) -> usize {
+    pub(crate) fn stream_tokens(&self, batch_size: usize, context_length: usize) -> usize {
         let prefill_passes = (batch_size * context_length).div_ceil(self.prefill_chunk.max(1));
         self.decode_tokens + prefill_passes + batch_size + 2
     }
@@ -150,7 +150,7 @@ pub struct OutputPaths {
 
 impl OutputPaths {
     /// The files next to `output`.
-    pub fn of(output: &Path) -> OutputPaths {
+    pub(crate) fn of(output: &Path) -> OutputPaths {
         let stem = output.with_extension("");
         let with = |ext: &str| {
             let mut p = stem.clone().into_os_string();

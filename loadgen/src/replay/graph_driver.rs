@@ -31,12 +31,12 @@ use tokio::time::Instant;
 use crate::client::{self, Endpoint};
 use crate::driver::{aborted, is_aborted, DriverConfig, Sample, PACER_LEAD};
 use crate::error::LoadgenError;
-use crate::prompt::PromptSynth;
+use crate::run::prompt::PromptSynth;
 use crate::target::{request_body, Api};
 
 /// What the requests of a graph are made of, beyond the graph itself.
 #[derive(Clone)]
-pub struct GraphPlan {
+pub(crate) struct GraphPlan {
     /// The validated graph (prompts already scoped by the lowering).
     pub graph: Arc<RequestGraph>,
     /// Turns hash ids into prompt text (the graph's block size per id).
@@ -57,7 +57,7 @@ pub struct GraphPlan {
 
 /// What [`drive_graph`] returns.
 #[derive(Debug)]
-pub struct GraphOutput {
+pub(crate) struct GraphOutput {
     /// One per request sent, in send order; `session` is the node's index in the graph and
     /// `turn` its position in its conversation.
     pub samples: Vec<Sample>,
@@ -70,8 +70,6 @@ pub struct GraphOutput {
     pub lane_of: Vec<Option<usize>>,
     /// The wall-clock time of the run start.
     pub started_at: std::time::SystemTime,
-    /// The run was stopped early through [`DriverConfig::abort`].
-    pub aborted: bool,
 }
 
 /// What a request task tells the scheduler.
@@ -193,7 +191,7 @@ async fn send_node(
 /// Runs `plan` against `endpoint` to the end: every node of its plays sent when due, or
 /// skipped after its play failed. `config`'s in-flight cap, progress bar, observer, abort and
 /// sent counter apply as in [`crate::driver::drive`] (`stop_after` does not).
-pub async fn drive_graph(
+pub(crate) async fn drive_graph(
     endpoint: Endpoint,
     plan: GraphPlan,
     config: &DriverConfig,
@@ -316,6 +314,5 @@ pub async fn drive_graph(
         failed: settled.failed,
         lane_of: settled.lane_of,
         started_at,
-        aborted: is_aborted(&config.abort),
     })
 }

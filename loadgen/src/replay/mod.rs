@@ -3,12 +3,12 @@
 //! The trace is read by `servesim::trace` (the parser, timing normalisation and line-numbered
 //! errors of `mockserve replay`). Each session is a driver [`Script`]: its first turn at the
 //! session's (sped-up) arrival time, each later turn its `delay` after the previous turn
-//! completed (closed loop), as the offline replay does. Prompts come from [`PromptSynth`] and go
+//! completed (closed loop), as the offline replay does. Prompts come from `PromptSynth` and go
 //! out as raw `/v1/completions` prompts (no chat template: trace blocks stay aligned with KV
 //! blocks), with `max_tokens = output_length` and `ignore_eos`.
 //!
 //! An agentic trace (`--trace-format`, detected as `mockserve replay` detects it) is read into
-//! servesim's request graph and sent by [`crate::replay::graph_driver`]: each node when its dependencies
+//! servesim's request graph and sent by `crate::replay::graph_driver`: each node when its dependencies
 //! allow (dispatch edges on the source's send, completion edges on its end, plus `delay_ms /
 //! speedup`), never before its floor; a failed request fails its play and skips the play's
 //! nodes not yet sent. Its prompts are the node's hash ids as the lowering scoped them, sent as
@@ -19,7 +19,7 @@
 //! the new part; the previous rows' prompts are prepended). [`session_shape`] decides, the run
 //! says which, and the history is never added twice.
 
-pub mod graph_driver;
+pub(crate) mod graph_driver;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -116,7 +116,7 @@ impl SessionShape {
     }
 
     /// One line for the console.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match (self.cumulative_pairs, self.incremental_pairs) {
             (0, 0) => "no multi-turn sessions".into(),
             (c, 0) => format!("sessions are cumulative ({c} of {c} follow-up rows extend the previous row's hash ids): rows sent as they are"),
@@ -164,17 +164,12 @@ pub struct PromptPlan {
 
 impl PromptPlan {
     /// Total tokens.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.segments.iter().map(|(_, n)| n).sum()
     }
 
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// The text.
-    pub fn text(&self, synth: &PromptSynth) -> String {
+    pub(crate) fn text(&self, synth: &PromptSynth) -> String {
         self.segments
             .iter()
             .map(|(ids, n)| synth.prompt(ids, *n))
@@ -221,7 +216,11 @@ pub fn plans(trace: &Trace, mode: SessionMode) -> Vec<Vec<PromptPlan>> {
 /// Expected prefix reuse with an unbounded cache: per request (session, turn order) the tokens
 /// of its leading blocks whose hash-id prefix an earlier request (in approximate arrival order:
 /// session start plus delays) already had, capped at the prompt length.
-pub fn expected_reuse(trace: &Trace, plans: &[Vec<PromptPlan>], block: usize) -> Vec<Vec<usize>> {
+pub(crate) fn expected_reuse(
+    trace: &Trace,
+    plans: &[Vec<PromptPlan>],
+    block: usize,
+) -> Vec<Vec<usize>> {
     let mut order: Vec<(u64, usize, usize)> = Vec::new();
     for (si, s) in trace.sessions.iter().enumerate() {
         let mut t = s.first_arrival.0;
@@ -340,8 +339,8 @@ impl ReplayArgs {
 }
 
 /// Every prompt of `plans` (incremental sessions repeat their history) is at most
-/// [`limits::MAX_PROMPT_TOKENS`]; the error names the trace line of the first that is not.
-pub fn check_prompt_lengths(
+/// `limits::MAX_PROMPT_TOKENS`; the error names the trace line of the first that is not.
+pub(crate) fn check_prompt_lengths(
     trace: &Trace,
     plans: &[Vec<PromptPlan>],
     source_name: &str,
@@ -428,7 +427,10 @@ pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
 
 /// Runs a live replay; `console` says whether it prints (a sweep's points do not). The
 /// report files of `args` are written either way.
-pub async fn replay_with(args: &ReplayArgs, console: bool) -> Result<ReplayRun, LoadgenError> {
+pub(crate) async fn replay_with(
+    args: &ReplayArgs,
+    console: bool,
+) -> Result<ReplayRun, LoadgenError> {
     args.check()?;
     let format = trace::detect_format(&args.trace.path, args.trace.format)?;
     if format != TraceFormat::Mooncake {

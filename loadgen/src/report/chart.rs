@@ -31,7 +31,7 @@ const COLORS: [&str; 8] = [
 
 /// One line of a chart.
 #[derive(Clone, Debug, Default)]
-pub struct Series {
+pub(crate) struct Series {
     /// Legend.
     pub name: String,
     /// (x, y) in data units.
@@ -46,7 +46,7 @@ pub struct Series {
 
 /// A chart: series, axes, horizontal reference lines, marked points.
 #[derive(Clone, Debug, Default)]
-pub struct Chart {
+pub(crate) struct Chart {
     /// Title above it.
     pub title: String,
     /// X axis label.
@@ -110,7 +110,7 @@ pub(crate) fn esc(s: &str) -> String {
 
 impl Chart {
     /// The chart as an inline `<svg>`.
-    pub fn svg(&self) -> String {
+    pub(crate) fn svg(&self) -> String {
         let (w, h) = (
             720.0,
             if self.height > 0.0 {

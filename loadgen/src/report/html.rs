@@ -18,10 +18,10 @@ use crate::report::chart::{esc, short, Chart, Series};
 use crate::report::replay_report::LiveReport;
 
 /// Quantiles kept per latency in `latency_cdf` (0%, 1%, ..., 100%).
-pub const CDF_POINTS: usize = 101;
+pub(crate) const CDF_POINTS: usize = 101;
 
 /// Most intervals in a `timeline`.
-pub const TIMELINE_BUCKETS: f64 = 60.0;
+pub(crate) const TIMELINE_BUCKETS: f64 = 60.0;
 
 /// 101 quantiles of `v` (empty when `v` is).
 fn quantiles(mut v: Vec<f64>) -> Vec<f64> {
@@ -39,7 +39,7 @@ fn quantiles(mut v: Vec<f64>) -> Vec<f64> {
 
 /// The `latency_cdf` key: 101 quantiles (ms) of TTFT, ITL (every gap between token chunks)
 /// and E2E latency of the successful requests.
-pub fn latency_cdf(live: &LiveReport) -> Value {
+pub(crate) fn latency_cdf(live: &LiveReport) -> Value {
     let ok = || live.records.iter().filter(|r| r.error.is_none());
     let ttft: Vec<f64> = ok().filter_map(|r| r.record.ttft_ms).collect();
     let e2e: Vec<f64> = ok().filter_map(|r| r.record.e2e_latency_ms).collect();
@@ -73,7 +73,7 @@ fn bucket_s(duration_s: f64) -> f64 {
 /// The `timeline` key: per interval from the run start, requests completed per second, output
 /// tokens per second (at their chunks' times) and the median TTFT of the requests whose first
 /// token came in it.
-pub fn timeline(live: &LiveReport) -> Value {
+pub(crate) fn timeline(live: &LiveReport) -> Value {
     let base = live
         .records
         .iter()
@@ -130,7 +130,7 @@ pub fn timeline(live: &LiveReport) -> Value {
 
 /// One run as the page draws it.
 #[derive(Clone, Debug, Default)]
-pub struct RunView {
+pub(crate) struct RunView {
     /// Its name in legends.
     pub name: String,
     /// TTFT, ITL, E2E quantiles (ms).
@@ -156,11 +156,11 @@ pub struct RunView {
 }
 
 /// One interval of a run's timeline: (start s, req/s, output tok/s, TTFT p50 ms).
-pub type TimePoint = (f64, f64, f64, Option<f64>);
+pub(crate) type TimePoint = (f64, f64, f64, Option<f64>);
 
 /// One sweep point as drawn.
 #[derive(Clone, Debug, Default)]
-pub struct SweepPointView {
+pub(crate) struct SweepPointView {
     /// `c=8`, `4 req/s`.
     pub label: String,
     /// The offered load (concurrency, req/s or speed-up): the curve's order.
@@ -189,7 +189,7 @@ fn quantiles_of_us(values: impl Iterator<Item = u64>) -> Vec<f64> {
 
 impl RunView {
     /// Reads a report JSON of any mode (bench, replay, sweep, multiturn, merge).
-    pub fn of(name: &str, j: &Value) -> RunView {
+    pub(crate) fn of(name: &str, j: &Value) -> RunView {
         let mut v = RunView {
             name: name.to_string(),
             config: j.get("config").cloned().unwrap_or(Value::Null),
@@ -324,7 +324,7 @@ pre{background:#f6f6f6;border:1px solid #e4e4e4;padding:8px;overflow:auto;font-s
 "#;
 
 /// The HTML page for one or more runs.
-pub fn render(runs: &[RunView]) -> String {
+pub(crate) fn render(runs: &[RunView]) -> String {
     let title = match runs {
         [one] => format!("loadgen report: {}", one.name),
         many => format!(
@@ -594,7 +594,7 @@ pub fn render(runs: &[RunView]) -> String {
 }
 
 /// Writes the page for `runs` to `path`.
-pub fn write(path: &Path, runs: &[RunView]) -> Result<(), LoadgenError> {
+pub(crate) fn write(path: &Path, runs: &[RunView]) -> Result<(), LoadgenError> {
     std::fs::write(path, render(runs)).map_err(|source| LoadgenError::Io {
         path: path.to_path_buf(),
         source,

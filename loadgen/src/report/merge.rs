@@ -10,13 +10,13 @@
 //! records gives that run's report.
 //!
 //! Shards of one run (`--shard I/N`, records with `"shard": [I, N]`) keep their global
-//! session indices; the shard set is checked first ([`check_shards`]): one N, every I of
+//! session indices; the shard set is checked first (`check_shards`): one N, every I of
 //! `0..N` exactly once, no unsharded file among them (empty files, from shards that had
 //! nothing to send, stand for as many missing shards).
 //!
 //! `multiturn`'s per-request records (its `raw_results`: `user_id`, no `raw` object) merge as
 //! the shards of one run: a `--shard` run's records carry what the report pools
-//! ([`ShardSample`]), and [`merge_multiturn`] rebuilds the whole run's [`Results`] with the
+//! ([`ShardSample`]), and `merge_multiturn` rebuilds the whole run's [`Results`] with the
 //! code a run uses. An unsharded multiturn run is one process already: its records are refused.
 
 use std::collections::BTreeMap;
@@ -67,7 +67,7 @@ pub enum Records {
 }
 
 /// Reads the `raw` records of `bench` or `replay` JSONL files (lines without one are skipped
-/// and counted); multiturn records are refused ([`read_records`] takes both).
+/// and counted); multiturn records are refused (`read_records` takes both).
 pub fn read(files: &[PathBuf]) -> Result<(Vec<RawSample>, usize), LoadgenError> {
     match read_records(files)? {
         Records::Live(raws, skipped) => Ok((raws, skipped)),
@@ -81,7 +81,7 @@ pub fn read(files: &[PathBuf]) -> Result<(Vec<RawSample>, usize), LoadgenError> 
 /// without one are skipped and counted) or a multiturn run's shards, never both. A file given
 /// twice (the same file by any path, or a copy with the same records) is refused: its records
 /// would count twice.
-pub fn read_records(files: &[PathBuf]) -> Result<Records, LoadgenError> {
+pub(crate) fn read_records(files: &[PathBuf]) -> Result<Records, LoadgenError> {
     let mut out = Vec::new();
     let mut multiturn: Vec<RawResult> = Vec::new();
     let mut skipped = 0;
@@ -220,7 +220,7 @@ fn show_shard(shard: Option<(u32, u32)>) -> String {
 /// record): all unsharded, or shards `I/N` of one N with every `I` in `0..N` exactly once,
 /// where the empty files (a shard with nothing to send writes no record) stand for the
 /// missing shards when there are exactly as many of them.
-pub fn check_shards(
+pub(crate) fn check_shards(
     shards: &[(&PathBuf, Option<(u32, u32)>)],
     empty: usize,
 ) -> Result<(), LoadgenError> {
@@ -347,7 +347,10 @@ pub fn check(args: &MergeArgs) -> Result<(), LoadgenError> {
 /// The whole run's results from the records of a multiturn run's shards (a complete shard set,
 /// as [`read_records`] checks): clocks aligned on the earliest wall-clock start, the records
 /// in (user, turn) order without their shard data, as an unsharded run writes them.
-pub fn merge_multiturn(records: Vec<RawResult>, config: Value) -> Result<Results, LoadgenError> {
+pub(crate) fn merge_multiturn(
+    records: Vec<RawResult>,
+    config: Value,
+) -> Result<Results, LoadgenError> {
     let shape = |m: &ShardSample| (m.num_users, m.num_turns, m.speculative_prefill);
     let Some(first) = records.iter().find_map(|r| r.merge.as_ref()).map(shape) else {
         return Err(LoadgenError::Config(

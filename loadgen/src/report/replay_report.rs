@@ -82,7 +82,7 @@ pub struct LiveRecord {
 
 /// One request exactly as the driver measured it (µs, relative to its process's run start)
 /// and what loadgen intended for it: the per-request JSONL's `raw` object. A report rebuilt
-/// from these ([`RawSample::to_sample`] then [`build`]) is the report of the run.
+/// from these (`RawSample::to_sample` then [`build`]) is the report of the run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RawSample {
     /// Wall-clock time (µs since the Unix epoch) of the run start of the process that sent it:
@@ -184,7 +184,7 @@ impl RawSample {
     /// The sample and intent back, with `shift_us` added to the scheduled and send times (clock
     /// alignment) and `session_base` to the session index (sessions of different processes
     /// stay apart).
-    pub fn to_sample(&self, shift_us: u64, session_base: usize) -> (Sample, RequestInfo) {
+    pub(crate) fn to_sample(&self, shift_us: u64, session_base: usize) -> (Sample, RequestInfo) {
         let sample = Sample {
             session: session_base + self.session,
             turn: self.turn,
@@ -244,7 +244,7 @@ pub const PER_USER_DEFINITION: &str =
     "per request: (output tokens - 1) / (last token - first token)";
 
 /// Pacer lag above which the run is flagged: the client could not keep up.
-pub const LAG_WARN_MS: f64 = 10.0;
+pub(crate) const LAG_WARN_MS: f64 = 10.0;
 
 /// A live run's report.
 #[derive(Clone, Debug)]
@@ -400,7 +400,7 @@ pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> Li
 
 impl LiveReport {
     /// Stamps every record with the wall-clock time of its run start.
-    pub fn set_started_at(&mut self, started_at: std::time::SystemTime) {
+    pub(crate) fn set_started_at(&mut self, started_at: std::time::SystemTime) {
         let us = started_at
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64);
@@ -410,8 +410,8 @@ impl LiveReport {
     }
 
     /// Stamps every record with the shard of its process (records already carry global
-    /// session indices: [`crate::run::shard::Shard::global`]).
-    pub fn set_shard(&mut self, shard: Option<crate::run::shard::Shard>) {
+    /// session indices: `crate::run::shard::Shard::global`).
+    pub(crate) fn set_shard(&mut self, shard: Option<crate::run::shard::Shard>) {
         for r in &mut self.records {
             r.raw.shard = shard.map(|s| s.pair());
         }
@@ -476,12 +476,12 @@ impl LiveReport {
     }
 
     /// `mockserve replay`'s console report, with the per-user throughput's definition.
-    pub fn report_lines(&self) -> String {
+    pub(crate) fn report_lines(&self) -> String {
         format!("{}  (tok/s/user: {PER_USER_DEFINITION})\n", self.report)
     }
 
     /// The schedule-lag lines of the console report, with a warning when the pacer fell behind.
-    pub fn lag_lines(&self) -> String {
+    pub(crate) fn lag_lines(&self) -> String {
         let l = &self.lag;
         let mut s = format!(
             "Schedule lag (actual - scheduled send): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (pacer alone: max {:.2} ms)\n",
@@ -498,7 +498,7 @@ impl LiveReport {
 }
 
 /// Writes the report JSON and the per-request JSONL when asked to.
-pub fn write_files(
+pub(crate) fn write_files(
     json: &Value,
     records: &[LiveRecord],
     report_json: Option<&Path>,

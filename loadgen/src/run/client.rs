@@ -17,17 +17,17 @@ use crate::run::sse::SseParser;
 /// Most tokens one streamed chunk is assumed to carry before a server's `usage` is called into
 /// question: servers batch tokens into chunks (stream intervals, speculative decoding), so usage
 /// above the chunk count is normal, but not by more than this factor.
-pub const MAX_TOKENS_PER_CHUNK: u64 = 32;
+pub(crate) const MAX_TOKENS_PER_CHUNK: u64 = 32;
 
 /// True when `usage.completion_tokens` contradicts the `chunks` that carried tokens: fewer
 /// tokens than chunks (every counted chunk carries at least one token) or more than
 /// [`MAX_TOKENS_PER_CHUNK`] per chunk.
-pub fn usage_disagrees(usage_tokens: u64, chunks: u64) -> bool {
+pub(crate) fn usage_disagrees(usage_tokens: u64, chunks: u64) -> bool {
     usage_tokens < chunks || usage_tokens > MAX_TOKENS_PER_CHUNK.saturating_mul(chunks)
 }
 
 /// Most bytes of a non-2xx response body read for its error message.
-pub const ERROR_BODY_BYTES: usize = 16 * 1024;
+pub(crate) const ERROR_BODY_BYTES: usize = 16 * 1024;
 
 /// Where `output_tokens` came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,7 +43,7 @@ pub enum TokenSource {
 /// one place ([`Timing::first_token_us`], and from the scheduled send
 /// [`crate::run::driver::Sample::ttft_us`]) for every mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FirstToken {
+pub(crate) enum FirstToken {
     /// The first token of any kind: content, reasoning or completion text. The replay and bench
     /// reports' TTFT (`mockserve replay`'s key; AIPerf's and vLLM's TTFT).
     Any,
@@ -71,7 +71,7 @@ pub struct Timing {
 
 impl Timing {
     /// Time from the send to the first token of `kind`; None when no such token came.
-    pub fn first_token_us(&self, kind: FirstToken) -> Option<u64> {
+    pub(crate) fn first_token_us(&self, kind: FirstToken) -> Option<u64> {
         match kind {
             FirstToken::Any => self.token_chunks_us.first().copied(),
             FirstToken::Answer => self.first_answer_us,
@@ -81,7 +81,7 @@ impl Timing {
     /// Per-request output throughput (tokens/s), as other tools define it: the output tokens
     /// after the first over the time from the first to the last token chunk. None with fewer
     /// than two tokens or no time between the first and last chunk.
-    pub fn output_tokens_per_s(&self, output_tokens: u64) -> Option<f64> {
+    pub(crate) fn output_tokens_per_s(&self, output_tokens: u64) -> Option<f64> {
         let (first, last) = (self.token_chunks_us.first()?, self.token_chunks_us.last()?);
         let span_s = last.checked_sub(*first).filter(|&d| d > 0)? as f64 / 1e6;
         (output_tokens >= 2).then(|| (output_tokens - 1) as f64 / span_s)
@@ -96,7 +96,7 @@ pub struct Response {
     /// Concatenated `delta.content` (what goes back into the history).
     pub content: String,
     /// Completion tokens: the server's usage, else (no usage, or usage that contradicts the
-    /// chunks, see [`usage_disagrees`]) the counted token chunks.
+    /// chunks, see `usage_disagrees`) the counted token chunks.
     pub output_tokens: u64,
     /// Where `output_tokens` came from.
     pub output_tokens_source: TokenSource,
@@ -667,7 +667,7 @@ impl StreamState {
 
 /// Tool calls of one answer kept at most (a delta with a larger index is ignored): an index is
 /// the server's to choose, and it must not size a vector.
-pub const MAX_TOOL_CALLS: usize = 128;
+pub(crate) const MAX_TOOL_CALLS: usize = 128;
 
 /// The serving worker of a response's `nvext.worker_id`: a number, or Dynamo's object
 /// `{"prefill_worker_id", "decode_worker_id"}` (the decode worker, else the prefill one).
@@ -683,7 +683,7 @@ fn worker_of(v: &Value) -> Option<u32> {
 
 /// The error message of a non-2xx body: `error.message` (OpenAI, vLLM), `error` as a string,
 /// `message` or `detail` (FastAPI), else the text itself.
-pub fn error_message(body: &str) -> String {
+pub(crate) fn error_message(body: &str) -> String {
     let from_json = serde_json::from_str::<Value>(body).ok().and_then(|v| {
         let text = |x: &Value| x.as_str().map(str::to_string);
         v.pointer("/error/message")
@@ -729,7 +729,7 @@ pub async fn send(endpoint: &Endpoint, body: &Value) -> Response {
 }
 
 /// [`send`] to `url`, `endpoint.url` parsed once by the caller (a URL is not parsed per request).
-pub async fn send_to(endpoint: &Endpoint, url: &reqwest::Url, body: &Value) -> Response {
+pub(crate) async fn send_to(endpoint: &Endpoint, url: &reqwest::Url, body: &Value) -> Response {
     send_request(endpoint, endpoint.client.post(url.clone()), body).await
 }
 

@@ -28,7 +28,7 @@ use crate::run::client::{self, Endpoint, FirstToken, Response};
 use crate::run::failure::Failure;
 
 /// How long before a session's first deadline the pacer starts its task.
-pub const PACER_LEAD: Duration = Duration::from_millis(20);
+pub(crate) const PACER_LEAD: Duration = Duration::from_millis(20);
 
 /// When a request is due.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,19 +85,19 @@ impl Sample {
     }
 
     /// Lag not explained by the in-flight cap: the pacer's own lateness.
-    pub fn pacer_lag_us(&self) -> u64 {
+    pub(crate) fn pacer_lag_us(&self) -> u64 {
         self.lag_us().saturating_sub(self.cap_wait_us)
     }
 
     /// Absolute time (µs from the run start) of a response offset.
-    pub fn at(&self, offset_us: u64) -> u64 {
+    pub(crate) fn at(&self, offset_us: u64) -> u64 {
         self.sent_us + offset_us
     }
 
     /// Time to first token of `kind`, from the *scheduled* send (so a late client cannot hide
     /// server latency); None for a failed request or when no such token came. The one TTFT
     /// computation every mode's report uses.
-    pub fn ttft_us(&self, kind: FirstToken) -> Option<u64> {
+    pub(crate) fn ttft_us(&self, kind: FirstToken) -> Option<u64> {
         if self.response.failure.is_some() {
             return None;
         }
@@ -106,7 +106,7 @@ impl Sample {
     }
 
     /// End of the request, µs from the run start.
-    pub fn end_us(&self) -> u64 {
+    pub(crate) fn end_us(&self) -> u64 {
         self.at(self.response.timing.end_us)
     }
 }
@@ -117,7 +117,7 @@ pub type Observer = Arc<dyn Fn(&Sample) + Send + Sync>;
 /// How one run goes on a connected target beyond its schedule: what watches it and what may
 /// stop it (the parts of a [`DriverConfig`] that observers supply).
 #[derive(Clone, Default)]
-pub struct RunHooks {
+pub(crate) struct RunHooks {
     /// Progress bar, incremented per completed request.
     pub bar: Option<ProgressBar>,
     /// Called per completed request (live view, over-capacity watch).
@@ -130,7 +130,7 @@ pub struct RunHooks {
 
 impl RunHooks {
     /// The driver's configuration: these hooks, an in-flight cap and a send deadline.
-    pub fn driver_config(
+    pub(crate) fn driver_config(
         self,
         max_in_flight: Option<usize>,
         stop_after: Option<Duration>,

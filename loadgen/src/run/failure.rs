@@ -10,10 +10,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::LoadgenError;
 
 /// Default of `--max-failure-rate` in every mode: a run with more than 5% failed requests fails.
-pub const DEFAULT_MAX_FAILURE_RATE: f64 = 0.05;
+pub(crate) const DEFAULT_MAX_FAILURE_RATE: f64 = 0.05;
 
 /// Distinct reasons listed in a [`FailureSummary`]; the rest are counted in one "other" entry.
-pub const MAX_REASONS: usize = 20;
+pub(crate) const MAX_REASONS: usize = 20;
 
 /// Why a request failed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -199,7 +199,11 @@ impl FailureSummary {
 
 /// The pass/fail verdict of a run of `total` requests, `failed` of them failed: an error when
 /// every request failed or when more than `max_failure_rate` of them did.
-pub fn verdict(total: usize, failed: usize, max_failure_rate: f64) -> Result<(), LoadgenError> {
+pub(crate) fn verdict(
+    total: usize,
+    failed: usize,
+    max_failure_rate: f64,
+) -> Result<(), LoadgenError> {
     if total > 0 && failed == total {
         return Err(LoadgenError::AllFailed { total });
     }
@@ -230,7 +234,7 @@ impl FailureArgs {
 }
 
 /// `--max-failure-rate` must be a share in [0, 1].
-pub fn check_rate(rate: f64) -> Result<f64, LoadgenError> {
+pub(crate) fn check_rate(rate: f64) -> Result<f64, LoadgenError> {
     if (0.0..=1.0).contains(&rate) {
         Ok(rate)
     } else {

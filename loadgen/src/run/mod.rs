@@ -12,15 +12,15 @@
 //!   due at absolute offsets (open loop) or after the previous answer (closed loop).
 //! - [`client`]: one streamed request and its timing; [`sse`]: the bounded SSE parser it reads
 //!   with.
-//! - [`prompt`]: prompt text from hash ids, exact for a known tokenizer.
-//! - [`failure`]: why a request failed, counts by reason and the verdict.
-//! - [`shard`]: `--shard I/N` and `--start-at`, one load split over N processes.
+//! - `prompt`: prompt text from hash ids, exact for a known tokenizer.
+//! - `failure`: why a request failed, counts by reason and the verdict.
+//! - `shard`: `--shard I/N` and `--start-at`, one load split over N processes.
 
 pub mod client;
 pub mod driver;
-pub mod failure;
-pub mod prompt;
-pub mod shard;
+pub(crate) mod failure;
+pub(crate) mod prompt;
+pub(crate) mod shard;
 pub mod sse;
 pub mod target;
 

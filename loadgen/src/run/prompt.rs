@@ -28,7 +28,7 @@ const FILLER_SALT: u64 = 0x5EED_B10C_0000_0001;
 
 /// Turns hash ids into prompt text.
 #[derive(Clone, Debug)]
-pub struct PromptSynth {
+pub(crate) struct PromptSynth {
     /// One-token pieces, in a fixed order.
     pieces: Vec<String>,
     /// Token counts are exact (a tokenizer was known).
@@ -41,7 +41,7 @@ pub struct PromptSynth {
 
 impl PromptSynth {
     /// Exact blocks for `tok`: its continuation answer words that encode to one token each.
-    pub fn exact(tok: &dyn Tokenizer, block_size: usize) -> PromptSynth {
+    pub(crate) fn exact(tok: &dyn Tokenizer, block_size: usize) -> PromptSynth {
         let pieces: Vec<String> = tok
             .answer_words()
             .continuation()
@@ -58,7 +58,7 @@ impl PromptSynth {
 
     /// Approximate blocks for an unknown tokenizer: the default tokenizer's one-token words
     /// (lorem-ipsum words should it fail to load).
-    pub fn heuristic(block_size: usize) -> PromptSynth {
+    pub(crate) fn heuristic(block_size: usize) -> PromptSynth {
         if let Ok(tok) = servesim::tokenizer::default_tokenizer() {
             let exact = PromptSynth::exact(&tok, block_size);
             if exact.is_exact() {
@@ -90,17 +90,12 @@ impl PromptSynth {
     }
 
     /// True when token counts are exact.
-    pub fn is_exact(&self) -> bool {
+    pub(crate) fn is_exact(&self) -> bool {
         self.exact
     }
 
-    /// Tokens per hash id.
-    pub fn block_size(&self) -> usize {
-        self.block_size
-    }
-
     /// The pieces (indices) of hash id `id`'s block: exactly `block_size` of them.
-    pub fn block(&self, id: u64) -> Vec<u32> {
+    pub(crate) fn block(&self, id: u64) -> Vec<u32> {
         let v = self.pieces.len() as u64;
         let mut out = Vec::with_capacity(self.block_size);
         let mut rest = id;
@@ -116,14 +111,14 @@ impl PromptSynth {
     }
 
     /// `n` pieces drawn from a generator seeded with `seed` (synthetic prompts of `bench`).
-    pub fn filler(&self, seed: u64, n: usize) -> Vec<u32> {
+    pub(crate) fn filler(&self, seed: u64, n: usize) -> Vec<u32> {
         let v = self.pieces.len() as u32;
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ FILLER_SALT);
         (0..n).map(|_| rng.gen_range(0..v)).collect()
     }
 
     /// The prompt's pieces: the blocks of `hash_ids` concatenated, cut to `input_length`.
-    pub fn prompt_pieces(&self, hash_ids: &[u64], input_length: usize) -> Vec<u32> {
+    pub(crate) fn prompt_pieces(&self, hash_ids: &[u64], input_length: usize) -> Vec<u32> {
         let mut out = Vec::with_capacity(input_length);
         for &id in hash_ids {
             if out.len() >= input_length {
@@ -137,7 +132,7 @@ impl PromptSynth {
     }
 
     /// The text of some pieces.
-    pub fn text(&self, pieces: &[u32]) -> String {
+    pub(crate) fn text(&self, pieces: &[u32]) -> String {
         let mut s = String::with_capacity(pieces.len() * 7);
         for &p in pieces {
             s.push_str(&self.pieces[p as usize]);
@@ -146,7 +141,7 @@ impl PromptSynth {
     }
 
     /// The prompt text of `hash_ids` cut to `input_length` tokens.
-    pub fn prompt(&self, hash_ids: &[u64], input_length: usize) -> String {
+    pub(crate) fn prompt(&self, hash_ids: &[u64], input_length: usize) -> String {
         self.text(&self.prompt_pieces(hash_ids, input_length))
     }
 }

@@ -68,12 +68,12 @@ impl Shard {
 }
 
 /// The global index of local session `local` under `shard` (itself when unsharded).
-pub fn global(shard: Option<Shard>, local: usize) -> usize {
+pub(crate) fn global(shard: Option<Shard>, local: usize) -> usize {
     shard.map_or(local, |s| s.global(local))
 }
 
 /// Adds `"shard": [I, N]` to a report of a sharded run (an unsharded report is left as is).
-pub fn annotate(json: &mut serde_json::Value, shard: Option<Shard>) {
+pub(crate) fn annotate(json: &mut serde_json::Value, shard: Option<Shard>) {
     if let (Some(s), Some(map)) = (shard, json.as_object_mut()) {
         map.insert("shard".into(), serde_json::json!([s.index, s.count]));
     }
@@ -127,11 +127,11 @@ impl std::fmt::Display for StartAt {
 }
 
 /// Latest `--start-at` accepted: 24 hours from now.
-pub const MAX_START_AHEAD: Duration = Duration::from_secs(86_400);
+pub(crate) const MAX_START_AHEAD: Duration = Duration::from_secs(86_400);
 
 /// Earliest `--start-at` accepted: 60 seconds ago (a process started a little late still runs,
 /// at once).
-pub const MAX_START_LATE: Duration = Duration::from_secs(60);
+pub(crate) const MAX_START_LATE: Duration = Duration::from_secs(60);
 
 /// Days since 1970-01-01 of a proleptic Gregorian date.
 fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
@@ -159,7 +159,7 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 
 /// µs since the Unix epoch of an RFC 3339 time in UTC: `YYYY-MM-DDTHH:MM:SS[.frac](Z|+00:00)`
 /// (`t`, `z` and a space for `T` accepted), years 1970 to 9999.
-pub fn parse_rfc3339_utc(s: &str) -> Result<u64, String> {
+pub(crate) fn parse_rfc3339_utc(s: &str) -> Result<u64, String> {
     let bad = |why: &str| {
         Err(format!(
             "{s:?} is not an RFC 3339 UTC time like 2026-12-02T19:00:00Z ({why})"
@@ -284,7 +284,7 @@ impl ShardArgs {
 
 /// `--start-at` is at most [`MAX_START_AHEAD`] after `now_us` and at most [`MAX_START_LATE`]
 /// before it.
-pub fn check_start_at(at: StartAt, now_us: u64) -> Result<(), LoadgenError> {
+pub(crate) fn check_start_at(at: StartAt, now_us: u64) -> Result<(), LoadgenError> {
     let ahead = MAX_START_AHEAD.as_micros() as u64;
     let late = MAX_START_LATE.as_micros() as u64;
     if at.unix_us > now_us.saturating_add(ahead) || at.unix_us.saturating_add(late) < now_us {

@@ -23,7 +23,7 @@ pub struct LineTooLong {
 
 /// Incremental SSE parser.
 ///
-/// [`SseParser::push_events`] is the allocation-free path (events are slices of one buffer that
+/// `SseParser::push_events` is the allocation-free path (events are slices of one buffer that
 /// is reused from read to read); [`SseParser::push`] returns owned strings.
 #[derive(Debug)]
 pub struct SseParser {
@@ -44,7 +44,7 @@ pub struct SseParser {
     failed: bool,
 }
 
-/// The data of the events one [`SseParser::push_events`] completed, in order.
+/// The data of the events one `SseParser::push_events` completed, in order.
 #[derive(Debug)]
 pub struct Events<'a> {
     buf: &'a str,
@@ -110,7 +110,7 @@ impl SseParser {
 
     /// As [`SseParser::push`], without allocating: the events borrow the parser's buffer until
     /// the next call.
-    pub fn push_events(&mut self, bytes: &[u8]) -> Result<Events<'_>, LineTooLong> {
+    pub(crate) fn push_events(&mut self, bytes: &[u8]) -> Result<Events<'_>, LineTooLong> {
         self.check()?;
         // Drop the events the previous push returned; keep the pending event's data.
         match self.pending {

@@ -23,10 +23,10 @@ use crate::run::client::{self, Endpoint};
 use crate::run::prompt::PromptSynth;
 
 /// Context length of the embedded server for `replay` and `bench`: large enough for any trace row.
-pub const EMBEDDED_MAX_MODEL_LEN: usize = 1 << 22;
+pub(crate) const EMBEDDED_MAX_MODEL_LEN: usize = 1 << 22;
 
 /// Request body limit of the embedded server: long multi-turn histories and trace prompts fit.
-pub const EMBEDDED_MAX_BODY_BYTES: usize = 1 << 30;
+pub(crate) const EMBEDDED_MAX_BODY_BYTES: usize = 1 << 30;
 
 /// The flags that say where requests go (every run command).
 #[derive(clap::Args, Clone, Debug)]
@@ -82,7 +82,7 @@ pub struct EmbeddedOptions {
     pub reasoning_ratio: f64,
     /// How reasoning is streamed.
     pub reasoning_format: ReasoningFormat,
-    /// Lower the context length to what one worker can serve ([`servable_context`]): the
+    /// Lower the context length to what one worker can serve (`servable_context`): the
     /// modes without a `--max-model-len` flag (`replay`, `bench`, `sweep`, `profile`), so that
     /// the server neither warns about a flag the user cannot set nor admits prompts its KV pool
     /// must refuse.
@@ -92,7 +92,10 @@ pub struct EmbeddedOptions {
 /// The longest context one worker of `engine` can serve, at most `max_model_len`: its KV pool
 /// (`--num-gpu-blocks` x `--block-size`) and, when prompts cannot be chunked, one pass's token
 /// budget (`--max-num-batched-tokens`).
-pub fn servable_context(engine: &servesim::scheduler::EngineConfig, max_model_len: usize) -> usize {
+pub(crate) fn servable_context(
+    engine: &servesim::scheduler::EngineConfig,
+    max_model_len: usize,
+) -> usize {
     let mut len = max_model_len.min(engine.kv_capacity_tokens());
     if !engine.enable_chunked_prefill && engine.policy().honours_chunked_prefill_flag {
         len = len.min(engine.max_num_batched_tokens);
@@ -244,7 +247,9 @@ impl Embedded {
 }
 
 /// Starts mockserve on 127.0.0.1 (a free port); returns its base URL.
-pub async fn start_embedded(config: &ServerConfig) -> Result<(String, Embedded), LoadgenError> {
+pub(crate) async fn start_embedded(
+    config: &ServerConfig,
+) -> Result<(String, Embedded), LoadgenError> {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| LoadgenError::Embedded(e.to_string()))?;
@@ -264,7 +269,7 @@ pub async fn start_embedded(config: &ServerConfig) -> Result<(String, Embedded),
 }
 
 /// Resolves the model: the single model of `{url}/v1/models` (Dynamo's messages).
-pub async fn detect_model(
+pub(crate) async fn detect_model(
     client: &reqwest::Client,
     url: &str,
     api_key: Option<&str>,
@@ -330,7 +335,7 @@ pub struct Connected {
 
 impl Connected {
     /// A prompt synthesizer for this target's tokenizer.
-    pub fn synth(&self, block_size: usize) -> PromptSynth {
+    pub(crate) fn synth(&self, block_size: usize) -> PromptSynth {
         match &self.tokenizer {
             Some(tok) => PromptSynth::exact(tok.as_ref(), block_size),
             None => PromptSynth::heuristic(block_size),
@@ -347,7 +352,7 @@ impl Connected {
 
 impl TargetSpec {
     /// The target for a report's `config`: the URL, or the embedded server's settings.
-    pub fn describe(&self) -> serde_json::Value {
+    pub(crate) fn describe(&self) -> serde_json::Value {
         match (&self.url, &self.server) {
             (Some(url), _) => serde_json::json!({"url": url, "model": self.model}),
             (None, Some(s)) => {
@@ -373,12 +378,12 @@ impl TargetSpec {
     }
 
     /// True when loadgen runs mockserve itself.
-    pub fn is_embedded(&self) -> bool {
+    pub(crate) fn is_embedded(&self) -> bool {
         self.url.is_none()
     }
 
     /// How prompts are sized, for reports: the tokenizer file, `embedded`, or the heuristic.
-    pub fn tokenizer_name(&self) -> String {
+    pub(crate) fn tokenizer_name(&self) -> String {
         match (&self.tokenizer, self.is_embedded()) {
             (Some(p), _) => p.display().to_string(),
             (None, true) => "embedded".into(),
@@ -467,7 +472,7 @@ impl TargetSpec {
 /// user message is the prompt. Both ask for `max_tokens` exactly (`ignore_eos`), usage, and, with
 /// `ask_worker_id`, the serving worker (`nvext.extra_fields`, which mockserve and Dynamo answer and
 /// others ignore).
-pub fn request_body(
+pub(crate) fn request_body(
     api: Api,
     model: &str,
     prompt: String,
@@ -492,7 +497,7 @@ pub fn request_body(
 }
 
 /// A streamed `/v1/completions` body: `max_tokens` tokens exactly (`ignore_eos`), usage included.
-pub fn completion_body(model: &str, prompt: String, max_tokens: usize) -> serde_json::Value {
+pub(crate) fn completion_body(model: &str, prompt: String, max_tokens: usize) -> serde_json::Value {
     serde_json::json!({
         "model": model,
         "prompt": prompt,

@@ -323,7 +323,7 @@ impl SweepArgs {
 
 /// The loads the search visits: given the points so far (in run order), the next load, or None
 /// when the search is over.
-pub fn next_search_load(
+pub(crate) fn next_search_load(
     loads: &[(f64, bool)],
     start: f64,
     factor: f64,
@@ -365,10 +365,10 @@ pub fn next_search_load(
     }
 }
 
-/// The highest load a search may reach on `axis`: [`limits::MAX_REQUEST_RATE`], or the most
-/// concurrent requests whose prompts and answers stay within [`limits::MAX_TOKENS_IN_FLIGHT`]
-/// (at most [`limits::MAX_CONCURRENCY`]).
-pub fn search_ceiling(axis: SearchAxis, base: &BenchPlan) -> f64 {
+/// The highest load a search may reach on `axis`: `limits::MAX_REQUEST_RATE`, or the most
+/// concurrent requests whose prompts and answers stay within `limits::MAX_TOKENS_IN_FLIGHT`
+/// (at most `limits::MAX_CONCURRENCY`).
+pub(crate) fn search_ceiling(axis: SearchAxis, base: &BenchPlan) -> f64 {
     match axis {
         SearchAxis::RequestRate => limits::MAX_REQUEST_RATE,
         SearchAxis::Concurrency => {
@@ -480,7 +480,7 @@ async fn run_point(
 }
 
 /// Runs the sweep's points on a connected target.
-pub async fn run_points(
+pub(crate) async fn run_points(
     plan: &SweepPlan,
     target: &crate::run::target::Connected,
     mut on_point: impl FnMut(&Point),

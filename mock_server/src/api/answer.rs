@@ -29,7 +29,7 @@ use crate::text::TextCodec;
 
 /// How every choice of one request answers (the request's settings and the server's).
 #[derive(Clone, Debug)]
-pub struct AnswerSpec {
+pub(crate) struct AnswerSpec {
     /// Output limit in tokens.
     pub limit: usize,
     /// Run to the limit: no sampled end, no inserted stop.
@@ -62,7 +62,7 @@ pub struct AnswerSpec {
 
 /// Why a choice ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
+pub(crate) enum FinishReason {
     /// The model ended it (end of sequence, a stop string or a stop token id).
     Stop,
     /// The output limit cut it.
@@ -73,7 +73,7 @@ pub enum FinishReason {
 
 impl FinishReason {
     /// The wire name.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
@@ -84,7 +84,7 @@ impl FinishReason {
 
 /// A fragment of a tool call's arguments.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ToolFragment {
+pub(crate) struct ToolFragment {
     /// Which call (its index in [`Answer::tool_calls`]).
     pub call: usize,
     /// The first fragment of its call: the chunk also carries the id, type and name.
@@ -95,7 +95,7 @@ pub struct ToolFragment {
 
 /// What one output token shows the client.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Piece {
+pub(crate) struct Piece {
     /// Reasoning text (`--reasoning-format separate`).
     pub reasoning: Option<String>,
     /// Content text.
@@ -108,7 +108,7 @@ pub struct Piece {
 
 impl Piece {
     /// Nothing to send (a token of a stop string, or one after it).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.reasoning.as_deref().is_none_or(str::is_empty)
             && self.content.as_deref().is_none_or(str::is_empty)
             && self.tool.is_none()
@@ -117,7 +117,7 @@ impl Piece {
 
 /// One choice's answer.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Answer {
+pub(crate) struct Answer {
     /// The token ids the engine runs, in order.
     pub tokens: Vec<u32>,
     /// What each token shows (as many as `tokens`).
@@ -295,7 +295,7 @@ fn cut_texts(texts: &mut [String], cut: usize) {
 
 impl Answer {
     /// Plans one choice from its seed.
-    pub fn plan(spec: &AnswerSpec, codec: &dyn TextCodec, seed: u64) -> Answer {
+    pub(crate) fn plan(spec: &AnswerSpec, codec: &dyn TextCodec, seed: u64) -> Answer {
         let limit = spec.limit.max(1);
         // The length the model would run if nothing stopped it.
         let sampled = if spec.ignore_eos {
@@ -522,7 +522,7 @@ impl Answer {
     }
 
     /// The visible content text (tool-call arguments excluded).
-    pub fn content(&self) -> String {
+    pub(crate) fn content(&self) -> String {
         self.pieces
             .iter()
             .filter_map(|p| p.content.as_deref())

@@ -4,22 +4,22 @@
 //! a message that states the cap.
 //!
 //! Stop strings are then matched against the new text of each token plus a window of the
-//! longest stop's length ([`super::answer`]), JSON answers stop growing once they are past what
-//! the output limit can show ([`super::schema`]), and the answers of a large request are planned
+//! longest stop's length (`super::answer`), JSON answers stop growing once they are past what
+//! the output limit can show (`super::schema`), and the answers of a large request are planned
 //! off the runtime's worker threads, stopping when the client leaves or the server shuts down.
 
 use super::error::ApiError;
 
 /// Prompt text (bytes) beyond which tokenizing is moved off the runtime's worker threads.
-pub const INLINE_TEXT_BYTES: usize = 64 << 10;
+pub(crate) const INLINE_TEXT_BYTES: usize = 64 << 10;
 
 /// Output tokens a request plans beyond which planning is moved off the runtime's worker
 /// threads.
-pub const INLINE_PLAN_TOKENS: usize = 16 << 10;
+pub(crate) const INLINE_PLAN_TOKENS: usize = 16 << 10;
 
 /// Runs `work` on tokio's blocking pool when `heavy` (so the runtime's worker threads keep
 /// answering other requests, `/health` among them), else at once.
-pub async fn off_runtime<T: Send + 'static>(
+pub(crate) async fn off_runtime<T: Send + 'static>(
     heavy: bool,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, ApiError> {
@@ -97,7 +97,7 @@ fn char_class(c: char) -> CharClass {
 
 /// Checks that no word of `text` (a run of one class of characters, digits aside) is longer
 /// than [`MAX_WORD_BYTES`]: a 400 naming `param` otherwise. One pass over the text.
-pub fn check_word_lengths(text: &str, param: &str) -> Result<(), ApiError> {
+pub(crate) fn check_word_lengths(text: &str, param: &str) -> Result<(), ApiError> {
     let mut class = None;
     let mut run = 0usize;
     for c in text.chars() {
@@ -134,7 +134,7 @@ pub fn exceeded(
 
 /// Checks that every id is in the vocabulary (`0..vocab_size`): a 400 naming `param` for the
 /// first that is not, as vLLM answers.
-pub fn check_token_ids(ids: &[u32], vocab_size: usize, param: &str) -> Result<(), ApiError> {
+pub(crate) fn check_token_ids(ids: &[u32], vocab_size: usize, param: &str) -> Result<(), ApiError> {
     match ids.iter().find(|&&id| id as usize >= vocab_size) {
         None => Ok(()),
         Some(id) => Err(ApiError::invalid(
@@ -151,7 +151,7 @@ pub fn check_token_ids(ids: &[u32], vocab_size: usize, param: &str) -> Result<()
 /// The work one request plans, checked against the caps above: `limits` holds each prompt's
 /// output limit, `n` the choices per prompt, `top_logprobs` the alternatives per token when
 /// log-probabilities are asked for, under the name `logprobs_param`.
-pub fn check_plan(
+pub(crate) fn check_plan(
     limits: &[usize],
     n: usize,
     top_logprobs: Option<usize>,

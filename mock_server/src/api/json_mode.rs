@@ -22,7 +22,7 @@ pub enum ResponseFormat {
 
 impl ResponseFormat {
     /// Parses `response_format`; anything malformed is a 400 naming it.
-    pub fn parse(body: &Map<String, Value>) -> Result<ResponseFormat, ApiError> {
+    pub(crate) fn parse(body: &Map<String, Value>) -> Result<ResponseFormat, ApiError> {
         const PARAM: &str = "response_format";
         let format = match body.get(PARAM) {
             None | Some(Value::Null) => return Ok(ResponseFormat::Text),
@@ -63,7 +63,7 @@ impl ResponseFormat {
     /// by field until `size(text)` reaches `target` (tokens, say), so answers still vary in
     /// length, but never past `max` while a smaller object fits; a schema's value is as its
     /// schema makes it, cut at `max_bytes` ([`schema::generate`]; the flag says whether it was).
-    pub fn generate<R: Rng + ?Sized>(
+    pub(crate) fn generate<R: Rng + ?Sized>(
         &self,
         rng: &mut R,
         words: &mut dyn schema::Words,

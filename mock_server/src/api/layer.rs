@@ -20,19 +20,23 @@ use crate::metrics::{EndpointLabel, Metrics};
 /// Largest total size of a request's headers (names, values and separators) the handlers
 /// accept; beyond it the answer is an OpenAI-shaped 431. hyper itself answers a bodiless 431
 /// to a head beyond its read buffer (about 400 KiB) or with more than 100 headers.
-pub const MAX_HEADER_BYTES: usize = 64 << 10;
+pub(crate) const MAX_HEADER_BYTES: usize = 64 << 10;
 
 /// When the server had a request whole (headers and body), on the engine's clock: set by
 /// [`edge_limits`], before the handler parses and tokenizes it, and taken as the engine request's
 /// arrival.
 #[derive(Clone, Copy, Debug)]
-pub struct Received(pub SimTime);
+pub(crate) struct Received(pub SimTime);
 
 /// Request-level limits, checked before any handler: header size (431), body size (413) and
 /// body-read time (408). The body is read here, whole, so no handler ever waits on a slow
 /// client, and the size limit holds whether or not `Content-Length` is sent. The request is
 /// stamped [`Received`] once it is whole.
-pub async fn edge_limits(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub(crate) async fn edge_limits(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
     let header_bytes: usize = request
         .headers()
         .iter()
@@ -88,7 +92,7 @@ pub async fn edge_limits(State(state): State<AppState>, request: Request, next: 
 
 /// Answers 401 unless the request carries `Authorization: Bearer KEY` for the server's
 /// `--api-key` (every request passes when none is set).
-pub async fn require_api_key(
+pub(crate) async fn require_api_key(
     State(state): State<AppState>,
     request: Request,
     next: Next,
@@ -116,7 +120,7 @@ fn check_api_key(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> 
 
 /// Counts every request of a generation route in `servesim_http_requests_total{endpoint}`
 /// (the state names the endpoint), whatever its answer.
-pub async fn count_requests(
+pub(crate) async fn count_requests(
     State((metrics, endpoint)): State<(Arc<Metrics>, &'static str)>,
     request: Request,
     next: Next,
@@ -130,7 +134,7 @@ pub async fn count_requests(
 
 /// Counts the route's error answers in `servesim_http_request_failures_total` (every answer
 /// but a success), a 429 also in `servesim_http_requests_overloaded_total`.
-pub async fn count_failures(
+pub(crate) async fn count_failures(
     State(metrics): State<Arc<Metrics>>,
     request: Request,
     next: Next,

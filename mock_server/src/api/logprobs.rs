@@ -9,11 +9,11 @@ use serde_json::{json, Map, Value};
 
 /// Alternatives at most (`top_logprobs` and the completions `logprobs` are capped here, as by
 /// vLLM's default `--max-logprobs`).
-pub const MAX_TOP_LOGPROBS: usize = 20;
+pub(crate) const MAX_TOP_LOGPROBS: usize = 20;
 
 /// One output token's log-probability and its most likely alternatives.
 #[derive(Clone, Debug, PartialEq)]
-pub struct TokenLogprob {
+pub(crate) struct TokenLogprob {
     /// The token's text.
     pub token: String,
     /// Its natural-log probability.
@@ -30,7 +30,7 @@ fn round(x: f64) -> f64 {
 
 impl TokenLogprob {
     /// Log-probabilities for `token`, with `top` alternatives drawn by `alternative`.
-    pub fn generate<R: Rng + ?Sized>(
+    pub(crate) fn generate<R: Rng + ?Sized>(
         rng: &mut R,
         token: &str,
         top: usize,
@@ -65,7 +65,7 @@ impl TokenLogprob {
     }
 
     /// The chat shape: `{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}`.
-    pub fn chat(&self) -> Value {
+    pub(crate) fn chat(&self) -> Value {
         let top: Vec<Value> = self
             .top
             .iter()
@@ -81,7 +81,7 @@ impl TokenLogprob {
 }
 
 /// Chat `choices[].logprobs` for these tokens.
-pub fn chat_logprobs(tokens: &[&TokenLogprob]) -> Value {
+pub(crate) fn chat_logprobs(tokens: &[&TokenLogprob]) -> Value {
     json!({
         "content": tokens.iter().map(|t| t.chat()).collect::<Vec<_>>(),
         "refusal": null,
@@ -90,7 +90,7 @@ pub fn chat_logprobs(tokens: &[&TokenLogprob]) -> Value {
 
 /// Completions `choices[].logprobs` for these tokens, the first at `offset` characters into the
 /// choice's text: `{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}`.
-pub fn completion_logprobs(tokens: &[&TokenLogprob], mut offset: usize) -> Value {
+pub(crate) fn completion_logprobs(tokens: &[&TokenLogprob], mut offset: usize) -> Value {
     let mut text_offset = Vec::with_capacity(tokens.len());
     for t in tokens {
         text_offset.push(offset);

@@ -12,7 +12,7 @@ use super::state::AppState;
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Renders every metric.
-pub async fn handler(State(state): State<AppState>) -> Result<Response, ApiError> {
+pub(crate) async fn handler(State(state): State<AppState>) -> Result<Response, ApiError> {
     let live = state.engine.snapshot().await?;
     state.metrics.set_gauges(&live.cluster);
     // vLLM reports LoRA figures only when LoRA is on.

@@ -2,16 +2,16 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`,
 //! `GET /metrics`, and vLLM's `GET /v1/models/{model}`, `POST /tokenize`, `POST /detokenize`,
-//! `GET /version`, `GET|POST /ping` ([`vllm`]). Every error is an [`ApiError`] body, including unknown routes (404) and
+//! `GET /version`, `GET|POST /ping` (`vllm`). Every error is an [`ApiError`] body, including unknown routes (404) and
 //! methods (405, with `Allow`).
 //!
-//! Before any handler, [`layer::edge_limits`] enforces the request-level limits: headers over
-//! [`layer::MAX_HEADER_BYTES`] (431), a body over `--max-body-bytes` (413, at once when
+//! Before any handler, `layer::edge_limits` enforces the request-level limits: headers over
+//! `layer::MAX_HEADER_BYTES` (431), a body over `--max-body-bytes` (413, at once when
 //! `Content-Length` announces it) or not arriving within `--body-read-timeout` (408). 408 and
 //! 413 say `Connection: close` (the body may be left unread, so the connection is closed).
 //!
 //! Wire behaviour worth knowing:
-//! - Each choice's answer is planned before the engine runs it ([`answer::Answer::plan`]) and
+//! - Each choice's answer is planned before the engine runs it (`answer::Answer::plan`) and
 //!   the engine runs exactly its tokens. With `ignore_eos` it runs to the output limit
 //!   (`max_completion_tokens`, else `max_tokens`, else `--default-max-tokens`) and ends with
 //!   `finish_reason: "length"`; without, its length is drawn from `--output-length-dist` (at
@@ -34,7 +34,7 @@
 //!   worker threads; planning stops when the client leaves or the server shuts down.
 //! - `--api-key` guards the routes under `/v1`, as vLLM's, and `/reset_prefix_cache`
 //!   (`/tokenize`, `/detokenize`, `/health`, `/metrics` answer without it). The key, the request
-//!   count and the failure count are layers of the routes ([`layer`]), not handler code.
+//!   count and the failure count are layers of the routes (`layer`), not handler code.
 //! - Streams start with the `role` chunk at once; an engine rejection after that is a final
 //!   `data: {"error":…}` event and `data: [DONE]`.
 //! - `usage.prompt_tokens_details.cached_tokens` is the prefix-cache hit at first admission.
@@ -43,7 +43,7 @@
 //! - `nvext` is strict, as Dynamo's: an unknown field (also inside `agent_hints`) is a 400
 //!   naming it. `agent_hints.speculative_prefill` (chat only): after the last chunk the
 //!   conversation plus the answer (content only) is submitted with one output token through
-//!   the router; at most [`crate::driver::MAX_SPECULATIVE_PREFILLS`] run at once, others are
+//!   the router; at most `crate::driver::state::MAX_SPECULATIVE_PREFILLS` run at once, others are
 //!   skipped, as are those arriving while the `--max-waiting` queue is full (both counted in
 //!   `/metrics`). Other hints are accepted and have no effect.
 //! - `nvext.backend_instance_id` (or the `x-dynamo-worker-instance-id` / `x-worker-instance-id`
@@ -54,24 +54,24 @@
 //!   decode_worker_id}` and `timing {request_received_ms, ttft_ms, total_time_ms,
 //!   first_token_ms, last_token_ms}` (`*_ms` instants are Unix milliseconds). The token times are
 //!   the engine's own (simulated, on the wall-clock time line of the driver's
-//!   [`crate::driver::SimClock`]); `ttft_ms` and `total_time_ms` run from the engine's
+//!   `crate::driver::SimClock`); `ttft_ms` and `total_time_ms` run from the engine's
 //!   submission, as the `/metrics` histograms do, so they state what the engine modelled (with
 //!   `--fixed-latency 20,5` and 3 tokens: 20 and 30) whatever the host's load.
 
-pub mod answer;
+pub(crate) mod answer;
 pub mod budget;
-pub mod error;
-pub mod generation;
-pub mod json_mode;
-pub mod layer;
-pub mod logprobs;
-pub mod lora;
-pub mod metrics;
+pub(crate) mod error;
+pub(crate) mod generation;
+pub(crate) mod json_mode;
+pub(crate) mod layer;
+pub(crate) mod logprobs;
+pub(crate) mod lora;
+pub(crate) mod metrics;
 pub mod protocol;
-pub mod schema;
-pub mod state;
-pub mod tools;
-pub mod vllm;
+pub(crate) mod schema;
+pub(crate) mod state;
+pub(crate) mod tools;
+pub(crate) mod vllm;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -1,5 +1,5 @@
-//! Request parsing: the [`ApiJson`] extractor and the validated [`ChatRequest`] /
-//! [`CompletionRequest`] values, with OpenAI error bodies naming the field at fault.
+//! Request parsing: the `ApiJson` extractor and the validated [`ChatRequest`] /
+//! `CompletionRequest` values, with OpenAI error bodies naming the field at fault.
 //!
 //! Bodies are parsed to a JSON object first and each known field is then read with its own type,
 //! so a wrong type names its `param`. Unknown top-level fields are ignored (clients send vendor
@@ -19,11 +19,11 @@ use super::tools::{render_tool_calls, Tools};
 use crate::text::{ChatMessage, Role};
 
 /// Choices per prompt at most (`n`), as OpenAI's API.
-pub const MAX_N: usize = 128;
+pub(crate) const MAX_N: usize = 128;
 
 /// A JSON object body; any rejection is an [`ApiError`].
 #[derive(Debug)]
-pub struct ApiJson(pub Map<String, Value>);
+pub(crate) struct ApiJson(pub Map<String, Value>);
 
 impl<S: Send + Sync> FromRequest<S> for ApiJson {
     type Rejection = ApiError;
@@ -88,7 +88,7 @@ pub struct AgentHints {
 }
 
 /// The `agent_hints` fields Dynamo knows.
-pub const AGENT_HINT_FIELDS: [&str; 5] = [
+pub(crate) const AGENT_HINT_FIELDS: [&str; 5] = [
     "priority",
     "strict_priority",
     "osl",
@@ -97,7 +97,7 @@ pub const AGENT_HINT_FIELDS: [&str; 5] = [
 ];
 
 /// The `nvext` fields Dynamo knows (the union across its versions).
-pub const NVEXT_FIELDS: [&str; 20] = [
+pub(crate) const NVEXT_FIELDS: [&str; 20] = [
     "greed_sampling",
     "use_raw_prompt",
     "annotations",
@@ -171,7 +171,7 @@ pub struct NvExt {
 
 impl NvExt {
     /// Parses `nvext`, naming an unknown field (`nvext.x` or `nvext.agent_hints.x`) in `param`.
-    pub fn parse(value: &Value) -> Result<NvExt, ApiError> {
+    pub(crate) fn parse(value: &Value) -> Result<NvExt, ApiError> {
         let Some(object) = value.as_object() else {
             return Err(ApiError::invalid(
                 "Invalid type for 'nvext': expected an object",
@@ -203,7 +203,7 @@ impl NvExt {
     }
 
     /// Whether `extra_fields` asks for `name`.
-    pub fn wants(&self, name: &str) -> bool {
+    pub(crate) fn wants(&self, name: &str) -> bool {
         self.extra_fields
             .as_ref()
             .is_some_and(|f| f.iter().any(|x| x == name))
@@ -225,7 +225,7 @@ pub struct GenerationParams {
     pub seed: Option<u64>,
     /// Dynamo extension.
     pub nvext: NvExt,
-    /// Choices per prompt (`n`, 1 to [`MAX_N`]).
+    /// Choices per prompt (`n`, 1 to `MAX_N`).
     pub n: usize,
     /// Run every answer to its output limit (vLLM's `ignore_eos`).
     pub ignore_eos: bool,
@@ -246,7 +246,7 @@ pub struct GenerationParams {
 
 impl GenerationParams {
     /// Whether the request asked for speculative prefill of its next turn.
-    pub fn speculative_prefill(&self) -> bool {
+    pub(crate) fn speculative_prefill(&self) -> bool {
         self.nvext
             .agent_hints
             .as_ref()
@@ -270,7 +270,7 @@ pub struct ChatRequest {
 
 /// A `/v1/completions` prompt.
 #[derive(Clone, Debug, PartialEq)]
-pub enum PromptInput {
+pub(crate) enum PromptInput {
     /// Text, tokenized by the server.
     Text(String),
     /// Token ids as given.
@@ -279,7 +279,7 @@ pub enum PromptInput {
 
 /// A validated `POST /v1/completions` body.
 #[derive(Clone, Debug, PartialEq)]
-pub struct CompletionRequest {
+pub(crate) struct CompletionRequest {
     /// Shared fields.
     pub params: GenerationParams,
     /// The prompts (one, or a batch); each gets `n` choices.
@@ -572,7 +572,7 @@ impl CompletionRequest {
     /// Validates a text-completion body. The prompt is a string, an array of token ids, or an
     /// array of either (a batch); no prompt may be empty (`""`, `[""]` and `[[]]` are a 400, as
     /// on vLLM).
-    pub fn parse(body: &Map<String, Value>) -> Result<CompletionRequest, ApiError> {
+    pub(crate) fn parse(body: &Map<String, Value>) -> Result<CompletionRequest, ApiError> {
         let mut params = generation_params(body)?;
         let bad = || {
             ApiError::invalid(

@@ -13,7 +13,7 @@ use serde_json::{json, Map, Value};
 
 /// Nesting depth beyond which [`generate`] stops descending (and [`check`] refuses a schema):
 /// bounds the work of recursive `$ref`s.
-pub const MAX_DEPTH: usize = 32;
+pub(crate) const MAX_DEPTH: usize = 32;
 
 const TYPES: [&str; 7] = [
     "object", "array", "string", "number", "integer", "boolean", "null",
@@ -21,7 +21,7 @@ const TYPES: [&str; 7] = [
 
 /// Checks that `schema` is a well-formed JSON Schema as far as generation needs: the error
 /// names the offending keyword's path under `at`.
-pub fn check(schema: &Value, at: &str) -> Result<(), String> {
+pub(crate) fn check(schema: &Value, at: &str) -> Result<(), String> {
     check_at(schema, schema, at, 0)
 }
 
@@ -125,7 +125,7 @@ fn resolve<'a>(root: &'a Value, reference: &str) -> Option<&'a Value> {
 }
 
 /// Where generated strings get their words.
-pub trait Words {
+pub(crate) trait Words {
     /// One short lowercase word.
     fn word(&mut self) -> String;
 }
@@ -151,7 +151,7 @@ impl Budget {
 
 /// A generated value, and whether the byte budget cut it short.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Generated {
+pub(crate) struct Generated {
     /// The value (satisfying the schema unless `truncated`).
     pub value: Value,
     /// Generation stopped at the byte budget: nodes beyond it are missing or `null`.
@@ -161,7 +161,7 @@ pub struct Generated {
 /// Generates a value satisfying `schema` (itself checked by [`check`]), stopping once its
 /// serialized text reaches `max_bytes`. A value within the budget is exactly the one drawn
 /// without it.
-pub fn generate<R: Rng + ?Sized>(
+pub(crate) fn generate<R: Rng + ?Sized>(
     schema: &Value,
     rng: &mut R,
     words: &mut dyn Words,

@@ -124,7 +124,7 @@ impl AppState {
 }
 
 /// Unix seconds now (0 before 1970).
-pub fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -209,7 +209,7 @@ fn valid_name(name: &str) -> bool {
 
 /// A call the answer makes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ToolCall {
+pub(crate) struct ToolCall {
     /// `call_` and 24 seeded letters and digits.
     pub id: String,
     /// The function.
@@ -221,7 +221,7 @@ pub struct ToolCall {
 impl ToolCall {
     /// A call of `tool` with arguments drawn from its schema, and whether they were cut at
     /// `max_bytes` ([`schema::generate`]).
-    pub fn generate<R: Rng + ?Sized>(
+    pub(crate) fn generate<R: Rng + ?Sized>(
         tool: &Tool,
         rng: &mut R,
         words: &mut dyn schema::Words,
@@ -243,7 +243,7 @@ impl ToolCall {
 
 /// The text an assistant message's `tool_calls` add to its content in the prompt (the
 /// Hermes/Qwen convention), or an error naming the malformed call.
-pub fn render_tool_calls(calls: &Value, at: &str) -> Result<String, ApiError> {
+pub(crate) fn render_tool_calls(calls: &Value, at: &str) -> Result<String, ApiError> {
     let bad = || {
         ApiError::invalid(
             format!(
@@ -272,7 +272,7 @@ pub fn render_tool_calls(calls: &Value, at: &str) -> Result<String, ApiError> {
 }
 
 /// The prompt text of calls an answer made (as [`render_tool_calls`] renders them in history).
-pub fn render_calls(calls: &[ToolCall]) -> String {
+pub(crate) fn render_calls(calls: &[ToolCall]) -> String {
     calls
         .iter()
         .map(|c| render_call(&c.name, &c.arguments))

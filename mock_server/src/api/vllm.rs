@@ -25,7 +25,7 @@ use super::protocol::{ApiJson, ChatRequest};
 use super::state::AppState;
 
 /// `POST /tokenize`.
-pub async fn tokenize(
+pub(crate) async fn tokenize(
     State(state): State<AppState>,
     ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
@@ -76,7 +76,7 @@ pub async fn tokenize(
 }
 
 /// `POST /detokenize`.
-pub async fn detokenize(
+pub(crate) async fn detokenize(
     State(state): State<AppState>,
     ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
@@ -102,13 +102,13 @@ pub async fn detokenize(
 }
 
 /// `GET /version`: the server's version, as vLLM reports its own.
-pub async fn version() -> Response {
+pub(crate) async fn version() -> Response {
     Json(json!({"version": env!("CARGO_PKG_VERSION")})).into_response()
 }
 
 /// `GET|POST /ping`: as `/health` (vLLM's SageMaker-style liveness probe): 200 with an empty
 /// body while the engine runs, 503 otherwise.
-pub async fn ping(State(state): State<AppState>) -> Response {
+pub(crate) async fn ping(State(state): State<AppState>) -> Response {
     if state.is_ready() && state.engine.is_alive() {
         StatusCode::OK.into_response()
     } else {
@@ -117,7 +117,7 @@ pub async fn ping(State(state): State<AppState>) -> Response {
 }
 
 /// 503 while the simulated model load (`--startup-delay`) runs.
-pub fn loading() -> ApiError {
+pub(crate) fn loading() -> ApiError {
     ApiError {
         status: StatusCode::SERVICE_UNAVAILABLE,
         message: "The model is still loading; retry when /health answers 200".into(),
@@ -128,7 +128,7 @@ pub fn loading() -> ApiError {
 }
 
 /// The model card of a served model.
-pub fn model_card(state: &AppState, id: &str, root: &str, parent: Option<&str>) -> Value {
+pub(crate) fn model_card(state: &AppState, id: &str, root: &str, parent: Option<&str>) -> Value {
     json!({
         "id": id,
         "object": "model",
@@ -142,7 +142,7 @@ pub fn model_card(state: &AppState, id: &str, root: &str, parent: Option<&str>) 
 }
 
 /// `GET /v1/models/{model}`: the served model's card, or a 404 naming the model.
-pub async fn model(
+pub(crate) async fn model(
     State(state): State<AppState>,
     Path(model): Path<String>,
 ) -> Result<Response, ApiError> {
@@ -185,7 +185,7 @@ fn flag(body: &Map<String, Value>, name: &str, default: bool) -> Result<bool, Ap
 /// The prompt of `tokens` at `block_size`, its block hashes salted by `adapter` (so no block of
 /// an adapter request matches a base-model block or another adapter's). Output blocks chain
 /// from the salted prompt blocks; a prompt shorter than one block has nothing to salt.
-pub fn prompt_for(
+pub(crate) fn prompt_for(
     tokens: &[u32],
     block_size: usize,
     adapter: Option<&Adapter>,
@@ -214,7 +214,7 @@ fn lora_name(body: &Map<String, Value>) -> Result<String, ApiError> {
 
 /// `POST /v1/load_lora_adapter {"lora_name", "lora_path"}`: 200 with vLLM's text; an adapter
 /// loaded already (or the base model's name) is a 400.
-pub async fn load_lora_adapter(
+pub(crate) async fn load_lora_adapter(
     State(state): State<AppState>,
     ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
@@ -241,7 +241,9 @@ pub async fn load_lora_adapter(
 /// idle worker behind this endpoint (all of `serve`'s, a fleet endpoint's own), each publishing
 /// `AllBlocksCleared`; a worker running requests keeps its cache. 200 with
 /// `{"reset_workers": [...], "busy_workers": [...]}`.
-pub async fn reset_prefix_cache(State(state): State<AppState>) -> Result<Response, ApiError> {
+pub(crate) async fn reset_prefix_cache(
+    State(state): State<AppState>,
+) -> Result<Response, ApiError> {
     let reset = state.engine.reset_prefix_cache(state.worker).await?;
     let workers = |done: bool| -> Vec<u32> {
         reset
@@ -258,7 +260,7 @@ pub async fn reset_prefix_cache(State(state): State<AppState>) -> Result<Respons
 
 /// `POST /v1/unload_lora_adapter {"lora_name"}`: 200 with vLLM's text; an adapter that is not
 /// loaded is a 400.
-pub async fn unload_lora_adapter(
+pub(crate) async fn unload_lora_adapter(
     State(state): State<AppState>,
     ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {

@@ -348,7 +348,7 @@ pub async fn serve_state(
 /// SIGINT and SIGTERM, both installed once up front so that no signal is missed between the
 /// first (drain) and the second (exit now).
 #[derive(Debug)]
-pub struct ShutdownSignals {
+pub(crate) struct ShutdownSignals {
     #[cfg(unix)]
     interrupt: tokio::signal::unix::Signal,
     #[cfg(unix)]
@@ -357,7 +357,7 @@ pub struct ShutdownSignals {
 
 impl ShutdownSignals {
     /// Installs the handlers (inside a tokio runtime).
-    pub fn new() -> std::io::Result<ShutdownSignals> {
+    pub(crate) fn new() -> std::io::Result<ShutdownSignals> {
         #[cfg(unix)]
         {
             use tokio::signal::unix::{signal, SignalKind};
@@ -371,7 +371,7 @@ impl ShutdownSignals {
     }
 
     /// Resolves on the next SIGINT or SIGTERM.
-    pub async fn recv(&mut self) {
+    pub(crate) async fn recv(&mut self) {
         #[cfg(unix)]
         tokio::select! {
             _ = self.interrupt.recv() => {}
@@ -381,14 +381,6 @@ impl ShutdownSignals {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    }
-}
-
-/// Resolves on SIGINT or SIGTERM (never, if the handlers cannot be installed).
-pub async fn shutdown_signal() {
-    match ShutdownSignals::new() {
-        Ok(mut signals) => signals.recv().await,
-        Err(_) => std::future::pending::<()>().await,
     }
 }
 

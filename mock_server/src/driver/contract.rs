@@ -118,4 +118,4 @@ impl SubmitOptions {
 /// less. A server that stalled longer between receipt and submission (a first request that
 /// loads the tokenizer, a starved process) does not have the engine schedule the request in the
 /// past, whose tokens would then come out late and in a burst.
-pub const MAX_BACKDATE_US: u64 = 1_000;
+pub(crate) const MAX_BACKDATE_US: u64 = 1_000;

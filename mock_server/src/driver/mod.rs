@@ -63,13 +63,9 @@ use servesim::request::EngineRequest;
 use servesim::time::SimTime;
 use tokio::sync::mpsc;
 
-pub use clock::SimClock;
-pub use contract::{
-    ArrivalObserver, Event, LiveStats, SubmitError, SubmitOptions, MAX_BACKDATE_US,
-};
+pub(crate) use clock::SimClock;
+pub(crate) use contract::{ArrivalObserver, Event, LiveStats, SubmitError, SubmitOptions};
 use state::{deliver, Driver};
-pub use state::{COALESCE, MAX_SPECULATIVE_PREFILLS};
-pub use watchdog::STALL_ROUNDS;
 
 use crate::kv_events::{KvEventPublisher, KvExport, KvSink};
 use crate::metrics::Metrics;
@@ -332,7 +328,7 @@ impl EngineHandle {
 /// Settings under which the live server refuses some or all requests, as sentences for a
 /// warning: the cluster's ([`servesim::cluster::ClusterConfig::warnings`]) and a queue bound of
 /// 0, which refuses every request with 429.
-pub fn startup_warnings(cluster: &Cluster, max_waiting: Option<usize>) -> Vec<String> {
+pub(crate) fn startup_warnings(cluster: &Cluster, max_waiting: Option<usize>) -> Vec<String> {
     let mut out = cluster.config().warnings();
     if max_waiting == Some(0) {
         out.push("--max-waiting 0 refuses every request (429): nothing may wait".to_string());
@@ -351,6 +347,8 @@ mod tests {
     use servesim::scheduler::RejectReason;
     use tokio::time::Instant;
 
+    use super::contract::MAX_BACKDATE_US;
+    use super::state::MAX_SPECULATIVE_PREFILLS;
     use super::*;
     use crate::metrics::{FinishedLabel, SkipLabel, FINISHED_LENGTH, SKIP_IN_FLIGHT};
 

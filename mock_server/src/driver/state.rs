@@ -27,7 +27,7 @@ use crate::metrics::{
 
 /// Speculative prefills running at once at most (Dynamo's `MAX_BLOCKING_PREFILLS`); one more is
 /// skipped, not queued.
-pub const MAX_SPECULATIVE_PREFILLS: usize = 4;
+pub(crate) const MAX_SPECULATIVE_PREFILLS: usize = 4;
 
 /// How far ahead of the wall clock the driver task advances the engine when it wakes: events
 /// due within this window are taken in the same wake-up, their outputs leaving up to this much
@@ -35,7 +35,7 @@ pub const MAX_SPECULATIVE_PREFILLS: usize = 4;
 /// several workers, every worker's pass end is an event of its own). It is the kernel's slack
 /// on the timer thread's blocking wait (50 µs), by which a wake-up may be late anyway; tokens
 /// then also share body frames more often, which saves CPU per request at high speed-ups.
-pub const COALESCE: Duration = Duration::from_micros(50);
+pub(crate) const COALESCE: Duration = Duration::from_micros(50);
 
 /// Events at most that the driver task advances through per wake-up before it lets the
 /// runtime run other tasks (it comes back at once if more are due).

@@ -6,7 +6,7 @@ use servesim::time::SimTime;
 /// Advances in a row that emit nothing and leave the next event no later than the time just
 /// advanced to, after which the driver declares the engine stalled. A healthy engine never
 /// repeats such an advance more than a few times (zero-time transfers and hand-offs).
-pub const STALL_ROUNDS: u32 = 64;
+pub(crate) const STALL_ROUNDS: u32 = 64;
 
 /// The driver's stall detector: counts advances in a row that emitted nothing and left the
 /// engine's next event no later than the time advanced to.

@@ -1,4 +1,4 @@
-//! Fault injection over HTTP: [`inject`], the middleware in front of the generation routes,
+//! Fault injection over HTTP: `inject`, the middleware in front of the generation routes,
 //! takes each request's draw (or the fault its [`FAULT_HEADER`] forces) and answers an error
 //! at once, or lets the request run and then cuts, stalls or errors its stream (see
 //! [`crate::fault`] for what each type looks like on the wire).
@@ -84,7 +84,7 @@ fn stream_error() -> ApiError {
 
 /// The middleware's state: settings, the draw counter and the metrics.
 #[derive(Clone, Debug)]
-pub struct FaultInjector {
+pub(crate) struct FaultInjector {
     /// Validated settings.
     config: Arc<FaultConfig>,
     /// Seed of the draws (the server's `--seed`).
@@ -99,7 +99,7 @@ pub struct FaultInjector {
 
 impl FaultInjector {
     /// An injector for one server.
-    pub fn new(
+    pub(crate) fn new(
         config: FaultConfig,
         seed: u64,
         metrics: Arc<Metrics>,
@@ -149,7 +149,11 @@ fn forced(request: &Request) -> Result<Option<Option<FaultType>>, ApiError> {
 }
 
 /// Applies the drawn or forced fault to one generation request (see the module docs).
-pub async fn inject(State(faults): State<FaultInjector>, request: Request, next: Next) -> Response {
+pub(crate) async fn inject(
+    State(faults): State<FaultInjector>,
+    request: Request,
+    next: Next,
+) -> Response {
     let k = faults.draws.fetch_add(1, Ordering::Relaxed);
     let fault = match forced(&request) {
         Err(e) => {

@@ -2,7 +2,7 @@
 //! requests with one of `--fault-types`, and the request header `x-servesim-fault: TYPE` forces
 //! one (`none` forces none).
 //!
-//! [`http::inject`] is a middleware in front of `/v1/chat/completions` and `/v1/completions`. Each
+//! `http::inject` is a middleware in front of `/v1/chat/completions` and `/v1/completions`. Each
 //! request that reaches it takes the next draw number `k` (arrival order), and whether it faults,
 //! with which type and after how many tokens, is a function of `(--seed, k)` alone: the same
 //! seed and the same request order give the same faults.
@@ -45,7 +45,7 @@ const FAULT_SALT: u64 = 0xFA17_5EED_0000_0001;
 const MAX_TOKENS_BEFORE_FAULT: usize = 16;
 
 /// Default `--fault-stall-ms`.
-pub const DEFAULT_STALL_MS: u64 = 2000;
+pub(crate) const DEFAULT_STALL_MS: u64 = 2000;
 
 /// A kind of injected failure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]

@@ -47,7 +47,7 @@ use tokio_util::sync::CancellationToken;
 use crate::api::ApiError;
 
 /// The largest `slow` factor.
-pub const MAX_SLOW_FACTOR: f64 = 1000.0;
+pub(crate) const MAX_SLOW_FACTOR: f64 = 1000.0;
 
 /// One worker's state.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -416,7 +416,7 @@ impl Schedule {
 
 /// Applies `schedule` to `faults`, its times from `start`, then waits for `stop`. An admin
 /// change in between stands until the schedule's next change for that worker.
-pub async fn run_schedule(
+pub(crate) async fn run_schedule(
     schedule: Schedule,
     faults: Arc<WorkerFaults>,
     start: Instant,
@@ -472,7 +472,7 @@ fn cut() -> Response {
 }
 
 /// The middleware in front of worker `index`'s API (see the module docs).
-pub async fn gate(
+pub(crate) async fn gate(
     State((faults, index)): State<(Arc<WorkerFaults>, usize)>,
     request: Request,
     next: Next,

@@ -29,7 +29,7 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 
 /// What the fleet's own routes read; cheap to clone.
 #[derive(Clone, Debug)]
-pub struct FleetRoutes {
+pub(crate) struct FleetRoutes {
     /// The shared engine (snapshots for the gauges, its health).
     pub engine: EngineHandle,
     /// The engine's metrics, every worker's series (with the judge's registered beside them).
@@ -49,7 +49,7 @@ pub struct FleetRoutes {
 /// One worker's endpoint: the fleet's routes, the worker's `/metrics`, and everything else the
 /// worker's own API (`api`, pinned to the worker) answers, behind the worker's fault
 /// [`gate`] (`faults`: every worker's states and this worker's index).
-pub fn worker_router(
+pub(crate) fn worker_router(
     api: AppState,
     metrics: Arc<WorkerMetrics>,
     fleet: FleetRoutes,
@@ -66,7 +66,7 @@ pub fn worker_router(
 }
 
 /// The admin listener's router.
-pub fn admin_router(fleet: FleetRoutes) -> Router {
+pub(crate) fn admin_router(fleet: FleetRoutes) -> Router {
     fleet_routes(fleet.clone())
         .route("/metrics", get(fleet_metrics).with_state(fleet.clone()))
         .route("/health", get(health).with_state(fleet.clone()))

@@ -2,7 +2,7 @@
 //! fleet truly held when the request arrived.
 //!
 //! A router outside the process picks a worker by sending the request to that worker's
-//! listener. At that instant, under the driver's lock ([`ArrivalObserver`]), the judge reads
+//! listener. At that instant, under the driver's lock (`ArrivalObserver`), the judge reads
 //! every worker's KV pool: the longest cached prefix of the request's prompt there (in tokens,
 //! full blocks of the GPU tier) and its load (requests running plus waiting). The decision's
 //! *regret* is the best worker's cached prefix minus the chosen one's: prompt tokens the fleet
@@ -11,7 +11,7 @@
 //! [`RoutingMetrics`] (`servesim_routing_*`).
 //!
 //! When the fleet publishes KV events, the judge also reads what the events sent so far
-//! announce ([`PublishedView`]: what a consumer that applied every sent batch would believe)
+//! announce (`PublishedView`: what a consumer that applied every sent batch would believe)
 //! and marks the decision *stale* when that view differs from the truth where it matters:
 //! it credits the chosen worker with more of the prompt than it holds (blocks evicted or
 //! cleared but not yet announced: `stale_evicted`), or shows the best worker with less than
@@ -37,7 +37,7 @@ use crate::driver::{ArrivalObserver, SimClock};
 use crate::kv_events::view::PublishedView;
 
 /// Decisions `GET /fleet/decisions` keeps by default (the latest ones).
-pub const DEFAULT_DECISION_LOG: usize = 100_000;
+pub(crate) const DEFAULT_DECISION_LOG: usize = 100_000;
 
 /// Upper bounds of the `servesim_routing_regret_tokens` buckets: 0 (the best choice) alone,
 /// then powers of two up to 128 Ki tokens.
@@ -138,7 +138,7 @@ impl Default for RoutingMetrics {
 impl RoutingMetrics {
     /// Registers every series in `registry` (a clone: the registry reads the same atomics);
     /// the stale-information counters when [`RoutingMetrics::stale_checked`].
-    pub fn register(&self, registry: &mut Registry) {
+    pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
             "servesim_routing_decisions",
             "Routing decisions judged (engine requests that arrived on a fleet worker)",
@@ -260,7 +260,7 @@ pub fn score(
 /// `decision` (scored by [`score`] for `request`) checked against what the sent KV events
 /// announced (`view`): the announced prefixes on the chosen and the best worker, and whether
 /// either was stale.
-pub fn check_staleness(
+pub(crate) fn check_staleness(
     decision: Decision,
     request: &EngineRequest,
     block_size: usize,
@@ -289,7 +289,7 @@ struct DecisionLog {
 }
 
 /// The routing judge of a fleet (see the module docs). Installed on the fleet's engine with
-/// [`crate::driver::EngineHandle::observe_arrivals`].
+/// `crate::driver::EngineHandle::observe_arrivals`.
 #[derive(Debug)]
 pub struct Judge {
     /// The engine's clock, to stamp decisions in Unix time.
@@ -323,7 +323,7 @@ impl Judge {
 
     /// The same judge, never counting a worker that `faults` says cannot answer (down,
     /// stalled, 503) as the best choice.
-    pub fn excluding_unavailable(self, faults: Arc<WorkerFaults>) -> Judge {
+    pub(crate) fn excluding_unavailable(self, faults: Arc<WorkerFaults>) -> Judge {
         Judge {
             faults: Some(faults),
             ..self
@@ -332,7 +332,7 @@ impl Judge {
 
     /// The same judge, checking every decision against what the sent KV events announced
     /// (`view`, applied by the fleet's publisher).
-    pub fn checking_staleness(self, view: Arc<PublishedView>) -> Judge {
+    pub(crate) fn checking_staleness(self, view: Arc<PublishedView>) -> Judge {
         Judge {
             view: Some(view),
             ..self
@@ -355,7 +355,7 @@ impl Judge {
     }
 
     /// The kept decisions numbered `since` or later, oldest first.
-    pub fn decisions_since(&self, since: u64) -> Vec<Arc<Decision>> {
+    pub(crate) fn decisions_since(&self, since: u64) -> Vec<Arc<Decision>> {
         let log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
         let first = log.recent.front().map_or(0, |d| d.seq);
         let skip = usize::try_from(since.saturating_sub(first)).unwrap_or(usize::MAX);
@@ -382,7 +382,7 @@ impl ArrivalObserver for Judge {
 }
 
 /// Writes `decisions` as JSON lines.
-pub fn to_jsonl(decisions: &[Arc<Decision>]) -> Vec<u8> {
+pub(crate) fn to_jsonl(decisions: &[Arc<Decision>]) -> Vec<u8> {
     let mut out = Vec::with_capacity(decisions.len() * 160);
     for d in decisions {
         // Serializing plain numbers into a Vec cannot fail.

@@ -38,7 +38,7 @@ pub struct ManifestWorker {
 
 /// The address a client dials to reach a socket bound to `addr`: the loopback address of the
 /// same family for an unspecified one (`0.0.0.0`, `::`).
-pub fn dialable(addr: SocketAddr) -> SocketAddr {
+pub(crate) fn dialable(addr: SocketAddr) -> SocketAddr {
     match addr.ip() {
         IpAddr::V4(ip) if ip.is_unspecified() => {
             SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), addr.port())

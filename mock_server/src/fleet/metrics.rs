@@ -75,7 +75,7 @@ pub enum MetricsDialect {
 
 /// What every worker's `/metrics` is built from: the fleet's shared series and settings.
 #[derive(Clone, Debug)]
-pub struct FleetMetrics {
+pub(crate) struct FleetMetrics {
     /// The metrics the fleet's engine feeds, every worker's series (a scrape refreshes their
     /// gauges).
     pub engine: Arc<Metrics>,
@@ -101,7 +101,7 @@ struct HitRate {
 
 /// What one fleet worker's `/metrics` shows (see the module docs).
 #[derive(Debug)]
-pub struct WorkerMetrics {
+pub(crate) struct WorkerMetrics {
     /// The worker's series, sharing their atomics with the fleet's.
     registry: Registry,
     /// The engine's metrics, whose gauges a scrape refreshes.
@@ -113,7 +113,7 @@ pub struct WorkerMetrics {
 impl WorkerMetrics {
     /// Worker `worker`'s series of the fleet's, in the fleet's dialect, and the HTTP counters
     /// of its endpoint (`own`).
-    pub fn new(fleet: &FleetMetrics, own: &Metrics, worker: WorkerId) -> WorkerMetrics {
+    pub(crate) fn new(fleet: &FleetMetrics, own: &Metrics, worker: WorkerId) -> WorkerMetrics {
         let mut registry = Registry::default();
         let hit_rate = match fleet.dialect {
             MetricsDialect::Vllm => {
@@ -131,7 +131,7 @@ impl WorkerMetrics {
     }
 
     /// The exposition (OpenMetrics text).
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         if let Some(h) = &self.hit_rate {
             let queries = h.queries.get();
             let rate = if queries == 0 {

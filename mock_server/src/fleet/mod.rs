@@ -6,21 +6,21 @@
 //! - [`launch`] binds every socket, starts ONE engine of N workers on one clock, and serves
 //!   each worker's API on its own listener, every request pinned to that worker: the listener
 //!   a router picks is the routing decision. All workers share the runtime, the tokenizer and
-//!   the clock; each has its own `/metrics` ([`metrics::WorkerMetrics`]), KV-event publisher
+//!   the clock; each has its own `/metrics` (`metrics::WorkerMetrics`), KV-event publisher
 //!   (port + index, as `serve` numbers its workers), LoRA registry, faults and loading delay.
 //! - [`judge::Judge`] scores every decision against what every worker held when the request
-//!   arrived, and (with KV events) against what the sent events announced; [`http`] serves
+//!   arrived, and (with KV events) against what the sent events announced; `http` serves
 //!   its log and metrics.
-//! - [`fault::WorkerFaults`] holds each worker's fault state (`down`, `slow`, `stalled`, `503`),
-//!   set by `--worker-faults` ([`fault::Schedule`]) or the admin listener.
+//! - `fault::WorkerFaults` holds each worker's fault state (`down`, `slow`, `stalled`, `503`),
+//!   set by `--worker-faults` (`fault::Schedule`) or the admin listener.
 //! - [`manifest::Manifest`] names every worker's URLs and endpoints (`--fleet-manifest`).
 //! - [`run`] is the command: launch, print the addresses, serve until SIGINT/SIGTERM, drain.
 
-pub mod fault;
-pub mod http;
+pub(crate) mod fault;
+pub(crate) mod http;
 pub mod judge;
 pub mod manifest;
-pub mod metrics;
+pub(crate) mod metrics;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -50,7 +50,7 @@ use manifest::{dialable, Manifest, ManifestWorker};
 use metrics::{FleetMetrics, MetricsDialect, WorkerMetrics};
 
 /// The most workers one fleet runs.
-pub const MAX_FLEET_WORKERS: usize = 4096;
+pub(crate) const MAX_FLEET_WORKERS: usize = 4096;
 
 /// `mockserve fleet` flags: the fleet's own, then `serve`'s (each worker is configured as one
 /// `serve` worker would be).
@@ -109,7 +109,7 @@ pub enum FleetError {
     /// Neither a positive --workers nor any --listen address.
     #[error("a fleet needs at least one worker: give --workers N (N >= 1) or --listen ADDR,...")]
     NoWorkers,
-    /// More workers than [`MAX_FLEET_WORKERS`].
+    /// More workers than `MAX_FLEET_WORKERS`.
     #[error("--workers {workers}: a fleet runs at most {max} workers")]
     TooManyWorkers {
         /// As given.

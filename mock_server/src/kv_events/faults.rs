@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// The longest `delay` (one minute): a longer one is no longer a late batch but a lost one.
-pub const MAX_DELAY: Duration = Duration::from_secs(60);
+pub(crate) const MAX_DELAY: Duration = Duration::from_secs(60);
 
 /// `--kv-events-faults`: comma-separated `drop=P`, `duplicate=P`, `reorder=P` (probabilities
 /// per batch, 0 to 1), `delay=MS` (every batch delivered that much later, 0 to 60000),
@@ -128,7 +128,7 @@ impl fmt::Display for EventFaults {
 
 /// A fault that befell one batch, as `servesim_kv_events_faults` counts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fault {
+pub(crate) enum Fault {
     /// Not delivered.
     Dropped,
     /// Delivered twice.
@@ -143,7 +143,7 @@ pub enum Fault {
 
 impl Fault {
     /// The metric label.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Fault::Dropped => "drop",
             Fault::Duplicated => "duplicate",
@@ -157,7 +157,7 @@ impl Fault {
 /// One worker's faults: its generator, the batch it holds back and the batches since its
 /// publisher's last restart.
 #[derive(Debug)]
-pub struct RankFaults<T> {
+pub(crate) struct RankFaults<T> {
     faults: EventFaults,
     rng: ChaCha8Rng,
     held: Option<T>,
@@ -166,7 +166,7 @@ pub struct RankFaults<T> {
 
 impl<T: Clone> RankFaults<T> {
     /// The faults of worker `rank`.
-    pub fn new(faults: EventFaults, rank: usize) -> RankFaults<T> {
+    pub(crate) fn new(faults: EventFaults, rank: usize) -> RankFaults<T> {
         RankFaults {
             faults,
             rng: ChaCha8Rng::seed_from_u64(faults.seed ^ (rank as u64).rotate_left(32)),
@@ -178,7 +178,7 @@ impl<T: Clone> RankFaults<T> {
     /// Whether the publisher restarts before it numbers its next batch: after every
     /// `restart` batches (never the first). Draws nothing, so other faults meet the same
     /// batches with and without it.
-    pub fn restarts(&mut self) -> bool {
+    pub(crate) fn restarts(&mut self) -> bool {
         if self.faults.restart == 0 {
             return false;
         }
@@ -191,14 +191,14 @@ impl<T: Clone> RankFaults<T> {
     }
 
     /// The delivery delay of every batch.
-    pub fn delay(&self) -> Duration {
+    pub(crate) fn delay(&self) -> Duration {
         self.faults.delay
     }
 
     /// What to deliver, in order, now that `message` (the next batch) is published, and the
     /// faults drawn for it. Three draws per batch, whichever apply, so that one fault's share
     /// does not move another's draws.
-    pub fn deliver(&mut self, message: T) -> (Vec<T>, Vec<Fault>) {
+    pub(crate) fn deliver(&mut self, message: T) -> (Vec<T>, Vec<Fault>) {
         let (drop, duplicate, reorder) = (
             self.rng.gen::<f64>() < self.faults.drop,
             self.rng.gen::<f64>() < self.faults.duplicate,

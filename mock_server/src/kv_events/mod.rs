@@ -5,8 +5,8 @@
 //! - [`KvEventPublisher`] owns one ZeroMQ PUB socket per simulated worker (the worker is the
 //!   data-parallel rank: it publishes on the endpoint's port + rank) and, with a replay
 //!   endpoint, one ROUTER socket per rank that serves missed batches. Both speak ZMTP 3.0
-//!   through [`zmtp`], which explains why the `zeromq` crate's sockets are not used.
-//! - [`KvExport`] is what the live driver holds: the [`tokens::BlockTokens`] side table (the
+//!   through `zmtp`, which explains why the `zeromq` crate's sockets are not used.
+//! - `KvExport` is what the live driver holds: the `tokens::BlockTokens` side table (the
 //!   engine keeps hashes only) and the publisher. After every engine advance it turns the
 //!   cluster's exported [`servesim::kv::KvEvent`]s into one [`wire::WireBatch`] per worker.
 //!
@@ -22,22 +22,22 @@
 //! (and again with its total when it leaves); the others, the engine and the HTTP path never
 //! wait for it. It sees the gap in the sequence numbers and can ask the replay socket for it.
 //! Each replay client is answered by its own task too, so one that stops reading delays only
-//! itself. A socket serves at most [`MAX_PEERS`] connections at once.
+//! itself. A socket serves at most `MAX_PEERS` connections at once.
 //!
-//! `--kv-events-faults` injects seeded faults on delivery ([`faults`]): batches dropped,
+//! `--kv-events-faults` injects seeded faults on delivery (`faults`): batches dropped,
 //! duplicated, reordered or delayed (a delayed batch waits on a task of its rank), while
 //! numbering and the replay buffer stay exact; and publisher restarts, after which numbering
 //! starts over at 0 with an empty replay buffer.
 //!
-//! With a [`view::PublishedView`] ([`KvEventPublisher::with_view`], as `mockserve fleet` does)
+//! With a `view::PublishedView` (`KvEventPublisher::with_view`, as `mockserve fleet` does)
 //! every batch is also applied to it when it is sent (or replayed after it was not), so the
 //! routing judge knows what the events announced at every arrival.
 
-pub mod faults;
-pub mod tokens;
-pub mod view;
+pub(crate) mod faults;
+pub(crate) mod tokens;
+pub(crate) mod view;
 pub mod wire;
-pub mod zmtp;
+pub(crate) mod zmtp;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -70,7 +70,7 @@ pub const REPLAY_BUFFER: usize = 10_000;
 /// Batches a rank's `delay=MS` fault holds at most (past it a batch is dropped for every
 /// subscriber and counted in `servesim_kv_events_dropped`): the delay's memory is bounded
 /// whatever the event rate.
-pub const LATE_QUEUE: usize = PEER_QUEUE;
+pub(crate) const LATE_QUEUE: usize = PEER_QUEUE;
 
 /// Batches queued for one subscriber at most (its high-water mark); past it the subscriber's
 /// oldest queued batch is dropped (and counted).
@@ -78,7 +78,7 @@ pub const PEER_QUEUE: usize = 4096;
 
 /// Connections one socket serves at once at most (subscribers of a PUB socket, clients of a
 /// replay socket); a connection beyond is closed at once.
-pub const MAX_PEERS: usize = 256;
+pub(crate) const MAX_PEERS: usize = 256;
 
 /// Pause after a failed accept (out of file descriptors, say).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -223,7 +223,7 @@ pub enum KvEventsError {
 impl KvEventsConfig {
     /// Checks the port ranges `num_ranks` workers use: each endpoint's last port within 65535,
     /// and the replay ports apart from the publish ports. Port 0 (any free port) is exempt.
-    pub fn check_ports(&self, num_ranks: usize) -> Result<(), KvEventsError> {
+    pub(crate) fn check_ports(&self, num_ranks: usize) -> Result<(), KvEventsError> {
         let last_rank = num_ranks.saturating_sub(1);
         let range = |endpoint: &ZmqEndpoint, flag| {
             let first = usize::from(endpoint.port);
@@ -311,12 +311,12 @@ impl ZmqEndpoint {
     }
 
     /// The endpoint of `rank`: the port offset by the rank (port 0 stays 0: any free port).
-    pub fn for_rank(&self, rank: usize) -> Result<String, KvEventsError> {
+    pub(crate) fn for_rank(&self, rank: usize) -> Result<String, KvEventsError> {
         Ok(format!("tcp://{}", self.addr_for_rank(rank)?))
     }
 
     /// The `HOST:PORT` of `rank` (to bind or connect to).
-    pub fn addr_for_rank(&self, rank: usize) -> Result<String, KvEventsError> {
+    pub(crate) fn addr_for_rank(&self, rank: usize) -> Result<String, KvEventsError> {
         let port = if self.port == 0 {
             0
         } else {
@@ -508,7 +508,7 @@ impl KvEventPublisher {
 
     /// This publisher with every rank a standalone worker (`mockserve fleet`): batches carry
     /// data-parallel rank 0 instead of the worker's index.
-    pub fn standalone_workers(self) -> KvEventPublisher {
+    pub(crate) fn standalone_workers(self) -> KvEventPublisher {
         KvEventPublisher {
             standalone: true,
             ..self
@@ -517,7 +517,7 @@ impl KvEventPublisher {
 
     /// This publisher applying every batch it sends (or replays after it was not sent) to
     /// `view`, which must have a worker per rank.
-    pub fn with_view(self, view: Arc<PublishedView>) -> KvEventPublisher {
+    pub(crate) fn with_view(self, view: Arc<PublishedView>) -> KvEventPublisher {
         for r in &self.ranks {
             r.replay.lock().unwrap_or_else(PoisonError::into_inner).view = Some(Arc::clone(&view));
         }
@@ -529,7 +529,7 @@ impl KvEventPublisher {
 
     /// The switch that restarts a rank's publisher on demand (`mockserve fleet`'s
     /// `POST /fleet/workers/{i}/kv-events/restart`).
-    pub fn restart_switch(&self) -> RestartSwitch {
+    pub(crate) fn restart_switch(&self) -> RestartSwitch {
         self.restarts.clone()
     }
 
@@ -647,7 +647,7 @@ impl KvEventPublisher {
 /// A restart empties the rank's replay buffer at once and numbers its next batch 0, as the
 /// publisher of a restarted vLLM engine starts.
 #[derive(Clone, Debug)]
-pub struct RestartSwitch {
+pub(crate) struct RestartSwitch {
     /// Per rank: a restart waits for the rank's next batch.
     asked: Arc<[AtomicBool]>,
     /// Per rank: its replay buffer.
@@ -656,7 +656,7 @@ pub struct RestartSwitch {
 
 impl RestartSwitch {
     /// Restarts the publisher of `rank`; false when there is no such rank.
-    pub fn restart(&self, rank: usize) -> bool {
+    pub(crate) fn restart(&self, rank: usize) -> bool {
         let (Some(asked), Some(replay)) = (self.asked.get(rank), self.replay.get(rank)) else {
             return false;
         };
@@ -951,29 +951,25 @@ fn replay_answer(buffer: &ReplayBuffer, rank: usize, request: &[Bytes]) -> Vec<V
 
 /// The driver's KV-event export: token bookkeeping plus the publisher.
 #[derive(Debug)]
-pub struct KvExport {
+pub(crate) struct KvExport {
     /// Tokens behind each cacheable block.
     pub tokens: BlockTokens,
     /// Where batches go.
     pub sink: KvSink,
-    /// Tokens per block.
-    block_size: usize,
 }
 
-/// Where exported batches go: ZeroMQ, or a list (offline replay writes it as JSON lines).
+/// Where exported batches go: ZeroMQ, or a JSON-lines file (offline replay).
 #[derive(Debug)]
-pub enum KvSink {
+pub(crate) enum KvSink {
     /// Published on ZeroMQ sockets.
     Zmq(KvEventPublisher),
-    /// Kept in memory: `(rank, batch)`.
-    Collect(Vec<(u32, WireBatch)>),
     /// Written as JSON lines, one decoded batch a line (`mockserve replay --kv-events-jsonl`).
     Jsonl(JsonlSink),
 }
 
 /// A JSON-lines file of batches; the first write error is kept and stops further writes.
 #[derive(Debug)]
-pub struct JsonlSink {
+pub(crate) struct JsonlSink {
     /// The file.
     pub out: std::io::BufWriter<std::fs::File>,
     /// The first error, reported when the run ends.
@@ -995,7 +991,7 @@ impl JsonlSink {
     }
 
     /// Flushes the file; the first error of the run, if any.
-    pub fn finish(&mut self) -> std::io::Result<()> {
+    pub(crate) fn finish(&mut self) -> std::io::Result<()> {
         use std::io::Write;
         match self.error.take() {
             Some(e) => Err(e),
@@ -1006,24 +1002,18 @@ impl JsonlSink {
 
 impl KvExport {
     /// An export of the KV events of `cluster` (which starts keeping them) to `sink`.
-    pub fn new(cluster: &mut Cluster, sink: KvSink) -> KvExport {
+    pub(crate) fn new(cluster: &mut Cluster, sink: KvSink) -> KvExport {
         cluster.export_kv_events();
         let block_size = cluster.block_size();
         KvExport {
             tokens: BlockTokens::new(cluster.workers().len(), block_size),
             sink,
-            block_size,
         }
-    }
-
-    /// Tokens per block.
-    pub fn block_size(&self) -> usize {
-        self.block_size
     }
 
     /// Starts tracking a submitted request: its prompt tokens, the hashes the engine got for
     /// them, and its adapter.
-    pub fn track(
+    pub(crate) fn track(
         &mut self,
         id: RequestId,
         prompt: &servesim::request::Prompt,
@@ -1037,7 +1027,7 @@ impl KvExport {
     /// After an advance of `cluster` to `now` that emitted `outputs`: records the output
     /// tokens, then publishes the events the advance exported, one batch per worker, stamped
     /// `ts_seconds`.
-    pub fn after_advance(
+    pub(crate) fn after_advance(
         &mut self,
         cluster: &mut Cluster,
         outputs: &[servesim::cluster::Output],
@@ -1061,7 +1051,7 @@ impl KvExport {
         }
         let mut by_worker: BTreeMap<u32, Vec<wire::WireEvent>> = BTreeMap::new();
         for event in events {
-            let wire = self.tokens.to_wire(event);
+            let wire = self.tokens.wire_event(event);
             by_worker.entry(event.worker.0).or_default().push(wire);
         }
         for (rank, events) in by_worker {
@@ -1076,14 +1066,13 @@ impl KvExport {
             };
             match &mut self.sink {
                 KvSink::Zmq(publisher) => publisher.publish(rank as usize, &batch),
-                KvSink::Collect(list) => list.push((rank, batch)),
                 KvSink::Jsonl(sink) => sink.write(&batch),
             }
         }
     }
 
     /// Stops tracking a request once the passes in progress on `cluster` have ended.
-    pub fn release(&mut self, cluster: &Cluster, id: RequestId, now: SimTime) {
+    pub(crate) fn release(&mut self, cluster: &Cluster, id: RequestId, now: SimTime) {
         let not_before = cluster
             .workers()
             .iter()

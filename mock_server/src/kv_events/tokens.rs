@@ -50,7 +50,7 @@ struct Sequence {
 
 /// Sequence hash -> block tokens, fed from requests and their outputs.
 #[derive(Debug)]
-pub struct BlockTokens {
+pub(crate) struct BlockTokens {
     /// Tokens per block (the engine's).
     block_size: usize,
     /// Every block some request or worker needs.
@@ -68,7 +68,7 @@ pub struct BlockTokens {
 
 impl BlockTokens {
     /// An empty table for `num_workers` workers of `block_size` tokens per block.
-    pub fn new(num_workers: usize, block_size: usize) -> BlockTokens {
+    pub(crate) fn new(num_workers: usize, block_size: usize) -> BlockTokens {
         BlockTokens {
             block_size,
             table: HashKeyMap::default(),
@@ -80,7 +80,7 @@ impl BlockTokens {
     }
 
     /// Starts tracking request `id` with its prompt tokens, hashed from scratch.
-    pub fn track(&mut self, id: RequestId, prompt: &[Token]) {
+    pub(crate) fn track(&mut self, id: RequestId, prompt: &[Token]) {
         let full = prompt.len() / self.block_size * self.block_size;
         let hashes = BlockHashes::of(&prompt[..full], self.block_size);
         self.track_hashed(id, prompt, hashes, None);
@@ -88,7 +88,7 @@ impl BlockTokens {
 
     /// Starts tracking request `id` with its prompt tokens and the hashes the engine got for
     /// its full blocks (salted for an adapter); its output blocks chain from them.
-    pub fn track_hashed(
+    pub(crate) fn track_hashed(
         &mut self,
         id: RequestId,
         prompt: &[Token],
@@ -113,7 +113,7 @@ impl BlockTokens {
 
     /// Tags request `id`'s blocks with its adapter (prompt blocks it introduced, and every
     /// output block from now on).
-    pub fn set_lora(&mut self, id: RequestId, lora: Option<Arc<LoraTag>>) {
+    pub(crate) fn set_lora(&mut self, id: RequestId, lora: Option<Arc<LoraTag>>) {
         let Some(seq) = self.live.get_mut(&id) else {
             return;
         };
@@ -128,7 +128,7 @@ impl BlockTokens {
     }
 
     /// Appends one output token of request `id` (untracked requests are ignored).
-    pub fn push_token(&mut self, id: RequestId, token: Token) {
+    pub(crate) fn push_token(&mut self, id: RequestId, token: Token) {
         let Some(seq) = self.live.get_mut(&id) else {
             return;
         };
@@ -146,14 +146,14 @@ impl BlockTokens {
 
     /// Stops tracking request `id`; its blocks stay known until the engine has passed
     /// `not_before` (see [`BlockTokens::retire_until`]).
-    pub fn release(&mut self, id: RequestId, not_before: SimTime) {
+    pub(crate) fn release(&mut self, id: RequestId, not_before: SimTime) {
         if let Some(seq) = self.live.remove(&id) {
             self.retiring.push((not_before, seq.hashes.sequence));
         }
     }
 
     /// Drops the blocks of requests released with `not_before <= now`.
-    pub fn retire_until(&mut self, now: SimTime) {
+    pub(crate) fn retire_until(&mut self, now: SimTime) {
         let (due, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retiring)
             .into_iter()
             .partition(|(t, _)| *t <= now);
@@ -167,7 +167,7 @@ impl BlockTokens {
 
     /// The wire form of one engine event, with the tokens of stored blocks; updates which
     /// worker caches what.
-    pub fn to_wire(&mut self, event: &KvEvent) -> WireEvent {
+    pub(crate) fn wire_event(&mut self, event: &KvEvent) -> WireEvent {
         let w = event.worker.0 as usize;
         match &event.data {
             KvEventData::Stored { parent, blocks } => {
@@ -228,13 +228,15 @@ impl BlockTokens {
         }
     }
 
-    /// Blocks known (for tests and bounds).
-    pub fn len(&self) -> usize {
+    /// Blocks known.
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.table.len()
     }
 
     /// True when no block is known.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.table.is_empty()
     }
 
@@ -289,7 +291,7 @@ mod tests {
         t.push_token(id, 6);
         t.push_token(id, 7);
         let all = BlockHashes::of(&[1, 2, 3, 4, 5, 6, 7], 2);
-        let wire = t.to_wire(&stored(1, &all, 1..3));
+        let wire = t.wire_event(&stored(1, &all, 1..3));
         let WireEvent::BlockStored {
             token_ids,
             parent_block_hash,
@@ -311,13 +313,13 @@ mod tests {
         let id = RequestId(1);
         t.track(id, &[1, 2, 3, 4]);
         let all = BlockHashes::of(&[1, 2, 3, 4], 2);
-        t.to_wire(&stored(0, &all, 0..2));
+        t.wire_event(&stored(0, &all, 0..2));
         t.release(id, SimTime(10));
         t.retire_until(SimTime(9));
         assert_eq!(t.len(), 2, "not retired before its time");
         t.retire_until(SimTime(10));
         assert_eq!(t.len(), 2, "still cached on worker 0");
-        t.to_wire(&KvEvent {
+        t.wire_event(&KvEvent {
             worker: WorkerId(0),
             event_id: 1,
             data: KvEventData::Removed {
@@ -325,7 +327,7 @@ mod tests {
             },
         });
         assert_eq!(t.len(), 1);
-        t.to_wire(&KvEvent {
+        t.wire_event(&KvEvent {
             worker: WorkerId(0),
             event_id: 2,
             data: KvEventData::Cleared,
@@ -356,7 +358,7 @@ mod tests {
         t.push_token(id, 4);
         let mut all = salted;
         all.push_block(&[3, 4]);
-        let wire = t.to_wire(&stored(0, &all, 0..2));
+        let wire = t.wire_event(&stored(0, &all, 0..2));
         let WireEvent::BlockStored {
             token_ids,
             lora_id,
@@ -378,7 +380,7 @@ mod tests {
     fn unknown_blocks_are_counted() {
         let mut t = BlockTokens::new(1, 2);
         let all = BlockHashes::of(&[1, 2], 2);
-        t.to_wire(&stored(0, &all, 0..1));
+        t.wire_event(&stored(0, &all, 0..1));
         assert_eq!(t.unknown_blocks, 1);
     }
 }

@@ -22,7 +22,7 @@ use super::REPLAY_BUFFER;
 
 /// The changes one batch announces, in order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ViewDelta {
+pub(crate) struct ViewDelta {
     /// The batch's events, reduced to what they do to the set of cached blocks.
     changes: Vec<Change>,
 }
@@ -40,7 +40,7 @@ enum Change {
 
 impl ViewDelta {
     /// The changes `batch` announces.
-    pub fn of(batch: &WireBatch) -> ViewDelta {
+    pub(crate) fn of(batch: &WireBatch) -> ViewDelta {
         let changes = batch
             .events
             .iter()
@@ -85,7 +85,7 @@ impl WorkerView {
 /// Every worker's announced state (see the module docs), shared by the publisher (which
 /// applies batches as it sends them) and the routing judge (which reads it on every arrival).
 #[derive(Debug)]
-pub struct PublishedView {
+pub(crate) struct PublishedView {
     /// By worker. Each a `std` mutex held to apply one batch or to walk one prefix, never
     /// across an await.
     workers: Vec<Mutex<WorkerView>>,
@@ -93,7 +93,7 @@ pub struct PublishedView {
 
 impl PublishedView {
     /// An empty view of `workers` workers (nothing announced yet).
-    pub fn new(workers: usize) -> PublishedView {
+    pub(crate) fn new(workers: usize) -> PublishedView {
         PublishedView {
             workers: (0..workers)
                 .map(|_| Mutex::new(WorkerView::default()))
@@ -108,14 +108,14 @@ impl PublishedView {
     }
 
     /// Applies a batch of `rank` that was just sent.
-    pub fn sent(&self, rank: usize, delta: &ViewDelta) {
+    pub(crate) fn sent(&self, rank: usize, delta: &ViewDelta) {
         if let Some(mut w) = self.worker(rank) {
             w.apply(delta);
         }
     }
 
     /// Remembers that batch `seq` of `rank` was published but not sent.
-    pub fn missed(&self, rank: usize, seq: u64) {
+    pub(crate) fn missed(&self, rank: usize, seq: u64) {
         if let Some(mut w) = self.worker(rank) {
             w.missed.insert(seq);
             let oldest = seq.saturating_sub(REPLAY_BUFFER as u64);
@@ -126,7 +126,7 @@ impl PublishedView {
     }
 
     /// Applies batch `seq` of `rank`, served by the replay endpoint, if it was never sent.
-    pub fn replayed(&self, rank: usize, seq: u64, delta: &ViewDelta) {
+    pub(crate) fn replayed(&self, rank: usize, seq: u64, delta: &ViewDelta) {
         if let Some(mut w) = self.worker(rank) {
             if w.missed.remove(&seq) {
                 w.apply(delta);
@@ -136,14 +136,14 @@ impl PublishedView {
 
     /// The publisher of `rank` started over: the batches it had not sent can no longer be
     /// replayed.
-    pub fn restarted(&self, rank: usize) {
+    pub(crate) fn restarted(&self, rank: usize) {
         if let Some(mut w) = self.worker(rank) {
             w.missed.clear();
         }
     }
 
     /// The leading blocks of `hashes` the announced batches leave cached on `rank`.
-    pub fn prefix_blocks(&self, rank: usize, hashes: &[SequenceHash]) -> usize {
+    pub(crate) fn prefix_blocks(&self, rank: usize, hashes: &[SequenceHash]) -> usize {
         self.worker(rank).map_or(0, |w| {
             hashes
                 .iter()

@@ -33,18 +33,18 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
 /// How long a peer has to complete the greeting and READY exchange.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The largest frame accepted from a peer: subscriptions and replay requests are a few bytes,
 /// so anything bigger is not a well-behaved peer and its connection is closed.
-pub const MAX_INCOMING_FRAME: u64 = 64 * 1024;
+pub(crate) const MAX_INCOMING_FRAME: u64 = 64 * 1024;
 
 /// Frames per incoming message at most (a replay request has two).
 const MAX_INCOMING_FRAMES: usize = 16;
 
 /// The socket role this side plays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
+pub(crate) enum Role {
     /// Publishes to SUB and XSUB peers.
     Pub,
     /// Answers DEALER, REQ and ROUTER peers.
@@ -90,7 +90,7 @@ fn put_frame(out: &mut Vec<u8>, flags: u8, body: &[u8]) {
 }
 
 /// One message, every frame but the last flagged MORE, ready to write.
-pub fn encode_message(frames: &[&[u8]]) -> Bytes {
+pub(crate) fn encode_message(frames: &[&[u8]]) -> Bytes {
     let len: usize = frames.iter().map(|f| f.len() + 9).sum();
     let mut out = Vec::with_capacity(len);
     for (i, frame) in frames.iter().enumerate() {
@@ -187,7 +187,7 @@ fn property<'a>(mut metadata: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
 
 /// The greeting and READY exchange, within [`HANDSHAKE_TIMEOUT`]: the peer must speak ZMTP
 /// 3.x with the NULL mechanism and be a socket type `role` talks to.
-pub async fn handshake(stream: &mut TcpStream, role: Role) -> io::Result<()> {
+pub(crate) async fn handshake(stream: &mut TcpStream, role: Role) -> io::Result<()> {
     tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         stream.write_all(&greeting()).await?;
         let mut theirs = [0u8; 64];
@@ -230,7 +230,7 @@ fn pong_for(ping: &[u8]) -> Bytes {
 /// One subscriber's state, shared by the publishing side ([`Peer::offer`]) and its connection
 /// task. A `std` mutex: every section is a few pushes and pops, never across an await.
 #[derive(Debug)]
-pub struct Peer {
+pub(crate) struct Peer {
     /// The subscriber's address, for log lines.
     pub addr: SocketAddr,
     /// Messages queued at most; past it the oldest is dropped.
@@ -254,7 +254,7 @@ struct PeerState {
 
 /// What [`Peer::offer`] did with a message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Offer {
+pub(crate) enum Offer {
     /// The subscriber has no subscription matching the topic.
     NotSubscribed,
     /// Queued.
@@ -265,7 +265,7 @@ pub enum Offer {
 
 impl Peer {
     /// A subscriber at `addr` with room for `capacity` messages (at least one).
-    pub fn new(addr: SocketAddr, capacity: usize) -> Peer {
+    pub(crate) fn new(addr: SocketAddr, capacity: usize) -> Peer {
         Peer {
             addr,
             capacity: capacity.max(1),
@@ -280,7 +280,7 @@ impl Peer {
 
     /// Queues `message` if a subscription matches `topic`, dropping the oldest queued message
     /// when the queue is full. Never waits.
-    pub fn offer(&self, topic: &[u8], message: &Bytes) -> Offer {
+    pub(crate) fn offer(&self, topic: &[u8], message: &Bytes) -> Offer {
         let mut state = self.state();
         if !state.subscriptions.iter().any(|s| topic.starts_with(s)) {
             return Offer::NotSubscribed;
@@ -298,7 +298,7 @@ impl Peer {
     }
 
     /// Messages dropped for this subscriber so far.
-    pub fn dropped(&self) -> u64 {
+    pub(crate) fn dropped(&self) -> u64 {
         self.state().dropped
     }
 
@@ -340,7 +340,7 @@ impl Peer {
 
 /// Serves one subscriber after its handshake until it disconnects, sends something a PUB
 /// socket does not accept, or `stop` fires.
-pub async fn serve_subscriber(stream: TcpStream, peer: Arc<Peer>) {
+pub(crate) async fn serve_subscriber(stream: TcpStream, peer: Arc<Peer>) {
     let (reader, writer) = stream.into_split();
     let read = async {
         let mut reader = BufReader::new(reader);
@@ -399,7 +399,7 @@ async fn write_message(
 /// Serves one replay client after its handshake: each request message is answered by `answer`
 /// with the messages (as frames) to write, written to this client only, before the next
 /// request is read. Returns when the client disconnects or misbehaves.
-pub async fn serve_replay_client(
+pub(crate) async fn serve_replay_client(
     stream: TcpStream,
     answer: impl Fn(&[Bytes]) -> Vec<Vec<Bytes>>,
 ) -> io::Result<()> {

@@ -24,7 +24,7 @@ struct Collected {
 /// Log-probabilities are written straight from the answers' pieces, never built as JSON values
 /// (a value tree costs some 30 times the text it serializes to), and a large response is
 /// written off the runtime's worker threads.
-pub async fn collect(mut generation: Generation) -> Result<Vec<u8>, ApiError> {
+pub(crate) async fn collect(mut generation: Generation) -> Result<Vec<u8>, ApiError> {
     let mut collected: Vec<Collected> = generation
         .choices
         .iter()

@@ -16,8 +16,8 @@
 //! `stream.rs` writes those steps as SSE chunks and `collect.rs` gathers them into one whole
 //! response.
 
-pub mod collect;
-pub mod stream;
+pub(crate) mod collect;
+pub(crate) mod stream;
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -38,12 +38,12 @@ use crate::driver::{Event, Submission};
 use crate::text::{ChatMessage, Role};
 
 /// Sent as `system_fingerprint` on every response.
-pub const SYSTEM_FINGERPRINT: &str = "fp_mockserve";
+pub(crate) const SYSTEM_FINGERPRINT: &str = "fp_mockserve";
 
 /// Which OpenAI endpoint a request came to: chat or legacy text completion (their chunks and
 /// response objects differ).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Endpoint {
+pub(crate) enum Endpoint {
     /// `/v1/chat/completions`.
     Chat,
     /// `/v1/completions`.
@@ -52,7 +52,7 @@ pub enum Endpoint {
 
 /// Response identity shared by every chunk.
 #[derive(Clone, Debug)]
-pub struct Header {
+pub(crate) struct Header {
     /// `chatcmpl-…` or `cmpl-…`.
     pub id: String,
     /// Unix seconds.
@@ -65,14 +65,14 @@ pub struct Header {
 
 /// What happens after the last chunk, when the request asked for speculative prefill.
 #[derive(Clone, Debug)]
-pub struct SpecPrefill {
+pub(crate) struct SpecPrefill {
     /// The request's messages; the answer is appended as an assistant message.
     pub messages: Vec<ChatMessage>,
 }
 
 /// Which response `nvext` fields the request opted into (its `nvext.extra_fields`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ExtraFields {
+pub(crate) struct ExtraFields {
     /// `worker_id`: the serving worker.
     pub worker_id: bool,
     /// `timing`: received, first and last token times.
@@ -81,7 +81,7 @@ pub struct ExtraFields {
 
 /// One choice in flight: its engine request's events and the answer they run.
 #[derive(Debug)]
-pub struct Choice {
+pub(crate) struct Choice {
     /// `choices[].index`: prompt number × n + the choice's number within its prompt.
     pub index: usize,
     /// The engine request's events.
@@ -112,7 +112,12 @@ pub struct Choice {
 
 impl Choice {
     /// A choice over a submitted engine request.
-    pub fn new(index: usize, submission: Submission, answer: Answer, prompt_tokens: usize) -> Self {
+    pub(crate) fn new(
+        index: usize,
+        submission: Submission,
+        answer: Answer,
+        prompt_tokens: usize,
+    ) -> Self {
         Choice {
             index,
             submission,
@@ -131,7 +136,7 @@ impl Choice {
     }
 
     /// The engine request that runs `answer` after `prompt`.
-    pub fn engine_request(prompt: Prompt, answer: &Answer) -> EngineRequest {
+    pub(crate) fn engine_request(prompt: Prompt, answer: &Answer) -> EngineRequest {
         EngineRequest {
             prompt,
             max_output_tokens: answer.tokens.len(),
@@ -143,7 +148,7 @@ impl Choice {
 /// One generation request in flight, from submission to its last chunk: its choices' engine
 /// events and what the response needs (ids, token counts, cache hits, timing stamps).
 #[derive(Debug)]
-pub struct Generation {
+pub(crate) struct Generation {
     /// Ids and names.
     pub header: Header,
     /// The choices, by index.
@@ -175,7 +180,7 @@ pub struct Generation {
 /// Each choice's channel is polled with a waker of its own, which puts the choice back in the
 /// set and wakes the generation's task; a choice outside the set has nothing to read.
 #[derive(Debug)]
-pub struct ReadyChoices {
+pub(crate) struct ReadyChoices {
     shared: Arc<ReadyShared>,
     wakers: Vec<Waker>,
     /// Choices not finished yet.
@@ -230,7 +235,7 @@ impl ReadyShared {
 
 impl ReadyChoices {
     /// The set for `choices` choices, all of them ready to be polled once.
-    pub fn new(choices: usize) -> ReadyChoices {
+    pub(crate) fn new(choices: usize) -> ReadyChoices {
         let shared = Arc::new(ReadyShared {
             set: Mutex::new((0..choices).collect()),
             task: futures_util::task::AtomicWaker::new(),
@@ -286,7 +291,7 @@ impl ReadyChoices {
 
 /// The next thing to tell the client.
 #[derive(Debug)]
-pub enum Step {
+pub(crate) enum Step {
     /// A choice's output token `token` (0-based) arrived: its piece is ready.
     Token {
         /// Index into [`Generation::choices`].
@@ -305,7 +310,7 @@ pub enum Step {
 
 impl Generation {
     /// Waits for the next client-visible step.
-    pub async fn next(&mut self) -> Step {
+    pub(crate) async fn next(&mut self) -> Step {
         loop {
             let choices = &mut self.choices;
             let stop = &self.stop;
@@ -333,7 +338,7 @@ impl Generation {
     /// [`next`] reports).
     ///
     /// [`next`]: Generation::next
-    pub fn try_next(&mut self) -> Option<Step> {
+    pub(crate) fn try_next(&mut self) -> Option<Step> {
         loop {
             if self.done || self.stop.is_cancelled() {
                 return None;
@@ -447,7 +452,7 @@ impl Generation {
 
     /// The response `nvext` object, when the request opted into any of its fields (worker and
     /// submission of the first choice; first and last token over all choices).
-    pub fn nvext(&self) -> Option<Value> {
+    pub(crate) fn nvext(&self) -> Option<Value> {
         if self.extras == ExtraFields::default() {
             return None;
         }
@@ -485,7 +490,7 @@ impl Generation {
     }
 
     /// The `usage` object: prompts counted once each, completions summed over choices.
-    pub fn usage(&self) -> Value {
+    pub(crate) fn usage(&self) -> Value {
         let counted = self.choices.iter().filter(|c| c.counts_prompt);
         let prompt: usize = counted.clone().map(|c| c.prompt_tokens).sum();
         let cached: usize = counted.map(|c| c.cached_tokens.unwrap_or(0)).sum();

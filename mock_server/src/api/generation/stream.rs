@@ -31,7 +31,7 @@ impl Generation {
 
     /// The SSE events of the opening `delta.role = "assistant"` chunks, one per choice (chat
     /// only), written into `out`.
-    pub fn write_role_chunks(&self, frame: &ChunkFrame, out: &mut Vec<u8>) {
+    pub(crate) fn write_role_chunks(&self, frame: &ChunkFrame, out: &mut Vec<u8>) {
         if self.header.endpoint != Endpoint::Chat {
             return;
         }
@@ -48,7 +48,7 @@ impl Generation {
     /// The SSE events of one token's piece, written into `out`: none for a token that shows
     /// nothing (one of a stop string), two for the first fragment of a tool call (its id and
     /// name, then arguments).
-    pub fn write_token(
+    pub(crate) fn write_token(
         &mut self,
         frame: &ChunkFrame,
         choice: usize,
@@ -149,7 +149,7 @@ impl Generation {
 
     /// The chunk carrying a choice's `finish_reason` (with a completions echo not sent yet,
     /// and, once every choice is done, the response `nvext` if asked for).
-    pub fn finish_chunk(&mut self, choice: usize) -> Value {
+    pub(crate) fn finish_chunk(&mut self, choice: usize) -> Value {
         let endpoint = self.header.endpoint;
         let Some(c) = self.choices.get_mut(choice) else {
             return Value::Null;
@@ -176,7 +176,7 @@ impl Generation {
     }
 
     /// The `choices: []` chunk with usage.
-    pub fn usage_chunk(&self) -> Value {
+    pub(crate) fn usage_chunk(&self) -> Value {
         let mut chunk = self.chunk(json!([]));
         chunk["usage"] = self.usage();
         chunk
@@ -192,13 +192,13 @@ const CHUNK_PREFIX: &[u8] = b"data: {\"choices\":[";
 /// `CHUNK_PREFIX`, its one choice object and this suffix, written straight into the body's
 /// buffer: byte for byte what serialising the whole chunk object gives, without building it.
 #[derive(Clone, Debug)]
-pub struct ChunkFrame {
+pub(crate) struct ChunkFrame {
     suffix: Vec<u8>,
 }
 
 impl ChunkFrame {
     /// The frame of `generation`'s chunks.
-    pub fn new(generation: &Generation) -> ChunkFrame {
+    pub(crate) fn new(generation: &Generation) -> ChunkFrame {
         let header = &generation.header;
         let object = match header.endpoint {
             Endpoint::Chat => "chat.completion.chunk",
@@ -305,7 +305,7 @@ impl SseBody {
 /// Each body frame carries every step that is ready when the stream is polled (tokens the
 /// engine emitted together, a finish chunk and `[DONE]`), each as its own SSE event: the events
 /// are the same whatever the framing, and hyper writes one frame with one chunk header.
-pub fn sse_stream(
+pub(crate) fn sse_stream(
     generation: Generation,
     include_usage: bool,
 ) -> impl Stream<Item = Result<Bytes, Infallible>> {
