@@ -48,15 +48,7 @@ mt_turns=${MT_TURNS:-4}
 read -r -a fleet_flags <<<"${FLEET_FLAGS:-}"
 
 # The replay slice, timestamps from 0.
-python3 - "$here/traces/mooncake_synthetic_trace.jsonl" "$replay_from" "$replay_requests" >"$out/slice.jsonl" <<'PY'
-import json, sys
-path, start, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-rows = [json.loads(l) for l in open(path) if l.strip()][start:start + n]
-t0 = rows[0]["timestamp"]
-for r in rows:
-    r["timestamp"] -= t0
-    print(json.dumps(r))
-PY
+slice_trace "$replay_from" "$replay_requests" >"$out/slice.jsonl"
 
 # One table row from a run's decision log and loadgen's per-request records.
 cat >"$out/row.py" <<'PY'

@@ -26,6 +26,17 @@ router=http://127.0.0.1:$router_port
 out=$(mktemp -d "${TMPDIR:-/tmp}/router-bench.XXXXXX")
 pids=()
 fleet_pid="" router_pid=""
+slice_trace() { # FROM N: rows FROM.. of the public Mooncake trace, N of them, timestamps from 0
+    python3 - "$here/traces/mooncake_synthetic_trace.jsonl" "$1" "$2" <<'PY'
+import json, sys
+path, start, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rows = [json.loads(l) for l in open(path) if l.strip()][start:start + n]
+t0 = rows[0]["timestamp"]
+for r in rows:
+    r["timestamp"] -= t0
+    print(json.dumps(r))
+PY
+}
 cleanup() {
   for pid in "${pids[@]}" $fleet_pid $router_pid; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true

@@ -42,15 +42,7 @@ replay_speedup=${REPLAY_SPEEDUP:-4}
 trace_block_size=${TRACE_BLOCK_SIZE:-64}
 read -r -a fleet_flags <<<"${FLEET_FLAGS:-}"
 
-python3 - "$here/traces/mooncake_synthetic_trace.jsonl" "$replay_from" "$replay_requests" >"$out/slice.jsonl" <<'PY'
-import json, sys
-path, start, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-rows = [json.loads(l) for l in open(path) if l.strip()][start:start + n]
-t0 = rows[0]["timestamp"]
-for r in rows:
-    r["timestamp"] -= t0
-    print(json.dumps(r))
-PY
+slice_trace "$replay_from" "$replay_requests" >"$out/slice.jsonl"
 
 # One table row from a run's decision log.
 cat >"$out/row.py" <<'PY'
