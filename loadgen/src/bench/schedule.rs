@@ -1,0 +1,222 @@
+//! A plan as driver scripts: each request's lengths and body from the seed, one script per
+//! open-loop arrival or per closed-loop user, and the request indices the users took.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::bench::arrival::normal;
+use crate::bench::plan::{BenchPlan, Load};
+use crate::limits;
+use crate::report::replay_report::RequestInfo;
+use crate::run::client::Response;
+use crate::run::driver::{Planned, Script, Start};
+use crate::run::prompt::PromptSynth;
+use crate::run::target::{request_body, Connected};
+
+/// Request `k`'s lengths: (unique input tokens, output tokens).
+fn lengths(plan: &BenchPlan, k: usize) -> (usize, usize) {
+    let mut rng =
+        ChaCha8Rng::seed_from_u64(plan.seed.wrapping_mul(0x9E37_79B9).wrapping_add(k as u64));
+    // A draw lies in [1, max]: a wide deviation never asks for an unbounded prompt.
+    let draw = |rng: &mut ChaCha8Rng, mean: usize, sd: f64, max: usize| {
+        ((mean as f64 + sd * normal(rng))
+            .round()
+            .clamp(1.0, max.max(1) as f64)) as usize
+    };
+    let l = &plan.lengths;
+    (
+        draw(
+            &mut rng,
+            l.input_tokens,
+            l.input_tokens_stddev,
+            limits::MAX_PROMPT_TOKENS.saturating_sub(l.shared_prefix_tokens),
+        ),
+        draw(
+            &mut rng,
+            l.output_tokens,
+            l.output_tokens_stddev,
+            limits::MAX_OUTPUT_TOKENS,
+        ),
+    )
+}
+
+/// Builds request bodies.
+struct Requests {
+    plan: BenchPlan,
+    synth: PromptSynth,
+    model: String,
+    /// Whether bodies ask for the serving worker.
+    ask_worker_id: bool,
+}
+
+/// Hash-id space of the shared prefixes (unique parts use the request index).
+const PREFIX_ID_BASE: u64 = 1 << 62;
+
+/// What the report knows of request `k` of `plan`.
+pub(super) fn info(plan: &BenchPlan, k: usize) -> RequestInfo {
+    let (input, output) = lengths(plan, k);
+    RequestInfo {
+        input_length: plan.lengths.shared_prefix_tokens + input,
+        max_output: output,
+        session: None,
+        turn: 0,
+        expected_reused_tokens: None,
+    }
+}
+
+impl Requests {
+    fn body(&self, k: usize) -> serde_json::Value {
+        let (input, output) = lengths(&self.plan, k);
+        let l = &self.plan.lengths;
+        let mut pieces = Vec::new();
+        if l.shared_prefix_tokens > 0 {
+            let g = PREFIX_ID_BASE + k as u64 % l.num_prefix_groups as u64;
+            pieces.extend(self.synth.filler(g, l.shared_prefix_tokens));
+        }
+        let unique = self.plan.seed.rotate_left(32) ^ k as u64;
+        pieces.extend(self.synth.filler(unique, input));
+        request_body(
+            self.plan.api,
+            &self.model,
+            self.synth.text(&pieces),
+            output,
+            self.ask_worker_id,
+        )
+    }
+}
+
+/// One open-loop request.
+struct OneShot {
+    requests: Arc<Requests>,
+    k: usize,
+    at: Duration,
+    sent: bool,
+}
+
+impl Script for OneShot {
+    fn first_start(&self) -> Duration {
+        self.at
+    }
+    fn next(&mut self, _previous: Option<&Response>) -> Option<Planned> {
+        if std::mem::replace(&mut self.sent, true) {
+            return None;
+        }
+        Some(Planned {
+            start: Start::At(self.at),
+            body: self.requests.body(self.k),
+        })
+    }
+}
+
+/// Request indices taken by each closed-loop user, by local user then turn: a sample's
+/// request is `taken[session][turn]`. Locked only to push or read, never across an await.
+pub(super) type Taken = Arc<std::sync::Mutex<Vec<Vec<usize>>>>;
+
+/// One closed-loop user: the next request index as soon as the previous finished.
+struct User {
+    requests: Arc<Requests>,
+    /// The counter the users of this process share (the shard's own when sharded: its `c`-th
+    /// request is the global index `I + c * N`).
+    next: Arc<AtomicUsize>,
+    shard: Option<crate::run::shard::Shard>,
+    /// Requests to send in all (None: until the duration ends).
+    limit: Option<usize>,
+    /// This user's local index in `taken`.
+    index: usize,
+    taken: Taken,
+    turn: usize,
+}
+
+impl Script for User {
+    fn first_start(&self) -> Duration {
+        Duration::ZERO
+    }
+    fn next(&mut self, _previous: Option<&Response>) -> Option<Planned> {
+        let c = self.next.fetch_add(1, Ordering::Relaxed);
+        let k = crate::run::shard::global(self.shard, c);
+        if self.limit.is_some_and(|n| k >= n) {
+            return None;
+        }
+        let start = if self.turn == 0 {
+            Start::At(Duration::ZERO)
+        } else {
+            Start::After(Duration::ZERO)
+        };
+        self.turn += 1;
+        if let Ok(mut taken) = self.taken.lock() {
+            if let Some(ks) = taken.get_mut(self.index) {
+                ks.push(k);
+            }
+        }
+        Some(Planned {
+            start,
+            body: self.requests.body(k),
+        })
+    }
+}
+
+/// A plan's scripts for one connected target, and what maps their samples back to request
+/// indices.
+pub(super) struct Schedule {
+    /// The closed loop's request indices, by user then turn.
+    pub(super) taken: Taken,
+    /// One per session.
+    pub(super) scripts: Vec<Box<dyn Script>>,
+}
+
+impl Schedule {
+    /// The sessions of `plan` this process sends: one per open-loop arrival, or one per
+    /// closed-loop user.
+    pub(super) fn new(plan: &BenchPlan, target: &Connected) -> Schedule {
+        let requests = Arc::new(Requests {
+            plan: *plan,
+            synth: target.synth(1),
+            model: target.model.clone(),
+            ask_worker_id: target.ask_worker_id,
+        });
+        let shard = plan.shard;
+        let owns = |i: usize| shard.is_none_or(|sh| sh.owns(i));
+        let taken: Taken = Arc::default();
+        let scripts: Vec<Box<dyn Script>> = match plan.load {
+            Load::Open { .. } => plan
+                .arrival_offsets()
+                .into_iter()
+                .enumerate()
+                .filter(|&(k, _)| owns(k))
+                .map(|(k, t)| {
+                    Box::new(OneShot {
+                        requests: requests.clone(),
+                        k,
+                        at: Duration::from_secs_f64(t),
+                        sent: false,
+                    }) as Box<dyn Script>
+                })
+                .collect(),
+            Load::Closed { users } => {
+                let next = Arc::new(AtomicUsize::new(0));
+                let local_users = (0..users).filter(|&u| owns(u)).count();
+                if let Ok(mut t) = taken.lock() {
+                    *t = vec![Vec::new(); local_users];
+                }
+                (0..local_users)
+                    .map(|index| {
+                        Box::new(User {
+                            requests: requests.clone(),
+                            next: next.clone(),
+                            shard,
+                            limit: plan.stop.max_requests(),
+                            index,
+                            taken: taken.clone(),
+                            turn: 0,
+                        }) as Box<dyn Script>
+                    })
+                    .collect()
+            }
+        };
+        Schedule { taken, scripts }
+    }
+}

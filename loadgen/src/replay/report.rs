@@ -1,0 +1,146 @@
+//! What a live replay ends as: the [`ReplayRun`] (its report, with the prefix reuse the trace
+//! predicts and the server reported), the keys it adds to the live report, and its console text
+//! and files.
+
+use serde_json::json;
+use servesim::replay::AgenticReport;
+
+use crate::error::LoadgenError;
+use crate::observe::Observed;
+use crate::replay::args::SessionMode;
+use crate::report::replay_report::{self, LiveReport, RequestInfo};
+use crate::run::Report;
+use mock_server::args::ReportArgs;
+
+/// The outcome of a live replay.
+#[derive(Debug)]
+pub struct ReplayRun {
+    /// The report.
+    pub live: LiveReport,
+    /// The session mode used.
+    pub session_mode: SessionMode,
+    /// Σ expected reused tokens / Σ prompt tokens.
+    pub expected_prefix_reuse_ratio: f64,
+    /// Prompts whose length the server counted otherwise than the trace's `input_length`.
+    pub prompt_length_mismatches: usize,
+    /// The report JSON as written.
+    pub json: serde_json::Value,
+    /// How late the server handed its tokens to clients, when it said.
+    pub server_lateness: Option<crate::observe::scrape::Lateness>,
+    /// For an agentic trace: the plays' outcomes and every node's times (µs since the run
+    /// start), as `mockserve replay` reports them.
+    pub agentic: Option<AgenticReport>,
+}
+
+/// The keys a live replay's report adds to the live report's, and its `config`.
+pub(super) struct ReplayKeys {
+    /// `session_mode` (Mooncake) or `trace_format` (agentic).
+    pub(super) first: (&'static str, serde_json::Value),
+    pub(super) arrival_speedup_ratio: f64,
+    pub(super) trace_block_size: usize,
+    pub(super) config: serde_json::Value,
+}
+
+impl ReplayKeys {
+    /// The finished replay: the prefix reuse the trace predicts and the server reported, the
+    /// report JSON with the observers' series, `config` and the shard.
+    pub(super) fn run(
+        self,
+        mut live: LiveReport,
+        items: &[(&crate::run::driver::Sample, &RequestInfo)],
+        agentic: Option<AgenticReport>,
+        session_mode: SessionMode,
+        shard: Option<crate::run::shard::Shard>,
+        observed: &Observed,
+    ) -> ReplayRun {
+        live.set_shard(shard);
+        let ok =
+            |(s, _): &&(&crate::run::driver::Sample, &RequestInfo)| s.response.failure.is_none();
+        let expected_total: usize = items
+            .iter()
+            .filter(ok)
+            .filter_map(|(_, i)| i.expected_reused_tokens)
+            .sum();
+        let input_total: usize = items.iter().filter(ok).map(|(_, i)| i.input_length).sum();
+        let expected_ratio = if input_total > 0 {
+            expected_total as f64 / input_total as f64
+        } else {
+            0.0
+        };
+        let mismatched = items
+            .iter()
+            .filter(|(s, i)| {
+                s.response
+                    .prompt_tokens
+                    .is_some_and(|p| p as usize != i.input_length)
+            })
+            .count();
+        let mut keys = vec![
+            self.first,
+            ("expected_prefix_reuse_ratio", json!(expected_ratio)),
+            (
+                "observed_prefix_reuse_ratio",
+                json!(live.report.prefix_cache_reused_ratio),
+            ),
+            ("prompt_length_mismatches", json!(mismatched)),
+            ("arrival_speedup_ratio", json!(self.arrival_speedup_ratio)),
+            ("trace_block_size", json!(self.trace_block_size)),
+        ];
+        if let Some(agentic) = &agentic {
+            keys.push((
+                "agentic",
+                serde_json::to_value(agentic).unwrap_or(serde_json::Value::Null),
+            ));
+        }
+        let mut json = live.to_json(&keys);
+        observed.annotate(&mut json, &live, Some(self.config));
+        crate::run::shard::annotate(&mut json, shard);
+        ReplayRun {
+            live,
+            session_mode,
+            expected_prefix_reuse_ratio: expected_ratio,
+            prompt_length_mismatches: mismatched,
+            json,
+            server_lateness: observed.lateness(),
+            agentic,
+        }
+    }
+}
+
+impl Report for ReplayRun {
+    fn console_text(&self) -> String {
+        let mut s = String::from("Live replay report\n");
+        s.push_str(&self.live.report_lines());
+        if let Some(agentic) = &self.agentic {
+            s.push_str(&mock_server::cmd::replay::agentic_summary(agentic));
+        }
+        s.push_str(&format!(
+            "Prefix reuse: expected from the trace's hash ids {:.4}, reported by the server \
+             (cached_tokens) {:.4}\n",
+            self.expected_prefix_reuse_ratio, self.live.report.prefix_cache_reused_ratio
+        ));
+        if self.prompt_length_mismatches > 0 {
+            s.push_str(&format!(
+                "WARNING: {} prompts did not have the trace's input_length (server \
+                 usage.prompt_tokens)\n",
+                self.prompt_length_mismatches
+            ));
+        }
+        s.push_str(&self.live.failure_lines());
+        s.push_str(&self.live.lag_lines());
+        s
+    }
+
+    fn write_files(&self, report: &ReportArgs) -> Result<(), LoadgenError> {
+        replay_report::write_files(
+            &self.json,
+            &self.live.records,
+            report.report_json.as_deref(),
+            report.per_request_jsonl.as_deref(),
+        )
+    }
+
+    fn html_json(&self) -> (&'static str, std::borrow::Cow<'_, serde_json::Value>) {
+        ("run", std::borrow::Cow::Borrowed(&self.json))
+    }
+}

@@ -1,0 +1,184 @@
+//! One streamed chat or text-completion request: send, read the SSE stream, stamp times, classify the outcome.
+//!
+//! Times are `tokio::time::Instant`s taken in the client task; every figure is an offset from the
+//! send instant (taken just before the request is handed to reqwest).
+//!
+//! The modules: `response` holds what a request's outcome is, `chunk` how one streamed chunk
+//! is decoded, `stream` the state of a stream being read.
+
+mod chunk;
+mod response;
+mod stream;
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::Value;
+use tokio::time::Instant;
+
+pub use crate::run::failure::Failure;
+use crate::run::sse::SseParser;
+pub(crate) use response::{FirstToken, MAX_TOKENS_PER_CHUNK};
+pub use response::{Response, Timing, TokenSource, ToolCall};
+use stream::{us, StreamState};
+
+/// Most bytes of a non-2xx response body read for its error message.
+pub(crate) const ERROR_BODY_BYTES: usize = 16 * 1024;
+
+/// The response of a request dropped because the run stopped early (sent at `start`).
+pub fn cancelled(start: Instant) -> Response {
+    StreamState::new(start).finish(Some(Failure::Cancelled))
+}
+
+/// Where to send and how.
+#[derive(Clone, Debug)]
+pub struct Endpoint {
+    /// The HTTP client (connection pool shared by all users).
+    pub client: reqwest::Client,
+    /// The full request URL: `{url}/v1/chat/completions` or `{url}/v1/completions`.
+    pub url: String,
+    /// Bearer token.
+    pub api_key: Option<String>,
+    /// Longest SSE line (and event data) accepted, in bytes; a longer one fails the request.
+    pub max_line_bytes: usize,
+}
+
+/// The error message of a non-2xx body: `error.message` (OpenAI, vLLM), `error` as a string,
+/// `message` or `detail` (FastAPI), else the text itself.
+pub(crate) fn error_message(body: &str) -> String {
+    let from_json = serde_json::from_str::<Value>(body).ok().and_then(|v| {
+        let text = |x: &Value| x.as_str().map(str::to_string);
+        v.pointer("/error/message")
+            .and_then(text)
+            .or_else(|| v.get("error").and_then(text))
+            .or_else(|| v.get("message").and_then(text))
+            .or_else(|| v.get("detail").and_then(text))
+    });
+    from_json.unwrap_or_else(|| body.trim().to_string())
+}
+
+/// Reads at most [`ERROR_BODY_BYTES`] of an error response (a huge body is not buffered).
+async fn error_body(mut response: reqwest::Response) -> String {
+    let mut bytes = Vec::new();
+    while bytes.len() < ERROR_BODY_BYTES {
+        match response.chunk().await {
+            Ok(Some(chunk)) => bytes.extend_from_slice(&chunk),
+            _ => break,
+        }
+    }
+    bytes.truncate(ERROR_BODY_BYTES);
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// A reqwest error as a failure: a timeout, or `other` with the error's causes.
+fn classify(e: &reqwest::Error, other: fn(String) -> Failure, when: &str) -> Failure {
+    if e.is_timeout() {
+        Failure::Timeout(format!(
+            "no complete response within the request timeout ({when})"
+        ))
+    } else {
+        other(crate::error::chain(e))
+    }
+}
+
+/// Sends one streamed chat request and reads it to the end.
+pub async fn send(endpoint: &Endpoint, body: &Value) -> Response {
+    match reqwest::Url::parse(&endpoint.url) {
+        Ok(url) => send_to(endpoint, &url, body).await,
+        // reqwest reports the bad URL as it would have.
+        Err(_) => send_request(endpoint, endpoint.client.post(&endpoint.url), body).await,
+    }
+}
+
+/// [`send`] to `url`, `endpoint.url` parsed once by the caller (a URL is not parsed per request).
+pub(crate) async fn send_to(endpoint: &Endpoint, url: &reqwest::Url, body: &Value) -> Response {
+    send_request(endpoint, endpoint.client.post(url.clone()), body).await
+}
+
+async fn send_request(
+    endpoint: &Endpoint,
+    request: reqwest::RequestBuilder,
+    body: &Value,
+) -> Response {
+    let mut request = request.json(body);
+    if let Some(key) = &endpoint.api_key {
+        request = request.bearer_auth(key);
+    }
+    let start = Instant::now();
+    let mut state = StreamState::new(start);
+    let response = match request.send().await {
+        Ok(r) => r,
+        Err(e) => {
+            let f = classify(&e, Failure::Transport, "before the response headers");
+            return state.finish(Some(f));
+        }
+    };
+    state.timing.headers_us = Some(us(start));
+    let status = response.status();
+    if !status.is_success() {
+        let body = error_body(response).await;
+        return state.finish(Some(Failure::Http {
+            status: status.as_u16(),
+            message: error_message(&body),
+        }));
+    }
+    let mut parser = SseParser::with_limit(endpoint.max_line_bytes);
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let bytes = match chunk {
+            Ok(b) => b,
+            Err(e) => {
+                let f = classify(&e, Failure::Stream, "while streaming");
+                return state.finish(Some(f));
+            }
+        };
+        let events = match parser.push_events(&bytes) {
+            Ok(events) => events,
+            Err(e) => return state.finish(Some(Failure::LineTooLong { limit: e.limit })),
+        };
+        for data in events {
+            if let Err(f) = state.on_event(data) {
+                return state.finish(Some(f));
+            }
+            if state.done {
+                return state.finish(None);
+            }
+        }
+    }
+    match parser.finish() {
+        Ok(Some(data)) => {
+            if let Err(f) = state.on_event(&data) {
+                return state.finish(Some(f));
+            }
+        }
+        Ok(None) => {}
+        Err(e) => return state.finish(Some(Failure::LineTooLong { limit: e.limit })),
+    }
+    if state.done {
+        state.finish(None)
+    } else {
+        state.finish(Some(Failure::Stream("ended before data: [DONE]".into())))
+    }
+}
+
+/// The request timeout as reqwest wants it.
+pub fn client(timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .tcp_nodelay(true)
+        .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_messages_of_common_bodies() {
+        let openai = r#"{"error":{"message":"rate limited","type":"rate_limit_error","param":null,"code":null}}"#;
+        assert_eq!(error_message(openai), "rate limited");
+        assert_eq!(error_message(r#"{"detail":"Not Found"}"#), "Not Found");
+        assert_eq!(error_message(r#"{"error":"overloaded"}"#), "overloaded");
+        assert_eq!(error_message("  Bad Gateway\n"), "Bad Gateway");
+    }
+}
