@@ -33,7 +33,7 @@ impl Default for ClusterConfig {
 }
 
 /// Workers in a pool at most (worker ids are `u32`; a larger pool is a typo, not a plan).
-pub const MAX_WORKERS: usize = 1 << 16;
+pub(crate) const MAX_WORKERS: usize = 1 << 16;
 
 /// Largest `--overlap-score-weight`: beyond it the decode term of the KV cost vanishes anyway,
 /// and weights near `f64::MAX` overflow the cost to infinity.
@@ -41,7 +41,7 @@ pub const MAX_OVERLAP_SCORE_WEIGHT: f64 = 1e6;
 
 impl ClusterConfig {
     /// Checks that the settings can work together: the engine's
-    /// ([`EngineConfig::validate`]), pool sizes within `1..=`[`MAX_WORKERS`], router weights
+    /// ([`EngineConfig::validate`]), pool sizes within `1..=``MAX_WORKERS`, router weights
     /// finite and in range, bandwidths not negative. Run before anything starts; every driver's
     /// flags come through here.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -92,7 +92,7 @@ impl ClusterConfig {
     }
 
     /// Settings that are valid but make part of a run useless, as sentences for a warning:
-    /// those of [`EngineConfig::warnings`], plus router weights that the router mode ignores.
+    /// those of `EngineConfig::warnings`, plus router weights that the router mode ignores.
     pub fn warnings(&self) -> Vec<String> {
         let mut out = self.engine.warnings();
         let defaults = RouterConfig::default();
@@ -160,7 +160,7 @@ impl Default for KvTransferConfig {
 impl KvTransferConfig {
     /// Time to move `tokens` tokens of KV (Dynamo's `compute_prefill_handoff_delay_ms`), rounded
     /// to the nearest microsecond.
-    pub fn delay(&self, tokens: usize) -> SimDuration {
+    pub(crate) fn delay(&self, tokens: usize) -> SimDuration {
         match self.kv_bytes_per_token {
             Some(bytes) if self.bandwidth_gbps > 0.0 => {
                 let us = tokens as f64 * bytes as f64 / (self.bandwidth_gbps * 1e3);

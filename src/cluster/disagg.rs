@@ -175,6 +175,7 @@ impl DecodePool {
     }
 
     /// Checks the hand-off bookkeeping against the cluster's placement. Panics on a violation.
+    #[cfg(test)]
     pub(super) fn assert_invariants(
         &self,
         placement: &BTreeMap<RequestId, WorkerId>,

@@ -31,7 +31,6 @@ mod step;
 
 pub use config::{
     ClusterConfig, KvTransferConfig, KvTransferTimingMode, ServingMode, MAX_OVERLAP_SCORE_WEIGHT,
-    MAX_WORKERS,
 };
 pub use output::{ClusterStats, Output, Rejection, SubmitToError};
 
@@ -89,7 +88,7 @@ pub struct Cluster {
 
 /// The most blocks [`Cluster::reserve_router_index`] makes room for ahead of time (an index of
 /// about 48 MB); a larger index grows as it fills.
-pub const MAX_INDEX_RESERVE: usize = 1 << 20;
+pub(crate) const MAX_INDEX_RESERVE: usize = 1 << 20;
 
 impl Cluster {
     /// A cluster of idle workers with empty pools.
@@ -190,7 +189,7 @@ impl Cluster {
     /// the same decisions, with KV events and the loads of routed requests applied while the
     /// caller advances the workers. True when it moved (only the KV router does); an error only
     /// when the thread cannot start (the router then stays as it was).
-    pub fn offload_router(&mut self) -> std::io::Result<bool> {
+    pub(crate) fn offload_router(&mut self) -> std::io::Result<bool> {
         self.router.offload()
     }
 
@@ -199,7 +198,7 @@ impl Cluster {
     /// never holds more), and at most [`MAX_INDEX_RESERVE`]: a replay passes its trace's
     /// blocks, so that the index does not grow while the replay waits on it. Without prefix
     /// caching no block is ever stored there, and nothing is reserved.
-    pub fn reserve_router_index(&mut self, blocks: usize) {
+    pub(crate) fn reserve_router_index(&mut self, blocks: usize) {
         let per_worker = self.workers.first().map_or(0, |w| {
             let config = w.scheduler().config();
             if config.enable_prefix_caching {
@@ -216,7 +215,7 @@ impl Cluster {
     /// Makes room in every worker's KV pool for an even share of `blocks` blocks (at most
     /// what the pool holds, [`Worker::reserve_pool`]): a replay passes its trace's blocks, so
     /// that the pools' tables do not grow while they fill.
-    pub fn reserve_pools(&mut self, blocks: usize) {
+    pub(crate) fn reserve_pools(&mut self, blocks: usize) {
         let share = blocks.div_ceil(self.workers.len().max(1));
         for worker in &mut self.workers {
             worker.reserve_pool(share);
@@ -239,19 +238,15 @@ impl Cluster {
         &self.workers
     }
 
-    /// The router of the aggregated (or prefill) workers.
-    pub fn router(&self) -> &Router {
-        &self.router
-    }
-
     /// The decode pool's router, in disaggregated mode.
-    pub fn decode_router(&self) -> Option<&Router> {
+    #[cfg(test)]
+    pub(crate) fn decode_router(&self) -> Option<&Router> {
         self.decode.as_ref().map(|d| &d.router)
     }
 
     /// Routes a request (or parks it while every worker is busy) and returns its id.
     ///
-    /// A request no worker could ever run to the end ([`EngineConfig::check_request`]: empty
+    /// A request no worker could ever run to the end (`EngineConfig::check_request`: empty
     /// prompt, no output, longer than the context, the pass budget without chunking or the KV
     /// pool) is refused here with its reason and never enters the cluster; its id is spent all
     /// the same, so drivers can record it. Every request accepted finishes, unless cancelled.
@@ -262,7 +257,7 @@ impl Cluster {
     /// [`Cluster::submit`], doing `work` (short pieces of the caller's, until it returns false)
     /// while the KV router's thread, where it has one, decides where the request goes. The
     /// offline replay builds the requests of turns about to arrive there.
-    pub fn submit_while(
+    pub(crate) fn submit_while(
         &mut self,
         request: EngineRequest,
         now: SimTime,
@@ -350,12 +345,6 @@ impl Cluster {
         };
         self.workers[worker.0 as usize].enqueue(id, request);
         self.active.insert(worker.0 as usize);
-    }
-
-    /// The worker a request was routed to, if it is still active (the decode worker once its
-    /// hand-off started).
-    pub fn worker_of(&self, id: RequestId) -> Option<WorkerId> {
-        self.placement.get(&id).copied()
     }
 
     /// Requests accepted and not yet finished, rejected or cancelled (parked ones included).
@@ -474,7 +463,8 @@ impl Cluster {
     }
 
     /// Checks every worker's invariants. Panics on a violation.
-    pub fn assert_invariants(&self) {
+    #[cfg(test)]
+    pub(crate) fn assert_invariants(&self) {
         let active: Vec<usize> = self.active.iter().collect();
         for (i, w) in self.workers.iter().enumerate() {
             w.scheduler().assert_invariants();

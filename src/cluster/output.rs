@@ -11,7 +11,7 @@ use crate::worker::WorkerStats;
 #[error("{id} refused: {reason}")]
 pub struct Rejection {
     /// The id the request was given (spent; it never appears in outputs).
-    pub id: RequestId,
+    pub(crate) id: RequestId,
     /// Why.
     pub reason: RejectReason,
 }

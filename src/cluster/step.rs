@@ -28,7 +28,7 @@ impl Cluster {
     }
 
     /// The earliest end of a pass in progress, G2 onboard or hand-off: the engine's own timers.
-    pub fn next_pass_end(&self) -> Option<SimTime> {
+    pub(crate) fn next_pass_end(&self) -> Option<SimTime> {
         let active = self.active.iter().map(|i| &self.workers[i]);
         let workers = if self.has_g2 {
             active.filter_map(Worker::next_timer).min()
@@ -52,7 +52,7 @@ impl Cluster {
 
     /// Completes the G2 transfers and hand-offs due by `now`, then finishes the passes that end
     /// by `now`, in order of end time then worker id.
-    pub fn finish_due(&mut self, now: SimTime) -> Vec<Output> {
+    pub(crate) fn finish_due(&mut self, now: SimTime) -> Vec<Output> {
         let mut out = Vec::new();
         self.finish_due_into(now, &mut out);
         out
@@ -60,7 +60,7 @@ impl Cluster {
 
     /// [`Cluster::finish_due`], appending to `out` (a driver reusing one buffer allocates
     /// nothing per step).
-    pub fn finish_due_into(&mut self, now: SimTime, out: &mut Vec<Output>) {
+    pub(crate) fn finish_due_into(&mut self, now: SimTime, out: &mut Vec<Output>) {
         self.now = self.now.max(now);
         self.advance_timers(now);
         let mut due = std::mem::take(&mut self.due);
@@ -102,14 +102,14 @@ impl Cluster {
 
     /// Starts a pass on every idle worker with work; passes that take no time finish at once and
     /// the loop repeats.
-    pub fn start_idle(&mut self, now: SimTime) -> Vec<Output> {
+    pub(crate) fn start_idle(&mut self, now: SimTime) -> Vec<Output> {
         let mut out = Vec::new();
         self.start_idle_into(now, &mut out);
         out
     }
 
     /// [`Cluster::start_idle`], appending to `out`.
-    pub fn start_idle_into(&mut self, now: SimTime, out: &mut Vec<Output>) {
+    pub(crate) fn start_idle_into(&mut self, now: SimTime, out: &mut Vec<Output>) {
         self.now = self.now.max(now);
         loop {
             let mut instant = false;
