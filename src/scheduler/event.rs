@@ -50,16 +50,16 @@ pub enum SchedulerEvent {
 
 /// The result of planning a pass.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct PassPlan {
+pub(crate) struct PassPlan {
     /// How long the pass takes (prefill then decode).
-    pub duration: SimDuration,
+    pub(crate) duration: SimDuration,
     /// The same in microseconds before rounding, so that a worker running passes back to back
     /// keeps the fractions and its clock does not drift from the latency model's.
-    pub exact_us: f64,
+    pub(crate) exact_us: f64,
     /// New prompt tokens computed.
-    pub prefill_tokens: usize,
+    pub(crate) prefill_tokens: usize,
     /// Requests that emit a token at the end of the pass.
-    pub decoding: usize,
+    pub(crate) decoding: usize,
 }
 
 /// Counters a worker exposes for metrics and routing.
@@ -74,16 +74,16 @@ pub struct SchedulerStats {
     /// Cached blocks nobody holds.
     pub inactive_blocks: usize,
     /// Preemptions so far.
-    pub preemptions: u64,
+    pub(crate) preemptions: u64,
     /// Requests parked while their prefix is onboarded from G2.
-    pub awaiting_onboard: usize,
+    pub(crate) awaiting_onboard: usize,
     /// Blocks resident in the G2 tier.
     pub g2_resident_blocks: usize,
     /// Blocks offloaded to G2 so far (transfers completed).
-    pub g2_offloaded_blocks: u64,
+    pub(crate) g2_offloaded_blocks: u64,
     /// Blocks onboarded from G2 so far (transfers completed).
     pub g2_onboarded_blocks: u64,
     /// Requests rejected because an idle worker could not schedule them
     /// ([`RejectReason::Unschedulable`]); always 0 unless the scheduler has a defect.
-    pub unschedulable: u64,
+    pub(crate) unschedulable: u64,
 }

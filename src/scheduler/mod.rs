@@ -1,9 +1,9 @@
 //! Continuous batching, one pass at a time, in three flavours (vLLM, SGLang, TRT-LLM).
 //!
 //! A [`Scheduler`] owns one worker's waiting and running queues and its [`KvPool`]. Each call to
-//! [`Scheduler::start_pass`] decides what the next pass computes (running requests first, then
+//! `Scheduler::start_pass` decides what the next pass computes (running requests first, then
 //! admissions from the head of the waiting queue), allocates KV blocks (preempting when they run
-//! out), and returns the pass duration from the latency model. [`Scheduler::finish_pass`] then
+//! out), and returns the pass duration from the latency model. `Scheduler::finish_pass` then
 //! emits one token for every request that was ready, and completes those that reached their
 //! output limit.
 
@@ -19,10 +19,11 @@ mod sglang;
 mod vllm;
 pub use admission::RejectReason;
 pub use config::{ConfigError, EngineConfig, SglangConfig, WorkerRole};
-pub use event::{PassPlan, SchedulerEvent, SchedulerStats};
-pub use policy::{BatchingPolicy, EngineType, Planner, PreemptionMode, VictimOrder};
+pub(crate) use event::PassPlan;
+pub use event::{SchedulerEvent, SchedulerStats};
+pub use policy::{BatchingPolicy, EngineType, PreemptionMode};
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -34,7 +35,7 @@ use crate::kv::{BlockId, BlockRef, KvEventData, KvPool};
 use crate::perf::PrefillBatch;
 use crate::request::EngineRequest;
 use crate::time::SimTime;
-use crate::tokens::{BlockHashes, SequenceHash, Token};
+use crate::tokens::{BlockHashes, Token};
 
 /// Where a request is in its life on this worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,7 +141,7 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// A scheduler with an empty pool. `seed` drives generated token ids.
-    pub fn new(config: EngineConfig, seed: u64) -> Scheduler {
+    pub(crate) fn new(config: EngineConfig, seed: u64) -> Scheduler {
         let mut pool = KvPool::new(config.num_gpu_blocks, config.enable_prefix_caching);
         let new_token_ratio = config.sglang.init_new_token_ratio();
         let offload = config.g2.as_ref().map(|g2| {
@@ -170,13 +171,13 @@ impl Scheduler {
     }
 
     /// The engine settings.
-    pub fn config(&self) -> &EngineConfig {
+    pub(crate) fn config(&self) -> &EngineConfig {
         &self.config
     }
 
     /// Empties the prefix cache (vLLM's `reset_prefix_cache`; a `Cleared` KV event when events
     /// are recorded). False, changing nothing, during a pass or while a request holds blocks.
-    pub fn reset_prefix_cache(&mut self) -> bool {
+    pub(crate) fn reset_prefix_cache(&mut self) -> bool {
         !self.in_pass && self.pool.reset()
     }
 
@@ -186,12 +187,12 @@ impl Scheduler {
     }
 
     /// Makes room in the KV pool for `blocks` blocks ([`KvPool::reserve`]).
-    pub fn reserve_pool(&mut self, blocks: usize) {
+    pub(crate) fn reserve_pool(&mut self, blocks: usize) {
         self.pool.reserve(blocks);
     }
 
     /// Queues a request. Its prompt blocks must be hashed at this engine's block size.
-    pub fn enqueue(&mut self, id: RequestId, request: EngineRequest) {
+    pub(crate) fn enqueue(&mut self, id: RequestId, request: EngineRequest) {
         let mut max_output = request.max_output_tokens;
         if self.policy.reserves_full_output {
             // Guaranteed-no-evict reserves to completion: the output cannot outgrow the pool
@@ -232,7 +233,7 @@ impl Scheduler {
 
     /// Removes a request (the client went away), releasing its blocks. Returns false when it is
     /// not here. Must not be called during a pass for a request in it; the worker defers those.
-    pub fn cancel(&mut self, id: RequestId) -> bool {
+    pub(crate) fn cancel(&mut self, id: RequestId) -> bool {
         let Some(slot) = self.slot_of(id) else {
             return false;
         };
@@ -245,17 +246,12 @@ impl Scheduler {
     }
 
     /// True when a pass would do something.
-    pub fn has_work(&self) -> bool {
+    pub(crate) fn has_work(&self) -> bool {
         !self.waiting.is_empty() || !self.running.is_empty()
     }
 
-    /// Whether `id` is scheduled in the pass in progress.
-    pub fn in_current_pass(&self, id: RequestId) -> bool {
-        self.in_pass && self.slot_of(id).is_some_and(|s| self.running.contains(&s))
-    }
-
     /// Requests waiting for admission (what [`Scheduler::stats`] reports as `waiting`).
-    pub fn num_waiting(&self) -> usize {
+    pub(crate) fn num_waiting(&self) -> usize {
         self.waiting.len()
     }
 
@@ -276,29 +272,30 @@ impl Scheduler {
     }
 
     /// Takes the scheduler events produced so far.
-    pub fn drain_events(&mut self) -> Vec<SchedulerEvent> {
+    pub(crate) fn drain_events(&mut self) -> Vec<SchedulerEvent> {
         std::mem::take(&mut self.events)
     }
 
     /// Takes the scheduler events produced so far by swapping them with `buf`, which must be
     /// empty: a driver that hands the same buffer back every time allocates nothing per pass.
-    pub fn swap_events(&mut self, buf: &mut Vec<SchedulerEvent>) {
+    pub(crate) fn swap_events(&mut self, buf: &mut Vec<SchedulerEvent>) {
         debug_assert!(buf.is_empty(), "swap_events with a non-empty buffer");
         std::mem::swap(&mut self.events, buf);
     }
 
     /// Records KV events (the default), or not where nobody reads them.
-    pub fn set_emit_kv_events(&mut self, on: bool) {
+    pub(crate) fn set_emit_kv_events(&mut self, on: bool) {
         self.pool.set_emit_events(on);
     }
 
     /// True when KV events are recorded.
-    pub fn emits_kv_events(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn emits_kv_events(&self) -> bool {
         self.pool.emits_events()
     }
 
     /// Takes the KV events produced so far.
-    pub fn drain_kv_events(&mut self) -> Vec<KvEventData> {
+    pub(crate) fn drain_kv_events(&mut self) -> Vec<KvEventData> {
         self.pool.drain_events()
     }
 
@@ -325,7 +322,12 @@ impl Scheduler {
     }
 
     /// Checks the scheduler's bookkeeping and the pool's. Panics on a violation.
-    pub fn assert_invariants(&self) {
+    #[cfg(test)]
+    pub(crate) fn assert_invariants(&self) {
+        use std::collections::BTreeMap;
+
+        use crate::tokens::SequenceHash;
+
         self.pool.assert_invariants();
         // Each request holds the pool's id of each of its blocks, and nothing else does.
         let mut holds: BTreeMap<SequenceHash, u32> = BTreeMap::new();

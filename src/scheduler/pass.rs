@@ -14,7 +14,7 @@ use crate::time::SimDuration;
 impl Scheduler {
     /// Plans the next pass: schedules running requests, admits waiting ones, allocates their KV,
     /// and returns the pass duration; `None` when there is nothing to do.
-    pub fn start_pass(&mut self) -> Option<PassPlan> {
+    pub(crate) fn start_pass(&mut self) -> Option<PassPlan> {
         debug_assert!(!self.in_pass, "start_pass during a pass");
         if !self.has_work() {
             return None;
@@ -88,7 +88,7 @@ impl Scheduler {
 
     /// Ends the pass planned by [`Scheduler::start_pass`]: commits computed tokens, emits one token
     /// per ready request and completes those that are done.
-    pub fn finish_pass(&mut self) {
+    pub(crate) fn finish_pass(&mut self) {
         if !self.in_pass {
             return;
         }

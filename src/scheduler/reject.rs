@@ -47,7 +47,7 @@ impl Scheduler {
     /// one queued behind it, would wait forever. Requests that passed
     /// [`EngineConfig::check_request`] never get here; each rejection is counted in
     /// [`SchedulerStats::unschedulable`]. Returns false when there was nothing to reject.
-    pub fn reject_unschedulable(&mut self) -> bool {
+    pub(crate) fn reject_unschedulable(&mut self) -> bool {
         let slot = match self.waiting.pop_front() {
             Some(slot) => slot,
             None => match self.running.pop() {
