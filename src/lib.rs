@@ -9,14 +9,15 @@
 //!   style, over a [`kv::KvPool`] (paged KV cache with prefix caching and KV events).
 //! - [`perf::LatencyModel`]: how long a pass takes (Dynamo's polynomial, fixed times, or a
 //!   profile measured on a real engine).
-//! - [`router::Router`]: round-robin, random or KV-aware routing over an [`indexer::KvIndexer`].
+//! - [`router::RouterConfig`]: round-robin, random or KV-aware routing (over an
+//!   [`indexer::KvIndexer`]) in front of the workers.
 //! - [`replay::replay`]: the discrete-event driver over a [`trace::Trace`], reporting a
 //!   [`metrics::ReplayReport`] with Dynamo's keys. Given a second core, it runs the KV
-//!   router's bookkeeping ([`router::Router::offload`]) or else its metrics on a second
-//!   thread, which changes its speed, not its results.
+//!   router's bookkeeping or else its metrics on a second thread, which changes its speed, not
+//!   its results.
 //! - [`metrics::Collector`]: request-lifecycle hooks in, the report out; its
-//!   [`metrics::Distribution`] is the one percentile type of the workspace (Dynamo's rank rules)
-//!   and [`metrics::QuantileSketch`] streams per-token figures.
+//!   [`metrics::Distribution`] is the one percentile type of the workspace (Dynamo's rank rules),
+//!   and a quantile sketch streams per-token figures.
 //! - [`tokenizer`]: the built-in tokenizer and chat templates used by the server and loadgen.
 //!
 //! Driving a cluster by hand:

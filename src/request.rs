@@ -17,7 +17,7 @@ pub struct Prompt {
     /// Hashes of the `len / block_size` full blocks.
     pub blocks: BlockHashes,
     /// The `len % block_size` tokens after the last full block.
-    pub tail: Vec<Token>,
+    pub(crate) tail: Vec<Token>,
     /// Every prompt token, when the caller had them ([`Prompt::from_tokens`]); None for prompts
     /// built from hashes (trace replay). The engine never reads them: a KV-event publisher uses
     /// them to name the tokens of the blocks the engine cached.

@@ -45,7 +45,7 @@ impl SimTime {
     }
 
     /// Milliseconds since the start, as a float for reports.
-    pub fn as_millis_f64(self) -> f64 {
+    pub(crate) fn as_millis_f64(self) -> f64 {
         self.0 as f64 / 1000.0
     }
 
@@ -70,7 +70,8 @@ impl SimDuration {
     }
 
     /// A duration of whole milliseconds.
-    pub fn from_millis(ms: u64) -> SimDuration {
+    #[cfg(test)]
+    pub(crate) fn from_millis(ms: u64) -> SimDuration {
         SimDuration(ms * 1000)
     }
 

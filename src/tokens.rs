@@ -26,7 +26,7 @@ pub struct LocalBlockHash(pub u64);
 pub struct SequenceHash(pub u64);
 
 /// Local hash of one block of tokens.
-pub fn local_block_hash(tokens: &[Token]) -> LocalBlockHash {
+pub(crate) fn local_block_hash(tokens: &[Token]) -> LocalBlockHash {
     let mut bytes = Vec::with_capacity(tokens.len() * 4);
     for t in tokens {
         bytes.extend_from_slice(&t.to_le_bytes());
@@ -35,7 +35,7 @@ pub fn local_block_hash(tokens: &[Token]) -> LocalBlockHash {
 }
 
 /// Local hashes of every full block of `tokens`.
-pub fn local_block_hashes(tokens: &[Token], block_size: usize) -> Vec<LocalBlockHash> {
+pub(crate) fn local_block_hashes(tokens: &[Token], block_size: usize) -> Vec<LocalBlockHash> {
     assert!(block_size > 0, "block_size must be positive");
     tokens
         .chunks_exact(block_size)
@@ -89,13 +89,8 @@ impl BlockHashes {
     }
 
     /// Number of full blocks hashed.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.local.len()
-    }
-
-    /// True when no block is full yet.
-    pub fn is_empty(&self) -> bool {
-        self.local.is_empty()
     }
 
     /// Appends the hash of one more full block.

@@ -5,7 +5,7 @@
 use crate::ids::{RequestId, WorkerId};
 use crate::kv::KvEvent;
 use crate::request::EngineRequest;
-pub use crate::scheduler::WorkerRole;
+pub(crate) use crate::scheduler::WorkerRole;
 use crate::scheduler::{EngineConfig, PassPlan, Scheduler, SchedulerEvent, SchedulerStats};
 use crate::time::SimTime;
 
@@ -61,7 +61,7 @@ impl Worker {
     /// Makes room in the worker's KV pool for `blocks` blocks ([`KvPool::reserve`]).
     ///
     /// [`KvPool::reserve`]: crate::kv::KvPool::reserve
-    pub fn reserve_pool(&mut self, blocks: usize) {
+    pub(crate) fn reserve_pool(&mut self, blocks: usize) {
         self.scheduler.reserve_pool(blocks);
     }
 
@@ -71,12 +71,12 @@ impl Worker {
     }
 
     /// Aggregated, prefill or decode.
-    pub fn role(&self) -> WorkerRole {
+    pub(crate) fn role(&self) -> WorkerRole {
         self.scheduler.config().role
     }
 
     /// When the worker next needs the caller: the end of its pass or of a G2 onboard.
-    pub fn next_timer(&self) -> Option<SimTime> {
+    pub(crate) fn next_timer(&self) -> Option<SimTime> {
         match (self.pass_end, self.scheduler.next_transfer_end()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -84,12 +84,12 @@ impl Worker {
     }
 
     /// When the next G2 onboard completes.
-    pub fn next_transfer_end(&self) -> Option<SimTime> {
+    pub(crate) fn next_transfer_end(&self) -> Option<SimTime> {
         self.scheduler.next_transfer_end()
     }
 
     /// Completes the G2 transfers due by `now`.
-    pub fn advance_transfers(&mut self, now: SimTime) {
+    pub(crate) fn advance_transfers(&mut self, now: SimTime) {
         self.scheduler.advance_transfers(now);
         self.stalled = false;
     }
@@ -107,7 +107,7 @@ impl Worker {
     }
 
     /// Drops a request and frees its blocks at once.
-    pub fn cancel(&mut self, id: RequestId) -> bool {
+    pub(crate) fn cancel(&mut self, id: RequestId) -> bool {
         self.stalled = false;
         self.scheduler.cancel(id)
     }
@@ -165,22 +165,23 @@ impl Worker {
 
     /// Scheduler events since the last call, swapped with the empty `buf` (no allocation when
     /// the caller hands the same buffer back each time).
-    pub fn swap_events(&mut self, buf: &mut Vec<SchedulerEvent>) {
+    pub(crate) fn swap_events(&mut self, buf: &mut Vec<SchedulerEvent>) {
         self.scheduler.swap_events(buf);
     }
 
     /// Records KV events (the default), or not where nobody reads them.
-    pub fn set_emit_kv_events(&mut self, on: bool) {
+    pub(crate) fn set_emit_kv_events(&mut self, on: bool) {
         self.scheduler.set_emit_kv_events(on);
     }
 
     /// True when KV events are recorded.
-    pub fn emits_kv_events(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn emits_kv_events(&self) -> bool {
         self.scheduler.emits_kv_events()
     }
 
     /// Empties the prefix cache ([`Scheduler::reset_prefix_cache`]); false while busy.
-    pub fn reset_prefix_cache(&mut self) -> bool {
+    pub(crate) fn reset_prefix_cache(&mut self) -> bool {
         self.scheduler.reset_prefix_cache()
     }
 
@@ -202,7 +203,7 @@ impl Worker {
     }
 
     /// Counters for metrics.
-    pub fn stats(&self) -> WorkerStats {
+    pub(crate) fn stats(&self) -> WorkerStats {
         WorkerStats {
             worker: self.id,
             role: self.role(),
@@ -226,7 +227,7 @@ pub struct WorkerStats {
     /// Pool size.
     pub num_gpu_blocks: usize,
     /// Passes run.
-    pub passes: u64,
+    pub(crate) passes: u64,
     /// Simulated microseconds spent in passes.
     pub busy_us: u64,
 }

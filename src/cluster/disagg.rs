@@ -6,90 +6,13 @@
 
 use std::collections::BTreeMap;
 
-use super::{Cluster, ClusterConfig, Output};
+use super::config::{ClusterConfig, KvTransferConfig, KvTransferTimingMode};
+use super::output::Output;
+use super::Cluster;
 use crate::ids::{RequestId, WorkerId};
 use crate::request::EngineRequest;
 use crate::router::{RouteRequest, Router, RouterConfig};
-use crate::time::{SimDuration, SimTime};
-
-/// Which prompt tokens a prefill→decode hand-off moves.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum KvTransferTimingMode {
-    /// Every prompt token (Dynamo's default).
-    #[default]
-    FullPrompt,
-    /// Only the prompt's full blocks not already cached at the decode worker, plus the tail.
-    DestinationMissing,
-}
-
-impl std::str::FromStr for KvTransferTimingMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "full-prompt" | "full_prompt" => Ok(KvTransferTimingMode::FullPrompt),
-            "destination-missing" | "destination_missing" => {
-                Ok(KvTransferTimingMode::DestinationMissing)
-            }
-            _ => Err(format!(
-                "unknown KV transfer timing mode {s:?} (expected full-prompt or destination-missing)"
-            )),
-        }
-    }
-}
-
-/// How the KV of a prefilled prompt reaches its decode worker.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct KvTransferConfig {
-    /// KV bytes per token; None means the size is unknown and hand-offs take no time.
-    pub kv_bytes_per_token: Option<u64>,
-    /// Link bandwidth in GB/s (1e9 bytes); 0 disables the delay.
-    pub bandwidth_gbps: f64,
-    /// Which tokens are charged.
-    pub timing_mode: KvTransferTimingMode,
-}
-
-impl Default for KvTransferConfig {
-    fn default() -> Self {
-        KvTransferConfig {
-            kv_bytes_per_token: None,
-            bandwidth_gbps: 64.0,
-            timing_mode: KvTransferTimingMode::FullPrompt,
-        }
-    }
-}
-
-impl KvTransferConfig {
-    /// Time to move `tokens` tokens of KV (Dynamo's `compute_prefill_handoff_delay_ms`), rounded
-    /// to the nearest microsecond.
-    pub fn delay(&self, tokens: usize) -> SimDuration {
-        match self.kv_bytes_per_token {
-            Some(bytes) if self.bandwidth_gbps > 0.0 => {
-                let us = tokens as f64 * bytes as f64 / (self.bandwidth_gbps * 1e3);
-                SimDuration(us.round() as u64)
-            }
-            _ => SimDuration::ZERO,
-        }
-    }
-}
-
-/// The serving topology.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ServingMode {
-    /// `num_workers` workers that prefill and decode.
-    #[default]
-    Aggregated,
-    /// Separate prefill and decode pools with a KV hand-off between them.
-    Disagg {
-        /// Prefill workers (behind the configured router).
-        num_prefill_workers: usize,
-        /// Decode workers (behind a load-aware router).
-        num_decode_workers: usize,
-        /// The prefill→decode link.
-        kv_transfer: KvTransferConfig,
-    },
-}
+use crate::time::SimTime;
 
 /// A request between its prefill and its decode.
 #[derive(Debug)]
@@ -252,6 +175,7 @@ impl DecodePool {
     }
 
     /// Checks the hand-off bookkeeping against the cluster's placement. Panics on a violation.
+    #[cfg(test)]
     pub(super) fn assert_invariants(
         &self,
         placement: &BTreeMap<RequestId, WorkerId>,

@@ -19,8 +19,9 @@ use super::*;
 use crate::kv::G2Config;
 use crate::perf::{Fixed, LatencyModel, Polynomial, ScaledLatency};
 use crate::request::Prompt;
-use crate::router::RouterConfig;
-use crate::scheduler::{EngineType, PreemptionMode, SglangConfig};
+use crate::router::{RouterConfig, RouterMode};
+use crate::scheduler::{EngineType, PreemptionMode, RejectReason, SglangConfig};
+use crate::time::SimDuration;
 
 /// Cases run (each with its own seed).
 const CASES: u64 = 96;

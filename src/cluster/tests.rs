@@ -10,6 +10,8 @@ use super::*;
 use crate::kv::{G2Config, KvEventData};
 use crate::perf::Fixed;
 use crate::request::Prompt;
+use crate::router::{RouterConfig, RouterMode};
+use crate::time::SimDuration;
 
 const BS: usize = 4;
 
@@ -339,6 +341,7 @@ mod random_ops {
     use crate::cluster::*;
     use crate::perf::{Fixed, ScaledLatency};
     use crate::request::Prompt;
+    use crate::router::{RouterConfig, RouterMode};
     use crate::scheduler::EngineType;
 
     fn small(engine_type: EngineType, mode: RouterMode) -> ClusterConfig {

@@ -35,11 +35,9 @@ impl Default for ApproximateConfig {
 type ExpiryKey = (SimTime, Reverse<u32>, WorkerId, SequenceHash);
 
 /// Indexer for `--no-kv-events`: each routing decision inserts the request's blocks for the
-/// chosen worker with a deadline `now + ttl` (reinsertion refreshes it); [`expire`] removes
+/// chosen worker with a deadline `now + ttl` (reinsertion refreshes it); `expire` removes
 /// blocks whose deadline has passed as if a Removed event had arrived, and a size cap prunes
 /// the earliest-expiring blocks (deeper first on ties) down to `prune_target_ratio` of the cap.
-///
-/// [`expire`]: ApproximateIndexer::expire
 #[derive(Clone, Debug)]
 pub struct ApproximateIndexer {
     /// The blocks currently assumed cached.
@@ -73,23 +71,25 @@ impl ApproximateIndexer {
     }
 
     /// Blocks currently indexed, over all workers.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.deadlines.len()
     }
 
     /// True when nothing is indexed.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.deadlines.is_empty()
     }
 
     /// Contiguous matches and tree sizes of what is currently assumed cached.
-    pub fn find_matches(&self, local_hashes: &[LocalBlockHash]) -> OverlapScores {
+    pub(crate) fn find_matches(&self, local_hashes: &[LocalBlockHash]) -> OverlapScores {
         self.tree.find_matches(local_hashes)
     }
 
     /// Records that a request with these block hashes was routed to `worker` at `now`:
     /// expires old entries, inserts (or refreshes) the blocks, then prunes to the size cap.
-    pub fn record_routing(
+    pub(crate) fn record_routing(
         &mut self,
         worker: WorkerId,
         local_hashes: &[LocalBlockHash],
@@ -135,7 +135,7 @@ impl ApproximateIndexer {
     }
 
     /// Removes every block whose deadline is at or before `now`.
-    pub fn expire(&mut self, now: SimTime) {
+    pub(crate) fn expire(&mut self, now: SimTime) {
         while let Some(first) = self.queue.first().copied() {
             if first.0 > now {
                 break;
@@ -146,7 +146,7 @@ impl ApproximateIndexer {
     }
 
     /// Forgets everything about `worker`.
-    pub fn remove_worker(&mut self, worker: WorkerId) {
+    pub(crate) fn remove_worker(&mut self, worker: WorkerId) {
         let keys: Vec<(WorkerId, SequenceHash)> = self
             .deadlines
             .range((worker, SequenceHash(0))..=(worker, SequenceHash(u64::MAX)))
@@ -161,7 +161,8 @@ impl ApproximateIndexer {
     }
 
     /// Checks that the deadline maps and the tree agree; panics otherwise.
-    pub fn assert_invariants(&self) {
+    #[cfg(test)]
+    pub(crate) fn assert_invariants(&self) {
         self.tree.assert_invariants();
         assert_eq!(self.deadlines.len(), self.queue.len());
         for (&(w, h), &(t, d)) in &self.deadlines {

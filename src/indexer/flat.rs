@@ -119,14 +119,14 @@ impl FlatIndex {
     }
 
     /// True when `worker` holds the block `seq_hash`.
-    pub fn holds(&self, worker: WorkerId, seq_hash: SequenceHash) -> bool {
+    pub(crate) fn holds(&self, worker: WorkerId, seq_hash: SequenceHash) -> bool {
         self.blocks
             .get(&seq_hash)
             .is_some_and(|s| s.contains(worker.0))
     }
 
     /// Per-worker contiguous matches of a query given by its sequence hashes.
-    pub fn match_scores(&self, seq_hashes: &[SequenceHash]) -> BTreeMap<WorkerId, u32> {
+    pub(crate) fn match_scores(&self, seq_hashes: &[SequenceHash]) -> BTreeMap<WorkerId, u32> {
         let mut scores = BTreeMap::new();
         let mut active: Vec<u32> = Vec::new();
         let mut depth = 0u32;
@@ -158,7 +158,7 @@ impl FlatIndex {
     }
 
     /// Blocks held per worker, for workers holding any.
-    pub fn tree_sizes(&self) -> BTreeMap<WorkerId, usize> {
+    pub(crate) fn tree_sizes(&self) -> BTreeMap<WorkerId, usize> {
         self.sizes
             .iter()
             .enumerate()

@@ -133,7 +133,7 @@ pub trait KvIndexer {
 }
 
 /// Default TTL of a routing decision in the approximate indexer (Dynamo's `router_ttl_secs`).
-pub const DEFAULT_TTL: SimDuration = SimDuration(120_000_000);
+pub(crate) const DEFAULT_TTL: SimDuration = SimDuration(120_000_000);
 
 /// Hasher for keys that are already hashes (or small ids): one multiply, FxHash style. Unlike
 /// [`PassThroughHasher`](crate::tokens::PassThroughHasher) it mixes every word, so tuple keys
@@ -164,7 +164,7 @@ impl Hasher for FxHasher {
 }
 
 /// `HashMap` builder using [`FxHasher`]; only for maps whose iteration order never matters.
-pub type FxBuild = BuildHasherDefault<FxHasher>;
+pub(crate) type FxBuild = BuildHasherDefault<FxHasher>;
 /// A `HashMap` keyed by hashes or ids.
 pub type FxHashMap<K, V> = std::collections::HashMap<K, V, FxBuild>;
 /// A `HashSet` of hashes or ids.

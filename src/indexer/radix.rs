@@ -131,11 +131,6 @@ impl RadixTree {
             .collect()
     }
 
-    /// Blocks `worker` holds.
-    pub fn worker_size(&self, worker: WorkerId) -> usize {
-        self.lookup.get(&worker).map_or(0, |m| m.len())
-    }
-
     /// True when `worker` holds the block `seq_hash`.
     pub fn holds(&self, worker: WorkerId, seq_hash: SequenceHash) -> bool {
         self.lookup
@@ -144,12 +139,13 @@ impl RadixTree {
     }
 
     /// Number of live nodes, root excluded.
-    pub fn num_nodes(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn num_nodes(&self) -> usize {
         self.nodes.len() - 1 - self.free.len()
     }
 
     /// Contiguous matches and tree sizes (see [`KvIndexer::find_matches`]).
-    pub fn find_matches(&self, local_hashes: &[LocalBlockHash]) -> OverlapScores {
+    pub(crate) fn find_matches(&self, local_hashes: &[LocalBlockHash]) -> OverlapScores {
         OverlapScores {
             scores: self.match_scores(local_hashes),
             tree_sizes: self.tree_sizes(),
@@ -157,7 +153,7 @@ impl RadixTree {
     }
 
     /// Applies one event (see [`KvIndexer::apply`]).
-    pub fn apply(&mut self, event: &KvEvent) {
+    pub(crate) fn apply(&mut self, event: &KvEvent) {
         match &event.data {
             KvEventData::Stored { parent, blocks } => {
                 if self.store(event.worker, *parent, blocks) {
@@ -188,14 +184,14 @@ impl RadixTree {
     }
 
     /// Event counters.
-    pub fn stats(&self) -> IndexerStats {
+    pub(crate) fn stats(&self) -> IndexerStats {
         self.stats
     }
 
     /// Stores `blocks` under `parent` for `worker`; false (nothing changed) for an unknown parent.
     ///
     /// This and [`remove_block`](RadixTree::remove_block) and
-    /// [`clear_worker`](RadixTree::clear_worker) are [`apply`](RadixTree::apply)'s steps without
+    /// [`clear_worker`](RadixTree::clear_worker) are `apply`'s steps without
     /// its event counters, for indexers that route parts of one event to different trees.
     pub fn store(
         &mut self,

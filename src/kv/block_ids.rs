@@ -1,4 +1,4 @@
-//! [`BlockIds`]: dense ids for sequence hashes, with the per-block state of one structure kept
+//! `BlockIds`: dense ids for sequence hashes, with the per-block state of one structure kept
 //! in a `Vec` indexed by id.
 //!
 //! A structure keyed by 64-bit block hashes probes a hash table at a random place for every
@@ -9,7 +9,7 @@
 //! run of blocks again in order), so those accesses share cache lines.
 //!
 //! The owner decides when an id is dead (nothing it keeps refers to it any more) and calls
-//! [`BlockIds::remove`]; the id is then reused, so the vector never holds more ids than were
+//! `BlockIds::remove`; the id is then reused, so the vector never holds more ids than were
 //! live at once.
 
 use crate::kv::block_map::{slots_for, MAX_LOAD, MIN_SLOTS};
@@ -19,7 +19,7 @@ use crate::tokens::SequenceHash;
 /// A dense id standing for one [`SequenceHash`] in one [`BlockIds`] (ids of different
 /// interners are unrelated).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct BlockId(pub u32);
+pub(crate) struct BlockId(pub u32);
 
 impl BlockId {
     fn index(self) -> usize {
@@ -29,7 +29,7 @@ impl BlockId {
 
 /// An interner of sequence hashes into [`BlockId`]s, with a value of type `V` per id.
 #[derive(Clone, Debug)]
-pub struct BlockIds<V> {
+pub(crate) struct BlockIds<V> {
     /// The id of every live hash.
     index: IdIndex,
     /// By id: the hash it stands for and its value. A dead id holds `V::default()`.
@@ -50,32 +50,35 @@ impl<V: Default> Default for BlockIds<V> {
 
 impl<V: Default> BlockIds<V> {
     /// An empty interner.
-    pub fn new() -> BlockIds<V> {
+    pub(crate) fn new() -> BlockIds<V> {
         BlockIds::default()
     }
 
     /// Live ids.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.index.len
     }
 
     /// True when no id is live.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.index.len == 0
     }
 
     /// Ids ever handed out at once (the length of the value vector).
-    pub fn num_slots(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn num_slots(&self) -> usize {
         self.slots.len()
     }
 
     /// The id of `hash`, if live.
-    pub fn id(&self, hash: SequenceHash) -> Option<BlockId> {
+    pub(crate) fn id(&self, hash: SequenceHash) -> Option<BlockId> {
         self.index.find(hash, &self.slots).map(BlockId)
     }
 
     /// The id of `hash`, making one (with `V::default()`) when it has none; true when it did.
-    pub fn intern(&mut self, hash: SequenceHash) -> (BlockId, bool) {
+    pub(crate) fn intern(&mut self, hash: SequenceHash) -> (BlockId, bool) {
         if let Some(id) = self.index.find(hash, &self.slots) {
             return (BlockId(id), false);
         }
@@ -95,41 +98,41 @@ impl<V: Default> BlockIds<V> {
 
     /// Makes room for `ids` live ids in all, so that neither the values nor the index grow
     /// (copying or re-placing everything) before that many are live. Never shrinks.
-    pub fn reserve(&mut self, ids: usize) {
+    pub(crate) fn reserve(&mut self, ids: usize) {
         self.slots.reserve(ids.saturating_sub(self.slots.len()));
         self.index.reserve(ids);
     }
 
     /// Prefetches the index slots of `hashes` ahead of interning them (see
     /// [`crate::kv::BlockMap::warm`]).
-    pub fn warm(&self, hashes: impl IntoIterator<Item = SequenceHash>) {
+    pub(crate) fn warm(&self, hashes: impl IntoIterator<Item = SequenceHash>) {
         self.index.warm(hashes);
     }
 
     /// Prefetches the slots of `ids` ahead of use (see [`crate::kv::BlockMap::warm`]).
-    pub fn warm_ids(&self, ids: impl IntoIterator<Item = BlockId>) {
+    pub(crate) fn warm_ids(&self, ids: impl IntoIterator<Item = BlockId>) {
         for id in ids {
             prefetch(&self.slots[id.index()].0);
         }
     }
 
     /// The hash `id` stands for (meaningless for a dead id).
-    pub fn hash(&self, id: BlockId) -> SequenceHash {
+    pub(crate) fn hash(&self, id: BlockId) -> SequenceHash {
         self.slots[id.index()].0
     }
 
     /// The value of `id` (`V::default()` for a dead id).
-    pub fn get(&self, id: BlockId) -> &V {
+    pub(crate) fn get(&self, id: BlockId) -> &V {
         &self.slots[id.index()].1
     }
 
     /// The value of `id`, mutably. Must be a live id.
-    pub fn get_mut(&mut self, id: BlockId) -> &mut V {
+    pub(crate) fn get_mut(&mut self, id: BlockId) -> &mut V {
         &mut self.slots[id.index()].1
     }
 
     /// Kills a live id: its hash is forgotten, its value reset, and the id reused later.
-    pub fn remove(&mut self, id: BlockId) {
+    pub(crate) fn remove(&mut self, id: BlockId) {
         let (hash, value) = &mut self.slots[id.index()];
         let removed = self.index.remove(*hash, id.0);
         debug_assert!(removed, "removing a dead block id");
@@ -138,7 +141,8 @@ impl<V: Default> BlockIds<V> {
     }
 
     /// Every live id with its hash and value, in no particular order.
-    pub fn iter(&self) -> impl Iterator<Item = (BlockId, SequenceHash, &V)> + '_ {
+    #[cfg(test)]
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (BlockId, SequenceHash, &V)> + '_ {
         self.index.ids().map(|i| {
             let (h, v) = &self.slots[i as usize];
             (BlockId(i), *h, v)
@@ -146,7 +150,8 @@ impl<V: Default> BlockIds<V> {
     }
 
     /// Checks the index against the slots (tests). Panics on a violation.
-    pub fn assert_invariants(&self) {
+    #[cfg(test)]
+    pub(crate) fn assert_invariants(&self) {
         let mut live = vec![false; self.slots.len()];
         for i in self.index.ids() {
             let h = self.slots[i as usize].0;
@@ -287,6 +292,7 @@ impl IdIndex {
     }
 
     /// Every id indexed, in no particular order.
+    #[cfg(test)]
     fn ids(&self) -> impl Iterator<Item = u32> + '_ {
         self.slots
             .iter()

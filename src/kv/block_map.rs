@@ -1,6 +1,6 @@
-//! [`BlockMap`]: the map from a block's sequence hash to its bookkeeping that the flat index
+//! `BlockMap`: the map from a block's sequence hash to its bookkeeping that the flat index
 //! and the router's active blocks keep, one entry per block (the KV pool's dense ids have an
-//! index of their own, [`crate::kv::BlockIds`]).
+//! index of their own, `crate::kv::BlockIds`).
 //!
 //! Those maps hold tens of thousands of blocks each and are probed at random, so on a replay
 //! nearly every probe misses the CPU caches: what a probe costs is the cache lines it touches.
@@ -16,7 +16,7 @@ use crate::tokens::SequenceHash;
 /// pool's id index, [`crate::kv::ids`], probes the same way at the same load.)
 pub(crate) const MAX_LOAD: (usize, usize) = (1, 2);
 /// Keys to [`BlockMap::warm`] at once: their lines stay in the first-level cache until used.
-pub const WARM_CHUNK: usize = 32;
+pub(crate) const WARM_CHUNK: usize = 32;
 /// Slots of the first allocation.
 pub(crate) const MIN_SLOTS: usize = 16;
 
@@ -31,7 +31,7 @@ pub(crate) fn slots_for(entries: usize) -> usize {
 /// A map from [`SequenceHash`] to `V`, made for random probes on large tables (see the module
 /// docs). Key 0 marks an empty slot; a block whose hash is 0 lives in `zero` instead.
 #[derive(Clone, Debug)]
-pub struct BlockMap<V> {
+pub(crate) struct BlockMap<V> {
     /// `(key, value)`; key 0 is an empty slot (its value is `V::default()`). A power of two
     /// long, or empty before the first insert.
     slots: Vec<(u64, V)>,
@@ -56,17 +56,19 @@ impl<V> Default for BlockMap<V> {
 
 impl<V: Default> BlockMap<V> {
     /// An empty map (allocates on the first insert).
-    pub fn new() -> BlockMap<V> {
+    pub(crate) fn new() -> BlockMap<V> {
         BlockMap::default()
     }
 
     /// Entries.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.len + usize::from(self.zero.is_some())
     }
 
     /// True when there are no entries.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
@@ -92,28 +94,15 @@ impl<V: Default> BlockMap<V> {
     }
 
     /// The value of `key`.
-    pub fn get(&self, key: &SequenceHash) -> Option<&V> {
+    pub(crate) fn get(&self, key: &SequenceHash) -> Option<&V> {
         if key.0 == 0 {
             return self.zero.as_ref();
         }
         self.find(key.0).map(|i| &self.slots[i].1)
     }
 
-    /// The value of `key`, mutably.
-    pub fn get_mut(&mut self, key: &SequenceHash) -> Option<&mut V> {
-        if key.0 == 0 {
-            return self.zero.as_mut();
-        }
-        self.find(key.0).map(|i| &mut self.slots[i].1)
-    }
-
-    /// True when `key` has an entry.
-    pub fn contains_key(&self, key: &SequenceHash) -> bool {
-        self.get(key).is_some()
-    }
-
     /// The value of `key`, inserting `V::default()` first when absent; true when it inserted.
-    pub fn get_or_insert_default(&mut self, key: SequenceHash) -> (&mut V, bool) {
+    pub(crate) fn get_or_insert_default(&mut self, key: SequenceHash) -> (&mut V, bool) {
         if key.0 == 0 {
             let inserted = self.zero.is_none();
             return (self.zero.get_or_insert_with(V::default), inserted);
@@ -139,7 +128,7 @@ impl<V: Default> BlockMap<V> {
     /// Prefetches the home slot of every key (`src/kv/prefetch.rs`): the misses overlap one
     /// another and the work that follows, and the probes after them find the lines in cache.
     /// Worth it before a loop over a request's blocks, [`WARM_CHUNK`] keys at a time.
-    pub fn warm(&self, keys: impl IntoIterator<Item = SequenceHash>) {
+    pub(crate) fn warm(&self, keys: impl IntoIterator<Item = SequenceHash>) {
         if self.slots.is_empty() {
             return;
         }
@@ -150,7 +139,7 @@ impl<V: Default> BlockMap<V> {
 
     /// In a loop over `keys` that may stop early: at every [`WARM_CHUNK`]-th index `i`,
     /// [`BlockMap::warm`]s the chunk of keys starting there.
-    pub fn warm_ahead(&self, keys: &[SequenceHash], i: usize) {
+    pub(crate) fn warm_ahead(&self, keys: &[SequenceHash], i: usize) {
         if i % WARM_CHUNK == 0 {
             let end = keys.len().min(i + WARM_CHUNK);
             self.warm(keys[i..end].iter().copied());
@@ -158,7 +147,7 @@ impl<V: Default> BlockMap<V> {
     }
 
     /// Sets `key`'s value; the previous one, if any.
-    pub fn insert(&mut self, key: SequenceHash, value: V) -> Option<V> {
+    pub(crate) fn insert(&mut self, key: SequenceHash, value: V) -> Option<V> {
         let (slot, inserted) = self.get_or_insert_default(key);
         let old = std::mem::replace(slot, value);
         (!inserted).then_some(old)
@@ -166,7 +155,7 @@ impl<V: Default> BlockMap<V> {
 
     /// Calls `f` on `key`'s value (one probe) and removes the entry when `f` says so (the
     /// second element of what it returns); `f`'s result, or None when `key` has no entry.
-    pub fn update<R>(
+    pub(crate) fn update<R>(
         &mut self,
         key: &SequenceHash,
         f: impl FnOnce(&mut V) -> (R, bool),
@@ -187,7 +176,7 @@ impl<V: Default> BlockMap<V> {
     }
 
     /// Removes `key`; its value, if it had one.
-    pub fn remove(&mut self, key: &SequenceHash) -> Option<V> {
+    pub(crate) fn remove(&mut self, key: &SequenceHash) -> Option<V> {
         if key.0 == 0 {
             return self.zero.take();
         }
@@ -215,7 +204,8 @@ impl<V: Default> BlockMap<V> {
     }
 
     /// Removes every entry, keeping the allocation.
-    pub fn clear(&mut self) {
+    #[cfg(test)]
+    pub(crate) fn clear(&mut self) {
         for slot in &mut self.slots {
             if slot.0 != 0 {
                 *slot = (0, V::default());
@@ -226,7 +216,7 @@ impl<V: Default> BlockMap<V> {
     }
 
     /// Keeps the entries for which `keep` returns true (called once per entry).
-    pub fn retain(&mut self, mut keep: impl FnMut(SequenceHash, &mut V) -> bool) {
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(SequenceHash, &mut V) -> bool) {
         if let Some(v) = &mut self.zero {
             if !keep(SequenceHash(0), v) {
                 self.zero = None;
@@ -245,7 +235,7 @@ impl<V: Default> BlockMap<V> {
     }
 
     /// Every entry, in no particular order.
-    pub fn iter(&self) -> impl Iterator<Item = (SequenceHash, &V)> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (SequenceHash, &V)> + '_ {
         self.zero.iter().map(|v| (SequenceHash(0), v)).chain(
             self.slots
                 .iter()
@@ -255,13 +245,13 @@ impl<V: Default> BlockMap<V> {
     }
 
     /// Every value, in no particular order.
-    pub fn values(&self) -> impl Iterator<Item = &V> + '_ {
+    pub(crate) fn values(&self) -> impl Iterator<Item = &V> + '_ {
         self.iter().map(|(_, v)| v)
     }
 
     /// Makes room for `entries` entries in all, so that the map does not grow (nor pause to
     /// re-insert everything) before it holds that many. Never shrinks.
-    pub fn reserve(&mut self, entries: usize) {
+    pub(crate) fn reserve(&mut self, entries: usize) {
         if entries == 0 {
             return;
         }

@@ -1,16 +1,16 @@
 //! The paged KV block pool of one worker: ref-counted active blocks, an LRU of inactive cached
 //! blocks (on a logical clock), prefix lookup, and the KV events it emits.
 //!
-//! A request holds a list of [`BlockRef`]s covering the tokens it has scheduled. Full blocks are
+//! A request holds a list of `BlockRef`s covering the tokens it has scheduled. Full blocks are
 //! shared by sequence hash (that is the prefix cache); the block being filled is private
-//! ([`BlockRef::Partial`]) until its last token is scheduled, when it is promoted to a full block
+//! (`BlockRef::Partial`) until its last token is scheduled, when it is promoted to a full block
 //! (or collapses onto an identical block another request already cached).
 //!
-//! Blocks are named inside the pool by dense [`BlockId`]s: a request's hashes are interned once
-//! ([`KvPool::intern`]) when it arrives, and the pool's per-block state is a vector indexed by
+//! Blocks are named inside the pool by dense `BlockId`s: a request's hashes are interned once
+//! (`KvPool::intern`) when it arrives, and the pool's per-block state is a vector indexed by
 //! id, so walking a request's blocks reads neighbouring entries instead of probing a hash table
 //! at random for each. An id lives while the block is cached or a request's id list holds it
-//! ([`KvPool::forget`] drops a request's hold), so the table stays as small as the cache plus
+//! (`KvPool::forget` drops a request's hold), so the table stays as small as the cache plus
 //! the requests on the worker. Events carry sequence hashes, as on the wire.
 
 use std::collections::VecDeque;
@@ -22,7 +22,7 @@ use crate::tokens::{HashKeyMap, LocalBlockHash, SequenceHash};
 
 /// One block held by a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BlockRef {
+pub(crate) enum BlockRef {
     /// A full block in the prefix cache, shared by every request whose sequence contains it.
     Full(BlockId),
     /// A block still being filled (or any block when prefix caching is off): private.
@@ -32,11 +32,11 @@ pub enum BlockRef {
 /// Not enough free or evictable blocks for an allocation; the scheduler must preempt or wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("KV cache exhausted: {needed} new blocks needed, {available} free or evictable")]
-pub struct CapacityExhausted {
+pub(crate) struct CapacityExhausted {
     /// Blocks the allocation needed beyond those it could reuse.
-    pub needed: usize,
+    pub(crate) needed: usize,
     /// Blocks that were free or evictable.
-    pub available: usize,
+    pub(crate) available: usize,
 }
 
 /// What a prefix lookup found.
@@ -45,7 +45,7 @@ pub struct PrefixMatch {
     /// Leading blocks present in the cache (active or inactive).
     pub blocks: usize,
     /// Of those, the leading blocks held by running requests (they cost no new capacity).
-    pub active_blocks: usize,
+    pub(crate) active_blocks: usize,
 }
 
 /// Stale LRU entries allowed beyond as many as the live ones before the LRU is compacted.
@@ -126,7 +126,7 @@ pub struct KvPool {
 
 impl KvPool {
     /// An empty pool of `capacity` blocks.
-    pub fn new(capacity: usize, prefix_caching: bool) -> KvPool {
+    pub(crate) fn new(capacity: usize, prefix_caching: bool) -> KvPool {
         KvPool {
             capacity,
             prefix_caching,
@@ -147,7 +147,7 @@ impl KvPool {
     /// hash index and the LRU, so that none of them grows (copying or re-placing everything,
     /// and touching fresh memory twice) while they fill: a replay calls it with its share of
     /// the trace's blocks.
-    pub fn reserve(&mut self, blocks: usize) {
+    pub(crate) fn reserve(&mut self, blocks: usize) {
         if !self.prefix_caching {
             return;
         }
@@ -160,7 +160,7 @@ impl KvPool {
 
     /// Records KV events (the default) or, where nobody reads them, not (pending ones are
     /// dropped).
-    pub fn set_emit_events(&mut self, on: bool) {
+    pub(crate) fn set_emit_events(&mut self, on: bool) {
         self.emits_events = on;
         if !on {
             self.events.clear();
@@ -168,7 +168,8 @@ impl KvPool {
     }
 
     /// True when events are recorded.
-    pub fn emits_events(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn emits_events(&self) -> bool {
         self.emits_events
     }
 
@@ -180,12 +181,12 @@ impl KvPool {
     }
 
     /// Keeps a list of evicted blocks for [`KvPool::take_evicted`] (the G2 tier offloads them).
-    pub fn track_evictions(&mut self) {
+    pub(crate) fn track_evictions(&mut self) {
         self.evicted.get_or_insert_with(Vec::new);
     }
 
     /// Blocks evicted since the last call, in eviction order (empty unless tracked).
-    pub fn take_evicted(&mut self) -> Vec<SequenceHash> {
+    pub(crate) fn take_evicted(&mut self) -> Vec<SequenceHash> {
         self.evicted
             .as_mut()
             .map(std::mem::take)
@@ -195,7 +196,7 @@ impl KvPool {
     /// Appends the ids of `hashes` to `ids`, holding each until [`KvPool::forget`]: a request
     /// interns its blocks once and names them by id from then on. Without prefix caching no
     /// block is shared and nothing is appended.
-    pub fn intern(&mut self, hashes: &[SequenceHash], ids: &mut Vec<BlockId>) {
+    pub(crate) fn intern(&mut self, hashes: &[SequenceHash], ids: &mut Vec<BlockId>) {
         if !self.prefix_caching {
             return;
         }
@@ -211,7 +212,7 @@ impl KvPool {
     }
 
     /// Drops the holds [`KvPool::intern`] took on `ids`; ids neither held nor cached die.
-    pub fn forget(&mut self, ids: &[BlockId]) {
+    pub(crate) fn forget(&mut self, ids: &[BlockId]) {
         for &id in ids {
             let b = self.blocks.get_mut(id);
             b.holds -= 1;
@@ -241,7 +242,7 @@ impl KvPool {
 
     /// Marks inactive blocks among `hashes` as just used, the first one last (so a prefix is
     /// evicted after its suffix). Active and unknown blocks are left alone.
-    pub fn touch(&mut self, hashes: &[SequenceHash]) {
+    pub(crate) fn touch(&mut self, hashes: &[SequenceHash]) {
         for h in hashes.iter().rev() {
             let Some(id) = self.blocks.id(*h) else {
                 continue;
@@ -264,7 +265,7 @@ impl KvPool {
     /// (`parent` precedes `blocks[0]`). Blocks already cached are skipped; no block inserted here
     /// evicts another one inserted by the same call, so at most `free + inactive` blocks go in.
     /// The tail gets the oldest LRU stamp, as on release. Returns the blocks inserted.
-    pub fn insert_inactive(
+    pub(crate) fn insert_inactive(
         &mut self,
         parent: Option<SequenceHash>,
         blocks: &[StoredBlock],
@@ -335,32 +336,33 @@ impl KvPool {
     }
 
     /// Total blocks.
-    pub fn capacity(&self) -> usize {
+    pub(crate) fn capacity(&self) -> usize {
         self.capacity
     }
 
     /// Blocks held by running requests (shared full blocks count once).
-    pub fn num_active_blocks(&self) -> usize {
+    pub(crate) fn num_active_blocks(&self) -> usize {
         self.num_active_full + self.num_partial
     }
 
     /// Cached blocks nobody holds: reusable on a prefix hit, evictable otherwise.
-    pub fn num_inactive_blocks(&self) -> usize {
+    pub(crate) fn num_inactive_blocks(&self) -> usize {
         self.num_inactive
     }
 
     /// Blocks neither active nor cached.
-    pub fn num_free_blocks(&self) -> usize {
+    pub(crate) fn num_free_blocks(&self) -> usize {
         self.capacity - self.num_active_blocks() - self.num_inactive_blocks()
     }
 
     /// Whether the pool shares full blocks by hash.
-    pub fn prefix_caching(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn prefix_caching(&self) -> bool {
         self.prefix_caching
     }
 
     /// True when `hash` is cached (active or inactive).
-    pub fn contains(&self, hash: SequenceHash) -> bool {
+    pub(crate) fn contains(&self, hash: SequenceHash) -> bool {
         self.blocks
             .id(hash)
             .is_some_and(|id| self.cached(id).is_some())
@@ -368,11 +370,11 @@ impl KvPool {
 
     /// The longest run of leading blocks of `ids` (from [`KvPool::intern`]) present in the
     /// cache.
-    pub fn lookup_prefix(&self, ids: &[BlockId]) -> PrefixMatch {
+    pub(crate) fn lookup_prefix(&self, ids: &[BlockId]) -> PrefixMatch {
         self.leading_run(ids.iter().map(|&id| self.cached(id)))
     }
 
-    /// [`KvPool::lookup_prefix`] for a sequence given by its hashes (not interned here).
+    /// `KvPool::lookup_prefix` for a sequence given by its hashes (not interned here).
     pub fn lookup_prefix_hashes(&self, hashes: &[SequenceHash]) -> PrefixMatch {
         self.leading_run(
             hashes
@@ -404,7 +406,7 @@ impl KvPool {
     /// `num_tokens / block_size` are full (shared by hash); a trailing partial block is private.
     ///
     /// All or nothing: on [`CapacityExhausted`] nothing changed.
-    pub fn allocate(
+    pub(crate) fn allocate(
         &mut self,
         held: &mut Vec<BlockRef>,
         seq: SequenceBlocks<'_>,
@@ -520,7 +522,7 @@ impl KvPool {
 
     /// Releases a request's blocks, tail first, so that its suffix is evicted before the prefix
     /// it may share with others.
-    pub fn release(&mut self, held: &mut Vec<BlockRef>) {
+    pub(crate) fn release(&mut self, held: &mut Vec<BlockRef>) {
         while let Some(b) = held.pop() {
             match b {
                 BlockRef::Partial => self.num_partial -= 1,
@@ -547,7 +549,8 @@ impl KvPool {
     }
 
     /// Drops every inactive block (a `Removed` event for them).
-    pub fn clear_inactive(&mut self) {
+    #[cfg(test)]
+    pub(crate) fn clear_inactive(&mut self) {
         let ids = self.lru_order();
         let hashes: Vec<SequenceHash> = ids.iter().map(|&id| self.uncache(id)).collect();
         if let Some(evicted) = &mut self.evicted {
@@ -562,7 +565,7 @@ impl KvPool {
 
     /// Empties the prefix cache when no request holds a block (vLLM's `reset_prefix_cache`),
     /// emitting `Cleared`. Returns false, changing nothing, while blocks are in use.
-    pub fn reset(&mut self) -> bool {
+    pub(crate) fn reset(&mut self) -> bool {
         if self.num_active_blocks() > 0 {
             return false;
         }
@@ -577,12 +580,13 @@ impl KvPool {
     }
 
     /// Takes the events emitted since the last call.
-    pub fn drain_events(&mut self) -> Vec<KvEventData> {
+    pub(crate) fn drain_events(&mut self) -> Vec<KvEventData> {
         std::mem::take(&mut self.events)
     }
 
     /// True when events are waiting to be drained.
-    pub fn has_events(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn has_events(&self) -> bool {
         !self.events.is_empty()
     }
 
@@ -682,7 +686,8 @@ impl KvPool {
     }
 
     /// Checks every internal count against the data it summarises. Panics on a violation.
-    pub fn assert_invariants(&self) {
+    #[cfg(test)]
+    pub(crate) fn assert_invariants(&self) {
         self.blocks.assert_invariants();
         let cached = self.blocks.iter().filter(|(_, _, b)| b.is_cached()).count();
         assert_eq!(cached, self.num_cached, "cached block count");
@@ -738,7 +743,8 @@ impl KvPool {
     }
 
     /// Reference counts, for tests that hold requests' block lists.
-    pub fn refs(&self, hash: SequenceHash) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn refs(&self, hash: SequenceHash) -> u32 {
         self.blocks
             .id(hash)
             .and_then(|id| self.cached(id))
@@ -746,30 +752,33 @@ impl KvPool {
     }
 
     /// Id lists holding the id of `hash` (0 when it has none), for tests that keep them.
-    pub fn holds(&self, hash: SequenceHash) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn holds(&self, hash: SequenceHash) -> u32 {
         self.blocks
             .id(hash)
             .map_or(0, |id| self.blocks.get(id).holds)
     }
 
     /// Holds taken by [`KvPool::intern`] and not yet dropped, over every id (tests).
-    pub fn num_holds(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn num_holds(&self) -> u64 {
         self.blocks.iter().map(|(_, _, b)| u64::from(b.holds)).sum()
     }
 
     /// Blocks with an id (cached or held by an id list): what the pool's tables hold.
-    pub fn num_ids(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn num_ids(&self) -> usize {
         self.blocks.len()
     }
 }
 
 /// The blocks of a sequence, as the pool needs them to allocate.
 #[derive(Clone, Copy, Debug)]
-pub struct SequenceBlocks<'a> {
+pub(crate) struct SequenceBlocks<'a> {
     /// Id of every full block, from [`KvPool::intern`].
-    pub ids: &'a [BlockId],
+    pub(crate) ids: &'a [BlockId],
     /// Local hash of every full block (same length, for events).
-    pub locals: &'a [LocalBlockHash],
+    pub(crate) locals: &'a [LocalBlockHash],
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! The host-memory KV tier (KVBM's G2) of one worker, and the processor-sharing links that move
 //! blocks between it and the GPU pool.
 //!
-//! Blocks evicted from the GPU pool are offloaded over the G1→G2 [`SharedLink`]; they become
-//! resident in [`G2Tier`] when their transfer completes. An admission whose prefix continues in G2
+//! Blocks evicted from the GPU pool are offloaded over the G1→G2 `SharedLink`; they become
+//! resident in `G2Tier` when their transfer completes. An admission whose prefix continues in G2
 //! onboards those blocks over the G2→G1 link and waits for them. G2 evicts its least recently
 //! used resident block when an offload needs room.
 
@@ -36,7 +36,7 @@ struct Transfer {
 /// A link whose bandwidth is shared equally by the transfers in flight (processor sharing): with
 /// N transfers each progresses at B/N. Completion times are computed event by event.
 #[derive(Clone, Debug)]
-pub struct SharedLink {
+pub(crate) struct SharedLink {
     /// Bytes per microsecond; infinite when the bandwidth is not positive.
     bytes_per_us: f64,
     /// Transfers in flight, in start order.
@@ -52,7 +52,7 @@ const EPSILON_BYTES: f64 = 1e-6;
 
 impl SharedLink {
     /// A link of `gbps` GB/s (1e9 bytes per second); `gbps <= 0` is an instant link.
-    pub fn new(gbps: f64) -> SharedLink {
+    pub(crate) fn new(gbps: f64) -> SharedLink {
         let bytes_per_us = if gbps > 0.0 {
             gbps * 1e3
         } else {
@@ -67,13 +67,14 @@ impl SharedLink {
     }
 
     /// Transfers in flight.
-    pub fn in_flight(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn in_flight(&self) -> usize {
         self.transfers.len()
     }
 
     /// Starts moving `bytes` at `now` (after completing what finished before `now`). The caller
     /// must have called [`SharedLink::advance`] to `now` and handled its completions.
-    pub fn start(&mut self, now: SimTime, tag: u64, bytes: f64) {
+    pub(crate) fn start(&mut self, now: SimTime, tag: u64, bytes: f64) {
         debug_assert!(
             self.transfers.is_empty() || self.clock_us >= now.as_micros() as f64 - 1e-9,
             "advance the link before starting a transfer"
@@ -88,7 +89,7 @@ impl SharedLink {
     }
 
     /// When the next transfer completes, rounded up to a whole microsecond.
-    pub fn next_completion(&self) -> Option<SimTime> {
+    pub(crate) fn next_completion(&self) -> Option<SimTime> {
         let min = self
             .transfers
             .iter()
@@ -108,7 +109,7 @@ impl SharedLink {
 
     /// Progresses every transfer to `now` and returns the tags of those that completed, in order
     /// of completion (ties in start order).
-    pub fn advance(&mut self, now: SimTime) -> Vec<u64> {
+    pub(crate) fn advance(&mut self, now: SimTime) -> Vec<u64> {
         let mut done = Vec::new();
         let now_us = now.as_micros() as f64;
         while !self.transfers.is_empty() {
@@ -156,7 +157,8 @@ impl SharedLink {
     }
 
     /// Checks the link's bookkeeping. Panics on a violation.
-    pub fn assert_invariants(&self) {
+    #[cfg(test)]
+    pub(crate) fn assert_invariants(&self) {
         for t in &self.transfers {
             assert!(
                 t.remaining > -1.0,
@@ -179,7 +181,7 @@ enum Residency {
 
 /// The host-memory block cache of one worker: capacity, residency and an LRU.
 #[derive(Clone, Debug)]
-pub struct G2Tier {
+pub(crate) struct G2Tier {
     /// Host blocks.
     capacity: usize,
     /// Every block resident or arriving.
@@ -191,14 +193,14 @@ pub struct G2Tier {
     /// Blocks arriving (offload in flight).
     arriving: usize,
     /// Blocks offloaded so far (transfers completed).
-    pub offloaded_blocks: u64,
+    pub(crate) offloaded_blocks: u64,
     /// Offloads dropped because every slot was arriving.
-    pub dropped_offloads: u64,
+    pub(crate) dropped_offloads: u64,
 }
 
 impl G2Tier {
     /// An empty tier of `capacity` blocks.
-    pub fn new(capacity: usize) -> G2Tier {
+    pub(crate) fn new(capacity: usize) -> G2Tier {
         G2Tier {
             capacity,
             blocks: HashKeyMap::default(),
@@ -210,24 +212,20 @@ impl G2Tier {
         }
     }
 
-    /// Host blocks.
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
     /// Blocks readable now.
-    pub fn num_resident(&self) -> usize {
+    pub(crate) fn num_resident(&self) -> usize {
         self.lru.len()
     }
 
     /// Blocks whose offload is in flight.
-    pub fn num_arriving(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn num_arriving(&self) -> usize {
         self.arriving
     }
 
     /// Reserves a slot for a block about to be offloaded. False when it is already present or
     /// arriving (nothing to move) or no slot can be freed.
-    pub fn reserve(&mut self, hash: SequenceHash) -> bool {
+    pub(crate) fn reserve(&mut self, hash: SequenceHash) -> bool {
         if let Some(r) = self.blocks.get(&hash).copied() {
             if let Residency::Resident(stamp) = r {
                 self.touch(hash, stamp);
@@ -251,7 +249,7 @@ impl G2Tier {
     }
 
     /// The offload of a reserved block completed: it becomes resident (most recently used).
-    pub fn arrive(&mut self, hash: SequenceHash) {
+    pub(crate) fn arrive(&mut self, hash: SequenceHash) {
         if let Some(r) = self.blocks.get_mut(&hash) {
             if *r == Residency::Arriving {
                 self.clock += 1;
@@ -264,7 +262,7 @@ impl G2Tier {
     }
 
     /// The leading run of `hashes` resident here (arriving blocks are not readable yet).
-    pub fn lookup_prefix(&self, hashes: &[SequenceHash]) -> usize {
+    pub(crate) fn lookup_prefix(&self, hashes: &[SequenceHash]) -> usize {
         hashes
             .iter()
             .take_while(|h| matches!(self.blocks.get(h), Some(Residency::Resident(_))))
@@ -272,7 +270,7 @@ impl G2Tier {
     }
 
     /// Marks resident blocks as just used (they are being onboarded).
-    pub fn touch_all(&mut self, hashes: &[SequenceHash]) {
+    pub(crate) fn touch_all(&mut self, hashes: &[SequenceHash]) {
         for h in hashes {
             if let Some(Residency::Resident(stamp)) = self.blocks.get(h).copied() {
                 self.touch(*h, stamp);
@@ -288,7 +286,8 @@ impl G2Tier {
     }
 
     /// Checks capacity and LRU bookkeeping. Panics on a violation.
-    pub fn assert_invariants(&self) {
+    #[cfg(test)]
+    pub(crate) fn assert_invariants(&self) {
         assert!(
             self.blocks.len() <= self.capacity,
             "G2 over capacity: {} > {}",

@@ -81,7 +81,7 @@ impl Collector {
 
     /// A collector with room for requests `0..requests` (ids are usually dense from 0), so
     /// that its table does not stop to grow as they arrive.
-    pub fn with_capacity(requests: usize) -> Collector {
+    pub(crate) fn with_capacity(requests: usize) -> Collector {
         let mut c = Collector::default();
         c.dense.reserve(requests);
         c
@@ -151,14 +151,14 @@ impl Collector {
 
     /// The admission just recorded by [`Collector::on_admit`] had `tokens` of its reused prompt
     /// tokens onboarded from the host tier (G2).
-    pub fn on_g2_reuse(&mut self, id: RequestId, tokens: usize) {
+    pub(crate) fn on_g2_reuse(&mut self, id: RequestId, tokens: usize) {
         if let Some(s) = self.get_mut(id) {
             s.latest_g2_reused = tokens;
         }
     }
 
     /// Disaggregated mode: the request's prompt KV takes `duration` to reach its decode worker.
-    pub fn on_kv_transfer(&mut self, id: RequestId, duration: SimDuration) {
+    pub(crate) fn on_kv_transfer(&mut self, id: RequestId, duration: SimDuration) {
         if let Some(s) = self.get_mut(id) {
             let total = s.kv_transfer.unwrap_or(SimDuration::ZERO) + duration;
             s.kv_transfer = Some(total);
@@ -343,7 +343,7 @@ impl Collector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::SKETCH_RELATIVE_ACCURACY;
+    use crate::metrics::sketch::SKETCH_RELATIVE_ACCURACY;
 
     fn t_ms(ms: u64) -> SimTime {
         SimTime(ms * 1000)

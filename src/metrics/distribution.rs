@@ -7,7 +7,7 @@ use serde::Serialize;
 /// Summary of a sample: what every latency row of the report shows.
 ///
 /// Percentiles are the value at rank `round((n - 1) * p / 100)` of the sorted sample (Dynamo's
-/// offline-replay rule, [`Distribution::rank`]); `std` is the population standard deviation. An
+/// offline-replay rule, `Distribution::rank`); `std` is the population standard deviation. An
 /// empty sample gives all zeros.
 ///
 /// Two Dynamo benchmarks read ranks differently, and the tools that reproduce them keep their
@@ -24,20 +24,20 @@ pub struct Distribution {
     /// 50th percentile.
     pub median: f64,
     /// 75th percentile.
-    pub p75: f64,
+    pub(crate) p75: f64,
     /// 90th percentile.
-    pub p90: f64,
+    pub(crate) p90: f64,
     /// 95th percentile.
-    pub p95: f64,
+    pub(crate) p95: f64,
     /// 99th percentile.
     pub p99: f64,
     /// Population standard deviation (divides by n).
-    pub std: f64,
+    pub(crate) std: f64,
 }
 
 impl Distribution {
     /// All zeros: the distribution of an empty sample.
-    pub const ZERO: Distribution = Distribution {
+    pub(crate) const ZERO: Distribution = Distribution {
         mean: 0.0,
         min: 0.0,
         max: 0.0,
@@ -53,7 +53,7 @@ impl Distribution {
     /// `round((n - 1) * p / 100)` (halves away from zero), clamped to `0..=n - 1` (0 when `n == 0`). The rule of every figure
     /// of the replay report, exact ([`Distribution::from_samples`]) or sketched
     /// ([`QuantileSketch`](super::QuantileSketch)).
-    pub fn rank(n: usize, p: f64) -> usize {
+    pub(crate) fn rank(n: usize, p: f64) -> usize {
         if n == 0 {
             return 0;
         }
@@ -61,7 +61,7 @@ impl Distribution {
         (r.max(0.0) as usize).min(n - 1)
     }
 
-    /// Percentile `p` (0..=100) of an ascending-sorted sample by [`Distribution::rank`]; None when
+    /// Percentile `p` (0..=100) of an ascending-sorted sample by `Distribution::rank`; None when
     /// empty.
     pub fn percentile<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
         sorted.get(Distribution::rank(sorted.len(), p)).copied()

@@ -2,7 +2,7 @@
 //! [`ReplayReport`] it produces (Dynamo's offline-replay report: same keys, same formulas).
 //!
 //! The collector keeps O(1) state per request; per-token gaps go straight into
-//! [`QuantileSketch`]es, so millions of tokens cost no per-token memory. Every figure is a pure
+//! `QuantileSketch`es, so millions of tokens cost no per-token memory. Every figure is a pure
 //! function of the hook calls, except the wall-clock keys listed in [`WALL_CLOCK_KEYS`].
 
 mod collector;
@@ -15,4 +15,3 @@ pub use distribution::Distribution;
 pub use report::{
     DisaggFigures, G2Figures, ReplayReport, RequestRecord, RequestStatus, WALL_CLOCK_KEYS,
 };
-pub use sketch::{QuantileSketch, SKETCH_RELATIVE_ACCURACY};

@@ -96,13 +96,13 @@ pub struct ReplayReport {
     /// Completed requests per simulated second.
     pub request_throughput_rps: f64,
     /// Input tokens per simulated second.
-    pub input_throughput_tok_s: f64,
+    pub(crate) input_throughput_tok_s: f64,
     /// Output tokens per simulated second.
-    pub output_throughput_tok_s: f64,
+    pub(crate) output_throughput_tok_s: f64,
     /// Input plus output tokens per simulated second.
-    pub total_throughput_tok_s: f64,
+    pub(crate) total_throughput_tok_s: f64,
     /// Input plus output tokens of completed requests.
-    pub processed_tokens: u64,
+    pub(crate) processed_tokens: u64,
     /// `processed_tokens` per wall-clock second (simulator speed).
     pub processed_tokens_per_s: f64,
     /// Output tokens per wall-clock second (simulator speed).
@@ -110,15 +110,15 @@ pub struct ReplayReport {
     /// Σ reused prompt tokens at the latest admission / Σ input tokens.
     pub prefix_cache_reused_ratio: f64,
     /// Σ reused prompt tokens at the first admission / Σ input tokens.
-    pub first_admission_prefix_cache_reused_ratio: f64,
+    pub(crate) first_admission_prefix_cache_reused_ratio: f64,
     /// Time to first token (ms).
     pub ttft: Distribution,
     /// Time from first to second token (ms).
-    pub ttst: Distribution,
+    pub(crate) ttst: Distribution,
     /// Per-request mean time per output token after the first (ms).
-    pub tpot: Distribution,
+    pub(crate) tpot: Distribution,
     /// Every consecutive token gap (ms; sketch percentiles).
-    pub itl: Distribution,
+    pub(crate) itl: Distribution,
     /// Arrival to last token (ms).
     pub e2e_latency: Distribution,
     /// `1000 / gap_ms` over every positive token gap (tokens/s; sketch percentiles).
@@ -148,11 +148,11 @@ pub struct DisaggFigures {
     /// Mean hand-off time (ms).
     pub mean_kv_transfer_ms: f64,
     /// Summed hand-off time (ms).
-    pub total_kv_transfer_ms: f64,
+    pub(crate) total_kv_transfer_ms: f64,
     /// Prefill workers.
-    pub num_prefill_workers: u64,
+    pub(crate) num_prefill_workers: u64,
     /// Decode workers.
-    pub num_decode_workers: u64,
+    pub(crate) num_decode_workers: u64,
     /// Share of the run's duration the prefill workers spent in passes (mean over workers).
     pub prefill_pool_utilization: f64,
     /// Share of the run's duration the decode workers spent in passes (mean over workers).
@@ -166,11 +166,11 @@ pub struct G2Figures {
     /// also counted in `prefix_cache_reused_ratio`.
     pub g2_reused_tokens: u64,
     /// `g2_reused_tokens` / Σ input tokens.
-    pub g2_prefix_cache_reused_ratio: f64,
+    pub(crate) g2_prefix_cache_reused_ratio: f64,
     /// Blocks offloaded G1→G2 (transfers completed), all workers.
-    pub g2_offloaded_blocks: u64,
+    pub(crate) g2_offloaded_blocks: u64,
     /// Blocks onboarded G2→G1 (transfers completed), all workers.
-    pub g2_onboarded_blocks: u64,
+    pub(crate) g2_onboarded_blocks: u64,
 }
 
 /// A report value: integers stay integers in JSON.
@@ -298,7 +298,8 @@ impl ReplayReport {
     }
 
     /// Largest token gap (ms): the ITL distribution's exact max.
-    pub fn max_itl_ms(&self) -> f64 {
+    #[cfg(test)]
+    pub(crate) fn max_itl_ms(&self) -> f64 {
         self.itl.max
     }
 

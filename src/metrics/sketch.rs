@@ -4,7 +4,7 @@
 use super::distribution::Distribution;
 
 /// Relative accuracy of [`QuantileSketch`] quantiles (Dynamo's DDSketch setting).
-pub const SKETCH_RELATIVE_ACCURACY: f64 = 0.001;
+pub(crate) const SKETCH_RELATIVE_ACCURACY: f64 = 0.001;
 
 /// Positive values below this go to the sketch's zero bucket (bounds the number of bins).
 const SKETCH_MIN_INDEXABLE: f64 = 1e-9;
@@ -60,7 +60,7 @@ impl std::fmt::Debug for BinMemo {
 /// every value in it. Zero (and tiny positive) values have their own bucket. Count, min, max, mean
 /// and std are exact (Welford). Negative inputs count as zero; non-finite inputs are ignored.
 #[derive(Clone, Debug, PartialEq)]
-pub struct QuantileSketch {
+pub(crate) struct QuantileSketch {
     /// Number of values in the zero bucket.
     zero_count: u64,
     /// Bin index of `bins[0]`.
@@ -89,7 +89,7 @@ impl Default for QuantileSketch {
 
 impl QuantileSketch {
     /// An empty sketch.
-    pub fn new() -> QuantileSketch {
+    pub(crate) fn new() -> QuantileSketch {
         QuantileSketch {
             zero_count: 0,
             offset: 0,
@@ -117,21 +117,13 @@ impl QuantileSketch {
     }
 
     /// Number of values added.
-    pub fn count(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn count(&self) -> u64 {
         self.count
     }
 
-    /// Exact largest value added (0 when empty).
-    pub fn max(&self) -> f64 {
-        if self.count == 0 {
-            0.0
-        } else {
-            self.max
-        }
-    }
-
     /// Adds one value.
-    pub fn add(&mut self, x: f64) {
+    pub(crate) fn add(&mut self, x: f64) {
         if !x.is_finite() {
             return;
         }
@@ -185,7 +177,8 @@ impl QuantileSketch {
     }
 
     /// Adds every value of `other` to this sketch.
-    pub fn merge(&mut self, other: &QuantileSketch) {
+    #[cfg(test)]
+    pub(crate) fn merge(&mut self, other: &QuantileSketch) {
         if other.count == 0 {
             return;
         }
@@ -212,7 +205,7 @@ impl QuantileSketch {
 
     /// Estimated percentile `p` (0..=100) by the same rank rule as [`Distribution`]; rank 0 and
     /// the last rank are the exact min and max. Zero when empty.
-    pub fn quantile(&self, p: f64) -> f64 {
+    pub(crate) fn quantile(&self, p: f64) -> f64 {
         if self.count == 0 {
             return 0.0;
         }
@@ -238,7 +231,7 @@ impl QuantileSketch {
     }
 
     /// The summary of every value added (percentiles estimated, the rest exact).
-    pub fn distribution(&self) -> Distribution {
+    pub(crate) fn distribution(&self) -> Distribution {
         if self.count == 0 {
             return Distribution::ZERO;
         }

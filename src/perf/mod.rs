@@ -25,7 +25,7 @@ pub struct PrefillBatch {
 impl PrefillBatch {
     /// New prompt tokens as the latency model sees them: `n * (mean isl - mean prefix)`, with the
     /// means taken by integer division (Dynamo's aggregation).
-    pub fn new_tokens(&self) -> usize {
+    pub(crate) fn new_tokens(&self) -> usize {
         if self.num_requests == 0 {
             return 0;
         }
@@ -165,13 +165,13 @@ impl ScaledLatency {
 
     /// Scaled prefill time of a batch in milliseconds, not rounded; 0 when not a positive
     /// finite time.
-    pub fn prefill_ms(&self, batch: &PrefillBatch) -> f64 {
+    pub(crate) fn prefill_ms(&self, batch: &PrefillBatch) -> f64 {
         positive(scale(self.model.prefill_ms(batch), self.speedup_ratio))
     }
 
     /// Scaled decode time of one step in milliseconds, not rounded; 0 when not a positive
     /// finite time.
-    pub fn decode_ms(&self, batch: &DecodeBatch) -> f64 {
+    pub(crate) fn decode_ms(&self, batch: &DecodeBatch) -> f64 {
         let ratio = self.speedup_ratio * self.decode_speedup_ratio;
         positive(scale(self.model.decode_ms(batch), ratio))
     }

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::{DecodeBatch, LatencyModel, PrefillBatch};
 
 /// The array names of a profile, in the mocker's `.npz` and in the JSON twin.
-pub const ARRAY_NAMES: [&str; 5] = [
+pub(crate) const ARRAY_NAMES: [&str; 5] = [
     "prefill_isl",
     "prefill_ttft_ms",
     "decode_active_kv_tokens",
@@ -71,7 +71,7 @@ pub enum ProfileError {
     Array {
         /// The file.
         source_name: String,
-        /// The array's name (one of [`ARRAY_NAMES`]).
+        /// The array's name (one of `ARRAY_NAMES`).
         array: &'static str,
         /// What is wrong with it.
         message: String,
@@ -122,7 +122,7 @@ impl ProfileTables {
 
     /// Reads a profile from a file: an `.npz` archive (recognised by its zip signature) or the
     /// JSON twin, then validates it.
-    pub fn load(path: &Path) -> Result<ProfileTables, ProfileError> {
+    pub(crate) fn load(path: &Path) -> Result<ProfileTables, ProfileError> {
         let name = path.display().to_string();
         let bytes = std::fs::read(path).map_err(|error| ProfileError::Io {
             source_name: name.clone(),
@@ -156,7 +156,7 @@ impl ProfileTables {
     }
 
     /// Writes the tables as a mocker-format `.npz` (stored float64 arrays).
-    pub fn write_npz<W: Write + Seek>(&self, writer: W) -> std::io::Result<()> {
+    pub(crate) fn write_npz<W: Write + Seek>(&self, writer: W) -> std::io::Result<()> {
         let mut zip = zip::ZipWriter::new(writer);
         let options = zip::write::SimpleFileOptions::default()
             .compression_method(zip::CompressionMethod::Stored);
@@ -487,7 +487,7 @@ pub struct Profiled {
     /// The measured tables, validated.
     pub tables: ProfileTables,
     /// Where they came from (a file name), for reports.
-    pub source: String,
+    pub(crate) source: String,
 }
 
 impl Profiled {

@@ -76,7 +76,7 @@ pub struct NodeRecord {
     /// When its last token came.
     pub last_token: Option<SimTime>,
     /// When it ended (last token or rejection).
-    pub terminal: Option<SimTime>,
+    pub(crate) terminal: Option<SimTime>,
     /// How it ended.
     pub status: NodeStatus,
 }
@@ -123,7 +123,7 @@ pub struct PlayOutcome {
     /// Spawn edges (sub-agents and worker streams started) in the play.
     pub spawn_edges: usize,
     /// Most spawn edges out of one node (the widest fan-out).
-    pub max_fan_out: usize,
+    pub(crate) max_fan_out: usize,
     /// KV cost of waits: over the play's dispatched nodes with a completion dependency, the
     /// prompt tokens the engine could have found cached from such a source (their common
     /// hash-id prefix, in full engine blocks, and short of the last block of a fully cached
@@ -148,7 +148,7 @@ pub struct AgenticReport {
     pub lanes: Option<usize>,
     /// The header's `source`, where the format has one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub source: Option<serde_json::Value>,
+    pub(crate) source: Option<serde_json::Value>,
     /// Nodes in the graph.
     pub node_count: usize,
     /// Nodes never sent (their play failed first).
@@ -326,7 +326,6 @@ pub fn replay_graph(
         });
     }
     let stats = cluster.snapshot();
-    let preemptions = stats.workers.iter().map(|w| w.scheduler.preemptions).sum();
     let (mut report, records) = std::mem::take(&mut run.collector).finish(Duration::ZERO);
     let reused: Vec<usize> = records.iter().map(|r| r.reused_input_tokens).collect();
     let agentic = summarize_run(graph, how, run.ready, &run.engine_ids, &reused, block_size);
@@ -336,7 +335,6 @@ pub fn replay_graph(
     Ok(ReplayOutcome {
         report,
         records,
-        preemptions,
         rejections,
         agentic: Some(agentic),
     })
@@ -375,19 +373,19 @@ fn summarize_run(
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeTimes {
     /// Its floor (with lanes, from its play's lane start).
-    pub floor: SimTime,
+    pub(crate) floor: SimTime,
     /// The latest `T(source) + delay` over its dependencies and the index of the dependency
     /// that set it (the critical path follows it back); None for a root.
-    pub due: Option<(SimTime, usize)>,
+    pub(crate) due: Option<(SimTime, usize)>,
     /// When it was dispatched (sent); None if it was skipped.
-    pub dispatched: Option<SimTime>,
+    pub(crate) dispatched: Option<SimTime>,
     /// When its completion edges fired: its last token (live, the end of its stream); None if
     /// it failed or never ran.
-    pub last_token: Option<SimTime>,
+    pub(crate) last_token: Option<SimTime>,
     /// When it ended (completed or failed).
-    pub terminal: Option<SimTime>,
+    pub(crate) terminal: Option<SimTime>,
     /// How it failed (`rejected` offline; live, the failure's class), None otherwise.
-    pub failure: Option<&'static str>,
+    pub(crate) failure: Option<&'static str>,
     /// The id of its per-request record, once dispatched.
     pub engine_id: Option<RequestId>,
     /// Prompt tokens found in the prefix cache at admission.

@@ -61,8 +61,6 @@ pub struct ReplayOutcome {
     pub report: ReplayReport,
     /// One record per request, in request-id order.
     pub records: Vec<RequestRecord>,
-    /// Preemptions over all workers.
-    pub preemptions: u64,
     /// Requests that never ran, with their reasons, in request-id order (refused at
     /// submission, or rejected by a worker).
     pub rejections: Vec<ReplayRejection>,
@@ -74,7 +72,7 @@ pub struct ReplayOutcome {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplayRejection {
     /// The request.
-    pub id: RequestId,
+    pub(crate) id: RequestId,
     /// 1-based line of its row in the trace.
     pub line: usize,
     /// Why it could not run.
@@ -564,7 +562,6 @@ pub fn replay_observed(
         });
     }
     let stats = cluster.snapshot();
-    let preemptions = stats.workers.iter().map(|w| w.scheduler.preemptions).sum();
     let (mut report, records) = ledger.collector.into_inner().finish(Duration::ZERO);
     add_topology_figures(&mut report, &stats, config);
     let mut rejections = ledger.rejections;
@@ -572,7 +569,6 @@ pub fn replay_observed(
     Ok(ReplayOutcome {
         report,
         records,
-        preemptions,
         rejections,
         agentic: None,
     })

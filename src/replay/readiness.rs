@@ -177,7 +177,8 @@ impl<'a> Readiness<'a> {
     }
 
     /// Whether `node`'s play has failed.
-    pub fn play_failed(&self, node: usize) -> bool {
+    #[cfg(test)]
+    pub(crate) fn play_failed(&self, node: usize) -> bool {
         self.failed[self.graph.nodes[node].play].is_some()
     }
 
@@ -227,7 +228,7 @@ impl<'a> Readiness<'a> {
     }
 
     /// A token of `node` came at `at` (its completion edges fire from the last one).
-    pub fn token(&mut self, node: usize, at: SimTime) {
+    pub(crate) fn token(&mut self, node: usize, at: SimTime) {
         self.times[node].last_token = Some(at);
     }
 

@@ -17,7 +17,7 @@ struct Active {
 
 /// Requests routed to a worker and not yet finished.
 #[derive(Clone, Debug, Default)]
-pub struct WorkerLoad {
+pub(crate) struct WorkerLoad {
     /// Active requests by id.
     requests: BTreeMap<RequestId, Active>,
     /// Distinct blocks across active requests (kept by [`ActiveBlocks`], which counts them).
@@ -28,17 +28,18 @@ pub struct WorkerLoad {
 
 impl WorkerLoad {
     /// Prompt tokens routed here and not yet prefilled.
-    pub fn active_prefill_tokens(&self) -> usize {
+    pub(crate) fn active_prefill_tokens(&self) -> usize {
         self.prefill_tokens
     }
 
     /// Distinct blocks of active requests.
-    pub fn active_blocks(&self) -> usize {
+    pub(crate) fn active_blocks(&self) -> usize {
         self.num_blocks
     }
 
     /// Active requests.
-    pub fn active_requests(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn active_requests(&self) -> usize {
         self.requests.len()
     }
 
@@ -55,7 +56,7 @@ impl WorkerLoad {
     }
 
     /// The request's prefill is done.
-    pub fn mark_prefill_completed(&mut self, id: RequestId) {
+    pub(crate) fn mark_prefill_completed(&mut self, id: RequestId) {
         if let Some(a) = self.requests.get_mut(&id) {
             self.prefill_tokens -= a.prefill_tokens;
             a.prefill_tokens = 0;
@@ -151,6 +152,7 @@ impl Holders {
     }
 
     /// Requests on `worker` holding the block.
+    #[cfg(test)]
     fn count(&self, worker: u32) -> u32 {
         match self {
             Holders::One(w, n) => u32::from(*w == worker) * *n,
@@ -327,6 +329,7 @@ impl ActiveBlocks {
 
     /// How many of `hashes` (a chain, see [`ActiveBlocks::count_new`]) are not blocks of an
     /// active request on `worker`: all but the leading run it holds.
+    #[cfg(test)]
     pub(crate) fn new_blocks(&self, worker: u32, hashes: &[SequenceHash]) -> usize {
         let mut held = 0;
         self.walk(hashes, |run, m| {

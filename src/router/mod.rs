@@ -12,7 +12,7 @@
 
 mod load;
 
-pub use load::WorkerLoad;
+pub(crate) use load::WorkerLoad;
 
 use std::collections::VecDeque;
 
@@ -100,30 +100,30 @@ impl Default for RouterConfig {
 
 /// What the router needs to know about a request.
 #[derive(Clone, Copy, Debug)]
-pub struct RouteRequest<'a> {
+pub(crate) struct RouteRequest<'a> {
     /// Prompt tokens.
-    pub isl: usize,
+    pub(crate) isl: usize,
     /// Local hashes of the prompt's full blocks.
-    pub local_hashes: &'a [LocalBlockHash],
+    pub(crate) local_hashes: &'a [LocalBlockHash],
     /// Sequence hashes of the prompt's full blocks.
-    pub seq_hashes: &'a [SequenceHash],
+    pub(crate) seq_hashes: &'a [SequenceHash],
     /// When the request is routed (ages the approximate index).
-    pub now: SimTime,
+    pub(crate) now: SimTime,
 }
 
 /// The routing decision for one request.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Decision {
+pub(crate) struct Decision {
     /// Chosen worker.
-    pub worker: WorkerId,
+    pub(crate) worker: WorkerId,
     /// Prompt blocks the indexer believed cached on that worker.
-    pub overlap_blocks: usize,
+    pub(crate) overlap_blocks: usize,
 }
 
 /// The router: policy state, and the core of KV-aware routing (the KV indexer and the
 /// active load of each worker), kept here or on a thread of its own ([`Router::offload`]).
 #[derive(Debug)]
-pub struct Router {
+pub(crate) struct Router {
     /// Settings.
     config: RouterConfig,
     /// Per-pass token budget of the workers, for the busy test.
@@ -153,30 +153,33 @@ impl std::fmt::Debug for RouterIndex {
 }
 
 /// What a worker's load amounts to, for the cost and for reports.
+#[cfg(test)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LoadSummary {
+pub(crate) struct LoadSummary {
     prefill_tokens: usize,
     blocks: usize,
     requests: usize,
 }
 
+#[cfg(test)]
 impl LoadSummary {
     /// Prompt tokens routed to the worker and not yet prefilled.
-    pub fn active_prefill_tokens(&self) -> usize {
+    pub(crate) fn active_prefill_tokens(&self) -> usize {
         self.prefill_tokens
     }
 
     /// Distinct blocks of the worker's active requests.
-    pub fn active_blocks(&self) -> usize {
+    pub(crate) fn active_blocks(&self) -> usize {
         self.blocks
     }
 
     /// Active requests on the worker.
-    pub fn active_requests(&self) -> usize {
+    pub(crate) fn active_requests(&self) -> usize {
         self.requests
     }
 }
 
+#[cfg(test)]
 impl From<&WorkerLoad> for LoadSummary {
     fn from(load: &WorkerLoad) -> LoadSummary {
         LoadSummary {
@@ -455,7 +458,7 @@ impl Core {
 
 impl Router {
     /// A router over `num_workers` workers.
-    pub fn new(
+    pub(crate) fn new(
         config: RouterConfig,
         num_workers: usize,
         block_size: usize,
@@ -482,7 +485,7 @@ impl Router {
     /// threshold (the busy test would wait on every submission); other routers stay as they
     /// are. True when the core now runs on its own thread; an error only when the thread
     /// cannot be started (the router is unchanged then).
-    pub fn offload(&mut self) -> std::io::Result<bool> {
+    pub(crate) fn offload(&mut self) -> std::io::Result<bool> {
         if self.config.mode != RouterMode::KvRouter || self.config.queue_threshold.is_some() {
             return Ok(false);
         }
@@ -507,7 +510,7 @@ impl Router {
     /// ([`KvIndexer::reserve`]), so that it does not stop to grow its table while KV events
     /// come in (on the core's thread, a routing decision would wait through that). Other
     /// routers keep no index.
-    pub fn reserve_index(&mut self, blocks: usize) {
+    pub(crate) fn reserve_index(&mut self, blocks: usize) {
         if self.config.mode == RouterMode::KvRouter {
             self.core.post(move |c| c.indexer.0.reserve(blocks));
         }
@@ -522,29 +525,21 @@ impl Router {
         }
     }
 
-    /// The settings.
-    pub fn config(&self) -> &RouterConfig {
-        &self.config
-    }
-
-    /// Number of workers routed over.
-    pub fn num_workers(&self) -> usize {
-        self.num_workers
-    }
-
     /// Active load of a worker.
-    pub fn load(&self, worker: WorkerId) -> LoadSummary {
+    #[cfg(test)]
+    pub(crate) fn load(&self, worker: WorkerId) -> LoadSummary {
         self.core
             .read(move |c| LoadSummary::from(&c.loads[worker.0 as usize]))
     }
 
     /// Requests parked at the router.
-    pub fn pending(&self) -> &VecDeque<RequestId> {
+    #[cfg(test)]
+    pub(crate) fn pending(&self) -> &VecDeque<RequestId> {
         &self.pending
     }
 
     /// True when the request must wait at the router (queueing on and every worker busy).
-    pub fn all_busy(&self) -> bool {
+    pub(crate) fn all_busy(&self) -> bool {
         let Some(threshold) = self.config.queue_threshold else {
             return false;
         };
@@ -557,12 +552,12 @@ impl Router {
     }
 
     /// Parks a request until a worker has room.
-    pub fn park(&mut self, id: RequestId) {
+    pub(crate) fn park(&mut self, id: RequestId) {
         self.pending.push_back(id);
     }
 
     /// The next parked request, if a worker has room for it.
-    pub fn unpark(&mut self) -> Option<RequestId> {
+    pub(crate) fn unpark(&mut self) -> Option<RequestId> {
         if self.all_busy() {
             return None;
         }
@@ -570,20 +565,22 @@ impl Router {
     }
 
     /// Forgets a parked request (cancelled before routing).
-    pub fn forget_parked(&mut self, id: RequestId) -> bool {
+    pub(crate) fn forget_parked(&mut self, id: RequestId) -> bool {
         let before = self.pending.len();
         self.pending.retain(|&p| p != id);
         before != self.pending.len()
     }
 
     /// Leading prompt blocks cached on each worker, per the indexer.
-    pub fn overlaps(&self, request: RouteRequest<'_>) -> Vec<usize> {
+    #[cfg(test)]
+    pub(crate) fn overlaps(&self, request: RouteRequest<'_>) -> Vec<usize> {
         let request = OwnedRequest::new(request);
         self.core.read(move |c| c.overlaps(request.borrow()))
     }
 
     /// The KV-aware cost of every worker for a request (lower is better).
-    pub fn costs(&self, request: RouteRequest<'_>) -> Vec<f64> {
+    #[cfg(test)]
+    pub(crate) fn costs(&self, request: RouteRequest<'_>) -> Vec<f64> {
         let request = OwnedRequest::new(request);
         self.core.read(move |c| {
             let overlap = c.overlaps(request.borrow());
@@ -592,13 +589,13 @@ impl Router {
     }
 
     /// Chooses a worker for a request and records it as active there.
-    pub fn route(&mut self, id: RequestId, request: RouteRequest<'_>) -> Decision {
+    pub(crate) fn route(&mut self, id: RequestId, request: RouteRequest<'_>) -> Decision {
         self.route_while(id, request, &mut || false)
     }
 
     /// [`Router::route`], doing `work` (short pieces of the caller's, until it returns false)
     /// while the router's thread decides, where it has one.
-    pub fn route_while(
+    pub(crate) fn route_while(
         &mut self,
         id: RequestId,
         request: RouteRequest<'_>,
@@ -643,7 +640,8 @@ impl Router {
 
     /// How many of `hashes` are not blocks of an active request on `worker` (the request's
     /// new blocks there, in the KV cost).
-    pub fn new_blocks(&self, worker: WorkerId, hashes: &[SequenceHash]) -> usize {
+    #[cfg(test)]
+    pub(crate) fn new_blocks(&self, worker: WorkerId, hashes: &[SequenceHash]) -> usize {
         let hashes = hashes.to_vec();
         self.core
             .read(move |c| c.active.new_blocks(worker.0, &hashes))
@@ -651,7 +649,7 @@ impl Router {
 
     /// Records a request as active on a worker the caller chose (a pinned request), exactly as
     /// [`Router::route`] records its own choice. `worker` must be in range.
-    pub fn route_to(
+    pub(crate) fn route_to(
         &mut self,
         id: RequestId,
         worker: WorkerId,
@@ -678,25 +676,26 @@ impl Router {
     }
 
     /// The request produced its first token: its prompt no longer loads the worker's prefill.
-    pub fn mark_prefill_completed(&mut self, worker: WorkerId, id: RequestId) {
+    pub(crate) fn mark_prefill_completed(&mut self, worker: WorkerId, id: RequestId) {
         self.core
             .post(move |c| c.loads[worker.0 as usize].mark_prefill_completed(id));
     }
 
     /// The request finished or was cancelled.
-    pub fn free(&mut self, worker: WorkerId, id: RequestId) {
+    pub(crate) fn free(&mut self, worker: WorkerId, id: RequestId) {
         self.core.post(move |c| {
             c.active.free(&mut c.loads[worker.0 as usize], worker.0, id);
         });
     }
 
     /// True when the router reads its workers' KV events (the KV router with KV events on).
-    pub fn reads_kv_events(&self) -> bool {
+    pub(crate) fn reads_kv_events(&self) -> bool {
         self.config.mode == RouterMode::KvRouter && self.config.use_kv_events
     }
 
     /// Applies a worker's KV event to the indexer (ignored without KV events).
-    pub fn apply_kv_event(&mut self, event: KvEvent) {
+    #[cfg(test)]
+    pub(crate) fn apply_kv_event(&mut self, event: KvEvent) {
         if !self.reads_kv_events() {
             return;
         }
@@ -705,7 +704,7 @@ impl Router {
 
     /// Applies KV events to the indexer in order (ignored without KV events): one job on the
     /// router's thread for all of them.
-    pub fn apply_kv_events(&mut self, events: Vec<KvEvent>) {
+    pub(crate) fn apply_kv_events(&mut self, events: Vec<KvEvent>) {
         if !self.reads_kv_events() || events.is_empty() {
             return;
         }
@@ -729,7 +728,8 @@ impl Router {
     }
 
     /// Blocks each worker holds per the indexer.
-    pub fn tree_sizes(&self) -> Vec<usize> {
+    #[cfg(test)]
+    pub(crate) fn tree_sizes(&self) -> Vec<usize> {
         self.core.read(|c| {
             let mut sizes = vec![0; c.loads.len()];
             for (w, n) in c.indexer.0.find_matches(&[]).tree_sizes {

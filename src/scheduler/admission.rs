@@ -126,7 +126,7 @@ impl EngineConfig {
     /// and a KV pool that holds the request at its longest. That is the prompt plus all output
     /// tokens but the last (whose KV is never computed), the output cut at `max_model_len`;
     /// TRT-LLM reserves prompt plus the full output at admission, so it needs that much.
-    pub fn check_request(&self, request: &EngineRequest) -> Result<(), RejectReason> {
+    pub(crate) fn check_request(&self, request: &EngineRequest) -> Result<(), RejectReason> {
         let prompt = &request.prompt;
         let bs = self.block_size.max(1);
         if prompt.len == 0 {

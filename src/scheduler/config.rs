@@ -34,19 +34,19 @@ impl std::fmt::Display for WorkerRole {
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct SglangConfig {
     /// Prompt tokens admitted per pass at most.
-    pub max_prefill_tokens: usize,
+    pub(crate) max_prefill_tokens: usize,
     /// Largest prefill chunk per pass.
-    pub chunked_prefill_size: usize,
+    pub(crate) chunked_prefill_size: usize,
     /// Cap on a request's remaining output counted in the reservation.
-    pub clip_max_new_tokens: usize,
+    pub(crate) clip_max_new_tokens: usize,
     /// Initial reserved share of remaining output (before conservativeness).
-    pub init_new_token_ratio: f64,
+    pub(crate) init_new_token_ratio: f64,
     /// Lowest ratio, as a fraction of the initial one.
-    pub min_new_token_ratio_factor: f64,
+    pub(crate) min_new_token_ratio_factor: f64,
     /// Passes to decay from the initial to the lowest ratio.
-    pub new_token_ratio_decay_steps: u32,
+    pub(crate) new_token_ratio_decay_steps: u32,
     /// Multiplies the initial ratio.
-    pub schedule_conservativeness: f64,
+    pub(crate) schedule_conservativeness: f64,
 }
 
 impl Default for SglangConfig {
@@ -65,7 +65,7 @@ impl Default for SglangConfig {
 
 impl SglangConfig {
     /// The ratio at start and after every retraction.
-    pub fn init_new_token_ratio(&self) -> f64 {
+    pub(crate) fn init_new_token_ratio(&self) -> f64 {
         self.init_new_token_ratio * self.schedule_conservativeness
     }
 }
@@ -238,7 +238,7 @@ impl EngineConfig {
     /// Settings that are valid but make part of a run useless, as sentences for a warning:
     /// flags the flavour ignores, and limits under which requests the context length allows
     /// are refused at submission.
-    pub fn warnings(&self) -> Vec<String> {
+    pub(crate) fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
         let policy = self.policy();
         if !self.enable_chunked_prefill && !policy.honours_chunked_prefill_flag {

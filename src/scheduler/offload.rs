@@ -70,6 +70,7 @@ impl Offload {
 
     /// Checks the tier, its links and the transfers in flight; `parked` are the requests
     /// waiting for an onboard. Panics on a violation.
+    #[cfg(test)]
     pub(super) fn assert_invariants(&self, parked: &[RequestId]) {
         self.tier.assert_invariants();
         self.offload_link.assert_invariants();
@@ -96,7 +97,7 @@ impl Scheduler {
     /// resident; onboarded blocks become inactive cached blocks and their request goes back to
     /// the front of the waiting queue). The worker calls it before every pass and at
     /// [`Scheduler::next_transfer_end`].
-    pub fn advance_transfers(&mut self, now: SimTime) {
+    pub(crate) fn advance_transfers(&mut self, now: SimTime) {
         self.now = self.now.max(now);
         let Some(off) = &mut self.offload else {
             return;
@@ -137,7 +138,7 @@ impl Scheduler {
 
     /// When the next onboard completes (offloads need no wake-up: residency is brought up to
     /// date whenever the clock moves).
-    pub fn next_transfer_end(&self) -> Option<SimTime> {
+    pub(crate) fn next_transfer_end(&self) -> Option<SimTime> {
         self.offload
             .as_ref()
             .and_then(|off| off.onboard_link.next_completion())

@@ -65,7 +65,7 @@ impl std::str::FromStr for PreemptionMode {
 
 /// How a pass is planned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Planner {
+pub(crate) enum Planner {
     /// vLLM v1 and TRT-LLM: running requests first under the token budget, then FIFO
     /// admission from the head of the waiting queue.
     RunningThenFifo,
@@ -76,7 +76,7 @@ pub enum Planner {
 
 /// Which running request gives its KV back when the pool runs out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum VictimOrder {
+pub(crate) enum VictimOrder {
     /// The newest running request (vLLM's default, LIFO).
     Newest,
     /// The oldest running request (vLLM, FIFO).
@@ -89,29 +89,29 @@ pub enum VictimOrder {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchingPolicy {
     /// How a pass is planned.
-    pub planner: Planner,
+    pub(crate) planner: Planner,
     /// Whether running requests are preempted when KV runs out (TRT-LLM's
     /// guaranteed-no-evict never does: it reserves instead).
-    pub preempts: bool,
+    pub(crate) preempts: bool,
     /// Which request is preempted.
-    pub victim: VictimOrder,
+    pub(crate) victim: VictimOrder,
     /// Admission reserves KV for the prompt plus the full output (TRT-LLM), so a request is
     /// admitted only when it can run to the end.
-    pub reserves_full_output: bool,
+    pub(crate) reserves_full_output: bool,
     /// SGLang's new-token ratio: decays every pass, resets on every retraction.
-    pub adaptive_new_token_ratio: bool,
+    pub(crate) adaptive_new_token_ratio: bool,
     /// Whether a preempted request's re-admission is reported again (SGLang reports a
     /// retracted request's first admission only).
-    pub announces_readmission: bool,
+    pub(crate) announces_readmission: bool,
     /// Whether decode time sees the KV in use capped at the pool's size (SGLang's model).
-    pub caps_decode_kv_at_pool: bool,
+    pub(crate) caps_decode_kv_at_pool: bool,
     /// Whether `enable_chunked_prefill` applies (SGLang always chunks by its own size).
     pub honours_chunked_prefill_flag: bool,
 }
 
 impl BatchingPolicy {
     /// The policy of `engine_type`, with vLLM's preemption order from `preemption_mode`.
-    pub fn of(engine_type: EngineType, preemption_mode: PreemptionMode) -> BatchingPolicy {
+    pub(crate) fn of(engine_type: EngineType, preemption_mode: PreemptionMode) -> BatchingPolicy {
         let vllm_victim = match preemption_mode {
             PreemptionMode::Lifo => VictimOrder::Newest,
             PreemptionMode::Fifo => VictimOrder::Oldest,

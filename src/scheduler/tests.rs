@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::perf::{Fixed, ScaledLatency};
+use crate::perf::{DecodeBatch, Fixed, ScaledLatency};
 use crate::request::Prompt;
 
 fn prompt(tokens: &[u32], bs: usize) -> EngineRequest {

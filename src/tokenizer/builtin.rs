@@ -27,7 +27,7 @@ use super::{AnswerWords, Tokenizer};
 /// They are only ever inserted by the chat template (looked up with
 /// [`Tokenizer::special_token_id`]); the same strings inside message text encode as plain text,
 /// so a user cannot forge a role marker.
-pub const SPECIAL_TOKENS: &[&str] = &[
+pub(crate) const SPECIAL_TOKENS: &[&str] = &[
     "<|begin_of_text|>",
     "<|end_of_text|>",
     "<|system|>",

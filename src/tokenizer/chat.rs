@@ -44,7 +44,7 @@ impl Role {
     }
 
     /// Name as in the OpenAI API.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Role::System => "system",
             Role::User => "user",
@@ -59,12 +59,12 @@ impl Role {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     /// Who wrote it.
-    pub role: Role,
+    pub(crate) role: Role,
     /// Its text; for assistant messages a leading `<think>...</think>` block is not rendered.
     pub content: String,
     /// Reasoning returned separately by reasoning models; never rendered into history.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reasoning_content: Option<String>,
+    pub(crate) reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -95,7 +95,7 @@ impl ChatMessage {
 
 /// `content` without a leading `<think>...</think>` block (and the whitespace after it), as
 /// reasoning models' templates render earlier assistant turns. An unclosed `<think>` is kept.
-pub fn strip_reasoning(content: &str) -> &str {
+pub(crate) fn strip_reasoning(content: &str) -> &str {
     const CLOSE: &str = "</think>";
     content
         .trim_start()
@@ -212,7 +212,7 @@ impl ChatTemplate {
     }
 
     /// Ids that open an assistant turn: what `add_generation_prompt` appends.
-    pub fn generation_prompt(&self) -> &[u32] {
+    pub(crate) fn generation_prompt(&self) -> &[u32] {
         &self.prefix[Role::Assistant.index()]
     }
 

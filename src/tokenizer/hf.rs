@@ -15,7 +15,7 @@ const MAX_CONTINUATION_WORDS: usize = 4096;
 const MAX_INITIAL_WORDS: usize = 1024;
 
 /// A tokenizer loaded from a HuggingFace `tokenizer.json` with the `tokenizers` crate.
-pub struct HfTokenizer {
+pub(crate) struct HfTokenizer {
     /// The loaded tokenizer, set to encode special-token strings as plain text.
     inner: tokenizers::Tokenizer,
     /// Text -> id of every added token (special or not), for the chat template.
@@ -36,7 +36,7 @@ impl std::fmt::Debug for HfTokenizer {
 
 impl HfTokenizer {
     /// Loads `path`; errors name the file.
-    pub fn from_file(path: &Path) -> Result<Self, TokenizerError> {
+    pub(crate) fn from_file(path: &Path) -> Result<Self, TokenizerError> {
         let bytes = std::fs::read(path).map_err(|source| TokenizerError::Io {
             path: path.to_path_buf(),
             source,

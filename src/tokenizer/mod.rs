@@ -30,9 +30,9 @@ use std::path::{Path, PathBuf};
 
 use rand::Rng;
 
-pub use builtin::{BuiltinTokenizer, SPECIAL_TOKENS};
-pub use chat::{render_chat, strip_reasoning, ChatMessage, ChatTemplate, Role, TemplateFamily};
-pub use hf::HfTokenizer;
+pub use builtin::BuiltinTokenizer;
+pub use chat::{render_chat, ChatMessage, ChatTemplate, Role, TemplateFamily};
+pub(crate) use hf::HfTokenizer;
 pub use text::text_with_exact_tokens;
 pub use tiktoken::{TiktokenEncoding, TiktokenTokenizer};
 pub use words::LOREM_WORDS;
@@ -77,7 +77,7 @@ pub struct AnswerWords {
 
 impl AnswerWords {
     /// Words from the two lists; the caller guarantees the round-trip property.
-    pub fn new(initial: Vec<u32>, continuation: Vec<u32>) -> Self {
+    pub(crate) fn new(initial: Vec<u32>, continuation: Vec<u32>) -> Self {
         Self {
             initial,
             continuation,
@@ -113,7 +113,8 @@ impl AnswerWords {
     }
 
     /// `n` tokens drawn from `continuation` only: text that can follow earlier answer tokens.
-    pub fn sample_continuation<R: Rng + ?Sized>(&self, rng: &mut R, n: usize) -> Vec<u32> {
+    #[cfg(test)]
+    pub(crate) fn sample_continuation<R: Rng + ?Sized>(&self, rng: &mut R, n: usize) -> Vec<u32> {
         if self.continuation.is_empty() {
             return Vec::new();
         }
@@ -154,12 +155,12 @@ pub enum TokenizerError {
 }
 
 /// The encoding of the default tokenizer.
-pub const DEFAULT_ENCODING: TiktokenEncoding = TiktokenEncoding::O200kBase;
+pub(crate) const DEFAULT_ENCODING: TiktokenEncoding = TiktokenEncoding::O200kBase;
 
 /// Name that selects the word-level [`BuiltinTokenizer`] in [`load_tokenizer`].
-pub const BUILTIN_NAME: &str = "builtin";
+pub(crate) const BUILTIN_NAME: &str = "builtin";
 
-/// The tokenizer mockserve and loadgen use unless told otherwise: [`DEFAULT_ENCODING`], loaded
+/// The tokenizer mockserve and loadgen use unless told otherwise: `DEFAULT_ENCODING`, loaded
 /// once per process (later calls are cheap clones) with its answer words computed.
 pub fn default_tokenizer() -> Result<TiktokenTokenizer, TokenizerError> {
     TiktokenTokenizer::new(DEFAULT_ENCODING)

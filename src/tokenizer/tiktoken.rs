@@ -90,7 +90,7 @@ pub enum TiktokenEncoding {
 
 impl TiktokenEncoding {
     /// The encoding's name as OpenAI spells it (also accepted by `--tokenizer`).
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             TiktokenEncoding::Cl100kBase => "cl100k_base",
             TiktokenEncoding::O200kBase => "o200k_base",
@@ -98,7 +98,7 @@ impl TiktokenEncoding {
     }
 
     /// The encoding called `name`, `None` for any other name.
-    pub fn from_name(name: &str) -> Option<TiktokenEncoding> {
+    pub(crate) fn from_name(name: &str) -> Option<TiktokenEncoding> {
         [TiktokenEncoding::Cl100kBase, TiktokenEncoding::O200kBase]
             .into_iter()
             .find(|e| e.name() == name)
@@ -429,8 +429,9 @@ impl Tokenizer for TiktokenTokenizer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokenizer::chat::render_chat;
     use crate::tokenizer::tests::check_answer_words_round_trip;
-    use crate::tokenizer::{render_chat, ChatMessage, ChatTemplate, HfTokenizer, TemplateFamily};
+    use crate::tokenizer::{ChatMessage, ChatTemplate, HfTokenizer, TemplateFamily};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
     use std::path::Path;

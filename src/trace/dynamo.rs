@@ -35,7 +35,7 @@ use super::{TraceError, TraceRequest, MAX_TIMESTAMP_MS, MAX_TRACE_BLOCK_SIZE};
 use crate::time::SimDuration;
 
 /// The `schema` of every record.
-pub const DYNAMO_REQUEST_TRACE_SCHEMA: &str = "dynamo.request.trace.v1";
+pub(crate) const DYNAMO_REQUEST_TRACE_SCHEMA: &str = "dynamo.request.trace.v1";
 
 /// A record, bare or inside a wrapper's `event`.
 #[derive(Deserialize)]

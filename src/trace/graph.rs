@@ -39,7 +39,7 @@ pub enum TraceFormat {
 
 impl TraceFormat {
     /// Every format, in the order the help lists them.
-    pub const ALL: [TraceFormat; 7] = [
+    pub(crate) const ALL: [TraceFormat; 7] = [
         TraceFormat::Auto,
         TraceFormat::Mooncake,
         TraceFormat::MooncakeDelta,
@@ -100,7 +100,7 @@ pub enum Trigger {
 
 /// What a dependency stands for; it changes only validation and labels, not timing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Relation {
+pub(crate) enum Relation {
     /// The next request of one conversation.
     Sequence,
     /// A sub-agent (or worker stream) started from the source.
@@ -112,16 +112,6 @@ pub enum Relation {
 }
 
 impl Relation {
-    /// The name in a trace.
-    pub fn name(self) -> &'static str {
-        match self {
-            Relation::Sequence => "sequence",
-            Relation::Spawn => "spawn",
-            Relation::Join => "join",
-            Relation::ReplayBarrier => "replay_barrier",
-        }
-    }
-
     /// The name in the reference's error messages ("invalid Join dependency with Dispatch
     /// trigger").
     fn title(self) -> &'static str {
@@ -142,7 +132,7 @@ pub struct Dependency {
     /// Dispatch or last token of the source.
     pub trigger: Trigger,
     /// What the edge stands for.
-    pub relation: Relation,
+    pub(crate) relation: Relation,
     /// Wait after the trigger, in trace milliseconds (before the speed-up).
     pub delay_ms: f64,
 }
@@ -158,14 +148,14 @@ pub struct GraphNode {
     /// The conversation the node belongs to.
     pub session_id: String,
     /// Earliest start, in trace milliseconds, before the shift by the smallest one.
-    pub not_before_ms: f64,
+    pub(crate) not_before_ms: f64,
     /// Edges into the node, in trace order.
     pub dependencies: Vec<Dependency>,
 }
 
 impl GraphNode {
     /// The node's `request_id`.
-    pub fn id(&self) -> &str {
+    pub(crate) fn id(&self) -> &str {
         self.request.request_id.as_deref().unwrap_or_default()
     }
 }
@@ -180,7 +170,7 @@ pub struct Play {
     pub nodes: Vec<usize>,
     /// Its place in the queue for lanes (`source_play_ordinal`), where the trace gives one;
     /// else plays queue by id.
-    pub ordinal: Option<u64>,
+    pub(crate) ordinal: Option<u64>,
 }
 
 /// A validated request graph: every dependency names an earlier-checked node of the same play,
@@ -192,7 +182,7 @@ pub struct Play {
 #[derive(Clone, Debug, PartialEq)]
 pub struct RequestGraph {
     /// The format the file was read as.
-    pub format: TraceFormat,
+    pub(crate) format: TraceFormat,
     /// Prompt tokens per hash id (the trace's own where it names one).
     pub block_size: usize,
     /// Nodes in trace order.
@@ -200,12 +190,12 @@ pub struct RequestGraph {
     /// Plays in order of first appearance.
     pub plays: Vec<Play>,
     /// The header's `source` (provenance), where the format has one.
-    pub source: Option<serde_json::Value>,
+    pub(crate) source: Option<serde_json::Value>,
 }
 
 impl RequestGraph {
     /// The smallest `not_before_ms` over all nodes (the shift `M` of the floors).
-    pub fn min_not_before_ms(&self) -> f64 {
+    pub(crate) fn min_not_before_ms(&self) -> f64 {
         self.nodes
             .iter()
             .map(|n| n.not_before_ms)

@@ -31,7 +31,7 @@ impl TraceRequest {
     /// When `trace_block_size` is a multiple of the engine block size, every full engine block is
     /// `block_size` copies of one token, so its hash depends only on the hash id and is memoised
     /// in `cache`; no tokens are materialised. Otherwise this falls back to synthesizing tokens.
-    pub fn engine_block_local_hashes(
+    pub(crate) fn engine_block_local_hashes(
         &self,
         trace_block_size: usize,
         cache: &mut LocalHashCache,
@@ -89,18 +89,14 @@ impl LocalHashCache {
     }
 
     /// The engine block size this cache serves.
-    pub fn block_size(&self) -> usize {
+    pub(crate) fn block_size(&self) -> usize {
         self.block_size
     }
 
     /// Number of distinct tokens memoised.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.len
-    }
-
-    /// True when nothing has been memoised yet.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     fn uniform_block(&mut self, token: Token) -> LocalBlockHash {

@@ -32,13 +32,13 @@
 //! malformed line is a [`TraceError::Line`] naming the file and the 1-based line.
 //!
 //! Every value is range-checked, so that no row can make a replay wait or allocate without
-//! bound: a timestamp is finite, non-negative and at most [`MAX_TIMESTAMP_MS`], a delay at most
-//! [`MAX_TRACE_TIME_MS`]; a row
+//! bound: a timestamp is finite, non-negative and at most `MAX_TIMESTAMP_MS`, a delay at most
+//! `MAX_TRACE_TIME_MS`; a row
 //! asks for at most [`MAX_ROW_TOKENS`] prompt tokens with at most as many hash ids, and at
 //! most [`MAX_ROW_OUTPUT_TOKENS`] output tokens; the block size is at most [`MAX_TRACE_BLOCK_SIZE`]. The schedule after the
 //! speed-up (the last session's arrival, each session's arrival plus its delays) is at most
-//! [`MAX_TRACE_TIME_MS`], and with [`parse_with_bound`] / [`load_with_bound`] at most a
-//! [`ScheduleBound`]: both replays ask for [`DEFAULT_MAX_SCHEDULE`] (seven days) unless
+//! `MAX_TRACE_TIME_MS`, and with [`parse_with_bound`] / [`load_with_bound`] at most a
+//! [`ScheduleBound`]: both replays ask for `DEFAULT_MAX_SCHEDULE` (seven days) unless
 //! `--allow-long-schedule`; beyond it the row is a [`TraceError::LongSchedule`].
 
 mod agentic;
@@ -53,10 +53,8 @@ mod row;
 mod weka;
 
 pub use agentic::AGENTIC_MOONCAKE_SCHEMA;
-pub use dynamo::DYNAMO_REQUEST_TRACE_SCHEMA;
-pub use graph::{
-    detect_format, Dependency, GraphNode, Play, Relation, RequestGraph, TraceFormat, Trigger,
-};
+pub(crate) use graph::Relation;
+pub use graph::{detect_format, Dependency, GraphNode, Play, RequestGraph, TraceFormat, Trigger};
 pub use hash::LocalHashCache;
 
 /// True when the parser's direct reader of plain rows (integer fields and an integer
@@ -74,15 +72,15 @@ use crate::time::{SimDuration, SimTime};
 
 /// Longest schedule a trace may describe, after the speed-up, unless the caller allows more
 /// ([`ScheduleBound::Unbounded`]): seven days.
-pub const DEFAULT_MAX_SCHEDULE: SimDuration = SimDuration(7 * 86_400 * 1_000_000);
+pub(crate) const DEFAULT_MAX_SCHEDULE: SimDuration = SimDuration(7 * 86_400 * 1_000_000);
 
 /// Largest time any timestamp, delay or schedule point may stand for, in ms, whatever the
 /// bound: 10^12 ms (about 31.7 years), far inside what [`SimTime`] holds.
-pub const MAX_TRACE_TIME_MS: f64 = 1e12;
+pub(crate) const MAX_TRACE_TIME_MS: f64 = 1e12;
 
 /// Largest raw `timestamp`, in ms: 2^53, beyond which an f64 no longer holds whole
 /// milliseconds (timestamps are absolute; the schedule starts at the earliest one).
-pub const MAX_TIMESTAMP_MS: f64 = 9_007_199_254_740_992.0;
+pub(crate) const MAX_TIMESTAMP_MS: f64 = 9_007_199_254_740_992.0;
 
 /// Most prompt tokens (after clamping to what `hash_ids` cover) a row may ask for, and most
 /// hash ids it may hold: 2^22 (4,194,304).
@@ -100,17 +98,17 @@ pub const MAX_TRACE_BLOCK_SIZE: usize = 1 << 20;
 /// schedule, bound it by [`ScheduleBound::Default`] unless `--allow-long-schedule`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScheduleBound {
-    /// At most [`DEFAULT_MAX_SCHEDULE`] (the replays' default).
+    /// At most `DEFAULT_MAX_SCHEDULE` (the replays' default).
     Default,
-    /// At most this long (itself at most [`MAX_TRACE_TIME_MS`]).
+    /// At most this long (itself at most `MAX_TRACE_TIME_MS`).
     AtMost(SimDuration),
-    /// Any length up to [`MAX_TRACE_TIME_MS`] (`--allow-long-schedule`).
+    /// Any length up to `MAX_TRACE_TIME_MS` (`--allow-long-schedule`).
     Unbounded,
 }
 
 impl ScheduleBound {
     /// The bound in ms.
-    pub fn millis(self) -> f64 {
+    pub(crate) fn millis(self) -> f64 {
         match self {
             ScheduleBound::Default => DEFAULT_MAX_SCHEDULE.0 as f64 / 1e3,
             ScheduleBound::AtMost(d) => (d.0 as f64 / 1e3).min(MAX_TRACE_TIME_MS),
@@ -129,7 +127,7 @@ impl ScheduleBound {
 }
 
 /// A span of trace time in words: `12.5 days`, `3.2 hours`, `42 s` (never a 309-digit number).
-pub fn describe_ms(ms: f64) -> String {
+pub(crate) fn describe_ms(ms: f64) -> String {
     let s = ms / 1e3;
     if !s.is_finite() {
         "an unbounded time".to_string()
@@ -181,7 +179,8 @@ impl Trace {
     }
 
     /// Sum of the (clamped) input lengths of every turn.
-    pub fn total_input_tokens(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn total_input_tokens(&self) -> u64 {
         self.sessions
             .iter()
             .flat_map(|s| &s.turns)
@@ -199,7 +198,8 @@ impl Trace {
     }
 
     /// Sum of the requested output lengths of every turn.
-    pub fn total_output_tokens(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn total_output_tokens(&self) -> u64 {
         self.sessions
             .iter()
             .flat_map(|s| &s.turns)
@@ -305,7 +305,7 @@ pub enum TraceError {
     },
 }
 
-/// Reads and parses the trace at `path` (its schedule up to [`MAX_TRACE_TIME_MS`], as
+/// Reads and parses the trace at `path` (its schedule up to `MAX_TRACE_TIME_MS`, as
 /// [`parse`]); errors name the file as given.
 pub fn load(path: &Path, opts: &TraceOptions) -> Result<Trace, TraceError> {
     load_with_bound(path, opts, ScheduleBound::Unbounded)

@@ -64,7 +64,7 @@ pub(super) fn show(x: f64) -> String {
 }
 
 /// Parses a Mooncake JSONL trace from `reader`; `source_name` labels errors (usually the
-/// path). The schedule may run up to [`MAX_TRACE_TIME_MS`]: a caller that waits for it bounds it
+/// path). The schedule may run up to `MAX_TRACE_TIME_MS`: a caller that waits for it bounds it
 /// further with [`parse_with_bound`].
 pub fn parse(
     reader: impl BufRead,
