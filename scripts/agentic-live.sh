@@ -11,19 +11,19 @@
 #      WORKERS   simulated workers (default 4)
 #      PLAYS     plays in the generated trace (default: the generator's 60)
 #      SEED      seed of the generated trace (default 0)
-#      MOCKSERVE, LOADGEN  the binaries (default: the first built of target/perf/,
-#                target/release/ and target/debug/; a debug loadgen adds milliseconds of its own
+#      MOCKSERVE, LOADGEN  the binaries (default: the first built of target/release/
+#                and target/debug/; a debug loadgen adds milliseconds of its own
 #                to every request)
 #      KEEP=DIR  keep the trace and both reports in DIR
 # Prints one line per figure and exits non-zero if either run fails.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-pick_bin() { # NAME: the first built of target/perf/NAME, target/release/NAME, target/debug/NAME
+pick_bin() { # NAME: target/release/NAME if built, else target/debug/NAME
   local dir
-  for dir in perf release debug; do
+  for dir in release debug; do
     if [ -x "$here/target/$dir/$1" ]; then echo "$here/target/$dir/$1"; return; fi
   done
-  echo "agentic-live.sh: no $1 binary: cargo build --profile perf -p mock_server -p loadgen" >&2
+  echo "agentic-live.sh: no $1 binary: cargo build --release -p mock_server -p loadgen" >&2
   exit 1
 }
 mockserve=${MOCKSERVE:-$(pick_bin mockserve)}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the servesim container image (Containerfile: FROM scratch, static mockserve and loadgen)
 # and checks it without running a container:
-#   1. one build of both binaries with the perf profile (fat LTO), statically linked against glibc
+#   1. one release build of both binaries, statically linked against glibc
 #      (x86_64-unknown-linux-gnu, -C target-feature=+crt-static, symbols stripped);
 #   2. checks that `file` calls them statically linked and that they run;
 #   3. `podman build` from a staged context (the binaries, /etc/passwd, /etc/group,
@@ -15,7 +15,7 @@
 #
 #   scripts/build-image.sh            # IMAGE=name:tag to choose the tag
 #
-# Needs podman (`apt-get install -y podman`), file, curl. The perf profile links with fat LTO:
+# Needs podman (`apt-get install -y podman`), file, curl. The release profile links with fat LTO:
 # a fresh build takes 10-20 minutes on 2 cores.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,18 +23,18 @@ target_dir=${CARGO_TARGET_DIR:-"$here/target"}
 triple=x86_64-unknown-linux-gnu
 version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' "$here/Cargo.toml")
 image=${IMAGE:-"servesim:$version"}
-bin_dir="$target_dir/$triple/perf"
+bin_dir="$target_dir/$triple/release"
 
 for tool in podman file curl; do
     command -v "$tool" >/dev/null || { echo "build-image: $tool not found" >&2; exit 1; }
 done
 
-echo "build-image: cargo build --profile perf --target $triple (static)"
+echo "build-image: cargo build --release --target $triple (static)"
 build_started=$SECONDS
 # --target keeps RUSTFLAGS off build scripts and proc macros (they cannot be static).
-RUSTFLAGS='-C target-feature=+crt-static' CARGO_PROFILE_PERF_DEBUG=false \
-    CARGO_PROFILE_PERF_STRIP=symbols CARGO_TARGET_DIR="$target_dir" \
-    cargo build --locked --profile perf --target "$triple" -p mock_server -p loadgen \
+RUSTFLAGS='-C target-feature=+crt-static' CARGO_PROFILE_RELEASE_DEBUG=false \
+    CARGO_PROFILE_RELEASE_STRIP=symbols CARGO_TARGET_DIR="$target_dir" \
+    cargo build --locked --release --target "$triple" -p mock_server -p loadgen \
     --bin mockserve --bin loadgen
 build_s=$(( SECONDS - build_started ))
 

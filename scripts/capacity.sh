@@ -8,7 +8,7 @@
 #   scripts/capacity.sh [--duration S] [--warmup S] [--concurrency N] [--input-tokens N]
 #                       [--output-tokens N] [--workers N] [--no-build] [--no-dynamo] [--help]
 #
-# Needs: cargo (or --no-build with target/perf/{mockserve,loadgen} built; MOCKSERVE and
+# Needs: cargo (or --no-build with target/release/{mockserve,loadgen} built; MOCKSERVE and
 # LOADGEN choose other binaries). Dynamo: `scripts/peers/setup.sh dynamo tokenizer` done and
 # SERVESIM_PEERS set; without it the Dynamo row and the ratio column are left out.
 # Every process the script starts is stopped on exit, whatever the exit path.
@@ -35,11 +35,11 @@ Flags (defaults in brackets):
   --input-tokens N    prompt tokens per request [$input_tokens]
   --output-tokens N   output tokens per request [$output_tokens]
   --workers N         simulated workers of the "several workers" mockserve rows [$workers]
-  --no-build          use the perf binaries as they are (no cargo build)
+  --no-build          use the release binaries as they are (no cargo build)
   --no-dynamo         leave Dynamo out even when it is installed
   -h, --help          this text
 Env: SERVESIM_PEERS (Dynamo's root, see scripts/peers/setup.sh), DYNAMO_PORT [8000],
-     MOCKSERVE, LOADGEN (binaries) [target/perf/mockserve, target/perf/loadgen].
+     MOCKSERVE, LOADGEN (binaries) [target/release/mockserve, target/release/loadgen].
 EOF
 }
 
@@ -64,14 +64,14 @@ for v in "$duration" "$warmup" "$concurrency" "$input_tokens" "$output_tokens" "
 done
 [ "$warmup" -lt "$duration" ] || die "--warmup ($warmup s) must be shorter than --duration ($duration s)"
 
-mockserve=${MOCKSERVE:-$here/target/perf/mockserve}
-loadgen=${LOADGEN:-$here/target/perf/loadgen}
+mockserve=${MOCKSERVE:-$here/target/release/mockserve}
+loadgen=${LOADGEN:-$here/target/release/loadgen}
 if [ $build = 1 ] && [ -z "${MOCKSERVE:-}${LOADGEN:-}" ]; then
-  echo "building perf binaries (cargo build --profile perf -p mock_server -p loadgen --bins)" >&2
-  (cd "$here" && cargo build --profile perf --quiet -p mock_server -p loadgen --bins)
+  echo "building release binaries (cargo build --release -p mock_server -p loadgen --bins)" >&2
+  (cd "$here" && cargo build --release --quiet -p mock_server -p loadgen --bins)
 fi
-[ -x "$mockserve" ] || die "no mockserve at $mockserve (cargo build --profile perf -p mock_server)"
-[ -x "$loadgen" ] || die "no loadgen at $loadgen (cargo build --profile perf -p loadgen)"
+[ -x "$mockserve" ] || die "no mockserve at $mockserve (cargo build --release -p mock_server)"
+[ -x "$loadgen" ] || die "no loadgen at $loadgen (cargo build --release -p loadgen)"
 
 run_dynamo=$here/scripts/peers/run_dynamo.sh
 if [ $dynamo = auto ]; then

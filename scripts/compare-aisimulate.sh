@@ -18,9 +18,8 @@
 #   weka_rr4_l8 the same in 8 lanes
 #   worked      fixtures/agentic/worked_example.jsonl on 1 worker
 #
-# env: MOCKSERVE   the binary (default: the first built of target/perf/, target/release/ and
-#                  target/debug/mockserve; `cargo build -p mock_server --locked` is enough for
-#                  parity, speed wants `--profile perf`)
+# env: MOCKSERVE   the binary (default: target/release/mockserve if built, else target/debug/mockserve;
+#                  `cargo build -p mock_server --locked` is enough for parity, speed wants --release)
 #      SEED        seed of the generated traces (default 0)
 #      KEEP=DIR    keep the traces, configs and both tools' outputs in DIR (default: a temp dir,
 #                  removed at exit)
@@ -38,8 +37,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 ais="$ROOT/venv/aisimulate/bin/aisimulate"
 [ -x "$ais" ] || { echo "compare-aisimulate.sh: $ais missing: run scripts/peers/setup.sh aisimulate" >&2; exit 1; }
 if [ -z "${MOCKSERVE:-}" ]; then
-  MOCKSERVE=$here/target/perf/mockserve
-  [ -x "$MOCKSERVE" ] || MOCKSERVE=$here/target/release/mockserve
+  MOCKSERVE=$here/target/release/mockserve
   [ -x "$MOCKSERVE" ] || MOCKSERVE=$here/target/debug/mockserve
 fi
 [ -x "$MOCKSERVE" ] || { echo "compare-aisimulate.sh: no mockserve binary (cargo build -p mock_server --locked)" >&2; exit 1; }

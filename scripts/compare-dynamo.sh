@@ -5,12 +5,12 @@
 #
 #   scripts/compare-dynamo.sh [TRACE]      (default: traces/mooncake_synthetic_trace.jsonl)
 #
-# Needs: a perf build (`cargo build --profile perf`) and `scripts/peers/setup.sh dynamo` done
+# Needs: a release build (`cargo build --release`) and `scripts/peers/setup.sh dynamo` done
 # (SERVESIM_PEERS pointing at its root if not the default .peers/).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 trace=${1:-"$here/traces/mooncake_synthetic_trace.jsonl"}
-mockserve="$here/target/perf/mockserve"
+mockserve="$here/target/release/mockserve"
 profile="$here/profiles/h200_tp1_perf.npz"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What publishing KV events costs: `loadgen bench` serving throughput against a perf-profile mockserve
+# What publishing KV events costs: `loadgen bench` serving throughput against a release mockserve
 # at --speedup-ratio inf (no simulated time: the server's own CPU is the limit) with KV events off,
 # on with nobody subscribed, and on with a ZeroMQ SUB subscriber attached to every worker's
 # endpoint (pyzmq from the Dynamo venv; it counts messages, events and sequence gaps).
@@ -13,14 +13,14 @@
 #
 #   scripts/kv-events-bench.sh
 #
-# Needs: `cargo build --profile perf -p mock_server -p loadgen` (or MOCKSERVE=path LOADGEN=path) and,
+# Needs: `cargo build --release -p mock_server -p loadgen` (or MOCKSERVE=path LOADGEN=path) and,
 # for the subscriber, the Dynamo venv of `scripts/peers/setup.sh dynamo` (SERVESIM_PEERS its root,
 # default .peers/). Knobs: REQUESTS (default 3000), CONCURRENCY (64), WORKERS (4), BLOCK_SIZE (16),
 # ROUNDS (5); ports HTTP_PORT (18200) and KV_PORT+N (5580).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-mockserve=${MOCKSERVE:-"$here/target/perf/mockserve"}
-loadgen=${LOADGEN:-"$here/target/perf/loadgen"}
+mockserve=${MOCKSERVE:-"$here/target/release/mockserve"}
+loadgen=${LOADGEN:-"$here/target/release/loadgen"}
 peers=${SERVESIM_PEERS:-"$here/.peers"}
 py=$peers/venv/dynamo/bin/python
 requests=${REQUESTS:-3000}

@@ -19,13 +19,13 @@
 #
 #   scripts/kv-events-fleet.sh
 #
-# Needs: `cargo build --profile perf -p mock_server -p loadgen` (or MOCKSERVE=path LOADGEN=path) and
+# Needs: `cargo build --release -p mock_server -p loadgen` (or MOCKSERVE=path LOADGEN=path) and
 # the Dynamo venv (SERVESIM_PEERS its root, default .peers/). Ports: HTTP_PORT+i (default 18100),
 # KV_PORT+i (default 5570), indexer INDEXER_PORT (default 18190).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-mockserve=${MOCKSERVE:-"$here/target/perf/mockserve"}
-loadgen=${LOADGEN:-"$here/target/perf/loadgen"}
+mockserve=${MOCKSERVE:-"$here/target/release/mockserve"}
+loadgen=${LOADGEN:-"$here/target/release/loadgen"}
 fleet=${FLEET:-4}
 kv_port=${KV_PORT:-5570}
 http_port=${HTTP_PORT:-18100}

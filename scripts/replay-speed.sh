@@ -17,13 +17,13 @@
 #                     setting)
 #   TRACE             default traces/mooncake_synthetic_trace.jsonl
 #
-# Needs a perf build (`cargo build --profile perf -p mock_server`). Dynamo's figures are its
+# Needs a release build (`cargo build --release -p mock_server`). Dynamo's figures are its
 # process wall time ("proc", Python start-up and imports included) and the wall time of its
 # replay call alone ("call", what dynamo_replay.py reports as python_wall_s); "x" is Dynamo's call
 # time over our process time, the stricter of the two ratios.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-mockserve="$here/target/perf/mockserve"
+mockserve="$here/target/release/mockserve"
 runs=3
 copies=1
 dynamo=1
@@ -39,7 +39,7 @@ while [[ $# -gt 0 ]]; do
     *) trace=$1; shift ;;
   esac
 done
-[[ -x $mockserve ]] || { echo "no $mockserve: run cargo build --profile perf -p mock_server" >&2; exit 1; }
+[[ -x $mockserve ]] || { echo "no $mockserve: run cargo build --release -p mock_server" >&2; exit 1; }
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 if [[ $copies -gt 1 ]]; then

@@ -2,12 +2,8 @@
 # binaries, the routers' venv, a scratch directory `$out` (kept when KEEP=1), background
 # processes stopped on exit, and helpers to start a fleet and a router in front of it.
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-pick_bin() { # NAME: the first built of target/perf/NAME, target/release/NAME and target/debug/NAME
-  local dir
-  for dir in perf release; do
-    if [ -x "$here/target/$dir/$1" ]; then echo "$here/target/$dir/$1"; return; fi
-  done
-  echo "$here/target/debug/$1"
+pick_bin() { # NAME: $here/target/release/NAME if built, else target/debug/NAME
+  if [ -x "$here/target/release/$1" ]; then echo "$here/target/release/$1"; else echo "$here/target/debug/$1"; fi
 }
 mockserve=${MOCKSERVE:-$(pick_bin mockserve)}
 loadgen=${LOADGEN:-$(pick_bin loadgen)}

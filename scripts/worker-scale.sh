@@ -7,11 +7,11 @@
 #   scripts/worker-scale.sh [COUNT...]           (default: 1 1024)
 #
 # Settings via the environment: CONCURRENCY (64), REQUESTS (3000), INPUT_TOKENS (256),
-# OUTPUT_TOKENS (32), ROUTER (kv-router). Needs `cargo build --profile perf -p mock_server -p loadgen`.
+# OUTPUT_TOKENS (32), ROUTER (kv-router). Needs `cargo build --release -p mock_server -p loadgen`.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-mockserve="$here/target/perf/mockserve"
-loadgen="$here/target/perf/loadgen"
+mockserve="$here/target/release/mockserve"
+loadgen="$here/target/release/loadgen"
 counts=("$@")
 [[ ${#counts[@]} -gt 0 ]] || counts=(1 1024)
 concurrency=${CONCURRENCY:-64}
