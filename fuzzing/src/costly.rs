@@ -6,7 +6,7 @@
 //! versions scaled down to the fuzzed server's limits (64 KiB bodies, a 1,024-token context)
 //! are seeds of the body targets, `fuzz/corpus/<target>/cost_*.json`, for libFuzzer to grow.
 //! A server must refuse each with a 400 naming the parameter, or answer it within its budget;
-//! `fuzzing/tests/cost.rs` checks both sets, each input in a process of its own.
+//! `fuzzing/tests/fuzz/cost.rs` checks both sets, each input in a process of its own.
 
 use std::path::Path;
 

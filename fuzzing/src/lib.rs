@@ -28,7 +28,7 @@
 //! with a message and the input, before a body built without bound takes the machine's memory.
 //! [`costly::COSTLY_BODIES`] are bodies that can break the budget at full size, checked on a
 //! server with mockserve's default limits; their scaled-down seeds are the `cost_*` files of
-//! `fuzz/corpus/`, which the stable runner leaves to the cost test (`fuzzing/tests/cost.rs`,
+//! `fuzz/corpus/`, which the stable runner leaves to the cost test (`fuzzing/tests/fuzz/cost.rs`,
 //! which runs the `servesim-fuzz-check` binary in child processes).
 //!
 //! [`TARGETS`] lists them with the tokens and field names the [`mutate::Mutator`] splices in.

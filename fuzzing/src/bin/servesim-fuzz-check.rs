@@ -5,7 +5,7 @@
 //! It stops at the first violation and exits at once: a server that failed an input may still
 //! be busy with it, and would spoil the figures of the next. An input whose heap grows past the
 //! cost budget's ceiling aborts the process (see `servesim_fuzzing::meter`) before its verdict
-//! line. The cost test (`fuzzing/tests/cost.rs`) runs it again on the inputs after such a stop.
+//! line. The cost test (`fuzzing/tests/fuzz/cost.rs`) runs it again on the inputs after such a stop.
 
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;

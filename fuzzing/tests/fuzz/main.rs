@@ -1,11 +1,12 @@
 //! Fuzzing in the test suite: each target's seed corpus plus seeded mutants for a time budget,
-//! and a replay of every saved input.
+//! and a replay of every saved input; and the cost budget on bodies known to be costly
+//! ([`cost`]), which runs alone (see [`alone`]) so that no fuzzer's work counts against it.
 //!
 //! - `SERVESIM_FUZZ_SECS`: seconds of mutation per target (default 30 when `CI` is set, else 5).
 //! - `SERVESIM_FUZZ_SEED`: the mutation seed (default 0), printed with any finding.
 //!
 //! The seeds are the files of `fuzz/corpus/<target>/` but the costly ones (`cost_*`), which
-//! `tests/cost.rs` checks in child processes. A body that costs more than its budget
+//! `cost` checks in child processes. A body that costs more than its budget
 //! (`servesim_fuzzing::cost`) is a finding like any other; one whose heap passes the budget's
 //! ceiling aborts this test binary with a message naming the target.
 //!
@@ -22,7 +23,10 @@
 //! - `trace_line/invalid_utf8_on_line_2.jsonl`: a row that is not UTF-8 is an error naming its
 //!   line.
 
+mod cost;
+
 use std::path::PathBuf;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use servesim_fuzzing::runner::{check_once, fuzz, load_corpus, FuzzError, FuzzOptions};
@@ -32,6 +36,20 @@ use servesim_fuzzing::{fuzz_dir, sse, target, TARGETS};
 /// Longest one input may take (the HTTP checkers give up at their time budget themselves:
 /// 5 s + 1 s per MiB of body, after a first server start of a few seconds).
 const HANG_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Held shared by every test that puts the machine to work, and alone by the cost tests, whose
+/// time budgets must not be measured against the fuzzers' CPU.
+static MACHINE: RwLock<()> = RwLock::new(());
+
+/// A share of the machine, with the other fuzzers (a panicked holder does not poison it).
+fn shared() -> RwLockReadGuard<'static, ()> {
+    MACHINE.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The machine to this test alone.
+fn alone() -> RwLockWriteGuard<'static, ()> {
+    MACHINE.write().unwrap_or_else(|e| e.into_inner())
+}
 
 fn budget() -> Duration {
     let secs = std::env::var("SERVESIM_FUZZ_SECS")
@@ -54,6 +72,7 @@ fn seed() -> u64 {
 }
 
 fn run(name: &str) {
+    let _machine = shared();
     let target = target(name).expect("a known target");
     let options = FuzzOptions {
         seed: seed(),
@@ -109,6 +128,7 @@ fn prompt_text() {
 /// Fails until the fixes listed at the top of this file are in.
 #[test]
 fn corpus_and_regressions() {
+    let _machine = shared();
     let mut failures = Vec::new();
     let mut checked = 0;
     for kind in ["corpus", "regressions"] {

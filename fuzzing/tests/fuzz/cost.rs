@@ -17,6 +17,8 @@ use std::time::Duration;
 use servesim_fuzzing::costly::{is_costly_seed, COSTLY_BODIES};
 use servesim_fuzzing::fuzz_dir;
 
+use crate::alone;
+
 /// The checker binary of this package.
 const CHECKER: &str = env!("CARGO_BIN_EXE_servesim-fuzz-check");
 
@@ -131,6 +133,7 @@ fn costly_seeds(target: &str) -> Vec<String> {
 /// prompt.
 #[test]
 fn costly_bodies_stay_within_budget() {
+    let _machine = alone();
     let names: Vec<String> = COSTLY_BODIES.iter().map(|b| b.name.to_string()).collect();
     let chat = costly_seeds("chat_body");
     let completions = costly_seeds("completions_body");
