@@ -14,8 +14,10 @@
 #      MOCKSERVE, LOADGEN  the binaries (default: the first built of target/release/
 #                and target/debug/; a debug loadgen adds milliseconds of its own
 #                to every request)
+#      MAX_DIFF  largest difference in percent allowed in mean TTFT and mean E2E (default 5)
 #      KEEP=DIR  keep the trace and both reports in DIR
-# Prints one line per figure and exits non-zero if either run fails.
+# Prints one line per figure; exits non-zero if either run fails, if the two runs completed a
+# different number of requests, or if mean TTFT or mean E2E differ by more than MAX_DIFF percent.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 pick_bin() { # NAME: target/release/NAME if built, else target/debug/NAME
@@ -50,10 +52,11 @@ echo "loadgen:   $loadgen"
 "$mockserve" replay "$out/trace.jsonl" "${engine[@]}" -q --report-json "$out/offline.json" >/dev/null
 "$loadgen" replay "$out/trace.jsonl" "${engine[@]}" --quiet --report-json "$out/live.json" >/dev/null
 
-python3 - "$out/offline.json" "$out/live.json" <<'EOF'
+python3 - "$out/offline.json" "$out/live.json" "${MAX_DIFF:-5}" <<'EOF'
 import json, sys
 
 offline, live = (json.load(open(p)) for p in sys.argv[1:3])
+max_diff = float(sys.argv[3])
 keys = ["completed_requests", "total_input_tokens", "total_output_tokens",
         "prefix_cache_reused_ratio", "mean_ttft_ms", "median_ttft_ms", "p90_ttft_ms",
         "mean_e2e_latency_ms", "median_e2e_latency_ms", "p90_e2e_latency_ms", "duration_ms"]
@@ -65,4 +68,14 @@ for k in keys:
     o, l = offline[k], live[k]
     diff = 100.0 * (l / o - 1.0) if o else 0.0
     print(f"{k:28s} {o:14.3f} {l:14.3f} {diff:+10.2f}%")
+bad = []
+if live["completed_requests"] != offline["completed_requests"]:
+    bad.append("completed requests differ")
+for k in ["mean_ttft_ms", "mean_e2e_latency_ms"]:
+    diff = 100.0 * abs(live[k] / offline[k] - 1.0) if offline[k] else 0.0
+    if diff > max_diff:
+        bad.append(f"{k} differs by {diff:.2f}% (at most {max_diff}%)")
+if bad:
+    sys.exit("agentic-live.sh: live and offline disagree: " + "; ".join(bad))
+print(f"live agrees with offline: mean TTFT and mean E2E within {max_diff}%")
 EOF
