@@ -39,10 +39,6 @@ workers=${WORKERS:-8}
 runs=${RUNS:-"vllm-router:kv_aware vllm-router:cache_aware vllm-router:power_of_two vllm-router:round_robin sglang-router:cache_aware sglang-router:round_robin"}
 workloads=${WORKLOADS:-"replay multiturn"}
 read -r -a router_flags <<<"${ROUTER_FLAGS:-}"
-replay_from=${REPLAY_FROM:-3600}
-replay_requests=${REPLAY_REQUESTS:-300}
-replay_speedup=${REPLAY_SPEEDUP:-4}
-trace_block_size=${TRACE_BLOCK_SIZE:-64}
 mt_users=${MT_USERS:-32}
 mt_turns=${MT_TURNS:-4}
 read -r -a fleet_flags <<<"${FLEET_FLAGS:-}"
@@ -88,10 +84,7 @@ for run in $runs; do
     t0=$SECONDS
     case $workload in
       replay)
-        "$loadgen" replay "$out/slice.jsonl" --url "$router" --model mock-model --metrics-url "$admin/metrics" \
-          --arrival-speedup-ratio "$replay_speedup" --trace-block-size "$trace_block_size" --no-worker-id --max-failure-rate 1 \
-          --per-request-jsonl "$out/$name.requests.jsonl" --report-json "$out/$name.report.json" \
-          -q >"$out/$name.loadgen.log" 2>&1 || echo "  loadgen exited $? (see $out/$name.loadgen.log)" >&2 ;;
+        replay_through_router "$name" --per-request-jsonl "$out/$name.requests.jsonl" ;;
       multiturn)
         "$loadgen" multiturn --url "$router" --model mock-model --num-users "$mt_users" --num-turns "$mt_turns" \
           --num-user-tokens 256 --max-completion-tokens 32 --ignore-eos --max-failure-rate 1 \

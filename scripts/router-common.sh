@@ -1,6 +1,8 @@
-# Shared by scripts/router-bench.sh and scripts/router-failover.sh (sourced, not run): the
-# binaries, the routers' venv, a scratch directory `$out` (kept when KEEP=1), background
-# processes stopped on exit, and helpers to start a fleet and a router in front of it.
+# Shared by scripts/router-{bench,failover,faults,recovery}.sh (sourced, not run): the binaries,
+# the routers' venv, a scratch directory `$out` (kept when KEEP=1), background processes stopped
+# on exit, helpers to start a fleet and a router in front of it, and the replay slice of the
+# public trace that bench, faults and recovery send through the router (REPLAY_FROM (3600),
+# REPLAY_REQUESTS (300), REPLAY_SPEEDUP (4), TRACE_BLOCK_SIZE (64)).
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 pick_bin() { # NAME: $here/target/release/NAME if built, else target/debug/NAME
   if [ -x "$here/target/release/$1" ]; then echo "$here/target/release/$1"; else echo "$here/target/debug/$1"; fi
@@ -22,6 +24,10 @@ admin_port=${ADMIN_PORT:-18299}
 router_port=${ROUTER_PORT:-18390}
 admin=http://127.0.0.1:$admin_port
 router=http://127.0.0.1:$router_port
+replay_from=${REPLAY_FROM:-3600}
+replay_requests=${REPLAY_REQUESTS:-300}
+replay_speedup=${REPLAY_SPEEDUP:-4}
+trace_block_size=${TRACE_BLOCK_SIZE:-64}
 
 out=$(mktemp -d "${TMPDIR:-/tmp}/router-bench.XXXXXX")
 pids=()
@@ -36,6 +42,12 @@ for r in rows:
     r["timestamp"] -= t0
     print(json.dumps(r))
 PY
+}
+replay_through_router() { # NAME [FLAG...]: loadgen replay of $out/slice.jsonl through the router
+  "$loadgen" replay "$out/slice.jsonl" --url "$router" --model mock-model --metrics-url "$admin/metrics" \
+    --arrival-speedup-ratio "$replay_speedup" --trace-block-size "$trace_block_size" --no-worker-id --max-failure-rate 1 \
+    --report-json "$out/$1.report.json" "${@:2}" -q >"$out/$1.loadgen.log" 2>&1 \
+    || echo "  loadgen exited $? (see $out/$1.loadgen.log)" >&2
 }
 cleanup() {
   for pid in "${pids[@]}" $fleet_pid $router_pid; do kill "$pid" 2>/dev/null || true; done

@@ -36,10 +36,6 @@ fi
 workers=${WORKERS:-4}
 faults=${FAULTS:-"none drop=0.1,seed=1 duplicate=0.2,seed=1 reorder=0.2,seed=1 delay=200 restart=25"}
 replay_port=${REPLAY_PORT:-5800}
-replay_from=${REPLAY_FROM:-3600}
-replay_requests=${REPLAY_REQUESTS:-300}
-replay_speedup=${REPLAY_SPEEDUP:-4}
-trace_block_size=${TRACE_BLOCK_SIZE:-64}
 read -r -a fleet_flags <<<"${FLEET_FLAGS:-}"
 
 slice_trace "$replay_from" "$replay_requests" >"$out/slice.jsonl"
@@ -76,10 +72,7 @@ for spec in $faults; do
   start_fleet "$name" "$workers" "${flags[@]}"
   start_router "$name" vllm-router kv_aware
   t0=$SECONDS
-  "$loadgen" replay "$out/slice.jsonl" --url "$router" --model mock-model --metrics-url "$admin/metrics" \
-    --arrival-speedup-ratio "$replay_speedup" --trace-block-size "$trace_block_size" --no-worker-id --max-failure-rate 1 \
-    --report-json "$out/$name.report.json" -q >"$out/$name.loadgen.log" 2>&1 \
-    || echo "  loadgen exited $? (see $out/$name.loadgen.log)" >&2
+  replay_through_router "$name"
   curl -sf "$admin/fleet/decisions" >"$out/$name.decisions.jsonl"
   stop_router
   stop_fleet

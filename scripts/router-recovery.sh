@@ -35,10 +35,6 @@ fi
 workers=${WORKERS:-4}
 drop=${DROP:-"drop=0.2,seed=1"}
 replay_port=${REPLAY_PORT:-5800}
-replay_from=${REPLAY_FROM:-3600}
-replay_requests=${REPLAY_REQUESTS:-300}
-replay_speedup=${REPLAY_SPEEDUP:-4}
-trace_block_size=${TRACE_BLOCK_SIZE:-64}
 read -r -a router_flags <<<"${ROUTER_FLAGS:-}"
 
 slice_trace "$replay_from" "$replay_requests" >"$out/slice.jsonl"
@@ -77,10 +73,7 @@ for w in json.load(open(sys.argv[1]))["workers"]:
   fi
   start_router "$name" vllm-router kv_aware "${extra[@]}" "${router_flags[@]}"
   t0=$SECONDS
-  "$loadgen" replay "$out/slice.jsonl" --url "$router" --model mock-model --metrics-url "$admin/metrics" \
-    --arrival-speedup-ratio "$replay_speedup" --trace-block-size "$trace_block_size" --no-worker-id --max-failure-rate 1 \
-    --report-json "$out/$name.report.json" -q >"$out/$name.loadgen.log" 2>&1 \
-    || echo "  loadgen exited $? (see $out/$name.loadgen.log)" >&2
+  replay_through_router "$name"
   # Let the router finish recovering the last gaps before reading the judge.
   sleep 2
   curl -sf "$admin/fleet/decisions" >"$out/$name.decisions.jsonl"
