@@ -167,6 +167,37 @@ pub struct AgenticReport {
     pub requests: Vec<NodeRecord>,
 }
 
+impl AgenticReport {
+    /// Per engine request id, the node it was: `{request_id, play_id, conversation_id,
+    /// parent_id?, lane_id?}` (AISimulate's per-request `agentic` object), as the offline and
+    /// the live replay's per-request records carry it.
+    pub fn request_labels(&self) -> HashMap<u64, serde_json::Value> {
+        let lanes: HashMap<&str, usize> = self
+            .plays
+            .iter()
+            .filter_map(|p| Some((p.play_id.as_str(), p.lane?)))
+            .collect();
+        self.requests
+            .iter()
+            .filter_map(|node| {
+                let id = node.engine_id?;
+                let mut label = serde_json::json!({
+                    "request_id": node.request_id,
+                    "play_id": node.play_id,
+                    "conversation_id": node.session_id,
+                });
+                if let Some(parent) = &node.parent_id {
+                    label["parent_id"] = serde_json::json!(parent);
+                }
+                if let Some(lane) = lanes.get(node.play_id.as_str()) {
+                    label["lane_id"] = serde_json::json!(format!("lane:{lane}"));
+                }
+                Some((id.0, label))
+            })
+            .collect()
+    }
+}
+
 /// The graph replay's bookkeeping.
 struct Run<'a> {
     /// Which nodes are due, and every node's times.

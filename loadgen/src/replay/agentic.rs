@@ -1,7 +1,7 @@
 //! An agentic trace in the run harness: its request graph loaded and checked, sent by
 //! [`graph_driver::drive_graph`], and the `agentic` section and per-request labels of its report.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,36 +78,6 @@ fn agentic_section(times: &GraphTimes<'_>, owned: &[usize]) -> AgenticReport {
         .count();
     agentic.failed_plays = agentic.plays.len() - agentic.completed_plays;
     agentic
-}
-
-/// Per-request labels of a graph run, by the record's `request_id`: the node it was
-/// (`request_id`, `play_id`, `conversation_id`, `parent_id` of a spawn, `lane_id`), as
-/// `mockserve replay --per-request-jsonl` writes them.
-fn agentic_labels(agentic: &AgenticReport) -> HashMap<u64, serde_json::Value> {
-    let lanes: HashMap<&str, usize> = agentic
-        .plays
-        .iter()
-        .filter_map(|p| Some((p.play_id.as_str(), p.lane?)))
-        .collect();
-    agentic
-        .requests
-        .iter()
-        .filter_map(|node| {
-            let id = node.engine_id?;
-            let mut label = json!({
-                "request_id": node.request_id,
-                "play_id": node.play_id,
-                "conversation_id": node.session_id,
-            });
-            if let Some(parent) = &node.parent_id {
-                label["parent_id"] = json!(parent);
-            }
-            if let Some(lane) = lanes.get(node.play_id.as_str()) {
-                label["lane_id"] = json!(format!("lane:{lane}"));
-            }
-            Some((id.0, label))
-        })
-        .collect()
 }
 
 /// A live replay of an agentic trace: its graph sent by [`graph_driver::drive_graph`], the
@@ -264,7 +234,7 @@ impl Mode for GraphMode<'_> {
             },
             &self.owned,
         );
-        let labels = agentic_labels(&agentic);
+        let labels = agentic.request_labels();
         for rec in &mut live.records {
             rec.agentic = labels.get(&rec.record.request_id).cloned();
         }

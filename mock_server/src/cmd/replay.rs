@@ -270,7 +270,11 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
     }
     if let (Some(file), Some(path)) = (records_file, &args.report.per_request_jsonl) {
         let mut w = std::io::BufWriter::new(file);
-        let labels = agentic_labels(outcome.agentic.as_ref());
+        let labels = outcome
+            .agentic
+            .as_ref()
+            .map(AgenticReport::request_labels)
+            .unwrap_or_default();
         for record in &outcome.records {
             match labels.get(&record.request_id) {
                 Some(agentic) => serde_json::to_writer(
@@ -328,38 +332,6 @@ struct AgenticRecord<'a> {
     #[serde(flatten)]
     record: &'a servesim::metrics::RequestRecord,
     agentic: serde_json::Value,
-}
-
-/// Per engine request id, the node it was: `{request_id, play_id, conversation_id,
-/// parent_id?, lane_id?}` (AISimulate's per-request `agentic` object).
-fn agentic_labels(agentic: Option<&AgenticReport>) -> BTreeMap<u64, serde_json::Value> {
-    let Some(agentic) = agentic else {
-        return BTreeMap::new();
-    };
-    let lanes: BTreeMap<&str, usize> = agentic
-        .plays
-        .iter()
-        .filter_map(|p| Some((p.play_id.as_str(), p.lane?)))
-        .collect();
-    agentic
-        .requests
-        .iter()
-        .filter_map(|node| {
-            let id = node.engine_id?;
-            let mut label = serde_json::json!({
-                "request_id": node.request_id,
-                "play_id": node.play_id,
-                "conversation_id": node.session_id,
-            });
-            if let Some(parent) = &node.parent_id {
-                label["parent_id"] = serde_json::json!(parent);
-            }
-            if let Some(lane) = lanes.get(node.play_id.as_str()) {
-                label["lane_id"] = serde_json::json!(format!("lane:{lane}"));
-            }
-            Some((id.0, label))
-        })
-        .collect()
 }
 
 /// The agentic section in words: the plays' outcomes, and per play its makespan split along
