@@ -14,6 +14,7 @@ use http_body_util::BodyExt;
 use mock_server::api::{app, AppState};
 use mock_server::cmd::serve::serve_state;
 use mock_server::config::ServerConfig;
+use mock_server::fleet::RunningFleet;
 use mock_server::output_length::OutputLengthDist;
 use serde_json::{json, Value};
 use servesim::cluster::ClusterConfig;
@@ -22,6 +23,25 @@ use tokio::time::{timeout, Instant};
 use tower::ServiceExt;
 
 pub(crate) const BLOCK_SIZE: usize = 16;
+
+/// A running fleet's admin URL.
+pub(crate) fn fleet_admin(fleet: &RunningFleet) -> Result<String> {
+    fleet
+        .manifest
+        .admin_url
+        .clone()
+        .context("an admin listener")
+}
+
+/// A running fleet's worker URLs, in worker order.
+pub(crate) fn fleet_worker_urls(fleet: &RunningFleet) -> Vec<String> {
+    fleet
+        .manifest
+        .workers
+        .iter()
+        .map(|w| w.url.clone())
+        .collect()
+}
 
 pub(crate) async fn within<T>(f: impl Future<Output = T>) -> Result<T> {
     timeout(Duration::from_secs(30), f)

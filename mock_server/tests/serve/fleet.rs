@@ -182,7 +182,7 @@ async fn the_judge_scores_each_decision_against_every_workers_cache() -> Result<
     ])?;
     let fleet = within(launch(config)).await??;
     let client = reqwest::Client::new();
-    let admin = fleet.manifest.admin_url.clone().context("an admin URL")?;
+    let admin = fleet_admin(&fleet)?;
     let [w0, w1] = [0, 1].map(|i| fleet.manifest.workers[i].url.clone());
     let prompt = long_question();
     let first = chat(&client, &w0, &prompt).await?;

@@ -33,14 +33,6 @@ async fn fleet(workers: &str, fixed: &str, extra: &[&str]) -> Result<RunningFlee
         .map_err(Into::into)
 }
 
-fn admin(fleet: &RunningFleet) -> Result<String> {
-    fleet
-        .manifest
-        .admin_url
-        .clone()
-        .context("an admin listener")
-}
-
 /// `POST /fleet/workers/{i}/fault` with `body`; the status and the JSON answer.
 async fn set(client: &reqwest::Client, admin: &str, i: usize, body: Value) -> Result<(u16, Value)> {
     let response = within(
@@ -122,13 +114,8 @@ async fn token_times(client: &reqwest::Client, url: &str) -> Result<(Duration, D
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_worker_state_shows_on_the_wire() -> Result<()> {
     let fleet = fleet("3", "100,40", &[]).await?;
-    let admin = admin(&fleet)?;
-    let urls: Vec<String> = fleet
-        .manifest
-        .workers
-        .iter()
-        .map(|w| w.url.clone())
-        .collect();
+    let admin = fleet_admin(&fleet)?;
+    let urls = fleet_worker_urls(&fleet);
     let client = reqwest::Client::new();
     assert_eq!(states(&client, &admin).await?, ["ok", "ok", "ok"]);
 
@@ -261,7 +248,7 @@ async fn the_schedule_switches_states_in_order() -> Result<()> {
         ],
     )
     .await?;
-    let admin = admin(&fleet)?;
+    let admin = fleet_admin(&fleet)?;
     let client = reqwest::Client::new();
     // Every distinct state each worker showed, in order, polled until both settle.
     let mut seen: [Vec<String>; 2] = [vec![], vec![]];
@@ -322,14 +309,9 @@ async fn the_schedule_switches_states_in_order() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_judge_never_names_an_unavailable_worker_best() -> Result<()> {
     let fleet = fleet("2", "1,1", &["--speedup-ratio", "inf"]).await?;
-    let admin = admin(&fleet)?;
+    let admin = fleet_admin(&fleet)?;
     let client = reqwest::Client::new();
-    let urls: Vec<String> = fleet
-        .manifest
-        .workers
-        .iter()
-        .map(|w| w.url.clone())
-        .collect();
+    let urls = fleet_worker_urls(&fleet);
     let first = format!("First: {}", long_question());
     let second = format!("Second: {}", long_question());
     // Worker 0 caches both prompts; while it is 503, worker 1 is the best choice there is.

@@ -94,7 +94,7 @@ async fn score_a_known_router(extra: &[&str]) -> Result<()> {
     let fleet = fleet_with(4, extra).await?;
     let events = !extra.is_empty();
     let client = reqwest::Client::new();
-    let admin = fleet.manifest.admin_url.clone().context("an admin URL")?;
+    let admin = fleet_admin(&fleet)?;
     // What the test knows: which worker holds which family (whole prompt blocks).
     let mut holds = [[false; 4]; 4];
     let mut expected = Vec::new();
@@ -222,12 +222,7 @@ async fn a_fleet_endpoint_resets_its_own_cache_only() -> Result<()> {
     };
     let fleet = within(launch(FleetConfig::from_args(&args)?)).await??;
     let client = reqwest::Client::new();
-    let urls: Vec<String> = fleet
-        .manifest
-        .workers
-        .iter()
-        .map(|w| w.url.clone())
-        .collect();
+    let urls = fleet_worker_urls(&fleet);
     let cached = |url: String| {
         let client = client.clone();
         async move {
@@ -314,13 +309,8 @@ async fn without_faults_only_a_running_pass_makes_a_decision_stale() -> Result<(
     )
     .await?;
     let client = reqwest::Client::new();
-    let admin = fleet.manifest.admin_url.clone().context("an admin URL")?;
-    let urls: Vec<String> = fleet
-        .manifest
-        .workers
-        .iter()
-        .map(|w| w.url.clone())
-        .collect();
+    let admin = fleet_admin(&fleet)?;
+    let urls = fleet_worker_urls(&fleet);
     let first = tokio::spawn({
         let (client, url) = (client.clone(), urls[0].clone());
         async move { ask(&client, &url, 0).await }
@@ -361,13 +351,8 @@ async fn late_events_make_decisions_stale_of_each_kind() -> Result<()> {
     )
     .await?;
     let client = reqwest::Client::new();
-    let admin = fleet.manifest.admin_url.clone().context("an admin URL")?;
-    let urls: Vec<String> = fleet
-        .manifest
-        .workers
-        .iter()
-        .map(|w| w.url.clone())
-        .collect();
+    let admin = fleet_admin(&fleet)?;
+    let urls = fleet_worker_urls(&fleet);
     let settle = Duration::from_millis(4_500);
     ask(&client, &urls[0], 0).await?;
     ask(&client, &urls[1], 0).await?;
@@ -456,7 +441,7 @@ async fn dropped_events_are_missed_until_replayed() -> Result<()> {
     )
     .await?;
     let client = reqwest::Client::new();
-    let admin = fleet.manifest.admin_url.clone().context("an admin URL")?;
+    let admin = fleet_admin(&fleet)?;
     let workers = fleet.manifest.workers.clone();
     ask(&client, &workers[0].url, 0).await?;
     ask(&client, &workers[1].url, 0).await?;
@@ -519,7 +504,7 @@ async fn a_publisher_restarts_on_demand() -> Result<()> {
     )
     .await?;
     let client = reqwest::Client::new();
-    let admin = fleet.manifest.admin_url.clone().context("an admin URL")?;
+    let admin = fleet_admin(&fleet)?;
     let worker = fleet.manifest.workers[0].clone();
     let publish = worker.kv_events_endpoint.clone().context("an endpoint")?;
     let replay = worker
@@ -580,7 +565,7 @@ async fn a_publisher_restarts_on_demand() -> Result<()> {
     within(fleet.shutdown()).await?;
 
     let quiet = fleet_with(1, &[]).await?;
-    let admin = quiet.manifest.admin_url.clone().context("an admin URL")?;
+    let admin = fleet_admin(&quiet)?;
     let response = within(
         client
             .post(format!("{admin}/fleet/workers/0/kv-events/restart"))
