@@ -176,7 +176,8 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
         Command::Multiturn(args) => {
             let config = args.config()?;
             let results = multiturn::multiturn(&config).await?;
-            multiturn::verdict(&results, config.max_failure_rate)
+            multiturn::verdict(&results, config.max_failure_rate)?;
+            observe::lateness_verdict(results.server_lateness, &args.run.observe)
         }
         Command::Replay(args) => {
             let run = replay::replay(&args).await?;

@@ -1,6 +1,6 @@
-//! `loadgen multiturn` flags ([`MultiturnArgs`]: the workload's, on top of the shared
-//! [`TargetArgs`], [`ReportArgs`] and `FailureArgs`) and the validated run description they
-//! become ([`MultiturnConfig`]) before anything runs.
+//! `loadgen multiturn` flags ([`MultiturnArgs`]: the workload's, on top of every run command's
+//! [`RunArgs`]) and the validated run description they become ([`MultiturnConfig`]) before
+//! anything runs.
 
 use clap::Args;
 use mock_server::args::ReportArgs;
@@ -10,8 +10,9 @@ use serde_json::{json, Value};
 use crate::error::LoadgenError;
 use crate::limits;
 use crate::multiturn::workload::WorkloadSpec;
-use crate::run::failure::FailureArgs;
-use crate::run::target::{EmbeddedOptions, TargetArgs, TargetSpec};
+use crate::observe::ObserveArgs;
+use crate::run::target::{EmbeddedOptions, TargetSpec};
+use crate::run::RunArgs;
 
 /// `--tool-call-share` when only `--tool-wait-ms` is given.
 pub(crate) const DEFAULT_TOOL_CALL_SHARE: f64 = 0.5;
@@ -24,9 +25,10 @@ pub(crate) const EMBEDDED_MEAN_DELAY_MS: u64 = 500;
 /// Think time (ms) between turns against `--url` when `--mean-delay-ms` is not given (Dynamo's).
 pub(crate) const URL_MEAN_DELAY_MS: u64 = 5000;
 
-/// `loadgen multiturn`: Dynamo's `multiturn_bench` flags, plus the shared target, report and
-/// failure flags (with multiturn's defaults: `--request-timeout-s 300`, `--seed 42`,
-/// `--decode-speedup-ratio 10`, and `--output` for the results file).
+/// `loadgen multiturn`: Dynamo's `multiturn_bench` flags, plus every run command's [`RunArgs`]
+/// (with multiturn's defaults: `--request-timeout-s 300`, `--seed 42`,
+/// `--decode-speedup-ratio 10`, `--output` for the results file, and `/metrics` sampled only
+/// when asked, so that the results keep Dynamo's keys).
 #[derive(Args, Clone, Debug)]
 #[command(
     mut_arg("request_timeout_s", |a| a
@@ -44,6 +46,10 @@ pub(crate) const URL_MEAN_DELAY_MS: u64 = 5000;
         .help("Write JSON results (Dynamo multiturn_bench keys plus loadgen's) to this file")),
     mut_arg("per_request_jsonl", |a| a
         .help("Write one JSON line per request (the raw_results entries) to this file")),
+    mut_arg("scrape_metrics", |a| a
+        .help("Sample the target's Prometheus /metrics while the run lasts (running and waiting requests, KV usage, prefix-cache hit rate, preemptions, per worker) into the results' server_metrics [default: off in multiturn, on with --metrics-url or --max-server-lateness]")),
+    mut_arg("html", |a| a
+        .help("Write a self-contained HTML report (per-turn TTFT, latency CDFs, server metrics when sampled, the configuration) to this file")),
 )]
 pub struct MultiturnArgs {
     /// Concurrent users (one conversation each), 1 to 100000.
@@ -103,32 +109,16 @@ pub struct MultiturnArgs {
     #[arg(long)]
     pub ping: bool,
 
-    /// Failure threshold.
+    /// Report files, observers, failure threshold, target and sharding: the flags every run
+    /// command shares. Sharding: shard I runs the conversations of the users u with
+    /// u % N == I (the workload is generated for every user first, so each conversation is the
+    /// unsharded run's).
     #[command(flatten)]
-    pub failures: FailureArgs,
-
-    /// Results files and progress.
-    #[command(flatten)]
-    pub report: ReportArgs,
-
-    /// Write a self-contained HTML report (per-turn TTFT, latency CDFs, the configuration) to
-    /// this file.
-    #[arg(long, value_name = "PATH")]
-    pub html: Option<std::path::PathBuf>,
-
-    /// Where requests go.
-    #[command(flatten)]
-    pub target: TargetArgs,
+    pub run: RunArgs,
 
     /// The embedded server's chat settings (ignored with --url).
     #[command(flatten, next_help_heading = "Embedded server (without --url)")]
     pub chat_server: ChatServerArgs,
-
-    /// One run over N processes: shard I runs the conversations of the users u with
-    /// u % N == I (the workload is generated for every user first, so each conversation is the
-    /// unsharded run's).
-    #[command(flatten, next_help_heading = "Sharding (one run over N processes)")]
-    pub sharding: crate::run::shard::ShardArgs,
 }
 
 /// The embedded mockserve's chat settings: the reasoning share (with a default that makes
@@ -183,6 +173,9 @@ pub struct MultiturnConfig {
     pub max_failure_rate: f64,
     /// Results files and progress.
     pub report: ReportArgs,
+    /// The observers' flags when `/metrics` is sampled (`--scrape-metrics`, `--metrics-url` or
+    /// `--max-server-lateness`); None runs without.
+    pub observe: Option<ObserveArgs>,
     /// The HTML report's path.
     pub html: Option<std::path::PathBuf>,
     /// `--shard` and `--start-at` (checked).
@@ -192,9 +185,10 @@ pub struct MultiturnConfig {
 impl MultiturnArgs {
     /// Validates the flags into a run description (`--ping` overrides applied).
     pub fn config(&self) -> Result<MultiturnConfig, LoadgenError> {
-        let max_failure_rate = self.failures.max_failure_rate()?;
+        let run = &self.run;
+        let max_failure_rate = run.failures.max_failure_rate()?;
         // Without --url the embedded server is the target.
-        let mean_delay_ms = self.mean_delay_ms.unwrap_or(if self.target.url.is_none() {
+        let mean_delay_ms = self.mean_delay_ms.unwrap_or(if run.target.url.is_none() {
             EMBEDDED_MEAN_DELAY_MS
         } else {
             URL_MEAN_DELAY_MS
@@ -205,7 +199,7 @@ impl MultiturnArgs {
                 num_turns: self.num_turns,
                 num_user_tokens: self.num_user_tokens,
                 mean_delay_ms,
-                seed: self.target.engine.seed,
+                seed: run.target.engine.seed,
                 tools: match (self.tool_call_share, self.tool_wait_ms) {
                     (None, None) => None,
                     (Some(_), None) => return Err(LoadgenError::Config(
@@ -281,17 +275,21 @@ impl MultiturnArgs {
             1,
             limits::MAX_PROMPT_TOKENS,
         )?;
+        run.observe.check()?;
         limits::output_paths([
-            ("--output", self.report.report_json.as_deref()),
+            ("--output", run.report.report_json.as_deref()),
             (
                 "--per-request-jsonl",
-                self.report.per_request_jsonl.as_deref(),
+                run.report.per_request_jsonl.as_deref(),
             ),
-            ("--html", self.html.as_deref()),
+            ("--html", run.observe.html.as_deref()),
         ])?;
-        self.sharding.check()?;
+        run.sharding.check()?;
+        let o = &run.observe;
+        let sampled =
+            o.scrape_metrics || o.metrics_url.is_some() || o.max_server_lateness.is_some();
         Ok(MultiturnConfig {
-            target: self.target.spec(&self.chat_server.options())?,
+            target: run.target.spec(&self.chat_server.options())?,
             workload,
             max_completion_tokens,
             ignore_eos: !self.no_ignore_eos,
@@ -299,9 +297,10 @@ impl MultiturnArgs {
             verbose: self.verbose || self.ping,
             ping: self.ping,
             max_failure_rate,
-            report: self.report.clone(),
-            html: self.html.clone(),
-            sharding: self.sharding.clone(),
+            report: run.report.clone(),
+            observe: (sampled && !o.no_scrape_metrics).then(|| o.clone()),
+            html: o.html.clone(),
+            sharding: run.sharding.clone(),
         })
     }
 }

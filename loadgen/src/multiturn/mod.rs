@@ -223,7 +223,7 @@ pub async fn multiturn(config: &MultiturnConfig) -> Result<Results, LoadgenError
     println!("========================\n");
     let settings = Settings {
         report: &config.report,
-        observe: None,
+        observe: config.observe.as_ref(),
         live_view: false,
         html: config.html.as_deref(),
         sharding: &config.sharding,
@@ -242,8 +242,8 @@ pub async fn multiturn(config: &MultiturnConfig) -> Result<Results, LoadgenError
     Ok(run.results)
 }
 
-/// `multiturn` in the harness: one conversation per user, no observers besides the progress
-/// bar and the verbose lines.
+/// `multiturn` in the harness: one conversation per user, with the progress bar and the verbose
+/// lines instead of the live view, and the `/metrics` scraper only when asked.
 struct Conversations<'a> {
     config: &'a MultiturnConfig,
     /// The target's model and URL, for the results' configuration.
@@ -403,7 +403,7 @@ impl Mode for Conversations<'_> {
         &mut self,
         out: driver::DriverOutput,
         _wall: Duration,
-        _observed: &Observed,
+        observed: &Observed,
     ) -> Result<MultiturnRun, LoadgenError> {
         let config = self.config;
         let shard = config.sharding.shard;
@@ -465,6 +465,8 @@ impl Mode for Conversations<'_> {
             config.to_json(&self.model, &self.url),
         );
         crate::run::shard::annotate(&mut results.config, shard);
+        results.server_metrics = observed.server.as_ref().map(|m| json!(m));
+        results.server_lateness = observed.lateness();
         Ok(MultiturnRun {
             results,
             duration_s,

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use servesim::metrics::Distribution;
 
+use crate::observe::scrape::Lateness;
 use crate::run::client::{Failure, TokenSource};
 use crate::run::failure::FailureSummary;
 
@@ -283,6 +284,13 @@ pub struct Results {
     /// Turns after a tool call against turns after a user's think time (runs with tool turns).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_turns: Option<ToolTurnStats>,
+    /// The target's `/metrics` over the run (time series and summary), when sampled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_metrics: Option<Value>,
+    /// The server's token lateness over the run, when sampled and reported (for
+    /// `--max-server-lateness`; in the file, inside `server_metrics`).
+    #[serde(skip)]
+    pub server_lateness: Option<Lateness>,
 }
 
 /// What tool waits do: the later turns (2 and on) that sent a tool's result after its wait,
@@ -452,6 +460,8 @@ impl Results {
             tool_turns: ToolTurnStats::of(&records),
             raw_results: records,
             config,
+            server_metrics: None,
+            server_lateness: None,
         }
     }
 

@@ -55,7 +55,7 @@ pub struct ObserveArgs {
     /// schedule: its 99th-percentile token lateness over the run (mockserve's
     /// `servesim_token_lateness_seconds`, read from /metrics) is above this many ms, so the
     /// latencies measured include host delay. A target that does not report it fails the
-    /// check (bench and replay; 0 to 3600000).
+    /// check (0 to 3600000).
     #[arg(long, value_name = "MS")]
     pub max_server_lateness: Option<f64>,
 }

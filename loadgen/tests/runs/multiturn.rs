@@ -118,6 +118,7 @@ async fn counts_and_json_schema() -> Result<()> {
     ] {
         assert!(v.get(key).is_some(), "missing {key}");
     }
+    assert!(v.get("server_metrics").is_none(), "sampled unasked");
     assert_eq!(v["num_users"], 3);
     assert_eq!(v["failed_requests"], 0);
     assert_eq!(v["speculative_prefill"], false);
@@ -161,6 +162,87 @@ async fn counts_and_json_schema() -> Result<()> {
     assert_eq!(v["config"]["target"], "embedded");
     assert_eq!(v["config"]["seed"], 42);
     assert_eq!(v["config"]["user_tokens_exact"], true);
+    Ok(())
+}
+
+/// `--scrape-metrics` samples the embedded server's `/metrics` into the results (and the HTML
+/// report), its token lateness feeds `--max-server-lateness`, and the flags every run command
+/// shares are checked as in bench.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scraped_metrics_go_into_the_results() -> Result<()> {
+    let out = temp_path("scraped.json");
+    let html = temp_path("scraped.html");
+    let (out_s, html_s) = (out.display().to_string(), html.display().to_string());
+    let flags = [
+        "--num-users",
+        "2",
+        "--num-turns",
+        "2",
+        "--num-user-tokens",
+        "40",
+        "--max-completion-tokens",
+        "200",
+        "--mean-delay-ms",
+        "0",
+        "--decode-speedup-ratio",
+        "1",
+        "--scrape-metrics",
+        "--scrape-interval-ms",
+        "50",
+        "--output",
+        &out_s,
+        "--html",
+        &html_s,
+    ];
+    let config = args(&flags).config()?;
+    assert!(config.observe.is_some());
+    let results = within(60, loadgen::multiturn::multiturn(&config)).await??;
+    loadgen::multiturn::verdict(&results, config.max_failure_rate)?;
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out)?)?;
+    let page = std::fs::read_to_string(&html)?;
+    let _ = (std::fs::remove_file(&out), std::fs::remove_file(&html));
+    let server = &v["server_metrics"];
+    assert!(
+        server["samples"].as_array().is_some_and(|s| s.len() >= 2),
+        "{server}"
+    );
+    assert!(
+        server["summary"]["running"]["peak"]
+            .as_f64()
+            .is_some_and(|p| p >= 1.0),
+        "{server}"
+    );
+    // The server counted every token it streamed in this run: 4 answers of 200.
+    assert_eq!(server["summary"]["token_lateness"]["tokens"], 800);
+    assert_eq!(results.server_lateness.map(|l| l.tokens), Some(800));
+    assert!(
+        page.contains("Server: KV-cache usage"),
+        "no server series in the HTML"
+    );
+    let observe = &args(&flags).run.observe;
+    let mut limit = observe.clone();
+    limit.max_server_lateness = Some(3_600_000.0);
+    loadgen::observe::lateness_verdict(results.server_lateness, &limit)?;
+    limit.max_server_lateness = Some(0.0);
+    assert!(loadgen::observe::lateness_verdict(results.server_lateness, &limit).is_err());
+    // --max-server-lateness alone turns sampling on; without a scrape it cannot be judged.
+    assert!(args(&["--max-server-lateness", "10"])
+        .config()?
+        .observe
+        .is_some());
+    let e = args(&["--max-server-lateness", "10", "--no-scrape-metrics"])
+        .config()
+        .expect_err("contradiction");
+    assert!(
+        e.to_string().contains("--no-scrape-metrics turns off"),
+        "{e}"
+    );
+    assert!(
+        args(&["--metrics-url", "http://h:1/metrics", "--no-scrape-metrics"])
+            .config()?
+            .observe
+            .is_none()
+    );
     Ok(())
 }
 
