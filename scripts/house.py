@@ -12,10 +12,13 @@ that defines that module, and prints:
   left out;
 - every file longer than --max-lines (default 800), not counting test files and a file's
   `#[cfg(test)]` tail;
-- the count of `pub`, `pub(crate)` and other restricted items per crate.
+- the count of `pub`, `pub(crate)` and other restricted items per crate;
+- every dependency whose features differ between a workspace build and a lone build of one of
+  the two installed binaries' packages (`cargo install --path mock_server` or `--path loadgen`),
+  from `cargo tree`: such a difference makes the one rebuild what the other built.
 
-Exits 1 when it finds a circle or a long file (with --circles-only, a circle only: what CI
-runs), so a check can call it. Standard library only.
+Exits 1 when it finds a circle, a feature difference or a long file (with --circles-only, long
+files are listed only: what CI runs), so a check can call it. Standard library and cargo only.
 """
 
 import argparse
@@ -133,6 +136,36 @@ def circles(graph: dict) -> list:
     return out
 
 
+INSTALLED = ("mock_server", "loadgen")
+
+TREE_LINE_RE = re.compile(r"(\S+ v\S+)(?: \(.*?\))? \[(.*)\]$")
+
+
+def features(top: Path, selection: list) -> dict:
+    """Every dependency (normal and build edges) of `selection` -> its resolved features."""
+    out = subprocess.run(["cargo", "tree", "--locked", "-e", "normal,build", "--prefix", "none",
+                          "--no-dedupe", "-f", "{p} [{f}]"] + selection, cwd=top,
+                         capture_output=True, text=True, check=True).stdout
+    found = {}
+    for line in out.splitlines():
+        m = TREE_LINE_RE.match(line.strip())
+        if m:
+            found[m.group(1)] = set(f for f in m.group(2).split(",") if f)
+    return found
+
+
+def feature_differences(top: Path) -> list:
+    """(package built alone, dependency, features only the workspace build has, only the lone)."""
+    workspace = features(top, ["--workspace"])
+    differences = []
+    for package in INSTALLED:
+        for dep, feats in sorted(features(top, ["-p", package]).items()):
+            other = workspace.get(dep, set())
+            if feats != other:
+                differences.append((package, dep, sorted(other - feats), sorted(feats - other)))
+    return differences
+
+
 def is_test_file(path: Path) -> bool:
     return path.name in ("tests.rs", "test.rs") or "tests" in path.parts
 
@@ -143,7 +176,8 @@ def main() -> int:
     parser.add_argument(
         "--circles-only",
         action="store_true",
-        help="fail on import circles only (long files are listed, not failed): what CI checks",
+        help="fail on import circles and feature differences only (long files are listed, "
+             "not failed): what CI checks",
     )
     args = parser.parse_args()
     top = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True,
@@ -186,6 +220,14 @@ def main() -> int:
     for n, f in sorted(long_files, reverse=True):
         bad = bad or not args.circles_only
         print(f"long file: {f} ({n} lines > {args.max_lines})")
+    differences = feature_differences(top)
+    for package, dep, more, fewer in differences:
+        bad = True
+        print(f"features: {dep} alone in {package} lacks {more} and adds {fewer} against the "
+              "workspace build")
+    if not differences:
+        print("features: " + " and ".join(f"{p} alone" for p in INSTALLED)
+              + " build every dependency with the workspace build's features")
     if not all_circles and not long_files:
         print("no import circles, no file over", args.max_lines, "lines outside tests")
     elif not all_circles:
