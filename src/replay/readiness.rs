@@ -430,6 +430,53 @@ mod tests {
         );
     }
 
+    /// Due times compare unrounded: at speed-up 2, `c` and `d` (0.7 µs after `a`'s last token)
+    /// come out before `b` (1 µs after), though all three round to the same microsecond and `b`
+    /// ranks first; `c` and `d`, due at the same instant, come out in rank order.
+    #[test]
+    fn due_times_compare_unrounded_and_ties_go_in_request_id_order() {
+        let header = r#"{"schema":"dynamo.agentic_mooncake","version":2,"block_size":64,"hash_id_scope":"local","source":{"format":"hand","digest":"x"}}"#;
+        let row = |id: &str, deps: &str| {
+            format!(
+                r#"{{"request_id":"{id}","play_id":"p","session_id":"s","model":"M","input_length":64,"output_length":2,"hash_ids":[1],"not_before_ms":0,"dependencies":[{deps}]}}"#
+            )
+        };
+        let after_a = |delay_ms: &str| {
+            format!(
+                r#"{{"request_id":"a","trigger":"completion","relation":"sequence","delay_ms":{delay_ms}}}"#
+            )
+        };
+        let text = [
+            header.to_string(),
+            row("a", ""),
+            row("d", &after_a("0.0014")),
+            row("b", &after_a("0.002")),
+            row("c", &after_a("0.0014")),
+        ]
+        .join("\n");
+        let graph = parse_graph(text.as_bytes(), "t", TraceFormat::Auto, 64).expect("parses");
+        let mut ready = Readiness::new(&graph, 2.0, None, &[0]);
+        assert_eq!(due(&mut ready, &graph, ms(0)), [("a".to_string(), 0)]);
+        ready.dispatched(0, ms(0));
+        let last = ExactTime::from_micros_f64(100.0);
+        ready.token(0, last);
+        ready.completed(0, last);
+        let out: Vec<(String, u64)> = std::iter::from_fn(|| ready.pop_due(ms(1)))
+            .map(|(n, at)| {
+                let tenths = (at.as_micros_f64() * 10.0).round() as u64;
+                (graph.nodes[n].id().to_string(), tenths)
+            })
+            .collect();
+        assert_eq!(
+            out,
+            [("c".into(), 1007), ("d".into(), 1007), ("b".into(), 1010)],
+            "due at 100.7, 100.7 and 101.0 µs"
+        );
+        let settled = ready.finish();
+        assert_eq!(settled.times[2].due.map(|(at, _)| at.0), Some(101));
+        assert_eq!(settled.times[3].due.map(|(at, _)| at.0), Some(101));
+    }
+
     /// With one lane, q0's play starts when p0 settles; a shard's plays alone are handed out.
     #[test]
     fn lanes_and_shards_decide_which_plays_run_when() {
