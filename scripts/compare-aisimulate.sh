@@ -25,11 +25,11 @@
 #                  removed at exit)
 #      SERVESIM_PEERS  root of the peers (default .peers/), as for scripts/peers/setup.sh
 #
-# "identical" start times: AISimulate's clock is a float, mockserve's counts whole microseconds,
-# so a dispatch time counts as identical when the two are within 1 us (mockserve rounds each pass
-# to the microsecond, and the rounding can add up to a few us over a busy stretch: the largest
-# difference is printed too). Process time is user + system CPU of the whole command (AISimulate:
-# Python start-up, its imports and the compiled replay; mockserve: the whole binary).
+# "identical" start times: AISimulate's clock is a float; mockserve's graph replay orders its
+# events by their unrounded times too but records whole microseconds, so a time counts as
+# identical when the two are within 1 us (the largest difference is printed too). Process time is
+# user + system CPU of the whole command (AISimulate: Python start-up, its imports and the
+# compiled replay; mockserve: the whole binary).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=peers/common.sh

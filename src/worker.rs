@@ -7,7 +7,7 @@ use crate::kv::KvEvent;
 use crate::request::EngineRequest;
 pub(crate) use crate::scheduler::WorkerRole;
 use crate::scheduler::{EngineConfig, PassPlan, Scheduler, SchedulerEvent, SchedulerStats};
-use crate::time::SimTime;
+use crate::time::{ExactTime, SimTime};
 
 /// A worker and the pass it is running, if any.
 #[derive(Debug)]
@@ -18,10 +18,10 @@ pub struct Worker {
     scheduler: Scheduler,
     /// End of the pass in progress; None while idle.
     pass_end: Option<SimTime>,
-    /// The last pass's end on the clock and before rounding to the microsecond (in
-    /// microseconds): a pass that starts when the last one ended starts at the unrounded time,
-    /// so back-to-back passes do not add up their rounding errors.
-    last_end: Option<(SimTime, f64)>,
+    /// The last pass's end on the clock and before rounding to the microsecond: a pass that
+    /// starts when the last one ended starts at the unrounded time, so back-to-back passes do
+    /// not add up their rounding errors.
+    last_end: Option<(SimTime, ExactTime)>,
     /// Next KV event id (per worker, from 0).
     next_event_id: u64,
     /// Passes run so far.
@@ -68,6 +68,11 @@ impl Worker {
     /// End of the pass in progress.
     pub fn pass_end(&self) -> Option<SimTime> {
         self.pass_end
+    }
+
+    /// End of the pass in progress before rounding to the microsecond.
+    pub(crate) fn pass_end_exact(&self) -> Option<ExactTime> {
+        self.pass_end.and(self.last_end.map(|(_, exact)| exact))
     }
 
     /// Aggregated, prefill or decode.
@@ -120,18 +125,36 @@ impl Worker {
     /// [`RejectReason::Unschedulable`](crate::scheduler::RejectReason::Unschedulable) and tries
     /// again. So an idle worker never holds work it will not run.
     pub fn start_pass(&mut self, now: SimTime) -> Option<SimTime> {
+        let start = match self.last_end {
+            Some((at, exact)) if at == now => exact,
+            _ => ExactTime::from(now),
+        };
+        self.start_pass_from(now, now, start)
+    }
+
+    /// [`Worker::start_pass`] at an unrounded instant, for a driver that orders its events by
+    /// exact time: the pass starts at `now` itself, and only the G2 onboards due by then
+    /// complete first.
+    pub(crate) fn start_pass_exact(&mut self, now: ExactTime) -> Option<SimTime> {
+        self.start_pass_from(now.round(), now.floor(), now)
+    }
+
+    /// Starts a pass at `start` (recorded at `now`), the G2 onboards due by `transfers_due`
+    /// completed first.
+    fn start_pass_from(
+        &mut self,
+        now: SimTime,
+        transfers_due: SimTime,
+        start: ExactTime,
+    ) -> Option<SimTime> {
         if self.pass_end.is_some() {
             return self.pass_end;
         }
-        self.scheduler.advance_transfers(now);
+        self.scheduler.advance_transfers(transfers_due);
         loop {
             if let Some(PassPlan { exact_us, .. }) = self.scheduler.start_pass() {
-                let start_us = match self.last_end {
-                    Some((at, exact)) if at == now => exact,
-                    _ => now.as_micros() as f64,
-                };
-                let exact_end = start_us + exact_us;
-                let end = SimTime((exact_end.round() as u64).max(now.as_micros()));
+                let exact_end = ExactTime::from_micros_f64(start.as_micros_f64() + exact_us);
+                let end = exact_end.round().max(now);
                 self.last_end = Some((end, exact_end));
                 self.stalled = false;
                 self.pass_end = Some(end);

@@ -11,7 +11,7 @@ use crate::kv::{G2Config, KvEventData};
 use crate::perf::Fixed;
 use crate::request::Prompt;
 use crate::router::{RouterConfig, RouterMode};
-use crate::time::SimDuration;
+use crate::time::{ExactTime, SimDuration};
 
 const BS: usize = 4;
 
@@ -574,4 +574,55 @@ fn a_prefix_cache_reset_clears_an_idle_worker_only() {
         .drain_kv_events()
         .iter()
         .all(|e| !matches!(e.data, KvEventData::Cleared)));
+}
+
+/// The graph replay's exact clock: a pass on an idle worker starts at the unrounded instant
+/// (10.5 µs, plus 1,000.8 µs of prefill: it ends at 1,011.3 µs, recorded 1,011; started at the
+/// rounded 11 µs it ends at 1,011.8, recorded 1,012), and it ends at its unrounded end, not at
+/// an earlier instant of the same microsecond.
+#[test]
+fn an_exact_pass_starts_and_ends_at_unrounded_instants() {
+    let cluster = || {
+        let mut e = engine(64);
+        e.latency.model = Arc::new(Fixed {
+            prefill_ms: 1.0008,
+            decode_ms: 1.0008,
+        });
+        let config = ClusterConfig {
+            engine: e,
+            ..ClusterConfig::default()
+        };
+        let mut c = Cluster::new(config).expect("valid");
+        let id = c
+            .submit(request(&[1, 2, 3, 4], 1), SimTime(11))
+            .expect("accepted");
+        (c, id)
+    };
+    let token_us = |out: &[Output], id: RequestId| -> Vec<u64> {
+        out.iter()
+            .filter_map(|o| match o {
+                Output::Token { id: i, time, .. } if *i == id => Some(time.as_micros()),
+                _ => None,
+            })
+            .collect()
+    };
+    let (mut c, id) = cluster();
+    let mut out = Vec::new();
+    c.start_idle_exact_into(ExactTime::from_micros_f64(10.5), &mut out);
+    let end = c.next_pass_end_exact().expect("a pass");
+    assert!((end.as_micros_f64() - 1011.3).abs() < 1e-6, "{end:?}");
+    c.finish_due_exact_into(ExactTime::from_micros_f64(1011.2), &mut out);
+    assert!(
+        token_us(&out, id).is_empty(),
+        "1,011.2 µs is before the end"
+    );
+    c.finish_due_exact_into(end, &mut out);
+    assert_eq!(token_us(&out, id), [1011]);
+    c.assert_invariants();
+
+    let (mut c, id) = cluster();
+    out.clear();
+    c.start_idle_into(SimTime(11), &mut out);
+    c.finish_due_into(SimTime(1012), &mut out);
+    assert_eq!(token_us(&out, id), [1012], "from the rounded start");
 }

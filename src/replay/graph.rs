@@ -8,7 +8,13 @@
 //!
 //! The loop is the Mooncake replay's (pass ends first at each instant, then the arrivals due,
 //! then idle workers start), with one collector on this thread: graph traces are small next to
-//! Mooncake's millions of rows.
+//! Mooncake's millions of rows. Its instants are [`ExactTime`]s, unrounded, as AISimulate's
+//! float clock keeps them: a delay or a floor divided by the speed-up, and the end of a pass,
+//! fall between whole microseconds. Dependants are released from their sources' exact times,
+//! an arrival and a pass end in the same microsecond come in their true order (a pass that
+//! ends just before an arrival starts the next one without it, one that ends just after takes
+//! it), and a pass on an idle worker starts at the arrival's exact time. The engine records,
+//! and the report shows, times rounded to the microsecond.
 
 use std::cmp::Reverse;
 use std::collections::HashMap;
@@ -25,7 +31,7 @@ use crate::cluster::{Cluster, Output};
 use crate::ids::RequestId;
 use crate::metrics::Collector;
 use crate::scheduler::RejectReason;
-use crate::time::{SimDuration, SimTime};
+use crate::time::{ExactTime, SimDuration, SimTime};
 use crate::trace::{LocalHashCache, Relation, RequestGraph, Trigger};
 
 /// How a graph is replayed, beyond the cluster's settings.
@@ -215,7 +221,7 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    fn rejected(&mut self, node: usize, time: SimTime, reason: RejectReason, line: usize) {
+    fn rejected(&mut self, node: usize, time: ExactTime, reason: RejectReason, line: usize) {
         self.done += 1;
         if let Some(id) = self.engine_ids[node] {
             self.rejections.push(ReplayRejection { id, line, reason });
@@ -223,19 +229,30 @@ impl Run<'_> {
         self.ready.failed(node, time, "rejected");
     }
 
-    fn handle(&mut self, graph: &RequestGraph, outputs: &mut Vec<Output>) {
+    /// Tells the outputs of the step at `now`. An output stamped with the microsecond `now`
+    /// rounds to happened at `now` itself: the step ran to the earliest event, so no pass
+    /// ended earlier in that microsecond.
+    fn handle(&mut self, graph: &RequestGraph, outputs: &mut Vec<Output>, now: ExactTime) {
+        let exact = |time: SimTime| {
+            if time == now.round() {
+                now
+            } else {
+                ExactTime::from(time)
+            }
+        };
         for out in outputs.drain(..) {
             match out {
                 Output::Token { id, time, .. } => {
-                    self.ready.token(self.node_of[id.0 as usize], time);
+                    self.ready.token(self.node_of[id.0 as usize], exact(time));
                 }
                 Output::Finished { id, time } => {
                     self.done += 1;
-                    self.ready.completed(self.node_of[id.0 as usize], time);
+                    self.ready
+                        .completed(self.node_of[id.0 as usize], exact(time));
                 }
                 Output::Rejected { id, time, reason } => {
                     let node = self.node_of[id.0 as usize];
-                    self.rejected(node, time, reason, graph.nodes[node].request.line);
+                    self.rejected(node, exact(time), reason, graph.nodes[node].request.line);
                 }
                 Output::Admitted { .. } | Output::KvTransfer { .. } | Output::Preempted { .. } => {}
             }
@@ -297,25 +314,27 @@ pub fn replay_graph(
         done: 0,
     };
     let mut hash_cache = LocalHashCache::new(block_size);
-    let mut now = SimTime::ZERO;
+    let mut now = ExactTime::ZERO;
     let mut last_progress = 0;
     let mut outputs = Vec::new();
     loop {
-        let next = match (run.ready.next_due(), cluster.next_pass_end()) {
+        let next = match (run.ready.next_due(), cluster.next_pass_end_exact()) {
             (Some(a), Some(p)) => a.min(p),
             (Some(a), None) => a,
             (None, Some(p)) => p,
             (None, None) => break,
         };
         now = now.max(next);
-        cluster.finish_due_into(now, &mut outputs);
-        observer.outputs(&mut cluster, &outputs, now);
-        run.handle(graph, &mut outputs);
+        // What the engine records: the microsecond `now` rounds to.
+        let at = now.round();
+        cluster.finish_due_exact_into(now, &mut outputs);
+        observer.outputs(&mut cluster, &outputs, at);
+        run.handle(graph, &mut outputs, now);
         while let Some((n, ready)) = run.ready.pop_due(now) {
             let node = &graph.nodes[n];
             let request =
                 engine_request(&node.request, graph.block_size, block_size, &mut hash_cache);
-            let submitted = cluster.submit(request, now);
+            let submitted = cluster.submit(request, at);
             let id = match &submitted {
                 Ok(id) => {
                     observer.submitted(*id, &node.request);
@@ -328,7 +347,7 @@ pub fn replay_graph(
             run.engine_ids[n] = Some(id);
             run.collector.on_arrival(
                 id,
-                ready,
+                ready.round(),
                 node.request.input_length,
                 node.request.output_length,
                 Some(&node.session_id),
@@ -336,13 +355,13 @@ pub fn replay_graph(
             );
             run.ready.dispatched(n, now);
             if let Err(rejection) = submitted {
-                run.collector.on_reject(id, now);
+                run.collector.on_reject(id, at);
                 run.rejected(n, now, rejection.reason, node.request.line);
             }
         }
-        cluster.start_idle_into(now, &mut outputs);
-        observer.outputs(&mut cluster, &outputs, now);
-        run.handle(graph, &mut outputs);
+        cluster.start_idle_exact_into(now, &mut outputs);
+        observer.outputs(&mut cluster, &outputs, at);
+        run.handle(graph, &mut outputs, now);
         if run.done >= last_progress + 64 {
             last_progress = run.done;
             progress(run.done, total);
@@ -352,7 +371,7 @@ pub fn replay_graph(
     let in_flight = cluster.active_requests();
     if in_flight > 0 {
         return Err(ReplayError::DeadEnd {
-            time: now,
+            time: now.round(),
             in_flight,
         });
     }
@@ -799,6 +818,46 @@ mod tests {
         let starts: Vec<u64> = fast.iter().map(|(_, d, _)| *d).collect();
         assert_eq!(&starts[..3], &[0, 50_000, 500_000]);
         assert_eq!(starts[4], 150_000);
+    }
+
+    /// At speed-up 2, `c` is released 23.013 / 2 = 11.5065 ms after `s`'s last token, which
+    /// comes between 27,159.5 and 27,160 µs: at 38,666.0 to 38,666.5 µs, just before the end of
+    /// a pass of `l` in the same microsecond. In exact order `c` is queued first and the pass
+    /// that starts at that end takes it. Released from rounded times (27,160 + 11,506.5 rounded
+    /// up: 38,667 µs), it came after that pass had started and waited for the next one.
+    #[test]
+    fn a_release_just_before_a_pass_end_in_the_same_microsecond_joins_the_pass_after_it() {
+        let header = r#"{"schema":"dynamo.agentic_mooncake","version":2,"block_size":64,"hash_id_scope":"local","source":{"format":"hand","digest":"x"}}"#;
+        let row = |id: &str, play: &str, len: usize, out: usize, hashes: &str, deps: &str| {
+            format!(
+                r#"{{"request_id":"{id}","play_id":"{play}","session_id":"s","model":"M","input_length":{len},"output_length":{out},"hash_ids":[{hashes}],"not_before_ms":0,"dependencies":[{deps}]}}"#
+            )
+        };
+        let text = [
+            header.to_string(),
+            row("l", "pl", 256, 64, "1,2,3,4", ""),
+            row("s", "ps", 64, 2, "10", ""),
+            row(
+                "c",
+                "ps",
+                64,
+                2,
+                "20",
+                r#"{"request_id":"s","trigger":"completion","relation":"sequence","delay_ms":23.013}"#,
+            ),
+        ]
+        .join("\n");
+        let outcome = run(&text, TraceFormat::AgenticMooncake, 2.0);
+        let t = times(&outcome);
+        assert_eq!(t[1].2, 27_160, "s's last token, rounded");
+        assert_eq!(t[2].1, 38_666, "c is due at 27,159.5..27,160 + 11,506.5 µs");
+        let c = &outcome.records[2];
+        assert_eq!(c.arrival_ms, 38.666);
+        assert_eq!(
+            c.first_admit_ms,
+            Some(38.666),
+            "admitted by the pass that starts when l's pass ends, in the same microsecond"
+        );
     }
 
     /// A node the engine rejects fails its play: the play's nodes not yet sent are skipped,

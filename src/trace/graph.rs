@@ -244,10 +244,15 @@ impl RequestGraph {
         Ok(())
     }
 
-    /// A node's floor once shifted and sped up: `(not_before_ms - M) / speedup`.
+    /// A node's floor once shifted and sped up: `(not_before_ms - M) / speedup`, rounded to
+    /// the microsecond.
     pub fn floor(&self, node: usize, speedup: f64) -> SimDuration {
-        let m = self.min_not_before_ms();
-        SimDuration::from_millis_f64((self.nodes[node].not_before_ms - m) / speedup)
+        SimDuration::from_millis_f64(self.floor_ms(node, speedup))
+    }
+
+    /// [`RequestGraph::floor`] unrounded, in milliseconds.
+    pub(crate) fn floor_ms(&self, node: usize, speedup: f64) -> f64 {
+        (self.nodes[node].not_before_ms - self.min_not_before_ms()) / speedup
     }
 }
 

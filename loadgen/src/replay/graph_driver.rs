@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use servesim::replay::{NodeTimes, Readiness};
-use servesim::time::SimTime;
+use servesim::time::{ExactTime, SimTime};
 use servesim::trace::RequestGraph;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
@@ -101,6 +101,11 @@ struct Shared {
 
 fn since(start: Instant, t: Instant) -> u64 {
     t.saturating_duration_since(start).as_micros() as u64
+}
+
+/// A time on the run's clock (microseconds since it started) as [`Readiness`] takes it.
+fn wall(us: u64) -> ExactTime {
+    ExactTime::from(SimTime(us))
 }
 
 /// Sends node `node` (due at `due_us`) and reports to the scheduler.
@@ -247,16 +252,17 @@ pub(crate) async fn drive_graph(
     loop {
         // Send everything due (a node of a failed play is skipped); a task starts up to
         // `PACER_LEAD` early to build its body, then waits for the exact time.
-        let horizon = SimTime(since(start, Instant::now() + PACER_LEAD));
+        let horizon = wall(since(start, Instant::now() + PACER_LEAD));
         while let Some((n, due)) = state.pop_due(horizon) {
             pending += 1;
-            tasks.spawn(send_node(shared.clone(), n, due.0, tx.clone()));
+            tasks.spawn(send_node(shared.clone(), n, due.round().0, tx.clone()));
         }
         if state.is_drained() && pending == 0 {
             break;
         }
         let next_due = state.next_due().map(|due| {
-            (start + Duration::from_micros(due.0))
+            // The whole microsecond at or after it: the horizon then reaches it on waking.
+            (start + Duration::from_micros(due.as_micros_f64().ceil() as u64))
                 .checked_sub(PACER_LEAD)
                 .unwrap_or(start)
         });
@@ -286,14 +292,14 @@ pub(crate) async fn drive_graph(
         // The scheduler holds a sender: the channel never closes under it.
         let Some(event) = event else { break };
         match event {
-            Event::Sent { node, at_us } => state.dispatched(node, SimTime(at_us)),
+            Event::Sent { node, at_us } => state.dispatched(node, wall(at_us)),
             Event::Skipped { node } => {
                 pending = pending.saturating_sub(1);
-                state.skipped(node, SimTime(since(start, Instant::now())));
+                state.skipped(node, wall(since(start, Instant::now())));
             }
             Event::Done { node, sample } => {
                 pending = pending.saturating_sub(1);
-                let end = SimTime(sample.end_us());
+                let end = wall(sample.end_us());
                 match sample.response.failure.as_ref().map(|f| f.kind()) {
                     Some(kind) => {
                         let play = graph.nodes[node].play;
