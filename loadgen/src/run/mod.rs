@@ -41,7 +41,7 @@ use crate::run::target::{Api, Connected, TargetArgs, TargetSpec};
 use mock_server::args::ReportArgs;
 
 /// The flags of one run besides its schedule: report files, observers, failure threshold,
-/// target and sharding (`bench` and `replay`; `sweep` through `bench`'s).
+/// target and sharding (`bench`, `replay` and `multiturn`; `sweep` through `bench`'s).
 #[derive(Args, Clone, Debug)]
 pub struct RunArgs {
     /// Report files and progress.
@@ -62,7 +62,8 @@ pub struct RunArgs {
 }
 
 /// What the harness reads besides the mode: the report files, what observes the run (None:
-/// nothing, as in `multiturn`), the HTML report, `--start-at`, and whether anything is printed.
+/// nothing, as in `multiturn` unless asked), the HTML report, `--start-at`, and whether anything
+/// is printed.
 pub(crate) struct Settings<'a> {
     /// `--report-json` and `--per-request-jsonl`.
     pub report: &'a ReportArgs,
