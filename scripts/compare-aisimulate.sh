@@ -121,13 +121,8 @@ def run_aisimulate(name, trace, fmt, workers, speedup, lanes):
 
 
 def node_id(record):
-    """The node's request id; weka ids `weka:<digest>:request:...` take the play's own id in
-    place of the digest, whose input differs between the two tools."""
-    rid, play = record["agentic"]["request_id"], record["agentic"]["play_id"]
-    if rid.startswith("weka:") and ":play:" in play:
-        digest, source_play = play.split(":")[1], play.split(":play:", 1)[1]
-        return rid.replace(f"weka:{digest}:", f"weka:{source_play}:", 1)
-    return rid
+    """The node's request id (weka's `weka:<digest>:...` digests agree between the tools)."""
+    return record["agentic"]["request_id"]
 
 
 def run_mockserve(name, trace, fmt, workers, speedup, lanes):

@@ -43,6 +43,7 @@
 
 mod agentic;
 mod applied;
+mod blake3;
 mod delta;
 mod dynamo;
 mod graph;

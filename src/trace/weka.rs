@@ -26,11 +26,14 @@
 //! play-local: one per full block (`floor(in / block_size)`), missing ones private, extras
 //! ignored, and a partial tail block private to its request. Negative gaps count as 0, and an
 //! `out` of 0 is replayed as one token (the engine always generates one).
+//!
+//! Ids are AISimulate's: `weka:<digest>:play:<id>`, `weka:<digest>:request:outer:<i>[:inner:<j>]`
+//! and `weka:<digest>:session:…`, where the digest is the first 16 hex digits of the BLAKE3
+//! hash of the play's key: the file's name for a `.json` file (one play), else the name, `#` and
+//! the play's index in the file in six digits (`trace.jsonl#000012`). Ids order ties between
+//! requests due at the same instant, so the same key gives the same placement as AISimulate.
 
 use std::io::BufRead;
-
-use serde::Deserialize;
-use xxhash_rust::xxh3::xxh3_64;
 
 use super::graph::{
     build, check_lengths, HashScope, RawDependency, RawNode, Relation, RequestGraph, TraceFormat,
@@ -39,6 +42,7 @@ use super::graph::{
 use super::parse::{id_string, show};
 use super::{TraceError, TraceRequest, MAX_TRACE_BLOCK_SIZE, MAX_TRACE_TIME_MS};
 use crate::time::SimDuration;
+use serde::Deserialize;
 
 /// A play as written.
 #[derive(Deserialize)]
@@ -144,6 +148,12 @@ pub(super) fn parse(
     let mut hashes = HashScope::default();
     let mut nodes = Vec::new();
     let mut plays = 0;
+    let path = std::path::Path::new(source_name);
+    let file_name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or(source_name);
+    let one_play_file = path.extension().is_some_and(|e| e == "json");
     loop {
         let offset = stream.byte_offset();
         let start = offset + text[offset..].len() - text[offset..].trim_start().len();
@@ -166,7 +176,12 @@ pub(super) fn parse(
             other => vec![other],
         };
         for value in values {
-            let play = lower_play(value, line, plays, &mut corpus, &mut hashes)
+            let key = if one_play_file && plays == 0 {
+                file_name.to_string()
+            } else {
+                format!("{file_name}#{plays:06}")
+            };
+            let play = lower_play(value, line, plays, &key, &mut corpus, &mut hashes)
                 .map_err(|m| line_err(line, m))?;
             nodes.extend(play);
             plays += 1;
@@ -179,6 +194,14 @@ pub(super) fn parse(
         corpus.block_size.unwrap_or(1),
         None,
     )
+}
+
+/// The first 16 hex digits of the BLAKE3 hash of a play's key.
+fn digest(key: &str) -> String {
+    super::blake3::hash(key.as_bytes())[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A time in seconds: finite, >= 0 and within the trace time bound.
@@ -245,11 +268,13 @@ fn request(
     })
 }
 
-/// Lowers one play into nodes (see the module doc); `index` names its hash scope.
+/// Lowers one play into nodes (see the module doc); `index` names its hash scope and `key`
+/// makes its ids' digest.
 fn lower_play(
     value: serde_json::Value,
     line: usize,
     index: usize,
+    key: &str,
     corpus: &mut Corpus,
     hashes: &mut HashScope,
 ) -> Result<Vec<RawNode>, String> {
@@ -292,8 +317,7 @@ fn lower_play(
             "unknown nested_timestamp_basis \"{basis}\" (expected auto, absolute or relative)"
         ));
     }
-    let hex = format!("{:016x}", xxh3_64(id.as_bytes()));
-    let prefix = format!("weka:{hex}");
+    let prefix = format!("weka:{}", digest(key));
     let entries = play.requests.ok_or("missing field \"requests\"")?;
     let mut requests: Vec<Request> = Vec::new();
     let mut subagents: Vec<SubAgent> = Vec::new();
@@ -401,7 +425,9 @@ fn lower_play(
                trigger: Trigger,
                relation: Relation,
                delay_ms: f64| {
-        if deps[to].iter().any(|d| d.source == requests[from].id) {
+        if deps[to].iter().any(|d| {
+            d.source == requests[from].id && d.trigger == trigger && d.relation == relation
+        }) {
             return;
         }
         deps[to].push(RawDependency {
@@ -462,7 +488,7 @@ fn lower_play(
                 };
                 sessions[r] = match k {
                     0 => base,
-                    k => format!("{base}:worker:{k}"),
+                    k => format!("{base}:worker:{}", k - 1),
                 };
             }
         }
@@ -647,7 +673,8 @@ mod tests {
     fn the_references_example_is_one_stream_with_a_one_second_gap() {
         let g = parse(fixture("weka.jsonl").as_bytes(), "w.jsonl").expect("parses");
         assert_eq!((g.block_size, g.nodes.len(), g.plays.len()), (64, 2, 1));
-        let hex = format!("{:016x}", xxh3_64(b"play-0"));
+        // AISimulate's digest of the first play of a file named w.jsonl.
+        let hex = "d31e103079951f1f";
         assert_eq!(g.plays[0].id, format!("weka:{hex}:play:play-0"));
         assert_eq!(g.nodes[1].id(), format!("weka:{hex}:request:outer:1"));
         assert_eq!(g.nodes[1].session_id, format!("weka:{hex}:session:root"));
@@ -658,6 +685,43 @@ mod tests {
         );
         assert_eq!(g.nodes[1].not_before_ms, 1000.0);
         assert_eq!(g.nodes[1].request.hash_ids, [0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn ids_digest_the_file_name_and_the_play_index_as_aisimulate_does() {
+        let text = fixture("weka_subagent.json");
+        let digests = |name: &str| -> Vec<String> {
+            let g = parse(text.as_bytes(), name).expect("parses");
+            g.plays
+                .iter()
+                .map(|p| p.id.split(':').nth(1).unwrap_or("").to_string())
+                .collect()
+        };
+        // A .json file holds one play for AISimulate, keyed by the file's name alone; later
+        // plays (servesim reads several) are keyed as in a .jsonl file.
+        assert_eq!(digests("w.json"), ["58f0c520b7fdbb54", "d1eca97266b27f0d"]);
+        // Only the file's name counts, not its folder.
+        assert_eq!(digests("/data/corpus/w.json"), digests("w.json"));
+        assert_eq!(digests("w.jsonl")[0], "d31e103079951f1f");
+    }
+
+    #[test]
+    fn a_worker_stream_started_after_the_root_ended_waits_for_its_completion_too() {
+        // The worker stream's spawn from the root is on dispatch; since the root ended (50 ms)
+        // before the worker's start (1 s), a barrier also waits for its completion, as in
+        // AISimulate: one source may give a request two edges.
+        let text = r#"{"id":"p","block_size":2,"hash_id_scope":"local","requests":[
+            {"type":"n","t":0.0,"model":"M","in":4,"out":2,"hash_ids":[1,2],"api_time":0.05},
+            {"type":"s","t":1.0,"model":"M","in":4,"out":2,"hash_ids":[7,8],"api_time":0.05}]}"#;
+        let g = parse(text.as_bytes(), "w.json").expect("parses");
+        assert_eq!(
+            edges(&g, 1),
+            [
+                (Relation::Spawn, Trigger::Dispatch, 0, 1000.0),
+                (Relation::ReplayBarrier, Trigger::Completion, 0, 0.0)
+            ]
+        );
+        assert!(g.nodes[1].session_id.ends_with(":session:root:worker:0"));
     }
 
     #[test]
@@ -675,9 +739,9 @@ mod tests {
             .collect();
         assert_eq!(
             sessions,
-            ["root", "1", "explorer", "explorer", "root", "root"]
+            ["root", "0", "explorer", "explorer", "root", "root"]
         );
-        assert!(g.nodes[1].session_id.ends_with(":session:root:worker:1"));
+        assert!(g.nodes[1].session_id.ends_with(":session:root:worker:0"));
         assert!(g.nodes[2]
             .session_id
             .ends_with(":session:subagent:2:explorer"));
