@@ -8,18 +8,23 @@
 //! - a request ends at `t + api_time` (a missing `api_time` is 0); its floor is `t` minus the
 //!   play's earliest `t`, so every play starts at 0;
 //! - in each scope (the root, each sub-agent), a request extends the stream whose last hashed
-//!   request's `hash_ids` are a prefix of its own (same model, ended by its start), else it
-//!   starts a worker stream; consecutive requests of a stream are a `sequence` edge (completion,
-//!   `t - end(previous)`);
+//!   request shares the most leading `hash_ids` with it (at least one; same model, ended by its
+//!   start), else it starts a worker stream; consecutive requests of a stream are a `sequence`
+//!   edge (completion, `t - end(previous)`);
+//! - a scope's first request that shares no leading hash id with any other request of the scope
+//!   (an opener) heads the stream of the scope's next request, by a `sequence` edge, instead
+//!   of that stream being a worker stream;
 //! - a worker stream is anchored to the play's first request by a dispatch `spawn`; a
 //!   sub-agent's first stream is spawned from the last parent request before its marker
 //!   (dispatch with `t_child - t_parent` if the child began before the parent ended, else
 //!   completion with `t_child - end(parent)`);
-//! - a blocking sub-agent (`status: completed`) is joined by the first later parent request
-//!   starting at or after its end (`t + duration_ms`, else its last inner end): completion
-//!   `join` edges from each of its streams' last request, with `t - end(that request)`;
+//! - a blocking sub-agent (`status: completed`) is joined by the first later request of the
+//!   stream it forked from that starts at or after its end (`t + duration_ms`, else its last
+//!   inner end): completion `join` edges from each of its streams' last request, with
+//!   `t - end(that request)`;
 //! - within a scope, a request waits (`replay_barrier`, completion, 0) for the latest request
-//!   of every other stream that started before it and ended by its start (1 µs tolerance).
+//!   of every other stream that started before it and ended by its start (1 µs tolerance), so
+//!   one source may give a request two edges (a spawn on dispatch and a barrier on completion).
 //!
 //! Inner times are taken as absolute when none is before its marker's `t`, else as relative
 //! to it (`source.nested_timestamp_basis` `absolute` or `relative` overrides). Hash ids are
@@ -187,13 +192,23 @@ pub(super) fn parse(
             plays += 1;
         }
     }
-    build(
+    let mut graph = build(
         nodes,
         source_name,
         TraceFormat::Weka,
         corpus.block_size.unwrap_or(1),
         None,
-    )
+    )?;
+    // With lanes, plays queue in the file's order.
+    for (i, play) in graph.plays.iter_mut().enumerate() {
+        play.ordinal = Some(i as u64);
+    }
+    Ok(graph)
+}
+
+/// How many hash ids two prompts share from their start.
+fn shared_prefix(a: &[u64], b: &[u64]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// The first 16 hex digits of the BLAKE3 hash of a play's key.
@@ -452,7 +467,7 @@ fn lower_play(
                 .rev()
                 .find_map(|&q| requests[q].hash_ids.as_ref());
             let prefix = match (hashed, &req.hash_ids) {
-                (Some(prev), Some(ids)) => ids.starts_with(prev).then_some(prev.len()),
+                (Some(prev), Some(ids)) => Some(shared_prefix(prev, ids)).filter(|&n| n > 0),
                 (None, _) | (Some(_), None) => Some(0),
             };
             if let (true, true, Some(len)) = (ended, requests[last].model == req.model, prefix) {
@@ -465,7 +480,6 @@ fn lower_play(
             Some((k, _)) => {
                 let prev = *scope[k].last().unwrap_or(&r);
                 scope[k].push(r);
-                sessions[r] = sessions[prev].clone();
                 let gap = req.t - requests[prev].end;
                 add(
                     &mut deps,
@@ -476,23 +490,75 @@ fn lower_play(
                     gap,
                 );
             }
-            None => {
-                let k = scope.len();
-                scope.push(vec![r]);
-                let base = match req.scope {
-                    0 => format!("{prefix}:session:root"),
-                    s => {
-                        let sub = &subagents[s - 1];
-                        format!("{prefix}:session:subagent:{}:{}", sub.outer, sub.agent_id)
-                    }
-                };
-                sessions[r] = match k {
-                    0 => base,
-                    k => format!("{base}:worker:{}", k - 1),
-                };
+            None => scope.push(vec![r]),
+        }
+    }
+    // A preamble: a scope's first request that no other request of the scope extends (no
+    // hash ids start with its own) heads the stream of the scope's next request, which then
+    // follows it in sequence instead of forking a worker stream.
+    for scope in &mut streams {
+        let Some(&first) = scope.first().and_then(|s| s.first()) else {
+            continue;
+        };
+        let opener = scope[0].len() == 1
+            && requests[first].hash_ids.as_ref().is_some_and(|own| {
+                scope.iter().flatten().all(|&q| {
+                    q == first
+                        || !requests[q]
+                            .hash_ids
+                            .as_ref()
+                            .is_some_and(|ids| shared_prefix(ids, own) > 0)
+                })
+            });
+        let next = order
+            .iter()
+            .copied()
+            .find(|&q| q != first && requests[q].scope == requests[first].scope);
+        let Some(k) = next.and_then(|q| scope.iter().position(|s| s.contains(&q))) else {
+            continue;
+        };
+        if opener && k > 0 {
+            let stream = scope.remove(k);
+            let gap = requests[stream[0]].t - requests[first].end;
+            add(
+                &mut deps,
+                stream[0],
+                first,
+                Trigger::Completion,
+                Relation::Sequence,
+                gap,
+            );
+            scope[0].extend(stream);
+        }
+    }
+    // Sessions: a scope's first stream, then its worker streams in the order they started.
+    for (s, scope) in streams.iter().enumerate() {
+        let base = match s {
+            0 => format!("{prefix}:session:root"),
+            s => {
+                let sub = &subagents[s - 1];
+                format!("{prefix}:session:subagent:{}:{}", sub.outer, sub.agent_id)
+            }
+        };
+        for (k, stream) in scope.iter().enumerate() {
+            let session = match k {
+                0 => base.clone(),
+                k => format!("{base}:worker:{}", k - 1),
+            };
+            for &q in stream {
+                sessions[q] = session.clone();
             }
         }
     }
+    // A sub-agent forks from the last parent request before its marker.
+    let fork_source = |sub: &SubAgent| {
+        requests
+            .iter()
+            .enumerate()
+            .filter(|(_, q)| q.scope == 0 && outer_of(q) < sub.outer)
+            .map(|(i, _)| i)
+            .next_back()
+    };
     // Spawns into each stream's first request.
     for (s, scope) in streams.iter().enumerate() {
         for (k, stream) in scope.iter().enumerate() {
@@ -502,15 +568,7 @@ fn lower_play(
             }
             let source = match (s, k) {
                 (0, _) => None,
-                (s, 0) => {
-                    let sub = &subagents[s - 1];
-                    requests
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, q)| q.scope == 0 && outer_of(q) < sub.outer)
-                        .map(|(i, _)| i)
-                        .next_back()
-                }
+                (s, 0) => fork_source(&subagents[s - 1]),
                 (_, _) => Some(scope[0][0]),
             };
             let child = &requests[first];
@@ -565,8 +623,15 @@ fn lower_play(
                 .map(|&q| requests[q].end)
                 .fold(f64::NEG_INFINITY, f64::max),
         };
-        let consumer = order.iter().copied().find(|&q| {
-            requests[q].scope == 0 && outer_of(&requests[q]) > sub.outer && requests[q].t >= end
+        // The consumer continues the stream the sub-agent forked from (the root stream when
+        // nothing came before its marker).
+        let parent_stream = fork_source(sub)
+            .and_then(|p| streams[0].iter().find(|st| st.contains(&p)))
+            .or(streams[0].first());
+        let consumer = parent_stream.and_then(|st| {
+            st.iter()
+                .copied()
+                .find(|&q| outer_of(&requests[q]) > sub.outer && requests[q].t >= end)
         });
         if let Some(c) = consumer {
             for stream in scope {
@@ -712,7 +777,8 @@ mod tests {
         // AISimulate: one source may give a request two edges.
         let text = r#"{"id":"p","block_size":2,"hash_id_scope":"local","requests":[
             {"type":"n","t":0.0,"model":"M","in":4,"out":2,"hash_ids":[1,2],"api_time":0.05},
-            {"type":"s","t":1.0,"model":"M","in":4,"out":2,"hash_ids":[7,8],"api_time":0.05}]}"#;
+            {"type":"s","t":1.0,"model":"M","in":4,"out":2,"hash_ids":[7,8],"api_time":0.05},
+            {"type":"n","t":2.0,"model":"M","in":6,"out":2,"hash_ids":[1,2,3],"api_time":0.05}]}"#;
         let g = parse(text.as_bytes(), "w.json").expect("parses");
         assert_eq!(
             edges(&g, 1),
@@ -722,6 +788,66 @@ mod tests {
             ]
         );
         assert!(g.nodes[1].session_id.ends_with(":session:root:worker:0"));
+    }
+
+    #[test]
+    fn a_lone_opener_heads_the_stream_of_the_next_request() {
+        // Nothing shares a prefix with the first request, so the next request's stream
+        // follows it (sequence, 1 s - 50 ms) instead of forking; the third forks.
+        let text = r#"{"id":"p","block_size":2,"hash_id_scope":"local","requests":[
+            {"type":"n","t":0.0,"model":"M","in":4,"out":2,"hash_ids":[1,2],"api_time":0.05},
+            {"type":"n","t":1.0,"model":"M","in":4,"out":2,"hash_ids":[7,8],"api_time":0.05},
+            {"type":"n","t":2.0,"model":"M","in":4,"out":2,"hash_ids":[9,10],"api_time":0.05}]}"#;
+        let g = parse(text.as_bytes(), "w.json").expect("parses");
+        let sessions: Vec<&str> = g.nodes.iter().map(|n| n.session_id.as_str()).collect();
+        assert!(sessions[0].ends_with(":session:root"), "{sessions:?}");
+        assert!(sessions[1].ends_with(":session:root"), "{sessions:?}");
+        assert!(
+            sessions[2].ends_with(":session:root:worker:0"),
+            "{sessions:?}"
+        );
+        assert_eq!(
+            edges(&g, 1),
+            [(Relation::Sequence, Trigger::Completion, 0, 950.0)]
+        );
+        // A later request sharing the opener's first block keeps it alone in the root stream.
+        let shared = text.replace("[9,10]", "[1,3]");
+        let g = parse(shared.as_bytes(), "w.json").expect("parses");
+        let sessions: Vec<&str> = g.nodes.iter().map(|n| n.session_id.as_str()).collect();
+        assert!(
+            sessions[1].ends_with(":session:root:worker:0"),
+            "{sessions:?}"
+        );
+        // It extends the root stream: one shared leading block is enough.
+        assert!(sessions[2].ends_with(":session:root"), "{sessions:?}");
+        assert_eq!(
+            edges(&g, 2)[0],
+            (Relation::Sequence, Trigger::Completion, 0, 1950.0)
+        );
+    }
+
+    #[test]
+    fn a_blocking_sub_agent_is_joined_into_the_stream_it_forked_from() {
+        // The sub-agent forks from the worker stream (its last parent request before the
+        // marker), so the worker's next request joins it, not the root's.
+        let text = r#"{"id":"p","block_size":2,"hash_id_scope":"local","requests":[
+            {"type":"n","t":0.0,"model":"M","in":8,"out":2,"hash_ids":[1,2,3,4],"api_time":0.05},
+            {"type":"n","t":1.0,"model":"M","in":8,"out":2,"hash_ids":[10,11,12,13],"api_time":0.05},
+            {"type":"subagent","t":1.5,"agent_id":"a","subagent_type":"X","status":"completed","duration_ms":300,
+             "requests":[{"type":"n","t":1.6,"model":"M","in":8,"out":2,"hash_ids":[50,51,52,53],"api_time":0.1}]},
+            {"type":"n","t":3.0,"model":"M","in":10,"out":2,"hash_ids":[1,2,3,4,5],"api_time":0.05},
+            {"type":"n","t":3.5,"model":"M","in":10,"out":2,"hash_ids":[10,11,12,13,14],"api_time":0.05}]}"#;
+        let g = parse(text.as_bytes(), "w.json").expect("parses");
+        let join = |node: usize| {
+            edges(&g, node)
+                .into_iter()
+                .filter(|e| e.0 == Relation::Join)
+                .collect::<Vec<_>>()
+        };
+        assert!(g.nodes[1].session_id.ends_with(":session:root:worker:0"));
+        assert_eq!(join(3), []);
+        // 3.5 s - the inner request's end at 1.7 s.
+        assert_eq!(join(4), [(Relation::Join, Trigger::Completion, 2, 1800.0)]);
     }
 
     #[test]
@@ -764,16 +890,16 @@ mod tests {
             [(Relation::Sequence, Trigger::Completion, 2, 500.0)]
         );
         // The parent's next request (13.5 s, after the sub-agent's end at 13.0 s) continues
-        // the root stream, joins the sub-agent and waits for the worker stream.
-        let e = edges(&g, 4);
-        assert_eq!(e.len(), 3, "{e:?}");
-        assert_eq!((e[0].0, e[0].2, e[0].3), (Relation::Sequence, 0, 3000.0));
+        // the root stream and waits for the worker stream. It does not join the sub-agent,
+        // which forked from the worker stream: a sub-agent is joined into the stream it
+        // forked from, and that one has no later request.
         assert_eq!(
-            (e[1].0, e[1].1, e[1].2),
-            (Relation::Join, Trigger::Completion, 3)
+            edges(&g, 4),
+            [
+                (Relation::Sequence, Trigger::Completion, 0, 3000.0),
+                (Relation::ReplayBarrier, Trigger::Completion, 1, 0.0)
+            ]
         );
-        assert!((e[1].3 - 750.0).abs() < 1e-6, "{e:?}");
-        assert_eq!((e[2].0, e[2].2, e[2].3), (Relation::ReplayBarrier, 1, 0.0));
         // Hash ids are play-local: play-b's [1, 2, 3, 4] are not play-a's.
         assert_eq!(g.nodes[0].request.hash_ids, [0, 1, 2, 3]);
         assert_eq!(g.nodes[5].request.hash_ids.len(), 4);
