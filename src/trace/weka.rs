@@ -504,10 +504,10 @@ fn lower_play(
             && requests[first].hash_ids.as_ref().is_some_and(|own| {
                 scope.iter().flatten().all(|&q| {
                     q == first
-                        || !requests[q]
+                        || requests[q]
                             .hash_ids
                             .as_ref()
-                            .is_some_and(|ids| shared_prefix(ids, own) > 0)
+                            .is_none_or(|ids| shared_prefix(ids, own) == 0)
                 })
             });
         let next = order
