@@ -493,9 +493,9 @@ fn lower_play(
             None => scope.push(vec![r]),
         }
     }
-    // A preamble: a scope's first request that no other request of the scope extends (no
-    // hash ids start with its own) heads the stream of the scope's next request, which then
-    // follows it in sequence instead of forking a worker stream.
+    // An opener: a scope's first request that shares no leading hash id with any other
+    // request of the scope heads the stream of the scope's next request, which then follows
+    // it in sequence instead of being a worker stream.
     for scope in &mut streams {
         let Some(&first) = scope.first().and_then(|s| s.first()) else {
             continue;
