@@ -662,3 +662,88 @@ fn agentic_trace_errors_are_named_before_the_run() {
     assert!(e.contains("unknown trace format \"csv\""), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A weka corpus directory: its `.json` and `.jsonl` files in path order (`notes.txt` left
+/// out), ids keyed by their paths in the corpus, one lane taking the plays in that order. The
+/// dispatch and last-token times are AISimulate's (0.13.0.dev202610270000000085) on the same
+/// directory with one worker and one lane.
+#[test]
+fn a_weka_corpus_directory_replays_as_aisimulate_replays_it() {
+    let dir = std::env::temp_dir().join(format!("servesim-weka-corpus-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let records = dir.join("records.jsonl");
+    let corpus = fixture("weka_corpus");
+    mock_server::cmd::replay::run(&replay_args(&[
+        "replay",
+        corpus.to_str().unwrap(),
+        "--arrival-speedup-ratio",
+        "1",
+        "--num-workers",
+        "1",
+        "--agentic-lanes",
+        "1",
+        "--per-request-jsonl",
+        records.to_str().unwrap(),
+        "-q",
+    ]))
+    .expect("the corpus replays");
+    let mut got: Vec<(String, f64, f64)> = std::fs::read_to_string(&records)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            (
+                v["agentic"]["request_id"].as_str().unwrap().to_string(),
+                v["arrival_ms"].as_f64().unwrap(),
+                v["last_token_ms"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    got.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let want = [
+        ("weka:2d6414eba35a594e:request:outer:0", 0.0, 35.692),
+        ("weka:507bbb3b7d63ad13:request:outer:0", 35.692, 71.384),
+        ("weka:ae79e8dbfe7ecc58:request:outer:0", 71.384, 107.076),
+        ("weka:ae79e8dbfe7ecc58:request:outer:1", 1071.384, 1106.109),
+        ("weka:2f961d03c4a07934:request:outer:0", 1106.109, 1140.814),
+    ];
+    assert_eq!(got.len(), want.len(), "{got:?}");
+    for ((id, arrival, last), (want_id, want_arrival, want_last)) in got.iter().zip(want) {
+        assert_eq!(id, want_id);
+        assert!((arrival - want_arrival).abs() <= 0.001, "{id}: {arrival}");
+        assert!((last - want_last).abs() <= 0.001, "{id}: {last}");
+    }
+    // Only weka reads a directory.
+    let e = mock_server::cmd::replay::run(&replay_args(&[
+        "replay",
+        corpus.to_str().unwrap(),
+        "--trace-format",
+        "dynamo",
+        "-q",
+    ]))
+    .unwrap_err();
+    assert_eq!(
+        format!("{e:#}"),
+        format!(
+            "{}: a directory is read only as a weka corpus, not as dynamo",
+            corpus.display()
+        )
+    );
+    // A symbolic link in a corpus is refused, naming it.
+    let linked = dir.join("linked");
+    std::fs::create_dir_all(&linked).unwrap();
+    std::fs::copy(corpus.join("b.json"), linked.join("b.json")).unwrap();
+    std::os::unix::fs::symlink(corpus.join("a.jsonl"), linked.join("a.jsonl")).unwrap();
+    let e =
+        mock_server::cmd::replay::run(&replay_args(&["replay", linked.to_str().unwrap(), "-q"]))
+            .unwrap_err();
+    assert_eq!(
+        format!("{e:#}"),
+        format!(
+            "{}: {} is a symbolic link, which a weka corpus may not hold",
+            linked.display(),
+            linked.join("a.jsonl").display()
+        )
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -101,7 +101,9 @@ pub fn trace_line(data: &[u8]) {
                 "an input with rows is reported empty"
             );
         }
-        Err(e @ (TraceError::Io { .. } | TraceError::Options { .. })) => {
+        Err(
+            e @ (TraceError::Io { .. } | TraceError::Options { .. } | TraceError::Directory { .. }),
+        ) => {
             panic!(
                 "the error names no line: {e} ({})",
                 std::error::Error::source(&e).map_or(String::new(), |s| s.to_string())

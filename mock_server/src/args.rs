@@ -47,7 +47,8 @@ impl std::str::FromStr for ServingModeFlag {
 /// its own ranges for the speed-up and the schedule bound.
 #[derive(Args, Clone, Debug)]
 pub struct TraceArgs {
-    /// Mooncake JSONL trace, or an agentic trace (see --trace-format).
+    /// Mooncake JSONL trace, or an agentic trace (see --trace-format); a directory is a weka
+    /// corpus (every .json and .jsonl file below it, in path order).
     #[arg(id = "trace", value_name = "TRACE")]
     pub path: PathBuf,
 

@@ -590,10 +590,13 @@ pub(super) fn json_row<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, 
 /// `requested`): the first non-blank row decides (a `dynamo.agentic_mooncake` header, a
 /// `dynamo.request.trace.v1` record, a weka play with `requests`, an applied-compute session
 /// with `num_turns`); otherwise rows with `wait_for` anywhere in the file make it legacy
-/// agentic Mooncake, and anything else is plain Mooncake.
+/// agentic Mooncake, and anything else is plain Mooncake. A directory is a weka corpus.
 pub fn detect_format(path: &Path, requested: TraceFormat) -> Result<TraceFormat, TraceError> {
     if requested != TraceFormat::Auto {
         return Ok(requested);
+    }
+    if path.is_dir() {
+        return Ok(TraceFormat::Weka);
     }
     detect_in(open(path)?).map_err(|source| TraceError::Io {
         path: path.to_path_buf(),

@@ -262,6 +262,14 @@ pub enum TraceError {
         /// What is wrong with the row.
         message: String,
     },
+    /// A directory that cannot be read as a weka corpus.
+    #[error("{}: {message}", path.display())]
+    Directory {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
     /// The trace has no rows.
     #[error("{source_name}: trace contains no requests")]
     Empty {
@@ -330,7 +338,8 @@ pub fn load_with_bound(
     )
 }
 
-/// Reads the agentic trace at `path` as `format` into a validated [`RequestGraph`];
+/// Reads the agentic trace at `path` (a file, or a directory of weka files) as `format` into a
+/// validated [`RequestGraph`];
 /// `trace_block_size` is the tokens per hash id for formats whose file does not name it (legacy
 /// agentic Mooncake). [`TraceFormat::Auto`] detects the format first ([`detect_format`]); plain
 /// Mooncake is not a graph (read it with [`load`]).
@@ -340,6 +349,15 @@ pub fn load_graph(
     trace_block_size: usize,
 ) -> Result<RequestGraph, TraceError> {
     let format = detect_format(path, format)?;
+    if path.is_dir() {
+        return match format {
+            TraceFormat::Weka => weka::parse_corpus(path),
+            other => Err(TraceError::Directory {
+                path: path.to_path_buf(),
+                message: format!("a directory is read only as a weka corpus, not as {other}"),
+            }),
+        };
+    }
     parse_graph(
         graph::open(path)?,
         &path.display().to_string(),

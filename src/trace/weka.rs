@@ -39,6 +39,7 @@
 //! requests due at the same instant, so the same key gives the same placement as AISimulate.
 
 use std::io::BufRead;
+use std::path::{Path, PathBuf};
 
 use super::graph::{
     build, check_lengths, HashScope, RawDependency, RawNode, Relation, RequestGraph, TraceFormat,
@@ -130,7 +131,7 @@ struct Corpus {
     model: Option<String>,
 }
 
-/// Reads a weka corpus (JSON or JSONL: any sequence of top-level plays or arrays of plays).
+/// Reads a weka file (JSON or JSONL: any sequence of top-level plays or arrays of plays).
 pub(super) fn parse(
     mut reader: impl BufRead,
     source_name: &str,
@@ -139,71 +140,153 @@ pub(super) fn parse(
     reader
         .read_to_string(&mut text)
         .map_err(|source| TraceError::Io {
-            path: std::path::PathBuf::from(source_name),
+            path: PathBuf::from(source_name),
             source,
         })?;
-    let line_err = |line: usize, message: String| TraceError::Line {
-        source_name: source_name.to_string(),
-        line,
-        message,
-    };
-    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
-    let mut stream = serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>();
-    let mut corpus = Corpus::default();
-    let mut hashes = HashScope::default();
-    let mut nodes = Vec::new();
-    let mut plays = 0;
-    let path = std::path::Path::new(source_name);
-    let file_name = path
+    let name = Path::new(source_name)
         .file_name()
         .and_then(|n| n.to_str())
         .unwrap_or(source_name);
-    let one_play_file = path.extension().is_some_and(|e| e == "json");
-    loop {
-        let offset = stream.byte_offset();
-        let start = offset + text[offset..].len() - text[offset..].trim_start().len();
-        let line = 1 + text[..start].matches('\n').count();
-        let value = match stream.next() {
-            None => break,
-            Some(Ok(value)) => value,
-            Some(Err(e)) => {
-                return Err(line_err(
-                    e.line(),
-                    format!("invalid JSON: {e}").replace(
-                        &format!(" at line {} column {}", e.line(), e.column()),
-                        &format!(" (column {})", e.column()),
-                    ),
-                ))
-            }
+    let mut lowering = Lowering::default();
+    lowering.file(&text, name, source_name)?;
+    lowering.finish(source_name)
+}
+
+/// Reads a weka corpus directory: every `.json` and `.jsonl` file below it (other files are
+/// left out), in the order of their paths relative to it, which also key their plays' ids.
+pub(super) fn parse_corpus(dir: &Path) -> Result<RequestGraph, TraceError> {
+    let mut files = Vec::new();
+    corpus_files(dir, "", &mut files)?;
+    files.sort();
+    let mut lowering = Lowering::default();
+    for (name, path) in &files {
+        let text = std::fs::read_to_string(path).map_err(|source| TraceError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        lowering.file(&text, name, &path.display().to_string())?;
+    }
+    lowering.finish(&dir.display().to_string())
+}
+
+/// The weka files below `dir` as (path relative to the corpus, with `/`, and path), where
+/// `prefix` is `dir`'s own relative path. Symbolic links are refused, as they could loop.
+fn corpus_files(
+    dir: &Path,
+    prefix: &str,
+    out: &mut Vec<(String, PathBuf)>,
+) -> Result<(), TraceError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| TraceError::Io { path, source }
+    };
+    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+        let entry = entry.map_err(io(dir))?;
+        let path = entry.path();
+        let refused = |why: &str| TraceError::Directory {
+            path: dir.to_path_buf(),
+            message: format!("{} {why}", path.display()),
         };
-        let values = match value {
-            serde_json::Value::Array(values) => values,
-            other => vec![other],
+        let Ok(name) = entry.file_name().into_string() else {
+            return Err(refused("has a name that is not UTF-8"));
         };
-        for value in values {
-            let key = if one_play_file && plays == 0 {
-                file_name.to_string()
-            } else {
-                format!("{file_name}#{plays:06}")
-            };
-            let play = lower_play(value, line, plays, &key, &mut corpus, &mut hashes)
-                .map_err(|m| line_err(line, m))?;
-            nodes.extend(play);
-            plays += 1;
+        let kind = entry.file_type().map_err(io(&path))?;
+        let relative = match prefix {
+            "" => name,
+            _ => format!("{prefix}/{name}"),
+        };
+        if kind.is_symlink() {
+            return Err(refused(
+                "is a symbolic link, which a weka corpus may not hold",
+            ));
+        } else if kind.is_dir() {
+            corpus_files(&path, &relative, out)?;
+        } else if relative.ends_with(".json") || relative.ends_with(".jsonl") {
+            out.push((relative, path));
         }
     }
-    let mut graph = build(
-        nodes,
-        source_name,
-        TraceFormat::Weka,
-        corpus.block_size.unwrap_or(1),
-        None,
-    )?;
-    // With lanes, plays queue in the file's order.
-    for (i, play) in graph.plays.iter_mut().enumerate() {
-        play.ordinal = Some(i as u64);
+    Ok(())
+}
+
+/// Plays lowered so far, across the files of a corpus.
+#[derive(Default)]
+struct Lowering {
+    corpus: Corpus,
+    hashes: HashScope,
+    nodes: Vec<RawNode>,
+    plays: usize,
+}
+
+impl Lowering {
+    /// Lowers the plays of one file; `name` keys their ids (the file's name, or its path in a
+    /// corpus) and `source_name` labels errors.
+    fn file(&mut self, text: &str, name: &str, source_name: &str) -> Result<(), TraceError> {
+        let line_err = |line: usize, message: String| TraceError::Line {
+            source_name: source_name.to_string(),
+            line,
+            message,
+        };
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        let mut stream = serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>();
+        let one_play_file = name.ends_with(".json");
+        let mut in_file = 0;
+        loop {
+            let offset = stream.byte_offset();
+            let start = offset + text[offset..].len() - text[offset..].trim_start().len();
+            let line = 1 + text[..start].matches('\n').count();
+            let value = match stream.next() {
+                None => return Ok(()),
+                Some(Ok(value)) => value,
+                Some(Err(e)) => {
+                    return Err(line_err(
+                        e.line(),
+                        format!("invalid JSON: {e}").replace(
+                            &format!(" at line {} column {}", e.line(), e.column()),
+                            &format!(" (column {})", e.column()),
+                        ),
+                    ))
+                }
+            };
+            let values = match value {
+                serde_json::Value::Array(values) => values,
+                other => vec![other],
+            };
+            for value in values {
+                let key = if one_play_file && in_file == 0 {
+                    name.to_string()
+                } else {
+                    format!("{name}#{in_file:06}")
+                };
+                let play = lower_play(
+                    value,
+                    line,
+                    self.plays,
+                    &key,
+                    &mut self.corpus,
+                    &mut self.hashes,
+                )
+                .map_err(|m| line_err(line, m))?;
+                self.nodes.extend(play);
+                self.plays += 1;
+                in_file += 1;
+            }
+        }
     }
-    Ok(graph)
+
+    /// The graph of every play lowered, which with lanes queue in the order they were read.
+    fn finish(self, source_name: &str) -> Result<RequestGraph, TraceError> {
+        let mut graph = build(
+            self.nodes,
+            source_name,
+            TraceFormat::Weka,
+            self.corpus.block_size.unwrap_or(1),
+            None,
+        )?;
+        for (i, play) in graph.plays.iter_mut().enumerate() {
+            play.ordinal = Some(i as u64);
+        }
+        Ok(graph)
+    }
 }
 
 /// How many hash ids two prompts share from their start.
