@@ -26,8 +26,9 @@
 //!   of every other stream that started before it and ended by its start (1 µs tolerance), so
 //!   one source may give a request two edges (a spawn on dispatch and a barrier on completion).
 //!
-//! Inner times are taken as absolute when none is before its marker's `t`, else as relative
-//! to it (`source.nested_timestamp_basis` `absolute` or `relative` overrides). Hash ids are
+//! Inner times are taken as absolute when no sub-agent request of the corpus starts before
+//! its marker's `t`, else as relative to it, as AISimulate resolves one basis per corpus (a
+//! play's `source.nested_timestamp_basis` `absolute` or `relative` overrides). Hash ids are
 //! play-local: one per full block (`floor(in / block_size)`), missing ones private, extras
 //! ignored, and a partial tail block private to its request. Negative gaps count as 0, and an
 //! `out` of 0 is replayed as one token (the engine always generates one).
@@ -129,6 +130,9 @@ struct SubAgent {
 struct Corpus {
     block_size: Option<usize>,
     model: Option<String>,
+    /// Inner times of sub-agents whose play leaves the basis to the corpus are relative to
+    /// their marker: some sub-agent request of such a play starts before its marker.
+    relative_inner_times: bool,
 }
 
 /// Reads a weka file (JSON or JSONL: any sequence of top-level plays or arrays of plays).
@@ -208,24 +212,25 @@ fn corpus_files(
     Ok(())
 }
 
-/// Plays lowered so far, across the files of a corpus.
+/// The plays of a corpus as read, lowered together once every file is read (the basis of
+/// inner times is one for the whole corpus).
 #[derive(Default)]
 struct Lowering {
-    corpus: Corpus,
-    hashes: HashScope,
-    nodes: Vec<RawNode>,
-    plays: usize,
+    plays: Vec<ReadPlay>,
+}
+
+/// A play as read: its JSON, the line it starts on, the key of its ids and its file's name.
+struct ReadPlay {
+    value: serde_json::Value,
+    line: usize,
+    key: String,
+    source_name: String,
 }
 
 impl Lowering {
-    /// Lowers the plays of one file; `name` keys their ids (the file's name, or its path in a
+    /// Reads the plays of one file; `name` keys their ids (the file's name, or its path in a
     /// corpus) and `source_name` labels errors.
     fn file(&mut self, text: &str, name: &str, source_name: &str) -> Result<(), TraceError> {
-        let line_err = |line: usize, message: String| TraceError::Line {
-            source_name: source_name.to_string(),
-            line,
-            message,
-        };
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let mut stream = serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>();
         let one_play_file = name.ends_with(".json");
@@ -238,13 +243,14 @@ impl Lowering {
                 None => return Ok(()),
                 Some(Ok(value)) => value,
                 Some(Err(e)) => {
-                    return Err(line_err(
-                        e.line(),
-                        format!("invalid JSON: {e}").replace(
+                    return Err(TraceError::Line {
+                        source_name: source_name.to_string(),
+                        line: e.line(),
+                        message: format!("invalid JSON: {e}").replace(
                             &format!(" at line {} column {}", e.line(), e.column()),
                             &format!(" (column {})", e.column()),
                         ),
-                    ))
+                    })
                 }
             };
             let values = match value {
@@ -257,29 +263,49 @@ impl Lowering {
                 } else {
                     format!("{name}#{in_file:06}")
                 };
-                let play = lower_play(
+                self.plays.push(ReadPlay {
                     value,
                     line,
-                    self.plays,
-                    &key,
-                    &mut self.corpus,
-                    &mut self.hashes,
-                )
-                .map_err(|m| line_err(line, m))?;
-                self.nodes.extend(play);
-                self.plays += 1;
+                    key,
+                    source_name: source_name.to_string(),
+                });
                 in_file += 1;
             }
         }
     }
 
-    /// The graph of every play lowered, which with lanes queue in the order they were read.
+    /// The graph of every play read, which with lanes queue in the order they were read.
     fn finish(self, source_name: &str) -> Result<RequestGraph, TraceError> {
+        let mut corpus = Corpus {
+            relative_inner_times: self
+                .plays
+                .iter()
+                .any(|p| inner_time_before_marker(&p.value)),
+            ..Corpus::default()
+        };
+        let mut hashes = HashScope::default();
+        let mut nodes = Vec::new();
+        for (index, play) in self.plays.into_iter().enumerate() {
+            let lowered = lower_play(
+                play.value,
+                play.line,
+                index,
+                &play.key,
+                &mut corpus,
+                &mut hashes,
+            )
+            .map_err(|message| TraceError::Line {
+                source_name: play.source_name,
+                line: play.line,
+                message,
+            })?;
+            nodes.extend(lowered);
+        }
         let mut graph = build(
-            self.nodes,
+            nodes,
             source_name,
             TraceFormat::Weka,
-            self.corpus.block_size.unwrap_or(1),
+            corpus.block_size.unwrap_or(1),
             None,
         )?;
         for (i, play) in graph.plays.iter_mut().enumerate() {
@@ -287,6 +313,37 @@ impl Lowering {
         }
         Ok(graph)
     }
+}
+
+/// Whether a play, as written and leaving its basis to the corpus, has a sub-agent request
+/// that starts before its marker: then every such play's inner times are relative.
+fn inner_time_before_marker(play: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    let basis = play
+        .pointer("/source/nested_timestamp_basis")
+        .and_then(Value::as_str);
+    if basis.is_some_and(|b| b != "auto") {
+        return false;
+    }
+    let Some(entries) = play.get("requests").and_then(Value::as_array) else {
+        return false;
+    };
+    entries
+        .iter()
+        .filter(|e| e.get("type").and_then(Value::as_str) == Some("subagent"))
+        .any(|marker| {
+            let Some(t) = marker.get("t").and_then(Value::as_f64) else {
+                return false;
+            };
+            marker
+                .get("requests")
+                .and_then(Value::as_array)
+                .is_some_and(|inner| {
+                    inner
+                        .iter()
+                        .any(|r| r.get("t").and_then(Value::as_f64).is_some_and(|rt| rt < t))
+                })
+        })
 }
 
 /// How many hash ids two prompts share from their start.
@@ -473,7 +530,7 @@ fn lower_play(
                 let relative = match basis.as_str() {
                     "relative" => true,
                     "absolute" => false,
-                    _ => inner_requests.iter().any(|r| r.t < t * 1e3),
+                    _ => corpus.relative_inner_times,
                 };
                 if relative {
                     for r in &mut inner_requests {
@@ -931,6 +988,40 @@ mod tests {
         assert_eq!(join(3), []);
         // 3.5 s - the inner request's end at 1.7 s.
         assert_eq!(join(4), [(Relation::Join, Trigger::Completion, 2, 1800.0)]);
+    }
+
+    #[test]
+    fn one_play_with_relative_inner_times_makes_every_plays_relative() {
+        // Play a's inner request (101.2 s) is after its marker (101 s), play b's (0.2 s)
+        // before it: as AISimulate resolves one basis per corpus, both are relative, and a's
+        // inner request starts 101.2 s after its marker. A play naming its basis keeps it.
+        let play = |id: &str, inner_t: f64, source: &str| {
+            format!(
+                r#"{{"id":"{id}","block_size":2,"hash_id_scope":"local",{source}"requests":[
+                {{"type":"n","t":100.0,"model":"M","in":4,"out":2,"hash_ids":[1,2],"api_time":0.1}},
+                {{"type":"subagent","t":101.0,"agent_id":"x","subagent_type":"X","status":"completed","duration_ms":500,
+                  "requests":[{{"type":"n","t":{inner_t},"model":"M","in":4,"out":2,"hash_ids":[5,6],"api_time":0.1}}]}}]}}"#
+            )
+        };
+        let inner_floors = |text: String| -> Vec<f64> {
+            let g = parse(text.as_bytes(), "w.jsonl").expect("parses");
+            g.nodes
+                .iter()
+                .filter(|n| n.id().contains(":inner:"))
+                .map(|n| n.not_before_ms)
+                .collect()
+        };
+        let absolute = play("a", 101.2, "");
+        assert_eq!(inner_floors(absolute.clone()), [1200.0]);
+        let mixed = format!("{absolute}\n{}", play("b", 0.2, ""));
+        assert_eq!(inner_floors(mixed), [102_200.0, 1200.0]);
+        let named = play(
+            "a",
+            101.2,
+            r#""source":{"nested_timestamp_basis":"absolute"},"#,
+        );
+        let mixed = format!("{named}\n{}", play("b", 0.2, ""));
+        assert_eq!(inner_floors(mixed), [1200.0, 1200.0]);
     }
 
     #[test]
