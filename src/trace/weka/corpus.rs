@@ -1,6 +1,6 @@
 //! Reading weka files and corpus directories: the plays of every file, in order, each with the
-//! key of its ids, lowered together once all are read ([`super::lower_play`]), since the basis
-//! of sub-agents' inner times is one for the whole corpus.
+//! key of its ids, lowered ([`super::lower_play`]) once every file is read, since the basis of
+//! sub-agents' inner times is one for the whole corpus.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -26,7 +26,7 @@ pub(in crate::trace) fn parse(
         .and_then(|n| n.to_str())
         .unwrap_or(source_name);
     let mut lowering = Lowering::default();
-    lowering.file(&text, name, source_name)?;
+    lowering.file(text, name, source_name);
     lowering.finish(source_name)
 }
 
@@ -42,7 +42,7 @@ pub(in crate::trace) fn parse_corpus(dir: &Path) -> Result<RequestGraph, TraceEr
             path: path.clone(),
             source,
         })?;
-        lowering.file(&text, name, &path.display().to_string())?;
+        lowering.file(text, name, &path.display().to_string());
     }
     lowering.finish(&dir.display().to_string())
 }
@@ -86,28 +86,31 @@ fn corpus_files(
     Ok(())
 }
 
-/// The plays of a corpus as read, lowered together once every file is read (the basis of
-/// inner times is one for the whole corpus).
+/// The files of a corpus as read, lowered together once every file is read (the basis of
+/// inner times is one for the whole corpus): a first pass over their plays finds the basis, a
+/// second lowers them, so that only the texts stay in memory, not every play's JSON.
 #[derive(Default)]
 struct Lowering {
-    plays: Vec<ReadPlay>,
+    files: Vec<WekaText>,
 }
 
-/// A play as read: its JSON, the line it starts on, the key of its ids and its file's name.
-struct ReadPlay {
-    value: serde_json::Value,
-    line: usize,
-    key: String,
+/// A file's text, the name that keys its plays' ids (its name, or its path in a corpus) and the
+/// name that labels its errors.
+struct WekaText {
+    text: String,
+    name: String,
     source_name: String,
 }
 
-impl Lowering {
-    /// Reads the plays of one file; `name` keys their ids (the file's name, or its path in a
-    /// corpus) and `source_name` labels errors.
-    fn file(&mut self, text: &str, name: &str, source_name: &str) -> Result<(), TraceError> {
-        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+impl WekaText {
+    /// Calls `each` with every play of the file, the line it starts on and the key of its ids.
+    fn plays(
+        &self,
+        mut each: impl FnMut(serde_json::Value, usize, String) -> Result<(), TraceError>,
+    ) -> Result<(), TraceError> {
+        let text = self.text.strip_prefix('\u{feff}').unwrap_or(&self.text);
         let mut stream = serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>();
-        let one_play_file = name.ends_with(".json");
+        let one_play_file = self.name.ends_with(".json");
         let mut in_file = 0;
         loop {
             let offset = stream.byte_offset();
@@ -118,7 +121,7 @@ impl Lowering {
                 Some(Ok(value)) => value,
                 Some(Err(e)) => {
                     return Err(TraceError::Line {
-                        source_name: source_name.to_string(),
+                        source_name: self.source_name.clone(),
                         line: e.line(),
                         message: format!("invalid JSON: {e}").replace(
                             &format!(" at line {} column {}", e.line(), e.column()),
@@ -133,50 +136,58 @@ impl Lowering {
             };
             for value in values {
                 let key = if one_play_file && in_file == 0 {
-                    name.to_string()
+                    self.name.clone()
                 } else {
-                    format!("{name}#{in_file:06}")
+                    format!("{}#{in_file:06}", self.name)
                 };
-                self.plays.push(ReadPlay {
-                    value,
-                    line,
-                    key,
-                    source_name: source_name.to_string(),
-                });
+                each(value, line, key)?;
                 in_file += 1;
             }
         }
     }
+}
 
-    /// The graph of every play read, which with lanes queue in the order they were read.
+impl Lowering {
+    /// Adds one file; `name` keys its plays' ids (the file's name, or its path in a corpus) and
+    /// `source_name` labels errors.
+    fn file(&mut self, text: String, name: &str, source_name: &str) {
+        self.files.push(WekaText {
+            text,
+            name: name.to_string(),
+            source_name: source_name.to_string(),
+        });
+    }
+
+    /// The graph of every play, which with lanes queue in the order they were read.
     fn finish(self, source_name: &str) -> Result<RequestGraph, TraceError> {
+        let mut relative_inner_times = false;
+        for file in &self.files {
+            file.plays(|play, _, _| {
+                relative_inner_times |= inner_time_before_marker(&play);
+                Ok(())
+            })?;
+        }
         let mut corpus = Corpus {
-            relative_inner_times: self
-                .plays
-                .iter()
-                .any(|p| inner_time_before_marker(&p.value)),
+            relative_inner_times,
             ..Corpus::default()
         };
         let mut hashes = HashScope::default();
         let mut nodes = Vec::new();
-        for (index, play) in self.plays.into_iter().enumerate() {
-            let lowered = lower_play(
-                play.value,
-                play.line,
-                index,
-                &play.key,
-                &mut corpus,
-                &mut hashes,
-            )
-            .map_err(|message| TraceError::Line {
-                source_name: play.source_name,
-                line: play.line,
-                message,
+        for file in &self.files {
+            file.plays(|play, line, key| {
+                let index = nodes.len();
+                let lowered = lower_play(play, line, index, &key, &mut corpus, &mut hashes)
+                    .map_err(|message| TraceError::Line {
+                        source_name: file.source_name.clone(),
+                        line,
+                        message,
+                    })?;
+                nodes.push(lowered);
+                Ok(())
             })?;
-            nodes.extend(lowered);
         }
         let mut graph = build(
-            nodes,
+            nodes.into_iter().flatten().collect(),
             source_name,
             TraceFormat::Weka,
             corpus.block_size.unwrap_or(1),
