@@ -6,9 +6,10 @@
 //! (completion trigger), and `floor = (not_before_ms - M) / speedup` with `M` the graph's
 //! smallest `not_before_ms`. A node that fails fails its play: the play's nodes not yet due are
 //! never handed out, those in flight finish. With lanes, plays queue in order of
-//! `source_play_ordinal` (a weka play's place in its file; else `play_id`); the first `L` start at 0 and, when a play settles
-//! (every node ended, or after a failure none is in flight), its lane takes the next play at
-//! once, whose floors count from that instant and its smallest root `not_before_ms`.
+//! `source_play_ordinal` (a weka play's place in its file; else `play_id`); the first `L`
+//! start at 0 and, when a play settles (every node ended, or after a failure none is in
+//! flight), its lane takes the next play at once, whose floors count from that instant and its
+//! smallest root `not_before_ms`.
 //!
 //! Times are [`ExactTime`]s: a delay or a floor divided by the speed-up, added to a source's
 //! unrounded trigger time, is compared unrounded, so that rounding never reorders two nodes

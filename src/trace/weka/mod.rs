@@ -437,6 +437,9 @@ fn lower_play(
                             .is_none_or(|ids| shared_prefix(ids, own) == 0)
                 })
             });
+        if !opener {
+            continue;
+        }
         let next = order
             .iter()
             .copied()
@@ -444,19 +447,17 @@ fn lower_play(
         let Some(k) = next.and_then(|q| scope.iter().position(|s| s.contains(&q))) else {
             continue;
         };
-        if opener && k > 0 {
-            let stream = scope.remove(k);
-            let gap = requests[stream[0]].t - requests[first].end;
-            add(
-                &mut deps,
-                stream[0],
-                first,
-                Trigger::Completion,
-                Relation::Sequence,
-                gap,
-            );
-            scope[0].extend(stream);
-        }
+        let stream = scope.remove(k);
+        let gap = requests[stream[0]].t - requests[first].end;
+        add(
+            &mut deps,
+            stream[0],
+            first,
+            Trigger::Completion,
+            Relation::Sequence,
+            gap,
+        );
+        scope[0].extend(stream);
     }
     // Sessions: a scope's first stream, then its worker streams in the order they started.
     for (s, scope) in streams.iter().enumerate() {
@@ -477,15 +478,18 @@ fn lower_play(
             }
         }
     }
-    // A sub-agent forks from the last parent request before its marker.
-    let fork_source = |sub: &SubAgent| {
-        requests
-            .iter()
-            .enumerate()
-            .filter(|(_, q)| q.scope == 0 && outer_of(q) < sub.outer)
-            .map(|(i, _)| i)
-            .next_back()
-    };
+    // Each sub-agent forks from the last parent request before its marker.
+    let fork_sources: Vec<Option<usize>> = subagents
+        .iter()
+        .map(|sub| {
+            requests
+                .iter()
+                .enumerate()
+                .filter(|(_, q)| q.scope == 0 && outer_of(q) < sub.outer)
+                .map(|(i, _)| i)
+                .next_back()
+        })
+        .collect();
     // Spawns into each stream's first request.
     for (s, scope) in streams.iter().enumerate() {
         for (k, stream) in scope.iter().enumerate() {
@@ -495,7 +499,7 @@ fn lower_play(
             }
             let source = match (s, k) {
                 (0, _) => None,
-                (s, 0) => fork_source(&subagents[s - 1]),
+                (s, 0) => fork_sources[s - 1],
                 (_, _) => Some(scope[0][0]),
             };
             let child = &requests[first];
@@ -552,7 +556,7 @@ fn lower_play(
         };
         // The consumer continues the stream the sub-agent forked from (the root stream when
         // nothing came before its marker).
-        let parent_stream = fork_source(sub)
+        let parent_stream = fork_sources[s]
             .and_then(|p| streams[0].iter().find(|st| st.contains(&p)))
             .or(streams[0].first());
         let consumer = parent_stream.and_then(|st| {
