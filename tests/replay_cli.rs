@@ -745,5 +745,29 @@ fn a_weka_corpus_directory_replays_as_aisimulate_replays_it() {
             linked.join("a.jsonl").display()
         )
     );
+    // A corpus with no weka file is empty; a file name that is not UTF-8 is named.
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    std::fs::write(empty.join("notes.txt"), "no trace").unwrap();
+    let e = mock_server::cmd::replay::run(&replay_args(&["replay", empty.to_str().unwrap(), "-q"]))
+        .unwrap_err();
+    assert_eq!(
+        format!("{e:#}"),
+        format!("{}: trace contains no requests", empty.display())
+    );
+    let odd = dir.join("odd");
+    std::fs::create_dir_all(&odd).unwrap();
+    let name: &std::ffi::OsStr = std::os::unix::ffi::OsStrExt::from_bytes(b"\xff.json");
+    std::fs::write(odd.join(name), "{}").unwrap();
+    let e = mock_server::cmd::replay::run(&replay_args(&["replay", odd.to_str().unwrap(), "-q"]))
+        .unwrap_err();
+    assert_eq!(
+        format!("{e:#}"),
+        format!(
+            "{}: {} has a name that is not UTF-8",
+            odd.display(),
+            odd.join(name).display()
+        )
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
