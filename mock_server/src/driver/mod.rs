@@ -410,16 +410,8 @@ mod tests {
     // tick (every other gap near zero).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn short_decode_steps_arrive_on_time_without_bursts() {
-        // The other tests of this binary run meanwhile and may take the CPU for a while: a
-        // few tries, of which one must pass (tokio's timer alone fails every one).
-        let mut failures = Vec::new();
-        for _ in 0..10 {
-            match short_decode_steps_once().await {
-                Ok(()) => return,
-                Err(e) => failures.push(e),
-            }
-        }
-        panic!("every try failed: {failures:#?}");
+        // Tries until the binary's other tests leave the CPU (tokio's timer alone fails every one).
+        crate::timer::real_time::until_one_passes(short_decode_steps_once).await;
     }
 
     /// One try of [`short_decode_steps_arrive_on_time_without_bursts`]: 200 tokens 0.5 ms
