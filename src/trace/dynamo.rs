@@ -492,14 +492,6 @@ mod tests {
         }
     }
 
-    fn edges(g: &RequestGraph, node: usize) -> Vec<(Relation, Trigger, usize, f64)> {
-        g.nodes[node]
-            .dependencies
-            .iter()
-            .map(|d| (d.relation, d.trigger, d.source, d.delay_ms))
-            .collect()
-    }
-
     #[test]
     fn sessions_chain_and_a_child_session_is_spawned_and_joined() {
         let g = parse(fixture().as_bytes(), "d.jsonl").expect("parses");
@@ -514,11 +506,11 @@ mod tests {
         assert_eq!(g.plays.len(), 1);
         assert_eq!(g.plays[0].id, "dynamo-play:ps");
         assert_eq!(
-            edges(&g, 1),
+            g.edges_of(1),
             [(Relation::Spawn, Trigger::Dispatch, 0, 50.0)]
         );
         assert_eq!(
-            edges(&g, 2),
+            g.edges_of(2),
             [
                 (Relation::Sequence, Trigger::Completion, 0, 300.0),
                 (Relation::Join, Trigger::Completion, 1, 100.0)

@@ -687,6 +687,19 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 }
 
 #[cfg(test)]
+impl RequestGraph {
+    /// (relation, trigger, source index, delay ms) of each of a node's edges, for the formats'
+    /// tests.
+    pub(crate) fn edges_of(&self, node: usize) -> Vec<(Relation, Trigger, usize, f64)> {
+        self.nodes[node]
+            .dependencies
+            .iter()
+            .map(|d| (d.relation, d.trigger, d.source, d.delay_ms))
+            .collect()
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -642,7 +642,6 @@ fn lower_play(
 
 #[cfg(test)]
 mod tests {
-    use super::super::graph::RequestGraph;
     use super::super::TraceError;
     use super::*;
 
@@ -658,15 +657,6 @@ mod tests {
         }
     }
 
-    /// (relation, trigger, source index, delay ms) of a node's edges.
-    fn edges(g: &RequestGraph, node: usize) -> Vec<(Relation, Trigger, usize, f64)> {
-        g.nodes[node]
-            .dependencies
-            .iter()
-            .map(|d| (d.relation, d.trigger, d.source, d.delay_ms))
-            .collect()
-    }
-
     #[test]
     fn the_references_example_is_one_stream_with_a_one_second_gap() {
         let g = parse(fixture("weka.jsonl").as_bytes(), "w.jsonl").expect("parses");
@@ -678,7 +668,7 @@ mod tests {
         assert_eq!(g.nodes[1].session_id, format!("weka:{hex}:session:root"));
         // No api_time: the first request "ended" at its start, so the gap is the full second.
         assert_eq!(
-            edges(&g, 1),
+            g.edges_of(1),
             [(Relation::Sequence, Trigger::Completion, 0, 1000.0)]
         );
         assert_eq!(g.nodes[1].not_before_ms, 1000.0);
@@ -714,7 +704,7 @@ mod tests {
             {"type":"n","t":2.0,"model":"M","in":6,"out":2,"hash_ids":[1,2,3],"api_time":0.05}]}"#;
         let g = parse(text.as_bytes(), "w.json").expect("parses");
         assert_eq!(
-            edges(&g, 1),
+            g.edges_of(1),
             [
                 (Relation::Spawn, Trigger::Dispatch, 0, 1000.0),
                 (Relation::ReplayBarrier, Trigger::Completion, 0, 0.0)
@@ -740,7 +730,7 @@ mod tests {
             "{sessions:?}"
         );
         assert_eq!(
-            edges(&g, 1),
+            g.edges_of(1),
             [(Relation::Sequence, Trigger::Completion, 0, 950.0)]
         );
         // A later request sharing the opener's first block keeps it alone in the root stream.
@@ -754,7 +744,7 @@ mod tests {
         // It extends the root stream: one shared leading block is enough.
         assert!(sessions[2].ends_with(":session:root"), "{sessions:?}");
         assert_eq!(
-            edges(&g, 2)[0],
+            g.edges_of(2)[0],
             (Relation::Sequence, Trigger::Completion, 0, 1950.0)
         );
     }
@@ -772,7 +762,7 @@ mod tests {
             {"type":"n","t":3.5,"model":"M","in":10,"out":2,"hash_ids":[10,11,12,13,14],"api_time":0.05}]}"#;
         let g = parse(text.as_bytes(), "w.json").expect("parses");
         let join = |node: usize| {
-            edges(&g, node)
+            g.edges_of(node)
                 .into_iter()
                 .filter(|e| e.0 == Relation::Join)
                 .collect::<Vec<_>>()
@@ -840,12 +830,12 @@ mod tests {
             .ends_with(":session:subagent:2:explorer"));
         // The worker stream (its prefix is not the root's) is anchored to the root on dispatch.
         assert_eq!(
-            edges(&g, 1),
+            g.edges_of(1),
             [(Relation::Spawn, Trigger::Dispatch, 0, 200.0)]
         );
         // The sub-agent starts from the last parent request before its marker (ended at
         // 10.3 s, before the child's 11.5 s: completion, 1.2 s).
-        let e = edges(&g, 2);
+        let e = g.edges_of(2);
         assert_eq!(
             (e[0].0, e[0].1, e[0].2),
             (Relation::Spawn, Trigger::Completion, 1)
@@ -853,7 +843,7 @@ mod tests {
         assert!((e[0].3 - 1200.0).abs() < 1e-6, "{e:?}");
         // Its second request extends its stream (prefix 40, 41, 42): 12.5 - 12.0 s.
         assert_eq!(
-            edges(&g, 3),
+            g.edges_of(3),
             [(Relation::Sequence, Trigger::Completion, 2, 500.0)]
         );
         // The parent's next request (13.5 s, after the sub-agent's end at 13.0 s) continues
@@ -861,7 +851,7 @@ mod tests {
         // which forked from the worker stream: a sub-agent is joined into the stream it
         // forked from, and that one has no later request.
         assert_eq!(
-            edges(&g, 4),
+            g.edges_of(4),
             [
                 (Relation::Sequence, Trigger::Completion, 0, 3000.0),
                 (Relation::ReplayBarrier, Trigger::Completion, 1, 0.0)
