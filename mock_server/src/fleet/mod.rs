@@ -45,7 +45,7 @@ use crate::kv_events::view::PublishedView;
 use crate::kv_events::{KvEventPublisher, KvEventsError};
 use crate::metrics::{EndpointLabel, Metrics};
 use fault::{FaultMetrics, Schedule, ScheduleError, WorkerFaults, WorkerState};
-use judge::{Judge, DEFAULT_DECISION_LOG};
+use judge::{Judge, DEFAULT_DECISION_LOG, MAX_DECISION_LOG};
 use manifest::{dialable, Manifest, ManifestWorker};
 use metrics::{FleetMetrics, MetricsDialect, WorkerMetrics};
 
@@ -84,7 +84,8 @@ pub struct FleetArgs {
     #[arg(long, value_enum, value_name = "DIALECT", default_value_t = MetricsDialect::Vllm)]
     pub metrics_dialect: MetricsDialect,
 
-    /// Routing decisions `GET /fleet/decisions` keeps (the latest ones).
+    /// Routing decisions `GET /fleet/decisions` keeps (the latest ones), 0 to 1,000,000 (48
+    /// bytes each, whatever the fleet's size).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_DECISION_LOG)]
     pub decision_log_size: usize,
 
@@ -146,6 +147,16 @@ pub enum FleetError {
         flag: &'static str,
         /// What to do instead.
         instead: &'static str,
+    },
+    /// `--decision-log-size` above `MAX_DECISION_LOG`.
+    #[error(
+        "--decision-log-size {given}: the decision log keeps at most {max} decisions (0 to {max})"
+    )]
+    DecisionLogSize {
+        /// As given.
+        given: usize,
+        /// The limit.
+        max: usize,
     },
     /// `--worker-faults` is invalid.
     #[error(transparent)]
@@ -284,6 +295,12 @@ impl FleetConfig {
         } else {
             Listen::Each(args.listen.clone())
         };
+        if args.decision_log_size > MAX_DECISION_LOG {
+            return Err(FleetError::DecisionLogSize {
+                given: args.decision_log_size,
+                max: MAX_DECISION_LOG,
+            });
+        }
         let worker_faults = match &args.worker_faults {
             Some(spec) => Schedule::parse(spec, workers)?,
             None => Schedule::default(),
@@ -474,6 +491,8 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
         faults: Arc::clone(&faults),
         kv_restarts,
         worker_urls: manifest.workers.iter().map(|w| w.url.clone()).collect(),
+        api_key: server.api_key.as_deref().map(Arc::from),
+        body_read_timeout: server.http.body_read_timeout,
     };
     let stop = CancellationToken::new();
     let mut tasks = JoinSet::new();
