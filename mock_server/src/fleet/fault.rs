@@ -374,8 +374,12 @@ fn parse_window(item: &str) -> Result<FaultWindow, String> {
     let (worker, rest) = item
         .split_once('=')
         .ok_or("expected WORKER=STATE@START..[END]")?;
-    let worker = canonical_index(worker.trim())
-        .ok_or_else(|| format!("worker {} is not an index (digits, no sign)", quoted(worker)))?;
+    let worker = canonical_index(worker.trim()).ok_or_else(|| {
+        format!(
+            "worker {} is not an index (digits, no sign)",
+            quoted(worker)
+        )
+    })?;
     let (state, times) = rest
         .split_once('@')
         .ok_or("expected @START..[END] after the state")?;
@@ -697,7 +701,16 @@ mod tests {
         assert_eq!(canonical_number("42"), Some(42));
         assert_eq!(canonical_number("18446744073709551615"), Some(u64::MAX));
         for bad in [
-            "", "+1", "-1", "01", "00", " 1", "1 ", "1e3", "0x1", "18446744073709551616",
+            "",
+            "+1",
+            "-1",
+            "01",
+            "00",
+            " 1",
+            "1 ",
+            "1e3",
+            "0x1",
+            "18446744073709551616",
             "١",
         ] {
             assert_eq!(canonical_number(bad), None, "{bad:?}");

@@ -128,7 +128,11 @@ fn cut(text: &str, max_chars: usize) -> String {
 
 /// Answers 401 unless the request carries `Authorization: Bearer KEY` for `--api-key` (every
 /// request passes when none is set), as the worker API's `/v1` routes do.
-async fn require_key(State(key): State<Option<Arc<str>>>, request: Request, next: Next) -> Response {
+async fn require_key(
+    State(key): State<Option<Arc<str>>>,
+    request: Request,
+    next: Next,
+) -> Response {
     match &key {
         Some(key) if !has_key(request.headers(), key) => ApiError::unauthorized().into_response(),
         _ => next.run(request).await,
@@ -188,7 +192,8 @@ async fn admin_body(
         }
         Err(_) => return ApiError::body_timeout(body_read_timeout).into_response(),
     };
-    next.run(Request::from_parts(parts, Body::from(bytes))).await
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
 }
 
 /// `/fleet/decisions` and `/fleet/manifest`.
@@ -444,7 +449,10 @@ mod tests {
         }
         let zeros = format!("since={}1", "0".repeat(5000));
         let error = page(&zeros).err().unwrap_or_default();
-        assert!(error.len() < 200 && error.contains("(5001 bytes)"), "{error}");
+        assert!(
+            error.len() < 200 && error.contains("(5001 bytes)"),
+            "{error}"
+        );
         let long = format!("{}=1", "k".repeat(2_000_000));
         let error = page(&long).err().unwrap_or_default();
         assert!(error.len() < 200, "{} bytes", error.len());

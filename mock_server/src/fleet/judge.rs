@@ -347,7 +347,8 @@ impl Record {
             best_load: d.best_load,
             announced_chosen_overlap_tokens: announced(d.announced_chosen_overlap_tokens),
             announced_best_overlap_tokens: announced(d.announced_best_overlap_tokens),
-            stale: u8::from(d.stale_evicted) * STALE_EVICTED + u8::from(d.stale_missed) * STALE_MISSED,
+            stale: u8::from(d.stale_evicted) * STALE_EVICTED
+                + u8::from(d.stale_missed) * STALE_MISSED,
         }
     }
 
@@ -622,7 +623,10 @@ mod tests {
         assert_eq!(page.len(), 3000);
         assert_eq!(page[0].seq, 2000);
         let last = &page[2999];
-        assert_eq!((last.seq, last.worker, last.best_worker), (4999, 4999 % 64, 63));
+        assert_eq!(
+            (last.seq, last.worker, last.best_worker),
+            (4999, 4999 % 64, 63)
+        );
         assert_eq!((last.best_overlap_tokens, last.regret_tokens), (40, 40));
         assert_eq!(last.announced_chosen_overlap_tokens, None);
         assert_eq!(page[2998].announced_chosen_overlap_tokens, Some(8));
@@ -733,7 +737,13 @@ mod tests {
         assert_eq!(judge.page(9, 2).1, 9);
         assert_eq!(judge.page(5, 2).1, 5);
         let back = &judge.page(3, 1).0[0];
-        assert_eq!(back, &Decision { seq: 3, ..decision(16) });
+        assert_eq!(
+            back,
+            &Decision {
+                seq: 3,
+                ..decision(16)
+            }
+        );
         assert_eq!(judge.metrics.decisions.get(), 5);
         assert_eq!(judge.metrics.oracle_hit_tokens.get(), 80);
         assert_eq!(judge.metrics.achieved_hit_tokens.get(), 48);
