@@ -343,6 +343,8 @@ pub struct RunningFleet {
     pub judge: Arc<Judge>,
     /// Every worker's fault state.
     pub faults: Arc<WorkerFaults>,
+    /// What the fleet's routes read (for [`RunningFleet::admin_router`]).
+    routes: http::FleetRoutes,
     /// Ends every listener's accept loop (then each drains).
     stop: CancellationToken,
     /// The listeners' tasks.
@@ -355,6 +357,13 @@ impl RunningFleet {
     pub async fn shutdown(mut self) {
         self.stop.cancel();
         while self.tasks.join_next().await.is_some() {}
+    }
+
+    /// The admin listener's routes as a service, as `--admin-port` serves them (its key, body
+    /// limits and answers) without the connection's own limits: for callers in the process,
+    /// such as the fuzzers.
+    pub fn admin_router(&self) -> axum::Router {
+        http::admin_router(self.routes.clone())
     }
 
     /// Resolves when a listener's task ends before shutdown (it never does unless it panics).
@@ -536,6 +545,7 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
         engine,
         judge,
         faults,
+        routes,
         stop,
         tasks,
     };
