@@ -642,6 +642,55 @@ mod tests {
         assert!(judge.log_bytes() <= 2 * (MAX_DECISIONS_PAGE + 5) * DECISION_RECORD_BYTES);
     }
 
+    /// The figures of docs/reliability.md: a full log of decisions with every field set, and
+    /// a full page of it, timed (`cargo test -p mock_server --lib fleet::judge -- --ignored
+    /// --nocapture`; ignored by default: it fills the 48 MB log).
+    #[test]
+    #[ignore]
+    fn a_full_page_of_a_full_log_is_bounded() {
+        let judge = Judge::new(
+            SimClock::start(),
+            MAX_DECISION_LOG,
+            RoutingMetrics::default(),
+        );
+        let decision = Decision {
+            seq: 0,
+            time_ms: 1_764_748_800_123.4,
+            worker: 4095,
+            prompt_tokens: 8000,
+            chosen_overlap_tokens: 4096,
+            best_overlap_tokens: 7936,
+            best_worker: 17,
+            regret_tokens: 3840,
+            chosen_load: 12,
+            best_load: 3,
+            announced_chosen_overlap_tokens: Some(4096),
+            announced_best_overlap_tokens: Some(7936),
+            stale_evicted: false,
+            stale_missed: true,
+        };
+        for _ in 0..MAX_DECISION_LOG + 100_000 {
+            judge.record(decision.clone());
+        }
+        assert_eq!(judge.log_bytes(), MAX_DECISION_LOG_BYTES);
+        let started = std::time::Instant::now();
+        let (page, next) = judge.page(500_000, usize::MAX);
+        let copied = started.elapsed();
+        let body = to_jsonl(&page);
+        let written = started.elapsed();
+        assert_eq!((page.len(), next), (MAX_DECISIONS_PAGE, 510_000));
+        assert!(
+            body.len() <= MAX_DECISIONS_PAGE * 320,
+            "{} bytes",
+            body.len()
+        );
+        eprintln!(
+            "a page of {} decisions: {} bytes, copied in {copied:?}, written in {written:?}",
+            page.len(),
+            body.len()
+        );
+    }
+
     /// A view holding `hashes` on `worker` alone.
     fn announced(workers: usize, worker: usize, hashes: &[u64]) -> PublishedView {
         use crate::kv_events::view::ViewDelta;
