@@ -9,8 +9,8 @@
 //!   the clock; each has its own `/metrics` (`metrics::WorkerMetrics`), KV-event publisher
 //!   (port + index, as `serve` numbers its workers), LoRA registry, faults and loading delay.
 //! - [`judge::Judge`] scores every decision against what every worker held when the request
-//!   arrived, and (with KV events) against what the sent events announced; `http` serves
-//!   its log and metrics.
+//!   arrived, and (with KV events) against what the sent events announced, in a log bounded in
+//!   bytes; `http` serves its log (a page at a time) and metrics, behind `--api-key`.
 //! - `fault::WorkerFaults` holds each worker's fault state (`down`, `slow`, `stalled`, `503`),
 //!   set by `--worker-faults` (`fault::Schedule`) or the admin listener.
 //! - [`manifest::Manifest`] names every worker's URLs and endpoints (`--fleet-manifest`).
@@ -76,7 +76,8 @@ pub struct FleetArgs {
     pub fleet_manifest: Option<PathBuf>,
 
     /// Serve the fleet's own routes (the whole fleet's `/metrics` with the routing judge's
-    /// series, `/fleet/decisions`, `/fleet/manifest`) on this port of --host (0 picks one).
+    /// series, `/fleet/decisions`, `/fleet/manifest`, the workers' faults) on this port of
+    /// --host (0 picks one). With --api-key, every one of them needs the key.
     #[arg(long, value_name = "PORT")]
     pub admin_port: Option<u16>,
 
