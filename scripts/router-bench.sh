@@ -92,7 +92,7 @@ for run in $runs; do
           -q >"$out/$name.loadgen.log" 2>&1 || echo "  loadgen exited $? (see $out/$name.loadgen.log)" >&2 ;;
       *) echo "unknown workload $workload" >&2; exit 1 ;;
     esac
-    curl -sf "$admin/fleet/decisions" >"$out/$name.decisions.jsonl"
+    fetch_decisions >"$out/$name.decisions.jsonl"
     stop_router
     stop_fleet
     row=$(python3 "$out/row.py" "$kind $policy, $workload" "$workers" "$out/$name.decisions.jsonl" "$out/$name.requests.jsonl")

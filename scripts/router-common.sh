@@ -77,6 +77,18 @@ start_fleet() { # NAME WORKERS [mockserve fleet flags...]: a fresh fleet, its ma
   wait_http "$admin/health"
 }
 
+fetch_decisions() { # the fleet's whole decision log, page by page (10,000 decisions at most each), to stdout
+  local since=0 next page headers
+  page=$(mktemp) headers=$(mktemp)
+  while curl -sf -D "$headers" "$admin/fleet/decisions?since=$since" >"$page" && [ -s "$page" ]; do
+    cat "$page"
+    next=$(tr -d '\r' <"$headers" | sed -n 's/^x-fleet-next-since: //p')
+    [ -n "$next" ] && [ "$next" != "$since" ] || break
+    since=$next
+  done
+  rm -f "$page" "$headers"
+}
+
 stop_fleet() {
   if [ -n "$fleet_pid" ]; then kill "$fleet_pid" 2>/dev/null || true; wait "$fleet_pid" 2>/dev/null || true; fi
   fleet_pid=""

@@ -47,7 +47,7 @@ echo "router-failover: $workers workers, worker $down down from ${down_from}s to
   --per-request-jsonl "$out/requests.jsonl" --report-json "$out/report.json" -q \
   >"$out/loadgen.log" 2>&1 || echo "loadgen exited $? (see $out/loadgen.log)" >&2
 sleep 1
-curl -sf "$admin/fleet/decisions" >"$out/decisions.jsonl"
+fetch_decisions >"$out/decisions.jsonl"
 curl -sf "$admin/metrics" >"$out/metrics.txt"
 curl -sf "$admin/fleet/workers" >"$out/workers.json"
 stop_router

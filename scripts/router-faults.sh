@@ -73,7 +73,7 @@ for spec in $faults; do
   start_router "$name" vllm-router kv_aware
   t0=$SECONDS
   replay_through_router "$name"
-  curl -sf "$admin/fleet/decisions" >"$out/$name.decisions.jsonl"
+  fetch_decisions >"$out/$name.decisions.jsonl"
   stop_router
   stop_fleet
   row=$(python3 "$out/row.py" "$spec" "$out/$name.decisions.jsonl" "$out/$name.router.log")

@@ -76,7 +76,7 @@ for w in json.load(open(sys.argv[1]))["workers"]:
   replay_through_router "$name"
   # Let the router finish recovering the last gaps before reading the judge.
   sleep 2
-  curl -sf "$admin/fleet/decisions" >"$out/$name.decisions.jsonl"
+  fetch_decisions >"$out/$name.decisions.jsonl"
   curl -sf "$admin/metrics" >"$out/$name.metrics.txt"
   stop_router
   stop_fleet

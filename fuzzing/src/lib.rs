@@ -17,6 +17,9 @@
 //!   whether it parses every line or only those of the metrics it knows.
 //! - [`tokenizer::prompt_text`]: the `tiktoken` encodings give tiktoken's own ids for any text
 //!   (servesim splits ASCII text by hand and caches pieces), the same twice, and decode back.
+//! - [`fleet::fleet_admin`]: a request to a `mockserve fleet`'s admin listener is refused
+//!   without the key, costs no more than a body's budget, answers no 5xx, an OpenAI error with
+//!   a short message or a bounded page of decisions, and the fleet still answers afterwards.
 //!
 //! The HTTP checkers also hold every body to a **cost budget** ([`cost::BODY_BUDGET`]): while
 //! the server answers, its heap may grow by at most 64 MiB + 64 bytes per body byte + 32 per
@@ -46,6 +49,7 @@
 
 pub mod cost;
 pub mod costly;
+pub mod fleet;
 pub mod http;
 pub mod meter;
 pub mod metrics;
@@ -279,8 +283,55 @@ const TEXT_TOKENS: &[&[u8]] = &[
     b"\xff",
 ];
 
+/// Request lines, routes, query parameters, awkward indexes and fault bodies of the fleet's
+/// admin listener.
+const ADMIN_TOKENS: &[&[u8]] = &[
+    b"GET ",
+    b"POST ",
+    b"DELETE ",
+    b"!",
+    b"/fleet/decisions",
+    b"/fleet/manifest",
+    b"/fleet/workers",
+    b"/fleet/workers/1/fault",
+    b"/fleet/workers/3/kv-events/restart",
+    b"/metrics",
+    b"/health",
+    b"/fault",
+    b"/kv-events/restart",
+    b"?since=",
+    b"&since=",
+    b"?limit=",
+    b"&limit=",
+    b"&",
+    b"=",
+    b"%2B1",
+    b"+1",
+    b"-1",
+    b"01",
+    b"0000000000000000000000001",
+    b"4",
+    b"9999",
+    b"10000",
+    b"10001",
+    b"24999",
+    b"18446744073709551615",
+    b"18446744073709551616",
+    b"\n",
+    b"\r\n",
+    b"{\"state\":\"down\"}",
+    b"{\"state\":\"slow\",\"factor\":4}",
+    b"\"ok\"",
+    b"\"503\"",
+    b"\"stalled\"",
+    b"\"slow\"",
+    b"1e999",
+    b"NaN",
+    b"\xff",
+];
+
 /// Every target, in a fixed order.
-pub const TARGETS: [Target; 6] = [
+pub const TARGETS: [Target; 7] = [
     Target {
         name: "chat_body",
         check: http::chat_body,
@@ -322,6 +373,13 @@ pub const TARGETS: [Target; 6] = [
         dictionary: TEXT_TOKENS,
         fields: &[],
         max_len: 4 << 10,
+    },
+    Target {
+        name: "fleet_admin",
+        check: fleet::fleet_admin,
+        dictionary: ADMIN_TOKENS,
+        fields: &["state", "factor"],
+        max_len: 8 << 10,
     },
 ];
 

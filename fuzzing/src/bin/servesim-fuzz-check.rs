@@ -31,7 +31,7 @@ enum Inputs {
     /// Checks files with a target's checker.
     Files {
         /// The target: chat_body, completions_body, trace_line, sse_stream, metrics_text,
-        /// prompt_text.
+        /// prompt_text, fleet_admin.
         target: String,
         /// The inputs, one file each.
         #[arg(required = true)]

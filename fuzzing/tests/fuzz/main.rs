@@ -124,6 +124,13 @@ fn prompt_text() {
     run("prompt_text");
 }
 
+/// Fails until `--api-key` guards every admin route, admin errors are OpenAI-shaped and short,
+/// and decision pages are bounded (issue 43).
+#[test]
+fn fleet_admin() {
+    run("fleet_admin");
+}
+
 /// Every file in `fuzz/corpus/<target>/` and `fuzz/regressions/<target>/` passes its checker.
 /// Fails until the fixes listed at the top of this file are in.
 #[test]

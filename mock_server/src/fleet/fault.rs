@@ -49,6 +49,23 @@ use crate::api::ApiError;
 /// The largest `slow` factor.
 pub(crate) const MAX_SLOW_FACTOR: f64 = 1000.0;
 
+/// The latest time a `--worker-faults` window may start or end, from the fleet's start: 365
+/// days (tokio's timer wheel reaches about two years; a later deadline would overflow the
+/// clock).
+pub(crate) const MAX_FAULT_TIME: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// Characters of a client's or a flag's value an error message quotes at most.
+pub(crate) const QUOTED_CHARS: usize = 48;
+
+/// `text` quoted (as `{:?}`), cut to its first [`QUOTED_CHARS`] characters, and its length
+/// said when cut: an error message never echoes an unbounded value.
+pub(crate) fn quoted(text: &str) -> String {
+    match text.char_indices().nth(QUOTED_CHARS) {
+        None => format!("{text:?}"),
+        Some((end, _)) => format!("{:?}... ({} bytes)", &text[..end], text.len()),
+    }
+}
+
 /// One worker's state.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum WorkerState {
@@ -96,7 +113,8 @@ impl WorkerState {
             }
             other => {
                 return Err(format!(
-                    "unknown worker state {other:?} (expected ok, down, slow, stalled or 503)"
+                    "unknown worker state {} (expected ok, down, slow, stalled or 503)",
+                    quoted(other)
                 ))
             }
         };
@@ -266,9 +284,10 @@ pub struct Schedule {
 pub enum ScheduleError {
     /// An item does not parse.
     #[error(
-        "--worker-faults: {item:?}: {reason} (each item is WORKER=STATE@START..[END], STATE one \
+        "--worker-faults: {}: {reason} (each item is WORKER=STATE@START..[END], STATE one \
          of down, stalled, 503, slow:K; times like 500ms or 2.5s from the fleet's start, e.g. \
-         \"2=down@10s..20s,3=slow:4@5s..\")"
+         \"2=down@10s..20s,3=slow:4@5s..\")",
+        quoted(item)
     )]
     Syntax {
         /// The item.
@@ -277,7 +296,10 @@ pub enum ScheduleError {
         reason: String,
     },
     /// An item names a worker the fleet does not have.
-    #[error("--worker-faults: {item:?}: worker {worker} does not exist (the fleet has {workers})")]
+    #[error(
+        "--worker-faults: {}: worker {worker} does not exist (the fleet has {workers})",
+        quoted(item)
+    )]
     NoSuchWorker {
         /// The item.
         item: String,
@@ -287,7 +309,11 @@ pub enum ScheduleError {
         workers: usize,
     },
     /// Two windows of one worker overlap.
-    #[error("--worker-faults: worker {worker}: the windows {first:?} and {second:?} overlap")]
+    #[error(
+        "--worker-faults: worker {worker}: the windows {} and {} overlap",
+        quoted(first),
+        quoted(second)
+    )]
     Overlap {
         /// The worker.
         worker: usize,
@@ -298,32 +324,62 @@ pub enum ScheduleError {
     },
 }
 
-/// A time like `500ms`, `2s` or `2.5s`.
+/// `text` as a number written the one canonical way: decimal digits only (no sign, no space),
+/// no leading zero but in `0` itself, and within `u64`. `+1`, `01` or 5,000 zeros are not.
+pub(crate) fn canonical_number(text: &str) -> Option<u64> {
+    let digits = text.as_bytes();
+    let canonical = !digits.is_empty()
+        && digits.len() <= 20
+        && digits.iter().all(u8::is_ascii_digit)
+        && (digits[0] != b'0' || digits.len() == 1);
+    if canonical {
+        text.parse().ok()
+    } else {
+        None
+    }
+}
+
+/// A worker index written canonically (see [`canonical_number`]).
+pub(crate) fn canonical_index(text: &str) -> Option<usize> {
+    canonical_number(text).and_then(|n| usize::try_from(n).ok())
+}
+
+/// A time like `500ms`, `2s` or `2.5s`, at most [`MAX_FAULT_TIME`].
 fn parse_time(text: &str) -> Result<Duration, String> {
+    let shown = quoted(text);
     let (number, scale) = if let Some(ms) = text.strip_suffix("ms") {
         (ms, 1e-3)
     } else if let Some(s) = text.strip_suffix('s') {
         (s, 1.0)
     } else {
-        return Err(format!("time {text:?} needs a unit: ms or s"));
+        return Err(format!("time {shown} needs a unit: ms or s"));
     };
     let value: f64 = number
         .parse()
-        .map_err(|_| format!("time {text:?} is not a number of ms or s"))?;
+        .map_err(|_| format!("time {shown} is not a number of ms or s"))?;
     if !value.is_finite() || value < 0.0 {
-        return Err(format!("time {text:?} must be a finite time >= 0"));
+        return Err(format!("time {shown} must be a finite time >= 0"));
     }
-    Duration::try_from_secs_f64(value * scale).map_err(|e| format!("time {text:?}: {e}"))
+    let seconds = value * scale;
+    if seconds > MAX_FAULT_TIME.as_secs_f64() {
+        return Err(format!(
+            "time {shown} is later than {}s (365 days), the latest a window may start or end",
+            MAX_FAULT_TIME.as_secs()
+        ));
+    }
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("time {shown}: {e}"))
 }
 
 fn parse_window(item: &str) -> Result<FaultWindow, String> {
     let (worker, rest) = item
         .split_once('=')
         .ok_or("expected WORKER=STATE@START..[END]")?;
-    let worker: usize = worker
-        .trim()
-        .parse()
-        .map_err(|_| format!("worker {worker:?} is not an index"))?;
+    let worker = canonical_index(worker.trim()).ok_or_else(|| {
+        format!(
+            "worker {} is not an index (digits, no sign)",
+            quoted(worker)
+        )
+    })?;
     let (state, times) = rest
         .split_once('@')
         .ok_or("expected @START..[END] after the state")?;
@@ -331,7 +387,7 @@ fn parse_window(item: &str) -> Result<FaultWindow, String> {
         Some((name, k)) => {
             let k: f64 = k
                 .parse()
-                .map_err(|_| format!("factor {k:?} is not a number"))?;
+                .map_err(|_| format!("factor {} is not a number", quoted(k)))?;
             (name, Some(k))
         }
         None => (state, None),
@@ -423,10 +479,14 @@ pub(crate) async fn run_schedule(
     stop: CancellationToken,
 ) {
     for (at, worker, state) in schedule.changes() {
+        // Times are at most `MAX_FAULT_TIME`; a clock that cannot reach one never applies it.
+        let Some(due) = start.checked_add(at) else {
+            break;
+        };
         tokio::select! {
             biased;
             () = stop.cancelled() => return,
-            () = tokio::time::sleep_until(start + at) => {}
+            () = tokio::time::sleep_until(due) => {}
         }
         faults.set(worker, state);
     }
@@ -613,11 +673,62 @@ mod tests {
             ("1=down@1s", "START..[END]"),
             ("1=down@0s..5s,1=503@4s..", "overlap"),
             ("1=down@3s..,1=503@4s..5s", "overlap"),
+            // Issue 43: a window beyond the clock once panicked the fleet after start-up.
+            ("0=down@0s..1e19s", "later than 31536000s (365 days)"),
+            ("0=down@1e19s..", "later than 31536000s"),
+            ("0=down@0s..31536000001ms", "later than 31536000s"),
+            ("+1=down@1s..", "not an index"),
+            ("01=down@1s..", "not an index"),
         ] {
             let error = parse(spec).err().unwrap_or_default();
             assert!(error.starts_with("--worker-faults"), "{spec}: {error}");
             assert!(error.contains(wanted), "{spec}: {error}");
         }
+    }
+
+    #[test]
+    fn the_latest_fault_time_is_accepted_and_applied_without_overflow() {
+        let s = parse("0=down@0s..31536000s").unwrap_or_default();
+        assert_eq!(s.windows[0].end, Some(MAX_FAULT_TIME));
+        // The clock reaches it (tokio clamps a deadline beyond its wheel).
+        let start = Instant::now();
+        assert!(start.checked_add(MAX_FAULT_TIME).is_some());
+    }
+
+    #[test]
+    fn only_canonical_numbers_are_indexes() {
+        assert_eq!(canonical_number("0"), Some(0));
+        assert_eq!(canonical_number("42"), Some(42));
+        assert_eq!(canonical_number("18446744073709551615"), Some(u64::MAX));
+        for bad in [
+            "",
+            "+1",
+            "-1",
+            "01",
+            "00",
+            " 1",
+            "1 ",
+            "1e3",
+            "0x1",
+            "18446744073709551616",
+            "١",
+        ] {
+            assert_eq!(canonical_number(bad), None, "{bad:?}");
+        }
+        let zeros = format!("{}1", "0".repeat(5000));
+        assert_eq!(canonical_index(&zeros), None);
+    }
+
+    #[test]
+    fn long_values_are_cut_in_messages() {
+        let long = "x".repeat(2_000_000);
+        let error = WorkerState::parse(&long, None).err().unwrap_or_default();
+        assert!(error.len() < 200, "{} bytes", error.len());
+        assert!(error.contains("... (2000000 bytes)"), "{error}");
+        let spec = format!("0=down@{long}s..");
+        let error = parse(&spec).err().unwrap_or_default();
+        assert!(error.len() < 600, "{} bytes", error.len());
+        assert_eq!(quoted("short"), "\"short\"");
     }
 
     #[test]

@@ -7,8 +7,13 @@
 //! full blocks of the GPU tier) and its load (requests running plus waiting). The decision's
 //! *regret* is the best worker's cached prefix minus the chosen one's: prompt tokens the fleet
 //! had cached but recomputes because of the choice. Each decision is kept in a bounded log (the
-//! latest `capacity`, served as JSON lines by `GET /fleet/decisions`) and summed into
-//! [`RoutingMetrics`] (`servesim_routing_*`).
+//! latest `capacity`, served as JSON lines by `GET /fleet/decisions`, a page at a time) and
+//! summed into [`RoutingMetrics`] (`servesim_routing_*`).
+//!
+//! The log costs the same per decision whatever the fleet's size: each is kept as a fixed
+//! record of [`DECISION_RECORD_BYTES`] (the chosen and the best worker's loads, not every
+//! worker's), at most [`MAX_DECISION_LOG`] of them, so the log never holds more than
+//! [`MAX_DECISION_LOG_BYTES`]. A reader copies at most [`MAX_DECISIONS_PAGE`] records out.
 //!
 //! When the fleet publishes KV events, the judge also reads what the events sent so far
 //! announce (`PublishedView`: what a consumer that applied every sent batch would believe)
@@ -39,6 +44,22 @@ use crate::kv_events::view::PublishedView;
 /// Decisions `GET /fleet/decisions` keeps by default (the latest ones).
 pub(crate) const DEFAULT_DECISION_LOG: usize = 100_000;
 
+/// The most decisions `--decision-log-size` may keep.
+pub const MAX_DECISION_LOG: usize = 1_000_000;
+
+/// Bytes one kept decision takes in the log, whatever the fleet's size.
+pub const DECISION_RECORD_BYTES: usize = std::mem::size_of::<Record>();
+
+/// The most bytes the log's records take: [`MAX_DECISION_LOG`] x [`DECISION_RECORD_BYTES`]
+/// (48 MB).
+pub const MAX_DECISION_LOG_BYTES: usize = MAX_DECISION_LOG * DECISION_RECORD_BYTES;
+
+/// The most decisions one `GET /fleet/decisions` answers (about 3 MB of JSON lines).
+pub const MAX_DECISIONS_PAGE: usize = 10_000;
+
+// A record is 48 bytes: the byte cap above is documented with this figure.
+const _: () = assert!(DECISION_RECORD_BYTES == 48);
+
 /// Upper bounds of the `servesim_routing_regret_tokens` buckets: 0 (the best choice) alone,
 /// then powers of two up to 128 Ki tokens.
 const REGRET_BUCKETS: [f64; 14] = [
@@ -65,8 +86,10 @@ pub struct Decision {
     pub best_worker: u32,
     /// `best_overlap_tokens - chosen_overlap_tokens`: cached tokens the choice gave up.
     pub regret_tokens: usize,
-    /// Every worker's requests running plus waiting just before the request arrived, by index.
-    pub loads: Vec<u32>,
+    /// The chosen worker's requests running plus waiting just before the request arrived.
+    pub chosen_load: u32,
+    /// The best worker's requests running plus waiting just before the request arrived.
+    pub best_load: u32,
     /// The chosen worker's prefix of the prompt in what the sent KV events announced, in
     /// tokens (absent when the fleet publishes none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -221,16 +244,16 @@ pub fn score(
     let mut chosen_overlap = 0;
     // (overlap, load, index) of the best worker: longest prefix, then least load, then index.
     let mut best: Option<(usize, u32, u32)> = None;
-    let mut loads = Vec::with_capacity(cluster.workers().len());
+    let mut chosen_load = 0;
     for worker in cluster.workers() {
         let scheduler = worker.scheduler();
         let overlap = scheduler.pool().lookup_prefix_hashes(hashes).blocks * block_size;
         let stats = scheduler.stats();
         let load = u32::try_from(stats.running + stats.waiting).unwrap_or(u32::MAX);
-        loads.push(load);
         let index = worker.id().0;
         if worker.id() == chosen {
             chosen_overlap = overlap;
+            chosen_load = load;
         } else if !available(worker.id()) {
             continue;
         }
@@ -239,7 +262,7 @@ pub fn score(
             best = Some((overlap, load, index));
         }
     }
-    let (best_overlap, _, best_worker) = best.unwrap_or((0, 0, chosen.0));
+    let (best_overlap, best_load, best_worker) = best.unwrap_or((0, chosen_load, chosen.0));
     Decision {
         seq: 0,
         time_ms: 0.0,
@@ -249,7 +272,8 @@ pub fn score(
         best_overlap_tokens: best_overlap,
         best_worker,
         regret_tokens: best_overlap.saturating_sub(chosen_overlap),
-        loads,
+        chosen_load,
+        best_load,
         announced_chosen_overlap_tokens: None,
         announced_best_overlap_tokens: None,
         stale_evicted: false,
@@ -279,13 +303,89 @@ pub(crate) fn check_staleness(
     }
 }
 
+/// One kept decision: a [`Decision`] without its number (the log's position gives it) and
+/// its regret (the difference of two overlaps), token counts saturated at `u32::MAX - 1`.
+#[derive(Clone, Copy, Debug)]
+struct Record {
+    time_ms: f64,
+    worker: u32,
+    best_worker: u32,
+    prompt_tokens: u32,
+    chosen_overlap_tokens: u32,
+    best_overlap_tokens: u32,
+    chosen_load: u32,
+    best_load: u32,
+    /// [`NOT_ANNOUNCED`] when the fleet publishes no KV events.
+    announced_chosen_overlap_tokens: u32,
+    /// [`NOT_ANNOUNCED`] when the fleet publishes no KV events.
+    announced_best_overlap_tokens: u32,
+    /// [`STALE_EVICTED`] and [`STALE_MISSED`].
+    stale: u8,
+}
+
+/// A record's announced prefix when there is none.
+const NOT_ANNOUNCED: u32 = u32::MAX;
+const STALE_EVICTED: u8 = 1;
+const STALE_MISSED: u8 = 2;
+
+/// `tokens` in a record's `u32`, saturated below [`NOT_ANNOUNCED`].
+fn tokens32(tokens: usize) -> u32 {
+    u32::try_from(tokens).map_or(NOT_ANNOUNCED - 1, |t| t.min(NOT_ANNOUNCED - 1))
+}
+
+impl Record {
+    fn of(d: &Decision) -> Record {
+        let announced = |t: Option<usize>| t.map_or(NOT_ANNOUNCED, tokens32);
+        Record {
+            time_ms: d.time_ms,
+            worker: d.worker,
+            best_worker: d.best_worker,
+            prompt_tokens: tokens32(d.prompt_tokens),
+            chosen_overlap_tokens: tokens32(d.chosen_overlap_tokens),
+            best_overlap_tokens: tokens32(d.best_overlap_tokens),
+            chosen_load: d.chosen_load,
+            best_load: d.best_load,
+            announced_chosen_overlap_tokens: announced(d.announced_chosen_overlap_tokens),
+            announced_best_overlap_tokens: announced(d.announced_best_overlap_tokens),
+            stale: u8::from(d.stale_evicted) * STALE_EVICTED
+                + u8::from(d.stale_missed) * STALE_MISSED,
+        }
+    }
+
+    fn decision(&self, seq: u64) -> Decision {
+        let announced = |t: u32| (t != NOT_ANNOUNCED).then_some(t as usize);
+        let (chosen, best) = (
+            self.chosen_overlap_tokens as usize,
+            self.best_overlap_tokens as usize,
+        );
+        Decision {
+            seq,
+            time_ms: self.time_ms,
+            worker: self.worker,
+            prompt_tokens: self.prompt_tokens as usize,
+            chosen_overlap_tokens: chosen,
+            best_overlap_tokens: best,
+            best_worker: self.best_worker,
+            regret_tokens: best.saturating_sub(chosen),
+            chosen_load: self.chosen_load,
+            best_load: self.best_load,
+            announced_chosen_overlap_tokens: announced(self.announced_chosen_overlap_tokens),
+            announced_best_overlap_tokens: announced(self.announced_best_overlap_tokens),
+            stale_evicted: self.stale & STALE_EVICTED != 0,
+            stale_missed: self.stale & STALE_MISSED != 0,
+        }
+    }
+}
+
 /// The latest decisions and the next number.
 #[derive(Debug, Default)]
 struct DecisionLog {
     /// The number of the next decision.
     next_seq: u64,
-    /// The latest decisions, oldest first, shared with readers that copy them out.
-    recent: VecDeque<Arc<Decision>>,
+    /// The latest decisions, oldest first (the last one numbered `next_seq - 1`). Grown
+    /// exactly, never past the judge's capacity, so its allocation is at most capacity x
+    /// [`DECISION_RECORD_BYTES`].
+    recent: VecDeque<Record>,
 }
 
 /// The routing judge of a fleet (see the module docs). Installed on the fleet's engine with
@@ -294,10 +394,10 @@ struct DecisionLog {
 pub struct Judge {
     /// The engine's clock, to stamp decisions in Unix time.
     clock: SimClock,
-    /// Decisions kept at most.
+    /// Decisions kept at most (at most [`MAX_DECISION_LOG`]).
     capacity: usize,
-    /// The log. A `std` mutex held to push one decision or to copy `Arc`s out, never across an
-    /// `.await` (it is taken under the driver's lock on every arrival).
+    /// The log. A `std` mutex held to push one decision or to copy at most a page of records
+    /// out, never across an `.await` (it is taken under the driver's lock on every arrival).
     log: Mutex<DecisionLog>,
     /// The sums over every decision, kept or not.
     pub metrics: RoutingMetrics,
@@ -308,12 +408,13 @@ pub struct Judge {
 }
 
 impl Judge {
-    /// A judge keeping the latest `capacity` decisions, stamping them with `clock` and summing
-    /// them into `metrics` (registered wherever they are shown).
+    /// A judge keeping the latest `capacity` decisions (at most [`MAX_DECISION_LOG`]: more is
+    /// cut to it), stamping them with `clock` and summing them into `metrics` (registered
+    /// wherever they are shown).
     pub fn new(clock: SimClock, capacity: usize, metrics: RoutingMetrics) -> Judge {
         Judge {
             clock,
-            capacity,
+            capacity: capacity.min(MAX_DECISION_LOG),
             log: Mutex::new(DecisionLog::default()),
             metrics,
             faults: None,
@@ -340,26 +441,61 @@ impl Judge {
     }
 
     /// Numbers, counts and keeps a scored decision; returns its number.
-    pub fn record(&self, mut decision: Decision) -> u64 {
+    pub fn record(&self, decision: Decision) -> u64 {
         self.metrics.add(&decision);
+        let record = Record::of(&decision);
         let mut log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
-        decision.seq = log.next_seq;
+        let seq = log.next_seq;
         log.next_seq += 1;
-        if self.capacity > 0 {
-            if log.recent.len() == self.capacity {
-                log.recent.pop_front();
-            }
-            log.recent.push_back(Arc::new(decision));
+        if self.capacity == 0 {
+            return seq;
         }
-        log.next_seq - 1
+        let recent = &mut log.recent;
+        if recent.len() == self.capacity {
+            recent.pop_front();
+        } else if recent.len() == recent.capacity() {
+            // Doubling, but never past the capacity: the allocation stays within the cap.
+            let more = recent.len().max(1024).min(self.capacity - recent.len());
+            recent.reserve_exact(more);
+        }
+        recent.push_back(record);
+        seq
     }
 
-    /// The kept decisions numbered `since` or later, oldest first.
-    pub(crate) fn decisions_since(&self, since: u64) -> Vec<Arc<Decision>> {
+    /// The kept decisions numbered `since` or later, oldest first, at most `limit` of them (and
+    /// never more than [`MAX_DECISIONS_PAGE`]), and the `since` of the page after: the last
+    /// one's number + 1, or, for an empty page, `since` or the next decision's number if later.
+    pub fn page(&self, since: u64, limit: usize) -> (Vec<Decision>, u64) {
+        let limit = limit.min(MAX_DECISIONS_PAGE);
+        let (first, records, next_seq): (u64, Vec<Record>, u64) = {
+            let log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
+            let first = log.next_seq - log.recent.len() as u64;
+            let skip = usize::try_from(since.saturating_sub(first)).unwrap_or(usize::MAX);
+            let records = log.recent.iter().skip(skip).take(limit).copied().collect();
+            (first.max(since), records, log.next_seq)
+        };
+        let page: Vec<Decision> = records
+            .iter()
+            .zip(first..)
+            .map(|(r, seq)| r.decision(seq))
+            .collect();
+        let next = page.last().map_or(since.max(next_seq), |d| d.seq + 1);
+        (page, next)
+    }
+
+    /// The number the next decision will get.
+    pub fn next_seq(&self) -> u64 {
+        self.log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .next_seq
+    }
+
+    /// Bytes the log's records hold now (its allocation): at most the capacity x
+    /// [`DECISION_RECORD_BYTES`].
+    pub fn log_bytes(&self) -> usize {
         let log = self.log.lock().unwrap_or_else(PoisonError::into_inner);
-        let first = log.recent.front().map_or(0, |d| d.seq);
-        let skip = usize::try_from(since.saturating_sub(first)).unwrap_or(usize::MAX);
-        log.recent.iter().skip(skip).cloned().collect()
+        log.recent.capacity() * DECISION_RECORD_BYTES
     }
 }
 
@@ -382,11 +518,11 @@ impl ArrivalObserver for Judge {
 }
 
 /// Writes `decisions` as JSON lines.
-pub(crate) fn to_jsonl(decisions: &[Arc<Decision>]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(decisions.len() * 160);
+pub(crate) fn to_jsonl(decisions: &[Decision]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(decisions.len() * 200);
     for d in decisions {
         // Serializing plain numbers into a Vec cannot fail.
-        if serde_json::to_writer(&mut out, d.as_ref()).is_ok() {
+        if serde_json::to_writer(&mut out, d).is_ok() {
             out.push(b'\n');
         }
     }
@@ -438,8 +574,13 @@ mod tests {
         let prompt: Vec<u32> = (0..10).collect();
         let fresh = score(&cluster, &request(&prompt), WorkerId(1), &|_| true);
         assert_eq!(
-            (fresh.best_overlap_tokens, fresh.regret_tokens, fresh.loads),
-            (0, 0, vec![0, 0, 0])
+            (
+                fresh.best_overlap_tokens,
+                fresh.regret_tokens,
+                fresh.chosen_load,
+                fresh.best_load
+            ),
+            (0, 0, 0, 0)
         );
         run_on(&mut cluster, request(&prompt), 0);
         // Two full blocks of 4 are cached on worker 0.
@@ -454,6 +595,100 @@ mod tests {
         let other: Vec<u32> = (0..4).chain(100..110).collect();
         let partial = score(&cluster, &request(&other), WorkerId(2), &|_| true);
         assert_eq!((partial.best_overlap_tokens, partial.regret_tokens), (4, 4));
+    }
+
+    /// Issue 43: the log once kept every worker's load in every decision (1.98 GB at 4,096
+    /// workers and 100,000 decisions). A decision now costs a fixed record, the log at most its
+    /// capacity of them, and a page at most `MAX_DECISIONS_PAGE`.
+    #[test]
+    fn the_log_holds_a_fixed_record_per_decision_within_its_byte_cap() {
+        let mut workers = cluster(64);
+        let prompt: Vec<u32> = (0..42).collect();
+        run_on(&mut workers, request(&prompt), 63);
+        let judge = Judge::new(SimClock::start(), 3000, RoutingMetrics::default());
+        for i in 0..5000u32 {
+            let mut d = score(&workers, &request(&prompt), WorkerId(i % 64), &|_| true);
+            d.announced_chosen_overlap_tokens = (i % 2 == 0).then_some(8);
+            judge.record(d);
+        }
+        assert!(
+            judge.log_bytes() <= 3000 * DECISION_RECORD_BYTES,
+            "{} bytes",
+            judge.log_bytes()
+        );
+        assert_eq!(DECISION_RECORD_BYTES, 48);
+        assert_eq!(MAX_DECISION_LOG_BYTES, 48_000_000);
+        let (page, next) = judge.page(0, usize::MAX);
+        assert_eq!(next, 5000);
+        assert_eq!(page.len(), 3000);
+        assert_eq!(page[0].seq, 2000);
+        let last = &page[2999];
+        assert_eq!(
+            (last.seq, last.worker, last.best_worker),
+            (4999, 4999 % 64, 63)
+        );
+        assert_eq!((last.best_overlap_tokens, last.regret_tokens), (40, 40));
+        assert_eq!(last.announced_chosen_overlap_tokens, None);
+        assert_eq!(page[2998].announced_chosen_overlap_tokens, Some(8));
+        // A judge asked for more than the most keeps the most; a page is never longer than
+        // the most a page holds.
+        let judge = Judge::new(SimClock::start(), usize::MAX, RoutingMetrics::default());
+        assert_eq!(judge.capacity, MAX_DECISION_LOG);
+        let d = score(&workers, &request(&prompt), WorkerId(0), &|_| true);
+        for _ in 0..MAX_DECISIONS_PAGE + 5 {
+            judge.record(d.clone());
+        }
+        assert_eq!(judge.page(0, usize::MAX).0.len(), MAX_DECISIONS_PAGE);
+        assert!(judge.log_bytes() <= 2 * (MAX_DECISIONS_PAGE + 5) * DECISION_RECORD_BYTES);
+    }
+
+    /// The figures of docs/reliability.md: a full log of decisions with every field set, and
+    /// a full page of it, timed (`cargo test -p mock_server --lib fleet::judge -- --ignored
+    /// --nocapture`; ignored by default: it fills the 48 MB log).
+    #[test]
+    #[ignore]
+    fn a_full_page_of_a_full_log_is_bounded() {
+        let judge = Judge::new(
+            SimClock::start(),
+            MAX_DECISION_LOG,
+            RoutingMetrics::default(),
+        );
+        let decision = Decision {
+            seq: 0,
+            time_ms: 1_764_748_800_123.4,
+            worker: 4095,
+            prompt_tokens: 8000,
+            chosen_overlap_tokens: 4096,
+            best_overlap_tokens: 7936,
+            best_worker: 17,
+            regret_tokens: 3840,
+            chosen_load: 12,
+            best_load: 3,
+            announced_chosen_overlap_tokens: Some(4096),
+            announced_best_overlap_tokens: Some(7936),
+            stale_evicted: false,
+            stale_missed: true,
+        };
+        for _ in 0..MAX_DECISION_LOG + 100_000 {
+            judge.record(decision.clone());
+        }
+        assert_eq!(judge.log_bytes(), MAX_DECISION_LOG_BYTES);
+        let started = std::time::Instant::now();
+        let (page, next) = judge.page(500_000, usize::MAX);
+        let copied = started.elapsed();
+        let body = to_jsonl(&page);
+        let written = started.elapsed();
+        assert_eq!((page.len(), next), (MAX_DECISIONS_PAGE, 510_000));
+        assert!(
+            body.len() <= MAX_DECISIONS_PAGE * 320,
+            "{} bytes",
+            body.len()
+        );
+        eprintln!(
+            "a page of {} decisions: {} bytes, copied in {copied:?}, written in {written:?}",
+            page.len(),
+            body.len()
+        );
     }
 
     /// A view holding `hashes` on `worker` alone.
@@ -525,7 +760,8 @@ mod tests {
             best_overlap_tokens: 16,
             best_worker: 0,
             regret_tokens: regret,
-            loads: vec![0, 1],
+            chosen_load: 1,
+            best_load: 0,
             announced_chosen_overlap_tokens: None,
             announced_best_overlap_tokens: None,
             stale_evicted: false,
@@ -534,18 +770,36 @@ mod tests {
         for i in 0..5 {
             assert_eq!(judge.record(decision(i % 2 * 16)), i as u64);
         }
-        let kept: Vec<u64> = judge.decisions_since(0).iter().map(|d| d.seq).collect();
-        assert_eq!(kept, vec![2, 3, 4]);
-        let later: Vec<u64> = judge.decisions_since(4).iter().map(|d| d.seq).collect();
-        assert_eq!(later, vec![4]);
-        assert!(judge.decisions_since(5).is_empty());
+        let seqs = |since: u64, limit: usize| -> Vec<u64> {
+            judge.page(since, limit).0.iter().map(|d| d.seq).collect()
+        };
+        assert_eq!(seqs(0, 100), vec![2, 3, 4]);
+        assert_eq!(seqs(4, 100), vec![4]);
+        assert!(seqs(5, 100).is_empty());
+        // Pages: at most `limit`, from `since` on.
+        assert_eq!(seqs(0, 2), vec![2, 3]);
+        assert_eq!(seqs(3, 1), vec![3]);
+        assert!(seqs(0, 0).is_empty());
+        assert_eq!(judge.next_seq(), 5);
+        // A kept decision reads back as it was recorded.
+        assert_eq!(judge.page(0, 2).1, 4);
+        assert_eq!(judge.page(9, 2).1, 9);
+        assert_eq!(judge.page(5, 2).1, 5);
+        let back = &judge.page(3, 1).0[0];
+        assert_eq!(
+            back,
+            &Decision {
+                seq: 3,
+                ..decision(16)
+            }
+        );
         assert_eq!(judge.metrics.decisions.get(), 5);
         assert_eq!(judge.metrics.oracle_hit_tokens.get(), 80);
         assert_eq!(judge.metrics.achieved_hit_tokens.get(), 48);
         assert_eq!(judge.metrics.stale_decisions.get(), 2);
         assert_eq!(judge.metrics.stale_missed_decisions.get(), 2);
         assert_eq!(judge.metrics.stale_evicted_decisions.get(), 0);
-        let lines = to_jsonl(&judge.decisions_since(4));
+        let lines = to_jsonl(&judge.page(4, 10).0);
         let parsed: Decision =
             serde_json::from_slice(lines.strip_suffix(b"\n").expect("a line")).expect("JSON");
         assert_eq!(parsed.seq, 4);

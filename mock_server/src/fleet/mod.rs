@@ -9,8 +9,8 @@
 //!   the clock; each has its own `/metrics` (`metrics::WorkerMetrics`), KV-event publisher
 //!   (port + index, as `serve` numbers its workers), LoRA registry, faults and loading delay.
 //! - [`judge::Judge`] scores every decision against what every worker held when the request
-//!   arrived, and (with KV events) against what the sent events announced; `http` serves
-//!   its log and metrics.
+//!   arrived, and (with KV events) against what the sent events announced, in a log bounded in
+//!   bytes; `http` serves its log (a page at a time) and metrics, behind `--api-key`.
 //! - `fault::WorkerFaults` holds each worker's fault state (`down`, `slow`, `stalled`, `503`),
 //!   set by `--worker-faults` (`fault::Schedule`) or the admin listener.
 //! - [`manifest::Manifest`] names every worker's URLs and endpoints (`--fleet-manifest`).
@@ -45,7 +45,7 @@ use crate::kv_events::view::PublishedView;
 use crate::kv_events::{KvEventPublisher, KvEventsError};
 use crate::metrics::{EndpointLabel, Metrics};
 use fault::{FaultMetrics, Schedule, ScheduleError, WorkerFaults, WorkerState};
-use judge::{Judge, DEFAULT_DECISION_LOG};
+use judge::{Judge, DEFAULT_DECISION_LOG, MAX_DECISION_LOG};
 use manifest::{dialable, Manifest, ManifestWorker};
 use metrics::{FleetMetrics, MetricsDialect, WorkerMetrics};
 
@@ -76,7 +76,8 @@ pub struct FleetArgs {
     pub fleet_manifest: Option<PathBuf>,
 
     /// Serve the fleet's own routes (the whole fleet's `/metrics` with the routing judge's
-    /// series, `/fleet/decisions`, `/fleet/manifest`) on this port of --host (0 picks one).
+    /// series, `/fleet/decisions`, `/fleet/manifest`, the workers' faults) on this port of
+    /// --host (0 picks one). With --api-key, every one of them needs the key.
     #[arg(long, value_name = "PORT")]
     pub admin_port: Option<u16>,
 
@@ -84,7 +85,8 @@ pub struct FleetArgs {
     #[arg(long, value_enum, value_name = "DIALECT", default_value_t = MetricsDialect::Vllm)]
     pub metrics_dialect: MetricsDialect,
 
-    /// Routing decisions `GET /fleet/decisions` keeps (the latest ones).
+    /// Routing decisions `GET /fleet/decisions` keeps (the latest ones), 0 to 1,000,000 (48
+    /// bytes each, whatever the fleet's size).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_DECISION_LOG)]
     pub decision_log_size: usize,
 
@@ -146,6 +148,16 @@ pub enum FleetError {
         flag: &'static str,
         /// What to do instead.
         instead: &'static str,
+    },
+    /// `--decision-log-size` above `MAX_DECISION_LOG`.
+    #[error(
+        "--decision-log-size {given}: the decision log keeps at most {max} decisions (0 to {max})"
+    )]
+    DecisionLogSize {
+        /// As given.
+        given: usize,
+        /// The limit.
+        max: usize,
     },
     /// `--worker-faults` is invalid.
     #[error(transparent)]
@@ -284,6 +296,12 @@ impl FleetConfig {
         } else {
             Listen::Each(args.listen.clone())
         };
+        if args.decision_log_size > MAX_DECISION_LOG {
+            return Err(FleetError::DecisionLogSize {
+                given: args.decision_log_size,
+                max: MAX_DECISION_LOG,
+            });
+        }
         let worker_faults = match &args.worker_faults {
             Some(spec) => Schedule::parse(spec, workers)?,
             None => Schedule::default(),
@@ -326,6 +344,8 @@ pub struct RunningFleet {
     pub judge: Arc<Judge>,
     /// Every worker's fault state.
     pub faults: Arc<WorkerFaults>,
+    /// What the fleet's routes read (for [`RunningFleet::admin_router`]).
+    routes: http::FleetRoutes,
     /// Ends every listener's accept loop (then each drains).
     stop: CancellationToken,
     /// The listeners' tasks.
@@ -338,6 +358,13 @@ impl RunningFleet {
     pub async fn shutdown(mut self) {
         self.stop.cancel();
         while self.tasks.join_next().await.is_some() {}
+    }
+
+    /// The admin listener's routes as a service, as `--admin-port` serves them (its key, body
+    /// limits and answers) without the connection's own limits: for callers in the process,
+    /// such as the fuzzers.
+    pub fn admin_router(&self) -> axum::Router {
+        http::admin_router(self.routes.clone())
     }
 
     /// Resolves when a listener's task ends before shutdown (it never does unless it panics).
@@ -474,6 +501,8 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
         faults: Arc::clone(&faults),
         kv_restarts,
         worker_urls: manifest.workers.iter().map(|w| w.url.clone()).collect(),
+        api_key: server.api_key.as_deref().map(Arc::from),
+        body_read_timeout: server.http.body_read_timeout,
     };
     let stop = CancellationToken::new();
     let mut tasks = JoinSet::new();
@@ -517,6 +546,7 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
         engine,
         judge,
         faults,
+        routes,
         stop,
         tasks,
     };

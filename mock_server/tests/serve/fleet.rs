@@ -78,6 +78,29 @@ pub(crate) async fn decisions(client: &reqwest::Client, url: &str) -> Result<Vec
         .collect()
 }
 
+/// A page of `GET /fleet/decisions?QUERY` from `url`: the decisions' numbers and the next
+/// page's `since` (its header).
+pub(crate) async fn page(
+    client: &reqwest::Client,
+    url: &str,
+    query: &str,
+) -> Result<(Vec<u64>, u64)> {
+    let response = within(client.get(format!("{url}/fleet/decisions?{query}")).send()).await??;
+    assert_eq!(response.status(), 200);
+    let next = response
+        .headers()
+        .get("x-fleet-next-since")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .context("x-fleet-next-since")?;
+    let text = within(response.text()).await??;
+    let seqs = text
+        .lines()
+        .map(|line| Ok(serde_json::from_str::<Decision>(line)?.seq))
+        .collect::<Result<Vec<u64>>>()?;
+    Ok((seqs, next))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_worker_runs_what_its_listener_receives() -> Result<()> {
     let dir = scratch("eight")?;
@@ -160,7 +183,8 @@ async fn each_worker_runs_what_its_listener_receives() -> Result<()> {
     let chosen: Vec<u32> = log.iter().map(|d| d.worker).collect();
     let expected: Vec<u32> = (0..8u32).flat_map(|i| vec![i; i as usize + 1]).collect();
     assert_eq!(chosen, expected);
-    assert!(log.iter().all(|d| d.loads.len() == 8));
+    // Sequential requests: the chosen and the best worker idle at each arrival.
+    assert!(log.iter().all(|d| (d.chosen_load, d.best_load) == (0, 0)));
     within(fleet.shutdown()).await?;
     std::fs::remove_dir_all(&dir)?;
     Ok(())
@@ -222,6 +246,13 @@ async fn the_judge_scores_each_decision_against_every_workers_cache() -> Result<
     )
     .await??;
     assert_eq!(within(response.text()).await??.lines().count(), 1);
+    // `limit` cuts a page; the next page's `since` is in a header.
+    let (seqs, next) = page(&client, &admin, "since=0&limit=2").await?;
+    assert_eq!((seqs, next), (vec![0, 1], 2));
+    let (seqs, next) = page(&client, &admin, "since=2&limit=2").await?;
+    assert_eq!((seqs, next), (vec![2], 3));
+    let (seqs, next) = page(&client, &admin, "since=3").await?;
+    assert_eq!((seqs, next), (vec![], 3));
     let samples = scrape_url(&client, &format!("{admin}/metrics")).await?;
     let get = |name: &str| samples.get(name).copied();
     assert_eq!(get("servesim_routing_decisions_total"), Some(3.0));
@@ -256,6 +287,62 @@ async fn the_judge_scores_each_decision_against_every_workers_cache() -> Result<
     )
     .await??;
     assert_eq!(manifest, fleet.manifest);
+    within(fleet.shutdown()).await?;
+    Ok(())
+}
+
+/// Issue 43: the log keeps its latest `--decision-log-size` decisions, pages through them, and
+/// refuses a page that is not a canonical number or beyond the most a page holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_decision_log_keeps_its_size_and_pages() -> Result<()> {
+    let config = fleet_config(&[
+        "--workers",
+        "2",
+        "--port",
+        "0",
+        "--admin-port",
+        "0",
+        "--speedup-ratio",
+        "inf",
+        "--decision-log-size",
+        "5",
+    ])?;
+    let fleet = within(launch(config)).await??;
+    let client = reqwest::Client::new();
+    let admin = fleet_admin(&fleet)?;
+    for i in 0..7 {
+        chat(&client, &fleet.manifest.workers[i % 2].url, "hello").await?;
+    }
+    // The five latest, in pages of two.
+    let mut since = 0;
+    let mut seen = Vec::new();
+    loop {
+        let (seqs, next) = page(&client, &admin, &format!("since={since}&limit=2")).await?;
+        assert!(seqs.len() <= 2);
+        if seqs.is_empty() {
+            assert_eq!(next, since);
+            break;
+        }
+        seen.extend(seqs);
+        since = next;
+    }
+    assert_eq!(seen, vec![2, 3, 4, 5, 6]);
+    assert_eq!(page(&client, &admin, "").await?.0, vec![2, 3, 4, 5, 6]);
+    for (query, param) in [
+        ("since=%2B1", "since"),
+        ("since=+1", "since"),
+        ("since=01", "since"),
+        ("limit=0", "limit"),
+        ("limit=10001", "limit"),
+        ("limit=1&limit=2", "limit"),
+    ] {
+        let url = format!("{admin}/fleet/decisions?{query}");
+        let response = within(client.get(url).send()).await??;
+        assert_eq!(response.status(), 400, "{query}");
+        let body: Value = within(response.json()).await??;
+        assert_eq!(body["error"]["param"], param, "{query}: {body}");
+        assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    }
     within(fleet.shutdown()).await?;
     Ok(())
 }
@@ -328,11 +415,27 @@ fn bad_fleet_flags_are_refused_with_the_flag_named() {
             &["--workers", "2", "--speedup-ratio", "0"],
             "--speedup-ratio",
         ),
+        // Issue 43: any size was accepted, and the log grew with it.
+        (
+            &[
+                "--workers",
+                "2",
+                "--decision-log-size",
+                "18446744073709551615",
+            ],
+            "--decision-log-size 18446744073709551615: the decision log keeps at most 1000000",
+        ),
+        (
+            &["--workers", "2", "--decision-log-size", "1000001"],
+            "(0 to 1000000)",
+        ),
     ];
     for (flags, needle) in cases {
         let msg = refused(flags);
         assert!(msg.contains(needle), "{flags:?}: {msg}");
     }
+    // The largest log is fine.
+    assert!(fleet_config(&["--workers", "2", "--decision-log-size", "1000000"]).is_ok());
     // A worker count at the edge of the port range is fine.
     assert!(fleet_config(&["--workers", "6", "--port", "65530"]).is_ok());
     // --listen and --port exclude each other (clap says so).

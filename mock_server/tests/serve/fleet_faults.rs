@@ -347,3 +347,229 @@ fn a_bad_worker_fault_schedule_is_refused_naming_the_flag() {
     let error = refused(&["--workers", "2", "--worker-faults", "1=down@2s..1s"]);
     assert!(error.contains("--worker-faults"), "{error}");
 }
+
+/// Issue 43: `mockserve fleet --worker-faults '0=down@0s..1e19s'` printed its addresses, then
+/// panicked adding the window's end to the clock. Every time is now at most 365 days.
+#[tokio::test]
+async fn a_fault_window_beyond_the_clock_is_refused_not_a_panic() -> Result<()> {
+    let error = refused(&["--workers", "2", "--worker-faults", "0=down@0s..1e19s"]);
+    assert!(
+        error.contains("--worker-faults") && error.contains("365 days"),
+        "{error}"
+    );
+    let output = within(
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_mockserve"))
+            .args([
+                "fleet",
+                "--workers",
+                "2",
+                "--port",
+                "0",
+                "--worker-faults",
+                "0=down@0s..1e19s",
+            ])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await??;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(output.stdout.is_empty(), "nothing listens");
+    assert!(
+        stderr.contains("--worker-faults") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    // The latest time there is runs (its end never comes within the test).
+    let fleet = fleet(
+        "2",
+        "1,1",
+        &["--worker-faults", "0=503@0s..31536000s,1=down@31536000s.."],
+    )
+    .await?;
+    let admin = fleet_admin(&fleet)?;
+    let client = reqwest::Client::new();
+    let mut now = Vec::new();
+    for _ in 0..100 {
+        now = states(&client, &admin).await?;
+        if now == ["503", "ok"] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(now, ["503", "ok"]);
+    fleet.shutdown().await;
+    Ok(())
+}
+
+/// The answer to `method path` on `url` with `body`, and `Authorization: Bearer key` when a
+/// key is given: the status and the body as JSON (null when it is not JSON).
+async fn call(
+    client: &reqwest::Client,
+    (method, url): (reqwest::Method, String),
+    key: Option<&str>,
+    body: Option<Vec<u8>>,
+) -> Result<(u16, Value)> {
+    let mut request = client.request(method, url);
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    if let Some(body) = body {
+        request = request.body(body);
+    }
+    let response = within(request.send()).await??;
+    let status = response.status().as_u16();
+    let text = within(response.text()).await??;
+    Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
+}
+
+/// Issue 43: without a key, `POST /fleet/workers/1/fault {"state":"down"}` took a worker down,
+/// and the decisions, restart and metrics routes answered. With `--api-key`, every admin route
+/// and every worker's `/fleet/*` routes answer an OpenAI-shaped 401 without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_key_guards_every_admin_route() -> Result<()> {
+    use reqwest::Method;
+    let fleet = fleet(
+        "2",
+        "1,1",
+        &[
+            "--speedup-ratio",
+            "inf",
+            "--api-key",
+            "sekret",
+            "--kv-events-endpoint",
+            "tcp://*:0",
+        ],
+    )
+    .await?;
+    let admin = fleet_admin(&fleet)?;
+    let urls = fleet_worker_urls(&fleet);
+    let client = reqwest::Client::new();
+    let down = || Some(br#"{"state":"down"}"#.to_vec());
+    // The workers' routes first: worker 1 goes down (with the key) further on.
+    let mut guarded = Vec::new();
+    for url in &urls {
+        for route in ["decisions", "manifest", "workers"] {
+            guarded.push((Method::GET, format!("{url}/fleet/{route}"), None));
+        }
+    }
+    guarded.extend([
+        (Method::GET, format!("{admin}/metrics"), None),
+        (Method::GET, format!("{admin}/health"), None),
+        (Method::GET, format!("{admin}/fleet/decisions"), None),
+        (Method::GET, format!("{admin}/fleet/manifest"), None),
+        (Method::GET, format!("{admin}/fleet/workers"), None),
+        (
+            Method::POST,
+            format!("{admin}/fleet/workers/1/fault"),
+            down(),
+        ),
+        (
+            Method::POST,
+            format!("{admin}/fleet/workers/1/kv-events/restart"),
+            None,
+        ),
+        (Method::GET, format!("{admin}/no/such/route"), None),
+    ]);
+    for (method, url, body) in &guarded {
+        for key in [None, Some("wrong")] {
+            let route = (method.clone(), url.clone());
+            let (status, error) = call(&client, route, key, body.clone()).await?;
+            assert_eq!(status, 401, "{method} {url} {key:?}: {error}");
+            assert_eq!(error["error"]["code"], "invalid_api_key", "{url}: {error}");
+            assert_eq!(error["error"]["type"], "invalid_request_error", "{error}");
+        }
+    }
+    assert_eq!(states_with_key(&client, &admin).await?, ["ok", "ok"]);
+    // With the key, each answers.
+    for (method, url, body) in &guarded {
+        let route = (method.clone(), url.clone());
+        let (status, answer) = call(&client, route, Some("sekret"), body.clone()).await?;
+        let wanted = if url.ends_with("/no/such/route") {
+            404
+        } else {
+            200
+        };
+        assert_eq!(status, wanted, "{method} {url}: {answer}");
+    }
+    assert_eq!(states_with_key(&client, &admin).await?, ["ok", "down"]);
+    // A worker's own API stays as `serve`'s: `/health` open, `/v1` behind the key.
+    let health = within(client.get(format!("{}/health", urls[0])).send()).await??;
+    assert_eq!(health.status(), 200);
+    fleet.shutdown().await;
+    Ok(())
+}
+
+/// Every worker's state name, asked with the key `sekret`.
+async fn states_with_key(client: &reqwest::Client, admin: &str) -> Result<Vec<String>> {
+    let route = (reqwest::Method::GET, format!("{admin}/fleet/workers"));
+    let (status, body) = call(client, route, Some("sekret"), None).await?;
+    assert_eq!(status, 200, "{body}");
+    let workers = body["workers"].as_array().context("workers")?;
+    Ok(workers
+        .iter()
+        .map(|w| w["state"].as_str().unwrap_or_default().to_string())
+        .collect())
+}
+
+/// Issue 43: admin indexes like `+1` or 5,000 zeros were accepted, the admin listener's 413
+/// was plain text, and an unknown state echoed a 2 MB value. Indexes are canonical decimals
+/// in range, every refusal is OpenAI-shaped, and no message quotes more than a short prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_requests_are_checked_and_answered_in_short() -> Result<()> {
+    use reqwest::Method;
+    let fleet = fleet("2", "1,1", &["--speedup-ratio", "inf"]).await?;
+    let admin = fleet_admin(&fleet)?;
+    let client = reqwest::Client::new();
+    let down = br#"{"state":"down"}"#.to_vec();
+    let zeros = format!("{}1", "0".repeat(5000));
+    for index in [
+        "+1",
+        "01",
+        zeros.as_str(),
+        "2",
+        "-0",
+        "1.0",
+        "18446744073709551616",
+    ] {
+        for route in ["fault", "kv-events/restart"] {
+            let url = format!("{admin}/fleet/workers/{index}/{route}");
+            let (status, error) =
+                call(&client, (Method::POST, url), None, Some(down.clone())).await?;
+            assert_eq!(status, 400, "{index}: {error}");
+            assert_eq!(error["error"]["code"], "worker_not_found", "{error}");
+            let message = error["error"]["message"].as_str().unwrap_or_default();
+            assert!(message.len() < 300, "{} bytes", message.len());
+        }
+    }
+    assert_eq!(states(&client, &admin).await?, ["ok", "ok"]);
+    // A body over the admin cap: a 413 in OpenAI shape.
+    let big = format!(r#"{{"state":"{}"}}"#, "x".repeat(2 << 20)).into_bytes();
+    let url = format!("{admin}/fleet/workers/1/fault");
+    let (status, error) = call(&client, (Method::POST, url.clone()), None, Some(big)).await?;
+    assert_eq!(status, 413, "{error}");
+    assert_eq!(error["error"]["code"], "request_too_large", "{error}");
+    assert!(error["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("4096 bytes")));
+    // An unknown state within the cap: named by a short prefix only.
+    for body in [
+        format!(r#"{{"state":"{}"}}"#, "x".repeat(4000)),
+        format!(r#"{{"state":"down","{}":1}}"#, "k".repeat(4000)),
+        format!(r#"{{"state":"slow","factor":"{}"}}"#, "9".repeat(4000)),
+    ] {
+        let route = (Method::POST, url.clone());
+        let (status, error) = call(&client, route, None, Some(body.into_bytes())).await?;
+        assert_eq!(status, 400, "{error}");
+        let message = error["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.len() < 400, "{} bytes: {message}", message.len());
+    }
+    // A long unknown route is named by a prefix.
+    let long = format!("{admin}/{}", "r".repeat(20_000));
+    let (status, error) = call(&client, (Method::GET, long), None, None).await?;
+    assert_eq!(status, 404, "{error}");
+    let message = error["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.len() < 400, "{} bytes", message.len());
+    assert_eq!(states(&client, &admin).await?, ["ok", "ok"]);
+    fleet.shutdown().await;
+    Ok(())
+}

@@ -145,7 +145,10 @@ async fn score_a_known_router(extra: &[&str]) -> Result<()> {
         .collect();
     assert_eq!(got, expected);
     // Sequential requests: every worker idle at each arrival.
-    assert!(log.iter().all(|d| d.loads == [0, 0, 0, 0]), "{log:?}");
+    assert!(
+        log.iter().all(|d| (d.chosen_load, d.best_load) == (0, 0)),
+        "{log:?}"
+    );
     // With events, each announced prefix is the true one; without, none is given.
     for d in &log {
         let announced = (
