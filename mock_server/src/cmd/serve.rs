@@ -233,16 +233,6 @@ pub enum ServeFlagsError {
     KvEvents(#[from] KvEventsError),
 }
 
-// Here rather than next to `FleetError`: a fleet's workers take the same flags.
-impl From<ServeFlagsError> for crate::fleet::FleetError {
-    fn from(e: ServeFlagsError) -> Self {
-        match e {
-            ServeFlagsError::Config(e) => e.into(),
-            ServeFlagsError::KvEvents(e) => e.into(),
-        }
-    }
-}
-
 impl ServerConfig {
     /// The configuration the flags describe, with the vLLM-worker flags.
     pub fn from_serve_args(
