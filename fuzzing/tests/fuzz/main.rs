@@ -124,6 +124,11 @@ fn prompt_text() {
     run("prompt_text");
 }
 
+#[test]
+fn zmtp_frames() {
+    run("zmtp_frames");
+}
+
 /// Every file in `fuzz/corpus/<target>/` and `fuzz/regressions/<target>/` passes its checker.
 /// Fails until the fixes listed at the top of this file are in.
 #[test]
