@@ -394,7 +394,10 @@ async fn a_socket_full_of_subscribers_refuses_the_next_until_one_leaves() -> Res
     let addr = loopback(publisher.pub_addr(0))?;
     let mut peers = Vec::with_capacity(MAX_PEERS);
     for _ in 0..MAX_PEERS {
-        peers.push(timeout(WAIT, raw_peer(addr, b"SUB")).await??);
+        let mut peer = timeout(WAIT, raw_peer(addr, b"SUB")).await??;
+        // Answered: the server has read its READY, the handshake is complete on both sides.
+        timeout(WAIT, ping_pong(&mut peer)).await??;
+        peers.push(peer);
     }
     // Every connection completed its handshake: the next one is closed without a greeting.
     let mut refused = timeout(WAIT, TcpStream::connect(addr)).await??;
@@ -445,8 +448,13 @@ async fn a_req_client_gets_one_reply_per_request() -> Result<()> {
     timeout(WAIT, req.write_all(&req_request(5))).await??;
     let reply = timeout(WAIT, read_raw_message(&mut req)).await??;
     assert_eq!(reply, vec![Vec::new(), END_OF_REPLAY.to_vec(), Vec::new()]);
-    // Nothing else was sent: the next thing on the wire is the PONG.
-    timeout(WAIT, ping_pong(&mut req)).await??;
+    // Nothing else was sent: the next frame on the wire is the PONG.
+    let mut ping = vec![0x04, 7, 4];
+    ping.extend_from_slice(b"PING");
+    ping.extend_from_slice(&[0, 10]);
+    timeout(WAIT, req.write_all(&ping)).await??;
+    let (flags, body) = timeout(WAIT, read_raw_frame(&mut req)).await??;
+    assert_eq!((flags, body.as_slice()), (0x04, &b"\x04PONG"[..]));
 
     // A DEALER asking with the same envelope still gets the whole stream, as from vLLM.
     let mut dealer = timeout(WAIT, raw_peer(addr, b"DEALER")).await??;
