@@ -302,7 +302,8 @@ impl KvEventPublisher {
         replay.push(seq, payload, delta);
     }
 
-    /// The batches `rank` keeps for replay and their payloads' bytes (None: no such rank).
+    /// The batches `rank` keeps for replay and the bytes they hold: payloads, and what they
+    /// announce to the view with one (None: no such rank).
     pub fn replay_size(&self, rank: usize) -> Option<(usize, usize)> {
         let r = self.ranks.get(rank)?;
         // Short section, no await.

@@ -19,7 +19,7 @@ pub(super) type ReplayBuffer = Arc<Mutex<ReplayState>>;
 pub(super) struct ReplayState {
     /// The latest batches, oldest first: number, payload, and what it announces (with a view).
     batches: VecDeque<(u64, Bytes, Option<Arc<ViewDelta>>)>,
-    /// Bytes of the payloads in `batches`.
+    /// Bytes of the payloads in `batches`, and of what they announce.
     bytes: usize,
     /// The view a batch served here is applied to if it was never sent live.
     pub(super) view: Option<Arc<PublishedView>>,
@@ -27,23 +27,29 @@ pub(super) struct ReplayState {
 
 impl ReplayState {
     /// Keeps batch `seq`, dropping the oldest while more than [`REPLAY_BUFFER`] batches or
-    /// [`REPLAY_BUFFER_BYTES`] of payload are kept (the newest stays, whatever its size).
+    /// [`REPLAY_BUFFER_BYTES`] (payloads and what they announce to the view) are kept (the
+    /// newest stays, whatever its size).
     pub(super) fn push(&mut self, seq: u64, payload: Bytes, delta: Option<Arc<ViewDelta>>) {
-        self.bytes += payload.len();
+        self.bytes += held_bytes(&payload, delta.as_deref());
         self.batches.push_back((seq, payload, delta));
         while self.batches.len() > REPLAY_BUFFER
             || (self.bytes > REPLAY_BUFFER_BYTES && self.batches.len() > 1)
         {
-            if let Some((_, oldest, _)) = self.batches.pop_front() {
-                self.bytes -= oldest.len();
+            if let Some((_, payload, delta)) = self.batches.pop_front() {
+                self.bytes -= held_bytes(&payload, delta.as_deref());
             }
         }
     }
 
-    /// Batches kept and their payloads' bytes.
+    /// Batches kept and the bytes they hold.
     pub(super) fn size(&self) -> (usize, usize) {
         (self.batches.len(), self.bytes)
     }
+}
+
+/// Bytes a kept batch holds: its payload and what it announces to the view.
+fn held_bytes(payload: &Bytes, delta: Option<&ViewDelta>) -> usize {
+    payload.len() + delta.map_or(0, ViewDelta::heap_bytes)
 }
 
 /// How many replies a request gets.

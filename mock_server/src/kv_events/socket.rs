@@ -235,6 +235,31 @@ impl Handshaking {
     }
 }
 
+/// Connections a socket refused at its cap, logged at most once per [`REFUSED_LOG_INTERVAL`].
+#[derive(Debug, Default)]
+struct Refusals {
+    /// Refused since the last line.
+    since_line: u64,
+    /// When the last line was written.
+    line_at: Option<tokio::time::Instant>,
+}
+
+impl Refusals {
+    /// Counts one refusal at `now`; returns the number refused since the last line when a
+    /// line is due.
+    fn refused(&mut self, now: tokio::time::Instant) -> Option<u64> {
+        self.since_line += 1;
+        if self
+            .line_at
+            .is_some_and(|at| now.duration_since(at) < REFUSED_LOG_INTERVAL)
+        {
+            return None;
+        }
+        self.line_at = Some(now);
+        Some(std::mem::take(&mut self.since_line))
+    }
+}
+
 /// Accepts connections until `stop`, each served by its own task. With [`MAX_PEERS`]
 /// connections at once, a new one takes the slot of the one that has been in its handshake
 /// longest (a real ZeroMQ peer completes it in one round trip, so that is an idle or slowloris
@@ -244,8 +269,7 @@ impl Handshaking {
 async fn accept_peers(listener: TcpListener, service: Arc<Service>, stop: CancellationToken) {
     let slots = Arc::new(Semaphore::new(MAX_PEERS));
     let handshaking = Arc::new(Handshaking::default());
-    let mut refused = 0u64;
-    let mut logged: Option<tokio::time::Instant> = None;
+    let mut refusals = Refusals::default();
     loop {
         let accepted = tokio::select! {
             biased;
@@ -271,15 +295,12 @@ async fn accept_peers(listener: TcpListener, service: Arc<Service>, stop: Cancel
         }
         let Some(slot) = slot else {
             drop(stream);
-            refused += 1;
-            if logged.is_none_or(|at| at.elapsed() >= REFUSED_LOG_INTERVAL) {
+            if let Some(refused) = refusals.refused(tokio::time::Instant::now()) {
                 eprintln!(
                     "mockserve: warning: the {} serves {MAX_PEERS} connections already; \
                      {refused} refused since the last warning (the latest from {addr})",
                     service.describe(),
                 );
-                logged = Some(tokio::time::Instant::now());
-                refused = 0;
             }
             continue;
         };
@@ -335,5 +356,38 @@ async fn connect_out(addr: String, service: Arc<Service>, stop: CancellationToke
             () = tokio::time::sleep(pause) => {}
         }
         pause = (pause * 2).min(RECONNECT_MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_are_logged_at_most_once_per_interval_with_their_count() {
+        let start = tokio::time::Instant::now();
+        let mut refusals = Refusals::default();
+        assert_eq!(refusals.refused(start), Some(1));
+        for n in 1..=999u64 {
+            let now = start + REFUSED_LOG_INTERVAL * 9 / 10 * u32::from(n == 999);
+            assert_eq!(refusals.refused(now), None);
+        }
+        // The next line, an interval later, counts every refusal since the first.
+        assert_eq!(refusals.refused(start + REFUSED_LOG_INTERVAL), Some(1000));
+        assert_eq!(refusals.refused(start + REFUSED_LOG_INTERVAL), None);
+    }
+
+    #[test]
+    fn the_oldest_connection_in_its_handshake_is_evicted_first() {
+        let handshaking = Handshaking::default();
+        let (a, token_a) = handshaking.enter();
+        let (_b, token_b) = handshaking.enter();
+        let (c, token_c) = handshaking.enter();
+        handshaking.leave(a);
+        assert!(handshaking.evict_oldest());
+        assert!(!token_a.is_cancelled() && token_b.is_cancelled() && !token_c.is_cancelled());
+        handshaking.leave(c);
+        assert!(!handshaking.evict_oldest(), "every handshake is done");
+        assert!(!token_c.is_cancelled());
     }
 }
