@@ -11,7 +11,7 @@
 //! - it writes at most 64 KiB + 256 bytes per input byte (a PONG per PING, a replay answer of
 //!   the 16 batches kept per request);
 //! - its heap grows by at most [`HEAP_BUDGET`] + 8 bytes per input byte while it serves the
-//!   input (its runtime's threads are charged to [`METER`]);
+//!   input (its runtime's threads are charged to a [`Meter`] of their own);
 //! - afterwards a well-behaved DEALER still gets its replay answer: the sockets still serve.
 
 use std::io::{ErrorKind, Read, Write};
