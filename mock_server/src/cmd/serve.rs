@@ -23,7 +23,7 @@ use crate::config::{
 };
 use crate::connection::Edge;
 use crate::fault::{FaultArgs, FaultConfig};
-use crate::kv_events::KvEventsArgs;
+use crate::kv_events::{KvEventsArgs, KvEventsError};
 use crate::output_length::{OutputLengthDist, DEFAULT_OUTPUT_LENGTH_DIST};
 use crate::text::TokenizerCodec;
 
@@ -221,9 +221,24 @@ fn seconds_flag(value: f64, flag: &str, allow_zero: bool) -> Result<Duration, Co
     )))
 }
 
+/// Why the flags of `mockserve serve` (or a fleet's worker) describe no server: a KV-events
+/// flag is its own error, named by its flag, not an engine setting.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeFlagsError {
+    /// An engine, HTTP or worker setting.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A `--kv-events-*` flag.
+    #[error(transparent)]
+    KvEvents(#[from] KvEventsError),
+}
+
 impl ServerConfig {
     /// The configuration the flags describe, with the vLLM-worker flags.
-    pub fn from_serve_args(args: &ServeArgs, vllm: &VllmArgs) -> Result<ServerConfig, ConfigError> {
+    pub fn from_serve_args(
+        args: &ServeArgs,
+        vllm: &VllmArgs,
+    ) -> Result<ServerConfig, ServeFlagsError> {
         let config = ServerConfig::from_args(args)?;
         let startup_delay = seconds_flag(vllm.startup_delay, "startup-delay", true)?;
         let mut lora_modules: Vec<(String, String)> = Vec::new();
@@ -233,32 +248,30 @@ impl ServerConfig {
             if name.is_empty() {
                 return Err(ConfigError(format!(
                     "--lora-modules: an empty adapter name in {module:?}"
-                )));
+                ))
+                .into());
             }
             if name == config.model_name {
                 return Err(ConfigError(format!(
                     "--lora-modules: the adapter name {name:?} is the base model's name \
                      (--model-name); give the adapter another name"
-                )));
+                ))
+                .into());
             }
             if lora_modules.iter().any(|(n, _)| n == name) {
                 return Err(ConfigError(format!(
                     "--lora-modules: the adapter name {name:?} is given twice"
-                )));
+                ))
+                .into());
             }
             lora_modules.push((name.to_string(), path.to_string()));
         }
         if vllm.max_loras == 0 {
-            return Err(ConfigError("--max-loras must be positive".into()));
+            return Err(ConfigError("--max-loras must be positive".into()).into());
         }
-        let kv_events = vllm
-            .kv_events
-            .config()
-            .map_err(|e| ConfigError(e.to_string()))?;
+        let kv_events = vllm.kv_events.config()?;
         if let Some(kv_events) = &kv_events {
-            kv_events
-                .check_ports(num_workers(&config.cluster))
-                .map_err(|e| ConfigError(e.to_string()))?;
+            kv_events.check_ports(num_workers(&config.cluster))?;
         }
         Ok(ServerConfig {
             kv_events,
