@@ -91,7 +91,7 @@ pub(super) async fn replay_graph(
     let spec = args.run.target.spec(&EmbeddedOptions::default())?;
     let lanes = args.trace.agentic_lanes.map(|l| l as usize);
     if console {
-        println!(
+        crate::stdout::outln!(
             "Trace {}: agentic ({format}), {} requests in {} plays, {} tokens per hash id, \
              speed-up {}{}",
             args.trace.path.display(),
@@ -139,7 +139,7 @@ impl Mode for GraphMode<'_> {
         let (args, graph) = (self.args, &self.graph);
         let synth = Arc::new(target.synth(graph.block_size));
         if self.console {
-            println!("{}", prompts_line(args, &synth, graph.block_size));
+            crate::stdout::outln!("{}", prompts_line(args, &synth, graph.block_size));
         }
         // A shard's plays (all of them unsharded), at their unsharded times.
         let shard = args.run.sharding.shard;
@@ -147,7 +147,7 @@ impl Mode for GraphMode<'_> {
             .filter(|&p| shard.is_none_or(|sh| sh.owns(p)))
             .collect();
         if let (Some(sh), true) = (shard, self.console) {
-            println!(
+            crate::stdout::outln!(
                 "Shard {}/{}: {} of the {} plays",
                 sh.index,
                 sh.count,

@@ -180,8 +180,8 @@ pub(crate) async fn execute<M: Mode>(
     target.shutdown().await;
     let run = mode.report(driven?, wall, &observed)?;
     if settings.console {
-        print!("{}", run.console_text());
-        print!("{}", observed.console());
+        crate::stdout::out!("{}", run.console_text());
+        crate::stdout::out!("{}", observed.console());
     }
     run.write_files(settings.report)?;
     if let Some(path) = settings.html {
