@@ -1,0 +1,251 @@
+//! Issue 43's bounds on loadgen itself: a closed stdout pipe ends the console quietly while the
+//! run writes its files; `merge` checks every header field of the records it reads; report and
+//! record reads are capped; an agentic replay has a default in-flight cap.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use loadgen::{Cli, LoadgenError};
+use serde_json::Value;
+
+async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
+    match tokio::time::timeout(Duration::from_secs(secs), f).await {
+        Ok(v) => Ok(v),
+        Err(_) => bail!("timed out after {secs}s"),
+    }
+}
+
+fn temp_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("loadgen-bounds-{}-{name}", std::process::id()))
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// Runs a command line in-process; its error as text.
+async fn run_err(args: &[&str]) -> Result<LoadgenError> {
+    let cli = Cli::try_parse_from(args)?;
+    match within(60, loadgen::run_async(cli)).await? {
+        Ok(()) => bail!("{args:?} succeeded"),
+        Err(e) => Ok(e),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_stdout_pipe_ends_the_console_and_the_report_is_still_written() -> Result<()> {
+    let report = temp_path("closed-pipe.json");
+    let _ = std::fs::remove_file(&report);
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadgen"))
+        .args([
+            "bench",
+            "--speedup-ratio",
+            "inf",
+            "--num-requests",
+            "20",
+            "--quiet",
+            "--report-json",
+            &s(&report),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    // The reader goes away before loadgen prints a line, as `| head -0` would.
+    drop(child.stdout.take());
+    let out = within(120, child.wait_with_output()).await??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&report)?)?;
+    assert_eq!(json["completed_requests"], 20, "{json}");
+    let _ = std::fs::remove_file(&report);
+    Ok(())
+}
+
+/// Runs a command line in-process; it must succeed.
+async fn run_ok(args: &[&str]) -> Result<()> {
+    let cli = Cli::try_parse_from(args)?;
+    within(120, loadgen::run_async(cli)).await??;
+    Ok(())
+}
+
+/// The first record of `path` as JSON.
+fn first_record(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path)?;
+    Ok(serde_json::from_str(
+        text.lines().next().context("a record")?,
+    )?)
+}
+
+/// `loadgen merge` of `record` written alone to `path`: its error text.
+async fn merge_err(path: &Path, record: &Value) -> Result<String> {
+    std::fs::write(path, format!("{record}\n"))?;
+    let e = run_err(&["loadgen", "merge", &s(path)]).await?;
+    assert!(matches!(e, LoadgenError::Config(_)), "{e}");
+    Ok(e.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merge_refuses_forged_headers_naming_the_file_line_and_field() -> Result<()> {
+    let real = temp_path("merge-real.jsonl");
+    let forged = temp_path("merge-forged.jsonl");
+    run_ok(&[
+        "loadgen",
+        "bench",
+        "--quiet",
+        "--speedup-ratio",
+        "inf",
+        "--num-requests",
+        "2",
+        "--output-tokens",
+        "4",
+        "--per-request-jsonl",
+        &s(&real),
+    ])
+    .await?;
+    let good = first_record(&real)?;
+    // The real record merges.
+    std::fs::write(&forged, format!("{good}\n"))?;
+    run_ok(&["loadgen", "merge", &s(&forged)]).await?;
+    let f = s(&forged);
+    for (field, value, says) in [
+        (
+            "shard",
+            serde_json::json!([0, 4294967295u32]),
+            "raw field shard = [0,4294967295] is out of range: [I,N] with I < N and 1 <= N <= 65536",
+        ),
+        ("shard", serde_json::json!([0, 0]), "raw field shard = [0,0] is out of range"),
+        ("shard", serde_json::json!([3, 2]), "raw field shard = [3,2] is out of range"),
+        (
+            "output_tokens",
+            serde_json::json!(1u64 << 40),
+            "raw field output_tokens = 1.099511627776e12 is out of range: at most 128 (32 per counted chunk)",
+        ),
+        (
+            "session",
+            serde_json::json!(1u64 << 40),
+            "raw field session = 1.099511627776e12 is out of range: below 4.294967296e9",
+        ),
+        (
+            "end_us",
+            serde_json::json!(u64::MAX),
+            "raw field end_us = 1.8446744073709552e19 is out of range: at most 4.503599627370496e15",
+        ),
+        (
+            "run_start_unix_us",
+            serde_json::json!(u64::MAX),
+            "raw field run_start_unix_us = 1.8446744073709552e19 is out of range",
+        ),
+        (
+            "input_length",
+            serde_json::json!(1u64 << 23),
+            "raw field input_length = 8388608 is out of range: at most 4194304",
+        ),
+        ("chunks", serde_json::json!(5), "raw field chunks = 5 is out of range: the 4 times"),
+    ] {
+        let mut record = good.clone();
+        record["raw"][field] = value;
+        let text = merge_err(&forged, &record).await?;
+        let want = format!("invalid configuration: {f}:1: {says}");
+        assert!(text.starts_with(&want), "{field}: {text}");
+    }
+    // A file given twice by another path, and a copy, are still refused.
+    let copy = temp_path("merge-copy.jsonl");
+    std::fs::copy(&real, &copy)?;
+    let e = run_err(&["loadgen", "merge", &s(&real), &s(&copy)]).await?;
+    assert!(e.to_string().contains("hold the same records"), "{e}");
+    for p in [&real, &forged, &copy] {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merge_refuses_a_forged_multiturn_shape() -> Result<()> {
+    let real = temp_path("merge-mt.jsonl");
+    let forged = temp_path("merge-mt-forged.jsonl");
+    run_ok(&[
+        "loadgen",
+        "multiturn",
+        "--quiet",
+        "--speedup-ratio",
+        "inf",
+        "--num-users",
+        "1",
+        "--num-turns",
+        "1",
+        "--num-user-tokens",
+        "16",
+        "--max-completion-tokens",
+        "4",
+        "--mean-delay-ms",
+        "0",
+        "--shard",
+        "0/1",
+        "--per-request-jsonl",
+        &s(&real),
+    ])
+    .await?;
+    let good = first_record(&real)?;
+    let f = s(&forged);
+    for (path, value, says) in [
+        (
+            ["merge", "num_turns"],
+            serde_json::json!(1u64 << 40),
+            "field merge.num_turns = 1.099511627776e12 is out of range: from 1 to 10000 (--num-turns)",
+        ),
+        (
+            ["merge", "num_users"],
+            serde_json::json!(0),
+            "field merge.num_users = 0 is out of range: from 1 to 100000 (--num-users)",
+        ),
+    ] {
+        let mut record = good.clone();
+        record[path[0]][path[1]] = value;
+        let text = merge_err(&forged, &record).await?;
+        assert_eq!(text, format!("invalid configuration: {f}:1: {says}"), "{path:?}");
+    }
+    let mut record = good.clone();
+    record["shard"] = serde_json::json!([0, 0]);
+    let text = merge_err(&forged, &record).await?;
+    assert!(
+        text.contains(&format!("{f}:1: field shard = [0,0] is out of range")),
+        "{text}"
+    );
+    let mut record = good.clone();
+    record["merge"]["num_users"] = serde_json::json!(100_000);
+    record["merge"]["num_turns"] = serde_json::json!(10_000);
+    let text = merge_err(&forged, &record).await?;
+    assert!(
+        text.contains("merge.num_users x merge.num_turns = 1e9"),
+        "{text}"
+    );
+    for p in [&real, &forged] {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compare_and_merge_refuse_an_endless_file_at_once() -> Result<()> {
+    let e = run_err(&["loadgen", "compare", "/dev/zero", "/dev/zero"]).await?;
+    assert!(matches!(e, LoadgenError::BadResults { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("/dev/zero: not a multiturn results file"),
+        "{e}"
+    );
+    let e = run_err(&["loadgen", "merge", "/dev/zero"]).await?;
+    assert_eq!(
+        e.to_string(),
+        "/dev/zero: line 1 passes the 67108864-byte cap (MAX_RECORD_LINE_BYTES)"
+    );
+    Ok(())
+}
