@@ -249,3 +249,106 @@ async fn compare_and_merge_refuse_an_endless_file_at_once() -> Result<()> {
     );
     Ok(())
 }
+
+/// Plays that all start at t=0, one request each (an agentic_mooncake v2 trace).
+fn simultaneous_roots(plays: usize) -> String {
+    let mut s = String::from(
+        r#"{"schema":"dynamo.agentic_mooncake","version":2,"block_size":16,"hash_id_scope":"local","source":{"format":"hand","digest":"x"}}"#,
+    );
+    s.push('\n');
+    for p in 0..plays {
+        s.push_str(&format!(
+            r#"{{"request_id":"r{p}","play_id":"p{p}","session_id":"s{p}","model":"m","input_length":16,"output_length":1,"hash_ids":[{p}],"not_before_ms":0,"dependencies":[]}}"#
+        ));
+        s.push('\n');
+    }
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agentic_replay_is_capped_in_flight_by_default_and_its_console_is_bounded() -> Result<()>
+{
+    use axum::response::IntoResponse;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    const PLAYS: usize = 600;
+    // A server that holds each request 50 ms and keeps the peak of requests in flight.
+    let counters = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
+    let route = axum::routing::post(
+        |axum::extract::State(c): axum::extract::State<Arc<(AtomicUsize, AtomicUsize)>>| async move {
+            let now = c.0.fetch_add(1, Ordering::SeqCst) + 1;
+            c.1.fetch_max(now, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            c.0.fetch_sub(1, Ordering::SeqCst);
+            let chunk = serde_json::json!({"choices": [{"index": 0, "text": "x", "delta": {"content": "x"}}]});
+            let usage = serde_json::json!({"choices": [], "usage": {"prompt_tokens": 16, "completion_tokens": 1}});
+            (
+                [("content-type", "text/event-stream")],
+                format!("data: {chunk}\n\ndata: {usage}\n\ndata: [DONE]\n\n"),
+            )
+                .into_response()
+        },
+    );
+    let app = axum::Router::new()
+        .route("/v1/completions", route.clone())
+        .route("/v1/chat/completions", route)
+        .with_state(counters.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let trace = temp_path("roots.jsonl");
+    let report = temp_path("roots.json");
+    std::fs::write(&trace, simultaneous_roots(PLAYS))?;
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadgen"))
+        .args([
+            "replay",
+            &s(&trace),
+            "--url",
+            &url,
+            "--model",
+            "m",
+            "--quiet",
+            "--report-json",
+            &s(&report),
+        ])
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let out = within(120, child).await??;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let peak = counters.1.load(Ordering::SeqCst);
+    assert!((2..=256).contains(&peak), "peak in flight {peak}");
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&report)?)?;
+    assert_eq!(json["config"]["max_in_flight"], 256, "{}", json["config"]);
+    assert_eq!(json["completed_requests"], PLAYS);
+    assert_eq!(json["agentic"]["play_count"], PLAYS);
+    // The cap's waits are said; the plays are summarized, not listed.
+    assert!(
+        stdout.contains("at most 256 in flight (the default"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("requests waited for a slot")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("... and {} more plays", PLAYS - 10)),
+        "{stdout}"
+    );
+    assert!(
+        stdout.lines().count() < 60,
+        "{} lines:\n{stdout}",
+        stdout.lines().count()
+    );
+    let _ = std::fs::remove_file(&trace);
+    let _ = std::fs::remove_file(&report);
+    Ok(())
+}
