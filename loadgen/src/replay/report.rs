@@ -155,6 +155,10 @@ impl ReplayKeys {
 }
 
 impl Report for ReplayRun {
+    fn live(&self) -> Option<&crate::report::replay_report::LiveReport> {
+        Some(&self.live)
+    }
+
     fn console_text(&self) -> String {
         let mut s = String::from("Live replay report\n");
         s.push_str(&self.live.report_lines());

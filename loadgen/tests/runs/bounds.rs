@@ -1,6 +1,7 @@
 //! Issue 43's bounds on loadgen itself: a closed stdout pipe ends the console quietly while the
 //! run writes its files; `merge` checks every header field of the records it reads; report and
-//! record reads are capped; an agentic replay has a default in-flight cap.
+//! record reads are capped; an agentic replay has a default in-flight cap; the routing line
+//! tells loadgen's own decisions from other clients'.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -9,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use loadgen::{Cli, LoadgenError};
+use loadgen::{Cli, Command, LoadgenError};
 use serde_json::Value;
 
 async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
@@ -349,6 +350,114 @@ async fn an_agentic_replay_is_capped_in_flight_by_default_and_its_console_is_bou
         stdout.lines().count()
     );
     let _ = std::fs::remove_file(&trace);
+    let _ = std::fs::remove_file(&report);
+    Ok(())
+}
+
+/// A fleet with loadgen and another client on it: the routing window holds both clients'
+/// decisions; the report counts loadgen's own requests and names the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_routing_line_counts_loadgens_requests_apart_from_another_clients() -> Result<()> {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let cli = mock_server::Cli::try_parse_from([
+        "mockserve",
+        "fleet",
+        "--workers",
+        "2",
+        "--port",
+        "0",
+        "--admin-port",
+        "0",
+        "--speedup-ratio",
+        "inf",
+        "--block-size",
+        "16",
+    ])?;
+    let Some(mock_server::Command::Fleet(fleet_args)) = cli.command else {
+        bail!("expected fleet");
+    };
+    let config = mock_server::fleet::FleetConfig::from_args(&fleet_args)?;
+    let fleet = within(60, mock_server::fleet::launch(config)).await??;
+    let (ours, theirs) = (
+        fleet.manifest.workers[0].url.clone(),
+        fleet.manifest.workers[1].url.clone(),
+    );
+    let admin = fleet.manifest.admin_url.clone().context("admin URL")?;
+    // The other client: requests to worker 1, back to back, until loadgen is done.
+    let done = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let other = tokio::spawn({
+        let (done, sent) = (done.clone(), sent.clone());
+        async move {
+            let client = reqwest::Client::new();
+            while !done.load(Ordering::SeqCst) {
+                let answer = client
+                    .post(format!("{theirs}/v1/completions"))
+                    .json(&serde_json::json!({"model": "mock-model", "prompt": "hello there", "max_tokens": 2}))
+                    .send()
+                    .await;
+                if answer.is_ok_and(|a| a.status().is_success()) {
+                    sent.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+    });
+    // Let the other client's traffic start before loadgen's first scrape.
+    within(30, async {
+        while sent.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await?;
+    let report = temp_path("fleet-two-clients.json");
+    let metrics_url = format!("{admin}/metrics");
+    let cli = Cli::try_parse_from([
+        "loadgen",
+        "bench",
+        "--quiet",
+        "--url",
+        &ours,
+        "--model",
+        "mock-model",
+        "--metrics-url",
+        &metrics_url,
+        "--scrape-interval-ms",
+        "100",
+        "--concurrency",
+        "2",
+        "--num-requests",
+        "20",
+        "--input-tokens",
+        "64",
+        "--output-tokens",
+        "4",
+        "--report-json",
+        &s(&report),
+    ])?;
+    let Command::Bench(args) = cli.command else {
+        bail!("expected bench");
+    };
+    let run = within(120, loadgen::bench::bench(&args)).await;
+    done.store(true, Ordering::SeqCst);
+    within(30, other).await??;
+    let run = run??;
+    assert_eq!(run.live.failures.total, 0);
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&report)?)?;
+    let routing = &json["server_metrics"]["summary"]["routing"];
+    let decisions = routing["decisions"].as_f64().context("decisions")?;
+    assert_eq!(routing["loadgen"]["requests"], 20, "{routing}");
+    assert_eq!(routing["loadgen"]["workers"], 1, "{routing}");
+    assert_eq!(
+        routing["other_decisions"].as_f64(),
+        Some(decisions - 20.0),
+        "{routing}"
+    );
+    assert!(
+        decisions > 20.0,
+        "the other client's decisions fell in the window: {routing}"
+    );
+    within(60, fleet.shutdown()).await?;
     let _ = std::fs::remove_file(&report);
     Ok(())
 }
