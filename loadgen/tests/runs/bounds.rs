@@ -336,10 +336,7 @@ async fn an_agentic_replay_is_capped_in_flight_by_default_and_its_console_is_bou
         stdout.contains("at most 256 in flight (the default"),
         "{stdout}"
     );
-    assert!(
-        stdout.contains(&format!("requests waited for a slot")),
-        "{stdout}"
-    );
+    assert!(stdout.contains("requests waited for a slot"), "{stdout}");
     assert!(
         stdout.contains(&format!("... and {} more plays", PLAYS - 10)),
         "{stdout}"
