@@ -97,17 +97,26 @@ pub(crate) struct RecordLines {
     /// Bytes read so far.
     bytes: u64,
     hash: xxhash_rust::xxh3::Xxh3,
+    /// The caps: a line's bytes (without its newline) and the file's.
+    line_cap: u64,
+    file_cap: u64,
 }
 
 impl RecordLines {
     /// Opens `path`.
     pub(crate) fn open(path: &Path) -> Result<Self, LoadgenError> {
+        Self::with_caps(path, MAX_RECORD_LINE_BYTES, MAX_RECORD_FILE_BYTES)
+    }
+
+    fn with_caps(path: &Path, line_cap: u64, file_cap: u64) -> Result<Self, LoadgenError> {
         Ok(RecordLines {
             reader: BufReader::new(open(path)?),
             path: path.to_path_buf(),
             line: 0,
             bytes: 0,
             hash: xxhash_rust::xxh3::Xxh3::new(),
+            line_cap,
+            file_cap,
         })
     }
 
@@ -115,7 +124,9 @@ impl RecordLines {
     pub(crate) fn next(&mut self, buf: &mut Vec<u8>) -> Result<bool, LoadgenError> {
         buf.clear();
         self.line += 1;
-        let limit = MAX_RECORD_LINE_BYTES + 1;
+        // Never more than one byte past either cap.
+        let left = self.file_cap - self.bytes;
+        let limit = (self.line_cap + 1).min(left + 1);
         let n = (&mut self.reader)
             .take(limit)
             .read_until(b'\n', buf)
@@ -127,20 +138,20 @@ impl RecordLines {
             return Ok(false);
         }
         let content = buf.len() - usize::from(buf.ends_with(b"\n"));
-        if content as u64 > MAX_RECORD_LINE_BYTES {
+        if content as u64 > self.line_cap {
             return Err(LoadgenError::TooLarge {
                 path: self.path.clone(),
                 what: format!("line {}", self.line),
-                cap: MAX_RECORD_LINE_BYTES,
+                cap: self.line_cap,
                 constant: "MAX_RECORD_LINE_BYTES",
             });
         }
         self.bytes += n as u64;
-        if self.bytes > MAX_RECORD_FILE_BYTES {
+        if self.bytes > self.file_cap {
             return Err(LoadgenError::TooLarge {
                 path: self.path.clone(),
                 what: "the file".into(),
-                cap: MAX_RECORD_FILE_BYTES,
+                cap: self.file_cap,
                 constant: "MAX_RECORD_FILE_BYTES",
             });
         }
@@ -204,6 +215,36 @@ mod tests {
         );
         let e = read_json_capped::<Vec<u32>>(&path, 5, "C").expect_err("over");
         assert!(matches!(e, LoadgenError::TooLarge { cap: 5, .. }), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn record_lines_stop_at_either_cap() {
+        let dir = std::env::temp_dir().join(format!("loadgen-lines-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("r.jsonl");
+        std::fs::write(&path, "abcd\nabcde\n").expect("write");
+        let mut buf = Vec::new();
+        // A line of exactly the cap passes; one byte more is refused, naming its line.
+        let mut lines = RecordLines::with_caps(&path, 4, 100).expect("open");
+        assert!(lines.next(&mut buf).expect("line 1"));
+        assert_eq!(buf, b"abcd");
+        let e = lines.next(&mut buf).expect_err("line 2");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{}: line 2 passes the 4-byte cap (MAX_RECORD_LINE_BYTES)",
+                path.display()
+            )
+        );
+        // The whole file (11 bytes) against a 10-byte cap.
+        let mut lines = RecordLines::with_caps(&path, 100, 10).expect("open");
+        assert!(lines.next(&mut buf).expect("line 1"));
+        let e = lines.next(&mut buf).expect_err("past the file cap");
+        assert!(matches!(e, LoadgenError::TooLarge { cap: 10, .. }), "{e}");
+        let mut lines = RecordLines::with_caps(&path, 100, 11).expect("open");
+        while lines.next(&mut buf).expect("fits exactly") {}
+        assert_eq!(lines.digest().0, 11);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
