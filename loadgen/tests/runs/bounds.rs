@@ -458,3 +458,21 @@ async fn the_routing_line_counts_loadgens_requests_apart_from_another_clients() 
     let _ = std::fs::remove_file(&report);
     Ok(())
 }
+
+#[test]
+fn a_reversed_uniform_output_length_is_refused_naming_the_flag() {
+    let e = mock_server::Cli::try_parse_from(["mockserve", "--output-length-dist", "uniform:10,5"])
+        .expect_err("LO above HI");
+    let text = e.to_string();
+    assert!(text.contains("--output-length-dist"), "{text}");
+    assert!(
+        text.contains("uniform:10,5: LO must not be above HI"),
+        "{text}"
+    );
+    assert!(mock_server::Cli::try_parse_from([
+        "mockserve",
+        "--output-length-dist",
+        "uniform:5,10"
+    ])
+    .is_ok());
+}
