@@ -169,6 +169,12 @@ pub struct HttpArgs {
     /// once.
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_SHUTDOWN_TIMEOUT.as_secs_f64())]
     pub shutdown_timeout: f64,
+
+    /// Shut down as on SIGTERM once stdin reaches its end: a parent holding the write end of
+    /// a pipe on mockserve's stdin (Python's `servesim.MockServer`) takes the server with it
+    /// however it dies (SIGKILL included). Off by default: stdin is not read.
+    #[arg(long)]
+    pub exit_on_stdin_eof: bool,
 }
 
 impl Default for HttpArgs {
@@ -179,8 +185,23 @@ impl Default for HttpArgs {
             idle_timeout: DEFAULT_IDLE_TIMEOUT.as_secs_f64(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT.as_secs_f64(),
+            exit_on_stdin_eof: false,
         }
     }
+}
+
+/// Resolves once stdin reaches its end (or cannot be read) when `enabled`; never otherwise.
+/// The read blocks a plain thread, which the process's exit ends.
+async fn stdin_closed(enabled: bool) {
+    if !enabled {
+        return std::future::pending().await;
+    }
+    let (closed, on_close) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+        let _ = closed.send(());
+    });
+    let _ = on_close.await;
 }
 
 // Built here, next to the flags, so that `config` (which the handlers import) knows no flags.
@@ -433,13 +454,14 @@ pub fn run(args: &ServeArgs, vllm: &VllmArgs) -> anyhow::Result<()> {
         {
             eprintln!("mockserve: warning: writing to stdout failed: {e}");
         }
-        tokio::select! {
+        let why = tokio::select! {
             biased;
             result = &mut server => return result,
-            () = signals.recv() => {}
-        }
+            () = signals.recv() => "",
+            () = stdin_closed(args.http.exit_on_stdin_eof) => "stdin closed; ",
+        };
         eprintln!(
-            "mockserve: shutting down; open requests have {:.1} s to finish (signal again to \
+            "mockserve: {why}shutting down; open requests have {:.1} s to finish (signal again to \
              exit now)",
             drain.as_secs_f64()
         );
