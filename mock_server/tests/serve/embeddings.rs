@@ -275,3 +275,53 @@ async fn bad_inputs_and_the_caps_are_400s_naming_their_parameter() -> Result<()>
     error_of(status, &answer, StatusCode::NOT_FOUND)?;
     Ok(())
 }
+
+/// The route's layers are the generation routes': the key, the forced (or drawn) HTTP fault,
+/// the request and failure counts, and the `--max-waiting` queue bound.
+#[tokio::test]
+async fn the_key_faults_counts_and_the_queue_bound_apply() -> Result<()> {
+    use mock_server::metrics::EndpointLabel;
+
+    let mut keyed = config(None);
+    keyed.api_key = Some("sekrit".into());
+    let state = AppState::new(keyed)?;
+    let request = body(json!("hi"), json!({}));
+    let send = |key: bool, fault: Option<&str>| {
+        let mut builder = Request::post(PATH).header("content-type", "application/json");
+        if key {
+            builder = builder.header("authorization", "Bearer sekrit");
+        }
+        if let Some(fault) = fault {
+            builder = builder.header(mock_server::fault::http::FAULT_HEADER, fault);
+        }
+        builder.body(Body::from(request.to_string()))
+    };
+    let (status, answer) = oneshot_raw(&state, send(false, None)?).await?;
+    assert_eq!(
+        error_of(status, &answer, StatusCode::UNAUTHORIZED)?["code"],
+        "invalid_api_key"
+    );
+    let (status, answer) = oneshot_raw(&state, send(true, Some("rate-limit"))?).await?;
+    error_of(status, &answer, StatusCode::TOO_MANY_REQUESTS)?;
+    let (status, answer) = oneshot_raw(&state, send(true, Some("server-error"))?).await?;
+    error_of(status, &answer, StatusCode::INTERNAL_SERVER_ERROR)?;
+    let (status, answer) = oneshot_raw(&state, send(true, None)?).await?;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let metrics = &state.metrics;
+    let endpoint = EndpointLabel {
+        endpoint: "embeddings",
+    };
+    // As on chat, an injected fault answers before the route's request count; it is counted
+    // as a failure (and a fault) all the same.
+    assert_eq!(metrics.http_requests.get_or_create(&endpoint).get(), 2);
+    assert_eq!(metrics.http_failures.get(), 3);
+
+    // A full queue is a 429, as for chat.
+    let mut bounded = config(None);
+    bounded.max_waiting = Some(0);
+    let state = AppState::new(bounded)?;
+    let (status, answer) = post(&state, PATH, &request).await?;
+    error_of(status, &answer, StatusCode::TOO_MANY_REQUESTS)?;
+    assert_eq!(state.metrics.overloaded.get(), 1);
+    Ok(())
+}
