@@ -325,3 +325,38 @@ async fn the_key_faults_counts_and_the_queue_bound_apply() -> Result<()> {
     assert_eq!(state.metrics.overloaded.get(), 1);
     Ok(())
 }
+
+/// On a fleet, a worker's listener runs each input's prefill on its own engine, and the judge
+/// logs one routing decision per input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_worker_runs_each_input_and_the_judge_logs_it() -> Result<()> {
+    let config =
+        crate::fleet::fleet_config(&["--workers", "2", "--port", "0", "--speedup-ratio", "inf"])?;
+    let fleet = within(mock_server::fleet::launch(config)).await??;
+    let urls = fleet_worker_urls(&fleet);
+    let client = reqwest::Client::new();
+    let request = body(json!(["first input", "second input", "third"]), json!({}));
+    let response = within(
+        client
+            .post(format!("{}{PATH}", urls[1]))
+            .json(&request)
+            .send(),
+    )
+    .await??;
+    assert_eq!(response.status(), 200);
+    let answer: Value = within(response.json()).await??;
+    assert_eq!(answer["data"].as_array().map(Vec::len), Some(3));
+    let log = crate::fleet::decisions(&client, &urls[0]).await?;
+    assert_eq!(log.iter().map(|d| d.worker).collect::<Vec<_>>(), [1, 1, 1]);
+    let samples = crate::fleet::scrape_url(&client, &format!("{}/metrics", urls[1])).await?;
+    assert_eq!(
+        samples.get("vllm:prompt_tokens_total{model_name=\"mock-model\",engine=\"1\"}"),
+        answer["usage"]["prompt_tokens"].as_f64().as_ref()
+    );
+    assert_eq!(
+        samples.get("servesim_http_requests_total{endpoint=\"embeddings\"}"),
+        Some(&1.0)
+    );
+    within(fleet.shutdown()).await?;
+    Ok(())
+}
