@@ -14,7 +14,8 @@
 //!
 //! The request budget ([`super::budget`]) caps the inputs ([`MAX_EMBEDDING_INPUTS`]) and their
 //! tokens ([`MAX_EMBEDDING_TOKENS`]), each beyond its cap a 400 naming `input`; large inputs
-//! are tokenized, and large responses built, off the runtime's worker threads.
+//! are tokenized, and large responses built, off the runtime's worker threads, the building
+//! stopping when the client leaves or the server shuts down.
 
 pub(crate) mod vector;
 
@@ -347,19 +348,21 @@ pub(crate) async fn embeddings(
     let (seed, dimensions, encoding) = (state.config.seed, request.dimensions, request.encoding);
     // Drawn while the engine runs the prefills: one draw per four coordinates per token.
     let heavy = prompt_tokens.saturating_mul(dimensions) > budget::INLINE_PLAN_TOKENS << 6;
+    // Drawing stops when the client leaves (this future is dropped) or the server shuts down.
+    let cancel = state.stop_generations.child_token();
+    let _cancel_on_drop = cancel.clone().drop_guard();
     let body = budget::off_runtime(heavy, move || {
-        vector::response_body(
-            &inputs,
-            &BodySpec {
-                model: &spec_model,
-                prompt_tokens,
-                seed,
-                dimensions,
-                encoding,
-            },
-        )
+        let spec = BodySpec {
+            model: &spec_model,
+            prompt_tokens,
+            seed,
+            dimensions,
+            encoding,
+        };
+        vector::response_body(&inputs, &spec, || cancel.is_cancelled())
     })
-    .await?;
+    .await?
+    .ok_or_else(ApiError::shutting_down)?;
     for submission in &mut submissions {
         finished(&state, submission).await?;
     }

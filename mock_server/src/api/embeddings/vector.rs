@@ -89,8 +89,13 @@ pub(crate) struct BodySpec<'a> {
 
 /// The whole JSON response: `{"object":"list","data":[{"object":"embedding","index",
 /// "embedding"}],"model","usage":{"prompt_tokens","total_tokens"}}`, written straight to bytes
-/// (no JSON tree of a few million numbers).
-pub(crate) fn response_body(inputs: &[Vec<u32>], spec: &BodySpec<'_>) -> Vec<u8> {
+/// (no JSON tree of a few million numbers). `None` as soon as `cancelled` says so, checked
+/// before each input.
+pub(crate) fn response_body(
+    inputs: &[Vec<u32>],
+    spec: &BodySpec<'_>,
+    cancelled: impl Fn() -> bool,
+) -> Option<Vec<u8>> {
     // About 12 bytes a number as JSON, 5.4 in base64.
     let per_value = match spec.encoding {
         Encoding::Float => 12,
@@ -100,6 +105,9 @@ pub(crate) fn response_body(inputs: &[Vec<u32>], spec: &BodySpec<'_>) -> Vec<u8>
     out.extend_from_slice(br#"{"object":"list","data":["#);
     let mut bytes = Vec::new();
     for (index, tokens) in inputs.iter().enumerate() {
+        if cancelled() {
+            return None;
+        }
         if index > 0 {
             out.push(b',');
         }
@@ -130,7 +138,7 @@ pub(crate) fn response_body(inputs: &[Vec<u32>], spec: &BodySpec<'_>) -> Vec<u8>
         r#","usage":{{"prompt_tokens":{0},"total_tokens":{0}}}}}"#,
         spec.prompt_tokens
     );
-    out
+    Some(out)
 }
 
 /// Appends the standard base64 (padded) of `bytes` to `out`.
@@ -209,16 +217,16 @@ mod tests {
             dimensions: 5,
             encoding: Encoding::Float,
         };
-        let floats: serde_json::Value =
-            serde_json::from_slice(&response_body(&inputs, &spec)).expect("JSON");
-        let b64: serde_json::Value = serde_json::from_slice(&response_body(
-            &inputs,
-            &BodySpec {
-                encoding: Encoding::Base64,
-                ..spec
-            },
-        ))
-        .expect("JSON");
+        let body = |spec: &BodySpec<'_>| -> serde_json::Value {
+            let bytes = response_body(&inputs, spec, || false).expect("not cancelled");
+            serde_json::from_slice(&bytes).expect("JSON")
+        };
+        let floats = body(&spec);
+        let b64 = body(&BodySpec {
+            encoding: Encoding::Base64,
+            ..spec
+        });
+        assert_eq!(response_body(&inputs, &spec, || true), None);
         assert_eq!(floats["model"], "m\"x");
         assert_eq!(
             floats["usage"],
