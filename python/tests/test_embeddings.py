@@ -1,6 +1,7 @@
 """mockserve's /v1/embeddings answering the pinned openai SDK: float and base64 vectors parsed by
 the SDK's own types with no warnings, the SDK's default (it asks for base64 and decodes it), and
-a bad request raised as the SDK's BadRequestError."""
+bad input (dimensions 0 or 10^9, a million inputs, an empty one) raised as the SDK's
+BadRequestError naming the parameter."""
 
 from __future__ import annotations
 
@@ -32,8 +33,7 @@ def as_f32(values: List[float]) -> array.array:
 
 
 def test_float_and_base64_embeddings_agree(mockserve):
-    client = client_for(mockserve)
-    with warnings.catch_warnings():
+    with client_for(mockserve) as client, warnings.catch_warnings():
         warnings.simplefilter("error")
         floats = client.embeddings.create(model=MODEL, input=TEXTS, encoding_format="float")
         b64 = client.embeddings.create(model=MODEL, input=TEXTS, encoding_format="base64")
@@ -55,35 +55,53 @@ def test_float_and_base64_embeddings_agree(mockserve):
         assert as_f32(d.embedding) == decoded
 
 
+def tokenize(server: MockServer, text: str) -> List[int]:
+    request = urllib.request.Request(
+        server.url + "/tokenize",
+        data=json.dumps({"prompt": text}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return json.loads(answer.read())["tokens"]
+
+
 def test_dimensions_and_token_ids(mockserve):
-    client = client_for(mockserve)
-    with warnings.catch_warnings():
+    ids = tokenize(mockserve, "hello there")
+    with client_for(mockserve) as client, warnings.catch_warnings():
         warnings.simplefilter("error")
         full = client.embeddings.create(model=MODEL, input="hello there", encoding_format="float")
         short = client.embeddings.create(
             model=MODEL, input="hello there", dimensions=8, encoding_format="base64"
         )
+        # The same text as token ids (the /tokenize ids) gives the same vector.
+        by_ids = client.embeddings.create(model=MODEL, input=[ids], encoding_format="float")
     vector = array.array("f", base64.b64decode(short.data[0].embedding))
     assert len(vector) == 8
     head = full.data[0].embedding[:8]
     scale = math.sqrt(sum(x * x for x in head))
     for got, want in zip(vector, head):
         assert math.isclose(got, want / scale, abs_tol=1e-5)
-    # The same text as token ids (the /tokenize ids) gives the same vector.
-    request = urllib.request.Request(
-        mockserve.url + "/tokenize",
-        data=json.dumps({"prompt": "hello there"}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        ids = json.loads(answer.read())["tokens"]
-    by_ids = client.embeddings.create(model=MODEL, input=[ids], encoding_format="float")
     assert by_ids.data[0].embedding == full.data[0].embedding
     assert by_ids.usage.prompt_tokens == len(ids)
 
 
-def test_bad_dimensions_is_a_bad_request_naming_it(mockserve):
-    with pytest.raises(openai.BadRequestError) as raised:
-        client_for(mockserve).embeddings.create(model=MODEL, input="x", dimensions=10**9)
+@pytest.mark.parametrize(
+    "kwargs, param, says",
+    [
+        ({"input": "x", "dimensions": 0}, "dimensions", "between 1 and 1024"),
+        ({"input": "x", "dimensions": 10**9}, "dimensions", "between 1 and 1024"),
+        ({"input": ["x"] * (2048 + 1)}, "input", "2049 inputs given"),
+        # A million inputs, passed as extra_body: the SDK's own transform of a million-item
+        # `input` takes about a minute on the client.
+        ({"input": "x", "extra_body": {"input": ["x"] * 10**6}}, "input", "1000000 inputs given"),
+        ({"input": ""}, "input", "empty"),
+    ],
+    ids=["dimensions-0", "dimensions-1e9", "2049-inputs", "a-million-inputs", "empty"],
+)
+def test_bad_input_is_a_bad_request_naming_it(mockserve, kwargs, param, says):
+    with client_for(mockserve) as client, pytest.raises(openai.BadRequestError) as raised:
+        client.embeddings.create(model=MODEL, **kwargs)
     assert raised.value.status_code == 400
-    assert raised.value.param == "dimensions"
+    assert raised.value.param == param
+    assert raised.value.type == "invalid_request_error"
+    assert says in raised.value.message, raised.value.message
