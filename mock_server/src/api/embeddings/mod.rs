@@ -346,8 +346,9 @@ pub(crate) async fn embeddings(
     }
     let spec_model = request.model;
     let (seed, dimensions, encoding) = (state.config.seed, request.dimensions, request.encoding);
-    // Drawn while the engine runs the prefills: one draw per four coordinates per token.
-    let heavy = prompt_tokens.saturating_mul(dimensions) > budget::INLINE_PLAN_TOKENS << 6;
+    // Drawn while the engine runs the prefills: one draw per four coordinates per token, off
+    // the runtime's threads beyond 256 Ki tokens x coordinates (about 10 ms in a debug build).
+    let heavy = prompt_tokens.saturating_mul(dimensions) > budget::INLINE_PLAN_TOKENS << 4;
     // Drawing stops when the client leaves (this future is dropped) or the server shuts down.
     let cancel = state.stop_generations.child_token();
     let _cancel_on_drop = cancel.clone().drop_guard();
