@@ -1,7 +1,7 @@
 //! The OpenAI-compatible HTTP API: [`app`] builds the axum router over an [`AppState`].
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`
-//! ([`embeddings`]), `GET /v1/models`, `GET /health`,
+//! (`embeddings`), `GET /v1/models`, `GET /health`,
 //! `GET /metrics`, and vLLM's `GET /v1/models/{model}`, `POST /tokenize`, `POST /detokenize`,
 //! `GET /version`, `GET|POST /ping` (`vllm`). Every error is an [`ApiError`] body, including unknown routes (404) and
 //! methods (405, with `Allow`).
