@@ -41,7 +41,7 @@ pub enum BoundedReadError {
 
 impl BoundedReadError {
     /// The error of the trace `source_name` (a file's path as given, or another label).
-    pub(crate) fn in_trace(self, source_name: &str) -> super::TraceError {
+    pub fn in_trace(self, source_name: &str) -> super::TraceError {
         match self {
             BoundedReadError::LongLine { line, .. } => super::TraceError::Line {
                 source_name: source_name.to_string(),
