@@ -333,6 +333,7 @@ fn v2_row(
     }
     let input_length = input_length as usize;
     let needed = input_length.div_ceil(block_size);
+    hashes.hold(needed)?;
     let hash_ids = match row.hash_ids {
         Some(ids) if ids.len() != needed => {
             return Err(format!(
@@ -429,6 +430,7 @@ fn v1_row(
     check_lengths(input_length, output_length)?;
     let input_length = input_length as usize;
     let needed = input_length.div_ceil(block_size);
+    hashes.hold(needed)?;
     let hash_ids = (0..needed)
         .map(|i| match ids.get(i) {
             Some(&id) => hashes.intern(0, id),

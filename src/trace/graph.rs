@@ -310,9 +310,18 @@ impl RawNode {
 pub(super) struct HashScope {
     ids: HashMap<(usize, u64), u64>,
     next: u64,
+    /// Hash ids the graph's prompts hold so far ([`HashScope::hold`]).
+    held: usize,
 }
 
 impl HashScope {
+    /// Counts a prompt of `more` hash ids, before they are made: at most
+    /// [`MAX_GRAPH_HASH_IDS`] in all, since a short row without `hash_ids` (private blocks)
+    /// can ask for up to [`MAX_ROW_TOKENS`] of them.
+    pub(super) fn hold(&mut self, more: usize) -> Result<(), String> {
+        hold_hash_ids(&mut self.held, more)
+    }
+
     /// The dense id of `id` in scope `scope`.
     pub(super) fn intern(&mut self, scope: usize, id: u64) -> u64 {
         let next = &mut self.next;
@@ -329,9 +338,10 @@ impl HashScope {
     }
 }
 
-/// Most hash ids a graph may hold in all, for formats whose rows expand into many prompts
-/// (`applied_compute_agentic`, `mooncake-delta`): 2^27 (1 GiB of ids).
-pub(super) const MAX_GRAPH_HASH_IDS: usize = 1 << 27;
+/// Most hash ids a graph's prompts may hold in all, whatever the format (rows without their
+/// ids, and rows that expand into many prompts, make more ids than the file holds): 2^27
+/// (1 GiB of ids).
+pub const MAX_GRAPH_HASH_IDS: usize = 1 << 27;
 
 /// Adds `more` to the hash ids held so far, within [`MAX_GRAPH_HASH_IDS`].
 pub(super) fn hold_hash_ids(held: &mut usize, more: usize) -> Result<(), String> {
@@ -755,6 +765,22 @@ mod tests {
         assert!(e.to_string().contains("a dependency's delay alone"), "{e}");
         g.check_schedule("t", 1.0, ScheduleBound::Unbounded)
             .expect("allowed");
+    }
+
+    /// Prompts of every format hold at most `MAX_GRAPH_HASH_IDS` ids in all, counted before
+    /// they are made (issue 43: 33 short v2 rows without `hash_ids`, at block size 1, asked for
+    /// 2^22 private ids each).
+    #[test]
+    fn a_graphs_hash_ids_are_bounded_in_all() {
+        let mut hashes = HashScope::default();
+        for _ in 0..MAX_GRAPH_HASH_IDS / MAX_ROW_TOKENS {
+            hashes.hold(MAX_ROW_TOKENS).expect("within the bound");
+        }
+        assert_eq!(
+            hashes.hold(1).expect_err("one more"),
+            "the trace's prompts hold more than the 134217728 hash ids a graph may hold in all"
+        );
+        assert_eq!(hashes.next, 0, "no id was made");
     }
 
     #[test]

@@ -58,7 +58,10 @@ pub use agentic::AGENTIC_MOONCAKE_SCHEMA;
 #[cfg(test)]
 pub(crate) use graph::min_scans::so_far as graph_min_scans;
 pub(crate) use graph::Relation;
-pub use graph::{detect_format, Dependency, GraphNode, Play, RequestGraph, TraceFormat, Trigger};
+pub use graph::{
+    detect_format, Dependency, GraphNode, Play, RequestGraph, TraceFormat, Trigger,
+    MAX_GRAPH_HASH_IDS,
+};
 pub use hash::LocalHashCache;
 pub use lines::{
     read_whole, BoundedReadError, TraceLines, MAX_TRACE_FILE_BYTES, MAX_TRACE_LINE_BYTES,

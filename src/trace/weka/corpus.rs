@@ -49,12 +49,20 @@ pub(in crate::trace) fn parse_corpus(dir: &Path) -> Result<RequestGraph, TraceEr
 /// The whole text of a weka file, at most [`MAX_TRACE_FILE_BYTES`].
 fn read_text(reader: impl std::io::Read, source_name: &str) -> Result<String, TraceError> {
     let bytes = read_whole(reader, MAX_TRACE_FILE_BYTES).map_err(|e| e.in_trace(source_name))?;
-    String::from_utf8(bytes).map_err(|_| TraceError::Io {
-        path: PathBuf::from(source_name),
-        source: std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "stream did not contain valid UTF-8",
-        ),
+    String::from_utf8(bytes).map_err(|e| {
+        let before = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        let line_start = before
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |p| p + 1);
+        TraceError::Line {
+            source_name: source_name.to_string(),
+            line: 1 + before.iter().filter(|&&b| b == b'\n').count(),
+            message: format!(
+                "not UTF-8 text (invalid byte at column {})",
+                before.len() - line_start + 1
+            ),
+        }
     })
 }
 

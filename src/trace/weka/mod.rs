@@ -616,6 +616,7 @@ fn lower_play(
         let input = req.input as usize;
         let full = input / block_size;
         let given = req.hash_ids.as_deref().unwrap_or_default();
+        hashes.hold(input.div_ceil(block_size))?;
         let mut hash_ids: Vec<u64> = (0..full)
             .map(|i| match given.get(i) {
                 Some(&h) => hashes.intern(index, h),
