@@ -16,6 +16,7 @@ use super::{
     ScheduleBound, TraceError, TraceRequest, MAX_ROW_OUTPUT_TOKENS, MAX_ROW_TOKENS,
     MAX_TRACE_TIME_MS,
 };
+use crate::time::SimDuration;
 
 /// How a trace file is read: named with `--trace-format`, or detected from the file
 /// ([`detect_format`]).
@@ -245,6 +246,15 @@ impl RequestGraph {
             }
         }
         Ok(())
+    }
+
+    /// Every node's floor once shifted and sped up, `(not_before_ms - M) / speedup`, rounded
+    /// to the microsecond, in node order; `M` is found once for the whole graph.
+    pub fn floors(&self, speedup: f64) -> Vec<SimDuration> {
+        self.floors_ms(speedup)
+            .into_iter()
+            .map(SimDuration::from_millis_f64)
+            .collect()
     }
 
     /// Every node's floor once shifted and sped up, unrounded, in milliseconds:
