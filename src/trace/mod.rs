@@ -32,7 +32,8 @@
 //! malformed line is a [`TraceError::Line`] naming the file and the 1-based line.
 //!
 //! Every value is range-checked, so that no row can make a replay wait or allocate without
-//! bound: a timestamp is finite, non-negative and at most `MAX_TIMESTAMP_MS`, a delay at most
+//! bound: a line holds at most [`MAX_TRACE_LINE_BYTES`] (a file read whole at most
+//! [`MAX_TRACE_FILE_BYTES`], both counted after decompression), a timestamp is finite, non-negative and at most `MAX_TIMESTAMP_MS`, a delay at most
 //! `MAX_TRACE_TIME_MS`; a row
 //! asks for at most [`MAX_ROW_TOKENS`] prompt tokens with at most as many hash ids, and at
 //! most [`MAX_ROW_OUTPUT_TOKENS`] output tokens; the block size is at most [`MAX_TRACE_BLOCK_SIZE`]. The schedule after the
