@@ -200,7 +200,7 @@ pub fn convert(args: &ConvertArgs) -> Result<ConvertSummary, LoadgenError> {
     let c = &summary.converted;
     let plural =
         |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
-    println!(
+    crate::stdout::outln!(
         "{}: {} in {}, {} of {} tokens, written to {} ({})",
         source_name,
         plural(c.requests, "request", "requests"),
@@ -214,34 +214,34 @@ pub fn convert(args: &ConvertArgs) -> Result<ConvertSummary, LoadgenError> {
         }
     );
     if summary.notes.failed > 0 {
-        println!(
+        crate::stdout::outln!(
             "Left out {} failed requests (their time stays in the next turn's delay)",
             summary.notes.failed
         );
     }
     if summary.usage_differs > 0 {
-        println!(
+        crate::stdout::outln!(
             "{} requests: the server counted other prompt tokens than loadgen's tokenizer and \
              chat template (the trace holds loadgen's)",
             summary.usage_differs
         );
     }
     if c.overlapping_turns > 0 {
-        println!(
+        crate::stdout::outln!(
             "{} turns were sent before the previous turn of their conversation ended: they wait \
              for it with no delay",
             c.overlapping_turns
         );
     }
     if c.empty_outputs > 0 {
-        println!(
+        crate::stdout::outln!(
             "{} requests generated no token: written with an output length of 1 (a trace row \
              generates at least one)",
             c.empty_outputs
         );
     }
     if args.to == OutputFormat::Mooncake {
-        println!(
+        crate::stdout::outln!(
             "Replay with: loadgen replay {} --trace-block-size {} --session-mode cumulative",
             args.output.display(),
             args.block_size
