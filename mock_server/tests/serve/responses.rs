@@ -43,10 +43,20 @@ async fn create(server: &TestServer, body: &Value) -> Result<(StatusCode, Value)
 /// A streamed response's events: `(event name, data)`, each checked to carry its `type` and
 /// the next `sequence_number`.
 async fn stream(server: &TestServer, body: &Value) -> Result<Vec<(String, Value)>> {
+    stream_with_fault(server, body, "none").await
+}
+
+/// [`stream`] with the fault `fault` forced.
+async fn stream_with_fault(
+    server: &TestServer,
+    body: &Value,
+    fault: &str,
+) -> Result<Vec<(String, Value)>> {
     let response = within(
         server
             .client
             .post(format!("{}/v1/responses", server.base))
+            .header("x-servesim-fault", fault)
             .json(body)
             .send(),
     )
@@ -406,5 +416,40 @@ async fn bad_input_is_a_400_naming_the_param_and_unknown_ids_404() -> Result<()>
         error["message"],
         "Response with id 'resp_unknown' not found."
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn faults_apply_to_responses_in_their_own_shape() -> Result<()> {
+    let server = start(config(None)).await?;
+    let body = json!({"model": "mock-model", "input": "Hello", "max_output_tokens": 40,
+                      "stream": true});
+    let events = stream_with_fault(&server, &body, "stream-error").await?;
+    let (last, error) = events.last().context("events")?;
+    assert_eq!(last, "error");
+    assert_eq!(error["code"], "internal_error");
+    let kinds = names(&events);
+    assert!(!kinds.contains(&"response.completed"), "{kinds:?}");
+    let deltas = kinds
+        .iter()
+        .filter(|k| **k == "response.output_text.delta")
+        .count();
+    assert!(deltas < 40, "{kinds:?}");
+    let response = within(
+        server
+            .client
+            .post(format!("{}/v1/responses", server.base))
+            .header("x-servesim-fault", "rate-limit")
+            .json(&json!({"model": "mock-model", "input": "Hello"}))
+            .send(),
+    )
+    .await??;
+    assert_eq!(response.status(), 429);
+    let body: Value = within(response.json()).await??;
+    error_of(
+        StatusCode::TOO_MANY_REQUESTS,
+        &body,
+        StatusCode::TOO_MANY_REQUESTS,
+    )?;
     Ok(())
 }
