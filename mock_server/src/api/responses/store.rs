@@ -1,7 +1,7 @@
 //! The responses one server keeps for `previous_response_id` and `GET /v1/responses/{id}`: each
 //! stored response holds its own turn (the input messages it was given and its output, as the
 //! conversation's history renders it) and a link to the response it continued, so a chain is
-//! rebuilt by walking the links back ([`Store::conversation`]).
+//! rebuilt by walking the links back (`Store::conversation`).
 //!
 //! The store is bounded twice: at most [`MAX_STORED_RESPONSES`] responses and at most
 //! [`MAX_STORE_BYTES`] bytes of their text (the turns' messages and the response objects);
@@ -18,7 +18,7 @@ use crate::text::ChatMessage;
 pub const MAX_STORED_RESPONSES: usize = 10_000;
 
 /// Bytes of text one store keeps at most (the turns' messages and the response objects, plus
-/// [`ENTRY_OVERHEAD_BYTES`] each); storing beyond drops the oldest responses. A response
+/// `ENTRY_OVERHEAD_BYTES` each); storing beyond drops the oldest responses. A response
 /// larger than this alone is answered but not stored.
 pub const MAX_STORE_BYTES: usize = 64 << 20;
 

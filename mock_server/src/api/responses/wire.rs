@@ -1,6 +1,6 @@
-//! A `POST /v1/responses` body read into a validated [`ResponsesRequest`]: `input` (a string
+//! A `POST /v1/responses` body read into a validated `ResponsesRequest`: `input` (a string
 //! or items) as chat messages, `instructions`, `tools` (flat function tools) and
-//! `tool_choice` as chat's [`Tools`], and the shared generation parameters. Every malformed
+//! `tool_choice` as chat's `Tools`, and the shared generation parameters. Every malformed
 //! field is a 400 naming it (`input[3].content[0]`, `tools[1].name`, ...).
 
 use serde_json::{json, Map, Value};
