@@ -15,6 +15,8 @@
 //!   and holds no more than its bound.
 //! - [`metrics::metrics_text`]: loadgen reads the same serving figures from any `/metrics` answer
 //!   whether it parses every line or only those of the metrics it knows.
+//! - [`zmtp::zmtp_frames`]: bytes from a peer of mockserve's KV-event sockets are closed on in
+//!   time, cost a bounded heap and answer, and leave the sockets serving.
 //! - [`tokenizer::prompt_text`]: the `tiktoken` encodings give tiktoken's own ids for any text
 //!   (servesim splits ASCII text by hand and caches pieces), the same twice, and decode back.
 //! - [`fleet::fleet_admin`]: a request to a `mockserve fleet`'s admin listener is refused
@@ -59,6 +61,7 @@ pub mod sse;
 pub mod targets;
 pub mod tokenizer;
 pub mod trace;
+pub mod zmtp;
 
 use std::path::PathBuf;
 
@@ -330,8 +333,30 @@ const ADMIN_TOKENS: &[&[u8]] = &[
     b"\xff",
 ];
 
+/// ZMTP 3.0 pieces: greeting, commands, frame heads, subscriptions, replay requests.
+const ZMTP_TOKENS: &[&[u8]] = &[
+    b"\xff\0\0\0\0\0\0\0\x01\x7f\x03\x00NULL",
+    b"\x04\x05READY",
+    b"\x0bSocket-Type",
+    b"\x04PING",
+    b"\x09SUBSCRIBE",
+    b"\x06CANCEL",
+    b"\x00\x01\x01",
+    b"\x00\x01\x00",
+    b"\x00\x08",
+    b"\x01\x00",
+    b"\x02\x00\x00\x00\x00\x00\x01\x00\x00",
+    b"\x06\xff\xff\xff\xff\xff\xff\xff\xff",
+    b"\x04\xff",
+    b"\xff\xff\xff\xff\xff\xff\xff\xff",
+    b"kv@fuzz",
+    b"SUB",
+    b"DEALER",
+    b"REQ",
+];
+
 /// Every target, in a fixed order.
-pub const TARGETS: [Target; 7] = [
+pub const TARGETS: [Target; 8] = [
     Target {
         name: "chat_body",
         check: http::chat_body,
@@ -380,6 +405,13 @@ pub const TARGETS: [Target; 7] = [
         dictionary: ADMIN_TOKENS,
         fields: &["state", "factor"],
         max_len: 8 << 10,
+    },
+    Target {
+        name: "zmtp_frames",
+        check: zmtp::zmtp_frames,
+        dictionary: ZMTP_TOKENS,
+        fields: &[],
+        max_len: 96 << 10,
     },
 ];
 

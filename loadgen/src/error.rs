@@ -87,6 +87,19 @@ pub enum LoadgenError {
         #[source]
         source: std::io::Error,
     },
+    /// A file loadgen reads back (a report, a per-request record file) or one of its lines
+    /// passes its size cap (`crate::report::capped`); nothing past the cap was read.
+    #[error("{}: {what} passes the {cap}-byte cap ({constant})", path.display())]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// `the file` or `line N`.
+        what: String,
+        /// The cap in bytes.
+        cap: u64,
+        /// The constant's name.
+        constant: &'static str,
+    },
     /// A results file is not loadgen/multiturn_bench JSON.
     #[error("{path}: not a multiturn results file: {message}")]
     BadResults {

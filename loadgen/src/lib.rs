@@ -33,6 +33,8 @@
 //!   `--perf-profile` reads.
 //! - [`convert`](mod@convert): `trace convert`, multiturn records or an OpenAI request log into
 //!   a Mooncake or agentic trace, hash ids from the real tokens.
+//! - `stdout`: the one way loadgen prints to its console (a closed pipe ends the output
+//!   quietly; the run goes on and writes its files).
 //! - `limits`: every flag's allowed range (caps as named constants) and the output-path check
 //!   each mode's validation runs before anything connects; [`error`]: [`LoadgenError`] and the
 //!   exit status of each.
@@ -62,6 +64,7 @@ pub mod profile;
 pub mod replay;
 pub mod report;
 pub mod run;
+pub(crate) mod stdout;
 pub mod sweep;
 
 // The flat paths other crates, the benches and the tests use; each module lives in its folder.
@@ -198,7 +201,7 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
             Ok(())
         }
         Command::Compare(args) => {
-            print!("{}", compare::run(&args)?);
+            crate::stdout::out!("{}", compare::run(&args)?);
             Ok(())
         }
         Command::Profile(args) => profile::profile(&args).await.map(|_| ()),
@@ -206,12 +209,8 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
             convert::TraceCommand::Convert(a) => convert::convert(a).map(|_| ()),
         },
         Command::Completions { shell } => {
-            std::io::Write::write_all(&mut std::io::stdout(), &completions(shell)).map_err(
-                |source| LoadgenError::Io {
-                    path: "<stdout>".into(),
-                    source,
-                },
-            )
+            stdout::print(&String::from_utf8_lossy(&completions(shell)));
+            Ok(())
         }
     }
 }

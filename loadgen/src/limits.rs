@@ -16,6 +16,12 @@ use crate::error::LoadgenError;
 /// concurrencies of a sweep and `--decode-batch-sizes`.
 pub(crate) const MAX_CONCURRENCY: usize = 100_000;
 
+/// Requests of an agentic replay in flight when `--max-in-flight` is not given: a trace whose
+/// plays all start at once (40,000 roots at t=0) would otherwise open one socket per root (two
+/// with the embedded server) and fail on the process's file limit. Further requests wait for a
+/// slot; their latency still counts from their scheduled time and the wait is reported.
+pub(crate) const DEFAULT_AGENTIC_MAX_IN_FLIGHT: usize = 256;
+
 /// Conversations of `loadgen multiturn` at most (`--num-users`).
 pub(crate) const MAX_USERS: usize = 100_000;
 

@@ -1,6 +1,7 @@
 //! The `loadgen` binary: parse, run, map errors to an exit code (0 success, 1 error, 2 bad
 //! flags, 3 too many failed requests).
 
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -10,7 +11,12 @@ fn main() -> ExitCode {
     match loadgen::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("loadgen: error: {}", loadgen::error::chain(&e));
+            // A closed stderr must not turn the error into a panic (exit 101).
+            let _ = writeln!(
+                std::io::stderr(),
+                "loadgen: error: {}",
+                loadgen::error::chain(&e)
+            );
             ExitCode::from(e.exit_code())
         }
     }

@@ -6,7 +6,8 @@
 //!
 //! - `fixed` or `fixed:LENGTH`: always that length (`fixed` alone is `fixed:100%`, the limit:
 //!   every answer ends with `finish_reason: "length"`, as if `ignore_eos` were always set);
-//! - `uniform:LO,HI`: uniform between `LO` and `HI` (inclusive);
+//! - `uniform:LO,HI`: uniform between `LO` and `HI` (inclusive; `LO` above `HI` is refused
+//!   when both are token counts or both shares);
 //! - `lognormal:MEAN,SIGMA`: log-normal with mean `MEAN` and shape `SIGMA` (the standard
 //!   deviation of the underlying normal; `0.5` is a typical chat spread).
 //!
@@ -152,7 +153,20 @@ impl FromStr for OutputLengthDist {
         match (kind, args.as_slice()) {
             ("fixed", []) => Ok(OutputLengthDist::LIMIT),
             ("fixed", [length]) => Ok(OutputLengthDist::Fixed(length.parse()?)),
-            ("uniform", [lo, hi]) => Ok(OutputLengthDist::Uniform(lo.parse()?, hi.parse()?)),
+            ("uniform", [lo, hi]) => {
+                let (lo, hi): (Length, Length) = (lo.parse()?, hi.parse()?);
+                // Ends of one kind must be in order; a token count and a share are ordered
+                // per request, by its limit.
+                let reversed = match (lo, hi) {
+                    (Length::Tokens(a), Length::Tokens(b)) => a > b,
+                    (Length::Share(a), Length::Share(b)) => a > b,
+                    _ => false,
+                };
+                if reversed {
+                    return Err(format!("uniform:{lo},{hi}: LO must not be above HI"));
+                }
+                Ok(OutputLengthDist::Uniform(lo, hi))
+            }
             ("lognormal", [mean, sigma]) => {
                 let sigma: f64 = sigma
                     .trim()
@@ -213,9 +227,17 @@ mod tests {
             "normal:1,2",
             "fixed:-5%",
             "fixed:1.5",
+            "uniform:10,5",
+            "uniform:50%,10%",
         ] {
             assert!(bad.parse::<OutputLengthDist>().is_err(), "{bad}");
         }
+        assert_eq!(
+            "uniform:10,5".parse::<OutputLengthDist>(),
+            Err("uniform:10,5: LO must not be above HI".into())
+        );
+        // A count and a share are ordered per request (by its limit): accepted either way.
+        assert!("uniform:500,10%".parse::<OutputLengthDist>().is_ok());
     }
 
     #[test]

@@ -10,11 +10,12 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from types import TracebackType
-from typing import IO, Any, Dict, List, Mapping, Optional, Type, Union
+from typing import IO, Any, Callable, Dict, List, Mapping, Optional, Type, Union
 
 __all__ = ["MockServer", "MockServerError", "binary_path", "flag_args"]
 
@@ -24,6 +25,30 @@ _LISTENING = re.compile(rb"mockserve listening on http://(\S+):(\d+)\s*$", re.MU
 
 #: How often the startup loop looks at the process, its stdout and ``/health``, in seconds.
 _POLL_S = 0.05
+
+#: Linux's ``PR_SET_PDEATHSIG`` (``<sys/prctl.h>``).
+_PR_SET_PDEATHSIG = 1
+
+
+def _parent_death_signal() -> Optional[Callable[[], None]]:
+    """A function for ``preexec_fn`` that asks Linux to SIGKILL the child when the thread that
+    forked it ends, or None where that is not available. ``prctl`` is looked up here, in the
+    parent: between fork and exec the child only calls it (no import)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (ImportError, OSError, AttributeError):
+        return None
+    sigkill = int(signal.SIGKILL)
+
+    def die_with_parent() -> None:
+        prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
+
+    return die_with_parent
+
 
 FlagValue = Union[str, int, float, bool, None, List[Any], tuple]
 
@@ -155,7 +180,8 @@ class MockServer:
 
     def command(self) -> List[str]:
         """The command line :meth:`start` runs."""
-        return [self.executable or binary_path("mockserve"), *flag_args(self.flags)]
+        flags = {"exit_on_stdin_eof": True, **self.flags}
+        return [self.executable or binary_path("mockserve"), *flag_args(flags)]
 
     def start(self) -> "MockServer":
         """Start mockserve and wait until it is healthy; see the class docs."""
@@ -165,8 +191,18 @@ class MockServer:
         # Files, not pipes: nobody has to keep reading them while the server runs.
         self._stdout = tempfile.TemporaryFile()
         self._stderr = tempfile.TemporaryFile()
+        # stdin: a pipe whose write end only this process holds (close_fds keeps it out of
+        # other children); it closes when this process ends, however, and mockserve then
+        # shuts down (--exit-on-stdin-eof). The parent-death signal fires when the forking
+        # *thread* ends, so it is asked for only from the main thread.
+        main_thread = threading.current_thread() is threading.main_thread()
         self.process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=self._stdout, stderr=self._stderr
+            command,
+            stdin=subprocess.PIPE,
+            stdout=self._stdout,
+            stderr=self._stderr,
+            close_fds=True,
+            preexec_fn=_parent_death_signal() if main_thread else None,
         )
         deadline = time.monotonic() + self.startup_timeout
         try:
@@ -192,6 +228,8 @@ class MockServer:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        if process.stdin is not None:
+            process.stdin.close()
         for stream in (self._stdout, self._stderr):
             if stream is not None:
                 stream.close()

@@ -8,6 +8,7 @@ import hashlib
 import json
 import re
 import subprocess
+import sys
 import sysconfig
 import threading
 import time
@@ -211,3 +212,76 @@ def test_installed_files_match_record_and_plugin_is_registered():
         assert base64.urlsafe_b64encode(digest).rstrip(b"=").decode() == f.hash.value, f
     plugins = metadata.entry_points().select(group="pytest11")
     assert [p.value for p in plugins if p.name == "servesim"] == ["servesim.pytest_plugin"]
+
+
+def _gone(pid: int) -> bool:
+    """The process ended (a zombie not yet reaped counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            # The state follows the command name in parentheses: "Z" is a zombie.
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+# A test process that starts a server, reports mockserve's pid on stdout, then ends as the
+# parameter says without calling stop().
+_PARENT = """
+import os, signal, sys, time
+from servesim import MockServer
+how = sys.argv[1]
+with MockServer(tokenizer="builtin") as server:
+    print(server.process.pid, flush=True)
+    if how == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif how == "sigterm":
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+    elif how == "os_exit":
+        os._exit(0)
+"""
+
+_NO_STOP = """
+import sys
+from servesim import MockServer
+server = MockServer(tokenizer="builtin").start()
+print(server.process.pid, flush=True)
+# The interpreter ends without stop(): no with block, no atexit hook.
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("how", ["sigkill", "sigterm", "os_exit", "no_stop"])
+def test_mockserve_dies_with_its_parent(how):
+    script = _NO_STOP if how == "no_stop" else _PARENT
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, how], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        line = parent.stdout.readline()
+        assert line.strip().isdigit(), (line, parent.stderr.read() if parent.poll() is not None else b"")
+        pid = int(line)
+        parent.wait(timeout=60)
+        # The parent is gone; its mockserve must follow within a few seconds.
+        wait_for(lambda: _gone(pid), f"mockserve {pid} to exit after its parent ({how})", 10.0)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def test_a_server_started_in_a_thread_outlives_the_thread():
+    # The parent-death signal follows the forking thread, so it is not asked for outside the
+    # main thread: a server started from a worker thread keeps serving after that thread ends.
+    started: List[MockServer] = []
+    thread = threading.Thread(target=lambda: started.append(MockServer(tokenizer="builtin").start()))
+    thread.start()
+    thread.join(timeout=60)
+    assert started, "the server did not start"
+    server = started[0]
+    try:
+        time.sleep(0.5)
+        with urllib.request.urlopen(server.url + "/health", timeout=10) as answer:
+            assert answer.status == 200
+    finally:
+        assert server.stop() == 0

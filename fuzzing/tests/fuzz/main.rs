@@ -131,6 +131,11 @@ fn fleet_admin() {
     run("fleet_admin");
 }
 
+#[test]
+fn zmtp_frames() {
+    run("zmtp_frames");
+}
+
 /// Every file in `fuzz/corpus/<target>/` and `fuzz/regressions/<target>/` passes its checker.
 /// Fails until the fixes listed at the top of this file are in.
 #[test]

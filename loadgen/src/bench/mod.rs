@@ -91,7 +91,7 @@ impl Mode for BenchMode<'_> {
     }
 
     fn announce(&self, target: &Connected) {
-        println!(
+        crate::stdout::outln!(
             "loadgen bench: {}; prompts {} ({})",
             self.plan.describe(),
             if target.synth(1).is_exact() {

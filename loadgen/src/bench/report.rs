@@ -41,6 +41,10 @@ fn mean_std(v: &[f64]) -> (f64, f64) {
 }
 
 impl Report for BenchRun {
+    fn live(&self) -> Option<&crate::report::replay_report::LiveReport> {
+        Some(&self.live)
+    }
+
     fn console_text(&self) -> String {
         format!(
             "Bench report ({} warmup requests excluded)\n{}",

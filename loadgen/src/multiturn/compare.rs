@@ -40,16 +40,10 @@ pub struct TurnRow {
     pub b: Option<(f64, f64)>,
 }
 
-/// Loads a results file (loadgen's or Dynamo multiturn_bench's).
+/// Loads a results file (loadgen's or Dynamo multiturn_bench's), at most
+/// `MAX_REPORT_FILE_BYTES` (`crate::report::capped`).
 pub fn load(path: &Path) -> Result<Results, LoadgenError> {
-    let text = std::fs::read_to_string(path).map_err(|source| LoadgenError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    serde_json::from_str(&text).map_err(|e| LoadgenError::BadResults {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })
+    crate::report::capped::read_json(path)
 }
 
 fn find(rows: &[PerTurnStats], turn: usize) -> Option<(f64, f64)> {
@@ -136,15 +130,7 @@ pub fn run(args: &CompareArgs) -> Result<String, LoadgenError> {
     if let Some(path) = &args.html {
         let mut views = Vec::new();
         for file in [&args.a, &args.b].into_iter().chain(&args.more) {
-            let text = std::fs::read_to_string(file).map_err(|source| LoadgenError::Io {
-                path: file.clone(),
-                source,
-            })?;
-            let json: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| LoadgenError::BadResults {
-                    path: file.clone(),
-                    message: e.to_string(),
-                })?;
+            let json: serde_json::Value = crate::report::capped::read_json(file)?;
             let name = file.file_stem().map_or_else(
                 || file.display().to_string(),
                 |s| s.to_string_lossy().into_owned(),

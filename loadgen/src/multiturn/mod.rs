@@ -191,36 +191,36 @@ fn record(sample: &Sample, user_tokens: Option<usize>) -> RawResult {
 
 fn print_config(c: &MultiturnConfig, url: &str, model: &str) {
     let w = &c.workload;
-    println!("Configuration:");
-    println!("  URL: {url}");
-    println!("  Model: {model}");
-    println!("  Users: {}", w.num_users);
-    println!("  Turns: {}", w.num_turns);
+    crate::stdout::outln!("Configuration:");
+    crate::stdout::outln!("  URL: {url}");
+    crate::stdout::outln!("  Model: {model}");
+    crate::stdout::outln!("  Users: {}", w.num_users);
+    crate::stdout::outln!("  Turns: {}", w.num_turns);
     if c.target.is_embedded() || c.target.tokenizer.is_some() {
-        println!("  User tokens: {} (exact)", w.num_user_tokens);
+        crate::stdout::outln!("  User tokens: {} (exact)", w.num_user_tokens);
     } else {
-        println!("  User tokens: ~{}", w.num_user_tokens);
+        crate::stdout::outln!("  User tokens: ~{}", w.num_user_tokens);
     }
-    println!("  Max completion tokens: {}", c.max_completion_tokens);
-    println!("  Ignore EOS: {}", c.ignore_eos);
-    println!("  Mean delay: {}ms", w.mean_delay_ms);
-    println!("  Speculative prefill: {}", c.speculative_prefill);
+    crate::stdout::outln!("  Max completion tokens: {}", c.max_completion_tokens);
+    crate::stdout::outln!("  Ignore EOS: {}", c.ignore_eos);
+    crate::stdout::outln!("  Mean delay: {}ms", w.mean_delay_ms);
+    crate::stdout::outln!("  Speculative prefill: {}", c.speculative_prefill);
     if let Some(t) = &w.tools {
-        println!(
+        crate::stdout::outln!(
             "  Tool calls: {}% of turns, tool wait {} ms",
             t.share * 100.0,
             t.wait
         );
     }
-    println!("  Seed: {}", w.seed);
-    println!();
+    crate::stdout::outln!("  Seed: {}", w.seed);
+    crate::stdout::outln!();
 }
 
 /// Runs a multi-turn benchmark: prints the console report, writes the results files, returns
 /// the results (the failure-rate verdict is [`verdict`]'s).
 pub async fn multiturn(config: &MultiturnConfig) -> Result<Results, LoadgenError> {
-    println!("Multiturn Chat Benchmark");
-    println!("========================\n");
+    crate::stdout::outln!("Multiturn Chat Benchmark");
+    crate::stdout::outln!("========================\n");
     let settings = Settings {
         report: &config.report,
         observe: config.observe.as_ref(),
@@ -292,7 +292,7 @@ impl Mode for Conversations<'_> {
         let shard = config.sharding.shard;
         if let Some(sh) = shard {
             workload.users.retain(|u| sh.owns(u.user_id));
-            println!(
+            crate::stdout::outln!(
                 "Shard {}/{}: {} of the {} users",
                 sh.index,
                 sh.count,
@@ -302,9 +302,11 @@ impl Mode for Conversations<'_> {
         }
         self.num_users = workload.users.len();
         let total = (self.num_users * config.workload.num_turns) as u64;
-        println!(
+        crate::stdout::outln!(
             "Running {} users x {} turns = {} total requests...",
-            self.num_users, config.workload.num_turns, total
+            self.num_users,
+            config.workload.num_turns,
+            total
         );
         let bar = if config.report.show_progress() {
             ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
@@ -353,12 +355,12 @@ impl Mode for Conversations<'_> {
                     s.response.failure.is_none()
                 );
                 if bar.is_hidden() {
-                    println!("{line}");
+                    crate::stdout::outln!("{line}");
                 } else {
                     bar.println(line);
                 }
                 if let Some(f) = &s.response.failure {
-                    eprintln!(
+                    crate::stdout::errln!(
                         "  [user {}][turn {}] {}",
                         crate::run::shard::global(shard, s.session),
                         s.turn,
@@ -513,7 +515,7 @@ pub(crate) fn write_results(
     if let Some(path) = report_json {
         let text = serde_json::to_string_pretty(results).unwrap_or_default();
         std::fs::write(path, text + "\n").map_err(io(path))?;
-        println!("Results written to: {}", path.display());
+        crate::stdout::outln!("Results written to: {}", path.display());
     }
     if let Some(path) = per_request_jsonl {
         let file = std::fs::File::create(path).map_err(io(path))?;

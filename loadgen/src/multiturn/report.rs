@@ -370,13 +370,16 @@ fn per_turn(
     num_turns: usize,
     f: impl Fn(&RawResult) -> Option<u64>,
 ) -> Vec<PerTurnStats> {
-    (0..num_turns)
-        .filter_map(|turn| {
-            let v: Vec<u64> = records
-                .iter()
-                .filter(|r| r.success && r.turn == turn)
-                .filter_map(&f)
-                .collect();
+    // One pass over the records, grouped by turn (not one pass per turn).
+    let mut by_turn: std::collections::BTreeMap<usize, Vec<u64>> = Default::default();
+    for r in records.iter().filter(|r| r.success && r.turn < num_turns) {
+        if let Some(v) = f(r) {
+            by_turn.entry(r.turn).or_default().push(v);
+        }
+    }
+    by_turn
+        .into_iter()
+        .filter_map(|(turn, v)| {
             StatsReport::of(&v).map(|s| PerTurnStats {
                 turn,
                 count: v.len(),

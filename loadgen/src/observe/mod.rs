@@ -174,7 +174,7 @@ impl Observed {
         };
         map.insert("timeline".into(), crate::report::html::timeline(live));
         map.insert("latency_cdf".into(), crate::report::html::latency_cdf(live));
-        if let Some(server) = &self.server {
+        if let Some(server) = self.attributed(Some(live)) {
             map.insert("server_metrics".into(), json!(server));
         }
         if let Some(c) = config {
@@ -187,13 +187,51 @@ impl Observed {
         self.server.as_ref()?.summary.token_lateness
     }
 
-    /// Console lines: the server metrics' summary.
-    pub fn console(&self) -> String {
-        self.server
-            .as_ref()
-            .map(ServerMetrics::console)
+    /// Console lines: the server metrics' summary, its routing line attributed to the run's
+    /// own requests (`live`) when given.
+    pub fn console(&self, live: Option<&LiveReport>) -> String {
+        self.attributed(live)
+            .map(|server| server.console())
             .unwrap_or_default()
     }
+
+    /// The server metrics with the routing judge's window attributed to `live`'s requests
+    /// ([`scrape::RoutingSummary::attribute`]).
+    fn attributed(&self, live: Option<&LiveReport>) -> Option<std::borrow::Cow<'_, ServerMetrics>> {
+        let server = self.server.as_ref()?;
+        match (live, server.summary.routing) {
+            (Some(live), Some(mut routing)) => {
+                routing.attribute(own_routing(live));
+                let mut server = server.clone();
+                server.summary.routing = Some(routing);
+                Some(std::borrow::Cow::Owned(server))
+            }
+            _ => Some(std::borrow::Cow::Borrowed(server)),
+        }
+    }
+}
+
+/// The run's own requests as routing decisions: those that reached a worker (successes, and
+/// failures whose response named one), their prompt and cached tokens, the workers named.
+pub(crate) fn own_routing(live: &LiveReport) -> scrape::OwnRouting {
+    let mut own = scrape::OwnRouting::default();
+    let mut workers = std::collections::BTreeSet::new();
+    for rec in &live.records {
+        let raw = &rec.raw;
+        if raw.failure.is_some() && raw.worker.is_none() {
+            continue;
+        }
+        own.requests += 1;
+        if let Some(w) = raw.worker {
+            workers.insert(w);
+        }
+        if let (None, Some(prompt)) = (&raw.failure, raw.prompt_tokens) {
+            own.prompt_tokens += prompt;
+            own.cached_tokens += raw.cached_tokens.unwrap_or(0).min(prompt);
+        }
+    }
+    own.workers = workers.len();
+    own
 }
 
 /// `--max-server-lateness`: fails when the server's 99th-percentile token lateness over the run

@@ -62,7 +62,7 @@ pub(crate) async fn run(c: &Connected, plan: &ProfilePlan) -> Result<Measurement
     let mut m = Measurements::default();
     let progress = |line: String| {
         if plan.progress {
-            eprintln!("profile: {line}");
+            crate::stdout::errln!("profile: {line}");
         }
     };
 

@@ -315,13 +315,13 @@ pub async fn profile(args: &ProfileArgs) -> Result<ProfileRun, LoadgenError> {
             .iter()
             .find(|&&isl| isl > engine.max_num_batched_tokens)
         {
-            eprintln!(
+            crate::stdout::errln!(
                 "loadgen: warning: --prefill-isl {isl} is above the embedded server's \
                  --max-num-batched-tokens ({}): its prefill takes several passes",
                 engine.max_num_batched_tokens
             );
         }
-        println!(
+        crate::stdout::outln!(
             "Profiling the embedded server: latency model {}",
             engine.latency.model.describe()
         );
@@ -372,8 +372,8 @@ pub async fn profile(args: &ProfileArgs) -> Result<ProfileRun, LoadgenError> {
     text.push(b'\n');
     write_file(&paths.json, &text)?;
     write_file(&paths.svg, fit::svg(&tables, &measurements).as_bytes())?;
-    print!("\n{}", fit::summary(&measurements, Some(&tables)));
-    println!(
+    crate::stdout::out!("\n{}", fit::summary(&measurements, Some(&tables)));
+    crate::stdout::outln!(
         "\nSaved profile to {} (JSON {}, curves {})",
         paths.npz.display(),
         paths.json.display(),

@@ -10,6 +10,7 @@ use servesim::replay::{summarize, AgenticReport, GraphTimes};
 use servesim::trace::{self, RequestGraph, TraceFormat};
 
 use crate::error::LoadgenError;
+use crate::limits;
 use crate::observe::Observed;
 use crate::replay::args::{settings, ReplayArgs, SessionMode};
 use crate::replay::graph_driver::{self, GraphPlan};
@@ -91,15 +92,21 @@ pub(super) async fn replay_graph(
     let spec = args.run.target.spec(&EmbeddedOptions::default())?;
     let lanes = args.trace.agentic_lanes.map(|l| l as usize);
     if console {
-        println!(
+        crate::stdout::outln!(
             "Trace {}: agentic ({format}), {} requests in {} plays, {} tokens per hash id, \
-             speed-up {}{}",
+             speed-up {}{}, at most {} in flight{}",
             args.trace.path.display(),
             graph.nodes.len(),
             graph.plays.len(),
             graph.block_size,
             args.trace.arrival_speedup_ratio,
-            lanes.map_or_else(String::new, |l| format!(", {l} lanes"))
+            lanes.map_or_else(String::new, |l| format!(", {l} lanes")),
+            max_in_flight(args),
+            if args.max_in_flight.is_none() {
+                " (the default; --max-in-flight sets it)"
+            } else {
+                ""
+            }
         );
     }
     let mode = GraphMode {
@@ -112,6 +119,13 @@ pub(super) async fn replay_graph(
         owned: Vec::new(),
     };
     run::execute(mode, &spec, &settings(args, console)).await
+}
+
+/// The in-flight cap of an agentic replay: `--max-in-flight`, or
+/// [`limits::DEFAULT_AGENTIC_MAX_IN_FLIGHT`].
+pub(crate) fn max_in_flight(args: &ReplayArgs) -> usize {
+    args.max_in_flight
+        .unwrap_or(limits::DEFAULT_AGENTIC_MAX_IN_FLIGHT)
 }
 
 /// An agentic trace's request graph in the harness, sent by [`graph_driver::drive_graph`].
@@ -139,7 +153,7 @@ impl Mode for GraphMode<'_> {
         let (args, graph) = (self.args, &self.graph);
         let synth = Arc::new(target.synth(graph.block_size));
         if self.console {
-            println!("{}", prompts_line(args, &synth, graph.block_size));
+            crate::stdout::outln!("{}", prompts_line(args, &synth, graph.block_size));
         }
         // A shard's plays (all of them unsharded), at their unsharded times.
         let shard = args.run.sharding.shard;
@@ -147,7 +161,7 @@ impl Mode for GraphMode<'_> {
             .filter(|&p| shard.is_none_or(|sh| sh.owns(p)))
             .collect();
         if let (Some(sh), true) = (shard, self.console) {
-            println!(
+            crate::stdout::outln!(
                 "Shard {}/{}: {} of the {} plays",
                 sh.index,
                 sh.count,
@@ -175,7 +189,7 @@ impl Mode for GraphMode<'_> {
         target: &Connected,
         hooks: RunHooks,
     ) -> Result<graph_driver::GraphOutput, LoadgenError> {
-        let config = hooks.driver_config(self.args.max_in_flight, None);
+        let config = hooks.driver_config(Some(max_in_flight(self.args)), None);
         graph_driver::drive_graph(target.endpoint.clone(), plan, &config).await
     }
 
@@ -246,7 +260,7 @@ impl Mode for GraphMode<'_> {
             "arrival_speedup_ratio": speedup,
             "trace_block_size": graph.block_size,
             "agentic_lanes": self.lanes,
-            "max_in_flight": args.max_in_flight,
+            "max_in_flight": max_in_flight(args),
             "target": self.spec.describe(),
         });
         let keys = ReplayKeys {

@@ -31,7 +31,8 @@ pub struct ReplayArgs {
     pub max_requests: Option<usize>,
 
     /// Requests in flight at most, 1 to 100000 (further ones wait; their latency still counts
-    /// from their scheduled time).
+    /// from their scheduled time). An agentic trace has a cap of 256 without it; a Mooncake
+    /// trace has none.
     #[arg(long)]
     pub max_in_flight: Option<usize>,
 

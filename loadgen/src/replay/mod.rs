@@ -79,7 +79,7 @@ pub(crate) async fn replay_with(
         m => m,
     };
     if console {
-        println!(
+        crate::stdout::outln!(
             "Trace {}: {} requests in {} sessions; {}",
             args.trace.path.display(),
             trace.num_requests(),
@@ -87,7 +87,7 @@ pub(crate) async fn replay_with(
             shape.describe()
         );
         if args.session_mode != SessionMode::Auto {
-            println!("Session mode forced: {mode:?}");
+            crate::stdout::outln!("Session mode forced: {mode:?}");
         }
     }
     let plans = plans(&trace, mode);

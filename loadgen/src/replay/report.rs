@@ -32,6 +32,53 @@ pub struct ReplayRun {
     pub agentic: Option<AgenticReport>,
 }
 
+/// Plays listed one per line on the console at most; the rest are counted (every play is in
+/// the report's `agentic.plays`).
+pub(crate) const MAX_CONSOLE_PLAYS: usize = 10;
+
+/// `mockserve replay`'s agentic summary with its play lines cut at [`MAX_CONSOLE_PLAYS`]: a
+/// trace of 40,000 plays prints a dozen lines, not 40,000.
+fn agentic_lines(agentic: &AgenticReport) -> String {
+    let full = mock_server::cmd::replay::agentic_summary(agentic);
+    let lines: Vec<&str> = full.lines().collect();
+    // The summary is its header lines, then one line per play.
+    let header = lines.len().saturating_sub(agentic.plays.len());
+    let shown = header + MAX_CONSOLE_PLAYS;
+    if lines.len() <= shown {
+        return full;
+    }
+    let mut s: String = lines[..shown].iter().map(|l| format!("{l}\n")).collect();
+    s.push_str(&format!(
+        "  ... and {} more plays (each in the report's agentic.plays)\n",
+        lines.len() - shown
+    ));
+    s
+}
+
+/// A wait for the in-flight cap shorter than this (µs) is taking a free slot, not waiting.
+const CAP_WAIT_NOTED_US: u64 = 1_000;
+
+/// How many requests waited for the in-flight cap (1 ms or more), and how long at most: the
+/// part of the schedule lag the cap explains (the lag line's "pacer alone" is the rest). Empty
+/// when none waited.
+fn cap_wait_line(live: &LiveReport) -> String {
+    let waits = live
+        .records
+        .iter()
+        .map(|r| r.raw.cap_wait_us)
+        .filter(|&w| w >= CAP_WAIT_NOTED_US);
+    let (count, max_us) = waits.fold((0usize, 0u64), |(n, m), w| (n + 1, m.max(w)));
+    if count == 0 {
+        return String::new();
+    }
+    format!(
+        "In-flight cap: {count} of {} requests waited for a slot (up to {:.1} ms); their \
+         latencies count from their scheduled times\n",
+        live.records.len(),
+        max_us as f64 / 1000.0
+    )
+}
+
 /// The keys a live replay's report adds to the live report's, and its `config`.
 pub(super) struct ReplayKeys {
     /// `session_mode` (Mooncake) or `trace_format` (agentic).
@@ -108,11 +155,15 @@ impl ReplayKeys {
 }
 
 impl Report for ReplayRun {
+    fn live(&self) -> Option<&crate::report::replay_report::LiveReport> {
+        Some(&self.live)
+    }
+
     fn console_text(&self) -> String {
         let mut s = String::from("Live replay report\n");
         s.push_str(&self.live.report_lines());
         if let Some(agentic) = &self.agentic {
-            s.push_str(&mock_server::cmd::replay::agentic_summary(agentic));
+            s.push_str(&agentic_lines(agentic));
         }
         s.push_str(&format!(
             "Prefix reuse: expected from the trace's hash ids {:.4}, reported by the server \
@@ -128,6 +179,7 @@ impl Report for ReplayRun {
         }
         s.push_str(&self.live.failure_lines());
         s.push_str(&self.live.lag_lines());
+        s.push_str(&cap_wait_line(&self.live));
         s
     }
 

@@ -91,7 +91,7 @@ impl Mode for SessionsMode<'_> {
         let args = self.args;
         let synth = Arc::new(target.synth(args.trace.block_size));
         if self.console {
-            println!("{}", prompts_line(args, &synth, args.trace.block_size));
+            crate::stdout::outln!("{}", prompts_line(args, &synth, args.trace.block_size));
         }
         let trace = &self.trace;
         let shard = args.run.sharding.shard;
@@ -99,7 +99,7 @@ impl Mode for SessionsMode<'_> {
             .filter(|&s| shard.is_none_or(|sh| sh.owns(s)))
             .collect();
         if let (Some(sh), true) = (shard, self.console) {
-            println!(
+            crate::stdout::outln!(
                 "Shard {}/{}: {} of the {} sessions",
                 sh.index,
                 sh.count,

@@ -599,7 +599,7 @@ pub(crate) fn write(path: &Path, runs: &[RunView]) -> Result<(), LoadgenError> {
         path: path.to_path_buf(),
         source,
     })?;
-    println!("Saved HTML report to {}", path.display());
+    crate::stdout::outln!("Saved HTML report to {}", path.display());
     Ok(())
 }
 

@@ -29,6 +29,7 @@ use crate::bench::Slo;
 use crate::error::LoadgenError;
 use crate::multiturn::report::{RawResult, Results, RunData, ShardSample};
 use crate::report::replay_report::{self, LiveReport, RawSample, RequestInfo};
+use crate::report::{capped, record_check};
 
 /// `loadgen merge` flags.
 #[derive(Args, Clone, Debug)]
@@ -87,48 +88,40 @@ pub(crate) fn read_records(files: &[PathBuf]) -> Result<Records, LoadgenError> {
     let mut skipped = 0;
     // The shard of each file's records (None: unsharded; no entry: no records).
     let mut shards: Vec<(&PathBuf, Option<(u32, u32)>)> = Vec::new();
-    // (canonical path, content hash, path) of the files read so far; a file whose hash matches
-    // is read again to compare the bytes.
-    let mut seen: Vec<(Option<PathBuf>, u64, &PathBuf)> = Vec::new();
+    // (canonical path, (length, content hash), path) of the files read so far; a file whose
+    // length and hash match is compared byte for byte.
+    let mut seen: Vec<(Option<PathBuf>, (u64, u64), &PathBuf)> = Vec::new();
+    let mut buf = Vec::new();
     for path in files {
-        let text = std::fs::read_to_string(path).map_err(|source| LoadgenError::Io {
-            path: path.clone(),
-            source,
-        })?;
         let canonical = std::fs::canonicalize(path).ok();
-        let hash = xxhash_rust::xxh3::xxh3_64(text.as_bytes());
-        for (other_canonical, other_hash, other) in &seen {
-            if canonical.is_some() && canonical == *other_canonical {
-                return Err(LoadgenError::Config(format!(
-                    "{} and {} are the same file: its records would be counted twice",
-                    other.display(),
-                    path.display()
-                )));
-            }
-            if !text.trim().is_empty()
-                && hash == *other_hash
-                && std::fs::read_to_string(other).is_ok_and(|t| t == text)
-            {
-                return Err(LoadgenError::Config(format!(
-                    "{} and {} hold the same records (a copy?): they would be counted twice",
-                    other.display(),
-                    path.display()
-                )));
-            }
+        if let Some((_, _, other)) = seen
+            .iter()
+            .find(|(c, _, _)| canonical.is_some() && canonical == *c)
+        {
+            return Err(LoadgenError::Config(format!(
+                "{} and {} are the same file: its records would be counted twice",
+                other.display(),
+                path.display()
+            )));
         }
+        let mut lines = capped::RecordLines::open(path)?;
         let mut file_shard: Option<Option<(u32, u32)>> = None;
-        for (n, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
+        let mut has_text = false;
+        while lines.next(&mut buf)? {
+            let n = lines.line() - 1;
+            let at = || format!("{}:{}", path.display(), n + 1);
+            if buf.trim_ascii().is_empty() {
                 continue;
             }
-            let v: Value = serde_json::from_str(line).map_err(|e| {
-                LoadgenError::Config(format!("{}:{}: not JSON: {e}", path.display(), n + 1))
-            })?;
+            has_text = true;
+            let v: Value = serde_json::from_slice(&buf)
+                .map_err(|e| LoadgenError::Config(format!("{}: not JSON: {e}", at())))?;
             if v.get("raw").is_none() && v.get("user_id").is_some() {
-                let at = || format!("{}:{}", path.display(), n + 1);
                 let rec: RawResult = serde_json::from_value(v).map_err(|e| {
                     LoadgenError::Config(format!("{}: bad multiturn record: {e}", at()))
                 })?;
+                record_check::multiturn(&rec)
+                    .map_err(|e| LoadgenError::Config(format!("{}: {e}", at())))?;
                 if rec.shard.is_none() || rec.merge.is_none() {
                     return Err(LoadgenError::Config(format!(
                         "{}: a multiturn record of an unsharded run: multiturn records merge \
@@ -136,18 +129,7 @@ pub(crate) fn read_records(files: &[PathBuf]) -> Result<Records, LoadgenError> {
                         at()
                     )));
                 }
-                match file_shard {
-                    None => file_shard = Some(rec.shard),
-                    Some(shard) if shard != rec.shard => {
-                        return Err(LoadgenError::Config(format!(
-                            "{}: shard {} in a file whose records are shard {}",
-                            at(),
-                            show_shard(rec.shard),
-                            show_shard(shard)
-                        )))
-                    }
-                    Some(_) => {}
-                }
+                same_shard(&mut file_shard, rec.shard, &at)?;
                 if !out.is_empty() {
                     return Err(mixed(path, n));
                 }
@@ -162,32 +144,34 @@ pub(crate) fn read_records(files: &[PathBuf]) -> Result<Records, LoadgenError> {
                 .map(|r| serde_json::from_value::<RawSample>(r.clone()))
             {
                 Some(Ok(raw)) => {
-                    match file_shard {
-                        None => file_shard = Some(raw.shard),
-                        Some(shard) if shard != raw.shard => {
-                            return Err(LoadgenError::Config(format!(
-                                "{}:{}: shard {} in a file whose records are shard {}",
-                                path.display(),
-                                n + 1,
-                                show_shard(raw.shard),
-                                show_shard(shard)
-                            )))
-                        }
-                        Some(_) => {}
-                    }
+                    record_check::raw(&raw)
+                        .map_err(|e| LoadgenError::Config(format!("{}: raw {e}", at())))?;
+                    same_shard(&mut file_shard, raw.shard, &at)?;
                     out.push(raw)
                 }
                 Some(Err(e)) => {
                     return Err(LoadgenError::Config(format!(
-                        "{}:{}: bad raw record: {e}",
-                        path.display(),
-                        n + 1
+                        "{}: bad raw record: {e}",
+                        at()
                     )))
                 }
                 None => skipped += 1,
             }
         }
-        seen.push((canonical, hash, path));
+        let digest = lines.digest();
+        if has_text {
+            if let Some((_, _, other)) = seen
+                .iter()
+                .find(|(_, d, other)| *d == digest && capped::same_bytes(other, path, digest.0))
+            {
+                return Err(LoadgenError::Config(format!(
+                    "{} and {} hold the same records (a copy?): they would be counted twice",
+                    other.display(),
+                    path.display()
+                )));
+            }
+        }
+        seen.push((canonical, digest, path));
         if let Some(shard) = file_shard {
             shards.push((path, shard));
         }
@@ -199,6 +183,27 @@ pub(crate) fn read_records(files: &[PathBuf]) -> Result<Records, LoadgenError> {
     } else {
         Records::Multiturn(multiturn)
     })
+}
+
+/// Records the shard of a file's first record; refuses a later record of another shard.
+fn same_shard(
+    file_shard: &mut Option<Option<(u32, u32)>>,
+    shard: Option<(u32, u32)>,
+    at: &dyn Fn() -> String,
+) -> Result<(), LoadgenError> {
+    match *file_shard {
+        None => *file_shard = Some(shard),
+        Some(first) if first != shard => {
+            return Err(LoadgenError::Config(format!(
+                "{}: shard {} in a file whose records are shard {}",
+                at(),
+                show_shard(shard),
+                show_shard(first)
+            )))
+        }
+        Some(_) => {}
+    }
+    Ok(())
 }
 
 fn mixed(path: &std::path::Path, line: usize) -> LoadgenError {
@@ -295,20 +300,18 @@ pub(crate) fn check_shards(
 pub fn merge(raws: &[RawSample]) -> LiveReport {
     let first_start = raws.iter().map(|r| r.run_start_unix_us).min().unwrap_or(0);
     let sharded = raws.iter().any(|r| r.shard.is_some());
-    // Session offsets per process (by run start), in start order.
+    // Session offsets per process (by run start), in start order: one pass for each process's
+    // session count, one over the processes.
+    let mut sessions: BTreeMap<u64, usize> = BTreeMap::new();
+    for r in raws {
+        let n = sessions.entry(r.run_start_unix_us).or_insert(0);
+        *n = (*n).max(r.session + 1);
+    }
     let mut bases: BTreeMap<u64, usize> = BTreeMap::new();
-    let mut next = 0;
-    let mut starts: Vec<u64> = raws.iter().map(|r| r.run_start_unix_us).collect();
-    starts.sort_unstable();
-    starts.dedup();
-    for s in starts {
-        bases.insert(s, next);
-        next += raws
-            .iter()
-            .filter(|r| r.run_start_unix_us == s)
-            .map(|r| r.session + 1)
-            .max()
-            .unwrap_or(0);
+    let mut next = 0usize;
+    for (start, count) in sessions {
+        bases.insert(start, next);
+        next = next.saturating_add(count);
     }
     let pairs: Vec<(crate::run::driver::Sample, RequestInfo)> = raws
         .iter()
@@ -324,8 +327,12 @@ pub fn merge(raws: &[RawSample]) -> LiveReport {
         })
         .collect();
     let items: Vec<_> = pairs.iter().map(|(s, i)| (s, i)).collect();
-    let window_us = pairs.iter().map(|(s, _)| s.end_us()).max().unwrap_or(0)
-        - pairs.iter().map(|(s, _)| s.scheduled_us).min().unwrap_or(0);
+    let window_us = pairs
+        .iter()
+        .map(|(s, _)| s.end_us())
+        .max()
+        .unwrap_or(0)
+        .saturating_sub(pairs.iter().map(|(s, _)| s.scheduled_us).min().unwrap_or(0));
     let mut live = replay_report::build(&items, std::time::Duration::from_micros(window_us));
     // The rebuilt records' times are relative to the earliest start: say so, so that the
     // merged JSONL can be merged again.
@@ -452,8 +459,8 @@ fn run_multiturn(args: &MergeArgs, records: Vec<RawResult>) -> Result<Results, L
         "shards": shards,
     });
     let results = merge_multiturn(records, config)?;
-    println!("Merged report: {mode}");
-    print!("{}", results.console());
+    crate::stdout::outln!("Merged report: {mode}");
+    crate::stdout::out!("{}", results.console());
     crate::multiturn::write_results(
         &results,
         args.report_json.as_deref(),
@@ -508,12 +515,12 @@ fn run_live(
             "processes": processes,
         })),
     );
-    println!("Merged report: {mode}");
+    crate::stdout::outln!("Merged report: {mode}");
     if skipped > 0 {
-        println!("({skipped} lines without a raw record skipped)");
+        crate::stdout::outln!("({skipped} lines without a raw record skipped)");
     }
-    print!("{}", live.report_lines());
-    print!("{}", live.failure_lines());
+    crate::stdout::out!("{}", live.report_lines());
+    crate::stdout::out!("{}", live.failure_lines());
     replay_report::write_files(
         &json,
         &live.records,

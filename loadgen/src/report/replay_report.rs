@@ -511,7 +511,7 @@ pub(crate) fn write_files(
     if let Some(path) = report_json {
         let text = serde_json::to_string_pretty(json).unwrap_or_default();
         std::fs::write(path, text + "\n").map_err(io(path))?;
-        println!("Saved report to {}", path.display());
+        crate::stdout::outln!("Saved report to {}", path.display());
     }
     if let Some(path) = per_request_jsonl {
         let file = std::fs::File::create(path).map_err(io(path))?;

@@ -144,6 +144,12 @@ pub(crate) trait Report {
 
     /// The run's name in the HTML report and the report JSON it draws.
     fn html_json(&self) -> (&'static str, Cow<'_, Value>);
+
+    /// The run's per-request report, when it has one: the server metrics' routing line counts
+    /// its requests as the run's own.
+    fn live(&self) -> Option<&crate::report::replay_report::LiveReport> {
+        None
+    }
 }
 
 /// Runs `mode` on `spec`: connect, `--start-at`, observers, drive, report, print, write files,
@@ -180,8 +186,8 @@ pub(crate) async fn execute<M: Mode>(
     target.shutdown().await;
     let run = mode.report(driven?, wall, &observed)?;
     if settings.console {
-        print!("{}", run.console_text());
-        print!("{}", observed.console());
+        crate::stdout::out!("{}", run.console_text());
+        crate::stdout::out!("{}", observed.console(run.live()));
     }
     run.write_files(settings.report)?;
     if let Some(path) = settings.html {

@@ -274,7 +274,7 @@ impl ShardArgs {
         let Some(at) = self.start_at else { return };
         let now = now_unix_us();
         let wait = Duration::from_micros(at.unix_us.saturating_sub(now));
-        println!(
+        crate::stdout::outln!(
             "loadgen: waiting until {at} (in {:.1} s) to start",
             wait.as_secs_f64()
         );

@@ -275,7 +275,7 @@ pub(crate) async fn detect_model(
     api_key: Option<&str>,
 ) -> Result<String, LoadgenError> {
     let models_url = format!("{url}/v1/models");
-    println!("  Auto-detecting model from {models_url}...");
+    crate::stdout::outln!("  Auto-detecting model from {models_url}...");
     let err = |message: String| LoadgenError::ModelDetection {
         url: models_url.clone(),
         message,
@@ -302,12 +302,12 @@ pub(crate) async fn detect_model(
     match ids.as_slice() {
         [] => Err(LoadgenError::NoModels { url: models_url }),
         [one] => {
-            println!("  Auto-detected model: {one}");
+            crate::stdout::outln!("  Auto-detected model: {one}");
             Ok(one.clone())
         }
         _ => {
             for id in &ids {
-                println!("    - {id}");
+                crate::stdout::outln!("    - {id}");
             }
             Err(LoadgenError::MultipleModels {
                 url: models_url,
@@ -399,7 +399,7 @@ impl TargetSpec {
             (None, Some(config)) => {
                 let (url, e) = start_embedded(config).await?;
                 let engine = &config.cluster.engine;
-                println!(
+                crate::stdout::outln!(
                     "Embedded mockserve on {url}: {} workers, {} engine, speedup {}, reasoning ratio {}\n",
                     config.cluster.num_workers,
                     engine.engine_type,
@@ -443,15 +443,15 @@ impl TargetSpec {
         };
         let http = client::client(self.request_timeout)
             .map_err(|e| LoadgenError::Client(e.to_string()))?;
-        println!("Model Detection:");
+        crate::stdout::outln!("Model Detection:");
         let model = match &self.model {
             Some(m) => {
-                println!("  Using model: {m}");
+                crate::stdout::outln!("  Using model: {m}");
                 m.clone()
             }
             None => detect_model(&http, &url, self.api_key.as_deref()).await?,
         };
-        println!();
+        crate::stdout::outln!();
         Ok(Connected {
             endpoint: Endpoint {
                 client: http,

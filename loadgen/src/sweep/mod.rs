@@ -631,7 +631,7 @@ impl Mode for Points<'_> {
     }
 
     fn announce(&self, _target: &Connected) {
-        println!(
+        crate::stdout::outln!(
             "loadgen sweep: {}; each point: {:?}",
             match &self.plan.mode {
                 SweepMode::List(l) => format!("{} points", l.len()),
@@ -651,7 +651,7 @@ impl Mode for Points<'_> {
         let quiet = self.quiet;
         run_points(self.plan, target, |p| {
             if !quiet {
-                eprintln!(
+                crate::stdout::errln!(
                     "  {}: {:.2} req/s, TTFT p50 {:.1} ms{}",
                     p.load.label(),
                     p.rps(),

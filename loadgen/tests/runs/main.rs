@@ -1,6 +1,8 @@
 //! loadgen's end-to-end tests, one binary: each module runs loadgen in-process (or its binary)
 //! against the embedded mockserve or small stub servers on 127.0.0.1:0.
 //!
+//! - [`bounds`]: issue 43: a closed stdout pipe, merge's header checks, capped reads, the
+//!   agentic in-flight cap, the routing line's own decisions;
 //! - [`convert`]: `trace convert`, and the round trip of a multiturn run through a trace;
 //! - [`failures`]: failed requests are reported as failures in every mode;
 //! - [`multiturn`]: `multiturn` and `compare`;
@@ -8,6 +10,7 @@
 //! - [`replay`]: `replay`, live against offline;
 //! - [`sweep`]: `sweep`, `merge`, shards, server metrics and the HTML report.
 
+mod bounds;
 mod convert;
 mod failures;
 mod multiturn;

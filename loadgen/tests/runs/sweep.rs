@@ -1423,6 +1423,9 @@ async fn a_run_against_a_fleet_reports_its_routing_quality() -> Result<()> {
     assert_eq!(server["url"], metrics_url.as_str());
     let routing = &server["summary"]["routing"];
     assert_eq!(routing["decisions"], 20.0, "{server}");
+    // No other client: every decision in the window is one of loadgen's requests.
+    assert_eq!(routing["loadgen"]["requests"], 20, "{routing}");
+    assert_eq!(routing["other_decisions"], 0.0, "{routing}");
     // Every request ran on worker 0, the only one that ever cached anything: always the best.
     assert_eq!(routing["best_choice_share"], 1.0, "{routing}");
     assert_eq!(routing["achieved_hit_rate"], routing["oracle_hit_rate"]);

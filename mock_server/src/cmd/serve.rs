@@ -23,7 +23,7 @@ use crate::config::{
 };
 use crate::connection::Edge;
 use crate::fault::{FaultArgs, FaultConfig};
-use crate::kv_events::KvEventsArgs;
+use crate::kv_events::{KvEventsArgs, KvEventsError};
 use crate::output_length::{OutputLengthDist, DEFAULT_OUTPUT_LENGTH_DIST};
 use crate::text::TokenizerCodec;
 
@@ -169,6 +169,12 @@ pub struct HttpArgs {
     /// once.
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_SHUTDOWN_TIMEOUT.as_secs_f64())]
     pub shutdown_timeout: f64,
+
+    /// Shut down as on SIGTERM once stdin reaches its end: a parent holding the write end of
+    /// a pipe on mockserve's stdin (Python's `servesim.MockServer`) takes the server with it
+    /// however it dies (SIGKILL included). Off by default: stdin is not read.
+    #[arg(long)]
+    pub exit_on_stdin_eof: bool,
 }
 
 impl Default for HttpArgs {
@@ -179,8 +185,23 @@ impl Default for HttpArgs {
             idle_timeout: DEFAULT_IDLE_TIMEOUT.as_secs_f64(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT.as_secs_f64(),
+            exit_on_stdin_eof: false,
         }
     }
+}
+
+/// Resolves once stdin reaches its end (or cannot be read) when `enabled`; never otherwise.
+/// The read blocks a plain thread, which the process's exit ends.
+async fn stdin_closed(enabled: bool) {
+    if !enabled {
+        return std::future::pending().await;
+    }
+    let (closed, on_close) = tokio::sync::oneshot::channel::<()>();
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+        let _ = closed.send(());
+    });
+    let _ = on_close.await;
 }
 
 // Built here, next to the flags, so that `config` (which the handlers import) knows no flags.
@@ -221,9 +242,24 @@ fn seconds_flag(value: f64, flag: &str, allow_zero: bool) -> Result<Duration, Co
     )))
 }
 
+/// Why the flags of `mockserve serve` (or a fleet's worker) describe no server: a KV-events
+/// flag is its own error, named by its flag, not an engine setting.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeFlagsError {
+    /// An engine, HTTP or worker setting.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A `--kv-events-*` flag.
+    #[error(transparent)]
+    KvEvents(#[from] KvEventsError),
+}
+
 impl ServerConfig {
     /// The configuration the flags describe, with the vLLM-worker flags.
-    pub fn from_serve_args(args: &ServeArgs, vllm: &VllmArgs) -> Result<ServerConfig, ConfigError> {
+    pub fn from_serve_args(
+        args: &ServeArgs,
+        vllm: &VllmArgs,
+    ) -> Result<ServerConfig, ServeFlagsError> {
         let config = ServerConfig::from_args(args)?;
         let startup_delay = seconds_flag(vllm.startup_delay, "startup-delay", true)?;
         let mut lora_modules: Vec<(String, String)> = Vec::new();
@@ -233,32 +269,30 @@ impl ServerConfig {
             if name.is_empty() {
                 return Err(ConfigError(format!(
                     "--lora-modules: an empty adapter name in {module:?}"
-                )));
+                ))
+                .into());
             }
             if name == config.model_name {
                 return Err(ConfigError(format!(
                     "--lora-modules: the adapter name {name:?} is the base model's name \
                      (--model-name); give the adapter another name"
-                )));
+                ))
+                .into());
             }
             if lora_modules.iter().any(|(n, _)| n == name) {
                 return Err(ConfigError(format!(
                     "--lora-modules: the adapter name {name:?} is given twice"
-                )));
+                ))
+                .into());
             }
             lora_modules.push((name.to_string(), path.to_string()));
         }
         if vllm.max_loras == 0 {
-            return Err(ConfigError("--max-loras must be positive".into()));
+            return Err(ConfigError("--max-loras must be positive".into()).into());
         }
-        let kv_events = vllm
-            .kv_events
-            .config()
-            .map_err(|e| ConfigError(e.to_string()))?;
+        let kv_events = vllm.kv_events.config()?;
         if let Some(kv_events) = &kv_events {
-            kv_events
-                .check_ports(num_workers(&config.cluster))
-                .map_err(|e| ConfigError(e.to_string()))?;
+            kv_events.check_ports(num_workers(&config.cluster))?;
         }
         Ok(ServerConfig {
             kv_events,
@@ -420,13 +454,14 @@ pub fn run(args: &ServeArgs, vllm: &VllmArgs) -> anyhow::Result<()> {
         {
             eprintln!("mockserve: warning: writing to stdout failed: {e}");
         }
-        tokio::select! {
+        let why = tokio::select! {
             biased;
             result = &mut server => return result,
-            () = signals.recv() => {}
-        }
+            () = signals.recv() => "",
+            () = stdin_closed(args.http.exit_on_stdin_eof) => "stdin closed; ",
+        };
         eprintln!(
-            "mockserve: shutting down; open requests have {:.1} s to finish (signal again to \
+            "mockserve: {why}shutting down; open requests have {:.1} s to finish (signal again to \
              exit now)",
             drain.as_secs_f64()
         );

@@ -37,7 +37,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::AppState;
-use crate::cmd::serve::{ServeArgs, ShutdownSignals, VllmArgs};
+use crate::cmd::serve::{ServeArgs, ServeFlagsError, ShutdownSignals, VllmArgs};
 use crate::config::ServerConfig;
 use crate::connection::Edge;
 use crate::driver::EngineHandle;
@@ -186,6 +186,15 @@ pub enum FleetError {
         /// The write's error.
         error: std::io::Error,
     },
+}
+
+impl From<ServeFlagsError> for FleetError {
+    fn from(e: ServeFlagsError) -> Self {
+        match e {
+            ServeFlagsError::Config(e) => e.into(),
+            ServeFlagsError::KvEvents(e) => e.into(),
+        }
+    }
 }
 
 /// Where the workers listen.

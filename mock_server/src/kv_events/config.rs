@@ -44,11 +44,11 @@ impl KvEventsArgs {
             return Ok(None);
         };
         Ok(Some(KvEventsConfig {
-            endpoint: ZmqEndpoint::parse(endpoint)?,
+            endpoint: ZmqEndpoint::parse_flag(ENDPOINT_FLAG, endpoint)?,
             replay_endpoint: self
                 .kv_events_replay_endpoint
                 .as_deref()
-                .map(ZmqEndpoint::parse)
+                .map(|e| ZmqEndpoint::parse_flag(REPLAY_FLAG, e))
                 .transpose()?,
             topic: self.kv_events_topic.clone(),
             format: self.kv_events_format,
@@ -76,9 +76,11 @@ pub struct KvEventsConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum KvEventsError {
     /// The endpoint is not `tcp://HOST:PORT`.
-    #[error("invalid KV events endpoint {endpoint:?}: {reason}")]
+    #[error("{flag}: invalid KV events endpoint {endpoint:?}: {reason}")]
     BadEndpoint {
-        /// As given.
+        /// The endpoint's flag.
+        flag: &'static str,
+        /// As given (cut to 64 characters).
         endpoint: String,
         /// What is wrong with it.
         reason: String,
@@ -191,10 +193,19 @@ pub struct ZmqEndpoint {
 }
 
 impl ZmqEndpoint {
-    /// Parses `tcp://HOST:PORT` (an IPv6 host in brackets).
+    /// Parses `tcp://HOST:PORT` (an IPv6 host in brackets), as `--kv-events-endpoint`.
     pub fn parse(text: &str) -> Result<ZmqEndpoint, KvEventsError> {
+        ZmqEndpoint::parse_flag(ENDPOINT_FLAG, text)
+    }
+
+    /// Parses `tcp://HOST:PORT` given to `flag`, which an error names.
+    pub fn parse_flag(flag: &'static str, text: &str) -> Result<ZmqEndpoint, KvEventsError> {
         let bad = |reason: &str| KvEventsError::BadEndpoint {
-            endpoint: text.to_string(),
+            flag,
+            endpoint: match text.char_indices().nth(64) {
+                Some((end, _)) => format!("{}...", &text[..end]),
+                None => text.to_string(),
+            },
             reason: reason.to_string(),
         };
         let rest = text
@@ -282,7 +293,14 @@ mod tests {
         ] {
             let e = ZmqEndpoint::parse(bad).expect_err(bad).to_string();
             assert!(e.contains(why) && e.contains(bad), "{bad}: {e}");
+            assert!(e.starts_with("--kv-events-endpoint: "), "{e}");
         }
+        let e = ZmqEndpoint::parse_flag(REPLAY_FLAG, &"x".repeat(10_000)).expect_err("bad");
+        let e = e.to_string();
+        assert!(
+            e.starts_with("--kv-events-replay-endpoint: ") && e.len() < 200,
+            "{e}"
+        );
         let e = ZmqEndpoint::parse("tcp://*:65535").expect("valid");
         let overflow = e.for_rank(1).expect_err("beyond 65535").to_string();
         assert!(overflow.contains("65536"), "{overflow}");

@@ -48,16 +48,26 @@ impl FromStr for EventFaults {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut faults = EventFaults::default();
+        let mut seen: Vec<&str> = Vec::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (key, value) = part
                 .split_once('=')
-                .ok_or_else(|| format!("{part:?}: expected KEY=VALUE"))?;
+                .ok_or_else(|| format!("{:?}: expected KEY=VALUE", cut(part)))?;
+            if seen.contains(&key) {
+                return Err(format!(
+                    "{:?} is given twice: give each of drop, duplicate, reorder, delay, \
+                     restart and seed at most once",
+                    cut(key)
+                ));
+            }
+            seen.push(key);
+            let shown = cut(value);
             let share = || {
                 value
                     .parse::<f64>()
                     .ok()
                     .filter(|p| (0.0..=1.0).contains(p))
-                    .ok_or_else(|| format!("{key}={value}: a probability from 0 to 1"))
+                    .ok_or_else(|| format!("{key}={shown}: a probability from 0 to 1"))
             };
             match key {
                 "drop" => faults.drop = share()?,
@@ -71,7 +81,7 @@ impl FromStr for EventFaults {
                         .filter(|d| *d <= MAX_DELAY)
                         .ok_or_else(|| {
                             format!(
-                                "delay={value}: whole milliseconds from 0 to {}",
+                                "delay={shown}: whole milliseconds from 0 to {}",
                                 MAX_DELAY.as_millis()
                             )
                         })?
@@ -80,18 +90,18 @@ impl FromStr for EventFaults {
                     faults.restart = value
                         .parse::<u64>()
                         .ok()
-                        .ok_or_else(|| {
-                            format!("restart={value}: a number of batches (0: never)")
-                        })?
+                        .ok_or_else(|| format!("restart={shown}: a number of batches (0: never)"))?
                 }
                 "seed" => {
                     faults.seed = value
                         .parse()
-                        .map_err(|_| format!("seed={value}: an unsigned integer"))?
+                        .map_err(|_| format!("seed={shown}: an unsigned integer"))?
                 }
                 other => {
                     return Err(format!(
-                        "unknown fault {other:?}: expected drop, duplicate, reorder, delay, restart or seed"
+                        "unknown fault {:?}: expected drop, duplicate, reorder, delay, restart \
+                         or seed",
+                        cut(other)
                     ))
                 }
             }
@@ -103,11 +113,23 @@ impl FromStr for EventFaults {
             && faults.restart == 0
         {
             return Err(format!(
-                "{s:?} injects nothing: give drop=P, duplicate=P, reorder=P, delay=MS or \
-                 restart=N"
+                "{:?} injects nothing: give drop=P, duplicate=P, reorder=P, delay=MS or \
+                 restart=N",
+                cut(s)
             ));
         }
         Ok(faults)
+    }
+}
+
+/// Characters of a given value shown in an error at most.
+const SHOWN_CHARS: usize = 64;
+
+/// `text` for an error message: its first [`SHOWN_CHARS`] characters, then `...` if longer.
+fn cut(text: &str) -> String {
+    match text.char_indices().nth(SHOWN_CHARS) {
+        Some((end, _)) => format!("{}...", &text[..end]),
+        None => text.to_string(),
     }
 }
 
@@ -266,10 +288,19 @@ mod tests {
             ("drop", "expected KEY=VALUE"),
             ("seed=3", "injects nothing"),
             ("", "injects nothing"),
+            ("drop=0.1,drop=0.2", "\"drop\" is given twice"),
+            ("seed=1,delay=5,seed=1", "\"seed\" is given twice"),
         ] {
             let e = bad.parse::<EventFaults>().expect_err(bad);
             assert!(e.contains(why), "{bad}: {e}");
         }
+        // A huge value is cut in the message.
+        let huge = format!("drop={}", "9".repeat(100_000));
+        let e = huge.parse::<EventFaults>().expect_err("refused");
+        assert!(
+            e.len() < 200 && e.contains("drop=999") && e.contains("..."),
+            "{e}"
+        );
     }
 
     fn run(spec: &str, n: u8) -> (Vec<u8>, Vec<Vec<Fault>>) {

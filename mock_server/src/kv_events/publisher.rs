@@ -16,7 +16,7 @@ use super::socket::{lock, offer_all, open, PeerList, Service};
 use super::view::{PublishedView, ViewDelta};
 use super::wire::{WireBatch, WireFormat};
 use super::zmtp;
-use super::{LATE_QUEUE, REPLAY_BUFFER};
+use super::LATE_QUEUE;
 use crate::metrics::{KvFaultLabel, Metrics, WorkerLabel};
 
 /// What a sent batch announces, applied to the view when it leaves.
@@ -42,8 +42,8 @@ struct Outgoing {
 
 impl Outgoing {
     /// Queues the batch for every subscriber of `rank` and applies it to the view.
-    fn send(&self, peers: &PeerList, topic: &Bytes, rank: usize, metrics: &Metrics) {
-        offer_all(peers, topic, &self.message, rank, metrics);
+    fn send(&self, peers: &PeerList, rank: usize, metrics: &Metrics) {
+        offer_all(peers, &self.message, rank, metrics);
         if let Some(a) = &self.announce {
             a.view.sent(rank, &a.delta);
         }
@@ -115,6 +115,7 @@ impl KvEventPublisher {
             let replay = ReplayBuffer::default();
             let publish = Arc::new(Service::Publish {
                 rank: rank as u32,
+                topic: Bytes::from(config.topic.clone().into_bytes()),
                 peers: Arc::clone(&peers),
             });
             let pub_addr = open(&config.endpoint, ENDPOINT_FLAG, rank, publish, &stop).await?;
@@ -132,11 +133,9 @@ impl KvEventPublisher {
             let faults = config.faults.map(|f| RankFaults::new(f, rank));
             let delayed = faults.as_ref().filter(|f| !f.delay().is_zero()).map(|_| {
                 let (send, receive) = tokio::sync::mpsc::channel(LATE_QUEUE);
-                let topic = Bytes::from(config.topic.clone().into_bytes());
                 tokio::spawn(deliver_late(
                     receive,
                     Arc::clone(&peers),
-                    topic,
                     rank,
                     Arc::clone(&metrics),
                     stop.clone(),
@@ -208,8 +207,9 @@ impl KvEventPublisher {
     }
 
     /// Numbers, encodes and keeps one batch of `rank` for replay, and queues it for each
-    /// subscriber of its topic: a subscriber with [`PEER_QUEUE`](super::PEER_QUEUE) batches
-    /// already queued loses its oldest one (counted in `servesim_kv_events_dropped`). Faults,
+    /// subscriber of its topic: a subscriber with [`PEER_QUEUE`](super::PEER_QUEUE) batches or
+    /// [`PEER_QUEUE_BYTES`](super::PEER_QUEUE_BYTES) already queued loses its oldest (counted
+    /// in `servesim_kv_events_dropped`). Faults,
     /// when asked for, act on delivery; a `restart` fault first starts the numbering over at 0
     /// with an empty replay buffer. Never waits.
     pub fn publish(&mut self, rank: usize, batch: &WireBatch) {
@@ -253,7 +253,7 @@ impl KvEventPublisher {
                 if !lock(&r.peers).is_empty() {
                     let message =
                         zmtp::encode_message(&[&self.topic, &seq.to_be_bytes(), &payload]);
-                    offer_all(&r.peers, &self.topic, &message, rank, &self.metrics);
+                    offer_all(&r.peers, &message, rank, &self.metrics);
                 }
                 if let Some(a) = &outgoing.announce {
                     a.view.sent(rank, &a.delta);
@@ -290,7 +290,7 @@ impl KvEventPublisher {
                     }
                     None => {
                         for b in &batches {
-                            b.send(&r.peers, &self.topic, rank, &self.metrics);
+                            b.send(&r.peers, rank, &self.metrics);
                         }
                     }
                 }
@@ -299,10 +299,16 @@ impl KvEventPublisher {
         // Kept for replay once its fate is settled: a replay that serves a batch never sent
         // finds it already waited for by the view.
         let mut replay = r.replay.lock().unwrap_or_else(PoisonError::into_inner);
-        replay.batches.push_back((seq, payload, delta));
-        while replay.batches.len() > REPLAY_BUFFER {
-            replay.batches.pop_front();
-        }
+        replay.push(seq, payload, delta);
+    }
+
+    /// The batches `rank` keeps for replay and the bytes they hold: payloads, and what they
+    /// announce to the view with one (None: no such rank).
+    pub fn replay_size(&self, rank: usize) -> Option<(usize, usize)> {
+        let r = self.ranks.get(rank)?;
+        // Short section, no await.
+        let replay = r.replay.lock().unwrap_or_else(PoisonError::into_inner);
+        Some(replay.size())
     }
 }
 
@@ -334,7 +340,6 @@ impl RestartSwitch {
 async fn deliver_late(
     mut late: tokio::sync::mpsc::Receiver<(tokio::time::Instant, Outgoing)>,
     peers: PeerList,
-    topic: Bytes,
     rank: usize,
     metrics: Arc<Metrics>,
     stop: CancellationToken,
@@ -351,6 +356,6 @@ async fn deliver_late(
             () = stop.cancelled() => return,
             () = tokio::time::sleep_until(due) => {}
         }
-        batch.send(&peers, &topic, rank, &metrics);
+        batch.send(&peers, rank, &metrics);
     }
 }

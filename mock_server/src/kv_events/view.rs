@@ -54,6 +54,19 @@ impl ViewDelta {
             .collect();
         ViewDelta { changes }
     }
+
+    /// Bytes it holds, about (for the replay buffer's byte cap).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let hashes: usize = self
+            .changes
+            .iter()
+            .map(|c| match c {
+                Change::Stored(h) | Change::Removed(h) => h.len(),
+                Change::Cleared => 0,
+            })
+            .sum();
+        hashes * 8 + self.changes.len() * std::mem::size_of::<Change>()
+    }
 }
 
 /// One worker's announced state.

@@ -12,35 +12,43 @@
 //! messages or ZMTP 3.1 commands), PING answered with PONG. It is a few hundred lines and
 //! each peer's state is plain data, so the isolation is easy to see and to test.
 //!
-//! - [`Peer`] is one connected subscriber: its subscriptions and a queue of at most
-//!   `capacity` encoded messages. [`Peer::offer`] never waits: a full queue drops its oldest
-//!   message (the subscriber sees the gap in the sequence numbers and can ask the replay
-//!   socket for it).
+//! - [`handshake`] exchanges the greeting and READY within [`HANDSHAKE_TIMEOUT`] and names the
+//!   peer's socket type.
 //! - [`serve_subscriber`] runs one subscriber's connection: a reader that applies its
-//!   subscriptions and a writer that drains its queue, until either side ends.
+//!   subscriptions to its [`Peer`] and a writer that drains the peer's queue, until either
+//!   side ends.
 //! - [`serve_replay_client`] runs one replay client's connection: it reads a request, writes
-//!   the answer to that client only, and reads the next.
+//!   the answer to that client only, and reads the next; a client that neither sends nor reads
+//!   for [`REPLAY_IDLE_TIMEOUT`] is closed.
+//!
+//! Whatever a peer sends costs a bounded amount: a frame is at most [`MAX_INCOMING_FRAME`]
+//! bytes and a message [`MAX_INCOMING_FRAMES`] frames, or the connection is closed.
 
-use std::collections::VecDeque;
+use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
-use tokio::net::TcpStream;
-use tokio::sync::Notify;
 
-/// How long a peer has to complete the greeting and READY exchange.
-pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+use super::peer::{Peer, Subscribed, MAX_SUBSCRIPTIONS, MAX_SUBSCRIPTION_BYTES};
+
+/// How long a peer has to complete the greeting and READY exchange: a real ZeroMQ socket needs
+/// one round trip, so a connection still silent after it (an idle or slowloris one) gives its
+/// slot back to the next peer.
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long a replay client may go without sending a request or taking any of its answer; it
+/// is closed then (a ZeroMQ DEALER or REQ reconnects by itself when it next sends).
+pub(crate) const REPLAY_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The largest frame accepted from a peer: subscriptions and replay requests are a few bytes,
 /// so anything bigger is not a well-behaved peer and its connection is closed.
 pub(crate) const MAX_INCOMING_FRAME: u64 = 64 * 1024;
 
 /// Frames per incoming message at most (a replay request has two).
-const MAX_INCOMING_FRAMES: usize = 16;
+pub(crate) const MAX_INCOMING_FRAMES: usize = 16;
 
 /// The socket role this side plays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,8 +194,11 @@ fn property<'a>(mut metadata: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
 }
 
 /// The greeting and READY exchange, within [`HANDSHAKE_TIMEOUT`]: the peer must speak ZMTP
-/// 3.x with the NULL mechanism and be a socket type `role` talks to.
-pub(crate) async fn handshake(stream: &mut TcpStream, role: Role) -> io::Result<()> {
+/// 3.x with the NULL mechanism and be a socket type `role` talks to; returns that type.
+pub(crate) async fn handshake(
+    stream: &mut (impl AsyncRead + AsyncWriteExt + Unpin),
+    role: Role,
+) -> io::Result<Bytes> {
     tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
         stream.write_all(&greeting()).await?;
         let mut theirs = [0u8; 64];
@@ -210,7 +221,7 @@ pub(crate) async fn handshake(stream: &mut TcpStream, role: Role) -> io::Result<
             Frame::Command { name, body } if name.as_ref() == b"READY" => {
                 let socket_type = property(&body, b"Socket-Type").unwrap_or_default();
                 if role.accepts(socket_type) {
-                    Ok(())
+                    Ok(Bytes::copy_from_slice(socket_type))
                 } else {
                     Err(protocol_error("incompatible socket type"))
                 }
@@ -227,127 +238,48 @@ fn pong_for(ping: &[u8]) -> Bytes {
     Bytes::from(encode_command(b"PONG", ping.get(2..).unwrap_or_default()))
 }
 
-/// One subscriber's state, shared by the publishing side ([`Peer::offer`]) and its connection
-/// task. A `std` mutex: every section is a few pushes and pops, never across an await.
-#[derive(Debug)]
-pub(crate) struct Peer {
-    /// The subscriber's address, for log lines.
-    pub addr: SocketAddr,
-    /// Messages queued at most; past it the oldest is dropped.
-    capacity: usize,
-    state: Mutex<PeerState>,
-    /// Woken when a message (or a PONG) is queued.
-    ready: Notify,
-}
-
-#[derive(Debug, Default)]
-struct PeerState {
-    /// Topic prefixes subscribed to (a multiset, as in ZeroMQ: each CANCEL removes one).
-    subscriptions: Vec<Bytes>,
-    /// Encoded messages not yet written.
-    queue: VecDeque<Bytes>,
-    /// A PONG to write before the next message.
-    pong: Option<Bytes>,
-    /// Messages dropped because the queue was full.
-    dropped: u64,
-}
-
-/// What [`Peer::offer`] did with a message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Offer {
-    /// The subscriber has no subscription matching the topic.
-    NotSubscribed,
-    /// Queued.
-    Queued,
-    /// Queued, and the oldest queued message was dropped to make room.
-    QueuedDroppingOldest,
-}
-
-impl Peer {
-    /// A subscriber at `addr` with room for `capacity` messages (at least one).
-    pub(crate) fn new(addr: SocketAddr, capacity: usize) -> Peer {
-        Peer {
-            addr,
-            capacity: capacity.max(1),
-            state: Mutex::default(),
-            ready: Notify::new(),
-        }
+/// Applies one message or command a subscriber sent: SUBSCRIBE and CANCEL (ZMTP 3.0 messages
+/// or 3.1 commands), PING; anything else is ignored.
+fn apply(peer: &Peer, frame: Frame) {
+    let (subscribe, prefix) = match frame {
+        Frame::Data { body, .. } => match body.first() {
+            Some(1) => (true, body.slice(1..)),
+            Some(0) => (false, body.slice(1..)),
+            _ => return,
+        },
+        Frame::Command { name, body } => match name.as_ref() {
+            b"SUBSCRIBE" => (true, body),
+            b"CANCEL" => (false, body),
+            b"PING" => return peer.pong(pong_for(&body)),
+            _ => return,
+        },
+    };
+    if !subscribe {
+        return peer.cancel(&prefix);
     }
-
-    fn state(&self) -> MutexGuard<'_, PeerState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Queues `message` if a subscription matches `topic`, dropping the oldest queued message
-    /// when the queue is full. Never waits.
-    pub(crate) fn offer(&self, topic: &[u8], message: &Bytes) -> Offer {
-        let mut state = self.state();
-        if !state.subscriptions.iter().any(|s| topic.starts_with(s)) {
-            return Offer::NotSubscribed;
-        }
-        let mut offer = Offer::Queued;
-        if state.queue.len() >= self.capacity {
-            state.queue.pop_front();
-            state.dropped += 1;
-            offer = Offer::QueuedDroppingOldest;
-        }
-        state.queue.push_back(message.clone());
-        drop(state);
-        self.ready.notify_one();
-        offer
-    }
-
-    /// Messages dropped for this subscriber so far.
-    pub(crate) fn dropped(&self) -> u64 {
-        self.state().dropped
-    }
-
-    /// Applies one message or command the subscriber sent.
-    fn apply(&self, frame: Frame) {
-        let mut state = self.state();
-        let (subscribe, topic) = match frame {
-            Frame::Data { body, .. } => match body.first() {
-                Some(1) => (true, body.slice(1..)),
-                Some(0) => (false, body.slice(1..)),
-                _ => return,
-            },
-            Frame::Command { name, body } => match name.as_ref() {
-                b"SUBSCRIBE" => (true, body),
-                b"CANCEL" => (false, body),
-                b"PING" => {
-                    state.pong = Some(pong_for(&body));
-                    drop(state);
-                    self.ready.notify_one();
-                    return;
-                }
-                _ => return,
-            },
-        };
-        if subscribe {
-            state.subscriptions.push(topic);
-        } else if let Some(i) = state.subscriptions.iter().position(|s| *s == topic) {
-            state.subscriptions.swap_remove(i);
-        }
-    }
-
-    /// The next thing to write: a PONG first, else queued messages.
-    fn next_chunk(&self, out: &mut Vec<Bytes>) {
-        let mut state = self.state();
-        out.extend(state.pong.take());
-        out.extend(state.queue.drain(..));
+    if peer.subscribe(prefix) == Subscribed::Ignored(1) {
+        eprintln!(
+            "mockserve: warning: KV events subscriber {} holds {MAX_SUBSCRIPTIONS} \
+             subscriptions or {MAX_SUBSCRIPTION_BYTES} bytes of them; its further subscriptions \
+             are ignored",
+            peer.addr
+        );
     }
 }
 
 /// Serves one subscriber after its handshake until it disconnects, sends something a PUB
 /// socket does not accept, or `stop` fires.
-pub(crate) async fn serve_subscriber(stream: TcpStream, peer: Arc<Peer>) {
-    let (reader, writer) = stream.into_split();
+pub(crate) async fn serve_subscriber(
+    stream: impl AsyncRead + AsyncWriteExt + Unpin,
+    peer: Arc<Peer>,
+) {
+    let (reader, writer) = tokio::io::split(stream);
     let read = async {
         let mut reader = BufReader::new(reader);
         loop {
             match read_frame(&mut reader).await {
                 Ok(frame @ Frame::Data { more: false, .. }) | Ok(frame @ Frame::Command { .. }) => {
-                    peer.apply(frame)
+                    apply(&peer, frame)
                 }
                 // A SUB sends one-frame messages only.
                 Ok(Frame::Data { more: true, .. }) | Err(_) => return,
@@ -396,23 +328,31 @@ async fn write_message(
     Ok(())
 }
 
+/// `io` within [`REPLAY_IDLE_TIMEOUT`], or a `TimedOut` error.
+async fn within_idle<T>(io: impl Future<Output = io::Result<T>>) -> io::Result<T> {
+    tokio::time::timeout(REPLAY_IDLE_TIMEOUT, io)
+        .await
+        .unwrap_or_else(|_| Err(io::Error::from(io::ErrorKind::TimedOut)))
+}
+
 /// Serves one replay client after its handshake: each request message is answered by `answer`
 /// with the messages (as frames) to write, written to this client only, before the next
-/// request is read. Returns when the client disconnects or misbehaves.
+/// request is read. Returns when the client disconnects, misbehaves, or sends nothing and
+/// takes none of its answer for [`REPLAY_IDLE_TIMEOUT`].
 pub(crate) async fn serve_replay_client(
-    stream: TcpStream,
+    stream: impl AsyncRead + AsyncWriteExt + Unpin,
     answer: impl Fn(&[Bytes]) -> Vec<Vec<Bytes>>,
 ) -> io::Result<()> {
-    let (reader, writer) = stream.into_split();
+    let (reader, writer) = tokio::io::split(stream);
     let mut reader = BufReader::new(reader);
     let mut writer = BufWriter::with_capacity(64 * 1024, writer);
     let mut frames: Vec<Bytes> = Vec::new();
     loop {
-        match read_frame(&mut reader).await? {
+        match within_idle(read_frame(&mut reader)).await? {
             Frame::Command { name, body } => {
                 if name.as_ref() == b"PING" {
-                    writer.write_all(&pong_for(&body)).await?;
-                    writer.flush().await?;
+                    within_idle(writer.write_all(&pong_for(&body))).await?;
+                    within_idle(writer.flush()).await?;
                 }
             }
             Frame::Data { more, body } => {
@@ -424,9 +364,9 @@ pub(crate) async fn serve_replay_client(
                     continue;
                 }
                 for message in answer(&frames) {
-                    write_message(&mut writer, &message).await?;
+                    within_idle(write_message(&mut writer, &message)).await?;
                 }
-                writer.flush().await?;
+                within_idle(writer.flush()).await?;
                 frames.clear();
             }
         }
@@ -495,30 +435,5 @@ mod tests {
         assert_eq!(property(&metadata, b"Socket-Type"), Some(&b"SUB"[..]));
         assert_eq!(property(&metadata, b"Missing"), None);
         assert_eq!(property(&metadata[..5], b"Socket-Type"), None);
-    }
-
-    #[test]
-    fn a_full_queue_drops_its_oldest_message_and_counts_it() {
-        let peer = Peer::new(SocketAddr::from(([127, 0, 0, 1], 1)), 2);
-        let m = |n: u8| Bytes::from(vec![n]);
-        assert_eq!(peer.offer(b"kv", &m(0)), Offer::NotSubscribed);
-        peer.apply(Frame::Data {
-            more: false,
-            body: Bytes::from_static(b"\x01k"),
-        });
-        assert_eq!(peer.offer(b"kv", &m(1)), Offer::Queued);
-        assert_eq!(peer.offer(b"kv", &m(2)), Offer::Queued);
-        assert_eq!(peer.offer(b"kv", &m(3)), Offer::QueuedDroppingOldest);
-        assert_eq!(peer.offer(b"other", &m(4)), Offer::NotSubscribed);
-        assert_eq!(peer.dropped(), 1);
-        let mut chunk = Vec::new();
-        peer.next_chunk(&mut chunk);
-        assert_eq!(chunk, vec![m(2), m(3)]);
-        // A ZMTP 3.1 CANCEL command removes the subscription.
-        peer.apply(Frame::Command {
-            name: Bytes::from_static(b"CANCEL"),
-            body: Bytes::from_static(b"k"),
-        });
-        assert_eq!(peer.offer(b"kv", &m(5)), Offer::NotSubscribed);
     }
 }

@@ -157,3 +157,41 @@ async fn serve_with_a_closed_stdout_keeps_serving() -> Result<()> {
     child.kill().await?;
     Ok(())
 }
+
+/// `--exit-on-stdin-eof`: the server shuts down (exit 0, after the drain) once its stdin
+/// closes, as when the parent holding the pipe dies; without the flag stdin is not read.
+#[tokio::test]
+async fn serve_exits_when_stdin_closes_with_exit_on_stdin_eof() -> Result<()> {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mockserve"))
+        .args([
+            "--port",
+            "0",
+            "--speedup-ratio",
+            "inf",
+            "--tokenizer",
+            "builtin",
+            "--exit-on-stdin-eof",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().context("stdout")?).lines();
+    let line = timeout(Duration::from_secs(60), stdout.next_line())
+        .await??
+        .context("no output")?;
+    assert!(line.starts_with("mockserve listening on "), "{line}");
+    // Still serving while stdin is open.
+    assert!(child.try_wait()?.is_none());
+    drop(child.stdin.take());
+    let output = timeout(Duration::from_secs(30), child.wait_with_output()).await??;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("mockserve: stdin closed; shutting down"),
+        "{stderr}"
+    );
+    Ok(())
+}

@@ -293,6 +293,67 @@ fn the_flags_parse_and_bad_endpoints_are_refused() {
     assert!(e.contains("tcp//nowhere"), "{e}");
 }
 
+/// The error of `mockserve serve FLAGS`, clap's or the configuration's.
+fn serve_flags_error(flags: &[&str]) -> String {
+    let mut argv = vec!["mockserve", "serve"];
+    argv.extend_from_slice(flags);
+    let args = match <mock_server::Cli as clap::Parser>::try_parse_from(&argv) {
+        Ok(cli) => cli,
+        Err(e) => return e.to_string(),
+    };
+    let Some(mock_server::Command::Serve(args)) = args.command else {
+        return "not serve".into();
+    };
+    match ServerConfig::from_serve_args(&args.serve, &args.vllm) {
+        Ok(_) => "accepted".into(),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn kv_flag_errors_name_the_flag_not_the_engine() {
+    let endpoint = ["--kv-events-endpoint", "tcp://*:5557"];
+    for (flags, needles) in [
+        (
+            vec!["--kv-events-endpoint", "5557"],
+            vec!["--kv-events-endpoint: invalid KV events endpoint \"5557\""],
+        ),
+        (
+            vec![
+                endpoint[0],
+                endpoint[1],
+                "--kv-events-replay-endpoint",
+                "tcp://*:x",
+            ],
+            vec!["--kv-events-replay-endpoint: ", "the port must be a number"],
+        ),
+        (
+            vec![
+                "--kv-events-endpoint",
+                "tcp://*:65535",
+                "--num-workers",
+                "2",
+            ],
+            vec!["--kv-events-endpoint tcp://*:65535: worker 1 would use port 65536"],
+        ),
+        (
+            vec![
+                endpoint[0],
+                endpoint[1],
+                "--kv-events-faults",
+                "drop=0.1,seed=2,drop=0.5",
+            ],
+            vec!["--kv-events-faults", "\"drop\" is given twice"],
+        ),
+    ] {
+        let e = serve_flags_error(&flags);
+        for needle in needles {
+            assert!(e.contains(needle), "{flags:?}: {e}");
+        }
+        assert!(!e.contains("engine"), "{flags:?}: {e}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // A served mockserve publishing to the test's sockets.
 

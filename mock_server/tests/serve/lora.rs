@@ -199,7 +199,7 @@ async fn bad_vllm_worker_flags_are_clear_startup_errors() -> Result<()> {
     for (extra, needle) in [
         (
             vec!["--kv-events-endpoint", "5557"],
-            "invalid KV events endpoint \"5557\"",
+            "--kv-events-endpoint: invalid KV events endpoint \"5557\"",
         ),
         (
             vec!["--kv-events-endpoint", "tcp://*:notaport"],

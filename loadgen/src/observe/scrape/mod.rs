@@ -27,7 +27,7 @@ mod snapshot;
 pub(crate) use lateness::LATENESS_METRIC;
 pub use lateness::{Buckets, Lateness};
 pub use parse::{parse, PromSample};
-pub use routing::{RoutingFigures, RoutingSummary};
+pub use routing::{OwnRouting, RoutingFigures, RoutingSummary};
 pub(crate) use scraper::Scraper;
 pub use series::{series, PeakMean, ServerMetrics, ServerSample, ServerSummary};
 pub use snapshot::{Snapshot, WorkerFigures};

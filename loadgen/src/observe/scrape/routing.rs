@@ -1,5 +1,13 @@
 //! A `mockserve fleet`'s routing judge: its `servesim_routing_*` counters in one scrape
 //! ([`RoutingFigures`]) and the routing quality between two scrapes ([`RoutingSummary`]).
+//!
+//! The judge counts every decision made in front of the fleet, whoever sent the request: its
+//! counters cannot tell loadgen's requests from another client's. The run attributes what it
+//! can ([`RoutingSummary::attribute`] with [`OwnRouting`], from its own responses): how many
+//! of the window's decisions were its requests, and their prefix-cache hits as the chosen
+//! workers reported them (`usage.prompt_tokens_details.cached_tokens`). When other decisions
+//! fall in the window, the console headline is loadgen's own and the judge's figures are shown
+//! as the fleet's.
 
 use serde::Serialize;
 
@@ -63,6 +71,27 @@ impl RoutingFigures {
     }
 }
 
+/// loadgen's own requests in a routing window, from its responses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct OwnRouting {
+    /// Requests that reached a worker (each one a routing decision): the successful ones and
+    /// the failed ones whose response named a worker.
+    pub requests: u64,
+    /// Prompt tokens of the successful ones that reported usage.
+    pub prompt_tokens: u64,
+    /// Of those, tokens the chosen workers had cached (`cached_tokens`).
+    pub cached_tokens: u64,
+    /// Distinct workers the responses named (0 when none did, e.g. with `--no-worker-id`).
+    pub workers: usize,
+}
+
+impl OwnRouting {
+    /// Cached over prompt tokens.
+    fn hit_rate(&self) -> Option<f64> {
+        (self.prompt_tokens > 0).then(|| self.cached_tokens as f64 / self.prompt_tokens as f64)
+    }
+}
+
 /// The routing judge's figures over a run (`mockserve fleet`; see docs/routers.md).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct RoutingSummary {
@@ -86,9 +115,22 @@ pub struct RoutingSummary {
     pub stale_evicted_decisions: Option<f64>,
     /// Of those, the events showed the best worker with fewer blocks than it held.
     pub stale_missed_decisions: Option<f64>,
+    /// loadgen's own requests in the window (a run sets it; absent in a merge).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loadgen: Option<OwnRouting>,
+    /// Decisions in the window that were not loadgen's requests (other clients, a router's
+    /// retries): `decisions - loadgen.requests`, at least 0. The figures above count them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub other_decisions: Option<f64>,
 }
 
 impl RoutingSummary {
+    /// Attributes the window: loadgen's own requests in it, and the decisions that were not.
+    pub(crate) fn attribute(&mut self, own: OwnRouting) {
+        self.other_decisions = Some((self.decisions - own.requests as f64).max(0.0));
+        self.loadgen = Some(own);
+    }
+
     /// The figures between two scrapes (`None` when no decision was judged in between).
     pub(super) fn between(first: &RoutingFigures, last: &RoutingFigures) -> Option<RoutingSummary> {
         let decisions = last.decisions - first.decisions;
@@ -143,6 +185,8 @@ impl RoutingSummary {
                 first.stale_missed_decisions,
                 last.stale_missed_decisions,
             ),
+            loadgen: None,
+            other_decisions: None,
         })
     }
 
@@ -164,18 +208,42 @@ impl RoutingSummary {
             ),
             None => String::new(),
         };
-        format!(
-            "Routing quality ({:.0} decisions): prefix-cache hits {} of prompt tokens on the \
-             chosen workers, {} on the best (oracle); regret p50 {} tokens, p99 {} tokens, mean \
-             {:.1}; best choice {} of decisions{stale}\n",
-            self.decisions,
+        let judged = format!(
+            "prefix-cache hits {} of prompt tokens on the chosen workers, {} on the best \
+             (oracle); regret p50 {} tokens, p99 {} tokens, mean {:.1}; best choice {} of \
+             decisions{stale}",
             pct(self.achieved_hit_rate),
             pct(self.oracle_hit_rate),
             tokens(self.regret_p50_tokens),
             tokens(self.regret_p99_tokens),
             self.regret_mean_tokens.unwrap_or(0.0),
             pct(self.best_choice_share),
-        )
+        );
+        match (self.loadgen, self.other_decisions) {
+            (Some(own), Some(others)) if others > 0.0 => {
+                let workers = match own.workers {
+                    0 => String::new(),
+                    n => format!(" across {n} workers"),
+                };
+                format!(
+                    "Routing quality of loadgen's {} requests: prefix-cache hits {} of their \
+                     prompt tokens (the chosen workers' cached_tokens){workers}. The routing \
+                     judge also counted {others:.0} decisions of other clients in the run's \
+                     window; over all {:.0}: {judged}\n",
+                    own.requests,
+                    pct(own.hit_rate()),
+                    self.decisions,
+                )
+            }
+            (Some(_), _) => format!(
+                "Routing quality ({:.0} decisions, all loadgen's): {judged}\n",
+                self.decisions
+            ),
+            _ => format!(
+                "Routing quality ({:.0} decisions): {judged}\n",
+                self.decisions
+            ),
+        }
     }
 }
 #[cfg(test)]
@@ -244,6 +312,49 @@ mod tests {
         let (_, summary) = series(&[(0.0, idle.clone()), (1000.0, idle)], 0);
         assert_eq!(summary.routing, None);
         assert!(!console.contains("stale"), "{console}");
+    }
+
+    #[test]
+    fn the_routing_line_counts_only_loadgens_requests() {
+        use super::OwnRouting;
+        let before = Snapshot::read(&fleet_exposition(10, 0, 0, [10, 10, 10]));
+        let after = Snapshot::read(&fleet_exposition(110, 5_000, 6_000, [90, 109, 110]));
+        let (_, summary) = series(&[(0.0, before), (1000.0, after)], 0);
+        let judged = summary.routing.expect("a routing summary");
+        // 60 of the window's 100 decisions were loadgen's; another client made 40.
+        let mut r = judged;
+        r.attribute(OwnRouting {
+            requests: 60,
+            prompt_tokens: 6_000,
+            cached_tokens: 1_500,
+            workers: 2,
+        });
+        assert_eq!(r.other_decisions, Some(40.0));
+        assert_eq!(
+            r.console(),
+            "Routing quality of loadgen's 60 requests: prefix-cache hits 25.0% of their prompt \
+             tokens (the chosen workers' cached_tokens) across 2 workers. The routing judge \
+             also counted 40 decisions of other clients in the run's window; over all 100: \
+             prefix-cache hits 50.0% of prompt tokens on the chosen workers, 60.0% on the best \
+             (oracle); regret p50 <= 0 tokens, p99 <= 64 tokens, mean 10.0; best choice 80.0% \
+             of decisions\n"
+        );
+        let json = serde_json::to_value(r).expect("json");
+        assert_eq!(json["loadgen"]["requests"], 60);
+        assert_eq!(json["other_decisions"], 40.0);
+        // Every decision was loadgen's: the judge's figures are its own.
+        let mut r = judged;
+        r.attribute(OwnRouting {
+            requests: 100,
+            ..OwnRouting::default()
+        });
+        assert_eq!(r.other_decisions, Some(0.0));
+        assert!(
+            r.console()
+                .starts_with("Routing quality (100 decisions, all loadgen's): prefix-cache"),
+            "{}",
+            r.console()
+        );
     }
 
     #[test]

@@ -55,7 +55,7 @@ impl Scraper {
         let first = fetch(&client, &url, api_key.as_deref(), SCRAPE_TIMEOUT).await;
         let took = began.elapsed();
         if let Some(warning) = first_scrape_warning(&url, &first, forced) {
-            eprintln!("loadgen: warning: {warning}");
+            crate::stdout::errln!("loadgen: warning: {warning}");
         }
         if first.as_ref().map_or(true, Snapshot::is_empty) {
             return None;

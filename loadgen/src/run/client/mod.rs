@@ -161,10 +161,17 @@ async fn send_request(
     }
 }
 
+/// How long an idle pooled connection may be reused: below the keep-alive timeouts servers
+/// commonly close idle connections at (mockserve's `--idle-timeout` and uvicorn's both default to
+/// 5 s). reqwest's own 90 s lets a request go out on a connection the server is closing at that
+/// moment, which fails as "connection closed before message completed".
+pub(crate) const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The request timeout as reqwest wants it.
 pub fn client(timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
     reqwest::Client::builder()
         .timeout(timeout)
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
         .tcp_nodelay(true)
         .build()
 }
