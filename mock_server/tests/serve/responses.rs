@@ -453,3 +453,50 @@ async fn faults_apply_to_responses_in_their_own_shape() -> Result<()> {
     )?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_fleet_worker_keeps_its_own_responses() -> Result<()> {
+    let config = crate::fleet::fleet_config(&[
+        "--workers",
+        "2",
+        "--port",
+        "0",
+        "--speedup-ratio",
+        "inf",
+        "--block-size",
+        "16",
+    ])?;
+    let fleet = within(mock_server::fleet::launch(config)).await??;
+    let client = reqwest::Client::new();
+    let urls = crate::common::fleet_worker_urls(&fleet);
+    let post = |url: String, body: Value| {
+        let client = client.clone();
+        async move {
+            let response = within(
+                client
+                    .post(format!("{url}/v1/responses"))
+                    .json(&body)
+                    .send(),
+            )
+            .await??;
+            let status = response.status().as_u16();
+            anyhow::Ok((status, within(response.json::<Value>()).await??))
+        }
+    };
+    let (status, first) = post(
+        urls[0].clone(),
+        json!({"model": "mock-model", "input": long_question(), "max_output_tokens": 8}),
+    )
+    .await?;
+    assert_eq!(status, 200, "{first}");
+    let follow = json!({"model": "mock-model", "input": "And then?",
+                        "previous_response_id": first["id"], "max_output_tokens": 4});
+    let (status, second) = post(urls[0].clone(), follow.clone()).await?;
+    assert_eq!(status, 200, "{second}");
+    assert!(second["usage"]["input_tokens_details"]["cached_tokens"].as_u64() > Some(0));
+    let (status, elsewhere) = post(urls[1].clone(), follow).await?;
+    assert_eq!(status, 404, "{elsewhere}");
+    assert_eq!(elsewhere["error"]["code"], "previous_response_not_found");
+    within(fleet.shutdown()).await?;
+    Ok(())
+}
