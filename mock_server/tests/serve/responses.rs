@@ -6,6 +6,7 @@ use anyhow::{Context, Result};
 use axum::http::StatusCode;
 use futures_util::StreamExt;
 use mock_server::api::responses::wire::MAX_INPUT_ITEMS;
+use mock_server::api::responses::MAX_CONVERSATION_BYTES;
 use mock_server::config::ServerConfig;
 use serde_json::{json, Value};
 
@@ -406,6 +407,22 @@ async fn bad_input_is_a_400_naming_the_param_and_unknown_ids_404() -> Result<()>
         assert_eq!(error["param"], param, "{answer}");
         assert_eq!(error["code"], code, "{answer}");
     }
+    // A conversation over its cap is refused before it is tokenized.
+    let big = ServerConfig {
+        max_body_bytes: 32 << 20,
+        ..config(None)
+    };
+    let big = mock_server::api::AppState::new(big)?;
+    let text = "word ".repeat((MAX_CONVERSATION_BYTES + 5) / 5);
+    let (status, answer) = post(
+        &big,
+        "/v1/responses",
+        &json!({"model": "mock-model", "input": text}),
+    )
+    .await?;
+    let error = error_of(status, &answer, StatusCode::BAD_REQUEST)?;
+    assert_eq!(error["param"], "input");
+    assert_eq!(error["code"], "request_too_large");
     let (status, body) = crate::common::oneshot_raw(
         &state,
         axum::http::Request::get("/v1/responses/resp_unknown").body(axum::body::Body::empty())?,
