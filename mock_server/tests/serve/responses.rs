@@ -392,6 +392,11 @@ async fn bad_input_is_a_400_naming_the_param_and_unknown_ids_404() -> Result<()>
             json!("context_length_exceeded"),
         ),
         (
+            json!({"model": "mock-model", "input": "hi", "max_output_tokens": u64::MAX}),
+            "input",
+            json!("context_length_exceeded"),
+        ),
+        (
             json!({"model": "mock-model", "input": "x".repeat(70_000)}),
             "input",
             json!("request_too_large"),

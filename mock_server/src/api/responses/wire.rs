@@ -118,7 +118,10 @@ impl ResponsesRequest {
         let max_tokens = match body.get("max_output_tokens") {
             None | Some(Value::Null) => None,
             Some(v) => match v.as_u64() {
-                Some(n) if n >= 1 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+                // At most i64::MAX, as chat's limits, so prompt + limit never overflows.
+                Some(n) if n >= 1 => {
+                    Some(usize::try_from(n.min(i64::MAX as u64)).unwrap_or(usize::MAX >> 1))
+                }
                 _ => {
                     return Err(bad(
                         "Invalid 'max_output_tokens': expected an integer of at least 1.",
