@@ -53,6 +53,17 @@ async fn stream_with_fault(
     body: &Value,
     fault: &str,
 ) -> Result<Vec<(String, Value)>> {
+    stream_and(server, body, fault, || {}).await
+}
+
+/// [`stream_with_fault`], calling `after_first` once the first event is in.
+async fn stream_and(
+    server: &TestServer,
+    body: &Value,
+    fault: &str,
+    after_first: impl FnOnce(),
+) -> Result<Vec<(String, Value)>> {
+    let mut after_first = Some(after_first);
     let response = within(
         server
             .client
@@ -76,6 +87,9 @@ async fn stream_with_fault(
             assert_eq!(data["type"], json!(name), "{data}");
             assert_eq!(data["sequence_number"], json!(events.len()), "{data}");
             events.push((name.to_string(), data));
+            if let Some(call) = after_first.take() {
+                call();
+            }
         }
     }
     assert!(buffer.is_empty(), "trailing bytes {buffer:?}");
@@ -520,5 +534,31 @@ async fn each_fleet_worker_keeps_its_own_responses() -> Result<()> {
     assert_eq!(status, 404, "{elsewhere}");
     assert_eq!(elsewhere["error"]["code"], "previous_response_not_found");
     within(fleet.shutdown()).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_error_after_the_first_byte_is_an_error_and_a_failed_response() -> Result<()> {
+    // 50 tokens at 100 ms each: the shutdown deadline comes while they run.
+    let server = start(config(Some((100.0, 100.0)))).await?;
+    let body = json!({"model": "mock-model", "input": "Hello", "max_output_tokens": 50,
+                      "stream": true});
+    let stop = server.state.stop_generations.clone();
+    let events = stream_and(&server, &body, "none", move || stop.cancel()).await?;
+    let kinds = names(&events);
+    let n = kinds.len();
+    assert!(n >= 4, "{kinds:?}");
+    assert_eq!(kinds[..2], ["response.created", "response.in_progress"]);
+    assert_eq!(kinds[n - 2..], ["error", "response.failed"]);
+    assert!(!kinds.contains(&"response.output_text.done"), "{kinds:?}");
+    let error = &events[n - 2].1;
+    assert_eq!(error["code"], "service_unavailable");
+    assert_eq!(error["message"], "The server is shutting down.");
+    let failed = &events[n - 1].1["response"];
+    assert_eq!(failed["status"], "failed");
+    assert_eq!(
+        failed["error"],
+        json!({"code": "service_unavailable", "message": "The server is shutting down."})
+    );
     Ok(())
 }
