@@ -291,6 +291,10 @@ async fn function_calls_are_output_items_whole_and_streamed() -> Result<()> {
     let item = &events[events.len() - 1].1["response"]["output"][0];
     assert_eq!(item["arguments"], json!(joined));
     assert_eq!(events[2].1["item"]["call_id"], item["call_id"]);
+    // Counted as their own endpoint.
+    let metrics = crate::common::scrape(&server).await?;
+    let key = "servesim_http_requests_total{endpoint=\"responses\"}";
+    assert_eq!(metrics.get(key), Some(&2.0));
     Ok(())
 }
 
