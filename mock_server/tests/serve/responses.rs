@@ -8,6 +8,7 @@ use futures_util::StreamExt;
 use mock_server::api::responses::wire::MAX_INPUT_ITEMS;
 use mock_server::api::responses::MAX_CONVERSATION_BYTES;
 use mock_server::config::ServerConfig;
+use mock_server::text::{default_codec, ChatMessage};
 use serde_json::{json, Value};
 
 use crate::common::{
@@ -563,6 +564,53 @@ async fn an_error_after_the_first_byte_is_an_error_and_a_failed_response() -> Re
     assert_eq!(
         failed["error"],
         json!({"code": "service_unavailable", "message": "The server is shutting down."})
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn speculative_prefill_warms_the_next_turn_as_on_chat() -> Result<()> {
+    // Half of each answer is reasoning, which the history drops: without the hint the next
+    // turn reuses only the first turn's prompt, with it the whole first turn.
+    let server = start(reasoning_config()).await?;
+    for spec in [false, true] {
+        let question = format!("{spec} {}", long_question());
+        let (status, first) = create(
+            &server,
+            &json!({"model": "mock-model", "input": question, "max_output_tokens": 40,
+                    "nvext": {"agent_hints": {"speculative_prefill": spec}}}),
+        )
+        .await?;
+        assert_eq!(status, 200, "{first}");
+        let (status, second) = create(
+            &server,
+            &json!({"model": "mock-model", "input": "go on", "max_output_tokens": 4,
+                    "previous_response_id": first["id"]}),
+        )
+        .await?;
+        assert_eq!(status, 200, "{second}");
+        let text = first["output"][1]["content"][0]["text"]
+            .as_str()
+            .context("text")?;
+        let history = [
+            ChatMessage::user(question.clone()),
+            ChatMessage::assistant(text),
+        ];
+        let conversation = default_codec().render_chat(&history, false).len() as u64;
+        let whole = conversation / 16 * 16;
+        let cached = second["usage"]["input_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .context("cached")?;
+        if spec {
+            assert!(cached >= whole, "{cached} < {whole}");
+        } else {
+            assert!(cached < whole, "{cached} >= {whole} without the hint");
+        }
+    }
+    let metrics = crate::common::scrape(&server).await?;
+    assert_eq!(
+        metrics.get("servesim_speculative_prefill_submitted_total"),
+        Some(&1.0)
     );
     Ok(())
 }

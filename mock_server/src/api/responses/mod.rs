@@ -30,7 +30,7 @@ use serde_json::{json, Value};
 use super::answer::FinishReason;
 use super::budget::{exceeded, off_runtime, INLINE_TEXT_BYTES};
 use super::error::ApiError;
-use super::generation::{Endpoint, Generation, Step};
+use super::generation::{Endpoint, Generation, SpecPrefill, Step};
 use super::layer::Received;
 use super::protocol::ApiJson;
 use super::state::{unix_now, AppState};
@@ -114,6 +114,10 @@ pub(crate) async fn create(
             format!("{MAX_CONVERSATION_BYTES} bytes"),
         ));
     }
+    // `nvext.agent_hints.speculative_prefill` warms the next turn, as on chat.
+    let spec_prefill = request.params.speculative_prefill().then(|| SpecPrefill {
+        messages: messages.clone(),
+    });
     let codec = Arc::clone(&state.config.codec);
     let tokens = off_runtime(text_bytes > INLINE_TEXT_BYTES, move || {
         codec.render_chat(&messages, true)
@@ -129,7 +133,7 @@ pub(crate) async fn create(
     let request_in = RequestIn {
         endpoint: Endpoint::Chat,
         received,
-        spec_prefill: None,
+        spec_prefill,
         tools: Some(request.tools.clone()),
     };
     let prompts = vec![PromptIn { tokens, echo: None }];
