@@ -372,7 +372,7 @@ fn choice_seed(seed: u64, index: usize) -> u64 {
     }
 }
 
-/// Checks limits, plans every choice's answer, submits them and answers (streamed or whole).
+/// Starts a generation and answers it (streamed or whole).
 async fn generate(
     state: &AppState,
     params: GenerationParams,
@@ -381,40 +381,10 @@ async fn generate(
 ) -> Result<Response, ApiError> {
     let (stream, include_usage) = (params.stream, params.include_usage);
     let generation = start_generation(state, params, prompts, request).await?;
-    if stream {
-        let body = axum::body::Body::from_stream(generation::stream::sse_stream(
-            generation,
-            include_usage,
-        ));
-        Ok(sse_response(body))
-    } else {
-        let body = generation::collect::collect(generation).await?;
-        Ok((
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )],
-            body,
-        )
-            .into_response())
-    }
+    respond(generation, stream, include_usage).await
 }
 
-/// An SSE response of `body`, with the headers that keep proxies from buffering it.
-fn sse_response(body: axum::body::Body) -> Response {
-    let mut response = body.into_response();
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    response
-}
-
-/// Checks limits, plans every choice's answer and submits them: the generation in flight,
-/// for an endpoint's writer to answer from.
+/// Checks limits, plans every choice's answer and submits them.
 async fn start_generation(
     state: &AppState,
     params: GenerationParams,
@@ -622,6 +592,44 @@ async fn start_generation(
         stop: state.stop_generations.child_token(),
         ready,
     })
+}
+
+/// A started generation's answer: chat or completion chunks as SSE, or the whole object.
+async fn respond(
+    generation: Generation,
+    stream: bool,
+    include_usage: bool,
+) -> Result<Response, ApiError> {
+    if stream {
+        let body = axum::body::Body::from_stream(generation::stream::sse_stream(
+            generation,
+            include_usage,
+        ));
+        Ok(sse_response(body))
+    } else {
+        let body = generation::collect::collect(generation).await?;
+        Ok((
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            body,
+        )
+            .into_response())
+    }
+}
+
+/// A streamed answer's response: `body` as `text/event-stream`, never cached or buffered.
+fn sse_response(body: axum::body::Body) -> Response {
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
 }
 
 async fn models(State(state): State<AppState>) -> Response {
