@@ -268,16 +268,17 @@ fn classify(frame: &[u8]) -> Frame {
     }
 }
 
-/// A named event (`event: NAME`, the Responses API's): text deltas are tokens, the final
-/// events (`response.completed`, `response.incomplete`, `response.failed`, `error`) the end,
-/// and the events that open or close an output item pass as the role chunk does.
+/// A named event (`event: NAME`): in the Responses API's streams, text deltas are tokens, the
+/// final events (`response.completed`, `response.incomplete`, `response.failed`, `error`) the
+/// end, and the events that open or close an output item pass as the role chunk does.
 fn classify_named(name: &[u8]) -> Frame {
     match name {
         b"response.completed" | b"response.incomplete" | b"response.failed" | b"error" => {
             Frame::End
         }
-        name if name.ends_with(b".delta") => Frame::Token,
-        _ => Frame::Role,
+        name if name.starts_with(b"response.") && name.ends_with(b".delta") => Frame::Token,
+        name if name.starts_with(b"response.") => Frame::Role,
+        _ => Frame::End,
     }
 }
 
@@ -322,7 +323,7 @@ impl StreamFault {
                     }
                 };
                 let class = classify(&frame);
-                let named = frame.starts_with(b"event: ");
+                let responses = frame.starts_with(b"event: response.");
                 let due = !fired
                     && match class {
                         Frame::Role => false,
@@ -350,7 +351,7 @@ impl StreamFault {
                         tokio::time::sleep(CUT_FLUSH).await;
                         Some((Err(cut_error()), (fault, None, tokens, fired, queued)))
                     }
-                    _ if named => {
+                    _ if responses => {
                         let event = named_stream_error(fault.passed);
                         Some((Ok(Bytes::from(event)), (fault, None, tokens, fired, queued)))
                     }
