@@ -1,7 +1,8 @@
 //! The OpenAI-compatible HTTP API: [`app`] builds the axum router over an [`AppState`].
 //!
-//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`
-//! (`embeddings`), `GET /v1/models`, `GET /health`,
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses` (and
+//! `GET|DELETE /v1/responses/{id}`, [`responses`]), `POST /v1/embeddings` (`embeddings`),
+//! `GET /v1/models`, `GET /health`,
 //! `GET /metrics`, and vLLM's `GET /v1/models/{model}`, `POST /tokenize`, `POST /detokenize`,
 //! `GET /version`, `GET|POST /ping` (`vllm`). Every error is an [`ApiError`] body, including unknown routes (404) and
 //! methods (405, with `Allow`).
@@ -70,6 +71,7 @@ pub(crate) mod logprobs;
 pub(crate) mod lora;
 pub(crate) mod metrics;
 pub mod protocol;
+pub mod responses;
 pub(crate) mod schema;
 pub(crate) mod state;
 pub(crate) mod tools;
@@ -126,7 +128,12 @@ pub fn app(state: AppState) -> Router {
             .route_layer(failures())
             .route_layer(requests(endpoint))
     };
+    let stored_responses = Extension(Arc::new(responses::store::Store::default()));
     Router::new()
+        .route(
+            "/v1/responses",
+            generation(post(responses::create), "responses").layer(stored_responses.clone()),
+        )
         .route(
             "/v1/chat/completions",
             generation(post(chat_completions), "chat"),
@@ -141,6 +148,14 @@ pub fn app(state: AppState) -> Router {
         )
         // Only the generation routes above.
         .route_layer(from_fn_with_state(faults, crate::fault::http::inject))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve)
+                .delete(responses::delete)
+                .route_layer(key())
+                .route_layer(failures())
+                .layer(stored_responses),
+        )
         .route("/v1/models", get(models).route_layer(key()))
         .route("/health", get(health))
         .route("/metrics", get(metrics::handler))
@@ -363,13 +378,25 @@ fn choice_seed(seed: u64, index: usize) -> u64 {
     }
 }
 
-/// Checks limits, plans every choice's answer, submits them and answers (streamed or whole).
+/// Starts a generation and answers it (streamed or whole).
 async fn generate(
     state: &AppState,
     params: GenerationParams,
     prompts: Vec<PromptIn>,
     request: RequestIn,
 ) -> Result<Response, ApiError> {
+    let (stream, include_usage) = (params.stream, params.include_usage);
+    let generation = start_generation(state, params, prompts, request).await?;
+    respond(generation, stream, include_usage).await
+}
+
+/// Checks limits, plans every choice's answer and submits them.
+async fn start_generation(
+    state: &AppState,
+    params: GenerationParams,
+    prompts: Vec<PromptIn>,
+    request: RequestIn,
+) -> Result<Generation, ApiError> {
     let received = request.received;
     let config = &state.config;
     let endpoint = request.endpoint;
@@ -548,7 +575,7 @@ async fn generate(
         Endpoint::Text => "cmpl",
     };
     let ready = generation::ReadyChoices::new(choices.len());
-    let generation = Generation {
+    Ok(Generation {
         header: Header {
             id: format!(
                 "{prefix}-{:032x}",
@@ -570,21 +597,21 @@ async fn generate(
         received,
         stop: state.stop_generations.child_token(),
         ready,
-    };
-    if params.stream {
+    })
+}
+
+/// A started generation's answer: chat or completion chunks as SSE, or the whole object.
+async fn respond(
+    generation: Generation,
+    stream: bool,
+    include_usage: bool,
+) -> Result<Response, ApiError> {
+    if stream {
         let body = axum::body::Body::from_stream(generation::stream::sse_stream(
             generation,
-            params.include_usage,
+            include_usage,
         ));
-        let mut response = body.into_response();
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-        Ok(response)
+        Ok(sse_response(body))
     } else {
         let body = generation::collect::collect(generation).await?;
         Ok((
@@ -596,6 +623,19 @@ async fn generate(
         )
             .into_response())
     }
+}
+
+/// A streamed answer's response: `body` as `text/event-stream`, never cached or buffered.
+fn sse_response(body: axum::body::Body) -> Response {
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
 }
 
 async fn models(State(state): State<AppState>) -> Response {

@@ -188,6 +188,7 @@ pub(crate) async fn inject(
             kind,
             after,
             stall: faults.config.stall,
+            passed: 0,
         };
         return Response::from_parts(parts, Body::from_stream(stream.apply(body)));
     }
@@ -233,6 +234,8 @@ struct StreamFault {
     /// Content chunks passed before the fault.
     after: usize,
     stall: Duration,
+    /// Events passed so far (the next event's `sequence_number` in a Responses stream).
+    passed: u64,
 }
 
 /// What one SSE frame of a generation is, for counting tokens.
@@ -247,6 +250,9 @@ enum Frame {
 }
 
 fn classify(frame: &[u8]) -> Frame {
+    if let Some(named) = frame.strip_prefix(b"event: ") {
+        return classify_named(named.split(|&b| b == b'\n').next().unwrap_or_default());
+    }
     let data = frame.strip_prefix(b"data: ").unwrap_or(frame);
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
         // `[DONE]` (or anything unexpected).
@@ -260,6 +266,31 @@ fn classify(frame: &[u8]) -> Frame {
     } else {
         Frame::Token
     }
+}
+
+/// A named event (`event: NAME`): in the Responses API's streams, text deltas are tokens, the
+/// final events (`response.completed`, `response.incomplete`, `response.failed`, `error`) the
+/// end, and the events that open or close an output item pass as the role chunk does.
+fn classify_named(name: &[u8]) -> Frame {
+    match name {
+        b"response.completed" | b"response.incomplete" | b"response.failed" | b"error" => {
+            Frame::End
+        }
+        name if name.starts_with(b"response.") && name.ends_with(b".delta") => Frame::Token,
+        name if name.starts_with(b"response.") => Frame::Role,
+        _ => Frame::End,
+    }
+}
+
+/// The `stream-error` event of a stream of named events: OpenAI's `error` event, numbered
+/// after the `passed` events before it.
+fn named_stream_error(passed: u64) -> String {
+    let error = stream_error();
+    let data = serde_json::json!({
+        "type": "error", "code": error.code, "message": error.message, "param": null,
+        "sequence_number": passed,
+    });
+    format!("event: error\ndata: {data}\n\n")
 }
 
 impl StreamFault {
@@ -278,7 +309,7 @@ impl StreamFault {
         }));
         futures_util::stream::unfold(
             (self, inner, 0usize, false, Vec::<Bytes>::new()),
-            |(fault, mut inner, mut tokens, mut fired, mut queued)| async move {
+            |(mut fault, mut inner, mut tokens, mut fired, mut queued)| async move {
                 if let Some(bytes) = queued.pop() {
                     return Some((Ok(bytes), (fault, inner, tokens, fired, queued)));
                 }
@@ -292,6 +323,7 @@ impl StreamFault {
                     }
                 };
                 let class = classify(&frame);
+                let responses = frame.starts_with(b"event: response.");
                 let due = !fired
                     && match class {
                         Frame::Role => false,
@@ -302,6 +334,7 @@ impl StreamFault {
                     tokens += 1;
                 }
                 if !due {
+                    fault.passed += 1;
                     return Some((Ok(frame), (fault, inner, tokens, fired, queued)));
                 }
                 fired = true;
@@ -317,6 +350,10 @@ impl StreamFault {
                         // aborts the connection and discards what is still buffered.
                         tokio::time::sleep(CUT_FLUSH).await;
                         Some((Err(cut_error()), (fault, None, tokens, fired, queued)))
+                    }
+                    _ if responses => {
+                        let event = named_stream_error(fault.passed);
+                        Some((Ok(Bytes::from(event)), (fault, None, tokens, fired, queued)))
                     }
                     _ => {
                         let event = format!("data: {}\n\n", stream_error().body());
@@ -371,5 +408,19 @@ mod tests {
         assert!(classify(usage) == Frame::End);
         assert!(classify(b"data: [DONE]") == Frame::End);
         assert!(classify(br#"data: {"error":{}}"#) == Frame::End);
+        for (event, frame) in [
+            ("response.created", Frame::Role),
+            ("response.output_item.added", Frame::Role),
+            ("response.output_text.delta", Frame::Token),
+            ("response.reasoning_text.delta", Frame::Token),
+            ("response.function_call_arguments.delta", Frame::Token),
+            ("response.output_item.done", Frame::Role),
+            ("response.completed", Frame::End),
+            ("response.incomplete", Frame::End),
+            ("error", Frame::End),
+        ] {
+            let named = format!("event: {event}\ndata: {{}}\n\n");
+            assert!(classify(named.as_bytes()) == frame, "{event}");
+        }
     }
 }

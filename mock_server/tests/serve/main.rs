@@ -40,6 +40,8 @@ mod lora;
 mod liveness;
 // `GET /metrics`: the exposition parses and moves.
 mod metrics;
+// `/v1/responses`: events in order, chat's accounting, function calls, stored chains.
+mod responses;
 // Dynamo's `nvext`: strict parsing, pinning, response worker ids and timing.
 mod nvext;
 // Starting up: sockets bound and port ranges checked before the address is printed, bad
