@@ -1,6 +1,7 @@
 //! The OpenAI-compatible HTTP API: [`app`] builds the axum router over an [`AppState`].
 //!
-//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`,
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, Anthropic's `POST /v1/messages`
+//! and `POST /v1/messages/count_tokens` ([`messages`]), `GET /v1/models`, `GET /health`,
 //! `GET /metrics`, and vLLM's `GET /v1/models/{model}`, `POST /tokenize`, `POST /detokenize`,
 //! `GET /version`, `GET|POST /ping` (`vllm`). Every error is an [`ApiError`] body, including unknown routes (404) and
 //! methods (405, with `Allow`).
@@ -66,6 +67,7 @@ pub(crate) mod json_mode;
 pub(crate) mod layer;
 pub(crate) mod logprobs;
 pub(crate) mod lora;
+pub(crate) mod messages;
 pub(crate) mod metrics;
 pub mod protocol;
 pub(crate) mod schema;
@@ -133,6 +135,10 @@ pub fn app(state: AppState) -> Router {
             "/v1/completions",
             generation(post(completions), "completions"),
         )
+        .route(
+            "/v1/messages",
+            generation(post(messages::create), "messages"),
+        )
         // Only the generation routes above.
         .route_layer(from_fn_with_state(faults, crate::fault::http::inject))
         .route("/v1/models", get(models).route_layer(key()))
@@ -143,6 +149,12 @@ pub fn app(state: AppState) -> Router {
         .route(
             "/detokenize",
             post(vllm::detokenize).route_layer(failures()),
+        )
+        .route(
+            "/v1/messages/count_tokens",
+            post(messages::count_tokens)
+                .route_layer(key())
+                .route_layer(failures()),
         )
         .route("/version", get(vllm::version))
         .route("/ping", get(vllm::ping).post(vllm::ping))
@@ -170,6 +182,7 @@ pub fn app(state: AppState) -> Router {
         })
         .layer(body_limit)
         .layer(from_fn_with_state(state.clone(), layer::edge_limits))
+        .layer(axum::middleware::from_fn(messages::anthropic_errors))
         .with_state(state)
 }
 
@@ -213,8 +226,21 @@ async fn chat_completions(
     ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
     let received = received_at(&state, received);
-    let mut request = ChatRequest::parse(&body)?;
-    apply_header_overrides(&mut request.params, &headers)?;
+    let request = ChatRequest::parse(&body)?;
+    let (stream, include_usage) = (request.params.stream, request.params.include_usage);
+    let generation = start_chat(&state, &headers, received, request).await?;
+    respond(generation, stream, include_usage).await
+}
+
+/// Renders a chat request's conversation and starts its generation (shared by chat and the
+/// routes that translate their bodies into a chat request, such as `/v1/messages`).
+async fn start_chat(
+    state: &AppState,
+    headers: &HeaderMap,
+    received: SimTime,
+    mut request: ChatRequest,
+) -> Result<Generation, ApiError> {
+    apply_header_overrides(&mut request.params, headers)?;
     let spec = request.params.speculative_prefill().then(|| SpecPrefill {
         messages: request.messages.clone(),
     });
@@ -238,7 +264,7 @@ async fn chat_completions(
         spec_prefill: spec,
         tools: Some(request.tools),
     };
-    generate(&state, request.params, prompts, request_in).await
+    start_generation(state, request.params, prompts, request_in).await
 }
 
 async fn completions(
@@ -357,13 +383,25 @@ fn choice_seed(seed: u64, index: usize) -> u64 {
     }
 }
 
-/// Checks limits, plans every choice's answer, submits them and answers (streamed or whole).
+/// Starts a generation and answers it (streamed or whole).
 async fn generate(
     state: &AppState,
     params: GenerationParams,
     prompts: Vec<PromptIn>,
     request: RequestIn,
 ) -> Result<Response, ApiError> {
+    let (stream, include_usage) = (params.stream, params.include_usage);
+    let generation = start_generation(state, params, prompts, request).await?;
+    respond(generation, stream, include_usage).await
+}
+
+/// Checks limits, plans every choice's answer and submits them.
+async fn start_generation(
+    state: &AppState,
+    params: GenerationParams,
+    prompts: Vec<PromptIn>,
+    request: RequestIn,
+) -> Result<Generation, ApiError> {
     let received = request.received;
     let config = &state.config;
     let endpoint = request.endpoint;
@@ -542,7 +580,7 @@ async fn generate(
         Endpoint::Text => "cmpl",
     };
     let ready = generation::ReadyChoices::new(choices.len());
-    let generation = Generation {
+    Ok(Generation {
         header: Header {
             id: format!(
                 "{prefix}-{:032x}",
@@ -564,21 +602,21 @@ async fn generate(
         received,
         stop: state.stop_generations.child_token(),
         ready,
-    };
-    if params.stream {
+    })
+}
+
+/// A started generation's answer: chat or completion chunks as SSE, or the whole object.
+async fn respond(
+    generation: Generation,
+    stream: bool,
+    include_usage: bool,
+) -> Result<Response, ApiError> {
+    if stream {
         let body = axum::body::Body::from_stream(generation::stream::sse_stream(
             generation,
-            params.include_usage,
+            include_usage,
         ));
-        let mut response = body.into_response();
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-        Ok(response)
+        Ok(sse_response(body))
     } else {
         let body = generation::collect::collect(generation).await?;
         Ok((
@@ -590,6 +628,19 @@ async fn generate(
         )
             .into_response())
     }
+}
+
+/// A streamed answer's response: `body` as `text/event-stream`, never cached or buffered.
+fn sse_response(body: axum::body::Body) -> Response {
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
 }
 
 async fn models(State(state): State<AppState>) -> Response {

@@ -247,6 +247,16 @@ enum Frame {
 }
 
 fn classify(frame: &[u8]) -> Frame {
+    // Anthropic's named events (`/v1/messages`): the message and block openings and `ping`
+    // pass, each delta is a token, the rest ends the message.
+    if let Some(named) = frame.strip_prefix(b"event: ") {
+        let name = named.split(|&b| b == b'\n').next().unwrap_or_default();
+        return match name {
+            b"message_start" | b"content_block_start" | b"ping" => Frame::Role,
+            b"content_block_delta" => Frame::Token,
+            _ => Frame::End,
+        };
+    }
     let data = frame.strip_prefix(b"data: ").unwrap_or(frame);
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
         // `[DONE]` (or anything unexpected).
@@ -318,6 +328,11 @@ impl StreamFault {
                         tokio::time::sleep(CUT_FLUSH).await;
                         Some((Err(cut_error()), (fault, None, tokens, fired, queued)))
                     }
+                    _ if frame.starts_with(b"event: ") => {
+                        let mut event = Vec::new();
+                        crate::api::messages::wire::push_error(&mut event, &stream_error());
+                        Some((Ok(Bytes::from(event)), (fault, None, tokens, fired, queued)))
+                    }
                     _ => {
                         let event = format!("data: {}\n\n", stream_error().body());
                         queued.push(Bytes::from_static(b"data: [DONE]\n\n"));
@@ -371,5 +386,10 @@ mod tests {
         assert!(classify(usage) == Frame::End);
         assert!(classify(b"data: [DONE]") == Frame::End);
         assert!(classify(br#"data: {"error":{}}"#) == Frame::End);
+        assert!(classify(b"event: message_start\ndata: {}") == Frame::Role);
+        assert!(classify(b"event: ping\ndata: {}") == Frame::Role);
+        assert!(classify(b"event: content_block_delta\ndata: {}") == Frame::Token);
+        assert!(classify(b"event: content_block_stop\ndata: {}") == Frame::End);
+        assert!(classify(b"event: message_delta\ndata: {}") == Frame::End);
     }
 }

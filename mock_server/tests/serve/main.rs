@@ -35,6 +35,8 @@ mod peers;
 mod lora;
 // Requests the engine can never run, and a dead engine task.
 mod liveness;
+// Anthropic's Messages API: fields, the event sequence, chat's token counts, tools, errors.
+mod messages;
 // `GET /metrics`: the exposition parses and moves.
 mod metrics;
 // Dynamo's `nvext`: strict parsing, pinning, response worker ids and timing.
