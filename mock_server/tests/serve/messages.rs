@@ -420,3 +420,44 @@ async fn an_error_mid_stream_is_an_error_event() -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn reasoning_is_a_signed_thinking_block_before_the_text() -> Result<()> {
+    let mut cfg = config(None);
+    cfg.reasoning_ratio = 0.5;
+    cfg.reasoning_format = mock_server::config::ReasoningFormat::Separate;
+    let server = start(cfg).await?;
+    let body = messages_body(json!([user("Think first.")]), json!({"max_tokens": 8}));
+    let (s, b) = post(&server.state, "/v1/messages", &body).await?;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["content"][0]["type"], "thinking", "{b}");
+    assert!(b["content"][0]["thinking"].as_str().is_some_and(|t| !t.is_empty()));
+    assert!(b["content"][0]["signature"].as_str().is_some_and(|t| t.starts_with("sig_")));
+    assert_eq!(b["content"][1]["type"], "text");
+    assert_eq!(b["content"].as_array().map(Vec::len), Some(2));
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = stream_messages(&server, &streamed).await?;
+    let names: Vec<String> = events
+        .iter()
+        .map(|(n, d)| match d["delta"]["type"].as_str() {
+            Some(delta) => format!("{n}:{delta}"),
+            None => n.clone(),
+        })
+        .collect();
+    let mut want = vec!["message_start", "content_block_start", "ping"];
+    want.extend(["content_block_delta:thinking_delta"; 4]);
+    want.extend([
+        "content_block_delta:signature_delta",
+        "content_block_stop",
+        "content_block_start",
+    ]);
+    want.extend(["content_block_delta:text_delta"; 4]);
+    want.extend(["content_block_stop", "message_delta", "message_stop"]);
+    assert_eq!(names, want);
+    assert_eq!(events[1].1["content_block"]["type"], "thinking");
+    assert_eq!(events[9].1["index"], 1);
+    assert_eq!(events[9].1["content_block"]["type"], "text");
+    Ok(())
+}
