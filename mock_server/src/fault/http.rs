@@ -238,7 +238,8 @@ struct StreamFault {
 /// What one SSE frame of a generation is, for counting tokens.
 #[derive(PartialEq, Eq)]
 enum Frame {
-    /// The opening `role` chunk: passed before any fault.
+    /// The opening `role` chunk (or a Messages stream's `message_start`, `content_block_start`
+    /// and `ping`): passed before any fault.
     Role,
     /// One token's text.
     Token,
@@ -330,7 +331,7 @@ impl StreamFault {
                     }
                     _ if frame.starts_with(b"event: ") => {
                         let mut event = Vec::new();
-                        crate::api::messages::wire::push_error(&mut event, &stream_error());
+                        crate::api::messages::error::push_error_event(&mut event, &stream_error());
                         Some((Ok(Bytes::from(event)), (fault, None, tokens, fired, queued)))
                     }
                     _ => {

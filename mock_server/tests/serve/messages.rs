@@ -347,6 +347,14 @@ async fn errors_are_anthropic_shaped_from_every_layer() -> Result<()> {
     let (s, b) = oneshot_raw(&state, get).await?;
     anthropic_error(s, &b, 405, "invalid_request_error");
 
+    // The edge's body limit.
+    let mut small = config(None);
+    small.max_body_bytes = 1024;
+    let small = AppState::new(small)?;
+    let long = messages_body(json!([user(&"word ".repeat(400))]), json!({}));
+    let (s, b) = post(&small, "/v1/messages", &long).await?;
+    anthropic_error(s, &b, 413, "request_too_large");
+
     // The key: refused in Anthropic's shape, accepted as `x-api-key` or a bearer token.
     let mut keyed = config(None);
     keyed.api_key = Some("sekrit".into());
@@ -431,8 +439,12 @@ async fn reasoning_is_a_signed_thinking_block_before_the_text() -> Result<()> {
     let (s, b) = post(&server.state, "/v1/messages", &body).await?;
     assert_eq!(s, StatusCode::OK, "{b}");
     assert_eq!(b["content"][0]["type"], "thinking", "{b}");
-    assert!(b["content"][0]["thinking"].as_str().is_some_and(|t| !t.is_empty()));
-    assert!(b["content"][0]["signature"].as_str().is_some_and(|t| t.starts_with("sig_")));
+    assert!(b["content"][0]["thinking"]
+        .as_str()
+        .is_some_and(|t| !t.is_empty()));
+    assert!(b["content"][0]["signature"]
+        .as_str()
+        .is_some_and(|t| t.starts_with("sig_")));
     assert_eq!(b["content"][1]["type"], "text");
     assert_eq!(b["content"].as_array().map(Vec::len), Some(2));
 

@@ -8,33 +8,32 @@
 //!
 //! Every error on these paths, whoever raises it (JSON rejection, budget cap, the key layer,
 //! an injected fault, the edge limits, an unknown sub-route), is written once, by
-//! [`anthropic_errors`], in Anthropic's shape `{"type":"error","error":{"type","message"}}`;
-//! a 503 becomes Anthropic's 529 `overloaded_error`.
+//! [`anthropic_errors`], in Anthropic's shape `{"type":"error","error":{"type","message"}}`
+//! (`error`); a 503 becomes Anthropic's 529 `overloaded_error`.
 
+pub(crate) mod error;
 mod request;
-pub(crate) mod wire;
+mod wire;
 
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::error::ApiError;
 use super::layer::Received;
 use super::protocol::{ApiJson, ChatRequest};
 use super::state::AppState;
 use super::{budget, received_at, sse_response, start_chat};
+use error::{anthropic_kind, error_body};
 
 /// Messages one request may hold at most (`messages`), as Anthropic's API documents.
 pub(crate) const MAX_MESSAGES: usize = 100_000;
-
-/// Anthropic's status for an overloaded server (`overloaded_error`).
-const OVERLOADED: u16 = 529;
 
 /// The path prefix whose errors [`anthropic_errors`] writes.
 const PATH: &str = "/v1/messages";
@@ -89,32 +88,6 @@ pub(crate) async fn count_tokens(
     Ok(Json(json!({"input_tokens": tokens})).into_response())
 }
 
-/// A `tool_use` block's id for a chat tool call's: `toolu_` and the call's seeded letters.
-pub(crate) fn tool_use_id(call_id: &str) -> String {
-    format!("toolu_{}", call_id.strip_prefix("call_").unwrap_or(call_id))
-}
-
-/// Anthropic's error `type` and status for an error answered with `status`.
-fn anthropic_kind(status: StatusCode) -> (&'static str, StatusCode) {
-    let overloaded = StatusCode::from_u16(OVERLOADED).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-    match status.as_u16() {
-        401 => ("authentication_error", status),
-        403 => ("permission_error", status),
-        404 => ("not_found_error", status),
-        413 => ("request_too_large", status),
-        429 => ("rate_limit_error", status),
-        503 | OVERLOADED => ("overloaded_error", overloaded),
-        s if s >= 500 => ("api_error", status),
-        _ => ("invalid_request_error", status),
-    }
-}
-
-/// The Anthropic error body of `e`: `{"type":"error","error":{"type","message"}}`.
-pub(crate) fn error_body(e: &ApiError) -> Value {
-    let (kind, _) = anthropic_kind(e.status);
-    json!({"type": "error", "error": {"type": kind, "message": e.message}})
-}
-
 /// Whether `path` is served by this module.
 fn is_messages_path(path: &str) -> bool {
     path == PATH
@@ -149,24 +122,6 @@ pub(crate) async fn anthropic_errors(request: Request, next: Next) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn statuses_map_to_anthropic_error_types() {
-        for (status, kind, out) in [
-            (400, "invalid_request_error", 400),
-            (401, "authentication_error", 401),
-            (404, "not_found_error", 404),
-            (405, "invalid_request_error", 405),
-            (413, "request_too_large", 413),
-            (429, "rate_limit_error", 429),
-            (500, "api_error", 500),
-            (503, "overloaded_error", 529),
-        ] {
-            let status = StatusCode::from_u16(status).expect("status");
-            let (k, s) = anthropic_kind(status);
-            assert_eq!((k, s.as_u16()), (kind, out), "{status}");
-        }
-    }
 
     #[test]
     fn only_messages_paths_are_rewritten() {

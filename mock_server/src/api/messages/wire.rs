@@ -9,10 +9,15 @@ use axum::body::Bytes;
 use futures_util::Stream;
 use serde_json::{json, Value};
 
-use super::{error_body, tool_use_id};
+use super::error::push_error_event;
 use crate::api::answer::{Answer, FinishReason, Piece};
 use crate::api::error::ApiError;
 use crate::api::generation::{Generation, Step};
+
+/// A `tool_use` block's id for a chat tool call's: `toolu_` and the call's seeded letters.
+pub(crate) fn tool_use_id(call_id: &str) -> String {
+    format!("toolu_{}", call_id.strip_prefix("call_").unwrap_or(call_id))
+}
 
 /// What kind of content block is open.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -309,11 +314,6 @@ fn push_blocks(out: &mut Vec<u8>, events: &mut Vec<BlockEvent>) {
     }
 }
 
-/// Appends the final `event: error` of a stream that failed after its first byte.
-pub(crate) fn push_error(out: &mut Vec<u8>, e: &ApiError) {
-    push_event(out, "error", &error_body(e));
-}
-
 /// Largest body frame built from steps that are ready together (as the chat stream's).
 const MAX_FRAME_BYTES: usize = 64 << 10;
 
@@ -365,7 +365,7 @@ impl MessageBody {
             Step::Error(e) => {
                 self.ended = true;
                 generation.state.metrics.http_failures.inc();
-                push_error(out, &e);
+                push_error_event(out, &e);
             }
         }
     }
