@@ -473,3 +473,47 @@ async fn reasoning_is_a_signed_thinking_block_before_the_text() -> Result<()> {
     assert_eq!(events[9].1["content_block"]["type"], "text");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_worker_serves_messages_and_its_faults_in_anthropic_shape() -> Result<()> {
+    let flags = [
+        "--workers",
+        "2",
+        "--port",
+        "0",
+        "--admin-port",
+        "0",
+        "--block-size",
+        "16",
+        "--fixed-latency",
+        "1,1",
+    ];
+    let fleet = within(mock_server::fleet::launch(crate::fleet::fleet_config(
+        &flags,
+    )?))
+    .await??;
+    let admin = fleet_admin(&fleet)?;
+    let urls = fleet_worker_urls(&fleet);
+    let client = reqwest::Client::new();
+    let body = messages_body(json!([user("hi")]), json!({}));
+    let send = |url: String| {
+        let request = client.post(format!("{url}/v1/messages")).json(&body).send();
+        async move {
+            let response = within(request).await??;
+            let status = StatusCode::from_u16(response.status().as_u16())?;
+            anyhow::Ok((status, within(response.json::<Value>()).await??))
+        }
+    };
+    let (s, b) = send(urls[1].clone()).await?;
+    assert_eq!(s, StatusCode::OK, "{b}");
+    assert_eq!(b["type"], "message");
+    let set = client
+        .post(format!("{admin}/fleet/workers/1/fault"))
+        .json(&json!({"state": "503"}))
+        .send();
+    assert_eq!(within(set).await??.status(), 200);
+    let (s, b) = send(urls[1].clone()).await?;
+    anthropic_error(s, &b, 529, "overloaded_error");
+    assert_eq!(send(urls[0].clone()).await?.0, StatusCode::OK);
+    Ok(())
+}

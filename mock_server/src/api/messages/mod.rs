@@ -109,6 +109,8 @@ pub(crate) async fn anthropic_errors(request: Request, next: Next) -> Response {
         return response;
     };
     let (mut parts, _) = response.into_parts();
+    // Written once: a layer further out (a fleet worker's) leaves it as it is.
+    parts.extensions.remove::<ApiError>();
     let (_, status) = anthropic_kind(error.status);
     parts.status = status;
     parts.headers.remove(header::CONTENT_LENGTH);
