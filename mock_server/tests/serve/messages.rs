@@ -186,6 +186,16 @@ async fn the_stream_sends_anthropic_events_in_order() -> Result<()> {
         delta["usage"]["input_tokens"],
         start["usage"]["input_tokens"]
     );
+    let samples = scrape(&server).await?;
+    let counted = |endpoint: &str| {
+        samples
+            .get(&format!(
+                "servesim_http_requests_total{{endpoint=\"{endpoint}\"}}"
+            ))
+            .copied()
+    };
+    assert_eq!(counted("messages"), Some(1.0));
+    assert_eq!(counted("chat"), Some(0.0));
     Ok(())
 }
 
