@@ -522,6 +522,109 @@ mod tests {
         }
     }
 
+    /// A random JSON value of the kinds clients get wrong: wrong types, huge numbers, long
+    /// strings, blocks of every type with fields missing or mistyped.
+    fn random_value(rng: &mut rand_chacha::ChaCha8Rng, depth: usize) -> Value {
+        use rand::Rng;
+        let long = "x".repeat(5_000);
+        let leaves = [
+            Value::Null,
+            json!(true),
+            json!(0),
+            json!(-1),
+            json!(1e308),
+            json!(u64::MAX),
+            json!(""),
+            json!("user"),
+            json!("assistant"),
+            json!("text"),
+            json!("tool_use"),
+            json!("tool_result"),
+            json!("image"),
+            json!(long),
+        ];
+        let pick = rng.gen_range(0..if depth == 0 { 1 } else { 4 });
+        match pick {
+            0 => leaves[rng.gen_range(0..leaves.len())].clone(),
+            1 => Value::Array(
+                (0..rng.gen_range(0..4))
+                    .map(|_| random_value(rng, depth - 1))
+                    .collect(),
+            ),
+            _ => {
+                let keys = [
+                    "type",
+                    "text",
+                    "role",
+                    "content",
+                    "id",
+                    "name",
+                    "input",
+                    "tool_use_id",
+                    "input_schema",
+                    "source",
+                ];
+                let mut map = Map::new();
+                for _ in 0..rng.gen_range(0..5) {
+                    let key = keys[rng.gen_range(0..keys.len())];
+                    map.insert(key.into(), random_value(rng, depth - 1));
+                }
+                Value::Object(map)
+            }
+        }
+    }
+
+    #[test]
+    fn random_bodies_are_translated_or_refused_briefly() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(48);
+        let fields = [
+            "model",
+            "max_tokens",
+            "messages",
+            "system",
+            "stop_sequences",
+            "temperature",
+            "top_p",
+            "top_k",
+            "tools",
+            "tool_choice",
+            "stream",
+            "metadata",
+        ];
+        let (mut accepted, mut refused) = (0, 0);
+        for _ in 0..5_000 {
+            let mut body = Map::new();
+            body.insert("model".into(), json!("m"));
+            body.insert("max_tokens".into(), json!(4));
+            body.insert(
+                "messages".into(),
+                json!([{"role": "user", "content": "hi"}]),
+            );
+            for _ in 0..rng.gen_range(1..4) {
+                let field = fields[rng.gen_range(0..fields.len())];
+                body.insert(field.into(), random_value(&mut rng, 4));
+            }
+            match to_chat(&body, false) {
+                Ok(t) => {
+                    accepted += 1;
+                    // The chat parser reads every translation without panicking.
+                    let _ = crate::api::protocol::ChatRequest::parse(&t.chat);
+                }
+                Err(e) => {
+                    refused += 1;
+                    assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST, "{e:?}");
+                    assert!(e.param.is_some(), "{e:?}");
+                    assert!(e.message.len() < 300, "{}", e.message);
+                }
+            }
+        }
+        assert!(
+            accepted > 100 && refused > 100,
+            "{accepted} accepted, {refused} refused"
+        );
+    }
+
     #[test]
     fn long_values_are_cut_in_messages() {
         let role = "r".repeat(10_000);
