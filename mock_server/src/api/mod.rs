@@ -4,7 +4,7 @@
 //! and `POST /v1/messages/count_tokens` ([`messages`]), `GET /v1/models`, `GET /health`,
 //! `GET /metrics`, and vLLM's `GET /v1/models/{model}`, `POST /tokenize`, `POST /detokenize`,
 //! `GET /version`, `GET|POST /ping` (`vllm`). Every error is an [`ApiError`] body, including unknown routes (404) and
-//! methods (405, with `Allow`).
+//! methods (405, with `Allow`); on the `/v1/messages` paths it is rewritten in Anthropic's shape.
 //!
 //! Before any handler, `layer::edge_limits` enforces the request-level limits: headers over
 //! `layer::MAX_HEADER_BYTES` (431), a body over `--max-body-bytes` (413, at once when
