@@ -98,11 +98,24 @@ pub(crate) fn to_chat(body: &Map<String, Value>, count_only: bool) -> Result<Tra
         messages.insert(0, json!({"role": "system", "content": system}));
     }
     chat.insert("messages".into(), Value::Array(messages));
-    if let Some(tools) = tools(body.get("tools"))? {
-        chat.insert("tools".into(), tools);
-    }
+    let tools = tools(body.get("tools"))?;
     if let Some(choice) = tool_choice(body.get("tool_choice"))? {
+        let forced = choice == "required" || choice.is_object();
+        if forced
+            && tools
+                .as_ref()
+                .and_then(Value::as_array)
+                .is_none_or(Vec::is_empty)
+        {
+            return Err(invalid(
+                "tool_choice",
+                "'any' and 'tool' need at least one tool in 'tools'",
+            ));
+        }
         chat.insert("tool_choice".into(), choice);
+    }
+    if let Some(tools) = tools {
+        chat.insert("tools".into(), tools);
     }
     Ok(Translated { chat, stream })
 }
@@ -514,6 +527,11 @@ mod tests {
                 "messages.0.role",
             ),
             (base(json!([])), "messages"),
+            (
+                json!({"model": "m", "max_tokens": 4, "tool_choice": {"type": "any"},
+                       "messages": [{"role": "user", "content": "x"}]}),
+                "tool_choice",
+            ),
         ];
         for (body, param) in cases {
             let e = chat(body).expect_err(param);
