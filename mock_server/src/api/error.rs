@@ -267,6 +267,8 @@ impl IntoResponse for ApiError {
         if self.closes_connection() {
             headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
+        // For layers that answer in another API's shape (`super::messages`).
+        response.extensions_mut().insert(self);
         response
     }
 }

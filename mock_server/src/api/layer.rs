@@ -90,8 +90,8 @@ pub(crate) async fn edge_limits(
         .await
 }
 
-/// Answers 401 unless the request carries `Authorization: Bearer KEY` for the server's
-/// `--api-key` (every request passes when none is set).
+/// Answers 401 unless the request carries `Authorization: Bearer KEY` or `x-api-key: KEY`
+/// (Anthropic's header) for the server's `--api-key` (every request passes when none is set).
 pub(crate) async fn require_api_key(
     State(state): State<AppState>,
     request: Request,
@@ -107,11 +107,13 @@ fn check_api_key(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> 
     let Some(key) = &state.config.api_key else {
         return Ok(());
     };
-    let given = headers
+    let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if given == Some(key.as_str()) {
+    // Anthropic's SDKs send the key as `x-api-key`.
+    let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    if bearer == Some(key.as_str()) || x_api_key == Some(key.as_str()) {
         Ok(())
     } else {
         Err(ApiError::unauthorized())

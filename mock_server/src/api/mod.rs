@@ -1,11 +1,12 @@
 //! The OpenAI-compatible HTTP API: [`app`] builds the axum router over an [`AppState`].
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses` (and
-//! `GET|DELETE /v1/responses/{id}`, [`responses`]), `POST /v1/embeddings` (`embeddings`),
+//! `GET|DELETE /v1/responses/{id}`, [`responses`]), Anthropic's `POST /v1/messages` and
+//! `POST /v1/messages/count_tokens` ([`messages`]), `POST /v1/embeddings` (`embeddings`),
 //! `GET /v1/models`, `GET /health`,
 //! `GET /metrics`, and vLLM's `GET /v1/models/{model}`, `POST /tokenize`, `POST /detokenize`,
 //! `GET /version`, `GET|POST /ping` (`vllm`). Every error is an [`ApiError`] body, including unknown routes (404) and
-//! methods (405, with `Allow`).
+//! methods (405, with `Allow`); on the `/v1/messages` paths it is rewritten in Anthropic's shape.
 //!
 //! Before any handler, `layer::edge_limits` enforces the request-level limits: headers over
 //! `layer::MAX_HEADER_BYTES` (431), a body over `--max-body-bytes` (413, at once when
@@ -69,6 +70,7 @@ pub(crate) mod json_mode;
 pub(crate) mod layer;
 pub(crate) mod logprobs;
 pub(crate) mod lora;
+pub(crate) mod messages;
 pub(crate) mod metrics;
 pub mod protocol;
 pub mod responses;
@@ -146,6 +148,10 @@ pub fn app(state: AppState) -> Router {
             "/v1/embeddings",
             generation(post(embeddings::embeddings), "embeddings"),
         )
+        .route(
+            "/v1/messages",
+            generation(post(messages::create), "messages"),
+        )
         // Only the generation routes above.
         .route_layer(from_fn_with_state(faults, crate::fault::http::inject))
         .route(
@@ -164,6 +170,12 @@ pub fn app(state: AppState) -> Router {
         .route(
             "/detokenize",
             post(vllm::detokenize).route_layer(failures()),
+        )
+        .route(
+            "/v1/messages/count_tokens",
+            post(messages::count_tokens)
+                .route_layer(key())
+                .route_layer(failures()),
         )
         .route("/version", get(vllm::version))
         .route("/ping", get(vllm::ping).post(vllm::ping))
@@ -191,6 +203,7 @@ pub fn app(state: AppState) -> Router {
         })
         .layer(body_limit)
         .layer(from_fn_with_state(state.clone(), layer::edge_limits))
+        .layer(axum::middleware::from_fn(messages::anthropic_errors))
         .with_state(state)
 }
 
@@ -234,8 +247,21 @@ async fn chat_completions(
     ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
     let received = received_at(&state, received);
-    let mut request = ChatRequest::parse(&body)?;
-    apply_header_overrides(&mut request.params, &headers)?;
+    let request = ChatRequest::parse(&body)?;
+    let (stream, include_usage) = (request.params.stream, request.params.include_usage);
+    let generation = start_chat(&state, &headers, received, request).await?;
+    respond(generation, stream, include_usage).await
+}
+
+/// Renders a chat request's conversation and starts its generation (shared by chat and the
+/// routes that translate their bodies into a chat request, such as `/v1/messages`).
+async fn start_chat(
+    state: &AppState,
+    headers: &HeaderMap,
+    received: SimTime,
+    mut request: ChatRequest,
+) -> Result<Generation, ApiError> {
+    apply_header_overrides(&mut request.params, headers)?;
     let spec = request.params.speculative_prefill().then(|| SpecPrefill {
         messages: request.messages.clone(),
     });
@@ -259,7 +285,7 @@ async fn chat_completions(
         spec_prefill: spec,
         tools: Some(request.tools),
     };
-    generate(&state, request.params, prompts, request_in).await
+    start_generation(state, request.params, prompts, request_in).await
 }
 
 async fn completions(

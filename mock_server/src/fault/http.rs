@@ -241,7 +241,8 @@ struct StreamFault {
 /// What one SSE frame of a generation is, for counting tokens.
 #[derive(PartialEq, Eq)]
 enum Frame {
-    /// The opening `role` chunk: passed before any fault.
+    /// The opening `role` chunk (or a Messages stream's `message_start`, `content_block_start`
+    /// and `ping`): passed before any fault.
     Role,
     /// One token's text.
     Token,
@@ -250,8 +251,17 @@ enum Frame {
 }
 
 fn classify(frame: &[u8]) -> Frame {
+    // Named events: the Responses API's (`response.*`) and Anthropic's (`/v1/messages`: the
+    // message and block openings and `ping` pass, each delta is a token, the rest ends the
+    // message).
     if let Some(named) = frame.strip_prefix(b"event: ") {
-        return classify_named(named.split(|&b| b == b'\n').next().unwrap_or_default());
+        let name = named.split(|&b| b == b'\n').next().unwrap_or_default();
+        return match name {
+            b"message_start" | b"content_block_start" | b"ping" => Frame::Role,
+            b"content_block_delta" => Frame::Token,
+            _ if name.starts_with(b"response.") => classify_named(name),
+            _ => Frame::End,
+        };
     }
     let data = frame.strip_prefix(b"data: ").unwrap_or(frame);
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
@@ -355,6 +365,11 @@ impl StreamFault {
                         let event = named_stream_error(fault.passed);
                         Some((Ok(Bytes::from(event)), (fault, None, tokens, fired, queued)))
                     }
+                    _ if frame.starts_with(b"event: ") => {
+                        let mut event = Vec::new();
+                        crate::api::messages::error::push_error_event(&mut event, &stream_error());
+                        Some((Ok(Bytes::from(event)), (fault, None, tokens, fired, queued)))
+                    }
                     _ => {
                         let event = format!("data: {}\n\n", stream_error().body());
                         queued.push(Bytes::from_static(b"data: [DONE]\n\n"));
@@ -422,5 +437,10 @@ mod tests {
             let named = format!("event: {event}\ndata: {{}}\n\n");
             assert!(classify(named.as_bytes()) == frame, "{event}");
         }
+        assert!(classify(b"event: message_start\ndata: {}") == Frame::Role);
+        assert!(classify(b"event: ping\ndata: {}") == Frame::Role);
+        assert!(classify(b"event: content_block_delta\ndata: {}") == Frame::Token);
+        assert!(classify(b"event: content_block_stop\ndata: {}") == Frame::End);
+        assert!(classify(b"event: message_delta\ndata: {}") == Frame::End);
     }
 }

@@ -38,6 +38,8 @@ mod peers;
 mod lora;
 // Requests the engine can never run, and a dead engine task.
 mod liveness;
+// Anthropic's Messages API: fields, the event sequence, chat's token counts, tools, errors.
+mod messages;
 // `GET /metrics`: the exposition parses and moves.
 mod metrics;
 // `/v1/responses`: events in order, chat's accounting, function calls, stored chains.
