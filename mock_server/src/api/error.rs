@@ -45,6 +45,15 @@ impl ApiError {
         self
     }
 
+    /// This error with `param` `messages` (an engine rejection of the prompt) naming
+    /// `prompt_param` instead: `prompt` on `/v1/completions`.
+    pub(crate) fn for_prompt_field(mut self, prompt_param: &str) -> ApiError {
+        if self.param.as_deref() == Some("messages") {
+            self.param = Some(prompt_param.to_string());
+        }
+        self
+    }
+
     /// 401 for a missing or wrong API key.
     pub fn unauthorized() -> ApiError {
         ApiError {

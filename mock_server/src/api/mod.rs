@@ -530,7 +530,11 @@ async fn generate(
                 max_tokens: limit,
                 received: Some(received),
             };
-            let submission = state.engine.submit_as(engine_request, options).await?;
+            let submission = state
+                .engine
+                .submit_as(engine_request, options)
+                .await
+                .map_err(|e| ApiError::from(e).for_prompt_field(prompt_param))?;
             let mut choice = Choice::new(index, submission, answer, prompt.tokens.len());
             choice.counts_prompt = j == 0;
             choice.echo = prompt.echo.clone();

@@ -359,7 +359,10 @@ fn generation_params(body: &Map<String, Value>) -> Result<GenerationParams, ApiE
     if let Some(t) = field::<f64>(body, "temperature")? {
         if !(0.0..=2.0).contains(&t) {
             return Err(ApiError::invalid(
-                format!("Invalid 'temperature': {t}. It must be between 0 and 2."),
+                format!(
+                    "Invalid 'temperature': {}. It must be between 0 and 2.",
+                    servesim::scheduler::show_number(t)
+                ),
                 Some("temperature"),
             ));
         }

@@ -53,6 +53,12 @@ fn bad_server_flags_are_refused_naming_the_flag() {
             &["--shutdown-timeout", "up to 86400"],
         ),
         (&["--startup-delay", "inf"], &["--startup-delay", "got inf"]),
+        (&["--fault-rate", "1e308"], &["--fault-rate", "got 1e308"]),
+        (&["--fault-rate=-1e300"], &["--fault-rate", "got -1e300"]),
+        (
+            &["--router-temperature", "nan"],
+            &["--router-temperature", "got NaN"],
+        ),
         (
             &["--max-model-len", "2000000000000"],
             &["--max-model-len must be between 1 and 2^40"],
@@ -134,6 +140,8 @@ fn bad_server_flags_are_refused_naming_the_flag() {
             !message.contains("0000000000000000"),
             "{flags:?}: a huge number written out: {message}"
         );
+        // HTTP and KV-event flags are no engine settings (issue 43).
+        assert!(!message.contains("engine setting"), "{flags:?}: {message}");
     }
     // Ranges that fit, and replay ports apart from the publish ones, are fine.
     serve_config(&[

@@ -412,7 +412,13 @@ impl Generation {
             }
             Output::Rejected { reason, .. } => {
                 self.fail();
-                Some(Step::Error(reason.into()))
+                let prompt_param = match self.header.endpoint {
+                    Endpoint::Chat => "messages",
+                    Endpoint::Text => "prompt",
+                };
+                Some(Step::Error(
+                    ApiError::from(reason).for_prompt_field(prompt_param),
+                ))
             }
         }
     }
