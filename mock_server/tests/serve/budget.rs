@@ -458,6 +458,87 @@ async fn health_answers_while_the_costliest_accepted_bodies_run() -> Result<()> 
     Ok(())
 }
 
+/// `/tokenize` and `/detokenize` of large bodies run on the blocking pool, as completions do:
+/// four 2 MB texts (one as chat messages, one asking for every token's string) and 600,000 ids
+/// to decode leave `/health` as prompt as the generation bodies above (issue 43: on the
+/// runtime's threads, four 6.5 MB bodies made it take 1.9 s at the median).
+#[tokio::test(flavor = "multi_thread")]
+async fn health_answers_while_large_bodies_are_tokenized() -> Result<()> {
+    let server = start(config(None)).await?;
+    let text = "The quick brown fox jumps over the lazy dog, 1234 times. ".repeat(36_000);
+    let ids: Vec<u32> = (0..600_000u32).map(|i| 100 + i % 5_000).collect();
+    let heavy = [
+        ("/tokenize", json!({"prompt": text})),
+        (
+            "/tokenize",
+            json!({"prompt": text, "return_token_strs": true}),
+        ),
+        ("/tokenize", json!({"messages": [user(&text)]})),
+        ("/tokenize", json!({"prompt": text})),
+        ("/detokenize", json!({"tokens": ids})),
+    ];
+    // Written and read as bytes here, parsed after: the test's own JSON work stays off the
+    // runtime while `/health` is probed.
+    let heavy: Vec<(&str, String)> = heavy.iter().map(|(p, b)| (*p, b.to_string())).collect();
+    let done = tokio::sync::Notify::new();
+    let requests = async {
+        let sent = heavy.iter().map(|(path, body)| {
+            let request = server
+                .client
+                .post(format!("{}{path}", server.base))
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .send();
+            async move {
+                let response = timeout(HEAVY, request).await??;
+                let status = response.status();
+                let bytes = timeout(HEAVY, response.bytes()).await??;
+                anyhow::ensure!(status == 200, "{path}: {}", String::from_utf8_lossy(&bytes));
+                Ok::<_, anyhow::Error>(bytes)
+            }
+        });
+        let bodies = futures_util::future::try_join_all(sent).await;
+        done.notify_one();
+        bodies
+    };
+    let (bodies, latencies) = tokio::join!(requests, probe_health(&server, &done));
+    let (bodies, mut latencies) = (bodies?, latencies?);
+    let bodies = bodies
+        .iter()
+        .map(|b| serde_json::from_slice(b))
+        .collect::<Result<Vec<Value>, _>>()?;
+    latencies.sort();
+    let median = latencies[latencies.len() / 2];
+    let max = latencies[latencies.len() - 1];
+    eprintln!(
+        "{} probes while large bodies were tokenized: median {median:?}, max {max:?}",
+        latencies.len()
+    );
+    assert!(median <= Duration::from_millis(100), "median {median:?}");
+    assert!(max <= Duration::from_secs(1), "max {max:?}");
+
+    // Each answered in full.
+    let count = bodies[0]["count"].as_u64().context("count")?;
+    assert!(count > 100_000, "{count} tokens");
+    assert_eq!(
+        bodies[0]["tokens"].as_array().map(Vec::len),
+        Some(count as usize)
+    );
+    assert_eq!(bodies[3]["count"], count);
+    assert_eq!(
+        bodies[1]["token_strs"].as_array().map(Vec::len),
+        Some(count as usize)
+    );
+    assert!(
+        bodies[2]["count"].as_u64() > Some(count),
+        "{}",
+        bodies[2]["count"]
+    );
+    let decoded = bodies[4]["prompt"].as_str().context("prompt")?;
+    assert!(decoded.len() > 600_000, "{} bytes", decoded.len());
+    Ok(())
+}
+
 /// A word (one run of letters, spaces or symbols) is one piece for a byte-pair tokenizer, merged
 /// in time that grows with the square of its length: a word at the cap is tokenized and
 /// answered, one byte more is a 400 naming the field before any tokenizing, on every route that
