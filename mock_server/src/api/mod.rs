@@ -84,10 +84,11 @@ use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Json, Router};
 use serde_json::json;
 
+use crate::driver::inflight::Reservation;
 use answer::{Answer, AnswerSpec};
 pub use error::ApiError;
 use generation::{Choice, Endpoint, ExtraFields, Generation, Header, SpecPrefill};
-use layer::Received;
+use layer::{Charge, Received};
 use protocol::{ApiJson, ChatRequest, CompletionRequest, GenerationParams, PromptInput};
 use servesim::ids::WorkerId;
 use servesim::time::SimTime;
@@ -210,9 +211,11 @@ async fn chat_completions(
     State(state): State<AppState>,
     headers: HeaderMap,
     received: Option<Extension<Received>>,
+    charge: Option<Extension<Charge>>,
     ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
     let received = received_at(&state, received);
+    let charge = charge.and_then(|Extension(c)| c.take());
     let mut request = ChatRequest::parse(&body)?;
     apply_header_overrides(&mut request.params, &headers)?;
     let spec = request.params.speculative_prefill().then(|| SpecPrefill {
@@ -237,6 +240,7 @@ async fn chat_completions(
         received,
         spec_prefill: spec,
         tools: Some(request.tools),
+        charge,
     };
     generate(&state, request.params, prompts, request_in).await
 }
@@ -245,9 +249,11 @@ async fn completions(
     State(state): State<AppState>,
     headers: HeaderMap,
     received: Option<Extension<Received>>,
+    charge: Option<Extension<Charge>>,
     ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
     let received = received_at(&state, received);
+    let charge = charge.and_then(|Extension(c)| c.take());
     let mut request = CompletionRequest::parse(&body)?;
     apply_header_overrides(&mut request.params, &headers)?;
     if let Some(vocab_size) = state.config.codec.vocab_size() {
@@ -301,6 +307,7 @@ async fn completions(
         received,
         spec_prefill: None,
         tools: None,
+        charge,
     };
     generate(&state, request.params, prompts, request_in).await
 }
@@ -318,6 +325,9 @@ struct RequestIn {
     received: SimTime,
     spec_prefill: Option<SpecPrefill>,
     tools: Option<Tools>,
+    /// Its body's reservation in the in-flight budget ([`layer::Charge`]), grown to the whole
+    /// request's work and held until its answer ends.
+    charge: Option<Reservation>,
 }
 
 /// The output limit of one prompt: the request's, else the default cut to the context; a
@@ -344,6 +354,31 @@ fn output_limit(
             prompt_param,
         )),
         None => Ok(config.default_max_tokens.min(max_len - prompt_len)),
+    }
+}
+
+/// `charge` (the body's reservation, when the request has one) grown by `work` bytes: a 503
+/// `server_overloaded` when the in-flight budget has no room for them.
+pub(crate) fn reserve(
+    state: &AppState,
+    charge: Option<Reservation>,
+    work: u64,
+) -> Result<Reservation, ApiError> {
+    let inflight = state.engine.inflight();
+    let overloaded = |bytes| {
+        state.metrics.over_inflight_bound.inc();
+        ApiError::server_overloaded(bytes, inflight.limit())
+    };
+    match charge {
+        Some(mut reservation) => {
+            let bytes = reservation.bytes().saturating_add(work);
+            if reservation.try_resize(bytes) {
+                Ok(reservation)
+            } else {
+                Err(overloaded(bytes))
+            }
+        }
+        None => inflight.try_reserve(work).ok_or_else(|| overloaded(work)),
     }
 }
 
@@ -436,6 +471,13 @@ async fn generate(
         Endpoint::Text => "logprobs",
     };
     budget::check_plan(&limits, n, params.logprobs, logprobs_param)?;
+    // The whole request's estimated memory must fit in the server's in-flight budget, beside
+    // its body's.
+    let planned: usize = limits.iter().map(|l| l * n).sum();
+    let prompt_lens = || prompts.iter().map(|p| p.tokens.len());
+    let work = |output| budget::generation_bytes(prompt_lens(), n, output, params.logprobs);
+    let body = request.charge.as_ref().map_or(0, Reservation::bytes);
+    let mut reservation = reserve(state, request.charge, work(planned))?;
     let number = state.counter.fetch_add(1, Ordering::Relaxed);
     let seed = params.seed.unwrap_or_else(|| {
         config
@@ -471,7 +513,6 @@ async fn generate(
     // Planning stops when the client leaves (this future is dropped) or the server shuts down.
     let cancel = state.stop_generations.child_token();
     let _cancel_on_drop = cancel.clone().drop_guard();
-    let planned: usize = limits.iter().map(|l| l * n).sum();
     let codec = Arc::clone(&config.codec);
     let plan_limits = limits.clone();
     // JSON answers cost more a token (drawn, serialized and tokenized as a document).
@@ -504,6 +545,9 @@ async fn generate(
     })
     .await?
     .ok_or_else(ApiError::shutting_down)?;
+    // Answers that end themselves plan fewer tokens than their limits: the rest is given back.
+    let answered: usize = answers.iter().map(|a: &Answer| a.tokens.len()).sum();
+    reservation.try_resize(body.saturating_add(work(answered)));
     let mut answers = answers.into_iter();
     let mut choices = Vec::with_capacity(prompts.len() * n);
     for (p, (prompt, limit)) in prompts.iter().zip(limits).enumerate() {
@@ -568,6 +612,7 @@ async fn generate(
         received,
         stop: state.stop_generations.child_token(),
         ready,
+        _reservation: reservation,
     };
     if params.stream {
         let body = axum::body::Body::from_stream(generation::stream::sse_stream(

@@ -18,10 +18,11 @@ use std::sync::Arc;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
+use super::layer::Charge;
 use super::lora::Adapter;
 use super::protocol::{ApiJson, ChatRequest};
 use super::state::AppState;
@@ -31,6 +32,7 @@ use crate::text::ChatMessage;
 /// its answer written on the blocking pool, as the generation endpoints do.
 pub(crate) async fn tokenize(
     State(state): State<AppState>,
+    charge: Option<Extension<Charge>>,
     ApiJson(mut body): ApiJson,
 ) -> Result<Response, ApiError> {
     check_model(&state, &body)?;
@@ -53,6 +55,13 @@ pub(crate) async fn tokenize(
         }
     };
     drop(body);
+    let per_byte = if return_token_strs {
+        super::budget::TOKENIZE_STRS_TEXT_BYTES
+    } else {
+        super::budget::TOKENIZE_TEXT_BYTES
+    };
+    let work = (input.bytes() as u64).saturating_mul(per_byte);
+    let _reservation = super::reserve(&state, charge.and_then(|Extension(c)| c.take()), work)?;
     let heavy = input.bytes() > super::budget::INLINE_TEXT_BYTES;
     let codec = Arc::clone(&state.config.codec);
     let max_model_len = state.config.max_model_len;
@@ -118,6 +127,7 @@ fn json_bytes(value: &Value) -> Response {
 /// and the answer written, on the blocking pool.
 pub(crate) async fn detokenize(
     State(state): State<AppState>,
+    charge: Option<Extension<Charge>>,
     ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
     check_model(&state, &body)?;
@@ -139,6 +149,8 @@ pub(crate) async fn detokenize(
     if let Some(vocab_size) = state.config.codec.vocab_size() {
         super::budget::check_token_ids(&ids, vocab_size, "tokens")?;
     }
+    let work = (ids.len() as u64).saturating_mul(super::budget::DETOKENIZE_ID_BYTES);
+    let _reservation = super::reserve(&state, charge.and_then(|Extension(c)| c.take()), work)?;
     let heavy = ids.len().saturating_mul(4) > super::budget::INLINE_TEXT_BYTES;
     let codec = Arc::clone(&state.config.codec);
     super::budget::off_runtime(heavy, move || {

@@ -172,6 +172,9 @@ pub(crate) struct Generation {
     /// Which choices may have an event waiting: only those are polled, so a step costs the
     /// same however many choices a request has (a batch of 20,000 prompts stays linear).
     pub ready: ReadyChoices,
+    /// The request's estimated memory in the server's in-flight budget, given back when the
+    /// generation ends (its last chunk sent, or the client gone).
+    pub _reservation: crate::driver::inflight::Reservation,
 }
 
 /// The choices of a [`Generation`] whose event channels were woken since they were last found
