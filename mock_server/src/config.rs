@@ -171,6 +171,9 @@ impl ServerConfig {
         if self.max_inflight_bytes == 0 || self.max_inflight_bytes > MAX_INFLIGHT_BYTES {
             return bad("--max-inflight-bytes must be between 1 and 2^50 (1 PiB)");
         }
+        if self.lora_modules.len() > crate::api::lora::MAX_LORA_ADAPTERS {
+            return bad("--lora-modules names more than 1024 adapters (MAX_LORA_ADAPTERS)");
+        }
         if !(0.0..=1.0).contains(&self.stop_probability) {
             return bad("--stop-probability must be between 0 and 1");
         }

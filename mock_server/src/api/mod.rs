@@ -65,7 +65,7 @@ pub(crate) mod generation;
 pub(crate) mod json_mode;
 pub(crate) mod layer;
 pub(crate) mod logprobs;
-pub(crate) mod lora;
+pub mod lora;
 pub(crate) mod metrics;
 pub mod protocol;
 pub(crate) mod schema;

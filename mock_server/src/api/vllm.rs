@@ -259,9 +259,17 @@ pub(crate) fn prompt_for(
     prompt
 }
 
-/// The `lora_name` field of a load or unload body.
+/// The `lora_name` field of a load or unload body: at most
+/// [`super::lora::MAX_LORA_NAME_BYTES`].
 fn lora_name(body: &Map<String, Value>) -> Result<String, ApiError> {
     match body.get("lora_name") {
+        Some(Value::String(name)) if name.len() > super::lora::MAX_LORA_NAME_BYTES => {
+            Err(super::budget::exceeded(
+                "lora_name",
+                format!("the name has {} bytes", name.len()),
+                format!("{} bytes", super::lora::MAX_LORA_NAME_BYTES),
+            ))
+        }
         Some(Value::String(name)) if !name.is_empty() => Ok(name.clone()),
         _ => Err(ApiError::invalid(
             "Both 'lora_name' and 'lora_path' must be provided.",
@@ -278,6 +286,13 @@ pub(crate) async fn load_lora_adapter(
 ) -> Result<Response, ApiError> {
     let name = lora_name(&body)?;
     let path = match body.get("lora_path") {
+        Some(Value::String(path)) if path.len() > super::lora::MAX_LORA_PATH_BYTES => {
+            return Err(super::budget::exceeded(
+                "lora_path",
+                format!("the path has {} bytes", path.len()),
+                format!("{} bytes", super::lora::MAX_LORA_PATH_BYTES),
+            ))
+        }
         Some(Value::String(path)) if !path.is_empty() => path.clone(),
         _ => {
             return Err(ApiError::invalid(
@@ -286,11 +301,29 @@ pub(crate) async fn load_lora_adapter(
             ))
         }
     };
-    if name == state.config.model_name || !state.lora.load(&name, &path) {
-        return Err(ApiError::invalid(
-            format!("The lora adapter '{name}' has already been loaded."),
-            Some("lora_name"),
-        ));
+    let loaded = if name == state.config.model_name {
+        Err(super::lora::LoadRefusal::Loaded)
+    } else {
+        state.lora.load(&name, &path)
+    };
+    match loaded {
+        Ok(()) => {}
+        Err(super::lora::LoadRefusal::Loaded) => {
+            return Err(ApiError::invalid(
+                format!("The lora adapter '{name}' has already been loaded."),
+                Some("lora_name"),
+            ))
+        }
+        Err(super::lora::LoadRefusal::Full) => {
+            return Err(super::budget::exceeded(
+                "lora_name",
+                format!(
+                    "{} adapters are loaded (unload one first)",
+                    super::lora::MAX_LORA_ADAPTERS
+                ),
+                format!("{} adapters", super::lora::MAX_LORA_ADAPTERS),
+            ))
+        }
     }
     Ok(format!("Success: LoRA adapter '{name}' added successfully.").into_response())
 }
@@ -329,5 +362,12 @@ pub(crate) async fn unload_lora_adapter(
             Some("lora_name"),
         ));
     }
+    // Its series goes with it, so `/metrics` holds only the loaded adapters'.
+    state
+        .metrics
+        .lora_requests
+        .remove(&crate::metrics::AdapterLabel {
+            adapter: name.clone(),
+        });
     Ok(format!("Success: LoRA adapter '{name}' removed successfully.").into_response())
 }
