@@ -37,7 +37,7 @@ pub(crate) const MAX_TOKENS_FLAG: usize = 1 << 40;
 pub const DEFAULT_MAX_INFLIGHT_BYTES: u64 = 2 << 30;
 /// The largest `--max-inflight-bytes`: 2^50 bytes (1 PiB), which no request mix reaches: the
 /// way to lift the bound.
-pub(crate) const MAX_INFLIGHT_BYTES: u64 = 1 << 50;
+pub const MAX_INFLIGHT_BYTES: u64 = 1 << 50;
 /// Default `--max-connections`.
 pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// Default `--shutdown-timeout`.

@@ -554,6 +554,7 @@ mod tests {
             received: SimTime::ZERO,
             stop: state.stop_generations.child_token(),
             ready: ReadyChoices::new(n),
+            _reservation: state.engine.inflight().try_reserve(0).expect("room"),
         }
     }
 
