@@ -82,6 +82,7 @@ pub(crate) fn generation_bytes(
     n: usize,
     output_tokens: usize,
     top_logprobs: Option<usize>,
+    echoed: usize,
 ) -> u64 {
     let per_prompt_token =
         PROMPT_TOKEN_BYTES.saturating_add(CHOICE_PROMPT_TOKEN_BYTES.saturating_mul(n as u64));
@@ -89,7 +90,11 @@ pub(crate) fn generation_bytes(
         sum.saturating_add((t as u64).saturating_mul(per_prompt_token))
     });
     let output = output_tokens as u64;
-    let entries = top_logprobs.map_or(0, |top| output.saturating_mul(1 + top as u64));
+    let entries = top_logprobs.map_or(0, |top| {
+        output
+            .saturating_add(echoed as u64)
+            .saturating_mul(1 + top as u64)
+    });
     prompts
         .saturating_add(output.saturating_mul(OUTPUT_TOKEN_BYTES))
         .saturating_add(entries.saturating_mul(LOGPROB_ENTRY_BYTES))
@@ -208,12 +213,15 @@ pub(crate) fn check_token_ids(ids: &[u32], vocab_size: usize, param: &str) -> Re
 
 /// The work one request plans, checked against the caps above: `limits` holds each prompt's
 /// output limit, `n` the choices per prompt, `top_logprobs` the alternatives per token when
-/// log-probabilities are asked for, under the name `logprobs_param`.
+/// log-probabilities are asked for, under the name `logprobs_param`; `echoed` counts the prompt
+/// tokens whose log-probabilities the choices carry too (completions `echo`, summed over
+/// choices).
 pub(crate) fn check_plan(
     limits: &[usize],
     n: usize,
     top_logprobs: Option<usize>,
     logprobs_param: &str,
+    echoed: usize,
 ) -> Result<(), ApiError> {
     let choices = limits.len().saturating_mul(n);
     if choices > MAX_CHOICES {
@@ -239,12 +247,17 @@ pub(crate) fn check_plan(
         ));
     }
     if let Some(top) = top_logprobs {
-        let entries = tokens.saturating_mul(1 + top);
+        let entries = tokens.saturating_add(echoed).saturating_mul(1 + top);
         if entries > MAX_LOGPROB_ENTRIES {
+            let echoed = if echoed > 0 {
+                format!(" and {echoed} echoed prompt tokens")
+            } else {
+                String::new()
+            };
             return Err(exceeded(
                 logprobs_param,
                 format!(
-                    "{tokens} output tokens × (1 + {top} alternatives) make {entries} \
+                    "{tokens} output tokens{echoed} × (1 + {top} alternatives) make {entries} \
                      log-probability entries"
                 ),
                 format!("{MAX_LOGPROB_ENTRIES} entries per request"),
@@ -260,15 +273,26 @@ mod tests {
 
     #[test]
     fn plans_beyond_a_cap_name_its_parameter() {
-        assert_eq!(check_plan(&[3000; 4], 1, Some(20), "top_logprobs"), Ok(()));
-        let e = check_plan(&[2000; 16], 1, Some(20), "top_logprobs").expect_err("too many");
+        assert_eq!(
+            check_plan(&[3000; 4], 1, Some(20), "top_logprobs", 0),
+            Ok(())
+        );
+        let e = check_plan(&[2000; 16], 1, Some(20), "top_logprobs", 0).expect_err("too many");
         assert_eq!(e.param.as_deref(), Some("top_logprobs"));
         assert!(e.message.contains("262144 entries"), "{}", e.message);
-        let e = check_plan(&[1; 20_001], 1, None, "logprobs").expect_err("too many");
+        let e = check_plan(&[1; 20_001], 1, None, "logprobs", 0).expect_err("too many");
         assert_eq!(e.param.as_deref(), Some("n"));
-        let e = check_plan(&[1 << 20, 1], 1, None, "logprobs").expect_err("too many");
+        let e = check_plan(&[1 << 20, 1], 1, None, "logprobs", 0).expect_err("too many");
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
-        assert_eq!(check_plan(&[1; 20_000], 1, None, "logprobs"), Ok(()));
+        assert_eq!(check_plan(&[1; 20_000], 1, None, "logprobs", 0), Ok(()));
+        // Echoed prompt tokens carry log-probabilities too.
+        assert_eq!(check_plan(&[100], 1, Some(20), "logprobs", 12_000), Ok(()));
+        let e = check_plan(&[100], 1, Some(20), "logprobs", 13_000).expect_err("too many");
+        assert!(
+            e.message.contains("13000 echoed prompt tokens"),
+            "{}",
+            e.message
+        );
         assert_eq!(check_token_ids(&[0, 9], 10, "prompt"), Ok(()));
         let e = check_token_ids(&[0, 10], 10, "prompt").expect_err("out of vocabulary");
         assert_eq!(e.param.as_deref(), Some("prompt"));

@@ -470,12 +470,19 @@ async fn generate(
         Endpoint::Chat => "top_logprobs",
         Endpoint::Text => "logprobs",
     };
-    budget::check_plan(&limits, n, params.logprobs, logprobs_param)?;
+    // Completions `echo` with `logprobs`: each choice carries its prompt's log-probabilities.
+    let echo_logprobs = endpoint == Endpoint::Text && params.logprobs.is_some();
+    let echoed: usize = prompts
+        .iter()
+        .filter(|p| echo_logprobs && p.echo.is_some())
+        .map(|p| p.tokens.len().saturating_mul(n))
+        .sum();
+    budget::check_plan(&limits, n, params.logprobs, logprobs_param, echoed)?;
     // The whole request's estimated memory must fit in the server's in-flight budget, beside
     // its body's.
     let planned: usize = limits.iter().map(|l| l * n).sum();
     let prompt_lens = || prompts.iter().map(|p| p.tokens.len());
-    let work = |output| budget::generation_bytes(prompt_lens(), n, output, params.logprobs);
+    let work = |output| budget::generation_bytes(prompt_lens(), n, output, params.logprobs, echoed);
     let body = request.charge.as_ref().map_or(0, Reservation::bytes);
     let mut reservation = reserve(state, request.charge, work(planned))?;
     let number = state.counter.fetch_add(1, Ordering::Relaxed);
@@ -522,7 +529,25 @@ async fn generate(
     } else {
         budget::INLINE_PLAN_TOKENS
     };
-    let answers = budget::off_runtime(planned > inline_tokens, move || {
+    let top = params.logprobs.unwrap_or(0);
+    let echo_tokens: Vec<Option<Vec<u32>>> = prompts
+        .iter()
+        .map(|p| (echo_logprobs && p.echo.is_some()).then(|| p.tokens.clone()))
+        .collect();
+    let heavy = planned > inline_tokens || echoed > inline_tokens;
+    let planned_work = budget::off_runtime(heavy, move || {
+        let prompt_logprobs: Vec<Option<Arc<Vec<logprobs::TokenLogprob>>>> = echo_tokens
+            .iter()
+            .map(|tokens| {
+                let tokens = tokens.as_ref()?;
+                Some(Arc::new(logprobs::prompt_logprobs(
+                    codec.as_ref(),
+                    tokens,
+                    seed,
+                    top,
+                )))
+            })
+            .collect();
         let mut answers = Vec::with_capacity(plan_limits.len() * n);
         for (p, &limit) in plan_limits.iter().enumerate() {
             let spec = AnswerSpec {
@@ -541,10 +566,10 @@ async fn generate(
                 ));
             }
         }
-        Some(answers)
+        Some((answers, prompt_logprobs))
     })
-    .await?
-    .ok_or_else(ApiError::shutting_down)?;
+    .await?;
+    let (answers, prompt_logprobs) = planned_work.ok_or_else(ApiError::shutting_down)?;
     // Answers that end themselves plan fewer tokens than their limits: the rest is given back.
     let answered: usize = answers.iter().map(|a: &Answer| a.tokens.len()).sum();
     reservation.try_resize(body.saturating_add(work(answered)));
@@ -582,6 +607,7 @@ async fn generate(
             let mut choice = Choice::new(index, submission, answer, prompt.tokens.len());
             choice.counts_prompt = j == 0;
             choice.echo = prompt.echo.clone();
+            choice.prompt_logprobs = prompt_logprobs.get(p).cloned().flatten();
             choices.push(choice);
         }
     }

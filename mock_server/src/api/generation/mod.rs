@@ -94,6 +94,9 @@ pub(crate) struct Choice {
     pub counts_prompt: bool,
     /// Completions `echo`: the prompt's text, sent before the first text of the answer.
     pub echo: Option<String>,
+    /// Completions `echo` with `logprobs`: the prompt tokens' log-probabilities, sent with the
+    /// echo (shared by the choices of one prompt).
+    pub prompt_logprobs: Option<Arc<Vec<crate::api::logprobs::TokenLogprob>>>,
     /// Output tokens received so far.
     pub completion_tokens: usize,
     /// Characters of text sent so far (completions `logprobs.text_offset`).
@@ -125,6 +128,7 @@ impl Choice {
             prompt_tokens,
             counts_prompt: true,
             echo: None,
+            prompt_logprobs: None,
             completion_tokens: 0,
             text_chars: 0,
             cached_tokens: None,
