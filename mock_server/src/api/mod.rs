@@ -69,7 +69,7 @@ pub(crate) mod generation;
 pub(crate) mod json_mode;
 pub(crate) mod layer;
 pub(crate) mod logprobs;
-pub(crate) mod lora;
+pub mod lora;
 pub(crate) mod messages;
 pub(crate) mod metrics;
 pub mod protocol;
@@ -90,10 +90,11 @@ use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Json, Router};
 use serde_json::json;
 
+use crate::driver::inflight::Reservation;
 use answer::{Answer, AnswerSpec};
 pub use error::ApiError;
 use generation::{Choice, Endpoint, ExtraFields, Generation, Header, SpecPrefill};
-use layer::Received;
+use layer::{Charge, Received};
 use protocol::{ApiJson, ChatRequest, CompletionRequest, GenerationParams, PromptInput};
 use servesim::ids::WorkerId;
 use servesim::time::SimTime;
@@ -244,21 +245,25 @@ async fn chat_completions(
     State(state): State<AppState>,
     headers: HeaderMap,
     received: Option<Extension<Received>>,
+    charge: Option<Extension<Charge>>,
     ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
     let received = received_at(&state, received);
+    let charge = charge.and_then(|Extension(c)| c.take());
     let request = ChatRequest::parse(&body)?;
     let (stream, include_usage) = (request.params.stream, request.params.include_usage);
-    let generation = start_chat(&state, &headers, received, request).await?;
+    let generation = start_chat(&state, &headers, received, charge, request).await?;
     respond(generation, stream, include_usage).await
 }
 
 /// Renders a chat request's conversation and starts its generation (shared by chat and the
-/// routes that translate their bodies into a chat request, such as `/v1/messages`).
+/// routes that translate their bodies into a chat request, such as `/v1/messages`); `charge` is
+/// the body's reservation in the in-flight budget.
 async fn start_chat(
     state: &AppState,
     headers: &HeaderMap,
     received: SimTime,
+    charge: Option<Reservation>,
     mut request: ChatRequest,
 ) -> Result<Generation, ApiError> {
     apply_header_overrides(&mut request.params, headers)?;
@@ -284,6 +289,7 @@ async fn start_chat(
         received,
         spec_prefill: spec,
         tools: Some(request.tools),
+        charge,
     };
     start_generation(state, request.params, prompts, request_in).await
 }
@@ -292,9 +298,11 @@ async fn completions(
     State(state): State<AppState>,
     headers: HeaderMap,
     received: Option<Extension<Received>>,
+    charge: Option<Extension<Charge>>,
     ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
     let received = received_at(&state, received);
+    let charge = charge.and_then(|Extension(c)| c.take());
     let mut request = CompletionRequest::parse(&body)?;
     apply_header_overrides(&mut request.params, &headers)?;
     if let Some(vocab_size) = state.config.codec.vocab_size() {
@@ -348,6 +356,7 @@ async fn completions(
         received,
         spec_prefill: None,
         tools: None,
+        charge,
     };
     generate(&state, request.params, prompts, request_in).await
 }
@@ -365,6 +374,9 @@ struct RequestIn {
     received: SimTime,
     spec_prefill: Option<SpecPrefill>,
     tools: Option<Tools>,
+    /// Its body's reservation in the in-flight budget ([`layer::Charge`]), grown to the whole
+    /// request's work and held until its answer ends.
+    charge: Option<Reservation>,
 }
 
 /// The output limit of one prompt: the request's, else the default cut to the context; a
@@ -391,6 +403,31 @@ fn output_limit(
             prompt_param,
         )),
         None => Ok(config.default_max_tokens.min(max_len - prompt_len)),
+    }
+}
+
+/// `charge` (the body's reservation, when the request has one) grown by `work` bytes: a 503
+/// `server_overloaded` when the in-flight budget has no room for them.
+pub(crate) fn reserve(
+    state: &AppState,
+    charge: Option<Reservation>,
+    work: u64,
+) -> Result<Reservation, ApiError> {
+    let inflight = state.engine.inflight();
+    let overloaded = |bytes| {
+        state.metrics.over_inflight_bound.inc();
+        ApiError::server_overloaded(bytes, inflight.limit())
+    };
+    match charge {
+        Some(mut reservation) => {
+            let bytes = reservation.bytes().saturating_add(work);
+            if reservation.try_resize(bytes) {
+                Ok(reservation)
+            } else {
+                Err(overloaded(bytes))
+            }
+        }
+        None => inflight.try_reserve(work).ok_or_else(|| overloaded(work)),
     }
 }
 
@@ -494,7 +531,21 @@ async fn start_generation(
         Endpoint::Chat => "top_logprobs",
         Endpoint::Text => "logprobs",
     };
-    budget::check_plan(&limits, n, params.logprobs, logprobs_param)?;
+    // Completions `echo` with `logprobs`: each choice carries its prompt's log-probabilities.
+    let echo_logprobs = endpoint == Endpoint::Text && params.logprobs.is_some();
+    let echoed: usize = prompts
+        .iter()
+        .filter(|p| echo_logprobs && p.echo.is_some())
+        .map(|p| p.tokens.len().saturating_mul(n))
+        .sum();
+    budget::check_plan(&limits, n, params.logprobs, logprobs_param, echoed)?;
+    // The whole request's estimated memory must fit in the server's in-flight budget, beside
+    // its body's.
+    let planned: usize = limits.iter().map(|l| l * n).sum();
+    let prompt_lens = || prompts.iter().map(|p| p.tokens.len());
+    let work = |output| budget::generation_bytes(prompt_lens(), n, output, params.logprobs, echoed);
+    let body = request.charge.as_ref().map_or(0, Reservation::bytes);
+    let mut reservation = reserve(state, request.charge, work(planned))?;
     let number = state.counter.fetch_add(1, Ordering::Relaxed);
     let seed = params.seed.unwrap_or_else(|| {
         config
@@ -530,7 +581,6 @@ async fn start_generation(
     // Planning stops when the client leaves (this future is dropped) or the server shuts down.
     let cancel = state.stop_generations.child_token();
     let _cancel_on_drop = cancel.clone().drop_guard();
-    let planned: usize = limits.iter().map(|l| l * n).sum();
     let codec = Arc::clone(&config.codec);
     let plan_limits = limits.clone();
     // JSON answers cost more a token (drawn, serialized and tokenized as a document).
@@ -540,7 +590,25 @@ async fn start_generation(
     } else {
         budget::INLINE_PLAN_TOKENS
     };
-    let answers = budget::off_runtime(planned > inline_tokens, move || {
+    let top = params.logprobs.unwrap_or(0);
+    let echo_tokens: Vec<Option<Vec<u32>>> = prompts
+        .iter()
+        .map(|p| (echo_logprobs && p.echo.is_some()).then(|| p.tokens.clone()))
+        .collect();
+    let heavy = planned > inline_tokens || echoed > inline_tokens;
+    let planned_work = budget::off_runtime(heavy, move || {
+        let prompt_logprobs: Vec<Option<Arc<Vec<logprobs::TokenLogprob>>>> = echo_tokens
+            .iter()
+            .map(|tokens| {
+                let tokens = tokens.as_ref()?;
+                Some(Arc::new(logprobs::prompt_logprobs(
+                    codec.as_ref(),
+                    tokens,
+                    seed,
+                    top,
+                )))
+            })
+            .collect();
         let mut answers = Vec::with_capacity(plan_limits.len() * n);
         for (p, &limit) in plan_limits.iter().enumerate() {
             let spec = AnswerSpec {
@@ -559,10 +627,13 @@ async fn start_generation(
                 ));
             }
         }
-        Some(answers)
+        Some((answers, prompt_logprobs))
     })
-    .await?
-    .ok_or_else(ApiError::shutting_down)?;
+    .await?;
+    let (answers, prompt_logprobs) = planned_work.ok_or_else(ApiError::shutting_down)?;
+    // Answers that end themselves plan fewer tokens than their limits: the rest is given back.
+    let answered: usize = answers.iter().map(|a: &Answer| a.tokens.len()).sum();
+    reservation.try_resize(body.saturating_add(work(answered)));
     let mut answers = answers.into_iter();
     let mut choices = Vec::with_capacity(prompts.len() * n);
     for (p, (prompt, limit)) in prompts.iter().zip(limits).enumerate() {
@@ -589,10 +660,15 @@ async fn start_generation(
                 max_tokens: limit,
                 received: Some(received),
             };
-            let submission = state.engine.submit_as(engine_request, options).await?;
+            let submission = state
+                .engine
+                .submit_as(engine_request, options)
+                .await
+                .map_err(|e| ApiError::from(e).for_prompt_field(prompt_param))?;
             let mut choice = Choice::new(index, submission, answer, prompt.tokens.len());
             choice.counts_prompt = j == 0;
             choice.echo = prompt.echo.clone();
+            choice.prompt_logprobs = prompt_logprobs.get(p).cloned().flatten();
             choices.push(choice);
         }
     }
@@ -623,6 +699,7 @@ async fn start_generation(
         received,
         stop: state.stop_generations.child_token(),
         ready,
+        _reservation: reservation,
     })
 }
 

@@ -24,8 +24,14 @@ pub const FAULT_HEADER: &str = "x-servesim-fault";
 /// Pause before a stream cut, so the chunks before it reach the client.
 const CUT_FLUSH: Duration = Duration::from_millis(20);
 
-/// The error `kind` answers at once, `None` for the stream types.
-fn immediate_error(kind: FaultType, model: &str, max_model_len: usize) -> Option<ApiError> {
+/// The error `kind` answers at once, `None` for the stream types. `prompt_param` is the
+/// request field that holds the prompt: `messages` (chat) or `prompt` (text completions).
+fn immediate_error(
+    kind: FaultType,
+    model: &str,
+    max_model_len: usize,
+    prompt_param: &str,
+) -> Option<ApiError> {
     let error = |status, message: String, kind, param: Option<&str>, code| ApiError {
         status,
         message,
@@ -53,11 +59,11 @@ fn immediate_error(kind: FaultType, model: &str, max_model_len: usize) -> Option
             StatusCode::BAD_REQUEST,
             format!(
                 "This model's maximum context length is {max_model_len} tokens. However, \
-                 your messages resulted in more tokens. Please reduce the length of the \
-                 messages."
+                 your {prompt_param} resulted in more tokens. Please reduce the length of the \
+                 {prompt_param}."
             ),
             "invalid_request_error",
-            Some("messages"),
+            Some(prompt_param),
             "context_length_exceeded",
         ),
         FaultType::InvalidRequest => error(
@@ -168,7 +174,12 @@ pub(crate) async fn inject(
         return next.run(request).await;
     };
     let (model, max_model_len) = &*faults.model;
-    if let Some(error) = immediate_error(kind, model, *max_model_len) {
+    let prompt_param = if request.uri().path() == "/v1/completions" {
+        "prompt"
+    } else {
+        "messages"
+    };
+    if let Some(error) = immediate_error(kind, model, *max_model_len, prompt_param) {
         faults.count(kind);
         return error.into_response();
     }

@@ -26,7 +26,7 @@ use axum::{Extension, Json};
 use serde_json::json;
 
 use super::error::ApiError;
-use super::layer::Received;
+use super::layer::{Charge, Received};
 use super::protocol::{ApiJson, ChatRequest};
 use super::state::AppState;
 use super::{budget, received_at, sse_response, start_chat};
@@ -43,12 +43,14 @@ pub(crate) async fn create(
     State(state): State<AppState>,
     headers: HeaderMap,
     received: Option<Extension<Received>>,
+    charge: Option<Extension<Charge>>,
     ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
     let received = received_at(&state, received);
+    let charge = charge.and_then(|Extension(c)| c.take());
     let translated = request::to_chat(&body, false)?;
     let chat = ChatRequest::parse(&translated.chat)?;
-    let mut generation = start_chat(&state, &headers, received, chat).await?;
+    let mut generation = start_chat(&state, &headers, received, charge, chat).await?;
     // The chat id's hash, under Anthropic's prefix.
     let hash = generation
         .header

@@ -31,7 +31,7 @@ use super::answer::FinishReason;
 use super::budget::{exceeded, off_runtime, INLINE_TEXT_BYTES};
 use super::error::ApiError;
 use super::generation::{Endpoint, Generation, SpecPrefill, Step};
-use super::layer::Received;
+use super::layer::{Charge, Received};
 use super::protocol::ApiJson;
 use super::state::{unix_now, AppState};
 use super::{PromptIn, RequestIn};
@@ -88,9 +88,11 @@ pub(crate) async fn create(
     Extension(store): Extension<Arc<Store>>,
     headers: HeaderMap,
     received: Option<Extension<Received>>,
+    charge: Option<Extension<Charge>>,
     ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
     let received = super::received_at(&state, received);
+    let charge = charge.and_then(|Extension(c)| c.take());
     let mut request = ResponsesRequest::parse(&body)?;
     super::apply_header_overrides(&mut request.params, &headers)?;
     let history = match &request.previous {
@@ -135,6 +137,7 @@ pub(crate) async fn create(
         received,
         spec_prefill,
         tools: Some(request.tools.clone()),
+        charge,
     };
     let prompts = vec![PromptIn { tokens, echo: None }];
     let generation =
