@@ -180,6 +180,8 @@ pub struct MultiturnConfig {
     pub html: Option<std::path::PathBuf>,
     /// `--shard` and `--start-at` (checked).
     pub sharding: crate::run::shard::ShardArgs,
+    /// `--num-runs` (checked).
+    pub num_runs: usize,
 }
 
 impl MultiturnArgs {
@@ -289,7 +291,7 @@ impl MultiturnArgs {
         let sampled =
             o.scrape_metrics || o.metrics_url.is_some() || o.max_server_lateness.is_some();
         Ok(MultiturnConfig {
-            target: run.target.spec(&self.chat_server.options())?,
+            target: run.spec(&self.chat_server.options())?,
             workload,
             max_completion_tokens,
             ignore_eos: !self.no_ignore_eos,
@@ -301,6 +303,7 @@ impl MultiturnArgs {
             observe: (sampled && !o.no_scrape_metrics).then(|| o.clone()),
             html: o.html.clone(),
             sharding: run.sharding.clone(),
+            num_runs: run.runs.num_runs,
         })
     }
 }

@@ -87,9 +87,16 @@ pub(super) async fn replay_graph(
     args: &ReplayArgs,
     format: TraceFormat,
     console: bool,
-) -> Result<ReplayRun, LoadgenError> {
+) -> Result<Vec<ReplayRun>, LoadgenError> {
     let graph = load_graph(args, format)?;
-    let spec = args.run.target.spec(&EmbeddedOptions::default())?;
+    if args.run.runs.lora_mix.is_some() {
+        return Err(LoadgenError::Config(
+            "--lora-mix sends a Mooncake trace's sessions or bench and multiturn requests; an \
+             agentic trace's plays are not sent under adapters"
+                .into(),
+        ));
+    }
+    let spec = args.run.spec(&EmbeddedOptions::default())?;
     let lanes = args.trace.agentic_lanes.map(|l| l as usize);
     if console {
         crate::stdout::outln!(
@@ -118,7 +125,7 @@ pub(super) async fn replay_graph(
         graph: Arc::new(graph),
         owned: Vec::new(),
     };
-    run::execute(mode, &spec, &settings(args, console)).await
+    run::execute_runs(mode, &spec, &settings(args, console)).await
 }
 
 /// The in-flight cap of an agentic replay: `--max-in-flight`, or
@@ -214,6 +221,7 @@ impl Mode for GraphMode<'_> {
                     max_output: r.output_length,
                     session: Some(node.session_id.clone()),
                     turn: s.turn,
+                    adapter: None,
                     expected_reused_tokens: Some(seen.add(
                         r.hash_ids.iter().copied(),
                         r.input_length,
