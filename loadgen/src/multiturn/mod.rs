@@ -491,8 +491,7 @@ impl Mode for Conversations<'_> {
         crate::run::shard::annotate(&mut results.config, shard);
         results.server_metrics = observed.server.as_ref().map(|m| json!(m));
         results.server_lateness = observed.lateness();
-        results.lora = crate::report::lora::of_multiturn(&results.raw_results)
-            .map(|by| crate::report::lora::to_json(&by));
+        results.lora = by_adapter(&results.raw_results).map(|by| crate::report::lora::to_json(&by));
         Ok(MultiturnRun {
             results,
             duration_s,
@@ -500,9 +499,34 @@ impl Mode for Conversations<'_> {
     }
 }
 
+/// `--lora-mix`'s figures by adapter (None without it); a turn's ITL is
+/// `(latency - TTFT) / (output tokens - 1)`.
+fn by_adapter(
+    results: &[RawResult],
+) -> Option<std::collections::BTreeMap<String, crate::report::lora::AdapterFigures>> {
+    let ms = |us: u64| us as f64 / 1000.0;
+    crate::report::lora::figures(results.iter().filter_map(|r| {
+        let itl_ms = match (r.ttft_any_us, r.output_tokens) {
+            (Some(ttft), n) if n > 1 => {
+                Some(ms(r.total_latency_us.saturating_sub(ttft)) / (n - 1) as f64)
+            }
+            _ => None,
+        };
+        Some(crate::report::lora::AdapterSample {
+            adapter: r.adapter.as_deref()?,
+            failed: !r.success,
+            input_tokens: r.prompt_tokens.unwrap_or(0),
+            output_tokens: r.output_tokens,
+            ttft_ms: r.ttft_any_us.map(ms),
+            itl_ms,
+            e2e_ms: Some(ms(r.total_latency_us)),
+        })
+    }))
+}
+
 impl Report for MultiturnRun {
     fn console_text(&self) -> String {
-        let lora = crate::report::lora::of_multiturn(&self.results.raw_results)
+        let lora = by_adapter(&self.results.raw_results)
             .map_or_else(String::new, |by| crate::report::lora::lines(&by));
         format!(
             "\nBenchmark completed in {:.1}s\n{}{lora}",

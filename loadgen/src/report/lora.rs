@@ -1,6 +1,7 @@
 //! The per-adapter figures of a `--lora-mix` run: for each adapter, its requests (completed and
 //! failed), prompt and output tokens, and TTFT, ITL and E2E p50 and p99, from the per-request
-//! records (`bench` and `replay`: [`LiveRecord`]s; `multiturn`: its raw results). The report
+//! records (`bench` and `replay`: the live records; `multiturn`: its raw results, each turned
+//! into an [`AdapterSample`] by its report). The report
 //! JSON holds them under `lora` (by adapter name), the console prints one line per adapter.
 
 use std::collections::BTreeMap;
@@ -8,9 +9,6 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::Value;
 use servesim::metrics::Distribution;
-
-use crate::multiturn::report::RawResult;
-use crate::report::replay_report::LiveRecord;
 
 /// One adapter's figures (latencies in ms).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -62,55 +60,42 @@ impl Acc {
     }
 }
 
-/// The figures of each adapter of `records` (None when no record has one).
-pub(crate) fn of_live(records: &[LiveRecord]) -> Option<BTreeMap<String, AdapterFigures>> {
-    let mut by: BTreeMap<String, Acc> = BTreeMap::new();
-    for r in records {
-        let Some(adapter) = &r.raw.adapter else {
-            continue;
-        };
-        let a = by.entry(adapter.clone()).or_default();
-        a.figures.requests += 1;
-        if r.error.is_some() {
-            a.figures.failed += 1;
-            continue;
-        }
-        a.figures.completed += 1;
-        a.figures.input_tokens += r.prompt_tokens.unwrap_or(r.record.input_length as u64);
-        a.figures.output_tokens += r.record.output_length;
-        a.ttft.extend(r.record.ttft_ms);
-        a.itl.extend(r.record.itl_ms);
-        a.e2e.extend(r.record.e2e_latency_ms);
-    }
-    (!by.is_empty()).then(|| by.into_iter().map(|(k, a)| (k, a.finish())).collect())
+/// One request as the per-adapter figures see it.
+pub(crate) struct AdapterSample<'a> {
+    /// The `--lora-mix` entry it was sent under.
+    pub adapter: &'a str,
+    /// It failed (its latencies and tokens are not counted).
+    pub failed: bool,
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// TTFT (ms).
+    pub ttft_ms: Option<f64>,
+    /// The request's mean inter-token gap (ms).
+    pub itl_ms: Option<f64>,
+    /// End-to-end latency (ms).
+    pub e2e_ms: Option<f64>,
 }
 
-/// The figures of each adapter of a multiturn run's results (None when none has one). ITL is
-/// each turn's `(latency - TTFT) / (output tokens - 1)`.
-pub(crate) fn of_multiturn(results: &[RawResult]) -> Option<BTreeMap<String, AdapterFigures>> {
+/// The figures of each adapter of `samples` (None when there is none).
+pub(crate) fn figures<'a>(
+    samples: impl IntoIterator<Item = AdapterSample<'a>>,
+) -> Option<BTreeMap<String, AdapterFigures>> {
     let mut by: BTreeMap<String, Acc> = BTreeMap::new();
-    for r in results {
-        let Some(adapter) = &r.adapter else {
-            continue;
-        };
-        let a = by.entry(adapter.clone()).or_default();
+    for r in samples {
+        let a = by.entry(r.adapter.to_string()).or_default();
         a.figures.requests += 1;
-        if !r.success {
+        if r.failed {
             a.figures.failed += 1;
             continue;
         }
         a.figures.completed += 1;
-        a.figures.input_tokens += r.prompt_tokens.unwrap_or(0);
+        a.figures.input_tokens += r.input_tokens;
         a.figures.output_tokens += r.output_tokens;
-        let ms = |us: u64| us as f64 / 1000.0;
-        if let Some(ttft) = r.ttft_any_us {
-            a.ttft.push(ms(ttft));
-            if r.output_tokens > 1 {
-                let rest = r.total_latency_us.saturating_sub(ttft);
-                a.itl.push(ms(rest) / (r.output_tokens - 1) as f64);
-            }
-        }
-        a.e2e.push(ms(r.total_latency_us));
+        a.ttft.extend(r.ttft_ms);
+        a.itl.extend(r.itl_ms);
+        a.e2e.extend(r.e2e_ms);
     }
     (!by.is_empty()).then(|| by.into_iter().map(|(k, a)| (k, a.finish())).collect())
 }

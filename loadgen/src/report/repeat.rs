@@ -306,7 +306,10 @@ mod tests {
         let agg = aggregate_json(&s);
         assert_eq!(agg["num_runs"], 2);
         assert_eq!(agg["figures"]["num_requests"]["cv"], 0.0);
-        assert_eq!(agg["figures"]["failed_requests"]["values"], json!([0.0, 1.0]));
+        assert_eq!(
+            agg["figures"]["failed_requests"]["values"],
+            json!([0.0, 1.0])
+        );
         assert!(console(&s).contains("num_requests"));
     }
 }

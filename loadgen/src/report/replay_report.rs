@@ -424,6 +424,23 @@ impl LiveReport {
         }
     }
 
+    /// `--lora-mix`'s figures by adapter (None without it).
+    pub(crate) fn by_adapter(
+        &self,
+    ) -> Option<BTreeMap<String, crate::report::lora::AdapterFigures>> {
+        crate::report::lora::figures(self.records.iter().filter_map(|r| {
+            Some(crate::report::lora::AdapterSample {
+                adapter: r.raw.adapter.as_deref()?,
+                failed: r.error.is_some(),
+                input_tokens: r.prompt_tokens.unwrap_or(r.record.input_length as u64),
+                output_tokens: r.record.output_length,
+                ttft_ms: r.record.ttft_ms,
+                itl_ms: r.record.itl_ms,
+                e2e_ms: r.record.e2e_latency_ms,
+            })
+        }))
+    }
+
     /// Requests in the report.
     pub fn total_requests(&self) -> usize {
         self.records.len()
@@ -454,7 +471,7 @@ impl LiveReport {
                 "schedule_lag_max_pacer_ms".into(),
                 json!(self.lag.max_pacer_ms),
             );
-            if let Some(by) = crate::report::lora::of_live(&self.records) {
+            if let Some(by) = self.by_adapter() {
                 map.insert("lora".into(), crate::report::lora::to_json(&by));
             }
             for (k, val) in extra {
@@ -488,7 +505,7 @@ impl LiveReport {
     /// `mockserve replay`'s console report, with the per-user throughput's definition.
     pub(crate) fn report_lines(&self) -> String {
         let mut s = format!("{}  (tok/s/user: {PER_USER_DEFINITION})\n", self.report);
-        if let Some(by) = crate::report::lora::of_live(&self.records) {
+        if let Some(by) = self.by_adapter() {
             s.push_str(&crate::report::lora::lines(&by));
         }
         s

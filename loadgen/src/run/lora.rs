@@ -249,6 +249,9 @@ mod tests {
         let models: Vec<&str> = (0..200).map(|k| &**t.model(k)).collect();
         assert!(models.contains(&"mock-model") && models.contains(&"sql-lora"));
         assert!(!models.contains(&"base"));
-        assert_eq!(&*t.label(0), ["base", "sql-lora", "chat-lora"][m.pick(42, 0)]);
+        assert_eq!(
+            &*t.label(0),
+            ["base", "sql-lora", "chat-lora"][m.pick(42, 0)]
+        );
     }
 }

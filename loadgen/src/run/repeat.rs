@@ -66,7 +66,10 @@ pub(crate) fn run_path(path: &Path, run: usize) -> PathBuf {
 pub(crate) fn finish<R: Report>(runs: &[R], settings: &Settings<'_>) -> Result<(), LoadgenError> {
     let jsons: Vec<_> = runs.iter().map(|r| r.html_json().1).collect();
     let figures = runs.first().map_or(repeat::LIVE_FIGURES, Report::figures);
-    let spreads = repeat::spreads(&jsons.iter().map(|j| j.as_ref()).collect::<Vec<_>>(), figures);
+    let spreads = repeat::spreads(
+        &jsons.iter().map(|j| j.as_ref()).collect::<Vec<_>>(),
+        figures,
+    );
     if settings.console {
         crate::stdout::out!("{}", repeat::console(&spreads));
     }
@@ -122,6 +125,9 @@ mod tests {
             Path::new("/tmp/r.run2.jsonl")
         );
         assert_eq!(run_path(Path::new("out"), 10), Path::new("out.run10"));
-        assert_eq!(run_path(Path::new("a.b.json"), 1), Path::new("a.b.run1.json"));
+        assert_eq!(
+            run_path(Path::new("a.b.json"), 1),
+            Path::new("a.b.run1.json")
+        );
     }
 }

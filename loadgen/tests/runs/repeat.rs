@@ -104,7 +104,10 @@ async fn five_bench_runs_on_a_deterministic_server_have_cv_0_for_every_count() -
     ] {
         let f = figure(&json, name)?;
         assert_eq!(f["values"], serde_json::json!(vec![value; 5]), "{name}");
-        assert_eq!((f["std"].as_f64(), f["cv"].as_f64()), (Some(0.0), Some(0.0)));
+        assert_eq!(
+            (f["std"].as_f64(), f["cv"].as_f64()),
+            (Some(0.0), Some(0.0))
+        );
         assert_eq!(f["ci95_low"], f["ci95_high"], "{name}");
     }
     // Latencies vary from run to run: the interval holds the mean.
@@ -117,7 +120,11 @@ async fn five_bench_runs_on_a_deterministic_server_have_cv_0_for_every_count() -
         );
         assert!(lo <= mean && mean <= hi, "{name}: {f}");
     }
-    for name in ["median_itl_ms", "p90_e2e_latency_ms", "output_throughput_tok_s"] {
+    for name in [
+        "median_itl_ms",
+        "p90_e2e_latency_ms",
+        "output_throughput_tok_s",
+    ] {
         figure(&json, name)?;
     }
     // One record file per run, each the run's 12 requests.
@@ -200,7 +207,10 @@ async fn multiturn_and_replay_runs_repeat_the_same_schedule() -> Result<()> {
     for name in ["num_requests", "total_input_tokens", "total_output_tokens"] {
         assert_eq!(figure(&json, name)?["cv"], 0.0, "{name}");
     }
-    assert_eq!(figure(&json, "total_output_tokens")?["values"], serde_json::json!([18.0, 18.0]));
+    assert_eq!(
+        figure(&json, "total_output_tokens")?["values"],
+        serde_json::json!([18.0, 18.0])
+    );
     std::fs::remove_file(report)?;
     std::fs::remove_file(trace)?;
     Ok(())
@@ -219,7 +229,11 @@ async fn lora_server() -> Result<String> {
     let config = mock_server::config::ServerConfig::from_serve_args(&cli.serve, &cli.vllm)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    tokio::spawn(mock_server::cmd::serve::serve(listener, config, std::future::pending()));
+    tokio::spawn(mock_server::cmd::serve::serve(
+        listener,
+        config,
+        std::future::pending(),
+    ));
     Ok(format!("http://{addr}"))
 }
 
@@ -285,13 +299,22 @@ async fn a_lora_mix_is_seeded_reported_per_adapter_and_seen_by_the_server() -> R
     let sql = &first["lora"]["sql-lora"];
     assert_eq!(sql["failed"], 0);
     assert_eq!(sql["output_tokens"].as_u64(), Some(2 * a[1]));
-    for key in ["p50_ttft_ms", "p99_ttft_ms", "p50_itl_ms", "p99_e2e_latency_ms", "input_tokens"] {
+    for key in [
+        "p50_ttft_ms",
+        "p99_ttft_ms",
+        "p50_itl_ms",
+        "p99_e2e_latency_ms",
+        "input_tokens",
+    ] {
         assert!(sql[key].is_number(), "{key}: {sql}");
     }
     assert_eq!(first["config"]["target"]["lora_mix"]["sql-lora"], 0.3);
     // Each record names its adapter (`raw.adapter`); the records agree with the breakdown.
     let recs = lines(&records)?;
-    let sql_records = recs.iter().filter(|l| l["raw"]["adapter"] == "sql-lora").count();
+    let sql_records = recs
+        .iter()
+        .filter(|l| l["raw"]["adapter"] == "sql-lora")
+        .count();
     assert_eq!(sql_records as u64, a[1]);
     // The server counted the adapters' requests as the report did (base has no series).
     let metrics = reqwest::get(format!("{url}/metrics")).await?.text().await?;
@@ -299,7 +322,10 @@ async fn a_lora_mix_is_seeded_reported_per_adapter_and_seen_by_the_server() -> R
     seen.sort_by(|x, y| x.0.cmp(&y.0));
     assert_eq!(
         seen,
-        [("chat-lora".to_string(), a[2] as f64), ("sql-lora".to_string(), a[1] as f64)],
+        [
+            ("chat-lora".to_string(), a[2] as f64),
+            ("sql-lora".to_string(), a[1] as f64)
+        ],
         "{metrics}"
     );
     // The same seed sends the same mix; another seed another one.
@@ -390,15 +416,7 @@ fn bad_values_are_refused_naming_the_flag() -> Result<()> {
         }
     };
     for mix in [
-        "",
-        "a",
-        "a:0",
-        "a:-1",
-        "a:nan",
-        "a:inf",
-        ":1",
-        "a:1,a:1",
-        "a:x",
+        "", "a", "a:0", "a:-1", "a:nan", "a:inf", ":1", "a:1,a:1", "a:x",
     ] {
         for mode in [&["bench"][..], &["multiturn"], &["replay", "t.jsonl"]] {
             let mut flags = vec!["loadgen"];
@@ -413,7 +431,10 @@ fn bad_values_are_refused_naming_the_flag() -> Result<()> {
     assert!(e.contains("--lora-mix") && e.len() < 300, "{}", e.len());
     for n in ["0", "101"] {
         let e = refused(&["loadgen", "bench", "--num-runs", n])?;
-        assert!(e.contains("--num-runs") && e.contains("from 1 to 100"), "{e}");
+        assert!(
+            e.contains("--num-runs") && e.contains("from 1 to 100"),
+            "{e}"
+        );
     }
     let e = refused(&[
         "loadgen",
@@ -426,7 +447,14 @@ fn bad_values_are_refused_naming_the_flag() -> Result<()> {
         "0/2",
     ])?;
     assert!(e.contains("--num-runs") && e.contains("--shard"), "{e}");
-    let e = refused(&["loadgen", "sweep", "--concurrency", "1,2", "--num-runs", "2"])?;
+    let e = refused(&[
+        "loadgen",
+        "sweep",
+        "--concurrency",
+        "1,2",
+        "--num-runs",
+        "2",
+    ])?;
     assert!(e.contains("--num-runs"), "{e}");
     Ok(())
 }
