@@ -235,6 +235,11 @@ impl MultiturnArgs {
             limits::MAX_REQUESTS,
             "MAX_REQUESTS",
         )?;
+        crate::run::repeat::check_records(
+            run.runs.num_runs,
+            w.num_users * w.num_turns,
+            "--num-users x --num-turns",
+        )?;
         limits::count(
             "--num-user-tokens",
             w.num_user_tokens,

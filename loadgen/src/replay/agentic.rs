@@ -89,6 +89,11 @@ pub(super) async fn replay_graph(
     console: bool,
 ) -> Result<Vec<ReplayRun>, LoadgenError> {
     let graph = load_graph(args, format)?;
+    run::repeat::check_records(
+        args.run.runs.num_runs,
+        graph.nodes.len(),
+        "the trace's requests",
+    )?;
     if args.run.runs.lora_mix.is_some() {
         return Err(LoadgenError::Config(
             "--lora-mix sends a Mooncake trace's sessions or bench and multiturn requests; an \

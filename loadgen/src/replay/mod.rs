@@ -79,6 +79,11 @@ pub(crate) async fn replay_with(
         )));
     }
     let trace = load_trace(args)?;
+    run::repeat::check_records(
+        args.run.runs.num_runs,
+        trace.num_requests(),
+        "the trace's requests",
+    )?;
     let spec = args.run.spec(&EmbeddedOptions::default())?;
     let shape = session_shape(&trace, args.trace.block_size);
     let mode = match args.session_mode {

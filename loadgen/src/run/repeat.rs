@@ -51,6 +51,21 @@ impl RepeatArgs {
     }
 }
 
+/// Every run's records stay in memory until the report is written: `--num-runs` x the requests
+/// of one run (`what` names them) is at most [`crate::limits::MAX_REQUESTS`].
+pub(crate) fn check_records(
+    num_runs: usize,
+    requests: usize,
+    what: &str,
+) -> Result<(), LoadgenError> {
+    crate::limits::product(
+        &format!("--num-runs x {what}"),
+        &[num_runs, requests],
+        crate::limits::MAX_REQUESTS,
+        "MAX_REQUESTS",
+    )
+}
+
 /// `path` of run `run` (from 1): `requests.jsonl` → `requests.run2.jsonl`, `out` → `out.run2`.
 pub(crate) fn run_path(path: &Path, run: usize) -> PathBuf {
     let stem = path.file_stem().unwrap_or_default().to_string_lossy();

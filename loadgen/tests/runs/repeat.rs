@@ -436,6 +436,19 @@ fn bad_values_are_refused_naming_the_flag() -> Result<()> {
             "{e}"
         );
     }
+    // Every run's records are kept: K x one run's requests is bounded.
+    let e = refused(&[
+        "loadgen",
+        "bench",
+        "--num-runs",
+        "100",
+        "--num-requests",
+        "1000000",
+    ])?;
+    assert!(
+        e.contains("--num-runs x --num-requests") && e.contains("MAX_REQUESTS"),
+        "{e}"
+    );
     let e = refused(&[
         "loadgen",
         "bench",
