@@ -94,13 +94,6 @@ pub(super) async fn replay_graph(
         graph.nodes.len(),
         "the trace's requests",
     )?;
-    if args.run.runs.lora_mix.is_some() {
-        return Err(LoadgenError::Config(
-            "--lora-mix sends a Mooncake trace's sessions or bench and multiturn requests; an \
-             agentic trace's plays are not sent under adapters"
-                .into(),
-        ));
-    }
     let spec = args.run.spec(&EmbeddedOptions::default())?;
     let lanes = args.trace.agentic_lanes.map(|l| l as usize);
     if console {
@@ -129,6 +122,7 @@ pub(super) async fn replay_graph(
         lanes,
         graph: Arc::new(graph),
         owned: Vec::new(),
+        lora: None,
     };
     run::execute_runs(mode, &spec, &settings(args, console)).await
 }
@@ -150,6 +144,8 @@ struct GraphMode<'a> {
     graph: Arc<RequestGraph>,
     /// The plays this process sends (all of them unsharded).
     owned: Vec<usize>,
+    /// `--lora-mix` against the target: play p is sent as `lora.model(p)`.
+    lora: Option<Arc<crate::run::lora::LoraTraffic>>,
 }
 
 impl Mode for GraphMode<'_> {
@@ -191,7 +187,9 @@ impl Mode for GraphMode<'_> {
             lanes: self.lanes,
             plays: self.owned.clone(),
             ask_worker_id: target.ask_worker_id,
+            lora: target.lora.clone(),
         };
+        self.lora = target.lora.clone();
         Ok((plan, Some(total)))
     }
 
@@ -226,7 +224,7 @@ impl Mode for GraphMode<'_> {
                     max_output: r.output_length,
                     session: Some(node.session_id.clone()),
                     turn: s.turn,
-                    adapter: None,
+                    adapter: self.lora.as_ref().map(|l| l.label(node.play)),
                     expected_reused_tokens: Some(seen.add(
                         r.hash_ids.iter().copied(),
                         r.input_length,

@@ -8,9 +8,9 @@
 //!
 //! The choice is a pure function of `(--seed, key)` ([`LoraMix::pick`]), never of send order or
 //! timing: the same seed gives the same adapter per request in every run. The key is the unit
-//! that keeps one adapter: `bench` each request (its index), `replay` and `multiturn` each
-//! session or conversation (its global index), so a conversation keeps its adapter and the
-//! prefix cache it built (a server's prefix cache is per adapter).
+//! that keeps one adapter: `bench` each request (its index), `replay` each session (an agentic
+//! trace: each play) and `multiturn` each conversation (its global index), so a conversation
+//! keeps its adapter and the prefix cache it built (a server's prefix cache is per adapter).
 
 use std::sync::Arc;
 

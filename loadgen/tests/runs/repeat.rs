@@ -401,6 +401,35 @@ async fn the_embedded_server_serves_the_mix_and_a_conversation_keeps_its_adapter
     let json = read_json(&report)?;
     assert_eq!(json["failures"]["total"], 0, "{}", json["failures"]);
     assert_eq!(json["lora"].as_object().map(|m| m.len()), Some(3));
+
+    // An agentic trace: each play under one adapter, every node counted.
+    let trace =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/agentic/worked_example.jsonl");
+    let t = trace.display().to_string();
+    run(&[
+        "loadgen",
+        "replay",
+        &t,
+        "--quiet",
+        "--speedup-ratio",
+        "inf",
+        "--arrival-speedup-ratio",
+        "100",
+        "--lora-mix",
+        "base:1,agent-lora:1",
+        "--report-json",
+        &r,
+    ])
+    .await?;
+    let json = read_json(&report)?;
+    assert_eq!(json["failures"]["total"], 0, "{}", json["failures"]);
+    let total: u64 = json["lora"]
+        .as_object()
+        .context("lora breakdown")?
+        .values()
+        .filter_map(|f| f["requests"].as_u64())
+        .sum();
+    assert_eq!(Some(total), json["num_requests"].as_u64());
     std::fs::remove_file(report)?;
     Ok(())
 }
