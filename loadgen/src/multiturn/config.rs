@@ -180,6 +180,8 @@ pub struct MultiturnConfig {
     pub html: Option<std::path::PathBuf>,
     /// `--shard` and `--start-at` (checked).
     pub sharding: crate::run::shard::ShardArgs,
+    /// `--num-runs` (checked).
+    pub num_runs: usize,
 }
 
 impl MultiturnArgs {
@@ -232,6 +234,11 @@ impl MultiturnArgs {
             &[w.num_users, w.num_turns],
             limits::MAX_REQUESTS,
             "MAX_REQUESTS",
+        )?;
+        crate::run::repeat::check_records(
+            run.runs.num_runs,
+            w.num_users * w.num_turns,
+            "--num-users x --num-turns",
         )?;
         limits::count(
             "--num-user-tokens",
@@ -289,7 +296,7 @@ impl MultiturnArgs {
         let sampled =
             o.scrape_metrics || o.metrics_url.is_some() || o.max_server_lateness.is_some();
         Ok(MultiturnConfig {
-            target: run.target.spec(&self.chat_server.options())?,
+            target: run.spec(&self.chat_server.options())?,
             workload,
             max_completion_tokens,
             ignore_eos: !self.no_ignore_eos,
@@ -301,6 +308,7 @@ impl MultiturnArgs {
             observe: (sampled && !o.no_scrape_metrics).then(|| o.clone()),
             html: o.html.clone(),
             sharding: run.sharding.clone(),
+            num_runs: run.runs.num_runs,
         })
     }
 }
