@@ -32,7 +32,7 @@ pub enum LoadgenError {
     Convert(#[from] crate::convert::error::ConvertError),
     /// A `--dataset` file cannot be used (line-numbered, or the conversation named).
     #[error(transparent)]
-    Dataset(#[from] crate::dataset::DatasetError),
+    Dataset(#[from] crate::dataset::error::DatasetError),
     /// `--tokenizer` could not be loaded.
     #[error(transparent)]
     Tokenizer(#[from] servesim::tokenizer::TokenizerError),

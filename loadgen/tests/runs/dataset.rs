@@ -146,8 +146,8 @@ async fn multiturn_runs_sharegpt_conversations() -> Result<()> {
     let d = dataset(DatasetFormat::ShareGpt, "sharegpt_small.json");
     let order = d.order(3);
     let mut turns_seen = 0;
-    for u in 0..6 {
-        let conversation = d.conversation(order[u]);
+    for (u, &i) in order.iter().enumerate() {
+        let conversation = d.conversation(i);
         let mut records: Vec<_> = results
             .raw_results
             .iter()
