@@ -472,6 +472,18 @@ pub fn read(
 /// The conversations of the file, as read.
 fn read_conversations(spec: &DatasetSpec) -> Result<Vec<Conversation>, LoadgenError> {
     let path: &Path = &spec.path;
+    // A regular file past the cap is refused before a byte is parsed (a device or a pipe is
+    // read up to the cap).
+    if let Ok(meta) = std::fs::metadata(path) {
+        if meta.is_file() && meta.len() > MAX_DATASET_FILE_BYTES {
+            return Err(LoadgenError::TooLarge {
+                path: path.to_path_buf(),
+                what: "the file".into(),
+                cap: MAX_DATASET_FILE_BYTES,
+                constant: "MAX_DATASET_FILE_BYTES",
+            });
+        }
+    }
     match spec.format {
         DatasetFormat::ShareGpt => sharegpt::read(path, MAX_DATASET_FILE_BYTES),
         DatasetFormat::Jsonl => jsonl::read(path, MAX_DATASET_LINE_BYTES, MAX_DATASET_FILE_BYTES),

@@ -234,6 +234,23 @@ fn caps_are_named() {
         )
     );
     assert_eq!(sharegpt::read(&path, 5).expect("fits").len(), 0);
+    // A regular file past MAX_DATASET_FILE_BYTES (sparse: nothing is written) is refused by
+    // its size, before a byte is parsed.
+    let big = file("big.json", "");
+    std::fs::File::options()
+        .write(true)
+        .open(&big)
+        .and_then(|f| f.set_len(MAX_DATASET_FILE_BYTES + 1))
+        .expect("a sparse file");
+    let e = load(DatasetFormat::ShareGpt, &big, all()).expect_err("too big");
+    assert_eq!(
+        e,
+        format!(
+            "{}: the file passes the 1073741824-byte cap (MAX_DATASET_FILE_BYTES)",
+            big.display()
+        )
+    );
+    let _ = std::fs::remove_file(&big);
 }
 
 /// ShareGPT errors: the JSON's line and column, or the conversation's index and id.
