@@ -38,24 +38,22 @@ fn command(argv: &[&str]) -> Command {
     Cli::try_parse_from(argv).expect("valid flags").command
 }
 
-/// Request `k` of a bench over `d` with seed `seed`: (prompt tokens, output tokens), the output
-/// `fallback` when the data has none.
+/// Requests `0..n` of a bench over `d` with seed `seed`, in order: (prompt tokens, output
+/// tokens), the output `fallback` when the data has none.
 fn expected(d: &Dataset, seed: u64, n: usize, fallback: usize) -> Vec<(u64, u64)> {
     let order = d.order(seed);
-    let mut v: Vec<(u64, u64)> = (0..n)
+    (0..n)
         .map(|k| {
             let t = &d.conversation(order[k % order.len()]).turns[0];
             (t.input_tokens as u64, d.output_tokens(t, fallback) as u64)
         })
-        .collect();
-    v.sort_unstable();
-    v
+        .collect()
 }
 
 /// A bench run over each fixture: every request's prompt tokens, as the server reports them in
 /// its usage, are a dataset prompt's count, and its output length is the data's (or
-/// `--output-tokens` for a line without one), each conversation taken as often as the seeded
-/// order says.
+/// `--output-tokens` for a line without one), in the seeded order (one user sends them one
+/// after the other); another seed sends them in another order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_sends_the_dataset_prompts() -> Result<()> {
     for (format, name, spec) in [
@@ -71,7 +69,7 @@ async fn bench_sends_the_dataset_prompts() -> Result<()> {
             "--num-requests",
             "15",
             "--concurrency",
-            "3",
+            "1",
             "--output-tokens",
             "9",
             "--seed",
@@ -84,7 +82,7 @@ async fn bench_sends_the_dataset_prompts() -> Result<()> {
         };
         let run = within(60, loadgen::bench::bench(&args)).await??;
         let d = dataset(format, name);
-        let mut got: Vec<(u64, u64)> = run
+        let got: Vec<(u64, u64)> = run
             .live
             .records
             .iter()
@@ -93,17 +91,20 @@ async fn bench_sends_the_dataset_prompts() -> Result<()> {
                 (r.prompt_tokens.unwrap_or(0), r.record.output_length)
             })
             .collect();
-        got.sort_unstable();
         assert_eq!(got, expected(&d, 5, 15, 9), "{name}");
+        assert_ne!(
+            got,
+            expected(&d, 6, 15, 9),
+            "{name}: seed 6 orders them otherwise"
+        );
         // The report's own input lengths are the dataset's counts too.
-        let mut inputs: Vec<u64> = run
+        let inputs: Vec<u64> = run
             .live
             .records
             .iter()
             .map(|r| r.record.input_length as u64)
             .collect();
-        inputs.sort_unstable();
-        let want: Vec<u64> = expected(&d, 5, 15, 9).iter().map(|e| e.0).collect();
+        let want: Vec<u64> = got.iter().map(|e| e.0).collect();
         assert_eq!(inputs, want, "{name}");
         assert_eq!(run.json["config"]["dataset"]["conversations_kept"], 6);
     }
@@ -175,6 +176,16 @@ fn dataset_errors_come_before_the_run() {
     std::fs::write(&bad_line, "\"ok\"\n{\"prompt\": 3}\n").expect("write");
     let bad_flag = format!("jsonl:{}", bad_line.display());
     let sharegpt = format!("sharegpt:{}", fixture("sharegpt_small.json"));
+    // A sweep's points share bench's dataset flags.
+    let sweep = command(&[
+        "loadgen",
+        "sweep",
+        "--dataset",
+        &format!("jsonl:{}", fixture("prompts.jsonl")),
+        "--concurrency",
+        "1,2",
+    ]);
+    loadgen::validate(&sweep).expect("a sweep over a dataset");
     let cases: [(&[&str], String); 5] = [
         (
             &["bench", "--dataset-output-tokens", "5"],
