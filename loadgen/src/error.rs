@@ -30,6 +30,9 @@ pub enum LoadgenError {
     /// `loadgen trace convert` could not read its input (line-numbered).
     #[error(transparent)]
     Convert(#[from] crate::convert::error::ConvertError),
+    /// A `--dataset` file cannot be used (line-numbered, or the conversation named).
+    #[error(transparent)]
+    Dataset(#[from] crate::dataset::error::DatasetError),
     /// `--tokenizer` could not be loaded.
     #[error(transparent)]
     Tokenizer(#[from] servesim::tokenizer::TokenizerError),

@@ -33,6 +33,9 @@
 //!   `--perf-profile` reads.
 //! - [`convert`](mod@convert): `trace convert`, multiturn records or an OpenAI request log into
 //!   a Mooncake or agentic trace, hash ids from the real tokens.
+//! - [`dataset`]: real prompts (`--dataset sharegpt:PATH` or `jsonl:PATH`) for `bench`,
+//!   `sweep` and `multiturn`: read through caps, counted with the target's tokenizer, filtered,
+//!   taken in a seeded order.
 //! - `stdout`: the one way loadgen prints to its console (a closed pipe ends the output
 //!   quietly; the run goes on and writes its files).
 //! - `limits`: every flag's allowed range (caps as named constants) and the output-path check
@@ -56,6 +59,7 @@
 
 pub mod bench;
 pub mod convert;
+pub mod dataset;
 pub mod error;
 pub(crate) mod limits;
 pub mod multiturn;

@@ -65,6 +65,9 @@ pub struct BenchArgs {
     /// message, through the server's chat template).
     #[arg(long, value_enum, default_value_t = Api::Completions)]
     pub endpoint: Api,
+    /// Real prompts instead of synthetic ones (`--dataset`).
+    #[command(flatten, next_help_heading = "Dataset")]
+    pub prompts: crate::dataset::DatasetArgs,
     /// Report files, observers, failure threshold, target and sharding.
     #[command(flatten)]
     pub run: RunArgs,
@@ -285,6 +288,20 @@ impl BenchArgs {
                 )));
             }
         }
+        let dataset = self.prompts.load(&run.target)?;
+        if let Some(d) = &dataset {
+            if self.shared_prefix_tokens > 0 {
+                return bad("--dataset sets the prompts: --shared-prefix-tokens does not apply");
+            }
+            if let Some(n) = in_flight {
+                limits::product(
+                    "--concurrency x (the dataset's longest prompt + --output-tokens)",
+                    &[n, d.longest_prompt_tokens() + self.output_tokens],
+                    limits::MAX_TOKENS_IN_FLIGHT,
+                    "MAX_TOKENS_IN_FLIGHT",
+                )?;
+            }
+        }
         Ok(BenchPlan {
             load,
             stop,
@@ -302,6 +319,7 @@ impl BenchArgs {
             max_failure_rate: run.failures.max_failure_rate()?,
             api: self.endpoint,
             shard,
+            dataset,
         })
     }
 }

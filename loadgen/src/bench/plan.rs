@@ -92,7 +92,7 @@ pub struct Lengths {
 
 /// A validated `loadgen bench` run, built from the flags before anything connects (every
 /// combination is checked here; the run itself never sees a contradictory flag).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct BenchPlan {
     /// Closed or open loop.
     pub load: Load,
@@ -112,6 +112,8 @@ pub struct BenchPlan {
     pub api: Api,
     /// The part of the run this process sends (`--shard`; None: all of it).
     pub shard: Option<crate::run::shard::Shard>,
+    /// The prompts of `--dataset` (None: synthetic prompts of [`Lengths`]).
+    pub dataset: Option<std::sync::Arc<crate::dataset::Dataset>>,
 }
 
 /// Requests when neither `--num-requests` nor `--duration` is given.

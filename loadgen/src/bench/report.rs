@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::bench::plan::{BenchPlan, Load, Warmup};
-use crate::bench::schedule::{info, Taken};
+use crate::bench::schedule::{info, picks, Taken};
 use crate::bench::slo::{goodput, Goodput, Slo};
 use crate::error::LoadgenError;
 use crate::report::replay_report::{self, RequestInfo};
@@ -85,6 +85,7 @@ pub(crate) fn config_json(
         "num_prefix_groups": plan.lengths.num_prefix_groups,
         "slo": plan.slo,
         "seed": plan.seed,
+        "dataset": plan.dataset.as_ref().map(|d| d.describe()),
         "target": spec.describe(),
     })
 }
@@ -150,11 +151,12 @@ pub(super) fn measure(
     for s in &mut out.samples {
         s.session = crate::run::shard::global(shard, s.session);
     }
+    let picks = picks(plan);
     let infos: Vec<RequestInfo> = ks
         .iter()
         .map(|&k| RequestInfo {
             adapter: lora.map(|l| l.label(k)),
-            ..info(plan, k)
+            ..info(plan, picks.as_ref(), k)
         })
         .collect();
     let measured: Vec<_> = out

@@ -10,6 +10,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::bench::arrival::normal;
 use crate::bench::plan::{BenchPlan, Load};
+use crate::dataset::Picks;
 use crate::limits;
 use crate::report::replay_report::RequestInfo;
 use crate::run::client::Response;
@@ -17,8 +18,9 @@ use crate::run::driver::{Planned, Script, Start};
 use crate::run::prompt::PromptSynth;
 use crate::run::target::{request_body, Connected};
 
-/// Request `k`'s lengths: (unique input tokens, output tokens).
-fn lengths(plan: &BenchPlan, k: usize) -> (usize, usize) {
+/// Request `k`'s lengths: (unique input tokens, output tokens); with a dataset, its
+/// conversation's first turn (the synthetic output length when the data has none).
+fn lengths(plan: &BenchPlan, picks: Option<&Picks>, k: usize) -> (usize, usize) {
     let mut rng =
         ChaCha8Rng::seed_from_u64(plan.seed.wrapping_mul(0x9E37_79B9).wrapping_add(k as u64));
     // A draw lies in [1, max]: a wide deviation never asks for an unbounded prompt.
@@ -28,7 +30,7 @@ fn lengths(plan: &BenchPlan, k: usize) -> (usize, usize) {
             .clamp(1.0, max.max(1) as f64)) as usize
     };
     let l = &plan.lengths;
-    (
+    let lengths = (
         draw(
             &mut rng,
             l.input_tokens,
@@ -41,12 +43,26 @@ fn lengths(plan: &BenchPlan, k: usize) -> (usize, usize) {
             l.output_tokens_stddev,
             limits::MAX_OUTPUT_TOKENS,
         ),
-    )
+    );
+    match picks.and_then(|p| Some((p, p.get(k).turns.first()?))) {
+        Some((p, turn)) => (
+            turn.input_tokens,
+            p.dataset().output_tokens(turn, lengths.1),
+        ),
+        None => lengths,
+    }
+}
+
+/// The dataset's conversations in `plan`'s order, when it has a dataset.
+pub(super) fn picks(plan: &BenchPlan) -> Option<Picks> {
+    plan.dataset.as_ref().map(|d| Picks::new(d, plan.seed))
 }
 
 /// Builds request bodies.
 struct Requests {
     plan: BenchPlan,
+    /// The dataset's conversations in the plan's order (None: synthetic prompts).
+    picks: Option<Picks>,
     synth: PromptSynth,
     model: String,
     /// Whether bodies ask for the serving worker.
@@ -59,8 +75,8 @@ struct Requests {
 const PREFIX_ID_BASE: u64 = 1 << 62;
 
 /// What the report knows of request `k` of `plan`.
-pub(super) fn info(plan: &BenchPlan, k: usize) -> RequestInfo {
-    let (input, output) = lengths(plan, k);
+pub(super) fn info(plan: &BenchPlan, picks: Option<&Picks>, k: usize) -> RequestInfo {
+    let (input, output) = lengths(plan, picks, k);
     RequestInfo {
         input_length: plan.lengths.shared_prefix_tokens + input,
         max_output: output,
@@ -73,7 +89,16 @@ pub(super) fn info(plan: &BenchPlan, k: usize) -> RequestInfo {
 
 impl Requests {
     fn body(&self, k: usize) -> serde_json::Value {
-        let (input, output) = lengths(&self.plan, k);
+        let (input, output) = lengths(&self.plan, self.picks.as_ref(), k);
+        if let Some(turn) = self.picks.as_ref().and_then(|p| p.get(k).turns.first()) {
+            return request_body(
+                self.plan.api,
+                &self.model,
+                turn.text.clone(),
+                output,
+                self.ask_worker_id,
+            );
+        }
         let l = &self.plan.lengths;
         let mut pieces = Vec::new();
         if l.shared_prefix_tokens > 0 {
@@ -180,7 +205,8 @@ impl Schedule {
     /// closed-loop user.
     pub(super) fn new(plan: &BenchPlan, target: &Connected) -> Schedule {
         let requests = Arc::new(Requests {
-            plan: *plan,
+            plan: plan.clone(),
+            picks: picks(plan),
             synth: target.synth(1),
             model: target.model.clone(),
             ask_worker_id: target.ask_worker_id,

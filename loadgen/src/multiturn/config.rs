@@ -109,6 +109,11 @@ pub struct MultiturnArgs {
     #[arg(long)]
     pub ping: bool,
 
+    /// Real conversations instead of synthetic ones (`--dataset`): user u runs the seed's
+    /// conversation u, each human turn a user message, each turn asking for its reply's length.
+    #[command(flatten, next_help_heading = "Dataset")]
+    pub prompts: crate::dataset::DatasetArgs,
+
     /// Report files, observers, failure threshold, target and sharding: the flags every run
     /// command shares. Sharding: shard I runs the conversations of the users u with
     /// u % N == I (the workload is generated for every user first, so each conversation is the
@@ -215,6 +220,7 @@ impl MultiturnArgs {
                         Some(crate::multiturn::workload::ToolTurns { share, wait })
                     }
                 },
+                dataset: None,
             };
         let mut max_completion_tokens = self.max_completion_tokens;
         if self.ping {
@@ -270,6 +276,30 @@ impl MultiturnArgs {
             limits::MAX_TOKENS_IN_FLIGHT,
             "MAX_TOKENS_IN_FLIGHT",
         )?;
+        if let Some(d) = self.prompts.load(&run.target)? {
+            // Turns: the longest conversation the users take, at most --num-turns.
+            let order = d.order(workload.seed);
+            let picked = |u: usize| d.conversation(order[u % order.len()]);
+            workload.num_turns = (0..workload.num_users)
+                .map(|u| picked(u).turns.len().min(workload.num_turns))
+                .max()
+                .unwrap_or(1);
+            // Every user's conversation at its last turn: its prompts and answers.
+            let tokens = (0..workload.num_users).try_fold(0usize, |sum, u| {
+                let turns = picked(u).turns.iter().take(workload.num_turns);
+                let n: usize = turns
+                    .map(|t| t.input_tokens + d.output_tokens(t, max_completion_tokens as usize))
+                    .sum();
+                sum.checked_add(n)
+            });
+            limits::product(
+                "--num-users x the dataset conversations' tokens",
+                &[tokens.unwrap_or(usize::MAX)],
+                limits::MAX_TOKENS_IN_FLIGHT,
+                "MAX_TOKENS_IN_FLIGHT",
+            )?;
+            workload.dataset = Some(d);
+        }
         limits::within(
             "--reasoning-ratio",
             self.chat_server.reasoning_ratio,
@@ -363,6 +393,9 @@ impl MultiturnConfig {
             "max_line_bytes": self.target.max_line_bytes,
             "embedded_server": server,
         });
+        if let (Some(d), Some(map)) = (&self.workload.dataset, config.as_object_mut()) {
+            map.insert("dataset".into(), d.describe());
+        }
         if let (Some(t), Some(map)) = (self.workload.tools, config.as_object_mut()) {
             map.insert("tool_call_share".into(), json!(t.share));
             map.insert("tool_wait_ms".into(), json!(t.wait.to_string()));

@@ -60,12 +60,13 @@ fn tool_definition() -> Value {
 }
 
 impl BodyParams {
-    /// The request of a turn whose history is `messages`; `tool_call` asks for a tool call.
-    fn body(&self, messages: &[Value], tool_call: bool) -> Value {
+    /// The request of a turn whose history is `messages`; `tool_call` asks for a tool call;
+    /// `max_tokens` (the dataset's length of this turn) replaces `--max-completion-tokens`.
+    fn body(&self, messages: &[Value], tool_call: bool, max_tokens: Option<u32>) -> Value {
         let mut body = json!({
             "model": self.model,
             "messages": messages,
-            "max_completion_tokens": self.max_completion_tokens,
+            "max_completion_tokens": max_tokens.unwrap_or(self.max_completion_tokens),
             "stream": true,
             "stream_options": {"include_usage": true},
         });
@@ -143,7 +144,7 @@ impl Script for Conversation {
             Start::After(t.delay)
         };
         self.next_turn += 1;
-        let mut body = self.params.body(&self.messages, t.tool_call);
+        let mut body = self.params.body(&self.messages, t.tool_call, t.max_tokens);
         if let Some(model) = &self.model {
             body["model"] = json!(&**model);
         }
@@ -201,8 +202,18 @@ fn print_config(c: &MultiturnConfig, url: &str, model: &str) {
     crate::stdout::outln!("  URL: {url}");
     crate::stdout::outln!("  Model: {model}");
     crate::stdout::outln!("  Users: {}", w.num_users);
+    if let Some(d) = &w.dataset {
+        crate::stdout::outln!(
+            "  Dataset: {} ({} of {} conversations kept)",
+            d.spec,
+            d.len(),
+            d.read
+        );
+    }
     crate::stdout::outln!("  Turns: {}", w.num_turns);
-    if c.target.is_embedded() || c.target.tokenizer.is_some() {
+    if w.dataset.is_some() {
+        crate::stdout::outln!("  User tokens: the dataset's");
+    } else if c.target.is_embedded() || c.target.tokenizer.is_some() {
         crate::stdout::outln!("  User tokens: {} (exact)", w.num_user_tokens);
     } else {
         crate::stdout::outln!("  User tokens: ~{}", w.num_user_tokens);
@@ -319,11 +330,20 @@ impl Mode for Conversations<'_> {
             );
         }
         self.num_users = workload.users.len();
-        let total = (self.num_users * config.workload.num_turns) as u64;
+        let total = workload
+            .users
+            .iter()
+            .map(|u| u.turns.len() as u64)
+            .sum::<u64>();
         crate::stdout::outln!(
-            "Running {} users x {} turns = {} total requests...",
+            "Running {} users x {} turns{} = {} total requests...",
             self.num_users,
             config.workload.num_turns,
+            if config.workload.dataset.is_some() {
+                " at most (the dataset's conversations)"
+            } else {
+                ""
+            },
             total
         );
         let bar = if config.report.show_progress() {

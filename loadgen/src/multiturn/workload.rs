@@ -59,6 +59,9 @@ pub struct WorkloadSpec {
     pub seed: u64,
     /// Tool turns, when asked for.
     pub tools: Option<ToolTurns>,
+    /// `--dataset`: user `u` runs conversation `u` of the seed's order (its turns, at most
+    /// `num_turns`, its system prompt), instead of `num_user_tokens` of synthetic text a turn.
+    pub dataset: Option<Arc<crate::dataset::Dataset>>,
 }
 
 /// One turn of one user.
@@ -76,6 +79,8 @@ pub(crate) struct TurnScript {
     pub tool_call: bool,
     /// This turn answers the previous turn's tool call, after a tool wait.
     pub after_tool: bool,
+    /// This turn's output length when the dataset gives one (else `--max-completion-tokens`).
+    pub max_tokens: Option<u32>,
 }
 
 /// How long a tool runs (`--tool-wait-ms`), in ms: `fixed:MS`, `uniform:LO,HI`, `exp:MEAN`
@@ -207,6 +212,9 @@ fn exponential_ms(rng: &mut ChaCha8Rng, mean_ms: f64) -> f64 {
 impl Workload {
     /// The workload `spec` describes, user text sized with `counter`.
     pub(crate) fn generate(spec: &WorkloadSpec, counter: &TokenCounter) -> Workload {
+        if let Some(dataset) = &spec.dataset {
+            return Workload::from_dataset(spec, dataset, counter);
+        }
         let mut delay_rng = ChaCha8Rng::seed_from_u64(spec.seed);
         let users = (0..spec.num_users)
             .map(|user_id| {
@@ -245,6 +253,7 @@ impl Workload {
                             user_tokens,
                             tool_call: false,
                             after_tool: false,
+                            max_tokens: None,
                         }
                     })
                     .collect();
@@ -255,6 +264,59 @@ impl Workload {
                 }
             })
             .collect::<Vec<UserScript>>();
+        let mut workload = Workload { users };
+        if let Some(tools) = spec.tools {
+            workload.add_tool_turns(tools, spec.seed);
+        }
+        workload
+    }
+
+    /// The workload of `spec` from `dataset`: user `u` runs conversation `u` of the seed's
+    /// order, cut at `num_turns`; think times drawn as for synthetic text; counts exact when
+    /// `counter` is (the dataset was counted with the target's tokenizer).
+    fn from_dataset(
+        spec: &WorkloadSpec,
+        dataset: &crate::dataset::Dataset,
+        counter: &TokenCounter,
+    ) -> Workload {
+        let mut delay_rng = ChaCha8Rng::seed_from_u64(spec.seed);
+        let order = dataset.order(spec.seed);
+        let exact = matches!(counter, TokenCounter::Exact(_));
+        let users = (0..spec.num_users)
+            .map(|user_id| {
+                let conversation = dataset.conversation(order[user_id % order.len()]);
+                let turns = conversation
+                    .turns
+                    .iter()
+                    .take(spec.num_turns)
+                    .enumerate()
+                    .map(|(turn, t)| TurnScript {
+                        delay: if turn == 0 || spec.mean_delay_ms == 0 {
+                            Duration::ZERO
+                        } else {
+                            let ms = exponential_ms(&mut delay_rng, spec.mean_delay_ms as f64);
+                            Duration::from_secs_f64(ms / 1000.0)
+                        },
+                        user_text: t.text.clone(),
+                        user_tokens: exact.then_some(t.input_tokens),
+                        tool_call: false,
+                        after_tool: false,
+                        max_tokens: dataset
+                            .output_tokens
+                            .or(t.output_tokens)
+                            .map(|n| n.min(u32::MAX as usize) as u32),
+                    })
+                    .collect();
+                UserScript {
+                    user_id,
+                    system_prompt: conversation
+                        .system
+                        .clone()
+                        .unwrap_or_else(|| system_prompt(user_id)),
+                    turns,
+                }
+            })
+            .collect();
         let mut workload = Workload { users };
         if let Some(tools) = spec.tools {
             workload.add_tool_turns(tools, spec.seed);
@@ -295,6 +357,7 @@ mod tests {
             mean_delay_ms: 100,
             seed,
             tools: None,
+            dataset: None,
         }
     }
 

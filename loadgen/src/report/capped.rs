@@ -66,6 +66,20 @@ fn read_json_capped<T: serde::de::DeserializeOwned>(
     cap: u64,
     constant: &'static str,
 ) -> Result<T, LoadgenError> {
+    read_json_within(path, cap, constant)?.map_err(|e| LoadgenError::BadResults {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+/// Parses the JSON document in `path`, reading at most `cap` bytes (`constant` names the cap
+/// in the error). The outer error is the file's (unreadable, past the cap), the inner one the
+/// document's (with its line and column), for the caller to word.
+pub(crate) fn read_json_within<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    cap: u64,
+    constant: &'static str,
+) -> Result<Result<T, serde_json::Error>, LoadgenError> {
     let mut reader = Capped {
         inner: BufReader::new(open(path)?),
         left: cap,
@@ -73,17 +87,13 @@ fn read_json_capped<T: serde::de::DeserializeOwned>(
     };
     let parsed = serde_json::from_reader(&mut reader);
     match parsed {
-        Ok(v) => Ok(v),
         Err(_) if reader.hit => Err(LoadgenError::TooLarge {
             path: path.to_path_buf(),
             what: "the file".into(),
             cap,
             constant,
         }),
-        Err(e) => Err(LoadgenError::BadResults {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        }),
+        parsed => Ok(parsed),
     }
 }
 
@@ -100,6 +110,8 @@ pub(crate) struct RecordLines {
     /// The caps: a line's bytes (without its newline) and the file's.
     line_cap: u64,
     file_cap: u64,
+    /// The caps' constant names, for the errors.
+    names: (&'static str, &'static str),
 }
 
 impl RecordLines {
@@ -109,6 +121,20 @@ impl RecordLines {
     }
 
     fn with_caps(path: &Path, line_cap: u64, file_cap: u64) -> Result<Self, LoadgenError> {
+        Self::with_named_caps(
+            path,
+            (line_cap, "MAX_RECORD_LINE_BYTES"),
+            (file_cap, "MAX_RECORD_FILE_BYTES"),
+        )
+    }
+
+    /// Opens `path` with other caps than a record file's: (bytes, the constant's name) of a
+    /// line and of the file.
+    pub(crate) fn with_named_caps(
+        path: &Path,
+        (line_cap, line_name): (u64, &'static str),
+        (file_cap, file_name): (u64, &'static str),
+    ) -> Result<Self, LoadgenError> {
         Ok(RecordLines {
             reader: BufReader::new(open(path)?),
             path: path.to_path_buf(),
@@ -117,6 +143,7 @@ impl RecordLines {
             hash: xxhash_rust::xxh3::Xxh3::new(),
             line_cap,
             file_cap,
+            names: (line_name, file_name),
         })
     }
 
@@ -143,7 +170,7 @@ impl RecordLines {
                 path: self.path.clone(),
                 what: format!("line {}", self.line),
                 cap: self.line_cap,
-                constant: "MAX_RECORD_LINE_BYTES",
+                constant: self.names.0,
             });
         }
         self.bytes += n as u64;
@@ -152,7 +179,7 @@ impl RecordLines {
                 path: self.path.clone(),
                 what: "the file".into(),
                 cap: self.file_cap,
-                constant: "MAX_RECORD_FILE_BYTES",
+                constant: self.names.1,
             });
         }
         self.hash.update(buf);

@@ -37,7 +37,7 @@ impl LoadPoint {
 
     /// The bench plan of this point: `base` with this load and seed.
     pub fn plan(self, base: &BenchPlan, seed: u64) -> BenchPlan {
-        let mut plan = *base;
+        let mut plan = base.clone();
         plan.seed = seed;
         plan.load = match (self, base.load) {
             (LoadPoint::Concurrency(users), _) => Load::Closed { users },

@@ -4,6 +4,7 @@
 //! - [`bounds`]: issue 43: a closed stdout pipe, merge's header checks, capped reads, the
 //!   agentic in-flight cap, the routing line's own decisions;
 //! - [`convert`]: `trace convert`, and the round trip of a multiturn run through a trace;
+//! - [`dataset`]: `--dataset` prompts in `bench` and `multiturn`, and their errors;
 //! - [`failures`]: failed requests are reported as failures in every mode;
 //! - [`multiturn`]: `multiturn` and `compare`;
 //! - [`profile`]: `profile` recovers known latencies;
@@ -14,6 +15,7 @@
 
 mod bounds;
 mod convert;
+mod dataset;
 mod failures;
 mod multiturn;
 mod profile;

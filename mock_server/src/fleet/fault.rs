@@ -106,7 +106,8 @@ impl WorkerState {
                 };
                 if !(1.0..=MAX_SLOW_FACTOR).contains(&k) {
                     return Err(format!(
-                        "the slow factor must be between 1 and {MAX_SLOW_FACTOR}, got {k}"
+                        "the slow factor must be between 1 and {MAX_SLOW_FACTOR}, got {}",
+                        servesim::scheduler::show_number(k)
                     ));
                 }
                 return Ok(WorkerState::Slow(k));
@@ -503,7 +504,10 @@ enum Route {
 
 fn route(path: &str) -> Route {
     match path {
-        "/v1/chat/completions" | "/v1/completions" | "/v1/responses" | "/v1/messages"
+        "/v1/chat/completions"
+        | "/v1/completions"
+        | "/v1/responses"
+        | "/v1/messages"
         | "/v1/embeddings" => Route::Generation,
         "/health" => Route::Health,
         _ => Route::Other,
@@ -743,6 +747,11 @@ mod tests {
             Ok(WorkerState::Slow(3.0))
         );
         assert!(WorkerState::parse("slow", Some(f64::NAN)).is_err());
+        // A huge factor is written compactly, not in 309 digits (issue 43).
+        let huge = WorkerState::parse("slow", Some(1e308))
+            .err()
+            .unwrap_or_default();
+        assert!(huge.ends_with("got 1e308"), "{huge}");
         assert!(WorkerState::parse("down", Some(2.0)).is_err());
         assert_eq!(WorkerState::Slow(2.5).to_string(), "slow:2.5");
         let faults = WorkerFaults::new(2, FaultMetrics::default());
