@@ -2,7 +2,7 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses` (and
 //! `GET|DELETE /v1/responses/{id}`, [`responses`]), Anthropic's `POST /v1/messages` and
-//! `POST /v1/messages/count_tokens` ([`messages`]), `POST /v1/embeddings` (`embeddings`),
+//! `POST /v1/messages/count_tokens` (`messages`), `POST /v1/embeddings` (`embeddings`),
 //! `GET /v1/models`, `GET /health`,
 //! `GET /metrics`, and vLLM's `GET /v1/models/{model}`, `POST /tokenize`, `POST /detokenize`,
 //! `GET /version`, `GET|POST /ping` (`vllm`). Every error is an [`ApiError`] body, including unknown routes (404) and
