@@ -212,6 +212,7 @@ impl RawSample {
                 finish_reason: self.finish_reason.clone(),
                 worker: self.worker,
                 tool_calls: Vec::new(),
+                response_id: None,
                 failure: self.failure.clone(),
             },
         };
@@ -558,6 +559,7 @@ mod tests {
                 finish_reason: Some("length".into()),
                 worker: None,
                 tool_calls: Vec::new(),
+                response_id: None,
                 failure: None,
             },
         }
