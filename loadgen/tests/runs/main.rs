@@ -4,6 +4,7 @@
 //! - [`bounds`]: issue 43: a closed stdout pipe, merge's header checks, capped reads, the
 //!   agentic in-flight cap, the routing line's own decisions;
 //! - [`convert`]: `trace convert`, and the round trip of a multiturn run through a trace;
+//! - [`endpoints`]: `--endpoint responses|messages|embeddings` count tokens as chat does;
 //! - [`failures`]: failed requests are reported as failures in every mode;
 //! - [`multiturn`]: `multiturn` and `compare`;
 //! - [`profile`]: `profile` recovers known latencies;
@@ -12,6 +13,7 @@
 
 mod bounds;
 mod convert;
+mod endpoints;
 mod failures;
 mod multiturn;
 mod profile;
