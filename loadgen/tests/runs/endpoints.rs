@@ -138,8 +138,8 @@ async fn embeddings_are_latency_only() -> Result<()> {
     };
     let (completions, _) = bench("completions").await?;
     let (embeddings, run) = bench("embeddings").await?;
-    let prompts = |rows: &[(String, Option<u64>, u64)]| -> Vec<_> {
-        rows.iter().map(|r| (r.0.clone(), r.1)).collect()
+    let prompts = |rows: &[(u64, Option<u64>, u64)]| -> Vec<_> {
+        rows.iter().map(|r| (r.0, r.1)).collect()
     };
     assert_eq!(prompts(&embeddings), prompts(&completions));
     assert!(embeddings.iter().all(|r| r.2 == 0));
