@@ -439,6 +439,48 @@ mod tests {
         }
     }
 
+    /// `--endpoint` takes the conversation routes; `previous-id` only goes with Responses, and
+    /// the route shows in the results' config (chat's keys stay Dynamo's).
+    #[test]
+    fn endpoints_and_responses_history() {
+        let c = args(&[]).config().expect("chat");
+        assert_eq!(
+            (c.api, c.responses_history),
+            (Api::Chat, ResponsesHistory::Resend)
+        );
+        assert!(c.to_json("m", "u").get("endpoint").is_none());
+        let flags = [
+            "--endpoint",
+            "responses",
+            "--responses-history",
+            "previous-id",
+        ];
+        let c = args(&flags).config().expect("chain");
+        let json = c.to_json("m", "u");
+        assert_eq!(
+            (&json["endpoint"], &json["responses_history"]),
+            (&json!("responses"), &json!("previous-id"))
+        );
+        for (flags, message) in [
+            (
+                &["--endpoint", "completions"][..],
+                "--endpoint completions: multiturn sends conversations",
+            ),
+            (
+                &[
+                    "--endpoint",
+                    "messages",
+                    "--responses-history",
+                    "previous-id",
+                ],
+                "--responses-history previous-id needs --endpoint responses",
+            ),
+        ] {
+            let e = args(flags).config().expect_err("refused");
+            assert!(e.to_string().contains(message), "{flags:?}: {e}");
+        }
+    }
+
     /// The defaults of the README's multiturn table.
     #[test]
     fn readme_defaults() {

@@ -41,7 +41,11 @@ async fn multiturn(extra: &[&str]) -> Result<Results> {
     };
     let config = args.config()?;
     let results = within(60, loadgen::multiturn::multiturn(&config)).await??;
-    assert_eq!(results.failures.total, 0, "{extra:?}: {:?}", results.failures);
+    assert_eq!(
+        results.failures.total, 0,
+        "{extra:?}: {:?}",
+        results.failures
+    );
     assert_eq!(results.successful_requests, 6, "{extra:?}");
     Ok(results)
 }
@@ -71,7 +75,9 @@ fn accounting(results: &Results) -> Vec<(usize, usize, Option<u64>, u64, Option<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_conversation_api_counts_tokens_as_chat_does() -> Result<()> {
     let chat = accounting(&multiturn(&["--endpoint", "chat"]).await?);
-    assert!(chat.iter().all(|r| r.2.is_some_and(|p| p > 40) && r.3 == 12));
+    assert!(chat
+        .iter()
+        .all(|r| r.2.is_some_and(|p| p > 40) && r.3 == 12));
     assert!(chat.iter().any(|r| r.4.is_some_and(|c| c > 0)), "{chat:?}");
     let responses = accounting(&multiturn(&["--endpoint", "responses"]).await?);
     assert_eq!(responses, chat, "--endpoint responses");
@@ -91,6 +97,71 @@ async fn every_conversation_api_counts_tokens_as_chat_does() -> Result<()> {
     Ok(())
 }
 
+/// (request, prompt, output, cached tokens) of a bench request.
+type Row = (u64, Option<u64>, u64, Option<u64>);
+
+/// Runs `loadgen bench` on the embedded server (5 requests of 64 tokens, 4 out) to `endpoint`;
+/// every request must succeed.
+async fn bench(endpoint: &str) -> Result<(Vec<Row>, loadgen::bench::BenchRun)> {
+    let argv = [
+        "loadgen",
+        "bench",
+        "--quiet",
+        "--speedup-ratio",
+        "inf",
+        "--num-requests",
+        "5",
+        "--request-rate",
+        "50",
+        "--input-tokens",
+        "64",
+        "--output-tokens",
+        "4",
+        "--shared-prefix-tokens",
+        "32",
+        "--endpoint",
+        endpoint,
+    ];
+    let Command::Bench(args) = Cli::try_parse_from(argv)?.command else {
+        anyhow::bail!("not bench");
+    };
+    let run = within(60, loadgen::bench::bench(&args)).await??;
+    assert_eq!(
+        run.live.failures.total, 0,
+        "{endpoint}: {:?}",
+        run.live.failures
+    );
+    let mut rows: Vec<Row> = run
+        .live
+        .records
+        .iter()
+        .map(|r| {
+            let raw = &r.raw;
+            (
+                r.record.request_id,
+                r.prompt_tokens,
+                raw.output_tokens,
+                raw.cached_tokens,
+            )
+        })
+        .collect();
+    rows.sort();
+    Ok((rows, run))
+}
+
+/// bench (and so sweep and replay, which build their bodies alike) counts the same prompt,
+/// output and cached tokens of every request on chat, Responses and Messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_counts_tokens_alike_on_every_route() -> Result<()> {
+    let (chat, _) = bench("chat").await?;
+    assert!(chat.iter().all(|r| r.2 == 4));
+    assert!(chat.iter().any(|r| r.3.is_some_and(|c| c > 0)), "{chat:?}");
+    for endpoint in ["responses", "messages"] {
+        assert_eq!(bench(endpoint).await?.0, chat, "--endpoint {endpoint}");
+    }
+    Ok(())
+}
+
 /// Embeddings: every request succeeds with its prompt counted, no output tokens and no
 /// inter-token gaps; TTFT is the whole latency.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,43 +175,9 @@ async fn embeddings_are_latency_only() -> Result<()> {
     assert!(results.aggregate_inter_chunk.is_none());
 
     // bench: a raw prompt embeds to as many tokens as it completes with.
-    let bench = |endpoint: &'static str| async move {
-        let argv = [
-            "loadgen",
-            "bench",
-            "--quiet",
-            "--speedup-ratio",
-            "inf",
-            "--num-requests",
-            "5",
-            "--request-rate",
-            "50",
-            "--input-tokens",
-            "64",
-            "--output-tokens",
-            "4",
-            "--endpoint",
-            endpoint,
-        ];
-        let Command::Bench(args) = Cli::try_parse_from(argv)?.command else {
-            anyhow::bail!("not bench");
-        };
-        let run = within(60, loadgen::bench::bench(&args)).await??;
-        assert_eq!(run.live.failures.total, 0, "{endpoint}");
-        let mut prompts: Vec<_> = run
-            .live
-            .records
-            .iter()
-            .map(|r| (r.record.request_id.clone(), r.prompt_tokens, r.raw.output_tokens))
-            .collect();
-        prompts.sort();
-        anyhow::Ok((prompts, run))
-    };
     let (completions, _) = bench("completions").await?;
     let (embeddings, run) = bench("embeddings").await?;
-    let prompts = |rows: &[(u64, Option<u64>, u64)]| -> Vec<_> {
-        rows.iter().map(|r| (r.0, r.1)).collect()
-    };
+    let prompts = |rows: &[Row]| -> Vec<_> { rows.iter().map(|r| (r.0, r.1)).collect() };
     assert_eq!(prompts(&embeddings), prompts(&completions));
     assert!(embeddings.iter().all(|r| r.2 == 0));
     assert!(run.live.records.iter().all(|r| r.record.itl_ms.is_none()));
