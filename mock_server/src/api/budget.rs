@@ -73,6 +73,21 @@ pub const MAX_LOGPROB_ENTRIES: usize = 1 << 18;
 /// base64 split at their punctuation); a 64 KiB word tokenizes in well under a second.
 pub const MAX_WORD_BYTES: usize = 64 << 10;
 
+/// Coordinates of an embedding (`/v1/embeddings`), the model's dimension: the default and the
+/// largest `dimensions` accepted (as OpenAI, `dimensions` only shortens a vector). 1024, as the
+/// common open embedding models (BGE-large, E5-large, multilingual-e5, mxbai-embed-large).
+pub const EMBEDDING_DIM: usize = 1024;
+
+/// Inputs of one `/v1/embeddings` request at most (`input`), OpenAI's limit: each is an engine
+/// request of its own.
+pub const MAX_EMBEDDING_INPUTS: usize = 2048;
+
+/// Tokens of one `/v1/embeddings` request at most, summed over its inputs (`input`), OpenAI's
+/// limit: each token's pseudo-random vector is drawn for every coordinate. A response holds at
+/// most `MAX_EMBEDDING_INPUTS` × [`EMBEDDING_DIM`] numbers (about 25 MB of JSON, 11 MB of
+/// base64).
+pub const MAX_EMBEDDING_TOKENS: usize = 300_000;
+
 /// Which run of text a character continues: the pre-tokenizers of the BPE encodings split
 /// words at changes between these.
 #[derive(Clone, Copy, PartialEq, Eq)]

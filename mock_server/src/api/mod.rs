@@ -1,6 +1,7 @@
 //! The OpenAI-compatible HTTP API: [`app`] builds the axum router over an [`AppState`].
 //!
-//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `GET /v1/models`, `GET /health`,
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`
+//! (`embeddings`), `GET /v1/models`, `GET /health`,
 //! `GET /metrics`, and vLLM's `GET /v1/models/{model}`, `POST /tokenize`, `POST /detokenize`,
 //! `GET /version`, `GET|POST /ping` (`vllm`). Every error is an [`ApiError`] body, including unknown routes (404) and
 //! methods (405, with `Allow`).
@@ -60,6 +61,7 @@
 
 pub(crate) mod answer;
 pub mod budget;
+pub(crate) mod embeddings;
 pub(crate) mod error;
 pub(crate) mod generation;
 pub(crate) mod json_mode;
@@ -132,6 +134,10 @@ pub fn app(state: AppState) -> Router {
         .route(
             "/v1/completions",
             generation(post(completions), "completions"),
+        )
+        .route(
+            "/v1/embeddings",
+            generation(post(embeddings::embeddings), "embeddings"),
         )
         // Only the generation routes above.
         .route_layer(from_fn_with_state(faults, crate::fault::http::inject))

@@ -2,10 +2,10 @@
 //! requests with one of `--fault-types`, and the request header `x-servesim-fault: TYPE` forces
 //! one (`none` forces none).
 //!
-//! `http::inject` is a middleware in front of `/v1/chat/completions` and `/v1/completions`. Each
-//! request that reaches it takes the next draw number `k` (arrival order), and whether it faults,
-//! with which type and after how many tokens, is a function of `(--seed, k)` alone: the same
-//! seed and the same request order give the same faults.
+//! `http::inject` is a middleware in front of `/v1/chat/completions`, `/v1/completions` and
+//! `/v1/embeddings`. Each request that reaches it takes the next draw number `k` (arrival order),
+//! and whether it faults, with which type and after how many tokens, is a function of
+//! `(--seed, k)` alone: the same seed and the same request order give the same faults.
 //!
 //! | type | on the wire |
 //! |------|-------------|

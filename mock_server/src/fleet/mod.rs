@@ -524,7 +524,7 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
     for (i, listener) in listeners.into_iter().enumerate() {
         let worker = WorkerId(u32::try_from(i).unwrap_or(u32::MAX));
         let own = Arc::new(Metrics::for_model(&server.model_name, server.max_model_len));
-        for endpoint in ["chat", "completions"] {
+        for endpoint in ["chat", "completions", "embeddings"] {
             let _ = own.http_requests.get_or_create(&EndpointLabel { endpoint });
         }
         let seat = WorkerSeat {

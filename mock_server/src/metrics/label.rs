@@ -78,7 +78,7 @@ pub struct AdapterLabel {
 /// The HTTP endpoint label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct EndpointLabel {
-    /// `chat` or `completions`.
+    /// The generation route: `chat`, `completions` or `embeddings`.
     pub endpoint: &'static str,
 }
 

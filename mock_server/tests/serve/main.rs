@@ -14,6 +14,9 @@ mod budget;
 mod binary;
 // Prefix caching across turns and speculative prefill.
 mod cache;
+// `/v1/embeddings`: shapes, deterministic unit vectors, dimensions, base64, the prefill pass,
+// the caps.
+mod embeddings;
 // Refused and accepted requests: OpenAI error bodies, auth, the queue bound, oversize bodies.
 mod errors;
 // Fault injection: each type on the wire, header forcing, KV freed, seeded draws.
