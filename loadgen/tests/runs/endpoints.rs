@@ -50,8 +50,11 @@ async fn multiturn(extra: &[&str]) -> Result<Results> {
     Ok(results)
 }
 
-/// (user, turn, prompt, output, cached tokens) of every request.
-fn accounting(results: &Results) -> Vec<(usize, usize, Option<u64>, u64, Option<u64>)> {
+/// (user, turn, prompt, output, cached tokens) of a multiturn request.
+type Turn = (usize, usize, Option<u64>, u64, Option<u64>);
+
+/// The accounting of every request, by user and turn.
+fn accounting(results: &Results) -> Vec<Turn> {
     let mut rows: Vec<_> = results
         .raw_results
         .iter()
@@ -100,7 +103,7 @@ async fn every_conversation_api_counts_tokens_as_chat_does() -> Result<()> {
 /// (request, prompt, output, cached tokens) of a bench request.
 type Row = (u64, Option<u64>, u64, Option<u64>);
 
-/// Runs `loadgen bench` on the embedded server (5 requests of 64 tokens, 4 out) to `endpoint`;
+/// Runs `loadgen bench` on the embedded server (5 requests of 300 tokens, 256 of them shared, 4 out) to `endpoint`;
 /// every request must succeed.
 async fn bench(endpoint: &str) -> Result<(Vec<Row>, loadgen::bench::BenchRun)> {
     let argv = [
@@ -114,11 +117,11 @@ async fn bench(endpoint: &str) -> Result<(Vec<Row>, loadgen::bench::BenchRun)> {
         "--request-rate",
         "50",
         "--input-tokens",
-        "64",
+        "300",
         "--output-tokens",
         "4",
         "--shared-prefix-tokens",
-        "32",
+        "256",
         "--endpoint",
         endpoint,
     ];
