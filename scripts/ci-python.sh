@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The Python package end to end: builds the servesim wheel from the debug binaries the test
 # command already built (mockserve, loadgen under $CARGO_TARGET_DIR/debug, default target/),
-# installs it with pinned openai and pytest into a fresh venv in a temporary directory, and runs
-# python/tests against the installed package. Fails on any failure, and when no test ran.
+# installs it with pinned openai, anthropic and pytest into a fresh venv in a temporary directory,
+# and runs python/tests against the installed package. Fails on any failure, and when no test ran.
 #
 #   scripts/ci-python.sh
 #
 # Needs python3 (3.8+, with venv) and, on the first run, access to a Python package index for
-# openai and pytest.
+# openai, anthropic and pytest.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 target=${CARGO_TARGET_DIR:-"$here/target"}
 openai_version=3.57.0
+anthropic_version=2.17.0
 pytest_version=9.2.0
 
 for bin in mockserve loadgen; do
@@ -28,8 +29,8 @@ started=$SECONDS
 
 # The pinned test dependencies install while the wheel is built. Their wheels are downloaded once
 # into $target/ci-python-wheels (kept across runs, like the build itself); the venv is new.
-pins=("openai==$openai_version" "pytest==$pytest_version")
-wheelhouse="$target/ci-python-wheels/openai-$openai_version-pytest-$pytest_version"
+pins=("openai==$openai_version" "anthropic==$anthropic_version" "pytest==$pytest_version")
+wheelhouse="$target/ci-python-wheels/openai-$openai_version-anthropic-$anthropic_version-pytest-$pytest_version"
 install_deps() {
     if [[ ! -f $wheelhouse/.complete ]]; then
         rm -rf "$wheelhouse"

@@ -663,6 +663,41 @@ fn agentic_trace_errors_are_named_before_the_run() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A trace line over `MAX_TRACE_LINE_BYTES` (a plain Mooncake file, or a `.jsonl.gz` that
+/// inflates to it) is one error naming the file, the line and the cap, before the run (issue 43:
+/// the replay aborted on a failed allocation).
+#[test]
+fn a_trace_line_over_the_cap_is_named_before_the_run() {
+    use std::io::Write;
+    let dir = std::env::temp_dir().join(format!("servesim-long-line-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let row = r#"{"timestamp":0,"input_length":4,"output_length":1,"hash_ids":[1]}"#;
+    let long = "1".repeat(servesim::trace::MAX_TRACE_LINE_BYTES + 1);
+    let plain = dir.join("plain.jsonl");
+    std::fs::write(&plain, format!("{row}\n{row}\n{long}\n")).unwrap();
+    let gz = dir.join("agentic.jsonl.gz");
+    let mut out = flate2::write::GzEncoder::new(
+        std::fs::File::create(&gz).unwrap(),
+        flate2::Compression::fast(),
+    );
+    let header = r#"{"schema":"dynamo.agentic_mooncake","version":2,"block_size":4}"#;
+    out.write_all(format!("{header}\n{long}\n").as_bytes())
+        .unwrap();
+    out.finish().unwrap();
+    for (path, line) in [(&plain, 3), (&gz, 2)] {
+        let p = path.to_str().unwrap();
+        let e = mock_server::cmd::replay::run(&replay_args(&["replay", p, "-q"])).unwrap_err();
+        assert_eq!(
+            format!("{e:#}"),
+            format!(
+                "{p}:{line}: the line is longer than 16777216 bytes, the most a trace line may \
+                 hold"
+            )
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// A weka corpus directory: its `.json` and `.jsonl` files in path order (`notes.txt` left
 /// out), ids keyed by their paths in the corpus, one lane taking the plays in that order. The
 /// dispatch and last-token times are AISimulate's (0.13.0.dev202610270000000085) on the same

@@ -11,6 +11,9 @@
 //!   and the engine still answers a small request afterwards.
 //! - [`trace::trace_line`]: a Mooncake trace parses or fails naming a line; a parsed trace replays
 //!   on a tiny cluster to the end, every request completed or rejected, the same way twice.
+//! - [`graph::agentic_line`] / [`graph::weka_play`]: an agentic Mooncake or weka trace reads
+//!   into a consistent request graph or fails naming a line; the graph's replay starts and
+//!   hands out every node once.
 //! - [`sse::sse_stream`]: loadgen's SSE parser gives the same events however the bytes are split,
 //!   and holds no more than its bound.
 //! - [`metrics::metrics_text`]: loadgen reads the same serving figures from any `/metrics` answer
@@ -52,6 +55,7 @@
 pub mod cost;
 pub mod costly;
 pub mod fleet;
+pub mod graph;
 pub mod http;
 pub mod meter;
 pub mod metrics;
@@ -164,6 +168,42 @@ const TRACE_FIELDS: &[&str] = &[
     "delay",
     "delay_ms",
     "request_id",
+];
+
+/// Fields of agentic Mooncake rows and headers, and of weka plays and entries.
+const AGENTIC_FIELDS: &[&str] = &[
+    "schema",
+    "version",
+    "block_size",
+    "request_id",
+    "play_id",
+    "session_id",
+    "model",
+    "input_length",
+    "output_length",
+    "output_token_ids",
+    "hash_ids",
+    "not_before_ms",
+    "dependencies",
+    "trigger",
+    "relation",
+    "delay_ms",
+    "wait_for",
+    "source_play_ordinal",
+    "id",
+    "hash_id_scope",
+    "requests",
+    "type",
+    "t",
+    "in",
+    "out",
+    "api_time",
+    "agent_id",
+    "subagent_type",
+    "status",
+    "duration_ms",
+    "source",
+    "nested_timestamp_basis",
 ];
 
 /// SSE line prefixes, line ends and payloads a stream may hold.
@@ -356,7 +396,7 @@ const ZMTP_TOKENS: &[&[u8]] = &[
 ];
 
 /// Every target, in a fixed order.
-pub const TARGETS: [Target; 8] = [
+pub const TARGETS: [Target; 10] = [
     Target {
         name: "chat_body",
         check: http::chat_body,
@@ -376,6 +416,20 @@ pub const TARGETS: [Target; 8] = [
         check: trace::trace_line,
         dictionary: JSON_TOKENS,
         fields: TRACE_FIELDS,
+        max_len: 32 << 10,
+    },
+    Target {
+        name: "agentic_line",
+        check: graph::agentic_line,
+        dictionary: JSON_TOKENS,
+        fields: AGENTIC_FIELDS,
+        max_len: 32 << 10,
+    },
+    Target {
+        name: "weka_play",
+        check: graph::weka_play,
+        dictionary: JSON_TOKENS,
+        fields: AGENTIC_FIELDS,
         max_len: 32 << 10,
     },
     Target {

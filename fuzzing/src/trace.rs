@@ -102,7 +102,10 @@ pub fn trace_line(data: &[u8]) {
             );
         }
         Err(
-            e @ (TraceError::Io { .. } | TraceError::Options { .. } | TraceError::Directory { .. }),
+            e @ (TraceError::Io { .. }
+            | TraceError::Options { .. }
+            | TraceError::Directory { .. }
+            | TraceError::TooLarge { .. }),
         ) => {
             panic!(
                 "the error names no line: {e} ({})",
@@ -113,7 +116,7 @@ pub fn trace_line(data: &[u8]) {
 }
 
 /// Lines as `BufRead::lines` counts them: a last line without its newline counts.
-fn line_count(data: &[u8]) -> usize {
+pub(crate) fn line_count(data: &[u8]) -> usize {
     let newlines = data.iter().filter(|&&b| b == b'\n').count();
     newlines + usize::from(!data.is_empty() && !data.ends_with(b"\n"))
 }

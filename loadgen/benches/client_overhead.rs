@@ -84,6 +84,7 @@ fn server(flags: &[&str]) -> ServerConfig {
         max_model_len: 1 << 20,
         api_key: None,
         max_waiting: None,
+        max_inflight_bytes: mock_server::config::DEFAULT_MAX_INFLIGHT_BYTES,
         reasoning_ratio: 0.0,
         reasoning_format: ReasoningFormat::Separate,
         default_max_tokens: 16,

@@ -19,6 +19,9 @@ use servesim::scheduler::{
 };
 use servesim::trace::TraceFormat;
 
+/// Numbers in flag errors: huge and tiny ones in scientific notation.
+pub(crate) use servesim::scheduler::show_number;
+
 /// `--serving-mode`: one pool of workers, or prefill and decode pools.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ServingModeFlag {
@@ -308,16 +311,6 @@ pub(crate) const MIN_SPEEDUP_RATIO: f64 = 1e-3;
 /// The smallest positive bandwidth flag in GB/s (1 MB/s): slower links would time transfers
 /// beyond microsecond arithmetic.
 pub(crate) const MIN_BANDWIDTH_GBPS: f64 = 1e-3;
-
-/// `x` for an error message: as written when it is of a sane size, in scientific notation when
-/// it is huge or tiny (`1e308`, not 309 digits).
-pub(crate) fn show_number(x: f64) -> String {
-    if x.is_finite() && x != 0.0 && !(1e-6..1e15).contains(&x.abs()) {
-        format!("{x:e}")
-    } else {
-        format!("{x}")
-    }
-}
 
 fn parse_fixed(s: &str) -> Result<Fixed, String> {
     let (p, d) = s.split_once(',').ok_or("expected PREFILL_MS,DECODE_MS")?;

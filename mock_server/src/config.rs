@@ -31,6 +31,13 @@ pub(crate) const MAX_BODY_BYTES: usize = 1 << 30;
 /// The largest `--max-model-len` and `--default-max-tokens`: 2^40 tokens, the engine's limit
 /// on a worker's KV pool.
 pub(crate) const MAX_TOKENS_FLAG: usize = 1 << 40;
+/// Default `--max-inflight-bytes`: 2 GiB of estimated request memory (bodies, prompts,
+/// planned answers, log-probabilities) in flight at once. 10,000 requests of a 4 KB prompt and
+/// 256 output tokens fit; eight of the costliest accepted requests (about 300 MB each) do not.
+pub const DEFAULT_MAX_INFLIGHT_BYTES: u64 = 2 << 30;
+/// The largest `--max-inflight-bytes`: 2^50 bytes (1 PiB), which no request mix reaches: the
+/// way to lift the bound.
+pub const MAX_INFLIGHT_BYTES: u64 = 1 << 50;
 /// Default `--max-connections`.
 pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 /// Default `--shutdown-timeout`.
@@ -65,6 +72,9 @@ pub struct ServerConfig {
     pub api_key: Option<String>,
     /// Queue bound (429 beyond it).
     pub max_waiting: Option<usize>,
+    /// Estimated bytes of the requests in flight at most (503 `server_overloaded` beyond it),
+    /// shared by every endpoint of the engine.
+    pub max_inflight_bytes: u64,
     /// Largest accepted request body (413 beyond it).
     pub max_body_bytes: usize,
     /// Share of the output limit emitted as reasoning.
@@ -115,6 +125,7 @@ impl ServerConfig {
             max_model_len,
             api_key: None,
             max_waiting: None,
+            max_inflight_bytes: DEFAULT_MAX_INFLIGHT_BYTES,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             reasoning_ratio: 0.0,
             reasoning_format: ReasoningFormat::Separate,
@@ -156,6 +167,12 @@ impl ServerConfig {
         }
         if self.max_body_bytes == 0 || self.max_body_bytes > MAX_BODY_BYTES {
             return bad("--max-body-bytes must be between 1 and 2^30 (1 GiB)");
+        }
+        if self.max_inflight_bytes == 0 || self.max_inflight_bytes > MAX_INFLIGHT_BYTES {
+            return bad("--max-inflight-bytes must be between 1 and 2^50 (1 PiB)");
+        }
+        if self.lora_modules.len() > crate::api::lora::MAX_LORA_ADAPTERS {
+            return bad("--lora-modules names more than 1024 adapters (MAX_LORA_ADAPTERS)");
         }
         if !(0.0..=1.0).contains(&self.stop_probability) {
             return bad("--stop-probability must be between 0 and 1");

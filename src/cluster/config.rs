@@ -2,7 +2,7 @@
 //! disaggregated with its KV link), and their validation.
 
 use crate::router::{RouterConfig, RouterMode};
-use crate::scheduler::{ConfigError, EngineConfig};
+use crate::scheduler::{show_number, ConfigError, EngineConfig};
 use crate::time::SimDuration;
 
 /// Cluster settings.
@@ -72,19 +72,22 @@ impl ClusterConfig {
         let weight = self.router.overlap_score_weight;
         if !(0.0..=MAX_OVERLAP_SCORE_WEIGHT).contains(&weight) {
             return Err(ConfigError(format!(
-                "--overlap-score-weight must be a number between 0 and {MAX_OVERLAP_SCORE_WEIGHT:e}, got {weight}"
+                "--overlap-score-weight must be a number between 0 and {MAX_OVERLAP_SCORE_WEIGHT:e}, got {}",
+                show_number(weight)
             )));
         }
         let temperature = self.router.temperature;
         if !(temperature.is_finite() && temperature >= 0.0) {
             return Err(ConfigError(format!(
-                "--router-temperature must be finite and >= 0, got {temperature}"
+                "--router-temperature must be finite and >= 0, got {}",
+                show_number(temperature)
             )));
         }
         if let Some(t) = self.router.queue_threshold {
             if !(t.is_finite() && t >= 0.0) {
                 return Err(ConfigError(format!(
-                    "--router-queue-threshold must be finite and >= 0, got {t}"
+                    "--router-queue-threshold must be finite and >= 0, got {}",
+                    show_number(t)
                 )));
             }
         }

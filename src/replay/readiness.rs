@@ -111,9 +111,12 @@ impl<'a> Readiness<'a> {
             rank[n] = r;
         }
         let play_count = graph.plays.len();
-        let exact: Vec<Unrounded> = (0..total)
-            .map(|n| Unrounded {
-                floor: ExactTime::ZERO.plus_millis_f64(graph.floor_ms(n, speedup)),
+        // The floors' shift is the smallest `not_before_ms` of the whole graph: found once.
+        let exact: Vec<Unrounded> = graph
+            .floors_ms(speedup)
+            .into_iter()
+            .map(|floor_ms| Unrounded {
+                floor: ExactTime::ZERO.plus_millis_f64(floor_ms),
                 ..Unrounded::default()
             })
             .collect();
@@ -476,6 +479,35 @@ mod tests {
         let settled = ready.finish();
         assert_eq!(settled.times[2].due.map(|(at, _)| at.0), Some(101));
         assert_eq!(settled.times[3].due.map(|(at, _)| at.0), Some(101));
+    }
+
+    /// Start-up is linear: the floors' shift (the smallest `not_before_ms`) is found by one
+    /// scan of the graph, not one per node (2,000 scans of 2,000 nodes before, issue 43), with
+    /// lanes or without; and the floors it gives are each node's `not_before_ms` less it.
+    #[test]
+    fn start_up_scans_the_nodes_for_the_floors_shift_once() {
+        use crate::trace::graph_min_scans;
+        let header = r#"{"schema":"dynamo.agentic_mooncake","version":2,"block_size":64}"#;
+        let rows: Vec<String> = (0..2_000)
+            .map(|i| {
+                format!(
+                    r#"{{"request_id":"r{i}","play_id":"p{i}","session_id":"s","model":"M","input_length":64,"output_length":2,"hash_ids":[{i}],"not_before_ms":{},"dependencies":[]}}"#,
+                    5 + i % 7
+                )
+            })
+            .collect();
+        let text = format!("{header}\n{}\n", rows.join("\n"));
+        let graph = parse_graph(text.as_bytes(), "t", TraceFormat::Auto, 64).expect("parses");
+        let plays: Vec<usize> = (0..graph.plays.len()).collect();
+        for lanes in [None, Some(3)] {
+            let before = graph_min_scans();
+            let ready = Readiness::new(&graph, 2.0, lanes, &plays);
+            assert_eq!(graph_min_scans() - before, 1, "lanes {lanes:?}");
+            if lanes.is_none() {
+                let floors: Vec<u64> = ready.times.iter().map(|t| t.floor.0).collect();
+                assert_eq!(floors[..8], [0, 500, 1000, 1500, 2000, 2500, 3000, 0]);
+            }
+        }
     }
 
     /// With one lane, q0's play starts when p0 settles; a shard's plays alone are handed out.

@@ -125,10 +125,21 @@ impl Default for EngineConfig {
     }
 }
 
-/// A setting that cannot work.
+/// A setting that cannot work: an engine flag, or one of the HTTP server's or the KV-event
+/// sockets' (the message names the flag, so the prefix says only that it is a setting).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("invalid engine setting: {0}")]
+#[error("invalid setting: {0}")]
 pub struct ConfigError(pub String);
+
+/// `x` for an error message: as written when it is of a sane size, in scientific notation when
+/// it is huge or tiny (`1e308`, not 309 digits; `1e-300`, not 300 zeros).
+pub fn show_number(x: f64) -> String {
+    if x.is_finite() && x != 0.0 && !(1e-6..1e15).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
 
 /// KV tokens per worker at most (`num_gpu_blocks * block_size`): far beyond any GPU, and low
 /// enough that token arithmetic never overflows.
@@ -277,5 +288,31 @@ impl EngineConfig {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::ClusterConfig;
+
+    #[test]
+    fn errors_write_huge_numbers_compactly_and_call_themselves_settings() {
+        assert_eq!(show_number(1e308), "1e308");
+        assert_eq!(show_number(-1e308), "-1e308");
+        assert_eq!(show_number(1e-300), "1e-300");
+        assert_eq!(show_number(0.5), "0.5");
+        assert_eq!(show_number(f64::INFINITY), "inf");
+        let mut config = ClusterConfig::default();
+        config.router.overlap_score_weight = 1e308;
+        let e = config.validate().expect_err("out of range");
+        assert_eq!(
+            e.to_string(),
+            "invalid setting: --overlap-score-weight must be a number between 0 and 1e6, got 1e308"
+        );
+        let mut config = ClusterConfig::default();
+        config.router.temperature = -1e308;
+        let e = config.validate().expect_err("negative");
+        assert!(e.to_string().ends_with("got -1e308"), "{e}");
     }
 }

@@ -18,7 +18,7 @@ mod reject;
 mod sglang;
 mod vllm;
 pub use admission::RejectReason;
-pub use config::{ConfigError, EngineConfig, SglangConfig, WorkerRole};
+pub use config::{show_number, ConfigError, EngineConfig, SglangConfig, WorkerRole};
 pub(crate) use event::PassPlan;
 pub use event::{SchedulerEvent, SchedulerStats};
 pub use policy::{BatchingPolicy, EngineType, PreemptionMode};

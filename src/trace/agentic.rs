@@ -319,6 +319,10 @@ fn v2_row(
         (None, None) => return Err(missing("output_length")),
     };
     check_lengths(input_length, output_length)?;
+    // A v2 row names the tokens its request generated: none is no request to replay.
+    if output_length == 0 {
+        return Err("\"output_length\" must be >= 1, got 0".to_string());
+    }
     let not_before_ms = row.not_before_ms.ok_or_else(|| missing("not_before_ms"))?;
     if !(not_before_ms.is_finite() && (0.0..=MAX_TIMESTAMP_MS).contains(&not_before_ms)) {
         return Err(format!(
@@ -329,6 +333,7 @@ fn v2_row(
     }
     let input_length = input_length as usize;
     let needed = input_length.div_ceil(block_size);
+    hashes.hold(needed)?;
     let hash_ids = match row.hash_ids {
         Some(ids) if ids.len() != needed => {
             return Err(format!(
@@ -425,6 +430,7 @@ fn v1_row(
     check_lengths(input_length, output_length)?;
     let input_length = input_length as usize;
     let needed = input_length.div_ceil(block_size);
+    hashes.hold(needed)?;
     let hash_ids = (0..needed)
         .map(|i| match ids.get(i) {
             Some(&id) => hashes.intern(0, id),
@@ -768,5 +774,42 @@ mod tests {
         assert_eq!(line, 2);
         assert!(m.starts_with("invalid JSON row"), "{m}");
         assert!(matches!(graph(&[h]), Err(TraceError::Empty { .. })));
+    }
+
+    /// A v2 row generates at least one token (issue 43): `output_length: 0`, or an empty
+    /// `output_token_ids` without it, is an error of its line.
+    #[test]
+    fn a_v2_row_of_no_output_tokens_is_refused() {
+        let h = HEADER.to_string();
+        let zero = row("a", "p", IDS, "").replace("\"output_length\":8", "\"output_length\":0");
+        let (line, m) = err_of(&[h.clone(), row("b", "p", IDS, ""), zero]);
+        assert_eq!(
+            (line, m.as_str()),
+            (3, "\"output_length\" must be >= 1, got 0")
+        );
+        let no_ids =
+            row("a", "p", IDS, "").replace("\"output_length\":8", "\"output_token_ids\":[]");
+        assert_eq!(err_of(&[h.clone(), no_ids]).0, 2);
+        let one = row("a", "p", IDS, "").replace("\"output_length\":8", "\"output_length\":1");
+        let g = graph(&[h, one]).expect("one token is a request");
+        assert_eq!(g.nodes[0].request.output_length, 1);
+    }
+
+    /// A row of exactly `MAX_TRACE_LINE_BYTES` is read; one byte more is refused with the
+    /// file, the line and the cap, before it is parsed (issue 43).
+    #[test]
+    fn a_row_one_byte_over_the_line_cap_is_refused_with_its_line() {
+        use crate::trace::MAX_TRACE_LINE_BYTES;
+        let padded = |len: usize| {
+            let r = row("a", "p", IDS, "");
+            format!("{r}{}", " ".repeat(len - r.len()))
+        };
+        let g = graph(&[HEADER.to_string(), padded(MAX_TRACE_LINE_BYTES)]).expect("at the cap");
+        assert_eq!(g.nodes.len(), 1);
+        let e = graph(&[HEADER.to_string(), padded(MAX_TRACE_LINE_BYTES + 1)]).expect_err("over");
+        assert_eq!(
+            e.to_string(),
+            "t.jsonl:2: the line is longer than 16777216 bytes, the most a trace line may hold"
+        );
     }
 }

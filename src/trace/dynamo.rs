@@ -260,6 +260,7 @@ pub(super) fn parse(reader: impl BufRead, source_name: &str) -> Result<RequestGr
         check_lengths(input_length, output_length)?;
         let input_length = input_length as usize;
         let given = replay.input_sequence_hashes.unwrap_or_default();
+        hashes.hold(input_length.div_ceil(b))?;
         let hash_ids = (0..input_length.div_ceil(b))
             .map(|i| match given.get(i) {
                 Some(&h) => hashes.intern(0, h),

@@ -8,8 +8,9 @@
 
 use std::collections::HashMap;
 use std::io::BufRead;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use super::lines::TraceLines;
 use super::parse::show;
 use super::{
     ScheduleBound, TraceError, TraceRequest, MAX_ROW_OUTPUT_TOKENS, MAX_ROW_TOKENS,
@@ -194,8 +195,11 @@ pub struct RequestGraph {
 }
 
 impl RequestGraph {
-    /// The smallest `not_before_ms` over all nodes (the shift `M` of the floors).
+    /// The smallest `not_before_ms` over all nodes (the shift `M` of the floors): one scan of
+    /// every node, so callers take it once per graph, never once per node.
     pub(crate) fn min_not_before_ms(&self) -> f64 {
+        #[cfg(test)]
+        min_scans::count();
         self.nodes
             .iter()
             .map(|n| n.not_before_ms)
@@ -244,15 +248,45 @@ impl RequestGraph {
         Ok(())
     }
 
-    /// A node's floor once shifted and sped up: `(not_before_ms - M) / speedup`, rounded to
-    /// the microsecond.
-    pub fn floor(&self, node: usize, speedup: f64) -> SimDuration {
-        SimDuration::from_millis_f64(self.floor_ms(node, speedup))
+    /// Every node's floor once shifted and sped up, `(not_before_ms - M) / speedup`, rounded
+    /// to the microsecond, in node order; `M` is found once for the whole graph.
+    pub fn floors(&self, speedup: f64) -> Vec<SimDuration> {
+        self.floors_ms(speedup)
+            .into_iter()
+            .map(SimDuration::from_millis_f64)
+            .collect()
     }
 
-    /// [`RequestGraph::floor`] unrounded, in milliseconds.
-    pub(crate) fn floor_ms(&self, node: usize, speedup: f64) -> f64 {
-        (self.nodes[node].not_before_ms - self.min_not_before_ms()) / speedup
+    /// Every node's floor once shifted and sped up, unrounded, in milliseconds:
+    /// `(not_before_ms - M) / speedup`, with `M` ([`RequestGraph::min_not_before_ms`]) found
+    /// once for the whole graph.
+    pub(crate) fn floors_ms(&self, speedup: f64) -> Vec<f64> {
+        let m = self.min_not_before_ms();
+        self.nodes
+            .iter()
+            .map(|n| (n.not_before_ms - m) / speedup)
+            .collect()
+    }
+}
+
+/// How many times [`RequestGraph::min_not_before_ms`] scanned the nodes on this thread: the
+/// start-up tests assert it is once per graph, not once per node.
+#[cfg(test)]
+pub(crate) mod min_scans {
+    use std::cell::Cell;
+
+    thread_local! {
+        static SCANS: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// Counts one scan.
+    pub(super) fn count() {
+        SCANS.with(|s| s.set(s.get() + 1));
+    }
+
+    /// The scans so far on this thread.
+    pub(crate) fn so_far() -> usize {
+        SCANS.with(Cell::get)
     }
 }
 
@@ -286,9 +320,18 @@ impl RawNode {
 pub(super) struct HashScope {
     ids: HashMap<(usize, u64), u64>,
     next: u64,
+    /// Hash ids the graph's prompts hold so far ([`HashScope::hold`]).
+    held: usize,
 }
 
 impl HashScope {
+    /// Counts a prompt of `more` hash ids, before they are made: at most
+    /// [`MAX_GRAPH_HASH_IDS`] in all, since a short row without `hash_ids` (private blocks)
+    /// can ask for up to [`MAX_ROW_TOKENS`] of them.
+    pub(super) fn hold(&mut self, more: usize) -> Result<(), String> {
+        hold_hash_ids(&mut self.held, more)
+    }
+
     /// The dense id of `id` in scope `scope`.
     pub(super) fn intern(&mut self, scope: usize, id: u64) -> u64 {
         let next = &mut self.next;
@@ -305,9 +348,10 @@ impl HashScope {
     }
 }
 
-/// Most hash ids a graph may hold in all, for formats whose rows expand into many prompts
-/// (`applied_compute_agentic`, `mooncake-delta`): 2^27 (1 GiB of ids).
-pub(super) const MAX_GRAPH_HASH_IDS: usize = 1 << 27;
+/// Most hash ids a graph's prompts may hold in all, whatever the format (rows without their
+/// ids, and rows that expand into many prompts, make more ids than the file holds): 2^27
+/// (1 GiB of ids).
+pub const MAX_GRAPH_HASH_IDS: usize = 1 << 27;
 
 /// Adds `more` to the hash ids held so far, within [`MAX_GRAPH_HASH_IDS`].
 pub(super) fn hold_hash_ids(held: &mut usize, more: usize) -> Result<(), String> {
@@ -528,7 +572,7 @@ fn find_cycle(deps: &[Vec<Dependency>]) -> Option<Vec<usize>> {
 /// reads lines (bytes split on newlines, UTF-8 checked per line, `\r` and a leading byte order
 /// mark dropped).
 pub(super) fn for_each_line(
-    mut reader: impl BufRead,
+    reader: impl BufRead,
     source_name: &str,
     mut row: impl FnMut(usize, &str) -> Result<(), String>,
 ) -> Result<(), TraceError> {
@@ -537,21 +581,11 @@ pub(super) fn for_each_line(
         line,
         message,
     };
-    let mut buf = Vec::new();
-    let mut line = 0;
+    let mut lines = TraceLines::new(reader);
     loop {
-        buf.clear();
-        let read = reader
-            .read_until(b'\n', &mut buf)
-            .map_err(|source| TraceError::Io {
-                path: PathBuf::from(source_name),
-                source,
-            })?;
-        if read == 0 {
+        let Some((line, bytes)) = lines.next_line().map_err(|e| e.in_trace(source_name))? else {
             return Ok(());
-        }
-        line += 1;
-        let bytes = buf.strip_suffix(b"\n").unwrap_or(&buf);
+        };
         let text = std::str::from_utf8(bytes).map_err(|e| {
             line_err(
                 line,
@@ -598,10 +632,7 @@ pub fn detect_format(path: &Path, requested: TraceFormat) -> Result<TraceFormat,
     if path.is_dir() {
         return Ok(TraceFormat::Weka);
     }
-    detect_in(open(path)?).map_err(|source| TraceError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    detect_in(open(path)?, &path.display().to_string())
 }
 
 /// The text of the trace at `path`, decompressed when its name ends in `.gz` (request traces
@@ -618,17 +649,20 @@ pub(super) fn open(path: &Path) -> Result<Box<dyn BufRead>, TraceError> {
     })
 }
 
-/// [`detect_format`] over a reader.
-pub(super) fn detect_in(mut reader: impl BufRead) -> std::io::Result<TraceFormat> {
-    let mut buf = Vec::new();
+/// [`detect_format`] over a reader (`source_name` labels errors); lines are bounded as the
+/// parsers bound them.
+pub(super) fn detect_in(
+    reader: impl BufRead,
+    source_name: &str,
+) -> Result<TraceFormat, TraceError> {
+    let mut lines = TraceLines::new(reader);
     let mut first = true;
     loop {
-        buf.clear();
-        if reader.read_until(b'\n', &mut buf)? == 0 {
+        let Some((_, bytes)) = lines.next_line().map_err(|e| e.in_trace(source_name))? else {
             return Ok(TraceFormat::Mooncake);
-        }
+        };
         if first {
-            let text = String::from_utf8_lossy(&buf);
+            let text = String::from_utf8_lossy(bytes);
             let text = text.trim_start_matches('\u{feff}').trim();
             if text.is_empty() {
                 continue;
@@ -638,7 +672,7 @@ pub(super) fn detect_in(mut reader: impl BufRead) -> std::io::Result<TraceFormat
                 return Ok(format);
             }
         }
-        if contains(&buf, b"\"wait_for\"") {
+        if contains(bytes, b"\"wait_for\"") {
             return Ok(TraceFormat::AgenticMooncake);
         }
     }
@@ -743,6 +777,22 @@ mod tests {
             .expect("allowed");
     }
 
+    /// Prompts of every format hold at most `MAX_GRAPH_HASH_IDS` ids in all, counted before
+    /// they are made (issue 43: 33 short v2 rows without `hash_ids`, at block size 1, asked for
+    /// 2^22 private ids each).
+    #[test]
+    fn a_graphs_hash_ids_are_bounded_in_all() {
+        let mut hashes = HashScope::default();
+        for _ in 0..MAX_GRAPH_HASH_IDS / MAX_ROW_TOKENS {
+            hashes.hold(MAX_ROW_TOKENS).expect("within the bound");
+        }
+        assert_eq!(
+            hashes.hold(1).expect_err("one more"),
+            "the trace's prompts hold more than the 134217728 hash ids a graph may hold in all"
+        );
+        assert_eq!(hashes.next, 0, "no id was made");
+    }
+
     #[test]
     fn formats_parse_by_name_and_show_the_list_otherwise() {
         for f in TraceFormat::ALL {
@@ -784,7 +834,11 @@ mod tests {
             ("", TraceFormat::Mooncake),
         ];
         for (text, want) in cases {
-            assert_eq!(detect_in(text.as_bytes()).expect("reads"), want, "{text}");
+            assert_eq!(
+                detect_in(text.as_bytes(), "t").expect("reads"),
+                want,
+                "{text}"
+            );
         }
     }
 }

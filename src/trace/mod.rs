@@ -32,7 +32,8 @@
 //! malformed line is a [`TraceError::Line`] naming the file and the 1-based line.
 //!
 //! Every value is range-checked, so that no row can make a replay wait or allocate without
-//! bound: a timestamp is finite, non-negative and at most `MAX_TIMESTAMP_MS`, a delay at most
+//! bound: a line holds at most [`MAX_TRACE_LINE_BYTES`] (a file read whole at most
+//! [`MAX_TRACE_FILE_BYTES`], both counted after decompression), a timestamp is finite, non-negative and at most `MAX_TIMESTAMP_MS`, a delay at most
 //! `MAX_TRACE_TIME_MS`; a row
 //! asks for at most [`MAX_ROW_TOKENS`] prompt tokens with at most as many hash ids, and at
 //! most [`MAX_ROW_OUTPUT_TOKENS`] output tokens; the block size is at most [`MAX_TRACE_BLOCK_SIZE`]. The schedule after the
@@ -48,15 +49,24 @@ mod delta;
 mod dynamo;
 mod graph;
 mod hash;
+mod lines;
 mod parse;
 mod plain;
 mod row;
 mod weka;
 
 pub use agentic::AGENTIC_MOONCAKE_SCHEMA;
+#[cfg(test)]
+pub(crate) use graph::min_scans::so_far as graph_min_scans;
 pub(crate) use graph::Relation;
-pub use graph::{detect_format, Dependency, GraphNode, Play, RequestGraph, TraceFormat, Trigger};
+pub use graph::{
+    detect_format, Dependency, GraphNode, Play, RequestGraph, TraceFormat, Trigger,
+    MAX_GRAPH_HASH_IDS,
+};
 pub use hash::LocalHashCache;
+pub use lines::{
+    read_whole, BoundedReadError, TraceLines, MAX_TRACE_FILE_BYTES, MAX_TRACE_LINE_BYTES,
+};
 
 /// True when the parser's direct reader of plain rows (integer fields and an integer
 /// `hash_ids` array) leaves `line` to serde_json or reads it exactly as serde_json does; the
@@ -270,6 +280,17 @@ pub enum TraceError {
         /// Why.
         message: String,
     },
+    /// A trace read whole is larger than [`MAX_TRACE_FILE_BYTES`] (after decompression).
+    #[error(
+        "{source_name}: the trace is larger than {cap} bytes, the most a trace read whole may \
+         hold"
+    )]
+    TooLarge {
+        /// The file name (or other label) of the trace.
+        source_name: String,
+        /// The cap, in bytes.
+        cap: usize,
+    },
     /// The trace has no rows.
     #[error("{source_name}: trace contains no requests")]
     Empty {
@@ -383,13 +404,9 @@ pub fn parse_graph(
         });
     }
     if format == TraceFormat::Auto {
-        let mut bytes = Vec::new();
-        let io = |source| TraceError::Io {
-            path: PathBuf::from(source_name),
-            source,
-        };
-        reader.read_to_end(&mut bytes).map_err(io)?;
-        let format = graph::detect_in(&bytes[..]).map_err(io)?;
+        let bytes =
+            read_whole(&mut reader, MAX_TRACE_FILE_BYTES).map_err(|e| e.in_trace(source_name))?;
+        let format = graph::detect_in(&bytes[..], source_name)?;
         return parse_graph(&bytes[..], source_name, format, trace_block_size);
     }
     match format {
@@ -425,6 +442,35 @@ mod tests {
         gz.finish().expect("finishes");
         let g = load_graph(&path, TraceFormat::Auto, 512).expect("reads");
         assert_eq!((g.format, g.nodes.len()), (TraceFormat::Dynamo, 3));
+        std::fs::remove_file(&path).ok();
+    }
+
+    /// A small `.jsonl.gz` that inflates to one line over `MAX_TRACE_LINE_BYTES` is refused
+    /// with the file, the line and the cap, as the format is detected and as it is parsed,
+    /// without inflating more than the cap (issue 43: 2 MB inflating to a 2 GiB line aborted).
+    #[test]
+    fn a_gzipped_line_over_the_cap_is_refused_with_its_line() {
+        use std::io::Write;
+        let path = std::env::temp_dir().join(format!(
+            "servesim-long-line-{}.jsonl.gz",
+            std::process::id()
+        ));
+        let mut gz = flate2::write::GzEncoder::new(
+            std::fs::File::create(&path).expect("temp file"),
+            flate2::Compression::fast(),
+        );
+        gz.write_all(b"{\"timestamp\":").expect("writes");
+        gz.write_all(&vec![b'1'; MAX_TRACE_LINE_BYTES])
+            .expect("writes");
+        gz.finish().expect("finishes");
+        let want = format!(
+            "{}:1: the line is longer than 16777216 bytes, the most a trace line may hold",
+            path.display()
+        );
+        for format in [TraceFormat::Auto, TraceFormat::Dynamo] {
+            let e = load_graph(&path, format, 64).expect_err("too long a line");
+            assert_eq!(e.to_string(), want, "{format}");
+        }
         std::fs::remove_file(&path).ok();
     }
 

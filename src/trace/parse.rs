@@ -3,8 +3,8 @@
 
 use std::collections::HashMap;
 use std::io::BufRead;
-use std::path::PathBuf;
 
+use super::lines::TraceLines;
 use super::plain::plain_row;
 use super::row::RawRow;
 use super::{
@@ -77,7 +77,7 @@ pub fn parse(
 /// [`parse`] with a schedule bound of the caller's: the sped-up arrival of every session and
 /// its arrival plus its delays are at most `bound`.
 pub fn parse_with_bound(
-    mut reader: impl BufRead,
+    reader: impl BufRead,
     source_name: &str,
     opts: &TraceOptions,
     bound: ScheduleBound,
@@ -110,22 +110,10 @@ pub fn parse_with_bound(
     let mut index: HashMap<String, usize> = HashMap::new();
     let mut groups: Vec<(String, Vec<RowTurn>)> = Vec::new();
     // Split on bytes, not `lines()`: invalid UTF-8 is then an error of its own line, not an
-    // I/O error of the whole file. One buffer serves every line.
-    let mut buf = Vec::new();
-    let mut line = 0;
-    loop {
-        buf.clear();
-        let read = reader
-            .read_until(b'\n', &mut buf)
-            .map_err(|source| TraceError::Io {
-                path: PathBuf::from(source_name),
-                source,
-            })?;
-        if read == 0 {
-            break;
-        }
-        line += 1;
-        let bytes = buf.strip_suffix(b"\n").unwrap_or(&buf);
+    // I/O error of the whole file. One buffer serves every line, each at most
+    // `MAX_TRACE_LINE_BYTES`.
+    let mut lines = TraceLines::new(reader);
+    while let Some((line, bytes)) = lines.next_line().map_err(|e| e.in_trace(source_name))? {
         let text = std::str::from_utf8(bytes).map_err(|e| {
             let column = e.valid_up_to() + 1;
             line_err(
@@ -431,6 +419,33 @@ mod tests {
             Err(TraceError::Line { line, message, .. }) => (line, message),
             other => panic!("expected a line error, got {other:?}"),
         }
+    }
+
+    /// A Mooncake row of exactly `MAX_TRACE_LINE_BYTES` is read; a line one byte longer is
+    /// refused with the file, its line and the cap, after reading at most the cap and a byte of
+    /// it (issue 43: a 1 GiB line aborted the replay on a failed allocation).
+    #[test]
+    fn a_line_one_byte_over_the_cap_is_refused_with_its_line() {
+        use crate::trace::MAX_TRACE_LINE_BYTES;
+        let row =
+            "{\"timestamp\": 0, \"input_length\": 4, \"output_length\": 1, \"hash_ids\": [1]}";
+        let padded = |len: usize| format!("{row}{}", " ".repeat(len - row.len()));
+        let at_cap = format!("{row}\n{}\n", padded(MAX_TRACE_LINE_BYTES));
+        let t = parse_str(&at_cap, &opts(4, 1.0)).expect("a line at the cap is read");
+        assert_eq!(t.num_requests(), 2);
+        let over = format!("{row}\n{}\n{row}\n", padded(MAX_TRACE_LINE_BYTES + 1));
+        let e = parse_str(&over, &opts(4, 1.0)).expect_err("one byte over");
+        assert_eq!(
+            e.to_string(),
+            "trace.jsonl:2: the line is longer than 16777216 bytes, the most a trace line may hold"
+        );
+        // An endless line (no newline ever) ends too.
+        let endless = std::io::BufReader::new(std::io::Read::chain(
+            &b"{\"timestamp\": "[..],
+            std::io::repeat(b'1'),
+        ));
+        let e = parse(endless, "zero", &opts(4, 1.0)).expect_err("endless");
+        assert!(matches!(e, TraceError::Line { line: 1, .. }), "{e}");
     }
 
     #[test]

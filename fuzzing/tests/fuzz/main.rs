@@ -110,6 +110,16 @@ fn trace_line() {
 }
 
 #[test]
+fn agentic_line() {
+    run("agentic_line");
+}
+
+#[test]
+fn weka_play() {
+    run("weka_play");
+}
+
+#[test]
 fn sse_stream() {
     run("sse_stream");
 }

@@ -22,6 +22,14 @@ pub enum ConvertError {
         /// Why.
         why: String,
     },
+    /// The input is larger than the engine's `MAX_TRACE_FILE_BYTES`.
+    #[error("{source_name}: the input is larger than {cap} bytes, the most a conversion reads")]
+    TooLarge {
+        /// The input file.
+        source_name: String,
+        /// The cap, in bytes.
+        cap: usize,
+    },
     /// The input could not be read.
     #[error("cannot read {source_name}")]
     Read {

@@ -8,6 +8,7 @@ use std::io::BufRead;
 use clap::ValueEnum;
 use serde::Deserialize;
 use serde_json::Value;
+use servesim::trace::{BoundedReadError, TraceLines, MAX_TRACE_LINE_BYTES};
 
 use super::blocks::{ChatPrompts, PromptBlocks};
 use super::error::ConvertError;
@@ -65,30 +66,45 @@ pub struct ReadNotes {
 /// byte order mark on line 1 is dropped) until it returns `Ok(false)`. Invalid UTF-8 is an
 /// error of its line.
 fn for_each_line(
-    mut reader: impl BufRead,
+    reader: impl BufRead,
     source_name: &str,
     mut row: impl FnMut(usize, &str) -> Result<bool, String>,
 ) -> Result<(), ConvertError> {
-    let mut buf = Vec::new();
-    let mut line = 0;
+    // Each line within the engine's `MAX_TRACE_LINE_BYTES`, as a trace's.
+    let mut lines = TraceLines::new(reader);
     loop {
-        buf.clear();
-        let read = reader
-            .read_until(b'\n', &mut buf)
-            .map_err(|source| ConvertError::Read {
-                source_name: source_name.to_string(),
-                source,
-            })?;
-        if read == 0 {
-            return Ok(());
-        }
-        line += 1;
+        let (line, bytes) = match lines.next_line() {
+            Ok(Some(next)) => next,
+            Ok(None) => return Ok(()),
+            Err(BoundedReadError::LongLine { line, .. }) => {
+                return Err(ConvertError::Line {
+                    source_name: source_name.to_string(),
+                    line,
+                    message: format!(
+                        "the line is longer than {MAX_TRACE_LINE_BYTES} bytes, the most a \
+                         line may hold"
+                    ),
+                })
+            }
+            Err(BoundedReadError::Io(source)) => {
+                return Err(ConvertError::Read {
+                    source_name: source_name.to_string(),
+                    source,
+                })
+            }
+            // Lines are read one by one: no whole read to refuse.
+            Err(e @ BoundedReadError::LargeFile { .. }) => {
+                return Err(ConvertError::Read {
+                    source_name: source_name.to_string(),
+                    source: std::io::Error::other(e),
+                })
+            }
+        };
         let at = |message: String| ConvertError::Line {
             source_name: source_name.to_string(),
             line,
             message,
         };
-        let bytes = buf.strip_suffix(b"\n").unwrap_or(&buf);
         let text = std::str::from_utf8(bytes).map_err(|e| {
             at(format!(
                 "not UTF-8 text (invalid byte at column {})",

@@ -28,6 +28,7 @@ use blocks::ChatPrompts;
 pub use error::ConvertError;
 use input::{InputFormat, ReadNotes};
 use output::{Converted, OutputFormat, OutputPlan};
+use servesim::trace::{read_whole, BoundedReadError, MAX_TRACE_FILE_BYTES};
 
 /// `loadgen trace`: work on trace files.
 #[derive(Args, Clone, Debug)]
@@ -180,14 +181,26 @@ pub fn convert(args: &ConvertArgs) -> Result<ConvertSummary, LoadgenError> {
         let path = path.to_path_buf();
         move |source| LoadgenError::Io { path, source }
     };
-    let bytes = std::fs::read(&args.input).map_err(io(&args.input))?;
     let source_name = args.input.display().to_string();
+    // Read whole (its digest names the source), within the engine's `MAX_TRACE_FILE_BYTES`.
+    let file = std::fs::File::open(&args.input).map_err(io(&args.input))?;
+    let bytes = match read_whole(file, MAX_TRACE_FILE_BYTES) {
+        Ok(bytes) => bytes,
+        Err(BoundedReadError::LargeFile { cap }) => {
+            return Err(ConvertError::TooLarge { source_name, cap }.into())
+        }
+        Err(BoundedReadError::Io(e)) => return Err(io(&args.input)(e)),
+        // A whole read has no lines to refuse.
+        Err(e @ BoundedReadError::LongLine { .. }) => {
+            return Err(io(&args.input)(std::io::Error::other(e)))
+        }
+    };
     let summary = convert_bytes(&bytes, &source_name, args)?;
     std::fs::write(&args.output, &summary.converted.text).map_err(io(&args.output))?;
     let c = &summary.converted;
     let plural =
         |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
-    println!(
+    crate::stdout::outln!(
         "{}: {} in {}, {} of {} tokens, written to {} ({})",
         source_name,
         plural(c.requests, "request", "requests"),
@@ -201,34 +214,34 @@ pub fn convert(args: &ConvertArgs) -> Result<ConvertSummary, LoadgenError> {
         }
     );
     if summary.notes.failed > 0 {
-        println!(
+        crate::stdout::outln!(
             "Left out {} failed requests (their time stays in the next turn's delay)",
             summary.notes.failed
         );
     }
     if summary.usage_differs > 0 {
-        println!(
+        crate::stdout::outln!(
             "{} requests: the server counted other prompt tokens than loadgen's tokenizer and \
              chat template (the trace holds loadgen's)",
             summary.usage_differs
         );
     }
     if c.overlapping_turns > 0 {
-        println!(
+        crate::stdout::outln!(
             "{} turns were sent before the previous turn of their conversation ended: they wait \
              for it with no delay",
             c.overlapping_turns
         );
     }
     if c.empty_outputs > 0 {
-        println!(
+        crate::stdout::outln!(
             "{} requests generated no token: written with an output length of 1 (a trace row \
              generates at least one)",
             c.empty_outputs
         );
     }
     if args.to == OutputFormat::Mooncake {
-        println!(
+        crate::stdout::outln!(
             "Replay with: loadgen replay {} --trace-block-size {} --session-mode cumulative",
             args.output.display(),
             args.block_size
@@ -272,6 +285,31 @@ mod tests {
         r#"{"user_id":1,"turn":1,"ttft_us":0,"total_latency_us":9,"success":false,"start_us":2600,"error":{"kind":"timeout"}}"#,
         "\n",
     );
+
+    /// An input line of exactly the engine's `MAX_TRACE_LINE_BYTES` is read; one byte more is
+    /// refused with the file, the line and the cap, detected or named (issue 43: a 1 GiB line
+    /// aborted the conversion on a failed allocation).
+    #[test]
+    fn a_line_one_byte_over_the_cap_is_refused_with_its_line() {
+        use servesim::trace::MAX_TRACE_LINE_BYTES;
+        let mut records = RECORDS.lines();
+        let first = records.next().expect("a record");
+        let second = records.next().expect("a record");
+        let padded = |len: usize| format!("{second}{}", " ".repeat(len - second.len()));
+        let at_cap = format!("{first}\n{}\n", padded(MAX_TRACE_LINE_BYTES));
+        let s = convert_text(&at_cap, &["--block-size", "16"]).expect("at the cap");
+        assert_eq!(s.converted.requests, 2);
+        let over = format!("{first}\n{}\n", padded(MAX_TRACE_LINE_BYTES + 1));
+        for flags in [
+            &["--block-size", "16"][..],
+            &["--block-size", "16", "--from", "records"],
+        ] {
+            assert_eq!(
+                convert_text(&over, flags).expect_err("over the cap"),
+                "in.jsonl:2: the line is longer than 16777216 bytes, the most a line may hold"
+            );
+        }
+    }
 
     #[test]
     fn records_to_mooncake() {

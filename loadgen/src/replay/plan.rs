@@ -225,23 +225,27 @@ pub fn load_trace(args: &ReplayArgs) -> Result<Trace, LoadgenError> {
     let trace = match args.max_requests {
         None => trace::load_with_bound(&args.trace.path, &options, bound)?,
         Some(n) => {
-            let text =
-                std::fs::read_to_string(&args.trace.path).map_err(|source| LoadgenError::Io {
+            // The first `n` rows only, read line by line: each line within the engine's
+            // `MAX_TRACE_LINE_BYTES`, the rest of the file never read.
+            let file =
+                std::fs::File::open(&args.trace.path).map_err(|source| LoadgenError::Io {
                     path: args.trace.path.clone(),
                     source,
                 })?;
+            let mut lines = trace::TraceLines::new(std::io::BufReader::new(file));
             let mut kept = 0usize;
-            let mut end = 0usize;
-            for line in text.split_inclusive('\n') {
-                if kept == n {
+            let mut text = Vec::new();
+            while kept < n {
+                let Some((_, bytes)) = lines.next_line().map_err(|e| e.in_trace(&name))? else {
                     break;
-                }
-                if !line.trim().is_empty() {
+                };
+                if std::str::from_utf8(bytes).map_or(true, |t| !t.trim().is_empty()) {
                     kept += 1;
                 }
-                end += line.len();
+                text.extend_from_slice(bytes);
+                text.push(b'\n');
             }
-            trace::parse_with_bound(std::io::Cursor::new(&text[..end]), &name, &options, bound)?
+            trace::parse_with_bound(&text[..], &name, &options, bound)?
         }
     };
     Ok(trace)
@@ -263,4 +267,48 @@ pub(super) fn prompts_line(args: &ReplayArgs, synth: &PromptSynth, block_size: u
             "embedded server's tokenizer"
         }
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn args(path: &std::path::Path, max_requests: &str) -> ReplayArgs {
+        let path = path.display().to_string();
+        let argv = ["loadgen", "replay", &path, "--max-requests", max_requests];
+        match crate::Cli::try_parse_from(argv)
+            .expect("valid flags")
+            .command
+        {
+            crate::Command::Replay(a) => a,
+            _ => unreachable!(),
+        }
+    }
+
+    /// `--max-requests N` reads the first N rows line by line: the rows after them are never
+    /// read, and a line over the engine's `MAX_TRACE_LINE_BYTES` among them is refused with
+    /// its file and line (issue 43: the whole file was read into memory first).
+    #[test]
+    fn max_requests_reads_only_its_rows_each_within_the_line_cap() {
+        let row = |t: u32| {
+            format!(r#"{{"timestamp":{t},"input_length":4,"output_length":1,"hash_ids":[{t}]}}"#)
+        };
+        let path =
+            std::env::temp_dir().join(format!("loadgen-max-requests-{}.jsonl", std::process::id()));
+        let long = "x".repeat(trace::MAX_TRACE_LINE_BYTES + 1);
+        let text = format!("{}\n\n{}\n{long}\n{}\n", row(0), row(1), row(2));
+        std::fs::write(&path, text).expect("temp trace");
+        let t = load_trace(&args(&path, "2")).expect("the first two rows");
+        assert_eq!(t.num_requests(), 2);
+        let e = load_trace(&args(&path, "3")).expect_err("the long line");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{}:4: the line is longer than 16777216 bytes, the most a trace line may hold",
+                path.display()
+            )
+        );
+        std::fs::remove_file(&path).ok();
+    }
 }

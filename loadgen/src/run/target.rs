@@ -147,6 +147,8 @@ impl TargetArgs {
                         max_model_len: embedded.max_model_len,
                         api_key: self.api_key.clone(),
                         max_waiting: None,
+                        // loadgen's own concurrency bounds what its embedded server runs.
+                        max_inflight_bytes: mock_server::config::MAX_INFLIGHT_BYTES,
                         reasoning_ratio: embedded.reasoning_ratio,
                         reasoning_format: embedded.reasoning_format,
                         default_max_tokens: 256,

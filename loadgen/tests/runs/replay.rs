@@ -257,10 +257,11 @@ fn check_dependencies(a: &ReplayArgs, run: &loadgen::replay::ReplayRun) -> Resul
     let graph = loadgen::replay::load_graph(a, format)?;
     let agentic = run.agentic.as_ref().expect("an agentic section");
     let speedup = a.trace.arrival_speedup_ratio;
+    let floors = graph.floors(speedup);
     for (n, node) in graph.nodes.iter().enumerate() {
         let me = &agentic.requests[n];
         let Some(sent) = me.dispatched else { continue };
-        let floor = graph.floor(n, speedup);
+        let floor = floors[n];
         assert!(
             sent.0 >= floor.0,
             "{} sent at {sent:?}, floor {floor:?}",

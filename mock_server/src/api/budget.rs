@@ -37,6 +37,69 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
         })
 }
 
+/// Estimated memory of a request body per byte while it is read, parsed and handled: the bytes,
+/// the parsed value (a string is its bytes again; an array of token ids is 32 bytes an id, 4 to
+/// 16 times its text) and the handler's copies. Reserved in the server's in-flight budget
+/// (`--max-inflight-bytes`) as the body arrives.
+pub const BODY_MEMORY_FACTOR: u64 = 4;
+
+/// Estimated memory a prompt token costs a generation once, whatever its choices: its id in the
+/// tokenizer's output or the parsed body, and the prompt the handler keeps.
+pub const PROMPT_TOKEN_BYTES: u64 = 40;
+
+/// Estimated memory a prompt token costs each choice: the engine request's copy of the prompt
+/// and its block hashes (measured: 13 bytes).
+pub const CHOICE_PROMPT_TOKEN_BYTES: u64 = 16;
+
+/// Estimated memory of one planned output token: its id, its text piece, its engine output
+/// and its share of the response (measured on a debug build: 225 to 330 bytes a token for
+/// 400,000 to 800,000 planned tokens of `ignore_eos` answers, whole or streamed).
+pub const OUTPUT_TOKEN_BYTES: u64 = 320;
+
+/// Estimated memory of one log-probability entry (a token or an alternative): its text and
+/// value, planned, and its JSON (measured: about 110 bytes in a whole response of 252,000).
+pub const LOGPROB_ENTRY_BYTES: u64 = 128;
+
+/// Estimated memory of `/tokenize` per byte of text (ids, their JSON value and text), and per
+/// byte with `return_token_strs` (each token's string, twice more).
+pub const TOKENIZE_TEXT_BYTES: u64 = 12;
+/// See [`TOKENIZE_TEXT_BYTES`]: with `return_token_strs`.
+pub const TOKENIZE_STRS_TEXT_BYTES: u64 = 32;
+
+/// Estimated memory of `/detokenize` per token id: the ids, the decoded text and its JSON.
+pub const DETOKENIZE_ID_BYTES: u64 = 16;
+
+/// The estimated memory of a body of `len` bytes ([`BODY_MEMORY_FACTOR`]).
+pub(crate) fn body_bytes(len: usize) -> u64 {
+    (len as u64).saturating_mul(BODY_MEMORY_FACTOR)
+}
+
+/// The estimated memory of a generation's work beyond its body: prompts of `prompt_tokens`
+/// each with `n` choices, `output_tokens` planned over all choices, and with `top_logprobs`
+/// alternatives per token when log-probabilities are asked for.
+pub(crate) fn generation_bytes(
+    prompt_tokens: impl Iterator<Item = usize>,
+    n: usize,
+    output_tokens: usize,
+    top_logprobs: Option<usize>,
+    echoed: usize,
+) -> u64 {
+    let per_prompt_token =
+        PROMPT_TOKEN_BYTES.saturating_add(CHOICE_PROMPT_TOKEN_BYTES.saturating_mul(n as u64));
+    let prompts = prompt_tokens.fold(0u64, |sum, t| {
+        sum.saturating_add((t as u64).saturating_mul(per_prompt_token))
+    });
+    let output = output_tokens as u64;
+    let entries = top_logprobs.map_or(0, |top| {
+        output
+            .saturating_add(echoed as u64)
+            .saturating_mul(1 + top as u64)
+    });
+    prompts
+        .saturating_add(output.saturating_mul(OUTPUT_TOKEN_BYTES))
+        .saturating_add(entries.saturating_mul(LOGPROB_ENTRY_BYTES))
+}
+
 /// Stop strings per request at most (`stop`). OpenAI accepts 4 and vLLM does not limit them;
 /// 16 accepts every request OpenAI does and the longer lists some vLLM clients send, while
 /// keeping the per-token matching to 16 short scans.
@@ -165,12 +228,15 @@ pub(crate) fn check_token_ids(ids: &[u32], vocab_size: usize, param: &str) -> Re
 
 /// The work one request plans, checked against the caps above: `limits` holds each prompt's
 /// output limit, `n` the choices per prompt, `top_logprobs` the alternatives per token when
-/// log-probabilities are asked for, under the name `logprobs_param`.
+/// log-probabilities are asked for, under the name `logprobs_param`; `echoed` counts the prompt
+/// tokens whose log-probabilities the choices carry too (completions `echo`, summed over
+/// choices).
 pub(crate) fn check_plan(
     limits: &[usize],
     n: usize,
     top_logprobs: Option<usize>,
     logprobs_param: &str,
+    echoed: usize,
 ) -> Result<(), ApiError> {
     let choices = limits.len().saturating_mul(n);
     if choices > MAX_CHOICES {
@@ -196,12 +262,17 @@ pub(crate) fn check_plan(
         ));
     }
     if let Some(top) = top_logprobs {
-        let entries = tokens.saturating_mul(1 + top);
+        let entries = tokens.saturating_add(echoed).saturating_mul(1 + top);
         if entries > MAX_LOGPROB_ENTRIES {
+            let echoed = if echoed > 0 {
+                format!(" and {echoed} echoed prompt tokens")
+            } else {
+                String::new()
+            };
             return Err(exceeded(
                 logprobs_param,
                 format!(
-                    "{tokens} output tokens × (1 + {top} alternatives) make {entries} \
+                    "{tokens} output tokens{echoed} × (1 + {top} alternatives) make {entries} \
                      log-probability entries"
                 ),
                 format!("{MAX_LOGPROB_ENTRIES} entries per request"),
@@ -217,15 +288,26 @@ mod tests {
 
     #[test]
     fn plans_beyond_a_cap_name_its_parameter() {
-        assert_eq!(check_plan(&[3000; 4], 1, Some(20), "top_logprobs"), Ok(()));
-        let e = check_plan(&[2000; 16], 1, Some(20), "top_logprobs").expect_err("too many");
+        assert_eq!(
+            check_plan(&[3000; 4], 1, Some(20), "top_logprobs", 0),
+            Ok(())
+        );
+        let e = check_plan(&[2000; 16], 1, Some(20), "top_logprobs", 0).expect_err("too many");
         assert_eq!(e.param.as_deref(), Some("top_logprobs"));
         assert!(e.message.contains("262144 entries"), "{}", e.message);
-        let e = check_plan(&[1; 20_001], 1, None, "logprobs").expect_err("too many");
+        let e = check_plan(&[1; 20_001], 1, None, "logprobs", 0).expect_err("too many");
         assert_eq!(e.param.as_deref(), Some("n"));
-        let e = check_plan(&[1 << 20, 1], 1, None, "logprobs").expect_err("too many");
+        let e = check_plan(&[1 << 20, 1], 1, None, "logprobs", 0).expect_err("too many");
         assert_eq!(e.param.as_deref(), Some("max_tokens"));
-        assert_eq!(check_plan(&[1; 20_000], 1, None, "logprobs"), Ok(()));
+        assert_eq!(check_plan(&[1; 20_000], 1, None, "logprobs", 0), Ok(()));
+        // Echoed prompt tokens carry log-probabilities too.
+        assert_eq!(check_plan(&[100], 1, Some(20), "logprobs", 12_000), Ok(()));
+        let e = check_plan(&[100], 1, Some(20), "logprobs", 13_000).expect_err("too many");
+        assert!(
+            e.message.contains("13000 echoed prompt tokens"),
+            "{}",
+            e.message
+        );
         assert_eq!(check_token_ids(&[0, 9], 10, "prompt"), Ok(()));
         let e = check_token_ids(&[0, 10], 10, "prompt").expect_err("out of vocabulary");
         assert_eq!(e.param.as_deref(), Some("prompt"));

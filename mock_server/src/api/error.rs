@@ -12,6 +12,9 @@ use crate::driver::SubmitError;
 /// `code` of the 503 answered on a connection beyond `--max-connections`.
 const TOO_MANY_CONNECTIONS: &str = "too_many_connections";
 
+/// `code` of the 503 answered to a request beyond `--max-inflight-bytes`.
+const SERVER_OVERLOADED: &str = "server_overloaded";
+
 /// An OpenAI-shaped error.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApiError {
@@ -42,6 +45,15 @@ impl ApiError {
     /// Sets the code.
     pub fn with_code(mut self, code: &'static str) -> ApiError {
         self.code = Some(code);
+        self
+    }
+
+    /// This error with `param` `messages` (an engine rejection of the prompt) naming
+    /// `prompt_param` instead: `prompt` on `/v1/completions`.
+    pub(crate) fn for_prompt_field(mut self, prompt_param: &str) -> ApiError {
+        if self.param.as_deref() == Some("messages") {
+            self.param = Some(prompt_param.to_string());
+        }
         self
     }
 
@@ -162,6 +174,28 @@ impl ApiError {
         }
     }
 
+    /// 503 for a request whose estimated memory (`bytes`) does not fit beside the requests in
+    /// flight, under `--max-inflight-bytes` (`limit`). It says `Retry-After: 1` and
+    /// `Connection: close` (its body may be left unread).
+    pub fn server_overloaded(bytes: u64, limit: u64) -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: format!(
+                "The server is overloaded: this request needs about {bytes} bytes and the \
+                 requests in flight hold most of the {limit} bytes this server allows \
+                 (--max-inflight-bytes); retry later."
+            ),
+            kind: "server_error",
+            param: None,
+            code: Some(SERVER_OVERLOADED),
+        }
+    }
+
+    /// Whether this is [`ApiError::server_overloaded`].
+    pub(crate) fn is_server_overloaded(&self) -> bool {
+        self.code == Some(SERVER_OVERLOADED)
+    }
+
     /// 503 while the server shuts down (also the final stream event of a request cut off at
     /// the shutdown deadline).
     pub fn shutting_down() -> ApiError {
@@ -181,7 +215,7 @@ impl ApiError {
         matches!(
             self.status,
             StatusCode::REQUEST_TIMEOUT | StatusCode::PAYLOAD_TOO_LARGE
-        ) || self.code == Some(TOO_MANY_CONNECTIONS)
+        ) || matches!(self.code, Some(TOO_MANY_CONNECTIONS | SERVER_OVERLOADED))
     }
 
     /// The JSON body.
@@ -261,12 +295,16 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut response = (self.status, axum::Json(self.body())).into_response();
         let headers = response.headers_mut();
-        if self.status == StatusCode::TOO_MANY_REQUESTS || self.code == Some(TOO_MANY_CONNECTIONS) {
+        if self.status == StatusCode::TOO_MANY_REQUESTS
+            || matches!(self.code, Some(TOO_MANY_CONNECTIONS | SERVER_OVERLOADED))
+        {
             headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         if self.closes_connection() {
             headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
+        // For layers that answer in another API's shape (`super::messages`).
+        response.extensions_mut().insert(self);
         response
     }
 }
@@ -302,6 +340,7 @@ mod tests {
             ApiError::payload_too_large(),
             ApiError::body_timeout(Duration::from_secs(1)),
             ApiError::too_many_connections(10),
+            ApiError::server_overloaded(10, 5),
         ] {
             assert_eq!(close(e), Some(b"close".to_vec()));
         }

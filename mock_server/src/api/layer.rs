@@ -13,8 +13,10 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use servesim::time::SimTime;
 
+use super::budget;
 use super::error::ApiError;
 use super::state::AppState;
+use crate::driver::inflight::Reservation;
 use crate::metrics::{EndpointLabel, Metrics};
 
 /// Largest total size of a request's headers (names, values and separators) the handlers
@@ -28,10 +30,28 @@ pub(crate) const MAX_HEADER_BYTES: usize = 64 << 10;
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Received(pub SimTime);
 
-/// Request-level limits, checked before any handler: header size (431), body size (413) and
-/// body-read time (408). The body is read here, whole, so no handler ever waits on a slow
-/// client, and the size limit holds whether or not `Content-Length` is sent. The request is
-/// stamped [`Received`] once it is whole.
+/// The request's reservation in the server's in-flight budget
+/// ([`crate::driver::inflight`]): its body's bytes, set by [`edge_limits`]; a handler whose work
+/// outlives the response's head (a generation) takes it over and resizes it to that work.
+#[derive(Clone, Debug)]
+pub(crate) struct Charge(Arc<std::sync::Mutex<Option<Reservation>>>);
+
+impl Charge {
+    /// The reservation, taken out (`None` once taken). The std Mutex is held for the take only.
+    pub(crate) fn take(&self) -> Option<Reservation> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+}
+
+/// Request-level limits, checked before any handler: header size (431), body size (413),
+/// body-read time (408) and the server's in-flight budget (503 `server_overloaded`: the body's
+/// estimated memory, reserved as it arrives, all of it at once when `Content-Length` announces
+/// it). The body is read here, whole, so no handler ever waits on a slow client, and the size
+/// limit holds whether or not `Content-Length` is sent. The request is stamped [`Received`]
+/// once it is whole, and carries its [`Charge`].
 pub(crate) async fn edge_limits(
     State(state): State<AppState>,
     request: Request,
@@ -49,10 +69,19 @@ pub(crate) async fn edge_limits(
         );
     }
     let (mut parts, body) = request.into_parts();
+    let inflight = state.engine.inflight();
     if http_body::Body::is_end_stream(&body) {
+        let Some(reservation) = inflight.try_reserve(0) else {
+            return refuse(
+                &state.metrics,
+                ApiError::server_overloaded(0, inflight.limit()),
+            );
+        };
         parts
             .extensions
             .insert(Received(state.engine.clock().now()));
+        let charge = Charge(Arc::new(std::sync::Mutex::new(Some(reservation))));
+        parts.extensions.insert(charge);
         return next.run(Request::from_parts(parts, body)).await;
     }
     let limit = state.config.max_body_bytes;
@@ -64,34 +93,62 @@ pub(crate) async fn edge_limits(
     if declared.is_some_and(|len| len > limit as u64) {
         return refuse(&state.metrics, ApiError::payload_too_large());
     }
+    let declared = declared.map_or(0, |len| len as usize);
+    let cost = budget::body_bytes(declared);
+    let Some(mut reservation) = inflight.try_reserve(cost) else {
+        return refuse(
+            &state.metrics,
+            ApiError::server_overloaded(cost, inflight.limit()),
+        );
+    };
     let timeout = state.config.http.body_read_timeout;
-    let read = tokio::time::timeout(
-        timeout,
-        http_body_util::BodyExt::collect(http_body_util::Limited::new(body, limit)),
-    )
-    .await;
+    let read =
+        tokio::time::timeout(timeout, read_body(body, limit, declared, &mut reservation)).await;
     let bytes = match read {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            return refuse(&state.metrics, ApiError::payload_too_large())
-        }
-        Ok(Err(e)) => {
-            return refuse(
-                &state.metrics,
-                ApiError::invalid(format!("Could not read the body: {e}"), None),
-            )
-        }
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(e)) => return refuse(&state.metrics, e),
         Err(_) => return refuse(&state.metrics, ApiError::body_timeout(timeout)),
     };
     parts
         .extensions
         .insert(Received(state.engine.clock().now()));
+    let charge = Charge(Arc::new(std::sync::Mutex::new(Some(reservation))));
+    parts.extensions.insert(charge);
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
 }
 
-/// Answers 401 unless the request carries `Authorization: Bearer KEY` for the server's
-/// `--api-key` (every request passes when none is set).
+/// Reads `body` whole: at most `limit` bytes (413 beyond), `declared` of them announced, the
+/// reservation grown to each size reached (503 when the budget has no room for it).
+async fn read_body(
+    mut body: Body,
+    limit: usize,
+    declared: usize,
+    reservation: &mut Reservation,
+) -> Result<axum::body::Bytes, ApiError> {
+    let mut bytes = Vec::with_capacity(declared.min(limit));
+    while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+        let frame =
+            frame.map_err(|e| ApiError::invalid(format!("Could not read the body: {e}"), None))?;
+        // Trailers carry nothing a handler reads.
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        let len = bytes.len() + data.len();
+        if len > limit {
+            return Err(ApiError::payload_too_large());
+        }
+        let cost = budget::body_bytes(len);
+        if cost > reservation.bytes() && !reservation.try_resize(cost) {
+            return Err(ApiError::server_overloaded(cost, reservation.limit()));
+        }
+        bytes.extend_from_slice(&data);
+    }
+    Ok(bytes.into())
+}
+
+/// Answers 401 unless the request carries `Authorization: Bearer KEY` or `x-api-key: KEY`
+/// (Anthropic's header) for the server's `--api-key` (every request passes when none is set).
 pub(crate) async fn require_api_key(
     State(state): State<AppState>,
     request: Request,
@@ -107,11 +164,13 @@ fn check_api_key(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> 
     let Some(key) = &state.config.api_key else {
         return Ok(());
     };
-    let given = headers
+    let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if given == Some(key.as_str()) {
+    // Anthropic's SDKs send the key as `x-api-key`.
+    let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    if bearer == Some(key.as_str()) || x_api_key == Some(key.as_str()) {
         Ok(())
     } else {
         Err(ApiError::unauthorized())
@@ -157,8 +216,12 @@ fn count_failure(metrics: &Metrics, status: StatusCode) {
     }
 }
 
-/// `e` as the answer, counted as a failure.
-fn refuse(metrics: &Metrics, e: ApiError) -> Response {
+/// `e` as the answer, counted as a failure (and a 503 `server_overloaded` as a request over
+/// the in-flight bound).
+pub(crate) fn refuse(metrics: &Metrics, e: ApiError) -> Response {
+    if e.is_server_overloaded() {
+        metrics.over_inflight_bound.inc();
+    }
     let response = e.into_response();
     count_failure(metrics, response.status());
     response

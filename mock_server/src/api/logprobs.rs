@@ -4,8 +4,11 @@
 //! The sampled token is usually, not always, the most likely one; its alternatives are other
 //! words of the vocabulary, distinct, with probabilities that add up to at most 1.
 
-use rand::Rng;
-use serde_json::{json, Map, Value};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::{json, Value};
+
+use crate::text::TextCodec;
 
 /// Alternatives at most (`top_logprobs` and the completions `logprobs` are capped here, as by
 /// vLLM's default `--max-logprobs`).
@@ -88,29 +91,101 @@ pub(crate) fn chat_logprobs(tokens: &[&TokenLogprob]) -> Value {
     })
 }
 
-/// Completions `choices[].logprobs` for these tokens, the first at `offset` characters into the
-/// choice's text: `{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}`.
-pub(crate) fn completion_logprobs(tokens: &[&TokenLogprob], mut offset: usize) -> Value {
-    let mut text_offset = Vec::with_capacity(tokens.len());
-    for t in tokens {
-        text_offset.push(offset);
-        offset += t.token.chars().count();
-    }
-    let top: Vec<Value> = tokens
+/// The seeded stream of prompt log-probabilities (apart from the answers' streams).
+const PROMPT_STREAM: u64 = 6;
+
+/// Log-probabilities of a prompt's tokens, for a completions `echo` with `logprobs` (as vLLM and
+/// OpenAI answer it): each token's text decoded alone, `top` alternatives. The first token has
+/// none on the wire (nothing precedes it): see [`completion_logprobs`].
+pub(crate) fn prompt_logprobs(
+    codec: &dyn TextCodec,
+    tokens: &[u32],
+    seed: u64,
+    top: usize,
+) -> Vec<TokenLogprob> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(PROMPT_STREAM);
+    let mut alternative = |rng: &mut ChaCha8Rng| {
+        let ids = codec.answer_tokens(rng, 0, 2);
+        codec.decode(&ids[ids.len().saturating_sub(1)..])
+    };
+    tokens
         .iter()
-        .map(|t| {
-            let mut map = Map::new();
-            map.insert(t.token.clone(), json!(t.logprob));
-            for (token, lp) in &t.top {
-                map.entry(token.clone()).or_insert(json!(lp));
-            }
-            Value::Object(map)
-        })
-        .collect();
+        .map(|&t| TokenLogprob::generate(&mut rng, &codec.decode(&[t]), top, &mut alternative))
+        .collect()
+}
+
+/// One entry of a completions `logprobs` object: a prompt token (the first has no
+/// log-probability) or an answer token.
+#[derive(Clone, Copy)]
+pub(crate) struct CompletionEntry<'a> {
+    /// The token.
+    pub token: &'a TokenLogprob,
+    /// Written with `null` log-probability and alternatives: the prompt's first token.
+    pub first_of_prompt: bool,
+}
+
+/// The entries of an echoed prompt's tokens (`prompt`, empty without echo) then of answer
+/// tokens.
+pub(crate) fn entries<'a: 'b, 'b>(
+    prompt: &'a [TokenLogprob],
+    tokens: &'b [&'a TokenLogprob],
+) -> impl Iterator<Item = CompletionEntry<'a>> + Clone + 'b {
+    let prompt = prompt.iter().enumerate().map(|(i, token)| CompletionEntry {
+        token,
+        first_of_prompt: i == 0,
+    });
+    prompt.chain(tokens.iter().map(|token| CompletionEntry {
+        token,
+        first_of_prompt: false,
+    }))
+}
+
+impl<'a> CompletionEntry<'a> {
+    /// `token_logprobs[i]`.
+    pub(crate) fn logprob(self) -> Option<f64> {
+        (!self.first_of_prompt).then_some(self.token.logprob)
+    }
+
+    /// `top_logprobs[i]`: the token first, then alternatives not already named.
+    pub(crate) fn top(self) -> Option<std::collections::BTreeMap<&'a str, f64>> {
+        if self.first_of_prompt {
+            return None;
+        }
+        let mut top = std::collections::BTreeMap::new();
+        top.insert(self.token.token.as_str(), self.token.logprob);
+        for (token, lp) in &self.token.top {
+            top.entry(token.as_str()).or_insert(*lp);
+        }
+        Some(top)
+    }
+}
+
+/// Completions `choices[].logprobs` for an echoed prompt's tokens (`prompt`, at the start of
+/// the choice's text) and then these answer tokens, the first at `offset` characters into the
+/// choice's text: `{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}`;
+/// the prompt's first token has `null` log-probability and alternatives.
+pub(crate) fn completion_logprobs(
+    prompt: &[TokenLogprob],
+    tokens: &[&TokenLogprob],
+    offset: usize,
+) -> Value {
+    let mut text_offset = Vec::with_capacity(prompt.len() + tokens.len());
+    let mut at = 0;
+    for t in prompt {
+        text_offset.push(at);
+        at += t.token.chars().count();
+    }
+    let mut at = offset;
+    for t in tokens {
+        text_offset.push(at);
+        at += t.token.chars().count();
+    }
+    let all = entries(prompt, tokens);
     json!({
-        "tokens": tokens.iter().map(|t| t.token.as_str()).collect::<Vec<_>>(),
-        "token_logprobs": tokens.iter().map(|t| t.logprob).collect::<Vec<_>>(),
-        "top_logprobs": top,
+        "tokens": all.clone().map(|e| e.token.token.as_str()).collect::<Vec<_>>(),
+        "token_logprobs": all.clone().map(|e| e.logprob()).collect::<Vec<_>>(),
+        "top_logprobs": all.map(|e| e.top()).collect::<Vec<_>>(),
         "text_offset": text_offset,
     })
 }
@@ -118,8 +193,6 @@ pub(crate) fn completion_logprobs(tokens: &[&TokenLogprob], mut offset: usize) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::SeedableRng;
-    use rand_chacha::ChaCha8Rng;
 
     #[test]
     fn alternatives_are_distinct_sorted_and_sum_below_one() {
@@ -148,8 +221,19 @@ mod tests {
         assert!(none.top.is_empty());
         let chat = none.chat();
         assert_eq!(chat["bytes"], json!([120]));
-        let c = completion_logprobs(&[&none, &none], 3);
+        let c = completion_logprobs(&[], &[&none, &none], 3);
         assert_eq!(c["text_offset"], json!([3, 4]));
         assert_eq!(c["top_logprobs"][0]["x"], json!(none.logprob));
+        // An echoed prompt comes first, from offset 0; its first token has no log-probability.
+        let prompt = [none.clone(), none.clone()];
+        let c = completion_logprobs(&prompt, &[&none], 5);
+        assert_eq!(c["text_offset"], json!([0, 1, 5]));
+        assert_eq!(c["tokens"], json!(["x", "x", "x"]));
+        assert_eq!(
+            c["token_logprobs"],
+            json!([null, none.logprob, none.logprob])
+        );
+        assert_eq!(c["top_logprobs"][0], Value::Null);
+        assert_eq!(c["top_logprobs"][1]["x"], json!(none.logprob));
     }
 }

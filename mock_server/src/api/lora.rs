@@ -2,6 +2,27 @@
 //! or at run time (`/v1/load_lora_adapter`), each a model name of its own whose blocks never
 //! match another's.
 
+/// LoRA adapters loaded at once at most: `/v1/load_lora_adapter` beyond it is a 400 (unload one
+/// first). Each is a model card in `/v1/models` and, once it served a request, a
+/// `servesim_lora_requests` series in `/metrics` (removed when it is unloaded).
+pub const MAX_LORA_ADAPTERS: usize = 1024;
+
+/// Bytes of an adapter's name (`lora_name`) at most; its path (`lora_path`) may hold
+/// [`MAX_LORA_PATH_BYTES`].
+pub const MAX_LORA_NAME_BYTES: usize = 256;
+
+/// Bytes of an adapter's `lora_path` at most (Linux's `PATH_MAX`).
+pub const MAX_LORA_PATH_BYTES: usize = 4096;
+
+/// Why an adapter was not loaded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadRefusal {
+    /// One of that name is loaded already.
+    Loaded,
+    /// [`MAX_LORA_ADAPTERS`] are loaded.
+    Full,
+}
+
 /// A loaded LoRA adapter: served as a model name of its own; its blocks never match the base
 /// model's (its prompts' block hashes are salted by [`Adapter::salt`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,11 +71,15 @@ impl LoraRegistry {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Loads an adapter; false when one of that name is loaded already.
-    pub fn load(&self, name: &str, path: &str) -> bool {
+    /// Loads an adapter, unless one of that name is loaded already or the registry holds
+    /// [`MAX_LORA_ADAPTERS`].
+    pub fn load(&self, name: &str, path: &str) -> Result<(), LoadRefusal> {
         let mut state = self.lock();
         if state.loaded.contains_key(name) {
-            return false;
+            return Err(LoadRefusal::Loaded);
+        }
+        if state.loaded.len() >= MAX_LORA_ADAPTERS {
+            return Err(LoadRefusal::Full);
         }
         state.next_id += 1;
         let adapter = Adapter {
@@ -63,7 +88,7 @@ impl LoraRegistry {
             path: path.to_string(),
         };
         state.loaded.insert(name.to_string(), adapter);
-        true
+        Ok(())
     }
 
     /// Unloads an adapter; false when none of that name is loaded.

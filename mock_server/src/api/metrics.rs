@@ -15,6 +15,11 @@ const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset
 pub(crate) async fn handler(State(state): State<AppState>) -> Result<Response, ApiError> {
     let live = state.engine.snapshot().await?;
     state.metrics.set_gauges(&live.cluster);
+    let inflight = state.engine.inflight().in_use();
+    state
+        .metrics
+        .inflight_bytes
+        .set(i64::try_from(inflight).unwrap_or(i64::MAX));
     // vLLM reports LoRA figures only when LoRA is on.
     if !state.config.lora_modules.is_empty() || !state.lora.all().is_empty() {
         state.metrics.set_lora_info(

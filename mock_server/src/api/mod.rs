@@ -1,10 +1,12 @@
 //! The OpenAI-compatible HTTP API: [`app`] builds the axum router over an [`AppState`].
 //!
-//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`
-//! (`embeddings`), `GET /v1/models`, `GET /health`,
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses` (and
+//! `GET|DELETE /v1/responses/{id}`, [`responses`]), Anthropic's `POST /v1/messages` and
+//! `POST /v1/messages/count_tokens` ([`messages`]), `POST /v1/embeddings` (`embeddings`),
+//! `GET /v1/models`, `GET /health`,
 //! `GET /metrics`, and vLLM's `GET /v1/models/{model}`, `POST /tokenize`, `POST /detokenize`,
 //! `GET /version`, `GET|POST /ping` (`vllm`). Every error is an [`ApiError`] body, including unknown routes (404) and
-//! methods (405, with `Allow`).
+//! methods (405, with `Allow`); on the `/v1/messages` paths it is rewritten in Anthropic's shape.
 //!
 //! Before any handler, `layer::edge_limits` enforces the request-level limits: headers over
 //! `layer::MAX_HEADER_BYTES` (431), a body over `--max-body-bytes` (413, at once when
@@ -67,9 +69,11 @@ pub(crate) mod generation;
 pub(crate) mod json_mode;
 pub(crate) mod layer;
 pub(crate) mod logprobs;
-pub(crate) mod lora;
+pub mod lora;
+pub(crate) mod messages;
 pub(crate) mod metrics;
 pub mod protocol;
+pub mod responses;
 pub(crate) mod schema;
 pub(crate) mod state;
 pub(crate) mod tools;
@@ -86,10 +90,11 @@ use axum::routing::{get, post, MethodRouter};
 use axum::{Extension, Json, Router};
 use serde_json::json;
 
+use crate::driver::inflight::Reservation;
 use answer::{Answer, AnswerSpec};
 pub use error::ApiError;
 use generation::{Choice, Endpoint, ExtraFields, Generation, Header, SpecPrefill};
-use layer::Received;
+use layer::{Charge, Received};
 use protocol::{ApiJson, ChatRequest, CompletionRequest, GenerationParams, PromptInput};
 use servesim::ids::WorkerId;
 use servesim::time::SimTime;
@@ -126,7 +131,12 @@ pub fn app(state: AppState) -> Router {
             .route_layer(failures())
             .route_layer(requests(endpoint))
     };
+    let stored_responses = Extension(Arc::new(responses::store::Store::default()));
     Router::new()
+        .route(
+            "/v1/responses",
+            generation(post(responses::create), "responses").layer(stored_responses.clone()),
+        )
         .route(
             "/v1/chat/completions",
             generation(post(chat_completions), "chat"),
@@ -139,8 +149,20 @@ pub fn app(state: AppState) -> Router {
             "/v1/embeddings",
             generation(post(embeddings::embeddings), "embeddings"),
         )
+        .route(
+            "/v1/messages",
+            generation(post(messages::create), "messages"),
+        )
         // Only the generation routes above.
         .route_layer(from_fn_with_state(faults, crate::fault::http::inject))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve)
+                .delete(responses::delete)
+                .route_layer(key())
+                .route_layer(failures())
+                .layer(stored_responses),
+        )
         .route("/v1/models", get(models).route_layer(key()))
         .route("/health", get(health))
         .route("/metrics", get(metrics::handler))
@@ -149,6 +171,12 @@ pub fn app(state: AppState) -> Router {
         .route(
             "/detokenize",
             post(vllm::detokenize).route_layer(failures()),
+        )
+        .route(
+            "/v1/messages/count_tokens",
+            post(messages::count_tokens)
+                .route_layer(key())
+                .route_layer(failures()),
         )
         .route("/version", get(vllm::version))
         .route("/ping", get(vllm::ping).post(vllm::ping))
@@ -176,6 +204,7 @@ pub fn app(state: AppState) -> Router {
         })
         .layer(body_limit)
         .layer(from_fn_with_state(state.clone(), layer::edge_limits))
+        .layer(axum::middleware::from_fn(messages::anthropic_errors))
         .with_state(state)
 }
 
@@ -216,11 +245,28 @@ async fn chat_completions(
     State(state): State<AppState>,
     headers: HeaderMap,
     received: Option<Extension<Received>>,
+    charge: Option<Extension<Charge>>,
     ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
     let received = received_at(&state, received);
-    let mut request = ChatRequest::parse(&body)?;
-    apply_header_overrides(&mut request.params, &headers)?;
+    let charge = charge.and_then(|Extension(c)| c.take());
+    let request = ChatRequest::parse(&body)?;
+    let (stream, include_usage) = (request.params.stream, request.params.include_usage);
+    let generation = start_chat(&state, &headers, received, charge, request).await?;
+    respond(generation, stream, include_usage).await
+}
+
+/// Renders a chat request's conversation and starts its generation (shared by chat and the
+/// routes that translate their bodies into a chat request, such as `/v1/messages`); `charge` is
+/// the body's reservation in the in-flight budget.
+async fn start_chat(
+    state: &AppState,
+    headers: &HeaderMap,
+    received: SimTime,
+    charge: Option<Reservation>,
+    mut request: ChatRequest,
+) -> Result<Generation, ApiError> {
+    apply_header_overrides(&mut request.params, headers)?;
     let spec = request.params.speculative_prefill().then(|| SpecPrefill {
         messages: request.messages.clone(),
     });
@@ -243,17 +289,20 @@ async fn chat_completions(
         received,
         spec_prefill: spec,
         tools: Some(request.tools),
+        charge,
     };
-    generate(&state, request.params, prompts, request_in).await
+    start_generation(state, request.params, prompts, request_in).await
 }
 
 async fn completions(
     State(state): State<AppState>,
     headers: HeaderMap,
     received: Option<Extension<Received>>,
+    charge: Option<Extension<Charge>>,
     ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
     let received = received_at(&state, received);
+    let charge = charge.and_then(|Extension(c)| c.take());
     let mut request = CompletionRequest::parse(&body)?;
     apply_header_overrides(&mut request.params, &headers)?;
     if let Some(vocab_size) = state.config.codec.vocab_size() {
@@ -307,6 +356,7 @@ async fn completions(
         received,
         spec_prefill: None,
         tools: None,
+        charge,
     };
     generate(&state, request.params, prompts, request_in).await
 }
@@ -324,6 +374,9 @@ struct RequestIn {
     received: SimTime,
     spec_prefill: Option<SpecPrefill>,
     tools: Option<Tools>,
+    /// Its body's reservation in the in-flight budget ([`layer::Charge`]), grown to the whole
+    /// request's work and held until its answer ends.
+    charge: Option<Reservation>,
 }
 
 /// The output limit of one prompt: the request's, else the default cut to the context; a
@@ -353,6 +406,31 @@ fn output_limit(
     }
 }
 
+/// `charge` (the body's reservation, when the request has one) grown by `work` bytes: a 503
+/// `server_overloaded` when the in-flight budget has no room for them.
+pub(crate) fn reserve(
+    state: &AppState,
+    charge: Option<Reservation>,
+    work: u64,
+) -> Result<Reservation, ApiError> {
+    let inflight = state.engine.inflight();
+    let overloaded = |bytes| {
+        state.metrics.over_inflight_bound.inc();
+        ApiError::server_overloaded(bytes, inflight.limit())
+    };
+    match charge {
+        Some(mut reservation) => {
+            let bytes = reservation.bytes().saturating_add(work);
+            if reservation.try_resize(bytes) {
+                Ok(reservation)
+            } else {
+                Err(overloaded(bytes))
+            }
+        }
+        None => inflight.try_reserve(work).ok_or_else(|| overloaded(work)),
+    }
+}
+
 /// The seed of choice `index` of a request seeded `seed`: the request's own for the first, so
 /// a one-choice answer depends on the seed alone.
 fn choice_seed(seed: u64, index: usize) -> u64 {
@@ -363,13 +441,25 @@ fn choice_seed(seed: u64, index: usize) -> u64 {
     }
 }
 
-/// Checks limits, plans every choice's answer, submits them and answers (streamed or whole).
+/// Starts a generation and answers it (streamed or whole).
 async fn generate(
     state: &AppState,
     params: GenerationParams,
     prompts: Vec<PromptIn>,
     request: RequestIn,
 ) -> Result<Response, ApiError> {
+    let (stream, include_usage) = (params.stream, params.include_usage);
+    let generation = start_generation(state, params, prompts, request).await?;
+    respond(generation, stream, include_usage).await
+}
+
+/// Checks limits, plans every choice's answer and submits them.
+async fn start_generation(
+    state: &AppState,
+    params: GenerationParams,
+    prompts: Vec<PromptIn>,
+    request: RequestIn,
+) -> Result<Generation, ApiError> {
     let received = request.received;
     let config = &state.config;
     let endpoint = request.endpoint;
@@ -441,7 +531,21 @@ async fn generate(
         Endpoint::Chat => "top_logprobs",
         Endpoint::Text => "logprobs",
     };
-    budget::check_plan(&limits, n, params.logprobs, logprobs_param)?;
+    // Completions `echo` with `logprobs`: each choice carries its prompt's log-probabilities.
+    let echo_logprobs = endpoint == Endpoint::Text && params.logprobs.is_some();
+    let echoed: usize = prompts
+        .iter()
+        .filter(|p| echo_logprobs && p.echo.is_some())
+        .map(|p| p.tokens.len().saturating_mul(n))
+        .sum();
+    budget::check_plan(&limits, n, params.logprobs, logprobs_param, echoed)?;
+    // The whole request's estimated memory must fit in the server's in-flight budget, beside
+    // its body's.
+    let planned: usize = limits.iter().map(|l| l * n).sum();
+    let prompt_lens = || prompts.iter().map(|p| p.tokens.len());
+    let work = |output| budget::generation_bytes(prompt_lens(), n, output, params.logprobs, echoed);
+    let body = request.charge.as_ref().map_or(0, Reservation::bytes);
+    let mut reservation = reserve(state, request.charge, work(planned))?;
     let number = state.counter.fetch_add(1, Ordering::Relaxed);
     let seed = params.seed.unwrap_or_else(|| {
         config
@@ -477,7 +581,6 @@ async fn generate(
     // Planning stops when the client leaves (this future is dropped) or the server shuts down.
     let cancel = state.stop_generations.child_token();
     let _cancel_on_drop = cancel.clone().drop_guard();
-    let planned: usize = limits.iter().map(|l| l * n).sum();
     let codec = Arc::clone(&config.codec);
     let plan_limits = limits.clone();
     // JSON answers cost more a token (drawn, serialized and tokenized as a document).
@@ -487,7 +590,25 @@ async fn generate(
     } else {
         budget::INLINE_PLAN_TOKENS
     };
-    let answers = budget::off_runtime(planned > inline_tokens, move || {
+    let top = params.logprobs.unwrap_or(0);
+    let echo_tokens: Vec<Option<Vec<u32>>> = prompts
+        .iter()
+        .map(|p| (echo_logprobs && p.echo.is_some()).then(|| p.tokens.clone()))
+        .collect();
+    let heavy = planned > inline_tokens || echoed > inline_tokens;
+    let planned_work = budget::off_runtime(heavy, move || {
+        let prompt_logprobs: Vec<Option<Arc<Vec<logprobs::TokenLogprob>>>> = echo_tokens
+            .iter()
+            .map(|tokens| {
+                let tokens = tokens.as_ref()?;
+                Some(Arc::new(logprobs::prompt_logprobs(
+                    codec.as_ref(),
+                    tokens,
+                    seed,
+                    top,
+                )))
+            })
+            .collect();
         let mut answers = Vec::with_capacity(plan_limits.len() * n);
         for (p, &limit) in plan_limits.iter().enumerate() {
             let spec = AnswerSpec {
@@ -506,10 +627,13 @@ async fn generate(
                 ));
             }
         }
-        Some(answers)
+        Some((answers, prompt_logprobs))
     })
-    .await?
-    .ok_or_else(ApiError::shutting_down)?;
+    .await?;
+    let (answers, prompt_logprobs) = planned_work.ok_or_else(ApiError::shutting_down)?;
+    // Answers that end themselves plan fewer tokens than their limits: the rest is given back.
+    let answered: usize = answers.iter().map(|a: &Answer| a.tokens.len()).sum();
+    reservation.try_resize(body.saturating_add(work(answered)));
     let mut answers = answers.into_iter();
     let mut choices = Vec::with_capacity(prompts.len() * n);
     for (p, (prompt, limit)) in prompts.iter().zip(limits).enumerate() {
@@ -536,10 +660,15 @@ async fn generate(
                 max_tokens: limit,
                 received: Some(received),
             };
-            let submission = state.engine.submit_as(engine_request, options).await?;
+            let submission = state
+                .engine
+                .submit_as(engine_request, options)
+                .await
+                .map_err(|e| ApiError::from(e).for_prompt_field(prompt_param))?;
             let mut choice = Choice::new(index, submission, answer, prompt.tokens.len());
             choice.counts_prompt = j == 0;
             choice.echo = prompt.echo.clone();
+            choice.prompt_logprobs = prompt_logprobs.get(p).cloned().flatten();
             choices.push(choice);
         }
     }
@@ -548,7 +677,7 @@ async fn generate(
         Endpoint::Text => "cmpl",
     };
     let ready = generation::ReadyChoices::new(choices.len());
-    let generation = Generation {
+    Ok(Generation {
         header: Header {
             id: format!(
                 "{prefix}-{:032x}",
@@ -570,21 +699,22 @@ async fn generate(
         received,
         stop: state.stop_generations.child_token(),
         ready,
-    };
-    if params.stream {
+        _reservation: reservation,
+    })
+}
+
+/// A started generation's answer: chat or completion chunks as SSE, or the whole object.
+async fn respond(
+    generation: Generation,
+    stream: bool,
+    include_usage: bool,
+) -> Result<Response, ApiError> {
+    if stream {
         let body = axum::body::Body::from_stream(generation::stream::sse_stream(
             generation,
-            params.include_usage,
+            include_usage,
         ));
-        let mut response = body.into_response();
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
-        Ok(response)
+        Ok(sse_response(body))
     } else {
         let body = generation::collect::collect(generation).await?;
         Ok((
@@ -596,6 +726,19 @@ async fn generate(
         )
             .into_response())
     }
+}
+
+/// A streamed answer's response: `body` as `text/event-stream`, never cached or buffered.
+fn sse_response(body: axum::body::Body) -> Response {
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    headers.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    response
 }
 
 async fn models(State(state): State<AppState>) -> Response {

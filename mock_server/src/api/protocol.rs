@@ -57,7 +57,12 @@ impl<S: Send + Sync> FromRequest<S> for ApiJson {
                     ApiError::invalid(format!("Could not read the body: {e}"), None)
                 }
             })?;
-        match serde_json::from_slice::<Value>(&bytes) {
+        // A large body is parsed on the blocking pool, as its text is tokenized.
+        let heavy = bytes.len() > super::budget::INLINE_TEXT_BYTES;
+        let parsed =
+            super::budget::off_runtime(heavy, move || serde_json::from_slice::<Value>(&bytes))
+                .await?;
+        match parsed {
             Ok(Value::Object(map)) => Ok(ApiJson(map)),
             Ok(_) => Err(ApiError::invalid(
                 "The request body must be a JSON object",
@@ -359,7 +364,10 @@ fn generation_params(body: &Map<String, Value>) -> Result<GenerationParams, ApiE
     if let Some(t) = field::<f64>(body, "temperature")? {
         if !(0.0..=2.0).contains(&t) {
             return Err(ApiError::invalid(
-                format!("Invalid 'temperature': {t}. It must be between 0 and 2."),
+                format!(
+                    "Invalid 'temperature': {}. It must be between 0 and 2.",
+                    servesim::scheduler::show_number(t)
+                ),
                 Some("temperature"),
             ));
         }

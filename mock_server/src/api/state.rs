@@ -103,6 +103,8 @@ impl AppState {
         block_size: usize,
     ) -> AppState {
         let ready_at = tokio::time::Instant::now() + config.startup_delay;
+        // Every endpoint of a fleet sets the same bound on the engine they share.
+        engine.inflight().set_limit(config.max_inflight_bytes);
         AppState {
             lora: Arc::new(LoraRegistry::new(&config.lora_modules)),
             config: Arc::new(config),

@@ -13,42 +13,39 @@
 //!   `/tokenize` and `/detokenize` answer without it. A token id out of the vocabulary is a 400
 //!   naming `tokens`.
 
+use std::sync::Arc;
+
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::{Extension, Json};
 use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
+use super::layer::Charge;
 use super::lora::Adapter;
 use super::protocol::{ApiJson, ChatRequest};
 use super::state::AppState;
+use crate::text::ChatMessage;
 
-/// `POST /tokenize`.
+/// `POST /tokenize`. Text over [`super::budget::INLINE_TEXT_BYTES`] is checked, tokenized and
+/// its answer written on the blocking pool, as the generation endpoints do.
 pub(crate) async fn tokenize(
     State(state): State<AppState>,
-    ApiJson(body): ApiJson,
+    charge: Option<Extension<Charge>>,
+    ApiJson(mut body): ApiJson,
 ) -> Result<Response, ApiError> {
     check_model(&state, &body)?;
-    let tokens = if body.contains_key("messages") {
-        let mut chat = body.clone();
-        chat.entry("model")
+    let return_token_strs = flag(&body, "return_token_strs", false)?;
+    let input = if body.contains_key("messages") {
+        body.entry("model")
             .or_insert_with(|| Value::String(state.config.model_name.clone()));
-        let request = ChatRequest::parse(&chat)?;
-        for message in &request.messages {
-            super::budget::check_word_lengths(&message.content, "messages")?;
-        }
+        let request = ChatRequest::parse(&body)?;
         let add_generation_prompt = flag(&body, "add_generation_prompt", true)?;
-        state
-            .config
-            .codec
-            .render_chat(&request.messages, add_generation_prompt)
+        TokenizeInput::Chat(request.messages, add_generation_prompt)
     } else {
         match body.get("prompt") {
-            Some(Value::String(text)) => {
-                super::budget::check_word_lengths(text, "prompt")?;
-                state.config.codec.encode(text)
-            }
+            Some(Value::String(text)) => TokenizeInput::Text(text.clone()),
             _ => {
                 return Err(ApiError::invalid(
                     "Expected either 'prompt' (a string) or 'messages'",
@@ -57,27 +54,80 @@ pub(crate) async fn tokenize(
             }
         }
     };
-    let token_strs = if flag(&body, "return_token_strs", false)? {
-        let strs: Vec<String> = tokens
-            .iter()
-            .map(|&t| state.config.codec.decode(&[t]))
-            .collect();
-        json!(strs)
+    drop(body);
+    let per_byte = if return_token_strs {
+        super::budget::TOKENIZE_STRS_TEXT_BYTES
     } else {
-        Value::Null
+        super::budget::TOKENIZE_TEXT_BYTES
     };
-    Ok(Json(json!({
-        "count": tokens.len(),
-        "max_model_len": state.config.max_model_len,
-        "tokens": tokens,
-        "token_strs": token_strs,
-    }))
-    .into_response())
+    let work = (input.bytes() as u64).saturating_mul(per_byte);
+    let _reservation = super::reserve(&state, charge.and_then(|Extension(c)| c.take()), work)?;
+    let heavy = input.bytes() > super::budget::INLINE_TEXT_BYTES;
+    let codec = Arc::clone(&state.config.codec);
+    let max_model_len = state.config.max_model_len;
+    super::budget::off_runtime(heavy, move || {
+        let tokens = match input {
+            TokenizeInput::Chat(messages, add_generation_prompt) => {
+                for message in &messages {
+                    super::budget::check_word_lengths(&message.content, "messages")?;
+                }
+                codec.render_chat(&messages, add_generation_prompt)
+            }
+            TokenizeInput::Text(text) => {
+                super::budget::check_word_lengths(&text, "prompt")?;
+                codec.encode(&text)
+            }
+        };
+        let token_strs = if return_token_strs {
+            let strs: Vec<String> = tokens.iter().map(|&t| codec.decode(&[t])).collect();
+            json!(strs)
+        } else {
+            Value::Null
+        };
+        Ok(json_bytes(&json!({
+            "count": tokens.len(),
+            "max_model_len": max_model_len,
+            "tokens": tokens,
+            "token_strs": token_strs,
+        })))
+    })
+    .await?
 }
 
-/// `POST /detokenize`.
+/// What `/tokenize` tokenizes: a prompt, or chat messages rendered with the template.
+enum TokenizeInput {
+    Text(String),
+    Chat(Vec<ChatMessage>, bool),
+}
+
+impl TokenizeInput {
+    /// Its text in bytes.
+    fn bytes(&self) -> usize {
+        match self {
+            TokenizeInput::Text(text) => text.len(),
+            TokenizeInput::Chat(messages, _) => messages.iter().map(|m| m.content.len()).sum(),
+        }
+    }
+}
+
+/// `value` as a JSON response, written where the caller runs (the blocking pool for a large
+/// one).
+fn json_bytes(value: &Value) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/json"),
+        )],
+        value.to_string(),
+    )
+        .into_response()
+}
+
+/// `POST /detokenize`. More than [`super::budget::INLINE_TEXT_BYTES`] / 4 ids are decoded,
+/// and the answer written, on the blocking pool.
 pub(crate) async fn detokenize(
     State(state): State<AppState>,
+    charge: Option<Extension<Charge>>,
     ApiJson(body): ApiJson,
 ) -> Result<Response, ApiError> {
     check_model(&state, &body)?;
@@ -95,10 +145,18 @@ pub(crate) async fn detokenize(
         .map(|v| v.as_u64().and_then(|t| u32::try_from(t).ok()))
         .collect::<Option<Vec<u32>>>()
         .ok_or_else(bad)?;
+    drop(body);
     if let Some(vocab_size) = state.config.codec.vocab_size() {
         super::budget::check_token_ids(&ids, vocab_size, "tokens")?;
     }
-    Ok(Json(json!({"prompt": state.config.codec.decode(&ids)})).into_response())
+    let work = (ids.len() as u64).saturating_mul(super::budget::DETOKENIZE_ID_BYTES);
+    let _reservation = super::reserve(&state, charge.and_then(|Extension(c)| c.take()), work)?;
+    let heavy = ids.len().saturating_mul(4) > super::budget::INLINE_TEXT_BYTES;
+    let codec = Arc::clone(&state.config.codec);
+    super::budget::off_runtime(heavy, move || {
+        json_bytes(&json!({"prompt": codec.decode(&ids)}))
+    })
+    .await
 }
 
 /// `GET /version`: the server's version, as vLLM reports its own.
@@ -201,9 +259,17 @@ pub(crate) fn prompt_for(
     prompt
 }
 
-/// The `lora_name` field of a load or unload body.
+/// The `lora_name` field of a load or unload body: at most
+/// [`super::lora::MAX_LORA_NAME_BYTES`].
 fn lora_name(body: &Map<String, Value>) -> Result<String, ApiError> {
     match body.get("lora_name") {
+        Some(Value::String(name)) if name.len() > super::lora::MAX_LORA_NAME_BYTES => {
+            Err(super::budget::exceeded(
+                "lora_name",
+                format!("the name has {} bytes", name.len()),
+                format!("{} bytes", super::lora::MAX_LORA_NAME_BYTES),
+            ))
+        }
         Some(Value::String(name)) if !name.is_empty() => Ok(name.clone()),
         _ => Err(ApiError::invalid(
             "Both 'lora_name' and 'lora_path' must be provided.",
@@ -220,6 +286,13 @@ pub(crate) async fn load_lora_adapter(
 ) -> Result<Response, ApiError> {
     let name = lora_name(&body)?;
     let path = match body.get("lora_path") {
+        Some(Value::String(path)) if path.len() > super::lora::MAX_LORA_PATH_BYTES => {
+            return Err(super::budget::exceeded(
+                "lora_path",
+                format!("the path has {} bytes", path.len()),
+                format!("{} bytes", super::lora::MAX_LORA_PATH_BYTES),
+            ))
+        }
         Some(Value::String(path)) if !path.is_empty() => path.clone(),
         _ => {
             return Err(ApiError::invalid(
@@ -228,11 +301,29 @@ pub(crate) async fn load_lora_adapter(
             ))
         }
     };
-    if name == state.config.model_name || !state.lora.load(&name, &path) {
-        return Err(ApiError::invalid(
-            format!("The lora adapter '{name}' has already been loaded."),
-            Some("lora_name"),
-        ));
+    let loaded = if name == state.config.model_name {
+        Err(super::lora::LoadRefusal::Loaded)
+    } else {
+        state.lora.load(&name, &path)
+    };
+    match loaded {
+        Ok(()) => {}
+        Err(super::lora::LoadRefusal::Loaded) => {
+            return Err(ApiError::invalid(
+                format!("The lora adapter '{name}' has already been loaded."),
+                Some("lora_name"),
+            ))
+        }
+        Err(super::lora::LoadRefusal::Full) => {
+            return Err(super::budget::exceeded(
+                "lora_name",
+                format!(
+                    "{} adapters are loaded (unload one first)",
+                    super::lora::MAX_LORA_ADAPTERS
+                ),
+                format!("{} adapters", super::lora::MAX_LORA_ADAPTERS),
+            ))
+        }
     }
     Ok(format!("Success: LoRA adapter '{name}' added successfully.").into_response())
 }
@@ -271,5 +362,12 @@ pub(crate) async fn unload_lora_adapter(
             Some("lora_name"),
         ));
     }
+    // Its series goes with it, so `/metrics` holds only the loaded adapters'.
+    state
+        .metrics
+        .lora_requests
+        .remove(&crate::metrics::AdapterLabel {
+            adapter: name.clone(),
+        });
     Ok(format!("Success: LoRA adapter '{name}' removed successfully.").into_response())
 }

@@ -18,8 +18,8 @@ use crate::args::{show_number, EngineArgs};
 use crate::config::{
     HttpLimits, ReasoningFormat, ServerConfig, DEFAULT_BODY_READ_TIMEOUT,
     DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_CONNECTIONS, DEFAULT_SHUTDOWN_TIMEOUT, DEFAULT_STOP_PROBABILITY,
-    DEFAULT_TOOL_CALL_PROBABILITY, MAX_SECONDS_FLAG,
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_INFLIGHT_BYTES, DEFAULT_SHUTDOWN_TIMEOUT,
+    DEFAULT_STOP_PROBABILITY, DEFAULT_TOOL_CALL_PROBABILITY, MAX_SECONDS_FLAG,
 };
 use crate::connection::Edge;
 use crate::fault::{FaultArgs, FaultConfig};
@@ -53,6 +53,13 @@ pub struct ServeArgs {
     /// Refuse requests (429) while this many are waiting for admission.
     #[arg(long)]
     pub max_waiting: Option<usize>,
+
+    /// Estimated memory (bytes) of the requests in flight at most: bodies, prompts, planned
+    /// answers and log-probabilities. A request that does not fit is answered 503
+    /// `server_overloaded` with `Retry-After: 1`; one larger than the bound runs alone. Up to
+    /// 2^50 (which lifts the bound).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_INFLIGHT_BYTES)]
+    pub max_inflight_bytes: u64,
 
     /// Refuse request bodies larger than this (413).
     #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
@@ -311,6 +318,7 @@ impl ServerConfig {
             model_name: args.model_name.clone(),
             api_key: args.api_key.clone(),
             max_waiting: args.max_waiting,
+            max_inflight_bytes: args.max_inflight_bytes,
             max_body_bytes: args.max_body_bytes,
             reasoning_ratio: args.reasoning_ratio,
             reasoning_format: args.reasoning_format,

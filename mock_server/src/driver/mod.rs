@@ -51,6 +51,7 @@
 
 mod clock;
 mod contract;
+pub(crate) mod inflight;
 mod state;
 mod task;
 mod watchdog;
@@ -88,6 +89,9 @@ pub struct EngineHandle {
     wake: mpsc::UnboundedSender<()>,
     /// The driver's clock, shared so handlers convert the engine's stamps as the driver does.
     clock: SimClock,
+    /// The bound on the memory of the requests in flight, shared by every endpoint of this
+    /// engine (`--max-inflight-bytes`).
+    inflight: Arc<inflight::InflightBudget>,
 }
 
 impl std::fmt::Debug for EngineHandle {
@@ -165,7 +169,13 @@ impl EngineHandle {
             driver,
             wake,
             clock,
+            inflight: inflight::InflightBudget::new(crate::config::DEFAULT_MAX_INFLIGHT_BYTES),
         }
+    }
+
+    /// The bound on the memory of the requests in flight on this engine.
+    pub(crate) fn inflight(&self) -> &Arc<inflight::InflightBudget> {
+        &self.inflight
     }
 
     /// The driver's mapping between simulated time and the wall clock.

@@ -24,8 +24,14 @@ pub const FAULT_HEADER: &str = "x-servesim-fault";
 /// Pause before a stream cut, so the chunks before it reach the client.
 const CUT_FLUSH: Duration = Duration::from_millis(20);
 
-/// The error `kind` answers at once, `None` for the stream types.
-fn immediate_error(kind: FaultType, model: &str, max_model_len: usize) -> Option<ApiError> {
+/// The error `kind` answers at once, `None` for the stream types. `prompt_param` is the
+/// request field that holds the prompt: `messages` (chat) or `prompt` (text completions).
+fn immediate_error(
+    kind: FaultType,
+    model: &str,
+    max_model_len: usize,
+    prompt_param: &str,
+) -> Option<ApiError> {
     let error = |status, message: String, kind, param: Option<&str>, code| ApiError {
         status,
         message,
@@ -53,11 +59,11 @@ fn immediate_error(kind: FaultType, model: &str, max_model_len: usize) -> Option
             StatusCode::BAD_REQUEST,
             format!(
                 "This model's maximum context length is {max_model_len} tokens. However, \
-                 your messages resulted in more tokens. Please reduce the length of the \
-                 messages."
+                 your {prompt_param} resulted in more tokens. Please reduce the length of the \
+                 {prompt_param}."
             ),
             "invalid_request_error",
-            Some("messages"),
+            Some(prompt_param),
             "context_length_exceeded",
         ),
         FaultType::InvalidRequest => error(
@@ -168,7 +174,12 @@ pub(crate) async fn inject(
         return next.run(request).await;
     };
     let (model, max_model_len) = &*faults.model;
-    if let Some(error) = immediate_error(kind, model, *max_model_len) {
+    let prompt_param = if request.uri().path() == "/v1/completions" {
+        "prompt"
+    } else {
+        "messages"
+    };
+    if let Some(error) = immediate_error(kind, model, *max_model_len, prompt_param) {
         faults.count(kind);
         return error.into_response();
     }
@@ -188,6 +199,7 @@ pub(crate) async fn inject(
             kind,
             after,
             stall: faults.config.stall,
+            passed: 0,
         };
         return Response::from_parts(parts, Body::from_stream(stream.apply(body)));
     }
@@ -233,12 +245,15 @@ struct StreamFault {
     /// Content chunks passed before the fault.
     after: usize,
     stall: Duration,
+    /// Events passed so far (the next event's `sequence_number` in a Responses stream).
+    passed: u64,
 }
 
 /// What one SSE frame of a generation is, for counting tokens.
 #[derive(PartialEq, Eq)]
 enum Frame {
-    /// The opening `role` chunk: passed before any fault.
+    /// The opening `role` chunk (or a Messages stream's `message_start`, `content_block_start`
+    /// and `ping`): passed before any fault.
     Role,
     /// One token's text.
     Token,
@@ -247,6 +262,18 @@ enum Frame {
 }
 
 fn classify(frame: &[u8]) -> Frame {
+    // Named events: the Responses API's (`response.*`) and Anthropic's (`/v1/messages`: the
+    // message and block openings and `ping` pass, each delta is a token, the rest ends the
+    // message).
+    if let Some(named) = frame.strip_prefix(b"event: ") {
+        let name = named.split(|&b| b == b'\n').next().unwrap_or_default();
+        return match name {
+            b"message_start" | b"content_block_start" | b"ping" => Frame::Role,
+            b"content_block_delta" => Frame::Token,
+            _ if name.starts_with(b"response.") => classify_named(name),
+            _ => Frame::End,
+        };
+    }
     let data = frame.strip_prefix(b"data: ").unwrap_or(frame);
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
         // `[DONE]` (or anything unexpected).
@@ -260,6 +287,31 @@ fn classify(frame: &[u8]) -> Frame {
     } else {
         Frame::Token
     }
+}
+
+/// A named event (`event: NAME`): in the Responses API's streams, text deltas are tokens, the
+/// final events (`response.completed`, `response.incomplete`, `response.failed`, `error`) the
+/// end, and the events that open or close an output item pass as the role chunk does.
+fn classify_named(name: &[u8]) -> Frame {
+    match name {
+        b"response.completed" | b"response.incomplete" | b"response.failed" | b"error" => {
+            Frame::End
+        }
+        name if name.starts_with(b"response.") && name.ends_with(b".delta") => Frame::Token,
+        name if name.starts_with(b"response.") => Frame::Role,
+        _ => Frame::End,
+    }
+}
+
+/// The `stream-error` event of a stream of named events: OpenAI's `error` event, numbered
+/// after the `passed` events before it.
+fn named_stream_error(passed: u64) -> String {
+    let error = stream_error();
+    let data = serde_json::json!({
+        "type": "error", "code": error.code, "message": error.message, "param": null,
+        "sequence_number": passed,
+    });
+    format!("event: error\ndata: {data}\n\n")
 }
 
 impl StreamFault {
@@ -278,7 +330,7 @@ impl StreamFault {
         }));
         futures_util::stream::unfold(
             (self, inner, 0usize, false, Vec::<Bytes>::new()),
-            |(fault, mut inner, mut tokens, mut fired, mut queued)| async move {
+            |(mut fault, mut inner, mut tokens, mut fired, mut queued)| async move {
                 if let Some(bytes) = queued.pop() {
                     return Some((Ok(bytes), (fault, inner, tokens, fired, queued)));
                 }
@@ -292,6 +344,7 @@ impl StreamFault {
                     }
                 };
                 let class = classify(&frame);
+                let responses = frame.starts_with(b"event: response.");
                 let due = !fired
                     && match class {
                         Frame::Role => false,
@@ -302,6 +355,7 @@ impl StreamFault {
                     tokens += 1;
                 }
                 if !due {
+                    fault.passed += 1;
                     return Some((Ok(frame), (fault, inner, tokens, fired, queued)));
                 }
                 fired = true;
@@ -317,6 +371,15 @@ impl StreamFault {
                         // aborts the connection and discards what is still buffered.
                         tokio::time::sleep(CUT_FLUSH).await;
                         Some((Err(cut_error()), (fault, None, tokens, fired, queued)))
+                    }
+                    _ if responses => {
+                        let event = named_stream_error(fault.passed);
+                        Some((Ok(Bytes::from(event)), (fault, None, tokens, fired, queued)))
+                    }
+                    _ if frame.starts_with(b"event: ") => {
+                        let mut event = Vec::new();
+                        crate::api::messages::error::push_error_event(&mut event, &stream_error());
+                        Some((Ok(Bytes::from(event)), (fault, None, tokens, fired, queued)))
                     }
                     _ => {
                         let event = format!("data: {}\n\n", stream_error().body());
@@ -371,5 +434,24 @@ mod tests {
         assert!(classify(usage) == Frame::End);
         assert!(classify(b"data: [DONE]") == Frame::End);
         assert!(classify(br#"data: {"error":{}}"#) == Frame::End);
+        for (event, frame) in [
+            ("response.created", Frame::Role),
+            ("response.output_item.added", Frame::Role),
+            ("response.output_text.delta", Frame::Token),
+            ("response.reasoning_text.delta", Frame::Token),
+            ("response.function_call_arguments.delta", Frame::Token),
+            ("response.output_item.done", Frame::Role),
+            ("response.completed", Frame::End),
+            ("response.incomplete", Frame::End),
+            ("error", Frame::End),
+        ] {
+            let named = format!("event: {event}\ndata: {{}}\n\n");
+            assert!(classify(named.as_bytes()) == frame, "{event}");
+        }
+        assert!(classify(b"event: message_start\ndata: {}") == Frame::Role);
+        assert!(classify(b"event: ping\ndata: {}") == Frame::Role);
+        assert!(classify(b"event: content_block_delta\ndata: {}") == Frame::Token);
+        assert!(classify(b"event: content_block_stop\ndata: {}") == Frame::End);
+        assert!(classify(b"event: message_delta\ndata: {}") == Frame::End);
     }
 }

@@ -170,7 +170,7 @@ impl FaultConfig {
         if !(0.0..=1.0).contains(&args.fault_rate) {
             return Err(format!(
                 "--fault-rate must be between 0 and 1, got {}",
-                args.fault_rate
+                servesim::scheduler::show_number(args.fault_rate)
             ));
         }
         let mut types = if args.fault_types.is_empty() {

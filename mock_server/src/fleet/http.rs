@@ -87,6 +87,10 @@ pub(crate) fn worker_router(
         })
         .fallback_service(app(api))
         .layer(axum::middleware::from_fn_with_state(faults, gate))
+        // The gate's errors on the Messages paths in Anthropic's shape, as the worker's own.
+        .layer(axum::middleware::from_fn(
+            crate::api::messages::anthropic_errors,
+        ))
 }
 
 /// The admin listener's router: every route behind the key (when `--api-key` is set) and the

@@ -106,6 +106,12 @@ pub struct Metrics {
     pub http_failures: Counter,
     /// `servesim_http_requests_overloaded`: refused with 429 (queue full).
     pub overloaded: Counter,
+    /// `servesim_http_requests_over_inflight_bound`: refused with 503 `server_overloaded`
+    /// (`--max-inflight-bytes`).
+    pub over_inflight_bound: Counter,
+    /// `servesim_inflight_bytes` (gauge, at each scrape): the estimated memory of the requests
+    /// in flight.
+    pub inflight_bytes: Gauge,
     /// `servesim_requests_cancelled`: cancelled because the client went away.
     pub cancelled: Counter,
     /// `servesim_router_requests`: requests per worker, counted at their first admission.

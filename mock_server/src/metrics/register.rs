@@ -53,6 +53,8 @@ impl Metrics {
             http_requests: Family::default(),
             http_failures: Counter::default(),
             overloaded: Counter::default(),
+            over_inflight_bound: Counter::default(),
+            inflight_bytes: Gauge::default(),
             cancelled: Counter::default(),
             routed: Family::default(),
             pinned: Counter::default(),
@@ -275,6 +277,18 @@ impl Metrics {
             "servesim_http_requests_overloaded",
             "Requests refused with 429 because the waiting queue was full",
             m.overloaded.clone(),
+        );
+        r.register(
+            "servesim_http_requests_over_inflight_bound",
+            "Requests refused with 503 because their estimated memory did not fit under \
+             --max-inflight-bytes beside the requests in flight",
+            m.over_inflight_bound.clone(),
+        );
+        r.register(
+            "servesim_inflight_bytes",
+            "Estimated memory of the requests in flight (bodies, prompts, planned answers, \
+             log-probabilities), bounded by --max-inflight-bytes",
+            m.inflight_bytes.clone(),
         );
         r.register(
             "servesim_requests_cancelled",

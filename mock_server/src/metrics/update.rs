@@ -51,7 +51,7 @@ impl Metrics {
             let _ = self.itl.get_or_create(&label);
             let _ = self.e2e.get_or_create(&label);
         }
-        for endpoint in ["chat", "completions", "embeddings"] {
+        for endpoint in ["chat", "completions", "responses", "messages", "embeddings"] {
             let _ = self
                 .http_requests
                 .get_or_create(&EndpointLabel { endpoint });

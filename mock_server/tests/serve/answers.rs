@@ -724,3 +724,81 @@ async fn same_seed_same_answer_bytes() -> Result<()> {
     assert_ne!(whole["choices"], answers[0].0);
     Ok(())
 }
+
+/// Issue 43: completions `echo` with `logprobs` carries the prompt's tokens too, first, as vLLM
+/// and OpenAI answer it: the first prompt token's log-probability and alternatives are null,
+/// its text offset 0; the answer's tokens follow at the echo's length. Streamed, they come with
+/// the echo's chunk.
+#[tokio::test]
+async fn echo_with_logprobs_carries_the_prompt_tokens() -> Result<()> {
+    let server = start(config(None)).await?;
+    let codec = default_codec();
+    let prompt = "Hello world, this is a prompt";
+    let prompt_ids = codec.encode(prompt);
+    let p = prompt_ids.len();
+    assert!(p > 2, "{prompt_ids:?}");
+    let whole = ok(
+        &server,
+        "/v1/completions",
+        &json!({"model": "mock-model", "prompt": prompt, "max_tokens": 3, "echo": true,
+                "logprobs": 2, "ignore_eos": true}),
+    )
+    .await?;
+    let choice = &whole["choices"][0];
+    let lp = &choice["logprobs"];
+    let tokens = lp["tokens"].as_array().context("tokens")?;
+    assert_eq!(tokens.len(), p + 3, "{lp}");
+    let prompt_text: String = tokens[..p].iter().filter_map(Value::as_str).collect();
+    assert_eq!(prompt_text, prompt);
+    assert_eq!(lp["token_logprobs"][0], Value::Null, "{lp}");
+    assert_eq!(lp["top_logprobs"][0], Value::Null, "{lp}");
+    for i in 1..p + 3 {
+        assert!(
+            lp["token_logprobs"][i].as_f64().is_some_and(|x| x <= 0.0),
+            "{lp}"
+        );
+        let top = lp["top_logprobs"][i].as_object().context("top")?;
+        assert!((1..=3).contains(&top.len()), "{lp}");
+    }
+    let offsets: Vec<u64> = lp["text_offset"]
+        .as_array()
+        .context("offsets")?
+        .iter()
+        .filter_map(Value::as_u64)
+        .collect();
+    assert_eq!(offsets.len(), p + 3);
+    assert_eq!(offsets[0], 0);
+    assert_eq!(offsets[p], prompt.chars().count() as u64);
+    assert!(offsets.windows(2).all(|w| w[0] <= w[1]), "{offsets:?}");
+    let text = choice["text"].as_str().context("text")?;
+    assert!(text.starts_with(prompt), "{text}");
+
+    // Streamed: the first text chunk has the echo and the prompt's entries before its token.
+    let c = stream_chunks(
+        &server,
+        "/v1/completions",
+        &json!({"model": "mock-model", "prompt": prompt, "max_tokens": 3, "echo": true,
+                "logprobs": 1, "ignore_eos": true, "stream": true}),
+    )
+    .await?;
+    let first = &c[0]["choices"][0];
+    assert!(
+        first["text"]
+            .as_str()
+            .is_some_and(|t| t.starts_with(prompt)),
+        "{first}"
+    );
+    let lp = &first["logprobs"];
+    assert_eq!(lp["tokens"].as_array().map(Vec::len), Some(p + 1), "{lp}");
+    assert_eq!(lp["token_logprobs"][0], Value::Null, "{lp}");
+    assert_eq!(lp["text_offset"][p], prompt.chars().count(), "{lp}");
+    // Without logprobs, echo has none.
+    let plain = ok(
+        &server,
+        "/v1/completions",
+        &json!({"model": "mock-model", "prompt": prompt, "max_tokens": 3, "echo": true}),
+    )
+    .await?;
+    assert_eq!(plain["choices"][0]["logprobs"], Value::Null);
+    Ok(())
+}

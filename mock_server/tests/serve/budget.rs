@@ -458,6 +458,87 @@ async fn health_answers_while_the_costliest_accepted_bodies_run() -> Result<()> 
     Ok(())
 }
 
+/// `/tokenize` and `/detokenize` of large bodies run on the blocking pool, as completions do:
+/// four 2 MB texts (one as chat messages, one asking for every token's string) and 600,000 ids
+/// to decode leave `/health` as prompt as the generation bodies above (issue 43: on the
+/// runtime's threads, four 6.5 MB bodies made it take 1.9 s at the median).
+#[tokio::test(flavor = "multi_thread")]
+async fn health_answers_while_large_bodies_are_tokenized() -> Result<()> {
+    let server = start(config(None)).await?;
+    let text = "The quick brown fox jumps over the lazy dog, 1234 times. ".repeat(36_000);
+    let ids: Vec<u32> = (0..600_000u32).map(|i| 100 + i % 5_000).collect();
+    let heavy = [
+        ("/tokenize", json!({"prompt": text})),
+        (
+            "/tokenize",
+            json!({"prompt": text, "return_token_strs": true}),
+        ),
+        ("/tokenize", json!({"messages": [user(&text)]})),
+        ("/tokenize", json!({"prompt": text})),
+        ("/detokenize", json!({"tokens": ids})),
+    ];
+    // Written and read as bytes here, parsed after: the test's own JSON work stays off the
+    // runtime while `/health` is probed.
+    let heavy: Vec<(&str, String)> = heavy.iter().map(|(p, b)| (*p, b.to_string())).collect();
+    let done = tokio::sync::Notify::new();
+    let requests = async {
+        let sent = heavy.iter().map(|(path, body)| {
+            let request = server
+                .client
+                .post(format!("{}{path}", server.base))
+                .header("content-type", "application/json")
+                .body(body.clone())
+                .send();
+            async move {
+                let response = timeout(HEAVY, request).await??;
+                let status = response.status();
+                let bytes = timeout(HEAVY, response.bytes()).await??;
+                anyhow::ensure!(status == 200, "{path}: {}", String::from_utf8_lossy(&bytes));
+                Ok::<_, anyhow::Error>(bytes)
+            }
+        });
+        let bodies = futures_util::future::try_join_all(sent).await;
+        done.notify_one();
+        bodies
+    };
+    let (bodies, latencies) = tokio::join!(requests, probe_health(&server, &done));
+    let (bodies, mut latencies) = (bodies?, latencies?);
+    let bodies = bodies
+        .iter()
+        .map(|b| serde_json::from_slice(b))
+        .collect::<Result<Vec<Value>, _>>()?;
+    latencies.sort();
+    let median = latencies[latencies.len() / 2];
+    let max = latencies[latencies.len() - 1];
+    eprintln!(
+        "{} probes while large bodies were tokenized: median {median:?}, max {max:?}",
+        latencies.len()
+    );
+    assert!(median <= Duration::from_millis(100), "median {median:?}");
+    assert!(max <= Duration::from_secs(1), "max {max:?}");
+
+    // Each answered in full.
+    let count = bodies[0]["count"].as_u64().context("count")?;
+    assert!(count > 100_000, "{count} tokens");
+    assert_eq!(
+        bodies[0]["tokens"].as_array().map(Vec::len),
+        Some(count as usize)
+    );
+    assert_eq!(bodies[3]["count"], count);
+    assert_eq!(
+        bodies[1]["token_strs"].as_array().map(Vec::len),
+        Some(count as usize)
+    );
+    assert!(
+        bodies[2]["count"].as_u64() > Some(count),
+        "{}",
+        bodies[2]["count"]
+    );
+    let decoded = bodies[4]["prompt"].as_str().context("prompt")?;
+    assert!(decoded.len() > 600_000, "{} bytes", decoded.len());
+    Ok(())
+}
+
 /// A word (one run of letters, spaces or symbols) is one piece for a byte-pair tokenizer, merged
 /// in time that grows with the square of its length: a word at the cap is tokenized and
 /// answered, one byte more is a 400 naming the field before any tokenizing, on every route that
@@ -504,5 +585,135 @@ async fn a_word_beyond_the_cap_is_refused_before_tokenizing() -> Result<()> {
     ] {
         refused(&state, path, &body, param, MAX_WORD_BYTES).await?;
     }
+    Ok(())
+}
+
+/// The bound on the whole server (`--max-inflight-bytes`, issue 43): requests each within every
+/// per-request cap are refused with a 503 `server_overloaded` (OpenAI body, `Retry-After`) once
+/// their estimated memory does not fit beside those in flight, and succeed once it does.
+#[tokio::test]
+async fn requests_beyond_the_in_flight_bound_are_refused_until_it_has_room() -> Result<()> {
+    use mock_server::api::budget::OUTPUT_TOKEN_BYTES;
+    // Streams of 1,000 planned tokens (about 321 KB each, 20 ms a token): three fit in 1 MB.
+    let server = start(mock_server::config::ServerConfig {
+        max_inflight_bytes: 1_000_000,
+        ..config(Some((1.0, 20.0)))
+    })
+    .await?;
+    let body = completion(
+        json!({"prompt": "hi", "max_tokens": 1000, "ignore_eos": true,
+                                 "stream": true}),
+    );
+    let send = |body: &Value| {
+        within(
+            server
+                .client
+                .post(format!("{}/v1/completions", server.base))
+                .json(body)
+                .send(),
+        )
+    };
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let response = send(&body).await??;
+        anyhow::ensure!(
+            response.status() == 200,
+            "{}",
+            within(response.text()).await??
+        );
+        let mut stream = response.bytes_stream();
+        within(futures_util::StreamExt::next(&mut stream))
+            .await?
+            .context("a first chunk")??;
+        streams.push(stream);
+    }
+    let in_use = |m: &std::collections::BTreeMap<String, f64>| {
+        m.get("servesim_inflight_bytes").copied().unwrap_or(-1.0)
+    };
+    let m = scrape(&server).await?;
+    let held = in_use(&m);
+    assert!(
+        held > 3.0 * 1000.0 * OUTPUT_TOKEN_BYTES as f64 && held <= 1_000_000.0,
+        "{held} bytes in flight"
+    );
+
+    // The fourth does not fit: 503, the OpenAI body, Retry-After, the connection closed.
+    let refused = send(&body).await??;
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    assert_eq!(refused.headers()["connection"], "close");
+    let b: Value = within(refused.json()).await??;
+    let error = error_of(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &b,
+        StatusCode::SERVICE_UNAVAILABLE,
+    )?;
+    assert_eq!(error["type"], "server_error");
+    assert_eq!(error["code"], "server_overloaded");
+    assert_eq!(error["param"], Value::Null);
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("1000000 bytes") && message.contains("--max-inflight-bytes"),
+        "{message}"
+    );
+    // A body announced larger than the room left is refused before it is read.
+    let text = "word ".repeat(20_000);
+    let refused = within(
+        server
+            .client
+            .post(format!("{}/tokenize", server.base))
+            .json(&json!({"prompt": text}))
+            .send(),
+    )
+    .await??;
+    assert_eq!(refused.status(), 503);
+    let b: Value = within(refused.json()).await??;
+    assert_eq!(b["error"]["code"], "server_overloaded", "{b}");
+    let m = scrape(&server).await?;
+    assert_eq!(
+        m.get("servesim_http_requests_over_inflight_bound_total"),
+        Some(&2.0)
+    );
+
+    // The streams' clients leave: their bytes come back, and the same requests succeed.
+    drop(streams);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while in_use(&scrape(&server).await?) != 0.0 {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the streams' bytes never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let tokenized = within(
+        server
+            .client
+            .post(format!("{}/tokenize", server.base))
+            .json(&json!({"prompt": text}))
+            .send(),
+    )
+    .await??;
+    assert_eq!(tokenized.status(), 200);
+    let short = completion(json!({"prompt": "hi", "max_tokens": 3}));
+    let response = send(&short).await??;
+    assert_eq!(response.status(), 200);
+    // A request larger than the whole bound runs alone (its reservation is cut to the bound).
+    let large = completion(json!({"prompt": "hi", "max_tokens": 5000, "ignore_eos": true}));
+    let server_fast = start(mock_server::config::ServerConfig {
+        max_inflight_bytes: 1_000_000,
+        ..config(None)
+    })
+    .await?;
+    let response = within(
+        server_fast
+            .client
+            .post(format!("{}/v1/completions", server_fast.base))
+            .json(&large)
+            .send(),
+    )
+    .await??;
+    assert_eq!(response.status(), 200);
+    let b: Value = within(response.json()).await??;
+    assert_eq!(b["usage"]["completion_tokens"], 5000);
     Ok(())
 }

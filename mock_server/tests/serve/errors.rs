@@ -408,3 +408,38 @@ async fn the_api_key_and_the_failure_counts_route_by_route() -> Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn engine_rejections_of_a_completion_name_its_prompt() -> Result<()> {
+    // A pool of 4 blocks (64 tokens): a 100-token prompt can never be admitted.
+    let mut small = config(None);
+    small.cluster.engine.num_gpu_blocks = 4;
+    let state = AppState::new(small)?;
+    let body = json!({"model": "mock-model", "prompt": vec![1; 100], "max_tokens": 1});
+    let (s, b) = post(&state, "/v1/completions", &body).await?;
+    let error = error_of(s, &b, StatusCode::BAD_REQUEST)?;
+    assert_eq!(error["code"], "kv_capacity_exceeded", "{b}");
+    assert_eq!(error["param"], "prompt", "{b}");
+    let chat = chat_body(
+        &json!([user(&"word ".repeat(100))]),
+        json!({"max_tokens": 1}),
+    );
+    let (s, b) = post(&state, "/v1/chat/completions", &chat).await?;
+    let error = error_of(s, &b, StatusCode::BAD_REQUEST)?;
+    assert_eq!(error["param"], "messages", "{b}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_huge_temperature_is_written_compactly() -> Result<()> {
+    let state = AppState::new(config(None))?;
+    let body = json!({"model": "mock-model", "prompt": "hi", "temperature": 1e308});
+    let (s, b) = post(&state, "/v1/completions", &body).await?;
+    let error = error_of(s, &b, StatusCode::BAD_REQUEST)?;
+    assert_eq!(error["param"], "temperature");
+    assert_eq!(
+        error["message"],
+        "Invalid 'temperature': 1e308. It must be between 0 and 2."
+    );
+    Ok(())
+}

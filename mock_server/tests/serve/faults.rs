@@ -171,6 +171,27 @@ async fn forced_immediate_faults_are_openai_errors() -> Result<()> {
         .map(|(_, value)| value)
         .sum();
     assert_eq!(succeeded, 1.0);
+
+    // On `/v1/completions` the prompt is `prompt`, not `messages` (issue 43).
+    let response = within(
+        server
+            .client
+            .post(format!("{}/v1/completions", server.base))
+            .header(FAULT_HEADER, "context-length")
+            .json(&json!({"model": "mock-model", "prompt": "hi", "max_tokens": 3}))
+            .send(),
+    )
+    .await??;
+    assert_eq!(response.status(), 400);
+    let b: Value = within(response.json()).await??;
+    let error = error_of(StatusCode::BAD_REQUEST, &b, StatusCode::BAD_REQUEST)?;
+    assert_eq!(error["param"], "prompt", "{b}");
+    assert_eq!(error["code"], "context_length_exceeded", "{b}");
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("your prompt") && !message.contains("messages"),
+        "{message}"
+    );
     Ok(())
 }
 

@@ -225,3 +225,76 @@ async fn bad_vllm_worker_flags_are_clear_startup_errors() -> Result<()> {
     drop(held);
     Ok(())
 }
+
+/// `/metrics` of `state`, as text.
+async fn metrics_text(state: &AppState) -> Result<String> {
+    let request = Request::get("/metrics").body(Body::empty())?;
+    let response = within(app(state.clone()).oneshot(request)).await??;
+    let bytes = within(response.into_body().collect()).await??.to_bytes();
+    Ok(String::from_utf8(bytes.to_vec())?)
+}
+
+/// Issue 43: an unloaded adapter's series leaves `/metrics`, at most `MAX_LORA_ADAPTERS` are
+/// loaded at once, and names and paths are bounded (so no error echoes a long one).
+#[tokio::test]
+async fn unloaded_adapters_leave_the_metrics_and_their_number_is_capped() -> Result<()> {
+    use mock_server::api::lora::{MAX_LORA_ADAPTERS, MAX_LORA_NAME_BYTES, MAX_LORA_PATH_BYTES};
+    let state = AppState::new(lora_config())?;
+    let load = |name: &str| json!({"lora_name": name, "lora_path": "/a"});
+    let series = |name: &str| format!("servesim_lora_requests_total{{adapter=\"{name}\"}}");
+    for name in ["gone1", "gone2", "kept"] {
+        let (status, _) = text_post(&state, "/v1/load_lora_adapter", &load(name)).await?;
+        assert_eq!(status, StatusCode::OK);
+        let chat = json!({"model": name, "messages": [user("hi")], "max_tokens": 1});
+        let (status, body) = post(&state, "/v1/chat/completions", &chat).await?;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let text = metrics_text(&state).await?;
+    for name in ["gone1", "gone2", "kept"] {
+        assert!(text.contains(&format!("{} 1", series(name))), "{text}");
+    }
+    for name in ["gone1", "gone2"] {
+        let body = json!({"lora_name": name});
+        let (status, _) = text_post(&state, "/v1/unload_lora_adapter", &body).await?;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let text = metrics_text(&state).await?;
+    assert!(!text.contains("gone1") && !text.contains("gone2"), "{text}");
+    assert!(text.contains(&format!("{} 1", series("kept"))), "{text}");
+
+    // ad1 (from the flags) and kept are loaded: fill the registry to its cap.
+    for i in 2..MAX_LORA_ADAPTERS {
+        let (status, text) =
+            text_post(&state, "/v1/load_lora_adapter", &load(&format!("a{i}"))).await?;
+        assert_eq!(status, StatusCode::OK, "{text}");
+    }
+    let (status, body) = post(&state, "/v1/load_lora_adapter", &load("one-more")).await?;
+    let e = error_of(status, &body, StatusCode::BAD_REQUEST)?;
+    assert_eq!(e["code"], "request_too_large", "{body}");
+    assert_eq!(e["param"], "lora_name", "{body}");
+    let unload = json!({"lora_name": "a2"});
+    let (status, _) = text_post(&state, "/v1/unload_lora_adapter", &unload).await?;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = text_post(&state, "/v1/load_lora_adapter", &load("one-more")).await?;
+    assert_eq!(status, StatusCode::OK);
+
+    // Names and paths past their caps: a 400 that does not echo them.
+    let long_name = "n".repeat(MAX_LORA_NAME_BYTES + 1);
+    let long_path = json!({"lora_name": "p", "lora_path": "/".repeat(MAX_LORA_PATH_BYTES + 1)});
+    for (body, param) in [
+        (load(&long_name), "lora_name"),
+        (json!({"lora_name": long_name}), "lora_name"),
+        (long_path, "lora_path"),
+    ] {
+        for route in ["/v1/load_lora_adapter", "/v1/unload_lora_adapter"] {
+            if param == "lora_path" && route.contains("unload") {
+                continue;
+            }
+            let (status, b) = post(&state, route, &body).await?;
+            let e = error_of(status, &b, StatusCode::BAD_REQUEST)?;
+            assert_eq!(e["param"], param, "{b}");
+            assert!(b.to_string().len() < 400, "{b}");
+        }
+    }
+    Ok(())
+}

@@ -38,8 +38,12 @@ mod peers;
 mod lora;
 // Requests the engine can never run, and a dead engine task.
 mod liveness;
+// Anthropic's Messages API: fields, the event sequence, chat's token counts, tools, errors.
+mod messages;
 // `GET /metrics`: the exposition parses and moves.
 mod metrics;
+// `/v1/responses`: events in order, chat's accounting, function calls, stored chains.
+mod responses;
 // Dynamo's `nvext`: strict parsing, pinning, response worker ids and timing.
 mod nvext;
 // Starting up: sockets bound and port ranges checked before the address is printed, bad

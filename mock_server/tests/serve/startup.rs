@@ -53,6 +53,20 @@ fn bad_server_flags_are_refused_naming_the_flag() {
             &["--shutdown-timeout", "up to 86400"],
         ),
         (&["--startup-delay", "inf"], &["--startup-delay", "got inf"]),
+        (&["--fault-rate", "1e308"], &["--fault-rate", "got 1e308"]),
+        (
+            &["--max-inflight-bytes", "0"],
+            &["--max-inflight-bytes must be between 1 and 2^50"],
+        ),
+        (
+            &["--max-inflight-bytes", "1125899906842625"],
+            &["--max-inflight-bytes must be between 1 and 2^50"],
+        ),
+        (&["--fault-rate=-1e300"], &["--fault-rate", "got -1e300"]),
+        (
+            &["--router-temperature", "nan"],
+            &["--router-temperature", "got NaN"],
+        ),
         (
             &["--max-model-len", "2000000000000"],
             &["--max-model-len must be between 1 and 2^40"],
@@ -134,7 +148,18 @@ fn bad_server_flags_are_refused_naming_the_flag() {
             !message.contains("0000000000000000"),
             "{flags:?}: a huge number written out: {message}"
         );
+        // HTTP and KV-event flags are no engine settings (issue 43).
+        assert!(!message.contains("engine setting"), "{flags:?}: {message}");
     }
+    // The in-flight bound has its default, and 2^50 lifts it.
+    let default = serve_config(&[]).expect("valid");
+    assert_eq!(
+        default.max_inflight_bytes,
+        mock_server::config::DEFAULT_MAX_INFLIGHT_BYTES
+    );
+    assert_eq!(default.max_inflight_bytes, 2 << 30);
+    let lifted = serve_config(&["--max-inflight-bytes", "1125899906842624"]).expect("valid");
+    assert_eq!(lifted.max_inflight_bytes, 1 << 50);
     // Ranges that fit, and replay ports apart from the publish ones, are fine.
     serve_config(&[
         "--num-workers",

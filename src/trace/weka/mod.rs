@@ -210,20 +210,24 @@ fn request(
     })
 }
 
+/// A top-level value as a play, or why it is not one.
+fn read_play(value: serde_json::Value) -> Result<WekaPlay, String> {
+    if !value.is_object() {
+        return Err("a weka play must be a JSON object".to_string());
+    }
+    serde_json::from_value(value).map_err(|e| format!("invalid play: {e}"))
+}
+
 /// Lowers one play into nodes (see the module doc); `index` names its hash scope and `key`
 /// makes its ids' digest.
 fn lower_play(
-    value: serde_json::Value,
+    play: WekaPlay,
     line: usize,
     index: usize,
     key: &str,
     corpus: &mut Corpus,
     hashes: &mut HashScope,
 ) -> Result<Vec<RawNode>, String> {
-    if !value.is_object() {
-        return Err("a weka play must be a JSON object".to_string());
-    }
-    let play: WekaPlay = serde_json::from_value(value).map_err(|e| format!("invalid play: {e}"))?;
     let id = id_string("id", play.id.ok_or("missing field \"id\"")?)?;
     if id.is_empty() {
         return Err("\"id\" must not be empty".to_string());
@@ -612,6 +616,7 @@ fn lower_play(
         let input = req.input as usize;
         let full = input / block_size;
         let given = req.hash_ids.as_deref().unwrap_or_default();
+        hashes.hold(input.div_ceil(block_size))?;
         let mut hash_ids: Vec<u64> = (0..full)
             .map(|i| match given.get(i) {
                 Some(&h) => hashes.intern(index, h),

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use super::{Endpoint, Generation, Step, SYSTEM_FINGERPRINT};
 use crate::api::error::ApiError;
-use crate::api::logprobs::TokenLogprob;
+use crate::api::logprobs::{entries, CompletionEntry, TokenLogprob};
 
 /// What the whole response shows of one choice.
 #[derive(Default)]
@@ -66,7 +66,10 @@ pub(crate) async fn collect(mut generation: Generation) -> Result<Vec<u8>, ApiEr
                 .first()
                 .and_then(|p| p.logprob.as_ref())
                 .map_or(0, |lp| lp.top.len());
-            c.completion_tokens * (1 + top)
+            let echoed = c.prompt_logprobs.as_ref().map_or(0, |p| {
+                p.len() * (1 + p.first().map_or(0, |lp| lp.top.len()))
+            });
+            c.completion_tokens * (1 + top) + echoed
         })
         .sum();
     let heavy = entries > 1 << 16 || generation.choices.len() > 1024;
@@ -91,6 +94,7 @@ fn response_body(generation: &Generation, collected: Vec<Collected>) -> Result<V
             // Written in place of the `logprobs` null below when asked for.
             let mut choice_logprobs = ChoiceLogprobs {
                 endpoint: generation.header.endpoint,
+                prompt: &[],
                 tokens,
                 offset: 0,
             };
@@ -118,6 +122,9 @@ fn response_body(generation: &Generation, collected: Vec<Collected>) -> Result<V
                 Endpoint::Text => {
                     let echo = c.echo.clone().unwrap_or_default();
                     choice_logprobs.offset = echo.chars().count();
+                    if c.echo.is_some() {
+                        choice_logprobs.prompt = c.prompt_logprobs.as_deref().map_or(&[], |p| p);
+                    }
                     json!({"index": c.index, "text": format!("{echo}{}", out.content),
                            "logprobs": null, "finish_reason": finish,
                            "stop_reason": c.answer.stop_reason})
@@ -221,14 +228,16 @@ impl Serialize for ChoiceBody<'_, '_> {
 }
 
 /// A choice's `logprobs`: chat's `{content, refusal}` ([`chat_logprobs`]) or the completions'
-/// parallel arrays ([`completion_logprobs`]), the first token at `offset` characters.
+/// parallel arrays ([`completion_logprobs`]): an echoed prompt's tokens first (from offset 0),
+/// then the answer's, the first at `offset` characters.
 struct ChoiceLogprobs<'a> {
     endpoint: Endpoint,
+    prompt: &'a [TokenLogprob],
     tokens: Vec<&'a TokenLogprob>,
     offset: usize,
 }
 
-impl Serialize for ChoiceLogprobs<'_> {
+impl<'a> Serialize for ChoiceLogprobs<'a> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(Some(4))?;
         match self.endpoint {
@@ -239,24 +248,18 @@ impl Serialize for ChoiceLogprobs<'_> {
             }
             Endpoint::Text => {
                 let offsets = TextOffsets {
+                    prompt: self.prompt,
                     tokens: &self.tokens,
                     offset: self.offset,
                 };
                 map.serialize_entry("text_offset", &offsets)?;
-                let logprobs = each(&self.tokens, |t| t.logprob);
-                map.serialize_entry("token_logprobs", &logprobs)?;
-                let texts = each(&self.tokens, |t| t.token.as_str());
-                map.serialize_entry("tokens", &texts)?;
-                let top = each(&self.tokens, |t| {
-                    // The token first, then alternatives not already named.
-                    let mut top = std::collections::BTreeMap::new();
-                    top.insert(t.token.as_str(), t.logprob);
-                    for (token, lp) in &t.top {
-                        top.entry(token.as_str()).or_insert(*lp);
-                    }
-                    top
-                });
-                map.serialize_entry("top_logprobs", &top)?;
+                let all = || entries(self.prompt, &self.tokens);
+                let logprob = |e: CompletionEntry<'_>| e.logprob();
+                map.serialize_entry("token_logprobs", &Seq(all(), logprob))?;
+                let text = |e: CompletionEntry<'a>| e.token.token.as_str();
+                map.serialize_entry("tokens", &Seq(all(), text))?;
+                let top = |e: CompletionEntry<'a>| e.top();
+                map.serialize_entry("top_logprobs", &Seq(all(), top))?;
             }
         }
         map.end()
@@ -280,15 +283,40 @@ impl<'a, T, U: Serialize, F: Fn(&'a T) -> U> Serialize for Each<'a, T, F> {
     }
 }
 
-/// Completions `text_offset`: where each token starts, in characters.
+/// A sequence of `f(entry)` for each completions entry, made as it is written.
+struct Seq<I, F>(I, F);
+
+impl<'a, I, U, F> Serialize for Seq<I, F>
+where
+    I: Iterator<Item = CompletionEntry<'a>> + Clone,
+    U: Serialize,
+    F: Fn(CompletionEntry<'a>) -> U,
+{
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(None)?;
+        for entry in self.0.clone() {
+            seq.serialize_element(&(self.1)(entry))?;
+        }
+        seq.end()
+    }
+}
+
+/// Completions `text_offset`: where each token starts, in characters (an echoed prompt's from
+/// the start of the text).
 struct TextOffsets<'a, 'b> {
+    prompt: &'a [TokenLogprob],
     tokens: &'b [&'a TokenLogprob],
     offset: usize,
 }
 
 impl Serialize for TextOffsets<'_, '_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut seq = serializer.serialize_seq(Some(self.tokens.len()))?;
+        let mut seq = serializer.serialize_seq(Some(self.prompt.len() + self.tokens.len()))?;
+        let mut at = 0;
+        for t in self.prompt {
+            seq.serialize_element(&at)?;
+            at += t.token.chars().count();
+        }
         let mut offset = self.offset;
         for t in self.tokens {
             seq.serialize_element(&offset)?;
@@ -360,10 +388,11 @@ mod tests {
         let refs: Vec<&TokenLogprob> = tokens.iter().collect();
         for (endpoint, want) in [
             (Endpoint::Chat, chat_logprobs(&refs)),
-            (Endpoint::Text, completion_logprobs(&refs, 7)),
+            (Endpoint::Text, completion_logprobs(&[], &refs, 7)),
         ] {
             let written = ChoiceLogprobs {
                 endpoint,
+                prompt: &[],
                 tokens: refs.clone(),
                 offset: 7,
             };
@@ -378,6 +407,7 @@ mod tests {
         let logprobs = [
             Some(ChoiceLogprobs {
                 endpoint: Endpoint::Text,
+                prompt: &tokens[..2],
                 tokens: refs.clone(),
                 offset: 0,
             }),
@@ -389,7 +419,7 @@ mod tests {
             logprobs: &logprobs,
         };
         let mut with = choice.clone();
-        with["logprobs"] = completion_logprobs(&refs, 0);
+        with["logprobs"] = completion_logprobs(&tokens[..2], &refs, 0);
         let want = json!({"id": "x", "choices": [with, choice], "usage": {"a": 1}});
         assert_eq!(
             serde_json::to_string(&body).expect("serialises"),

@@ -94,6 +94,9 @@ pub(crate) struct Choice {
     pub counts_prompt: bool,
     /// Completions `echo`: the prompt's text, sent before the first text of the answer.
     pub echo: Option<String>,
+    /// Completions `echo` with `logprobs`: the prompt tokens' log-probabilities, sent with the
+    /// echo (shared by the choices of one prompt).
+    pub prompt_logprobs: Option<Arc<Vec<crate::api::logprobs::TokenLogprob>>>,
     /// Output tokens received so far.
     pub completion_tokens: usize,
     /// Characters of text sent so far (completions `logprobs.text_offset`).
@@ -125,6 +128,7 @@ impl Choice {
             prompt_tokens,
             counts_prompt: true,
             echo: None,
+            prompt_logprobs: None,
             completion_tokens: 0,
             text_chars: 0,
             cached_tokens: None,
@@ -172,6 +176,9 @@ pub(crate) struct Generation {
     /// Which choices may have an event waiting: only those are polled, so a step costs the
     /// same however many choices a request has (a batch of 20,000 prompts stays linear).
     pub ready: ReadyChoices,
+    /// The request's estimated memory in the server's in-flight budget, given back when the
+    /// generation ends (its last chunk sent, or the client gone).
+    pub _reservation: crate::driver::inflight::Reservation,
 }
 
 /// The choices of a [`Generation`] whose event channels were woken since they were last found
@@ -412,7 +419,13 @@ impl Generation {
             }
             Output::Rejected { reason, .. } => {
                 self.fail();
-                Some(Step::Error(reason.into()))
+                let prompt_param = match self.header.endpoint {
+                    Endpoint::Chat => "messages",
+                    Endpoint::Text => "prompt",
+                };
+                Some(Step::Error(
+                    ApiError::from(reason).for_prompt_field(prompt_param),
+                ))
             }
         }
     }

@@ -11,7 +11,7 @@ use futures_util::Stream;
 use serde_json::{json, Value};
 
 use super::{Endpoint, Generation, Step, SYSTEM_FINGERPRINT};
-use crate::api::logprobs::{chat_logprobs, completion_logprobs};
+use crate::api::logprobs::{chat_logprobs, completion_logprobs, TokenLogprob};
 
 impl Generation {
     fn chunk(&self, choices: Value) -> Value {
@@ -125,13 +125,15 @@ impl Generation {
                 if answer.is_empty() && echo.is_none() {
                     return;
                 }
+                // The echoed prompt's log-probabilities go with it.
+                let prompt = echo.as_ref().and_then(|_| c.prompt_logprobs.take());
                 let echo = echo.unwrap_or_default();
                 let offset = c.text_chars + echo.chars().count();
                 c.text_chars = offset + answer.chars().count();
-                let logprobs = piece
-                    .logprob
-                    .as_ref()
-                    .map(|lp| completion_logprobs(&[lp], offset));
+                let prompt = prompt.as_deref().map_or(&[][..], Vec::as_slice);
+                let tokens: Vec<&TokenLogprob> = piece.logprob.iter().collect();
+                let logprobs = (piece.logprob.is_some() || !prompt.is_empty())
+                    .then(|| completion_logprobs(prompt, &tokens, offset));
                 frame.write(out, |out| {
                     out.push(b'{');
                     push_unfinished_choice(out, index, logprobs.as_ref());
@@ -161,10 +163,17 @@ impl Generation {
                 "index": c.index, "delta": {}, "logprobs": null, "finish_reason": finish,
                 "stop_reason": stop_reason,
             }),
-            Endpoint::Text => json!({
-                "index": c.index, "text": c.echo.take().unwrap_or_default(), "logprobs": null,
-                "finish_reason": finish, "stop_reason": stop_reason,
-            }),
+            Endpoint::Text => {
+                // An echo not sent yet (the answer showed no text) goes here, with its prompt's
+                // log-probabilities.
+                let echo = c.echo.take();
+                let prompt = echo.as_ref().and_then(|_| c.prompt_logprobs.take());
+                let logprobs = prompt.map_or(Value::Null, |p| completion_logprobs(&p, &[], 0));
+                json!({
+                    "index": c.index, "text": echo.unwrap_or_default(), "logprobs": logprobs,
+                    "finish_reason": finish, "stop_reason": stop_reason,
+                })
+            }
         };
         let mut chunk = self.chunk(json!([choice]));
         if self.done {
@@ -414,13 +423,17 @@ mod tests {
                 if answer.is_empty() && echo.is_none() {
                     return Vec::new();
                 }
+                let prompt = echo.as_ref().and_then(|_| c.prompt_logprobs.take());
                 let echo = echo.unwrap_or_default();
                 let offset = c.text_chars + echo.chars().count();
                 c.text_chars = offset + answer.chars().count();
-                let logprobs = piece
-                    .logprob
-                    .as_ref()
-                    .map_or(Value::Null, |lp| completion_logprobs(&[lp], offset));
+                let prompt = prompt.as_deref().map_or(&[][..], Vec::as_slice);
+                let tokens: Vec<&TokenLogprob> = piece.logprob.iter().collect();
+                let logprobs = if piece.logprob.is_some() || !prompt.is_empty() {
+                    completion_logprobs(prompt, &tokens, offset)
+                } else {
+                    Value::Null
+                };
                 vec![json!([{"index": index, "text": format!("{echo}{answer}"),
                              "logprobs": logprobs, "finish_reason": null}])]
             }
@@ -554,6 +567,7 @@ mod tests {
             received: SimTime::ZERO,
             stop: state.stop_generations.child_token(),
             ready: ReadyChoices::new(n),
+            _reservation: state.engine.inflight().try_reserve(0).expect("room"),
         }
     }
 
