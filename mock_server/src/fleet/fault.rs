@@ -503,7 +503,10 @@ enum Route {
 
 fn route(path: &str) -> Route {
     match path {
-        "/v1/chat/completions" | "/v1/completions" | "/v1/responses" | "/v1/messages"
+        "/v1/chat/completions"
+        | "/v1/completions"
+        | "/v1/responses"
+        | "/v1/messages"
         | "/v1/embeddings" => Route::Generation,
         "/health" => Route::Health,
         _ => Route::Other,
