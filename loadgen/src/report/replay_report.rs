@@ -321,6 +321,15 @@ pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> Li
         // Tokens at their chunks' times: the collector's TTFT is the first token of any kind from
         // the scheduled send, `Sample::ttft_us(FirstToken::Any)` (checked in the tests below).
         let chunks = &r.timing.token_chunks_us;
+        if r.chunks == 0 {
+            // A success without token chunks is an answer read whole (embeddings): TTFT and E2E
+            // at its end, no output token, no ITL.
+            if let Some(&t) = chunks.last() {
+                collector.on_answer(id, SimTime(s.at(t)));
+            }
+            collector.on_finish(id, SimTime(s.end_us()));
+            continue;
+        }
         for &t in chunks {
             collector.on_token(id, SimTime(s.at(t)));
         }

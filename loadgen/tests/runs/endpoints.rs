@@ -184,6 +184,12 @@ async fn embeddings_are_latency_only() -> Result<()> {
     assert_eq!(prompts(&embeddings), prompts(&completions));
     assert!(embeddings.iter().all(|r| r.2 == 0));
     assert!(run.live.records.iter().all(|r| r.record.itl_ms.is_none()));
+    assert_eq!(run.live.report.total_output_tokens, 0);
+    let text = run.live.report.to_string();
+    assert!(
+        text.contains("(no output tokens: no TTST, TPOT or ITL)"),
+        "{text}"
+    );
     let report = serde_json::to_value(&run.live.report)?;
     assert!(!report.to_string().contains("NaN"), "{report}");
     Ok(())
