@@ -48,7 +48,7 @@ pub struct TargetArgs {
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
 
-    /// Sent as "Authorization: Bearer KEY".
+    /// Sent as "Authorization: Bearer KEY" (as "x-api-key: KEY" with --endpoint messages).
     #[arg(long)]
     pub api_key: Option<String>,
 
