@@ -130,14 +130,12 @@ pub fn validate(command: &Command) -> Result<(), LoadgenError> {
         Command::Replay(args) => {
             args.check()?;
             args.run
-                .target
                 .spec(&target::EmbeddedOptions::default())
                 .map(|_| ())
         }
         Command::Bench(args) => {
             args.plan()?;
             args.run
-                .target
                 .spec(&target::EmbeddedOptions::default())
                 .map(|_| ())
         }
@@ -145,7 +143,6 @@ pub fn validate(command: &Command) -> Result<(), LoadgenError> {
             args.plan()?;
             args.bench
                 .run
-                .target
                 .spec(&target::EmbeddedOptions::default())
                 .map(|_| ())
         }
@@ -178,19 +175,26 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
     match cli.command {
         Command::Multiturn(args) => {
             let config = args.config()?;
-            let results = multiturn::multiturn(&config).await?;
-            multiturn::verdict(&results, config.max_failure_rate)?;
-            observe::lateness_verdict(results.server_lateness, &args.run.observe)
+            for results in multiturn::multiturn_runs(&config).await? {
+                multiturn::verdict(&results, config.max_failure_rate)?;
+                observe::lateness_verdict(results.server_lateness, &args.run.observe)?;
+            }
+            Ok(())
         }
+        // With --num-runs K, every run meets the failure threshold and the lateness bound.
         Command::Replay(args) => {
-            let run = replay::replay(&args).await?;
-            run.live.verdict(args.run.failures.max_failure_rate)?;
-            observe::lateness_verdict(run.server_lateness, &args.run.observe)
+            for run in replay::replay_runs(&args).await? {
+                run.live.verdict(args.run.failures.max_failure_rate)?;
+                observe::lateness_verdict(run.server_lateness, &args.run.observe)?;
+            }
+            Ok(())
         }
         Command::Bench(args) => {
-            let run = bench::bench(&args).await?;
-            run.live.verdict(args.run.failures.max_failure_rate)?;
-            observe::lateness_verdict(run.server_lateness, &args.run.observe)
+            for run in bench::bench_runs(&args).await? {
+                run.live.verdict(args.run.failures.max_failure_rate)?;
+                observe::lateness_verdict(run.server_lateness, &args.run.observe)?;
+            }
+            Ok(())
         }
         Command::Sweep(args) => {
             sweep::sweep(&args).await?;

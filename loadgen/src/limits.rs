@@ -30,7 +30,7 @@ pub(crate) const MAX_TURNS: usize = 10_000;
 
 /// Requests of one run at most: `--num-requests`, `--num-users` x `--num-turns`, the requests an
 /// open loop schedules (`--request-rate` x `--duration`), `--warmup N` and
-/// `--num-prefix-groups`.
+/// `--num-prefix-groups`; and `--num-runs` x one run's requests (every run's records are kept).
 pub(crate) const MAX_REQUESTS: usize = 10_000_000;
 
 /// Prompt tokens of one request at most (4,194,304, the embedded server's context length):

@@ -180,6 +180,9 @@ impl BenchArgs {
                 )));
             }
         }
+        if let Some(n) = stop.max_requests() {
+            crate::run::repeat::check_records(self.run.runs.num_runs, n, "--num-requests")?;
+        }
         match self.warmup {
             Some(Warmup::Requests(w)) => {
                 limits::count("--warmup", w, 0, limits::MAX_REQUESTS)?;

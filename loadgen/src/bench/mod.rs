@@ -43,19 +43,27 @@ use crate::run::{self, Mode, Settings};
 use report::measure;
 use schedule::{Schedule, Taken};
 
-/// Runs `loadgen bench`: prints the report and writes the requested files. The failure-rate
+/// Runs `loadgen bench`: prints the report and writes the requested files; with `--num-runs K`
+/// the first run's report ([`bench_runs`] returns them all). The failure-rate
 /// verdict (over the measured requests, warmup excluded) is the caller's
 /// ([`replay_report::LiveReport::verdict`](crate::report::replay_report::LiveReport::verdict);
 /// [`crate::run_async`] applies it).
 pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
+    run::first(bench_runs(args).await?)
+}
+
+/// Runs `loadgen bench` `--num-runs` times (the same schedule each time): every run, in order
+/// (at least one), after printing each and the aggregate and writing the files.
+pub async fn bench_runs(args: &BenchArgs) -> Result<Vec<BenchRun>, LoadgenError> {
     let plan = args.plan()?;
-    let spec = args.run.target.spec(&EmbeddedOptions::default())?;
+    let spec = args.run.spec(&EmbeddedOptions::default())?;
     let mode = BenchMode {
         plan,
         spec: &spec,
         taken: Taken::default(),
+        lora: None,
     };
-    run::execute(mode, &spec, &Settings::of(&args.run)).await
+    run::execute_runs(mode, &spec, &Settings::of(&args.run)).await
 }
 
 /// `loadgen bench` in the harness: the plan's schedule, its report with the observers' series
@@ -65,6 +73,8 @@ struct BenchMode<'a> {
     spec: &'a TargetSpec,
     /// The closed loop's request indices, by user then turn (the schedule's).
     taken: Taken,
+    /// `--lora-mix` against the target (the report's adapter per request).
+    lora: Option<std::sync::Arc<crate::run::lora::LoraTraffic>>,
 }
 
 impl Mode for BenchMode<'_> {
@@ -82,6 +92,7 @@ impl Mode for BenchMode<'_> {
     ) -> Result<(Vec<Box<dyn Script>>, Option<usize>), LoadgenError> {
         let schedule = Schedule::new(&self.plan, target);
         self.taken = schedule.taken;
+        self.lora = target.lora.clone();
         let expected = self
             .plan
             .stop
@@ -118,7 +129,7 @@ impl Mode for BenchMode<'_> {
         wall: Duration,
         observed: &Observed,
     ) -> Result<BenchRun, LoadgenError> {
-        let mut run = measure(&self.plan, &self.taken, driven, wall);
+        let mut run = measure(&self.plan, self.lora.as_deref(), &self.taken, driven, wall);
         run.server_lateness = observed.lateness();
         observed.annotate(
             &mut run.json,
@@ -138,7 +149,13 @@ pub(crate) async fn run_plan(
     let schedule = Schedule::new(plan, target);
     let started = std::time::Instant::now();
     let out = send(plan, target, schedule.scripts, hooks.clone()).await?;
-    Ok(measure(plan, &schedule.taken, out, started.elapsed()))
+    Ok(measure(
+        plan,
+        target.lora.as_deref(),
+        &schedule.taken,
+        out,
+        started.elapsed(),
+    ))
 }
 
 /// Sends a plan's scripts: the open loop's in-flight cap, the stop time, `hooks` watching.

@@ -117,10 +117,11 @@ impl BenchRun {
     }
 }
 
-/// The report of a run of `plan` (warmup excluded); `taken` maps closed-loop samples to their
-/// request indices.
+/// The report of a run of `plan` (warmup excluded), sent with `lora`'s adapters; `taken` maps
+/// closed-loop samples to their request indices.
 pub(super) fn measure(
     plan: &BenchPlan,
+    lora: Option<&crate::run::lora::LoraTraffic>,
     taken: &Taken,
     mut out: driver::DriverOutput,
     wall: Duration,
@@ -149,7 +150,13 @@ pub(super) fn measure(
     for s in &mut out.samples {
         s.session = crate::run::shard::global(shard, s.session);
     }
-    let infos: Vec<RequestInfo> = ks.iter().map(|&k| info(plan, k)).collect();
+    let infos: Vec<RequestInfo> = ks
+        .iter()
+        .map(|&k| RequestInfo {
+            adapter: lora.map(|l| l.label(k)),
+            ..info(plan, k)
+        })
+        .collect();
     let measured: Vec<_> = out
         .samples
         .iter()

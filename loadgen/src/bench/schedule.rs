@@ -51,6 +51,8 @@ struct Requests {
     model: String,
     /// Whether bodies ask for the serving worker.
     ask_worker_id: bool,
+    /// `--lora-mix`: request k's model is `lora.model(k)`.
+    lora: Option<Arc<crate::run::lora::LoraTraffic>>,
 }
 
 /// Hash-id space of the shared prefixes (unique parts use the request index).
@@ -65,6 +67,7 @@ pub(super) fn info(plan: &BenchPlan, k: usize) -> RequestInfo {
         session: None,
         turn: 0,
         expected_reused_tokens: None,
+        adapter: None,
     }
 }
 
@@ -79,9 +82,13 @@ impl Requests {
         }
         let unique = self.plan.seed.rotate_left(32) ^ k as u64;
         pieces.extend(self.synth.filler(unique, input));
+        let model = match &self.lora {
+            Some(lora) => lora.model(k),
+            None => self.model.as_str(),
+        };
         request_body(
             self.plan.api,
-            &self.model,
+            model,
             self.synth.text(&pieces),
             output,
             self.ask_worker_id,
@@ -177,6 +184,7 @@ impl Schedule {
             synth: target.synth(1),
             model: target.model.clone(),
             ask_worker_id: target.ask_worker_id,
+            lora: target.lora.clone(),
         });
         let shard = plan.shard;
         let owns = |i: usize| shard.is_none_or(|sh| sh.owns(i));

@@ -205,6 +205,8 @@ pub struct MultiturnConfig {
     pub html: Option<std::path::PathBuf>,
     /// `--shard` and `--start-at` (checked).
     pub sharding: crate::run::shard::ShardArgs,
+    /// `--num-runs` (checked).
+    pub num_runs: usize,
 }
 
 impl MultiturnArgs {
@@ -257,6 +259,11 @@ impl MultiturnArgs {
             &[w.num_users, w.num_turns],
             limits::MAX_REQUESTS,
             "MAX_REQUESTS",
+        )?;
+        crate::run::repeat::check_records(
+            run.runs.num_runs,
+            w.num_users * w.num_turns,
+            "--num-users x --num-turns",
         )?;
         limits::count(
             "--num-user-tokens",
@@ -327,7 +334,7 @@ impl MultiturnArgs {
             ));
         }
         Ok(MultiturnConfig {
-            target: run.target.spec(&self.chat_server.options())?,
+            target: run.spec(&self.chat_server.options())?,
             api: self.endpoint,
             responses_history: self.responses_history,
             workload,
@@ -341,6 +348,7 @@ impl MultiturnArgs {
             observe: (sampled && !o.no_scrape_metrics).then(|| o.clone()),
             html: o.html.clone(),
             sharding: run.sharding.clone(),
+            num_runs: run.runs.num_runs,
         })
     }
 }

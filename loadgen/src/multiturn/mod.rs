@@ -101,6 +101,8 @@ struct Conversation {
     /// The last answer's `response.id` and how many messages of the history it covers (with
     /// `--responses-history previous-id`, only the messages after them are sent).
     previous: Option<(String, usize)>,
+    /// The `model` of this conversation under `--lora-mix` (None: the target's).
+    model: Option<Arc<str>>,
 }
 
 /// The history entry of a successful answer: its text, and its tool calls when it made some.
@@ -151,7 +153,14 @@ impl Script for Conversation {
             Start::After(t.delay)
         };
         self.next_turn += 1;
-        let chat = self.params.body(&self.messages, t.tool_call);
+        let model = self.model.clone();
+        let with_model = move |mut body: Value| {
+            if let Some(model) = &model {
+                body["model"] = json!(&**model);
+            }
+            body
+        };
+        let chat = with_model(self.params.body(&self.messages, t.tool_call));
         if let Some(prompts) = &self.params.prompts {
             let blocks = prompts
                 .tokens(&chat)
@@ -165,7 +174,8 @@ impl Script for Conversation {
             // The server holds the history up to the last answer: send what came after it.
             Some((id, covered)) if self.params.previous_id => {
                 let rest = self.messages.get(*covered..).unwrap_or_default();
-                let mut body = self.params.wire.body(self.params.body(rest, t.tool_call));
+                let chat = with_model(self.params.body(rest, t.tool_call));
+                let mut body = self.params.wire.body(chat);
                 body["previous_response_id"] = json!(id);
                 body
             }
@@ -200,6 +210,7 @@ fn record(sample: &Sample, user_tokens: Option<usize>) -> RawResult {
         prompt_tokens: r.prompt_tokens,
         cached_tokens: r.cached_tokens,
         error: r.failure.clone(),
+        adapter: None,
         start_us: Some(sample.scheduled_us),
         prompt_blocks: None,
         tool_call: false,
@@ -237,8 +248,16 @@ fn print_config(c: &MultiturnConfig, url: &str, model: &str) {
 }
 
 /// Runs a multi-turn benchmark: prints the console report, writes the results files, returns
-/// the results (the failure-rate verdict is [`verdict`]'s).
+/// the results (the failure-rate verdict is [`verdict`]'s); with `--num-runs K` the first run's
+/// ([`multiturn_runs`] returns them all).
 pub async fn multiturn(config: &MultiturnConfig) -> Result<Results, LoadgenError> {
+    run::first(multiturn_runs(config).await?)
+}
+
+/// Runs a multi-turn benchmark `--num-runs` times (the same conversations each time): every
+/// run's results, in order (at least one), after printing each and the aggregate and writing
+/// the files.
+pub async fn multiturn_runs(config: &MultiturnConfig) -> Result<Vec<Results>, LoadgenError> {
     crate::stdout::outln!("Multiturn Chat Benchmark");
     crate::stdout::outln!("========================\n");
     let settings = Settings {
@@ -248,6 +267,7 @@ pub async fn multiturn(config: &MultiturnConfig) -> Result<Results, LoadgenError
         html: config.html.as_deref(),
         sharding: &config.sharding,
         console: true,
+        num_runs: config.num_runs,
     };
     let mode = Conversations {
         config,
@@ -257,9 +277,10 @@ pub async fn multiturn(config: &MultiturnConfig) -> Result<Results, LoadgenError
         turn_facts: Vec::new(),
         blocks: Vec::new(),
         bar: ProgressBar::hidden(),
+        lora: None,
     };
-    let run = run::execute(mode, &config.target, &settings).await?;
-    Ok(run.results)
+    let runs = run::execute_runs(mode, &config.target, &settings).await?;
+    Ok(runs.into_iter().map(|r| r.results).collect())
 }
 
 /// `multiturn` in the harness: one conversation per user, with the progress bar and the verbose
@@ -276,6 +297,8 @@ struct Conversations<'a> {
     /// By local user, each sent turn's prompt as block hashes (for the records).
     blocks: Vec<Arc<Mutex<Vec<Option<PromptBlocks>>>>>,
     bar: ProgressBar,
+    /// `--lora-mix` against the target: user u's conversation is sent as `lora.model(u)`.
+    lora: Option<Arc<crate::run::lora::LoraTraffic>>,
 }
 
 /// The results of a multiturn run and how long it took.
@@ -392,12 +415,15 @@ impl Mode for Conversations<'_> {
             }) as Observer
         });
         self.blocks = (0..workload.users.len()).map(|_| Arc::default()).collect();
+        self.lora = target.lora.clone();
+        let lora = self.lora.clone();
         let scripts: Vec<Box<dyn Script>> = workload
             .users
             .into_iter()
             .zip(&self.blocks)
             .map(|(script, blocks)| {
                 Box::new(Conversation {
+                    model: lora.as_ref().map(|l| l.model(script.user_id).clone()),
                     params: params.clone(),
                     messages: vec![json!({"role": "system", "content": script.system_prompt})],
                     script,
@@ -465,6 +491,7 @@ impl Mode for Conversations<'_> {
             rec.tool_call = tool_call;
             rec.after_tool = after_tool;
             rec.user_id = crate::run::shard::global(shard, s.session);
+            rec.adapter = self.lora.as_ref().map(|l| l.label(rec.user_id).to_string());
             if let Some(sh) = shard {
                 rec.shard = Some(sh.pair());
                 rec.merge = Some(ShardSample {
@@ -492,6 +519,7 @@ impl Mode for Conversations<'_> {
         crate::run::shard::annotate(&mut results.config, shard);
         results.server_metrics = observed.server.as_ref().map(|m| json!(m));
         results.server_lateness = observed.lateness();
+        results.lora = by_adapter(&results.raw_results).map(|by| crate::report::lora::to_json(&by));
         Ok(MultiturnRun {
             results,
             duration_s,
@@ -499,13 +527,44 @@ impl Mode for Conversations<'_> {
     }
 }
 
+/// `--lora-mix`'s figures by adapter (None without it); a turn's ITL is
+/// `(latency - TTFT) / (output tokens - 1)`.
+fn by_adapter(
+    results: &[RawResult],
+) -> Option<std::collections::BTreeMap<String, crate::report::lora::AdapterFigures>> {
+    let ms = |us: u64| us as f64 / 1000.0;
+    crate::report::lora::figures(results.iter().filter_map(|r| {
+        let itl_ms = match (r.ttft_any_us, r.output_tokens) {
+            (Some(ttft), n) if n > 1 => {
+                Some(ms(r.total_latency_us.saturating_sub(ttft)) / (n - 1) as f64)
+            }
+            _ => None,
+        };
+        Some(crate::report::lora::AdapterSample {
+            adapter: r.adapter.as_deref()?,
+            failed: !r.success,
+            input_tokens: r.prompt_tokens.unwrap_or(0),
+            output_tokens: r.output_tokens,
+            ttft_ms: r.ttft_any_us.map(ms),
+            itl_ms,
+            e2e_ms: Some(ms(r.total_latency_us)),
+        })
+    }))
+}
+
 impl Report for MultiturnRun {
     fn console_text(&self) -> String {
+        let lora = by_adapter(&self.results.raw_results)
+            .map_or_else(String::new, |by| crate::report::lora::lines(&by));
         format!(
-            "\nBenchmark completed in {:.1}s\n{}",
+            "\nBenchmark completed in {:.1}s\n{}{lora}",
             self.duration_s,
             self.results.console()
         )
+    }
+
+    fn figures(&self) -> &'static [crate::report::repeat::Figure] {
+        crate::report::repeat::MULTITURN_FIGURES
     }
 
     fn write_files(&self, report: &ReportArgs) -> Result<(), LoadgenError> {

@@ -131,6 +131,9 @@ pub struct RawResult {
     /// Why it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<Failure>,
+    /// The `--lora-mix` entry its conversation was sent under (absent without `--lora-mix`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<String>,
     /// The turn asked for a tool call (`--tool-wait-ms`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tool_call: bool,
@@ -287,6 +290,9 @@ pub struct Results {
     /// The target's `/metrics` over the run (time series and summary), when sampled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_metrics: Option<Value>,
+    /// `--lora-mix`'s figures by adapter (`crate::report::lora`), when it was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<Value>,
     /// The server's token lateness over the run, when sampled and reported (for
     /// `--max-server-lateness`; in the file, inside `server_metrics`).
     #[serde(skip)]
@@ -464,6 +470,7 @@ impl Results {
             raw_results: records,
             config,
             server_metrics: None,
+            lora: None,
             server_lateness: None,
         }
     }

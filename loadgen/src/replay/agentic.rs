@@ -87,9 +87,14 @@ pub(super) async fn replay_graph(
     args: &ReplayArgs,
     format: TraceFormat,
     console: bool,
-) -> Result<ReplayRun, LoadgenError> {
+) -> Result<Vec<ReplayRun>, LoadgenError> {
     let graph = load_graph(args, format)?;
-    let spec = args.run.target.spec(&EmbeddedOptions::default())?;
+    run::repeat::check_records(
+        args.run.runs.num_runs,
+        graph.nodes.len(),
+        "the trace's requests",
+    )?;
+    let spec = args.run.spec(&EmbeddedOptions::default())?;
     let lanes = args.trace.agentic_lanes.map(|l| l as usize);
     if console {
         crate::stdout::outln!(
@@ -117,8 +122,9 @@ pub(super) async fn replay_graph(
         lanes,
         graph: Arc::new(graph),
         owned: Vec::new(),
+        lora: None,
     };
-    run::execute(mode, &spec, &settings(args, console)).await
+    run::execute_runs(mode, &spec, &settings(args, console)).await
 }
 
 /// The in-flight cap of an agentic replay: `--max-in-flight`, or
@@ -138,6 +144,8 @@ struct GraphMode<'a> {
     graph: Arc<RequestGraph>,
     /// The plays this process sends (all of them unsharded).
     owned: Vec<usize>,
+    /// `--lora-mix` against the target: play p is sent as `lora.model(p)`.
+    lora: Option<Arc<crate::run::lora::LoraTraffic>>,
 }
 
 impl Mode for GraphMode<'_> {
@@ -179,7 +187,9 @@ impl Mode for GraphMode<'_> {
             lanes: self.lanes,
             plays: self.owned.clone(),
             ask_worker_id: target.ask_worker_id,
+            lora: target.lora.clone(),
         };
+        self.lora = target.lora.clone();
         Ok((plan, Some(total)))
     }
 
@@ -214,6 +224,7 @@ impl Mode for GraphMode<'_> {
                     max_output: r.output_length,
                     session: Some(node.session_id.clone()),
                     turn: s.turn,
+                    adapter: self.lora.as_ref().map(|l| l.label(node.play)),
                     expected_reused_tokens: Some(seen.add(
                         r.hash_ids.iter().copied(),
                         r.input_length,

@@ -53,6 +53,8 @@ pub(crate) struct GraphPlan {
     pub plays: Vec<usize>,
     /// Ask for the serving worker (`nvext.extra_fields`; off with `--no-worker-id`).
     pub ask_worker_id: bool,
+    /// `--lora-mix`: play p's requests name `lora.model(p)` instead of `model`.
+    pub lora: Option<Arc<crate::run::lora::LoraTraffic>>,
 }
 
 /// What [`drive_graph`] returns.
@@ -122,9 +124,13 @@ async fn send_node(
         .plan
         .synth
         .prompt(&request.hash_ids, request.input_length);
+    let model = match &shared.plan.lora {
+        Some(lora) => lora.model(play),
+        None => &shared.plan.model,
+    };
     let body = request_body(
         shared.plan.api,
-        &shared.plan.model,
+        model,
         text,
         request.output_length,
         shared.plan.ask_worker_id,

@@ -46,20 +46,27 @@ pub use plan::{load_trace, plans, session_shape, PromptPlan, SessionShape};
 pub use report::ReplayRun;
 use sessions::SessionsMode;
 
-/// Runs `loadgen replay`: prints the report and writes the requested files. The failure-rate
+/// Runs `loadgen replay`: prints the report and writes the requested files; with `--num-runs K`
+/// the first run's report ([`replay_runs`] returns them all). The failure-rate
 /// verdict is the caller's
 /// ([`LiveReport::verdict`](crate::report::replay_report::LiveReport::verdict);
 /// [`crate::run_async`] applies it).
 pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
+    run::first(replay_runs(args).await?)
+}
+
+/// Runs `loadgen replay` `--num-runs` times (the same schedule each time): every run, in order
+/// (at least one), after printing each and the aggregate and writing the files.
+pub async fn replay_runs(args: &ReplayArgs) -> Result<Vec<ReplayRun>, LoadgenError> {
     replay_with(args, true).await
 }
 
-/// Runs a live replay; `console` says whether it prints (a sweep's points do not). The
-/// report files of `args` are written either way.
+/// Runs a live replay `--num-runs` times; `console` says whether it prints (a sweep's points
+/// do not). The report files of `args` are written either way.
 pub(crate) async fn replay_with(
     args: &ReplayArgs,
     console: bool,
-) -> Result<ReplayRun, LoadgenError> {
+) -> Result<Vec<ReplayRun>, LoadgenError> {
     args.check()?;
     let format = trace::detect_format(&args.trace.path, args.trace.format)?;
     if format != TraceFormat::Mooncake {
@@ -72,7 +79,12 @@ pub(crate) async fn replay_with(
         )));
     }
     let trace = load_trace(args)?;
-    let spec = args.run.target.spec(&EmbeddedOptions::default())?;
+    run::repeat::check_records(
+        args.run.runs.num_runs,
+        trace.num_requests(),
+        "the trace's requests",
+    )?;
+    let spec = args.run.spec(&EmbeddedOptions::default())?;
     let shape = session_shape(&trace, args.trace.block_size);
     let mode = match args.session_mode {
         SessionMode::Auto => shape.detected(),
@@ -102,6 +114,7 @@ pub(crate) async fn replay_with(
         plans: Arc::new(plans),
         expected,
         owned: Vec::new(),
+        lora: None,
     };
-    run::execute(sessions, &spec, &settings(args, console)).await
+    run::execute_runs(sessions, &spec, &settings(args, console)).await
 }

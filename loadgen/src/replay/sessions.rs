@@ -73,6 +73,8 @@ pub(super) struct SessionsMode<'a> {
     pub(super) expected: Vec<Vec<usize>>,
     /// The sessions this process sends, by global index (all of them unsharded).
     pub(super) owned: Vec<usize>,
+    /// `--lora-mix` against the target: session s is sent as `lora.model(s)`.
+    pub(super) lora: Option<Arc<crate::run::lora::LoraTraffic>>,
 }
 
 impl Mode for SessionsMode<'_> {
@@ -113,6 +115,8 @@ impl Mode for SessionsMode<'_> {
             .map(|&s| trace.sessions[s].turns.len())
             .sum::<usize>();
         let model: Arc<str> = Arc::from(target.model.as_str());
+        self.lora = target.lora.clone();
+        let lora = self.lora.clone();
         let scripts = self
             .owned
             .iter()
@@ -121,7 +125,9 @@ impl Mode for SessionsMode<'_> {
                     trace: trace.clone(),
                     plans: self.plans.clone(),
                     synth: synth.clone(),
-                    model: model.clone(),
+                    model: lora
+                        .as_ref()
+                        .map_or_else(|| model.clone(), |l| l.model(session).clone()),
                     api: args.endpoint,
                     ask_worker_id: target.ask_worker_id,
                     session,
@@ -168,6 +174,7 @@ impl Mode for SessionsMode<'_> {
                         session: Some(s.id.clone()),
                         turn: ti,
                         expected_reused_tokens: Some(self.expected[si][ti]),
+                        adapter: self.lora.as_ref().map(|l| l.label(si)),
                     })
                     .collect()
             })

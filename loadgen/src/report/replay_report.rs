@@ -32,6 +32,8 @@ pub struct RequestInfo {
     pub turn: usize,
     /// Prompt tokens the trace's hash ids say were seen before (replay only).
     pub expected_reused_tokens: Option<usize>,
+    /// The `--lora-mix` entry it was sent under, if any.
+    pub adapter: Option<std::sync::Arc<str>>,
 }
 
 /// One per-request JSONL line: `mockserve replay`'s record, then loadgen's fields.
@@ -143,6 +145,9 @@ pub struct RawSample {
     /// `[I, N]` of a `--shard I/N` run (absent unsharded); `session` is then the global index.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<(u32, u32)>,
+    /// The `--lora-mix` entry it was sent under (absent without `--lora-mix`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<String>,
 }
 
 impl RawSample {
@@ -178,6 +183,7 @@ impl RawSample {
             session_id: info.session.clone(),
             expected_reused_tokens: info.expected_reused_tokens,
             shard: None,
+            adapter: info.adapter.as_deref().map(str::to_string),
         }
     }
 
@@ -222,6 +228,7 @@ impl RawSample {
             session: self.session_id.clone(),
             turn: self.turn,
             expected_reused_tokens: self.expected_reused_tokens,
+            adapter: self.adapter.as_deref().map(std::sync::Arc::from),
         };
         (sample, info)
     }
@@ -427,6 +434,23 @@ impl LiveReport {
         }
     }
 
+    /// `--lora-mix`'s figures by adapter (None without it).
+    pub(crate) fn by_adapter(
+        &self,
+    ) -> Option<BTreeMap<String, crate::report::lora::AdapterFigures>> {
+        crate::report::lora::figures(self.records.iter().filter_map(|r| {
+            Some(crate::report::lora::AdapterSample {
+                adapter: r.raw.adapter.as_deref()?,
+                failed: r.error.is_some(),
+                input_tokens: r.prompt_tokens.unwrap_or(r.record.input_length as u64),
+                output_tokens: r.record.output_length,
+                ttft_ms: r.record.ttft_ms,
+                itl_ms: r.record.itl_ms,
+                e2e_ms: r.record.e2e_latency_ms,
+            })
+        }))
+    }
+
     /// Requests in the report.
     pub fn total_requests(&self) -> usize {
         self.records.len()
@@ -457,6 +481,9 @@ impl LiveReport {
                 "schedule_lag_max_pacer_ms".into(),
                 json!(self.lag.max_pacer_ms),
             );
+            if let Some(by) = self.by_adapter() {
+                map.insert("lora".into(), crate::report::lora::to_json(&by));
+            }
             for (k, val) in extra {
                 map.insert((*k).to_string(), val.clone());
             }
@@ -487,7 +514,11 @@ impl LiveReport {
 
     /// `mockserve replay`'s console report, with the per-user throughput's definition.
     pub(crate) fn report_lines(&self) -> String {
-        format!("{}  (tok/s/user: {PER_USER_DEFINITION})\n", self.report)
+        let mut s = format!("{}  (tok/s/user: {PER_USER_DEFINITION})\n", self.report);
+        if let Some(by) = self.by_adapter() {
+            s.push_str(&crate::report::lora::lines(&by));
+        }
+        s
     }
 
     /// The schedule-lag lines of the console report, with a warning when the pacer fell behind.

@@ -15,11 +15,15 @@
 //! - `prompt`: prompt text from hash ids, exact for a known tokenizer.
 //! - `failure`: why a request failed, counts by reason and the verdict.
 //! - `shard`: `--shard I/N` and `--start-at`, one load split over N processes.
+//! - [`repeat`]: `--num-runs K` (the same run K times, then the aggregate across them) and the
+//!   `--lora-mix` flag; [`lora`]: the seeded mix of LoRA adapters sent as the model.
 
 pub mod client;
 pub mod driver;
 pub(crate) mod failure;
+pub mod lora;
 pub(crate) mod prompt;
+pub mod repeat;
 pub(crate) mod shard;
 pub mod sse;
 pub mod target;
@@ -59,11 +63,35 @@ pub struct RunArgs {
     /// One run over N processes.
     #[command(flatten, next_help_heading = "Sharding (one run over N processes)")]
     pub sharding: ShardArgs,
+    /// `--num-runs` and `--lora-mix`.
+    #[command(flatten, next_help_heading = "Repeated runs and LoRA traffic")]
+    pub runs: repeat::RepeatArgs,
+}
+
+impl RunArgs {
+    /// The validated target ([`TargetArgs::spec`]) with `--lora-mix` on it (its adapters loaded
+    /// by the embedded server), after `--num-runs` is checked.
+    pub fn spec(&self, embedded: &target::EmbeddedOptions) -> Result<TargetSpec, LoadgenError> {
+        if self.runs.num_runs()? > 1 && self.sharding.shard.is_some() {
+            return Err(LoadgenError::Config(
+                "--num-runs repeats a whole run and --shard splits one over processes: run the \
+                 repetitions of a sharded run as separate sharded runs"
+                    .into(),
+            ));
+        }
+        let lora = self.runs.lora()?;
+        let mut spec = self.target.spec(embedded)?;
+        if let Some(mix) = lora {
+            spec.set_lora(mix, self.target.engine.seed);
+        }
+        Ok(spec)
+    }
 }
 
 /// What the harness reads besides the mode: the report files, what observes the run (None:
 /// nothing, as in `multiturn` unless asked), the HTML report, `--start-at`, and whether anything
 /// is printed.
+#[derive(Clone, Copy)]
 pub(crate) struct Settings<'a> {
     /// `--report-json` and `--per-request-jsonl`.
     pub report: &'a ReportArgs,
@@ -77,6 +105,8 @@ pub(crate) struct Settings<'a> {
     pub sharding: &'a ShardArgs,
     /// Print the report (a sweep's replay points do not; their files are written either way).
     pub console: bool,
+    /// `--num-runs` (checked by [`RunArgs::spec`]).
+    pub num_runs: usize,
 }
 
 impl<'a> Settings<'a> {
@@ -89,6 +119,7 @@ impl<'a> Settings<'a> {
             html: args.observe.html.as_deref(),
             sharding: &args.sharding,
             console: true,
+            num_runs: args.runs.num_runs,
         }
     }
 }
@@ -150,14 +181,69 @@ pub(crate) trait Report {
     fn live(&self) -> Option<&crate::report::replay_report::LiveReport> {
         None
     }
+
+    /// The figures `--num-runs` aggregates, and where they sit in the report JSON.
+    fn figures(&self) -> &'static [crate::report::repeat::Figure] {
+        crate::report::repeat::LIVE_FIGURES
+    }
 }
 
-/// Runs `mode` on `spec`: connect, `--start-at`, observers, drive, report, print, write files,
-/// write the HTML report. The target is shut down whether the run succeeded or not.
+/// Runs `mode` on `spec` once (`--num-runs` is the caller's): see [`execute_runs`].
 pub(crate) async fn execute<M: Mode>(
+    mode: M,
+    spec: &TargetSpec,
+    settings: &Settings<'_>,
+) -> Result<M::Run, LoadgenError> {
+    let settings = Settings {
+        num_runs: 1,
+        ..*settings
+    };
+    first(execute_runs(mode, spec, &settings).await?)
+}
+
+/// The first of `runs` ([`execute_runs`] returns at least one).
+pub(crate) fn first<R>(runs: Vec<R>) -> Result<R, LoadgenError> {
+    runs.into_iter()
+        .next()
+        .ok_or_else(|| LoadgenError::Config("a run ended without a report".into()))
+}
+
+/// Runs `mode` on `spec` `settings.num_runs` times (at least once), each run: connect,
+/// `--start-at` (the first), observers, drive, report, print; then the files: one run writes
+/// its report files and HTML report, K runs write the aggregate ([`repeat::finish`]). The
+/// target is shut down after each run, whether it succeeded or not.
+pub(crate) async fn execute_runs<M: Mode>(
     mut mode: M,
     spec: &TargetSpec,
     settings: &Settings<'_>,
+) -> Result<Vec<M::Run>, LoadgenError> {
+    let k = settings.num_runs.max(1);
+    let mut runs = Vec::with_capacity(k);
+    for i in 0..k {
+        if k > 1 && settings.console {
+            crate::stdout::outln!("=== Run {} of {k} ===", i + 1);
+        }
+        runs.push(execute_once(&mut mode, spec, settings, i == 0).await?);
+    }
+    match runs.as_slice() {
+        [run] => {
+            run.write_files(settings.report)?;
+            if let Some(path) = settings.html {
+                let (name, json) = run.html_json();
+                crate::report::html::write(path, &[crate::report::html::RunView::of(name, &json)])?;
+            }
+        }
+        all => repeat::finish(all, settings)?,
+    }
+    Ok(runs)
+}
+
+/// One run: connect, `--start-at` when `first`, observers, drive, report, print.
+async fn execute_once<M: Mode>(
+    mode: &mut M,
+    spec: &TargetSpec,
+    settings: &Settings<'_>,
+    first: bool,
 ) -> Result<M::Run, LoadgenError> {
     let target = spec.connect(mode.api()).await?;
     let (schedule, expected) = match mode.prepare(&target) {
@@ -167,7 +253,9 @@ pub(crate) async fn execute<M: Mode>(
             return Err(e);
         }
     };
-    settings.sharding.wait_for_start().await;
+    if first {
+        settings.sharding.wait_for_start().await;
+    }
     let observe = match settings.observe {
         Some(args) => Some(Observe::start(args, settings.live_view, &target, expected).await),
         None => None,
@@ -188,11 +276,6 @@ pub(crate) async fn execute<M: Mode>(
     if settings.console {
         crate::stdout::out!("{}", run.console_text());
         crate::stdout::out!("{}", observed.console(run.live()));
-    }
-    run.write_files(settings.report)?;
-    if let Some(path) = settings.html {
-        let (name, json) = run.html_json();
-        crate::report::html::write(path, &[crate::report::html::RunView::of(name, &json)])?;
     }
     Ok(run)
 }

@@ -181,6 +181,7 @@ impl TargetArgs {
             max_line_bytes: self.max_line_bytes,
             ask_worker_id: !self.no_worker_id,
             server,
+            lora: None,
         })
     }
 }
@@ -204,6 +205,8 @@ pub struct TargetSpec {
     pub ask_worker_id: bool,
     /// The embedded server's configuration (None with `--url`).
     pub server: Option<ServerConfig>,
+    /// `--lora-mix` and the seed of its picks ([`TargetSpec::set_lora`]).
+    pub lora: Option<(crate::run::lora::LoraMix, u64)>,
 }
 
 /// Which route requests go to (`--endpoint`).
@@ -292,7 +295,8 @@ pub(crate) async fn start_embedded(
     Ok((format!("http://{addr}"), Embedded { stop, task }))
 }
 
-/// Resolves the model: the single model of `{url}/v1/models` (Dynamo's messages).
+/// Resolves the model: the single model of `{url}/v1/models` (Dynamo's messages), LoRA
+/// adapters (listed with a `parent`) left out.
 pub(crate) async fn detect_model(
     client: &reqwest::Client,
     url: &str,
@@ -321,6 +325,9 @@ pub(crate) async fn detect_model(
         .and_then(Value::as_array)
         .ok_or_else(|| err("no \"data\" array in the response".into()))?
         .iter()
+        // A LoRA adapter is listed with its base model as `parent` (vLLM, mockserve): the
+        // model is the base.
+        .filter(|m| m.get("parent").is_none_or(Value::is_null))
         .filter_map(|m| m.get("id").and_then(Value::as_str).map(str::to_string))
         .collect();
     match ids.as_slice() {
@@ -353,6 +360,8 @@ pub struct Connected {
     pub tokenizer: Option<Arc<dyn Tokenizer>>,
     /// Whether requests ask for their serving worker (`nvext.extra_fields`).
     pub ask_worker_id: bool,
+    /// `--lora-mix` against this target's model: the `model` each request or session sends.
+    pub lora: Option<Arc<crate::run::lora::LoraTraffic>>,
     /// The embedded server, to stop at the end.
     embedded: Option<Embedded>,
 }
@@ -375,8 +384,32 @@ impl Connected {
 }
 
 impl TargetSpec {
+    /// Sends `mix` (picks seeded with `seed`); the embedded server loads its adapters at start
+    /// (`--lora-modules`), with `--url` the server must serve them.
+    pub(crate) fn set_lora(&mut self, mix: crate::run::lora::LoraMix, seed: u64) {
+        if let Some(server) = &mut self.server {
+            let model = server.model_name.clone();
+            for name in mix.adapters(&model) {
+                if !server.lora_modules.iter().any(|(n, _)| n == name) {
+                    server
+                        .lora_modules
+                        .push((name.to_string(), "loadgen --lora-mix".to_string()));
+                }
+            }
+        }
+        self.lora = Some((mix, seed));
+    }
+
     /// The target for a report's `config`: the URL, or the embedded server's settings.
     pub(crate) fn describe(&self) -> serde_json::Value {
+        let mut target = self.describe_target();
+        if let (Some((mix, _)), Some(map)) = (&self.lora, target.as_object_mut()) {
+            map.insert("lora_mix".into(), crate::run::lora::describe(mix));
+        }
+        target
+    }
+
+    fn describe_target(&self) -> serde_json::Value {
         match (&self.url, &self.server) {
             (Some(url), _) => serde_json::json!({"url": url, "model": self.model}),
             (None, Some(s)) => {
@@ -476,6 +509,10 @@ impl TargetSpec {
             None => detect_model(&http, &url, self.api_key.as_deref()).await?,
         };
         crate::stdout::outln!();
+        let lora = self
+            .lora
+            .as_ref()
+            .map(|(mix, seed)| Arc::new(crate::run::lora::LoraTraffic::new(mix, *seed, &model)));
         Ok(Connected {
             endpoint: Endpoint {
                 client: http,
@@ -488,6 +525,7 @@ impl TargetSpec {
             model,
             tokenizer,
             ask_worker_id: self.ask_worker_id,
+            lora,
             embedded: None,
         })
     }

@@ -170,6 +170,9 @@ impl SweepArgs {
         if self.bench.run.observe.max_server_lateness.is_some() {
             return bad("--max-server-lateness judges one bench or replay run, not a sweep");
         }
+        if self.bench.run.runs.num_runs != 1 {
+            return bad("--num-runs repeats one bench, replay or multiturn run; a sweep runs each point once");
+        }
         let sharding = &self.bench.run.sharding;
         if sharding.shard.is_some() || sharding.start_at.is_some() {
             return bad("--shard and --start-at split one bench, replay or multiturn run over several processes; a sweep runs in one process");
@@ -226,6 +229,10 @@ impl SweepArgs {
                 failures: self.bench.run.failures.clone(),
                 target: self.bench.run.target.clone(),
                 sharding: Default::default(),
+                runs: crate::run::repeat::RepeatArgs {
+                    num_runs: 1,
+                    lora_mix: self.bench.run.runs.lora_mix.clone(),
+                },
             },
         });
         let mode = if !self.arrival_speedups.is_empty() {
@@ -430,7 +437,7 @@ async fn run_point(
         (LoadPoint::ArrivalSpeedup(x), Some(template)) => {
             let mut args = template.clone();
             args.trace.arrival_speedup_ratio = x;
-            let run = crate::replay::replay_with(&args, false).await?;
+            let run = crate::run::first(crate::replay::replay_with(&args, false).await?)?;
             let attainment = plan.base.slo.map(|slo| {
                 bench::goodput(
                     &slo,
@@ -591,7 +598,7 @@ pub fn table(points: &[Point], knee: Option<usize>, best: Option<usize>) -> Stri
 pub async fn sweep(args: &SweepArgs) -> Result<SweepRun, LoadgenError> {
     let plan = args.plan()?;
     let run = &args.bench.run;
-    let spec = run.target.spec(&EmbeddedOptions::default())?;
+    let spec = run.spec(&EmbeddedOptions::default())?;
     let mut observe = run.observe.clone();
     observe.no_scrape_metrics |= plan.replay.is_some();
     let settings = Settings {
@@ -601,6 +608,7 @@ pub async fn sweep(args: &SweepArgs) -> Result<SweepRun, LoadgenError> {
         html: run.observe.html.as_deref(),
         sharding: &run.sharding,
         console: true,
+        num_runs: 1,
     };
     let mode = Points {
         plan: &plan,

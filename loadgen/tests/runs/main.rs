@@ -8,6 +8,8 @@
 //! - [`failures`]: failed requests are reported as failures in every mode;
 //! - [`multiturn`]: `multiturn` and `compare`;
 //! - [`profile`]: `profile` recovers known latencies;
+//! - [`repeat`]: `--num-runs` (the aggregate across runs) and `--lora-mix` (adapters per
+//!   request, per-adapter figures, the server's LoRA series);
 //! - [`replay`]: `replay`, live against offline;
 //! - [`sweep`]: `sweep`, `merge`, shards, server metrics and the HTML report.
 
@@ -17,5 +19,6 @@ mod endpoints;
 mod failures;
 mod multiturn;
 mod profile;
+mod repeat;
 mod replay;
 mod sweep;
