@@ -135,6 +135,7 @@ fn run(config: ServerConfig, scripts: Vec<Box<dyn Script>>) -> driver::DriverOut
             let endpoint = Endpoint {
                 client: client::client(Duration::from_secs(60)).expect("client"),
                 url: format!("http://{addr}/v1/completions"),
+                wire: client::Wire::OpenAi,
                 api_key: None,
                 max_line_bytes: loadgen::sse::DEFAULT_MAX_LINE_BYTES,
             };

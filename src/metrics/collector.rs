@@ -192,6 +192,15 @@ impl Collector {
         s.num_tokens += 1;
     }
 
+    /// The request's whole answer arrived at `t` without generating a token (an embedding):
+    /// its TTFT and end-to-end latency end at `t`, it adds no output token and no ITL gap.
+    pub fn on_answer(&mut self, id: RequestId, t: SimTime) {
+        if let Some(s) = self.get_mut(id) {
+            s.first_token.get_or_insert(t);
+            s.last_token = Some(t);
+        }
+    }
+
     /// The request finished (all tokens emitted, or stopped) at `t`.
     pub fn on_finish(&mut self, id: RequestId, t: SimTime) {
         if let Some(s) = self.get_mut(id) {
@@ -351,6 +360,28 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= 1e-9 * b.abs().max(1.0)
+    }
+
+    #[test]
+    fn an_answer_without_tokens_has_latency_and_no_gaps() {
+        // An embedding: TTFT and E2E at the answer, no output token, no ITL; the report says so.
+        let mut c = Collector::new();
+        let id = RequestId(0);
+        c.on_arrival(id, SimTime::ZERO, 100, 1, None, 0);
+        c.on_admit(id, SimTime::ZERO, 0, WorkerId(0));
+        c.on_answer(id, t_ms(7));
+        c.on_finish(id, t_ms(7));
+        let (r, records) = c.finish(std::time::Duration::from_millis(5));
+        assert_eq!((r.ttft.mean, r.e2e_latency.mean), (7.0, 7.0));
+        assert_eq!((r.total_output_tokens, r.completed_requests), (0, 1));
+        assert_eq!((records[0].itl_ms, records[0].output_length), (None, 0));
+        assert_eq!(r.output_throughput_tok_s, 0.0);
+        let text = r.to_string();
+        assert!(
+            text.contains("(no output tokens: no TTST, TPOT or ITL)"),
+            "{text}"
+        );
+        assert!(!text.contains("\n  ITL "), "{text}");
     }
 
     #[test]

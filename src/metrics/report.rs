@@ -399,8 +399,16 @@ impl fmt::Display for ReplayReport {
             writeln!(f)
         };
         let labels = ["TTFT", "TTST", "TPOT", "ITL", "E2E"];
+        // Answers without output tokens (embeddings) have no token gaps to show.
+        let gapless = self.completed_requests > 0 && self.total_output_tokens == 0;
         for (label, (_, d)) in labels.iter().zip(self.latencies()) {
+            if gapless && matches!(*label, "TTST" | "TPOT" | "ITL") {
+                continue;
+            }
             row(f, label, d)?;
+        }
+        if gapless {
+            writeln!(f, "  (no output tokens: no TTST, TPOT or ITL)")?;
         }
         writeln!(f, "Per-user output throughput (tokens/s)")?;
         row(f, "tok/s/user", &self.output_token_throughput_per_user)?;

@@ -61,8 +61,10 @@ pub struct BenchArgs {
     /// mean inter-token latency; units us, ms, s).
     #[arg(long)]
     pub slo: Option<Slo>,
-    /// The route requests go to: completions (a raw prompt) or chat (the prompt as one user
-    /// message, through the server's chat template).
+    /// The route requests go to: completions (a raw prompt), chat, responses (OpenAI
+    /// Responses) or messages (Anthropic Messages): the prompt as one user message, through the
+    /// server's chat template; or embeddings (the prompt embedded: no output tokens, TTFT is
+    /// the whole latency).
     #[arg(long, value_enum, default_value_t = Api::Completions)]
     pub endpoint: Api,
     /// Real prompts instead of synthetic ones (`--dataset`).

@@ -11,7 +11,7 @@ use crate::error::LoadgenError;
 use crate::limits;
 use crate::multiturn::workload::WorkloadSpec;
 use crate::observe::ObserveArgs;
-use crate::run::target::{EmbeddedOptions, TargetSpec};
+use crate::run::target::{Api, EmbeddedOptions, TargetSpec};
 use crate::run::RunArgs;
 
 /// `--tool-call-share` when only `--tool-wait-ms` is given.
@@ -101,6 +101,17 @@ pub struct MultiturnArgs {
     #[arg(long, value_name = "DIST")]
     pub tool_wait_ms: Option<crate::multiturn::workload::WaitDist>,
 
+    /// The route each turn goes to: chat, responses (OpenAI Responses), messages (Anthropic
+    /// Messages) or embeddings (the history's text embedded; no answer joins it).
+    #[arg(long, value_enum, default_value_t = Api::Chat)]
+    pub endpoint: Api,
+
+    /// How a Responses conversation goes on (--endpoint responses): resend (the whole history
+    /// each turn, as chat) or previous-id (only the new turn, with previous_response_id naming
+    /// the last answer, so the server holds the history).
+    #[arg(long, value_enum, default_value_t = ResponsesHistory::Resend)]
+    pub responses_history: ResponsesHistory,
+
     /// Print one line per turn and error bodies.
     #[arg(short, long)]
     pub verbose: bool,
@@ -157,11 +168,25 @@ impl ChatServerArgs {
     }
 }
 
+/// How a conversation over the Responses API goes on from turn to turn (`--responses-history`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ResponsesHistory {
+    /// Every turn sends the whole history, as chat does.
+    Resend,
+    /// Every turn after the first sends only what came after the last answer, with
+    /// `previous_response_id` naming it (the server holds the history).
+    PreviousId,
+}
+
 /// A validated `loadgen multiturn` run.
 #[derive(Clone, Debug)]
 pub struct MultiturnConfig {
     /// The endpoint (or the embedded server).
     pub target: TargetSpec,
+    /// The route (`--endpoint`).
+    pub api: Api,
+    /// How a Responses conversation goes on (`--responses-history`).
+    pub responses_history: ResponsesHistory,
     /// Conversations.
     pub workload: WorkloadSpec,
     /// max_completion_tokens.
@@ -325,8 +350,23 @@ impl MultiturnArgs {
         let o = &run.observe;
         let sampled =
             o.scrape_metrics || o.metrics_url.is_some() || o.max_server_lateness.is_some();
+        if self.endpoint == Api::Completions {
+            return Err(LoadgenError::Config(
+                "--endpoint completions: multiturn sends conversations (chat, responses, messages \
+                 or embeddings)"
+                    .into(),
+            ));
+        }
+        if self.responses_history == ResponsesHistory::PreviousId && self.endpoint != Api::Responses
+        {
+            return Err(LoadgenError::Config(
+                "--responses-history previous-id needs --endpoint responses".into(),
+            ));
+        }
         Ok(MultiturnConfig {
             target: run.spec(&self.chat_server.options())?,
+            api: self.endpoint,
+            responses_history: self.responses_history,
             workload,
             max_completion_tokens,
             ignore_eos: !self.no_ignore_eos,
@@ -396,6 +436,16 @@ impl MultiturnConfig {
         if let (Some(d), Some(map)) = (&self.workload.dataset, config.as_object_mut()) {
             map.insert("dataset".into(), d.describe());
         }
+        if let (true, Some(map)) = (self.api != Api::Chat, config.as_object_mut()) {
+            map.insert("endpoint".into(), json!(self.api.name()));
+        }
+        if let (Api::Responses, Some(map)) = (self.api, config.as_object_mut()) {
+            let history = match self.responses_history {
+                ResponsesHistory::Resend => "resend",
+                ResponsesHistory::PreviousId => "previous-id",
+            };
+            map.insert("responses_history".into(), json!(history));
+        }
         if let (Some(t), Some(map)) = (self.workload.tools, config.as_object_mut()) {
             map.insert("tool_call_share".into(), json!(t.share));
             map.insert("tool_wait_ms".into(), json!(t.wait.to_string()));
@@ -427,6 +477,48 @@ mod tests {
         {
             crate::Command::Multiturn(a) => a,
             _ => unreachable!(),
+        }
+    }
+
+    /// `--endpoint` takes the conversation routes; `previous-id` only goes with Responses, and
+    /// the route shows in the results' config (chat's keys stay Dynamo's).
+    #[test]
+    fn endpoints_and_responses_history() {
+        let c = args(&[]).config().expect("chat");
+        assert_eq!(
+            (c.api, c.responses_history),
+            (Api::Chat, ResponsesHistory::Resend)
+        );
+        assert!(c.to_json("m", "u").get("endpoint").is_none());
+        let flags = [
+            "--endpoint",
+            "responses",
+            "--responses-history",
+            "previous-id",
+        ];
+        let c = args(&flags).config().expect("chain");
+        let json = c.to_json("m", "u");
+        assert_eq!(
+            (&json["endpoint"], &json["responses_history"]),
+            (&json!("responses"), &json!("previous-id"))
+        );
+        for (flags, message) in [
+            (
+                &["--endpoint", "completions"][..],
+                "--endpoint completions: multiturn sends conversations",
+            ),
+            (
+                &[
+                    "--endpoint",
+                    "messages",
+                    "--responses-history",
+                    "previous-id",
+                ],
+                "--responses-history previous-id needs --endpoint responses",
+            ),
+        ] {
+            let e = args(flags).config().expect_err("refused");
+            assert!(e.to_string().contains(message), "{flags:?}: {e}");
         }
     }
 

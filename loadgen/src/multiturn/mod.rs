@@ -20,11 +20,11 @@ use serde_json::{json, Value};
 
 use crate::convert::blocks::{ChatPrompts, PromptBlocks, RECORD_BLOCK_TOKENS};
 use crate::error::LoadgenError;
-use crate::multiturn::config::MultiturnConfig;
+use crate::multiturn::config::{MultiturnConfig, ResponsesHistory};
 use crate::multiturn::report::{RawResult, Results, RunData, ShardSample};
 use crate::multiturn::workload::{TokenCounter, UserScript, Workload};
 use crate::observe::Observed;
-use crate::run::client::{FirstToken, Response};
+use crate::run::client::{FirstToken, Response, Wire};
 use crate::run::driver::{self, DriverConfig, Observer, Planned, RunHooks, Sample, Script, Start};
 use crate::run::target::{Api, Connected};
 use crate::run::{self, Mode, Report, Settings};
@@ -41,6 +41,10 @@ struct BodyParams {
     /// Renders each request's prompt for its record's [`PromptBlocks`] (None without a
     /// tokenizer).
     prompts: Option<ChatPrompts>,
+    /// The route's form of each chat body (`--endpoint`).
+    wire: Wire,
+    /// Continue with `previous_response_id` (`--responses-history previous-id`).
+    previous_id: bool,
 }
 
 /// The one tool of a run with tool turns: a lookup whose result is the next turn's text.
@@ -95,6 +99,9 @@ struct Conversation {
     /// Each sent turn's prompt as block hashes, by turn (read back for the records; a std
     /// Mutex: locked briefly here and after the run, never across an await).
     blocks: Arc<Mutex<Vec<Option<PromptBlocks>>>>,
+    /// The last answer's `response.id` and how many messages of the history it covers (with
+    /// `--responses-history previous-id`, only the messages after them are sent).
+    previous: Option<(String, usize)>,
     /// The `model` of this conversation under `--lora-mix` (None: the target's).
     model: Option<Arc<str>>,
 }
@@ -120,6 +127,9 @@ impl Script for Conversation {
         let answered = previous.filter(|r| r.failure.is_none());
         if let Some(r) = answered {
             self.messages.push(assistant_message(r));
+            if let Some(id) = &r.response_id {
+                self.previous = Some((id.clone(), self.messages.len()));
+            }
         }
         let t = self.script.turns.get(self.next_turn)?;
         // The tool's result answers the call (the first, when the model made several; the
@@ -144,19 +154,34 @@ impl Script for Conversation {
             Start::After(t.delay)
         };
         self.next_turn += 1;
-        let mut body = self.params.body(&self.messages, t.tool_call, t.max_tokens);
-        if let Some(model) = &self.model {
-            body["model"] = json!(&**model);
-        }
+        let model = self.model.clone();
+        let with_model = move |mut body: Value| {
+            if let Some(model) = &model {
+                body["model"] = json!(&**model);
+            }
+            body
+        };
+        let chat = with_model(self.params.body(&self.messages, t.tool_call, t.max_tokens));
         if let Some(prompts) = &self.params.prompts {
             let blocks = prompts
-                .tokens(&body)
+                .tokens(&chat)
                 .ok()
                 .map(|tokens| PromptBlocks::of(&tokens, RECORD_BLOCK_TOKENS));
             if let Ok(mut all) = self.blocks.lock() {
                 all.push(blocks);
             }
         }
+        let body = match &self.previous {
+            // The server holds the history up to the last answer: send what came after it.
+            Some((id, covered)) if self.params.previous_id => {
+                let rest = self.messages.get(*covered..).unwrap_or_default();
+                let chat = with_model(self.params.body(rest, t.tool_call, t.max_tokens));
+                let mut body = self.params.wire.body(chat);
+                body["previous_response_id"] = json!(id);
+                body
+            }
+            _ => self.params.wire.body(chat),
+        };
         Some(Planned { start, body })
     }
 }
@@ -299,7 +324,7 @@ impl Mode for Conversations<'_> {
     type Run = MultiturnRun;
 
     fn api(&self) -> Api {
-        Api::Chat
+        self.config.api
     }
 
     fn prepare(
@@ -364,6 +389,8 @@ impl Mode for Conversations<'_> {
             speculative_prefill: config.speculative_prefill,
             tools: config.workload.tools.is_some(),
             prompts: target.tokenizer.clone().map(ChatPrompts::new),
+            wire: target.endpoint.wire,
+            previous_id: config.responses_history == ResponsesHistory::PreviousId,
         });
         self.turn_facts = workload
             .users
@@ -422,6 +449,7 @@ impl Mode for Conversations<'_> {
                     script,
                     next_turn: 0,
                     blocks: blocks.clone(),
+                    previous: None,
                 }) as Box<dyn Script>
             })
             .collect();

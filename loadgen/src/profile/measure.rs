@@ -414,6 +414,7 @@ mod tests {
                 finish_reason: None,
                 worker: None,
                 tool_calls: Vec::new(),
+                response_id: None,
             },
         )
     }

@@ -41,9 +41,10 @@ pub struct ReplayArgs {
     #[arg(long, value_enum, default_value_t = SessionMode::Auto)]
     pub session_mode: SessionMode,
 
-    /// The route requests go to: completions (the trace's prompt as is, the default) or chat
-    /// (the prompt as one user message, through the server's chat template: prompts grow by
-    /// the template's tokens).
+    /// The route requests go to: completions (the trace's prompt as is, the default), chat,
+    /// responses or messages (the prompt as one user message, through the server's chat
+    /// template: prompts grow by the template's tokens), or embeddings (the prompt embedded: no
+    /// output tokens, TTFT is the whole latency).
     #[arg(long, value_enum, default_value_t = Api::Completions)]
     pub endpoint: Api,
 

@@ -218,6 +218,7 @@ impl RawSample {
                 finish_reason: self.finish_reason.clone(),
                 worker: self.worker,
                 tool_calls: Vec::new(),
+                response_id: None,
                 failure: self.failure.clone(),
             },
         };
@@ -327,6 +328,15 @@ pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> Li
         // Tokens at their chunks' times: the collector's TTFT is the first token of any kind from
         // the scheduled send, `Sample::ttft_us(FirstToken::Any)` (checked in the tests below).
         let chunks = &r.timing.token_chunks_us;
+        if r.chunks == 0 {
+            // A success without token chunks is an answer read whole (embeddings): TTFT and E2E
+            // at its end, no output token, no ITL.
+            if let Some(&t) = chunks.last() {
+                collector.on_answer(id, SimTime(s.at(t)));
+            }
+            collector.on_finish(id, SimTime(s.end_us()));
+            continue;
+        }
         for &t in chunks {
             collector.on_token(id, SimTime(s.at(t)));
         }
@@ -589,6 +599,7 @@ mod tests {
                 finish_reason: Some("length".into()),
                 worker: None,
                 tool_calls: Vec::new(),
+                response_id: None,
                 failure: None,
             },
         }

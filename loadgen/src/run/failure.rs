@@ -44,6 +44,11 @@ pub enum Failure {
         /// The limit, in bytes.
         limit: usize,
     },
+    /// A whole (not streamed) answer, an embeddings one, was longer than `--max-line-bytes`.
+    BodyTooLong {
+        /// The limit, in bytes.
+        limit: usize,
+    },
     /// Still in flight when the run stopped early (a sweep point over capacity).
     Cancelled,
 }
@@ -64,7 +69,7 @@ fn one_line(m: &str) -> String {
 
 impl Failure {
     /// A stable machine-readable class: `http`, `transport`, `timeout`, `stream`,
-    /// `server_error`, `empty_stream`, `line_too_long` or `cancelled`.
+    /// `server_error`, `empty_stream`, `line_too_long`, `body_too_long` or `cancelled`.
     pub fn kind(&self) -> &'static str {
         match self {
             Failure::Http { .. } => "http",
@@ -74,6 +79,7 @@ impl Failure {
             Failure::Server(_) => "server_error",
             Failure::EmptyStream => "empty_stream",
             Failure::LineTooLong { .. } => "line_too_long",
+            Failure::BodyTooLong { .. } => "body_too_long",
             Failure::Cancelled => "cancelled",
         }
     }
@@ -107,6 +113,9 @@ impl fmt::Display for Failure {
             Failure::EmptyStream => write!(f, "empty stream"),
             Failure::LineTooLong { limit } => {
                 write!(f, "SSE line longer than --max-line-bytes ({limit})")
+            }
+            Failure::BodyTooLong { limit } => {
+                write!(f, "answer longer than --max-line-bytes ({limit})")
             }
             Failure::Cancelled => write!(f, "cancelled: the run stopped early"),
         }

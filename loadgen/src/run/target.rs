@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::LoadgenError;
 use crate::limits;
-use crate::run::client::{self, Endpoint};
+use crate::run::client::{self, Endpoint, Wire};
 use crate::run::prompt::PromptSynth;
 
 /// Context length of the embedded server for `replay` and `bench`: large enough for any trace row.
@@ -48,7 +48,7 @@ pub struct TargetArgs {
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
 
-    /// Sent as "Authorization: Bearer KEY".
+    /// Sent as "Authorization: Bearer KEY" (as "x-api-key: KEY" with --endpoint messages).
     #[arg(long)]
     pub api_key: Option<String>,
 
@@ -209,21 +209,30 @@ pub struct TargetSpec {
     pub lora: Option<(crate::run::lora::LoraMix, u64)>,
 }
 
-/// Which OpenAI route requests go to.
+/// Which route requests go to (`--endpoint`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Api {
     /// `/v1/chat/completions` (multiturn).
     Chat,
     /// `/v1/completions` (replay and bench: raw prompts, no chat template).
     Completions,
+    /// `/v1/responses` (OpenAI Responses, streamed).
+    Responses,
+    /// `/v1/messages` (Anthropic Messages, streamed).
+    Messages,
+    /// `/v1/embeddings` (not streamed: TTFT is the whole latency, no output tokens).
+    Embeddings,
 }
 
 impl Api {
-    /// The flag value: `chat` or `completions`.
+    /// The flag value: `chat`, `completions`, `responses`, `messages` or `embeddings`.
     pub fn name(self) -> &'static str {
         match self {
             Api::Chat => "chat",
             Api::Completions => "completions",
+            Api::Responses => "responses",
+            Api::Messages => "messages",
+            Api::Embeddings => "embeddings",
         }
     }
 
@@ -231,6 +240,19 @@ impl Api {
         match self {
             Api::Chat => "/v1/chat/completions",
             Api::Completions => "/v1/completions",
+            Api::Responses => "/v1/responses",
+            Api::Messages => "/v1/messages",
+            Api::Embeddings => "/v1/embeddings",
+        }
+    }
+
+    /// How the route's answers are read.
+    pub(crate) fn wire(self) -> Wire {
+        match self {
+            Api::Chat | Api::Completions => Wire::OpenAi,
+            Api::Responses => Wire::Responses,
+            Api::Messages => Wire::Messages,
+            Api::Embeddings => Wire::Embeddings,
         }
     }
 }
@@ -495,6 +517,7 @@ impl TargetSpec {
             endpoint: Endpoint {
                 client: http,
                 url: format!("{url}{}", api.path()),
+                wire: api.wire(),
                 api_key: self.api_key.clone(),
                 max_line_bytes: self.max_line_bytes,
             },
@@ -508,10 +531,11 @@ impl TargetSpec {
     }
 }
 
-/// A streamed body for `api` with `prompt`: a `/v1/completions` body, or a chat body whose one
-/// user message is the prompt. Both ask for `max_tokens` exactly (`ignore_eos`), usage, and, with
-/// `ask_worker_id`, the serving worker (`nvext.extra_fields`, which mockserve and Dynamo answer and
-/// others ignore).
+/// A body for `api` with `prompt`: a `/v1/completions` body, or a chat body whose one user
+/// message is the prompt (for Responses, Messages and embeddings, that chat body in their form,
+/// [`Wire::body`]). Streamed ones ask for `max_tokens` exactly (`ignore_eos`), usage, and, with
+/// `ask_worker_id`, the serving worker (`nvext.extra_fields`, which mockserve and Dynamo answer
+/// and others ignore).
 pub(crate) fn request_body(
     api: Api,
     model: &str,
@@ -521,7 +545,7 @@ pub(crate) fn request_body(
 ) -> serde_json::Value {
     let mut body = match api {
         Api::Completions => completion_body(model, prompt, max_tokens),
-        Api::Chat => serde_json::json!({
+        Api::Chat | Api::Responses | Api::Messages | Api::Embeddings => serde_json::json!({
             "model": model,
             "messages": [{"role": "user", "content": prompt}],
             "max_tokens": max_tokens,
@@ -533,7 +557,7 @@ pub(crate) fn request_body(
     if ask_worker_id {
         body["nvext"] = serde_json::json!({"extra_fields": ["worker_id"]});
     }
-    body
+    api.wire().body(body)
 }
 
 /// A streamed `/v1/completions` body: `max_tokens` tokens exactly (`ignore_eos`), usage included.

@@ -567,15 +567,23 @@ pub fn table(points: &[Point], knee: Option<usize>, best: Option<usize>) -> Stri
         if !p.saturation.is_empty() {
             mark.push(format!("saturated ({})", p.saturation.join("; ")));
         }
+        // No output tokens (embeddings): no ITL to show.
+        let itl = |key: &str| {
+            if p.f("total_output_tokens") > 0.0 {
+                format!("{:.2}", p.f(key))
+            } else {
+                "-".to_string()
+            }
+        };
         s.push_str(&format!(
-            "{:<12} {:>9.2} {:>10.1} {:>9.1} {:>9.1} {:>8.2} {:>8.2} {:>9.1} {:>9.1} {:>9} {:>7}  {}\n",
+            "{:<12} {:>9.2} {:>10.1} {:>9.1} {:>9.1} {:>8} {:>8} {:>9.1} {:>9.1} {:>9} {:>7}  {}\n",
             p.load.label(),
             p.rps(),
             p.f("output_throughput_tok_s"),
             p.f("median_ttft_ms"),
             p.f("p99_ttft_ms"),
-            p.f("median_itl_ms"),
-            p.f("p99_itl_ms"),
+            itl("median_itl_ms"),
+            itl("p99_itl_ms"),
             p.f("median_e2e_latency_ms"),
             p.f("p99_e2e_latency_ms"),
             goodput,

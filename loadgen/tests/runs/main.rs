@@ -5,6 +5,7 @@
 //!   agentic in-flight cap, the routing line's own decisions;
 //! - [`convert`]: `trace convert`, and the round trip of a multiturn run through a trace;
 //! - [`dataset`]: `--dataset` prompts in `bench` and `multiturn`, and their errors;
+//! - [`endpoints`]: `--endpoint responses|messages|embeddings` count tokens as chat does;
 //! - [`failures`]: failed requests are reported as failures in every mode;
 //! - [`multiturn`]: `multiturn` and `compare`;
 //! - [`profile`]: `profile` recovers known latencies;
@@ -16,6 +17,7 @@
 mod bounds;
 mod convert;
 mod dataset;
+mod endpoints;
 mod failures;
 mod multiturn;
 mod profile;

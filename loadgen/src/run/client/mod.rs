@@ -1,13 +1,19 @@
-//! One streamed chat or text-completion request: send, read the SSE stream, stamp times, classify the outcome.
+//! One request to any route loadgen drives (chat, text completions, Responses, Messages,
+//! embeddings): send, read the SSE stream (or the one JSON answer), stamp times, classify the
+//! outcome.
 //!
 //! Times are `tokio::time::Instant`s taken in the client task; every figure is an offset from the
 //! send instant (taken just before the request is handed to reqwest).
 //!
 //! The modules: `response` holds what a request's outcome is, `chunk` how one streamed chunk
-//! is decoded, `stream` the state of a stream being read.
+//! is decoded, `stream` the state of a stream being read; `responses`, `messages` and
+//! `embeddings` each hold one other API's request body and events.
 
 mod chunk;
+pub(crate) mod embeddings;
+pub(crate) mod messages;
 mod response;
+pub(crate) mod responses;
 mod stream;
 
 use std::time::Duration;
@@ -30,13 +36,53 @@ pub fn cancelled(start: Instant) -> Response {
     StreamState::new(start).finish(Some(Failure::Cancelled))
 }
 
+/// How an endpoint's answers are read, and its key sent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Wire {
+    /// OpenAI chat or text completions: SSE chunks until `data: [DONE]`.
+    #[default]
+    OpenAi,
+    /// OpenAI Responses: typed SSE events until `response.completed` (or `.incomplete`).
+    Responses,
+    /// Anthropic Messages: typed SSE events until `message_stop`; the key as `x-api-key`, with
+    /// `anthropic-version`.
+    Messages,
+    /// Embeddings: one JSON answer, not streamed.
+    Embeddings,
+}
+
+impl Wire {
+    /// The request body for this wire of the chat (or completions) body `chat`.
+    pub(crate) fn body(self, chat: Value) -> Value {
+        match self {
+            Wire::OpenAi => chat,
+            Wire::Responses => responses::request(&chat),
+            Wire::Messages => messages::request(&chat),
+            Wire::Embeddings => embeddings::request(&chat),
+        }
+    }
+
+    /// The event that ends a successful stream, for the failure of one that ends before it.
+    fn end_event(self) -> &'static str {
+        match self {
+            Wire::OpenAi => "data: [DONE]",
+            Wire::Responses => "response.completed",
+            Wire::Messages => "message_stop",
+            Wire::Embeddings => "the answer",
+        }
+    }
+}
+
 /// Where to send and how.
 #[derive(Clone, Debug)]
 pub struct Endpoint {
     /// The HTTP client (connection pool shared by all users).
     pub client: reqwest::Client,
-    /// The full request URL: `{url}/v1/chat/completions` or `{url}/v1/completions`.
+    /// The full request URL: `{url}/v1/chat/completions`, `{url}/v1/completions`,
+    /// `{url}/v1/responses`, `{url}/v1/messages` or `{url}/v1/embeddings`.
     pub url: String,
+    /// How answers are read.
+    pub wire: Wire,
     /// Bearer token.
     pub api_key: Option<String>,
     /// Longest SSE line (and event data) accepted, in bytes; a longer one fails the request.
@@ -101,9 +147,15 @@ async fn send_request(
     body: &Value,
 ) -> Response {
     let mut request = request.json(body);
-    if let Some(key) = &endpoint.api_key {
-        request = request.bearer_auth(key);
+    let wire = endpoint.wire;
+    if wire == Wire::Messages {
+        request = request.header("anthropic-version", messages::ANTHROPIC_VERSION);
     }
+    request = match (&endpoint.api_key, wire) {
+        (Some(key), Wire::Messages) => request.header("x-api-key", key),
+        (Some(key), _) => request.bearer_auth(key),
+        (None, _) => request,
+    };
     let start = Instant::now();
     let mut state = StreamState::new(start);
     let response = match request.send().await {
@@ -122,6 +174,9 @@ async fn send_request(
             message: error_message(&body),
         }));
     }
+    if wire == Wire::Embeddings {
+        return embeddings::read(response, state, endpoint.max_line_bytes).await;
+    }
     let mut parser = SseParser::with_limit(endpoint.max_line_bytes);
     let mut stream = response.bytes_stream();
     while let Some(chunk) = stream.next().await {
@@ -132,32 +187,61 @@ async fn send_request(
                 return state.finish(Some(f));
             }
         };
-        let events = match parser.push_events(&bytes) {
-            Ok(events) => events,
-            Err(e) => return state.finish(Some(Failure::LineTooLong { limit: e.limit })),
-        };
-        for data in events {
-            if let Err(f) = state.on_event(data) {
-                return state.finish(Some(f));
-            }
-            if state.done {
-                return state.finish(None);
-            }
+        if let Some(outcome) = feed(wire, &mut parser, &mut state, &bytes) {
+            return state.finish(outcome);
         }
     }
+    let outcome = at_end(wire, &mut parser, &mut state);
+    state.finish(outcome)
+}
+
+/// Reads `bytes` of a stream: `Some` with the request's outcome (None: success) once it is
+/// over, `None` while more is expected.
+fn feed(
+    wire: Wire,
+    parser: &mut SseParser,
+    state: &mut StreamState,
+    bytes: &[u8],
+) -> Option<Option<Failure>> {
+    let events = match parser.push_events(bytes) {
+        Ok(events) => events,
+        Err(e) => return Some(Some(Failure::LineTooLong { limit: e.limit })),
+    };
+    for data in events {
+        if let Err(f) = on_event(wire, state, data) {
+            return Some(Some(f));
+        }
+        if state.done {
+            return Some(None);
+        }
+    }
+    None
+}
+
+/// The outcome of a stream whose body ended without [`feed`] ending it.
+fn at_end(wire: Wire, parser: &mut SseParser, state: &mut StreamState) -> Option<Failure> {
     match parser.finish() {
         Ok(Some(data)) => {
-            if let Err(f) = state.on_event(&data) {
-                return state.finish(Some(f));
+            if let Err(f) = on_event(wire, state, &data) {
+                return Some(f);
             }
         }
         Ok(None) => {}
-        Err(e) => return state.finish(Some(Failure::LineTooLong { limit: e.limit })),
+        Err(e) => return Some(Failure::LineTooLong { limit: e.limit }),
     }
     if state.done {
-        state.finish(None)
-    } else {
-        state.finish(Some(Failure::Stream("ended before data: [DONE]".into())))
+        return None;
+    }
+    let end = wire.end_event();
+    Some(Failure::Stream(format!("ended before {end}")))
+}
+
+/// One SSE event's data read as `wire` streams it; `Err` is the server's error event.
+fn on_event(wire: Wire, state: &mut StreamState, data: &str) -> Result<(), Failure> {
+    match wire {
+        Wire::OpenAi | Wire::Embeddings => state.on_event(data),
+        Wire::Responses => responses::on_event(state, data),
+        Wire::Messages => messages::on_event(state, data),
     }
 }
 
@@ -175,6 +259,9 @@ pub fn client(timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
         .tcp_nodelay(true)
         .build()
 }
+
+#[cfg(test)]
+mod wire_tests;
 
 #[cfg(test)]
 mod tests {

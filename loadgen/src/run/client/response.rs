@@ -106,6 +106,8 @@ pub struct Response {
     pub worker: Option<u32>,
     /// The tool calls the answer streamed (`delta.tool_calls`), pieced together by index.
     pub tool_calls: Vec<ToolCall>,
+    /// The server's id of this response (Responses API), what `previous_response_id` names.
+    pub response_id: Option<String>,
     /// None on success.
     pub failure: Option<Failure>,
 }

@@ -4,7 +4,7 @@
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::run::client::chunk::{worker_of, Chunk, Facts, Object};
+use crate::run::client::chunk::{worker_of, Chunk, Facts, Object, ToolDelta};
 use crate::run::client::response::{usage_disagrees, Response, Timing, TokenSource, ToolCall};
 use crate::run::failure::Failure;
 
@@ -66,6 +66,14 @@ pub(super) struct StreamState {
     tool_calls: Vec<ToolCall>,
     think: InlineThink,
     pub(super) done: bool,
+    /// The server's id of the response (`response.id` of a Responses stream), for
+    /// `previous_response_id`.
+    pub(super) response_id: Option<String>,
+    /// The request generates no tokens (embeddings): no output, and no token needed to succeed.
+    pub(super) no_output: bool,
+    /// The server's key of each tool call, by call (Responses' `output_index`, Messages'
+    /// content block `index`), at most [`MAX_TOOL_CALLS`].
+    tool_keys: Vec<u64>,
 }
 
 impl StreamState {
@@ -82,7 +90,107 @@ impl StreamState {
             tool_calls: Vec::new(),
             think: InlineThink::default(),
             done: false,
+            response_id: None,
+            no_output: false,
+            tool_keys: Vec::new(),
         }
+    }
+
+    /// The tool call the server keys `key`: a new one when `added` (None past
+    /// [`MAX_TOOL_CALLS`], or for a key never added).
+    pub(super) fn tool_index(&mut self, key: u64, added: bool) -> Option<usize> {
+        if let Some(i) = self.tool_keys.iter().position(|&k| k == key) {
+            return Some(i);
+        }
+        if !added || self.tool_keys.len() >= MAX_TOOL_CALLS {
+            return None;
+        }
+        self.tool_keys.push(key);
+        Some(self.tool_keys.len() - 1)
+    }
+
+    /// True once the answer streamed a tool call.
+    pub(super) fn has_tool_calls(&self) -> bool {
+        !self.tool_calls.is_empty()
+    }
+
+    /// µs since the send.
+    pub(super) fn elapsed_us(&self) -> u64 {
+        us(self.start)
+    }
+
+    /// Stamps an event's arrival (the first one is `first_chunk_us`); returns its offset.
+    pub(super) fn arrived(&mut self) -> u64 {
+        let t = us(self.start);
+        self.timing.first_chunk_us.get_or_insert(t);
+        t
+    }
+
+    /// Answer text streamed at `t` (Responses' `output_text`, Messages' `text_delta`): a token
+    /// chunk when not empty.
+    pub(super) fn answer_text(&mut self, t: u64, text: &str) {
+        if !text.is_empty() {
+            self.content.push_str(text);
+            self.token_chunk(t, true);
+        }
+    }
+
+    /// Reasoning text streamed at `t`: a token chunk when not empty.
+    pub(super) fn reasoning_text(&mut self, t: u64, text: &str) {
+        if !text.is_empty() {
+            self.token_chunk(t, false);
+        }
+    }
+
+    /// A piece of tool call `index` streamed at `t`: a token chunk (an answer token) when it
+    /// carries argument text.
+    pub(super) fn tool_delta(&mut self, t: u64, delta: ToolDelta<'_>) {
+        if self.merge_tool_delta(delta) {
+            self.token_chunk(t, true);
+        }
+    }
+
+    /// Counts one token chunk at `t`, an answer or a reasoning one.
+    fn token_chunk(&mut self, t: u64, answer: bool) {
+        self.chunks += 1;
+        self.timing.token_chunks_us.push(t);
+        if answer {
+            self.timing.first_answer_us.get_or_insert(t);
+        } else {
+            self.timing.first_reasoning_us.get_or_insert(t);
+        }
+    }
+
+    /// Usage as one event reports it: (output, prompt, cached) tokens, each kept from an
+    /// earlier event when this one leaves it out (Messages sends the prompt's in
+    /// `message_start`, the output's in `message_delta`).
+    pub(super) fn merge_usage(&mut self, usage: (Option<u64>, Option<u64>, Option<u64>)) {
+        let old = self.usage.unwrap_or((None, None, None));
+        self.usage = Some((usage.0.or(old.0), usage.1.or(old.1), usage.2.or(old.2)));
+    }
+
+    /// The reason the answer ended (`stop`, `length`, `tool_calls`, ...).
+    pub(super) fn set_finish_reason(&mut self, reason: &str) {
+        self.finish_reason = Some(reason.to_string());
+    }
+
+    /// Adds a tool-call delta to the call at its index; true when it carried argument text.
+    fn merge_tool_delta(&mut self, (index, id, name, arguments): ToolDelta<'_>) -> bool {
+        if index >= MAX_TOOL_CALLS {
+            return false;
+        }
+        if self.tool_calls.len() <= index {
+            self.tool_calls.resize_with(index + 1, ToolCall::default);
+        }
+        let call = &mut self.tool_calls[index];
+        if let Some(id) = id {
+            call.id = id.to_string();
+        }
+        if let Some(name) = name {
+            call.name.push_str(name);
+        }
+        call.arguments.push_str(arguments);
+        !arguments.is_empty()
     }
 
     /// Handles one SSE data payload; `Err` is a server error event.
@@ -199,22 +307,8 @@ impl StreamState {
         // Tool calls are answer tokens: a delta with argument text is a token chunk (the one
         // naming the function alone carries no generated argument text).
         let mut tool_tokens = false;
-        for (index, id, name, arguments) in facts.tool_calls {
-            if index >= MAX_TOOL_CALLS {
-                continue;
-            }
-            if self.tool_calls.len() <= index {
-                self.tool_calls.resize_with(index + 1, ToolCall::default);
-            }
-            let call = &mut self.tool_calls[index];
-            if let Some(id) = id {
-                call.id = id.to_string();
-            }
-            if let Some(name) = name {
-                call.name.push_str(name);
-            }
-            call.arguments.push_str(arguments);
-            tool_tokens |= !arguments.is_empty();
+        for delta in facts.tool_calls {
+            tool_tokens |= self.merge_tool_delta(delta);
         }
         if tool_tokens {
             self.timing.first_answer_us.get_or_insert(t);
@@ -247,6 +341,9 @@ impl StreamState {
     pub(super) fn finish(mut self, failure: Option<Failure>) -> Response {
         self.timing.end_us = us(self.start);
         let (usage_tokens, prompt, cached) = self.usage.unwrap_or((None, None, None));
+        if self.no_output {
+            return self.finish_without_output(failure, prompt);
+        }
         let usage_mismatch = usage_tokens.is_some_and(|u| usage_disagrees(u, self.chunks));
         let (output_tokens, source) = match usage_tokens {
             Some(u) if !usage_mismatch => (u, TokenSource::Usage),
@@ -270,6 +367,32 @@ impl StreamState {
             finish_reason: self.finish_reason,
             worker: self.worker,
             tool_calls: self.tool_calls,
+            response_id: self.response_id,
+            failure,
+        }
+    }
+
+    /// [`StreamState::finish`] of a request that generates no tokens (embeddings): zero output
+    /// tokens, by the server's word.
+    fn finish_without_output(mut self, failure: Option<Failure>, prompt: Option<u64>) -> Response {
+        // The answer's one "token" is its end: TTFT and E2E are the same instant.
+        if let Some(&t) = self.timing.token_chunks_us.last() {
+            self.timing.end_us = t;
+        }
+        Response {
+            timing: self.timing,
+            content: self.content,
+            output_tokens: 0,
+            output_tokens_source: TokenSource::Usage,
+            chunks: 0,
+            usage_output_tokens: None,
+            usage_mismatch: false,
+            prompt_tokens: prompt,
+            cached_tokens: None,
+            finish_reason: self.finish_reason,
+            worker: self.worker,
+            tool_calls: Vec::new(),
+            response_id: None,
             failure,
         }
     }

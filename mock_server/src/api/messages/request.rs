@@ -121,7 +121,7 @@ pub(crate) fn to_chat(body: &Map<String, Value>, count_only: bool) -> Result<Tra
 }
 
 /// Checks `temperature` (0 to 1, as Anthropic's), `top_p` and `top_k`; all are accepted and
-/// have no effect on the answer.
+/// have no effect on the answer. `ignore_eos` (vLLM's extension) is passed on.
 fn sampling(body: &Map<String, Value>, chat: &mut Map<String, Value>) -> Result<(), ApiError> {
     for (name, max) in [("temperature", 1.0), ("top_p", 1.0), ("top_k", f64::MAX)] {
         match body.get(name) {
@@ -141,6 +141,15 @@ fn sampling(body: &Map<String, Value>, chat: &mut Map<String, Value>) -> Result<
                 ))
             }
         }
+    }
+    // vLLM's `ignore_eos` extension (exact output lengths, what load generators send) goes
+    // through to the engine as on chat.
+    match body.get("ignore_eos") {
+        None | Some(Value::Null) => {}
+        Some(Value::Bool(b)) => {
+            chat.insert("ignore_eos".into(), Value::Bool(*b));
+        }
+        Some(_) => return Err(invalid("ignore_eos", "Input should be a valid boolean")),
     }
     Ok(())
 }
@@ -494,6 +503,19 @@ mod tests {
             chat["tools"][0]["function"]["parameters"],
             json!({"type": "object"})
         );
+    }
+
+    /// `ignore_eos` reaches the engine (loadgen's exact output lengths); a non-boolean is a 400.
+    #[test]
+    fn ignore_eos_goes_through() {
+        let body = |v: Value| {
+            json!({"model": "m", "max_tokens": 4, "ignore_eos": v,
+                "messages": [{"role": "user", "content": "x"}]})
+        };
+        let translated = chat(body(json!(true))).expect("valid");
+        assert_eq!(translated["ignore_eos"], true);
+        let e = chat(body(json!("yes"))).expect_err("refused");
+        assert!(format!("{e:?}").contains("ignore_eos"), "{e:?}");
     }
 
     #[test]
