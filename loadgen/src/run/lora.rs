@@ -1,7 +1,7 @@
 //! `--lora-mix name:weight,...`: a seeded mix of LoRA adapters sent as each request's `model`.
 //!
 //! [`LoraMix`] is the validated flag (names unique and not empty, weights finite and above 0, at
-//! most [`MAX_LORA_ADAPTERS`] entries of at most [`MAX_LORA_NAME_BYTES`] bytes each). Against the
+//! most `MAX_LORA_ADAPTERS` entries of at most `MAX_LORA_NAME_BYTES` bytes each). Against the
 //! embedded mockserve every named adapter is loaded at start (its `--lora-modules`); with `--url`
 //! the server must serve them already (vLLM: `--lora-modules`, or `/v1/load_lora_adapter`).
 //! `base`, or the target's own model name, is the base model: no adapter.

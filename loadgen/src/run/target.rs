@@ -205,7 +205,7 @@ pub struct TargetSpec {
     pub ask_worker_id: bool,
     /// The embedded server's configuration (None with `--url`).
     pub server: Option<ServerConfig>,
-    /// `--lora-mix` and the seed of its picks ([`TargetSpec::set_lora`]).
+    /// `--lora-mix` and the seed of its picks (`TargetSpec::set_lora`).
     pub lora: Option<(crate::run::lora::LoraMix, u64)>,
 }
 
