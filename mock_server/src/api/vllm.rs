@@ -15,6 +15,7 @@
 
 use std::sync::Arc;
 
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -202,8 +203,12 @@ pub(crate) fn model_card(state: &AppState, id: &str, root: &str, parent: Option<
 /// `GET /v1/models/{model}`: the served model's card, or a 404 naming the model.
 pub(crate) async fn model(
     State(state): State<AppState>,
-    Path(model): Path<String>,
+    model: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    // A name that is not UTF-8 once percent-decoded names no model.
+    let Ok(Path(model)) = model else {
+        return Err(ApiError::model_not_found("(a name that is not UTF-8)"));
+    };
     let name = &state.config.model_name;
     if &model == name {
         Ok(Json(model_card(&state, name, name, None)).into_response())

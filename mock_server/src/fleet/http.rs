@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::middleware::{from_fn_with_state, Next};
@@ -290,13 +291,31 @@ fn worker_index(fleet: &FleetRoutes, index: &str) -> Result<usize, ApiError> {
     }
 }
 
+/// The worker index of a `/fleet/workers/{i}/...` path. A path axum cannot decode (`%F1`: not
+/// UTF-8 once percent-decoded) is a 400 like any other bad index, in the OpenAI shape.
+fn index_in_path(
+    fleet: &FleetRoutes,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<usize, ApiError> {
+    match path {
+        Ok(Path(index)) => worker_index(fleet, &index),
+        Err(e) => {
+            let message = format!(
+                "the worker index is not a decimal number: {}",
+                cut(&e.body_text(), SHOWN_MESSAGE_CHARS)
+            );
+            Err(ApiError::invalid(message, Some("index")).with_code("worker_not_found"))
+        }
+    }
+}
+
 /// `POST /fleet/workers/{i}/kv-events/restart`: worker i's KV-event publisher starts over, as a
 /// restarted vLLM engine's does: its replay buffer empties now and its next batch is numbered 0.
 async fn restart_kv_events(
     State(fleet): State<FleetRoutes>,
-    Path(index): Path<String>,
+    index: Result<Path<String>, PathRejection>,
 ) -> Response {
-    let index = match worker_index(&fleet, &index) {
+    let index = match index_in_path(&fleet, index) {
         Ok(i) => i,
         Err(e) => return e.into_response(),
     };
@@ -314,10 +333,10 @@ async fn restart_kv_events(
 /// `GET /fleet/workers`.
 async fn set_fault(
     State(fleet): State<FleetRoutes>,
-    Path(index): Path<String>,
+    index: Result<Path<String>, PathRejection>,
     body: Bytes,
 ) -> Response {
-    let index = match worker_index(&fleet, &index) {
+    let index = match index_in_path(&fleet, index) {
         Ok(i) => i,
         Err(e) => return e.into_response(),
     };

@@ -443,3 +443,31 @@ async fn a_huge_temperature_is_written_compactly() -> Result<()> {
     );
     Ok(())
 }
+
+/// A path segment that is not UTF-8 once percent-decoded (`%F1`) names no model and no stored
+/// response: a 404 with the OpenAI body, not axum's plain-text 400 (found by the `fleet_admin`
+/// fuzzer on the fleet's admin routes, which answer a 400 `worker_not_found` for it).
+#[tokio::test]
+async fn a_path_that_is_not_utf8_is_an_openai_404() -> Result<()> {
+    let state = AppState::new(config(None))?;
+    for path in ["/v1/models/%F1", "/v1/responses/resp_%F1"] {
+        for method in ["GET", "DELETE"] {
+            if method == "DELETE" && path.starts_with("/v1/models") {
+                continue;
+            }
+            let request = Request::builder()
+                .method(method)
+                .uri(path)
+                .body(Body::empty())?;
+            let (s, b) = oneshot_raw(&state, request).await?;
+            let error = error_of(s, &b, StatusCode::NOT_FOUND).with_context(|| path.to_string())?;
+            assert!(
+                error["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("not UTF-8")),
+                "{path}: {error}"
+            );
+        }
+    }
+    Ok(())
+}

@@ -20,6 +20,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -348,8 +349,12 @@ fn sse_stream(mut answer: Answer) -> impl Stream<Item = Result<Bytes, Infallible
 /// `GET /v1/responses/{id}`: a stored response.
 pub(crate) async fn retrieve(
     Extension(store): Extension<Arc<Store>>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    // An id that is not UTF-8 once percent-decoded names no stored response.
+    let Ok(Path(id)) = id else {
+        return Err(missing("(an id that is not UTF-8)"));
+    };
     let stored = store.get(&id).ok_or_else(|| missing(&id))?;
     Ok((
         [(
@@ -364,8 +369,12 @@ pub(crate) async fn retrieve(
 /// `DELETE /v1/responses/{id}`.
 pub(crate) async fn delete(
     Extension(store): Extension<Arc<Store>>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
+    // An id that is not UTF-8 once percent-decoded names no stored response.
+    let Ok(Path(id)) = id else {
+        return Err(missing("(an id that is not UTF-8)"));
+    };
     if !store.remove(&id) {
         return Err(missing(&id));
     }
