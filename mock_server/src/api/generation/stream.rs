@@ -270,50 +270,93 @@ fn push_event(out: &mut Vec<u8>, value: &Value) {
 /// it go into the next frame.
 const MAX_FRAME_BYTES: usize = 64 << 10;
 
-/// The state of a streamed generation's body.
+/// What a streamed body writes for each engine step: chat's and completions' chunks here,
+/// Anthropic's message events and the Responses API's events in their own modules. [`frames`]
+/// is the one loop that drives every writer.
+pub(crate) trait StepWriter: Send + 'static {
+    /// The generation whose steps are written.
+    fn generation(&mut self) -> &mut Generation;
+
+    /// Writes the events of one step into `out`; true once the stream has ended.
+    fn write_step(&mut self, step: Step, out: &mut Vec<u8>) -> bool;
+}
+
+/// A streamed body: `opening` at once (when not empty), then the writer's events. Dropping it
+/// (client gone) drops the generation, which cancels the engine requests.
+///
+/// Each body frame carries every step that is ready when the stream is polled (tokens the
+/// engine emitted together, a finish and the end), up to [`MAX_FRAME_BYTES`]: the events are
+/// the same whatever the framing, and hyper writes one frame with one chunk header.
+pub(crate) fn frames<W: StepWriter>(
+    writer: W,
+    opening: Vec<u8>,
+) -> impl Stream<Item = Result<Bytes, Infallible>> {
+    let start = (writer, Some(opening), false);
+    futures_util::stream::unfold(start, |(mut writer, opening, mut ended)| async move {
+        if let Some(opening) = opening.filter(|o| !o.is_empty()) {
+            return Some((Ok(Bytes::from(opening)), (writer, None, ended)));
+        }
+        let mut out = Vec::new();
+        while !ended {
+            let step = writer.generation().next().await;
+            ended = writer.write_step(step, &mut out);
+            while !ended && out.len() < MAX_FRAME_BYTES {
+                let Some(step) = writer.generation().try_next() else {
+                    break;
+                };
+                ended = writer.write_step(step, &mut out);
+            }
+            if !out.is_empty() {
+                return Some((Ok(Bytes::from(out)), (writer, None, ended)));
+            }
+        }
+        None
+    })
+}
+
+/// The state of a streamed chat or completion body.
 struct SseBody {
     generation: Generation,
     frame: ChunkFrame,
     include_usage: bool,
-    /// The role chunks, sent before any engine output.
-    opening: Option<Vec<u8>>,
-    /// `data: [DONE]` is written: the stream ends after the current frame.
-    ended: bool,
 }
 
-impl SseBody {
+impl StepWriter for SseBody {
+    fn generation(&mut self) -> &mut Generation {
+        &mut self.generation
+    }
+
     /// Writes the SSE events of one step into `out`.
-    fn write_step(&mut self, step: Step, out: &mut Vec<u8>) {
+    fn write_step(&mut self, step: Step, out: &mut Vec<u8>) -> bool {
         let generation = &mut self.generation;
         match step {
             Step::Token { choice, token } => {
                 generation.write_token(&self.frame, choice, token, out);
+                false
             }
             Step::Finished { choice } => {
                 push_event(out, &generation.finish_chunk(choice));
-                if generation.done {
-                    self.ended = true;
-                    if self.include_usage {
-                        push_event(out, &generation.usage_chunk());
-                    }
-                    out.extend_from_slice(b"data: [DONE]\n\n");
+                if !generation.done {
+                    return false;
                 }
+                if self.include_usage {
+                    push_event(out, &generation.usage_chunk());
+                }
+                out.extend_from_slice(b"data: [DONE]\n\n");
+                true
             }
             Step::Error(e) => {
-                self.ended = true;
                 generation.state.metrics.http_failures.inc();
                 push_event(out, &e.body());
                 out.extend_from_slice(b"data: [DONE]\n\n");
+                true
             }
         }
     }
 }
 
-/// The SSE body of a streamed generation. Dropping it (client gone) cancels the engine requests.
-///
-/// Each body frame carries every step that is ready when the stream is polled (tokens the
-/// engine emitted together, a finish chunk and `[DONE]`), each as its own SSE event: the events
-/// are the same whatever the framing, and hyper writes one frame with one chunk header.
+/// The SSE body of a streamed chat or completion: the role chunks, then a chunk per token, the
+/// finish chunks, the usage chunk when asked and `data: [DONE]` ([`frames`]).
 pub(crate) fn sse_stream(
     generation: Generation,
     include_usage: bool,
@@ -325,29 +368,8 @@ pub(crate) fn sse_stream(
         generation,
         frame,
         include_usage,
-        opening: Some(opening),
-        ended: false,
     };
-    futures_util::stream::unfold(body, |mut body| async move {
-        if let Some(opening) = body.opening.take().filter(|o| !o.is_empty()) {
-            return Some((Ok(Bytes::from(opening)), body));
-        }
-        let mut out = Vec::new();
-        while !body.ended {
-            let step = body.generation.next().await;
-            body.write_step(step, &mut out);
-            while !body.ended && out.len() < MAX_FRAME_BYTES {
-                let Some(step) = body.generation.try_next() else {
-                    break;
-                };
-                body.write_step(step, &mut out);
-            }
-            if !out.is_empty() {
-                return Some((Ok(Bytes::from(out)), body));
-            }
-        }
-        None
-    })
+    frames(body, opening)
 }
 
 #[cfg(test)]

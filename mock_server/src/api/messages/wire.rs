@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use super::error::push_error_event;
 use crate::api::answer::{Answer, FinishReason, Piece};
 use crate::api::error::ApiError;
+use crate::api::generation::stream::{frames, StepWriter};
 use crate::api::generation::{Generation, Step};
 
 /// A `tool_use` block's id for a chat tool call's: `toolu_` and the call's seeded letters.
@@ -314,22 +315,19 @@ fn push_blocks(out: &mut Vec<u8>, events: &mut Vec<BlockEvent>) {
     }
 }
 
-/// Largest body frame built from steps that are ready together (as the chat stream's).
-const MAX_FRAME_BYTES: usize = 64 << 10;
-
 /// The state of a streamed message's body.
 struct MessageBody {
     generation: Generation,
     blocks: Blocks,
     events: Vec<BlockEvent>,
-    /// `message_start`, the first block's start and `ping`, sent before any engine output.
-    opening: Option<Vec<u8>>,
-    /// `message_stop` (or `error`) is written.
-    ended: bool,
 }
 
-impl MessageBody {
-    fn write_step(&mut self, step: Step, out: &mut Vec<u8>) {
+impl StepWriter for MessageBody {
+    fn generation(&mut self) -> &mut Generation {
+        &mut self.generation
+    }
+
+    fn write_step(&mut self, step: Step, out: &mut Vec<u8>) -> bool {
         let generation = &mut self.generation;
         match step {
             Step::Token { choice, token } => {
@@ -339,12 +337,12 @@ impl MessageBody {
                     }
                 }
                 push_blocks(out, &mut self.events);
+                false
             }
             Step::Finished { .. } => {
                 if !generation.done {
-                    return;
+                    return false;
                 }
-                self.ended = true;
                 self.blocks.close(&mut self.events);
                 push_blocks(out, &mut self.events);
                 let (reason, sequence) = generation
@@ -361,11 +359,12 @@ impl MessageBody {
                     }),
                 );
                 push_event(out, "message_stop", &json!({"type": "message_stop"}));
+                true
             }
             Step::Error(e) => {
-                self.ended = true;
                 generation.state.metrics.http_failures.inc();
                 push_error_event(out, &e);
+                true
             }
         }
     }
@@ -398,29 +397,8 @@ pub(crate) fn sse_stream(
         generation,
         blocks,
         events,
-        opening: Some(opening),
-        ended: false,
     };
-    futures_util::stream::unfold(body, |mut body| async move {
-        if let Some(opening) = body.opening.take() {
-            return Some((Ok(Bytes::from(opening)), body));
-        }
-        let mut out = Vec::new();
-        while !body.ended {
-            let step = body.generation.next().await;
-            body.write_step(step, &mut out);
-            while !body.ended && out.len() < MAX_FRAME_BYTES {
-                let Some(step) = body.generation.try_next() else {
-                    break;
-                };
-                body.write_step(step, &mut out);
-            }
-            if !out.is_empty() {
-                return Some((Ok(Bytes::from(out)), body));
-            }
-        }
-        None
-    })
+    frames(body, opening)
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@ use serde_json::{json, Value};
 use super::answer::FinishReason;
 use super::budget::{exceeded, off_runtime, INLINE_TEXT_BYTES};
 use super::error::ApiError;
+use super::generation::stream::{frames, StepWriter};
 use super::generation::{Endpoint, Generation, SpecPrefill, Step};
 use super::layer::{Charge, Received};
 use super::protocol::ApiJson;
@@ -268,8 +269,8 @@ impl Answer {
         }
     }
 
-    /// Writes one step's events; true once the stream has ended.
-    fn write_step(&mut self, step: Step) -> bool {
+    /// Adds one step's events to the output; true once the stream has ended.
+    fn write_events(&mut self, step: Step) -> bool {
         match step {
             Step::Token { choice, token } => {
                 self.on_token(choice, token);
@@ -305,12 +306,21 @@ impl Answer {
     }
 }
 
-/// Largest body frame built from steps that are ready together.
-const MAX_FRAME_BYTES: usize = 64 << 10;
+impl StepWriter for Answer {
+    fn generation(&mut self) -> &mut Generation {
+        &mut self.generation
+    }
+
+    fn write_step(&mut self, step: Step, out: &mut Vec<u8>) -> bool {
+        let ended = self.write_events(step);
+        out.append(&mut self.output.take_events());
+        ended
+    }
+}
 
 /// The SSE body of a streamed response: `response.created` and `response.in_progress` at
-/// once, then each step's events as the engine paces them. Dropping it (the client left)
-/// drops the generation, which cancels its engine request.
+/// once, then each step's events as the engine paces them ([`frames`]). Dropping it (the
+/// client left) drops the generation, which cancels its engine request.
 fn sse_stream(mut answer: Answer) -> impl Stream<Item = Result<Bytes, Infallible>> {
     let opening = answer.echo.response("in_progress", Vec::new(), Value::Null);
     answer
@@ -319,31 +329,8 @@ fn sse_stream(mut answer: Answer) -> impl Stream<Item = Result<Bytes, Infallible
     answer
         .output
         .event("response.in_progress", json!({"response": opening}));
-    futures_util::stream::unfold((answer, false), |(mut answer, ended)| async move {
-        let opening = answer.output.take_events();
-        if !opening.is_empty() {
-            return Some((Ok(Bytes::from(opening)), (answer, ended)));
-        }
-        let mut ended = ended;
-        while !ended {
-            let step = answer.generation.next().await;
-            ended = answer.write_step(step);
-            while !ended {
-                let Some(step) = answer.generation.try_next() else {
-                    break;
-                };
-                ended = answer.write_step(step);
-                if answer.output.pending_bytes() >= MAX_FRAME_BYTES {
-                    break;
-                }
-            }
-            let out = answer.output.take_events();
-            if !out.is_empty() {
-                return Some((Ok(Bytes::from(out)), (answer, ended)));
-            }
-        }
-        None
-    })
+    let opening = answer.output.take_events();
+    frames(answer, opening)
 }
 
 /// `GET /v1/responses/{id}`: a stored response.

@@ -115,11 +115,6 @@ impl Output {
         self.events.extend_from_slice(b"\n\n");
     }
 
-    /// Bytes of SSE events written and not yet taken.
-    pub(crate) fn pending_bytes(&self) -> usize {
-        self.events.len()
-    }
-
     /// The SSE bytes written since the last call.
     pub(crate) fn take_events(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.events)
