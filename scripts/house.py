@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""The shape of the house: import circles between files, long files and public items per crate.
+"""The shape of the house: import circles between files, upward imports between layers, long files
+and public items per crate.
 
-Usage: python3 scripts/house.py [--max-lines N] [--circles-only]   (from anywhere inside the repository)
+Usage: python3 scripts/house.py [--max-lines N] [--circles-only] [--imports]
+       (from anywhere inside the repository)
 
 For every crate of the workspace it reads the Rust files under its `src/`, takes the paths each
 file names through `crate::` and `super::` (in `use` items and inline), resolves them to the file
@@ -10,6 +12,12 @@ that defines that module, and prints:
 - every import circle between files (a strongly connected group of two or more files); a
   parent's `mod child;` declaration is not an import, and a file's own `#[cfg(test)]` tail is
   left out;
+- every upward import between folders, for the crates with a written layer list (`LAYERS`):
+  each top-level module of the crate (a folder or a file under `src/`) sits in one layer, from
+  the bottom up, and may name only modules of lower layers; naming a module of its own layer
+  (sideways) or of a higher one is an upward import. `lib.rs` and `main.rs` stand above every
+  layer; a top-level module missing from the list is an error of its own (a new folder gets a
+  place in the list). With --imports, every offending import is listed file by file;
 - every file longer than --max-lines (default 800), not counting test files and a file's
   `#[cfg(test)]` tail;
 - the count of `pub`, `pub(crate)` and other restricted items per crate;
@@ -17,7 +25,8 @@ that defines that module, and prints:
   the two installed binaries' packages (`cargo install --path mock_server` or `--path loadgen`),
   from `cargo tree`: such a difference makes the one rebuild what the other built.
 
-Exits 1 when it finds a circle, a feature difference or a long file (with --circles-only, long
+Exits 1 when it finds a circle, an upward import, a module missing from a layer list, a
+feature difference or a long file (with --circles-only, long
 files are listed only: what CI runs), so a check can call it. Standard library and cargo only.
 """
 
@@ -33,6 +42,36 @@ CRATES = {
     "loadgen": "loadgen/src",
     "indexer_bench": "indexer_bench/src",
     "servesim_fuzzing": "fuzzing/src",
+}
+
+# Each crate's layers from the bottom up; a layer is a tuple of top-level modules (a folder or a
+# file under `src/`), which may name modules of lower layers only, never one of their own layer.
+LAYERS = {
+    "loadgen": (
+        ("stdout",),
+        ("error",),
+        ("limits", "capped"),
+        ("run",),          # one request on the wire, the driver, the target, failures, shards
+        ("dataset",),      # real prompts, counted with the target's tokenizer
+        ("observe",),      # the live view and the server's metrics
+        ("report",),       # report files, charts, the HTML report
+        ("harness",),      # one run: connect, observe, drive, report, write
+        ("convert", "multiturn", "replay", "bench", "profile"),  # the modes
+        ("sweep", "merge"),                                      # modes over other modes
+    ),
+    "mock_server": (
+        ("stdout", "timer", "text", "output_length"),
+        ("metrics",),
+        ("kv_events",),
+        ("fault",),        # the seeded draws; the HTTP middleware is api/fault.rs
+        ("config",),
+        ("driver",),
+        ("api",),
+        ("connection",),
+        ("args",),
+        ("fleet",),
+        ("cmd",),
+    ),
 }
 
 PATH_RE = re.compile(r"\b(crate|super)((?:::\w+)+)")
@@ -166,6 +205,35 @@ def feature_differences(top: Path) -> list:
     return differences
 
 
+def upward_imports(crate: str, root: Path, graph: dict) -> tuple:
+    """([(file, imported file)] naming a module of the same or a higher layer, [top-level modules
+    missing from the layer list]) for a crate with a layer list; ([], []) otherwise."""
+    layers = LAYERS.get(crate)
+    if layers is None:
+        return [], []
+    level = {m: i for i, layer in enumerate(layers) for m in layer}
+    missing = set()
+
+    def top(f: Path):
+        path = module_path(root, f)
+        if not path:
+            return None  # lib.rs / main.rs: above every layer
+        if path[0] not in level:
+            missing.add(path[0])
+        return path[0]
+
+    found = []
+    for f, targets in sorted(graph.items()):
+        a = top(f)
+        for t in sorted(targets):
+            b = top(t)
+            if a is None or b is None or a == b or a not in level or b not in level:
+                continue
+            if level[b] >= level[a]:
+                found.append((f, t))
+    return found, sorted(missing)
+
+
 def is_test_file(path: Path) -> bool:
     return path.name in ("tests.rs", "test.rs") or "tests" in path.parts
 
@@ -176,16 +244,20 @@ def main() -> int:
     parser.add_argument(
         "--circles-only",
         action="store_true",
-        help="fail on import circles and feature differences only (long files are listed, "
+        help="fail on import circles, upward imports and feature differences only (long files are listed, "
              "not failed): what CI checks",
     )
+    parser.add_argument("--imports", action="store_true",
+                        help="list every upward import file by file")
     args = parser.parse_args()
     top = Path(subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True,
                               text=True, check=True).stdout.strip())
     bad = False
     long_files = []
-    print("crate             files  circles   pub  pub(restricted)")
+    print("crate             files  circles  upward imports   pub  pub(restricted)")
     all_circles = []
+    all_upward = []
+    all_missing = []
     for crate, src in CRATES.items():
         root = top / src
         files = sorted(p for p in root.rglob("*.rs"))
@@ -213,10 +285,27 @@ def main() -> int:
             graph[f] = {e for e in edges_of(modules, here, f.name == "mod.rs", code) if e != f}
         found = circles(graph)
         all_circles += found
-        print(f"{crate:<17} {len(files):>5}  {len(found):>7}  {pub:>4}  {restricted:>15}")
+        upward, missing = upward_imports(crate, root, graph)
+        all_upward += [(crate, root, a, b) for a, b in upward]
+        all_missing += [(crate, m) for m in missing]
+        layered = f"{len(upward):>14}" if crate in LAYERS else f"{'(no layers)':>14}"
+        print(f"{crate:<17} {len(files):>5}  {len(found):>7}  {layered}  {pub:>4}  "
+              f"{restricted:>15}")
     for group in all_circles:
         bad = True
         print("circle: " + " <-> ".join(str(f.relative_to(top)) for f in group))
+    for crate, root, a, b in all_upward:
+        bad = True
+        if args.imports:
+            print(f"upward import: {a.relative_to(top)} -> {b.relative_to(top)}")
+    if all_upward and not args.imports:
+        pairs = sorted({(c, module_path(r, a)[0], module_path(r, b)[0])
+                        for c, r, a, b in all_upward})
+        for crate, a, b in pairs:
+            print(f"upward import: {crate}: {a} -> {b} (--imports lists the files)")
+    for crate, m in all_missing:
+        bad = True
+        print(f"layers: {crate}'s module {m} is in no layer of scripts/house.py's LAYERS")
     for n, f in sorted(long_files, reverse=True):
         bad = bad or not args.circles_only
         print(f"long file: {f} ({n} lines > {args.max_lines})")
@@ -228,10 +317,11 @@ def main() -> int:
     if not differences:
         print("features: " + " and ".join(f"{p} alone" for p in INSTALLED)
               + " build every dependency with the workspace build's features")
-    if not all_circles and not long_files:
-        print("no import circles, no file over", args.max_lines, "lines outside tests")
-    elif not all_circles:
-        print("no import circles")
+    if not all_circles and not all_upward and not long_files:
+        print("no import circles, no upward imports, no file over", args.max_lines,
+              "lines outside tests")
+    elif not all_circles and not all_upward:
+        print("no import circles, no upward imports")
     return 1 if bad else 0
 
 
