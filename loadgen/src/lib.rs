@@ -6,41 +6,47 @@
 //!
 //! [`Cli`] is the command line and [`run()`] / [`run_async`] execute it; a run whose failed
 //! requests exceed `--max-failure-rate` returns [`LoadgenError::TooManyFailures`] (or
-//! [`LoadgenError::AllFailed`]) after writing its reports. The folders:
+//! [`LoadgenError::AllFailed`]) after writing its reports.
 //!
-//! - [`run`](mod@run): the one run harness every run command goes through (connect, observe,
-//!   drive, report, write; a mode supplies only its schedule and its report, and
-//!   [`run::RunArgs`] are the flags it reads), and what it runs on: [`run::target`] (where
-//!   requests go), [`run::driver`] (the one driver loop, latencies counted from the scheduled
-//!   send: `run::driver::Sample::ttft_us`), [`run::client`] and [`run::sse`] (one streamed
-//!   request), `run::prompt`, `run::failure` (counts by reason, the `failures` key of every
+//! The folders, from the bottom layer up (a folder names only the folders below it;
+//! `scripts/house.py` checks it):
+//!
+//! - `stdout`, [`error`] ([`LoadgenError`] and the exit status of each), `limits` (every flag's
+//!   allowed range, caps as named constants, and the output-path check each mode's validation
+//!   runs before anything connects) and `capped` (bounded reads of the files loadgen reads).
+//! - [`run`](mod@run): what a run runs on: [`run::target`] (where requests go), [`run::driver`]
+//!   (the one driver loop, latencies counted from the scheduled send:
+//!   `run::driver::Sample::ttft_us`), [`run::client`] and [`run::sse`] (one streamed request on
+//!   the wire), `run::prompt`, `run::failure` (counts by reason, the `failures` key of every
 //!   report) and `run::shard` (`--shard I/N`, `--start-at`).
+//! - [`dataset`]: real prompts (`--dataset sharegpt:PATH` or `jsonl:PATH`) for `bench`,
+//!   `sweep` and `multiturn`: read through caps, counted with the target's tokenizer, filtered,
+//!   taken in a seeded order.
 //! - [`observe`]: what a run shows besides its report: [`observe::scrape`] (the target's
 //!   Prometheus metrics over time) and `observe::live` (the live view).
 //! - [`report`]: [`report::replay_report`] (the `replay` and `bench` report, with `mockserve
-//!   replay`'s keys, and the raw per-request record it can be rebuilt from),
-//!   `report::html` (the self-contained HTML report) and [`report::merge`] (one report from
-//!   several runs' records).
+//!   replay`'s keys, and the raw per-request record it can be rebuilt from) and `report::html`
+//!   (the self-contained HTML report).
+//! - [`harness`]: the one run harness every run command goes through (connect, observe, drive,
+//!   report, write; a mode supplies only its schedule and its report, and
+//!   [`harness::RunArgs`] are the flags it reads).
+//! - The modes, each with its flags, its report and its verdict:
+//!
 //! - [`multiturn`]: the run, [`multiturn::config`] (flags → [`multiturn::config::MultiturnConfig`]),
 //!   `multiturn::workload` (the seeded conversations), [`multiturn::report`] (Dynamo's
 //!   statistics and keys) and [`multiturn::compare`] (results files side by side).
 //! - [`replay`]: a Mooncake trace as sessions, or an agentic trace's request graph sent by
 //!   `replay::graph_driver` (each node when its dependencies allow).
 //! - [`bench`](mod@bench): flags → [`bench::BenchPlan`], arrivals, lengths, goodput.
-//! - [`sweep`](mod@sweep): bench or replay over load points, or the max-goodput search;
-//!   saturation and the knee.
 //! - [`profile`](mod@profile): prefill and decode latency measured into a profile that
 //!   `--perf-profile` reads.
 //! - [`convert`](mod@convert): `trace convert`, multiturn records or an OpenAI request log into
 //!   a Mooncake or agentic trace, hash ids from the real tokens.
-//! - [`dataset`]: real prompts (`--dataset sharegpt:PATH` or `jsonl:PATH`) for `bench`,
-//!   `sweep` and `multiturn`: read through caps, counted with the target's tokenizer, filtered,
-//!   taken in a seeded order.
-//! - `stdout`: the one way loadgen prints to its console (a closed pipe ends the output
-//!   quietly; the run goes on and writes its files).
-//! - `limits`: every flag's allowed range (caps as named constants) and the output-path check
-//!   each mode's validation runs before anything connects; [`error`]: [`LoadgenError`] and the
-//!   exit status of each.
+//! - [`sweep`](mod@sweep) and [`merge`](mod@merge) (one report from several runs' records)
+//!   stand on the modes above: a sweep is bench or replay over load points, or the
+//!   max-goodput search, with saturation and the knee.
+//!
+//! `stdout` is the one way loadgen prints to its console (a closed pipe ends the output quietly; the run goes on and writes its files).
 //!
 //! The modules other crates, the benches and the tests name are also at the crate root
 //! ([`driver`], [`client`], [`sse`], [`scrape`], [`config`], [`replay_report`], ...).
@@ -58,10 +64,13 @@
 //! ```
 
 pub mod bench;
+pub(crate) mod capped;
 pub mod convert;
 pub mod dataset;
 pub mod error;
+pub mod harness;
 pub(crate) mod limits;
+pub mod merge;
 pub mod multiturn;
 pub mod observe;
 pub mod profile;
@@ -74,7 +83,7 @@ pub mod sweep;
 // The flat paths other crates, the benches and the tests use; each module lives in its folder.
 pub use multiturn::{compare, config, report as multiturn_report};
 pub use observe::scrape;
-pub use report::{merge, replay_report};
+pub use report::replay_report;
 pub use run::{client, driver, sse, target};
 
 use clap::{Parser, Subcommand};

@@ -9,9 +9,9 @@ use crate::bench::arrival::Arrival;
 use crate::bench::plan::{BenchPlan, Lengths, Load, Rate, Stop, Warmup, DEFAULT_NUM_REQUESTS};
 use crate::bench::slo::Slo;
 use crate::error::LoadgenError;
+use crate::harness::RunArgs;
 use crate::limits;
 use crate::run::target::Api;
-use crate::run::RunArgs;
 
 /// `loadgen bench` flags.
 #[derive(Args, Clone, Debug)]
@@ -184,7 +184,7 @@ impl BenchArgs {
             }
         }
         if let Some(n) = stop.max_requests() {
-            crate::run::repeat::check_records(self.run.runs.num_runs, n, "--num-requests")?;
+            crate::harness::repeat::check_records(self.run.runs.num_runs, n, "--num-requests")?;
         }
         match self.warmup {
             Some(Warmup::Requests(w)) => {

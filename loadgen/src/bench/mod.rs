@@ -36,10 +36,10 @@ use std::time::Duration;
 use indicatif::ProgressBar;
 
 use crate::error::LoadgenError;
+use crate::harness::{self, Mode, Settings};
 use crate::observe::Observed;
 use crate::run::driver::{self, RunHooks, Script};
 use crate::run::target::{Api, Connected, EmbeddedOptions, TargetSpec};
-use crate::run::{self, Mode, Settings};
 use report::measure;
 use schedule::{Schedule, Taken};
 
@@ -49,7 +49,7 @@ use schedule::{Schedule, Taken};
 /// ([`replay_report::LiveReport::verdict`](crate::report::replay_report::LiveReport::verdict);
 /// [`crate::run_async`] applies it).
 pub async fn bench(args: &BenchArgs) -> Result<BenchRun, LoadgenError> {
-    run::first(bench_runs(args).await?)
+    harness::first(bench_runs(args).await?)
 }
 
 /// Runs `loadgen bench` `--num-runs` times (the same schedule each time): every run, in order
@@ -63,7 +63,7 @@ pub async fn bench_runs(args: &BenchArgs) -> Result<Vec<BenchRun>, LoadgenError>
         taken: Taken::default(),
         lora: None,
     };
-    run::execute_runs(mode, &spec, &Settings::of(&args.run)).await
+    harness::execute_runs(mode, &spec, &Settings::of(&args.run)).await
 }
 
 /// `loadgen bench` in the harness: the plan's schedule, its report with the observers' series

@@ -9,9 +9,9 @@ use crate::bench::plan::{BenchPlan, Load, Warmup};
 use crate::bench::schedule::{info, picks, Taken};
 use crate::bench::slo::{goodput, Goodput, Slo};
 use crate::error::LoadgenError;
+use crate::harness::Report;
 use crate::report::replay_report::{self, RequestInfo};
 use crate::run::driver;
-use crate::run::Report;
 use mock_server::args::ReportArgs;
 
 /// The outcome of a bench run.

@@ -10,8 +10,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use servesim::trace::{BoundedReadError, TraceLines, MAX_TRACE_LINE_BYTES};
 
-use super::blocks::{ChatPrompts, PromptBlocks};
-use super::error::ConvertError;
+use crate::error::convert::ConvertError;
+use crate::run::blocks::{ChatPrompts, PromptBlocks};
 
 /// What the input file holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

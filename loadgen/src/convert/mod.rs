@@ -6,14 +6,12 @@
 //! Hash ids come from the real prompt tokens (the chat template included) in blocks of
 //! `--block-size`: two requests share ids exactly as far as their prompts agree in whole blocks
 //! (`output` says how ids are given). A multiturn record keeps its prompt as block hashes
-//! (`blocks::PromptBlocks`, 16 tokens a hash), so records convert at any multiple of 16; a log
+//! (`run::blocks::PromptBlocks`, 16 tokens a hash), so records convert at any multiple of 16; a log
 //! is tokenized here with `--tokenizer`. Conversations become sessions, their think times the
 //! delays after each previous turn's end; timestamps become the trace's timing.
 //!
 //! Same input and flags, same bytes out.
 
-pub(crate) mod blocks;
-pub(crate) mod error;
 pub(crate) mod input;
 pub(crate) mod output;
 
@@ -22,10 +20,10 @@ use std::sync::Arc;
 
 use clap::{Args, Subcommand};
 
+pub use crate::error::convert::ConvertError;
 use crate::error::LoadgenError;
 use crate::limits;
-use blocks::ChatPrompts;
-pub use error::ConvertError;
+use crate::run::blocks::ChatPrompts;
 use input::{InputFormat, ReadNotes};
 use output::{Converted, OutputFormat, OutputPlan};
 use servesim::trace::{read_whole, BoundedReadError, MAX_TRACE_FILE_BYTES};

@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use clap::ValueEnum;
 use serde::Serialize;
 
-use super::error::ConvertError;
 use super::input::Request;
+use crate::error::convert::ConvertError;
 use servesim::trace::{AGENTIC_MOONCAKE_SCHEMA, MAX_ROW_OUTPUT_TOKENS, MAX_ROW_TOKENS};
 
 /// The trace format written.

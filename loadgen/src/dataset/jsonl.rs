@@ -16,10 +16,10 @@ use std::path::Path;
 
 use serde_json::Value;
 
+use crate::capped::RecordLines;
 use crate::dataset::{cut, Conversation, DatasetError, Origin, Role};
 use crate::error::LoadgenError;
 use crate::limits;
-use crate::report::capped::RecordLines;
 
 /// Keys of an object line that give its output length, in the order they are looked at.
 const LENGTH_KEYS: [&str; 3] = ["output_tokens", "max_tokens", "max_completion_tokens"];

@@ -21,11 +21,10 @@
 //!
 //! The formats: `sharegpt` (one JSON array) and `jsonl` (one conversation a line).
 
-pub(crate) mod error;
 mod jsonl;
 mod sharegpt;
 
-pub use error::DatasetError;
+pub use crate::error::dataset::DatasetError;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

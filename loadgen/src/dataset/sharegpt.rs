@@ -8,9 +8,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::capped::read_json_within;
 use crate::dataset::{cut, Conversation, DatasetError, Origin, Role};
 use crate::error::LoadgenError;
-use crate::report::capped::read_json_within;
 
 /// One conversation as the file has it.
 #[derive(Deserialize)]

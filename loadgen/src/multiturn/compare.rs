@@ -43,7 +43,7 @@ pub struct TurnRow {
 /// Loads a results file (loadgen's or Dynamo multiturn_bench's), at most
 /// `MAX_REPORT_FILE_BYTES` (`crate::report::capped`).
 pub fn load(path: &Path) -> Result<Results, LoadgenError> {
-    crate::report::capped::read_json(path)
+    crate::capped::read_json(path)
 }
 
 fn find(rows: &[PerTurnStats], turn: usize) -> Option<(f64, f64)> {
@@ -130,7 +130,7 @@ pub fn run(args: &CompareArgs) -> Result<String, LoadgenError> {
     if let Some(path) = &args.html {
         let mut views = Vec::new();
         for file in [&args.a, &args.b].into_iter().chain(&args.more) {
-            let json: serde_json::Value = crate::report::capped::read_json(file)?;
+            let json: serde_json::Value = crate::capped::read_json(file)?;
             let name = file.file_stem().map_or_else(
                 || file.display().to_string(),
                 |s| s.to_string_lossy().into_owned(),

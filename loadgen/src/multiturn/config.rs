@@ -8,11 +8,11 @@ use mock_server::config::ReasoningFormat;
 use serde_json::{json, Value};
 
 use crate::error::LoadgenError;
+use crate::harness::RunArgs;
 use crate::limits;
 use crate::multiturn::workload::WorkloadSpec;
 use crate::observe::ObserveArgs;
 use crate::run::target::{Api, EmbeddedOptions, TargetSpec};
-use crate::run::RunArgs;
 
 /// `--tool-call-share` when only `--tool-wait-ms` is given.
 pub(crate) const DEFAULT_TOOL_CALL_SHARE: f64 = 0.5;
@@ -266,7 +266,7 @@ impl MultiturnArgs {
             limits::MAX_REQUESTS,
             "MAX_REQUESTS",
         )?;
-        crate::run::repeat::check_records(
+        crate::harness::repeat::check_records(
             run.runs.num_runs,
             w.num_users * w.num_turns,
             "--num-users x --num-turns",

@@ -18,16 +18,16 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
 
-use crate::convert::blocks::{ChatPrompts, PromptBlocks, RECORD_BLOCK_TOKENS};
 use crate::error::LoadgenError;
+use crate::harness::{self, Mode, Report, Settings};
 use crate::multiturn::config::{MultiturnConfig, ResponsesHistory};
 use crate::multiturn::report::{RawResult, Results, RunData, ShardSample};
 use crate::multiturn::workload::{TokenCounter, UserScript, Workload};
 use crate::observe::Observed;
+use crate::run::blocks::{ChatPrompts, PromptBlocks, RECORD_BLOCK_TOKENS};
 use crate::run::client::{FirstToken, Response, Wire};
 use crate::run::driver::{self, DriverConfig, Observer, Planned, RunHooks, Sample, Script, Start};
 use crate::run::target::{Api, Connected};
-use crate::run::{self, Mode, Report, Settings};
 use mock_server::args::ReportArgs;
 
 /// What every conversation needs to build its bodies.
@@ -262,7 +262,7 @@ fn print_config(c: &MultiturnConfig, url: &str, model: &str) {
 /// the results (the failure-rate verdict is [`verdict`]'s); with `--num-runs K` the first run's
 /// ([`multiturn_runs`] returns them all).
 pub async fn multiturn(config: &MultiturnConfig) -> Result<Results, LoadgenError> {
-    run::first(multiturn_runs(config).await?)
+    harness::first(multiturn_runs(config).await?)
 }
 
 /// Runs a multi-turn benchmark `--num-runs` times (the same conversations each time): every
@@ -290,7 +290,7 @@ pub async fn multiturn_runs(config: &MultiturnConfig) -> Result<Vec<Results>, Lo
         bar: ProgressBar::hidden(),
         lora: None,
     };
-    let runs = run::execute_runs(mode, &config.target, &settings).await?;
+    let runs = harness::execute_runs(mode, &config.target, &settings).await?;
     Ok(runs.into_iter().map(|r| r.results).collect())
 }
 

@@ -147,7 +147,7 @@ pub struct RawResult {
     /// The prompt as the target's tokenizer and chat template render it, as block hashes (what
     /// `loadgen trace convert` names hash ids from); absent when the run had no tokenizer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub prompt_blocks: Option<crate::convert::blocks::PromptBlocks>,
+    pub prompt_blocks: Option<crate::run::blocks::PromptBlocks>,
     /// `[I, N]` of a `--shard I/N` run (absent unsharded); `user_id` is the global user.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<(u32, u32)>,

@@ -10,6 +10,7 @@ use servesim::replay::{summarize, AgenticReport, GraphTimes};
 use servesim::trace::{self, RequestGraph, TraceFormat};
 
 use crate::error::LoadgenError;
+use crate::harness::{self, Mode};
 use crate::limits;
 use crate::observe::Observed;
 use crate::replay::args::{settings, ReplayArgs, SessionMode};
@@ -19,7 +20,6 @@ use crate::replay::report::{ReplayKeys, ReplayRun};
 use crate::report::replay_report::{self, RequestInfo};
 use crate::run::driver::RunHooks;
 use crate::run::target::{Api, Connected, EmbeddedOptions};
-use crate::run::{self, Mode};
 
 /// Loads an agentic trace (`format`, already detected) as a request graph, checked as
 /// `mockserve replay` checks it: its schedule bounded unless `--allow-long-schedule`; the flags
@@ -89,7 +89,7 @@ pub(super) async fn replay_graph(
     console: bool,
 ) -> Result<Vec<ReplayRun>, LoadgenError> {
     let graph = load_graph(args, format)?;
-    run::repeat::check_records(
+    harness::repeat::check_records(
         args.run.runs.num_runs,
         graph.nodes.len(),
         "the trace's requests",
@@ -124,7 +124,7 @@ pub(super) async fn replay_graph(
         owned: Vec::new(),
         lora: None,
     };
-    run::execute_runs(mode, &spec, &settings(args, console)).await
+    harness::execute_runs(mode, &spec, &settings(args, console)).await
 }
 
 /// The in-flight cap of an agentic replay: `--max-in-flight`, or

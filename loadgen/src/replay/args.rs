@@ -4,9 +4,9 @@
 use clap::{Args, ValueEnum};
 
 use crate::error::LoadgenError;
+use crate::harness::{RunArgs, Settings};
 use crate::limits;
 use crate::run::target::Api;
-use crate::run::{RunArgs, Settings};
 use mock_server::args::TraceArgs;
 
 /// `loadgen replay` flags (`mockserve replay`'s trace flags, plus the live ones).

@@ -35,7 +35,7 @@ use std::sync::Arc;
 use servesim::trace::{self, TraceFormat};
 
 use crate::error::LoadgenError;
-use crate::run;
+use crate::harness;
 use crate::run::target::EmbeddedOptions;
 pub use agentic::load_graph;
 use agentic::replay_graph;
@@ -52,7 +52,7 @@ use sessions::SessionsMode;
 /// ([`LiveReport::verdict`](crate::report::replay_report::LiveReport::verdict);
 /// [`crate::run_async`] applies it).
 pub async fn replay(args: &ReplayArgs) -> Result<ReplayRun, LoadgenError> {
-    run::first(replay_runs(args).await?)
+    harness::first(replay_runs(args).await?)
 }
 
 /// Runs `loadgen replay` `--num-runs` times (the same schedule each time): every run, in order
@@ -79,7 +79,7 @@ pub(crate) async fn replay_with(
         )));
     }
     let trace = load_trace(args)?;
-    run::repeat::check_records(
+    harness::repeat::check_records(
         args.run.runs.num_runs,
         trace.num_requests(),
         "the trace's requests",
@@ -116,5 +116,5 @@ pub(crate) async fn replay_with(
         owned: Vec::new(),
         lora: None,
     };
-    run::execute_runs(sessions, &spec, &settings(args, console)).await
+    harness::execute_runs(sessions, &spec, &settings(args, console)).await
 }

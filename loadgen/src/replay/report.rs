@@ -6,10 +6,10 @@ use serde_json::json;
 use servesim::replay::AgenticReport;
 
 use crate::error::LoadgenError;
+use crate::harness::Report;
 use crate::observe::Observed;
 use crate::replay::args::SessionMode;
 use crate::report::replay_report::{self, LiveReport, RequestInfo};
-use crate::run::Report;
 use mock_server::args::ReportArgs;
 
 /// The outcome of a live replay.

@@ -8,6 +8,7 @@ use serde_json::json;
 use servesim::trace::Trace;
 
 use crate::error::LoadgenError;
+use crate::harness::Mode;
 use crate::observe::Observed;
 use crate::replay::args::{ReplayArgs, SessionMode};
 use crate::replay::plan::{prompts_line, PromptPlan};
@@ -17,7 +18,6 @@ use crate::run::client::Response;
 use crate::run::driver::{self, Planned, RunHooks, Script, Start};
 use crate::run::prompt::PromptSynth;
 use crate::run::target::{request_body, Api, Connected};
-use crate::run::Mode;
 
 /// One session as a driver script.
 struct SessionScript {

@@ -32,13 +32,13 @@ use tokio::sync::watch;
 
 use crate::bench::{self, BenchArgs, BenchPlan};
 use crate::error::LoadgenError;
+use crate::harness::{self, Mode, Report, Settings};
 use crate::limits;
 use crate::observe::Observed;
 use crate::run::driver::RunHooks;
 use crate::run::driver::{Observer, Sample};
 use crate::run::target::Connected;
 use crate::run::target::EmbeddedOptions;
-use crate::run::{self, Mode, Report, Settings};
 use mock_server::args::ReportArgs;
 
 /// Default share of requests that must meet the SLO for a point to be good.
@@ -220,7 +220,7 @@ impl SweepArgs {
             max_in_flight: self.bench.concurrency,
             session_mode: crate::replay::SessionMode::Auto,
             endpoint: self.bench.endpoint,
-            run: crate::run::RunArgs {
+            run: crate::harness::RunArgs {
                 report: crate::observe::quiet(),
                 observe: crate::observe::ObserveArgs {
                     no_scrape_metrics: true,
@@ -229,7 +229,7 @@ impl SweepArgs {
                 failures: self.bench.run.failures.clone(),
                 target: self.bench.run.target.clone(),
                 sharding: Default::default(),
-                runs: crate::run::repeat::RepeatArgs {
+                runs: crate::harness::repeat::RepeatArgs {
                     num_runs: 1,
                     lora_mix: self.bench.run.runs.lora_mix.clone(),
                 },
@@ -437,7 +437,7 @@ async fn run_point(
         (LoadPoint::ArrivalSpeedup(x), Some(template)) => {
             let mut args = template.clone();
             args.trace.arrival_speedup_ratio = x;
-            let run = crate::run::first(crate::replay::replay_with(&args, false).await?)?;
+            let run = crate::harness::first(crate::replay::replay_with(&args, false).await?)?;
             let attainment = plan.base.slo.map(|slo| {
                 bench::goodput(
                     &slo,
@@ -615,7 +615,7 @@ pub async fn sweep(args: &SweepArgs) -> Result<SweepRun, LoadgenError> {
         spec: &spec,
         quiet: run.report.quiet,
     };
-    let sweep = run::execute(mode, &spec, &settings).await?;
+    let sweep = harness::execute(mode, &spec, &settings).await?;
     // Overload failures are what a sweep looks for, but a sweep in which every request of every
     // point failed measured nothing: the report is written and the exit status says so.
     let records = sweep.points.iter().flat_map(|p| &p.records);

@@ -19,6 +19,8 @@
 //! ([`ShardSample`]), and `merge_multiturn` rebuilds the whole run's [`Results`] with the
 //! code a run uses. An unsharded multiturn run is one process already: its records are refused.
 
+pub(crate) mod record_check;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -26,10 +28,10 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use crate::bench::Slo;
+use crate::capped;
 use crate::error::LoadgenError;
 use crate::multiturn::report::{RawResult, Results, RunData, ShardSample};
 use crate::report::replay_report::{self, LiveReport, RawSample, RequestInfo};
-use crate::report::{capped, record_check};
 
 /// `loadgen merge` flags.
 #[derive(Args, Clone, Debug)]

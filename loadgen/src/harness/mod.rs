@@ -1,32 +1,15 @@
 //! One run, whatever the mode: the harness every run command (`bench`, `replay`, `sweep`,
-//! `multiturn`) goes through, and what it runs on.
+//! `multiturn`) goes through.
 //!
 //! The harness (`execute`) connects, waits for `--start-at`, starts the observers, drives, stops
 //! them, builds the report, prints it and writes its files; a mode supplies only its schedule
-//! and its report. [`RunArgs`] are the flags it reads, flattened into each mode's flags. The
-//! modules:
-//!
-//! - [`target`]: where requests go ([`target::TargetArgs`] → [`target::TargetSpec`] →
-//!   [`target::Connected`]): `--url` or the embedded mockserve, model detection, the tokenizer.
-//! - [`driver`]: the one driver loop; each session is a [`driver::Script`] whose requests are
-//!   due at absolute offsets (open loop) or after the previous answer (closed loop).
-//! - [`client`]: one streamed request and its timing; [`sse`]: the bounded SSE parser it reads
-//!   with.
-//! - `prompt`: prompt text from hash ids, exact for a known tokenizer.
-//! - `failure`: why a request failed, counts by reason and the verdict.
-//! - `shard`: `--shard I/N` and `--start-at`, one load split over N processes.
-//! - [`repeat`]: `--num-runs K` (the same run K times, then the aggregate across them) and the
-//!   `--lora-mix` flag; [`lora`]: the seeded mix of LoRA adapters sent as the model.
+//! and its report. [`RunArgs`] are the flags it reads, flattened into each mode's flags.
+//! [`repeat`]: `--num-runs K` (the same run K times, then the aggregate across them) and the
+//! `--lora-mix` flag. What a run runs on (the target, the driver, one request) is in
+//! [`run`](mod@crate::run), below this layer; what it shows and writes is in
+//! [`observe`](crate::observe) and [`report`](crate::report).
 
-pub mod client;
-pub mod driver;
-pub(crate) mod failure;
-pub mod lora;
-pub(crate) mod prompt;
 pub mod repeat;
-pub(crate) mod shard;
-pub mod sse;
-pub mod target;
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -41,7 +24,7 @@ use crate::observe::{Observe, ObserveArgs, Observed};
 use crate::run::driver::RunHooks;
 use crate::run::failure::FailureArgs;
 use crate::run::shard::ShardArgs;
-use crate::run::target::{Api, Connected, TargetArgs, TargetSpec};
+use crate::run::target::{self, Api, Connected, TargetArgs, TargetSpec};
 use mock_server::args::ReportArgs;
 
 /// The flags of one run besides its schedule: report files, observers, failure threshold,

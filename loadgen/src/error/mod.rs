@@ -1,4 +1,8 @@
-//! [`LoadgenError`]: everything that stops a run or makes it fail.
+//! [`LoadgenError`]: everything that stops a run or makes it fail; `convert`'s and `dataset`'s
+//! own errors are here too (the bottom layer), each wrapped by one variant.
+
+pub(crate) mod convert;
+pub(crate) mod dataset;
 
 use std::path::PathBuf;
 
@@ -29,10 +33,10 @@ pub enum LoadgenError {
     Trace(#[from] servesim::trace::TraceError),
     /// `loadgen trace convert` could not read its input (line-numbered).
     #[error(transparent)]
-    Convert(#[from] crate::convert::error::ConvertError),
+    Convert(#[from] convert::ConvertError),
     /// A `--dataset` file cannot be used (line-numbered, or the conversation named).
     #[error(transparent)]
-    Dataset(#[from] crate::dataset::error::DatasetError),
+    Dataset(#[from] dataset::DatasetError),
     /// `--tokenizer` could not be loaded.
     #[error(transparent)]
     Tokenizer(#[from] servesim::tokenizer::TokenizerError),

@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use crate::error::LoadgenError;
+use crate::harness::{Report, Settings};
 use crate::report::repeat;
 use crate::run::lora::LoraMix;
-use crate::run::{Report, Settings};
 use mock_server::args::ReportArgs;
 
 /// Runs of one command at most (`--num-runs`): every run's records stay in memory until the
