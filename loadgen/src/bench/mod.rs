@@ -131,9 +131,10 @@ impl Mode for BenchMode<'_> {
     ) -> Result<BenchRun, LoadgenError> {
         let mut run = measure(&self.plan, self.lora.as_deref(), &self.taken, driven, wall);
         run.server_lateness = observed.lateness();
-        observed.annotate(
+        crate::report::observed::annotate(
             &mut run.json,
             &run.live,
+            observed,
             Some(config_json(&self.plan, self.spec)),
         );
         Ok(run)

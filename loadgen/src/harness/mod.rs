@@ -258,7 +258,13 @@ async fn execute_once<M: Mode>(
     let run = mode.report(driven?, wall, &observed)?;
     if settings.console {
         crate::stdout::out!("{}", run.console_text());
-        crate::stdout::out!("{}", observed.console(run.live()));
+        crate::stdout::out!(
+            "{}",
+            observed.console(
+                run.live()
+                    .map(crate::report::replay_report::LiveReport::own_routing)
+            )
+        );
     }
     Ok(run)
 }

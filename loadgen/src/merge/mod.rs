@@ -508,9 +508,10 @@ fn run_live(
         ),
     };
     let mut json = crate::bench::bench_json(&live, &mode, 0, args.slo);
-    crate::observe::Observed::default().annotate(
+    crate::report::observed::annotate(
         &mut json,
         &live,
+        &crate::observe::Observed::default(),
         Some(json!({
             "mode": mode,
             "files": args.files.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),

@@ -497,7 +497,11 @@ impl Results {
             let _ = writeln!(o, "{}", self.failures.lines(self.total_requests));
         }
         if self.usage_mismatches > 0 {
-            let _ = writeln!(o, "{}\n", usage_warning(self.usage_mismatches));
+            let _ = writeln!(
+                o,
+                "{}\n",
+                crate::run::client::usage_warning(self.usage_mismatches)
+            );
         }
         aggregate(&mut o, "Aggregate TTFT:", self.aggregate_ttft.as_ref());
         aggregate(
@@ -551,14 +555,6 @@ impl Results {
         }
         o
     }
-}
-
-/// The warning line for requests whose usage contradicted their chunks.
-pub(crate) fn usage_warning(count: usize) -> String {
-    format!(
-        "WARNING: {count} requests reported usage.completion_tokens that contradicts the streamed chunks (fewer tokens than chunks, or more than {} per chunk); their counted chunks were used instead",
-        crate::run::client::MAX_TOKENS_PER_CHUNK
-    )
 }
 
 fn ms(us: u64) -> f64 {

@@ -10,13 +10,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use serde_json::{json, Value};
 
 use crate::error::LoadgenError;
 use crate::limits;
 use crate::observe::live::LiveView;
-use crate::observe::scrape::{Lateness, Scraper, ServerMetrics};
-use crate::report::replay_report::LiveReport;
+use crate::observe::scrape::{Lateness, OwnRouting, Scraper, ServerMetrics};
 use crate::run::driver::RunHooks;
 use crate::run::target::Connected;
 use mock_server::args::ReportArgs;
@@ -166,42 +164,29 @@ pub struct Observed {
 }
 
 impl Observed {
-    /// Adds the observed series to a report JSON: `server_metrics` (time series and summary),
-    /// `timeline` (per-second client figures), `latency_cdf` and `config`.
-    pub(crate) fn annotate(&self, json: &mut Value, live: &LiveReport, config: Option<Value>) {
-        let Some(map) = json.as_object_mut() else {
-            return;
-        };
-        map.insert("timeline".into(), crate::report::html::timeline(live));
-        map.insert("latency_cdf".into(), crate::report::html::latency_cdf(live));
-        if let Some(server) = self.attributed(Some(live)) {
-            map.insert("server_metrics".into(), json!(server));
-        }
-        if let Some(c) = config {
-            map.insert("config".into(), c);
-        }
-    }
-
     /// How late the server handed its tokens to clients during the run, when it said.
     pub fn lateness(&self) -> Option<Lateness> {
         self.server.as_ref()?.summary.token_lateness
     }
 
     /// Console lines: the server metrics' summary, its routing line attributed to the run's
-    /// own requests (`live`) when given.
-    pub fn console(&self, live: Option<&LiveReport>) -> String {
-        self.attributed(live)
+    /// own requests (`own`) when given.
+    pub fn console(&self, own: Option<OwnRouting>) -> String {
+        self.attributed(own)
             .map(|server| server.console())
             .unwrap_or_default()
     }
 
-    /// The server metrics with the routing judge's window attributed to `live`'s requests
+    /// The server metrics with the routing judge's window attributed to the run's own requests
     /// ([`scrape::RoutingSummary::attribute`]).
-    fn attributed(&self, live: Option<&LiveReport>) -> Option<std::borrow::Cow<'_, ServerMetrics>> {
+    pub(crate) fn attributed(
+        &self,
+        own: Option<OwnRouting>,
+    ) -> Option<std::borrow::Cow<'_, ServerMetrics>> {
         let server = self.server.as_ref()?;
-        match (live, server.summary.routing) {
-            (Some(live), Some(mut routing)) => {
-                routing.attribute(own_routing(live));
+        match (own, server.summary.routing) {
+            (Some(own), Some(mut routing)) => {
+                routing.attribute(own);
                 let mut server = server.clone();
                 server.summary.routing = Some(routing);
                 Some(std::borrow::Cow::Owned(server))
@@ -209,29 +194,6 @@ impl Observed {
             _ => Some(std::borrow::Cow::Borrowed(server)),
         }
     }
-}
-
-/// The run's own requests as routing decisions: those that reached a worker (successes, and
-/// failures whose response named one), their prompt and cached tokens, the workers named.
-pub(crate) fn own_routing(live: &LiveReport) -> scrape::OwnRouting {
-    let mut own = scrape::OwnRouting::default();
-    let mut workers = std::collections::BTreeSet::new();
-    for rec in &live.records {
-        let raw = &rec.raw;
-        if raw.failure.is_some() && raw.worker.is_none() {
-            continue;
-        }
-        own.requests += 1;
-        if let Some(w) = raw.worker {
-            workers.insert(w);
-        }
-        if let (None, Some(prompt)) = (&raw.failure, raw.prompt_tokens) {
-            own.prompt_tokens += prompt;
-            own.cached_tokens += raw.cached_tokens.unwrap_or(0).min(prompt);
-        }
-    }
-    own.workers = workers.len();
-    own
 }
 
 /// `--max-server-lateness`: fails when the server's 99th-percentile token lateness over the run

@@ -140,7 +140,7 @@ impl ReplayKeys {
             ));
         }
         let mut json = live.to_json(&keys);
-        observed.annotate(&mut json, &live, Some(self.config));
+        crate::report::observed::annotate(&mut json, &live, observed, Some(self.config));
         crate::run::shard::annotate(&mut json, shard);
         ReplayRun {
             live,

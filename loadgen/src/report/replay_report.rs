@@ -14,6 +14,7 @@ use servesim::metrics::{Collector, Distribution, ReplayReport, RequestRecord};
 use servesim::time::SimTime;
 
 use crate::error::LoadgenError;
+use crate::observe::scrape::OwnRouting;
 use crate::run::client::{Response, Timing, TokenSource};
 use crate::run::driver::Sample;
 use crate::run::failure::Failure;
@@ -416,6 +417,29 @@ pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> Li
 }
 
 impl LiveReport {
+    /// The run's own requests as routing decisions: those that reached a worker (successes, and
+    /// failures whose response named one), their prompt and cached tokens, the workers named.
+    pub(crate) fn own_routing(&self) -> OwnRouting {
+        let mut own = OwnRouting::default();
+        let mut workers = std::collections::BTreeSet::new();
+        for rec in &self.records {
+            let raw = &rec.raw;
+            if raw.failure.is_some() && raw.worker.is_none() {
+                continue;
+            }
+            own.requests += 1;
+            if let Some(w) = raw.worker {
+                workers.insert(w);
+            }
+            if let (None, Some(prompt)) = (&raw.failure, raw.prompt_tokens) {
+                own.prompt_tokens += prompt;
+                own.cached_tokens += raw.cached_tokens.unwrap_or(0).min(prompt);
+            }
+        }
+        own.workers = workers.len();
+        own
+    }
+
     /// Stamps every record with the wall-clock time of its run start.
     pub(crate) fn set_started_at(&mut self, started_at: std::time::SystemTime) {
         let us = started_at
@@ -504,9 +528,7 @@ impl LiveReport {
             s.push_str(&format!("Finish reasons: {}\n", list.join(", ")));
         }
         if self.usage_mismatches > 0 {
-            s.push_str(&crate::multiturn::report::usage_warning(
-                self.usage_mismatches,
-            ));
+            s.push_str(&crate::run::client::usage_warning(self.usage_mismatches));
             s.push('\n');
         }
         s

@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 pub use crate::run::failure::Failure;
 use crate::run::sse::SseParser;
-pub(crate) use response::{FirstToken, MAX_TOKENS_PER_CHUNK};
+pub(crate) use response::{usage_warning, FirstToken, MAX_TOKENS_PER_CHUNK};
 pub use response::{Response, Timing, TokenSource, ToolCall};
 use stream::{us, StreamState};
 

@@ -11,6 +11,14 @@ use crate::run::failure::Failure;
 /// above the chunk count is normal, but not by more than this factor.
 pub(crate) const MAX_TOKENS_PER_CHUNK: u64 = 32;
 
+/// The warning line for `count` requests whose `usage.completion_tokens` contradicted their
+/// streamed chunks (fewer tokens than chunks, or more than [`MAX_TOKENS_PER_CHUNK`] a chunk).
+pub(crate) fn usage_warning(count: usize) -> String {
+    format!(
+        "WARNING: {count} requests reported usage.completion_tokens that contradicts the streamed chunks (fewer tokens than chunks, or more than {MAX_TOKENS_PER_CHUNK} per chunk); their counted chunks were used instead"
+    )
+}
+
 /// True when `usage.completion_tokens` contradicts the `chunks` that carried tokens: fewer
 /// tokens than chunks (every counted chunk carries at least one token) or more than
 /// [`MAX_TOKENS_PER_CHUNK`] per chunk.
