@@ -65,6 +65,7 @@ pub(crate) mod answer;
 pub mod budget;
 pub(crate) mod embeddings;
 pub(crate) mod error;
+pub mod fault;
 pub(crate) mod generation;
 pub(crate) mod json_mode;
 pub(crate) mod layer;
@@ -109,7 +110,7 @@ use crate::driver::SubmitOptions;
 pub fn app(state: AppState) -> Router {
     let body_limit = DefaultBodyLimit::max(state.config.max_body_bytes);
     let config = &state.config;
-    let faults = crate::fault::http::FaultInjector::new(
+    let faults = crate::api::fault::FaultInjector::new(
         config.faults.clone(),
         config.seed,
         Arc::clone(&state.metrics),
@@ -154,7 +155,7 @@ pub fn app(state: AppState) -> Router {
             generation(post(messages::create), "messages"),
         )
         // Only the generation routes above.
-        .route_layer(from_fn_with_state(faults, crate::fault::http::inject))
+        .route_layer(from_fn_with_state(faults, crate::api::fault::inject))
         .route(
             "/v1/responses/{id}",
             get(responses::retrieve)

@@ -2,7 +2,7 @@
 //! requests with one of `--fault-types`, and the request header `x-servesim-fault: TYPE` forces
 //! one (`none` forces none).
 //!
-//! `http::inject` is a middleware in front of `/v1/chat/completions`, `/v1/completions` and
+//! `crate::api::fault::inject` is a middleware in front of `/v1/chat/completions`, `/v1/completions` and
 //! `/v1/embeddings`. Each request that reaches it takes the next draw number `k` (arrival order),
 //! and whether it faults, with which type and after how many tokens, is a function of
 //! `(--seed, k)` alone: the same seed and the same request order give the same faults.
@@ -27,9 +27,7 @@
 //! failures (`servesim_http_request_failures_total`).
 //!
 //! This file holds what a fault is and when one is drawn ([`FaultType`], [`FaultConfig`]);
-//! [`http`] applies them to requests and responses.
-
-pub mod http;
+//! `crate::api::fault` applies them to requests and responses.
 
 use std::str::FromStr;
 use std::time::Duration;

@@ -292,7 +292,7 @@ async fn the_key_faults_counts_and_the_queue_bound_apply() -> Result<()> {
             builder = builder.header("authorization", "Bearer sekrit");
         }
         if let Some(fault) = fault {
-            builder = builder.header(mock_server::fault::http::FAULT_HEADER, fault);
+            builder = builder.header(mock_server::api::fault::FAULT_HEADER, fault);
         }
         builder.body(Body::from(request.to_string()))
     };

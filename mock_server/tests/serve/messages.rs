@@ -6,8 +6,8 @@ use anyhow::{bail, Context, Result};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use futures_util::StreamExt;
+use mock_server::api::fault::FAULT_HEADER;
 use mock_server::api::AppState;
-use mock_server::fault::http::FAULT_HEADER;
 use serde_json::{json, Value};
 
 use crate::common::*;

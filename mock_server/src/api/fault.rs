@@ -14,8 +14,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 
-use super::{FaultConfig, FaultType};
 use crate::api::error::ApiError;
+use crate::fault::{FaultConfig, FaultType};
 use crate::metrics::{FaultLabel, Metrics};
 
 /// The request header that forces a fault type (or `none`).
