@@ -13,6 +13,12 @@ use crate::kv_events::KvEventsConfig;
 use crate::output_length::OutputLengthDist;
 use crate::text::{default_codec, TextCodec};
 
+/// LoRA adapters loaded at once at most (`--lora-modules` and the loads at run time):
+/// `/v1/load_lora_adapter` beyond it is a 400 (unload one first). Each is a model card in
+/// `/v1/models` and, once it served a request, a `servesim_lora_requests` series in `/metrics`
+/// (removed when it is unloaded).
+pub const MAX_LORA_ADAPTERS: usize = 1024;
+
 /// Default `--max-body-bytes`: 8 MiB, room for a long multi-turn conversation.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 8 << 20;
 
@@ -171,7 +177,7 @@ impl ServerConfig {
         if self.max_inflight_bytes == 0 || self.max_inflight_bytes > MAX_INFLIGHT_BYTES {
             return bad("--max-inflight-bytes must be between 1 and 2^50 (1 PiB)");
         }
-        if self.lora_modules.len() > crate::api::lora::MAX_LORA_ADAPTERS {
+        if self.lora_modules.len() > MAX_LORA_ADAPTERS {
             return bad("--lora-modules names more than 1024 adapters (MAX_LORA_ADAPTERS)");
         }
         if !(0.0..=1.0).contains(&self.stop_probability) {

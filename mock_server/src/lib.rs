@@ -82,7 +82,7 @@ pub enum Command {
     Serve(Box<ServeCommand>),
     /// N simulated vLLM-like workers in one process, each its own endpoint (HTTP, metrics, KV
     /// events), for routers in front of them; a judge scores every routing decision.
-    Fleet(Box<fleet::FleetArgs>),
+    Fleet(Box<cmd::fleet::FleetArgs>),
     /// Replay a Mooncake trace on a virtual clock and report Dynamo-compatible metrics.
     Replay(Box<cmd::replay::ReplayArgs>),
     /// Print a shell completion script on stdout, e.g. `mockserve completions bash`.
@@ -116,7 +116,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         None => cmd::serve::run(&cli.serve, &cli.vllm),
         Some(Command::Serve(args)) => cmd::serve::run(&args.serve, &args.vllm),
-        Some(Command::Fleet(args)) => fleet::run(&args),
+        Some(Command::Fleet(args)) => cmd::fleet::run(&args),
         Some(Command::Replay(args)) => cmd::replay::run(&args).map(|_| ()),
         Some(Command::Completions { shell }) => {
             stdout::write(&completions(shell))?;

@@ -2,10 +2,7 @@
 //! or at run time (`/v1/load_lora_adapter`), each a model name of its own whose blocks never
 //! match another's.
 
-/// LoRA adapters loaded at once at most: `/v1/load_lora_adapter` beyond it is a 400 (unload one
-/// first). Each is a model card in `/v1/models` and, once it served a request, a
-/// `servesim_lora_requests` series in `/metrics` (removed when it is unloaded).
-pub const MAX_LORA_ADAPTERS: usize = 1024;
+pub use crate::config::MAX_LORA_ADAPTERS;
 
 /// Bytes of an adapter's name (`lora_name`) at most; its path (`lora_path`) may hold
 /// [`MAX_LORA_PATH_BYTES`].

@@ -1,6 +1,9 @@
-//! The `mockserve` commands that run something, one file each: [`serve`] (the default: the
-//! HTTP API over the live engine) and [`replay`] (a trace on a virtual clock). `mockserve
-//! fleet` is [`crate::fleet::run`]; the command line itself is [`crate::Cli`].
+//! The `mockserve` commands, one file each: [`serve`] (the default: the HTTP API over the live
+//! engine), [`fleet`] (N workers, each its own endpoint) and [`replay`] (a trace on a virtual
+//! clock); `shutdown` is the one way `serve` and `fleet` stop. The command line itself is
+//! [`crate::Cli`].
 
+pub mod fleet;
 pub mod replay;
 pub mod serve;
+pub(crate) mod shutdown;

@@ -15,6 +15,7 @@ use tokio::net::TcpListener;
 
 use crate::api::{app, AppState};
 use crate::args::{show_number, EngineArgs};
+use crate::cmd::shutdown;
 use crate::config::{
     HttpLimits, ReasoningFormat, ServerConfig, DEFAULT_BODY_READ_TIMEOUT,
     DEFAULT_HEADER_READ_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_BODY_BYTES,
@@ -197,20 +198,6 @@ impl Default for HttpArgs {
     }
 }
 
-/// Resolves once stdin reaches its end (or cannot be read) when `enabled`; never otherwise.
-/// The read blocks a plain thread, which the process's exit ends.
-async fn stdin_closed(enabled: bool) {
-    if !enabled {
-        return std::future::pending().await;
-    }
-    let (closed, on_close) = tokio::sync::oneshot::channel::<()>();
-    std::thread::spawn(move || {
-        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
-        let _ = closed.send(());
-    });
-    let _ = on_close.await;
-}
-
 // Built here, next to the flags, so that `config` (which the handlers import) knows no flags.
 impl HttpLimits {
     /// The limits the flags describe; timeouts must be positive (the shutdown one may be 0)
@@ -387,57 +374,13 @@ pub async fn serve_state(
     Ok(())
 }
 
-/// SIGINT and SIGTERM, both installed once up front so that no signal is missed between the
-/// first (drain) and the second (exit now).
-#[derive(Debug)]
-pub(crate) struct ShutdownSignals {
-    #[cfg(unix)]
-    interrupt: tokio::signal::unix::Signal,
-    #[cfg(unix)]
-    terminate: tokio::signal::unix::Signal,
-}
-
-impl ShutdownSignals {
-    /// Installs the handlers (inside a tokio runtime).
-    pub(crate) fn new() -> std::io::Result<ShutdownSignals> {
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{signal, SignalKind};
-            Ok(ShutdownSignals {
-                interrupt: signal(SignalKind::interrupt())?,
-                terminate: signal(SignalKind::terminate())?,
-            })
-        }
-        #[cfg(not(unix))]
-        Ok(ShutdownSignals {})
-    }
-
-    /// Resolves on the next SIGINT or SIGTERM.
-    pub(crate) async fn recv(&mut self) {
-        #[cfg(unix)]
-        tokio::select! {
-            _ = self.interrupt.recv() => {}
-            _ = self.terminate.recv() => {}
-        }
-        #[cfg(not(unix))]
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
-}
-
 /// `mockserve serve`: validates the flags (port ranges included), binds the HTTP listener and
 /// every KV-event socket, and only then prints the address; serves until SIGINT/SIGTERM, then
 /// drains for up to `--shutdown-timeout`; a second signal exits at once (an error). Any
 /// failure before the address is printed is one error naming the flag.
 pub fn run(args: &ServeArgs, vllm: &VllmArgs) -> anyhow::Result<()> {
     let config = ServerConfig::from_serve_args(args, vllm)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?;
-    let result = runtime.block_on(async {
-        let mut signals = ShutdownSignals::new().context("installing signal handlers")?;
+    shutdown::run(args.http.exit_on_stdin_eof, |mut shutdown| async move {
         let listener = TcpListener::bind((args.host.as_str(), args.port))
             .await
             .with_context(|| {
@@ -456,33 +399,15 @@ pub fn run(args: &ServeArgs, vllm: &VllmArgs) -> anyhow::Result<()> {
             let _ = stopped.await;
         });
         let mut server = std::pin::pin!(server);
-        // Nobody reading stdout (a closed pipe) does not stop the server.
-        if let Err(e) =
-            crate::stdout::write(format!("mockserve listening on http://{addr}\n").as_bytes())
-        {
-            eprintln!("mockserve: warning: writing to stdout failed: {e}");
-        }
-        let why = tokio::select! {
-            biased;
-            result = &mut server => return result,
-            () = signals.recv() => "",
-            () = stdin_closed(args.http.exit_on_stdin_eof) => "stdin closed; ",
-        };
-        eprintln!(
-            "mockserve: {why}shutting down; open requests have {:.1} s to finish (signal again to \
-             exit now)",
-            drain.as_secs_f64()
-        );
-        let _ = stop.send(());
+        shutdown::print_addresses(&format!("mockserve listening on http://{addr}\n"));
         tokio::select! {
             biased;
-            result = &mut server => result,
-            () = signals.recv() => anyhow::bail!("second signal: exiting without draining"),
+            result = &mut server => return result,
+            () = shutdown.requested(drain) => {}
         }
-    });
-    // Whatever is still running (only after a second signal) is dropped, not awaited.
-    runtime.shutdown_background();
-    result
+        let _ = stop.send(());
+        shutdown.drain(server).await
+    })
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! `mockserve fleet`: N simulated workers in one process, each a complete vLLM-like endpoint,
 //! for routers that sit in front of N workers (vllm-router, sglang-router, Dynamo's indexer).
 //!
-//! - [`FleetArgs`] are the flags; [`FleetConfig`] their validated value ([`FleetError`] names
-//!   the bad flag).
+//! - [`FleetConfig`] is the validated fleet (`crate::cmd::fleet` has the flags and the
+//!   command; [`FleetError`] names the bad flag).
 //! - [`launch`] binds every socket, starts ONE engine of N workers on one clock, and serves
 //!   each worker's API on its own listener, every request pinned to that worker: the listener
 //!   a router picks is the routing decision. All workers share the runtime, the tokenizer and
@@ -14,7 +14,6 @@
 //! - `fault::WorkerFaults` holds each worker's fault state (`down`, `slow`, `stalled`, `503`),
 //!   set by `--worker-faults` (`fault::Schedule`) or the admin listener.
 //! - [`manifest::Manifest`] names every worker's URLs and endpoints (`--fleet-manifest`).
-//! - [`run`] is the command: launch, print the addresses, serve until SIGINT/SIGTERM, drain.
 
 pub(crate) mod fault;
 pub(crate) mod http;
@@ -26,18 +25,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::Context;
-use clap::Args;
-use servesim::cluster::{Cluster, ServingMode};
+use servesim::cluster::Cluster;
 use servesim::ids::WorkerId;
-use servesim::router::{RouterConfig, RouterMode};
 use servesim::scheduler::ConfigError;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::api::AppState;
-use crate::cmd::serve::{ServeArgs, ServeFlagsError, ShutdownSignals, VllmArgs};
 use crate::config::ServerConfig;
 use crate::connection::Edge;
 use crate::driver::EngineHandle;
@@ -45,65 +40,12 @@ use crate::kv_events::view::PublishedView;
 use crate::kv_events::{KvEventPublisher, KvEventsError};
 use crate::metrics::{EndpointLabel, Metrics};
 use fault::{FaultMetrics, Schedule, ScheduleError, WorkerFaults, WorkerState};
-use judge::{Judge, DEFAULT_DECISION_LOG, MAX_DECISION_LOG};
+use judge::Judge;
 use manifest::{dialable, Manifest, ManifestWorker};
 use metrics::{FleetMetrics, MetricsDialect, WorkerMetrics};
 
 /// The most workers one fleet runs.
 pub(crate) const MAX_FLEET_WORKERS: usize = 4096;
-
-/// `mockserve fleet` flags: the fleet's own, then `serve`'s (each worker is configured as one
-/// `serve` worker would be).
-#[derive(Args, Debug)]
-pub struct FleetArgs {
-    /// Simulated workers, each its own vLLM-like endpoint [default: one per --listen address].
-    #[arg(long, value_name = "N")]
-    pub workers: Option<usize>,
-
-    /// Each worker's own listen address, comma-separated (`127.0.0.1:8001,127.0.0.2:8001`),
-    /// instead of consecutive ports from --port on --host.
-    #[arg(
-        long,
-        value_name = "ADDR,ADDR,...",
-        value_delimiter = ',',
-        conflicts_with = "port"
-    )]
-    pub listen: Vec<SocketAddr>,
-
-    /// Write a JSON manifest here once every socket listens: each worker's index, URL,
-    /// metrics URL and KV-event endpoints.
-    #[arg(long, value_name = "PATH")]
-    pub fleet_manifest: Option<PathBuf>,
-
-    /// Serve the fleet's own routes (the whole fleet's `/metrics` with the routing judge's
-    /// series, `/fleet/decisions`, `/fleet/manifest`, the workers' faults) on this port of
-    /// --host (0 picks one). With --api-key, every one of them needs the key.
-    #[arg(long, value_name = "PORT")]
-    pub admin_port: Option<u16>,
-
-    /// The metric names of every worker's `/metrics`: vLLM's (as `serve`) or SGLang's.
-    #[arg(long, value_enum, value_name = "DIALECT", default_value_t = MetricsDialect::Vllm)]
-    pub metrics_dialect: MetricsDialect,
-
-    /// Routing decisions `GET /fleet/decisions` keeps (the latest ones), 0 to 1,000,000 (48
-    /// bytes each, whatever the fleet's size).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_DECISION_LOG)]
-    pub decision_log_size: usize,
-
-    /// Faults on workers by schedule, times from the fleet's start: comma-separated
-    /// `WORKER=STATE@START..[END]`, STATE one of `down`, `stalled`, `503`, `slow:K`
-    /// (`2=down@10s..20s,3=slow:4@5s..`); outside its windows a worker is `ok`.
-    #[arg(long, value_name = "SPEC")]
-    pub worker_faults: Option<String>,
-
-    /// Server flags, applied to every worker (--port is the first worker's).
-    #[command(flatten)]
-    pub serve: ServeArgs,
-
-    /// vLLM-worker flags, applied to every worker (worker i publishes on the port + i).
-    #[command(flatten)]
-    pub vllm: VllmArgs,
-}
 
 /// Why a fleet cannot start.
 #[derive(Debug, thiserror::Error)]
@@ -188,15 +130,6 @@ pub enum FleetError {
     },
 }
 
-impl From<ServeFlagsError> for FleetError {
-    fn from(e: ServeFlagsError) -> Self {
-        match e {
-            ServeFlagsError::Config(e) => e.into(),
-            ServeFlagsError::KvEvents(e) => e.into(),
-        }
-    }
-}
-
 /// Where the workers listen.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Listen {
@@ -253,89 +186,6 @@ pub struct FleetConfig {
 }
 
 impl FleetConfig {
-    /// The fleet the flags describe, checked before anything binds.
-    pub fn from_args(args: &FleetArgs) -> Result<FleetConfig, FleetError> {
-        let workers = match (args.workers, args.listen.len()) {
-            (None | Some(0), 0) => return Err(FleetError::NoWorkers),
-            (None, n) => n,
-            (Some(w), 0) => w,
-            (Some(w), n) if w == n => w,
-            (Some(workers), addresses) => {
-                return Err(FleetError::AddressCount { workers, addresses })
-            }
-        };
-        if workers > MAX_FLEET_WORKERS {
-            return Err(FleetError::TooManyWorkers {
-                workers,
-                max: MAX_FLEET_WORKERS,
-            });
-        }
-        let serve = &args.serve;
-        if serve.engine.num_workers.is_some() {
-            return Err(FleetError::NotForFleet {
-                flag: "--num-workers",
-                instead: "give --workers N (one endpoint per worker)",
-            });
-        }
-        if serve.engine.serving_mode != crate::args::ServingModeFlag::Aggregated {
-            return Err(FleetError::NotForFleet {
-                flag: "--serving-mode disagg",
-                instead: "every fleet worker prefills and decodes its own requests",
-            });
-        }
-        if serve.engine.router_queue_threshold.is_some() {
-            return Err(FleetError::NotForFleet {
-                flag: "--router-queue-threshold",
-                instead: "no request waits at a router: each runs on its listener's worker",
-            });
-        }
-        let listen = if args.listen.is_empty() {
-            let last = workers - 1;
-            if serve.port != 0 && usize::from(serve.port) + last > usize::from(u16::MAX) {
-                return Err(FleetError::PortOverflow {
-                    port: serve.port,
-                    workers,
-                    last,
-                });
-            }
-            Listen::Consecutive {
-                host: serve.host.clone(),
-                first_port: serve.port,
-            }
-        } else {
-            Listen::Each(args.listen.clone())
-        };
-        if args.decision_log_size > MAX_DECISION_LOG {
-            return Err(FleetError::DecisionLogSize {
-                given: args.decision_log_size,
-                max: MAX_DECISION_LOG,
-            });
-        }
-        let worker_faults = match &args.worker_faults {
-            Some(spec) => Schedule::parse(spec, workers)?,
-            None => Schedule::default(),
-        };
-        let mut serve = serve.clone();
-        serve.engine.num_workers = Some(workers);
-        let mut server = ServerConfig::from_serve_args(&serve, &args.vllm)?;
-        // Every request is pinned to its listener's worker: the cluster's own router never
-        // chooses (its flags have no effect), and round-robin keeps no index of the caches.
-        server.cluster.router = RouterConfig {
-            mode: RouterMode::RoundRobin,
-            ..RouterConfig::default()
-        };
-        debug_assert!(matches!(server.cluster.serving, ServingMode::Aggregated));
-        Ok(FleetConfig {
-            server,
-            listen,
-            admin: args.admin_port.map(|port| (args.serve.host.clone(), port)),
-            manifest_path: args.fleet_manifest.clone(),
-            decision_log_size: args.decision_log_size,
-            metrics_dialect: args.metrics_dialect,
-            worker_faults,
-        })
-    }
-
     /// Workers in the fleet.
     pub fn num_workers(&self) -> usize {
         self.server.cluster.num_workers
@@ -671,51 +521,4 @@ async fn rebind(addr: SocketAddr, index: usize, stop: &CancellationToken) -> Opt
             () = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}
         }
     }
-}
-
-/// `mockserve fleet`: validates the flags, launches the fleet, prints every worker's address
-/// (and the admin's), serves until SIGINT/SIGTERM, then drains for up to
-/// `--shutdown-timeout`; a second signal exits at once (an error).
-pub fn run(args: &FleetArgs) -> anyhow::Result<()> {
-    let config = FleetConfig::from_args(args)?;
-    let drain = config.server.http.shutdown_timeout;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?;
-    let result = runtime.block_on(async {
-        let mut signals = ShutdownSignals::new().context("installing signal handlers")?;
-        let mut fleet = launch(config).await?;
-        let mut lines = String::new();
-        for w in &fleet.manifest.workers {
-            lines.push_str(&format!(
-                "mockserve fleet worker {} listening on {}\n",
-                w.index, w.url
-            ));
-        }
-        if let Some(url) = &fleet.manifest.admin_url {
-            lines.push_str(&format!("mockserve fleet admin listening on {url}\n"));
-        }
-        // Nobody reading stdout (a closed pipe) does not stop the fleet.
-        if let Err(e) = crate::stdout::write(lines.as_bytes()) {
-            eprintln!("mockserve: warning: writing to stdout failed: {e}");
-        }
-        tokio::select! {
-            biased;
-            () = fleet.stopped() => anyhow::bail!("a worker's listener stopped unexpectedly"),
-            () = signals.recv() => {}
-        }
-        eprintln!(
-            "mockserve: shutting down; open requests have {:.1} s to finish (signal again to \
-             exit now)",
-            drain.as_secs_f64()
-        );
-        tokio::select! {
-            biased;
-            () = fleet.shutdown() => Ok(()),
-            () = signals.recv() => anyhow::bail!("second signal: exiting without draining"),
-        }
-    });
-    runtime.shutdown_background();
-    result
 }

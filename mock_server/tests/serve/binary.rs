@@ -195,3 +195,48 @@ async fn serve_exits_when_stdin_closes_with_exit_on_stdin_eof() -> Result<()> {
     );
     Ok(())
 }
+
+/// `mockserve fleet` stops as `serve` does (one shutdown path): with `--exit-on-stdin-eof` the
+/// fleet drains and exits 0 once its stdin closes.
+#[tokio::test]
+async fn fleet_exits_when_stdin_closes_with_exit_on_stdin_eof() -> Result<()> {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_mockserve"))
+        .args([
+            "fleet",
+            "--workers",
+            "2",
+            "--port",
+            "0",
+            "--speedup-ratio",
+            "inf",
+            "--tokenizer",
+            "builtin",
+            "--exit-on-stdin-eof",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().context("stdout")?).lines();
+    for worker in 0..2 {
+        let line = timeout(Duration::from_secs(60), stdout.next_line())
+            .await??
+            .context("no output")?;
+        assert!(
+            line.starts_with(&format!("mockserve fleet worker {worker} listening on ")),
+            "{line}"
+        );
+    }
+    assert!(child.try_wait()?.is_none());
+    drop(child.stdin.take());
+    let output = timeout(Duration::from_secs(30), child.wait_with_output()).await??;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("mockserve: stdin closed; shutting down"),
+        "{stderr}"
+    );
+    Ok(())
+}
