@@ -50,7 +50,7 @@ LAYERS = {
     "loadgen": (
         ("stdout",),
         ("error",),
-        ("limits", "capped"),
+        ("limits", "capped", "write"),
         ("run",),          # one request on the wire, the driver, the target, failures, shards
         ("dataset",),      # real prompts, counted with the target's tokenizer
         ("observe",),      # the live view and the server's metrics
@@ -60,7 +60,7 @@ LAYERS = {
         ("sweep", "merge"),                                      # modes over other modes
     ),
     "mock_server": (
-        ("stdout", "timer", "text", "output_length"),
+        ("stdout", "timer", "text", "output_length", "duration"),
         ("metrics",),
         ("kv_events",),
         ("fault",),        # the seeded draws; the HTTP middleware is api/fault.rs

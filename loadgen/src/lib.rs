@@ -79,6 +79,7 @@ pub mod report;
 pub mod run;
 pub(crate) mod stdout;
 pub mod sweep;
+pub(crate) mod write;
 
 // The flat paths other crates, the benches and the tests use; each module lives in its folder.
 pub use multiturn::{compare, config, report as multiturn_report};

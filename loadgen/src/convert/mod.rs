@@ -194,7 +194,7 @@ pub fn convert(args: &ConvertArgs) -> Result<ConvertSummary, LoadgenError> {
         }
     };
     let summary = convert_bytes(&bytes, &source_name, args)?;
-    std::fs::write(&args.output, &summary.converted.text).map_err(io(&args.output))?;
+    crate::write::bytes(&args.output, &summary.converted.text)?;
     let c = &summary.converted;
     let plural =
         |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });

@@ -94,8 +94,20 @@ pub enum LoadgenError {
         #[source]
         source: std::io::Error,
     },
+    /// A report or record could not be serialised for its file; nothing (or, in a JSONL file,
+    /// nothing from that line on) was written.
+    #[error("{}: cannot write {what}: {source}", path.display())]
+    Serialize {
+        /// The file.
+        path: PathBuf,
+        /// `the report` or `line N`.
+        what: String,
+        /// The serialiser's error.
+        #[source]
+        source: serde_json::Error,
+    },
     /// A file loadgen reads back (a report, a per-request record file) or one of its lines
-    /// passes its size cap (`crate::report::capped`); nothing past the cap was read.
+    /// passes its size cap (`crate::capped`); nothing past the cap was read.
     #[error("{}: {what} passes the {cap}-byte cap ({constant})", path.display())]
     TooLarge {
         /// The file.

@@ -108,11 +108,7 @@ pub(crate) fn finish<R: Report>(runs: &[R], settings: &Settings<'_>) -> Result<(
             jsons.iter().map(|j| j.as_ref().clone()).collect(),
             repeat::aggregate_json(&spreads),
         );
-        let text = serde_json::to_string_pretty(&all).unwrap_or_default();
-        std::fs::write(path, text + "\n").map_err(|source| LoadgenError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        crate::write::json(path, &all)?;
         crate::stdout::outln!("Saved report of {} runs to {}", runs.len(), path.display());
     }
     if let Some(path) = settings.html {

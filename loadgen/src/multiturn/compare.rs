@@ -153,10 +153,7 @@ pub fn run(args: &CompareArgs) -> Result<String, LoadgenError> {
     let rows = rows(&a, &b);
     let text = table(&rows, &an, &bn);
     if let Some(path) = &args.svg {
-        std::fs::write(path, svg(&rows, &an, &bn)).map_err(|source| LoadgenError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        crate::write::bytes(path, svg(&rows, &an, &bn))?;
     }
     Ok(text + &note)
 }

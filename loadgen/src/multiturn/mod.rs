@@ -11,7 +11,6 @@ pub mod report;
 pub(crate) mod workload;
 
 use std::borrow::Cow;
-use std::io::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -610,23 +609,12 @@ pub(crate) fn write_results(
     report_json: Option<&std::path::Path>,
     per_request_jsonl: Option<&std::path::Path>,
 ) -> Result<(), LoadgenError> {
-    let io = |path: &std::path::Path| {
-        let path = path.to_path_buf();
-        move |source| LoadgenError::Io { path, source }
-    };
     if let Some(path) = report_json {
-        let text = serde_json::to_string_pretty(results).unwrap_or_default();
-        std::fs::write(path, text + "\n").map_err(io(path))?;
+        crate::write::json(path, results)?;
         crate::stdout::outln!("Results written to: {}", path.display());
     }
     if let Some(path) = per_request_jsonl {
-        let file = std::fs::File::create(path).map_err(io(path))?;
-        let mut w = std::io::BufWriter::new(file);
-        for r in &results.raw_results {
-            let line = serde_json::to_string(r).unwrap_or_default();
-            writeln!(w, "{line}").map_err(io(path))?;
-        }
-        w.flush().map_err(io(path))?;
+        crate::write::jsonl(path, &results.raw_results)?;
     }
     Ok(())
 }

@@ -74,8 +74,8 @@ impl LiveStats {
         }
         let mut v = self.ttfts_ms.clone();
         v.sort_by(f64::total_cmp);
-        let at = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
-        Some((at(0.5), at(0.99)))
+        let at = |p: f64| servesim::metrics::Distribution::percentile(&v, p);
+        Some((at(50.0)?, at(99.0)?))
     }
 }
 

@@ -328,7 +328,7 @@ pub async fn profile(args: &ProfileArgs) -> Result<ProfileRun, LoadgenError> {
     }
     let paths = OutputPaths::of(&args.output);
     // Fail on an unwritable output before measuring for minutes.
-    write_file(&paths.partial, b"{}\n")?;
+    crate::write::bytes(&paths.partial, b"{}\n")?;
     let _ = std::fs::remove_file(&paths.partial);
     let connected = spec.connect(Api::Completions).await?;
     let result = measure::run(&connected, &plan).await;
@@ -338,8 +338,7 @@ pub async fn profile(args: &ProfileArgs) -> Result<ProfileRun, LoadgenError> {
         Err((m, message)) => (m, Some(message)),
     };
     if let Some(message) = failure {
-        let json = serde_json::to_vec_pretty(&measurements).unwrap_or_default();
-        write_file(&paths.partial, &json)?;
+        crate::write::json(&paths.partial, &measurements)?;
         return Err(LoadgenError::Profile {
             message,
             partial: paths.partial,
@@ -352,8 +351,7 @@ pub async fn profile(args: &ProfileArgs) -> Result<ProfileRun, LoadgenError> {
     let tables = match tables {
         Ok(t) => t,
         Err(e) => {
-            let json = serde_json::to_vec_pretty(&measurements).unwrap_or_default();
-            write_file(&paths.partial, &json)?;
+            crate::write::json(&paths.partial, &measurements)?;
             return Err(e);
         }
     };
@@ -361,17 +359,14 @@ pub async fn profile(args: &ProfileArgs) -> Result<ProfileRun, LoadgenError> {
         path: paths.npz.clone(),
         source: std::io::Error::other(e),
     })?;
-    let mut json = serde_json::to_value(&tables).unwrap_or_default();
-    if let Some(obj) = json.as_object_mut() {
-        obj.insert(
-            "measurements".into(),
-            serde_json::to_value(&measurements).unwrap_or_default(),
-        );
-    }
-    let mut text = serde_json::to_vec_pretty(&json).unwrap_or_default();
-    text.push(b'\n');
-    write_file(&paths.json, &text)?;
-    write_file(&paths.svg, fit::svg(&tables, &measurements).as_bytes())?;
+    crate::write::json(
+        &paths.json,
+        &WithMeasurements {
+            tables: &tables,
+            measurements: &measurements,
+        },
+    )?;
+    crate::write::bytes(&paths.svg, fit::svg(&tables, &measurements))?;
     crate::stdout::out!("\n{}", fit::summary(&measurements, Some(&tables)));
     crate::stdout::outln!(
         "\nSaved profile to {} (JSON {}, curves {})",
@@ -386,11 +381,26 @@ pub async fn profile(args: &ProfileArgs) -> Result<ProfileRun, LoadgenError> {
     })
 }
 
-fn write_file(path: &Path, bytes: &[u8]) -> Result<(), LoadgenError> {
-    std::fs::write(path, bytes).map_err(|source| LoadgenError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+/// The profile's JSON twin: the fitted tables' keys, then `measurements` (the points they were
+/// fitted to).
+struct WithMeasurements<'a, T, M> {
+    tables: &'a T,
+    measurements: &'a M,
+}
+
+impl<T: serde::Serialize, M: serde::Serialize> serde::Serialize for WithMeasurements<'_, T, M> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::Error as _;
+        let mut json = serde_json::to_value(self.tables).map_err(S::Error::custom)?;
+        let measurements = serde_json::to_value(self.measurements).map_err(S::Error::custom)?;
+        match json.as_object_mut() {
+            Some(obj) => {
+                obj.insert("measurements".into(), measurements);
+            }
+            None => return Err(S::Error::custom("the fitted tables are not a JSON object")),
+        }
+        json.serialize(s)
+    }
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use serde_json::{json, Value};
+use servesim::metrics::Distribution;
 
 use crate::error::LoadgenError;
 use crate::report::chart::{esc, short, Chart, Series};
@@ -23,17 +24,12 @@ pub(crate) const CDF_POINTS: usize = 101;
 /// Most intervals in a `timeline`.
 pub(crate) const TIMELINE_BUCKETS: f64 = 60.0;
 
-/// 101 quantiles of `v` (empty when `v` is).
+/// 101 quantiles of `v` (empty when `v` is), by the replay report's rank rule
+/// (`servesim::metrics::Distribution::percentile`).
 fn quantiles(mut v: Vec<f64>) -> Vec<f64> {
-    if v.is_empty() {
-        return Vec::new();
-    }
     v.sort_by(f64::total_cmp);
     (0..CDF_POINTS)
-        .map(|i| {
-            let r = ((v.len() - 1) as f64 * i as f64 / (CDF_POINTS - 1) as f64).round() as usize;
-            v[r]
-        })
+        .filter_map(|i| Distribution::percentile(&v, i as f64))
         .collect()
 }
 
@@ -117,7 +113,7 @@ pub(crate) fn timeline(live: &LiveReport) -> Value {
         }
         let mut v = v.clone();
         v.sort_by(f64::total_cmp);
-        json!(v[v.len() / 2])
+        json!(Distribution::percentile_multiturn(&v, 500))
     };
     json!({
         "bucket_s": w,
@@ -595,10 +591,7 @@ pub(crate) fn render(runs: &[RunView]) -> String {
 
 /// Writes the page for `runs` to `path`.
 pub(crate) fn write(path: &Path, runs: &[RunView]) -> Result<(), LoadgenError> {
-    std::fs::write(path, render(runs)).map_err(|source| LoadgenError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    crate::write::bytes(path, render(runs))?;
     crate::stdout::outln!("Saved HTML report to {}", path.display());
     Ok(())
 }

@@ -4,7 +4,6 @@
 //! reuse and goodput go in extra keys after `mockserve replay`'s.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -567,23 +566,12 @@ pub(crate) fn write_files(
     report_json: Option<&Path>,
     per_request_jsonl: Option<&Path>,
 ) -> Result<(), LoadgenError> {
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| LoadgenError::Io { path, source }
-    };
     if let Some(path) = report_json {
-        let text = serde_json::to_string_pretty(json).unwrap_or_default();
-        std::fs::write(path, text + "\n").map_err(io(path))?;
+        crate::write::json(path, json)?;
         crate::stdout::outln!("Saved report to {}", path.display());
     }
     if let Some(path) = per_request_jsonl {
-        let file = std::fs::File::create(path).map_err(io(path))?;
-        let mut w = std::io::BufWriter::new(file);
-        for r in records {
-            let line = serde_json::to_string(r).unwrap_or_default();
-            writeln!(w, "{line}").map_err(io(path))?;
-        }
-        w.flush().map_err(io(path))?;
+        crate::write::jsonl(path, records)?;
     }
     Ok(())
 }

@@ -772,23 +772,29 @@ impl Report for SweepRun {
 
 /// Writes every point's per-request records, each with its point's index (`point`).
 fn write_point_records(path: &std::path::Path, points: &[Point]) -> Result<(), LoadgenError> {
-    use std::io::Write;
-    let io = |source| LoadgenError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file = std::fs::File::create(path).map_err(io)?;
-    let mut w = std::io::BufWriter::new(file);
-    for (i, p) in points.iter().enumerate() {
-        for r in &p.records {
-            let mut v = serde_json::to_value(r).unwrap_or_default();
-            if let Some(map) = v.as_object_mut() {
-                map.insert("point".into(), json!(i));
-            }
-            writeln!(w, "{v}").map_err(io)?;
+    let rows = points.iter().enumerate().flat_map(|(point, p)| {
+        p.records
+            .iter()
+            .map(move |record| PointRecord { record, point })
+    });
+    crate::write::jsonl(path, rows)
+}
+
+/// A per-request record with its point's index added (`point`).
+struct PointRecord<'a, R> {
+    record: &'a R,
+    point: usize,
+}
+
+impl<R: serde::Serialize> serde::Serialize for PointRecord<'_, R> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::Error as _;
+        let mut v = serde_json::to_value(self.record).map_err(S::Error::custom)?;
+        if let Some(map) = v.as_object_mut() {
+            map.insert("point".into(), json!(self.point));
         }
+        v.serialize(s)
     }
-    w.flush().map_err(io)
 }
 
 #[cfg(test)]

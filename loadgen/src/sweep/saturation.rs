@@ -79,10 +79,10 @@ pub fn ttft_growth(ttfts: &[f64]) -> Option<f64> {
     let median = |v: &[f64]| {
         let mut v = v.to_vec();
         v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
+        servesim::metrics::Distribution::percentile_multiturn(&v, 500)
     };
-    let first = median(&ttfts[..q]);
-    let last = median(&ttfts[ttfts.len() - q..]);
+    let first = median(&ttfts[..q])?;
+    let last = median(&ttfts[ttfts.len() - q..])?;
     (first > 0.0).then(|| last / first)
 }
 
