@@ -42,6 +42,7 @@ pub mod cmd;
 pub mod config;
 pub(crate) mod connection;
 pub(crate) mod driver;
+pub mod duration;
 pub mod fault;
 pub mod fleet;
 pub mod kv_events;

@@ -3,6 +3,7 @@
 
 use std::str::FromStr;
 
+use mock_server::duration::{parse_ms, Unit};
 use serde::Serialize;
 
 use crate::report::replay_report::LiveRecord;
@@ -18,23 +19,6 @@ pub struct Slo {
     pub e2e_ms: Option<f64>,
 }
 
-fn parse_ms(v: &str) -> Option<f64> {
-    let (num, scale) = if let Some(x) = v.strip_suffix("ms") {
-        (x, 1.0)
-    } else if let Some(x) = v.strip_suffix("us") {
-        (x, 1e-3)
-    } else if let Some(x) = v.strip_suffix('s') {
-        (x, 1e3)
-    } else {
-        (v, 1.0)
-    };
-    num.trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|x| x.is_finite() && *x >= 0.0)
-        .map(|x| x * scale)
-}
-
 impl FromStr for Slo {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -43,7 +27,8 @@ impl FromStr for Slo {
             let (k, v) = part
                 .split_once('=')
                 .ok_or_else(|| format!("expected key=value, got {part:?}"))?;
-            let ms = parse_ms(v.trim()).ok_or_else(|| format!("bad duration {v:?}"))?;
+            // mockserve's duration grammar; a bare number is in ms.
+            let ms = parse_ms(v, Some(Unit::Millis)).map_err(|e| format!("{}: {e}", k.trim()))?;
             match k.trim() {
                 "ttft" => slo.ttft_ms = Some(ms),
                 "itl" | "tpot" => slo.itl_ms = Some(ms),
@@ -167,8 +152,24 @@ mod tests {
                 e2e_ms: Some(10_000.0)
             }
         );
-        assert!("ttft=fast".parse::<Slo>().is_err());
-        assert!("foo=1ms".parse::<Slo>().is_err());
+        assert_eq!(
+            "ttft=fast".parse::<Slo>(),
+            Err(r#"ttft: "fast" is not a number of us, ms or s"#.to_string())
+        );
+        assert_eq!(
+            "e2e=-2s".parse::<Slo>(),
+            Err(r#"e2e: "-2s" must be a finite duration >= 0"#.to_string())
+        );
+        assert_eq!(
+            "itl=250us, e2e=3"
+                .parse::<Slo>()
+                .map(|s| (s.itl_ms, s.e2e_ms)),
+            Ok((Some(0.25), Some(3.0)))
+        );
+        assert_eq!(
+            "foo=1ms".parse::<Slo>(),
+            Err(r#"unknown SLO "foo" (ttft, itl, e2e)"#.to_string())
+        );
         let records = vec![
             rec(100.0, Some(20.0), 5_000.0, true), // good
             rec(250.0, Some(20.0), 5_000.0, true), // TTFT miss

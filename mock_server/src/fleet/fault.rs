@@ -345,23 +345,11 @@ pub(crate) fn canonical_index(text: &str) -> Option<usize> {
     canonical_number(text).and_then(|n| usize::try_from(n).ok())
 }
 
-/// A time like `500ms`, `2s` or `2.5s`, at most [`MAX_FAULT_TIME`].
+/// A time like `500ms`, `2s` or `2.5s` (`crate::duration`'s grammar, a unit required), at most
+/// [`MAX_FAULT_TIME`].
 fn parse_time(text: &str) -> Result<Duration, String> {
     let shown = quoted(text);
-    let (number, scale) = if let Some(ms) = text.strip_suffix("ms") {
-        (ms, 1e-3)
-    } else if let Some(s) = text.strip_suffix('s') {
-        (s, 1.0)
-    } else {
-        return Err(format!("time {shown} needs a unit: ms or s"));
-    };
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("time {shown} is not a number of ms or s"))?;
-    if !value.is_finite() || value < 0.0 {
-        return Err(format!("time {shown} must be a finite time >= 0"));
-    }
-    let seconds = value * scale;
+    let seconds = crate::duration::parse_ms(text, None).map_err(|e| format!("time {e}"))? / 1e3;
     if seconds > MAX_FAULT_TIME.as_secs_f64() {
         return Err(format!(
             "time {shown} is later than {}s (365 days), the latest a window may start or end",
