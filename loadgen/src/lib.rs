@@ -190,23 +190,20 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
         Command::Multiturn(args) => {
             let config = args.config()?;
             for results in multiturn::multiturn_runs(&config).await? {
-                multiturn::verdict(&results, config.max_failure_rate)?;
-                observe::lateness_verdict(results.server_lateness, &args.run.observe)?;
+                multiturn::verdict(&results, &config)?;
             }
             Ok(())
         }
         // With --num-runs K, every run meets the failure threshold and the lateness bound.
         Command::Replay(args) => {
             for run in replay::replay_runs(&args).await? {
-                run.live.verdict(args.run.failures.max_failure_rate)?;
-                observe::lateness_verdict(run.server_lateness, &args.run.observe)?;
+                replay::verdict(&run, &args)?;
             }
             Ok(())
         }
         Command::Bench(args) => {
             for run in bench::bench_runs(&args).await? {
-                run.live.verdict(args.run.failures.max_failure_rate)?;
-                observe::lateness_verdict(run.server_lateness, &args.run.observe)?;
+                bench::verdict(&run, &args)?;
             }
             Ok(())
         }

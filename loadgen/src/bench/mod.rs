@@ -141,6 +141,13 @@ impl Mode for BenchMode<'_> {
     }
 }
 
+/// The run's pass/fail verdict: fails when every request failed or the failure share is above
+/// `--max-failure-rate`, or when the server fell behind by more than `--max-server-lateness`.
+pub fn verdict(run: &BenchRun, args: &BenchArgs) -> Result<(), LoadgenError> {
+    run.live.verdict(args.run.failures.max_failure_rate)?;
+    crate::observe::lateness_verdict(run.server_lateness, &args.run.observe)
+}
+
 /// Runs `plan` on a connected target and builds its report (nothing printed or written).
 pub(crate) async fn run_plan(
     plan: &BenchPlan,

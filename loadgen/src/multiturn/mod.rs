@@ -619,12 +619,16 @@ pub(crate) fn write_results(
     Ok(())
 }
 
-/// The pass/fail verdict: fails when every request failed or the failure share is above
-/// `max_failure_rate`.
-pub fn verdict(results: &Results, max_failure_rate: f64) -> Result<(), LoadgenError> {
+/// The run's pass/fail verdict: fails when every request failed or the failure share is above
+/// `--max-failure-rate`, or when the server fell behind by more than `--max-server-lateness`.
+pub fn verdict(results: &Results, config: &MultiturnConfig) -> Result<(), LoadgenError> {
     crate::run::failure::verdict(
         results.total_requests,
         results.failed_requests,
-        max_failure_rate,
-    )
+        config.max_failure_rate,
+    )?;
+    match &config.observe {
+        Some(observe) => crate::observe::lateness_verdict(results.server_lateness, observe),
+        None => Ok(()),
+    }
 }

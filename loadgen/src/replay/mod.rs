@@ -61,6 +61,13 @@ pub async fn replay_runs(args: &ReplayArgs) -> Result<Vec<ReplayRun>, LoadgenErr
     replay_with(args, true).await
 }
 
+/// The run's pass/fail verdict: fails when every request failed or the failure share is above
+/// `--max-failure-rate`, or when the server fell behind by more than `--max-server-lateness`.
+pub fn verdict(run: &ReplayRun, args: &ReplayArgs) -> Result<(), LoadgenError> {
+    run.live.verdict(args.run.failures.max_failure_rate)?;
+    crate::observe::lateness_verdict(run.server_lateness, &args.run.observe)
+}
+
 /// Runs a live replay `--num-runs` times; `console` says whether it prints (a sweep's points
 /// do not). The report files of `args` are written either way.
 pub(crate) async fn replay_with(

@@ -354,7 +354,7 @@ async fn streams_without_tokens_are_failures_without_a_ttft() -> Result<()> {
         .iter()
         .all(|r| !r.success && r.ttft_any_us.is_none() && r.ttft_us == 0));
     assert!(matches!(
-        loadgen::multiturn::verdict(&results, config.max_failure_rate),
+        loadgen::multiturn::verdict(&results, &config),
         Err(LoadgenError::AllFailed { total: 3 })
     ));
     Ok(())

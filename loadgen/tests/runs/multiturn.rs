@@ -37,7 +37,7 @@ fn args(flags: &[&str]) -> MultiturnArgs {
 async fn multiturn(flags: &[&str]) -> Result<(Results, Result<(), LoadgenError>)> {
     let config = args(flags).config()?;
     let results = within(30, loadgen::multiturn::multiturn(&config)).await??;
-    let verdict = loadgen::multiturn::verdict(&results, config.max_failure_rate);
+    let verdict = loadgen::multiturn::verdict(&results, &config);
     Ok((results, verdict))
 }
 
@@ -197,7 +197,7 @@ async fn scraped_metrics_go_into_the_results() -> Result<()> {
     let config = args(&flags).config()?;
     assert!(config.observe.is_some());
     let results = within(60, loadgen::multiturn::multiturn(&config)).await??;
-    loadgen::multiturn::verdict(&results, config.max_failure_rate)?;
+    loadgen::multiturn::verdict(&results, &config)?;
     let v: Value = serde_json::from_str(&std::fs::read_to_string(&out)?)?;
     let page = std::fs::read_to_string(&html)?;
     let _ = (std::fs::remove_file(&out), std::fs::remove_file(&html));
