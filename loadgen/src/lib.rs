@@ -13,7 +13,10 @@
 //!
 //! - `stdout`, [`error`] ([`LoadgenError`] and the exit status of each), `limits` (every flag's
 //!   allowed range, caps as named constants, and the output-path check each mode's validation
-//!   runs before anything connects) and `capped` (bounded reads of the files loadgen reads).
+//!   runs before anything connects), `capped` (bounded reads of the files loadgen reads back)
+//!   and `write` (the one writer of every report file: serialisation and I/O errors returned).
+//!   `stdout` is the one way loadgen prints to its console (a closed pipe ends the output
+//!   quietly; the run goes on and writes its files).
 //! - [`run`](mod@run): what a run runs on: [`run::target`] (where requests go), [`run::driver`]
 //!   (the one driver loop, latencies counted from the scheduled send:
 //!   `run::driver::Sample::ttft_us`), [`run::client`] and [`run::sse`] (one streamed request on
@@ -30,23 +33,20 @@
 //! - [`harness`]: the one run harness every run command goes through (connect, observe, drive,
 //!   report, write; a mode supplies only its schedule and its report, and
 //!   [`harness::RunArgs`] are the flags it reads).
-//! - The modes, each with its flags, its report and its verdict:
-//!
-//! - [`multiturn`]: the run, [`multiturn::config`] (flags → [`multiturn::config::MultiturnConfig`]),
+//! - The modes, each with its flags, its report and its verdict (a mode names no other):
+//!   [`multiturn`]: the run, [`multiturn::config`] (flags → [`multiturn::config::MultiturnConfig`]),
 //!   `multiturn::workload` (the seeded conversations), [`multiturn::report`] (Dynamo's
 //!   statistics and keys) and [`multiturn::compare`] (results files side by side).
-//! - [`replay`]: a Mooncake trace as sessions, or an agentic trace's request graph sent by
+//!   [`replay`]: a Mooncake trace as sessions, or an agentic trace's request graph sent by
 //!   `replay::graph_driver` (each node when its dependencies allow).
-//! - [`bench`](mod@bench): flags → [`bench::BenchPlan`], arrivals, lengths, goodput.
-//! - [`profile`](mod@profile): prefill and decode latency measured into a profile that
+//!   [`bench`](mod@bench): flags → [`bench::BenchPlan`], arrivals, lengths, goodput.
+//!   [`profile`](mod@profile): prefill and decode latency measured into a profile that
 //!   `--perf-profile` reads.
-//! - [`convert`](mod@convert): `trace convert`, multiturn records or an OpenAI request log into
+//!   [`convert`](mod@convert): `trace convert`, multiturn records or an OpenAI request log into
 //!   a Mooncake or agentic trace, hash ids from the real tokens.
 //! - [`sweep`](mod@sweep) and [`merge`](mod@merge) (one report from several runs' records)
 //!   stand on the modes above: a sweep is bench or replay over load points, or the
 //!   max-goodput search, with saturation and the knee.
-//!
-//! `stdout` is the one way loadgen prints to its console (a closed pipe ends the output quietly; the run goes on and writes its files).
 //!
 //! The modules other crates, the benches and the tests name are also at the crate root
 //! ([`driver`], [`client`], [`sse`], [`scrape`], [`config`], [`replay_report`], ...).
