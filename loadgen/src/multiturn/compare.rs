@@ -41,7 +41,7 @@ pub struct TurnRow {
 }
 
 /// Loads a results file (loadgen's or Dynamo multiturn_bench's), at most
-/// `MAX_REPORT_FILE_BYTES` (`crate::report::capped`).
+/// `MAX_REPORT_FILE_BYTES` (`crate::capped`).
 pub fn load(path: &Path) -> Result<Results, LoadgenError> {
     crate::capped::read_json(path)
 }
