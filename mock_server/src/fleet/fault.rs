@@ -346,7 +346,7 @@ pub(crate) fn canonical_index(text: &str) -> Option<usize> {
 }
 
 /// A time like `500ms`, `2s` or `2.5s`, at most [`MAX_FAULT_TIME`].
-fn parse_time(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_time(text: &str) -> Result<Duration, String> {
     let shown = quoted(text);
     let (number, scale) = if let Some(ms) = text.strip_suffix("ms") {
         (ms, 1e-3)
@@ -496,13 +496,13 @@ pub(crate) async fn run_schedule(
 
 /// Which of a worker's routes the faults touch.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Route {
+pub(crate) enum Route {
     Generation,
     Health,
     Other,
 }
 
-fn route(path: &str) -> Route {
+pub(crate) fn route(path: &str) -> Route {
     match path {
         "/v1/chat/completions"
         | "/v1/completions"
