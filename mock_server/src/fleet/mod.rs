@@ -551,6 +551,8 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
                 drain_timeout: server.http.shutdown_timeout,
                 stop: stop.clone(),
                 metrics: replica_metrics,
+                engine_metrics: Arc::clone(&engine_metrics),
+                worker: server.cluster.engine.clone(),
             };
             Some(elastic::Lifecycle::new(elastic, parts)?)
         }

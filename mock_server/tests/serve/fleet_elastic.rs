@@ -514,3 +514,104 @@ async fn a_discovery_file_that_cannot_be_written_stops_the_launch() -> Result<()
     );
     Ok(())
 }
+
+/// An elastic fleet scaled by the external policy `command` every 100 ms (a chat first, so a
+/// request is observed).
+async fn autoscaled(command: &str, timeout: &str) -> Result<(RunningFleet, String)> {
+    let policy = format!("external:{command}");
+    let fleet = elastic(
+        "1",
+        "3",
+        &[
+            "--speedup-ratio",
+            "inf",
+            "--model-load",
+            "0s",
+            "--model-load-jitter",
+            "0s",
+            "--autoscale",
+            &policy,
+            "--autoscale-tick",
+            "100ms",
+            "--autoscale-timeout",
+            timeout,
+        ],
+    )
+    .await?;
+    let admin = admin(&fleet)?;
+    Ok((fleet, admin))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_policy_scales_the_live_fleet() -> Result<()> {
+    // Answers 2 workers to every observation, after checking it is one JSON line with pools.
+    let script = r#"while read line; do case "$line" in *'"pools"'*) echo '{"workers": 2}';; *) echo bad;; esac; done"#;
+    let (fleet, admin) = autoscaled(script, "5s").await?;
+    let client = reqwest::Client::new();
+    let url = fleet.manifest.workers[0].url.clone();
+    assert_eq!(chat_at(&client, &url, "hello", 2).await?.0, 200);
+    until("two ready workers", || {
+        let (client, admin) = (client.clone(), admin.clone());
+        async move {
+            let (_, text) = get(&client, &format!("{admin}/fleet/scale")).await?;
+            let scale: Value = serde_json::from_str(&text)?;
+            Ok(scale["status"]["readyReplicas"] == 2)
+        }
+    })
+    .await?;
+    let metrics = scrape_url(&client, &format!("{admin}/metrics")).await?;
+    let decisions = metrics
+        .get("servesim_fleet_autoscale_decisions_total")
+        .copied()
+        .unwrap_or_default();
+    ensure!(decisions >= 1.0, "{metrics:?}");
+    assert_eq!(metrics.get("servesim_fleet_desired_replicas"), Some(&2.0));
+    fleet.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_policy_that_fails_holds_the_count() -> Result<()> {
+    let client = reqwest::Client::new();
+    // Garbage, a crash, and a hang past the timeout: each holds at the current count (1) while
+    // the fleet serves.
+    for script in ["while read line; do echo nope; done", "exit 3", "sleep 30"] {
+        let (fleet, admin) = autoscaled(script, "200ms").await?;
+        let url = fleet.manifest.workers[0].url.clone();
+        for _ in 0..5 {
+            assert_eq!(chat_at(&client, &url, "hello", 2).await?.0, 200, "{script}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let metrics = scrape_url(&client, &format!("{admin}/metrics")).await?;
+        assert_eq!(
+            metrics.get("servesim_fleet_autoscale_decisions_total"),
+            Some(&0.0),
+            "{script}"
+        );
+        let (_, text) = get(&client, &format!("{admin}/fleet/scale")).await?;
+        let scale: Value = serde_json::from_str(&text)?;
+        assert_eq!(scale["spec"]["replicas"], 1, "{script}");
+        within(fleet.shutdown()).await?;
+    }
+    Ok(())
+}
+
+#[test]
+fn bad_autoscale_flags_are_refused() {
+    let bad = refused(&["--elastic", "--max-workers", "2", "--autoscale", "hpa"]);
+    assert!(bad.contains("unknown autoscale policy \"hpa\""), "{bad}");
+    assert_eq!(
+        refused(&["--elastic", "--max-workers", "2", "--autoscale-tick", "0s"]),
+        "--autoscale-tick: the tick must be above 0"
+    );
+    assert_eq!(
+        refused(&[
+            "--elastic",
+            "--max-workers",
+            "2",
+            "--autoscale-timeout",
+            "-1s"
+        ]),
+        "--autoscale-timeout: time \"-1s\" must be a finite time >= 0"
+    );
+}

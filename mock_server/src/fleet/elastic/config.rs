@@ -57,6 +57,31 @@ pub struct ElasticArgs {
     )]
     pub drain_grace: String,
 
+    /// Scale the fleet from inside: every --autoscale-tick a policy sees the fleet's metrics
+    /// and sets the count (load, saturation or external:CMD; CMD runs through `sh -c`, one
+    /// JSON observation per line in, `{"workers": N}` per line out). Without it, only
+    /// `PUT /fleet/scale` scales.
+    #[arg(long, value_name = "POLICY", requires = "elastic")]
+    pub autoscale: Option<servesim::autoscale::PolicySpec>,
+
+    /// Time between the autoscaler's decisions.
+    #[arg(
+        long,
+        value_name = "TIME",
+        default_value = "30s",
+        allow_hyphen_values = true
+    )]
+    pub autoscale_tick: String,
+
+    /// How long an external policy may take to answer before the fleet holds its count.
+    #[arg(
+        long,
+        value_name = "TIME",
+        default_value = "10s",
+        allow_hyphen_values = true
+    )]
+    pub autoscale_timeout: String,
+
     /// Write the serving workers here in the format of llm-d's file discovery, rewritten on
     /// every change.
     #[arg(long, value_name = "PATH", requires = "elastic")]
@@ -131,6 +156,12 @@ pub struct ElasticConfig {
     pub discovery_file: Option<PathBuf>,
     /// Seeds the load delays.
     pub seed: u64,
+    /// The policy that scales the fleet from inside, if any.
+    pub autoscale: Option<servesim::autoscale::PolicySpec>,
+    /// Time between its decisions (above 0).
+    pub autoscale_tick: Duration,
+    /// An external policy's answer time.
+    pub autoscale_timeout: Duration,
 }
 
 fn time_flag(flag: &'static str, text: &str) -> Result<Duration, ElasticError> {
@@ -174,6 +205,13 @@ impl ElasticConfig {
                 load: args.model_load.clone(),
             });
         }
+        let autoscale_tick = time_flag("autoscale-tick", &args.autoscale_tick)?;
+        if autoscale_tick.is_zero() {
+            return Err(ElasticError::Time {
+                flag: "autoscale-tick",
+                reason: "the tick must be above 0".into(),
+            });
+        }
         Ok(Some(ElasticConfig {
             min: args.min_workers,
             max,
@@ -182,6 +220,9 @@ impl ElasticConfig {
             drain_grace: time_flag("drain-grace", &args.drain_grace)?,
             discovery_file: args.discovery_file.clone(),
             seed,
+            autoscale: args.autoscale.clone(),
+            autoscale_tick,
+            autoscale_timeout: time_flag("autoscale-timeout", &args.autoscale_timeout)?,
         }))
     }
 }
@@ -199,6 +240,9 @@ mod tests {
             model_load_jitter: "30s".into(),
             drain_grace: "2s".into(),
             discovery_file: None,
+            autoscale: None,
+            autoscale_tick: "30s".into(),
+            autoscale_timeout: "10s".into(),
         }
     }
 

@@ -50,8 +50,10 @@ use super::fault::{self, WorkerFaults, WorkerState};
 use super::manifest::Manifest;
 use crate::api::ApiError;
 use crate::driver::EngineHandle;
+use crate::metrics::Metrics;
 pub use config::{ElasticArgs, ElasticConfig, ElasticError};
 
+mod autoscaler;
 mod config;
 
 /// How long a drained worker's KV reset is retried while the engine still holds its blocks.
@@ -140,6 +142,8 @@ pub struct ReplicaMetrics {
     pub draining: Gauge,
     /// `servesim_fleet_scale_requests`: accepted scale requests that changed the count.
     pub scale_events: Counter,
+    /// `servesim_fleet_autoscale_decisions`: decisions `--autoscale` applied.
+    pub decisions: Counter,
 }
 
 impl ReplicaMetrics {
@@ -169,6 +173,11 @@ impl ReplicaMetrics {
             "servesim_fleet_scale_requests",
             "Scale requests that changed the desired count",
             self.scale_events.clone(),
+        );
+        registry.register(
+            "servesim_fleet_autoscale_decisions",
+            "Decisions of --autoscale applied (a failing policy's ticks are not counted)",
+            self.decisions.clone(),
         );
     }
 }
@@ -222,6 +231,8 @@ pub struct Lifecycle {
     stop: CancellationToken,
     /// Counts file writes that failed (their error is printed).
     pub(crate) write_failures: AtomicU64,
+    /// Generation requests the gates let in (the autoscaler's request rate).
+    pub(crate) arrivals: AtomicU64,
 }
 
 /// What [`Lifecycle::new`] needs besides the flags.
@@ -241,6 +252,10 @@ pub(crate) struct LifecycleParts {
     pub stop: CancellationToken,
     /// The replica series (already registered).
     pub metrics: ReplicaMetrics,
+    /// The engine's metrics (the autoscaler reads the output tokens).
+    pub engine_metrics: Arc<Metrics>,
+    /// Every worker's engine settings (the `load` policy's capacity).
+    pub worker: servesim::scheduler::EngineConfig,
 }
 
 /// A slot's line in `GET /fleet/scale`.
@@ -308,11 +323,24 @@ impl Lifecycle {
             drain_timeout: parts.drain_timeout,
             stop: parts.stop,
             write_failures: AtomicU64::new(0),
+            arrivals: AtomicU64::new(0),
             config,
         });
         let slots = lifecycle.lock();
         lifecycle.publish(&slots)?;
         drop(slots);
+        if let Some(spec) = lifecycle.config.autoscale.clone() {
+            let autoscaler = autoscaler::Autoscaler {
+                spec,
+                tick: lifecycle.config.autoscale_tick,
+                timeout: lifecycle.config.autoscale_timeout,
+                lifecycle: Arc::clone(&lifecycle),
+                engine: lifecycle.engine.clone(),
+                metrics: parts.engine_metrics,
+                worker: parts.worker,
+            };
+            tokio::spawn(autoscaler.run(lifecycle.stop.clone()));
+        }
         Ok(lifecycle)
     }
 
@@ -623,6 +651,7 @@ pub(crate) async fn gate(
             };
             match lifecycle.phase(index) {
                 Phase::Ready | Phase::Draining { refusing: false } => {
+                    lifecycle.arrivals.fetch_add(1, Ordering::Relaxed);
                     let response = next.run(request).await;
                     let (parts, body) = response.into_parts();
                     let body = body.into_data_stream().map(move |chunk| {
