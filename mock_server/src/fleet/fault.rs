@@ -239,6 +239,14 @@ impl WorkerFaults {
         true
     }
 
+    /// Sets worker `index`'s state without counting it as a fault change: an elastic fleet
+    /// opens and closes a slot's listener this way (`super::elastic`).
+    pub(crate) fn switch(&self, index: usize, state: WorkerState) {
+        if let Some(sender) = self.states.get(index) {
+            sender.send_replace(state);
+        }
+    }
+
     /// A receiver of worker `index`'s state, `None` when there is no such worker.
     pub fn subscribe(&self, index: usize) -> Option<watch::Receiver<WorkerState>> {
         self.states.get(index).map(watch::Sender::subscribe)

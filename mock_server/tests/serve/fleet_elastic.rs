@@ -200,6 +200,16 @@ async fn a_provisioned_worker_answers_once_its_model_has_loaded() -> Result<()> 
     let metrics = scrape_url(&client, &format!("{admin}/metrics")).await?;
     assert_eq!(metrics.get("servesim_fleet_ready_replicas"), Some(&2.0));
     assert_eq!(metrics.get("servesim_fleet_loading_replicas"), Some(&0.0));
+    assert_eq!(
+        metrics.get("servesim_fleet_scale_requests_total"),
+        Some(&1.0)
+    );
+    // Opening and closing slots is no fault.
+    let faults: Vec<_> = metrics
+        .iter()
+        .filter(|(k, v)| k.starts_with("servesim_worker_fault_changes") && **v != 0.0)
+        .collect();
+    assert!(faults.is_empty(), "{faults:?}");
     // A worker's own /metrics carries what autoscalers read, under vLLM's names.
     let own = get(&client, &format!("{}/metrics", urls[1])).await?.1;
     for name in [

@@ -304,7 +304,7 @@ impl Lifecycle {
             })
             .collect();
         for i in config.min..max {
-            parts.faults.set(i, WorkerState::Down);
+            parts.faults.switch(i, WorkerState::Down);
         }
         let lifecycle = Arc::new(Lifecycle {
             slots: Mutex::new(Slots {
@@ -435,7 +435,7 @@ impl Lifecycle {
             if slots.phases[i] == Phase::Loading {
                 // Nothing ran on it: gone at once.
                 slots.phases[i] = Phase::Absent;
-                self.faults.set(i, WorkerState::Down);
+                self.faults.switch(i, WorkerState::Down);
             } else {
                 slots.phases[i] = Phase::Draining { refusing: false };
                 tokio::spawn(Arc::clone(self).drain(i, slots.epochs[i]));
@@ -460,7 +460,7 @@ impl Lifecycle {
         };
         slots.epochs[i] += 1;
         slots.phases[i] = Phase::Loading;
-        self.faults.set(i, WorkerState::Ok);
+        self.faults.switch(i, WorkerState::Ok);
         tokio::spawn(Arc::clone(self).load(i, slots.epochs[i], delay));
     }
 
@@ -517,7 +517,7 @@ impl Lifecycle {
             }
         }
         // The listener closes and running generations end (none, unless the timeout hit).
-        self.faults.set(i, WorkerState::Down);
+        self.faults.switch(i, WorkerState::Down);
         let worker = WorkerId(u32::try_from(i).unwrap_or(u32::MAX));
         for _ in 0..1000 {
             match self.engine.reset_prefix_cache(Some(worker)).await {
