@@ -220,11 +220,11 @@ pub enum PolicyError {
     },
     /// The decision is for another fleet shape (`workers` for a disaggregated fleet, or the
     /// other way round).
-    #[error("policy answered {decision} for a {shape} fleet; holding the current count")]
+    #[error("policy answered {decision} for {shape} fleet; holding the current count")]
     Shape {
         /// The answer.
         decision: Decision,
-        /// `aggregated` or `disaggregated`.
+        /// `an aggregated` or `a disaggregated`.
         shape: &'static str,
     },
     /// The process could not be started or written to.
