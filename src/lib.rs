@@ -53,6 +53,7 @@
 //! // (5.7915 ms; back-to-back passes keep the fractions of a microsecond).
 //! assert_eq!(token_times, vec![32_106, 37_897, 43_689]);
 //! ```
+pub mod autoscale;
 pub mod cluster;
 pub mod ids;
 pub mod indexer;
@@ -64,6 +65,7 @@ pub mod request;
 pub mod router;
 pub mod scheduler;
 mod side_thread;
+pub mod slo;
 pub mod time;
 pub mod tokenizer;
 pub mod tokens;

@@ -26,6 +26,7 @@
 mod active;
 mod config;
 mod disagg;
+mod lifecycle;
 mod output;
 mod step;
 

@@ -21,6 +21,7 @@ use crate::time::{SimDuration, SimTime};
 use crate::tokens::{sequence_hashes, BlockHashes};
 use crate::trace::{LocalHashCache, Trace, TraceRequest};
 
+pub mod autoscale;
 mod graph;
 mod prepare;
 mod readiness;
@@ -434,6 +435,12 @@ pub trait ReplayObserver {
     fn outputs(&mut self, cluster: &mut Cluster, outputs: &[Output], now: SimTime) {
         let _ = (cluster, outputs, now);
     }
+    /// Autoscaling hook (issue 46): the next virtual time the observer must be called at
+    /// (through [`ReplayObserver::outputs`], possibly with no outputs) while the run goes on:
+    /// an autoscaler's ticks, scrapes and model loads. Never delays the end of the run.
+    fn wake_at(&self) -> Option<SimTime> {
+        None
+    }
 }
 
 impl ReplayObserver for () {}
@@ -509,6 +516,8 @@ pub fn replay_observed(
             (None, Some(p)) => p,
             (None, None) => break,
         };
+        // Autoscaling hook (issue 46): the observer's own events wake the loop too.
+        let next = observer.wake_at().map_or(next, |wake| next.min(wake));
         now = now.max(next);
         cluster.finish_due_into(now, &mut outputs);
         observer.outputs(&mut cluster, &outputs, now);

@@ -130,6 +130,9 @@ pub(crate) struct Router {
     max_num_batched_tokens: usize,
     /// Workers routed over.
     num_workers: usize,
+    /// Autoscaling hook (issue 46): the workers that take new requests; None = all of them
+    /// (a copy is in the core for the KV router).
+    eligible: Option<Vec<bool>>,
     /// Next worker for round-robin.
     rr_next: usize,
     /// Random choice (random mode; the core draws the KV router's tie-breaks).
@@ -235,6 +238,9 @@ struct Core {
     /// The blocks of active requests and the workers holding each: one walk down its runs
     /// counts every worker's new blocks for a prompt, records or frees a request.
     active: ActiveBlocks,
+    /// Autoscaling hook (issue 46): the workers that take new requests; None = all of them.
+    /// Loading, draining and stopped workers of an elastic fleet are left out.
+    eligible: Option<Vec<bool>>,
 }
 
 /// The thread of an offloaded router's core, for work that needs nothing of the core
@@ -321,6 +327,7 @@ impl Core {
             }),
             loads: (0..num_workers).map(|_| WorkerLoad::default()).collect(),
             active: ActiveBlocks::default(),
+            eligible: None,
             config,
         }
     }
@@ -365,7 +372,14 @@ impl Core {
         }
         let overlap = self.overlaps(request);
         let costs = self.costs_given(request, &overlap);
-        let w = self.select(&costs);
+        // Autoscaling hook (issue 46): choose among the eligible workers only.
+        let w = match eligible_indices(self.eligible.as_deref()) {
+            Some(indices) => {
+                let sub: Vec<f64> = indices.iter().map(|&i| costs[i]).collect();
+                indices[self.select(&sub)]
+            }
+            None => self.select(&costs),
+        };
         (w, overlap[w])
     }
 
@@ -456,6 +470,14 @@ impl Core {
     }
 }
 
+/// The eligible workers' indices under `mask`; None when every worker is eligible (no mask,
+/// or a mask without any worker marked).
+fn eligible_indices(mask: Option<&[bool]>) -> Option<Vec<usize>> {
+    let mask = mask?;
+    let indices: Vec<usize> = (0..mask.len()).filter(|&i| mask[i]).collect();
+    (!indices.is_empty() && indices.len() < mask.len()).then_some(indices)
+}
+
 impl Router {
     /// A router over `num_workers` workers.
     pub(crate) fn new(
@@ -470,6 +492,7 @@ impl Router {
         Router {
             max_num_batched_tokens,
             num_workers,
+            eligible: None,
             rr_next: 0,
             rng,
             pending: VecDeque::new(),
@@ -545,10 +568,23 @@ impl Router {
         };
         let limit = threshold * self.max_num_batched_tokens as f64;
         self.core.read(move |c| {
+            // Autoscaling hook (issue 46): only the eligible workers can take a request.
+            let eligible = c.eligible.as_deref();
             c.loads
                 .iter()
-                .all(|l| l.active_prefill_tokens() as f64 > limit)
+                .enumerate()
+                .filter(|&(i, _)| eligible.is_none_or(|e| e.get(i).copied().unwrap_or(true)))
+                .all(|(_, l)| l.active_prefill_tokens() as f64 > limit)
         })
+    }
+
+    /// Autoscaling hook (issue 46): from now on only the workers marked true take new
+    /// requests (None: all of them). Requests already routed stay where they are. A mask with
+    /// no worker marked is ignored (every worker is eligible), so a request is always placed.
+    pub(crate) fn set_eligible(&mut self, mask: Option<Vec<bool>>) {
+        let mask = mask.filter(|m| m.iter().any(|&e| e));
+        self.eligible = mask.clone();
+        self.core.post(move |c| c.eligible = mask);
     }
 
     /// Parks a request until a worker has room.
@@ -602,14 +638,26 @@ impl Router {
         work: &mut dyn FnMut() -> bool,
     ) -> Decision {
         let n = self.num_workers;
-        let worker = match self.config.mode {
-            RouterMode::RoundRobin => {
+        let eligible = eligible_indices(self.eligible.as_deref());
+        let worker = match (self.config.mode, eligible) {
+            // Autoscaling hook (issue 46): round-robin skips the workers not taking requests.
+            (RouterMode::RoundRobin, Some(indices)) => {
+                let w = indices
+                    .iter()
+                    .copied()
+                    .find(|&i| i >= self.rr_next)
+                    .unwrap_or(indices[0]);
+                self.rr_next = (w + 1) % n;
+                w
+            }
+            (RouterMode::RoundRobin, None) => {
                 let w = self.rr_next;
                 self.rr_next = (self.rr_next + 1) % n;
                 w
             }
-            RouterMode::Random => self.rng.gen_range(0..n),
-            RouterMode::KvRouter => {
+            (RouterMode::Random, Some(indices)) => indices[self.rng.gen_range(0..indices.len())],
+            (RouterMode::Random, None) => self.rng.gen_range(0..n),
+            (RouterMode::KvRouter, _) => {
                 let (w, overlap) = self.core.route(id, request, Core::choose, work);
                 return Decision {
                     worker: WorkerId(w as u32),

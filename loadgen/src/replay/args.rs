@@ -48,6 +48,13 @@ pub struct ReplayArgs {
     #[arg(long, value_enum, default_value_t = Api::Completions)]
     pub endpoint: Api,
 
+    /// Scale the trace's arrival rate over (sped-up) time, open loop: each session's first
+    /// arrival is moved, the delays between its turns stay (Mooncake traces only; the same
+    /// grammar as `mockserve replay`): diurnal:period=600s,min=0.2,
+    /// ramp:from=0.2,to=1,over=300s or steps:0s=1,120s=3,240s=0.5.
+    #[arg(long, value_name = "SPEC")]
+    pub rate_profile: Option<servesim::autoscale::RateProfile>,
+
     /// Report files, observers, failure threshold, target and sharding (shard I sends the
     /// trace sessions s with s % N == I, at their unsharded times).
     #[command(flatten)]

@@ -77,6 +77,12 @@ pub(crate) async fn replay_with(
     args.check()?;
     let format = trace::detect_format(&args.trace.path, args.trace.format)?;
     if format != TraceFormat::Mooncake {
+        if args.rate_profile.is_some() {
+            return Err(LoadgenError::Config(format!(
+                "--rate-profile applies to Mooncake traces; {} is an agentic trace",
+                args.trace.path.display()
+            )));
+        }
         return replay_graph(args, format, console).await;
     }
     if args.trace.agentic_lanes.is_some() {

@@ -248,6 +248,11 @@ pub fn load_trace(args: &ReplayArgs) -> Result<Trace, LoadgenError> {
             trace::parse_with_bound(&text[..], &name, &options, bound)?
         }
     };
+    let mut trace = trace;
+    if let Some(profile) = &args.rate_profile {
+        // After the speed-up: the profile's times are the replay's.
+        profile.apply(&mut trace);
+    }
     Ok(trace)
 }
 
@@ -308,6 +313,49 @@ mod tests {
                 "{}:4: the line is longer than 16777216 bytes, the most a trace line may hold",
                 path.display()
             )
+        );
+        std::fs::remove_file(&path).ok();
+    }
+
+    /// `--rate-profile` moves each session's first arrival after the speed-up, as `mockserve
+    /// replay` does: rows at 0, 10 s, 20 s, 30 s sped up 2x (0, 5, 10, 15 s) under a 2x step
+    /// from 5 s arrive at 0, 5, 7.5 and 10 s.
+    #[test]
+    fn a_rate_profile_maps_arrivals_after_the_speed_up() {
+        let row = |t: u32| {
+            format!(
+                r#"{{"timestamp":{},"input_length":4,"output_length":1,"hash_ids":[{t}]}}"#,
+                t * 10_000
+            )
+        };
+        let path =
+            std::env::temp_dir().join(format!("loadgen-rate-profile-{}.jsonl", std::process::id()));
+        let text: String = (0..4).map(|t| row(t) + "\n").collect();
+        std::fs::write(&path, text).expect("temp trace");
+        let p = path.display().to_string();
+        let argv = [
+            "loadgen",
+            "replay",
+            &p,
+            "--arrival-speedup-ratio",
+            "2",
+            "--rate-profile",
+            "steps:0s=1,5s=2",
+        ];
+        let crate::Command::Replay(a) = crate::Cli::try_parse_from(argv).expect("flags").command
+        else {
+            unreachable!()
+        };
+        let t = load_trace(&a).expect("trace");
+        let firsts: Vec<u64> = t.sessions.iter().map(|s| s.first_arrival.0).collect();
+        assert_eq!(firsts, vec![0, 5_000_000, 7_500_000, 10_000_000]);
+        let bad = crate::Cli::try_parse_from(["loadgen", "replay", &p, "--rate-profile", "sine:1"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            bad.contains("expected diurnal:..., ramp:... or steps:..."),
+            "{bad}"
         );
         std::fs::remove_file(&path).ok();
     }

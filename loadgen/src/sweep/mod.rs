@@ -220,6 +220,7 @@ impl SweepArgs {
             max_in_flight: self.bench.concurrency,
             session_mode: crate::replay::SessionMode::Auto,
             endpoint: self.bench.endpoint,
+            rate_profile: None,
             run: crate::harness::RunArgs {
                 report: crate::observe::quiet(),
                 observe: crate::observe::ObserveArgs {

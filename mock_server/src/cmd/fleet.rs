@@ -14,6 +14,7 @@ use crate::args::ServingModeFlag;
 use crate::cmd::serve::{ServeArgs, ServeFlagsError, VllmArgs};
 use crate::cmd::shutdown;
 use crate::config::ServerConfig;
+use crate::fleet::elastic;
 use crate::fleet::fault::Schedule;
 use crate::fleet::judge::{DEFAULT_DECISION_LOG, MAX_DECISION_LOG};
 use crate::fleet::metrics::MetricsDialect;
@@ -70,12 +71,29 @@ pub struct FleetArgs {
     /// vLLM-worker flags, applied to every worker (worker i publishes on the port + i).
     #[command(flatten)]
     pub vllm: VllmArgs,
+
+    /// Elastic-fleet flags (`--elastic`).
+    #[command(flatten)]
+    pub elastic: elastic::ElasticArgs,
 }
 
 impl FleetConfig {
     /// The fleet the flags describe, checked before anything binds.
     pub fn from_args(args: &FleetArgs) -> Result<FleetConfig, FleetError> {
-        let workers = match (args.workers, args.listen.len()) {
+        let elastic = elastic::ElasticConfig::from_args(&args.elastic, args.serve.engine.seed)?;
+        // An elastic fleet sets aside a listener for each of its most workers.
+        let given = match &elastic {
+            Some(e) if !args.listen.is_empty() && args.listen.len() != e.max => {
+                return Err(elastic::ElasticError::ListenCount {
+                    max: e.max,
+                    addresses: args.listen.len(),
+                }
+                .into())
+            }
+            Some(e) => Some(e.max),
+            None => args.workers,
+        };
+        let workers = match (given, args.listen.len()) {
             (None | Some(0), 0) => return Err(FleetError::NoWorkers),
             (None, n) => n,
             (Some(w), 0) => w,
@@ -153,6 +171,7 @@ impl FleetConfig {
             decision_log_size: args.decision_log_size,
             metrics_dialect: args.metrics_dialect,
             worker_faults,
+            elastic,
         })
     }
 }

@@ -3,6 +3,7 @@
 //! clock); `shutdown` is the one way `serve` and `fleet` stop. The command line itself is
 //! [`crate::Cli`].
 
+pub mod autoscale;
 pub mod fleet;
 pub mod replay;
 pub mod serve;

@@ -23,8 +23,10 @@ use servesim::time::SimTime;
 use servesim::trace::{self, TraceOptions};
 use servesim::trace::{RequestGraph, Trace, TraceFormat, TraceRequest};
 
+use super::autoscale::AutoscaleArgs;
 use crate::args::{EngineArgs, ReportArgs, TraceArgs};
 use crate::kv_events::{JsonlSink, KvExport, KvSink};
+use servesim::replay::autoscale::{replay_elastic, AutoscaleReport};
 
 /// Writes a replay's KV events as JSON lines: the prompts are the trace's synthesized tokens.
 struct KvEventsJsonl {
@@ -87,6 +89,10 @@ pub struct ReplayArgs {
     #[command(flatten)]
     pub report: ReportArgs,
 
+    /// Autoscaling, rate profile and judge (issue 46).
+    #[command(flatten)]
+    pub autoscale: AutoscaleArgs,
+
     /// Engine, router and cluster settings.
     #[command(flatten)]
     pub engine: EngineArgs,
@@ -102,7 +108,17 @@ enum Loaded {
 
 /// Runs the replay, prints the report and writes the requested files.
 pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
+    run_judged(args).map(|(outcome, _)| outcome)
+}
+
+/// [`run`], also returning the judge's verdict when `--autoscale` or `--slo` asked for it.
+pub fn run_judged(args: &ReplayArgs) -> anyhow::Result<(ReplayOutcome, Option<AutoscaleReport>)> {
     let cluster = args.engine.cluster_config()?;
+    let elastic = args.autoscale.settings(
+        &cluster,
+        args.engine.num_workers.is_some(),
+        args.engine.seed,
+    )?;
     if !(1..=trace::MAX_TRACE_BLOCK_SIZE).contains(&args.trace.block_size) {
         anyhow::bail!(
             "--trace-block-size must be from 1 to {}, got {}",
@@ -156,6 +172,10 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
             if let Some(warning) = clamped_warning(&trace, args.trace.block_size) {
                 eprintln!("mockserve: warning: {warning}");
             }
+            let mut trace = trace;
+            if let Some(profile) = &args.autoscale.rate_profile {
+                profile.apply(&mut trace);
+            }
             Loaded::Sessions(trace)
         }
         format => {
@@ -164,6 +184,19 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
             Loaded::Graph(graph)
         }
     };
+    if let Loaded::Graph(_) = &loaded {
+        let flags = [
+            ("--autoscale", args.autoscale.autoscale.is_some()),
+            ("--slo", args.autoscale.slo.is_some()),
+            ("--rate-profile", args.autoscale.rate_profile.is_some()),
+        ];
+        if let Some((flag, _)) = flags.iter().find(|(_, given)| *given) {
+            anyhow::bail!(
+                "{flag} applies to Mooncake traces; {} is an agentic trace",
+                args.trace.path.display()
+            );
+        }
+    }
     if let (Loaded::Sessions(_), Some(_)) = (&loaded, args.trace.agentic_lanes) {
         anyhow::bail!(
             "--agentic-lanes needs an agentic trace; {} is plain Mooncake",
@@ -187,6 +220,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
     };
     let show_progress = args.report.show_progress();
     let mut outcome = None;
+    let mut judged = None;
     for _ in 0..args.iterations {
         let bar = show_progress.then(|| {
             let bar = indicatif::ProgressBar::new(num_requests as u64);
@@ -206,7 +240,25 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
             }
         };
         // KV events are written for the first iteration (the others are identical).
-        let result = match (&loaded, kv_events.as_mut().filter(|k| k.file.is_some())) {
+        let mut inner = kv_events.as_mut().filter(|k| k.file.is_some());
+        // Autoscaling hook (issue 46): an elastic or judged run goes through the fleet driver.
+        if let (Loaded::Sessions(trace), Some(settings)) = (&loaded, &elastic) {
+            let observer: &mut dyn ReplayObserver = match inner.as_mut() {
+                Some(o) => *o,
+                None => &mut (),
+            };
+            let run = replay_elastic(trace, &config, settings, progress, observer);
+            let wall = started.elapsed();
+            if let Some(b) = bar {
+                b.finish_and_clear();
+            }
+            let mut run = run?;
+            set_wall_time(&mut run.outcome.report, wall);
+            judged = Some(run.autoscale);
+            outcome = Some(run.outcome);
+            continue;
+        }
+        let result = match (&loaded, inner) {
             (Loaded::Sessions(trace), Some(observer)) => {
                 replay_observed(trace, &config, progress, observer)
             }
@@ -246,6 +298,9 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
     if let Some(agentic) = &outcome.agentic {
         text.push_str(&agentic_summary(agentic));
     }
+    if let Some(judged) = &judged {
+        text.push_str(&super::autoscale::summary(judged));
+    }
     let rejected = rejection_summary(&outcome.rejections);
     if !rejected.is_empty() {
         text.push_str("Rejected requests (never ran)\n");
@@ -258,7 +313,10 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
         let mut w = std::io::BufWriter::new(file);
         serde_json::to_writer_pretty(
             &mut w,
-            &with_config(&outcome.report, &config, outcome.agentic.as_ref()),
+            &WithConfig {
+                autoscale: judged.as_ref(),
+                ..with_config(&outcome.report, &config, outcome.agentic.as_ref())
+            },
         )?;
         w.write_all(b"\n")?;
         w.flush()
@@ -307,7 +365,7 @@ pub fn run(args: &ReplayArgs) -> anyhow::Result<ReplayOutcome> {
             report.rejected_requests, report.num_requests
         );
     }
-    Ok(outcome)
+    Ok((outcome, judged))
 }
 
 /// A warning when some rows' `input_length` is beyond what their `hash_ids` cover (their
@@ -409,6 +467,9 @@ struct WithConfig<'a> {
     /// Agentic traces only.
     #[serde(skip_serializing_if = "Option::is_none")]
     agentic: Option<&'a AgenticReport>,
+    /// With --autoscale or --slo: the judge's verdict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    autoscale: Option<&'a AutoscaleReport>,
 }
 
 fn with_config<'a>(
@@ -420,6 +481,7 @@ fn with_config<'a>(
     WithConfig {
         report,
         agentic,
+        autoscale: None,
         config: serde_json::json!({
             "latency_model": latency.model.describe(),
             "speedup_ratio": latency.speedup_ratio,

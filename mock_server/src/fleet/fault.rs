@@ -239,6 +239,14 @@ impl WorkerFaults {
         true
     }
 
+    /// Sets worker `index`'s state without counting it as a fault change: an elastic fleet
+    /// opens and closes a slot's listener this way (`super::elastic`).
+    pub(crate) fn switch(&self, index: usize, state: WorkerState) {
+        if let Some(sender) = self.states.get(index) {
+            sender.send_replace(state);
+        }
+    }
+
     /// A receiver of worker `index`'s state, `None` when there is no such worker.
     pub fn subscribe(&self, index: usize) -> Option<watch::Receiver<WorkerState>> {
         self.states.get(index).map(watch::Sender::subscribe)
@@ -347,7 +355,7 @@ pub(crate) fn canonical_index(text: &str) -> Option<usize> {
 
 /// A time like `500ms`, `2s` or `2.5s` (`crate::duration`'s grammar, a unit required), at most
 /// [`MAX_FAULT_TIME`].
-fn parse_time(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_time(text: &str) -> Result<Duration, String> {
     let shown = quoted(text);
     let seconds = crate::duration::parse_ms(text, None).map_err(|e| format!("time {e}"))? / 1e3;
     if seconds > MAX_FAULT_TIME.as_secs_f64() {
@@ -484,13 +492,13 @@ pub(crate) async fn run_schedule(
 
 /// Which of a worker's routes the faults touch.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Route {
+pub(crate) enum Route {
     Generation,
     Health,
     Other,
 }
 
-fn route(path: &str) -> Route {
+pub(crate) fn route(path: &str) -> Route {
     match path {
         "/v1/chat/completions"
         | "/v1/completions"

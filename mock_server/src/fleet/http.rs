@@ -5,7 +5,8 @@
 //! listener also answers `GET /metrics` (the whole fleet's series, like `serve`'s, plus the
 //! judge's) and `GET /health`, `POST /fleet/workers/{i}/fault`
 //! (`{"state": "down"|"slow"|"stalled"|"503"|"ok", "factor": K}`) and
-//! `POST /fleet/workers/{i}/kv-events/restart` (the worker's KV-event publisher starts over).
+//! `POST /fleet/workers/{i}/kv-events/restart` (the worker's KV-event publisher starts over),
+//! and `GET`/`PUT /fleet/scale` (an elastic fleet's size, `super::scale`).
 //!
 //! With `--api-key`, every route of the admin listener and the `/fleet/*` routes of every
 //! worker answer 401 (OpenAI-shaped) without `Authorization: Bearer KEY`. The admin listener
@@ -55,8 +56,10 @@ pub(crate) struct FleetRoutes {
     pub metrics: Arc<Metrics>,
     /// The routing judge.
     pub judge: Arc<Judge>,
-    /// The manifest as pretty JSON.
-    pub manifest: Arc<str>,
+    /// The manifest as pretty JSON (an elastic fleet rewrites it on every change).
+    pub manifest: Arc<std::sync::Mutex<Arc<str>>>,
+    /// The elastic fleet's slots (`PUT /fleet/scale`), None for a fixed fleet.
+    pub elastic: Option<Arc<super::elastic::Lifecycle>>,
     /// Every worker's fault state.
     pub faults: Arc<WorkerFaults>,
     /// Restarts every worker's KV-event publisher on demand (None without KV events).
@@ -109,6 +112,16 @@ pub(crate) fn admin_router(fleet: FleetRoutes) -> Router {
         .route(
             "/fleet/workers/{index}/kv-events/restart",
             post(restart_kv_events).with_state(fleet.clone()),
+        )
+        .route(
+            "/fleet/scale",
+            get(super::scale::get_scale)
+                .put(super::scale::put_scale)
+                .with_state(fleet.elastic.clone()),
+        )
+        .route(
+            "/fleet/scale/{role}",
+            get(super::scale::role_scale).put(super::scale::role_scale),
         )
         .fallback(|uri: Uri| async move { ApiError::route_not_found(&shown_path(&uri)) })
         .method_not_allowed_fallback(|method: Method, uri: Uri| async move {
@@ -246,7 +259,12 @@ async fn health(State(fleet): State<FleetRoutes>) -> Response {
 async fn manifest(State(fleet): State<FleetRoutes>) -> Response {
     (
         [(header::CONTENT_TYPE, "application/json")],
-        fleet.manifest.to_string(),
+        // Held only to clone the text.
+        fleet
+            .manifest
+            .lock()
+            .map(|m| m.to_string())
+            .unwrap_or_else(|e| e.into_inner().to_string()),
     )
         .into_response()
 }

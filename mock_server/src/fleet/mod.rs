@@ -14,12 +14,16 @@
 //! - `fault::WorkerFaults` holds each worker's fault state (`down`, `slow`, `stalled`, `503`),
 //!   set by `--worker-faults` (`fault::Schedule`) or the admin listener.
 //! - [`manifest::Manifest`] names every worker's URLs and endpoints (`--fleet-manifest`).
+//! - [`elastic::Lifecycle`] (`--elastic`) provisions, loads and drains workers at run time.
 
+pub mod discovery;
+pub mod elastic;
 pub(crate) mod fault;
 pub(crate) mod http;
 pub mod judge;
 pub mod manifest;
 pub(crate) mod metrics;
+pub(crate) mod scale;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -104,6 +108,12 @@ pub enum FleetError {
     /// `--worker-faults` is invalid.
     #[error(transparent)]
     WorkerFaults(#[from] ScheduleError),
+    /// An elastic-fleet flag is invalid.
+    #[error(transparent)]
+    Elastic(#[from] elastic::ElasticError),
+    /// The elastic fleet's manifest or discovery file cannot be written.
+    #[error(transparent)]
+    Publish(#[from] elastic::PublishError),
     /// A worker setting is invalid (the message names the flag).
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -183,6 +193,8 @@ pub struct FleetConfig {
     pub metrics_dialect: MetricsDialect,
     /// Faults on workers by schedule (`--worker-faults`).
     pub worker_faults: Schedule,
+    /// Workers added and removed at run time (`--elastic`); `num_workers` is then the most.
+    pub elastic: Option<elastic::ElasticConfig>,
 }
 
 impl FleetConfig {
@@ -203,6 +215,8 @@ pub struct RunningFleet {
     pub judge: Arc<Judge>,
     /// Every worker's fault state.
     pub faults: Arc<WorkerFaults>,
+    /// The elastic fleet's slots (`--elastic`): [`elastic::Lifecycle::scale`] resizes it.
+    pub elastic: Option<Arc<elastic::Lifecycle>>,
     /// What the fleet's routes read (for [`RunningFleet::admin_router`]).
     routes: http::FleetRoutes,
     /// Ends every listener's accept loop (then each drains).
@@ -275,6 +289,10 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
     let fault_metrics = FaultMetrics::default();
     fault_metrics.register(engine_metrics.registry_mut());
     let faults = Arc::new(WorkerFaults::new(n, fault_metrics));
+    let replica_metrics = elastic::ReplicaMetrics::default();
+    if config.elastic.is_some() {
+        replica_metrics.register(engine_metrics.registry_mut());
+    }
     let engine_metrics = Arc::new(engine_metrics);
     let mut kv_restarts = None;
     let (publisher, kv_endpoints) = match &server.kv_events {
@@ -352,18 +370,41 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
         admin_url,
         workers,
     };
+    let stop = CancellationToken::new();
+    // An elastic fleet's absent slots are `down` before anything serves; it writes its files.
+    let lifecycle = match config.elastic.clone() {
+        None => None,
+        Some(elastic) => {
+            let parts = elastic::LifecycleParts {
+                faults: Arc::clone(&faults),
+                engine: engine.clone(),
+                all: manifest.clone(),
+                manifest_path: config.manifest_path.clone(),
+                drain_timeout: server.http.shutdown_timeout,
+                stop: stop.clone(),
+                metrics: replica_metrics,
+                engine_metrics: Arc::clone(&engine_metrics),
+                worker: server.cluster.engine.clone(),
+            };
+            Some(elastic::Lifecycle::new(elastic, parts)?)
+        }
+    };
+    let shared_manifest = match &lifecycle {
+        Some(l) => Arc::clone(&l.current_manifest),
+        None => Arc::new(std::sync::Mutex::new(Arc::from(manifest.to_json()))),
+    };
     let routes = http::FleetRoutes {
         engine: engine.clone(),
         metrics: Arc::clone(&engine_metrics),
         judge: Arc::clone(&judge),
-        manifest: Arc::from(manifest.to_json()),
+        manifest: shared_manifest,
+        elastic: lifecycle.clone(),
         faults: Arc::clone(&faults),
         kv_restarts,
         worker_urls: manifest.workers.iter().map(|w| w.url.clone()).collect(),
         api_key: server.api_key.as_deref().map(Arc::from),
         body_read_timeout: server.http.body_read_timeout,
     };
-    let stop = CancellationToken::new();
     let mut tasks = JoinSet::new();
     let fleet_metrics = FleetMetrics {
         engine: Arc::clone(&engine_metrics),
@@ -383,8 +424,15 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
             view: Arc::new(WorkerMetrics::new(&fleet_metrics, &own, worker)),
             routes: routes.clone(),
             faults: Arc::clone(&faults),
+            lifecycle: lifecycle.clone(),
         };
-        tasks.spawn(serve_worker(seat, listener, stop.clone()));
+        // An absent slot's listener closes now; provisioning binds its address again.
+        let addr = listener.local_addr().ok();
+        let listener = match &lifecycle {
+            Some(l) if l.phase(i) == elastic::Phase::Absent => None,
+            _ => Some(listener),
+        };
+        tasks.spawn(serve_worker(seat, listener, addr, stop.clone()));
     }
     tasks.spawn(fault::run_schedule(
         config.worker_faults,
@@ -405,11 +453,12 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
         engine,
         judge,
         faults,
+        elastic: lifecycle,
         routes,
         stop,
         tasks,
     };
-    if let Some(path) = &config.manifest_path {
+    if let (Some(path), None) = (&config.manifest_path, &fleet.elastic) {
         if let Err(error) = fleet.manifest.write(path) {
             fleet.shutdown().await;
             return Err(FleetError::Manifest {
@@ -433,17 +482,23 @@ struct WorkerSeat {
     routes: http::FleetRoutes,
     /// Every worker's fault state.
     faults: Arc<WorkerFaults>,
+    /// The elastic fleet's slots: the lifecycle gate stands in front of the worker's API.
+    lifecycle: Option<Arc<elastic::Lifecycle>>,
 }
 
-/// Serves one worker on `listener` until `stop`. While the worker is `down` its listener is
+/// Serves one worker on `listener` (bound at `addr`; None: bind `addr` once it is not `down`)
+/// until `stop`. While the worker is `down` its listener is
 /// closed (connections are refused) and its running generations are ended; when it leaves
 /// `down` the same address is bound again.
-async fn serve_worker(seat: WorkerSeat, listener: TcpListener, stop: CancellationToken) {
+async fn serve_worker(
+    seat: WorkerSeat,
+    mut listener: Option<TcpListener>,
+    addr: Option<SocketAddr>,
+    stop: CancellationToken,
+) {
     let Some(mut states) = seat.faults.subscribe(seat.index) else {
         return;
     };
-    let addr = listener.local_addr().ok();
-    let mut listener = Some(listener);
     // Each listener's accept loop; an old one drains while a new one serves.
     let mut listeners = JoinSet::new();
     'serving: loop {
@@ -467,15 +522,22 @@ async fn serve_worker(seat: WorkerSeat, listener: TcpListener, stop: Cancellatio
             ..seat.state.clone()
         };
         let generations = state.stop_generations.clone();
+        let mut router = http::worker_router(
+            state.clone(),
+            seat.view.clone(),
+            seat.routes.clone(),
+            (Arc::clone(&seat.faults), seat.index),
+        );
+        if let Some(lifecycle) = &seat.lifecycle {
+            router = router.layer(axum::middleware::from_fn_with_state(
+                (Arc::clone(lifecycle), seat.index),
+                elastic::gate,
+            ));
+        }
         let edge = Edge {
             limits: state.config.http.clone(),
             stop_generations: generations.clone(),
-            router: http::worker_router(
-                state,
-                seat.view.clone(),
-                seat.routes.clone(),
-                (Arc::clone(&seat.faults), seat.index),
-            ),
+            router,
         };
         let down = stop.child_token();
         listeners.spawn(edge.run(listener, down.clone().cancelled_owned()));

@@ -23,6 +23,8 @@ mod errors;
 mod faults;
 // `mockserve fleet`: N endpoints in one process, the manifest, pinning, the routing judge.
 mod fleet;
+// `mockserve fleet --elastic`: scale requests, model loads, drains that lose no request.
+mod fleet_elastic;
 // Faults on fleet workers (down, slow, stalled, 503): on the wire, by schedule and admin route.
 mod fleet_faults;
 // The routing judge against a router of the test's own: every decision and sum exact; a fleet

@@ -1,0 +1,317 @@
+//! The autoscaler inside a live elastic fleet (`--autoscale load|saturation|external:CMD`,
+//! `--autoscale-tick`): every tick it scrapes the fleet into a
+//! `servesim::autoscale::Observation`, asks the policy, and applies the answer through
+//! [`Lifecycle::scale`], as `PUT /fleet/scale` does (clamped to `--min-workers`,
+//! `--max-workers`). A policy that fails (an external one that hangs, crashes or answers
+//! garbage) holds the current count, with a warning on stderr; the fleet keeps serving.
+//!
+//! The observation's clock is the fleet's wall clock (seconds since launch). Its request rate
+//! counts the generation requests the workers' gates let in during the tick; its ISL is the
+//! prompt tokens the engine received over them, its OSL the output tokens generated over them.
+//! `load` needs each worker's capacity: it is derived from the engine's latency model at the
+//! ISL and OSL first observed (prefill tokens per second of one request of that ISL; decode
+//! tokens per second of the largest batch whose step stays within 50 ms), so it decides from
+//! the first tick that saw requests.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use servesim::autoscale::{
+    Decision, ExternalPolicy, LoadPolicy, LoadPolicyConfig, Observation, Policy, PolicyError,
+    PolicySpec, PoolObservation, PoolRole, SaturationPolicy, SaturationPolicyConfig,
+    WorkerObservation, WorkerState,
+};
+use servesim::ids::WorkerId;
+use servesim::perf::{DecodeBatch, PrefillBatch};
+use servesim::scheduler::EngineConfig;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::{Lifecycle, Phase};
+use crate::driver::EngineHandle;
+use crate::metrics::Metrics;
+
+/// The step time within which the `load` policy's decode capacity is measured.
+const TPOT_MS: f64 = 50.0;
+
+/// What the autoscaler task needs.
+#[derive(Debug)]
+pub(crate) struct Autoscaler {
+    /// The policy named by `--autoscale`.
+    pub spec: PolicySpec,
+    /// `--autoscale-tick`.
+    pub tick: Duration,
+    /// `--autoscale-timeout`: an external policy's answer time.
+    pub timeout: Duration,
+    /// The fleet's slots.
+    pub lifecycle: Arc<Lifecycle>,
+    /// The engine (snapshots).
+    pub engine: EngineHandle,
+    /// The engine's metrics (output tokens generated).
+    pub metrics: Arc<Metrics>,
+    /// Every worker's engine settings (the `load` policy's capacity).
+    pub worker: EngineConfig,
+}
+
+/// Tokens per second one worker sustains at `isl`/`osl`: (prefill, decode).
+pub(crate) fn capacity(engine: &EngineConfig, isl: usize, osl: usize) -> (f64, f64) {
+    let isl = isl.max(1);
+    let per_s = |tokens: usize, us: u64| {
+        if us == 0 {
+            f64::MAX
+        } else {
+            tokens as f64 / (us as f64 / 1e6)
+        }
+    };
+    let prefill_us = engine
+        .latency
+        .prefill(&PrefillBatch {
+            num_requests: 1,
+            total_isl: isl,
+            total_prefix: 0,
+        })
+        .as_micros();
+    let context = isl + osl / 2;
+    let total_kv_tokens = engine.num_gpu_blocks * engine.block_size;
+    let mut decode = 0.0f64;
+    for b in 1..=engine.max_num_seqs.max(1) {
+        if b > 1 && b * context > total_kv_tokens {
+            break;
+        }
+        let us = engine
+            .latency
+            .decode(&DecodeBatch {
+                num_requests: b,
+                active_kv_tokens: b * context,
+                total_kv_tokens,
+            })
+            .as_micros();
+        if b > 1 && us as f64 / 1e3 > TPOT_MS {
+            break;
+        }
+        decode = per_s(b, us);
+    }
+    (per_s(isl, prefill_us), decode)
+}
+
+/// Counters at the previous scrape.
+#[derive(Clone, Copy, Debug, Default)]
+struct Totals {
+    arrivals: u64,
+    prompt_tokens: u64,
+    output_tokens: u64,
+}
+
+impl Autoscaler {
+    /// Output tokens generated so far, every worker.
+    fn output_tokens(&self) -> u64 {
+        (0..self.lifecycle.config.max)
+            .map(|i| {
+                let w = WorkerId(u32::try_from(i).unwrap_or(u32::MAX));
+                self.metrics
+                    .generation_tokens
+                    .get_or_create(&self.metrics.engine(w))
+                    .get()
+            })
+            .sum()
+    }
+
+    /// The fleet as it is now.
+    async fn observe(&self, start: Instant, last: &mut (Instant, Totals)) -> Option<Observation> {
+        let live = self.engine.snapshot().await.ok()?;
+        let now = Instant::now();
+        let totals = Totals {
+            arrivals: self.lifecycle.arrivals.load(Ordering::Relaxed),
+            prompt_tokens: live.prompt_tokens,
+            output_tokens: self.output_tokens(),
+        };
+        let interval_s = (now - last.0).as_secs_f64().max(1e-6);
+        let arrived = totals.arrivals.saturating_sub(last.1.arrivals);
+        let per = |d: u64| {
+            if arrived == 0 {
+                0.0
+            } else {
+                d as f64 / arrived as f64
+            }
+        };
+        let mean_isl = per(totals.prompt_tokens.saturating_sub(last.1.prompt_tokens));
+        let mean_osl = per(totals.output_tokens.saturating_sub(last.1.output_tokens));
+        *last = (now, totals);
+        let status = self.lifecycle.status();
+        let mut workers = Vec::new();
+        for slot in &status.workers {
+            let state = match self.lifecycle.phase(slot.index) {
+                Phase::Loading => WorkerState::Loading,
+                Phase::Ready => WorkerState::Ready,
+                Phase::Draining { .. } => WorkerState::Draining,
+                Phase::Absent => continue,
+            };
+            let Some(w) = live.cluster.workers.get(slot.index) else {
+                continue;
+            };
+            workers.push(WorkerObservation {
+                id: w.worker.0,
+                role: PoolRole::Aggregated,
+                state,
+                kv_usage: w.scheduler.active_blocks as f64 / w.num_gpu_blocks.max(1) as f64,
+                running: w.scheduler.running,
+                waiting: w.scheduler.waiting,
+            });
+        }
+        let ready: Vec<&WorkerObservation> = workers
+            .iter()
+            .filter(|w| w.state == WorkerState::Ready)
+            .collect();
+        let kv_usage = if ready.is_empty() {
+            0.0
+        } else {
+            ready.iter().map(|w| w.kv_usage).sum::<f64>() / ready.len() as f64
+        };
+        let running = workers.iter().map(|w| w.running).sum();
+        let waiting: usize = workers.iter().map(|w| w.waiting).sum();
+        Some(Observation {
+            time_s: (now - start).as_secs_f64(),
+            interval_s,
+            request_rate: arrived as f64 / interval_s,
+            mean_isl,
+            mean_osl,
+            queue: waiting,
+            pools: vec![PoolObservation {
+                role: PoolRole::Aggregated,
+                current: status.replicas,
+                ready: status.ready,
+                loading: status.loading,
+                draining: status.draining,
+                min: self.lifecycle.config.min,
+                max: self.lifecycle.config.max,
+                kv_usage,
+                running,
+                waiting,
+            }],
+            workers,
+        })
+    }
+
+    /// The policy, once it can be built (`load` waits for a tick with requests).
+    fn build(&self, observation: &Observation) -> Result<Option<Box<dyn Policy>>, String> {
+        Ok(Some(match &self.spec {
+            PolicySpec::Saturation => {
+                Box::new(SaturationPolicy::new(SaturationPolicyConfig::default())?)
+            }
+            PolicySpec::External(command) => {
+                Box::new(ExternalPolicy::spawn(command, self.timeout).map_err(|e| e.to_string())?)
+            }
+            PolicySpec::Load => {
+                if observation.request_rate <= 0.0 {
+                    return Ok(None);
+                }
+                let isl = observation.mean_isl.round() as usize;
+                let osl = observation.mean_osl.round() as usize;
+                let (prefill, decode) = capacity(&self.worker, isl, osl);
+                Box::new(LoadPolicy::new(LoadPolicyConfig {
+                    prefill_tokens_per_s: prefill,
+                    decode_tokens_per_s: decode,
+                    target_utilisation: 0.8,
+                    window: 4,
+                    lookahead_s: self.lifecycle.config.model_load.as_secs_f64(),
+                })?)
+            }
+        }))
+    }
+
+    /// Decides every tick until `stop`.
+    pub(crate) async fn run(self, stop: CancellationToken) {
+        let start = Instant::now();
+        let mut last = (start, Totals::default());
+        let mut policy: Option<Box<dyn Policy>> = None;
+        let mut ticks = tokio::time::interval_at(start + self.tick, self.tick);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            let Some(observation) = self.observe(start, &mut last).await else {
+                return;
+            };
+            if policy.is_none() {
+                match self.build(&observation) {
+                    Ok(built) => policy = built,
+                    Err(e) => {
+                        eprintln!(
+                            "mockserve fleet: warning: --autoscale {}: {e}; holding",
+                            self.spec
+                        );
+                        continue;
+                    }
+                }
+            }
+            let Some(mut p) = policy.take() else {
+                continue;
+            };
+            // An external policy blocks up to its timeout: off the runtime's threads.
+            let seen = observation.clone();
+            let decided = tokio::task::spawn_blocking(move || {
+                let decision = p.decide(&seen);
+                (p, decision)
+            });
+            let (p, decision) = tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                joined = decided => match joined {
+                    Ok(done) => done,
+                    Err(_) => return,
+                },
+            };
+            policy = Some(p);
+            let n = match decision {
+                Ok(Decision::Workers(n)) => n,
+                Ok(other) => {
+                    let e = PolicyError::Shape {
+                        decision: other,
+                        shape: "aggregated",
+                    };
+                    eprintln!("mockserve fleet: warning: {e}");
+                    continue;
+                }
+                Err(e) => {
+                    eprintln!("mockserve fleet: warning: {e}");
+                    continue;
+                }
+            };
+            let (min, max) = (self.lifecycle.config.min, self.lifecycle.config.max);
+            let n = n.clamp(min, max) as u64;
+            // Within the bounds: always accepted.
+            let _ = self.lifecycle.scale(n);
+            self.lifecycle.metrics.decisions.inc();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use servesim::scheduler::EngineConfig;
+
+    #[test]
+    fn capacity_follows_the_latency_model() {
+        // Fixed passes: a 1000-token prefill in 100 ms; a decode step of any batch in 10 ms,
+        // so the largest batch that fits (max_num_seqs, KV permitting) sets the decode rate.
+        let mut engine = EngineConfig::default();
+        engine.latency.model = Arc::new(servesim::perf::Fixed {
+            prefill_ms: 100.0,
+            decode_ms: 10.0,
+        });
+        engine.latency.speedup_ratio = 1.0;
+        engine.max_num_seqs = 8;
+        engine.num_gpu_blocks = 10_000;
+        let (prefill, decode) = capacity(&engine, 1000, 100);
+        assert_eq!(prefill, 10_000.0);
+        assert_eq!(decode, 800.0);
+        // With room for only two sequences of 1050 tokens, two decode at once.
+        engine.num_gpu_blocks = 2 * 1050 / engine.block_size + 1;
+        assert_eq!(capacity(&engine, 1000, 100).1, 200.0);
+    }
+}

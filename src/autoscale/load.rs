@@ -1,0 +1,272 @@
+//! `load`: a load-based planner in the manner of Dynamo's SLA planner. It predicts the next
+//! interval's load (request rate × ISL prefill tokens per second, request rate × OSL decode
+//! tokens per second) and divides it by what one worker sustains within the SLO.
+//!
+//! Per pool, with `r` the predicted request rate:
+//! - prefill workers: `ceil(r · ISL / (prefill_tokens_per_s · target_utilisation))`;
+//! - decode workers: `ceil(r · OSL / (decode_tokens_per_s · target_utilisation))`;
+//! - aggregated workers share their GPU between the two, so their fractions add:
+//!   `ceil((r · ISL / prefill_tokens_per_s + r · OSL / decode_tokens_per_s) / target_utilisation)`.
+//!
+//! The prediction is the mean rate (and token lengths) over the last `window` scrapes, raised
+//! by the trend between the two halves of that window carried `lookahead_s` ahead (a new worker
+//! serves only once its model has loaded), never below the latest scrape. Requests queued at the
+//! scrape add their prompts to the prefill load, to be cleared within one `lookahead_s`.
+
+use std::collections::VecDeque;
+
+use super::policy::{Decision, Observation, Policy, PolicyError, PoolRole};
+
+/// Settings of the load-based policy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoadPolicyConfig {
+    /// Prompt tokens per second one worker prefills within the TTFT objective.
+    pub prefill_tokens_per_s: f64,
+    /// Output tokens per second one worker decodes within the TPOT objective.
+    pub decode_tokens_per_s: f64,
+    /// The share of that capacity to plan for (headroom for bursts), in (0, 1].
+    pub target_utilisation: f64,
+    /// Scrapes the prediction averages over (at least 1).
+    pub window: usize,
+    /// How far ahead the trend is carried, seconds (the model-load delay is a good choice).
+    pub lookahead_s: f64,
+}
+
+/// The load-based policy (see the module doc).
+#[derive(Clone, Debug)]
+pub struct LoadPolicy {
+    config: LoadPolicyConfig,
+    /// Recent scrapes: (request rate, mean ISL, mean OSL), oldest first.
+    history: VecDeque<(f64, f64, f64)>,
+    /// Length of the latest scrape interval, seconds.
+    interval_s: f64,
+}
+
+impl LoadPolicy {
+    /// A load policy; capacities must be finite and above 0.
+    pub fn new(config: LoadPolicyConfig) -> Result<LoadPolicy, String> {
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        if !positive(config.prefill_tokens_per_s) || !positive(config.decode_tokens_per_s) {
+            return Err(format!(
+                "load policy: per-worker capacities must be above 0 (prefill {} tokens/s, decode {} tokens/s)",
+                config.prefill_tokens_per_s, config.decode_tokens_per_s
+            ));
+        }
+        if !(config.target_utilisation > 0.0 && config.target_utilisation <= 1.0) {
+            return Err(format!(
+                "load policy: target utilisation {} is not in (0, 1]",
+                config.target_utilisation
+            ));
+        }
+        if !(config.lookahead_s.is_finite() && config.lookahead_s >= 0.0) {
+            return Err(format!(
+                "load policy: lookahead {} s is not a finite non-negative number",
+                config.lookahead_s
+            ));
+        }
+        Ok(LoadPolicy {
+            config: LoadPolicyConfig {
+                window: config.window.max(1),
+                ..config
+            },
+            history: VecDeque::new(),
+            interval_s: 0.0,
+        })
+    }
+
+    /// The predicted (rate, ISL, OSL) for the next interval.
+    fn predict(&self) -> (f64, f64, f64) {
+        let n = self.history.len().max(1) as f64;
+        let mean = |f: fn(&(f64, f64, f64)) -> f64| self.history.iter().map(f).sum::<f64>() / n;
+        let rate = mean(|h| h.0);
+        // Token lengths weighted by requests, so an empty interval does not drag them to 0.
+        let requests: f64 = self.history.iter().map(|h| h.0).sum();
+        let weighted = |f: fn(&(f64, f64, f64)) -> f64| {
+            if requests > 0.0 {
+                self.history.iter().map(|h| h.0 * f(h)).sum::<f64>() / requests
+            } else {
+                0.0
+            }
+        };
+        let (isl, osl) = (weighted(|h| h.1), weighted(|h| h.2));
+        let latest = self.history.back().map_or(0.0, |h| h.0);
+        let half = self.history.len() / 2;
+        let trend = if half >= 1 {
+            let older = self.history.iter().take(half).map(|h| h.0).sum::<f64>() / half as f64;
+            let newer = self
+                .history
+                .iter()
+                .skip(self.history.len() - half)
+                .map(|h| h.0);
+            let newer = newer.sum::<f64>() / half as f64;
+            // Seconds between the two halves' centres: `len - half` scrapes.
+            (newer - older) / ((self.history.len() - half) as f64)
+        } else {
+            0.0
+        };
+        (
+            rate.max(latest) + trend.max(0.0) * self.lookahead_scrapes(),
+            isl,
+            osl,
+        )
+    }
+
+    /// The lookahead in scrapes (of the latest interval's length).
+    fn lookahead_scrapes(&self) -> f64 {
+        if self.interval_s > 0.0 {
+            self.config.lookahead_s / self.interval_s
+        } else {
+            0.0
+        }
+    }
+
+    /// Workers a pool needs for `load_fraction` of one worker's capacity.
+    fn workers_for(&self, load_fraction: f64) -> usize {
+        let n = (load_fraction / self.config.target_utilisation).ceil();
+        if n.is_finite() && n > 0.0 {
+            n.min(1e9) as usize
+        } else {
+            0
+        }
+    }
+}
+
+impl Policy for LoadPolicy {
+    fn name(&self) -> &'static str {
+        "load"
+    }
+
+    fn decide(&mut self, obs: &Observation) -> Result<Decision, PolicyError> {
+        self.interval_s = obs.interval_s;
+        self.history
+            .push_back((obs.request_rate, obs.mean_isl, obs.mean_osl));
+        while self.history.len() > self.config.window {
+            self.history.pop_front();
+        }
+        let (rate, isl, osl) = self.predict();
+        let horizon = self.config.lookahead_s.max(obs.interval_s).max(1.0);
+        let backlog_isl = if obs.queue > 0 {
+            obs.queue as f64 * isl / horizon
+        } else {
+            0.0
+        };
+        let prefill = (rate * isl + backlog_isl) / self.config.prefill_tokens_per_s;
+        let decode = rate * osl / self.config.decode_tokens_per_s;
+        if obs.pool(PoolRole::Prefill).is_some() {
+            Ok(Decision::Disagg {
+                prefill: self.workers_for(prefill),
+                decode: self.workers_for(decode),
+            })
+        } else {
+            Ok(Decision::Workers(self.workers_for(prefill + decode)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::autoscale::policy::tests::observation;
+    use crate::autoscale::policy::{PoolObservation, PoolRole};
+
+    fn config() -> LoadPolicyConfig {
+        LoadPolicyConfig {
+            prefill_tokens_per_s: 10_000.0,
+            decode_tokens_per_s: 1_000.0,
+            target_utilisation: 1.0,
+            window: 1,
+            lookahead_s: 0.0,
+        }
+    }
+
+    #[test]
+    fn workers_follow_load_over_capacity() {
+        let mut p = LoadPolicy::new(config()).unwrap();
+        // 4 req/s x 1000 ISL = 4000 tok/s = 0.4 of a worker; x 100 OSL = 400 tok/s = 0.4.
+        let obs = observation(3, 0.1, 0, 4.0);
+        assert_eq!(p.decide(&obs), Ok(Decision::Workers(1)));
+        // 12 req/s: 1.2 + 1.2 = 2.4 -> 3.
+        assert_eq!(
+            p.decide(&observation(3, 0.1, 0, 12.0)),
+            Ok(Decision::Workers(3))
+        );
+        // Planning for 60% utilisation: 2.4 / 0.6 = 4.
+        let mut p = LoadPolicy::new(LoadPolicyConfig {
+            target_utilisation: 0.6,
+            ..config()
+        })
+        .unwrap();
+        assert_eq!(
+            p.decide(&observation(3, 0.1, 0, 12.0)),
+            Ok(Decision::Workers(4))
+        );
+        assert_eq!(
+            p.decide(&observation(3, 0.1, 0, 0.0)),
+            Ok(Decision::Workers(0))
+        );
+    }
+
+    #[test]
+    fn disaggregated_pools_are_sized_apart() {
+        let mut p = LoadPolicy::new(config()).unwrap();
+        let mut obs = observation(2, 0.1, 0, 25.0);
+        let pool = |role| PoolObservation {
+            role,
+            ..obs.pools[0].clone()
+        };
+        obs.pools = vec![pool(PoolRole::Prefill), pool(PoolRole::Decode)];
+        // prefill 25 x 1000 / 10000 = 2.5 -> 3; decode 25 x 100 / 1000 = 2.5 -> 3.
+        obs.mean_osl = 300.0; // decode 7.5 -> 8
+        assert_eq!(
+            p.decide(&obs),
+            Ok(Decision::Disagg {
+                prefill: 3,
+                decode: 8
+            })
+        );
+    }
+
+    #[test]
+    fn a_rising_rate_is_carried_ahead_and_a_queue_adds_load() {
+        let mut p = LoadPolicy::new(LoadPolicyConfig {
+            window: 4,
+            lookahead_s: 60.0,
+            ..config()
+        })
+        .unwrap();
+        for rate in [2.0, 4.0, 6.0] {
+            p.decide(&observation(1, 0.1, 0, rate)).unwrap();
+        }
+        // Window 2,4,6,8: mean 5, latest 8; halves 3 and 7 two scrapes apart: +2 per scrape,
+        // carried 60 s / 30 s = 2 scrapes: 8 + 4 = 12 req/s -> 1.2 + 1.2 = 2.4 -> 3.
+        assert_eq!(
+            p.decide(&observation(1, 0.1, 0, 8.0)),
+            Ok(Decision::Workers(3))
+        );
+        // 9 req/s alone: 0.9 + 0.9 = 1.8 -> 2 workers. A queue of 90 requests x 1000 tokens
+        // to clear within one 30 s interval adds 3000 tok/s = 0.3 of a worker: 2.1 -> 3.
+        let mut q = LoadPolicy::new(config()).unwrap();
+        assert_eq!(
+            q.decide(&observation(1, 0.1, 0, 9.0)),
+            Ok(Decision::Workers(2))
+        );
+        assert_eq!(
+            q.decide(&observation(1, 0.1, 90, 9.0)),
+            Ok(Decision::Workers(3))
+        );
+    }
+
+    #[test]
+    fn bad_capacities_are_refused() {
+        let bad = LoadPolicyConfig {
+            prefill_tokens_per_s: 0.0,
+            ..config()
+        };
+        assert!(LoadPolicy::new(bad).unwrap_err().contains("above 0"));
+        let bad = LoadPolicyConfig {
+            target_utilisation: 1.5,
+            ..config()
+        };
+        assert!(LoadPolicy::new(bad).unwrap_err().contains("utilisation"));
+    }
+}

@@ -1,0 +1,232 @@
+//! `saturation`: KV-usage and queue thresholds with stabilisation windows, in the manner of
+//! Kubernetes' HPA and llm-d's Workload Variant Autoscaler.
+//!
+//! Per pool, over its ready workers: `ratio = max(kv_usage / kv_target, waiting_per_worker /
+//! queue_target)`; within `tolerance` of 1 the recommendation is the current size, else
+//! `ceil(ready · ratio)` (at least 1 while anything is running or waiting). As HPA does, a
+//! scale-up takes the smallest recommendation of the last `up_window` and a scale-down the
+//! largest of the last `down_window`, so one quiet scrape does not drop workers that the next
+//! burst needs. While workers of the pool are still loading the pool is not shrunk (their
+//! capacity is not in the metrics yet).
+
+use std::collections::VecDeque;
+
+use super::policy::{Decision, Observation, Policy, PolicyError, PoolObservation, PoolRole};
+
+/// Settings of the saturation policy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SaturationPolicyConfig {
+    /// Target mean KV usage of the ready workers, in (0, 1].
+    pub kv_target: f64,
+    /// Target requests waiting per ready worker (above 0).
+    pub queue_target: f64,
+    /// No change while the ratio is within this of 1 (HPA's default is 0.1).
+    pub tolerance: f64,
+    /// Seconds of recommendations a scale-up takes the minimum of (HPA: 0).
+    pub up_window_s: f64,
+    /// Seconds of recommendations a scale-down takes the maximum of (HPA: 300).
+    pub down_window_s: f64,
+}
+
+impl Default for SaturationPolicyConfig {
+    fn default() -> Self {
+        SaturationPolicyConfig {
+            kv_target: 0.7,
+            queue_target: 1.0,
+            tolerance: 0.1,
+            up_window_s: 0.0,
+            down_window_s: 240.0,
+        }
+    }
+}
+
+/// The saturation policy (see the module doc).
+#[derive(Clone, Debug)]
+pub struct SaturationPolicy {
+    config: SaturationPolicyConfig,
+    /// Per pool role, recent (time, recommendation), oldest first.
+    history: Vec<(PoolRole, VecDeque<(f64, usize)>)>,
+}
+
+impl SaturationPolicy {
+    /// A saturation policy; targets must be above 0.
+    pub fn new(config: SaturationPolicyConfig) -> Result<SaturationPolicy, String> {
+        if !(config.kv_target > 0.0 && config.kv_target <= 1.0) {
+            return Err(format!(
+                "saturation policy: KV target {} is not in (0, 1]",
+                config.kv_target
+            ));
+        }
+        if !(config.queue_target.is_finite() && config.queue_target > 0.0) {
+            return Err(format!(
+                "saturation policy: queue target {} must be above 0",
+                config.queue_target
+            ));
+        }
+        let finite = |x: f64| x.is_finite() && x >= 0.0;
+        if !finite(config.tolerance) || !finite(config.up_window_s) || !finite(config.down_window_s)
+        {
+            return Err("saturation policy: tolerance and windows must be finite and >= 0".into());
+        }
+        Ok(SaturationPolicy {
+            config,
+            history: Vec::new(),
+        })
+    }
+
+    /// The raw recommendation for one pool.
+    fn recommend(&self, pool: &PoolObservation) -> usize {
+        if pool.ready == 0 {
+            return pool.current;
+        }
+        let waiting_per_worker = pool.waiting as f64 / pool.ready as f64;
+        let ratio = (pool.kv_usage / self.config.kv_target)
+            .max(waiting_per_worker / self.config.queue_target);
+        if (ratio - 1.0).abs() <= self.config.tolerance {
+            return pool.current;
+        }
+        let busy = pool.running + pool.waiting > 0;
+        let n = (pool.ready as f64 * ratio).ceil() as usize;
+        n.max(usize::from(busy))
+    }
+
+    /// The stabilised size of one pool.
+    fn stabilise(&mut self, time_s: f64, pool: &PoolObservation) -> usize {
+        let raw = self.recommend(pool);
+        let idx = match self.history.iter().position(|(r, _)| *r == pool.role) {
+            Some(i) => i,
+            None => {
+                self.history.push((pool.role, VecDeque::new()));
+                self.history.len() - 1
+            }
+        };
+        let keep = self.config.up_window_s.max(self.config.down_window_s);
+        let history = &mut self.history[idx].1;
+        history.push_back((time_s, raw));
+        while history.front().is_some_and(|&(t, _)| t < time_s - keep) {
+            history.pop_front();
+        }
+        let within = |w: f64| history.iter().filter(move |&&(t, _)| t >= time_s - w);
+        let up = within(self.config.up_window_s)
+            .map(|h| h.1)
+            .min()
+            .unwrap_or(raw);
+        let down = within(self.config.down_window_s)
+            .map(|h| h.1)
+            .max()
+            .unwrap_or(raw);
+        if up > pool.current {
+            up
+        } else if down < pool.current && pool.loading == 0 {
+            down
+        } else {
+            pool.current
+        }
+    }
+}
+
+impl Policy for SaturationPolicy {
+    fn name(&self) -> &'static str {
+        "saturation"
+    }
+
+    fn decide(&mut self, obs: &Observation) -> Result<Decision, PolicyError> {
+        let mut sizes = Vec::with_capacity(obs.pools.len());
+        for pool in &obs.pools {
+            sizes.push((pool.role, self.stabilise(obs.time_s, pool)));
+        }
+        let size = |role| sizes.iter().find(|(r, _)| *r == role).map(|s| s.1);
+        match (size(PoolRole::Prefill), size(PoolRole::Decode)) {
+            (Some(prefill), Some(decode)) => Ok(Decision::Disagg { prefill, decode }),
+            _ => Ok(Decision::Workers(size(PoolRole::Aggregated).unwrap_or(0))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::autoscale::policy::tests::observation;
+
+    fn at(mut obs: Observation, t: f64) -> Observation {
+        obs.time_s = t;
+        obs
+    }
+
+    #[test]
+    fn kv_and_queue_pressure_scale_up_at_once() {
+        let mut p = SaturationPolicy::new(SaturationPolicyConfig::default()).unwrap();
+        // 4 workers at 0.7 KV: on target, hold.
+        assert_eq!(
+            p.decide(&at(observation(4, 0.7, 0, 1.0), 0.0)),
+            Ok(Decision::Workers(4))
+        );
+        // KV 0.91 -> ratio 1.3 -> ceil(5.2) = 6.
+        assert_eq!(
+            p.decide(&at(observation(4, 0.91, 0, 1.0), 30.0)),
+            Ok(Decision::Workers(6))
+        );
+        // Two waiting per worker (target 1): ratio 2 -> 8.
+        let mut q = SaturationPolicy::new(SaturationPolicyConfig::default()).unwrap();
+        assert_eq!(
+            q.decide(&at(observation(4, 0.1, 2, 1.0), 0.0)),
+            Ok(Decision::Workers(8))
+        );
+    }
+
+    #[test]
+    fn scale_down_waits_out_the_stabilisation_window() {
+        let mut p = SaturationPolicy::new(SaturationPolicyConfig {
+            down_window_s: 90.0,
+            ..SaturationPolicyConfig::default()
+        })
+        .unwrap();
+        // Busy at t=0 (recommends 4), quiet after (KV 0.35 -> ratio 0.5 -> 2).
+        assert_eq!(
+            p.decide(&at(observation(4, 0.7, 0, 1.0), 0.0)),
+            Ok(Decision::Workers(4))
+        );
+        for t in [30.0, 60.0, 90.0] {
+            assert_eq!(
+                p.decide(&at(observation(4, 0.35, 0, 1.0), t)),
+                Ok(Decision::Workers(4)),
+                "t={t}"
+            );
+        }
+        // The busy recommendation left the 90 s window.
+        assert_eq!(
+            p.decide(&at(observation(4, 0.35, 0, 1.0), 120.0)),
+            Ok(Decision::Workers(2))
+        );
+    }
+
+    #[test]
+    fn loading_workers_block_a_scale_down_and_idle_pools_shrink_to_zero_request() {
+        let mut p = SaturationPolicy::new(SaturationPolicyConfig {
+            down_window_s: 0.0,
+            ..SaturationPolicyConfig::default()
+        })
+        .unwrap();
+        let mut obs = observation(4, 0.0, 0, 0.0);
+        obs.pools[0].running = 0;
+        obs.pools[0].loading = 2;
+        obs.pools[0].current = 6;
+        assert_eq!(p.decide(&obs), Ok(Decision::Workers(6)));
+        obs.pools[0].loading = 0;
+        obs.pools[0].current = 4;
+        obs.time_s += 30.0;
+        // Nothing running: 0 (the driver clamps to the minimum).
+        assert_eq!(p.decide(&obs), Ok(Decision::Workers(0)));
+    }
+
+    #[test]
+    fn bad_targets_are_refused() {
+        let bad = SaturationPolicyConfig {
+            kv_target: 0.0,
+            ..SaturationPolicyConfig::default()
+        };
+        assert!(SaturationPolicy::new(bad)
+            .unwrap_err()
+            .contains("KV target"));
+    }
+}
