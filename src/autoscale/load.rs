@@ -12,6 +12,10 @@
 //! by the trend between the two halves of that window carried `lookahead_s` ahead (a new worker
 //! serves only once its model has loaded), never below the latest scrape. Requests queued at the
 //! scrape add their prompts to the prefill load, to be cleared within one `lookahead_s`.
+//!
+//! A pool grows at once; it shrinks only to the largest size the last `down_window` decisions
+//! asked for, and never while it has workers loading (cancelling them would throw away the
+//! load delay already paid).
 
 use std::collections::VecDeque;
 
@@ -30,6 +34,10 @@ pub struct LoadPolicyConfig {
     pub window: usize,
     /// How far ahead the trend is carried, seconds (the model-load delay is a good choice).
     pub lookahead_s: f64,
+    /// Scrapes a scale-down waits out: a pool shrinks to the largest size any of the last
+    /// `down_window` decisions asked for (1 = at once). It never shrinks while it has workers
+    /// loading.
+    pub down_window: usize,
 }
 
 /// The load-based policy (see the module doc).
@@ -40,6 +48,8 @@ pub struct LoadPolicy {
     history: VecDeque<(f64, f64, f64)>,
     /// Length of the latest scrape interval, seconds.
     interval_s: f64,
+    /// Recent raw decisions, oldest first (for the scale-down window).
+    recent: VecDeque<Decision>,
 }
 
 impl LoadPolicy {
@@ -71,6 +81,7 @@ impl LoadPolicy {
             },
             history: VecDeque::new(),
             interval_s: 0.0,
+            recent: VecDeque::new(),
         })
     }
 
@@ -152,14 +163,40 @@ impl Policy for LoadPolicy {
         };
         let prefill = (rate * isl + backlog_isl) / self.config.prefill_tokens_per_s;
         let decode = rate * osl / self.config.decode_tokens_per_s;
-        if obs.pool(PoolRole::Prefill).is_some() {
-            Ok(Decision::Disagg {
+        let raw = if obs.pool(PoolRole::Prefill).is_some() {
+            Decision::Disagg {
                 prefill: self.workers_for(prefill),
                 decode: self.workers_for(decode),
-            })
+            }
         } else {
-            Ok(Decision::Workers(self.workers_for(prefill + decode)))
+            Decision::Workers(self.workers_for(prefill + decode))
+        };
+        self.recent.push_back(raw);
+        while self.recent.len() > self.config.down_window.max(1) {
+            self.recent.pop_front();
         }
+        // Per pool: grow at once; shrink only to the largest recent ask, and not while loading.
+        let size = |role: PoolRole| -> usize {
+            let want = raw.count(role).unwrap_or(0);
+            let Some(pool) = obs.pool(role) else {
+                return want;
+            };
+            if want >= pool.current {
+                return want;
+            }
+            if pool.loading > 0 {
+                return pool.current;
+            }
+            let recent = self.recent.iter().filter_map(|d| d.count(role)).max();
+            recent.unwrap_or(want).min(pool.current)
+        };
+        Ok(match raw {
+            Decision::Disagg { .. } => Decision::Disagg {
+                prefill: size(PoolRole::Prefill),
+                decode: size(PoolRole::Decode),
+            },
+            Decision::Workers(_) => Decision::Workers(size(PoolRole::Aggregated)),
+        })
     }
 }
 
@@ -176,6 +213,7 @@ mod tests {
             target_utilisation: 1.0,
             window: 1,
             lookahead_s: 0.0,
+            down_window: 1,
         }
     }
 
@@ -254,6 +292,37 @@ mod tests {
             q.decide(&observation(1, 0.1, 90, 9.0)),
             Ok(Decision::Workers(3))
         );
+    }
+
+    #[test]
+    fn a_scale_down_waits_out_its_window_and_never_cancels_loading_workers() {
+        let mut p = LoadPolicy::new(LoadPolicyConfig {
+            down_window: 3,
+            ..config()
+        })
+        .unwrap();
+        // 12 req/s: 2.4 -> 3 workers; then 4 req/s: 0.8 -> 1, held until the 3 leaves.
+        assert_eq!(
+            p.decide(&observation(3, 0.1, 0, 12.0)),
+            Ok(Decision::Workers(3))
+        );
+        assert_eq!(
+            p.decide(&observation(3, 0.1, 0, 4.0)),
+            Ok(Decision::Workers(3))
+        );
+        assert_eq!(
+            p.decide(&observation(3, 0.1, 0, 4.0)),
+            Ok(Decision::Workers(3))
+        );
+        assert_eq!(
+            p.decide(&observation(3, 0.1, 0, 4.0)),
+            Ok(Decision::Workers(1))
+        );
+        // A pool with a worker loading keeps it.
+        let mut obs = observation(3, 0.1, 0, 4.0);
+        obs.pools[0].loading = 1;
+        obs.pools[0].current = 4;
+        assert_eq!(p.decide(&obs), Ok(Decision::Workers(4)));
     }
 
     #[test]

@@ -6,8 +6,9 @@
 //! `ceil(ready · ratio)` (at least 1 while anything is running or waiting). As HPA does, a
 //! scale-up takes the smallest recommendation of the last `up_window` and a scale-down the
 //! largest of the last `down_window`, so one quiet scrape does not drop workers that the next
-//! burst needs. While workers of the pool are still loading the pool is not shrunk (their
-//! capacity is not in the metrics yet).
+//! burst needs; a scale-down then removes one worker per decision (HPA's scale-down policies
+//! limit the rate the same way). While workers of the pool are still loading the pool is not
+//! shrunk (their capacity is not in the metrics yet).
 
 use std::collections::VecDeque;
 
@@ -118,7 +119,8 @@ impl SaturationPolicy {
         if up > pool.current {
             up
         } else if down < pool.current && pool.loading == 0 {
-            down
+            // As HPA's default scale-down policy limits the rate: one worker per decision.
+            pool.current - 1
         } else {
             pool.current
         }
@@ -193,15 +195,19 @@ mod tests {
                 "t={t}"
             );
         }
-        // The busy recommendation left the 90 s window.
+        // The busy recommendation left the 90 s window: one worker goes per decision.
         assert_eq!(
             p.decide(&at(observation(4, 0.35, 0, 1.0), 120.0)),
+            Ok(Decision::Workers(3))
+        );
+        assert_eq!(
+            p.decide(&at(observation(3, 0.35, 0, 1.0), 150.0)),
             Ok(Decision::Workers(2))
         );
     }
 
     #[test]
-    fn loading_workers_block_a_scale_down_and_idle_pools_shrink_to_zero_request() {
+    fn loading_workers_block_a_scale_down_and_idle_pools_shrink_one_at_a_time() {
         let mut p = SaturationPolicy::new(SaturationPolicyConfig {
             down_window_s: 0.0,
             ..SaturationPolicyConfig::default()
@@ -215,8 +221,8 @@ mod tests {
         obs.pools[0].loading = 0;
         obs.pools[0].current = 4;
         obs.time_s += 30.0;
-        // Nothing running: 0 (the driver clamps to the minimum).
-        assert_eq!(p.decide(&obs), Ok(Decision::Workers(0)));
+        // Nothing running: down by one (the driver clamps to the minimum).
+        assert_eq!(p.decide(&obs), Ok(Decision::Workers(3)));
     }
 
     #[test]

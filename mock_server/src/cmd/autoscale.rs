@@ -219,7 +219,7 @@ impl AutoscaleArgs {
                 down_window_s: 8.0 * tick.as_micros() as f64 / 1e6,
                 ..SaturationPolicyConfig::default()
             },
-            load_utilisation: 0.7,
+            load_utilisation: 0.5,
             oracle: !self.no_oracle,
         }))
     }

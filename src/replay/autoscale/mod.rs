@@ -42,14 +42,15 @@ use crate::autoscale::{
 };
 use crate::cluster::{Cluster, ClusterConfig, Output, ServingMode};
 use crate::ids::RequestId;
-use crate::metrics::RequestRecord;
 use crate::perf::{DecodeBatch, PrefillBatch};
 use crate::slo::Slo;
 use crate::time::{SimDuration, SimTime};
 use crate::trace::{Trace, TraceRequest};
 
-/// The share of a window's requests that must meet the SLO for it not to be in violation.
-pub const ATTAINMENT_TARGET: f64 = 0.95;
+mod judge;
+
+pub use judge::ATTAINMENT_TARGET;
+use judge::{judge, oracle_workers, run_end, JudgeInput, Windows};
 
 /// How an elastic replay scales and is judged.
 #[derive(Clone, Debug)]
@@ -202,7 +203,6 @@ struct Fleet<'a> {
     slots: Vec<Slot>,
     rng: ChaCha8Rng,
     tick: SimDuration,
-    scrape_delay: SimDuration,
     next_tick: SimTime,
     next_scrape: SimTime,
     last_scrape: SimTime,
@@ -434,11 +434,11 @@ impl Fleet<'_> {
                 if self.next_scrape <= self.next_tick {
                     let at = self.next_scrape;
                     self.scrape(cluster, at);
-                    self.next_scrape = self.next_scrape + self.tick;
+                    self.next_scrape += self.tick;
                 } else {
                     let at = self.next_tick;
                     self.decide(cluster, at);
-                    self.next_tick = self.next_tick + self.tick;
+                    self.next_tick += self.tick;
                 }
             }
         }
@@ -549,6 +549,7 @@ fn build_policy(
                     target_utilisation: settings.load_utilisation,
                     window: 4,
                     lookahead_s: settings.lifecycle.model_load.as_micros() as f64 / 1e6,
+                    down_window: 8,
                 })
                 .map_err(AutoscaleError::Policy)?,
             )
@@ -634,7 +635,6 @@ pub fn replay_elastic(
         pools,
         slots,
         tick: settings.tick,
-        scrape_delay: settings.scrape_delay,
         next_tick: first_tick,
         next_scrape: SimTime(first_tick.0.saturating_sub(settings.scrape_delay.0)),
         last_scrape: SimTime::ZERO,
@@ -647,7 +647,6 @@ pub fn replay_elastic(
         now: SimTime::ZERO,
     };
     let outcome = replay_observed(trace, &run_config, progress, &mut fleet)?;
-    let _ = fleet.scrape_delay;
     let end = run_end(&outcome.records).max(fleet.now);
     let windows = Windows::new(settings.tick, end);
     let attainment = windows.attainment(&outcome.records, &settings.slo);
@@ -682,247 +681,4 @@ pub fn replay_elastic(
         outcome,
         autoscale: report,
     })
-}
-
-/// When the last request ended (or arrived).
-fn run_end(records: &[RequestRecord]) -> SimTime {
-    let ms = records
-        .iter()
-        .map(|r| r.finish_ms.unwrap_or(r.arrival_ms).max(r.arrival_ms))
-        .fold(0.0f64, f64::max);
-    SimTime((ms * 1000.0).round() as u64)
-}
-
-/// The judge's windows: `[k · len, (k + 1) · len)` up to the run's end.
-struct Windows {
-    len: SimDuration,
-    end: SimTime,
-    count: usize,
-}
-
-impl Windows {
-    fn new(len: SimDuration, end: SimTime) -> Windows {
-        let count = (end.0.div_ceil(len.0)).max(1) as usize;
-        Windows { len, end, count }
-    }
-
-    fn start(&self, k: usize) -> SimTime {
-        SimTime(self.len.0 * k as u64)
-    }
-
-    /// Seconds of window `k` within the run.
-    fn seconds(&self, k: usize) -> f64 {
-        let start = self.start(k).0;
-        let stop = (start + self.len.0).min(self.end.0.max(start));
-        (stop - start) as f64 / 1e6
-    }
-
-    fn of(&self, arrival_ms: f64) -> usize {
-        let us = (arrival_ms * 1000.0).max(0.0) as u64;
-        ((us / self.len.0) as usize).min(self.count - 1)
-    }
-
-    /// Per window: (arrivals, of which met the SLO).
-    fn attainment(&self, records: &[RequestRecord], slo: &Slo) -> Vec<(usize, usize)> {
-        let mut out = vec![(0usize, 0usize); self.count];
-        for r in records {
-            let k = self.of(r.arrival_ms);
-            out[k].0 += 1;
-            out[k].1 += usize::from(slo.met(r));
-        }
-        out
-    }
-}
-
-fn share((n, met): (usize, usize)) -> f64 {
-    if n == 0 {
-        1.0
-    } else {
-        met as f64 / n as f64
-    }
-}
-
-/// Per window, the fewest workers in `lo..=hi` whose static fleet meets the target there
-/// (`hi` where none does), and whether it does.
-fn oracle_workers(
-    trace: &Trace,
-    config: &ReplayConfig,
-    settings: &AutoscaleSettings,
-    windows: &Windows,
-    (lo, hi): (usize, usize),
-) -> Result<Vec<(usize, bool)>, AutoscaleError> {
-    let mut best: Vec<Option<usize>> = vec![None; windows.count];
-    let mut last = Vec::new();
-    for n in lo..=hi {
-        let mut cluster = config.cluster.clone();
-        cluster.num_workers = n;
-        let static_config = ReplayConfig {
-            cluster,
-            trace_block_size: config.trace_block_size,
-        };
-        let outcome = super::replay(trace, &static_config, |_, _| {})?;
-        last = windows.attainment(&outcome.records, &settings.slo);
-        for (k, a) in last.iter().enumerate() {
-            if best[k].is_none() && share(*a) >= ATTAINMENT_TARGET {
-                best[k] = Some(n);
-            }
-        }
-        if best.iter().all(Option::is_some) {
-            break;
-        }
-    }
-    let _ = last;
-    Ok(best
-        .into_iter()
-        .map(|b| b.map_or((hi, false), |n| (n, true)))
-        .collect())
-}
-
-struct JudgeInput<'a> {
-    policy: String,
-    windows: &'a Windows,
-    records: &'a [RequestRecord],
-    slo: &'a Slo,
-    attainment: &'a [(usize, usize)],
-    gpus: &'a [(SimTime, usize)],
-    ready: &'a [(SimTime, usize)],
-    oracle: Option<&'a [(usize, bool)]>,
-    model_load: SimDuration,
-    min_workers: usize,
-    events: Vec<ScaleEvent>,
-    warnings: Vec<String>,
-}
-
-/// ∫ of a step series over `[a, b)`, in value-seconds.
-fn integral(series: &[(SimTime, usize)], a: SimTime, b: SimTime) -> f64 {
-    let mut total = 0.0;
-    for (i, &(t, v)) in series.iter().enumerate() {
-        let next = series.get(i + 1).map_or(SimTime(u64::MAX), |s| s.0);
-        let (s, e) = (t.max(a), next.min(b));
-        if e > s {
-            total += v as f64 * (e.0 - s.0) as f64 / 1e6;
-        }
-    }
-    total
-}
-
-/// The value of a step series at `t`.
-fn value_at(series: &[(SimTime, usize)], t: SimTime) -> usize {
-    series
-        .iter()
-        .take_while(|(at, _)| *at <= t)
-        .last()
-        .map_or(0, |s| s.1)
-}
-
-fn judge(input: JudgeInput<'_>) -> AutoscaleReport {
-    let w = input.windows;
-    let end = w.end;
-    let gpu_seconds = integral(input.gpus, SimTime::ZERO, end);
-    let duration_s = end.0 as f64 / 1e6;
-    let met = input.records.iter().filter(|r| input.slo.met(r)).count();
-    let violated: Vec<bool> = input
-        .attainment
-        .iter()
-        .map(|a| share(*a) < ATTAINMENT_TARGET)
-        .collect();
-    let violation_seconds = (0..w.count)
-        .filter(|&k| violated[k])
-        .map(|k| w.seconds(k))
-        .fold(0.0, |a, b| a + b);
-    // The oracle holds, in each window, the most workers of the windows that start within
-    // the next model-load delay (it provisions ahead).
-    let oracle_gpus: Option<Vec<usize>> = input.oracle.map(|o| {
-        (0..w.count)
-            .map(|k| {
-                let horizon = w.start(k) + input.model_load;
-                (k..w.count)
-                    .take_while(|&j| w.start(j) <= horizon)
-                    .map(|j| o[j].0)
-                    .max()
-                    .unwrap_or(0)
-                    .max(input.min_workers)
-            })
-            .collect()
-    });
-    let (oracle_gpu_seconds, regret_gpu_seconds, regret_slo_seconds) =
-        match (&oracle_gpus, input.oracle) {
-            (Some(g), Some(o)) => {
-                let oracle_total = (0..w.count)
-                    .map(|k| g[k] as f64 * w.seconds(k))
-                    .fold(0.0, |a, b| a + b);
-                let regret_gpu: f64 = (0..w.count)
-                    .map(|k| {
-                        let run = integral(input.gpus, w.start(k), w.start(k + 1).min(end));
-                        (run - g[k] as f64 * w.seconds(k)).max(0.0)
-                    })
-                    .fold(0.0, |a, b| a + b);
-                let regret_slo: f64 = (0..w.count)
-                    .filter(|&k| violated[k] && o[k].1)
-                    .map(|k| w.seconds(k))
-                    .fold(0.0, |a, b| a + b);
-                (Some(oracle_total), Some(regret_gpu), Some(regret_slo))
-            }
-            _ => (None, None, None),
-        };
-    let reversal_window = input.model_load.0 as f64 * 2.0 / 1e6;
-    let mut oscillations = 0;
-    for (i, e) in input.events.iter().enumerate() {
-        let prev = input.events[..i].iter().rev().find(|p| p.role == e.role);
-        if let Some(p) = prev {
-            let up = |x: &ScaleEvent| x.to > x.from;
-            if up(p) != up(e) && e.time_s - p.time_s <= reversal_window {
-                oscillations += 1;
-            }
-        }
-    }
-    let timeline = (0..w.count)
-        .map(|k| {
-            let (a, b) = (w.start(k), w.start(k + 1).min(end).max(w.start(k)));
-            let secs = w.seconds(k);
-            WindowSample {
-                start_s: a.0 as f64 / 1e6,
-                gpus: if secs > 0.0 {
-                    integral(input.gpus, a, b) / secs
-                } else {
-                    value_at(input.gpus, a) as f64
-                },
-                ready: value_at(input.ready, b),
-                request_rate: if secs > 0.0 {
-                    input.attainment[k].0 as f64 / secs
-                } else {
-                    0.0
-                },
-                attainment: share(input.attainment[k]),
-                oracle_workers: input.oracle.map(|o| o[k].0),
-            }
-        })
-        .collect();
-    AutoscaleReport {
-        policy: input.policy,
-        gpu_seconds,
-        mean_gpus: if duration_s > 0.0 {
-            gpu_seconds / duration_s
-        } else {
-            value_at(input.gpus, SimTime::ZERO) as f64
-        },
-        peak_gpus: input.gpus.iter().map(|g| g.1).max().unwrap_or(0),
-        slo_attainment: if input.records.is_empty() {
-            1.0
-        } else {
-            met as f64 / input.records.len() as f64
-        },
-        violation_seconds,
-        scale_events: input.events.len(),
-        oscillations,
-        oracle_gpu_seconds,
-        regret_gpu_seconds,
-        regret_slo_seconds,
-        duration_s,
-        window_s: w.len.0 as f64 / 1e6,
-        attainment_target: ATTAINMENT_TARGET,
-        events: input.events,
-        warnings: input.warnings,
-        timeline,
-    }
 }
