@@ -215,6 +215,7 @@ impl Autoscaler {
                     target_utilisation: 0.8,
                     window: 4,
                     lookahead_s: self.lifecycle.config.model_load.as_secs_f64(),
+                    down_window: 8,
                 })?)
             }
         }))
