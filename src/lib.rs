@@ -64,6 +64,7 @@ pub mod request;
 pub mod router;
 pub mod scheduler;
 mod side_thread;
+pub mod slo;
 pub mod time;
 pub mod tokenizer;
 pub mod tokens;

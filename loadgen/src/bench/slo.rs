@@ -1,78 +1,11 @@
-//! Goodput: the service-level objectives of `--slo` and the share and rate of requests that
-//! meet them.
-
-use std::str::FromStr;
+//! Goodput: the share and rate of requests that meet the service-level objectives of `--slo`
+//! (the grammar is the engine's, `servesim::slo`, shared with `mockserve plan`).
 
 use serde::Serialize;
 
 use crate::report::replay_report::LiveRecord;
 
-/// Service-level objectives (ms); a request is good when it succeeded and meets every one set.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct Slo {
-    /// Time to first token.
-    pub ttft_ms: Option<f64>,
-    /// The request's mean inter-token latency.
-    pub itl_ms: Option<f64>,
-    /// End-to-end latency.
-    pub e2e_ms: Option<f64>,
-}
-
-fn parse_ms(v: &str) -> Option<f64> {
-    let (num, scale) = if let Some(x) = v.strip_suffix("ms") {
-        (x, 1.0)
-    } else if let Some(x) = v.strip_suffix("us") {
-        (x, 1e-3)
-    } else if let Some(x) = v.strip_suffix('s') {
-        (x, 1e3)
-    } else {
-        (v, 1.0)
-    };
-    num.trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|x| x.is_finite() && *x >= 0.0)
-        .map(|x| x * scale)
-}
-
-impl FromStr for Slo {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let mut slo = Slo::default();
-        for part in s.split(',').filter(|p| !p.trim().is_empty()) {
-            let (k, v) = part
-                .split_once('=')
-                .ok_or_else(|| format!("expected key=value, got {part:?}"))?;
-            let ms = parse_ms(v.trim()).ok_or_else(|| format!("bad duration {v:?}"))?;
-            match k.trim() {
-                "ttft" => slo.ttft_ms = Some(ms),
-                "itl" | "tpot" => slo.itl_ms = Some(ms),
-                "e2e" | "e2el" => slo.e2e_ms = Some(ms),
-                other => return Err(format!("unknown SLO {other:?} (ttft, itl, e2e)")),
-            }
-        }
-        Ok(slo)
-    }
-}
-
-impl Slo {
-    /// True when the request completed and meets every objective.
-    pub fn met(&self, r: &LiveRecord) -> bool {
-        let ok = |limit: Option<f64>, v: Option<f64>| match (limit, v) {
-            (None, _) => true,
-            (Some(l), Some(v)) => v <= l,
-            (Some(_), None) => false,
-        };
-        r.error.is_none()
-            && r.record.status == servesim::metrics::RequestStatus::Completed
-            && ok(self.ttft_ms, r.record.ttft_ms)
-            && (self.itl_ms.is_none()
-                || r.record
-                    .itl_ms
-                    .is_none_or(|v| v <= self.itl_ms.unwrap_or(f64::INFINITY)))
-            && ok(self.e2e_ms, r.record.e2e_latency_ms)
-    }
-}
+pub use servesim::slo::Slo;
 
 /// Goodput figures.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -89,7 +22,10 @@ pub struct Goodput {
 
 /// Goodput of `records` over `duration_s` (errors count as misses).
 pub fn goodput(slo: &Slo, records: &[LiveRecord], duration_s: f64) -> Goodput {
-    let good = records.iter().filter(|r| slo.met(r)).count();
+    let good = records
+        .iter()
+        .filter(|r| r.error.is_none() && slo.met(&r.record))
+        .count();
     Goodput {
         good_requests: good,
         total_requests: records.len(),
