@@ -53,10 +53,14 @@ enum Loaded {
     Graph(RequestGraph),
 }
 
+/// What a loaded trace depends on: its path, arrival speed-up (bits), block size, and format,
+/// schedule bound and prefix (as text).
+type TraceKey = (PathBuf, u64, usize, String);
+
 /// Traces by their load options; each trial asks for one.
 #[derive(Default)]
 pub struct TraceCache {
-    loaded: Mutex<HashMap<(PathBuf, u64, usize, String), Arc<Loaded>>>,
+    loaded: Mutex<HashMap<TraceKey, Arc<Loaded>>>,
 }
 
 impl TraceCache {
@@ -153,13 +157,13 @@ fn once(
 ) -> Result<Figures, String> {
     let cluster = args.engine.cluster_config().map_err(|e| e.to_string())?;
     let loaded = cache.get(args, prefix)?;
-    let (outcome, trace_block_size) = match &*loaded {
+    let outcome = match &*loaded {
         Loaded::Sessions(trace) => {
             let config = ReplayConfig {
                 cluster,
                 trace_block_size: args.trace.block_size,
             };
-            (replay(trace, &config, |_, _| {}), args.trace.block_size)
+            replay(trace, &config, |_, _| {})
         }
         Loaded::Graph(graph) => {
             let config = ReplayConfig {
@@ -170,13 +174,9 @@ fn once(
                 speedup: args.trace.arrival_speedup_ratio,
                 lanes: args.trace.agentic_lanes.map(|l| l as usize),
             };
-            (
-                replay_graph(graph, &config, &how, |_, _| {}, &mut ()),
-                graph.block_size,
-            )
+            replay_graph(graph, &config, &how, |_, _| {}, &mut ())
         }
     };
-    let _ = trace_block_size;
     let outcome = outcome.map_err(|e| e.to_string())?;
     let report = &outcome.report;
     if report.completed_requests == 0 && report.num_requests > 0 {
