@@ -8,10 +8,10 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::args::SearchArgs;
 use super::space::Candidate;
 use super::trial::Figures;
 use super::PlanError;
-use crate::cmd::plan::SearchArgs;
 
 /// What a ledger's trials answer: the trace, the fixed flags, the space and the settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

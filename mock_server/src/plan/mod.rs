@@ -1,5 +1,6 @@
 //! `mockserve plan`: which deployment serves a trace within SLOs, for the fewest GPUs.
 //!
+//! - [`args`] is the command line.
 //! - [`space`] reads the search space (a TOML file of replay flag names) into candidates.
 //! - [`trial`] replays one candidate and measures its goodput, SLO attainment and highest
 //!   arrival speed-up.
@@ -12,6 +13,7 @@
 //! Trials run on scoped threads; each is a deterministic replay, so the figures do not depend
 //! on the thread count or the order in which trials finish.
 
+pub mod args;
 mod html;
 pub mod ledger;
 pub mod report;
@@ -24,7 +26,7 @@ use std::sync::mpsc;
 
 use rand::SeedableRng;
 
-use crate::cmd::plan::{MergeArgs, SearchCommand};
+use args::{MergeArgs, SearchCommand};
 use ledger::{Header, TrialRecord};
 use space::Candidate;
 
