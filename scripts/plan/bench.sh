@@ -6,14 +6,17 @@
 # CPUS (default: 2 cores) and timed by GNU time (wall, peak RSS).
 #
 #   scripts/plan/bench.sh [OUT_DIR]        # OUT_DIR defaults to /tmp/plan-bench
+#   BIN=path/to/mockserve scripts/plan/bench.sh   # a binary already built
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-/tmp/plan-bench}
 CPUS=${CPUS:-0,1}
 JOBS=${JOBS:-2}
 mkdir -p "$OUT"
-cargo build --release -p mock_server --locked >/dev/null
-BIN=target/release/mockserve
+if [ -z "${BIN:-}" ]; then
+  cargo build --release -p mock_server --locked >/dev/null
+  BIN=target/release/mockserve
+fi
 TRACE=traces/mooncake_synthetic_trace.jsonl
 COMMON=(--slo ttft=2000ms,tpot=50ms --objective goodput-per-gpu --arrival-speedup-ratio 3
   --speedup-steps 0 -j "$JOBS" -q)

@@ -411,19 +411,8 @@ fn fewest_gpus_and_named_profiles() {
         tp2.contains("--perf-profile profiles/h200_tp1_perf.npz"),
         "{tp2}"
     );
-    let top2 = r["ranking"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["knobs"]["perf_profile"] == "tp2")
-        .expect("tp2 ranked");
-    let mut with_tp = vec![];
-    let args = top2["vllm"]["engine_args"].as_array();
-    if let Some(a) = args {
-        with_tp = a.clone();
-    }
-    // The ranking carries no deployment; the top does.
-    assert!(with_tp.is_empty());
+    // The ranking carries no deployment forms; the top does.
+    assert!(r["ranking"][0].get("vllm").is_none());
     let top = r["top"].as_array().unwrap();
     let tp2_top = top
         .iter()
