@@ -8,7 +8,7 @@
 #   scripts/plan/bench.sh [OUT_DIR]        # OUT_DIR defaults to /tmp/plan-bench
 #   BIN=path/to/mockserve scripts/plan/bench.sh   # a binary already built
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"
 OUT=${1:-/tmp/plan-bench}
 CPUS=${CPUS:-0,1}
 JOBS=${JOBS:-2}
