@@ -55,6 +55,7 @@
 //! ```
 pub mod autoscale;
 pub mod cluster;
+pub mod duration;
 pub mod ids;
 pub mod indexer;
 pub mod kv;

@@ -1,14 +1,15 @@
-//! Service-level objectives in `--slo` grammar (`ttft=2000ms,tpot=50ms,e2e=10s`), and whether
-//! a request record meets them. The grammar is loadgen's `--slo` (`loadgen/src/bench/slo.rs`),
-//! here in the engine so that `mockserve replay` can judge runs against it.
+//! Service-level objectives: the `--slo` grammar of `loadgen bench`, `mockserve replay` and
+//! `mockserve plan` (`ttft=2000ms,tpot=50ms,e2e=10s`), and whether one request meets them.
 //!
-//! Keys: `ttft`; `itl` or `tpot` (the request's mean inter-token latency); `e2e` or `e2el`.
-//! Values take `us`, `ms` (also the default) or `s`; they must be finite and not negative.
+//! Keys: `ttft`; `itl` or `tpot` (the same bound: the request's mean inter-token latency, its
+//! `itl_ms` record field; a request with one output token has none and meets it); `e2e` or
+//! `e2el`. Values are in [`crate::duration`]'s grammar, a bare number in ms.
 
 use std::str::FromStr;
 
 use serde::Serialize;
 
+use crate::duration::{parse_ms, DurationError, Unit};
 use crate::metrics::{RequestRecord, RequestStatus};
 
 /// Service-level objectives (ms); a request meets them when it completed and meets every one
@@ -30,31 +31,19 @@ pub enum SloError {
     #[error("--slo: expected key=value, got {0:?}")]
     Part(String),
     /// A value is not a duration.
-    #[error("--slo: bad duration {0:?} (a number with us, ms or s, not negative)")]
-    Duration(String),
+    #[error("--slo: {key}: {error}")]
+    Duration {
+        /// The objective's key.
+        key: String,
+        /// What is wrong with its value.
+        error: DurationError,
+    },
     /// An unknown key.
     #[error("--slo: unknown objective {0:?} (ttft, itl or tpot, e2e)")]
     Key(String),
     /// Nothing set.
     #[error("--slo: no objective given")]
     Empty,
-}
-
-fn parse_ms(v: &str) -> Option<f64> {
-    let (num, scale) = if let Some(x) = v.strip_suffix("ms") {
-        (x, 1.0)
-    } else if let Some(x) = v.strip_suffix("us") {
-        (x, 1e-3)
-    } else if let Some(x) = v.strip_suffix('s') {
-        (x, 1e3)
-    } else {
-        (v, 1.0)
-    };
-    num.trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|x| x.is_finite() && *x >= 0.0)
-        .map(|x| x * scale)
 }
 
 impl FromStr for Slo {
@@ -66,15 +55,19 @@ impl FromStr for Slo {
             let (k, v) = part
                 .split_once('=')
                 .ok_or_else(|| SloError::Part(part.to_string()))?;
-            let ms = parse_ms(v.trim()).ok_or_else(|| SloError::Duration(v.to_string()))?;
-            match k.trim() {
+            let key = k.trim();
+            let ms = parse_ms(v, Some(Unit::Millis)).map_err(|error| SloError::Duration {
+                key: key.to_string(),
+                error,
+            })?;
+            match key {
                 "ttft" => slo.ttft_ms = Some(ms),
                 "itl" | "tpot" => slo.itl_ms = Some(ms),
                 "e2e" | "e2el" => slo.e2e_ms = Some(ms),
                 other => return Err(SloError::Key(other.to_string())),
             }
         }
-        if slo == Slo::default() {
+        if slo.is_empty() {
             return Err(SloError::Empty);
         }
         Ok(slo)
@@ -82,8 +75,12 @@ impl FromStr for Slo {
 }
 
 impl Slo {
-    /// True when the request completed and meets every objective set (a request with one
-    /// output token has no inter-token latency and meets `itl`).
+    /// True when no bound is set.
+    pub fn is_empty(&self) -> bool {
+        self.ttft_ms.is_none() && self.itl_ms.is_none() && self.e2e_ms.is_none()
+    }
+
+    /// True when the request completed and meets every objective set.
     pub fn met(&self, r: &RequestRecord) -> bool {
         let within = |limit: Option<f64>, v: Option<f64>| match (limit, v) {
             (None, _) => true,
@@ -116,13 +113,21 @@ mod tests {
         assert_eq!(slo.ttft_ms, Some(2000.0));
         assert_eq!(slo.itl_ms, Some(0.5));
         assert_eq!(slo.e2e_ms, Some(10.0));
+        assert!(!slo.is_empty() && Slo::default().is_empty());
     }
 
     #[test]
     fn bad_objectives_name_the_part() {
         let err = |s: &str| s.parse::<Slo>().unwrap_err().to_string();
         assert_eq!(err("ttft"), "--slo: expected key=value, got \"ttft\"");
-        assert!(err("ttft=-1ms").contains("bad duration \"-1ms\""));
+        assert_eq!(
+            err("ttft=-1ms"),
+            "--slo: ttft: \"-1ms\" must be a finite duration >= 0"
+        );
+        assert_eq!(
+            err("ttft=fast"),
+            "--slo: ttft: \"fast\" is not a number of us, ms or s"
+        );
         assert!(err("p99=1s").contains("unknown objective \"p99\""));
         assert_eq!(err(""), "--slo: no objective given");
     }

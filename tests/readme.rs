@@ -651,7 +651,11 @@ fn check_invocation(program: Program, args: &[String], whole: bool) -> Result<()
                 parent_at = Some(at);
             } else if at == 0 && !matches!(program, Program::MooncakeBench) {
                 return Err(format!("`{word}` is not a subcommand"));
-            } else if parent_at.is_some() && !is_placeholder(word) {
+            } else if parent_at.is_some()
+                && !is_placeholder(word)
+                // `mockserve plan TRACE` or `mockserve plan merge`: a positional, not a subcommand.
+                && command.get_positionals().next().is_none()
+            {
                 return Err(format!(
                     "`{word}` is not a subcommand of `{}`",
                     command.get_name()

@@ -42,12 +42,13 @@ pub mod cmd;
 pub mod config;
 pub(crate) mod connection;
 pub(crate) mod driver;
-pub mod duration;
+pub use servesim::duration;
 pub mod fault;
 pub mod fleet;
 pub mod kv_events;
 pub mod metrics;
 pub mod output_length;
+pub mod plan;
 pub(crate) mod stdout;
 pub mod text;
 pub mod timer;
@@ -86,6 +87,9 @@ pub enum Command {
     Fleet(Box<cmd::fleet::FleetArgs>),
     /// Replay a Mooncake trace on a virtual clock and report Dynamo-compatible metrics.
     Replay(Box<cmd::replay::ReplayArgs>),
+    /// Search engine and fleet configurations for the one that serves a trace within SLOs for
+    /// the fewest GPUs (replays on every core); `mockserve plan merge` joins shard ledgers.
+    Plan(Box<cmd::plan::PlanArgs>),
     /// Print a shell completion script on stdout, e.g. `mockserve completions bash`.
     Completions {
         /// The shell to complete for.
@@ -119,6 +123,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Serve(args)) => cmd::serve::run(&args.serve, &args.vllm),
         Some(Command::Fleet(args)) => cmd::fleet::run(&args),
         Some(Command::Replay(args)) => cmd::replay::run(&args).map(|_| ()),
+        Some(Command::Plan(args)) => cmd::plan::run(&args),
         Some(Command::Completions { shell }) => {
             stdout::write(&completions(shell))?;
             Ok(())

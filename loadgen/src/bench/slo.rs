@@ -1,63 +1,11 @@
-//! Goodput: the service-level objectives of `--slo` and the share and rate of requests that
-//! meet them.
+//! Goodput: the share and rate of requests that meet the service-level objectives of `--slo`
+//! (the grammar is the engine's, `servesim::slo`, shared with `mockserve plan`).
 
-use std::str::FromStr;
-
-use mock_server::duration::{parse_ms, Unit};
 use serde::Serialize;
 
 use crate::report::replay_report::LiveRecord;
 
-/// Service-level objectives (ms); a request is good when it succeeded and meets every one set.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
-pub struct Slo {
-    /// Time to first token.
-    pub ttft_ms: Option<f64>,
-    /// The request's mean inter-token latency.
-    pub itl_ms: Option<f64>,
-    /// End-to-end latency.
-    pub e2e_ms: Option<f64>,
-}
-
-impl FromStr for Slo {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let mut slo = Slo::default();
-        for part in s.split(',').filter(|p| !p.trim().is_empty()) {
-            let (k, v) = part
-                .split_once('=')
-                .ok_or_else(|| format!("expected key=value, got {part:?}"))?;
-            // mockserve's duration grammar; a bare number is in ms.
-            let ms = parse_ms(v, Some(Unit::Millis)).map_err(|e| format!("{}: {e}", k.trim()))?;
-            match k.trim() {
-                "ttft" => slo.ttft_ms = Some(ms),
-                "itl" | "tpot" => slo.itl_ms = Some(ms),
-                "e2e" | "e2el" => slo.e2e_ms = Some(ms),
-                other => return Err(format!("unknown SLO {other:?} (ttft, itl, e2e)")),
-            }
-        }
-        Ok(slo)
-    }
-}
-
-impl Slo {
-    /// True when the request completed and meets every objective.
-    pub fn met(&self, r: &LiveRecord) -> bool {
-        let ok = |limit: Option<f64>, v: Option<f64>| match (limit, v) {
-            (None, _) => true,
-            (Some(l), Some(v)) => v <= l,
-            (Some(_), None) => false,
-        };
-        r.error.is_none()
-            && r.record.status == servesim::metrics::RequestStatus::Completed
-            && ok(self.ttft_ms, r.record.ttft_ms)
-            && (self.itl_ms.is_none()
-                || r.record
-                    .itl_ms
-                    .is_none_or(|v| v <= self.itl_ms.unwrap_or(f64::INFINITY)))
-            && ok(self.e2e_ms, r.record.e2e_latency_ms)
-    }
-}
+pub use servesim::slo::Slo;
 
 /// Goodput figures.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -74,7 +22,10 @@ pub struct Goodput {
 
 /// Goodput of `records` over `duration_s` (errors count as misses).
 pub fn goodput(slo: &Slo, records: &[LiveRecord], duration_s: f64) -> Goodput {
-    let good = records.iter().filter(|r| slo.met(r)).count();
+    let good = records
+        .iter()
+        .filter(|r| r.error.is_none() && slo.met(&r.record))
+        .count();
     Goodput {
         good_requests: good,
         total_requests: records.len(),
@@ -153,12 +104,12 @@ mod tests {
             }
         );
         assert_eq!(
-            "ttft=fast".parse::<Slo>(),
-            Err(r#"ttft: "fast" is not a number of us, ms or s"#.to_string())
+            "ttft=fast".parse::<Slo>().map_err(|e| e.to_string()),
+            Err(r#"--slo: ttft: "fast" is not a number of us, ms or s"#.to_string())
         );
         assert_eq!(
-            "e2e=-2s".parse::<Slo>(),
-            Err(r#"e2e: "-2s" must be a finite duration >= 0"#.to_string())
+            "e2e=-2s".parse::<Slo>().map_err(|e| e.to_string()),
+            Err(r#"--slo: e2e: "-2s" must be a finite duration >= 0"#.to_string())
         );
         assert_eq!(
             "itl=250us, e2e=3"
@@ -167,8 +118,8 @@ mod tests {
             Ok((Some(0.25), Some(3.0)))
         );
         assert_eq!(
-            "foo=1ms".parse::<Slo>(),
-            Err(r#"unknown SLO "foo" (ttft, itl, e2e)"#.to_string())
+            "foo=1ms".parse::<Slo>().map_err(|e| e.to_string()),
+            Err(r#"--slo: unknown objective "foo" (ttft, itl or tpot, e2e)"#.to_string())
         );
         let records = vec![
             rec(100.0, Some(20.0), 5_000.0, true), // good

@@ -5,6 +5,7 @@
 
 pub mod autoscale;
 pub mod fleet;
+pub mod plan;
 pub mod replay;
 pub mod serve;
 pub(crate) mod shutdown;

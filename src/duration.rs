@@ -1,6 +1,6 @@
-//! The one duration grammar of the command lines (`loadgen bench --slo ttft=200ms`,
-//! `mockserve fleet --worker-faults 2=down@10s..20s`): a decimal number, then a unit, `us`,
-//! `ms` or `s` (`250us`, `500ms`, `2.5s`, `1e3ms`; blanks around the number are allowed). A bare
+//! The one duration grammar of the command lines (`loadgen bench --slo ttft=200ms`, `mockserve
+//! fleet --worker-faults 2=down@10s..20s`, `mockserve replay --autoscale-tick 30s`): a decimal
+//! number, then a unit, `us`, `ms` or `s` (`250us`, `500ms`, `2.5s`, `1e3ms`; blanks around the number are allowed). A bare
 //! number is read in the caller's default unit where it has one, and is an error otherwise.
 //! Negative, infinite and NaN durations are refused; each caller bounds the value itself.
 

@@ -1,0 +1,220 @@
+//! The command line of `mockserve plan TRACE --space SPACE.toml --slo ...` (the configuration
+//! search) and of `mockserve plan merge LEDGER... --report-json R.json`.
+//!
+//! Every `mockserve replay` flag is accepted as a fixed value: the plan's command is the replay
+//! command with `--perf-profile` made repeatable (`NAME=PATH:GPUS`), `--report-json` and
+//! `--quiet` taken over by the plan, and the search flags added. The fixed flags are kept as the
+//! strings given, and each candidate's replay is parsed from them as `mockserve replay` would.
+
+use std::path::PathBuf;
+
+use clap::parser::ValueSource;
+use clap::{ArgAction, ArgMatches, Args, Command, FromArgMatches};
+
+use crate::cmd::replay::ReplayArgs;
+
+/// The plan's own flags (besides the replay's).
+#[derive(Args, Clone, Debug)]
+pub struct SearchArgs {
+    /// The search space: a TOML file whose keys are `mockserve replay` flag names with
+    /// underscores, each a list or `{min, max, step}`; a `[disaggregated]` table adds
+    /// disaggregated candidates; a `[constraints]` table holds `max_gpus`.
+    #[arg(long, value_name = "SPACE.toml")]
+    pub space: PathBuf,
+
+    /// Per-request bounds in loadgen's `--slo` grammar, e.g. ttft=2000ms,tpot=50ms (ttft, itl
+    /// or tpot, e2e; units us, ms, s).
+    #[arg(long, value_name = "SLO")]
+    pub slo: servesim::slo::Slo,
+
+    /// goodput-per-gpu, goodput, fewest-gpus (at the trace's rate) or pareto (goodput per
+    /// GPU against tokens/s per user).
+    #[arg(long, default_value = "goodput-per-gpu")]
+    pub objective: super::Objective,
+
+    /// Share of requests that must meet every bound (0 to 1): candidates below it are ranked
+    /// after those that reach it, and it defines the highest speed-up; 0.9 when not given.
+    #[arg(long, value_name = "Q")]
+    pub attainment: Option<f64>,
+
+    /// grid (every candidate), random (--max-trials seeded draws) or halving (successive
+    /// halving on growing trace prefixes).
+    #[arg(long, default_value = "grid")]
+    pub strategy: super::Strategy,
+
+    /// The trial ledger (JSON lines), appended to as trials finish; a rerun skips the trials
+    /// it already holds.
+    #[arg(long, value_name = "PATH")]
+    pub ledger: Option<PathBuf>,
+
+    /// Candidates to try at most (random: the draws; halving: the first round); a space over
+    /// the cap of 20,000 needs it.
+    #[arg(long, value_name = "N")]
+    pub max_trials: Option<usize>,
+
+    /// Parallel trials [default: the cores available].
+    #[arg(long, short = 'j', value_name = "N")]
+    pub jobs: Option<usize>,
+
+    /// Candidates in the console table and the report's `top`.
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    pub top: usize,
+
+    /// Bisection steps of the highest arrival speed-up meeting the SLOs, per candidate
+    /// (0: not measured).
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    pub speedup_steps: u32,
+
+    /// Run shard I of N (0-based): candidate k belongs to shard k mod N; merge the ledgers
+    /// with `mockserve plan merge`.
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<super::Shard>,
+
+    /// Write the ranking and the Pareto front as a self-contained HTML page.
+    #[arg(long, value_name = "PATH")]
+    pub html: Option<PathBuf>,
+}
+
+/// `mockserve plan merge`: the shards' ledgers into one report.
+#[derive(Args, Clone, Debug)]
+pub struct MergeArgs {
+    /// The shards' ledgers.
+    #[arg(required = true, value_name = "LEDGER")]
+    pub ledgers: Vec<PathBuf>,
+
+    /// Write the report as JSON.
+    #[arg(long, value_name = "PATH")]
+    pub report_json: Option<PathBuf>,
+
+    /// Write the ranking and the front as HTML.
+    #[arg(long, value_name = "PATH")]
+    pub html: Option<PathBuf>,
+
+    /// Write the merged ledger (trials in candidate order).
+    #[arg(long, value_name = "PATH")]
+    pub ledger: Option<PathBuf>,
+
+    /// Candidates in the console table and the report's `top`.
+    #[arg(long, default_value_t = 5, value_name = "N")]
+    pub top: usize,
+}
+
+/// `mockserve plan`: a search, or a merge of shards.
+#[derive(Clone, Debug)]
+pub enum PlanArgs {
+    /// A search over a trace.
+    Search(Box<SearchCommand>),
+    /// A merge of shard ledgers.
+    Merge(MergeArgs),
+}
+
+/// A search: the trace, the fixed replay flags as given, the profiles, and the search flags.
+#[derive(Clone, Debug)]
+pub struct SearchCommand {
+    /// The trace as given.
+    pub trace: PathBuf,
+    /// Every replay flag given on the command line, as `--flag [value]` strings, in the
+    /// replay command's flag order.
+    pub fixed: Vec<String>,
+    /// `--perf-profile` values as given (`NAME=PATH:GPUS` or `PATH`).
+    pub profiles: Vec<String>,
+    /// The plan's report file.
+    pub report_json: Option<PathBuf>,
+    /// No progress bar.
+    pub quiet: bool,
+    /// The search flags.
+    pub search: SearchArgs,
+}
+
+/// Replay flags that a search cannot take (they describe one run's outputs).
+const NOT_FIXED: &[&str] = &["per_request_jsonl", "kv_events_jsonl", "iterations"];
+
+/// The replay command's arguments, by id.
+fn replay_command() -> Command {
+    ReplayArgs::augment_args(Command::new("replay"))
+}
+
+impl Args for PlanArgs {
+    fn augment_args(cmd: Command) -> Command {
+        let cmd = ReplayArgs::augment_args(cmd)
+            .mut_arg("perf_profile", |a| {
+                a.action(ArgAction::Append)
+                    .value_name("NAME=PATH:GPUS")
+                    .help(
+                        "A latency profile, repeatable: NAME=PATH:GPUS names it (for the space's \
+                         perf_profile key) with the GPUs one worker uses; a bare PATH is its \
+                         file stem on 1 GPU",
+                    )
+            })
+            .mut_arg("report_json", |a| {
+                a.help("Write the plan's report (best, ranking, pareto, trials) as JSON")
+            });
+        SearchArgs::augment_args(cmd)
+            .subcommand(MergeArgs::augment_args(Command::new("merge").about(
+                "Merge shard ledgers into one report, the same bytes as an unsharded run",
+            )))
+            .args_conflicts_with_subcommands(true)
+            .subcommand_negates_reqs(true)
+    }
+
+    fn augment_args_for_update(cmd: Command) -> Command {
+        Self::augment_args(cmd)
+    }
+}
+
+impl FromArgMatches for PlanArgs {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        if let Some(("merge", sub)) = m.subcommand() {
+            return Ok(PlanArgs::Merge(MergeArgs::from_arg_matches(sub)?));
+        }
+        let search = SearchArgs::from_arg_matches(m)?;
+        let raw = |id: &str| -> Vec<String> {
+            m.get_raw(id)
+                .map(|vs| vs.map(|v| v.to_string_lossy().into_owned()).collect())
+                .unwrap_or_default()
+        };
+        let trace = raw("trace").into_iter().next().unwrap_or_default().into();
+        let mut fixed = Vec::new();
+        for arg in replay_command().get_arguments() {
+            let id = arg.get_id().as_str();
+            if matches!(id, "trace" | "perf_profile" | "report_json" | "quiet")
+                || m.value_source(id) != Some(ValueSource::CommandLine)
+            {
+                continue;
+            }
+            let Some(long) = arg.get_long() else {
+                continue;
+            };
+            if NOT_FIXED.contains(&id) {
+                return Err(clap::Error::raw(
+                    clap::error::ErrorKind::ArgumentConflict,
+                    format!(
+                        "--{long} describes one replay's output; `mockserve plan` prints the \
+                         replay command of each candidate, run it with --{long}\n"
+                    ),
+                ));
+            }
+            if arg.get_action().takes_values() {
+                for value in raw(id) {
+                    fixed.push(format!("--{long}"));
+                    fixed.push(value);
+                }
+            } else {
+                fixed.push(format!("--{long}"));
+            }
+        }
+        Ok(PlanArgs::Search(Box::new(SearchCommand {
+            trace,
+            fixed,
+            profiles: raw("perf_profile"),
+            report_json: m.get_one::<PathBuf>("report_json").cloned(),
+            quiet: m.get_flag("quiet"),
+            search,
+        })))
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,539 @@
+//! `mockserve plan`, through the binary: each strategy on a small trace, resume from the
+//! ledger, shards merged into the unsharded report's bytes, the printed replay command
+//! reproducing the ledger's figures, and every bad input named.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A scratch folder for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mockserve-plan-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// Runs `mockserve ARGS` in the workspace root.
+fn mockserve(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mockserve"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("mockserve runs")
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn fails(out: &Output) -> String {
+    assert!(!out.status.success(), "should fail");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("read")).expect("json")
+}
+
+const TRACE: &str = "fixtures/trace_small.jsonl";
+
+/// 12 aggregated and 8 disaggregated candidates, 2 of them over `max_gpus`.
+const SPACE: &str = "num_workers = {min = 1, max = 3}\n\
+max_num_batched_tokens = [1024, 8192]\n\
+router_mode = [\"round-robin\", \"kv-router\"]\n\
+[disaggregated]\n\
+num_prefill_workers = [1, 2]\n\
+num_decode_workers = [1, 2]\n\
+router_mode = [\"kv-router\"]\n\
+[constraints]\n\
+max_gpus = 3\n";
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write");
+    path.display().to_string()
+}
+
+/// The plan command over the small trace with `space`, writing `report` and `ledger`.
+fn plan_args<'a>(space: &'a str, report: &'a str, ledger: &'a str) -> Vec<&'a str> {
+    vec![
+        "plan",
+        TRACE,
+        "--space",
+        space,
+        "--slo",
+        "ttft=100ms,tpot=20ms",
+        "--arrival-speedup-ratio",
+        "1",
+        "--report-json",
+        report,
+        "--ledger",
+        ledger,
+        "-q",
+    ]
+}
+
+fn ledger_lines(path: &str) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .expect("ledger")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("ledger line"))
+        .collect()
+}
+
+#[test]
+fn grid_ranks_every_candidate_and_its_command_reproduces_the_ledger() {
+    let dir = scratch("grid");
+    let space = write(&dir, "space.toml", SPACE);
+    let report = dir.join("r.json").display().to_string();
+    let ledger = dir.join("l.jsonl").display().to_string();
+    let html = dir.join("r.html").display().to_string();
+    let mut args = plan_args(&space, &report, &ledger);
+    args.extend(["--html", html.as_str(), "--top", "3"]);
+    let table = ok(&mockserve(&args));
+    let r = json(Path::new(&report));
+    // 3 x 2 x 2 aggregated; 2 x 2 x 2 disaggregated, minus 2+2 over max_gpus = 3.
+    assert_eq!(r["counts"]["candidates"], 18);
+    assert_eq!(r["counts"]["trials"], 18);
+    let trials = r["trials"].as_array().expect("trials");
+    let indexes: Vec<u64> = trials
+        .iter()
+        .map(|t| t["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(indexes, (0..18).collect::<Vec<u64>>());
+    for t in trials {
+        for key in [
+            "gpus",
+            "goodput_per_gpu_tok_s",
+            "goodput_tok_s",
+            "slo_attainment",
+            "max_speedup",
+            "p90_ttft_ms",
+            "p99_tpot_ms",
+            "mean_e2e_latency_ms",
+            "command",
+        ] {
+            assert!(t.get(key).is_some(), "{key} in {t}");
+        }
+    }
+    assert!(trials.iter().all(|t| t["gpus"].as_u64().unwrap() <= 3));
+    // The ranking is by goodput per GPU, best first; best is its head.
+    let ranking = r["ranking"].as_array().expect("ranking");
+    assert_eq!(ranking.len(), 18);
+    let g: Vec<f64> = ranking
+        .iter()
+        .map(|t| t["goodput_per_gpu_tok_s"].as_f64().unwrap())
+        .collect();
+    assert!(g.windows(2).all(|w| w[0] >= w[1]), "{g:?}");
+    assert_eq!(r["best"]["index"], ranking[0]["index"]);
+    assert_eq!(r["top"].as_array().unwrap().len(), 3);
+    // Goodput = goodput per GPU x GPUs.
+    let best = &r["best"];
+    let gpus = best["gpus"].as_f64().unwrap();
+    assert!(
+        (best["goodput_tok_s"].as_f64().unwrap() - gpus * g[0]).abs() < 1e-6,
+        "{best}"
+    );
+    // No point on the front is dominated by any trial.
+    for p in r["pareto"].as_array().expect("pareto") {
+        let (pg, pu) = (
+            p["goodput_per_gpu_tok_s"].as_f64().unwrap(),
+            p["tok_s_per_user"].as_f64().unwrap(),
+        );
+        for t in trials {
+            let (tg, tu) = (
+                t["goodput_per_gpu_tok_s"].as_f64().unwrap(),
+                t["tok_s_per_user"].as_f64().unwrap(),
+            );
+            assert!(
+                !(tg >= pg && tu >= pu && (tg > pg || tu > pu)),
+                "{p} by {t}"
+            );
+        }
+    }
+    // The console table and the deployment forms.
+    assert!(table.contains("Best (replay): mockserve replay fixtures/trace_small.jsonl"));
+    let fleet = best["fleet_command"].as_str().unwrap();
+    assert!(
+        fleet.starts_with("mockserve fleet --workers ") || fleet.starts_with("mockserve serve"),
+        "{fleet}"
+    );
+    assert!(!fleet.contains("--arrival-speedup-ratio"), "{fleet}");
+    let vllm = best["vllm"]["engine_args"].as_array().unwrap();
+    assert_eq!(vllm[0], "--max-num-seqs");
+    assert!(std::fs::read_to_string(&html)
+        .unwrap()
+        .contains("<polyline"));
+    // The ledger: a header, then one line per trial.
+    let lines = ledger_lines(&ledger);
+    assert_eq!(lines.len(), 19);
+    assert_eq!(lines[0]["plan"]["objective"], "goodput-per-gpu");
+    // Each top candidate's printed command reproduces its ledger figures exactly.
+    for top in r["top"].as_array().unwrap() {
+        let command = top["command"].as_str().unwrap();
+        let words: Vec<&str> = command.split(' ').collect();
+        assert_eq!(&words[..2], ["mockserve", "replay"]);
+        let out_path = dir.join("replay.json").display().to_string();
+        let mut args: Vec<&str> = words[1..].to_vec();
+        args.extend(["-q", "--report-json", out_path.as_str()]);
+        ok(&mockserve(&args));
+        let replayed = json(Path::new(&out_path));
+        let recorded = lines
+            .iter()
+            .find(|l| l["index"] == top["index"])
+            .expect("in the ledger");
+        let stats = recorded["figures"]["report"].as_object().unwrap();
+        assert!(stats.len() >= 30);
+        for (k, v) in stats {
+            assert_eq!(&replayed[k], v, "{k} of {command}");
+        }
+        assert_eq!(
+            replayed["completed_requests"],
+            recorded["figures"]["completed_requests"]
+        );
+    }
+}
+
+#[test]
+fn random_is_seeded_and_independent_of_the_thread_count() {
+    let dir = scratch("random");
+    let space = write(&dir, "space.toml", SPACE);
+    let run = |seed: &str, jobs: &str, name: &str| {
+        let report = dir.join(format!("{name}.json")).display().to_string();
+        let ledger = dir.join(format!("{name}.jsonl")).display().to_string();
+        let mut args = plan_args(&space, &report, &ledger);
+        args.extend([
+            "--strategy",
+            "random",
+            "--max-trials",
+            "4",
+            "--seed",
+            seed,
+            "-j",
+            jobs,
+        ]);
+        ok(&mockserve(&args));
+        std::fs::read_to_string(&report).unwrap()
+    };
+    let a = run("7", "1", "a");
+    let b = run("7", "3", "b");
+    assert_eq!(
+        a, b,
+        "the same seed gives the same bytes on 1 and 3 threads"
+    );
+    let r: Value = serde_json::from_str(&a).unwrap();
+    assert_eq!(r["counts"]["trials"], 4);
+    let c = run("8", "2", "c");
+    let idx = |text: &str| -> Vec<Value> {
+        let r: Value = serde_json::from_str(text).unwrap();
+        r["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["index"].clone())
+            .collect()
+    };
+    assert_ne!(idx(&a), idx(&c), "another seed draws other candidates");
+}
+
+#[test]
+fn halving_spends_prefixes_and_ends_on_a_grid_figure() {
+    let dir = scratch("halving");
+    let space = write(&dir, "space.toml", SPACE);
+    let grid = dir.join("grid.json").display().to_string();
+    let grid_ledger = dir.join("grid.jsonl").display().to_string();
+    let mut args = plan_args(&space, &grid, &grid_ledger);
+    args.extend(["--speedup-steps", "0"]);
+    ok(&mockserve(&args));
+    let report = dir.join("h.json").display().to_string();
+    let ledger = dir.join("h.jsonl").display().to_string();
+    let mut args = plan_args(&space, &report, &ledger);
+    args.extend(["--strategy", "halving", "--speedup-steps", "0"]);
+    ok(&mockserve(&args));
+    let h = json(Path::new(&report));
+    let g = json(Path::new(&grid));
+    // 18 candidates: three prefix rounds (18, 6, 2 candidates), then 1 on the whole trace.
+    assert_eq!(h["counts"]["prefix_trials"], 26);
+    assert_eq!(h["counts"]["trials"], 1);
+    let lines = ledger_lines(&ledger);
+    let prefixes: Vec<u64> = lines[1..]
+        .iter()
+        .filter_map(|l| l["prefix_sessions"].as_u64())
+        .collect();
+    assert_eq!(prefixes.len(), 26);
+    // Its survivor's figures are the grid's trial of the same candidate, byte for byte.
+    let best = &h["best"];
+    let same = g["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["index"] == best["index"])
+        .expect("in the grid");
+    for key in ["goodput_per_gpu_tok_s", "slo_attainment", "p90_ttft_ms"] {
+        assert_eq!(best[key], same[key], "{key}");
+    }
+}
+
+#[test]
+fn an_interrupted_run_resumes_from_its_ledger() {
+    let dir = scratch("resume");
+    let space = write(&dir, "space.toml", SPACE);
+    let report = dir.join("r.json").display().to_string();
+    let ledger = dir.join("l.jsonl").display().to_string();
+    ok(&mockserve(&plan_args(&space, &report, &ledger)));
+    let whole = std::fs::read_to_string(&report).unwrap();
+    // Keep the header and 5 trials, and half of the 6th line (a cut write).
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut cut = lines[..6].join("\n");
+    cut.push('\n');
+    cut.push_str(&lines[6][..lines[6].len() / 2]);
+    std::fs::write(&ledger, cut).unwrap();
+    let out = mockserve(&plan_args(&space, &report, &ledger)[..12]);
+    ok(&out);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("resuming: 5 trials"));
+    assert_eq!(std::fs::read_to_string(&report).unwrap(), whole);
+    let lines = ledger_lines(&ledger);
+    assert_eq!(lines.len(), 19, "no trial twice");
+    // Another search refuses the ledger.
+    let out = mockserve(&[
+        "plan",
+        TRACE,
+        "--space",
+        &space,
+        "--slo",
+        "ttft=50ms",
+        "--ledger",
+        &ledger,
+        "-q",
+    ]);
+    assert!(fails(&out).contains("holds another search"));
+}
+
+#[test]
+fn shards_merged_equal_the_unsharded_run() {
+    let dir = scratch("shards");
+    let space = write(&dir, "space.toml", SPACE);
+    let report = dir.join("r.json").display().to_string();
+    let ledger = dir.join("l.jsonl").display().to_string();
+    ok(&mockserve(&plan_args(&space, &report, &ledger)));
+    let mut ledgers = Vec::new();
+    for i in 0..4 {
+        let l = dir.join(format!("s{i}.jsonl")).display().to_string();
+        let r = dir.join(format!("s{i}.json")).display().to_string();
+        let shard = format!("{i}/4");
+        let mut args = plan_args(&space, &r, &l);
+        args.extend(["--shard", shard.as_str()]);
+        ok(&mockserve(&args));
+        ledgers.push(l);
+    }
+    let merged = dir.join("m.json").display().to_string();
+    let merged_ledger = dir.join("m.jsonl").display().to_string();
+    let mut args = vec!["plan", "merge"];
+    args.extend(ledgers.iter().map(String::as_str));
+    args.extend(["--report-json", &merged, "--ledger", &merged_ledger]);
+    ok(&mockserve(&args));
+    assert_eq!(
+        std::fs::read_to_string(&merged).unwrap(),
+        std::fs::read_to_string(&report).unwrap()
+    );
+    // The merged ledger holds the unsharded one's lines, in candidate order.
+    let mut one: Vec<Value> = ledger_lines(&ledger)[1..].to_vec();
+    one.sort_by_key(|l| l["index"].as_u64());
+    assert_eq!(ledger_lines(&merged_ledger)[1..], one[..]);
+    // Shards of another search do not merge.
+    let other = dir.join("o.jsonl").display().to_string();
+    let r = dir.join("o.json").display().to_string();
+    let mut args = plan_args(&space, &r, &other);
+    args[5] = "ttft=1s";
+    args.extend(["--shard", "0/4"]);
+    ok(&mockserve(&args));
+    let out = mockserve(&["plan", "merge", &ledgers[1], &other]);
+    assert!(fails(&out).contains("from another search"));
+}
+
+#[test]
+fn fewest_gpus_and_named_profiles() {
+    let dir = scratch("profiles");
+    let space = write(
+        &dir,
+        "space.toml",
+        "num_workers = [1, 2, 3]\nperf_profile = [\"tp1\", \"tp2\"]\n",
+    );
+    let report = dir.join("r.json").display().to_string();
+    let ledger = dir.join("l.jsonl").display().to_string();
+    let mut args = plan_args(&space, &report, &ledger);
+    args[5] = "ttft=2s";
+    args.extend([
+        "--perf-profile",
+        "tp1=profiles/h200_tp1_perf.npz:1",
+        "--perf-profile",
+        "tp2=profiles/h200_tp1_perf.npz:2",
+        "--objective",
+        "fewest-gpus",
+        "--attainment",
+        "0.5",
+        "--speedup-steps",
+        "0",
+    ]);
+    ok(&mockserve(&args));
+    let r = json(Path::new(&report));
+    let gpus: Vec<u64> = r["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["gpus"].as_u64().unwrap())
+        .collect();
+    // num_workers x profile, the profile varying fastest.
+    assert_eq!(gpus, [1, 2, 2, 4, 3, 6]);
+    let ranked: Vec<u64> = r["ranking"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["gpus"].as_u64().unwrap())
+        .collect();
+    assert!(ranked.windows(2).all(|w| w[0] <= w[1]), "{ranked:?}");
+    assert_eq!(r["best"]["gpus"], 1);
+    let tp2 = r["trials"][1]["command"].as_str().unwrap();
+    assert!(
+        tp2.contains("--perf-profile profiles/h200_tp1_perf.npz"),
+        "{tp2}"
+    );
+    // The ranking carries no deployment forms; the top does.
+    assert!(r["ranking"][0].get("vllm").is_none());
+    let top = r["top"].as_array().unwrap();
+    let tp2_top = top
+        .iter()
+        .find(|t| t["knobs"]["perf_profile"] == "tp2")
+        .expect("tp2 in the top 5");
+    let engine_args = tp2_top["vllm"]["engine_args"].to_string();
+    assert!(
+        engine_args.contains("\"--tensor-parallel-size\",\"2\""),
+        "{engine_args}"
+    );
+}
+
+#[test]
+fn bad_input_is_named() {
+    let dir = scratch("errors");
+    let report = dir.join("r.json").display().to_string();
+    let cases: &[(&str, &[&str], &str)] = &[
+        (
+            "max_num_seqs = []\n",
+            &[],
+            "key max_num_seqs: an empty list",
+        ),
+        (
+            "num_workers = {min = 8, max = 1}\n",
+            &[],
+            "key num_workers: min 8 is above max 1",
+        ),
+        (
+            "num_workers = [1, 2]\n",
+            &["--num-workers", "2"],
+            "key num_workers: also given as the fixed flag --num-workers",
+        ),
+        ("router_mode = [\"fastest\"]\n", &[], "key router_mode: "),
+        (
+            "warp_speed = [1]\n",
+            &[],
+            "key warp_speed: not a `mockserve replay`",
+        ),
+        (
+            "num_workers = [1]\n[disaggregated]\nnum_workers = [2]\n",
+            &[],
+            "key disaggregated.num_workers",
+        ),
+        ("", &[], "no key to search"),
+        (
+            "num_workers = {min = 2, max = 4}\n[constraints]\nmax_gpus = 1\n",
+            &[],
+            "no candidate left: all 3 exceed [constraints] max_gpus = 1",
+        ),
+        (
+            "num_workers = {min = 1, max = 200}\nmax_num_seqs = {min = 1, max = 200}\n",
+            &[],
+            "40000 candidates, over the cap of 20000: give --max-trials",
+        ),
+        (
+            "num_workers = {min = 1, max = 200}\nmax_num_seqs = {min = 1, max = 200}\n",
+            &["--max-trials", "10"],
+            "--max-trials 10: the grid has 40000 candidates",
+        ),
+        (
+            "perf_profile = [\"h100\"]\n",
+            &[],
+            "key perf_profile names profiles, but no --perf-profile",
+        ),
+        (
+            "perf_profile = [\"h100\"]\n",
+            &["--perf-profile", "h200=profiles/h200_tp1_perf.npz:1"],
+            "no --perf-profile named \"h100\"",
+        ),
+        (
+            "num_workers = [1]\n",
+            &["--perf-profile", "h100=/nonexistent/h100.npz:1"],
+            "--perf-profile \"h100=/nonexistent/h100.npz:1\": no such profile file",
+        ),
+        (
+            "num_workers = [1]\n",
+            &["--attainment", "2"],
+            "--attainment must be from 0 to 1",
+        ),
+        (
+            "num_workers = [1]\n",
+            &["--strategy", "halving", "--shard", "0/2"],
+            "--shard needs --strategy grid or random",
+        ),
+        (
+            "num_workers = [1]\n",
+            &["--per-request-jsonl", "x.jsonl"],
+            "--per-request-jsonl describes one replay's output",
+        ),
+        (
+            "num_workers = [1, 2]\n",
+            &["--slo", "ttft=1us", "--attainment", "0.9"],
+            "no candidate meets --slo ttft=0.001ms for 90% of requests (--attainment); the \
+             closest meets them for",
+        ),
+    ];
+    for (i, (space, extra, needle)) in cases.iter().enumerate() {
+        let space = write(&dir, &format!("space{i}.toml"), space);
+        let mut args = vec!["plan", TRACE, "--space", space.as_str(), "-q"];
+        if !extra.contains(&"--slo") {
+            args.extend(["--slo", "ttft=1s"]);
+        }
+        args.extend(["--report-json", report.as_str(), "--speedup-steps", "0"]);
+        args.extend_from_slice(extra);
+        let err = fails(&mockserve(&args));
+        assert!(err.contains(needle), "case {i}: {needle:?} in {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // The closest candidate is in the report written before the error.
+    let r = json(Path::new(&report));
+    assert_eq!(r["ranking"].as_array().unwrap().len(), 0);
+    assert_eq!(r["counts"]["trials"], 2);
+    let out = mockserve(&[
+        "plan",
+        TRACE,
+        "--space",
+        "/nonexistent/space.toml",
+        "--slo",
+        "ttft=1s",
+    ]);
+    assert!(fails(&out).contains("--space /nonexistent/space.toml"));
+    let out = mockserve(&["plan", TRACE, "--space", "x.toml", "--slo", "ttft=soon"]);
+    assert!(fails(&out).contains("\"soon\" is not a number of us, ms or s"));
+}
