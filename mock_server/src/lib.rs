@@ -48,6 +48,8 @@ pub mod kv_events;
 pub mod metrics;
 pub mod output_length;
 pub(crate) mod stdout;
+#[cfg(feature = "test-kit")]
+pub mod test_kit;
 pub mod text;
 pub mod timer;
 

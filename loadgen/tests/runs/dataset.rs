@@ -1,20 +1,14 @@
 //! `--dataset`: bench and multiturn send a dataset's prompts to the embedded mockserve, and the
 //! server's usage counts the dataset's tokens; flag errors come before anything connects.
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
 use loadgen::dataset::{Dataset, DatasetFormat, DatasetSpec};
 use loadgen::{Cli, Command, LoadgenError};
 
-async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
-    tokio::time::timeout(Duration::from_secs(secs), f)
-        .await
-        .context("timed out")
-}
+use crate::common::within;
 
 fn fixture(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))

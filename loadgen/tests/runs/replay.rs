@@ -2,11 +2,9 @@
 //! pacing against known timestamps; agentic traces live (every node sent when its dependencies
 //! allow, the same requests and cache hits as offline, a failed node skipping its play).
 
-use std::future::Future;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Parser;
 use loadgen::replay::{ReplayArgs, SessionMode};
 use loadgen::{Cli, Command};
@@ -15,12 +13,7 @@ use servesim::replay::{
 };
 use servesim::trace::Trigger;
 
-async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
-    match tokio::time::timeout(Duration::from_secs(secs), f).await {
-        Ok(v) => Ok(v),
-        Err(_) => bail!("timed out after {secs}s"),
-    }
-}
+use crate::common::within;
 
 fn fixture(name: &str) -> String {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
