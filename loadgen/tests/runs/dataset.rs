@@ -8,7 +8,7 @@ use clap::Parser;
 use loadgen::dataset::{Dataset, DatasetFormat, DatasetSpec};
 use loadgen::{Cli, Command, LoadgenError};
 
-use crate::common::within;
+use crate::common::{within, TempDir};
 
 fn fixture(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -166,7 +166,8 @@ async fn multiturn_runs_sharegpt_conversations() -> Result<()> {
 /// or the file's line.
 #[test]
 fn dataset_errors_come_before_the_run() {
-    let bad_line = std::env::temp_dir().join(format!("loadgen-ds-{}.jsonl", std::process::id()));
+    let tmp = TempDir::new("loadgen-dataset").expect("a temporary directory");
+    let bad_line = tmp.join("bad.jsonl");
     std::fs::write(&bad_line, "\"ok\"\n{\"prompt\": 3}\n").expect("write");
     let bad_flag = format!("jsonl:{}", bad_line.display());
     let sharegpt = format!("sharegpt:{}", fixture("sharegpt_small.json"));
@@ -228,5 +229,4 @@ fn dataset_errors_come_before_the_run() {
         let e: LoadgenError = loadgen::validate(&command(&argv)).expect_err("refused");
         assert!(e.to_string().contains(&says), "{flags:?}: {e}");
     }
-    let _ = std::fs::remove_file(&bad_line);
 }
