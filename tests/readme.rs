@@ -407,6 +407,86 @@ fn the_layout_names_every_top_level_folder() {
     }
 }
 
+/// Every module folder of every crate (a folder under a crate's `src/` with a `mod.rs`, or beside
+/// a file of its name, `foo/` and `foo.rs`), as (the crate's source root as docs write it, e.g.
+/// `mock_server/src/`, the folder's path under it).
+fn module_folders() -> Vec<(String, String)> {
+    let mut roots = vec![(String::from("src/"), repo().join("src"))];
+    let mut crates: Vec<PathBuf> = std::fs::read_dir(repo())
+        .expect("the repository is readable")
+        .map(|entry| entry.expect("folder entry").path())
+        .filter(|dir| dir.join("Cargo.toml").is_file() && dir.join("src").is_dir())
+        .collect();
+    crates.sort();
+    for dir in crates {
+        roots.push((format!("{}/src/", shown(&dir)), dir.join("src")));
+    }
+    let mut folders = Vec::new();
+    for (root, src) in roots {
+        let mut found: Vec<String> = files_under(&src)
+            .iter()
+            .filter_map(|file| {
+                let folder = file.parent()?;
+                let is_module =
+                    file.file_name()? == "mod.rs" || folder.with_extension("rs").is_file();
+                is_module.then_some(folder)
+            })
+            .filter_map(|folder| folder.strip_prefix(&src).ok())
+            .filter(|folder| !folder.as_os_str().is_empty())
+            .map(|folder| folder.display().to_string())
+            .collect();
+        found.sort();
+        found.dedup();
+        folders.extend(found.into_iter().map(|folder| (root.clone(), folder)));
+    }
+    folders
+}
+
+/// Whether `text` names `word` as a word of its own (not the tail of a longer name).
+fn names_word(text: &str, word: &str) -> bool {
+    text.match_indices(word).any(|(at, _)| {
+        !text[..at]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '/')
+    })
+}
+
+/// docs/architecture.md names every module folder of every crate: in the crate's own listing
+/// (the code-block line that starts with its source root, `mock_server/src/`, to the block's
+/// end) as `NAME/`, or anywhere in the page by its whole path (`indexer_bench/src/indexer/`).
+/// A new folder, or one moved, fails here until the page says what it holds.
+#[test]
+fn the_architecture_names_every_module_folder() {
+    let page = read(&repo().join("docs/architecture.md"));
+    let folders = module_folders();
+    assert!(
+        folders
+            .iter()
+            .any(|(root, f)| root == "mock_server/src/" && f == "api"),
+        "module folders found: {folders:?}"
+    );
+    let mut missing = Vec::new();
+    for (root, folder) in &folders {
+        let listing = page.split("\n```").find(|block| {
+            block
+                .lines()
+                .nth(1)
+                .is_some_and(|l| l.starts_with(root.as_str()))
+        });
+        let name = folder.rsplit('/').next().unwrap_or(folder);
+        let whole = format!("{root}{folder}/");
+        let listed = listing.is_some_and(|block| names_word(block, &format!("{name}/")));
+        if !listed && !page.contains(&whole) {
+            missing.push(whole);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md does not name these module folders: {missing:?}"
+    );
+}
+
 #[test]
 fn the_readme_shows_the_main_job_and_what_ci_runs() {
     let text = readme();
@@ -414,8 +494,8 @@ fn the_readme_shows_the_main_job_and_what_ci_runs() {
     let ci = read(&repo().join(".ci/run"));
     let test_command = ci
         .lines()
-        .rfind(|line| line.starts_with("cargo test"))
-        .expect(".ci/run runs cargo test");
+        .rfind(|line| line.starts_with("cargo test --workspace"))
+        .expect(".ci/run runs cargo test --workspace");
     assert_eq!(
         test_command,
         "cargo test --workspace --all-targets --locked && cargo test --workspace --doc --locked"

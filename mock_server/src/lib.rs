@@ -50,6 +50,8 @@ pub mod metrics;
 pub mod output_length;
 pub mod plan;
 pub(crate) mod stdout;
+#[cfg(feature = "test-kit")]
+pub mod test_kit;
 pub mod text;
 pub mod timer;
 

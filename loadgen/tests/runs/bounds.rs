@@ -3,8 +3,7 @@
 //! record reads are capped; an agentic replay has a default in-flight cap; the routing line
 //! tells loadgen's own decisions from other clients'.
 
-use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -13,20 +12,7 @@ use clap::Parser;
 use loadgen::{Cli, Command, LoadgenError};
 use serde_json::Value;
 
-async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
-    match tokio::time::timeout(Duration::from_secs(secs), f).await {
-        Ok(v) => Ok(v),
-        Err(_) => bail!("timed out after {secs}s"),
-    }
-}
-
-fn temp_path(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("loadgen-bounds-{}-{name}", std::process::id()))
-}
-
-fn s(p: &Path) -> String {
-    p.display().to_string()
-}
+use crate::common::{s, within, TempDir};
 
 /// Runs a command line in-process; its error as text.
 async fn run_err(args: &[&str]) -> Result<LoadgenError> {
@@ -39,7 +25,8 @@ async fn run_err(args: &[&str]) -> Result<LoadgenError> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_stdout_pipe_ends_the_console_and_the_report_is_still_written() -> Result<()> {
-    let report = temp_path("closed-pipe.json");
+    let tmp = TempDir::new("loadgen-bounds")?;
+    let report = tmp.join("closed-pipe.json");
     let _ = std::fs::remove_file(&report);
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadgen"))
         .args([
@@ -94,8 +81,9 @@ async fn merge_err(path: &Path, record: &Value) -> Result<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn merge_refuses_forged_headers_naming_the_file_line_and_field() -> Result<()> {
-    let real = temp_path("merge-real.jsonl");
-    let forged = temp_path("merge-forged.jsonl");
+    let tmp = TempDir::new("loadgen-bounds")?;
+    let real = tmp.join("merge-real.jsonl");
+    let forged = tmp.join("merge-forged.jsonl");
     run_ok(&[
         "loadgen",
         "bench",
@@ -157,7 +145,7 @@ async fn merge_refuses_forged_headers_naming_the_file_line_and_field() -> Result
         assert!(text.starts_with(&want), "{field}: {text}");
     }
     // A file given twice by another path, and a copy, are still refused.
-    let copy = temp_path("merge-copy.jsonl");
+    let copy = tmp.join("merge-copy.jsonl");
     std::fs::copy(&real, &copy)?;
     let e = run_err(&["loadgen", "merge", &s(&real), &s(&copy)]).await?;
     assert!(e.to_string().contains("hold the same records"), "{e}");
@@ -169,8 +157,9 @@ async fn merge_refuses_forged_headers_naming_the_file_line_and_field() -> Result
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn merge_refuses_a_forged_multiturn_shape() -> Result<()> {
-    let real = temp_path("merge-mt.jsonl");
-    let forged = temp_path("merge-mt-forged.jsonl");
+    let tmp = TempDir::new("loadgen-bounds")?;
+    let real = tmp.join("merge-mt.jsonl");
+    let forged = tmp.join("merge-mt-forged.jsonl");
     run_ok(&[
         "loadgen",
         "multiturn",
@@ -269,6 +258,7 @@ fn simultaneous_roots(plays: usize) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agentic_replay_is_capped_in_flight_by_default_and_its_console_is_bounded() -> Result<()>
 {
+    let tmp = TempDir::new("loadgen-bounds")?;
     use axum::response::IntoResponse;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
@@ -299,8 +289,8 @@ async fn an_agentic_replay_is_capped_in_flight_by_default_and_its_console_is_bou
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
-    let trace = temp_path("roots.jsonl");
-    let report = temp_path("roots.json");
+    let trace = tmp.join("roots.jsonl");
+    let report = tmp.join("roots.json");
     std::fs::write(&trace, simultaneous_roots(PLAYS))?;
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadgen"))
         .args([
@@ -355,6 +345,7 @@ async fn an_agentic_replay_is_capped_in_flight_by_default_and_its_console_is_bou
 /// decisions; the report counts loadgen's own requests and names the others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_routing_line_counts_loadgens_requests_apart_from_another_clients() -> Result<()> {
+    let tmp = TempDir::new("loadgen-bounds")?;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
     let cli = mock_server::Cli::try_parse_from([
@@ -407,7 +398,7 @@ async fn the_routing_line_counts_loadgens_requests_apart_from_another_clients() 
         }
     })
     .await?;
-    let report = temp_path("fleet-two-clients.json");
+    let report = tmp.join("fleet-two-clients.json");
     let metrics_url = format!("{admin}/metrics");
     let cli = Cli::try_parse_from([
         "loadgen",

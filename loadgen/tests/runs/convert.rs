@@ -4,45 +4,21 @@
 //! prompt lengths are the server's; the command line names the malformed line.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Parser;
 use loadgen::convert::{ConvertArgs, TraceArgs, TraceCommand};
 use loadgen::multiturn_report::Results;
 use loadgen::replay::{ReplayArgs, SessionMode};
 use loadgen::{Cli, Command};
 
-async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
-    match tokio::time::timeout(Duration::from_secs(secs), f).await {
-        Ok(v) => Ok(v),
-        Err(_) => bail!("timed out after {secs}s"),
-    }
-}
-
-fn temp_path(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!(
-        "loadgen-test-{}-convert-{name}",
-        std::process::id()
-    ))
-}
-
-fn s(p: &Path) -> String {
-    p.display().to_string()
-}
-
-fn cli(argv: &[&str]) -> Command {
-    let mut full = vec!["loadgen"];
-    full.extend_from_slice(argv);
-    Cli::try_parse_from(full).expect("valid flags").command
-}
+use crate::common::{command, s, within, TempDir};
 
 fn convert_args(argv: &[&str]) -> ConvertArgs {
     let mut full = vec!["trace", "convert"];
     full.extend_from_slice(argv);
-    match cli(&full) {
+    match command(&full) {
         Command::Trace(TraceArgs {
             command: TraceCommand::Convert(a),
         }) => a,
@@ -53,7 +29,7 @@ fn convert_args(argv: &[&str]) -> ConvertArgs {
 fn replay_args(argv: &[&str]) -> ReplayArgs {
     let mut full = vec!["replay"];
     full.extend_from_slice(argv);
-    match cli(&full) {
+    match command(&full) {
         Command::Replay(a) => a,
         _ => unreachable!(),
     }
@@ -88,7 +64,7 @@ async fn multiturn_run(records: &Path) -> Result<(Results, Counts)> {
         "--quiet",
     ];
     argv.extend_from_slice(&ENGINE);
-    let Command::Multiturn(a) = cli(&argv) else {
+    let Command::Multiturn(a) = command(&argv) else {
         unreachable!()
     };
     let results = within(60, loadgen::multiturn::multiturn(&a.config()?)).await??;
@@ -151,7 +127,8 @@ async fn replay_counts(trace: &Path, block_size: &str) -> Result<(Counts, Sessio
 /// bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_multiturn_run_converts_and_replays_with_the_same_tokens_and_cache_hits() -> Result<()> {
-    let records = temp_path("records.jsonl");
+    let tmp = TempDir::new("loadgen-convert")?;
+    let records = tmp.join("records.jsonl");
     let (results, original) = multiturn_run(&records).await?;
     // The run is worth replaying: later turns hit the cache, first turns do not.
     for r in &results.raw_results {
@@ -163,8 +140,8 @@ async fn a_multiturn_run_converts_and_replays_with_the_same_tokens_and_cache_hit
         ("agentic-mooncake", "64"),
         ("mooncake", "16"),
     ] {
-        let trace = temp_path(&format!("{to}-{block_size}.jsonl"));
-        let again = temp_path(&format!("{to}-{block_size}-again.jsonl"));
+        let trace = tmp.join(&format!("{to}-{block_size}.jsonl"));
+        let again = tmp.join(&format!("{to}-{block_size}-again.jsonl"));
         for out in [&trace, &again] {
             let a = convert_args(&[
                 &s(&records),
@@ -210,6 +187,7 @@ async fn a_multiturn_run_converts_and_replays_with_the_same_tokens_and_cache_hit
 /// `input_length`, with the default tokenizer and with a HuggingFace `tokenizer.json`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_logs_prompt_lengths_are_the_servers() -> Result<()> {
+    let tmp = TempDir::new("loadgen-convert")?;
     let tool = serde_json::json!({"type": "function", "function": {"name": "lookup",
         "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}});
     let bodies = [
@@ -231,12 +209,12 @@ async fn a_logs_prompt_lengths_are_the_servers() -> Result<()> {
                 + "\n"
         })
         .collect();
-    let input = temp_path("server-log.jsonl");
+    let input = tmp.join("server-log.jsonl");
     std::fs::write(&input, log)?;
     let tiny =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tokenizer/tiny_bpe.json");
     for tokenizer in [None, Some(s(&tiny))] {
-        let out = temp_path("server-trace.jsonl");
+        let out = tmp.join("server-trace.jsonl");
         let mut argv = vec![
             s(&input),
             "--block-size".into(),
@@ -261,7 +239,7 @@ async fn a_logs_prompt_lengths_are_the_servers() -> Result<()> {
         let mut bench = vec!["bench".to_string()];
         bench.extend(engine);
         let bench: Vec<&str> = bench.iter().map(String::as_str).collect();
-        let Command::Bench(a) = cli(&bench) else {
+        let Command::Bench(a) = command(&bench) else {
             unreachable!()
         };
         let spec = a
@@ -302,8 +280,9 @@ async fn a_logs_prompt_lengths_are_the_servers() -> Result<()> {
 /// empty input is an error of its own; nothing is written either way.
 #[test]
 fn the_command_line_names_the_bad_line_and_refuses_an_empty_input() -> Result<()> {
-    let input = temp_path("bad.jsonl");
-    let out = temp_path("bad-out.jsonl");
+    let tmp = TempDir::new("loadgen-convert")?;
+    let input = tmp.join("bad.jsonl");
+    let out = tmp.join("bad-out.jsonl");
     std::fs::write(
         &input,
         concat!(

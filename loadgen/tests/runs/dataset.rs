@@ -1,20 +1,14 @@
 //! `--dataset`: bench and multiturn send a dataset's prompts to the embedded mockserve, and the
 //! server's usage counts the dataset's tokens; flag errors come before anything connects.
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
 use loadgen::dataset::{Dataset, DatasetFormat, DatasetSpec};
 use loadgen::{Cli, Command, LoadgenError};
 
-async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
-    tokio::time::timeout(Duration::from_secs(secs), f)
-        .await
-        .context("timed out")
-}
+use crate::common::{within, TempDir};
 
 fn fixture(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -172,7 +166,8 @@ async fn multiturn_runs_sharegpt_conversations() -> Result<()> {
 /// or the file's line.
 #[test]
 fn dataset_errors_come_before_the_run() {
-    let bad_line = std::env::temp_dir().join(format!("loadgen-ds-{}.jsonl", std::process::id()));
+    let tmp = TempDir::new("loadgen-dataset").expect("a temporary directory");
+    let bad_line = tmp.join("bad.jsonl");
     std::fs::write(&bad_line, "\"ok\"\n{\"prompt\": 3}\n").expect("write");
     let bad_flag = format!("jsonl:{}", bad_line.display());
     let sharegpt = format!("sharegpt:{}", fixture("sharegpt_small.json"));
@@ -234,5 +229,4 @@ fn dataset_errors_come_before_the_run() {
         let e: LoadgenError = loadgen::validate(&command(&argv)).expect_err("refused");
         assert!(e.to_string().contains(&says), "{flags:?}: {e}");
     }
-    let _ = std::fs::remove_file(&bad_line);
 }

@@ -2,19 +2,12 @@
 //! accounting as chat on the same workload (multiturn and bench, request by request), cached
 //! tokens over a `previous_response_id` chain, and embeddings' latency-only records.
 
-use std::future::Future;
-use std::time::Duration;
-
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Parser;
 use loadgen::multiturn_report::{RawResult, Results};
 use loadgen::{Cli, Command};
 
-async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
-    tokio::time::timeout(Duration::from_secs(secs), f)
-        .await
-        .context("timed out")
-}
+use crate::common::within;
 
 /// Runs `loadgen multiturn` on the embedded server (2 users, 3 turns, no think time, exact
 /// counts) with `extra` flags; every request must succeed.

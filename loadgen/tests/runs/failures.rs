@@ -3,7 +3,6 @@
 //! contradicting usage, no answer at all) against `loadgen bench`, `replay` and `multiturn`, and
 //! the exit status of the real binary.
 
-use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -21,16 +20,7 @@ use loadgen::bench::{BenchArgs, BenchRun};
 use loadgen::{Cli, Command, LoadgenError};
 use serde_json::{json, Value};
 
-async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
-    match tokio::time::timeout(Duration::from_secs(secs), f).await {
-        Ok(v) => Ok(v),
-        Err(_) => bail!("timed out after {secs}s"),
-    }
-}
-
-fn temp_path(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("loadgen-failures-{}-{name}", std::process::id()))
-}
+use crate::common::{within, TempDir};
 
 /// Serves `app` on 127.0.0.1:0; returns its base URL (the task ends with the test's runtime).
 async fn stub(app: Router) -> Result<String> {
@@ -96,10 +86,11 @@ async fn bench(
     url: &str,
     flags: &[&str],
 ) -> Result<(BenchRun, Result<(), LoadgenError>, Value, Vec<Value>)> {
+    let tmp = TempDir::new("loadgen-failures")?;
     let name = format!("{:x}", xxhash(url, flags));
     let (json_path, jsonl_path) = (
-        temp_path(&format!("{name}.json")),
-        temp_path(&format!("{name}.jsonl")),
+        tmp.join(&format!("{name}.json")),
+        tmp.join(&format!("{name}.jsonl")),
     );
     let (jp, lp) = (
         json_path.display().to_string(),
@@ -146,8 +137,8 @@ fn reasons(json: &Value) -> Vec<(String, String, u64)> {
         .unwrap_or_default()
 }
 
-fn trace_file(name: &str, rows: usize) -> Result<PathBuf> {
-    let path = temp_path(name);
+fn trace_file(tmp: &TempDir, name: &str, rows: usize) -> Result<PathBuf> {
+    let path = tmp.join(name);
     let text: String = (0..rows)
         .map(|i| {
             format!(
@@ -161,6 +152,7 @@ fn trace_file(name: &str, rows: usize) -> Result<PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_mode_fails_when_the_server_answers_500_to_everything() -> Result<()> {
+    let tmp = TempDir::new("loadgen-failures")?;
     let url = stub(counting(|_| {
         openai_error(StatusCode::INTERNAL_SERVER_ERROR, "boom")
     }))
@@ -197,7 +189,7 @@ async fn every_mode_fails_when_the_server_answers_500_to_everything() -> Result<
     }
 
     // replay: the same verdict through `run_async`, the path the binary takes.
-    let trace = trace_file("500.jsonl", 3)?;
+    let trace = trace_file(&tmp, "500.jsonl", 3)?;
     let cli = Cli::try_parse_from([
         "loadgen",
         "replay",
@@ -496,6 +488,7 @@ async fn timeouts_and_refused_connections_have_their_own_reasons() -> Result<()>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_exits_non_zero_on_failures_and_names_os_errors() -> Result<()> {
+    let tmp = TempDir::new("loadgen-failures")?;
     let url = stub(counting(|_| {
         openai_error(StatusCode::INTERNAL_SERVER_ERROR, "boom")
     }))
@@ -527,7 +520,7 @@ async fn the_binary_exits_non_zero_on_failures_and_names_os_errors() -> Result<(
     assert!(stdout.contains("HTTP 500: boom"), "{stdout}");
     assert!(stderr.contains("all 2 requests failed"), "{stderr}");
 
-    let missing = temp_path("missing-trace.jsonl");
+    let missing = tmp.join("missing-trace.jsonl");
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadgen"))
         .args(["replay", missing.to_str().context("utf-8")?])
         .kill_on_drop(true)

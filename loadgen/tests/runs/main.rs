@@ -14,6 +14,8 @@
 //! - [`replay`]: `replay`, live against offline;
 //! - [`sweep`]: `sweep`, `merge`, shards, server metrics and the HTML report.
 
+mod common;
+
 mod bounds;
 mod convert;
 mod dataset;

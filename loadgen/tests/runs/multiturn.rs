@@ -1,8 +1,6 @@
 //! End-to-end tests of `loadgen multiturn` and `loadgen compare`: in-process against the embedded
 //! mockserve and against tiny axum stubs on 127.0.0.1:0, plus one smoke test of the binary.
 
-use std::future::Future;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,13 +14,8 @@ use loadgen::config::MultiturnArgs;
 use loadgen::multiturn_report::Results;
 use loadgen::{Cli, Command, LoadgenError};
 use serde_json::{json, Value};
-use tokio::time::timeout;
 
-async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
-    timeout(Duration::from_secs(secs), f)
-        .await
-        .context("timed out")
-}
+use crate::common::{within, TempDir};
 
 fn args(flags: &[&str]) -> MultiturnArgs {
     let mut argv = vec!["loadgen", "multiturn"];
@@ -39,10 +32,6 @@ async fn multiturn(flags: &[&str]) -> Result<(Results, Result<(), LoadgenError>)
     let results = within(30, loadgen::multiturn::multiturn(&config)).await??;
     let verdict = loadgen::multiturn::verdict(&results, &config);
     Ok((results, verdict))
-}
-
-fn temp_path(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("loadgen-test-{}-{name}", std::process::id()))
 }
 
 /// Serves `app` on 127.0.0.1:0; returns its base URL (the task ends with the test's runtime).
@@ -72,7 +61,8 @@ fn sse_ok(content: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counts_and_json_schema() -> Result<()> {
-    let out = temp_path("schema.json");
+    let tmp = TempDir::new("loadgen-multiturn")?;
+    let out = tmp.join("schema.json");
     let out_s = out.display().to_string();
     let (results, verdict) = multiturn(&[
         "--num-users",
@@ -170,8 +160,9 @@ async fn counts_and_json_schema() -> Result<()> {
 /// shares are checked as in bench.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scraped_metrics_go_into_the_results() -> Result<()> {
-    let out = temp_path("scraped.json");
-    let html = temp_path("scraped.html");
+    let tmp = TempDir::new("loadgen-multiturn")?;
+    let out = tmp.join("scraped.json");
+    let html = tmp.join("scraped.html");
     let (out_s, html_s) = (out.display().to_string(), html.display().to_string());
     let flags = [
         "--num-users",
@@ -532,8 +523,9 @@ async fn speculative_prefill_warms_the_later_turns() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compare_reads_two_results_files() -> Result<()> {
-    let (a, b) = (temp_path("cmp-a.json"), temp_path("cmp-b.json"));
-    let svg = temp_path("cmp.svg");
+    let tmp = TempDir::new("loadgen-multiturn")?;
+    let (a, b) = (tmp.join("cmp-a.json"), tmp.join("cmp-b.json"));
+    let svg = tmp.join("cmp.svg");
     let (sa, sb) = (a.display().to_string(), b.display().to_string());
     for (path, extra) in [(&sa, None), (&sb, Some("--speculative-prefill"))] {
         let mut flags = vec![

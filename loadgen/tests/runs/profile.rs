@@ -4,9 +4,7 @@
 //! profile's real speed and wants an idle machine:
 //! `cargo test -p loadgen --test profile -- --ignored`.
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{bail, Result};
 use clap::Parser;
@@ -14,20 +12,7 @@ use loadgen::profile::{profile, ProfileArgs, ProfileRun};
 use loadgen::{Cli, Command, LoadgenError};
 use servesim::perf::{ProfileTables, Profiled};
 
-async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
-    match tokio::time::timeout(Duration::from_secs(secs), f).await {
-        Ok(v) => Ok(v),
-        Err(_) => bail!("timed out after {secs}s"),
-    }
-}
-
-/// A fresh output directory for one test.
-fn out_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("loadgen-profile-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
-}
+use crate::common::{within, TempDir};
 
 fn args(flags: &[&str]) -> ProfileArgs {
     let mut argv = vec!["loadgen", "profile", "--quiet"];
@@ -49,7 +34,7 @@ async fn run(flags: &[&str]) -> Result<ProfileRun> {
 /// wrong quantity (a TTFT with the decode in it, a gap of two passes), is far outside them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_latency_is_recovered_and_the_files_are_written() -> Result<()> {
-    let dir = out_dir("fixed");
+    let dir = TempDir::new("loadgen-profile-fixed")?;
     let output = dir.join("fixed.npz");
     let output_text = output.display().to_string();
     let run = run(&[
@@ -103,7 +88,6 @@ async fn fixed_latency_is_recovered_and_the_files_are_written() -> Result<()> {
     );
     let svg = std::fs::read_to_string(dir.join("fixed.svg"))?;
     assert!(svg.starts_with("<svg") && svg.contains("polyline"));
-    std::fs::remove_dir_all(&dir)?;
     Ok(())
 }
 
@@ -111,7 +95,7 @@ async fn fixed_latency_is_recovered_and_the_files_are_written() -> Result<()> {
 /// run with an error that names the file holding the points measured before it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_mid_profile_saves_the_partial_measurements() -> Result<()> {
-    let dir = out_dir("partial");
+    let dir = TempDir::new("loadgen-profile-partial")?;
     let output = dir.join("p.npz");
     let output_text = output.display().to_string();
     let a = args(&[
@@ -141,7 +125,6 @@ async fn a_failure_mid_profile_saves_the_partial_measurements() -> Result<()> {
     assert_eq!(prefill.len(), 1, "{saved}");
     assert_eq!(prefill[0]["isl"], 32);
     assert!(!output.exists(), "no profile is written from a failed run");
-    std::fs::remove_dir_all(&dir)?;
     Ok(())
 }
 
@@ -159,7 +142,7 @@ fn repo_profile() -> PathBuf {
 #[ignore = "runs at real speed; needs an idle machine"]
 async fn the_h200_profile_is_recovered_within_5_percent() -> Result<()> {
     const SPEEDUP: f64 = 0.25;
-    let dir = out_dir("h200");
+    let dir = TempDir::new("loadgen-profile-h200")?;
     let output = dir.join("h200.npz");
     let output_text = output.display().to_string();
     let original = Profiled::load(&repo_profile())?.tables;
@@ -199,6 +182,5 @@ async fn the_h200_profile_is_recovered_within_5_percent() -> Result<()> {
         assert!((b - a).abs() <= 0.05 * a, "decode at {d:?}: {a} vs {b}");
     }
     println!("worst relative error {:.2}%", worst * 100.0);
-    std::fs::remove_dir_all(&dir)?;
     Ok(())
 }

@@ -4,25 +4,14 @@
 //! seeded, follows its weights, is broken down per adapter and is what the server's `/metrics`
 //! counted; bad values are refused naming the flag.
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use loadgen::{Cli, Command};
 use serde_json::Value;
 
-async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
-    match tokio::time::timeout(Duration::from_secs(secs), f).await {
-        Ok(v) => Ok(v),
-        Err(_) => bail!("timed out after {secs}s"),
-    }
-}
-
-fn temp_path(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("loadgen-repeat-{}-{name}", std::process::id()))
-}
+use crate::common::{within, TempDir};
 
 fn cli(flags: &[&str]) -> Result<Cli> {
     Ok(Cli::try_parse_from(flags)?)
@@ -56,7 +45,8 @@ fn figure<'a>(report: &'a Value, name: &str) -> Result<&'a Value> {
 /// run; each run's report and records are kept; the interval uses t(0.975, 4).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_bench_runs_on_a_deterministic_server_have_cv_0_for_every_count() -> Result<()> {
-    let (report, records) = (temp_path("bench.json"), temp_path("bench.jsonl"));
+    let tmp = TempDir::new("loadgen-repeat")?;
+    let (report, records) = (tmp.join("bench.json"), tmp.join("bench.jsonl"));
     let (r, p) = (report.display().to_string(), records.display().to_string());
     run(&[
         "loadgen",
@@ -129,7 +119,7 @@ async fn five_bench_runs_on_a_deterministic_server_have_cv_0_for_every_count() -
     }
     // One record file per run, each the run's 12 requests.
     for i in 1..=5 {
-        let path = temp_path(&format!("bench.run{i}.jsonl"));
+        let path = tmp.join(&format!("bench.run{i}.jsonl"));
         assert_eq!(lines(&path)?.len(), 12, "{}", path.display());
         std::fs::remove_file(path)?;
     }
@@ -141,7 +131,8 @@ async fn five_bench_runs_on_a_deterministic_server_have_cv_0_for_every_count() -
 /// Multiturn and replay repeat too: identical counts per run, CV 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multiturn_and_replay_runs_repeat_the_same_schedule() -> Result<()> {
-    let report = temp_path("multiturn.json");
+    let tmp = TempDir::new("loadgen-repeat")?;
+    let report = tmp.join("multiturn.json");
     let r = report.display().to_string();
     run(&[
         "loadgen",
@@ -175,7 +166,7 @@ async fn multiturn_and_replay_runs_repeat_the_same_schedule() -> Result<()> {
     assert_eq!(figure(&json, "output_tokens")?["mean"], 30.0);
     figure(&json, "p99_ttft_us")?;
 
-    let trace = temp_path("trace.jsonl");
+    let trace = tmp.join("trace.jsonl");
     let rows: String = (0..6)
         .map(|i| {
             format!(
@@ -254,8 +245,9 @@ fn lora_counts(metrics: &str) -> Vec<(String, f64)> {
 /// and the server's `/metrics` counted the same requests under each adapter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lora_mix_is_seeded_reported_per_adapter_and_seen_by_the_server() -> Result<()> {
+    let tmp = TempDir::new("loadgen-repeat")?;
     let url = lora_server().await?;
-    let (report, records) = (temp_path("lora.json"), temp_path("lora.jsonl"));
+    let (report, records) = (tmp.join("lora.json"), tmp.join("lora.jsonl"));
     let (r, p) = (report.display().to_string(), records.display().to_string());
     let flags = |seed: &'static str| {
         vec![
@@ -343,7 +335,8 @@ async fn a_lora_mix_is_seeded_reported_per_adapter_and_seen_by_the_server() -> R
 /// keeps one adapter, and none of its requests fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_embedded_server_serves_the_mix_and_a_conversation_keeps_its_adapter() -> Result<()> {
-    let report = temp_path("lora-multiturn.json");
+    let tmp = TempDir::new("loadgen-repeat")?;
+    let report = tmp.join("lora-multiturn.json");
     let r = report.display().to_string();
     run(&[
         "loadgen",

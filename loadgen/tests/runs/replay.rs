@@ -2,11 +2,9 @@
 //! pacing against known timestamps; agentic traces live (every node sent when its dependencies
 //! allow, the same requests and cache hits as offline, a failed node skipping its play).
 
-use std::future::Future;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Parser;
 use loadgen::replay::{ReplayArgs, SessionMode};
 use loadgen::{Cli, Command};
@@ -15,12 +13,7 @@ use servesim::replay::{
 };
 use servesim::trace::Trigger;
 
-async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
-    match tokio::time::timeout(Duration::from_secs(secs), f).await {
-        Ok(v) => Ok(v),
-        Err(_) => bail!("timed out after {secs}s"),
-    }
-}
+use crate::common::{within, TempDir};
 
 fn fixture(name: &str) -> String {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
@@ -169,8 +162,7 @@ async fn pacing_follows_the_trace_timestamps() -> Result<()> {
 
 #[test]
 fn trace_errors_are_line_numbered_as_in_mockserve() {
-    let dir = std::env::temp_dir().join(format!("loadgen-replay-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = TempDir::new("loadgen-replay").expect("a temporary directory");
     let path = dir.join("bad.jsonl");
     std::fs::write(
         &path,
@@ -187,8 +179,7 @@ fn trace_errors_are_line_numbered_as_in_mockserve() {
 /// waiting for it; `--allow-long-schedule` accepts the ten days (and only loads here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_far_future_row_fails_fast_with_its_line() -> Result<()> {
-    let dir = std::env::temp_dir().join(format!("loadgen-replay-far-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    let dir = TempDir::new("loadgen-replay-far")?;
     let first =
         "{\"timestamp\": 0, \"session_id\": \"s\", \"output_length\": 1, \"hash_ids\": [1]}";
     let cases = [
@@ -229,7 +220,6 @@ async fn a_far_future_row_fails_fast_with_its_line() -> Result<()> {
         864_000_000_000,
         "ten days, sped up"
     );
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 
@@ -529,8 +519,7 @@ async fn with_one_lane_the_next_play_starts_when_the_first_settles() -> Result<(
 /// node is skipped (never sent), the other play completes, as offline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_node_skips_the_rest_of_its_play() -> Result<()> {
-    let dir = std::env::temp_dir().join(format!("loadgen-agentic-fail-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    let dir = TempDir::new("loadgen-agentic-fail")?;
     let text = std::fs::read_to_string(fixture("agentic/worked_example.jsonl"))?;
     let text = text.replace(
         r#""request_id":"r2","play_id":"p0","session_id":"main","model":"M","input_length":320,"output_length":8"#,
@@ -573,7 +562,6 @@ async fn a_failed_node_skips_the_rest_of_its_play() -> Result<()> {
     assert_eq!(run.json["agentic"]["skipped_requests"], 1);
     assert_eq!(run.live.failures.total, 1);
     check_dependencies(&a, &run)?;
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 

@@ -8,9 +8,7 @@
 //! runs (`--shard I/N`) of bench, replay and multiturn merge into the unsharded run's requests,
 //! and merge checks the shard set.
 
-use std::future::Future;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
@@ -20,16 +18,7 @@ use servesim::replay::{replay, ReplayConfig};
 use servesim::time::{SimDuration, SimTime};
 use servesim::trace::{Session, Trace, TraceRequest};
 
-async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
-    match tokio::time::timeout(Duration::from_secs(secs), f).await {
-        Ok(v) => Ok(v),
-        Err(_) => bail!("timed out after {secs}s"),
-    }
-}
-
-fn temp_path(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("loadgen-sweep-{}-{name}", std::process::id()))
-}
+use crate::common::{run_err, within, TempDir};
 
 fn sweep_args(flags: &[&str]) -> loadgen::sweep::SweepArgs {
     let mut argv = vec!["loadgen", "sweep", "--quiet"];
@@ -94,6 +83,7 @@ fn capacity_rps(flags: &[&str]) -> Result<f64> {
 /// predicts are not saturated, points well above it are, and the knee lies between.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_sweep_saturates_where_the_engine_model_says() -> Result<()> {
+    let tmp = TempDir::new("loadgen-sweep")?;
     // One worker, calibrated so that the engine (not this client) is the bottleneck: about
     // 25 requests per second.
     let base = ["--num-workers", "1", "--seed", "3"];
@@ -109,7 +99,7 @@ async fn a_rate_sweep_saturates_where_the_engine_model_says() -> Result<()> {
         .map(|r| format!("{r:.3}"))
         .collect::<Vec<_>>()
         .join(",");
-    let report = temp_path("rates.json");
+    let report = tmp.join("rates.json");
     let rp = report.display().to_string();
     let (input, output) = (INPUT.to_string(), OUTPUT.to_string());
     let mut flags = engine.clone();
@@ -214,10 +204,11 @@ async fn the_search_finds_the_highest_load_meeting_the_slo() -> Result<()> {
 /// the run also recorded the embedded server's metrics and drew them in its HTML report.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn merging_split_records_gives_the_original_report() -> Result<()> {
+    let tmp = TempDir::new("loadgen-sweep")?;
     let (json_path, jsonl_path, html_path) = (
-        temp_path("run.json"),
-        temp_path("run.jsonl"),
-        temp_path("run.html"),
+        tmp.join("run.json"),
+        tmp.join("run.jsonl"),
+        tmp.join("run.html"),
     );
     let (jp, lp, hp) = (
         json_path.display().to_string(),
@@ -291,7 +282,7 @@ async fn merging_split_records_gives_the_original_report() -> Result<()> {
     // Split the records in two files (alternate lines) and merge.
     let text = std::fs::read_to_string(&jsonl_path)?;
     let lines: Vec<&str> = text.lines().collect();
-    let (a, b) = (temp_path("a.jsonl"), temp_path("b.jsonl"));
+    let (a, b) = (tmp.join("a.jsonl"), tmp.join("b.jsonl"));
     let pick = |odd: usize| {
         lines
             .iter()
@@ -302,7 +293,7 @@ async fn merging_split_records_gives_the_original_report() -> Result<()> {
     };
     std::fs::write(&a, pick(0))?;
     std::fs::write(&b, pick(1))?;
-    let merged_path = temp_path("merged.json");
+    let merged_path = tmp.join("merged.json");
     let mp = merged_path.display().to_string();
     let (ap, bp) = (a.display().to_string(), b.display().to_string());
     let merge =
@@ -386,16 +377,6 @@ async fn a_sweep_of_only_failures_is_an_error() -> Result<()> {
         ),
     }
     Ok(())
-}
-
-/// The command line `argv` (after `loadgen`) run in-process: its error, which must come fast.
-async fn run_err(argv: &[&str]) -> Result<loadgen::LoadgenError> {
-    let cli = Cli::try_parse_from(std::iter::once("loadgen").chain(argv.iter().copied()))
-        .with_context(|| format!("{argv:?} parses"))?;
-    match within(30, loadgen::run_async(cli)).await? {
-        Ok(()) => bail!("{argv:?} ran"),
-        Err(e) => Ok(e),
-    }
 }
 
 /// True when `text` holds a run of more than 20 digits (a number printed in full).
@@ -491,7 +472,7 @@ async fn huge_flag_values_are_refused_by_name_before_anything_runs() -> Result<(
         ),
     ];
     for (argv, says) in cases {
-        let e = run_err(&argv).await?;
+        let e = run_err(30, &argv).await?;
         let text = loadgen::error::chain(&e);
         assert!(text.contains(says), "{argv:?}: {text}");
         assert!(!has_long_number(&text), "{argv:?}: {text}");
@@ -504,7 +485,8 @@ async fn huge_flag_values_are_refused_by_name_before_anything_runs() -> Result<(
 /// listens fails on the path, not on the connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_output_paths_fail_before_the_run() -> Result<()> {
-    let dir = temp_path("outputs");
+    let tmp = TempDir::new("loadgen-sweep")?;
+    let dir = tmp.join("outputs");
     std::fs::create_dir_all(&dir)?;
     let missing = dir.join("no/such/folder/r.json");
     let missing = missing.to_str().context("utf-8")?;
@@ -553,7 +535,7 @@ async fn bad_output_paths_fail_before_the_run() -> Result<()> {
             "--report-json",
         ),
     ] {
-        let e = run_err(&argv).await?;
+        let e = run_err(30, &argv).await?;
         let text = e.to_string();
         assert!(
             matches!(e, loadgen::LoadgenError::Config(_)) && text.contains(says),
@@ -573,7 +555,8 @@ async fn bad_output_paths_fail_before_the_run() -> Result<()> {
 /// twice: it is refused, naming both files.
 #[test]
 fn merge_refuses_a_file_given_twice() -> Result<()> {
-    let dir = temp_path("merge-twice");
+    let tmp = TempDir::new("loadgen-sweep")?;
+    let dir = tmp.join("merge-twice");
     std::fs::create_dir_all(dir.join("sub"))?;
     let a = dir.join("a.jsonl");
     std::fs::write(&a, "{\"no_raw\": 1}\n")?;
@@ -938,7 +921,8 @@ const SHARD_TRACE: &str = r#"{"timestamp": 0, "session_id": "s0", "input_length"
 /// depends on which user was free first, so it is compared as the multiset of its requests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shards_merge_into_the_unsharded_run() -> Result<()> {
-    let dir = temp_path("shards");
+    let tmp = TempDir::new("loadgen-sweep")?;
+    let dir = tmp.join("shards");
     std::fs::create_dir_all(&dir)?;
     let trace = dir.join("trace.jsonl");
     std::fs::write(&trace, SHARD_TRACE)?;
@@ -1103,7 +1087,8 @@ async fn shards_merge_into_the_unsharded_run() -> Result<()> {
 /// set, an unsharded run and shards of two runs are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multiturn_shards_hold_the_unsharded_conversations() -> Result<()> {
-    let dir = temp_path("multiturn-shards");
+    let tmp = TempDir::new("loadgen-sweep")?;
+    let dir = tmp.join("multiturn-shards");
     std::fs::create_dir_all(&dir)?;
     let argv = [
         "loadgen",
@@ -1262,6 +1247,7 @@ async fn multiturn_shards_hold_the_unsharded_conversations() -> Result<()> {
 /// refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shard_and_start_at_are_checked_by_name() -> Result<()> {
+    let tmp = TempDir::new("loadgen-sweep")?;
     let trace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/trace_small.jsonl");
     let trace = trace.to_str().context("utf-8")?;
     for command in [vec!["bench"], vec!["replay", trace], vec!["multiturn"]] {
@@ -1285,7 +1271,7 @@ async fn shard_and_start_at_are_checked_by_name() -> Result<()> {
         ] {
             let mut argv = command.clone();
             argv.extend_from_slice(&flags);
-            let e = run_err(&argv).await?;
+            let e = run_err(30, &argv).await?;
             assert!(e.to_string().contains(message), "{argv:?}: {e}");
         }
         for bad in ["1", "a/3", "1/3/4", "1/x"] {
@@ -1301,21 +1287,24 @@ async fn shard_and_start_at_are_checked_by_name() -> Result<()> {
         let e = Cli::try_parse_from(&argv).expect_err("not UTC");
         assert!(e.to_string().contains("only UTC"), "{e}");
     }
-    let e = run_err(&["sweep", "--concurrency", "1,2", "--shard", "0/2"]).await?;
+    let e = run_err(30, &["sweep", "--concurrency", "1,2", "--shard", "0/2"]).await?;
     assert!(e.to_string().contains("a sweep runs in one process"), "{e}");
-    let e = run_err(&[
-        "bench",
-        "--concurrency",
-        "2",
-        "--num-requests",
-        "10",
-        "--shard",
-        "0/3",
-    ])
+    let e = run_err(
+        30,
+        &[
+            "bench",
+            "--concurrency",
+            "2",
+            "--num-requests",
+            "10",
+            "--shard",
+            "0/3",
+        ],
+    )
     .await?;
     assert!(e.to_string().contains("every shard needs a user"), "{e}");
     // With --duration alone, a shard without a user runs and sends nothing.
-    let jsonl = temp_path("empty-shard.jsonl");
+    let jsonl = tmp.join("empty-shard.jsonl");
     let j = jsonl.display().to_string();
     run_cli(&[
         "loadgen",
@@ -1370,6 +1359,7 @@ async fn shard_and_start_at_are_checked_by_name() -> Result<()> {
 /// (`--metrics-url`): the report's server metrics carry the routing judge's summary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_against_a_fleet_reports_its_routing_quality() -> Result<()> {
+    let tmp = TempDir::new("loadgen-sweep")?;
     let cli = mock_server::Cli::try_parse_from([
         "mockserve",
         "fleet",
@@ -1391,7 +1381,7 @@ async fn a_run_against_a_fleet_reports_its_routing_quality() -> Result<()> {
     let fleet = within(60, mock_server::fleet::launch(config)).await??;
     let worker = fleet.manifest.workers[0].url.clone();
     let admin = fleet.manifest.admin_url.clone().context("admin URL")?;
-    let json_path = temp_path("fleet.json");
+    let json_path = tmp.join("fleet.json");
     let jp = json_path.display().to_string();
     let metrics_url = format!("{admin}/metrics");
     let args = bench_args(&[

@@ -84,7 +84,7 @@ fn streamed_content(chunks: &[Value], index: u64) -> (String, usize, Value) {
 
 #[tokio::test]
 async fn lengths_are_sampled_and_ignore_eos_runs_to_the_limit() -> Result<()> {
-    let server = start(sampled()).await?;
+    let server = TestServer::start(sampled()).await?;
     let codec = default_codec();
     let mut stopped = 0;
     for seed in 0..24 {
@@ -142,7 +142,7 @@ async fn lengths_are_sampled_and_ignore_eos_runs_to_the_limit() -> Result<()> {
 
 #[tokio::test]
 async fn stop_strings_and_ids_end_the_text_before_them() -> Result<()> {
-    let server = start(sampled()).await?;
+    let server = TestServer::start(sampled()).await?;
     let codec = default_codec();
     let reference = ok(
         &server,
@@ -197,7 +197,7 @@ async fn stop_strings_and_ids_end_the_text_before_them() -> Result<()> {
 
     // --stop-probability 1: every answer the model ends itself ends at the stop string, whose
     // tokens the engine runs, and the text never contains it.
-    let server = start(ServerConfig {
+    let server = TestServer::start(ServerConfig {
         stop_probability: 1.0,
         ..sampled()
     })
@@ -232,7 +232,7 @@ async fn stop_strings_and_ids_end_the_text_before_them() -> Result<()> {
 /// stop before it; `vllm:request_generation_tokens` counts what was generated.
 #[tokio::test]
 async fn max_tokens_metric_counts_the_requests_limit() -> Result<()> {
-    let server = start(sampled()).await?;
+    let server = TestServer::start(sampled()).await?;
     let (mut generated, mut stopped) = (0, 0);
     for seed in 0..8 {
         let body = chat(json!({"max_tokens": 64, "seed": seed}));
@@ -244,7 +244,7 @@ async fn max_tokens_metric_counts_the_requests_limit() -> Result<()> {
         stopped += u64::from(tokens < 64);
     }
     assert!(stopped > 0, "no answer stopped before its limit");
-    let m = scrape(&server).await?;
+    let m = server.scrape().await?;
     let engine = "model_name=\"mock-model\",engine=\"0\"";
     let sum = |name: &str| m.get(&format!("vllm:{name}_sum{{{engine}}}")).copied();
     assert_eq!(sum("request_params_max_tokens"), Some(8.0 * 64.0));
@@ -292,7 +292,7 @@ fn check_weather(arguments: &str) -> Result<()> {
 
 #[tokio::test]
 async fn tool_calls_stream_as_fragments_that_reassemble() -> Result<()> {
-    let server = start(sampled()).await?;
+    let server = TestServer::start(sampled()).await?;
     let tools = json!([search_tool(), weather_tool()]);
     let named = json!({"type": "function", "function": {"name": "get_weather"}});
     for seed in 0..4 {
@@ -375,7 +375,7 @@ async fn tool_calls_stream_as_fragments_that_reassemble() -> Result<()> {
     );
     assert!(serde_json::from_str::<Value>(partial).is_err());
     for (p, want) in [(0.0, false), (1.0, true)] {
-        let server = start(ServerConfig {
+        let server = TestServer::start(ServerConfig {
             tool_call_probability: p,
             ..sampled()
         })
@@ -473,7 +473,7 @@ async fn tool_calls_stream_as_fragments_that_reassemble() -> Result<()> {
 
 #[tokio::test]
 async fn logprobs_have_openai_shapes() -> Result<()> {
-    let server = start(config(None)).await?;
+    let server = TestServer::start(config(None)).await?;
     let body = chat(json!({"max_tokens": 6, "logprobs": true, "top_logprobs": 3, "seed": 1}));
     let whole = ok(&server, "/v1/chat/completions", &body).await?;
     let choice = &whole["choices"][0];
@@ -567,7 +567,7 @@ async fn logprobs_have_openai_shapes() -> Result<()> {
 
 #[tokio::test]
 async fn json_mode_answers_parse() -> Result<()> {
-    let server = start(sampled()).await?;
+    let server = TestServer::start(sampled()).await?;
     let schema = weather_tool()["function"]["parameters"].clone();
     for seed in 0..6 {
         let object = chat(
@@ -615,7 +615,7 @@ async fn json_mode_answers_parse() -> Result<()> {
 
 #[tokio::test]
 async fn n_choices_and_prompt_batches_are_indexed() -> Result<()> {
-    let server = start(config(None)).await?;
+    let server = TestServer::start(config(None)).await?;
     let body = chat(json!({"n": 3, "max_tokens": 5, "stream": true,
                            "stream_options": {"include_usage": true}}));
     let chunks = stream_chunks(&server, "/v1/chat/completions", &body).await?;
@@ -691,7 +691,7 @@ async fn n_choices_and_prompt_batches_are_indexed() -> Result<()> {
     // n beyond what one worker's KV holds: a clear 400.
     let mut small = config(None);
     small.cluster.engine.num_gpu_blocks = 8;
-    let server = start(small).await?;
+    let server = TestServer::start(small).await?;
     let (status, body) = post(
         &server.state,
         "/v1/chat/completions",
@@ -712,14 +712,14 @@ async fn same_seed_same_answer_bytes() -> Result<()> {
     );
     let mut answers = Vec::new();
     for _ in 0..2 {
-        let server = start(sampled()).await?;
+        let server = TestServer::start(sampled()).await?;
         let whole = ok(&server, "/v1/chat/completions", &body).await?;
         answers.push((whole["choices"].clone(), whole["usage"].clone()));
     }
     assert_eq!(answers[0], answers[1]);
     let mut other = body.clone();
     other["seed"] = json!(6);
-    let server = start(sampled()).await?;
+    let server = TestServer::start(sampled()).await?;
     let whole = ok(&server, "/v1/chat/completions", &other).await?;
     assert_ne!(whole["choices"], answers[0].0);
     Ok(())
@@ -731,7 +731,7 @@ async fn same_seed_same_answer_bytes() -> Result<()> {
 /// the echo's chunk.
 #[tokio::test]
 async fn echo_with_logprobs_carries_the_prompt_tokens() -> Result<()> {
-    let server = start(config(None)).await?;
+    let server = TestServer::start(config(None)).await?;
     let codec = default_codec();
     let prompt = "Hello world, this is a prompt";
     let prompt_ids = codec.encode(prompt);

@@ -13,7 +13,7 @@ use crate::common::*;
 
 #[tokio::test]
 async fn next_turn_hits_the_prefix_cache() -> Result<()> {
-    let server = start(config(None)).await?;
+    let server = TestServer::start(config(None)).await?;
     let stream =
         json!({"stream": true, "max_tokens": 20, "stream_options": {"include_usage": true}});
     let turn1_msgs = json!([user(&long_question())]);
@@ -44,7 +44,7 @@ async fn speculative_prefill_warms_the_whole_conversation() -> Result<()> {
     let mut cfg = config(None);
     cfg.reasoning_ratio = 0.5;
     cfg.reasoning_format = ReasoningFormat::Separate;
-    let server = start(cfg).await?;
+    let server = TestServer::start(cfg).await?;
     let block = BLOCK_SIZE as u64;
     for (question, spec) in [("first", false), ("second", true)] {
         let q = format!("{question} {}", long_question());
@@ -75,7 +75,7 @@ async fn speculative_prefill_warms_the_whole_conversation() -> Result<()> {
         }
     }
     // Turn 1 and turn 2 of the second conversation both asked for it.
-    let m = scrape(&server).await?;
+    let m = server.scrape().await?;
     assert_eq!(
         m.get("servesim_speculative_prefill_submitted_total"),
         Some(&2.0)
@@ -97,7 +97,7 @@ async fn speculative_prefill_cuts_ttft_as_the_model_predicts() -> Result<()> {
     cfg.cluster.engine.latency.model = Arc::new(model);
     cfg.cluster.engine.latency.speedup_ratio = 1.0;
     cfg.reasoning_ratio = 0.5;
-    let server = start(cfg).await?;
+    let server = TestServer::start(cfg).await?;
     let idle = || async {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {

@@ -1,25 +1,25 @@
-//! Helpers shared by the serve tests: configs, request bodies, an in-process server on
-//! `127.0.0.1:0`, an SSE reader and a `/metrics` parser.
+//! Helpers shared by the serve tests: configs and request bodies. The in-process server, the
+//! bound on awaits, the SSE reader and the `/metrics` parser are the crate's test kit
+//! (`mock_server::test_kit`), re-exported here.
 
-use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use futures_util::StreamExt;
 use http_body_util::BodyExt;
 use mock_server::api::{app, AppState};
-use mock_server::cmd::serve::serve_state;
 use mock_server::config::ServerConfig;
 use mock_server::fleet::RunningFleet;
 use mock_server::output_length::OutputLengthDist;
+pub(crate) use mock_server::test_kit::{
+    parse_exposition, read_sse, read_sse_until_cut, within, TestServer,
+};
 use serde_json::{json, Value};
 use servesim::cluster::ClusterConfig;
 use servesim::perf::Fixed;
-use tokio::time::{timeout, Instant};
+use tokio::time::Instant;
 use tower::ServiceExt;
 
 pub(crate) const BLOCK_SIZE: usize = 16;
@@ -41,12 +41,6 @@ pub(crate) fn fleet_worker_urls(fleet: &RunningFleet) -> Vec<String> {
         .iter()
         .map(|w| w.url.clone())
         .collect()
-}
-
-pub(crate) async fn within<T>(f: impl Future<Output = T>) -> Result<T> {
-    timeout(Duration::from_secs(30), f)
-        .await
-        .context("timed out")
 }
 
 /// One worker, 16-token blocks, fixed pass times (None = no delay); every answer runs to its
@@ -113,66 +107,6 @@ pub(crate) fn error_of(status: StatusCode, body: &Value, want: StatusCode) -> Re
     }
     assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()));
     Ok(error)
-}
-
-/// A server on 127.0.0.1:0; dropping it shuts the server down.
-pub(crate) struct TestServer {
-    pub(crate) base: String,
-    pub(crate) state: AppState,
-    pub(crate) client: reqwest::Client,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-pub(crate) async fn start(config: ServerConfig) -> Result<TestServer> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr: SocketAddr = listener.local_addr()?;
-    let state = AppState::new(config)?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve_state(listener, state.clone(), async {
-        let _ = stopped.await;
-    }));
-    Ok(TestServer {
-        base: format!("http://{addr}"),
-        state,
-        client: reqwest::Client::new(),
-        _stop: stop,
-    })
-}
-
-/// SSE `data:` payloads with the time each arrived (since `t0`).
-pub(crate) async fn read_sse(
-    response: reqwest::Response,
-    t0: Instant,
-) -> Result<Vec<(String, Duration)>> {
-    assert_eq!(response.status(), 200);
-    let content_type = response
-        .headers()
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_string();
-    assert!(
-        content_type.starts_with("text/event-stream"),
-        "{content_type}"
-    );
-    let mut stream = response.bytes_stream();
-    let mut buffer = String::new();
-    let mut events = Vec::new();
-    while let Some(chunk) = within(stream.next()).await? {
-        buffer.push_str(std::str::from_utf8(&chunk?)?);
-        while let Some(end) = buffer.find("\n\n") {
-            let event: String = buffer.drain(..end + 2).collect();
-            let data = event
-                .trim_end()
-                .strip_prefix("data: ")
-                .context("event without data")?;
-            events.push((data.to_string(), t0.elapsed()));
-        }
-    }
-    if !buffer.is_empty() {
-        bail!("trailing bytes {buffer:?}");
-    }
-    Ok(events)
 }
 
 /// A streamed chat turn, checked against the wire checklist.
@@ -289,67 +223,4 @@ pub(crate) async fn wait_for(
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-}
-
-/// Scrapes `/metrics`, checks every line is valid exposition text and returns the samples by
-/// `name{labels}`.
-pub(crate) async fn scrape(server: &TestServer) -> Result<std::collections::BTreeMap<String, f64>> {
-    let response = within(server.client.get(format!("{}/metrics", server.base)).send()).await??;
-    assert_eq!(response.status(), 200);
-    let text = within(response.text()).await??;
-    parse_exposition(&text)
-}
-
-pub(crate) fn valid_name(name: &str) -> bool {
-    let mut chars = name.chars();
-    chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
-}
-
-pub(crate) fn parse_exposition(text: &str) -> Result<std::collections::BTreeMap<String, f64>> {
-    let mut samples = std::collections::BTreeMap::new();
-    let mut typed = std::collections::BTreeMap::new();
-    let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.last(), Some(&"# EOF"), "{text}");
-    for line in &lines[..lines.len() - 1] {
-        if let Some(rest) = line.strip_prefix("# HELP ") {
-            let name = rest.split(' ').next().unwrap_or_default();
-            assert!(valid_name(name), "{line}");
-        } else if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let mut parts = rest.split(' ');
-            let (name, kind) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-            assert!(valid_name(name), "{line}");
-            assert!(["counter", "gauge", "histogram"].contains(&kind), "{line}");
-            typed.insert(name.to_string(), kind.to_string());
-        } else {
-            let (series, value) = line.rsplit_once(' ').context("no value")?;
-            let value: f64 = value
-                .parse()
-                .with_context(|| format!("bad value in {line}"))?;
-            let name = series.split('{').next().unwrap_or_default();
-            assert!(valid_name(name), "{line}");
-            if let Some(labels) = series.strip_prefix(name) {
-                if !labels.is_empty() {
-                    let inner = labels
-                        .strip_prefix('{')
-                        .and_then(|l| l.strip_suffix('}'))
-                        .context("bad labels")?;
-                    for pair in inner.split(',') {
-                        let (k, v) = pair.split_once('=').context("bad label")?;
-                        assert!(valid_name(k) && !k.contains(':'), "{line}");
-                        assert!(v.starts_with('"') && v.ends_with('"'), "{line}");
-                    }
-                }
-            }
-            let family = ["_total", "_bucket", "_sum", "_count"]
-                .iter()
-                .find_map(|s| name.strip_suffix(s).filter(|f| typed.contains_key(*f)))
-                .unwrap_or(name);
-            assert!(typed.contains_key(family), "sample before its TYPE: {line}");
-            samples.insert(series.to_string(), value);
-        }
-    }
-    Ok(samples)
 }

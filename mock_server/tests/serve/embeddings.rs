@@ -164,7 +164,7 @@ async fn dimensions_truncate_and_renormalise_and_base64_is_the_f32_bytes() -> Re
 
 #[tokio::test]
 async fn inputs_run_a_prefill_pass_each_and_repeats_hit_the_prefix_cache() -> Result<()> {
-    let server = start(config(Some((2.0, 1.0)))).await?;
+    let server = TestServer::start(config(Some((2.0, 1.0)))).await?;
     let q = long_question();
     let request = body(json!([q]), json!({}));
     let url = format!("{}{PATH}", server.base);
@@ -177,7 +177,7 @@ async fn inputs_run_a_prefill_pass_each_and_repeats_hit_the_prefix_cache() -> Re
         prompt = answer["usage"]["prompt_tokens"].as_u64().context("usage")?;
     }
     assert!(prompt > 2 * BLOCK_SIZE as u64);
-    let m = scrape(&server).await?;
+    let m = server.scrape().await?;
     let at = |name: &str| {
         m.get(&format!("{name}{{model_name=\"mock-model\",engine=\"0\"}}"))
             .copied()

@@ -202,7 +202,7 @@ async fn accepted_extras_auth_and_queue_bound() -> Result<()> {
 async fn engine_rejection_is_a_400_streamed_or_not() -> Result<()> {
     let mut cfg = config(None);
     cfg.cluster.engine.num_gpu_blocks = 2;
-    let server = start(cfg).await?;
+    let server = TestServer::start(cfg).await?;
     // The engine refuses at submission a request its KV pool can never hold: a plain 400
     // before any byte of the stream, as for a request too long for the context.
     for extra in [
@@ -231,7 +231,7 @@ async fn overload_and_oversize_errors_leave_other_requests_alone() -> Result<()>
     cfg.cluster.engine.max_num_seqs = 1;
     cfg.max_waiting = Some(1);
     cfg.max_body_bytes = 4096;
-    let server = Arc::new(start(cfg).await?);
+    let server = Arc::new(TestServer::start(cfg).await?);
     let stream =
         json!({"stream": true, "max_tokens": 40, "stream_options": {"include_usage": true}});
     let running = {

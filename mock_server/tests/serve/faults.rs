@@ -3,10 +3,9 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use axum::http::StatusCode;
 use clap::Parser;
-use futures_util::StreamExt;
 use mock_server::api::fault::FAULT_HEADER;
 use mock_server::cmd::serve::ServeArgs;
 use mock_server::config::ServerConfig;
@@ -23,7 +22,7 @@ async fn faulty(faults: FaultConfig) -> Result<TestServer> {
         faults,
         ..config(Some((1.0, 1.0)))
     };
-    start(config).await
+    TestServer::start(config).await
 }
 
 /// Posts a chat request with an optional forced fault.
@@ -40,22 +39,8 @@ async fn send(server: &TestServer, fault: Option<&str>, body: &Value) -> Result<
 
 /// The SSE `data:` payloads of a response, with arrival times, and whether the body broke off.
 async fn events(response: reqwest::Response) -> Result<(Vec<(String, Duration)>, bool)> {
-    let t0 = Instant::now();
-    let mut stream = response.bytes_stream();
-    let mut buffer = String::new();
-    let mut out = Vec::new();
-    while let Some(chunk) = within(stream.next()).await? {
-        let Ok(chunk) = chunk else {
-            return Ok((out, true));
-        };
-        buffer.push_str(std::str::from_utf8(&chunk)?);
-        while let Some(end) = buffer.find("\n\n") {
-            let event: String = buffer.drain(..end + 2).collect();
-            let data = event.trim_end().strip_prefix("data: ").context("no data")?;
-            out.push((data.to_string(), t0.elapsed()));
-        }
-    }
-    Ok((out, false))
+    let (events, cut) = read_sse_until_cut(response, Instant::now()).await?;
+    Ok((events, cut.is_some()))
 }
 
 fn is_token(data: &str) -> bool {
@@ -70,7 +55,7 @@ fn is_token(data: &str) -> bool {
 async fn kv_returns_to_zero(server: &TestServer) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let m = scrape(server).await?;
+        let m = server.scrape().await?;
         let usage = m
             .get("vllm:kv_cache_usage_perc{model_name=\"mock-model\",engine=\"0\"}")
             .copied();
@@ -158,7 +143,7 @@ async fn forced_immediate_faults_are_openai_errors() -> Result<()> {
         "{message}"
     );
 
-    let m = scrape(&server).await?;
+    let m = server.scrape().await?;
     for (kind, ..) in cases {
         assert_eq!(faults_of(&m, kind), 1.0, "{kind}");
     }
@@ -248,7 +233,7 @@ async fn stream_faults_on_the_wire_free_the_kv() -> Result<()> {
         n + 1
     );
 
-    let m = scrape(&server).await?;
+    let m = server.scrape().await?;
     for kind in ["stream-error", "stream-cut", "stream-stall"] {
         assert_eq!(faults_of(&m, kind), 1.0, "{kind}");
     }
@@ -324,7 +309,7 @@ async fn seeded_draws_repeat_and_match_the_plan() -> Result<()> {
             assert_eq!(status, want, "request {k}");
             statuses.push(status);
         }
-        let m = scrape(&server).await?;
+        let m = server.scrape().await?;
         for kind in faults.types.iter() {
             let planned = (0..24u64)
                 .filter(|&k| faults.draw(seed, k).is_some_and(|(t, _)| t == *kind))

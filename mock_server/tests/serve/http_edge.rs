@@ -4,30 +4,22 @@
 //! real binary on SIGTERM). Raw `TcpStream`s play the slow and malformed clients; reqwest the
 //! well-behaved ones.
 
-use std::future::Future;
-use std::net::SocketAddr;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use mock_server::api::AppState;
-use mock_server::cmd::serve::serve_state;
 use mock_server::config::{HttpLimits, ServerConfig};
+use mock_server::test_kit::{within, TestServer};
 use serde_json::{json, Value};
 use servesim::cluster::ClusterConfig;
 use servesim::perf::Fixed;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 
 /// Bound on any single wait; generous for a loaded CI box.
 const WAIT: Duration = Duration::from_secs(15);
-
-async fn within<T>(f: impl Future<Output = T>) -> Result<T> {
-    timeout(WAIT, f).await.context("timed out")
-}
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s)
@@ -61,32 +53,6 @@ fn config(http: HttpLimits, fixed_ms: Option<(f64, f64)>) -> ServerConfig {
         http,
         ..ServerConfig::new(cluster)
     }
-}
-
-/// A server on 127.0.0.1:0 that shuts down when `stop` fires (or is dropped).
-struct TestServer {
-    addr: SocketAddr,
-    base: String,
-    client: reqwest::Client,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: JoinHandle<Result<()>>,
-}
-
-async fn start(config: ServerConfig) -> Result<TestServer> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let state = AppState::new(config)?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(serve_state(listener, state, async {
-        let _ = stopped.await;
-    }));
-    Ok(TestServer {
-        addr,
-        base: format!("http://{addr}"),
-        client: reqwest::Client::new(),
-        stop: Some(stop),
-        task,
-    })
 }
 
 fn chat(extra: Value) -> Value {
@@ -256,7 +222,7 @@ const HEALTH: &[u8] = b"GET /health HTTP/1.1\r\nhost: t\r\n\r\n";
 
 #[tokio::test]
 async fn slowloris_headers_are_cut_at_the_header_read_timeout() -> Result<()> {
-    let server = start(config(
+    let server = TestServer::start(config(
         HttpLimits {
             header_read_timeout: secs(0.5),
             ..relaxed()
@@ -289,7 +255,7 @@ async fn slowloris_headers_are_cut_at_the_header_read_timeout() -> Result<()> {
 
 #[tokio::test]
 async fn a_body_slower_than_the_body_read_timeout_is_408_and_closed() -> Result<()> {
-    let server = start(config(
+    let server = TestServer::start(config(
         HttpLimits {
             body_read_timeout: secs(0.5),
             ..relaxed()
@@ -328,7 +294,7 @@ async fn a_body_slower_than_the_body_read_timeout_is_408_and_closed() -> Result<
 #[tokio::test]
 async fn an_idle_keep_alive_connection_is_closed_at_the_idle_timeout() -> Result<()> {
     // Header deadline shorter than the idle one: an idle connection outlives the former.
-    let server = start(config(
+    let server = TestServer::start(config(
         HttpLimits {
             header_read_timeout: secs(0.3),
             idle_timeout: secs(4.0),
@@ -356,7 +322,7 @@ async fn an_idle_keep_alive_connection_is_closed_at_the_idle_timeout() -> Result
 
 #[tokio::test]
 async fn connections_over_the_cap_get_an_openai_503_then_close() -> Result<()> {
-    let server = start(config(
+    let server = TestServer::start(config(
         HttpLimits {
             max_connections: 2,
             ..relaxed()
@@ -411,7 +377,7 @@ async fn connections_over_the_cap_get_an_openai_503_then_close() -> Result<()> {
 async fn payload_too_large_closes_with_connection_close_and_the_pool_recovers() -> Result<()> {
     let mut cfg = config(relaxed(), None);
     cfg.max_body_bytes = 1024;
-    let server = start(cfg).await?;
+    let server = TestServer::start(cfg).await?;
     let url = format!("{}/v1/chat/completions", server.base);
     let small = chat(json!({})).to_string();
     let post = |body: String| {
@@ -465,7 +431,7 @@ async fn payload_too_large_closes_with_connection_close_and_the_pool_recovers() 
 async fn every_status_the_router_writes_has_an_openai_body() -> Result<()> {
     let mut cfg = config(relaxed(), None);
     cfg.max_model_len = 64;
-    let server = start(cfg).await?;
+    let server = TestServer::start(cfg).await?;
     let client = &server.client;
     let get = |path: &str| client.get(format!("{}{path}", server.base)).send();
 
@@ -579,7 +545,7 @@ fn assert_cut_by_shutdown(events: &[String], max_tokens: usize) -> Result<()> {
 async fn shutdown_drains_short_streams_and_cuts_long_ones_at_the_deadline() -> Result<()> {
     // 50 ms per token: the short stream (4 tokens, 0.2 s) ends inside the 3 s drain, the long
     // one (400 tokens, ~20 s) is cut at its deadline.
-    let mut server = start(config(
+    let mut server = TestServer::start(config(
         HttpLimits {
             shutdown_timeout: secs(3.0),
             ..relaxed()
@@ -598,10 +564,9 @@ async fn shutdown_drains_short_streams_and_cuts_long_ones_at_the_deadline() -> R
     };
     let long = tokio::spawn(sse_events(within(open(400)).await??));
     let short = tokio::spawn(sse_events(within(open(4)).await??));
+    let task = server.take_task().context("the server's task")?;
     let shutdown_at = Instant::now();
-    if let Some(stop) = server.stop.take() {
-        let _ = stop.send(());
-    }
+    server.stop();
 
     // New connections are refused once the listener is closed.
     loop {
@@ -625,7 +590,7 @@ async fn shutdown_drains_short_streams_and_cuts_long_ones_at_the_deadline() -> R
 
     let long = within(long).await???;
     assert_cut_by_shutdown(&long, 400)?;
-    within(&mut server.task).await???;
+    within(task).await???;
     let took = shutdown_at.elapsed();
     assert!(took >= secs(2.9), "cut before the deadline: {took:?}");
     Ok(())

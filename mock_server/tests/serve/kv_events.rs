@@ -3,13 +3,10 @@
 //! sockets of the test on 127.0.0.1, checked against the blocks the engine cached, plus replay.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use axum::body::Bytes;
-use mock_server::api::AppState;
-use mock_server::cmd::serve::serve_state;
 use mock_server::config::ServerConfig;
 use mock_server::kv_events::wire::{WireBatch, WireEvent, WireFormat, MEDIUM_GPU};
 use mock_server::kv_events::{KvEventsArgs, END_OF_REPLAY};
@@ -19,7 +16,7 @@ use servesim::tokens::BlockHashes;
 use tokio::time::timeout;
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
-use crate::common::{within, BLOCK_SIZE};
+use crate::common::{within, TestServer, BLOCK_SIZE};
 
 // ---------------------------------------------------------------------------------------------
 // A second, independent MessagePack decoder: just what the KV-event payloads use.
@@ -382,29 +379,6 @@ async fn bind_pair<S: Socket>(tries: usize) -> Result<(u16, S, S)> {
     bail!("no two consecutive free ports in {tries} tries")
 }
 
-struct Served {
-    base: String,
-    state: AppState,
-    client: reqwest::Client,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-async fn serve_with(config: ServerConfig) -> Result<Served> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr: SocketAddr = listener.local_addr()?;
-    let state = AppState::start(config).await?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve_state(listener, state.clone(), async {
-        let _ = stopped.await;
-    }));
-    Ok(Served {
-        base: format!("http://{addr}"),
-        state,
-        client: reqwest::Client::new(),
-        _stop: stop,
-    })
-}
-
 /// Receives `[topic, seq, payload]` messages until `enough` says stop.
 async fn receive(
     sub: &mut zeromq::SubSocket,
@@ -480,7 +454,7 @@ async fn served_kv_events_name_the_blocks_the_engine_cached() -> Result<()> {
         kv_events: kv.config()?,
         ..ServerConfig::new(cluster)
     };
-    let server = within(serve_with(config)).await??;
+    let server = within(TestServer::start(config)).await??;
     // Give the publishers a moment to connect; whatever is missed comes back by replay.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
@@ -603,7 +577,7 @@ async fn run_with_faults(spec: &str) -> Result<FaultRun> {
         kv_events: kv.config()?,
         ..ServerConfig::new(cluster)
     };
-    let server = within(serve_with(config)).await??;
+    let server = within(TestServer::start(config)).await??;
     // The publisher connects to the test's socket: let it, so that nothing is missed.
     tokio::time::sleep(Duration::from_millis(300)).await;
     for i in 0..12u32 {
@@ -738,7 +712,7 @@ async fn a_prefix_cache_reset_publishes_all_blocks_cleared() -> Result<()> {
         kv_events: kv.config()?,
         ..ServerConfig::new(cluster)
     };
-    let server = within(serve_with(config)).await??;
+    let server = within(TestServer::start(config)).await??;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let cached = || async {
         let body = json!({"model": "mock-model", "prompt": (0..64).collect::<Vec<u32>>(),

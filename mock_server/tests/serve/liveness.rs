@@ -3,30 +3,21 @@
 //! and `/metrics`) afterwards; a dead engine task turns `/health` into a 503.
 #![allow(clippy::unwrap_used)]
 
-use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use mock_server::api::{app, AppState};
-use mock_server::cmd::serve::serve_state;
 use mock_server::config::ServerConfig;
+use mock_server::test_kit::{within, TestServer};
 use mock_server::text::{ChatMessage, TextCodec};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
 use servesim::cluster::ClusterConfig;
 use servesim::perf::{DecodeBatch, Fixed, LatencyModel, PrefillBatch};
 use tower::ServiceExt;
-
-async fn within<T>(f: impl Future<Output = T>) -> Result<T> {
-    tokio::time::timeout(Duration::from_secs(30), f)
-        .await
-        .context("timed out: the server hung")
-}
 
 fn config(edit: impl FnOnce(&mut ClusterConfig)) -> ServerConfig {
     let mut cluster = ClusterConfig::default();
@@ -39,29 +30,14 @@ fn config(edit: impl FnOnce(&mut ClusterConfig)) -> ServerConfig {
     ServerConfig::new(cluster)
 }
 
-/// A server on 127.0.0.1:0; dropping it shuts the server down.
-struct TestServer {
-    base: String,
-    client: reqwest::Client,
-    _stop: tokio::sync::oneshot::Sender<()>,
+/// What the tests ask of the server besides starting it.
+trait Probe {
+    async fn post(&self, path: &str, body: &Value) -> Result<(StatusCode, String)>;
+    async fn get(&self, path: &str) -> Result<(StatusCode, String)>;
+    async fn still_serves(&self) -> Result<()>;
 }
 
-impl TestServer {
-    async fn start(config: ServerConfig) -> Result<TestServer> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr: SocketAddr = listener.local_addr()?;
-        let state = AppState::new(config)?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(serve_state(listener, state, async {
-            let _ = stopped.await;
-        }));
-        Ok(TestServer {
-            base: format!("http://{addr}"),
-            client: reqwest::Client::new(),
-            _stop: stop,
-        })
-    }
-
+impl Probe for TestServer {
     /// POSTs `body` and reads the whole answer (a stream to its end).
     async fn post(&self, path: &str, body: &Value) -> Result<(StatusCode, String)> {
         let response = within(

@@ -39,7 +39,7 @@ fn cached(body: &Value) -> u64 {
 
 #[tokio::test]
 async fn adapters_are_served_and_never_share_blocks_with_the_base_model() -> Result<()> {
-    let server = start(lora_config()).await?;
+    let server = TestServer::start(lora_config()).await?;
     let q = long_question();
     let ask =
         |model: &str| json!({"model": model, "messages": [user(&q)], "max_tokens": 3}).to_string();
@@ -76,7 +76,7 @@ async fn adapters_are_served_and_never_share_blocks_with_the_base_model() -> Res
     assert_eq!(models["data"][1]["parent"], "mock-model");
     assert_eq!(models["data"][1]["root"], "/adapters/ad1");
 
-    let m = scrape(&server).await?;
+    let m = server.scrape().await?;
     assert_eq!(
         m.get("servesim_lora_requests_total{adapter=\"ad1\"}"),
         Some(&2.0)

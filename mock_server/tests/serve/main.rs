@@ -46,6 +46,8 @@ mod messages;
 mod metrics;
 // `/v1/responses`: events in order, chat's accounting, function calls, stored chains.
 mod responses;
+// `mockserve replay TRACE` parsed and run in-process: flags, the report and records, errors.
+mod replay_cli;
 // Dynamo's `nvext`: strict parsing, pinning, response worker ids and timing.
 mod nvext;
 // Starting up: sockets bound and port ranges checked before the address is printed, bad

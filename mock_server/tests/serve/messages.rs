@@ -147,7 +147,7 @@ async fn a_whole_message_has_anthropic_fields_and_chat_token_counts() -> Result<
 
 #[tokio::test]
 async fn the_stream_sends_anthropic_events_in_order() -> Result<()> {
-    let server = start(config(Some((1.0, 1.0)))).await?;
+    let server = TestServer::start(config(Some((1.0, 1.0)))).await?;
     let body = messages_body(json!([user("Tell me a story.")]), json!({"stream": true}));
     let events = stream_messages(&server, &body).await?;
     let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
@@ -186,7 +186,7 @@ async fn the_stream_sends_anthropic_events_in_order() -> Result<()> {
         delta["usage"]["input_tokens"],
         start["usage"]["input_tokens"]
     );
-    let samples = scrape(&server).await?;
+    let samples = server.scrape().await?;
     let counted = |endpoint: &str| {
         samples
             .get(&format!(
@@ -254,7 +254,7 @@ async fn tool_use_and_its_result_follow_up() -> Result<()> {
     assert_eq!(f["usage"]["input_tokens"], c["usage"]["prompt_tokens"]);
 
     // Streamed, the call is a tool_use block of input_json_delta fragments.
-    let server = start(config(None)).await?;
+    let server = TestServer::start(config(None)).await?;
     let mut streamed = body.clone();
     streamed["stream"] = json!(true);
     let events = stream_messages(&server, &streamed).await?;
@@ -412,7 +412,7 @@ async fn errors_are_anthropic_shaped_from_every_layer() -> Result<()> {
 
 #[tokio::test]
 async fn an_error_mid_stream_is_an_error_event() -> Result<()> {
-    let server = start(config(Some((1.0, 1.0)))).await?;
+    let server = TestServer::start(config(Some((1.0, 1.0)))).await?;
     let body = messages_body(json!([user("hi")]), json!({"stream": true}));
     let response = within(
         server
@@ -444,7 +444,7 @@ async fn reasoning_is_a_signed_thinking_block_before_the_text() -> Result<()> {
     let mut cfg = config(None);
     cfg.reasoning_ratio = 0.5;
     cfg.reasoning_format = mock_server::config::ReasoningFormat::Separate;
-    let server = start(cfg).await?;
+    let server = TestServer::start(cfg).await?;
     let body = messages_body(json!([user("Think first.")]), json!({"max_tokens": 8}));
     let (s, b) = post(&server.state, "/v1/messages", &body).await?;
     assert_eq!(s, StatusCode::OK, "{b}");

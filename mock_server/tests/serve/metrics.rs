@@ -10,8 +10,8 @@ use crate::common::*;
 async fn metrics_parse_and_move() -> Result<()> {
     let mut cfg = config(Some((2.0, 1.0)));
     cfg.cluster.num_workers = 2;
-    let server = start(cfg).await?;
-    let before = scrape(&server).await?;
+    let server = TestServer::start(cfg).await?;
+    let before = server.scrape().await?;
     let names = [
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
@@ -40,7 +40,7 @@ async fn metrics_parse_and_move() -> Result<()> {
     assert_eq!(s, StatusCode::OK);
     let (s, _, b2) = post_json(&server, body.to_string()).await?;
     assert_eq!(s, StatusCode::OK);
-    let after = scrape(&server).await?;
+    let after = server.scrape().await?;
     let at = |name: &str, w: u32| {
         let labels = if name.starts_with("vllm:") {
             format!("model_name=\"mock-model\",engine=\"{w}\"")
@@ -94,7 +94,7 @@ async fn metrics_parse_and_move() -> Result<()> {
 #[tokio::test]
 async fn tokens_report_how_late_the_server_handed_them_over() -> Result<()> {
     // A 1 ms prefill and 10 ms decode steps: 40 tokens due over about 390 ms after the first.
-    let server = start(config(Some((1.0, 10.0)))).await?;
+    let server = TestServer::start(config(Some((1.0, 10.0)))).await?;
     let body = chat_body(
         &json!([user("hello")]),
         json!({"max_tokens": 40, "stream": true}),
@@ -114,7 +114,7 @@ async fn tokens_report_how_late_the_server_handed_them_over() -> Result<()> {
     std::thread::sleep(std::time::Duration::from_millis(200));
     let events = read_sse(response, tokio::time::Instant::now()).await?;
     assert!(events.len() >= 40, "{} events", events.len());
-    let m = scrape(&server).await?;
+    let m = server.scrape().await?;
     let get = |k: &str| m.get(k).copied().unwrap_or(f64::NAN);
     assert_eq!(get("servesim_token_lateness_seconds_count"), 40.0);
     assert_eq!(

@@ -11,7 +11,7 @@ use crate::common::*;
 async fn nvext_is_strict_and_pins_workers() -> Result<()> {
     let mut cfg = config(Some((20.0, 5.0)));
     cfg.cluster.num_workers = 3;
-    let server = start(cfg).await?;
+    let server = TestServer::start(cfg).await?;
     let msgs = json!([user("hello there")]);
     let cases = [
         (json!({"nvext": {"bogus": 1}}), "nvext.bogus"),
@@ -72,7 +72,7 @@ async fn nvext_is_strict_and_pins_workers() -> Result<()> {
     assert!(received <= first && first <= last, "{timing}");
     assert!((9..=11).contains(&(last - first)), "{timing}");
     // `/metrics` measures the same stamps: worker 2 served this request only.
-    let scraped = scrape(&server).await?;
+    let scraped = server.scrape().await?;
     let sum = |name: &str| {
         scraped
             .get(&format!("{name}{{model_name=\"mock-model\",engine=\"2\"}}"))

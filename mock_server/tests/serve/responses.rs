@@ -11,9 +11,7 @@ use mock_server::config::ServerConfig;
 use mock_server::text::{default_codec, ChatMessage};
 use serde_json::{json, Value};
 
-use crate::common::{
-    chat_body, config, error_of, long_question, post, start, user, within, TestServer,
-};
+use crate::common::{chat_body, config, error_of, long_question, post, user, within, TestServer};
 
 fn reasoning_config() -> ServerConfig {
     ServerConfig {
@@ -103,7 +101,7 @@ fn names(events: &[(String, Value)]) -> Vec<&str> {
 
 #[tokio::test]
 async fn a_whole_response_counts_and_answers_as_chat_does() -> Result<()> {
-    let server = start(reasoning_config()).await?;
+    let server = TestServer::start(reasoning_config()).await?;
     let (status, body) = create(
         &server,
         &json!({"model": "mock-model", "instructions": "Be brief.", "input": "Weather in Paris?",
@@ -174,7 +172,7 @@ async fn create_chat(server: &TestServer, body: &Value) -> Result<(StatusCode, V
 
 #[tokio::test]
 async fn streamed_events_come_in_openai_order() -> Result<()> {
-    let server = start(reasoning_config()).await?;
+    let server = TestServer::start(reasoning_config()).await?;
     let events = stream(
         &server,
         &json!({"model": "mock-model", "input": "Hello", "max_output_tokens": 4,
@@ -237,7 +235,7 @@ async fn streamed_events_come_in_openai_order() -> Result<()> {
 
 #[tokio::test]
 async fn function_calls_are_output_items_whole_and_streamed() -> Result<()> {
-    let server = start(config(None)).await?;
+    let server = TestServer::start(config(None)).await?;
     let body = json!({"model": "mock-model", "input": "Weather in Paris?",
                       "tools": [weather_tool()], "tool_choice": "required",
                       "max_output_tokens": 400});
@@ -293,7 +291,7 @@ async fn function_calls_are_output_items_whole_and_streamed() -> Result<()> {
     assert_eq!(item["arguments"], json!(joined));
     assert_eq!(events[2].1["item"]["call_id"], item["call_id"]);
     // Counted as their own endpoint.
-    let metrics = crate::common::scrape(&server).await?;
+    let metrics = server.scrape().await?;
     let key = "servesim_http_requests_total{endpoint=\"responses\"}";
     assert_eq!(metrics.get(key), Some(&2.0));
     Ok(())
@@ -301,7 +299,7 @@ async fn function_calls_are_output_items_whole_and_streamed() -> Result<()> {
 
 #[tokio::test]
 async fn a_previous_response_chain_continues_with_its_prefix_cached() -> Result<()> {
-    let server = start(config(None)).await?;
+    let server = TestServer::start(config(None)).await?;
     let (status, first) = create(
         &server,
         &json!({"model": "mock-model", "input": long_question(), "max_output_tokens": 20,
@@ -462,7 +460,7 @@ async fn bad_input_is_a_400_naming_the_param_and_unknown_ids_404() -> Result<()>
 
 #[tokio::test]
 async fn faults_apply_to_responses_in_their_own_shape() -> Result<()> {
-    let server = start(config(None)).await?;
+    let server = TestServer::start(config(None)).await?;
     let body = json!({"model": "mock-model", "input": "Hello", "max_output_tokens": 40,
                       "stream": true});
     let events = stream_with_fault(&server, &body, "stream-error").await?;
@@ -545,7 +543,7 @@ async fn each_fleet_worker_keeps_its_own_responses() -> Result<()> {
 #[tokio::test]
 async fn an_error_after_the_first_byte_is_an_error_and_a_failed_response() -> Result<()> {
     // 50 tokens at 100 ms each: the shutdown deadline comes while they run.
-    let server = start(config(Some((100.0, 100.0)))).await?;
+    let server = TestServer::start(config(Some((100.0, 100.0)))).await?;
     let body = json!({"model": "mock-model", "input": "Hello", "max_output_tokens": 50,
                       "stream": true});
     let stop = server.state.stop_generations.clone();
@@ -572,7 +570,7 @@ async fn an_error_after_the_first_byte_is_an_error_and_a_failed_response() -> Re
 async fn speculative_prefill_warms_the_next_turn_as_on_chat() -> Result<()> {
     // Half of each answer is reasoning, which the history drops: without the hint the next
     // turn reuses only the first turn's prompt, with it the whole first turn.
-    let server = start(reasoning_config()).await?;
+    let server = TestServer::start(reasoning_config()).await?;
     for spec in [false, true] {
         let question = format!("{spec} {}", long_question());
         let (status, first) = create(
@@ -607,7 +605,7 @@ async fn speculative_prefill_warms_the_next_turn_as_on_chat() -> Result<()> {
             assert!(cached < whole, "{cached} >= {whole} without the hint");
         }
     }
-    let metrics = crate::common::scrape(&server).await?;
+    let metrics = server.scrape().await?;
     assert_eq!(
         metrics.get("servesim_speculative_prefill_submitted_total"),
         Some(&1.0)

@@ -7,8 +7,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use mock_server::api::AppState;
-use mock_server::cmd::serve::{serve_state, HttpArgs};
+use mock_server::cmd::serve::HttpArgs;
 use mock_server::config::ServerConfig;
+use mock_server::test_kit::TestServer;
 use mock_server::Cli;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -188,14 +189,8 @@ fn the_idle_timeout_defaults_to_five_seconds_and_takes_a_flag() -> Result<()> {
 #[tokio::test]
 async fn a_connection_idle_past_idle_timeout_s_is_closed() -> Result<()> {
     let config = serve_config(&["--idle-timeout-s", "0.5", "--speedup-ratio", "inf"])?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let state = AppState::start(config).await?;
-    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve_state(listener, state, async {
-        let _ = stopped.await;
-    }));
-    let mut stream = timeout(WAIT, TcpStream::connect(addr)).await??;
+    let server = TestServer::start(config).await?;
+    let mut stream = timeout(WAIT, TcpStream::connect(server.addr)).await??;
     stream
         .write_all(b"GET /health HTTP/1.1\r\nhost: t\r\n\r\n")
         .await?;

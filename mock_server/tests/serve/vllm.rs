@@ -116,14 +116,14 @@ async fn metrics_carry_vllms_set_and_cache_config() -> Result<()> {
     let mut cfg = config(Some((2.0, 1.0)));
     cfg.cluster.num_workers = 2;
     cfg.cluster.engine.num_gpu_blocks = 512;
-    let server = start(cfg).await?;
+    let server = TestServer::start(cfg).await?;
     let body = chat_body(
         &json!([user("tell me a story")]),
         json!({"max_tokens": 4, "nvext": {"backend_instance_id": 1}}),
     );
     let (status, _, _) = post_json(&server, body.to_string()).await?;
     assert_eq!(status, StatusCode::OK);
-    let m = scrape(&server).await?;
+    let m = server.scrape().await?;
     let engine1 = "model_name=\"mock-model\",engine=\"1\"";
     for name in [
         "vllm:request_time_per_output_token_seconds_count",

@@ -18,7 +18,7 @@ use crate::common::*;
 
 #[tokio::test]
 async fn streams_per_the_wire_checklist() -> Result<()> {
-    let server = start(config(None)).await?;
+    let server = TestServer::start(config(None)).await?;
     let body = chat_body(
         &json!([user("tell me a story")]),
         json!({"stream": true, "max_tokens": 12, "stream_options": {"include_usage": true}}),
@@ -79,7 +79,7 @@ async fn streams_per_the_wire_checklist() -> Result<()> {
     let prompt_tokens = default_codec().encode("once upon a time").len();
     assert_eq!(usage["usage"]["prompt_tokens"], prompt_tokens);
 
-    let m = scrape(&server).await?;
+    let m = server.scrape().await?;
     assert_eq!(
         m.get("vllm:request_success_total{model_name=\"mock-model\",engine=\"0\",finished_reason=\"length\"}"),
         Some(&4.0)
@@ -93,7 +93,7 @@ async fn streams_per_the_wire_checklist() -> Result<()> {
 
 #[tokio::test]
 async fn fixed_latency_sets_ttft_and_token_gaps() -> Result<()> {
-    let server = start(config(Some((20.0, 5.0)))).await?;
+    let server = TestServer::start(config(Some((20.0, 5.0)))).await?;
     let body = chat_body(
         &json!([user("timing")]),
         json!({"stream": true, "max_tokens": 10}),
@@ -113,7 +113,7 @@ async fn fixed_latency_sets_ttft_and_token_gaps() -> Result<()> {
 
 #[tokio::test]
 async fn dropping_the_stream_frees_the_request() -> Result<()> {
-    let server = start(config(Some((1.0, 2.0)))).await?;
+    let server = TestServer::start(config(Some((1.0, 2.0)))).await?;
     let body = chat_body(
         &json!([user(&long_question())]),
         json!({"stream": true, "max_tokens": 5000}),
@@ -179,7 +179,7 @@ async fn same_seed_same_answers() -> Result<()> {
             "--output-length-dist",
             "fixed",
         ])?;
-        let server = start(ServerConfig::from_args(&cli.serve)?).await?;
+        let server = TestServer::start(ServerConfig::from_args(&cli.serve)?).await?;
         let stream =
             json!({"stream": true, "max_tokens": 16, "stream_options": {"include_usage": true}});
         let turn = stream_chat(&server, &chat_body(&json!([user("same")]), stream)).await?;
@@ -207,7 +207,7 @@ async fn same_seed_same_answers() -> Result<()> {
         "--output-length-dist",
         "fixed",
     ])?;
-    let server = start(ServerConfig::from_args(&cli.serve)?).await?;
+    let server = TestServer::start(ServerConfig::from_args(&cli.serve)?).await?;
     let stream = json!({"stream": true, "max_tokens": 16});
     let other = stream_chat(&server, &chat_body(&json!([user("same")]), stream)).await?;
     assert_ne!(other.content, answers[0].0);

@@ -1,7 +1,16 @@
+//! `mockserve replay` parsed and run in-process: flags, the report and records files, errors.
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+
 use clap::Parser;
+use mock_server::test_kit::TempDir;
 use mock_server::{run, Cli};
 
-use crate::fixture;
+/// Path of a file under the repository's `fixtures/`.
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures")).join(name)
+}
 
 fn cli(args: &[&str]) -> Cli {
     Cli::try_parse_from(std::iter::once("mockserve").chain(args.iter().copied()))
@@ -10,8 +19,7 @@ fn cli(args: &[&str]) -> Cli {
 
 #[test]
 fn replay_writes_report_and_per_request_records() {
-    let dir = std::env::temp_dir().join(format!("servesim-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("replay-cli").unwrap();
     let report = dir.join("report.json");
     let records = dir.join("records.jsonl");
     let trace = fixture("trace_small.jsonl");
@@ -63,7 +71,6 @@ fn replay_writes_report_and_per_request_records() {
         assert_eq!(r["status"], "completed");
         assert!(r["ttft_ms"].as_f64().unwrap() > 0.0);
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -126,8 +133,7 @@ fn invalid_settings_are_rejected_before_running() {
 
 #[test]
 fn dynamos_disagg_command_runs_and_reports_the_transfers() {
-    let dir = std::env::temp_dir().join(format!("servesim-disagg-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("replay-disagg").unwrap();
     let report = dir.join("report.json");
     let trace = fixture("trace_small.jsonl");
     let outcome = mock_server::cmd::replay::run(&match cli(&[
@@ -169,7 +175,6 @@ fn dynamos_disagg_command_runs_and_reports_the_transfers() {
         .find("\"std_output_token_throughput_per_user\"")
         .unwrap();
     assert!(text.find("\"mean_kv_transfer_ms\"").unwrap() > dynamo_last);
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -256,8 +261,7 @@ fn replay_args(args: &[&str]) -> mock_server::cmd::replay::ReplayArgs {
 
 #[test]
 fn a_request_that_can_never_run_is_counted_with_its_reason_and_its_session_goes_on() {
-    let dir = std::env::temp_dir().join(format!("servesim-huge-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("replay-huge").unwrap();
     let report = dir.join("report.json");
     let records = dir.join("records.jsonl");
     let trace = fixture("trace_huge_output.jsonl");
@@ -303,7 +307,6 @@ fn a_request_that_can_never_run_is_counted_with_its_reason_and_its_session_goes_
         statuses.iter().filter(|s| s.contains("rejected")).count(),
         1
     );
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -423,8 +426,7 @@ fn trace_edge_cases_are_accepted_or_named() {
 /// timestamp no f64 holds in whole milliseconds is refused whatever the flag.
 #[test]
 fn a_long_schedule_is_refused_unless_allowed() {
-    let dir = std::env::temp_dir().join(format!("servesim-long-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("replay-long").unwrap();
     let trace = dir.join("long.jsonl");
     // 40 days of trace time: 10 days at the default speed-up of 4.
     std::fs::write(
@@ -483,7 +485,6 @@ fn a_long_schedule_is_refused_unless_allowed() {
         e.to_string(),
         "--trace-block-size must be from 1 to 1048576, got 4294967296"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// An agentic trace replays through the command: the format detected or named, floors and
@@ -491,8 +492,7 @@ fn a_long_schedule_is_refused_unless_allowed() {
 /// `agentic` section; a plain Mooncake report has no such section.
 #[test]
 fn agentic_traces_replay_with_an_agentic_section() {
-    let dir = std::env::temp_dir().join(format!("servesim-agentic-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("replay-agentic").unwrap();
     let report = dir.join("report.json");
     let records = dir.join("records.jsonl");
     let trace = fixture("agentic/worked_example.jsonl");
@@ -623,15 +623,13 @@ fn agentic_traces_replay_with_an_agentic_section() {
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert!(v.get("agentic").is_none());
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// Graph errors stop the command before the run, naming the file and line; a format named
 /// is read as that format; unknown names are refused.
 #[test]
 fn agentic_trace_errors_are_named_before_the_run() {
-    let dir = std::env::temp_dir().join(format!("servesim-agentic-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("replay-agentic-bad").unwrap();
     let path = dir.join("cycle.jsonl");
     let text = std::fs::read_to_string(fixture("agentic/agentic_mooncake_v2.jsonl"))
         .unwrap()
@@ -660,7 +658,6 @@ fn agentic_trace_errors_are_named_before_the_run() {
         mock_server::Cli::try_parse_from(["mockserve", "replay", p, "--trace-format", "csv"]);
     let e = parsed.expect_err("unknown format").to_string();
     assert!(e.contains("unknown trace format \"csv\""), "{e}");
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// A trace line over `MAX_TRACE_LINE_BYTES` (a plain Mooncake file, or a `.jsonl.gz` that
@@ -669,8 +666,7 @@ fn agentic_trace_errors_are_named_before_the_run() {
 #[test]
 fn a_trace_line_over_the_cap_is_named_before_the_run() {
     use std::io::Write;
-    let dir = std::env::temp_dir().join(format!("servesim-long-line-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("replay-long-line").unwrap();
     let row = r#"{"timestamp":0,"input_length":4,"output_length":1,"hash_ids":[1]}"#;
     let long = "1".repeat(servesim::trace::MAX_TRACE_LINE_BYTES + 1);
     let plain = dir.join("plain.jsonl");
@@ -695,7 +691,6 @@ fn a_trace_line_over_the_cap_is_named_before_the_run() {
             )
         );
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// A weka corpus directory: its `.json` and `.jsonl` files in path order (`notes.txt` left
@@ -704,8 +699,7 @@ fn a_trace_line_over_the_cap_is_named_before_the_run() {
 /// directory with one worker and one lane.
 #[test]
 fn a_weka_corpus_directory_replays_as_aisimulate_replays_it() {
-    let dir = std::env::temp_dir().join(format!("servesim-weka-corpus-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = TempDir::new("replay-weka-corpus").unwrap();
     let records = dir.join("records.jsonl");
     let corpus = fixture("weka_corpus");
     mock_server::cmd::replay::run(&replay_args(&[
@@ -804,5 +798,4 @@ fn a_weka_corpus_directory_replays_as_aisimulate_replays_it() {
             odd.join(name).display()
         )
     );
-    std::fs::remove_dir_all(&dir).ok();
 }

@@ -1,7 +1,15 @@
+//! `mooncake_bench` end to end on a fixture trace: every indexer's counts and JSON, the sweep.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+
 use clap::Parser;
 use indexer_bench::cli::{run, sweep_json_path, MooncakeArgs};
 
-use crate::fixture;
+/// Path of a file under the repository's `fixtures/`.
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures")).join(name)
+}
 
 fn args(extra: &[&str]) -> MooncakeArgs {
     let trace = fixture("trace_small.jsonl");
@@ -13,15 +21,32 @@ fn args(extra: &[&str]) -> MooncakeArgs {
     MooncakeArgs::try_parse_from(argv).expect("flags parse")
 }
 
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("servesim-mooncake-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh directory, removed with its contents when dropped (also when a test fails).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir =
+            std::env::temp_dir().join(format!("servesim-mooncake-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn join(&self, name: impl AsRef<Path>) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 #[test]
 fn every_indexer_replays_the_fixture_and_writes_valid_json() {
-    let dir = temp_dir("all");
+    let dir = TempDir::new("all");
     // 20 requests over 3 unique workers, each copied twice, and the trace duplicated twice.
     let common = [
         "-n",
@@ -99,7 +124,7 @@ fn every_indexer_replays_the_fixture_and_writes_valid_json() {
 
 #[test]
 fn sweep_writes_one_json_per_window() {
-    let dir = temp_dir("sweep");
+    let dir = TempDir::new("sweep");
     let out = dir.join("res.json");
     let results = run(&args(&[
         "-n",
