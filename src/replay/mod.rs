@@ -24,6 +24,7 @@ use crate::trace::{LocalHashCache, Trace, TraceRequest};
 mod graph;
 mod prepare;
 mod readiness;
+mod trajectory;
 
 pub use graph::{
     replay_graph, summarize, AgenticReport, GraphReplay, GraphTimes, NodeRecord, NodeStatus,
@@ -31,6 +32,7 @@ pub use graph::{
 };
 use prepare::{Post, Prepared};
 pub use readiness::{Readiness, Settled};
+pub use trajectory::TrajectoryFigures;
 
 /// Why a replay could not run to the end.
 #[derive(Debug, thiserror::Error)]
