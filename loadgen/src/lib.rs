@@ -29,6 +29,8 @@
 //! - [`bench`](mod@bench): flags → [`bench::BenchPlan`], arrivals, lengths, goodput.
 //! - [`sweep`](mod@sweep): bench or replay over load points, or the max-goodput search;
 //!   saturation and the knee.
+//! - [`calibrate`](mod@calibrate): `loadgen calibrate`, a live run against servesim's offline
+//!   replay of the same trace, request by request (MAPE, bias, Pearson r, KS, TOST).
 //! - [`profile`](mod@profile): prefill and decode latency measured into a profile that
 //!   `--perf-profile` reads.
 //! - [`convert`](mod@convert): `trace convert`, multiturn records or an OpenAI request log into
@@ -58,6 +60,7 @@
 //! ```
 
 pub mod bench;
+pub mod calibrate;
 pub mod convert;
 pub mod dataset;
 pub mod error;
@@ -112,6 +115,9 @@ pub enum Command {
     Merge(merge::MergeArgs),
     /// Compare the per-turn TTFT of two results files.
     Compare(compare::CompareArgs),
+    /// Put servesim's offline replay of a trace beside a live run of it, request by request:
+    /// MAPE, bias, Pearson r, KS and TOST per metric.
+    Calibrate(calibrate::CalibrateArgs),
     /// Measure an endpoint's prefill and decode latency and write a profile (Dynamo mocker's
     /// .npz, a JSON twin and an SVG) that `--perf-profile` reads.
     Profile(profile::ProfileArgs),
@@ -157,6 +163,13 @@ pub fn validate(command: &Command) -> Result<(), LoadgenError> {
                 .map(|_| ())
         }
         Command::Merge(args) => merge::check(args),
+        Command::Calibrate(args) => {
+            args.check()?;
+            args.replay
+                .run
+                .spec(&target::EmbeddedOptions::default())
+                .map(|_| ())
+        }
         Command::Trace(args) => match &args.command {
             convert::TraceCommand::Convert(a) => a.check(),
         },
@@ -213,6 +226,7 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
             Ok(())
         }
         Command::Profile(args) => profile::profile(&args).await.map(|_| ()),
+        Command::Calibrate(args) => calibrate::calibrate(&args).await.map(|_| ()),
         Command::Trace(args) => match &args.command {
             convert::TraceCommand::Convert(a) => convert::convert(a).map(|_| ()),
         },
