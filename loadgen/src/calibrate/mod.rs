@@ -232,7 +232,9 @@ fn seed_spread(runs: &[(Calibration, usize)], base_seed: u64) -> Value {
         let avg = means.iter().sum::<f64>() / means.len() as f64;
         let (lo, hi) = means
             .iter()
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &m| (a.min(m), b.max(m)));
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &m| {
+                (a.min(m), b.max(m))
+            });
         let spread = (avg > 0.0).then(|| (hi - lo) / avg);
         metrics.insert(
             key,
@@ -267,7 +269,9 @@ fn seed_lines(seeds: &Value) -> String {
         if m.is_null() {
             continue;
         }
-        let spread = m["spread"].as_f64().map_or("-".into(), |s| format!("{:.1}%", 100.0 * s));
+        let spread = m["spread"]
+            .as_f64()
+            .map_or("-".into(), |s| format!("{:.1}%", 100.0 * s));
         let bias = m["bias"][0]
             .as_f64()
             .map_or("-".into(), |b| format!("{:+.1}%", 100.0 * b));
@@ -276,7 +280,9 @@ fn seed_lines(seeds: &Value) -> String {
         } else {
             ""
         };
-        out.push_str(&format!("  {name:<15} bias {bias:>7}  spread {spread:>6}{flag}\n"));
+        out.push_str(&format!(
+            "  {name:<15} bias {bias:>7}  spread {spread:>6}{flag}\n"
+        ));
     }
     out
 }

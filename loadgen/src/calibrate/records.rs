@@ -5,7 +5,8 @@
 //!
 //! The key of a Mooncake row is its session and turn (`session_id` is the row's `session_id`,
 //! or `request_{line}` for a row without one); the key of an agentic node is its trace
-//! `request_id` (the record's `agentic.request_id`).
+//! `request_id` (the record's `agentic.request_id`). Times and counts are read at 1e-6 of
+//! their unit.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -43,7 +44,13 @@ pub(crate) struct Rec {
 pub(crate) fn parse(v: &Value, origin: String) -> Result<Rec, LoadgenError> {
     let bad = |what: &str| LoadgenError::Calibrate(format!("{origin}: {what}"));
     let obj = v.as_object().ok_or_else(|| bad("not a JSON object"))?;
-    let num = |k: &str| obj.get(k).and_then(Value::as_f64);
+    // Read at 1 ns (1e-6 ms): a value written as JSON text and parsed back may differ from
+    // the one in memory in its last bit, and the two sides must compare equal when equal.
+    let num = |k: &str| {
+        obj.get(k)
+            .and_then(Value::as_f64)
+            .map(|x| (x * 1e6).round() / 1e6)
+    };
     let (key, play) = match obj.get("agentic").filter(|a| !a.is_null()) {
         Some(a) => (
             a.get("request_id")
@@ -175,7 +182,10 @@ pub(crate) fn match_up(
     let mut foreign: Vec<String> = Vec::new();
     for r in &live {
         match by_key.get(&r.key) {
-            None => foreign.push(format!("{} ({} is not a request of the trace)", r.origin, r.key)),
+            None => foreign.push(format!(
+                "{} ({} is not a request of the trace)",
+                r.origin, r.key
+            )),
             Some(o) if o.max_output_tokens != r.max_output_tokens => foreign.push(format!(
                 "{} ({} asks for {} output tokens, the trace's row for {})",
                 r.origin, r.key, r.max_output_tokens, o.max_output_tokens
@@ -191,17 +201,21 @@ pub(crate) fn match_up(
             }
         }
     }
+    if seen.is_empty() {
+        return Err(LoadgenError::Calibrate(match foreign.first() {
+            Some(first) => format!(
+                "no live record matches a request of {trace} (records of another trace?): \
+                 first {first}"
+            ),
+            None => format!("no live record matches a request of {trace}"),
+        }));
+    }
     if !foreign.is_empty() {
         return Err(LoadgenError::Calibrate(format!(
             "{} of {} live records are not of {trace}: first {}",
             foreign.len(),
             live.len(),
             foreign[0]
-        )));
-    }
-    if seen.is_empty() {
-        return Err(LoadgenError::Calibrate(format!(
-            "no live record matches a request of {trace}"
         )));
     }
     let mut m = Matched {
@@ -289,25 +303,48 @@ mod tests {
     #[test]
     fn records_of_another_trace_are_refused() {
         let offline = || recs(vec![rec("a", 0, 4, "completed")], "offline");
-        let e = match_up(offline(), recs(vec![rec("z", 0, 4, "completed")], "live"), "t")
-            .unwrap_err()
-            .to_string();
+        let e = match_up(
+            offline(),
+            recs(vec![rec("z", 0, 4, "completed")], "live"),
+            "t",
+        )
+        .unwrap_err()
+        .to_string();
         assert_eq!(
             e,
-            "calibrate: 1 of 1 live records are not of t: first live record 1 (z#0 is not a \
+            "calibrate: no live record matches a request of t (records of another trace?): \
+             first live record 1 (z#0 is not a request of the trace)"
+        );
+        let mixed = recs(
+            vec![rec("a", 0, 4, "completed"), rec("z", 0, 4, "completed")],
+            "live",
+        );
+        let e = match_up(offline(), mixed, "t").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "calibrate: 1 of 2 live records are not of t: first live record 2 (z#0 is not a \
              request of the trace)"
         );
-        let e = match_up(offline(), recs(vec![rec("a", 0, 5, "completed")], "live"), "t")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("a#0 asks for 5 output tokens, the trace's row for 4"), "{e}");
+        let e = match_up(
+            offline(),
+            recs(vec![rec("a", 0, 5, "completed")], "live"),
+            "t",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("a#0 asks for 5 output tokens, the trace's row for 4"),
+            "{e}"
+        );
         let twice = recs(
             vec![rec("a", 0, 4, "completed"), rec("a", 0, 4, "completed")],
             "live",
         );
         let e = match_up(offline(), twice, "t").unwrap_err().to_string();
         assert!(e.contains("request a#0 appears twice"), "{e}");
-        let e = match_up(offline(), Vec::new(), "t").unwrap_err().to_string();
+        let e = match_up(offline(), Vec::new(), "t")
+            .unwrap_err()
+            .to_string();
         assert_eq!(e, "calibrate: no live record matches a request of t");
     }
 
@@ -316,7 +353,10 @@ mod tests {
         let e = parse(&json!({"ttft_ms": 1.0}), "f.jsonl:3".into())
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("calibrate: f.jsonl:3: session_id missing"), "{e}");
+        assert!(
+            e.starts_with("calibrate: f.jsonl:3: session_id missing"),
+            "{e}"
+        );
         let v = json!({"agentic": {"request_id": "r1", "play_id": "p0"}, "arrival_ms": 0.0,
                        "max_output_tokens": 2, "status": "completed"});
         let r = parse(&v, "x".into()).expect("agentic record");

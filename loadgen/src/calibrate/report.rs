@@ -346,14 +346,11 @@ pub(crate) fn console(c: &Calibration, s: &Settings) -> String {
         ));
     }
     if !c.windows.is_empty() {
-        out.push_str("  By load level (offline arrival windows): req/s, then TTFT, ITL, E2E bias\n");
+        out.push_str(
+            "  By load level (offline arrival windows): req/s, then TTFT, ITL, E2E bias\n",
+        );
         for w in &c.windows {
-            let b = |k: &str| {
-                pct(
-                    w.metrics.get(k).and_then(|v| v["bias"].as_f64()),
-                    true,
-                )
-            };
+            let b = |k: &str| pct(w.metrics.get(k).and_then(|v| v["bias"].as_f64()), true);
             out.push_str(&format!(
                 "    {:>10.0}-{:<10.0} ms {:>8.2} req/s  TTFT {:>7}  ITL {:>7}  E2E {:>7}\n",
                 w.start_ms,
