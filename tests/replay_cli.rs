@@ -535,7 +535,10 @@ fn agentic_traces_replay_with_an_agentic_section() {
         let longer = spans[0].max(spans[1]);
         assert_eq!(agentic["p50_trajectory_e2e_latency_ms"], longer);
         assert_eq!(agentic["max_trajectory_e2e_latency_ms"], longer);
-        assert_eq!(agentic["min_trajectory_e2e_latency_ms"], spans[0].min(spans[1]));
+        assert_eq!(
+            agentic["min_trajectory_e2e_latency_ms"],
+            spans[0].min(spans[1])
+        );
         assert!(
             (agentic["mean_trajectory_e2e_latency_ms"].as_f64().unwrap()
                 - (spans[0] + spans[1]) / 2.0)
