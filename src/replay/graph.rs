@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::trajectory::TrajectoryFigures;
 use super::Readiness;
+use super::TrajectoryFigures;
 use super::{
     add_topology_figures, engine_request, tell, Note, ReplayConfig, ReplayError, ReplayObserver,
     ReplayOutcome, ReplayRejection,
@@ -579,7 +579,11 @@ pub fn summarize(run: &GraphTimes<'_>) -> AgenticReport {
         play_count: graph.plays.len(),
         completed_plays: plays.iter().filter(|p| p.status == "completed").count(),
         failed_plays: plays.iter().filter(|p| p.status == "failed").count(),
-        trajectory: TrajectoryFigures::of(&plays),
+        trajectory: TrajectoryFigures::of(
+            plays
+                .iter()
+                .map(|p| (p.status == "completed", p.makespan_ms)),
+        ),
         plays,
         requests,
     }

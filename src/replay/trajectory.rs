@@ -3,7 +3,6 @@
 
 use serde::Serialize;
 
-use super::graph::PlayOutcome;
 use crate::metrics::Distribution;
 
 /// The plays of an agentic replay as trajectories: how many, how many completed, and the
@@ -44,19 +43,23 @@ pub struct TrajectoryFigures {
 }
 
 impl TrajectoryFigures {
-    /// The figures of `plays` (a report's, after any filtering).
-    pub fn of(plays: &[PlayOutcome]) -> TrajectoryFigures {
-        let mut e2e: Vec<f64> = plays
-            .iter()
-            .filter(|p| p.status == "completed")
-            .map(|p| p.makespan_ms)
-            .collect();
+    /// The figures of a report's plays (after any filtering), each as (completed, makespan in
+    /// ms): `AgenticReport::plays` mapped to `(status == "completed", makespan_ms)`.
+    pub fn of(plays: impl IntoIterator<Item = (bool, f64)>) -> TrajectoryFigures {
+        let mut total = 0;
+        let mut e2e: Vec<f64> = Vec::new();
+        for (completed, makespan_ms) in plays {
+            total += 1;
+            if completed {
+                e2e.push(makespan_ms);
+            }
+        }
         let completed = e2e.len();
         let d = Distribution::from_samples(&mut e2e);
         TrajectoryFigures {
-            total_trajectories: plays.len(),
+            total_trajectories: total,
             completed_trajectories: completed,
-            incomplete_trajectories: plays.len() - completed,
+            incomplete_trajectories: total - completed,
             min_trajectory_e2e_latency_ms: d.min,
             mean_trajectory_e2e_latency_ms: d.mean,
             median_trajectory_e2e_latency_ms: d.median,
@@ -75,27 +78,8 @@ impl TrajectoryFigures {
 mod tests {
     use super::*;
 
-    fn play(status: &'static str, makespan_ms: f64) -> PlayOutcome {
-        PlayOutcome {
-            play_id: format!("p{makespan_ms}"),
-            status,
-            failure_request_id: None,
-            failure_status: None,
-            requests: 1,
-            skipped_requests: 0,
-            start_ms: 0.0,
-            settled_at_ms: makespan_ms,
-            makespan_ms,
-            critical_path_requests: 1,
-            critical_path_model_ms: makespan_ms,
-            critical_path_tool_wait_ms: 0.0,
-            critical_path_floor_wait_ms: 0.0,
-            lane: None,
-            spawn_edges: 0,
-            max_fan_out: 0,
-            prefix_tokens_after_waits: 0,
-            prefix_tokens_lost_in_waits: 0,
-        }
+    fn play(status: &'static str, makespan_ms: f64) -> (bool, f64) {
+        (status == "completed", makespan_ms)
     }
 
     #[test]
@@ -107,7 +91,7 @@ mod tests {
             play("completed", 20.0),
             play("completed", 40.0),
         ];
-        let t = TrajectoryFigures::of(&plays);
+        let t = TrajectoryFigures::of(plays);
         assert_eq!(
             (
                 t.total_trajectories,
@@ -129,9 +113,9 @@ mod tests {
 
     #[test]
     fn two_plays_give_the_longer_as_p50_and_none_give_zeros() {
-        let t = TrajectoryFigures::of(&[play("completed", 1.0), play("completed", 3.0)]);
+        let t = TrajectoryFigures::of([play("completed", 1.0), play("completed", 3.0)]);
         assert_eq!(t.p50_trajectory_e2e_latency_ms, 3.0);
-        let none = TrajectoryFigures::of(&[play("failed", 5.0)]);
+        let none = TrajectoryFigures::of([play("failed", 5.0)]);
         assert_eq!(none.completed_trajectories, 0);
         assert_eq!(none.incomplete_trajectories, 1);
         assert_eq!(none.max_trajectory_e2e_latency_ms, 0.0);

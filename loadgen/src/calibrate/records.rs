@@ -132,9 +132,9 @@ pub(crate) fn read(path: &Path) -> Result<Vec<Rec>, LoadgenError> {
 }
 
 /// The records of a run in this process (serialized as they would be written).
-pub(crate) fn of_values<'a>(
+pub(crate) fn of_values(
     values: impl IntoIterator<Item = Value>,
-    side: &'a str,
+    side: &str,
 ) -> Result<Vec<Rec>, LoadgenError> {
     values
         .into_iter()

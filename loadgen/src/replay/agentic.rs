@@ -78,7 +78,12 @@ fn agentic_section(times: &GraphTimes<'_>, owned: &[usize]) -> AgenticReport {
         .filter(|p| p.status == "completed")
         .count();
     agentic.failed_plays = agentic.plays.len() - agentic.completed_plays;
-    agentic.trajectory = TrajectoryFigures::of(&agentic.plays);
+    agentic.trajectory = TrajectoryFigures::of(
+        agentic
+            .plays
+            .iter()
+            .map(|p| (p.status == "completed", p.makespan_ms)),
+    );
     agentic
 }
 
