@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::PathBuf;
 
-use clap::Args;
+use clap::{Args, Parser as _};
 use serde_json::{json, Value};
 use servesim::replay::{replay as offline_replay, replay_graph, GraphReplay, ReplayConfig};
 use servesim::trace::{self, TraceFormat};
@@ -56,6 +56,14 @@ pub struct CalibrateArgs {
     /// Load-level windows after the warm-up (equal spans of the arrival schedule), 0 to 100.
     #[arg(long, default_value_t = 4)]
     pub windows: usize,
+
+    /// Fit, then gate: before the live run, measure the live target with `loadgen profile`
+    /// (its own probe workload: no request of TRACE goes into the fit), write the fitted
+    /// profile to PATH (mocker .npz, with its .json and .svg beside it), and time the offline
+    /// side with it instead of the engine's latency model (`--perf-profile PATH`, speed-up
+    /// ratios 1).
+    #[arg(long, value_name = "PATH")]
+    pub fit_profile: Option<PathBuf>,
 
     /// Run the live side K times, the embedded engine's `--seed` (and the offline replay's)
     /// stepped by one each time; the spread of the measured means across them is reported
@@ -111,6 +119,20 @@ impl CalibrateArgs {
                 "--seeds runs the live side several times; --records reads one run".into(),
             ));
         }
+        if self.records.is_some() && self.fit_profile.is_some() {
+            return Err(LoadgenError::Config(
+                "--fit-profile measures the live target; with --records nothing is measured \
+                 (time the offline side with --perf-profile instead)"
+                    .into(),
+            ));
+        }
+        if self.fit_profile.is_some() && self.replay.run.target.engine.perf_profile.is_some() {
+            return Err(LoadgenError::Config(
+                "--fit-profile writes the offline side's profile; --perf-profile names one: \
+                 give one of them"
+                    .into(),
+            ));
+        }
         if self.replay.run.runs.num_runs > 1 {
             return Err(LoadgenError::Config(
                 "--num-runs is not for calibrate: --seeds K repeats the live side".into(),
@@ -147,11 +169,21 @@ pub async fn calibrate(args: &CalibrateArgs) -> Result<CalibrateRun, LoadgenErro
         windows: args.windows,
         seed: base_seed,
     };
+    if let Some(path) = &args.fit_profile {
+        fit_profile(args, path).await?;
+    }
     let mut runs: Vec<(Calibration, usize)> = Vec::with_capacity(args.seeds);
     for k in 0..args.seeds {
         let mut side = args.replay.clone();
         side.run.target.engine.seed = base_seed.wrapping_add(k as u64);
-        let offline = offline_records(&side, format)?;
+        let mut offline_side = side.clone();
+        if let Some(path) = &args.fit_profile {
+            let engine = &mut offline_side.run.target.engine;
+            engine.perf_profile = Some(path.clone());
+            engine.speedup_ratio = 1.0;
+            engine.decode_speedup_ratio = 1.0;
+        }
+        let offline = offline_records(&offline_side, format)?;
         let live = match &args.records {
             Some(file) => records::read(file)?,
             None => live_records(&side, k, args.seeds).await?,
@@ -172,6 +204,7 @@ pub async fn calibrate(args: &CalibrateArgs) -> Result<CalibrateRun, LoadgenErro
         "live": live_name,
         "arrival_speedup_ratio": args.replay.trace.arrival_speedup_ratio,
         "margin": args.margin,
+        "fit_profile": args.fit_profile.as_ref().map(|p| p.display().to_string()),
         "warmup_ms": args.warmup,
         "bias_definition": "mean(measured) / mean(predicted) - 1",
         "mape_definition": "mean(|predicted - measured| / measured), measured > 0",
@@ -183,9 +216,15 @@ pub async fn calibrate(args: &CalibrateArgs) -> Result<CalibrateRun, LoadgenErro
         "metrics": first.metrics,
         "load_levels": first.windows,
     });
+    let offline_name = match &args.fit_profile {
+        Some(p) => format!(
+            "servesim replay timed by the fitted profile {}",
+            p.display()
+        ),
+        None => "servesim replay with the engine flags given".into(),
+    };
     let mut text = format!(
-        "loadgen calibrate: {trace_name} ({}), live: {}, offline: servesim replay, same engine \
-         flags\n",
+        "loadgen calibrate: {trace_name} ({}), live: {}, offline: {offline_name}\n",
         format.name(),
         json["live"].as_str().unwrap_or_default()
     );
@@ -297,6 +336,22 @@ fn write_json(path: &std::path::Path, json: &Value) -> Result<(), LoadgenError> 
     bytes.push(b'\n');
     let mut f = std::fs::File::create(path).map_err(io)?;
     f.write_all(&bytes).map_err(io)
+}
+
+/// `--fit-profile PATH`: `loadgen profile` of the live target (the `--url`, or the embedded
+/// server with the engine flags), its profile written to PATH.
+async fn fit_profile(args: &CalibrateArgs, path: &std::path::Path) -> Result<(), LoadgenError> {
+    let output = path.display().to_string();
+    let cli = crate::Cli::try_parse_from(["loadgen", "profile", "--output", &output, "--quiet"])
+        .map_err(|e| LoadgenError::Config(format!("--fit-profile {output}: {e}")))?;
+    let crate::Command::Profile(mut profile) = cli.command else {
+        return Err(LoadgenError::Config(
+            "--fit-profile: not a profile command".into(),
+        ));
+    };
+    profile.target = args.replay.run.target.clone();
+    crate::stdout::outln!("Fitting a profile of the live target to {output} (loadgen profile)");
+    crate::profile::profile(&profile).await.map(|_| ())
 }
 
 /// The offline replay of the trace with the engine flags of `args`: its per-request records.

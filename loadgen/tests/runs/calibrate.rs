@@ -313,3 +313,36 @@ async fn bad_records_are_errors_and_failures_are_counted() -> Result<()> {
     );
     Ok(())
 }
+
+/// Fit, then gate: `--fit-profile` measures the live target with `loadgen profile` first and
+/// times the offline side with the fitted profile; it needs a live side to measure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fit_profile_fits_the_live_target_then_gates() -> Result<()> {
+    let trace = fixture("trace_small.jsonl");
+    let profile = scratch("fit.npz");
+    let a = calibrate_args(&[
+        &trace,
+        "--decode-speedup-ratio",
+        "0.8",
+        "--fit-profile",
+        profile.to_str().unwrap(),
+        "--windows",
+        "0",
+    ]);
+    let run = within(300, loadgen::calibrate::calibrate(&a)).await??;
+    assert!(profile.exists() && profile.with_extension("json").exists());
+    assert_eq!(run.json["fit_profile"], profile.display().to_string());
+    assert_eq!(run.json["counts"]["matched"], 20);
+    assert_eq!(metric(&run, "itl")["n"], 20);
+    let e = loadgen::validate(&Command::Calibrate(calibrate_args(&[
+        &trace,
+        "--records",
+        "r.jsonl",
+        "--fit-profile",
+        "p.npz",
+    ])))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("--fit-profile measures the live target"), "{e}");
+    Ok(())
+}
