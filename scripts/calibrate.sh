@@ -17,7 +17,7 @@
 #                 offline with the defaults (read back with --records).
 #
 # env: LOADGEN   the binary (default target/release/loadgen, else target/debug/loadgen)
-#      TRACE     the Mooncake trace (default ../shared/traces/mooncake_synthetic_trace.jsonl)
+#      TRACE     the Mooncake trace (default traces/mooncake_synthetic_trace.jsonl)
 #      ROWS      Mooncake rows per case (default 300)
 #      SESSIONS  conversation sessions (default 100: 500 requests)
 #      PLAYS     agentic plays (default 12)
@@ -32,7 +32,7 @@ if [ -z "${LOADGEN:-}" ]; then
   done
 fi
 : "${LOADGEN:?no loadgen binary: cargo build --release -p loadgen}"
-TRACE=${TRACE:-$here/../shared/traces/mooncake_synthetic_trace.jsonl}
+TRACE=${TRACE:-$here/traces/mooncake_synthetic_trace.jsonl}
 ROWS=${ROWS:-300}
 SESSIONS=${SESSIONS:-100}
 PLAYS=${PLAYS:-12}
