@@ -57,10 +57,10 @@ LAYERS = {
         ("report",),       # report files, charts, the HTML report
         ("harness",),      # one run: connect, observe, drive, report, write
         ("convert", "multiturn", "replay", "bench", "profile"),  # the modes
-        ("sweep", "merge"),                                      # modes over other modes
+        ("sweep", "merge", "calibrate"),                                  # modes over other modes
     ),
     "mock_server": (
-        ("stdout", "timer", "text", "output_length", "duration"),
+        ("stdout", "timer", "text", "output_length"),
         ("metrics",),
         ("kv_events",),
         ("fault",),        # the seeded draws; the HTTP middleware is api/fault.rs
@@ -71,6 +71,7 @@ LAYERS = {
         ("args",),
         ("fleet",),
         ("cmd",),
+        ("plan", "test_kit"),  # the configuration search replays through cmd::replay
     ),
 }
 

@@ -64,6 +64,7 @@
 //! ```
 
 pub mod bench;
+pub mod calibrate;
 pub(crate) mod capped;
 pub mod convert;
 pub mod dataset;
@@ -122,6 +123,9 @@ pub enum Command {
     Merge(merge::MergeArgs),
     /// Compare the per-turn TTFT of two results files.
     Compare(compare::CompareArgs),
+    /// Put servesim's offline replay of a trace beside a live run of it, request by request:
+    /// MAPE, bias, Pearson r, KS and TOST per metric.
+    Calibrate(calibrate::CalibrateArgs),
     /// Measure an endpoint's prefill and decode latency and write a profile (Dynamo mocker's
     /// .npz, a JSON twin and an SVG) that `--perf-profile` reads.
     Profile(profile::ProfileArgs),
@@ -167,6 +171,13 @@ pub fn validate(command: &Command) -> Result<(), LoadgenError> {
                 .map(|_| ())
         }
         Command::Merge(args) => merge::check(args),
+        Command::Calibrate(args) => {
+            args.check()?;
+            args.replay
+                .run
+                .spec(&target::EmbeddedOptions::default())
+                .map(|_| ())
+        }
         Command::Trace(args) => match &args.command {
             convert::TraceCommand::Convert(a) => a.check(),
         },
@@ -220,6 +231,7 @@ pub async fn run_async(cli: Cli) -> Result<(), LoadgenError> {
             Ok(())
         }
         Command::Profile(args) => profile::profile(&args).await.map(|_| ()),
+        Command::Calibrate(args) => calibrate::calibrate(&args).await.map(|_| ()),
         Command::Trace(args) => match &args.command {
             convert::TraceCommand::Convert(a) => convert::convert(a).map(|_| ()),
         },

@@ -91,7 +91,7 @@ pub enum Command {
     Replay(Box<cmd::replay::ReplayArgs>),
     /// Search engine and fleet configurations for the one that serves a trace within SLOs for
     /// the fewest GPUs (replays on every core); `mockserve plan merge` joins shard ledgers.
-    Plan(Box<cmd::plan::PlanArgs>),
+    Plan(Box<plan::args::PlanArgs>),
     /// Print a shell completion script on stdout, e.g. `mockserve completions bash`.
     Completions {
         /// The shell to complete for.
@@ -125,7 +125,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Serve(args)) => cmd::serve::run(&args.serve, &args.vllm),
         Some(Command::Fleet(args)) => cmd::fleet::run(&args),
         Some(Command::Replay(args)) => cmd::replay::run(&args).map(|_| ()),
-        Some(Command::Plan(args)) => cmd::plan::run(&args),
+        Some(Command::Plan(args)) => plan::run(&args),
         Some(Command::Completions { shell }) => {
             stdout::write(&completions(shell))?;
             Ok(())

@@ -23,6 +23,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::Readiness;
+use super::TrajectoryFigures;
 use super::{
     add_topology_figures, engine_request, tell, Note, ReplayConfig, ReplayError, ReplayObserver,
     ReplayOutcome, ReplayRejection,
@@ -167,6 +168,11 @@ pub struct AgenticReport {
     pub failed_plays: usize,
     /// Per play, in trace order.
     pub plays: Vec<PlayOutcome>,
+    /// The plays as trajectories (AISimulate's `*_trajectories` and
+    /// `*_trajectory_e2e_latency_ms` keys, flattened into this section); a report that drops
+    /// plays recomputes it with [`TrajectoryFigures::of`].
+    #[serde(flatten)]
+    pub trajectory: TrajectoryFigures,
     /// Per node, in trace order (not in the report file: the per-request records hold the
     /// same times).
     #[serde(skip)]
@@ -573,6 +579,11 @@ pub fn summarize(run: &GraphTimes<'_>) -> AgenticReport {
         play_count: graph.plays.len(),
         completed_plays: plays.iter().filter(|p| p.status == "completed").count(),
         failed_plays: plays.iter().filter(|p| p.status == "failed").count(),
+        trajectory: TrajectoryFigures::of(
+            plays
+                .iter()
+                .map(|p| (p.status == "completed", p.makespan_ms)),
+        ),
         plays,
         requests,
     }

@@ -25,6 +25,7 @@ pub mod autoscale;
 mod graph;
 mod prepare;
 mod readiness;
+mod trajectory;
 
 pub use graph::{
     replay_graph, summarize, AgenticReport, GraphReplay, GraphTimes, NodeRecord, NodeStatus,
@@ -32,6 +33,7 @@ pub use graph::{
 };
 use prepare::{Post, Prepared};
 pub use readiness::{Readiness, Settled};
+pub use trajectory::TrajectoryFigures;
 
 /// Why a replay could not run to the end.
 #[derive(Debug, thiserror::Error)]

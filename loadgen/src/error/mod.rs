@@ -22,6 +22,10 @@ pub enum LoadgenError {
         /// The allowed range, e.g. `from 1 to 100000`.
         allowed: String,
     },
+    /// `loadgen calibrate` cannot compare its two sides: records that are not of the trace, no
+    /// matching request, an offline replay that failed.
+    #[error("calibrate: {0}")]
+    Calibrate(String),
     /// The embedded server's settings are invalid.
     #[error("embedded server: {0}")]
     Server(#[from] servesim::scheduler::ConfigError),

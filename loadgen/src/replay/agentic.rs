@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use servesim::replay::{summarize, AgenticReport, GraphTimes};
+use servesim::replay::{summarize, AgenticReport, GraphTimes, TrajectoryFigures};
 use servesim::trace::{self, RequestGraph, TraceFormat};
 
 use crate::error::LoadgenError;
@@ -78,6 +78,12 @@ fn agentic_section(times: &GraphTimes<'_>, owned: &[usize]) -> AgenticReport {
         .filter(|p| p.status == "completed")
         .count();
     agentic.failed_plays = agentic.plays.len() - agentic.completed_plays;
+    agentic.trajectory = TrajectoryFigures::of(
+        agentic
+            .plays
+            .iter()
+            .map(|p| (p.status == "completed", p.makespan_ms)),
+    );
     agentic
 }
 

@@ -301,7 +301,7 @@ impl RunView {
     }
 }
 
-const STYLE: &str = r#"
+pub(crate) const STYLE: &str = r#"
 body{font:14px/1.4 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1520px;color:#222;background:#fff}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
 .grid2{display:grid;grid-template-columns:repeat(auto-fill,minmax(720px,1fr));gap:12px}

@@ -375,6 +375,26 @@ async fn an_agentic_trace_live_follows_its_dependencies_as_offline() -> Result<(
         p0.makespan_ms
     );
     assert_eq!(run.json["agentic"]["play_count"], 2);
+    // Trajectory E2E live, under the keys the offline report uses: both plays completed.
+    let a_json = &run.json["agentic"];
+    assert_eq!(a_json["completed_trajectories"], 2);
+    assert_eq!(a_json["incomplete_trajectories"], 0);
+    let longest = agentic
+        .plays
+        .iter()
+        .map(|p| p.makespan_ms)
+        .fold(0.0, f64::max);
+    assert_eq!(a_json["max_trajectory_e2e_latency_ms"], longest);
+    assert_eq!(a_json["p50_trajectory_e2e_latency_ms"], longest);
+    assert_eq!(
+        offline
+            .agentic
+            .as_ref()
+            .expect("offline agentic")
+            .trajectory
+            .completed_trajectories,
+        2
+    );
     assert_eq!(run.json["trace_format"], "agentic-mooncake");
     assert!(run.json.get("schedule_lag_p99_ms").is_some());
     Ok(())

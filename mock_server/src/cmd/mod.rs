@@ -5,7 +5,6 @@
 
 pub mod autoscale;
 pub mod fleet;
-pub mod plan;
 pub mod replay;
 pub mod serve;
 pub(crate) mod shutdown;

@@ -410,6 +410,21 @@ pub fn agentic_summary(agentic: &AgenticReport) -> String {
         agentic.node_count,
         agentic.skipped_requests
     );
+    let t = &agentic.trajectory;
+    out.push_str(&format!(
+        "  trajectory E2E over {} completed of {} ({} incomplete): mean {:.3} ms, p50 {:.3}, \
+         p90 {:.3}, p99 {:.3}, min {:.3}, max {:.3}, std {:.3} ms\n",
+        t.completed_trajectories,
+        t.total_trajectories,
+        t.incomplete_trajectories,
+        t.mean_trajectory_e2e_latency_ms,
+        t.p50_trajectory_e2e_latency_ms,
+        t.p90_trajectory_e2e_latency_ms,
+        t.p99_trajectory_e2e_latency_ms,
+        t.min_trajectory_e2e_latency_ms,
+        t.max_trajectory_e2e_latency_ms,
+        t.std_trajectory_e2e_latency_ms
+    ));
     for play in &agentic.plays {
         out.push_str(&format!(
             "  {} {}: makespan {:.3} ms, critical path {} requests ({:.3} ms model, {:.3} ms \

@@ -1,6 +1,6 @@
 //! `mockserve plan`: which deployment serves a trace within SLOs, for the fewest GPUs.
 //!
-//! - [`args`] is the command line.
+//! - [`args`] is the command line; [`run`] the command (a search, or `plan merge`).
 //! - [`space`] reads the search space (a TOML file of replay flag names) into candidates.
 //! - [`trial`] replays one candidate and measures its goodput, SLO attainment and highest
 //!   arrival speed-up.
@@ -288,6 +288,15 @@ fn check_flags(cmd: &SearchCommand) -> Result<(), PlanError> {
         ));
     }
     Ok(())
+}
+
+/// `mockserve plan`: a search over a trace ([`search`]), or a merge of shard ledgers
+/// ([`merge`]).
+pub fn run(args: &args::PlanArgs) -> anyhow::Result<()> {
+    match args {
+        args::PlanArgs::Search(search) => self::search(search),
+        args::PlanArgs::Merge(merge) => self::merge(merge),
+    }
 }
 
 /// `mockserve plan TRACE ...`.

@@ -524,6 +524,27 @@ fn agentic_traces_replay_with_an_agentic_section() {
         let agentic = &v["agentic"];
         assert_eq!(agentic["input_format"], "agentic-mooncake");
         assert_eq!(agentic["completed_plays"], 2);
+        // Trajectory E2E under AISimulate's keys: two completed plays, p50 the longer one.
+        assert_eq!(agentic["total_trajectories"], 2);
+        assert_eq!(agentic["completed_trajectories"], 2);
+        assert_eq!(agentic["incomplete_trajectories"], 0);
+        let spans = [
+            agentic["plays"][0]["makespan_ms"].as_f64().unwrap(),
+            agentic["plays"][1]["makespan_ms"].as_f64().unwrap(),
+        ];
+        let longer = spans[0].max(spans[1]);
+        assert_eq!(agentic["p50_trajectory_e2e_latency_ms"], longer);
+        assert_eq!(agentic["max_trajectory_e2e_latency_ms"], longer);
+        assert_eq!(
+            agentic["min_trajectory_e2e_latency_ms"],
+            spans[0].min(spans[1])
+        );
+        assert!(
+            (agentic["mean_trajectory_e2e_latency_ms"].as_f64().unwrap()
+                - (spans[0] + spans[1]) / 2.0)
+                .abs()
+                < 1e-9
+        );
         assert_eq!(agentic["plays"][0]["play_id"], "p0");
         assert_eq!(agentic["plays"][0]["critical_path_floor_wait_ms"], 1000.0);
         assert_eq!(agentic["source"]["format"], "hand");
@@ -573,6 +594,10 @@ fn agentic_traces_replay_with_an_agentic_section() {
         "{summary}"
     );
     assert!(summary.contains("(1 completed, 0 failed)"), "{summary}");
+    assert!(
+        summary.contains("trajectory E2E over 1 completed of 1 (0 incomplete)"),
+        "{summary}"
+    );
     assert!(summary.contains("1000.000 ms tool waits"), "{summary}");
     // One lane: q0 (play p1) waits for p0 to settle.
     let laned = mock_server::cmd::replay::run(&replay_args(&[

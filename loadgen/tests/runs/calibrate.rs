@@ -1,0 +1,348 @@
+//! `loadgen calibrate` end to end: the offline replay against itself is exact; a server whose
+//! decode is 25% slower shows as a positive ITL bias and fails TOST; live against the embedded
+//! server on the same engine flags; an agentic trace gets trajectory E2E; records of another
+//! trace, no matching request and failed requests are errors or counts, never silent matches.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::Parser;
+use loadgen::calibrate::CalibrateArgs;
+use loadgen::{Cli, Command, LoadgenError};
+
+async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
+    match tokio::time::timeout(Duration::from_secs(secs), f).await {
+        Ok(v) => Ok(v),
+        Err(_) => bail!("timed out after {secs}s"),
+    }
+}
+
+fn fixture(name: &str) -> String {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
+    root.join(name).display().to_string()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("loadgen-calibrate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir.join(name)
+}
+
+fn calibrate_args(flags: &[&str]) -> CalibrateArgs {
+    let mut argv = vec!["loadgen", "calibrate"];
+    argv.extend_from_slice(flags);
+    match Cli::try_parse_from(argv).expect("valid flags").command {
+        Command::Calibrate(a) => a,
+        _ => unreachable!(),
+    }
+}
+
+/// `mockserve replay TRACE FLAGS --per-request-jsonl OUT`: the offline records.
+fn offline_records(trace: &str, flags: &[&str], out: &Path) {
+    let mut argv = vec!["mockserve", "replay", trace, "-q"];
+    argv.extend_from_slice(flags);
+    let out = out.display().to_string();
+    argv.extend_from_slice(&["--per-request-jsonl", &out]);
+    let cli = mock_server::Cli::try_parse_from(argv).expect("mockserve flags");
+    match cli.command {
+        Some(mock_server::Command::Replay(a)) => {
+            mock_server::cmd::replay::run(&a).expect("offline replay");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+fn metric<'a>(run: &'a loadgen::calibrate::CalibrateRun, key: &str) -> &'a serde_json::Value {
+    &run.json["metrics"][key]
+}
+
+/// The offline replay's own records as the live side: every figure is exact (no error, KS
+/// D = 0, every TOST passes), and the report has the keys the interface names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_offline_replay_against_itself_is_exact() -> Result<()> {
+    let trace = fixture("trace_small.jsonl");
+    let records = scratch("self.jsonl");
+    offline_records(&trace, &[], &records);
+    let report = scratch("self.json");
+    let html = scratch("self.html");
+    let a = calibrate_args(&[
+        &trace,
+        "--records",
+        records.to_str().unwrap(),
+        "--report-json",
+        report.to_str().unwrap(),
+        "--html",
+        html.to_str().unwrap(),
+    ]);
+    let run = within(60, loadgen::calibrate::calibrate(&a)).await??;
+    for key in ["ttft", "itl", "e2e", "cached_tokens"] {
+        let m = metric(&run, key);
+        assert_eq!(m["n"], 20, "{key}");
+        assert_eq!(m["excluded"], 0, "{key}");
+        assert_eq!(m["mape"], 0.0, "{key}");
+        assert_eq!(m["bias"], 0.0, "{key}");
+        assert_eq!(m["ks_stat"], 0.0, "{key}");
+        assert_eq!(m["ks_p"], 1.0, "{key}");
+        assert_eq!(m["tost_pass"], true, "{key}");
+    }
+    assert_eq!(metric(&run, "e2e")["pearson_r"], 1.0);
+    assert!(run.json["metrics"].get("trajectory_e2e").is_none());
+    let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report)?)?;
+    assert_eq!(written, run.json);
+    let page = std::fs::read_to_string(&html)?;
+    assert!(page.contains("E2E: measured against predicted"), "scatter");
+    assert!(page.contains("E2E: CDFs"), "CDFs");
+    // Same records, same seed: the same bytes.
+    let again = within(60, loadgen::calibrate::calibrate(&a)).await??;
+    assert_eq!(
+        serde_json::to_string(&again.json)?,
+        serde_json::to_string(&run.json)?
+    );
+    Ok(())
+}
+
+/// Against a live server whose decode steps take 25% longer (`--decode-speedup-ratio 0.8`),
+/// offline on the default flags: ITL shows a positive bias of at least 20% and TOST fails. The
+/// live run's records are read back with `--records`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slower_decode_is_a_positive_itl_bias_and_tost_fails() -> Result<()> {
+    let trace = fixture("trace_small.jsonl");
+    let records = scratch("slow.jsonl");
+    // The engine at a quarter speed (40 ms decode steps) on both sides: the client's jitter on
+    // a loaded machine (a late first chunk, then a burst) stays small against the steps.
+    let argv = [
+        "loadgen",
+        "replay",
+        &trace,
+        "--speedup-ratio",
+        "0.25",
+        "--arrival-speedup-ratio",
+        "0.25",
+        "--decode-speedup-ratio",
+        "0.8",
+        "--per-request-jsonl",
+        records.to_str().unwrap(),
+        "--quiet",
+    ];
+    within(60, loadgen::run_async(Cli::try_parse_from(argv)?)).await??;
+    let a = calibrate_args(&[
+        &trace,
+        "--speedup-ratio",
+        "0.25",
+        "--arrival-speedup-ratio",
+        "0.25",
+        "--records",
+        records.to_str().unwrap(),
+    ]);
+    let run = within(60, loadgen::calibrate::calibrate(&a)).await??;
+    let itl = metric(&run, "itl");
+    let bias = itl["bias"].as_f64().expect("ITL bias");
+    assert!(bias >= 0.2, "ITL bias {bias}");
+    assert_eq!(itl["tost_pass"], false);
+    assert_eq!(itl["tost_mean"]["pass"], false);
+    assert_eq!(run.failed_live, 0);
+    Ok(())
+}
+
+/// Live against the embedded server with the same engine flags (at half speed, as the replay
+/// test runs it, so client overhead stays small): every request matched, none failed, the
+/// warm-up and windows applied, and E2E not below the prediction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_on_the_same_engine_flags_matches_every_request() -> Result<()> {
+    let trace = fixture("trace_small.jsonl");
+    let a = calibrate_args(&[
+        &trace,
+        "--arrival-speedup-ratio",
+        "0.5",
+        "--speedup-ratio",
+        "0.5",
+        "--warmup",
+        "100ms",
+        "--windows",
+        "2",
+    ]);
+    let run = within(120, loadgen::calibrate::calibrate(&a)).await??;
+    let counts = &run.json["counts"];
+    assert_eq!(counts["matched"], 20);
+    assert_eq!(counts["failed_live"], 0);
+    assert_eq!(counts["missing_live"], 0);
+    let e2e = metric(&run, "e2e");
+    let n = e2e["n"].as_u64().unwrap();
+    assert_eq!(n + e2e["excluded"].as_u64().unwrap(), 20);
+    assert_eq!(n + counts["warmup_excluded"].as_u64().unwrap(), 20);
+    // A late client adds latency, it never removes it: live E2E is not below offline (the
+    // upper side depends on the machine's load; docs/calibrate.md has measured figures).
+    let bias = e2e["bias"].as_f64().unwrap();
+    assert!(bias > -0.05, "E2E bias {bias}");
+    for key in ["ttft", "itl", "cached_tokens"] {
+        assert_eq!(metric(&run, key)["n"], n, "{key}");
+    }
+    assert_eq!(run.json["load_levels"].as_array().map(Vec::len), Some(2));
+    Ok(())
+}
+
+/// An agentic trace: trajectory E2E per play beside the per-request metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agentic_trace_gets_trajectory_e2e() -> Result<()> {
+    let trace = fixture("agentic/worked_example.jsonl");
+    let records = scratch("agentic.jsonl");
+    offline_records(
+        &trace,
+        &["--arrival-speedup-ratio", "10", "--num-workers", "1"],
+        &records,
+    );
+    let a = calibrate_args(&[
+        &trace,
+        "--arrival-speedup-ratio",
+        "10",
+        "--num-workers",
+        "1",
+        "--records",
+        records.to_str().unwrap(),
+    ]);
+    let run = within(60, loadgen::calibrate::calibrate(&a)).await??;
+    let t = metric(&run, "trajectory_e2e");
+    assert_eq!(t["n"], 2, "{t}");
+    assert_eq!(t["bias"], 0.0);
+    assert_eq!(metric(&run, "e2e")["n"], 5);
+    // Live against the embedded server: both plays compared.
+    let live = calibrate_args(&[
+        &trace,
+        "--arrival-speedup-ratio",
+        "10",
+        "--num-workers",
+        "1",
+    ]);
+    let run = within(60, loadgen::calibrate::calibrate(&live)).await??;
+    assert_eq!(metric(&run, "trajectory_e2e")["n"], 2);
+    assert_eq!(run.json["counts"]["matched"], 5);
+    Ok(())
+}
+
+/// Bad input: records of another trace and records matching nothing are errors naming the
+/// first foreign record; a failed live request is counted and left out, and more failures than
+/// `--max-failure-rate` (1 of 20 above 1%) make the run fail after its report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_records_are_errors_and_failures_are_counted() -> Result<()> {
+    let small = fixture("trace_small.jsonl");
+    let records = scratch("bad.jsonl");
+    offline_records(&small, &[], &records);
+    // Records of trace_small against another trace.
+    let other = fixture("sessions_cumulative.jsonl");
+    let a = calibrate_args(&[&other, "--records", records.to_str().unwrap()]);
+    let e = within(60, loadgen::calibrate::calibrate(&a))
+        .await?
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("calibrate: no live record matches a request of ")
+            && e.contains("(records of another trace?): first ")
+            && e.contains("bad.jsonl:1 ("),
+        "{e}"
+    );
+    // A file with no record of the trace at all.
+    let empty = scratch("empty.jsonl");
+    std::fs::write(&empty, "\n")?;
+    let a = calibrate_args(&[&small, "--records", empty.to_str().unwrap()]);
+    let e = within(60, loadgen::calibrate::calibrate(&a))
+        .await?
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no records (an empty file)"), "{e}");
+    // One failed request: counted, excluded, and above the default 5% failure rate.
+    let text = std::fs::read_to_string(&records)?;
+    let mut lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    lines[3]["status"] = "rejected".into();
+    lines[3]["error"] = "HTTP 500: boom".into();
+    let failed = scratch("failed.jsonl");
+    std::fs::write(
+        &failed,
+        lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
+    )?;
+    let report = scratch("failed.json");
+    let a = calibrate_args(&[
+        &small,
+        "--records",
+        failed.to_str().unwrap(),
+        "--report-json",
+        report.to_str().unwrap(),
+        "--max-failure-rate",
+        "0.01",
+    ]);
+    let e = within(60, loadgen::calibrate::calibrate(&a))
+        .await?
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LoadgenError::TooManyFailures {
+                failed: 1,
+                total: 20,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report)?)?;
+    assert_eq!(written["counts"]["failed_live"], 1);
+    assert_eq!(written["metrics"]["ttft"]["n"], 19);
+    let a = calibrate_args(&[
+        &small,
+        "--records",
+        failed.to_str().unwrap(),
+        "--max-failure-rate",
+        "0.1",
+    ]);
+    let run = within(60, loadgen::calibrate::calibrate(&a)).await??;
+    assert_eq!((run.failed_live, run.live_records), (1, 20));
+    assert_eq!(metric(&run, "e2e")["n"], 19);
+    // Flags are checked before anything runs.
+    let e = loadgen::validate(&Command::Calibrate(calibrate_args(&[
+        &small, "--margin", "0",
+    ])))
+    .unwrap_err()
+    .to_string();
+    assert_eq!(
+        e,
+        "invalid configuration: --margin must be above 0 and below 1, got 0"
+    );
+    Ok(())
+}
+
+/// Fit, then gate: `--fit-profile` measures the live target with `loadgen profile` first and
+/// times the offline side with the fitted profile; it needs a live side to measure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fit_profile_fits_the_live_target_then_gates() -> Result<()> {
+    let trace = fixture("trace_small.jsonl");
+    let profile = scratch("fit.npz");
+    let a = calibrate_args(&[
+        &trace,
+        "--decode-speedup-ratio",
+        "0.8",
+        "--fit-profile",
+        profile.to_str().unwrap(),
+        "--windows",
+        "0",
+    ]);
+    let run = within(300, loadgen::calibrate::calibrate(&a)).await??;
+    assert!(profile.exists() && profile.with_extension("json").exists());
+    assert_eq!(run.json["fit_profile"], profile.display().to_string());
+    assert_eq!(run.json["counts"]["matched"], 20);
+    assert_eq!(metric(&run, "itl")["n"], 20);
+    let e = loadgen::validate(&Command::Calibrate(calibrate_args(&[
+        &trace,
+        "--records",
+        "r.jsonl",
+        "--fit-profile",
+        "p.npz",
+    ])))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("--fit-profile measures the live target"), "{e}");
+    Ok(())
+}
