@@ -637,3 +637,51 @@ async fn agentic_live_mean_ttft_and_e2e_within_5_percent_of_offline() -> Result<
     }
     Ok(())
 }
+
+/// Per request, keyed by session and turn: the serving worker and the prompt tokens served
+/// from the prefix cache.
+type Placement = std::collections::BTreeMap<(Option<String>, usize), (Option<u32>, usize)>;
+
+fn placements<'a>(
+    records: impl Iterator<Item = &'a servesim::metrics::RequestRecord>,
+) -> Placement {
+    records
+        .map(|r| {
+            (
+                (r.session_id.clone(), r.turn_index),
+                (r.worker, r.reused_input_tokens),
+            )
+        })
+        .collect()
+}
+
+/// Requests at the same trace timestamp are admitted live in trace order, as offline: on five
+/// bursts of four tied arrivals on four idle workers (each burst 1.5 s after the last, so every
+/// request has finished before the next burst), each request runs on the same worker with the
+/// same cached tokens live as offline. Without the order, the first burst's tie-breaks fall to
+/// whichever request reaches the server first and the workers come out permuted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tied_arrivals_run_on_the_same_workers_live_as_offline() -> Result<()> {
+    let trace = fixture("trace_tied.jsonl");
+    let a = args(&[&trace, "--num-workers", "4", "--quiet"]);
+    let offline = offline_replay(
+        &loadgen::replay::load_trace(&a)?,
+        &ReplayConfig {
+            cluster: a.run.target.engine.cluster_config()?,
+            trace_block_size: a.trace.block_size,
+        },
+        |_, _| {},
+    )?;
+    let run = within(60, loadgen::replay::replay(&a)).await??;
+    let off = placements(offline.records.iter());
+    let live = placements(run.live.records.iter().map(|r| &r.record));
+    assert_eq!(off.len(), 20);
+    let workers: std::collections::BTreeSet<_> = off.values().map(|(w, _)| *w).collect();
+    assert_eq!(
+        workers.len(),
+        4,
+        "the first burst spreads over every worker"
+    );
+    assert_eq!(live, off);
+    Ok(())
+}
