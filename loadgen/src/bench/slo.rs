@@ -87,6 +87,8 @@ mod tests {
             error_kind: (!ok).then_some("http"),
             error_status: (!ok).then_some(500),
             finish_reason: None,
+            engine_ttft_ms: None,
+            engine_e2e_ms: None,
             raw: Default::default(),
             agentic: None,
         }

@@ -171,7 +171,7 @@ async fn send_node(
         _ = aborted(abort.clone()) => client::cancelled(sent),
         r = async {
             match &shared.url {
-                Some(url) => client::send_to(&shared.endpoint, url, &body).await,
+                Some(url) => client::send_to(&shared.endpoint, url, &body, None).await,
                 None => client::send(&shared.endpoint, &body).await,
             }
         } => r,

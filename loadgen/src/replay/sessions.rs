@@ -144,7 +144,11 @@ impl Mode for SessionsMode<'_> {
         target: &Connected,
         hooks: RunHooks,
     ) -> Result<driver::DriverOutput, LoadgenError> {
-        let config = hooks.driver_config(self.args.max_in_flight, None);
+        let config = driver::DriverConfig {
+            // Tied timestamps are admitted in trace order, as `mockserve replay` admits them.
+            ordered_ties: true,
+            ..hooks.driver_config(self.args.max_in_flight, None)
+        };
         driver::drive(target.endpoint.clone(), scripts, &config).await
     }
 

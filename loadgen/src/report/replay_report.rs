@@ -74,6 +74,12 @@ pub struct LiveRecord {
     pub error_status: Option<u16>,
     /// The stream's last `finish_reason` (`stop`, `length`, `tool_calls`, ...).
     pub finish_reason: Option<String>,
+    /// The server's own TTFT from its engine's submission, when it said (`nvext.timing`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_ttft_ms: Option<f64>,
+    /// The server's own submission-to-last-token time, when it said.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_e2e_ms: Option<f64>,
     /// Everything the driver measured, unrounded: `loadgen merge` rebuilds the report from it.
     pub raw: RawSample,
     /// For an agentic trace, the node the request was (`request_id`, `play_id`,
@@ -206,6 +212,9 @@ impl RawSample {
                     first_answer_us: self.first_answer_us,
                     token_chunks_us: self.token_chunks_us.clone(),
                     end_us: self.end_us,
+                    // Not kept in the raw record.
+                    engine_ttft_ms: None,
+                    engine_e2e_ms: None,
                 },
                 content: String::new(),
                 output_tokens: self.output_tokens,
@@ -380,6 +389,8 @@ pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> Li
                 error_kind: s.response.failure.as_ref().map(|f| f.kind()),
                 error_status: s.response.failure.as_ref().and_then(|f| f.status()),
                 finish_reason: s.response.finish_reason.clone(),
+                engine_ttft_ms: s.response.timing.engine_ttft_ms,
+                engine_e2e_ms: s.response.timing.engine_e2e_ms,
                 raw: raws[i].clone(),
                 agentic: None,
             }
@@ -597,6 +608,7 @@ mod tests {
                     first_answer_us: chunks_us.first().copied(),
                     token_chunks_us: chunks_us.to_vec(),
                     end_us: chunks_us.last().copied().unwrap_or(200) + 10,
+                    ..Timing::default()
                 },
                 content: String::new(),
                 output_tokens: tokens,

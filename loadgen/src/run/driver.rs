@@ -7,7 +7,10 @@
 //! request of the same session completed ([`Start::After`], closed loop: think times, trace
 //! `delay`s, concurrency). The pacer walks the sessions in order of their first start and wakes
 //! each at its absolute deadline (`sleep_until`, so lateness never accumulates); every later
-//! deadline is absolute too. An optional semaphore caps requests in flight.
+//! deadline is absolute too. With [`DriverConfig::ordered_ties`], sessions whose first requests
+//! are due at the same instant (a trace's tied timestamps) send them one after another in session
+//! order, each once the one before it has its response headers, so the server admits them in
+//! trace order as an offline replay does. An optional semaphore caps requests in flight.
 //!
 //! Every [`Sample`] carries its scheduled and actual send times, so latencies are measured from
 //! the scheduled time (no coordinated omission) and the schedule lag (actual − scheduled) shows
@@ -19,7 +22,7 @@ use std::time::Duration;
 
 use indicatif::ProgressBar;
 use serde_json::Value;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{oneshot, watch, Semaphore};
 use tokio::time::Instant;
 
 use crate::error::LoadgenError;
@@ -142,6 +145,7 @@ impl RunHooks {
             observer: self.observer,
             abort: self.abort,
             sent: self.sent,
+            ordered_ties: false,
         }
     }
 }
@@ -162,6 +166,10 @@ pub struct DriverConfig {
     pub abort: Option<watch::Receiver<bool>>,
     /// Incremented as each request is sent (with the completions, the requests in flight).
     pub sent: Option<Arc<AtomicU64>>,
+    /// Sessions whose first requests are due at the same instant send them in session order,
+    /// each once the one before it has its response headers (trace replay: tied timestamps are
+    /// admitted in trace order). Off, they go at once (closed-loop sessions all due at 0).
+    pub ordered_ties: bool,
 }
 
 /// What [`drive`] returns.
@@ -224,18 +232,33 @@ fn since(start: Instant, t: Instant) -> u64 {
     t.saturating_duration_since(start).as_micros() as u64
 }
 
-/// One request to the shared endpoint.
-async fn send(shared: &Shared, body: &Value) -> Response {
+/// One request to the shared endpoint; `on_headers` is dropped once its response headers came.
+async fn send(shared: &Shared, body: &Value, on_headers: Option<oneshot::Sender<()>>) -> Response {
     match &shared.url {
-        Some(url) => client::send_to(&shared.endpoint, url, body).await,
+        Some(url) => client::send_to(&shared.endpoint, url, body, on_headers).await,
         None => client::send(&shared.endpoint, body).await,
     }
+}
+
+/// How a session's first request keeps its place among the sessions due at the same instant
+/// (a trace's tied timestamps): it is sent once the one before it in the pacer's order has its
+/// response headers (a server that admits a request before answering its headers, as mockserve
+/// does, has admitted it then), and it lets the one after it go when its own headers came.
+/// Without this, tied requests reach the server in whatever order their tasks and connections
+/// happen to run, and routing tie-breaks fall differently than offline.
+#[derive(Default)]
+struct TieOrder {
+    /// Resolves (or is dropped) when the previous tied session's first request was admitted.
+    after: Option<oneshot::Receiver<()>>,
+    /// Dropped when this session's first request has its headers (or never went).
+    admitted: Option<oneshot::Sender<()>>,
 }
 
 async fn run_session(
     shared: Arc<Shared>,
     session: usize,
     mut script: Box<dyn Script>,
+    mut tie: TieOrder,
 ) -> Vec<Sample> {
     let mut samples: Vec<Sample> = Vec::new();
     let mut previous_end = shared.start;
@@ -258,6 +281,14 @@ async fn run_session(
             _ = aborted(shared.abort.clone()) => break,
             _ = tokio::time::sleep_until(due) => {}
         }
+        if let Some(after) = tie.after.take() {
+            // An error is the previous session gone without sending: nothing to wait for.
+            tokio::select! {
+                biased;
+                _ = aborted(shared.abort.clone()) => break,
+                _ = after => {}
+            }
+        }
         let before_cap = Instant::now();
         let permit = match &shared.cap {
             Some(s) => tokio::select! {
@@ -275,7 +306,7 @@ async fn run_session(
         let response = tokio::select! {
             biased;
             _ = aborted(shared.abort.clone()) => client::cancelled(sent),
-            r = send(&shared, &planned.body) => r,
+            r = send(&shared, &planned.body, tie.admitted.take()) => r,
         };
         drop(permit);
         previous_end = sent + Duration::from_micros(response.timing.end_us);
@@ -333,7 +364,17 @@ pub async fn drive(
         .collect();
     order.sort_by_key(|(t, i, _)| (*t, *i));
     let mut tasks = Vec::with_capacity(order.len());
+    // The admission gate of the previous session when it is due at the same instant.
+    let mut previous: Option<(Duration, oneshot::Receiver<()>)> = None;
     for (first, index, script) in order {
+        let (admitted, next) = oneshot::channel();
+        let after = previous
+            .replace((first, next))
+            .and_then(|(t, rx)| (config.ordered_ties && t == first).then_some(rx));
+        let tie = TieOrder {
+            after,
+            admitted: Some(admitted),
+        };
         if shared.stop_at.is_some_and(|stop| start + first > stop) || is_aborted(&shared.abort) {
             continue;
         }
@@ -345,7 +386,12 @@ pub async fn drive(
             _ = aborted(shared.abort.clone()) => continue,
             _ = tokio::time::sleep_until(wake) => {}
         }
-        tasks.push(tokio::spawn(run_session(shared.clone(), index, script)));
+        tasks.push(tokio::spawn(run_session(
+            shared.clone(),
+            index,
+            script,
+            tie,
+        )));
     }
     let mut samples = Vec::new();
     for task in tasks {

@@ -555,7 +555,7 @@ pub(crate) fn request_body(
         }),
     };
     if ask_worker_id {
-        body["nvext"] = serde_json::json!({"extra_fields": ["worker_id"]});
+        body["nvext"] = serde_json::json!({"extra_fields": ["worker_id", "timing"]});
     }
     api.wire().body(body)
 }

@@ -15,6 +15,8 @@ pub(super) struct Facts<'a> {
     pub(super) finish_reason: Option<&'a str>,
     /// `nvext.worker_id` (see [`worker_of`]).
     pub(super) worker: Option<u32>,
+    /// `nvext.timing`'s `ttft_ms` and `total_time_ms` (see [`engine_ms`]).
+    pub(super) engine: [Option<f64>; 2],
     /// `choices[0].text` (text completions).
     pub(super) text: Option<&'a str>,
     /// `choices[0].delta`, when present: its `content`, `reasoning_content` and `reasoning`
@@ -143,6 +145,14 @@ struct ChunkFunction<'a> {
 #[derive(Deserialize)]
 struct ChunkNvext {
     worker_id: Option<WorkerIdField>,
+    timing: Option<Object<ChunkTiming>>,
+}
+
+/// `nvext.timing`: the server's own times (ms from its engine's submission).
+#[derive(Deserialize)]
+struct ChunkTiming {
+    ttft_ms: Option<f64>,
+    total_time_ms: Option<f64>,
 }
 
 /// `nvext.worker_id`: a number, or an object of optional `decode_worker_id` and
@@ -207,6 +217,13 @@ impl<'a> Chunk<'a> {
                     id(p.decode_worker_id).or_else(|| id(p.prefill_worker_id))
                 }
             });
+        let engine = self
+            .nvext
+            .as_ref()
+            .and_then(|n| n.0.timing.as_ref())
+            .map_or([None, None], |Object(t)| {
+                [engine_ms(t.ttft_ms), engine_ms(t.total_time_ms)]
+            });
         let delta = choice.and_then(|c| c.delta.as_ref()).map(|Object(d)| d);
         let tool_calls = delta
             .and_then(|d| d.tool_calls.as_ref())
@@ -230,6 +247,7 @@ impl<'a> Chunk<'a> {
             usage,
             finish_reason: choice.and_then(|c| c.finish_reason.as_deref()),
             worker,
+            engine,
             text: choice.and_then(|c| c.text.as_deref()),
             delta: delta.map(|d| {
                 [
@@ -253,4 +271,9 @@ pub(super) fn worker_of(v: &Value) -> Option<u32> {
     id(Some(v))
         .or_else(|| id(v.get("decode_worker_id")))
         .or_else(|| id(v.get("prefill_worker_id")))
+}
+
+/// A server time in ms when it is one: finite and not negative.
+pub(super) fn engine_ms(ms: Option<f64>) -> Option<f64> {
+    ms.filter(|x| x.is_finite() && *x >= 0.0)
 }

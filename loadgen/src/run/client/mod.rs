@@ -130,21 +130,35 @@ fn classify(e: &reqwest::Error, other: fn(String) -> Failure, when: &str) -> Fai
 /// Sends one streamed chat request and reads it to the end.
 pub async fn send(endpoint: &Endpoint, body: &Value) -> Response {
     match reqwest::Url::parse(&endpoint.url) {
-        Ok(url) => send_to(endpoint, &url, body).await,
+        Ok(url) => send_to(endpoint, &url, body, None).await,
         // reqwest reports the bad URL as it would have.
-        Err(_) => send_request(endpoint, endpoint.client.post(&endpoint.url), body).await,
+        Err(_) => send_request(endpoint, endpoint.client.post(&endpoint.url), body, None).await,
     }
 }
 
 /// [`send`] to `url`, `endpoint.url` parsed once by the caller (a URL is not parsed per request).
-pub(crate) async fn send_to(endpoint: &Endpoint, url: &reqwest::Url, body: &Value) -> Response {
-    send_request(endpoint, endpoint.client.post(url.clone()), body).await
+/// `on_headers` is dropped once the response headers came (or the request failed before them):
+/// a server that answers headers only after admitting the request has admitted it by then.
+pub(crate) async fn send_to(
+    endpoint: &Endpoint,
+    url: &reqwest::Url,
+    body: &Value,
+    on_headers: Option<tokio::sync::oneshot::Sender<()>>,
+) -> Response {
+    send_request(
+        endpoint,
+        endpoint.client.post(url.clone()),
+        body,
+        on_headers,
+    )
+    .await
 }
 
 async fn send_request(
     endpoint: &Endpoint,
     request: reqwest::RequestBuilder,
     body: &Value,
+    on_headers: Option<tokio::sync::oneshot::Sender<()>>,
 ) -> Response {
     let mut request = request.json(body);
     let wire = endpoint.wire;
@@ -158,7 +172,9 @@ async fn send_request(
     };
     let start = Instant::now();
     let mut state = StreamState::new(start);
-    let response = match request.send().await {
+    let sent = request.send().await;
+    drop(on_headers);
+    let response = match sent {
         Ok(r) => r,
         Err(e) => {
             let f = classify(&e, Failure::Transport, "before the response headers");

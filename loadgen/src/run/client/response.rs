@@ -64,6 +64,11 @@ pub struct Timing {
     pub token_chunks_us: Vec<u64>,
     /// The stream ended (or the request failed).
     pub end_us: u64,
+    /// The server's own TTFT, from its engine's submission (`nvext.timing.ttft_ms`, asked for
+    /// with the worker id; mockserve's is the engine model's, free of HTTP and client cost).
+    pub engine_ttft_ms: Option<f64>,
+    /// The server's own submission-to-last-token time (`nvext.timing.total_time_ms`).
+    pub engine_e2e_ms: Option<f64>,
 }
 
 impl Timing {

@@ -4,7 +4,7 @@
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::run::client::chunk::{worker_of, Chunk, Facts, Object, ToolDelta};
+use crate::run::client::chunk::{engine_ms, worker_of, Chunk, Facts, Object, ToolDelta};
 use crate::run::client::response::{usage_disagrees, Response, Timing, TokenSource, ToolCall};
 use crate::run::failure::Failure;
 
@@ -271,6 +271,9 @@ impl StreamState {
                     .pointer("/choices/0/finish_reason")
                     .and_then(Value::as_str),
                 worker: v.pointer("/nvext/worker_id").and_then(worker_of),
+                engine: ["ttft_ms", "total_time_ms"].map(|k| {
+                    engine_ms(v.pointer("/nvext/timing").and_then(|t| t.get(k)?.as_f64()))
+                }),
                 text: v.pointer("/choices/0/text").and_then(Value::as_str),
                 delta,
                 tool_calls,
@@ -282,6 +285,9 @@ impl StreamState {
 
     /// Records what one chunk (not an error) says, arrived at `t`.
     fn on_facts(&mut self, facts: Facts<'_>, t: u64) {
+        let [ttft, e2e] = facts.engine;
+        self.timing.engine_ttft_ms = ttft.or(self.timing.engine_ttft_ms);
+        self.timing.engine_e2e_ms = e2e.or(self.timing.engine_e2e_ms);
         if let Some(usage) = facts.usage {
             self.usage = Some(usage);
         }
