@@ -690,7 +690,10 @@ mod tests {
             total_isl: 100,
             total_prefix: 0,
         };
-        assert_eq!(latency.prefill(&batch), servesim::time::SimDuration(9_763));
+        assert_eq!(
+            latency.prefill(&batch),
+            servesim::time::SimDuration::from_micros(9_763)
+        );
         let both = Cli::try_parse_from([
             "mockserve",
             "serve",

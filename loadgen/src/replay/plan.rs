@@ -138,9 +138,9 @@ pub(crate) fn expected_reuse(
 ) -> Vec<Vec<usize>> {
     let mut order: Vec<(u64, usize, usize)> = Vec::new();
     for (si, s) in trace.sessions.iter().enumerate() {
-        let mut t = s.first_arrival.0;
+        let mut t = s.first_arrival.as_nanos();
         for (ti, turn) in s.turns.iter().enumerate() {
-            t += turn.delay.0;
+            t += turn.delay.as_nanos();
             order.push((t, si, ti));
         }
     }
