@@ -623,7 +623,7 @@ fn critical_path(
         let Some(dispatched) = state.dispatched else {
             return path;
         };
-        path.model = path.model + until.saturating_since(dispatched);
+        path.model += until.saturating_since(dispatched);
         let floor = state.floor;
         match state.due {
             Some((due, k)) if due >= floor => {
@@ -638,7 +638,7 @@ fn critical_path(
                 let Some(t) = t else {
                     return path;
                 };
-                path.tool_wait = path.tool_wait + dispatched.saturating_since(t);
+                path.tool_wait += dispatched.saturating_since(t);
                 until = t;
                 node = dep.source;
             }
