@@ -497,8 +497,9 @@ pub fn search(cmd: &SearchCommand) -> anyhow::Result<()> {
             if v.failures > 0 {
                 anyhow::bail!(
                     "--verify: {} requests failed in the live run (the report's verify has the \
-                     figures of the rest)",
-                    v.failures
+                     figures of the rest); by reason: {}",
+                    v.failures,
+                    v.reasons
                 );
             }
             Ok(())

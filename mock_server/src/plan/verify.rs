@@ -51,6 +51,8 @@ pub struct Verified {
     pub table: String,
     /// Requests that failed live (the command fails after writing the report when above 0).
     pub failures: u64,
+    /// loadgen's failure counts by reason, as JSON text.
+    pub reasons: String,
 }
 
 /// The loadgen binary beside the current executable.
@@ -332,14 +334,17 @@ pub fn run(
         "requests": counts.requests,
         "good_requests": counts.good,
         "failures": failures,
+        "failure_reasons": live.pointer("/failures/by_reason").cloned().unwrap_or(Value::Null),
         "predicted": pred,
         "measured": meas,
         "difference_pct": diff,
     });
+    let reasons = json["failure_reasons"].to_string();
     Ok(Verified {
         json,
         table,
         failures,
+        reasons,
     })
 }
 
