@@ -711,6 +711,23 @@ fn verify_failures_are_named_and_the_report_is_still_written() {
         "{err}"
     );
     assert!(json(Path::new(&report))["best"].is_object());
+    // A live run past its bound is stopped, never waited on: the trace's 560 ms of arrivals
+    // last 56 s at speed-up 0.01.
+    let started = std::time::Instant::now();
+    let err = fails(&run(base(&[
+        "--verify",
+        "--verify-speedup",
+        "0.01",
+        "--verify-timeout-s",
+        "1",
+    ])));
+    assert!(
+        err.contains(
+            "--verify: the live run took longer than --verify-timeout-s 1; loadgen was stopped"
+        ),
+        "{err}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
     // Without loadgen beside the executable, the error names where it was looked for.
     let alone = dir.join("bin");
     std::fs::create_dir_all(&alone).expect("bin dir");
