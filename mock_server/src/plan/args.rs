@@ -22,9 +22,8 @@ pub struct SearchArgs {
     #[arg(long, value_name = "SPACE.toml")]
     pub space: PathBuf,
 
-    /// Per-request bounds in loadgen's `--slo` grammar, e.g. ttft=2000ms,tpot=50ms (ttft, itl
-    /// or tpot, e2e; units us, ms, s).
-    #[arg(long, value_name = "SLO")]
+    /// Per-request bounds (the replay's `--slo` flag, read by the plan: see [`PlanArgs`]).
+    #[arg(skip)]
     pub slo: servesim::slo::Slo,
 
     /// goodput-per-gpu, goodput, fewest-gpus (at the trace's rate) or pareto (goodput per
@@ -73,6 +72,32 @@ pub struct SearchArgs {
     /// Write the ranking and the Pareto front as a self-contained HTML page.
     #[arg(long, value_name = "PATH")]
     pub html: Option<PathBuf>,
+
+    /// Check the best candidate live: `loadgen replay` (found beside this executable) sends the
+    /// trace over HTTP to mockserve on 127.0.0.1 with the candidate's flags, at
+    /// --verify-speedup, and the report's `verify` puts the measured SLO attainment and
+    /// percentiles beside the offline replay's at the same speed-up.
+    #[arg(long)]
+    pub verify: bool,
+
+    /// The arrival speed-up of the live check (and of the prediction it is compared with).
+    #[arg(long, default_value_t = 10.0, value_name = "S", requires = "verify")]
+    pub verify_speedup: f64,
+
+    /// With --verify: measure this deployment (an OpenAI-compatible base URL) instead of
+    /// standing the candidate up on loopback; the difference is the prediction's error there.
+    #[arg(long, value_name = "URL", requires = "verify")]
+    pub url: Option<String>,
+
+    /// With --verify: the longest the live run may take, in seconds; past it, loadgen is
+    /// killed and the check fails.
+    #[arg(
+        long,
+        default_value_t = 1800,
+        value_name = "SECONDS",
+        requires = "verify"
+    )]
+    pub verify_timeout_s: u64,
 }
 
 /// `mockserve plan merge`: the shards' ledgers into one report.
@@ -146,6 +171,14 @@ impl Args for PlanArgs {
                          file stem on 1 GPU",
                     )
             })
+            // The replay's `--slo` (its autoscale judge's objectives) is the plan's SLO: it is
+            // read into the search flags, never passed to the candidates' replays.
+            .mut_arg("slo", |a| {
+                a.value_name("SLO").help(
+                    "Per-request bounds in loadgen's --slo grammar, e.g. ttft=2000ms,tpot=50ms \
+                     (ttft, itl or tpot, e2e; units us, ms, s)",
+                )
+            })
             .mut_arg("report_json", |a| {
                 a.help("Write the plan's report (best, ranking, pareto, trials) as JSON")
             });
@@ -167,7 +200,10 @@ impl FromArgMatches for PlanArgs {
         if let Some(("merge", sub)) = m.subcommand() {
             return Ok(PlanArgs::Merge(MergeArgs::from_arg_matches(sub)?));
         }
-        let search = SearchArgs::from_arg_matches(m)?;
+        let mut search = SearchArgs::from_arg_matches(m)?;
+        if let Some(slo) = m.get_one::<servesim::slo::Slo>("slo") {
+            search.slo = *slo;
+        }
         let raw = |id: &str| -> Vec<String> {
             m.get_raw(id)
                 .map(|vs| vs.map(|v| v.to_string_lossy().into_owned()).collect())
@@ -177,8 +213,10 @@ impl FromArgMatches for PlanArgs {
         let mut fixed = Vec::new();
         for arg in replay_command().get_arguments() {
             let id = arg.get_id().as_str();
-            if matches!(id, "trace" | "perf_profile" | "report_json" | "quiet")
-                || m.value_source(id) != Some(ValueSource::CommandLine)
+            if matches!(
+                id,
+                "trace" | "perf_profile" | "report_json" | "quiet" | "slo"
+            ) || m.value_source(id) != Some(ValueSource::CommandLine)
             {
                 continue;
             }

@@ -6,6 +6,7 @@
 //!   arrival speed-up.
 //! - [`ledger`] writes every trial as a JSON line as it finishes, and reads ledgers back to
 //!   resume a run or merge shards.
+//! - [`verify`] checks the best candidate live (`--verify`) through the loadgen binary.
 //! - [`report`] ranks the trials (objective, Pareto front) into the JSON report, the console
 //!   table and the HTML page, from the ledger's records alone, so a merged run and an unsharded
 //!   one write the same bytes.
@@ -19,6 +20,7 @@ pub mod ledger;
 pub mod report;
 pub mod space;
 pub mod trial;
+pub mod verify;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -464,9 +466,49 @@ pub fn search(cmd: &SearchCommand) -> anyhow::Result<()> {
         }
         Strategy::Halving => halving(&mut runner, chosen, &header)?,
     };
-    let report = report::Report::build(&header, records, s.top);
-    report.write(cmd.report_json.as_deref(), s.html.as_deref())?;
-    report.verdict()
+    let mut report = report::Report::build(&header, records, s.top);
+    if !s.verify {
+        report.write(cmd.report_json.as_deref(), s.html.as_deref())?;
+        return report.verdict();
+    }
+    let Some(best) = report.best().cloned() else {
+        report.write(cmd.report_json.as_deref(), s.html.as_deref())?;
+        report.verdict()?;
+        anyhow::bail!("--verify: no candidate ranks, so none is checked");
+    };
+    let opts = verify::Options {
+        speedup: s.verify_speedup,
+        url: s.url.as_deref(),
+        timeout: std::time::Duration::from_secs(s.verify_timeout_s),
+        slo: &slo,
+        attainment: s.attainment.unwrap_or(DEFAULT_ATTAINMENT),
+    };
+    if !cmd.quiet {
+        eprintln!(
+            "mockserve: verifying the best candidate live at arrival speed-up {}",
+            s.verify_speedup
+        );
+    }
+    match verify::run(&header, &best, &opts, &runner.cache) {
+        Ok(v) => {
+            report.add_verify(v.json, &v.table);
+            report.write(cmd.report_json.as_deref(), s.html.as_deref())?;
+            report.verdict()?;
+            if v.failures > 0 {
+                anyhow::bail!(
+                    "--verify: {} requests failed in the live run (the report's verify has the \
+                     figures of the rest); by reason: {}",
+                    v.failures,
+                    v.reasons
+                );
+            }
+            Ok(())
+        }
+        Err(e) => {
+            report.write(cmd.report_json.as_deref(), s.html.as_deref())?;
+            Err(e)
+        }
+    }
 }
 
 /// The seed: the replay's `--seed` (the router's tie-breaks), which also seeds the draws.

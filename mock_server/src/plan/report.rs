@@ -18,6 +18,7 @@ pub struct Report {
     table: String,
     html: String,
     failure: Option<String>,
+    best: Option<TrialRecord>,
 }
 
 /// Trace flags that a live fleet does not take (with whether they take a value).
@@ -127,12 +128,12 @@ fn quote(word: &str) -> String {
     }
 }
 
-fn join(words: &[String]) -> String {
+pub(super) fn join(words: &[String]) -> String {
     words.iter().map(|w| quote(w)).collect::<Vec<_>>().join(" ")
 }
 
 /// The replay words of a trial (after `mockserve replay`).
-fn replay_words(header: &Header, r: &TrialRecord) -> Vec<String> {
+pub(super) fn replay_words(header: &Header, r: &TrialRecord) -> Vec<String> {
     let mut words = vec![header.trace.clone()];
     words.extend(header.fixed.iter().cloned());
     words.extend(r.flags.iter().cloned());
@@ -485,12 +486,27 @@ impl Report {
             ));
         }
         let html = super::html::page(header, &full, &ranked, &pareto, top);
+        let best = ranked.first().map(|&i| full[i].clone());
         Report {
             json,
             table,
             html,
             failure,
+            best,
         }
+    }
+
+    /// The best candidate's trial, if one ranks.
+    pub fn best(&self) -> Option<&TrialRecord> {
+        self.best.as_ref()
+    }
+
+    /// Adds the live check: `verify` in the JSON, and its table after the ranking.
+    pub fn add_verify(&mut self, verify: Value, table: &str) {
+        if let Value::Object(m) = &mut self.json {
+            m.insert("verify".into(), verify);
+        }
+        self.table.push_str(table);
     }
 
     /// The report as JSON text.

@@ -537,3 +537,217 @@ fn bad_input_is_named() {
     let out = mockserve(&["plan", TRACE, "--space", "x.toml", "--slo", "ttft=soon"]);
     assert!(fails(&out).contains("\"soon\" is not a number of us, ms or s"));
 }
+
+/// The loadgen binary beside mockserve (`.ci/run` builds both before the tests).
+fn loadgen_beside() -> PathBuf {
+    let path = Path::new(env!("CARGO_BIN_EXE_mockserve")).with_file_name("loadgen");
+    assert!(
+        path.is_file(),
+        "--verify runs {}: build it first (cargo build -p loadgen), as .ci/run does",
+        path.display()
+    );
+    path
+}
+
+/// The small space of the verify tests: 1 or 2 workers at 8,192 batched tokens.
+const VERIFY_SPACE: &str = "num_workers = [1, 2]\nmax_num_batched_tokens = [8192]\n";
+
+#[test]
+fn verify_replays_the_best_candidate_live_beside_its_prediction() {
+    loadgen_beside();
+    let dir = scratch("verify");
+    let space = write(&dir, "space.toml", VERIFY_SPACE);
+    let report = dir.join("r.json").display().to_string();
+    let out = mockserve(&[
+        "plan",
+        TRACE,
+        "--space",
+        &space,
+        "--slo",
+        "ttft=100ms,tpot=20ms",
+        "--arrival-speedup-ratio",
+        "1",
+        "--report-json",
+        &report,
+        "--verify",
+        "--verify-speedup",
+        "10",
+        "-q",
+    ]);
+    let stdout = ok(&out);
+    assert!(
+        stdout.contains(
+            "Verify (live on 127.0.0.1, arrival speed-up 10): 20 requests live, 0 failed"
+        ),
+        "{stdout}"
+    );
+    let r = json(Path::new(&report));
+    let v = &r["verify"];
+    assert_eq!(v["candidate"], r["best"]["index"]);
+    assert_eq!(v["speedup"], 10.0);
+    assert_eq!(v["requests"], 20);
+    assert_eq!(v["failures"], 0);
+    let best_workers = r["best"]["knobs"]["num_workers"].as_u64().expect("knob");
+    assert_eq!(
+        v["command"],
+        format!(
+            "loadgen replay {TRACE} --max-num-batched-tokens 8192 --num-workers {best_workers} \
+             --arrival-speedup-ratio 10 --quiet"
+        )
+    );
+    // The prediction is the offline replay at the speed-up: the same figures as the replay
+    // command at --arrival-speedup-ratio 10.
+    let offline = dir.join("offline.json").display().to_string();
+    let workers = best_workers.to_string();
+    ok(&mockserve(&[
+        "replay",
+        TRACE,
+        "--max-num-batched-tokens",
+        "8192",
+        "--num-workers",
+        &workers,
+        "--arrival-speedup-ratio",
+        "10",
+        "-q",
+        "--report-json",
+        &offline,
+    ]));
+    let offline = json(Path::new(&offline));
+    for key in [
+        "median_ttft_ms",
+        "p90_ttft_ms",
+        "p90_itl_ms",
+        "p90_e2e_latency_ms",
+    ] {
+        assert_eq!(v["predicted"][key], offline[key], "{key}");
+    }
+    // Live on loopback runs the same engine: the figures agree within a generous bound (a
+    // debug build and a shared machine add host time to every request).
+    for key in ["p90_ttft_ms", "p90_e2e_latency_ms", "median_ttft_ms"] {
+        let (p, m) = (
+            v["predicted"][key].as_f64().expect("predicted"),
+            v["measured"][key].as_f64().expect("measured"),
+        );
+        assert!(
+            (m / p - 1.0).abs() < 0.5,
+            "{key}: predicted {p}, measured {m}"
+        );
+        let d = v["difference_pct"][key].as_f64().expect("difference");
+        assert!((d - 100.0 * (m / p - 1.0)).abs() < 1e-9);
+    }
+    let (pa, ma) = (
+        v["predicted"]["slo_attainment"]
+            .as_f64()
+            .expect("attainment"),
+        v["measured"]["slo_attainment"]
+            .as_f64()
+            .expect("attainment"),
+    );
+    assert!(
+        (0.0..=1.0).contains(&ma) && (pa - ma).abs() <= 0.25,
+        "{pa} {ma}"
+    );
+    assert_eq!(
+        v["good_requests"].as_f64().expect("good"),
+        (ma * 20.0).round()
+    );
+    // The engine's own times come back through nvext.timing and sit below the client's.
+    let et = v["measured"]["p90_engine_ttft_ms"]
+        .as_f64()
+        .expect("engine ttft");
+    assert!(et > 0.0 && et <= v["measured"]["p90_ttft_ms"].as_f64().expect("ttft"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn verify_failures_are_named_and_the_report_is_still_written() {
+    let dir = scratch("verify-bad");
+    let space = write(&dir, "space.toml", VERIFY_SPACE);
+    let report = dir.join("r.json").display().to_string();
+    let base = |extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            TRACE,
+            "--space",
+            space.as_str(),
+            "--slo",
+            "ttft=100ms",
+            "--arrival-speedup-ratio",
+            "1",
+            "--speedup-steps",
+            "0",
+            "--report-json",
+            report.as_str(),
+            "-q",
+        ];
+        args.extend_from_slice(extra);
+        args.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let run = |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        mockserve(&args)
+    };
+    // The verify flags need --verify.
+    let err = fails(&run(base(&["--verify-speedup", "5"])));
+    assert!(err.contains("--verify"), "{err}");
+    let err = fails(&run(base(&["--verify", "--verify-speedup", "0"])));
+    assert!(
+        err.contains("--verify-speedup must be above 0, got 0"),
+        "{err}"
+    );
+    // A deployment that does not answer: every request fails, the command says so and fails,
+    // and the report (without verify) is written.
+    loadgen_beside();
+    let err = fails(&run(base(&[
+        "--verify",
+        "--url",
+        "http://127.0.0.1:1",
+        "--verify-timeout-s",
+        "120",
+    ])));
+    assert!(
+        err.contains("--verify: loadgen exited with exit status: 1 and wrote no report")
+            && err.contains("http://127.0.0.1:1/v1/models"),
+        "{err}"
+    );
+    assert!(json(Path::new(&report))["best"].is_object());
+    // A live run past its bound is stopped, never waited on: the trace's 560 ms of arrivals
+    // last 56 s at speed-up 0.01.
+    let started = std::time::Instant::now();
+    let err = fails(&run(base(&[
+        "--verify",
+        "--verify-speedup",
+        "0.01",
+        "--verify-timeout-s",
+        "1",
+    ])));
+    assert!(
+        err.contains(
+            "--verify: the live run took longer than --verify-timeout-s 1; loadgen was stopped"
+        ),
+        "{err}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    // Without loadgen beside the executable, the error names where it was looked for.
+    let alone = dir.join("bin");
+    std::fs::create_dir_all(&alone).expect("bin dir");
+    let exe = alone.join("mockserve");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_mockserve"), &exe).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_mockserve"), &exe).expect("copy mockserve");
+    }
+    let args = base(&["--verify"]);
+    let out = Command::new(&exe)
+        .args(&args)
+        .current_dir(root())
+        .output()
+        .expect("mockserve runs");
+    let err = fails(&out);
+    assert!(
+        err.contains(&format!(
+            "--verify needs the loadgen binary beside mockserve, at {}",
+            alone.join("loadgen").display()
+        )),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
