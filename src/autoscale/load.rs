@@ -101,22 +101,24 @@ impl LoadPolicy {
         };
         let (isl, osl) = (weighted(|h| h.1), weighted(|h| h.2));
         let latest = self.history.back().map_or(0.0, |h| h.0);
-        let half = self.history.len() / 2;
-        let trend = if half >= 1 {
-            let older = self.history.iter().take(half).map(|h| h.0).sum::<f64>() / half as f64;
-            let newer = self
-                .history
-                .iter()
-                .skip(self.history.len() - half)
-                .map(|h| h.0);
-            let newer = newer.sum::<f64>() / half as f64;
-            // Seconds between the two halves' centres: `len - half` scrapes.
-            (newer - older) / ((self.history.len() - half) as f64)
+        // Least-squares line through the window's rates (scrape index against rate): its value
+        // at the latest scrape is the level, its slope the trend per scrape.
+        let len = self.history.len();
+        let (level, slope) = if len >= 2 {
+            let xm = (len - 1) as f64 / 2.0;
+            let (mut sxy, mut sxx) = (0.0, 0.0);
+            for (i, h) in self.history.iter().enumerate() {
+                let dx = i as f64 - xm;
+                sxy += dx * (h.0 - rate);
+                sxx += dx * dx;
+            }
+            let slope = sxy / sxx;
+            (rate + slope * xm, slope)
         } else {
-            0.0
+            (rate, 0.0)
         };
         (
-            rate.max(latest) + trend.max(0.0) * self.lookahead_scrapes(),
+            level.max(rate).max(latest) + slope.max(0.0) * self.lookahead_scrapes(),
             isl,
             osl,
         )

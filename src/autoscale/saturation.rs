@@ -27,6 +27,12 @@ pub struct SaturationPolicyConfig {
     pub up_window_s: f64,
     /// Seconds of recommendations a scale-down takes the maximum of (HPA: 300).
     pub down_window_s: f64,
+    /// Target requests running per ready worker (running-batch saturation: a worker serving
+    /// more at once than this is near the load it holds within the SLO); above 0.
+    pub running_target: f64,
+    /// Seconds of scrapes the signals are averaged over before they are compared with their
+    /// targets (as `avg_over_time` smooths point-sampled gauges); 0 = the latest scrape only.
+    pub smooth_window_s: f64,
 }
 
 impl Default for SaturationPolicyConfig {
@@ -37,6 +43,8 @@ impl Default for SaturationPolicyConfig {
             tolerance: 0.1,
             up_window_s: 0.0,
             down_window_s: 240.0,
+            running_target: 1.5,
+            smooth_window_s: 90.0,
         }
     }
 }
@@ -47,6 +55,9 @@ pub struct SaturationPolicy {
     config: SaturationPolicyConfig,
     /// Per pool role, recent (time, recommendation), oldest first.
     history: Vec<(PoolRole, VecDeque<(f64, usize)>)>,
+    /// Per pool role, recent (time, KV usage, running per ready worker, waiting per ready
+    /// worker), oldest first.
+    signals: Vec<(PoolRole, VecDeque<(f64, f64, f64, f64)>)>,
 }
 
 impl SaturationPolicy {
@@ -69,31 +80,65 @@ impl SaturationPolicy {
         {
             return Err("saturation policy: tolerance and windows must be finite and >= 0".into());
         }
+        if !(config.running_target.is_finite() && config.running_target > 0.0) {
+            return Err(format!(
+                "saturation policy: running target {} must be above 0",
+                config.running_target
+            ));
+        }
+        if !(config.smooth_window_s.is_finite() && config.smooth_window_s >= 0.0) {
+            return Err("saturation policy: smoothing window must be finite and >= 0".into());
+        }
         Ok(SaturationPolicy {
             config,
             history: Vec::new(),
+            signals: Vec::new(),
         })
     }
 
-    /// The raw recommendation for one pool.
-    fn recommend(&self, pool: &PoolObservation) -> usize {
+    /// The raw recommendation for one pool at `time_s`.
+    fn recommend(&mut self, time_s: f64, pool: &PoolObservation) -> usize {
         if pool.ready == 0 {
             return pool.current;
         }
-        let waiting_per_worker = pool.waiting as f64 / pool.ready as f64;
-        let ratio = (pool.kv_usage / self.config.kv_target)
-            .max(waiting_per_worker / self.config.queue_target);
+        let ready = pool.ready as f64;
+        let idx = match self.signals.iter().position(|(r, _)| *r == pool.role) {
+            Some(i) => i,
+            None => {
+                self.signals.push((pool.role, VecDeque::new()));
+                self.signals.len() - 1
+            }
+        };
+        let signals = &mut self.signals[idx].1;
+        signals.push_back((
+            time_s,
+            pool.kv_usage,
+            pool.running as f64 / ready,
+            pool.waiting as f64 / ready,
+        ));
+        while signals
+            .front()
+            .is_some_and(|&(t, ..)| t < time_s - self.config.smooth_window_s)
+        {
+            signals.pop_front();
+        }
+        let n = signals.len() as f64;
+        let mean = |f: fn(&(f64, f64, f64, f64)) -> f64| signals.iter().map(f).sum::<f64>() / n;
+        let (kv, running, waiting) = (mean(|s| s.1), mean(|s| s.2), mean(|s| s.3));
+        let ratio = (kv / self.config.kv_target)
+            .max(running / self.config.running_target)
+            .max(waiting / self.config.queue_target);
         if (ratio - 1.0).abs() <= self.config.tolerance {
             return pool.current;
         }
         let busy = pool.running + pool.waiting > 0;
-        let n = (pool.ready as f64 * ratio).ceil() as usize;
+        let n = (ready * ratio).ceil() as usize;
         n.max(usize::from(busy))
     }
 
     /// The stabilised size of one pool.
     fn stabilise(&mut self, time_s: f64, pool: &PoolObservation) -> usize {
-        let raw = self.recommend(pool);
+        let raw = self.recommend(time_s, pool);
         let idx = match self.history.iter().position(|(r, _)| *r == pool.role) {
             Some(i) => i,
             None => {
