@@ -17,7 +17,7 @@ use rand_chacha::ChaCha8Rng;
 use servesim::ids::WorkerId;
 use servesim::indexer::KvIndexer;
 use servesim::kv::{KvEvent, KvEventData, StoredBlock};
-use servesim::time::SimTime;
+use servesim::time::{SimDuration, SimTime};
 use servesim::tokens::{sequence_hashes, LocalBlockHash, SequenceHash};
 
 const SIZES: [usize; 3] = [1_000, 10_000, 100_000];
@@ -202,7 +202,7 @@ fn bench_apply(c: &mut Criterion) {
                                     blocks.iter().map(|b| b.local_hash).collect();
                                 let seq: Vec<SequenceHash> =
                                     blocks.iter().map(|b| b.seq_hash).collect();
-                                now = SimTime(now.0 + 1_000_000);
+                                now += SimDuration::from_micros(1_000_000);
                                 let _ = ix.record_routing(e.worker, &local, &seq, now);
                             }
                         }

@@ -25,9 +25,9 @@
 #                  removed at exit)
 #      SERVESIM_PEERS  root of the peers (default .peers/), as for scripts/peers/setup.sh
 #
-# "identical" start times: AISimulate's clock is a float; mockserve's graph replay orders its
-# events by their unrounded times too but records whole microseconds, so a time counts as
-# identical when the two are within 1 us (the largest difference is printed too). Process time is
+# "identical" start times: AISimulate's clock is a float, mockserve's whole nanoseconds (each
+# pass time rounded to the nanosecond), so a time counts as identical when the two are within
+# 1 us (the largest difference is printed too). Process time is
 # user + system CPU of the whole command (AISimulate: Python start-up, its imports and the
 # compiled replay; mockserve: the whole binary).
 set -euo pipefail

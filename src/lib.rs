@@ -41,7 +41,7 @@
 //!     for out in cluster.advance(now) {
 //!         if let Output::Token { id: of, time, .. } = out {
 //!             assert_eq!(of, id);
-//!             token_times.push(time.as_micros());
+//!             token_times.push(time.as_nanos());
 //!         }
 //!     }
 //!     match cluster.next_event_time() {
@@ -49,9 +49,9 @@
 //!         None => break,
 //!     }
 //! }
-//! // The first token ends the 1000-token prefill (32.106 ms), then one decode step each
-//! // (5.7915 ms; back-to-back passes keep the fractions of a microsecond).
-//! assert_eq!(token_times, vec![32_106, 37_897, 43_689]);
+//! // The first token ends the 1000-token prefill (32.1059 ms), then one decode step each
+//! // (5.7915 ms); the clock has whole nanoseconds.
+//! assert_eq!(token_times, vec![32_105_859, 37_897_395, 43_688_982]);
 //! ```
 pub mod autoscale;
 pub mod cluster;

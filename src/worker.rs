@@ -7,7 +7,7 @@ use crate::kv::KvEvent;
 use crate::request::EngineRequest;
 pub(crate) use crate::scheduler::WorkerRole;
 use crate::scheduler::{EngineConfig, PassPlan, Scheduler, SchedulerEvent, SchedulerStats};
-use crate::time::{ExactTime, SimTime};
+use crate::time::{SimDuration, SimTime};
 
 /// A worker and the pass it is running, if any.
 #[derive(Debug)]
@@ -18,16 +18,12 @@ pub struct Worker {
     scheduler: Scheduler,
     /// End of the pass in progress; None while idle.
     pass_end: Option<SimTime>,
-    /// The last pass's end on the clock and before rounding to the microsecond: a pass that
-    /// starts when the last one ended starts at the unrounded time, so back-to-back passes do
-    /// not add up their rounding errors.
-    last_end: Option<(SimTime, ExactTime)>,
     /// Next KV event id (per worker, from 0).
     next_event_id: u64,
     /// Passes run so far.
     passes: u64,
     /// Simulated time spent in passes, for utilisation.
-    busy_us: u64,
+    busy: SimDuration,
     /// Idle with work that cannot start a pass until an onboard in flight completes: the
     /// worker then needs no wake-up of its own (cleared by anything that changes its queues).
     stalled: bool,
@@ -40,10 +36,9 @@ impl Worker {
             id,
             scheduler: Scheduler::new(config, seed),
             pass_end: None,
-            last_end: None,
             next_event_id: 0,
             passes: 0,
-            busy_us: 0,
+            busy: SimDuration::ZERO,
             stalled: false,
         }
     }
@@ -68,11 +63,6 @@ impl Worker {
     /// End of the pass in progress.
     pub fn pass_end(&self) -> Option<SimTime> {
         self.pass_end
-    }
-
-    /// End of the pass in progress before rounding to the microsecond.
-    pub(crate) fn pass_end_exact(&self) -> Option<ExactTime> {
-        self.pass_end.and(self.last_end.map(|(_, exact)| exact))
     }
 
     /// Aggregated, prefill or decode.
@@ -125,41 +115,17 @@ impl Worker {
     /// [`RejectReason::Unschedulable`](crate::scheduler::RejectReason::Unschedulable) and tries
     /// again. So an idle worker never holds work it will not run.
     pub fn start_pass(&mut self, now: SimTime) -> Option<SimTime> {
-        let start = match self.last_end {
-            Some((at, exact)) if at == now => exact,
-            _ => ExactTime::from(now),
-        };
-        self.start_pass_from(now, now, start)
-    }
-
-    /// [`Worker::start_pass`] at an unrounded instant, for a driver that orders its events by
-    /// exact time: the pass starts at `now` itself, and only the G2 onboards due by then
-    /// complete first.
-    pub(crate) fn start_pass_exact(&mut self, now: ExactTime) -> Option<SimTime> {
-        self.start_pass_from(now.round(), now.floor(), now)
-    }
-
-    /// Starts a pass at `start` (recorded at `now`), the G2 onboards due by `transfers_due`
-    /// completed first.
-    fn start_pass_from(
-        &mut self,
-        now: SimTime,
-        transfers_due: SimTime,
-        start: ExactTime,
-    ) -> Option<SimTime> {
         if self.pass_end.is_some() {
             return self.pass_end;
         }
-        self.scheduler.advance_transfers(transfers_due);
+        self.scheduler.advance_transfers(now);
         loop {
-            if let Some(PassPlan { exact_us, .. }) = self.scheduler.start_pass() {
-                let exact_end = ExactTime::from_micros_f64(start.as_micros_f64() + exact_us);
-                let end = exact_end.round().max(now);
-                self.last_end = Some((end, exact_end));
+            if let Some(PassPlan { duration, .. }) = self.scheduler.start_pass() {
+                let end = now + duration;
                 self.stalled = false;
                 self.pass_end = Some(end);
                 self.passes += 1;
-                self.busy_us += (end - now).as_micros();
+                self.busy += duration;
                 return Some(end);
             }
             if !self.scheduler.has_work() {
@@ -233,7 +199,7 @@ impl Worker {
             scheduler: self.scheduler.stats(),
             num_gpu_blocks: self.scheduler.config().num_gpu_blocks,
             passes: self.passes,
-            busy_us: self.busy_us,
+            busy_ns: self.busy.as_nanos(),
         }
     }
 }
@@ -251,6 +217,6 @@ pub struct WorkerStats {
     pub num_gpu_blocks: usize,
     /// Passes run.
     pub(crate) passes: u64,
-    /// Simulated microseconds spent in passes.
-    pub busy_us: u64,
+    /// Simulated nanoseconds spent in passes.
+    pub busy_ns: u64,
 }

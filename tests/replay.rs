@@ -58,18 +58,20 @@ fn single_request_ttft_and_e2e_by_hand() {
     let trace = trace::parse(text.as_bytes(), "one.jsonl", &TraceOptions::default()).unwrap();
     let outcome = replay(&trace, &config(1, RouterMode::RoundRobin), |_, _| {}).unwrap();
     let r = &outcome.report;
-    // Prefill of 1000 tokens: 4.209989e-07 * 1000^2 + 1.518344e-02 * 1000 + 16.50142 = 32.1059 ms.
-    assert_eq!(r.ttft.mean, 32.106);
+    // Prefill of 1000 tokens: 4.209989e-07 * 1000^2 + 1.518344e-02 * 1000 + 16.50142 =
+    // 32.1058589 ms, on the clock to the nanosecond.
+    assert_eq!(r.ttft.mean, 32.105859);
     // Two decode steps at u = 1001 and 1002 tokens of 16384 * 64: 5.7915 ms each. The passes
-    // run back to back, so the end of the last one is the exact sum, rounded to the microsecond.
-    let step_us = |len: f64| {
+    // run back to back, so the end of the last one is the sum of the three, each rounded to
+    // the nanosecond.
+    let step_ns = |len: f64| {
         let u = len / (16384.0 * 64.0);
-        (-25.74 * u * u + 54.01 * u + 5.74) * 1000.0
+        ((-25.74 * u * u + 54.01 * u + 5.74) * 1e6).round()
     };
-    let prefill_us = (4.209989e-07 * 1e6 + 1.518344e-02 * 1e3 + 16.50142) * 1000.0;
-    let end_us = (prefill_us + step_us(1001.0) + step_us(1002.0)).round();
-    assert_eq!(end_us, 43_689.0);
-    assert_eq!((r.e2e_latency.mean * 1000.0).round(), end_us);
+    let prefill_ns = ((4.209989e-07 * 1e6 + 1.518344e-02 * 1e3 + 16.50142f64) * 1e6).round();
+    let end_ns = prefill_ns + step_ns(1001.0) + step_ns(1002.0);
+    assert_eq!(end_ns, 43_688_982.0);
+    assert_eq!(r.e2e_latency.mean, 43.688982);
     assert_eq!(r.total_output_tokens, 3);
     assert_eq!(r.prefix_cache_reused_ratio, 0.0);
     // The engine reads no clock: wall-clock figures are the caller's to fill in.
@@ -90,9 +92,9 @@ fn a_repeated_prompt_reuses_its_cached_prefix() {
     );
     let trace = trace::parse(text.as_bytes(), "two.jsonl", &TraceOptions::default()).unwrap();
     let outcome = replay(&trace, &config(1, RouterMode::KvRouter), |_, _| {}).unwrap();
-    // 15 full blocks of 64 (960 tokens) are cached; 40 tokens recomputed: 17.109 ms.
+    // 15 full blocks of 64 (960 tokens) are cached; 40 tokens recomputed: 17.109431 ms.
     assert_eq!(outcome.records[1].reused_input_tokens, 960);
-    assert_eq!(outcome.records[1].ttft_ms, Some(17.109));
+    assert_eq!(outcome.records[1].ttft_ms, Some(17.109431));
     assert_eq!(outcome.report.prefix_cache_reused_ratio, 960.0 / 2000.0);
 }
 

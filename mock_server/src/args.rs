@@ -684,13 +684,17 @@ mod tests {
         let config = args.engine.cluster_config().expect("valid");
         let latency = &config.engine.latency;
         assert!(latency.model.describe().contains("h200_tp1_perf.npz"));
-        // The profile's first prefill point (100 tokens, 19.525209 ms) at speed-up 2.
+        // The profile's first prefill point (100 tokens, 19.525209 ms) at speed-up 2: 9.7626045
+        // ms, to the nanosecond.
         let batch = servesim::perf::PrefillBatch {
             num_requests: 1,
             total_isl: 100,
             total_prefix: 0,
         };
-        assert_eq!(latency.prefill(&batch), servesim::time::SimDuration(9_763));
+        assert_eq!(
+            latency.prefill(&batch),
+            servesim::time::SimDuration::from_nanos(9_762_605)
+        );
         let both = Cli::try_parse_from([
             "mockserve",
             "serve",

@@ -88,9 +88,9 @@ pub struct LifecycleConfig {
 }
 
 /// Default model-load delay: 240 s.
-pub const DEFAULT_MODEL_LOAD: SimDuration = SimDuration(240_000_000);
+pub const DEFAULT_MODEL_LOAD: SimDuration = SimDuration::from_micros(240_000_000);
 /// Default jitter: 30 s.
-pub const DEFAULT_MODEL_LOAD_JITTER: SimDuration = SimDuration(30_000_000);
+pub const DEFAULT_MODEL_LOAD_JITTER: SimDuration = SimDuration::from_micros(30_000_000);
 
 impl LifecycleConfig {
     /// Checks the settings.
@@ -131,9 +131,15 @@ impl LifecycleConfig {
 
     /// One model-load delay, uniform in `model_load ± model_load_jitter` (whole microseconds).
     pub fn draw_load_delay(&self, rng: &mut ChaCha8Rng) -> SimDuration {
-        let lo = self.model_load.0.saturating_sub(self.model_load_jitter.0);
-        let hi = self.model_load.0.saturating_add(self.model_load_jitter.0);
-        SimDuration(rng.gen_range(lo..=hi))
+        let lo = self
+            .model_load
+            .as_nanos()
+            .saturating_sub(self.model_load_jitter.as_nanos());
+        let hi = self
+            .model_load
+            .as_nanos()
+            .saturating_add(self.model_load_jitter.as_nanos());
+        SimDuration::from_nanos(rng.gen_range(lo..=hi))
     }
 }
 
@@ -169,7 +175,7 @@ mod tests {
             .to_string()
             .contains("at least 1"));
         let mut c = config(1, 4);
-        c.model_load_jitter = SimDuration(300_000_000);
+        c.model_load_jitter = SimDuration::from_micros(300_000_000);
         assert!(c
             .validate()
             .unwrap_err()
@@ -196,8 +202,10 @@ mod tests {
         let a = draw(1);
         assert_eq!(a, draw(1));
         assert_ne!(a, draw(2));
-        assert!(a.iter().all(|d| (210_000_000..=270_000_000).contains(&d.0)));
-        let mean = a.iter().map(|d| d.0 as f64).sum::<f64>() / a.len() as f64;
+        assert!(a
+            .iter()
+            .all(|d| (210_000_000_000..=270_000_000_000).contains(&d.as_nanos())));
+        let mean = a.iter().map(|d| d.as_micros() as f64).sum::<f64>() / a.len() as f64;
         assert!((mean - 240e6).abs() < 6e6, "mean {mean}");
     }
 }

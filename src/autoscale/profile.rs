@@ -63,25 +63,11 @@ pub enum RateProfile {
     Steps(Vec<(SimDuration, f64)>),
 }
 
-/// Parses a duration such as `600s`, `2.5m`, `250ms`, `10us` or `1h` (no unit: seconds).
+/// A duration in [`crate::duration`]'s grammar (`600s`, `250ms`, `10us`); a bare number is in
+/// seconds. None when it is not one, or beyond what the clock holds.
 pub fn parse_duration(v: &str) -> Option<SimDuration> {
-    let v = v.trim();
-    let (num, us_per_unit) = if let Some(x) = v.strip_suffix("us") {
-        (x, 1.0)
-    } else if let Some(x) = v.strip_suffix("ms") {
-        (x, 1e3)
-    } else if let Some(x) = v.strip_suffix('s') {
-        (x, 1e6)
-    } else if let Some(x) = v.strip_suffix('m') {
-        (x, 60e6)
-    } else if let Some(x) = v.strip_suffix('h') {
-        (x, 3600e6)
-    } else {
-        (v, 1e6)
-    };
-    let x: f64 = num.trim().parse().ok()?;
-    let us = x * us_per_unit;
-    (us.is_finite() && us >= 0.0 && us < u64::MAX as f64).then(|| SimDuration(us.round() as u64))
+    let ms = crate::duration::parse_ms(v, Some(crate::duration::Unit::Seconds)).ok()?;
+    (ms < u64::MAX as f64 / 1e6).then(|| SimDuration::from_millis_f64(ms))
 }
 
 fn parse_multiplier(kind: &'static str, key: &str, v: &str) -> Result<f64, RateProfileError> {
@@ -159,7 +145,7 @@ impl FromStr for RateProfile {
             "diurnal" => {
                 let [period, min] = named("diurnal", body, ["period", "min"])?;
                 let period = parse_span("diurnal", "period", &period)?;
-                if period.0 == 0 {
+                if period.as_nanos() == 0 {
                     return Err(RateProfileError::Part {
                         kind: "diurnal",
                         message: "period must be above 0".into(),
@@ -188,7 +174,7 @@ impl FromStr for RateProfile {
                     let at = parse_span("steps", &k, &k)?;
                     let m = parse_multiplier("steps", &k, &v)?;
                     match steps.last() {
-                        None if at.0 != 0 => {
+                        None if at.as_nanos() != 0 => {
                             return Err(RateProfileError::Part {
                                 kind: "steps",
                                 message: format!("the first step must start at 0s, not {k}"),
@@ -218,7 +204,7 @@ impl FromStr for RateProfile {
 
 impl fmt::Display for RateProfile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = |d: &SimDuration| d.0 as f64 / 1e6;
+        let s = |d: &SimDuration| d.as_nanos() as f64 / 1e9;
         match self {
             RateProfile::Diurnal { period, min } => {
                 write!(f, "diurnal:period={}s,min={min}", s(period))
@@ -243,11 +229,11 @@ impl RateProfile {
     pub fn multiplier_at_us(&self, t: f64) -> f64 {
         match self {
             RateProfile::Diurnal { period, min } => {
-                let phase = std::f64::consts::TAU * t / period.0 as f64;
+                let phase = std::f64::consts::TAU * t / (period.as_nanos() as f64 / 1e3);
                 min + (1.0 - min) * (1.0 - phase.cos()) / 2.0
             }
             RateProfile::Ramp { from, to, over } => {
-                let over = over.0 as f64;
+                let over = over.as_nanos() as f64 / 1e3;
                 if t >= over {
                     *to
                 } else {
@@ -257,14 +243,14 @@ impl RateProfile {
             RateProfile::Steps(steps) => steps
                 .iter()
                 .rev()
-                .find(|(at, _)| at.0 as f64 <= t)
+                .find(|(at, _)| (at.as_nanos() as f64 / 1e3) <= t)
                 .map_or(steps[0].1, |&(_, m)| m),
         }
     }
 
     /// The multiplier at `t`.
     pub fn multiplier(&self, t: SimTime) -> f64 {
-        self.multiplier_at_us(t.0 as f64)
+        self.multiplier_at_us(t.as_nanos() as f64 / 1e3)
     }
 
     /// The smallest multiplier the profile takes (every arrival maps to at most
@@ -281,12 +267,12 @@ impl RateProfile {
     fn integral_us(&self, t: f64) -> f64 {
         match self {
             RateProfile::Diurnal { period, min } => {
-                let p = period.0 as f64;
+                let p = period.as_nanos() as f64 / 1e3;
                 let w = std::f64::consts::TAU / p;
                 min * t + (1.0 - min) / 2.0 * (t - (w * t).sin() / w)
             }
             RateProfile::Ramp { from, to, over } => {
-                let over = over.0 as f64;
+                let over = over.as_nanos() as f64 / 1e3;
                 if t >= over {
                     (from + to) / 2.0 * over + to * (t - over)
                 } else {
@@ -296,11 +282,13 @@ impl RateProfile {
             RateProfile::Steps(steps) => {
                 let mut total = 0.0;
                 for (i, &(at, m)) in steps.iter().enumerate() {
-                    let start = at.0 as f64;
+                    let start = at.as_nanos() as f64 / 1e3;
                     if t <= start {
                         break;
                     }
-                    let end = steps.get(i + 1).map_or(f64::INFINITY, |s| s.0 .0 as f64);
+                    let end = steps
+                        .get(i + 1)
+                        .map_or(f64::INFINITY, |s| s.0.as_nanos() as f64 / 1e3);
                     total += m * (t.min(end) - start);
                 }
                 total
@@ -311,7 +299,7 @@ impl RateProfile {
     /// The replayed time of an arrival recorded at trace time `arrival`: the `t` with
     /// `M(t) = arrival`, to the nearest microsecond. Monotone: later arrivals never map earlier.
     pub fn map_time(&self, arrival: SimTime) -> SimTime {
-        let target = arrival.0 as f64;
+        let target = arrival.as_nanos() as f64 / 1e3;
         if target <= 0.0 {
             return SimTime::ZERO;
         }
@@ -330,7 +318,7 @@ impl RateProfile {
             }
         }
         let t = (lo + hi) / 2.0;
-        SimTime(t.round().min(u64::MAX as f64) as u64)
+        SimTime::from_nanos((t * 1e3).round().min(u64::MAX as f64) as u64)
     }
 
     /// [`RateProfile::map_time`] of every arrival, in order.
@@ -361,7 +349,7 @@ mod tests {
         assert_eq!(
             p("diurnal:period=600s,min=0.2"),
             RateProfile::Diurnal {
-                period: SimDuration(600_000_000),
+                period: SimDuration::from_micros(600_000_000),
                 min: 0.2
             }
         );
@@ -370,16 +358,16 @@ mod tests {
             RateProfile::Ramp {
                 from: 0.2,
                 to: 1.0,
-                over: SimDuration(300_000_000)
+                over: SimDuration::from_micros(300_000_000)
             }
         );
         let steps = p("steps:0s=1,120s=3,240s=0.5");
         assert_eq!(
             steps,
             RateProfile::Steps(vec![
-                (SimDuration(0), 1.0),
-                (SimDuration(120_000_000), 3.0),
-                (SimDuration(240_000_000), 0.5)
+                (SimDuration::from_micros(0), 1.0),
+                (SimDuration::from_micros(120_000_000), 3.0),
+                (SimDuration::from_micros(240_000_000), 0.5)
             ])
         );
         for s in [
@@ -417,57 +405,97 @@ mod tests {
     fn a_constant_profile_scales_time_exactly() {
         // Three times the rate: every arrival a third as late.
         let triple = p("steps:0s=3");
-        assert_eq!(triple.map_time(SimTime(3_000_000)), SimTime(1_000_000));
-        assert_eq!(triple.map_time(SimTime(0)), SimTime(0));
+        assert_eq!(
+            triple.map_time(SimTime::from_micros(3_000_000)),
+            SimTime::from_micros(1_000_000)
+        );
+        assert_eq!(
+            triple.map_time(SimTime::from_micros(0)),
+            SimTime::from_micros(0)
+        );
         let half = p("steps:0s=0.5");
-        assert_eq!(half.map_time(SimTime(1_000_000)), SimTime(2_000_000));
+        assert_eq!(
+            half.map_time(SimTime::from_micros(1_000_000)),
+            SimTime::from_micros(2_000_000)
+        );
     }
 
     #[test]
     fn steps_switch_rate_at_their_boundaries() {
         // Rate 1 for 120 s consumes 120 s of trace; then rate 3.
         let s = p("steps:0s=1,120s=3,240s=0.5");
-        assert_eq!(s.map_time(SimTime(60_000_000)), SimTime(60_000_000));
-        assert_eq!(s.map_time(SimTime(120_000_000)), SimTime(120_000_000));
+        assert_eq!(
+            s.map_time(SimTime::from_micros(60_000_000)),
+            SimTime::from_micros(60_000_000)
+        );
+        assert_eq!(
+            s.map_time(SimTime::from_micros(120_000_000)),
+            SimTime::from_micros(120_000_000)
+        );
         // 150 s of trace: 120 by t=120, the other 30 at rate 3 take 10 s.
-        assert_eq!(s.map_time(SimTime(150_000_000)), SimTime(130_000_000));
+        assert_eq!(
+            s.map_time(SimTime::from_micros(150_000_000)),
+            SimTime::from_micros(130_000_000)
+        );
         // By 240 s: 120 + 360 = 480 s of trace; 10 more at rate 0.5 take 20 s.
-        assert_eq!(s.map_time(SimTime(490_000_000)), SimTime(260_000_000));
+        assert_eq!(
+            s.map_time(SimTime::from_micros(490_000_000)),
+            SimTime::from_micros(260_000_000)
+        );
     }
 
     #[test]
     fn ramp_and_diurnal_integrate_their_rate() {
         // ramp 0.2 -> 1 over 300 s consumes (0.2+1)/2*300 = 180 s of trace.
         let r = p("ramp:from=0.2,to=1,over=300s");
-        assert_eq!(r.map_time(SimTime(180_000_000)), SimTime(300_000_000));
-        assert_eq!(r.map_time(SimTime(280_000_000)), SimTime(400_000_000));
+        assert_eq!(
+            r.map_time(SimTime::from_micros(180_000_000)),
+            SimTime::from_micros(300_000_000)
+        );
+        assert_eq!(
+            r.map_time(SimTime::from_micros(280_000_000)),
+            SimTime::from_micros(400_000_000)
+        );
         // One diurnal period consumes (min + (1-min)/2) * period of trace.
         let d = p("diurnal:period=600s,min=0.2");
-        assert_eq!(d.map_time(SimTime(360_000_000)), SimTime(600_000_000));
-        assert!((d.multiplier(SimTime(300_000_000)) - 1.0).abs() < 1e-12);
+        assert_eq!(
+            d.map_time(SimTime::from_micros(360_000_000)),
+            SimTime::from_micros(600_000_000)
+        );
+        assert!((d.multiplier(SimTime::from_micros(300_000_000)) - 1.0).abs() < 1e-12);
         assert!((d.multiplier(SimTime::ZERO) - 0.2).abs() < 1e-12);
     }
 
     #[test]
     fn mapping_is_monotone_and_deterministic() {
         let d = p("diurnal:period=97s,min=0.13");
-        let arrivals: Vec<SimTime> = (0..2000).map(|i| SimTime(i * 123_457)).collect();
+        let arrivals: Vec<SimTime> = (0..2000)
+            .map(|i| SimTime::from_micros(i * 123_457))
+            .collect();
         let a = d.map_times(&arrivals);
         assert_eq!(a, d.map_times(&arrivals));
         assert!(a.windows(2).all(|w| w[0] <= w[1]));
         // Each mapped time integrates back to its arrival (within a microsecond of rate 1).
         for (t, orig) in a.iter().zip(&arrivals) {
-            assert!((d.integral_us(t.0 as f64) - orig.0 as f64).abs() <= 1.0);
+            assert!(
+                (d.integral_us(t.as_nanos() as f64 / 1e3) - (orig.as_nanos() as f64 / 1e3)).abs()
+                    <= 1.0
+            );
         }
     }
 
     #[test]
     fn durations_take_units() {
-        assert_eq!(parse_duration("250ms"), Some(SimDuration(250_000)));
-        assert_eq!(parse_duration("2m"), Some(SimDuration(120_000_000)));
-        assert_eq!(parse_duration("1h"), Some(SimDuration(3_600_000_000)));
-        assert_eq!(parse_duration("7"), Some(SimDuration(7_000_000)));
-        assert_eq!(parse_duration("10us"), Some(SimDuration(10)));
+        assert_eq!(
+            parse_duration("250ms"),
+            Some(SimDuration::from_micros(250_000))
+        );
+        assert_eq!(parse_duration("2m"), None);
+        assert_eq!(
+            parse_duration("7"),
+            Some(SimDuration::from_micros(7_000_000))
+        );
+        assert_eq!(parse_duration("10us"), Some(SimDuration::from_micros(10)));
         assert_eq!(parse_duration("-1s"), None);
         assert_eq!(parse_duration("abc"), None);
     }

@@ -162,12 +162,12 @@ impl Default for KvTransferConfig {
 
 impl KvTransferConfig {
     /// Time to move `tokens` tokens of KV (Dynamo's `compute_prefill_handoff_delay_ms`), rounded
-    /// to the nearest microsecond.
+    /// to the nearest nanosecond.
     pub(crate) fn delay(&self, tokens: usize) -> SimDuration {
         match self.kv_bytes_per_token {
             Some(bytes) if self.bandwidth_gbps > 0.0 => {
                 let us = tokens as f64 * bytes as f64 / (self.bandwidth_gbps * 1e3);
-                SimDuration(us.round() as u64)
+                SimDuration::from_micros_f64(us)
             }
             _ => SimDuration::ZERO,
         }

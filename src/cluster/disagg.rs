@@ -56,7 +56,7 @@ pub(super) struct DecodePool {
     /// Hand-offs started so far.
     transfers: u64,
     /// Their summed duration.
-    transfer_us: u64,
+    transfer_ns: u64,
 }
 
 impl DecodePool {
@@ -89,7 +89,7 @@ impl DecodePool {
             next_handoff: 0,
             reuse: BTreeMap::new(),
             transfers: 0,
-            transfer_us: 0,
+            transfer_ns: 0,
         }
     }
 
@@ -171,7 +171,7 @@ impl DecodePool {
 
     /// (hand-offs started, their summed microseconds, hand-offs in flight).
     pub(super) fn transfer_counts(&self) -> (u64, u64, usize) {
-        (self.transfers, self.transfer_us, self.handoffs.len())
+        (self.transfers, self.transfer_ns, self.handoffs.len())
     }
 
     /// Checks the hand-off bookkeeping against the cluster's placement. Panics on a violation.
@@ -236,7 +236,7 @@ impl Cluster {
         };
         let duration = pool.transfer.delay(tokens);
         pool.transfers += 1;
-        pool.transfer_us += duration.as_micros();
+        pool.transfer_ns += duration.as_nanos();
         pool.reuse
             .insert(id, (state.reused_tokens, state.g2_reused_tokens));
         let to = WorkerId(worker as u32);

@@ -306,7 +306,7 @@ fn run_case(case: u64) -> (usize, usize) {
                 }
             }
             5 => {
-                now += SimDuration(rng.gen_range(0..5_000));
+                now += SimDuration::from_micros(rng.gen_range(0..5_000));
                 obs.advance(&mut c, now, case);
             }
             _ => {

@@ -438,7 +438,7 @@ impl Cluster {
 
     /// Queue depths, KV usage and counters of every worker.
     pub fn snapshot(&self) -> ClusterStats {
-        let (kv_transfers, kv_transfer_us, kv_transfers_in_flight) = self
+        let (kv_transfers, kv_transfer_ns, kv_transfers_in_flight) = self
             .decode
             .as_ref()
             .map_or((0, 0, 0), DecodePool::transfer_counts);
@@ -447,7 +447,7 @@ impl Cluster {
             parked: self.parked.len(),
             active_requests: self.placement.len() + self.parked.len(),
             kv_transfers,
-            kv_transfer_us,
+            kv_transfer_ns,
             kv_transfers_in_flight,
         }
     }

@@ -112,8 +112,8 @@ pub struct ClusterStats {
     pub active_requests: usize,
     /// Prefill→decode hand-offs started (disaggregated mode).
     pub kv_transfers: u64,
-    /// Their summed transfer time, in simulated microseconds.
-    pub kv_transfer_us: u64,
+    /// Their summed transfer time, in simulated nanoseconds.
+    pub kv_transfer_ns: u64,
     /// Hand-offs in flight.
     pub kv_transfers_in_flight: usize,
 }

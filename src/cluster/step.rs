@@ -7,7 +7,7 @@ use super::output::Output;
 use super::Cluster;
 use crate::ids::WorkerId;
 use crate::scheduler::{SchedulerEvent, WorkerRole};
-use crate::time::{ExactTime, SimTime};
+use crate::time::SimTime;
 use crate::worker::Worker;
 
 impl Cluster {
@@ -38,21 +38,6 @@ impl Cluster {
         min_opt(workers, self.next_handoff())
     }
 
-    /// [`Cluster::next_pass_end`] before rounding: the earliest unrounded end of a pass in
-    /// progress, or the earliest G2 onboard or hand-off (whole microseconds).
-    pub(crate) fn next_pass_end_exact(&self) -> Option<ExactTime> {
-        let workers = self.active.iter().map(|i| &self.workers[i]);
-        let transfer = |w: &Worker| {
-            let end = w.next_transfer_end().filter(|_| self.has_g2);
-            end.map(ExactTime::from)
-        };
-        workers
-            .flat_map(|w| [w.pass_end_exact(), transfer(w)])
-            .chain([self.next_handoff().map(ExactTime::from)])
-            .flatten()
-            .min()
-    }
-
     fn next_handoff(&self) -> Option<SimTime> {
         self.decode.as_ref().and_then(DecodePool::next_arrival)
     }
@@ -76,30 +61,18 @@ impl Cluster {
     /// [`Cluster::finish_due`], appending to `out` (a driver reusing one buffer allocates
     /// nothing per step).
     pub(crate) fn finish_due_into(&mut self, now: SimTime, out: &mut Vec<Output>) {
-        self.finish_into(now, None, out);
+        self.finish_into(now, out);
     }
 
-    /// [`Cluster::finish_due_into`] by exact time: finishes only the passes whose unrounded end
-    /// is at or before `now`, so that an arrival earlier in the same microsecond comes first.
-    pub(crate) fn finish_due_exact_into(&mut self, now: ExactTime, out: &mut Vec<Output>) {
-        self.finish_into(now.round(), Some(now), out);
-    }
-
-    /// Finishes the passes due by `now`, or with `exact`, those whose unrounded end is at or
-    /// before it (G2 onboards and hand-offs, in whole microseconds, due by it too).
-    fn finish_into(&mut self, now: SimTime, exact: Option<ExactTime>, out: &mut Vec<Output>) {
+    /// Finishes the passes due by `now` (G2 onboards and hand-offs due by it first).
+    fn finish_into(&mut self, now: SimTime, out: &mut Vec<Output>) {
         self.now = self.now.max(now);
-        let timers_due = exact.map_or(now, ExactTime::floor);
-        self.advance_timers(timers_due);
+        self.advance_timers(now);
         let mut due = std::mem::take(&mut self.due);
         let workers = &self.workers;
         due.extend(self.active.iter().filter_map(|i| {
             let end = workers[i].pass_end()?;
-            let is_due = match exact {
-                Some(exact) => workers[i].pass_end_exact().is_some_and(|e| e <= exact),
-                None => end <= now,
-            };
-            is_due.then_some((end, i))
+            (end <= now).then_some((end, i))
         }));
         due.sort_unstable();
         for &(end, w) in &due {
@@ -109,7 +82,7 @@ impl Cluster {
         due.clear();
         self.due = due;
         // Hand-offs that took no time, or ended before `now`, started by those passes.
-        self.advance_timers(timers_due);
+        self.advance_timers(now);
     }
 
     /// G2 onboards and hand-offs due by `now`.
@@ -141,17 +114,6 @@ impl Cluster {
 
     /// [`Cluster::start_idle`], appending to `out`.
     pub(crate) fn start_idle_into(&mut self, now: SimTime, out: &mut Vec<Output>) {
-        self.start_idle_at(now, None, out);
-    }
-
-    /// [`Cluster::start_idle_into`] by exact time: each pass starts at `now` unrounded, not at
-    /// the microsecond it rounds to.
-    pub(crate) fn start_idle_exact_into(&mut self, now: ExactTime, out: &mut Vec<Output>) {
-        self.start_idle_at(now.round(), Some(now), out);
-    }
-
-    /// Starts passes at `now`, or with `exact`, at that unrounded instant.
-    fn start_idle_at(&mut self, now: SimTime, exact: Option<ExactTime>, out: &mut Vec<Output>) {
         self.now = self.now.max(now);
         loop {
             let mut instant = false;
@@ -164,14 +126,7 @@ impl Cluster {
                     self.drop_if_idle(w);
                     continue;
                 }
-                let worker = &mut self.workers[w];
-                instant |= match exact {
-                    Some(exact) => {
-                        worker.start_pass_exact(exact);
-                        worker.pass_end_exact().is_some_and(|e| e <= exact)
-                    }
-                    None => worker.start_pass(now) == Some(now),
-                };
+                instant |= self.workers[w].start_pass(now) == Some(now);
                 self.collect(w, now, out);
                 self.drop_if_idle(w);
                 // Collecting may have activated workers after `w`.
@@ -180,7 +135,7 @@ impl Cluster {
             if !instant {
                 return;
             }
-            self.finish_into(now, exact, out);
+            self.finish_into(now, out);
         }
     }
 

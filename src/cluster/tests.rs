@@ -11,7 +11,7 @@ use crate::kv::{G2Config, KvEventData};
 use crate::perf::Fixed;
 use crate::request::Prompt;
 use crate::router::{RouterConfig, RouterMode};
-use crate::time::{ExactTime, SimDuration};
+use crate::time::SimDuration;
 
 const BS: usize = 4;
 
@@ -92,9 +92,9 @@ fn disagg_adds_the_transfer_time_exactly_once() {
             id,
             from: WorkerId(0),
             to: WorkerId(1),
-            time: SimTime(20_000),
+            time: SimTime::from_micros(20_000),
             tokens: 10,
-            duration: SimDuration(10_000),
+            duration: SimDuration::from_micros(10_000),
         }]
     );
     let admitted: Vec<&Output> = out
@@ -110,15 +110,15 @@ fn disagg_adds_the_transfer_time_exactly_once() {
         admitted[0],
         Output::Admitted {
             worker: WorkerId(1),
-            time: SimTime(30_000),
+            time,
             ..
-        }
+        } if *time == SimTime::from_micros(30_000)
     ));
     let stats = c.snapshot();
-    assert_eq!((stats.kv_transfers, stats.kv_transfer_us), (1, 10_000));
+    assert_eq!((stats.kv_transfers, stats.kv_transfer_ns), (1, 10_000_000));
     // The prefill worker ran one 20 ms pass; the decode worker only 5 ms decode steps.
-    assert_eq!(stats.workers[0].busy_us, 20_000);
-    assert_eq!(stats.workers[1].busy_us, 15_000);
+    assert_eq!(stats.workers[0].busy_ns, 20_000_000);
+    assert_eq!(stats.workers[1].busy_ns, 15_000_000);
     assert_eq!(stats.workers[1].passes, 3);
     assert_eq!(stats.active_requests, 0);
 
@@ -137,7 +137,7 @@ fn destination_missing_charges_only_what_the_decode_worker_lacks() {
     c.submit(request(&prompt, 2), SimTime::ZERO)
         .expect("accepted");
     run(&mut c);
-    let t = SimTime(100_000);
+    let t = SimTime::from_micros(100_000);
     let id = c.submit(request(&prompt, 2), t).expect("accepted");
     let out = run(&mut c);
     // Both full blocks are cached at the decode worker: only the 2 tail tokens move.
@@ -145,9 +145,9 @@ fn destination_missing_charges_only_what_the_decode_worker_lacks() {
         id,
         from: WorkerId(0),
         to: WorkerId(1),
-        time: SimTime(120_000),
+        time: SimTime::from_micros(120_000),
         tokens: 2,
-        duration: SimDuration(2_000),
+        duration: SimDuration::from_micros(2_000),
     }));
     // The prefill worker reused its 8 cached tokens; that is the reported reuse.
     assert!(out.iter().any(|o| matches!(
@@ -166,9 +166,9 @@ fn cancel_during_the_hand_off_frees_everything() {
         .submit(request(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 3), SimTime::ZERO)
         .expect("accepted");
     c.advance(SimTime::ZERO);
-    c.advance(SimTime(20_000));
+    c.advance(SimTime::from_micros(20_000));
     assert_eq!(c.snapshot().kv_transfers_in_flight, 1);
-    assert!(c.cancel(id, SimTime(25_000)));
+    assert!(c.cancel(id, SimTime::from_micros(25_000)));
     c.assert_invariants();
     assert_eq!(c.snapshot().active_requests, 0);
     assert!(run(&mut c).is_empty());
@@ -204,9 +204,10 @@ fn a_prompt_evicted_to_g2_comes_back_at_the_modelled_cost() {
     c.submit(request(&a, 1), SimTime::ZERO).expect("accepted");
     run(&mut c);
     // B needs 3 of the 4 blocks: A's two tail blocks are evicted and offloaded (2 ms).
-    c.submit(request(&b, 1), SimTime(20_000)).expect("accepted");
+    c.submit(request(&b, 1), SimTime::from_micros(20_000))
+        .expect("accepted");
     run(&mut c);
-    let t = SimTime(40_000);
+    let t = SimTime::from_micros(40_000);
     let id = c.submit(request(&a, 1), t).expect("accepted");
     let out = run(&mut c);
     // G1 still has A's first block; the next one is onboarded from G2 (1 block, 1 ms), the
@@ -214,7 +215,7 @@ fn a_prompt_evicted_to_g2_comes_back_at_the_modelled_cost() {
     assert!(out.contains(&Output::Admitted {
         id,
         worker: WorkerId(0),
-        time: SimTime(41_000),
+        time: SimTime::from_micros(41_000),
         reused_tokens: 8,
         g2_reused_tokens: 4,
     }));
@@ -230,7 +231,8 @@ fn a_prompt_evicted_to_g2_comes_back_at_the_modelled_cost() {
     .unwrap();
     c.submit(request(&a, 1), SimTime::ZERO).expect("accepted");
     run(&mut c);
-    c.submit(request(&b, 1), SimTime(20_000)).expect("accepted");
+    c.submit(request(&b, 1), SimTime::from_micros(20_000))
+        .expect("accepted");
     run(&mut c);
     let id = c.submit(request(&a, 1), t).expect("accepted");
     let out = run(&mut c);
@@ -286,13 +288,16 @@ fn invariants_of_both_tiers_hold_over_many_random_operations() {
                     let mut tokens = f[..rng.gen_range(1..f.len())].to_vec();
                     tokens.extend((0..rng.gen_range(0..6)).map(|_| rng.gen_range(0..3)));
                     let id = c
-                        .submit(request(&tokens, rng.gen_range(1..12)), SimTime(now))
+                        .submit(
+                            request(&tokens, rng.gen_range(1..12)),
+                            SimTime::from_micros(now),
+                        )
                         .expect("accepted");
                     live.push(id);
                 }
                 4 if !live.is_empty() => {
                     let id = live.swap_remove(rng.gen_range(0..live.len()));
-                    if c.cancel(id, SimTime(now)) {
+                    if c.cancel(id, SimTime::from_micros(now)) {
                         ended += 1;
                     }
                 }
@@ -301,7 +306,7 @@ fn invariants_of_both_tiers_hold_over_many_random_operations() {
                         Some(t) if rng.gen_bool(0.7) => t.as_micros().max(now),
                         _ => now + rng.gen_range(0..8000),
                     };
-                    for o in c.advance(SimTime(now)) {
+                    for o in c.advance(SimTime::from_micros(now)) {
                         if let Output::Finished { id, .. } | Output::Rejected { id, .. } = o {
                             live.retain(|&l| l != id);
                             ended += 1;
@@ -576,53 +581,40 @@ fn a_prefix_cache_reset_clears_an_idle_worker_only() {
         .all(|e| !matches!(e.data, KvEventData::Cleared)));
 }
 
-/// The graph replay's exact clock: a pass on an idle worker starts at the unrounded instant
-/// (10.5 µs, plus 1,000.8 µs of prefill: it ends at 1,011.3 µs, recorded 1,011; started at the
-/// rounded 11 µs it ends at 1,011.8, recorded 1,012), and it ends at its unrounded end, not at
-/// an earlier instant of the same microsecond.
+/// The clock has nanoseconds: a pass on an idle worker starts at the instant it is started
+/// (10.5 µs, plus 1,000.8 µs of prefill: it ends at 1,011.3 µs), its token is stamped with
+/// that end, and it has not ended at an earlier instant of the same microsecond.
 #[test]
-fn an_exact_pass_starts_and_ends_at_unrounded_instants() {
-    let cluster = || {
-        let mut e = engine(64);
-        e.latency.model = Arc::new(Fixed {
-            prefill_ms: 1.0008,
-            decode_ms: 1.0008,
-        });
-        let config = ClusterConfig {
-            engine: e,
-            ..ClusterConfig::default()
-        };
-        let mut c = Cluster::new(config).expect("valid");
-        let id = c
-            .submit(request(&[1, 2, 3, 4], 1), SimTime(11))
-            .expect("accepted");
-        (c, id)
+fn a_pass_starts_and_ends_between_whole_microseconds() {
+    let mut e = engine(64);
+    e.latency.model = Arc::new(Fixed {
+        prefill_ms: 1.0008,
+        decode_ms: 1.0008,
+    });
+    let config = ClusterConfig {
+        engine: e,
+        ..ClusterConfig::default()
     };
-    let token_us = |out: &[Output], id: RequestId| -> Vec<u64> {
+    let mut c = Cluster::new(config).expect("valid");
+    let start = SimTime::from_nanos(10_500);
+    let id = c
+        .submit(request(&[1, 2, 3, 4], 1), start)
+        .expect("accepted");
+    let token_ns = |out: &[Output]| -> Vec<u64> {
         out.iter()
             .filter_map(|o| match o {
-                Output::Token { id: i, time, .. } if *i == id => Some(time.as_micros()),
+                Output::Token { id: i, time, .. } if *i == id => Some(time.as_nanos()),
                 _ => None,
             })
             .collect()
     };
-    let (mut c, id) = cluster();
     let mut out = Vec::new();
-    c.start_idle_exact_into(ExactTime::from_micros_f64(10.5), &mut out);
-    let end = c.next_pass_end_exact().expect("a pass");
-    assert!((end.as_micros_f64() - 1011.3).abs() < 1e-6, "{end:?}");
-    c.finish_due_exact_into(ExactTime::from_micros_f64(1011.2), &mut out);
-    assert!(
-        token_us(&out, id).is_empty(),
-        "1,011.2 µs is before the end"
-    );
-    c.finish_due_exact_into(end, &mut out);
-    assert_eq!(token_us(&out, id), [1011]);
+    c.start_idle_into(start, &mut out);
+    let end = c.next_pass_end().expect("a pass");
+    assert_eq!(end, SimTime::from_nanos(1_011_300));
+    c.finish_due_into(SimTime::from_nanos(1_011_299), &mut out);
+    assert!(token_ns(&out).is_empty(), "1,011.299 µs is before the end");
+    c.finish_due_into(end, &mut out);
+    assert_eq!(token_ns(&out), [1_011_300]);
     c.assert_invariants();
-
-    let (mut c, id) = cluster();
-    out.clear();
-    c.start_idle_into(SimTime(11), &mut out);
-    c.finish_due_into(SimTime(1012), &mut out);
-    assert_eq!(token_us(&out, id), [1012], "from the rounded start");
 }

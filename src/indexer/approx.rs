@@ -232,15 +232,15 @@ mod tests {
         let mut a = ApproximateIndexer::default();
         let (l, s) = hashes(&[1, 2, 3]);
         let (l2, s2) = hashes(&[1, 2]);
-        a.record_routing(WorkerId(0), &l, &s, SimTime(0))?;
-        a.record_routing(WorkerId(0), &l2, &s2, SimTime(100 * SEC))?;
-        a.expire(SimTime(119 * SEC));
+        a.record_routing(WorkerId(0), &l, &s, SimTime::from_micros(0))?;
+        a.record_routing(WorkerId(0), &l2, &s2, SimTime::from_micros(100 * SEC))?;
+        a.expire(SimTime::from_micros(119 * SEC));
         assert_eq!(a.find_matches(&l).scores[&WorkerId(0)], 3);
-        a.expire(SimTime(120 * SEC));
+        a.expire(SimTime::from_micros(120 * SEC));
         // Block 3 expired; blocks 1-2 were refreshed at 100 s.
         assert_eq!(a.find_matches(&l).scores[&WorkerId(0)], 2);
         a.assert_invariants();
-        a.expire(SimTime(220 * SEC));
+        a.expire(SimTime::from_micros(220 * SEC));
         assert!(a.find_matches(&l).scores.is_empty());
         assert!(a.is_empty());
         a.assert_invariants();
@@ -255,8 +255,8 @@ mod tests {
         });
         let (l1, s1) = hashes(&[1, 2, 3, 4, 5, 6]);
         let (l2, s2) = hashes(&[7, 8, 9, 10, 11]);
-        a.record_routing(WorkerId(0), &l1, &s1, SimTime(0))?;
-        a.record_routing(WorkerId(1), &l2, &s2, SimTime(SEC))?;
+        a.record_routing(WorkerId(0), &l1, &s1, SimTime::from_micros(0))?;
+        a.record_routing(WorkerId(1), &l2, &s2, SimTime::from_micros(SEC))?;
         // 11 > 10 blocks: prune to 8, dropping worker 0's three deepest (earliest deadline).
         assert_eq!(a.len(), 8);
         assert_eq!(a.find_matches(&l1).scores[&WorkerId(0)], 3);
@@ -270,7 +270,7 @@ mod tests {
         let mut a = ApproximateIndexer::default();
         let (l, s) = hashes(&[1, 2]);
         assert_eq!(
-            a.record_routing(WorkerId(0), &l, &s[..1], SimTime(0)),
+            a.record_routing(WorkerId(0), &l, &s[..1], SimTime::from_micros(0)),
             Err(IndexerError::HashLengthMismatch { local: 2, seq: 1 })
         );
     }
@@ -279,13 +279,13 @@ mod tests {
     fn invariants_hold_on_random_operations() -> anyhow::Result<()> {
         let mut rng = ChaCha8Rng::seed_from_u64(7);
         let mut a = ApproximateIndexer::new(ApproximateConfig {
-            ttl: SimDuration(50 * SEC),
+            ttl: SimDuration::from_micros(50 * SEC),
             max_tree_size: 200,
             prune_target_ratio: 0.8,
         });
-        let mut now = SimTime(0);
+        let mut now = SimTime::from_micros(0);
         for _ in 0..2000 {
-            now += SimDuration(rng.gen_range(0..2 * SEC));
+            now += SimDuration::from_micros(rng.gen_range(0..2 * SEC));
             let family: u64 = rng.gen_range(0..3);
             let len = rng.gen_range(1..30);
             let locals: Vec<u64> = (0..len)

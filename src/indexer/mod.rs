@@ -133,7 +133,7 @@ pub trait KvIndexer {
 }
 
 /// Default TTL of a routing decision in the approximate indexer (Dynamo's `router_ttl_secs`).
-pub(crate) const DEFAULT_TTL: SimDuration = SimDuration(120_000_000);
+pub(crate) const DEFAULT_TTL: SimDuration = SimDuration::from_micros(120_000_000);
 
 /// Hasher for keys that are already hashes (or small ids): one multiply, FxHash style. Unlike
 /// [`PassThroughHasher`](crate::tokens::PassThroughHasher) it mixes every word, so tuple keys

@@ -76,11 +76,11 @@ impl SharedLink {
     /// must have called [`SharedLink::advance`] to `now` and handled its completions.
     pub(crate) fn start(&mut self, now: SimTime, tag: u64, bytes: f64) {
         debug_assert!(
-            self.transfers.is_empty() || self.clock_us >= now.as_micros() as f64 - 1e-9,
+            self.transfers.is_empty() || self.clock_us >= micros(now) - 1e-9,
             "advance the link before starting a transfer"
         );
         if self.transfers.is_empty() {
-            self.clock_us = self.clock_us.max(now.as_micros() as f64);
+            self.clock_us = self.clock_us.max(micros(now));
         }
         self.transfers.push(Transfer {
             tag,
@@ -88,7 +88,7 @@ impl SharedLink {
         });
     }
 
-    /// When the next transfer completes, rounded up to a whole microsecond.
+    /// When the next transfer completes, rounded up to a whole nanosecond.
     pub(crate) fn next_completion(&self) -> Option<SimTime> {
         let min = self
             .transfers
@@ -104,14 +104,15 @@ impl SharedLink {
         } else {
             min * n / self.bytes_per_us
         };
-        Some(SimTime((self.clock_us + dt - 1e-6).ceil().max(0.0) as u64))
+        let ns = (self.clock_us + dt) * 1e3;
+        Some(SimTime::from_nanos((ns - 1e-3).ceil().max(0.0) as u64))
     }
 
     /// Progresses every transfer to `now` and returns the tags of those that completed, in order
     /// of completion (ties in start order).
     pub(crate) fn advance(&mut self, now: SimTime) -> Vec<u64> {
         let mut done = Vec::new();
-        let now_us = now.as_micros() as f64;
+        let now_us = micros(now);
         while !self.transfers.is_empty() {
             let Some(next) = self.next_completion() else {
                 break;
@@ -168,6 +169,11 @@ impl SharedLink {
             );
         }
     }
+}
+
+/// `t` in (fractional) microseconds: the link's fluid model keeps its own float clock.
+fn micros(t: SimTime) -> f64 {
+    t.as_nanos() as f64 / 1e3
 }
 
 /// Where a G2 block is.
@@ -319,37 +325,37 @@ mod tests {
     #[test]
     fn one_megabyte_at_one_gigabyte_per_second_takes_a_millisecond() {
         let mut link = SharedLink::new(1.0);
-        link.start(SimTime(0), 7, 1e6);
-        assert_eq!(link.next_completion(), Some(SimTime(1000)));
-        assert!(link.advance(SimTime(999)).is_empty());
-        assert_eq!(link.advance(SimTime(1000)), vec![7]);
+        link.start(SimTime::from_micros(0), 7, 1e6);
+        assert_eq!(link.next_completion(), Some(SimTime::from_micros(1000)));
+        assert!(link.advance(SimTime::from_micros(999)).is_empty());
+        assert_eq!(link.advance(SimTime::from_micros(1000)), vec![7]);
         assert_eq!(link.next_completion(), None);
     }
 
     #[test]
     fn concurrent_transfers_share_the_link() {
         let mut link = SharedLink::new(1.0);
-        link.start(SimTime(0), 1, 1e6);
-        link.start(SimTime(0), 2, 1e6);
-        assert_eq!(link.next_completion(), Some(SimTime(2000)));
-        assert_eq!(link.advance(SimTime(2000)), vec![1, 2]);
+        link.start(SimTime::from_micros(0), 1, 1e6);
+        link.start(SimTime::from_micros(0), 2, 1e6);
+        assert_eq!(link.next_completion(), Some(SimTime::from_micros(2000)));
+        assert_eq!(link.advance(SimTime::from_micros(2000)), vec![1, 2]);
         // A second transfer joining half way: the first has 0.5 MB left at t=500, both move at
         // half speed until the first finishes at 1500, the second then has 0.5 MB alone: 2000.
-        link.start(SimTime(3000), 3, 1e6);
-        assert!(link.advance(SimTime(3500)).is_empty());
-        link.start(SimTime(3500), 4, 1e6);
-        assert_eq!(link.next_completion(), Some(SimTime(4500)));
-        assert_eq!(link.advance(SimTime(4500)), vec![3]);
-        assert_eq!(link.next_completion(), Some(SimTime(5000)));
-        assert_eq!(link.advance(SimTime(6000)), vec![4]);
+        link.start(SimTime::from_micros(3000), 3, 1e6);
+        assert!(link.advance(SimTime::from_micros(3500)).is_empty());
+        link.start(SimTime::from_micros(3500), 4, 1e6);
+        assert_eq!(link.next_completion(), Some(SimTime::from_micros(4500)));
+        assert_eq!(link.advance(SimTime::from_micros(4500)), vec![3]);
+        assert_eq!(link.next_completion(), Some(SimTime::from_micros(5000)));
+        assert_eq!(link.advance(SimTime::from_micros(6000)), vec![4]);
     }
 
     #[test]
     fn instant_link_completes_at_start() {
         let mut link = SharedLink::new(0.0);
-        link.start(SimTime(5), 1, 1e9);
-        assert_eq!(link.next_completion(), Some(SimTime(5)));
-        assert_eq!(link.advance(SimTime(5)), vec![1]);
+        link.start(SimTime::from_micros(5), 1, 1e9);
+        assert_eq!(link.next_completion(), Some(SimTime::from_micros(5)));
+        assert_eq!(link.advance(SimTime::from_micros(5)), vec![1]);
     }
 
     #[test]
@@ -380,7 +386,7 @@ mod tests {
                 0 => {
                     let h = SequenceHash(rng.gen_range(0..40));
                     if g2.reserve(h) {
-                        link.start(SimTime(now), h.0, rng.gen_range(1.0..1e5));
+                        link.start(SimTime::from_micros(now), h.0, rng.gen_range(1.0..1e5));
                     }
                 }
                 1 => now += rng.gen_range(0..50),
@@ -391,7 +397,7 @@ mod tests {
                     g2.touch_all(&hs[..n]);
                 }
             }
-            for done in link.advance(SimTime(now)) {
+            for done in link.advance(SimTime::from_micros(now)) {
                 g2.arrive(SequenceHash(done));
             }
             assert_eq!(g2.num_arriving(), link.in_flight(), "step {tag}");

@@ -355,7 +355,7 @@ mod tests {
     use crate::metrics::sketch::SKETCH_RELATIVE_ACCURACY;
 
     fn t_ms(ms: u64) -> SimTime {
-        SimTime(ms * 1000)
+        SimTime::from_micros(ms * 1000)
     }
 
     fn close(a: f64, b: f64) -> bool {

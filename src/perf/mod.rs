@@ -261,13 +261,19 @@ mod tests {
             speedup_ratio: 2.0,
             decode_speedup_ratio: 2.0,
         };
-        assert_eq!(s.prefill(&prefill(1000)), SimDuration(16_053));
-        assert_eq!(s.decode(&decode(0.0)), SimDuration(1_435));
+        assert_eq!(
+            s.prefill(&prefill(1000)),
+            SimDuration::from_nanos(16_052_929)
+        );
+        assert_eq!(s.decode(&decode(0.0)), SimDuration::from_micros(1_435));
         let unscaled = ScaledLatency {
             speedup_ratio: 0.0,
             ..s.clone()
         };
-        assert_eq!(unscaled.decode(&decode(0.0)), SimDuration(5_740));
+        assert_eq!(
+            unscaled.decode(&decode(0.0)),
+            SimDuration::from_micros(5_740)
+        );
     }
 
     #[test]

@@ -6,15 +6,13 @@
 //! play's nodes not yet dispatched are skipped (never sent, absent from the report), those in
 //! flight finish.
 //!
-//! The loop is the Mooncake replay's (pass ends first at each instant, then the arrivals due,
-//! then idle workers start), with one collector on this thread: graph traces are small next to
-//! Mooncake's millions of rows. Its instants are [`ExactTime`]s, unrounded, as AISimulate's
-//! float clock keeps them: a delay or a floor divided by the speed-up, and the end of a pass,
-//! fall between whole microseconds. Dependants are released from their sources' exact times,
-//! an arrival and a pass end in the same microsecond come in their true order (a pass that
-//! ends just before an arrival starts the next one without it, one that ends just after takes
-//! it), and a pass on an idle worker starts at the arrival's exact time. The engine records,
-//! and the report shows, times rounded to the microsecond.
+//! The loop is the Mooncake replay's (`drive`: pass ends first at each instant, then the
+//! arrivals due, then idle workers start), the graph's [`Readiness`] being its arrivals, with
+//! one collector on this thread: graph traces are small next to Mooncake's millions of rows.
+//! A delay or a floor divided by the speed-up, and the end of a pass, fall between whole
+//! microseconds; on the nanosecond clock they keep their order (a pass that ends just before
+//! an arrival starts the next one without it, one that ends just after takes it), and
+//! dependants are released from their sources' times with no rounding to add up.
 
 use std::cmp::Reverse;
 use std::collections::HashMap;
@@ -22,6 +20,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::drive::{drive, Arrivals};
 use super::Readiness;
 use super::TrajectoryFigures;
 use super::{
@@ -32,7 +31,7 @@ use crate::cluster::{Cluster, Output};
 use crate::ids::RequestId;
 use crate::metrics::Collector;
 use crate::scheduler::RejectReason;
-use crate::time::{ExactTime, SimDuration, SimTime};
+use crate::time::{SimDuration, SimTime};
 use crate::trace::{LocalHashCache, Relation, RequestGraph, Trigger};
 
 /// How a graph is replayed, beyond the cluster's settings.
@@ -210,10 +209,18 @@ impl AgenticReport {
     }
 }
 
-/// The graph replay's bookkeeping.
+/// The graph replay's bookkeeping: its arrivals.
 struct Run<'a> {
+    /// The graph replayed.
+    graph: &'a RequestGraph,
     /// Which nodes are due, and every node's times.
     ready: Readiness<'a>,
+    /// Per node, its position in its conversation, for the per-request records.
+    turn_of: Vec<usize>,
+    /// The engine's KV block size.
+    block_size: usize,
+    /// Block hashes of the graph's `hash_id`s, memoised.
+    hash_cache: LocalHashCache,
     /// Per node, the engine's id, once dispatched.
     engine_ids: Vec<Option<RequestId>>,
     /// Engine id -> node.
@@ -227,38 +234,71 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    fn rejected(&mut self, node: usize, time: ExactTime, reason: RejectReason, line: usize) {
+    fn rejected(&mut self, node: usize, time: SimTime, reason: RejectReason) {
         self.done += 1;
         if let Some(id) = self.engine_ids[node] {
+            let line = self.graph.nodes[node].request.line;
             self.rejections.push(ReplayRejection { id, line, reason });
         }
         self.ready.failed(node, time, "rejected");
     }
+}
 
-    /// Tells the outputs of the step at `now`. An output stamped with the microsecond `now`
-    /// rounds to happened at `now` itself: the step ran to the earliest event, so no pass
-    /// ended earlier in that microsecond.
-    fn handle(&mut self, graph: &RequestGraph, outputs: &mut Vec<Output>, now: ExactTime) {
-        let exact = |time: SimTime| {
-            if time == now.round() {
-                now
-            } else {
-                ExactTime::from(time)
+impl Arrivals for Run<'_> {
+    fn next_due(&self) -> Option<SimTime> {
+        self.ready.next_due()
+    }
+
+    /// Dispatches every node due by `now` at `now`; its dispatch edges fire from there.
+    fn release(&mut self, now: SimTime, cluster: &mut Cluster, observer: &mut dyn ReplayObserver) {
+        let graph = self.graph;
+        while let Some((n, ready)) = self.ready.pop_due(now) {
+            let node = &graph.nodes[n];
+            let request = engine_request(
+                &node.request,
+                graph.block_size,
+                self.block_size,
+                &mut self.hash_cache,
+            );
+            let submitted = cluster.submit(request, now);
+            let id = match &submitted {
+                Ok(id) => {
+                    observer.submitted(*id, &node.request);
+                    *id
+                }
+                Err(rejection) => rejection.id,
+            };
+            debug_assert_eq!(id, RequestId(self.node_of.len() as u64));
+            self.node_of.push(n);
+            self.engine_ids[n] = Some(id);
+            self.collector.on_arrival(
+                id,
+                ready,
+                node.request.input_length,
+                node.request.output_length,
+                Some(&node.session_id),
+                self.turn_of[n],
+            );
+            self.ready.dispatched(n, now);
+            if let Err(rejection) = submitted {
+                self.collector.on_reject(id, now);
+                self.rejected(n, now, rejection.reason);
             }
-        };
+        }
+    }
+
+    fn take(&mut self, outputs: &mut Vec<Output>) {
         for out in outputs.drain(..) {
             match out {
                 Output::Token { id, time, .. } => {
-                    self.ready.token(self.node_of[id.0 as usize], exact(time));
+                    self.ready.token(self.node_of[id.0 as usize], time);
                 }
                 Output::Finished { id, time } => {
                     self.done += 1;
-                    self.ready
-                        .completed(self.node_of[id.0 as usize], exact(time));
+                    self.ready.completed(self.node_of[id.0 as usize], time);
                 }
                 Output::Rejected { id, time, reason } => {
-                    let node = self.node_of[id.0 as usize];
-                    self.rejected(node, exact(time), reason, graph.nodes[node].request.line);
+                    self.rejected(self.node_of[id.0 as usize], time, reason);
                 }
                 Output::Admitted { .. } | Output::KvTransfer { .. } | Output::Preempted { .. } => {}
             }
@@ -266,6 +306,10 @@ impl Run<'_> {
                 tell(&mut self.collector, note);
             }
         }
+    }
+
+    fn ended(&self) -> usize {
+        self.done
     }
 }
 
@@ -278,7 +322,7 @@ pub fn replay_graph(
     graph: &RequestGraph,
     config: &ReplayConfig,
     how: &GraphReplay,
-    mut progress: impl FnMut(usize, usize),
+    progress: impl FnMut(usize, usize),
     observer: &mut dyn ReplayObserver,
 ) -> Result<ReplayOutcome, ReplayError> {
     let speedup = how.speedup;
@@ -312,75 +356,18 @@ pub fn replay_graph(
         .collect();
     let every_play: Vec<usize> = (0..graph.plays.len()).collect();
     let mut run = Run {
+        graph,
         ready: Readiness::new(graph, speedup, how.lanes, &every_play),
+        turn_of,
+        block_size,
+        hash_cache: LocalHashCache::new(block_size),
         engine_ids: vec![None; total],
         node_of: Vec::with_capacity(total),
         collector: Collector::with_capacity(total),
         rejections: Vec::new(),
         done: 0,
     };
-    let mut hash_cache = LocalHashCache::new(block_size);
-    let mut now = ExactTime::ZERO;
-    let mut last_progress = 0;
-    let mut outputs = Vec::new();
-    loop {
-        let next = match (run.ready.next_due(), cluster.next_pass_end_exact()) {
-            (Some(a), Some(p)) => a.min(p),
-            (Some(a), None) => a,
-            (None, Some(p)) => p,
-            (None, None) => break,
-        };
-        now = now.max(next);
-        // What the engine records: the microsecond `now` rounds to.
-        let at = now.round();
-        cluster.finish_due_exact_into(now, &mut outputs);
-        observer.outputs(&mut cluster, &outputs, at);
-        run.handle(graph, &mut outputs, now);
-        while let Some((n, ready)) = run.ready.pop_due(now) {
-            let node = &graph.nodes[n];
-            let request =
-                engine_request(&node.request, graph.block_size, block_size, &mut hash_cache);
-            let submitted = cluster.submit(request, at);
-            let id = match &submitted {
-                Ok(id) => {
-                    observer.submitted(*id, &node.request);
-                    *id
-                }
-                Err(rejection) => rejection.id,
-            };
-            debug_assert_eq!(id, RequestId(run.node_of.len() as u64));
-            run.node_of.push(n);
-            run.engine_ids[n] = Some(id);
-            run.collector.on_arrival(
-                id,
-                ready.round(),
-                node.request.input_length,
-                node.request.output_length,
-                Some(&node.session_id),
-                turn_of[n],
-            );
-            run.ready.dispatched(n, now);
-            if let Err(rejection) = submitted {
-                run.collector.on_reject(id, at);
-                run.rejected(n, now, rejection.reason, node.request.line);
-            }
-        }
-        cluster.start_idle_exact_into(now, &mut outputs);
-        observer.outputs(&mut cluster, &outputs, at);
-        run.handle(graph, &mut outputs, now);
-        if run.done >= last_progress + 64 {
-            last_progress = run.done;
-            progress(run.done, total);
-        }
-    }
-    progress(run.done, total);
-    let in_flight = cluster.active_requests();
-    if in_flight > 0 {
-        return Err(ReplayError::DeadEnd {
-            time: now.round(),
-            in_flight,
-        });
-    }
+    drive(&mut cluster, &mut run, observer, total, progress)?;
     let stats = cluster.snapshot();
     let (mut report, records) = std::mem::take(&mut run.collector).finish(Duration::ZERO);
     let reused: Vec<usize> = records.iter().map(|r| r.reused_input_tokens).collect();
@@ -647,7 +634,7 @@ fn critical_path(
         let Some(dispatched) = state.dispatched else {
             return path;
         };
-        path.model = path.model + until.saturating_since(dispatched);
+        path.model += until.saturating_since(dispatched);
         let floor = state.floor;
         match state.due {
             Some((due, k)) if due >= floor => {
@@ -662,7 +649,7 @@ fn critical_path(
                 let Some(t) = t else {
                     return path;
                 };
-                path.tool_wait = path.tool_wait + dispatched.saturating_since(t);
+                path.tool_wait += dispatched.saturating_since(t);
                 until = t;
                 node = dep.source;
             }
@@ -706,7 +693,23 @@ mod tests {
         replay_graph(&graph, &config(), &how, |_, _| {}, &mut ()).expect("replays")
     }
 
-    /// (dispatch, last token) of each node, in µs.
+    /// (dispatch, last token) of each node, in ns.
+    fn times_ns(outcome: &ReplayOutcome) -> Vec<(String, u64, u64)> {
+        let agentic = outcome.agentic.as_ref().expect("an agentic section");
+        agentic
+            .requests
+            .iter()
+            .map(|r| {
+                (
+                    r.request_id.clone(),
+                    r.dispatched.expect("dispatched").as_nanos(),
+                    r.last_token.expect("completed").as_nanos(),
+                )
+            })
+            .collect()
+    }
+
+    /// (dispatch, last token) of each node, in whole µs (rounded down).
     fn times(outcome: &ReplayOutcome) -> Vec<(String, u64, u64)> {
         let agentic = outcome.agentic.as_ref().expect("an agentic section");
         agentic
@@ -715,8 +718,8 @@ mod tests {
             .map(|r| {
                 (
                     r.request_id.clone(),
-                    r.dispatched.expect("dispatched").0,
-                    r.last_token.expect("completed").0,
+                    r.dispatched.expect("dispatched").as_micros(),
+                    r.last_token.expect("completed").as_micros(),
                 )
             })
             .collect()
@@ -750,13 +753,13 @@ mod tests {
             TraceFormat::Auto,
             1.0,
         );
-        let t = times(&outcome);
+        let t = times_ns(&outcome);
         assert_eq!(t[0].1, 0);
-        // Our polynomial puts r0's last token at 60.690 ms (AISimulate's built-in engine with
-        // polynomial timing: 60.689703 ms; its h200 engine model: 60.970771 ms); the rule on top
-        // of it is the same.
-        assert_eq!(t[0].2, 60_690);
-        assert_eq!(t[1].1, t[0].2 + 500_000);
+        // Our polynomial puts r0's last token at 60.689703 ms, as AISimulate's built-in engine
+        // with polynomial timing does (its h200 engine model: 60.970771 ms); the rule on top of
+        // it is the same, to the nanosecond.
+        assert_eq!(t[0].2, 60_689_703);
+        assert_eq!(t[1].1, t[0].2 + 500_000_000);
         // The per-request records agree: r1 arrives (and is sent) 500 ms after r0's last token.
         let r0 = &outcome.records[0];
         let r1 = &outcome.records[1];
@@ -833,9 +836,10 @@ mod tests {
 
     /// At speed-up 2, `c` is released 23.013 / 2 = 11.5065 ms after `s`'s last token, which
     /// comes between 27,159.5 and 27,160 µs: at 38,666.0 to 38,666.5 µs, just before the end of
-    /// a pass of `l` in the same microsecond. In exact order `c` is queued first and the pass
-    /// that starts at that end takes it. Released from rounded times (27,160 + 11,506.5 rounded
-    /// up: 38,667 µs), it came after that pass had started and waited for the next one.
+    /// a pass of `l` in the same microsecond. On the nanosecond clock `c` is queued first and
+    /// the pass that starts at that end takes it. Released from times rounded to the
+    /// microsecond (27,160 + 11,506.5 rounded up: 38,667 µs), it came after that pass had
+    /// started and waited for the next one.
     #[test]
     fn a_release_just_before_a_pass_end_in_the_same_microsecond_joins_the_pass_after_it() {
         let header = r#"{"schema":"dynamo.agentic_mooncake","version":2,"block_size":64,"hash_id_scope":"local","source":{"format":"hand","digest":"x"}}"#;
@@ -859,15 +863,17 @@ mod tests {
         ]
         .join("\n");
         let outcome = run(&text, TraceFormat::AgenticMooncake, 2.0);
-        let t = times(&outcome);
-        assert_eq!(t[1].2, 27_160, "s's last token, rounded");
-        assert_eq!(t[2].1, 38_666, "c is due at 27,159.5..27,160 + 11,506.5 µs");
+        let t = times_ns(&outcome);
+        assert!(
+            (27_159_500..27_160_000).contains(&t[1].2),
+            "s's last token: {t:?}"
+        );
+        assert_eq!(t[2].1, t[1].2 + 11_506_500, "c is due 11,506.5 µs after it");
         let c = &outcome.records[2];
-        assert_eq!(c.arrival_ms, 38.666);
-        assert_eq!(
-            c.first_admit_ms,
-            Some(38.666),
-            "admitted by the pass that starts when l's pass ends, in the same microsecond"
+        let admitted = c.first_admit_ms.expect("admitted");
+        assert!(
+            admitted > c.arrival_ms && admitted < 38.667,
+            "admitted by the pass that starts when l's pass ends, in the same microsecond: {c:?}"
         );
     }
 
@@ -924,8 +930,11 @@ mod tests {
         let outcome = run(&fixture("weka.jsonl"), TraceFormat::Weka, 1.0);
         let t = times(&outcome);
         assert_eq!(t[0].1, 0);
-        assert_eq!(t[0].2, 60_690);
-        assert_eq!(t[1].1, t[0].2 + 1_000_000);
+        assert_eq!(t[0].2, 60_689, "60.689703 ms");
+        assert_eq!(
+            times_ns(&outcome)[1].1,
+            times_ns(&outcome)[0].2 + 1_000_000_000
+        );
         let auto = run(&fixture("weka.jsonl"), TraceFormat::Auto, 1.0);
         assert_eq!(times(&auto), t, "detected as weka");
         // Sub-agents, worker streams and joins run to the end; every play completes.

@@ -1,9 +1,12 @@
 //! Offline replay: a trace driven through a [`Cluster`] on a virtual clock.
 //!
-//! The clock jumps from event to event: pass ends and arrivals. At each instant the replay first
-//! finishes the passes that end there (a session's next turn becomes ready when its previous turn
-//! completes, plus the turn's delay), then releases the arrivals that are due, then starts passes
-//! on idle workers. Arrivals at the same instant go in order of (time, sequence number).
+//! One loop drives every replay (`drive`): the clock jumps from event to event, pass ends and
+//! arrivals, in whole nanoseconds. At each instant it first finishes the passes that end there
+//! (a session's next turn becomes ready when its previous turn completes, plus the turn's
+//! delay), then releases the arrivals that are due, then starts passes on idle workers. A
+//! Mooncake trace's sessions ([`replay`]) and an agentic graph ([`replay_graph`]) are two
+//! kinds of arrivals behind one trait; a Mooncake trace's arrivals at the same instant go in
+//! order of (time, sequence number).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -22,11 +25,13 @@ use crate::tokens::{sequence_hashes, BlockHashes};
 use crate::trace::{LocalHashCache, Trace, TraceRequest};
 
 pub mod autoscale;
+mod drive;
 mod graph;
 mod prepare;
 mod readiness;
 mod trajectory;
 
+use drive::{drive, Arrivals};
 pub use graph::{
     replay_graph, summarize, AgenticReport, GraphReplay, GraphTimes, NodeRecord, NodeStatus,
     NodeTimes, PlayOutcome,
@@ -100,12 +105,12 @@ struct Origin {
 
 /// Turns ready to arrive, earliest first; ties in order of readiness (a sequence number).
 #[derive(Default)]
-struct Arrivals {
+struct TurnQueue {
     heap: BinaryHeap<Reverse<(SimTime, u64, Origin)>>,
     next_seq: u64,
 }
 
-impl Arrivals {
+impl TurnQueue {
     fn push(&mut self, time: SimTime, origin: Origin) {
         self.heap.push(Reverse((time, self.next_seq, origin)));
         self.next_seq += 1;
@@ -134,8 +139,10 @@ struct Ledger<'a> {
     collector: Metrics,
     /// The engine requests of the turns, built ahead where a thread has time for it.
     prepared: Prepared<'a>,
+    /// Block hashes of the trace's `hash_id`s, memoised.
+    hash_cache: LocalHashCache,
     origins: Vec<Origin>,
-    arrivals: Arrivals,
+    arrivals: TurnQueue,
     rejections: Vec<ReplayRejection>,
     done: usize,
 }
@@ -388,9 +395,50 @@ impl Ledger<'_> {
         self.rejections.push(ReplayRejection { id, line, reason });
         self.end(id, time);
     }
+}
 
-    /// Handles `outputs`, leaving the buffer empty for reuse.
-    fn handle(&mut self, outputs: &mut Vec<Output>) {
+impl Arrivals for Ledger<'_> {
+    fn next_due(&self) -> Option<SimTime> {
+        self.arrivals.next_time()
+    }
+
+    /// Submits the turns due by `now`, each built ahead where it could be, building the next
+    /// ones while the cluster waits for a routing decision.
+    fn release(&mut self, now: SimTime, cluster: &mut Cluster, observer: &mut dyn ReplayObserver) {
+        while let Some((ready, origin)) = self.arrivals.pop_due(now) {
+            let session = &self.trace.sessions[origin.session];
+            let turn = &session.turns[origin.turn];
+            let request = self
+                .prepared
+                .take(origin.session, origin.turn, &mut self.hash_cache);
+            let (prepared, hash_cache) = (&mut self.prepared, &mut self.hash_cache);
+            let submitted =
+                cluster.submit_while(request, now, &mut || prepared.build_ahead(hash_cache));
+            let id = match submitted {
+                Ok(id) => {
+                    observer.submitted(id, turn);
+                    id
+                }
+                Err(rejection) => rejection.id,
+            };
+            debug_assert_eq!(id, RequestId(self.origins.len() as u64));
+            self.origins.push(origin);
+            self.collector.note(Note::Arrival(Box::new(Arrival {
+                id,
+                ready,
+                input_length: turn.input_length,
+                output_length: turn.output_length,
+                session: session.id.clone(),
+                turn: origin.turn,
+            })));
+            if let Err(rejection) = submitted {
+                self.collector.note(Note::Rejected { id, time: now });
+                self.reject(id, now, rejection.reason);
+            }
+        }
+    }
+
+    fn take(&mut self, outputs: &mut Vec<Output>) {
         for out in outputs.drain(..) {
             match out {
                 Output::Finished { id, time } => self.end(id, time),
@@ -401,6 +449,15 @@ impl Ledger<'_> {
                 self.collector.note(note);
             }
         }
+    }
+
+    fn ended(&self) -> usize {
+        self.done
+    }
+
+    /// Hands the turns asked for in this step to the thread that builds them ahead.
+    fn step_done(&mut self) {
+        self.prepared.flush();
     }
 }
 
@@ -451,7 +508,7 @@ impl ReplayObserver for () {}
 pub fn replay_observed(
     trace: &Trace,
     config: &ReplayConfig,
-    mut progress: impl FnMut(usize, usize),
+    progress: impl FnMut(usize, usize),
     observer: &mut dyn ReplayObserver,
 ) -> Result<ReplayOutcome, ReplayError> {
     let mut cluster = Cluster::new(config.cluster.clone())?;
@@ -477,7 +534,6 @@ pub fn replay_observed(
     // So do the workers' pools, for the same reason and to touch fresh memory once.
     cluster.reserve_pools(trace_blocks);
     let total = trace.num_requests();
-    let mut hash_cache = LocalHashCache::new(block_size);
     let collector = Metrics::new(second_core && !router_moved, cluster.router_thread(), total);
     // Requests are built ahead on the collector's own thread, which has time to spare. The
     // KV router's thread has none (the router's answers wait for every job before them):
@@ -491,8 +547,9 @@ pub fn replay_observed(
         trace,
         collector,
         prepared,
+        hash_cache: LocalHashCache::new(block_size),
         origins: Vec::with_capacity(total),
-        arrivals: Arrivals::default(),
+        arrivals: TurnQueue::default(),
         rejections: Vec::new(),
         done: 0,
     };
@@ -507,71 +564,7 @@ pub fn replay_observed(
             );
         }
     }
-    let mut now = SimTime::ZERO;
-    let mut last_progress = 0usize;
-    // One output buffer for the whole run.
-    let mut outputs = Vec::new();
-    loop {
-        let next = match (ledger.arrivals.next_time(), cluster.next_pass_end()) {
-            (Some(a), Some(p)) => a.min(p),
-            (Some(a), None) => a,
-            (None, Some(p)) => p,
-            (None, None) => break,
-        };
-        // Autoscaling hook (issue 46): the observer's own events wake the loop too.
-        let next = observer.wake_at().map_or(next, |wake| next.min(wake));
-        now = now.max(next);
-        cluster.finish_due_into(now, &mut outputs);
-        observer.outputs(&mut cluster, &outputs, now);
-        ledger.handle(&mut outputs);
-        while let Some((ready, origin)) = ledger.arrivals.pop_due(now) {
-            let session = &trace.sessions[origin.session];
-            let turn = &session.turns[origin.turn];
-            let request = ledger
-                .prepared
-                .take(origin.session, origin.turn, &mut hash_cache);
-            let prepared = &mut ledger.prepared;
-            let submitted =
-                cluster.submit_while(request, now, &mut || prepared.build_ahead(&mut hash_cache));
-            let id = match submitted {
-                Ok(id) => {
-                    observer.submitted(id, turn);
-                    id
-                }
-                Err(rejection) => rejection.id,
-            };
-            debug_assert_eq!(id, RequestId(ledger.origins.len() as u64));
-            ledger.origins.push(origin);
-            ledger.collector.note(Note::Arrival(Box::new(Arrival {
-                id,
-                ready,
-                input_length: turn.input_length,
-                output_length: turn.output_length,
-                session: session.id.clone(),
-                turn: origin.turn,
-            })));
-            if let Err(rejection) = submitted {
-                ledger.collector.note(Note::Rejected { id, time: now });
-                ledger.reject(id, now, rejection.reason);
-            }
-        }
-        cluster.start_idle_into(now, &mut outputs);
-        observer.outputs(&mut cluster, &outputs, now);
-        ledger.handle(&mut outputs);
-        ledger.prepared.flush();
-        if ledger.done >= last_progress + 64 {
-            last_progress = ledger.done;
-            progress(ledger.done, total);
-        }
-    }
-    progress(ledger.done, total);
-    let in_flight = cluster.active_requests();
-    if in_flight > 0 {
-        return Err(ReplayError::DeadEnd {
-            time: now,
-            in_flight,
-        });
-    }
+    drive(&mut cluster, &mut ledger, observer, total, progress)?;
     let stats = cluster.snapshot();
     let (mut report, records) = ledger.collector.into_inner().finish(Duration::ZERO);
     add_topology_figures(&mut report, &stats, config);
@@ -604,21 +597,21 @@ pub fn set_wall_time(report: &mut ReplayReport, wall: Duration) {
 /// Adds the disaggregation and host-tier figures (extra keys after Dynamo's) when those
 /// features are on; an aggregated run without G2 keeps exactly Dynamo's keys.
 fn add_topology_figures(report: &mut ReplayReport, stats: &ClusterStats, config: &ReplayConfig) {
-    let duration_us = report.duration_ms * 1000.0;
+    let duration_ns = report.duration_ms * 1e6;
     let utilization = |role: WorkerRole| {
         let busy: Vec<u64> = stats
             .workers
             .iter()
             .filter(|w| w.role == role)
-            .map(|w| w.busy_us)
+            .map(|w| w.busy_ns)
             .collect();
-        if busy.is_empty() || duration_us <= 0.0 {
+        if busy.is_empty() || duration_ns <= 0.0 {
             return (busy.len() as u64, 0.0);
         }
         let total: u64 = busy.iter().sum();
         (
             busy.len() as u64,
-            total as f64 / (busy.len() as f64 * duration_us),
+            total as f64 / (busy.len() as f64 * duration_ns),
         )
     };
     report.disagg = match config.cluster.serving {
@@ -626,7 +619,7 @@ fn add_topology_figures(report: &mut ReplayReport, stats: &ClusterStats, config:
         crate::cluster::ServingMode::Disagg { .. } => {
             let (num_prefill_workers, prefill_pool_utilization) = utilization(WorkerRole::Prefill);
             let (num_decode_workers, decode_pool_utilization) = utilization(WorkerRole::Decode);
-            let total_ms = SimDuration(stats.kv_transfer_us).as_millis_f64();
+            let total_ms = SimDuration::from_nanos(stats.kv_transfer_ns).as_millis_f64();
             Some(DisaggFigures {
                 kv_transfers: stats.kv_transfers,
                 mean_kv_transfer_ms: if stats.kv_transfers > 0 {
@@ -696,7 +689,7 @@ mod tests {
             let (id, t) = (RequestId(i), i * 1_000);
             notes.push(Note::Arrival(Box::new(Arrival {
                 id,
-                ready: SimTime(t),
+                ready: SimTime::from_micros(t),
                 input_length: 100 + i as usize % 7,
                 output_length: 5,
                 session: format!("s{}", i % 13),
@@ -705,7 +698,7 @@ mod tests {
             let outputs = [Output::Admitted {
                 id,
                 worker: WorkerId(0),
-                time: SimTime(t + 10 + i % 5),
+                time: SimTime::from_micros(t + 10 + i % 5),
                 reused_tokens: i as usize % 3 * 16,
                 g2_reused_tokens: 0,
             }]
@@ -714,16 +707,16 @@ mod tests {
                 id,
                 token: 0,
                 index,
-                time: SimTime(t + 500 + index as u64 * (40 + i % 11)),
+                time: SimTime::from_micros(t + 500 + index as u64 * (40 + i % 11)),
             }))
             .chain([
                 Output::Preempted {
                     id,
-                    time: SimTime(t + 600),
+                    time: SimTime::from_micros(t + 600),
                 },
                 Output::Finished {
                     id,
-                    time: SimTime(t + 500 + 5 * (40 + i % 11)),
+                    time: SimTime::from_micros(t + 500 + 5 * (40 + i % 11)),
                 },
             ]);
             notes.extend(outputs.filter_map(|out| Note::of(&out)));
@@ -737,7 +730,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<Note>(), 24);
         let out = Output::Preempted {
             id: RequestId(1),
-            time: SimTime(2),
+            time: SimTime::from_micros(2),
         };
         assert!(
             Note::of(&out).is_none(),

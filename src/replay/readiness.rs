@@ -11,19 +11,19 @@
 //! flight), its lane takes the next play at once, whose floors count from that instant and its
 //! smallest root `not_before_ms`.
 //!
-//! Times are [`ExactTime`]s: a delay or a floor divided by the speed-up, added to a source's
-//! unrounded trigger time, is compared unrounded, so that rounding never reorders two nodes
-//! nor adds up along a chain of dependencies; the [`NodeTimes`] it leaves hold them rounded to
-//! the microsecond. Nodes due at the same instant come out in `request_id` order. The offline
-//! replay drives a [`Readiness`] on the virtual clock ([`super::replay_graph`]) and `loadgen
-//! replay` on the wall clock (whole microseconds since its run started), so both send the same
-//! nodes in the same order.
+//! Times are [`SimTime`]s, whole nanoseconds: a delay or a floor divided by the speed-up is
+//! converted once ([`SimDuration::from_millis_f64`]; exact for a trace's millisecond times
+//! with three decimals at the usual speed-ups) and added to its source's trigger time, so a
+//! chain of dependencies adds no rounding. Nodes due at the same instant come out in
+//! `request_id` order. The offline replay drives a [`Readiness`] on the virtual clock
+//! ([`super::replay_graph`]) and `loadgen replay` on the wall clock (nanoseconds since its run
+//! started), so both send the same nodes in the same order.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use super::NodeTimes;
-use crate::time::ExactTime;
+use crate::time::{SimDuration, SimTime};
 use crate::trace::{RequestGraph, Trigger};
 
 /// A graph's ready queue and every node's times so far.
@@ -33,8 +33,6 @@ pub struct Readiness<'a> {
     speedup: f64,
     /// Per node, its times (`engine_id` and `reused_input_tokens` stay the caller's).
     times: Vec<NodeTimes>,
-    /// Per node, the times its dependants are released from, unrounded.
-    exact: Vec<Unrounded>,
     /// Per node, dependencies not yet fired.
     waiting: Vec<usize>,
     /// Per node, the (child, dependency index) edges its dispatch and its completion release.
@@ -44,7 +42,7 @@ pub struct Readiness<'a> {
     /// at the same instant.
     rank: Vec<usize>,
     /// Nodes due, earliest first, then by rank.
-    due: BinaryHeap<Reverse<(ExactTime, usize, usize)>>,
+    due: BinaryHeap<Reverse<(SimTime, usize, usize)>>,
     /// Plays waiting for a lane, in order (empty without lanes).
     queue: VecDeque<usize>,
     /// Per play, the lane it holds or held (with lanes).
@@ -57,17 +55,6 @@ pub struct Readiness<'a> {
     settled: Vec<bool>,
     /// Per play, its first failed node.
     failed: Vec<Option<usize>>,
-}
-
-/// A node's times before rounding to the microsecond (its [`NodeTimes`] hold them rounded).
-#[derive(Clone, Copy, Debug, Default)]
-struct Unrounded {
-    /// Its floor.
-    floor: ExactTime,
-    /// The latest `T(source) + delay` over the dependencies fired so far.
-    due: Option<ExactTime>,
-    /// Its last token so far: its completion edges fire from it.
-    last_token: Option<ExactTime>,
 }
 
 /// What a [`Readiness`] leaves when the run is over.
@@ -112,25 +99,18 @@ impl<'a> Readiness<'a> {
         }
         let play_count = graph.plays.len();
         // The floors' shift is the smallest `not_before_ms` of the whole graph: found once.
-        let exact: Vec<Unrounded> = graph
-            .floors_ms(speedup)
+        let times = graph
+            .floors(speedup)
             .into_iter()
-            .map(|floor_ms| Unrounded {
-                floor: ExactTime::ZERO.plus_millis_f64(floor_ms),
-                ..Unrounded::default()
+            .map(|floor| NodeTimes {
+                floor: SimTime::ZERO + floor,
+                ..NodeTimes::default()
             })
             .collect();
         let mut run = Readiness {
             graph,
             speedup,
-            times: exact
-                .iter()
-                .map(|e| NodeTimes {
-                    floor: e.floor.round(),
-                    ..NodeTimes::default()
-                })
-                .collect(),
-            exact,
+            times,
             waiting,
             on_dispatch,
             on_completion,
@@ -149,7 +129,7 @@ impl<'a> Readiness<'a> {
                 for &p in &owned {
                     for &n in &graph.plays[p].nodes {
                         if graph.nodes[n].dependencies.is_empty() {
-                            run.schedule(n, run.exact[n].floor);
+                            run.schedule(n, run.times[n].floor);
                         }
                     }
                 }
@@ -164,25 +144,25 @@ impl<'a> Readiness<'a> {
                     let Some(play) = run.queue.pop_front() else {
                         break;
                     };
-                    run.start_play(play, lane, ExactTime::ZERO);
+                    run.start_play(play, lane, SimTime::ZERO);
                 }
             }
         }
         run
     }
 
-    fn schedule(&mut self, node: usize, at: ExactTime) {
+    fn schedule(&mut self, node: usize, at: SimTime) {
         self.due.push(Reverse((at, self.rank[node], node)));
     }
 
     /// When the next node is due (it may belong to a play that has failed since).
-    pub fn next_due(&self) -> Option<ExactTime> {
+    pub fn next_due(&self) -> Option<SimTime> {
         self.due.peek().map(|Reverse((at, ..))| *at)
     }
 
     /// The next node due at or before `now`, with its due time, passing over nodes of failed
     /// plays (they are never sent).
-    pub fn pop_due(&mut self, now: ExactTime) -> Option<(usize, ExactTime)> {
+    pub fn pop_due(&mut self, now: SimTime) -> Option<(usize, SimTime)> {
         while let Some(&Reverse((at, _, node))) = self.due.peek() {
             if at > now {
                 return None;
@@ -212,15 +192,14 @@ impl<'a> Readiness<'a> {
     }
 
     /// Dependency `dep` of `child` fired at `t` (its source's trigger time).
-    fn fire(&mut self, child: usize, dep: usize, t: ExactTime) {
+    fn fire(&mut self, child: usize, dep: usize, t: SimTime) {
         let d = &self.graph.nodes[child].dependencies[dep];
-        let due = t.plus_millis_f64(d.delay_ms / self.speedup);
-        let exact = &mut self.exact[child];
-        if exact.due.is_none_or(|at| due > at) {
-            exact.due = Some(due);
-            self.times[child].due = Some((due.round(), dep));
+        let due = t + SimDuration::from_millis_f64(d.delay_ms / self.speedup);
+        let times = &mut self.times[child];
+        if times.due.is_none_or(|(at, _)| due > at) {
+            times.due = Some((due, dep));
         }
-        let at = exact.floor.max(exact.due.unwrap_or(due));
+        let at = times.floor.max(times.due.map_or(due, |(at, _)| at));
         self.waiting[child] = self.waiting[child].saturating_sub(1);
         if self.waiting[child] == 0 {
             self.schedule(child, at);
@@ -229,7 +208,7 @@ impl<'a> Readiness<'a> {
 
     /// Play `play` gets lane `lane` at `now`: its floors are set from `now` and its roots
     /// scheduled.
-    fn start_play(&mut self, play: usize, lane: usize, now: ExactTime) {
+    fn start_play(&mut self, play: usize, lane: usize, now: SimTime) {
         let graph = self.graph;
         let nodes = &graph.plays[play].nodes;
         self.lane_of[play] = Some(lane);
@@ -240,9 +219,8 @@ impl<'a> Readiness<'a> {
             .fold(f64::INFINITY, f64::min);
         for &n in nodes {
             let offset = (graph.nodes[n].not_before_ms - r) / self.speedup;
-            let floor = now.plus_millis_f64(offset);
-            self.exact[n].floor = floor;
-            self.times[n].floor = floor.round();
+            let floor = now + SimDuration::from_millis_f64(offset);
+            self.times[n].floor = floor;
             if graph.nodes[n].dependencies.is_empty() {
                 self.schedule(n, floor);
             }
@@ -250,9 +228,9 @@ impl<'a> Readiness<'a> {
     }
 
     /// `node` was dispatched (sent) at `at`: its dispatch edges fire.
-    pub fn dispatched(&mut self, node: usize, at: ExactTime) {
+    pub fn dispatched(&mut self, node: usize, at: SimTime) {
         self.in_flight[self.graph.nodes[node].play] += 1;
-        self.times[node].dispatched = Some(at.round());
+        self.times[node].dispatched = Some(at);
         for k in 0..self.on_dispatch[node].len() {
             let (child, dep) = self.on_dispatch[node][k];
             self.fire(child, dep, at);
@@ -260,18 +238,16 @@ impl<'a> Readiness<'a> {
     }
 
     /// A token of `node` came at `at` (its completion edges fire from the last one).
-    pub(crate) fn token(&mut self, node: usize, at: ExactTime) {
-        self.exact[node].last_token = Some(at);
-        self.times[node].last_token = Some(at.round());
+    pub(crate) fn token(&mut self, node: usize, at: SimTime) {
+        self.times[node].last_token = Some(at);
     }
 
     /// `node` completed at `end`: its completion edges fire from its last token (`end` if no
     /// token was told).
-    pub fn completed(&mut self, node: usize, end: ExactTime) {
-        let t = *self.exact[node].last_token.get_or_insert(end);
+    pub fn completed(&mut self, node: usize, end: SimTime) {
         let state = &mut self.times[node];
-        state.terminal = Some(end.round());
-        state.last_token = Some(t.round());
+        let t = *state.last_token.get_or_insert(end);
+        state.terminal = Some(end);
         for k in 0..self.on_completion[node].len() {
             let (child, dep) = self.on_completion[node][k];
             self.fire(child, dep, t);
@@ -280,10 +256,9 @@ impl<'a> Readiness<'a> {
     }
 
     /// `node` failed at `at` (`kind`: how): its play fails, its completion edges never fire.
-    pub fn failed(&mut self, node: usize, at: ExactTime, kind: &'static str) {
-        self.exact[node].last_token = None;
+    pub fn failed(&mut self, node: usize, at: SimTime, kind: &'static str) {
         let state = &mut self.times[node];
-        state.terminal = Some(at.round());
+        state.terminal = Some(at);
         state.last_token = None;
         state.failure = Some(kind);
         let play = self.graph.nodes[node].play;
@@ -293,11 +268,11 @@ impl<'a> Readiness<'a> {
 
     /// `node` was handed out but never sent (its play failed, or the run stopped, while it
     /// waited to be sent).
-    pub fn skipped(&mut self, node: usize, now: ExactTime) {
+    pub fn skipped(&mut self, node: usize, now: SimTime) {
         self.settle(self.graph.nodes[node].play, now);
     }
 
-    fn ended(&mut self, play: usize, now: ExactTime) {
+    fn ended(&mut self, play: usize, now: SimTime) {
         self.in_flight[play] = self.in_flight[play].saturating_sub(1);
         self.ended[play] += 1;
         self.settle(play, now);
@@ -305,7 +280,7 @@ impl<'a> Readiness<'a> {
 
     /// When `play` has settled (every node ended, or after a failure none is in flight), its
     /// lane takes the next play waiting.
-    fn settle(&mut self, play: usize, now: ExactTime) {
+    fn settle(&mut self, play: usize, now: SimTime) {
         let all = self.ended[play] == self.graph.plays[play].nodes.len();
         let failed_and_idle = self.failed[play].is_some() && self.in_flight[play] == 0;
         if self.settled[play] || !(all || failed_and_idle) {
@@ -343,14 +318,14 @@ mod tests {
         parse_graph(&text[..], "w", TraceFormat::Auto, 64).expect("parses")
     }
 
-    fn ms(t: u64) -> ExactTime {
-        ExactTime::from_micros_f64(t as f64 * 1000.0)
+    fn ms(t: u64) -> SimTime {
+        SimTime::from_micros(t * 1000)
     }
 
     /// Every node due up to `now`, as (request_id, due ms).
-    fn due(ready: &mut Readiness<'_>, graph: &RequestGraph, now: ExactTime) -> Vec<(String, u64)> {
+    fn due(ready: &mut Readiness<'_>, graph: &RequestGraph, now: SimTime) -> Vec<(String, u64)> {
         std::iter::from_fn(|| ready.pop_due(now))
-            .map(|(n, at)| (graph.nodes[n].id().to_string(), at.round().0 / 1000))
+            .map(|(n, at)| (graph.nodes[n].id().to_string(), at.as_micros() / 1000))
             .collect()
     }
 
@@ -386,10 +361,10 @@ mod tests {
         let settled = ready.finish();
         assert_eq!(settled.failed, [None, None]);
         // r3's due time was set by r2 (dependency 0): last token 1200 + 0.
-        assert_eq!(settled.times[3].due, Some((ms(1200).round(), 0)));
+        assert_eq!(settled.times[3].due, Some((ms(1200), 0)));
         assert_eq!(
             settled.times[0].last_token,
-            Some(ms(40).round()),
+            Some(ms(40)),
             "the last token, not the end"
         );
     }
@@ -434,9 +409,10 @@ mod tests {
         );
     }
 
-    /// Due times compare unrounded: at speed-up 2, `c` and `d` (0.7 µs after `a`'s last token)
-    /// come out before `b` (1 µs after), though all three round to the same microsecond and `b`
-    /// ranks first; `c` and `d`, due at the same instant, come out in rank order.
+    /// Due times are exact nanoseconds: at speed-up 2, `c` and `d` (0.7 µs after `a`'s last
+    /// token) come out before `b` (1 µs after), though all three round to the same microsecond
+    /// and `b` ranks first; `c` and `d`, due at the same instant, come out in rank order; and
+    /// the times the run leaves are the same nanoseconds.
     #[test]
     fn due_times_compare_unrounded_and_ties_go_in_request_id_order() {
         let header = r#"{"schema":"dynamo.agentic_mooncake","version":2,"block_size":64,"hash_id_scope":"local","source":{"format":"hand","digest":"x"}}"#;
@@ -462,23 +438,27 @@ mod tests {
         let mut ready = Readiness::new(&graph, 2.0, None, &[0]);
         assert_eq!(due(&mut ready, &graph, ms(0)), [("a".to_string(), 0)]);
         ready.dispatched(0, ms(0));
-        let last = ExactTime::from_micros_f64(100.0);
+        let last = SimTime::from_micros(100);
         ready.token(0, last);
         ready.completed(0, last);
         let out: Vec<(String, u64)> = std::iter::from_fn(|| ready.pop_due(ms(1)))
-            .map(|(n, at)| {
-                let tenths = (at.as_micros_f64() * 10.0).round() as u64;
-                (graph.nodes[n].id().to_string(), tenths)
-            })
+            .map(|(n, at)| (graph.nodes[n].id().to_string(), at.as_nanos()))
             .collect();
         assert_eq!(
             out,
-            [("c".into(), 1007), ("d".into(), 1007), ("b".into(), 1010)],
+            [
+                ("c".into(), 100_700),
+                ("d".into(), 100_700),
+                ("b".into(), 101_000)
+            ],
             "due at 100.7, 100.7 and 101.0 µs"
         );
         let settled = ready.finish();
-        assert_eq!(settled.times[2].due.map(|(at, _)| at.0), Some(101));
-        assert_eq!(settled.times[3].due.map(|(at, _)| at.0), Some(101));
+        let due_ns = |n: usize| settled.times[n].due.map(|(at, _)| at.as_nanos());
+        assert_eq!(
+            (due_ns(1), due_ns(2), due_ns(3)),
+            (Some(100_700), Some(101_000), Some(100_700))
+        );
     }
 
     /// Start-up is linear: the floors' shift (the smallest `not_before_ms`) is found by one
@@ -504,7 +484,7 @@ mod tests {
             let ready = Readiness::new(&graph, 2.0, lanes, &plays);
             assert_eq!(graph_min_scans() - before, 1, "lanes {lanes:?}");
             if lanes.is_none() {
-                let floors: Vec<u64> = ready.times.iter().map(|t| t.floor.0).collect();
+                let floors: Vec<u64> = ready.times.iter().map(|t| t.floor.as_micros()).collect();
                 assert_eq!(floors[..8], [0, 500, 1000, 1500, 2000, 2500, 3000, 0]);
             }
         }

@@ -51,11 +51,9 @@ pub enum SchedulerEvent {
 /// The result of planning a pass.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct PassPlan {
-    /// How long the pass takes (prefill then decode).
+    /// How long the pass takes (prefill then decode), the latency model's sum rounded to the
+    /// nanosecond.
     pub(crate) duration: SimDuration,
-    /// The same in microseconds before rounding, so that a worker running passes back to back
-    /// keeps the fractions and its clock does not drift from the latency model's.
-    pub(crate) exact_us: f64,
     /// New prompt tokens computed.
     pub(crate) prefill_tokens: usize,
     /// Requests that emit a token at the end of the pass.

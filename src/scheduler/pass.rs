@@ -72,9 +72,8 @@ impl Scheduler {
             total_kv_tokens,
         });
         let plan = PassPlan {
-            duration: SimDuration::from_millis_f64(prefill_ms)
-                + SimDuration::from_millis_f64(decode_ms),
-            exact_us: (prefill_ms + decode_ms) * 1000.0,
+            // The latency model's fractional milliseconds meet the clock here, once.
+            duration: SimDuration::from_millis_f64(prefill_ms + decode_ms),
             prefill_tokens: pass.batch.new_tokens(),
             decoding: ready.len(),
         };

@@ -30,13 +30,13 @@ fn fixed(prefill_ms: f64, decode_ms: f64) -> ScaledLatency {
     }
 }
 
-/// Runs passes back to back from t=0 and returns (pass end times, events per pass).
+/// Runs passes back to back from t=0 and returns (pass end times in ns, events per pass).
 fn run(s: &mut Scheduler) -> Vec<(u64, Vec<SchedulerEvent>)> {
     let mut t = 0;
     let mut passes = Vec::new();
     while let Some(plan) = s.start_pass() {
         s.assert_invariants();
-        t += plan.duration.as_micros();
+        t += plan.duration.as_nanos();
         s.finish_pass();
         s.assert_invariants();
         passes.push((t, s.drain_events()));
@@ -68,16 +68,20 @@ fn single_request_timing_matches_the_polynomial_by_hand() {
         let u = len / total;
         -25.74 * u * u + 54.01 * u + 5.74
     };
-    let us = |ms: f64| (ms * 1000.0).round() as u64;
+    let ns = |ms: f64| (ms * 1e6).round() as u64;
     // Pass 1 prefills 1000 tokens; its first token comes at the end of the prefill (nobody
     // decodes yet). Later passes are decode steps over the growing context.
-    let t1 = us(4.209989e-07 * 1e6 + 1.518344e-02 * 1000.0 + 16.50142);
-    let t2 = t1 + us(decode(1001.0));
-    let t3 = t2 + us(decode(1002.0));
+    let t1 = ns(4.209989e-07 * 1e6 + 1.518344e-02 * 1000.0 + 16.50142);
+    let t2 = t1 + ns(decode(1001.0));
+    let t3 = t2 + ns(decode(1002.0));
     assert_eq!(token_times(&passes, RequestId(0)), vec![t1, t2, t3]);
     assert_eq!(
         (t1, t2, t3),
-        (32_106, 32_106 + 5_792, 32_106 + 5_792 + 5_792)
+        (
+            32_105_859,
+            32_105_859 + 5_791_536,
+            32_105_859 + 5_791_536 + 5_791_587
+        )
     );
     assert!(matches!(
         passes[0].1[0],
@@ -110,7 +114,7 @@ fn chunked_prefill_splits_long_prompts_by_the_token_budget() {
     // was decoding), the second a decode step.
     assert_eq!(
         token_times(&passes, RequestId(7)),
-        vec![10_000 * 3, 10_000 * 3 + 1_000]
+        vec![10_000_000 * 3, 10_000_000 * 3 + 1_000_000]
     );
 }
 
@@ -176,14 +180,14 @@ fn prefix_hits_shorten_prefill_time() {
         .new_tokens(),
         new_tokens
     );
-    assert_eq!(passes[0].0, (prefill * 1000.0).round() as u64);
+    assert_eq!(passes[0].0, (prefill * 1e6).round() as u64);
     // The second token: one decode step over the 2149-token context.
     let decode = model.decode_ms(&DecodeBatch {
         num_requests: 1,
         active_kv_tokens: 2149,
         total_kv_tokens: 16384 * 64,
     });
-    assert_eq!(passes[1].0 - passes[0].0, (decode * 1000.0).round() as u64);
+    assert_eq!(passes[1].0 - passes[0].0, (decode * 1e6).round() as u64);
 }
 
 #[test]

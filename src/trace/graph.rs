@@ -249,7 +249,7 @@ impl RequestGraph {
     }
 
     /// Every node's floor once shifted and sped up, `(not_before_ms - M) / speedup`, rounded
-    /// to the microsecond, in node order; `M` is found once for the whole graph.
+    /// to the nanosecond, in node order; `M` is found once for the whole graph.
     pub fn floors(&self, speedup: f64) -> Vec<SimDuration> {
         self.floors_ms(speedup)
             .into_iter()

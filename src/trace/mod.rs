@@ -83,7 +83,8 @@ use crate::time::{SimDuration, SimTime};
 
 /// Longest schedule a trace may describe, after the speed-up, unless the caller allows more
 /// ([`ScheduleBound::Unbounded`]): seven days.
-pub(crate) const DEFAULT_MAX_SCHEDULE: SimDuration = SimDuration(7 * 86_400 * 1_000_000);
+pub(crate) const DEFAULT_MAX_SCHEDULE: SimDuration =
+    SimDuration::from_micros(7 * 86_400 * 1_000_000);
 
 /// Largest time any timestamp, delay or schedule point may stand for, in ms, whatever the
 /// bound: 10^12 ms (about 31.7 years), far inside what [`SimTime`] holds.
@@ -121,8 +122,8 @@ impl ScheduleBound {
     /// The bound in ms.
     pub(crate) fn millis(self) -> f64 {
         match self {
-            ScheduleBound::Default => DEFAULT_MAX_SCHEDULE.0 as f64 / 1e3,
-            ScheduleBound::AtMost(d) => (d.0 as f64 / 1e3).min(MAX_TRACE_TIME_MS),
+            ScheduleBound::Default => DEFAULT_MAX_SCHEDULE.as_millis_f64(),
+            ScheduleBound::AtMost(d) => d.as_millis_f64().min(MAX_TRACE_TIME_MS),
             ScheduleBound::Unbounded => MAX_TRACE_TIME_MS,
         }
     }

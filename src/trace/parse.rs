@@ -268,9 +268,7 @@ pub fn parse_with_bound(
         .into_iter()
         .map(|s| Session {
             id: s.id,
-            first_arrival: SimTime(
-                SimDuration::from_millis_f64((s.first_ts_ms - min_first) / ratio).0,
-            ),
+            first_arrival: SimTime::from_millis_f64((s.first_ts_ms - min_first) / ratio),
             turns: s
                 .turns
                 .into_iter()
@@ -488,7 +486,7 @@ mod tests {
         assert_eq!((b.input_length, b.line), (12, 4));
         assert_eq!(b.request_id.as_deref(), Some("9"));
         assert_eq!(t.sessions[0].first_arrival, SimTime::ZERO);
-        assert_eq!(t.sessions[1].first_arrival, SimTime(2_500));
+        assert_eq!(t.sessions[1].first_arrival, SimTime::from_micros(2_500));
         assert_eq!(t.num_requests(), 2);
         assert_eq!(t.total_input_tokens(), 18);
         assert_eq!(t.total_output_tokens(), 5);
@@ -540,13 +538,13 @@ mod tests {
         let ids: Vec<&str> = t.sessions.iter().map(|s| s.id.as_str()).collect();
         assert_eq!(ids, ["a", "request_2", "7"]);
         let a = &t.sessions[0];
-        assert_eq!(a.first_arrival, SimTime(100_000));
+        assert_eq!(a.first_arrival, SimTime::from_micros(100_000));
         let delays: Vec<u64> = a.turns.iter().map(|x| x.delay.as_micros()).collect();
         // turn 0: zero; explicit delay wins over the timestamp gap; gap 2000 - 1500; nothing: 0.
         assert_eq!(delays, [0, 250_000, 500_000, 0]);
         let lines: Vec<usize> = a.turns.iter().map(|x| x.line).collect();
         assert_eq!(lines, [1, 3, 5, 7]);
-        assert_eq!(t.sessions[1].first_arrival, SimTime(200_000));
+        assert_eq!(t.sessions[1].first_arrival, SimTime::from_micros(200_000));
         let s7 = &t.sessions[2];
         assert_eq!(s7.first_arrival, SimTime::ZERO);
         // An explicit delay of 0 is used as is, not replaced by the timestamp gap.
@@ -561,8 +559,11 @@ mod tests {
 "#;
         let t = parse_str(text, &opts(4, 10.0)).expect("parses");
         assert_eq!(t.sessions[0].first_arrival, SimTime::ZERO);
-        assert_eq!(t.sessions[1].first_arrival, SimTime(10_000));
-        assert_eq!(t.sessions[0].turns[1].delay, SimDuration(6_050));
+        assert_eq!(t.sessions[1].first_arrival, SimTime::from_micros(10_000));
+        assert_eq!(
+            t.sessions[0].turns[1].delay,
+            SimDuration::from_micros(6_050)
+        );
         for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
             assert!(matches!(
                 parse_str(text, &opts(4, bad)),
@@ -696,9 +697,15 @@ mod tests {
         );
         // The speed-up applies first: at 2x the same rows fit.
         let t = parse_with_bound(far.as_bytes(), "t", &opts(4, 2.0), week).expect("fits at 2x");
-        assert_eq!(t.sessions[1].first_arrival.0, (week_ms + 1.0) as u64 * 500);
+        assert_eq!(
+            t.sessions[1].first_arrival.as_micros(),
+            (week_ms + 1.0) as u64 * 500
+        );
         let t = parse_str(&far, &opts(4, 1.0)).expect("parse leaves the schedule to the caller");
-        assert_eq!(t.sessions[1].first_arrival.0, (week_ms + 1.0) as u64 * 1000);
+        assert_eq!(
+            t.sessions[1].first_arrival.as_micros(),
+            (week_ms + 1.0) as u64 * 1000
+        );
         // Delays add up: each is short, the session is not.
         let day = 86_400_000.0;
         let mut text = String::from(

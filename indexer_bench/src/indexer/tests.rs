@@ -286,7 +286,7 @@ fn kinds_parse_and_print_kebab_case() -> anyhow::Result<()> {
                 blocks: s.blocks(0, 2),
             },
         });
-        ix.record_routing(WorkerId(2), &s.local, &s.seq, SimTime(0))?;
+        ix.record_routing(WorkerId(2), &s.local, &s.seq, SimTime::from_micros(0))?;
         let m = ix.find_matches(&s.local);
         let expect = if k.uses_kv_events() {
             WorkerId(1)

@@ -357,7 +357,7 @@ mod tests {
         )
         .expect("a valid trace");
         assert_eq!(trace.sessions.len(), 2);
-        assert_eq!(trace.sessions[0].turns[1].delay.0, 250_000);
+        assert_eq!(trace.sessions[0].turns[1].delay.as_micros(), 250_000);
     }
 
     /// `loadgen replay` reads a converted conversation as cumulative (each row holds the

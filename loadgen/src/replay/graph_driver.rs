@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use servesim::replay::{NodeTimes, Readiness};
-use servesim::time::{ExactTime, SimTime};
+use servesim::time::SimTime;
 use servesim::trace::RequestGraph;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
@@ -106,8 +106,13 @@ fn since(start: Instant, t: Instant) -> u64 {
 }
 
 /// A time on the run's clock (microseconds since it started) as [`Readiness`] takes it.
-fn wall(us: u64) -> ExactTime {
-    ExactTime::from(SimTime(us))
+fn wall(us: u64) -> SimTime {
+    SimTime::from_micros(us)
+}
+
+/// A time [`Readiness`] gave, to the nearest microsecond of the run's clock.
+fn nearest_us(t: SimTime) -> u64 {
+    t.as_nanos().saturating_add(500) / 1_000
 }
 
 /// Sends node `node` (due at `due_us`) and reports to the scheduler.
@@ -261,14 +266,14 @@ pub(crate) async fn drive_graph(
         let horizon = wall(since(start, Instant::now() + PACER_LEAD));
         while let Some((n, due)) = state.pop_due(horizon) {
             pending += 1;
-            tasks.spawn(send_node(shared.clone(), n, due.round().0, tx.clone()));
+            tasks.spawn(send_node(shared.clone(), n, nearest_us(due), tx.clone()));
         }
         if state.is_drained() && pending == 0 {
             break;
         }
         let next_due = state.next_due().map(|due| {
             // The whole microsecond at or after it: the horizon then reaches it on waking.
-            (start + Duration::from_micros(due.as_micros_f64().ceil() as u64))
+            (start + Duration::from_micros(due.as_nanos().div_ceil(1_000)))
                 .checked_sub(PACER_LEAD)
                 .unwrap_or(start)
         });

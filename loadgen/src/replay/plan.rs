@@ -138,9 +138,9 @@ pub(crate) fn expected_reuse(
 ) -> Vec<Vec<usize>> {
     let mut order: Vec<(u64, usize, usize)> = Vec::new();
     for (si, s) in trace.sessions.iter().enumerate() {
-        let mut t = s.first_arrival.0;
+        let mut t = s.first_arrival.as_nanos();
         for (ti, turn) in s.turns.iter().enumerate() {
-            t += turn.delay.0;
+            t += turn.delay.as_nanos();
             order.push((t, si, ti));
         }
     }
@@ -347,7 +347,11 @@ mod tests {
             unreachable!()
         };
         let t = load_trace(&a).expect("trace");
-        let firsts: Vec<u64> = t.sessions.iter().map(|s| s.first_arrival.0).collect();
+        let firsts: Vec<u64> = t
+            .sessions
+            .iter()
+            .map(|s| s.first_arrival.as_micros())
+            .collect();
         assert_eq!(firsts, vec![0, 5_000_000, 7_500_000, 10_000_000]);
         let bad = crate::Cli::try_parse_from(["loadgen", "replay", &p, "--rate-profile", "sine:1"])
             .err()

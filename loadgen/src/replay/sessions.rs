@@ -34,7 +34,7 @@ struct SessionScript {
 
 impl Script for SessionScript {
     fn first_start(&self) -> Duration {
-        Duration::from_micros(self.trace.sessions[self.session].first_arrival.0)
+        Duration::from_nanos(self.trace.sessions[self.session].first_arrival.as_nanos())
     }
 
     fn next(&mut self, _previous: Option<&Response>) -> Option<Planned> {
@@ -43,7 +43,7 @@ impl Script for SessionScript {
         let start = if self.next_turn == 0 {
             Start::At(self.first_start())
         } else {
-            Start::After(Duration::from_micros(turn.delay.0))
+            Start::After(turn.delay.into())
         };
         let text = self.plans[self.session][self.next_turn].text(&self.synth);
         self.next_turn += 1;

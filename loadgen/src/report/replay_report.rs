@@ -315,7 +315,7 @@ pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> Li
             .unwrap_or(info.input_length);
         collector.on_arrival(
             id,
-            SimTime(s.scheduled_us),
+            SimTime::from_micros(s.scheduled_us),
             input_length,
             info.max_output,
             info.session.as_deref(),
@@ -324,13 +324,13 @@ pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> Li
         lags.push(s.lag_us() as f64 / 1000.0);
         pacer_max = pacer_max.max(s.pacer_lag_us() as f64 / 1000.0);
         if r.failure.is_some() {
-            collector.on_reject(id, SimTime(s.end_us()));
+            collector.on_reject(id, SimTime::from_micros(s.end_us()));
             continue;
         }
         let admitted = s.at(r.timing.headers_us.unwrap_or(0));
         collector.on_admit(
             id,
-            SimTime(admitted),
+            SimTime::from_micros(admitted),
             r.cached_tokens.unwrap_or(0) as usize,
             WorkerId(0),
         );
@@ -341,21 +341,21 @@ pub fn build(items: &[(&Sample, &RequestInfo)], wall: std::time::Duration) -> Li
             // A success without token chunks is an answer read whole (embeddings): TTFT and E2E
             // at its end, no output token, no ITL.
             if let Some(&t) = chunks.last() {
-                collector.on_answer(id, SimTime(s.at(t)));
+                collector.on_answer(id, SimTime::from_micros(s.at(t)));
             }
-            collector.on_finish(id, SimTime(s.end_us()));
+            collector.on_finish(id, SimTime::from_micros(s.end_us()));
             continue;
         }
         for &t in chunks {
-            collector.on_token(id, SimTime(s.at(t)));
+            collector.on_token(id, SimTime::from_micros(s.at(t)));
         }
         // A chunk carrying several tokens: the rest count at the last chunk's time.
         if let Some(&last) = chunks.last() {
             for _ in chunks.len() as u64..r.output_tokens {
-                collector.on_token(id, SimTime(s.at(last)));
+                collector.on_token(id, SimTime::from_micros(s.at(last)));
             }
         }
-        collector.on_finish(id, SimTime(s.end_us()));
+        collector.on_finish(id, SimTime::from_micros(s.end_us()));
     }
     let (mut report, records) = collector.finish(wall);
     // Per-user output throughput per request (as other tools define it), not per token gap.

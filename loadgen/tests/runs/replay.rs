@@ -253,7 +253,7 @@ fn check_dependencies(a: &ReplayArgs, run: &loadgen::replay::ReplayRun) -> Resul
         let Some(sent) = me.dispatched else { continue };
         let floor = floors[n];
         assert!(
-            sent.0 >= floor.0,
+            sent.as_micros() >= floor.as_micros(),
             "{} sent at {sent:?}, floor {floor:?}",
             me.request_id
         );
@@ -264,15 +264,15 @@ fn check_dependencies(a: &ReplayArgs, run: &loadgen::replay::ReplayRun) -> Resul
                 Trigger::Completion => source.last_token,
             }
             .expect("a source fired before its child was sent");
-            let due = t.0 + (dep.delay_ms / speedup * 1000.0) as u64;
+            let due = t.as_micros() + (dep.delay_ms / speedup * 1000.0) as u64;
             assert!(
-                sent.0 + 1 >= due,
+                sent.as_micros() + 1 >= due,
                 "{} sent at {} µs, before {} ({:?}) at {} µs + {} ms / {speedup}",
                 me.request_id,
-                sent.0,
+                sent.as_micros(),
                 source.request_id,
                 dep.trigger,
-                t.0,
+                t.as_micros(),
                 dep.delay_ms
             );
         }
@@ -355,7 +355,7 @@ async fn an_agentic_trace_live_follows_its_dependencies_as_offline() -> Result<(
             .expect("node")
     };
     let (r0, r1, r2, r3) = (node("r0"), node("r1"), node("r2"), node("r3"));
-    let at = |t: Option<servesim::time::SimTime>| t.expect("time").0;
+    let at = |t: Option<servesim::time::SimTime>| t.expect("time").as_micros();
     assert!(at(r1.dispatched) >= at(r0.dispatched) + 10_000);
     assert!(at(r2.dispatched) >= 100_000);
     assert!(at(r2.dispatched) >= at(r0.last_token) + 20_000);

@@ -56,7 +56,7 @@ fn capacity_rps(flags: &[&str]) -> Result<f64> {
     let sessions = (0..200u64)
         .map(|i| Session {
             id: format!("r{i}"),
-            first_arrival: SimTime(0),
+            first_arrival: SimTime::from_micros(0),
             turns: vec![TraceRequest {
                 line: i as usize + 1,
                 request_id: None,

@@ -66,9 +66,8 @@ fn parse_pool_count(s: &str) -> Result<PoolCount, String> {
 }
 
 fn parse_span(s: &str) -> Result<SimDuration, String> {
-    parse_duration(s).ok_or_else(|| {
-        format!("{s:?} is not a duration (a number with us, ms, s, m or h, not negative)")
-    })
+    parse_duration(s)
+        .ok_or_else(|| format!("{s:?} is not a duration (a number with us, ms or s, not negative)"))
 }
 
 fn parse_wall(s: &str) -> Result<Duration, String> {
@@ -197,7 +196,9 @@ impl AutoscaleArgs {
                 }
             })
             .collect();
-        let tick = self.autoscale_tick.unwrap_or(SimDuration(30_000_000));
+        let tick = self
+            .autoscale_tick
+            .unwrap_or(SimDuration::from_micros(30_000_000));
         Ok(Some(AutoscaleSettings {
             policy: self.autoscale.clone(),
             lifecycle: LifecycleConfig {
@@ -211,7 +212,9 @@ impl AutoscaleArgs {
                 pools,
             },
             tick,
-            scrape_delay: self.scrape_delay.unwrap_or(SimDuration(15_000_000)),
+            scrape_delay: self
+                .scrape_delay
+                .unwrap_or(SimDuration::from_micros(15_000_000)),
             slo,
             external_timeout: self.autoscale_timeout.unwrap_or(Duration::from_secs(10)),
             // The scale-down stabilisation window: eight ticks (240 s at the default tick).

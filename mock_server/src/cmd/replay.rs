@@ -60,7 +60,7 @@ impl ReplayObserver for KvEventsJsonl {
         let Some(export) = &mut self.export else {
             return;
         };
-        export.after_advance(cluster, outputs, now, now.as_micros() as f64 / 1e6);
+        export.after_advance(cluster, outputs, now, now.as_nanos() as f64 / 1e9);
         for output in outputs {
             if let Output::Finished { id, .. } | Output::Rejected { id, .. } = output {
                 export.release(cluster, *id, now);

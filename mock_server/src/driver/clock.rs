@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use servesim::time::SimTime;
+use servesim::time::{SimDuration, SimTime};
 use tokio::time::Instant;
 
-/// The live mapping between simulated time and the wall clock: simulated microseconds since
-/// the driver started are wall-clock microseconds since its `epoch`, so an instant is
+/// The live mapping between simulated time and the wall clock: simulated nanoseconds since
+/// the driver started are wall-clock nanoseconds since its `epoch`, so an instant is
 /// `epoch + sim_time / speedup` with a speed-up of 1 here, because `--speedup-ratio` already
 /// divides every duration inside the engine's latency model. Copied into every handler so that
 /// stamps and the driver's schedule agree.
@@ -33,17 +33,17 @@ impl SimClock {
 
     /// The simulated time of the wall-clock now.
     pub fn now(&self) -> SimTime {
-        SimTime(u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX))
+        SimTime::ZERO + SimDuration::from(self.epoch.elapsed())
     }
 
     /// The wall-clock instant of simulated time `t`; `None` beyond the clock's range (a time
     /// that is never reached).
     pub fn instant(&self, t: SimTime) -> Option<Instant> {
-        self.epoch.checked_add(Duration::from_micros(t.as_micros()))
+        self.epoch.checked_add(Duration::from_nanos(t.as_nanos()))
     }
 
     /// Simulated time `t` as Unix milliseconds.
     pub fn unix_ms(&self, t: SimTime) -> f64 {
-        (self.epoch_unix_us as f64 + t.as_micros() as f64) / 1e3
+        (self.epoch_unix_us as f64 + t.as_nanos() as f64 / 1e3) / 1e3
     }
 }

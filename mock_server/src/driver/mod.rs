@@ -531,7 +531,7 @@ mod tests {
         // Prefill 20 ms, 6 prompt tokens at 1 ms each over the link, then 5 ms decode steps.
         assert_eq!(seen, vec![(1, 31), (2, 36), (3, 41)]);
         let live = engine.snapshot().await.expect("snapshot");
-        assert_eq!(live.cluster.kv_transfer_us, 6_000);
+        assert_eq!(live.cluster.kv_transfer_ns, 6_000_000);
     }
 
     #[tokio::test(start_paused = true)]
@@ -540,14 +540,14 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let now = engine.clock().now().as_micros();
         let received = |t: u64| SubmitOptions {
-            received: Some(SimTime(t)),
+            received: Some(SimTime::from_micros(t)),
             ..SubmitOptions::new(3)
         };
         let mut sub = engine
             .submit_as(request(3), received(now - 300))
             .await
             .expect("submitted");
-        assert_eq!(sub.submitted, SimTime(now - 300));
+        assert_eq!(sub.submitted, SimTime::from_micros(now - 300));
         // The engine's clock starts at the receipt: the first token 20 ms after it.
         let first = loop {
             match sub.events.recv().await {
@@ -556,19 +556,19 @@ mod tests {
                 None => panic!("no token"),
             }
         };
-        assert_eq!(first, SimTime(now - 300 + 20_000));
+        assert_eq!(first, SimTime::from_micros(now - 300 + 20_000));
         // Too long ago: at most MAX_BACKDATE_US before the submission. Later than now: now.
         let now = engine.clock().now().as_micros();
         let old = engine
             .submit_as(request(3), received(0))
             .await
             .expect("submitted");
-        assert_eq!(old.submitted, SimTime(now - MAX_BACKDATE_US));
+        assert_eq!(old.submitted, SimTime::from_micros(now - MAX_BACKDATE_US));
         let ahead = engine
             .submit_as(request(3), received(now + 5_000))
             .await
             .expect("submitted");
-        assert_eq!(ahead.submitted, SimTime(now));
+        assert_eq!(ahead.submitted, SimTime::from_micros(now));
     }
 
     #[tokio::test(start_paused = true)]

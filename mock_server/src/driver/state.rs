@@ -261,7 +261,10 @@ impl Driver {
         } = options;
         self.check_queue()?;
         let now = self.now();
-        let earliest = SimTime(now.as_micros().saturating_sub(MAX_BACKDATE_US));
+        let earliest = SimTime::from_nanos(
+            now.as_nanos()
+                .saturating_sub(SimTime::from_micros(MAX_BACKDATE_US).as_nanos()),
+        );
         let arrival = received.map_or(now, |r| r.clamp(earliest, now));
         if let (Some(observer), Some(worker)) = (&self.observer, pinned) {
             observer.arrived(&self.cluster, &request, worker, arrival);
@@ -484,9 +487,7 @@ impl Driver {
     /// Feeds the metrics from one output.
     fn observe(&mut self, output: &Output) {
         let m = &self.metrics;
-        let secs = |from: SimTime, to: SimTime| {
-            to.as_micros().saturating_sub(from.as_micros()) as f64 / 1e6
-        };
+        let secs = |from: SimTime, to: SimTime| to.saturating_since(from).as_nanos() as f64 / 1e9;
         match *output {
             Output::Admitted {
                 id,
@@ -684,21 +685,21 @@ mod tests {
             None,
             Arc::default(),
         );
-        driver.planned = Some(SimTime(1_000));
-        assert!(!driver.needs_plan(Some(SimTime(1_000))));
-        assert!(!driver.needs_plan(Some(SimTime(2_000))));
+        driver.planned = Some(SimTime::from_micros(1_000));
+        assert!(!driver.needs_plan(Some(SimTime::from_micros(1_000))));
+        assert!(!driver.needs_plan(Some(SimTime::from_micros(2_000))));
         assert!(!driver.needs_plan(None));
-        assert!(driver.needs_plan(Some(SimTime(500))));
+        assert!(driver.needs_plan(Some(SimTime::from_micros(500))));
         // One nudge on its way at a time: the task plans again when it gets it.
-        assert!(!driver.needs_plan(Some(SimTime(100))));
+        assert!(!driver.needs_plan(Some(SimTime::from_micros(100))));
         driver.nudged = false;
         driver.planned = None;
         assert!(
-            driver.needs_plan(Some(SimTime(5_000))),
+            driver.needs_plan(Some(SimTime::from_micros(5_000))),
             "the task waits without a deadline"
         );
         driver.nudged = false;
-        driver.planned = Some(SimTime(1_000));
+        driver.planned = Some(SimTime::from_micros(1_000));
         let (to, _rx) = mpsc::unbounded_channel();
         driver.outbox.push(Delivery {
             id: RequestId(7),
@@ -707,7 +708,7 @@ mod tests {
             last: true,
         });
         assert!(
-            driver.needs_plan(Some(SimTime(2_000))),
+            driver.needs_plan(Some(SimTime::from_micros(2_000))),
             "the task sends what waits in its outbox"
         );
         assert!(driver.take_own(RequestId(8)).is_empty(), "not its own");

@@ -46,7 +46,7 @@ mod tests {
     #[test]
     fn the_watchdog_fires_after_stall_rounds_without_progress() {
         let mut w = Watchdog::default();
-        let t = SimTime(100);
+        let t = SimTime::from_micros(100);
         for _ in 1..STALL_ROUNDS {
             assert!(!w.after_advance(0, Some(t), t));
         }
@@ -55,11 +55,14 @@ mod tests {
         for _ in 1..STALL_ROUNDS {
             assert!(!w.after_advance(0, Some(t), t));
         }
-        assert!(!w.after_advance(0, Some(SimTime(101)), t));
+        assert!(!w.after_advance(0, Some(SimTime::from_micros(101)), t));
         for _ in 1..STALL_ROUNDS {
-            assert!(!w.after_advance(0, Some(SimTime(99)), t));
+            assert!(!w.after_advance(0, Some(SimTime::from_micros(99)), t));
         }
-        assert!(w.after_advance(0, Some(SimTime(99)), t), "stalled");
+        assert!(
+            w.after_advance(0, Some(SimTime::from_micros(99)), t),
+            "stalled"
+        );
         assert!(!w.after_advance(0, Some(t), t), "counting starts again");
     }
 }

@@ -314,10 +314,10 @@ mod tests {
         t.track(id, &[1, 2, 3, 4]);
         let all = BlockHashes::of(&[1, 2, 3, 4], 2);
         t.wire_event(&stored(0, &all, 0..2));
-        t.release(id, SimTime(10));
-        t.retire_until(SimTime(9));
+        t.release(id, SimTime::from_micros(10));
+        t.retire_until(SimTime::from_micros(9));
         assert_eq!(t.len(), 2, "not retired before its time");
-        t.retire_until(SimTime(10));
+        t.retire_until(SimTime::from_micros(10));
         assert_eq!(t.len(), 2, "still cached on worker 0");
         t.wire_event(&KvEvent {
             worker: WorkerId(0),

@@ -122,13 +122,13 @@ impl Metrics {
         self.active.set(stats.active_requests as i64);
         self.kv_transfers.set(stats.kv_transfers as i64);
         self.kv_transfer_seconds
-            .set(stats.kv_transfer_us as f64 / 1e6);
+            .set(stats.kv_transfer_ns as f64 / 1e9);
         self.kv_transfers_in_flight
             .set(stats.kv_transfers_in_flight as i64);
         let mut pools: Vec<(String, f64)> = Vec::new();
         for w in &stats.workers {
             let label = WorkerLabel::from(w.worker);
-            let busy = w.busy_us as f64 / 1e6;
+            let busy = w.busy_ns as f64 / 1e9;
             self.worker_busy_seconds.get_or_create(&label).set(busy);
             self.g2_resident_blocks
                 .get_or_create(&label)

@@ -166,8 +166,8 @@ fn dynamos_disagg_command_runs_and_reports_the_transfers() {
     assert!(d.mean_kv_transfer_ms > 0.0);
     assert!(d.prefill_pool_utilization > 0.0 && d.decode_pool_utilization > 0.0);
     for r in &outcome.records {
-        // input * 131072 B / 64 GB/s, to the microsecond.
-        let expected = (r.input_length as f64 * 131_072.0 / 64e3).round() / 1000.0;
+        // input * 131072 B / 64 GB/s, to the nanosecond.
+        let expected = (r.input_length as f64 * 131_072.0 / 64e3 * 1000.0).round() / 1e6;
         assert_eq!(r.kv_transfer_ms, Some(expected));
     }
     let text = std::fs::read_to_string(&report).unwrap();

@@ -17,7 +17,7 @@ pub(super) fn run_end(records: &[RequestRecord]) -> SimTime {
         .iter()
         .map(|r| r.finish_ms.unwrap_or(r.arrival_ms).max(r.arrival_ms))
         .fold(0.0f64, f64::max);
-    SimTime((ms * 1000.0).round() as u64)
+    SimTime::from_millis_f64(ms)
 }
 
 /// The judge's windows: `[k · len, (k + 1) · len)` up to the run's end.
@@ -29,24 +29,24 @@ pub(super) struct Windows {
 
 impl Windows {
     pub(super) fn new(len: SimDuration, end: SimTime) -> Windows {
-        let count = (end.0.div_ceil(len.0)).max(1) as usize;
+        let count = (end.as_nanos().div_ceil(len.as_nanos().max(1))).max(1) as usize;
         Windows { len, end, count }
     }
 
     fn start(&self, k: usize) -> SimTime {
-        SimTime(self.len.0 * k as u64)
+        SimTime::from_nanos(self.len.as_nanos() * k as u64)
     }
 
     /// Seconds of window `k` within the run.
     fn seconds(&self, k: usize) -> f64 {
-        let start = self.start(k).0;
-        let stop = (start + self.len.0).min(self.end.0.max(start));
-        (stop - start) as f64 / 1e6
+        let start = self.start(k).as_nanos();
+        let stop = (start + self.len.as_nanos()).min(self.end.as_nanos().max(start));
+        (stop - start) as f64 / 1e9
     }
 
     fn of(&self, arrival_ms: f64) -> usize {
-        let us = (arrival_ms * 1000.0).max(0.0) as u64;
-        ((us / self.len.0) as usize).min(self.count - 1)
+        let ns = SimTime::from_millis_f64(arrival_ms.max(0.0)).as_nanos();
+        ((ns / self.len.as_nanos().max(1)) as usize).min(self.count - 1)
     }
 
     /// Per window: (arrivals, of which met the SLO).
@@ -122,10 +122,12 @@ pub(super) struct JudgeInput<'a> {
 fn integral(series: &[(SimTime, usize)], a: SimTime, b: SimTime) -> f64 {
     let mut total = 0.0;
     for (i, &(t, v)) in series.iter().enumerate() {
-        let next = series.get(i + 1).map_or(SimTime(u64::MAX), |s| s.0);
+        let next = series
+            .get(i + 1)
+            .map_or(SimTime::from_nanos(u64::MAX), |s| s.0);
         let (s, e) = (t.max(a), next.min(b));
         if e > s {
-            total += v as f64 * (e.0 - s.0) as f64 / 1e6;
+            total += v as f64 * (e.as_nanos() - s.as_nanos()) as f64 / 1e9;
         }
     }
     total
@@ -144,7 +146,7 @@ pub(super) fn judge(input: JudgeInput<'_>) -> AutoscaleReport {
     let w = input.windows;
     let end = w.end;
     let gpu_seconds = integral(input.gpus, SimTime::ZERO, end);
-    let duration_s = end.0 as f64 / 1e6;
+    let duration_s = end.as_nanos() as f64 / 1e9;
     let met = input.records.iter().filter(|r| input.slo.met(r)).count();
     let violated: Vec<bool> = input
         .attainment
@@ -190,7 +192,7 @@ pub(super) fn judge(input: JudgeInput<'_>) -> AutoscaleReport {
             }
             _ => (None, None, None),
         };
-    let reversal_window = input.model_load.0 as f64 * 2.0 / 1e6;
+    let reversal_window = input.model_load.as_nanos() as f64 * 2.0 / 1e9;
     let mut oscillations = 0;
     for (i, e) in input.events.iter().enumerate() {
         let prev = input.events[..i].iter().rev().find(|p| p.role == e.role);
@@ -206,7 +208,7 @@ pub(super) fn judge(input: JudgeInput<'_>) -> AutoscaleReport {
             let (a, b) = (w.start(k), w.start(k + 1).min(end).max(w.start(k)));
             let secs = w.seconds(k);
             WindowSample {
-                start_s: a.0 as f64 / 1e6,
+                start_s: a.as_nanos() as f64 / 1e9,
                 gpus: if secs > 0.0 {
                     integral(input.gpus, a, b) / secs
                 } else {
@@ -244,7 +246,7 @@ pub(super) fn judge(input: JudgeInput<'_>) -> AutoscaleReport {
         regret_gpu_seconds,
         regret_slo_seconds,
         duration_s,
-        window_s: w.len.0 as f64 / 1e6,
+        window_s: w.len.as_nanos() as f64 / 1e9,
         attainment_target: ATTAINMENT_TARGET,
         events: input.events,
         warnings: input.warnings,

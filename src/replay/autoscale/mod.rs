@@ -639,7 +639,11 @@ pub fn replay_elastic(
         slots,
         tick: settings.tick,
         next_tick: first_tick,
-        next_scrape: SimTime(first_tick.0.saturating_sub(settings.scrape_delay.0)),
+        next_scrape: SimTime::from_nanos(
+            first_tick
+                .as_nanos()
+                .saturating_sub(settings.scrape_delay.as_nanos()),
+        ),
         last_scrape: SimTime::ZERO,
         window: Window::default(),
         observation: None,
