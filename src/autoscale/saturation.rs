@@ -195,6 +195,15 @@ mod tests {
     use super::*;
     use crate::autoscale::policy::tests::observation;
 
+    /// The KV and queue signals alone, unsmoothed (the running signal far off).
+    fn kv_queue() -> SaturationPolicyConfig {
+        SaturationPolicyConfig {
+            running_target: 100.0,
+            smooth_window_s: 0.0,
+            ..SaturationPolicyConfig::default()
+        }
+    }
+
     fn at(mut obs: Observation, t: f64) -> Observation {
         obs.time_s = t;
         obs
@@ -202,7 +211,7 @@ mod tests {
 
     #[test]
     fn kv_and_queue_pressure_scale_up_at_once() {
-        let mut p = SaturationPolicy::new(SaturationPolicyConfig::default()).unwrap();
+        let mut p = SaturationPolicy::new(kv_queue()).unwrap();
         // 4 workers at 0.7 KV: on target, hold.
         assert_eq!(
             p.decide(&at(observation(4, 0.7, 0, 1.0), 0.0)),
@@ -214,7 +223,7 @@ mod tests {
             Ok(Decision::Workers(6))
         );
         // Two waiting per worker (target 1): ratio 2 -> 8.
-        let mut q = SaturationPolicy::new(SaturationPolicyConfig::default()).unwrap();
+        let mut q = SaturationPolicy::new(kv_queue()).unwrap();
         assert_eq!(
             q.decide(&at(observation(4, 0.1, 2, 1.0), 0.0)),
             Ok(Decision::Workers(8))
@@ -225,7 +234,7 @@ mod tests {
     fn scale_down_waits_out_the_stabilisation_window() {
         let mut p = SaturationPolicy::new(SaturationPolicyConfig {
             down_window_s: 90.0,
-            ..SaturationPolicyConfig::default()
+            ..kv_queue()
         })
         .unwrap();
         // Busy at t=0 (recommends 4), quiet after (KV 0.35 -> ratio 0.5 -> 2).
@@ -255,7 +264,7 @@ mod tests {
     fn loading_workers_block_a_scale_down_and_idle_pools_shrink_one_at_a_time() {
         let mut p = SaturationPolicy::new(SaturationPolicyConfig {
             down_window_s: 0.0,
-            ..SaturationPolicyConfig::default()
+            ..kv_queue()
         })
         .unwrap();
         let mut obs = observation(4, 0.0, 0, 0.0);
@@ -271,6 +280,26 @@ mod tests {
     }
 
     #[test]
+    fn running_requests_per_worker_are_averaged_then_scale_up() {
+        let mut p = SaturationPolicy::new(SaturationPolicyConfig::default()).unwrap();
+        // 2 workers, 1 running each (target 1.5): ratio 0.67 -> ceil(1.33) = 2, held.
+        let mut obs = at(observation(2, 0.01, 0, 1.0), 0.0);
+        assert_eq!(p.decide(&obs), Ok(Decision::Workers(2)));
+        // A burst of 6 running on each: the 90 s mean over the two scrapes is 3.5 per worker,
+        // ratio 2.33 -> ceil(4.67) = 5.
+        obs.time_s = 30.0;
+        obs.pools[0].running = 12;
+        assert_eq!(p.decide(&obs), Ok(Decision::Workers(5)));
+        // Without smoothing the same burst reads 6 per worker: ratio 4 -> 8.
+        let mut q = SaturationPolicy::new(SaturationPolicyConfig {
+            smooth_window_s: 0.0,
+            ..SaturationPolicyConfig::default()
+        })
+        .unwrap();
+        assert_eq!(q.decide(&obs), Ok(Decision::Workers(8)));
+    }
+
+    #[test]
     fn bad_targets_are_refused() {
         let bad = SaturationPolicyConfig {
             kv_target: 0.0,
@@ -279,5 +308,12 @@ mod tests {
         assert!(SaturationPolicy::new(bad)
             .unwrap_err()
             .contains("KV target"));
+        let bad = SaturationPolicyConfig {
+            running_target: 0.0,
+            ..SaturationPolicyConfig::default()
+        };
+        assert!(SaturationPolicy::new(bad)
+            .unwrap_err()
+            .contains("running target"));
     }
 }
