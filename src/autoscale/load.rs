@@ -8,10 +8,11 @@
 //! - aggregated workers share their GPU between the two, so their fractions add:
 //!   `ceil((r · ISL / prefill_tokens_per_s + r · OSL / decode_tokens_per_s) / target_utilisation)`.
 //!
-//! The prediction is the mean rate (and token lengths) over the last `window` scrapes, raised
-//! by the trend between the two halves of that window carried `lookahead_s` ahead (a new worker
-//! serves only once its model has loaded), never below the latest scrape. Requests queued at the
-//! scrape add their prompts to the prefill load, to be cleared within one `lookahead_s`.
+//! The prediction fits a least-squares line through the request rates of the last `window`
+//! scrapes: its level at the latest scrape (never below the window's mean or the latest rate),
+//! raised by its rising slope carried `lookahead_s` ahead (a new worker serves only once its
+//! model has loaded). ISL and OSL are the window's request-weighted means. Requests queued at
+//! the scrape add their prompts to the prefill load, to be cleared within one `lookahead_s`.
 //!
 //! A pool grows at once; it shrinks only to the largest size the last `down_window` decisions
 //! asked for, and never while it has workers loading (cancelling them would throw away the
@@ -277,7 +278,7 @@ mod tests {
         for rate in [2.0, 4.0, 6.0] {
             p.decide(&observation(1, 0.1, 0, rate)).unwrap();
         }
-        // Window 2,4,6,8: mean 5, latest 8; halves 3 and 7 two scrapes apart: +2 per scrape,
+        // Window 2,4,6,8: the fitted line rises 2 per scrape and stands at 8 at the latest;
         // carried 60 s / 30 s = 2 scrapes: 8 + 4 = 12 req/s -> 1.2 + 1.2 = 2.4 -> 3.
         assert_eq!(
             p.decide(&observation(1, 0.1, 0, 8.0)),
