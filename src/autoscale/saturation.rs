@@ -1,11 +1,14 @@
 //! `saturation`: KV-usage and queue thresholds with stabilisation windows, in the manner of
 //! Kubernetes' HPA and llm-d's Workload Variant Autoscaler.
 //!
-//! Per pool, over its ready workers: `ratio = max(kv_usage / kv_target, waiting_per_worker /
-//! queue_target)`; within `tolerance` of 1 the recommendation is the current size, else
-//! `ceil(ready · ratio)` (at least 1 while anything is running or waiting). As HPA does, a
-//! scale-up takes the smallest recommendation of the last `up_window` and a scale-down the
-//! largest of the last `down_window`, so one quiet scrape does not drop workers that the next
+//! Per pool, over its ready workers: `ratio = max(kv_usage / kv_target, running_per_worker /
+//! running_target, waiting_per_worker / queue_target)`, each signal the mean of the scrapes of
+//! the last `smooth_window_s` (point-sampled gauges are noisy); KV usage stays low when prompts
+//! fit the cache easily and a queue forms only once TTFT is lost, while the requests running
+//! per worker (running-batch saturation) rise with the load before either. Within `tolerance`
+//! of 1 the recommendation is the current size, else `ceil(ready · ratio)` (at least 1 while
+//! anything is running or waiting). As HPA does, a scale-up takes the smallest recommendation
+//! of the last `up_window` and a scale-down the largest of the last `down_window`, so one quiet scrape does not drop workers that the next
 //! burst needs; a scale-down then removes one worker per decision (HPA's scale-down policies
 //! limit the rate the same way). While workers of the pool are still loading the pool is not
 //! shrunk (their capacity is not in the metrics yet).
@@ -49,15 +52,18 @@ impl Default for SaturationPolicyConfig {
     }
 }
 
+/// One scrape's signals of a pool: (time, KV usage, running per ready worker, waiting per
+/// ready worker).
+type Signals = (f64, f64, f64, f64);
+
 /// The saturation policy (see the module doc).
 #[derive(Clone, Debug)]
 pub struct SaturationPolicy {
     config: SaturationPolicyConfig,
     /// Per pool role, recent (time, recommendation), oldest first.
     history: Vec<(PoolRole, VecDeque<(f64, usize)>)>,
-    /// Per pool role, recent (time, KV usage, running per ready worker, waiting per ready
-    /// worker), oldest first.
-    signals: Vec<(PoolRole, VecDeque<(f64, f64, f64, f64)>)>,
+    /// Per pool role, recent scrapes' signals, oldest first.
+    signals: Vec<(PoolRole, VecDeque<Signals>)>,
 }
 
 impl SaturationPolicy {
@@ -123,7 +129,7 @@ impl SaturationPolicy {
             signals.pop_front();
         }
         let n = signals.len() as f64;
-        let mean = |f: fn(&(f64, f64, f64, f64)) -> f64| signals.iter().map(f).sum::<f64>() / n;
+        let mean = |f: fn(&Signals) -> f64| signals.iter().map(f).sum::<f64>() / n;
         let (kv, running, waiting) = (mean(|s| s.1), mean(|s| s.2), mean(|s| s.3));
         let ratio = (kv / self.config.kv_target)
             .max(running / self.config.running_target)
