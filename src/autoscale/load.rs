@@ -8,10 +8,11 @@
 //! - aggregated workers share their GPU between the two, so their fractions add:
 //!   `ceil((r · ISL / prefill_tokens_per_s + r · OSL / decode_tokens_per_s) / target_utilisation)`.
 //!
-//! The prediction is the mean rate (and token lengths) over the last `window` scrapes, raised
-//! by the trend between the two halves of that window carried `lookahead_s` ahead (a new worker
-//! serves only once its model has loaded), never below the latest scrape. Requests queued at the
-//! scrape add their prompts to the prefill load, to be cleared within one `lookahead_s`.
+//! The prediction fits a least-squares line through the request rates of the last `window`
+//! scrapes: its level at the latest scrape (never below the window's mean or the latest rate),
+//! raised by its rising slope carried `lookahead_s` ahead (a new worker serves only once its
+//! model has loaded). ISL and OSL are the window's request-weighted means. Requests queued at
+//! the scrape add their prompts to the prefill load, to be cleared within one `lookahead_s`.
 //!
 //! A pool grows at once; it shrinks only to the largest size the last `down_window` decisions
 //! asked for, and never while it has workers loading (cancelling them would throw away the
@@ -101,22 +102,24 @@ impl LoadPolicy {
         };
         let (isl, osl) = (weighted(|h| h.1), weighted(|h| h.2));
         let latest = self.history.back().map_or(0.0, |h| h.0);
-        let half = self.history.len() / 2;
-        let trend = if half >= 1 {
-            let older = self.history.iter().take(half).map(|h| h.0).sum::<f64>() / half as f64;
-            let newer = self
-                .history
-                .iter()
-                .skip(self.history.len() - half)
-                .map(|h| h.0);
-            let newer = newer.sum::<f64>() / half as f64;
-            // Seconds between the two halves' centres: `len - half` scrapes.
-            (newer - older) / ((self.history.len() - half) as f64)
+        // Least-squares line through the window's rates (scrape index against rate): its value
+        // at the latest scrape is the level, its slope the trend per scrape.
+        let len = self.history.len();
+        let (level, slope) = if len >= 2 {
+            let xm = (len - 1) as f64 / 2.0;
+            let (mut sxy, mut sxx) = (0.0, 0.0);
+            for (i, h) in self.history.iter().enumerate() {
+                let dx = i as f64 - xm;
+                sxy += dx * (h.0 - rate);
+                sxx += dx * dx;
+            }
+            let slope = sxy / sxx;
+            (rate + slope * xm, slope)
         } else {
-            0.0
+            (rate, 0.0)
         };
         (
-            rate.max(latest) + trend.max(0.0) * self.lookahead_scrapes(),
+            level.max(rate).max(latest) + slope.max(0.0) * self.lookahead_scrapes(),
             isl,
             osl,
         )
@@ -275,7 +278,7 @@ mod tests {
         for rate in [2.0, 4.0, 6.0] {
             p.decide(&observation(1, 0.1, 0, rate)).unwrap();
         }
-        // Window 2,4,6,8: mean 5, latest 8; halves 3 and 7 two scrapes apart: +2 per scrape,
+        // Window 2,4,6,8: the fitted line rises 2 per scrape and stands at 8 at the latest;
         // carried 60 s / 30 s = 2 scrapes: 8 + 4 = 12 req/s -> 1.2 + 1.2 = 2.4 -> 3.
         assert_eq!(
             p.decide(&observation(1, 0.1, 0, 8.0)),

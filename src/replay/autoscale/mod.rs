@@ -548,7 +548,10 @@ fn build_policy(
                     decode_tokens_per_s: decode,
                     target_utilisation: settings.load_utilisation,
                     window: 4,
-                    lookahead_s: settings.lifecycle.model_load.as_micros() as f64 / 1e6,
+                    // A new worker serves one model-load delay after the decision; the prediction
+                    // window's four ticks on top are headroom for a rate still rising after it.
+                    lookahead_s: settings.lifecycle.model_load.as_micros() as f64 / 1e6
+                        + 4.0 * settings.tick.as_micros() as f64 / 1e6,
                     down_window: 8,
                 })
                 .map_err(AutoscaleError::Policy)?,
