@@ -196,9 +196,13 @@ impl Autoscaler {
     /// The policy, once it can be built (`load` waits for a tick with requests).
     fn build(&self, observation: &Observation) -> Result<Option<Box<dyn Policy>>, String> {
         Ok(Some(match &self.spec {
-            PolicySpec::Saturation => {
-                Box::new(SaturationPolicy::new(SaturationPolicyConfig::default())?)
-            }
+            // The same settings as `mockserve replay --autoscale` (`cmd::autoscale`), the tick
+            // being the interval between observations.
+            PolicySpec::Saturation => Box::new(SaturationPolicy::new(SaturationPolicyConfig {
+                down_window_s: 8.0 * observation.interval_s,
+                smooth_window_s: 3.0 * observation.interval_s,
+                ..SaturationPolicyConfig::default()
+            })?),
             PolicySpec::External(command) => {
                 Box::new(ExternalPolicy::spawn(command, self.timeout).map_err(|e| e.to_string())?)
             }
@@ -212,9 +216,10 @@ impl Autoscaler {
                 Box::new(LoadPolicy::new(LoadPolicyConfig {
                     prefill_tokens_per_s: prefill,
                     decode_tokens_per_s: decode,
-                    target_utilisation: 0.8,
+                    target_utilisation: 0.5,
                     window: 4,
-                    lookahead_s: self.lifecycle.config.model_load.as_secs_f64(),
+                    lookahead_s: self.lifecycle.config.model_load.as_secs_f64()
+                        + 4.0 * observation.interval_s,
                     down_window: 8,
                 })?)
             }
