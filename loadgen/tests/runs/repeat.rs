@@ -8,20 +8,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use loadgen::{Cli, Command};
+use loadgen::Command;
 use serde_json::Value;
 
-use crate::common::{within, TempDir};
-
-fn cli(flags: &[&str]) -> Result<Cli> {
-    Ok(Cli::try_parse_from(flags)?)
-}
-
-/// Runs a loadgen command line in-process.
-async fn run(flags: &[&str]) -> Result<()> {
-    within(120, loadgen::run_async(cli(flags)?)).await??;
-    Ok(())
-}
+use crate::common::{cli, run_ok, TempDir};
 
 fn read_json(path: &Path) -> Result<Value> {
     Ok(serde_json::from_str(&std::fs::read_to_string(path)?)?)
@@ -48,8 +38,7 @@ async fn five_bench_runs_on_a_deterministic_server_have_cv_0_for_every_count() -
     let tmp = TempDir::new("loadgen-repeat")?;
     let (report, records) = (tmp.join("bench.json"), tmp.join("bench.jsonl"));
     let (r, p) = (report.display().to_string(), records.display().to_string());
-    run(&[
-        "loadgen",
+    run_ok(120, &[
         "bench",
         "--quiet",
         "--speedup-ratio",
@@ -134,8 +123,7 @@ async fn multiturn_and_replay_runs_repeat_the_same_schedule() -> Result<()> {
     let tmp = TempDir::new("loadgen-repeat")?;
     let report = tmp.join("multiturn.json");
     let r = report.display().to_string();
-    run(&[
-        "loadgen",
+    run_ok(120, &[
         "multiturn",
         "--quiet",
         "--speedup-ratio",
@@ -176,8 +164,7 @@ async fn multiturn_and_replay_runs_repeat_the_same_schedule() -> Result<()> {
         .collect();
     std::fs::write(&trace, rows)?;
     let t = trace.display().to_string();
-    run(&[
-        "loadgen",
+    run_ok(120, &[
         "replay",
         &t,
         "--quiet",
@@ -251,8 +238,7 @@ async fn a_lora_mix_is_seeded_reported_per_adapter_and_seen_by_the_server() -> R
     let (r, p) = (report.display().to_string(), records.display().to_string());
     let flags = |seed: &'static str| {
         vec![
-            "loadgen".to_string(),
-            "bench".into(),
+            "bench".to_string(),
             "--quiet".into(),
             "--url".into(),
             url.clone(),
@@ -281,7 +267,7 @@ async fn a_lora_mix_is_seeded_reported_per_adapter_and_seen_by_the_server() -> R
             .collect()
     };
     let argv = flags("7");
-    run(&argv.iter().map(String::as_str).collect::<Vec<_>>()).await?;
+    run_ok(120, &argv.iter().map(String::as_str).collect::<Vec<_>>()).await?;
     let first = read_json(&report)?;
     let a = counts(&first);
     assert_eq!(a.iter().sum::<u64>(), 300, "{}", first["lora"]);
@@ -321,10 +307,10 @@ async fn a_lora_mix_is_seeded_reported_per_adapter_and_seen_by_the_server() -> R
         "{metrics}"
     );
     // The same seed sends the same mix; another seed another one.
-    run(&argv.iter().map(String::as_str).collect::<Vec<_>>()).await?;
+    run_ok(120, &argv.iter().map(String::as_str).collect::<Vec<_>>()).await?;
     assert_eq!(counts(&read_json(&report)?), a);
     let other = flags("8");
-    run(&other.iter().map(String::as_str).collect::<Vec<_>>()).await?;
+    run_ok(120, &other.iter().map(String::as_str).collect::<Vec<_>>()).await?;
     assert_ne!(counts(&read_json(&report)?), a);
     std::fs::remove_file(report)?;
     std::fs::remove_file(records)?;
@@ -338,8 +324,7 @@ async fn the_embedded_server_serves_the_mix_and_a_conversation_keeps_its_adapter
     let tmp = TempDir::new("loadgen-repeat")?;
     let report = tmp.join("lora-multiturn.json");
     let r = report.display().to_string();
-    run(&[
-        "loadgen",
+    run_ok(120, &[
         "multiturn",
         "--quiet",
         "--speedup-ratio",
@@ -377,8 +362,7 @@ async fn the_embedded_server_serves_the_mix_and_a_conversation_keeps_its_adapter
     assert!(lora.keys().all(|k| k == "mock-model" || k == "finance"));
 
     // Bench against the embedded server: adapters loaded, no failures.
-    run(&[
-        "loadgen",
+    run_ok(120, &[
         "bench",
         "--quiet",
         "--speedup-ratio",
@@ -399,8 +383,7 @@ async fn the_embedded_server_serves_the_mix_and_a_conversation_keeps_its_adapter
     let trace =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/agentic/worked_example.jsonl");
     let t = trace.display().to_string();
-    run(&[
-        "loadgen",
+    run_ok(120, &[
         "replay",
         &t,
         "--quiet",
@@ -441,7 +424,7 @@ fn bad_values_are_refused_naming_the_flag() -> Result<()> {
         "", "a", "a:0", "a:-1", "a:nan", "a:inf", ":1", "a:1,a:1", "a:x",
     ] {
         for mode in [&["bench"][..], &["multiturn"], &["replay", "t.jsonl"]] {
-            let mut flags = vec!["loadgen"];
+            let mut flags = vec![];
             flags.extend_from_slice(mode);
             flags.extend(["--lora-mix", mix]);
             let e = refused(&flags)?;
@@ -449,10 +432,10 @@ fn bad_values_are_refused_naming_the_flag() -> Result<()> {
         }
     }
     let huge = format!("{}:1", "x".repeat(100_000));
-    let e = refused(&["loadgen", "bench", "--lora-mix", &huge])?;
+    let e = refused(&["bench", "--lora-mix", &huge])?;
     assert!(e.contains("--lora-mix") && e.len() < 300, "{}", e.len());
     for n in ["0", "101"] {
-        let e = refused(&["loadgen", "bench", "--num-runs", n])?;
+        let e = refused(&["bench", "--num-runs", n])?;
         assert!(
             e.contains("--num-runs") && e.contains("from 1 to 100"),
             "{e}"
@@ -460,7 +443,6 @@ fn bad_values_are_refused_naming_the_flag() -> Result<()> {
     }
     // Every run's records are kept: K x one run's requests is bounded.
     let e = refused(&[
-        "loadgen",
         "bench",
         "--num-runs",
         "100",
@@ -472,7 +454,6 @@ fn bad_values_are_refused_naming_the_flag() -> Result<()> {
         "{e}"
     );
     let e = refused(&[
-        "loadgen",
         "bench",
         "--concurrency",
         "4",
@@ -483,7 +464,6 @@ fn bad_values_are_refused_naming_the_flag() -> Result<()> {
     ])?;
     assert!(e.contains("--num-runs") && e.contains("--shard"), "{e}");
     let e = refused(&[
-        "loadgen",
         "sweep",
         "--concurrency",
         "1,2",
@@ -497,7 +477,7 @@ fn bad_values_are_refused_naming_the_flag() -> Result<()> {
 #[test]
 fn the_flags_parse_in_every_run_command() -> Result<()> {
     for mode in [&["bench"][..], &["multiturn"], &["replay", "t.jsonl"]] {
-        let mut flags = vec!["loadgen"];
+        let mut flags = vec![];
         flags.extend_from_slice(mode);
         flags.extend(["--num-runs", "3", "--lora-mix", "base:1,x:2"]);
         let cli = cli(&flags)?;
