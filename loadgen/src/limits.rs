@@ -277,6 +277,8 @@ pub(crate) fn output_paths<'a>(
 
 #[cfg(test)]
 mod tests {
+    use mock_server::test_kit::TempDir;
+
     use super::*;
 
     #[test]
@@ -302,8 +304,8 @@ mod tests {
 
     #[test]
     fn output_paths_are_checked_without_leaving_anything() {
-        let dir = std::env::temp_dir().join(format!("loadgen-limits-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
+        let tmp = TempDir::new("loadgen-limits").expect("a temporary folder");
+        let dir = tmp.path();
         let fresh = dir.join("fresh.json");
         output_path("--report-json", &fresh).expect("a new file in a folder");
         assert!(!fresh.exists());
@@ -315,6 +317,5 @@ mod tests {
         std::fs::write(&fresh, "keep").expect("write");
         output_path("--report-json", &fresh).expect("an existing file");
         assert_eq!(std::fs::read_to_string(&fresh).expect("read"), "keep");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
