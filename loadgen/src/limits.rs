@@ -309,8 +309,8 @@ mod tests {
         let fresh = dir.join("fresh.json");
         output_path("--report-json", &fresh).expect("a new file in a folder");
         assert!(!fresh.exists());
-        assert_eq!(std::fs::read_dir(&dir).expect("list").count(), 0);
-        let e = output_path("--html", &dir).expect_err("a folder");
+        assert_eq!(std::fs::read_dir(dir).expect("list").count(), 0);
+        let e = output_path("--html", dir).expect_err("a folder");
         assert!(e.to_string().contains("--html") && e.to_string().contains("is a directory"));
         let e = output_path("--report-json", &dir.join("missing/r.json")).expect_err("no folder");
         assert!(e.to_string().contains("does not exist"), "{e}");

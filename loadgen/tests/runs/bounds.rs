@@ -72,17 +72,18 @@ async fn merge_refuses_forged_headers_naming_the_file_line_and_field() -> Result
     run_ok(
         120,
         &[
-        "bench",
-        "--quiet",
-        "--speedup-ratio",
-        "inf",
-        "--num-requests",
-        "2",
-        "--output-tokens",
-        "4",
-        "--per-request-jsonl",
-        &s(&real),
-    ])
+            "bench",
+            "--quiet",
+            "--speedup-ratio",
+            "inf",
+            "--num-requests",
+            "2",
+            "--output-tokens",
+            "4",
+            "--per-request-jsonl",
+            &s(&real),
+        ],
+    )
     .await?;
     let good = first_record(&real)?;
     // The real record merges.
@@ -149,25 +150,26 @@ async fn merge_refuses_a_forged_multiturn_shape() -> Result<()> {
     run_ok(
         120,
         &[
-        "multiturn",
-        "--quiet",
-        "--speedup-ratio",
-        "inf",
-        "--num-users",
-        "1",
-        "--num-turns",
-        "1",
-        "--num-user-tokens",
-        "16",
-        "--max-completion-tokens",
-        "4",
-        "--mean-delay-ms",
-        "0",
-        "--shard",
-        "0/1",
-        "--per-request-jsonl",
-        &s(&real),
-    ])
+            "multiturn",
+            "--quiet",
+            "--speedup-ratio",
+            "inf",
+            "--num-users",
+            "1",
+            "--num-turns",
+            "1",
+            "--num-user-tokens",
+            "16",
+            "--max-completion-tokens",
+            "4",
+            "--mean-delay-ms",
+            "0",
+            "--shard",
+            "0/1",
+            "--per-request-jsonl",
+            &s(&real),
+        ],
+    )
     .await?;
     let good = first_record(&real)?;
     let f = s(&forged);

@@ -14,7 +14,6 @@ use loadgen::Command;
 
 use crate::common::{args, cli, command, s, within, TempDir};
 
-
 /// The engine flags both runs share: the embedded server's defaults (4 workers behind the KV
 /// router, 64-token blocks), at infinite speed.
 const ENGINE: [&str; 2] = ["--speedup-ratio", "inf"];

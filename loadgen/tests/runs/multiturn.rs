@@ -735,8 +735,7 @@ async fn tool_turns_run_against_the_embedded_server() -> Result<()> {
         let e = args::<MultiturnArgs>(&flags).config().expect_err("refused");
         assert!(e.to_string().contains(message), "{e}");
     }
-    let e = cli(&["multiturn", "--tool-wait-ms", "uniform:5,1"])
-        .expect_err("bad distribution");
+    let e = cli(&["multiturn", "--tool-wait-ms", "uniform:5,1"]).expect_err("bad distribution");
     assert!(e.to_string().contains("LO must not be above HI"), "{e}");
     Ok(())
 }

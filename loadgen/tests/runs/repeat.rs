@@ -38,28 +38,31 @@ async fn five_bench_runs_on_a_deterministic_server_have_cv_0_for_every_count() -
     let tmp = TempDir::new("loadgen-repeat")?;
     let (report, records) = (tmp.join("bench.json"), tmp.join("bench.jsonl"));
     let (r, p) = (report.display().to_string(), records.display().to_string());
-    run_ok(120, &[
-        "bench",
-        "--quiet",
-        "--speedup-ratio",
-        "inf",
-        "--num-requests",
-        "12",
-        "--concurrency",
-        "3",
-        "--input-tokens",
-        "40",
-        "--output-tokens",
-        "6",
-        "--slo",
-        "ttft=10s",
-        "--num-runs",
-        "5",
-        "--report-json",
-        &r,
-        "--per-request-jsonl",
-        &p,
-    ])
+    run_ok(
+        120,
+        &[
+            "bench",
+            "--quiet",
+            "--speedup-ratio",
+            "inf",
+            "--num-requests",
+            "12",
+            "--concurrency",
+            "3",
+            "--input-tokens",
+            "40",
+            "--output-tokens",
+            "6",
+            "--slo",
+            "ttft=10s",
+            "--num-runs",
+            "5",
+            "--report-json",
+            &r,
+            "--per-request-jsonl",
+            &p,
+        ],
+    )
     .await?;
     let json = read_json(&report)?;
     assert_eq!(json["num_runs"], 5);
@@ -123,26 +126,29 @@ async fn multiturn_and_replay_runs_repeat_the_same_schedule() -> Result<()> {
     let tmp = TempDir::new("loadgen-repeat")?;
     let report = tmp.join("multiturn.json");
     let r = report.display().to_string();
-    run_ok(120, &[
-        "multiturn",
-        "--quiet",
-        "--speedup-ratio",
-        "inf",
-        "--num-users",
-        "3",
-        "--num-turns",
-        "2",
-        "--num-user-tokens",
-        "20",
-        "--max-completion-tokens",
-        "5",
-        "--mean-delay-ms",
-        "0",
-        "--num-runs",
-        "3",
-        "--output",
-        &r,
-    ])
+    run_ok(
+        120,
+        &[
+            "multiturn",
+            "--quiet",
+            "--speedup-ratio",
+            "inf",
+            "--num-users",
+            "3",
+            "--num-turns",
+            "2",
+            "--num-user-tokens",
+            "20",
+            "--max-completion-tokens",
+            "5",
+            "--mean-delay-ms",
+            "0",
+            "--num-runs",
+            "3",
+            "--output",
+            &r,
+        ],
+    )
     .await?;
     let json = read_json(&report)?;
     assert_eq!(json["runs"].as_array().map(Vec::len), Some(3));
@@ -164,21 +170,24 @@ async fn multiturn_and_replay_runs_repeat_the_same_schedule() -> Result<()> {
         .collect();
     std::fs::write(&trace, rows)?;
     let t = trace.display().to_string();
-    run_ok(120, &[
-        "replay",
-        &t,
-        "--quiet",
-        "--speedup-ratio",
-        "inf",
-        "--trace-block-size",
-        "16",
-        "--arrival-speedup-ratio",
-        "100",
-        "--num-runs",
-        "2",
-        "--report-json",
-        &r,
-    ])
+    run_ok(
+        120,
+        &[
+            "replay",
+            &t,
+            "--quiet",
+            "--speedup-ratio",
+            "inf",
+            "--trace-block-size",
+            "16",
+            "--arrival-speedup-ratio",
+            "100",
+            "--num-runs",
+            "2",
+            "--report-json",
+            &r,
+        ],
+    )
     .await?;
     let json = read_json(&report)?;
     assert_eq!(json["runs"].as_array().map(Vec::len), Some(2));
@@ -324,26 +333,29 @@ async fn the_embedded_server_serves_the_mix_and_a_conversation_keeps_its_adapter
     let tmp = TempDir::new("loadgen-repeat")?;
     let report = tmp.join("lora-multiturn.json");
     let r = report.display().to_string();
-    run_ok(120, &[
-        "multiturn",
-        "--quiet",
-        "--speedup-ratio",
-        "inf",
-        "--num-users",
-        "8",
-        "--num-turns",
-        "3",
-        "--num-user-tokens",
-        "10",
-        "--max-completion-tokens",
-        "3",
-        "--mean-delay-ms",
-        "0",
-        "--lora-mix",
-        "mock-model:1,finance:1",
-        "--output",
-        &r,
-    ])
+    run_ok(
+        120,
+        &[
+            "multiturn",
+            "--quiet",
+            "--speedup-ratio",
+            "inf",
+            "--num-users",
+            "8",
+            "--num-turns",
+            "3",
+            "--num-user-tokens",
+            "10",
+            "--max-completion-tokens",
+            "3",
+            "--mean-delay-ms",
+            "0",
+            "--lora-mix",
+            "mock-model:1,finance:1",
+            "--output",
+            &r,
+        ],
+    )
     .await?;
     let json = read_json(&report)?;
     assert_eq!(json["failed_requests"], 0, "{}", json["failures"]);
@@ -362,18 +374,21 @@ async fn the_embedded_server_serves_the_mix_and_a_conversation_keeps_its_adapter
     assert!(lora.keys().all(|k| k == "mock-model" || k == "finance"));
 
     // Bench against the embedded server: adapters loaded, no failures.
-    run_ok(120, &[
-        "bench",
-        "--quiet",
-        "--speedup-ratio",
-        "inf",
-        "--num-requests",
-        "20",
-        "--lora-mix",
-        "base:1,a:1,b:1",
-        "--report-json",
-        &r,
-    ])
+    run_ok(
+        120,
+        &[
+            "bench",
+            "--quiet",
+            "--speedup-ratio",
+            "inf",
+            "--num-requests",
+            "20",
+            "--lora-mix",
+            "base:1,a:1,b:1",
+            "--report-json",
+            &r,
+        ],
+    )
     .await?;
     let json = read_json(&report)?;
     assert_eq!(json["failures"]["total"], 0, "{}", json["failures"]);
@@ -383,19 +398,22 @@ async fn the_embedded_server_serves_the_mix_and_a_conversation_keeps_its_adapter
     let trace =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/agentic/worked_example.jsonl");
     let t = trace.display().to_string();
-    run_ok(120, &[
-        "replay",
-        &t,
-        "--quiet",
-        "--speedup-ratio",
-        "inf",
-        "--arrival-speedup-ratio",
-        "100",
-        "--lora-mix",
-        "base:1,agent-lora:1",
-        "--report-json",
-        &r,
-    ])
+    run_ok(
+        120,
+        &[
+            "replay",
+            &t,
+            "--quiet",
+            "--speedup-ratio",
+            "inf",
+            "--arrival-speedup-ratio",
+            "100",
+            "--lora-mix",
+            "base:1,agent-lora:1",
+            "--report-json",
+            &r,
+        ],
+    )
     .await?;
     let json = read_json(&report)?;
     assert_eq!(json["failures"]["total"], 0, "{}", json["failures"]);
@@ -442,13 +460,7 @@ fn bad_values_are_refused_naming_the_flag() -> Result<()> {
         );
     }
     // Every run's records are kept: K x one run's requests is bounded.
-    let e = refused(&[
-        "bench",
-        "--num-runs",
-        "100",
-        "--num-requests",
-        "1000000",
-    ])?;
+    let e = refused(&["bench", "--num-runs", "100", "--num-requests", "1000000"])?;
     assert!(
         e.contains("--num-runs x --num-requests") && e.contains("MAX_REQUESTS"),
         "{e}"
@@ -463,13 +475,7 @@ fn bad_values_are_refused_naming_the_flag() -> Result<()> {
         "0/2",
     ])?;
     assert!(e.contains("--num-runs") && e.contains("--shard"), "{e}");
-    let e = refused(&[
-        "sweep",
-        "--concurrency",
-        "1,2",
-        "--num-runs",
-        "2",
-    ])?;
+    let e = refused(&["sweep", "--concurrency", "1,2", "--num-runs", "2"])?;
     assert!(e.contains("--num-runs"), "{e}");
     Ok(())
 }

@@ -280,11 +280,10 @@ async fn merging_split_records_gives_the_original_report() -> Result<()> {
     let merged_path = tmp.join("merged.json");
     let mp = merged_path.display().to_string();
     let (ap, bp) = (a.display().to_string(), b.display().to_string());
-    let merge =
-        match command(&["merge", &ap, &bp, "--report-json", &mp]) {
-            Command::Merge(m) => m,
-            _ => unreachable!(),
-        };
+    let merge = match command(&["merge", &ap, &bp, "--report-json", &mp]) {
+        Command::Merge(m) => m,
+        _ => unreachable!(),
+    };
     let loadgen::merge::Merged::Live(merged) = loadgen::merge::run(&merge)? else {
         anyhow::bail!("bench records merged into a multiturn report");
     };
@@ -1276,21 +1275,24 @@ async fn shard_and_start_at_are_checked_by_name() -> Result<()> {
     // With --duration alone, a shard without a user runs and sends nothing.
     let jsonl = tmp.join("empty-shard.jsonl");
     let j = jsonl.display().to_string();
-    run_ok(120, &[
-        "bench",
-        "--quiet",
-        "--no-scrape-metrics",
-        "--speedup-ratio",
-        "inf",
-        "--concurrency",
-        "2",
-        "--duration",
-        "0.2",
-        "--shard",
-        "2/3",
-        "--per-request-jsonl",
-        &j,
-    ])
+    run_ok(
+        120,
+        &[
+            "bench",
+            "--quiet",
+            "--no-scrape-metrics",
+            "--speedup-ratio",
+            "inf",
+            "--concurrency",
+            "2",
+            "--duration",
+            "0.2",
+            "--shard",
+            "2/3",
+            "--per-request-jsonl",
+            &j,
+        ],
+    )
     .await?;
     assert_eq!(std::fs::read_to_string(&jsonl)?, "");
     // --start-at: the run sends nothing before that time.
@@ -1299,19 +1301,22 @@ async fn shard_and_start_at_are_checked_by_name() -> Result<()> {
         .as_micros() as u64;
     let at_us = now_us + 1_500_000;
     let at = format!("{}.{:06}", at_us / 1_000_000, at_us % 1_000_000);
-    run_ok(120, &[
-        "bench",
-        "--quiet",
-        "--no-scrape-metrics",
-        "--speedup-ratio",
-        "inf",
-        "--num-requests",
-        "2",
-        "--start-at",
-        &at,
-        "--per-request-jsonl",
-        &j,
-    ])
+    run_ok(
+        120,
+        &[
+            "bench",
+            "--quiet",
+            "--no-scrape-metrics",
+            "--speedup-ratio",
+            "inf",
+            "--num-requests",
+            "2",
+            "--start-at",
+            &at,
+            "--per-request-jsonl",
+            &j,
+        ],
+    )
     .await?;
     let raws = raw_records(&jsonl)?;
     assert_eq!(raws.len(), 2);
