@@ -225,12 +225,13 @@ pub(crate) fn same_bytes(a: &Path, b: &Path, len: u64) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use mock_server::test_kit::TempDir;
+
     use super::*;
 
     #[test]
     fn a_stream_past_the_cap_is_refused_without_reading_it() {
-        let dir = std::env::temp_dir().join(format!("loadgen-capped-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
+        let dir = TempDir::new("loadgen-capped").expect("a temporary folder");
         let path = dir.join("r.json");
         std::fs::write(&path, "[1, 2, 3]   ").expect("write");
         let v: Vec<u32> = read_json_capped(&path, 12, "C").expect("fits exactly");
@@ -242,13 +243,11 @@ mod tests {
         );
         let e = read_json_capped::<Vec<u32>>(&path, 5, "C").expect_err("over");
         assert!(matches!(e, LoadgenError::TooLarge { cap: 5, .. }), "{e}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn record_lines_stop_at_either_cap() {
-        let dir = std::env::temp_dir().join(format!("loadgen-lines-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
+        let dir = TempDir::new("loadgen-lines").expect("a temporary folder");
         let path = dir.join("r.jsonl");
         std::fs::write(&path, "abcd\nabcde\n").expect("write");
         let mut buf = Vec::new();
@@ -272,7 +271,6 @@ mod tests {
         let mut lines = RecordLines::with_caps(&path, 100, 11).expect("open");
         while lines.next(&mut buf).expect("fits exactly") {}
         assert_eq!(lines.digest().0, 11);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[cfg(target_os = "linux")]

@@ -277,6 +277,8 @@ pub(crate) fn output_paths<'a>(
 
 #[cfg(test)]
 mod tests {
+    use mock_server::test_kit::TempDir;
+
     use super::*;
 
     #[test]
@@ -302,19 +304,18 @@ mod tests {
 
     #[test]
     fn output_paths_are_checked_without_leaving_anything() {
-        let dir = std::env::temp_dir().join(format!("loadgen-limits-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
+        let tmp = TempDir::new("loadgen-limits").expect("a temporary folder");
+        let dir = tmp.path();
         let fresh = dir.join("fresh.json");
         output_path("--report-json", &fresh).expect("a new file in a folder");
         assert!(!fresh.exists());
-        assert_eq!(std::fs::read_dir(&dir).expect("list").count(), 0);
-        let e = output_path("--html", &dir).expect_err("a folder");
+        assert_eq!(std::fs::read_dir(dir).expect("list").count(), 0);
+        let e = output_path("--html", dir).expect_err("a folder");
         assert!(e.to_string().contains("--html") && e.to_string().contains("is a directory"));
         let e = output_path("--report-json", &dir.join("missing/r.json")).expect_err("no folder");
         assert!(e.to_string().contains("does not exist"), "{e}");
         std::fs::write(&fresh, "keep").expect("write");
         output_path("--report-json", &fresh).expect("an existing file");
         assert_eq!(std::fs::read_to_string(&fresh).expect("read"), "keep");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -66,12 +66,12 @@ fn serialize(path: &Path) -> impl Fn(serde_json::Error) -> LoadgenError + '_ {
 mod tests {
     use std::collections::BTreeMap;
 
+    use mock_server::test_kit::TempDir;
+
     use super::*;
 
-    fn dir(name: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("loadgen-write-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).expect("temp dir");
-        d
+    fn dir(name: &str) -> TempDir {
+        TempDir::new(&format!("loadgen-write-{name}")).expect("a temporary folder")
     }
 
     #[test]
@@ -93,7 +93,6 @@ mod tests {
             std::fs::read_to_string(&lines).expect("read"),
             "{\"x\":1}\n{\"x\":2}\n"
         );
-        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]
@@ -122,6 +121,5 @@ mod tests {
         );
         let e = bytes(&d.join("missing").join("x.svg"), "<svg/>").expect_err("no folder");
         assert!(matches!(e, LoadgenError::Io { .. }), "{e}");
-        let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -23,8 +23,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::serve::ListenerExt;
 use futures_util::StreamExt;
-use mock_server::cmd::serve::serve;
 use mock_server::config::ServerConfig;
+use mock_server::test_kit::TestServer;
 use mock_server::timer::PreciseTimer;
 use serde_json::json;
 use servesim::cluster::ClusterConfig;
@@ -65,20 +65,6 @@ where
     let (stop, stopped) = tokio::sync::oneshot::channel();
     tokio::spawn(make(listener, stopped));
     Ok((addr, stop))
-}
-
-async fn start_mockserve(
-    config: ServerConfig,
-) -> Result<(SocketAddr, tokio::sync::oneshot::Sender<()>)> {
-    spawn_server(|listener, stopped| async move {
-        let shutdown = async {
-            let _ = stopped.await;
-        };
-        if let Err(e) = serve(listener, config, shutdown).await {
-            eprintln!("mockserve: {e:#}");
-        }
-    })
-    .await
 }
 
 /// The baseline: parses the JSON body and streams a role chunk, `max_tokens` token chunks, a
@@ -332,7 +318,8 @@ async fn timed_streams(
 struct TimedServers {
     mockserve: SocketAddr,
     bare: SocketAddr,
-    _stops: [tokio::sync::oneshot::Sender<()>; 2],
+    /// The mockserve server (dropping it stops it) and the bare one's stop.
+    _stops: (TestServer, tokio::sync::oneshot::Sender<()>),
 }
 
 impl TimedServers {
@@ -345,12 +332,12 @@ impl TimedServers {
             prefill_ms: PREFILL_MS,
             decode_ms: step_ms,
         });
-        let (mockserve, mock_stop) = start_mockserve(ServerConfig::new(cluster)).await?;
+        let mock = TestServer::start(ServerConfig::new(cluster)).await?;
         let (bare, bare_stop) = start_paced_bare(step_ms).await?;
         Ok(TimedServers {
-            mockserve,
+            mockserve: mock.addr,
             bare,
-            _stops: [mock_stop, bare_stop],
+            _stops: (mock, bare_stop),
         })
     }
 
@@ -568,7 +555,8 @@ fn host_pauses(span: Duration) -> Vec<(usize, f64)> {
 async fn run(settings: Settings) -> Result<()> {
     let mut cluster = ClusterConfig::default();
     cluster.engine.latency.speedup_ratio = f64::INFINITY;
-    let (mock_addr, _mock_stop) = start_mockserve(ServerConfig::new(cluster)).await?;
+    let mock = TestServer::start(ServerConfig::new(cluster)).await?;
+    let mock_addr = mock.addr;
     let (bare_addr, _bare_stop) = start_bare().await?;
     let (mock_rps, mock_tps) = throughput(mock_addr, settings.load).await?;
     let (bare_rps, bare_tps) = throughput(bare_addr, settings.load).await?;

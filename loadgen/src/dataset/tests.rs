@@ -1,4 +1,5 @@
 use super::*;
+use mock_server::test_kit::TempDir;
 use servesim::tokenizer::BuiltinTokenizer;
 
 /// The repository's fixtures folder.
@@ -8,10 +9,13 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Writes `text` to a file of its own under the temporary folder.
-fn file(name: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("loadgen-dataset-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
+/// A temporary folder of the test's own, removed when the test ends (failed or not).
+fn temp() -> TempDir {
+    TempDir::new("loadgen-dataset").expect("a temporary folder")
+}
+
+/// Writes `text` to the file `name` in `dir`.
+fn file(dir: &TempDir, name: &str, text: &str) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, text).expect("write");
     path
@@ -119,6 +123,7 @@ fn sharegpt_fixture_conversations_become_turns() {
 /// Every JSONL shape of the fixture, and the output lengths its lines give.
 #[test]
 fn jsonl_fixture_lines_become_conversations() {
+    let tmp = temp();
     let cs = jsonl::read(
         &fixture("prompts.jsonl"),
         MAX_DATASET_LINE_BYTES,
@@ -147,7 +152,7 @@ fn jsonl_fixture_lines_become_conversations() {
         Some("Their prefill takes longer.")
     );
     // A byte order mark before the first line is skipped.
-    let path = file("bom.jsonl", "\u{feff}\"hi there\"\n");
+    let path = file(&tmp, "bom.jsonl", "\u{feff}\"hi there\"\n");
     let cs = jsonl::read(&path, 100, 100).expect("reads");
     assert_eq!(cs[0].turns[0].user, "hi there");
 }
@@ -155,6 +160,7 @@ fn jsonl_fixture_lines_become_conversations() {
 /// Each malformed line names its file and line, and repeats at most a cut of its text.
 #[test]
 fn jsonl_errors_name_the_line() {
+    let tmp = temp();
     let long = "x".repeat(5000);
     for (line, says) in [
         ("{not json", "key must be a string"),
@@ -191,7 +197,11 @@ fn jsonl_errors_name_the_line() {
             "\"content\" must be a string",
         ),
     ] {
-        let path = file("bad.jsonl", &format!("\"fine\"\n\n{line}\n\"fine\"\n"));
+        let path = file(
+            &tmp,
+            "bad.jsonl",
+            &format!("\"fine\"\n\n{line}\n\"fine\"\n"),
+        );
         let e = jsonl::read(&path, 1 << 20, 1 << 20).expect_err(line);
         let text = e.to_string();
         assert!(
@@ -201,6 +211,7 @@ fn jsonl_errors_name_the_line() {
         assert!(text.contains(says), "{line}: {text}");
     }
     let path = file(
+        &tmp,
         "long.jsonl",
         &format!("[{{\"role\": \"{long}\", \"content\": \"x\"}}]\n"),
     );
@@ -213,7 +224,8 @@ fn jsonl_errors_name_the_line() {
 /// The caps: a line or a file past its cap is refused, naming the line and the cap's constant.
 #[test]
 fn caps_are_named() {
-    let path = file("cap.jsonl", "\"abc\"\n\"abcdef\"\n");
+    let tmp = temp();
+    let path = file(&tmp, "cap.jsonl", "\"abc\"\n\"abcdef\"\n");
     let e = jsonl::read(&path, 5, 100).expect_err("line 2 is 8 bytes");
     assert_eq!(
         e.to_string(),
@@ -224,7 +236,7 @@ fn caps_are_named() {
     );
     let e = jsonl::read(&path, 100, 10).expect_err("15 bytes");
     assert!(e.to_string().contains("MAX_DATASET_FILE_BYTES"), "{e}");
-    let path = file("cap.json", "[]   ");
+    let path = file(&tmp, "cap.json", "[]   ");
     let e = sharegpt::read(&path, 4).expect_err("5 bytes");
     assert_eq!(
         e.to_string(),
@@ -236,7 +248,7 @@ fn caps_are_named() {
     assert_eq!(sharegpt::read(&path, 5).expect("fits").len(), 0);
     // A regular file past MAX_DATASET_FILE_BYTES (sparse: nothing is written) is refused by
     // its size, before a byte is parsed.
-    let big = file("big.json", "");
+    let big = file(&tmp, "big.json", "");
     std::fs::File::options()
         .write(true)
         .open(&big)
@@ -250,12 +262,12 @@ fn caps_are_named() {
             big.display()
         )
     );
-    let _ = std::fs::remove_file(&big);
 }
 
 /// ShareGPT errors: the JSON's line and column, or the conversation's index and id.
 #[test]
 fn sharegpt_errors_name_the_place() {
+    let tmp = temp();
     for (text, says) in [
         (
             "[\n  {\"conversations\": [\n    {\"from\": \"human\"}\n  ]}\n]",
@@ -272,7 +284,7 @@ fn sharegpt_errors_name_the_place() {
             ": conversation 0 (id 7): message 1",
         ),
     ] {
-        let path = file("bad.json", text);
+        let path = file(&tmp, "bad.json", text);
         let e = sharegpt::read(&path, 1 << 20).expect_err(text).to_string();
         assert_eq!(
             e.strip_prefix(&path.display().to_string())
@@ -282,7 +294,7 @@ fn sharegpt_errors_name_the_place() {
         );
     }
     let huge = format!("[{{\"conversations\": \"{}\"}}]", "y".repeat(10_000));
-    let path = file("huge.json", &huge);
+    let path = file(&tmp, "huge.json", &huge);
     let e = sharegpt::read(&path, 1 << 20)
         .expect_err("a string")
         .to_string();
@@ -292,7 +304,9 @@ fn sharegpt_errors_name_the_place() {
 /// Conversations outside the bounds are dropped; nothing left is an error saying why.
 #[test]
 fn filtering_keeps_the_bounds_and_an_empty_result_is_an_error() {
+    let tmp = temp();
     let path = file(
+        &tmp,
         "lengths.jsonl",
         "\"one\"\n\"one two three\"\n[{\"role\": \"system\", \"content\": \"s\"}]\n\
          [{\"role\": \"user\", \"content\": \"a b\"}, {\"role\": \"user\", \"content\": \"a b c d e f\"}]\n",
@@ -310,7 +324,7 @@ fn filtering_keeps_the_bounds_and_an_empty_result_is_an_error() {
             path.display()
         )
     );
-    let empty = file("empty.jsonl", "\n\n");
+    let empty = file(&tmp, "empty.jsonl", "\n\n");
     let e = load(DatasetFormat::Jsonl, &empty, all()).expect_err("empty");
     assert!(e.contains("0 read"), "{e}");
 }
@@ -347,7 +361,9 @@ fn sampling_is_seeded() {
 /// `--dataset-output-tokens` wins over the data, the data over the mode's flag.
 #[test]
 fn output_lengths_take_the_override_then_the_data_then_the_flag() {
+    let tmp = temp();
     let path = file(
+        &tmp,
         "out.jsonl",
         "{\"prompt\": \"a\", \"output_tokens\": 7}\n\"b\"\n",
     );

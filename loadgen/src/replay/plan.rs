@@ -276,6 +276,8 @@ pub(super) fn prompts_line(args: &ReplayArgs, synth: &PromptSynth, block_size: u
 
 #[cfg(test)]
 mod tests {
+    use mock_server::test_kit::TempDir;
+
     use super::*;
     use clap::Parser;
 
@@ -299,8 +301,8 @@ mod tests {
         let row = |t: u32| {
             format!(r#"{{"timestamp":{t},"input_length":4,"output_length":1,"hash_ids":[{t}]}}"#)
         };
-        let path =
-            std::env::temp_dir().join(format!("loadgen-max-requests-{}.jsonl", std::process::id()));
+        let tmp = TempDir::new("loadgen-max-requests").expect("a temporary folder");
+        let path = tmp.join("trace.jsonl");
         let long = "x".repeat(trace::MAX_TRACE_LINE_BYTES + 1);
         let text = format!("{}\n\n{}\n{long}\n{}\n", row(0), row(1), row(2));
         std::fs::write(&path, text).expect("temp trace");
@@ -314,7 +316,6 @@ mod tests {
                 path.display()
             )
         );
-        std::fs::remove_file(&path).ok();
     }
 
     /// `--rate-profile` moves each session's first arrival after the speed-up, as `mockserve
@@ -328,8 +329,8 @@ mod tests {
                 t * 10_000
             )
         };
-        let path =
-            std::env::temp_dir().join(format!("loadgen-rate-profile-{}.jsonl", std::process::id()));
+        let tmp = TempDir::new("loadgen-rate-profile").expect("a temporary folder");
+        let path = tmp.join("trace.jsonl");
         let text: String = (0..4).map(|t| row(t) + "\n").collect();
         std::fs::write(&path, text).expect("temp trace");
         let p = path.display().to_string();
@@ -361,6 +362,5 @@ mod tests {
             bad.contains("expected diurnal:..., ramp:... or steps:..."),
             "{bad}"
         );
-        std::fs::remove_file(&path).ok();
     }
 }

@@ -9,19 +9,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use loadgen::{Cli, Command, LoadgenError};
+use loadgen::bench::BenchArgs;
+use loadgen::LoadgenError;
 use serde_json::Value;
 
-use crate::common::{s, within, TempDir};
-
-/// Runs a command line in-process; its error as text.
-async fn run_err(args: &[&str]) -> Result<LoadgenError> {
-    let cli = Cli::try_parse_from(args)?;
-    match within(60, loadgen::run_async(cli)).await? {
-        Ok(()) => bail!("{args:?} succeeded"),
-        Err(e) => Ok(e),
-    }
-}
+use crate::common::{args, run_err, run_ok, s, within, TempDir};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_stdout_pipe_ends_the_console_and_the_report_is_still_written() -> Result<()> {
@@ -56,13 +48,6 @@ async fn a_closed_stdout_pipe_ends_the_console_and_the_report_is_still_written()
     Ok(())
 }
 
-/// Runs a command line in-process; it must succeed.
-async fn run_ok(args: &[&str]) -> Result<()> {
-    let cli = Cli::try_parse_from(args)?;
-    within(120, loadgen::run_async(cli)).await??;
-    Ok(())
-}
-
 /// The first record of `path` as JSON.
 fn first_record(path: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(path)?;
@@ -74,7 +59,7 @@ fn first_record(path: &Path) -> Result<Value> {
 /// `loadgen merge` of `record` written alone to `path`: its error text.
 async fn merge_err(path: &Path, record: &Value) -> Result<String> {
     std::fs::write(path, format!("{record}\n"))?;
-    let e = run_err(&["loadgen", "merge", &s(path)]).await?;
+    let e = run_err(60, &["merge", &s(path)]).await?;
     assert!(matches!(e, LoadgenError::Config(_)), "{e}");
     Ok(e.to_string())
 }
@@ -84,24 +69,26 @@ async fn merge_refuses_forged_headers_naming_the_file_line_and_field() -> Result
     let tmp = TempDir::new("loadgen-bounds")?;
     let real = tmp.join("merge-real.jsonl");
     let forged = tmp.join("merge-forged.jsonl");
-    run_ok(&[
-        "loadgen",
-        "bench",
-        "--quiet",
-        "--speedup-ratio",
-        "inf",
-        "--num-requests",
-        "2",
-        "--output-tokens",
-        "4",
-        "--per-request-jsonl",
-        &s(&real),
-    ])
+    run_ok(
+        120,
+        &[
+            "bench",
+            "--quiet",
+            "--speedup-ratio",
+            "inf",
+            "--num-requests",
+            "2",
+            "--output-tokens",
+            "4",
+            "--per-request-jsonl",
+            &s(&real),
+        ],
+    )
     .await?;
     let good = first_record(&real)?;
     // The real record merges.
     std::fs::write(&forged, format!("{good}\n"))?;
-    run_ok(&["loadgen", "merge", &s(&forged)]).await?;
+    run_ok(120, &["merge", &s(&forged)]).await?;
     let f = s(&forged);
     for (field, value, says) in [
         (
@@ -147,7 +134,7 @@ async fn merge_refuses_forged_headers_naming_the_file_line_and_field() -> Result
     // A file given twice by another path, and a copy, are still refused.
     let copy = tmp.join("merge-copy.jsonl");
     std::fs::copy(&real, &copy)?;
-    let e = run_err(&["loadgen", "merge", &s(&real), &s(&copy)]).await?;
+    let e = run_err(60, &["merge", &s(&real), &s(&copy)]).await?;
     assert!(e.to_string().contains("hold the same records"), "{e}");
     for p in [&real, &forged, &copy] {
         let _ = std::fs::remove_file(p);
@@ -160,27 +147,29 @@ async fn merge_refuses_a_forged_multiturn_shape() -> Result<()> {
     let tmp = TempDir::new("loadgen-bounds")?;
     let real = tmp.join("merge-mt.jsonl");
     let forged = tmp.join("merge-mt-forged.jsonl");
-    run_ok(&[
-        "loadgen",
-        "multiturn",
-        "--quiet",
-        "--speedup-ratio",
-        "inf",
-        "--num-users",
-        "1",
-        "--num-turns",
-        "1",
-        "--num-user-tokens",
-        "16",
-        "--max-completion-tokens",
-        "4",
-        "--mean-delay-ms",
-        "0",
-        "--shard",
-        "0/1",
-        "--per-request-jsonl",
-        &s(&real),
-    ])
+    run_ok(
+        120,
+        &[
+            "multiturn",
+            "--quiet",
+            "--speedup-ratio",
+            "inf",
+            "--num-users",
+            "1",
+            "--num-turns",
+            "1",
+            "--num-user-tokens",
+            "16",
+            "--max-completion-tokens",
+            "4",
+            "--mean-delay-ms",
+            "0",
+            "--shard",
+            "0/1",
+            "--per-request-jsonl",
+            &s(&real),
+        ],
+    )
     .await?;
     let good = first_record(&real)?;
     let f = s(&forged);
@@ -225,14 +214,14 @@ async fn merge_refuses_a_forged_multiturn_shape() -> Result<()> {
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compare_and_merge_refuse_an_endless_file_at_once() -> Result<()> {
-    let e = run_err(&["loadgen", "compare", "/dev/zero", "/dev/zero"]).await?;
+    let e = run_err(60, &["compare", "/dev/zero", "/dev/zero"]).await?;
     assert!(matches!(e, LoadgenError::BadResults { .. }), "{e}");
     assert!(
         e.to_string()
             .starts_with("/dev/zero: not a multiturn results file"),
         "{e}"
     );
-    let e = run_err(&["loadgen", "merge", "/dev/zero"]).await?;
+    let e = run_err(60, &["merge", "/dev/zero"]).await?;
     assert_eq!(
         e.to_string(),
         "/dev/zero: line 1 passes the 67108864-byte cap (MAX_RECORD_LINE_BYTES)"
@@ -400,9 +389,7 @@ async fn the_routing_line_counts_loadgens_requests_apart_from_another_clients() 
     .await?;
     let report = tmp.join("fleet-two-clients.json");
     let metrics_url = format!("{admin}/metrics");
-    let cli = Cli::try_parse_from([
-        "loadgen",
-        "bench",
+    let args: BenchArgs = args(&[
         "--quiet",
         "--url",
         &ours,
@@ -422,10 +409,7 @@ async fn the_routing_line_counts_loadgens_requests_apart_from_another_clients() 
         "4",
         "--report-json",
         &s(&report),
-    ])?;
-    let Command::Bench(args) = cli.command else {
-        bail!("expected bench");
-    };
+    ]);
     let run = within(120, loadgen::bench::bench(&args)).await;
     done.store(true, Ordering::SeqCst);
     within(30, other).await??;

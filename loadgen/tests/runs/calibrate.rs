@@ -3,40 +3,18 @@
 //! server on the same engine flags; an agentic trace gets trajectory E2E; records of another
 //! trace, no matching request and failed requests are errors or counts, never silent matches.
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Parser;
 use loadgen::calibrate::CalibrateArgs;
-use loadgen::{Cli, Command, LoadgenError};
+use loadgen::{Command, LoadgenError};
 
-async fn within<T>(secs: u64, f: impl Future<Output = T>) -> Result<T> {
-    match tokio::time::timeout(Duration::from_secs(secs), f).await {
-        Ok(v) => Ok(v),
-        Err(_) => bail!("timed out after {secs}s"),
-    }
-}
+use crate::common::{args, run_ok, within, TempDir};
 
 fn fixture(name: &str) -> String {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
     root.join(name).display().to_string()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("loadgen-calibrate-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir.join(name)
-}
-
-fn calibrate_args(flags: &[&str]) -> CalibrateArgs {
-    let mut argv = vec!["loadgen", "calibrate"];
-    argv.extend_from_slice(flags);
-    match Cli::try_parse_from(argv).expect("valid flags").command {
-        Command::Calibrate(a) => a,
-        _ => unreachable!(),
-    }
 }
 
 /// `mockserve replay TRACE FLAGS --per-request-jsonl OUT`: the offline records.
@@ -62,12 +40,13 @@ fn metric<'a>(run: &'a loadgen::calibrate::CalibrateRun, key: &str) -> &'a serde
 /// D = 0, every TOST passes), and the report has the keys the interface names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_offline_replay_against_itself_is_exact() -> Result<()> {
+    let tmp = TempDir::new("loadgen-calibrate")?;
     let trace = fixture("trace_small.jsonl");
-    let records = scratch("self.jsonl");
+    let records = tmp.join("self.jsonl");
     offline_records(&trace, &[], &records);
-    let report = scratch("self.json");
-    let html = scratch("self.html");
-    let a = calibrate_args(&[
+    let report = tmp.join("self.json");
+    let html = tmp.join("self.html");
+    let a = args::<CalibrateArgs>(&[
         &trace,
         "--records",
         records.to_str().unwrap(),
@@ -110,12 +89,12 @@ async fn the_offline_replay_against_itself_is_exact() -> Result<()> {
 /// live run's records are read back with `--records`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slower_decode_is_a_positive_itl_bias_and_tost_fails() -> Result<()> {
+    let tmp = TempDir::new("loadgen-calibrate")?;
     let trace = fixture("trace_small.jsonl");
-    let records = scratch("slow.jsonl");
+    let records = tmp.join("slow.jsonl");
     // The engine at a quarter speed (40 ms decode steps) on both sides: the client's jitter on
     // a loaded machine (a late first chunk, then a burst) stays small against the steps.
     let argv = [
-        "loadgen",
         "replay",
         &trace,
         "--speedup-ratio",
@@ -128,8 +107,8 @@ async fn a_slower_decode_is_a_positive_itl_bias_and_tost_fails() -> Result<()> {
         records.to_str().unwrap(),
         "--quiet",
     ];
-    within(60, loadgen::run_async(Cli::try_parse_from(argv)?)).await??;
-    let a = calibrate_args(&[
+    run_ok(60, &argv).await?;
+    let a = args::<CalibrateArgs>(&[
         &trace,
         "--speedup-ratio",
         "0.25",
@@ -154,7 +133,7 @@ async fn a_slower_decode_is_a_positive_itl_bias_and_tost_fails() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_on_the_same_engine_flags_matches_every_request() -> Result<()> {
     let trace = fixture("trace_small.jsonl");
-    let a = calibrate_args(&[
+    let a = args::<CalibrateArgs>(&[
         &trace,
         "--arrival-speedup-ratio",
         "0.5",
@@ -188,14 +167,15 @@ async fn live_on_the_same_engine_flags_matches_every_request() -> Result<()> {
 /// An agentic trace: trajectory E2E per play beside the per-request metrics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agentic_trace_gets_trajectory_e2e() -> Result<()> {
+    let tmp = TempDir::new("loadgen-calibrate")?;
     let trace = fixture("agentic/worked_example.jsonl");
-    let records = scratch("agentic.jsonl");
+    let records = tmp.join("agentic.jsonl");
     offline_records(
         &trace,
         &["--arrival-speedup-ratio", "10", "--num-workers", "1"],
         &records,
     );
-    let a = calibrate_args(&[
+    let a = args::<CalibrateArgs>(&[
         &trace,
         "--arrival-speedup-ratio",
         "10",
@@ -210,7 +190,7 @@ async fn an_agentic_trace_gets_trajectory_e2e() -> Result<()> {
     assert_eq!(t["bias"], 0.0);
     assert_eq!(metric(&run, "e2e")["n"], 5);
     // Live against the embedded server: both plays compared.
-    let live = calibrate_args(&[
+    let live = args::<CalibrateArgs>(&[
         &trace,
         "--arrival-speedup-ratio",
         "10",
@@ -228,12 +208,13 @@ async fn an_agentic_trace_gets_trajectory_e2e() -> Result<()> {
 /// `--max-failure-rate` (1 of 20 above 1%) make the run fail after its report.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_records_are_errors_and_failures_are_counted() -> Result<()> {
+    let tmp = TempDir::new("loadgen-calibrate")?;
     let small = fixture("trace_small.jsonl");
-    let records = scratch("bad.jsonl");
+    let records = tmp.join("bad.jsonl");
     offline_records(&small, &[], &records);
     // Records of trace_small against another trace.
     let other = fixture("sessions_cumulative.jsonl");
-    let a = calibrate_args(&[&other, "--records", records.to_str().unwrap()]);
+    let a = args::<CalibrateArgs>(&[&other, "--records", records.to_str().unwrap()]);
     let e = within(60, loadgen::calibrate::calibrate(&a))
         .await?
         .unwrap_err()
@@ -245,9 +226,9 @@ async fn bad_records_are_errors_and_failures_are_counted() -> Result<()> {
         "{e}"
     );
     // A file with no record of the trace at all.
-    let empty = scratch("empty.jsonl");
+    let empty = tmp.join("empty.jsonl");
     std::fs::write(&empty, "\n")?;
-    let a = calibrate_args(&[&small, "--records", empty.to_str().unwrap()]);
+    let a = args::<CalibrateArgs>(&[&small, "--records", empty.to_str().unwrap()]);
     let e = within(60, loadgen::calibrate::calibrate(&a))
         .await?
         .unwrap_err()
@@ -261,13 +242,13 @@ async fn bad_records_are_errors_and_failures_are_counted() -> Result<()> {
         .collect::<Result<_, _>>()?;
     lines[3]["status"] = "rejected".into();
     lines[3]["error"] = "HTTP 500: boom".into();
-    let failed = scratch("failed.jsonl");
+    let failed = tmp.join("failed.jsonl");
     std::fs::write(
         &failed,
         lines.iter().map(|l| format!("{l}\n")).collect::<String>(),
     )?;
-    let report = scratch("failed.json");
-    let a = calibrate_args(&[
+    let report = tmp.join("failed.json");
+    let a = args::<CalibrateArgs>(&[
         &small,
         "--records",
         failed.to_str().unwrap(),
@@ -293,7 +274,7 @@ async fn bad_records_are_errors_and_failures_are_counted() -> Result<()> {
     let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report)?)?;
     assert_eq!(written["counts"]["failed_live"], 1);
     assert_eq!(written["metrics"]["ttft"]["n"], 19);
-    let a = calibrate_args(&[
+    let a = args::<CalibrateArgs>(&[
         &small,
         "--records",
         failed.to_str().unwrap(),
@@ -304,7 +285,7 @@ async fn bad_records_are_errors_and_failures_are_counted() -> Result<()> {
     assert_eq!((run.failed_live, run.live_records), (1, 20));
     assert_eq!(metric(&run, "e2e")["n"], 19);
     // Flags are checked before anything runs.
-    let e = loadgen::validate(&Command::Calibrate(calibrate_args(&[
+    let e = loadgen::validate(&Command::Calibrate(args::<CalibrateArgs>(&[
         &small, "--margin", "0",
     ])))
     .unwrap_err()
@@ -320,9 +301,10 @@ async fn bad_records_are_errors_and_failures_are_counted() -> Result<()> {
 /// times the offline side with the fitted profile; it needs a live side to measure.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fit_profile_fits_the_live_target_then_gates() -> Result<()> {
+    let tmp = TempDir::new("loadgen-calibrate")?;
     let trace = fixture("trace_small.jsonl");
-    let profile = scratch("fit.npz");
-    let a = calibrate_args(&[
+    let profile = tmp.join("fit.npz");
+    let a = args::<CalibrateArgs>(&[
         &trace,
         "--decode-speedup-ratio",
         "0.8",
@@ -336,7 +318,7 @@ async fn fit_profile_fits_the_live_target_then_gates() -> Result<()> {
     assert_eq!(run.json["fit_profile"], profile.display().to_string());
     assert_eq!(run.json["counts"]["matched"], 20);
     assert_eq!(metric(&run, "itl")["n"], 20);
-    let e = loadgen::validate(&Command::Calibrate(calibrate_args(&[
+    let e = loadgen::validate(&Command::Calibrate(args::<CalibrateArgs>(&[
         &trace,
         "--records",
         "r.jsonl",

@@ -7,33 +7,12 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use clap::Parser;
-use loadgen::convert::{ConvertArgs, TraceArgs, TraceCommand};
+use loadgen::convert::ConvertArgs;
 use loadgen::multiturn_report::Results;
 use loadgen::replay::{ReplayArgs, SessionMode};
-use loadgen::{Cli, Command};
+use loadgen::Command;
 
-use crate::common::{command, s, within, TempDir};
-
-fn convert_args(argv: &[&str]) -> ConvertArgs {
-    let mut full = vec!["trace", "convert"];
-    full.extend_from_slice(argv);
-    match command(&full) {
-        Command::Trace(TraceArgs {
-            command: TraceCommand::Convert(a),
-        }) => a,
-        _ => unreachable!(),
-    }
-}
-
-fn replay_args(argv: &[&str]) -> ReplayArgs {
-    let mut full = vec!["replay"];
-    full.extend_from_slice(argv);
-    match command(&full) {
-        Command::Replay(a) => a,
-        _ => unreachable!(),
-    }
-}
+use crate::common::{args, cli, command, s, within, TempDir};
 
 /// The engine flags both runs share: the embedded server's defaults (4 workers behind the KV
 /// router, 64-token blocks), at infinite speed.
@@ -95,7 +74,7 @@ async fn replay_counts(trace: &Path, block_size: &str) -> Result<(Counts, Sessio
         "--quiet",
     ];
     argv.extend_from_slice(&ENGINE);
-    let run = within(60, loadgen::replay::replay(&replay_args(&argv))).await??;
+    let run = within(60, loadgen::replay::replay(&args::<ReplayArgs>(&argv))).await??;
     let mut counts = Counts::new();
     for r in &run.live.records {
         let id = match &r.agentic {
@@ -143,7 +122,7 @@ async fn a_multiturn_run_converts_and_replays_with_the_same_tokens_and_cache_hit
         let trace = tmp.join(&format!("{to}-{block_size}.jsonl"));
         let again = tmp.join(&format!("{to}-{block_size}-again.jsonl"));
         for out in [&trace, &again] {
-            let a = convert_args(&[
+            let a = args::<ConvertArgs>(&[
                 &s(&records),
                 "--to",
                 to,
@@ -228,7 +207,7 @@ async fn a_logs_prompt_lengths_are_the_servers() -> Result<()> {
             engine.extend(["--tokenizer".to_string(), t.clone()]);
         }
         let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-        loadgen::convert::convert(&convert_args(&argv))?;
+        loadgen::convert::convert(&args::<ConvertArgs>(&argv))?;
         let lengths: Vec<u64> = std::fs::read_to_string(&out)?
             .lines()
             .map(|l| {
@@ -293,9 +272,7 @@ fn the_command_line_names_the_bad_line_and_refuses_an_empty_input() -> Result<()
         ),
     )?;
     let run = |argv: &[&str]| {
-        let mut full = vec!["loadgen", "trace", "convert"];
-        full.extend_from_slice(argv);
-        loadgen::run(Cli::try_parse_from(full).expect("valid flags"))
+        loadgen::run(cli(&[&["trace", "convert"], argv].concat()).expect("valid flags"))
     };
     let err = run(&[&s(&input), "--block-size", "4", "-o", &s(&out)]).expect_err("bad line");
     assert_eq!(

@@ -4,11 +4,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use clap::Parser;
 use loadgen::dataset::{Dataset, DatasetFormat, DatasetSpec};
-use loadgen::{Cli, Command, LoadgenError};
+use loadgen::{Command, LoadgenError};
 
-use crate::common::{within, TempDir};
+use crate::common::{command, within, TempDir};
 
 fn fixture(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -26,10 +25,6 @@ fn dataset(format: DatasetFormat, name: &str) -> Dataset {
         path: PathBuf::from(fixture(name)),
     };
     loadgen::dataset::read(&spec, &tok, (1, 1 << 22), None).expect("the fixture loads")
-}
-
-fn command(argv: &[&str]) -> Command {
-    Cli::try_parse_from(argv).expect("valid flags").command
 }
 
 /// Requests `0..n` of a bench over `d` with seed `seed`, in order: (prompt tokens, output
@@ -56,7 +51,6 @@ async fn bench_sends_the_dataset_prompts() -> Result<()> {
     ] {
         let flag = format!("{spec}{}", fixture(name));
         let Command::Bench(args) = command(&[
-            "loadgen",
             "bench",
             "--dataset",
             &flag,
@@ -112,7 +106,6 @@ async fn bench_sends_the_dataset_prompts() -> Result<()> {
 async fn multiturn_runs_sharegpt_conversations() -> Result<()> {
     let flag = format!("sharegpt:{}", fixture("sharegpt_small.json"));
     let Command::Multiturn(args) = command(&[
-        "loadgen",
         "multiturn",
         "--dataset",
         &flag,
@@ -173,7 +166,6 @@ fn dataset_errors_come_before_the_run() {
     let sharegpt = format!("sharegpt:{}", fixture("sharegpt_small.json"));
     // A sweep's points share bench's dataset flags.
     let sweep = command(&[
-        "loadgen",
         "sweep",
         "--dataset",
         &format!("jsonl:{}", fixture("prompts.jsonl")),
@@ -224,9 +216,7 @@ fn dataset_errors_come_before_the_run() {
         ),
     ];
     for (flags, says) in cases {
-        let mut argv = vec!["loadgen"];
-        argv.extend_from_slice(flags);
-        let e: LoadgenError = loadgen::validate(&command(&argv)).expect_err("refused");
+        let e: LoadgenError = loadgen::validate(&command(flags)).expect_err("refused");
         assert!(e.to_string().contains(&says), "{flags:?}: {e}");
     }
 }

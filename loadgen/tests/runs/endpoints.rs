@@ -3,17 +3,15 @@
 //! tokens over a `previous_response_id` chain, and embeddings' latency-only records.
 
 use anyhow::Result;
-use clap::Parser;
 use loadgen::multiturn_report::{RawResult, Results};
-use loadgen::{Cli, Command};
+use loadgen::Command;
 
-use crate::common::within;
+use crate::common::{command, within};
 
 /// Runs `loadgen multiturn` on the embedded server (2 users, 3 turns, no think time, exact
 /// counts) with `extra` flags; every request must succeed.
 async fn multiturn(extra: &[&str]) -> Result<Results> {
     let mut argv = vec![
-        "loadgen",
         "multiturn",
         "--num-users",
         "2",
@@ -29,7 +27,7 @@ async fn multiturn(extra: &[&str]) -> Result<Results> {
         "inf",
     ];
     argv.extend_from_slice(extra);
-    let Command::Multiturn(args) = Cli::try_parse_from(argv)?.command else {
+    let Command::Multiturn(args) = command(&argv) else {
         anyhow::bail!("not multiturn");
     };
     let config = args.config()?;
@@ -100,7 +98,6 @@ type Row = (u64, Option<u64>, u64, Option<u64>);
 /// every request must succeed.
 async fn bench(endpoint: &str) -> Result<(Vec<Row>, loadgen::bench::BenchRun)> {
     let argv = [
-        "loadgen",
         "bench",
         "--quiet",
         "--speedup-ratio",
@@ -118,7 +115,7 @@ async fn bench(endpoint: &str) -> Result<(Vec<Row>, loadgen::bench::BenchRun)> {
         "--endpoint",
         endpoint,
     ];
-    let Command::Bench(args) = Cli::try_parse_from(argv)?.command else {
+    let Command::Bench(args) = command(&argv) else {
         anyhow::bail!("not bench");
     };
     let run = within(60, loadgen::bench::bench(&args)).await??;

@@ -15,12 +15,11 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use clap::Parser;
 use loadgen::bench::{BenchArgs, BenchRun};
-use loadgen::{Cli, Command, LoadgenError};
+use loadgen::{Command, LoadgenError};
 use serde_json::{json, Value};
 
-use crate::common::{within, TempDir};
+use crate::common::{cli, quiet_args, within, TempDir};
 
 /// Serves `app` on 127.0.0.1:0; returns its base URL (the task ends with the test's runtime).
 async fn stub(app: Router) -> Result<String> {
@@ -71,15 +70,6 @@ fn openai_error(status: StatusCode, message: &str) -> Response {
         .into_response()
 }
 
-fn bench_args(url: &str, flags: &[&str]) -> BenchArgs {
-    let mut argv = vec!["loadgen", "bench", "--url", url, "--model", "m", "--quiet"];
-    argv.extend_from_slice(flags);
-    match Cli::try_parse_from(argv).expect("valid flags").command {
-        Command::Bench(a) => a,
-        _ => unreachable!(),
-    }
-}
-
 /// Runs `loadgen bench` in-process with report files; returns the run, the verdict, the report
 /// JSON and the JSONL lines.
 async fn bench(
@@ -98,7 +88,7 @@ async fn bench(
     );
     let mut all = flags.to_vec();
     all.extend(["--report-json", &jp, "--per-request-jsonl", &lp]);
-    let args = bench_args(url, &all);
+    let args: BenchArgs = quiet_args(&[&["--url", url, "--model", "m"], &all[..]].concat());
     let run = within(60, loadgen::bench::bench(&args)).await??;
     let verdict = run.live.verdict(args.run.failures.max_failure_rate);
     let json: Value = serde_json::from_str(&std::fs::read_to_string(&json_path)?)?;
@@ -190,8 +180,7 @@ async fn every_mode_fails_when_the_server_answers_500_to_everything() -> Result<
 
     // replay: the same verdict through `run_async`, the path the binary takes.
     let trace = trace_file(&tmp, "500.jsonl", 3)?;
-    let cli = Cli::try_parse_from([
-        "loadgen",
+    let parsed = cli(&[
         "replay",
         trace.to_str().context("utf-8")?,
         "--url",
@@ -204,7 +193,7 @@ async fn every_mode_fails_when_the_server_answers_500_to_everything() -> Result<
         "100",
         "--quiet",
     ])?;
-    let err = within(60, loadgen::run_async(cli)).await?;
+    let err = within(60, loadgen::run_async(parsed)).await?;
     let _ = std::fs::remove_file(&trace);
     assert!(
         matches!(err, Err(LoadgenError::AllFailed { total: 3 })),
@@ -212,8 +201,7 @@ async fn every_mode_fails_when_the_server_answers_500_to_everything() -> Result<
     );
 
     // multiturn: the same shape of `failures`.
-    let cli = Cli::try_parse_from([
-        "loadgen",
+    let parsed = cli(&[
         "multiturn",
         "--url",
         &url,
@@ -226,7 +214,7 @@ async fn every_mode_fails_when_the_server_answers_500_to_everything() -> Result<
         "--mean-delay-ms",
         "0",
     ])?;
-    let Command::Multiturn(a) = cli.command else {
+    let Command::Multiturn(a) = parsed.command else {
         bail!("multiturn")
     };
     let results = within(60, loadgen::multiturn::multiturn(&a.config()?)).await??;
@@ -320,8 +308,7 @@ async fn streams_without_tokens_are_failures_without_a_ttft() -> Result<()> {
     }
 
     // multiturn: no TTFT of any kind for an empty stream.
-    let cli = Cli::try_parse_from([
-        "loadgen",
+    let cli = cli(&[
         "multiturn",
         "--url",
         &url,
@@ -435,8 +422,7 @@ async fn usage_that_contradicts_the_chunks_is_flagged() -> Result<()> {
 
     // multiturn flags it the same way.
     let url = stub(counting(|_| sse(good_stream(3, 1000)))).await?;
-    let cli = Cli::try_parse_from([
-        "loadgen",
+    let cli = cli(&[
         "multiturn",
         "--url",
         &url,

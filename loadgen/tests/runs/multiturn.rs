@@ -9,26 +9,16 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use clap::Parser;
 use loadgen::config::MultiturnArgs;
 use loadgen::multiturn_report::Results;
-use loadgen::{Cli, Command, LoadgenError};
+use loadgen::{Command, LoadgenError};
 use serde_json::{json, Value};
 
-use crate::common::{within, TempDir};
-
-fn args(flags: &[&str]) -> MultiturnArgs {
-    let mut argv = vec!["loadgen", "multiturn"];
-    argv.extend_from_slice(flags);
-    match Cli::try_parse_from(argv).expect("valid flags").command {
-        Command::Multiturn(a) => a,
-        _ => unreachable!(),
-    }
-}
+use crate::common::{args, cli, command, within, TempDir};
 
 /// Runs `loadgen multiturn FLAGS` in-process; returns the results and the verdict.
 async fn multiturn(flags: &[&str]) -> Result<(Results, Result<(), LoadgenError>)> {
-    let config = args(flags).config()?;
+    let config = args::<MultiturnArgs>(flags).config()?;
     let results = within(30, loadgen::multiturn::multiturn(&config)).await??;
     let verdict = loadgen::multiturn::verdict(&results, &config);
     Ok((results, verdict))
@@ -185,7 +175,7 @@ async fn scraped_metrics_go_into_the_results() -> Result<()> {
         "--html",
         &html_s,
     ];
-    let config = args(&flags).config()?;
+    let config = args::<MultiturnArgs>(&flags).config()?;
     assert!(config.observe.is_some());
     let results = within(60, loadgen::multiturn::multiturn(&config)).await??;
     loadgen::multiturn::verdict(&results, &config)?;
@@ -210,18 +200,18 @@ async fn scraped_metrics_go_into_the_results() -> Result<()> {
         page.contains("Server: KV-cache usage"),
         "no server series in the HTML"
     );
-    let observe = &args(&flags).run.observe;
+    let observe = &args::<MultiturnArgs>(&flags).run.observe;
     let mut limit = observe.clone();
     limit.max_server_lateness = Some(3_600_000.0);
     loadgen::observe::lateness_verdict(results.server_lateness, &limit)?;
     limit.max_server_lateness = Some(0.0);
     assert!(loadgen::observe::lateness_verdict(results.server_lateness, &limit).is_err());
     // --max-server-lateness alone turns sampling on; without a scrape it cannot be judged.
-    assert!(args(&["--max-server-lateness", "10"])
+    assert!(args::<MultiturnArgs>(&["--max-server-lateness", "10"])
         .config()?
         .observe
         .is_some());
-    let e = args(&["--max-server-lateness", "10", "--no-scrape-metrics"])
+    let e = args::<MultiturnArgs>(&["--max-server-lateness", "10", "--no-scrape-metrics"])
         .config()
         .expect_err("contradiction");
     assert!(
@@ -229,7 +219,7 @@ async fn scraped_metrics_go_into_the_results() -> Result<()> {
         "{e}"
     );
     assert!(
-        args(&["--metrics-url", "http://h:1/metrics", "--no-scrape-metrics"])
+        args::<MultiturnArgs>(&["--metrics-url", "http://h:1/metrics", "--no-scrape-metrics"])
             .config()?
             .observe
             .is_none()
@@ -546,8 +536,7 @@ async fn compare_reads_two_results_files() -> Result<()> {
         multiturn(&flags).await?.1?;
     }
     let svg_s = svg.display().to_string();
-    let cli = Cli::try_parse_from(["loadgen", "compare", &sa, &sb, "--svg", &svg_s])?;
-    let Command::Compare(cmp) = cli.command else {
+    let Command::Compare(cmp) = command(&["compare", &sa, &sb, "--svg", &svg_s]) else {
         panic!("compare")
     };
     let table = loadgen::compare::run(&cmp)?;
@@ -743,11 +732,10 @@ async fn tool_turns_run_against_the_embedded_server() -> Result<()> {
             "--tool-call-share must be from 0 to 1",
         ),
     ] {
-        let e = args(&flags).config().expect_err("refused");
+        let e = args::<MultiturnArgs>(&flags).config().expect_err("refused");
         assert!(e.to_string().contains(message), "{e}");
     }
-    let e = Cli::try_parse_from(["loadgen", "multiturn", "--tool-wait-ms", "uniform:5,1"])
-        .expect_err("bad distribution");
+    let e = cli(&["multiturn", "--tool-wait-ms", "uniform:5,1"]).expect_err("bad distribution");
     assert!(e.to_string().contains("LO must not be above HI"), "{e}");
     Ok(())
 }

@@ -7,24 +7,15 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
-use clap::Parser;
 use loadgen::profile::{profile, ProfileArgs, ProfileRun};
-use loadgen::{Cli, Command, LoadgenError};
+use loadgen::LoadgenError;
 use servesim::perf::{ProfileTables, Profiled};
 
-use crate::common::{within, TempDir};
+use crate::common::{args, quiet_args, within, TempDir};
 
-fn args(flags: &[&str]) -> ProfileArgs {
-    let mut argv = vec!["loadgen", "profile", "--quiet"];
-    argv.extend_from_slice(flags);
-    match Cli::try_parse_from(argv).expect("valid flags").command {
-        Command::Profile(a) => a,
-        _ => unreachable!(),
-    }
-}
-
+/// Runs `loadgen profile --quiet FLAGS` in-process.
 async fn run(flags: &[&str]) -> Result<ProfileRun> {
-    let a = args(flags);
+    let a: ProfileArgs = quiet_args(flags);
     Ok(within(120, profile(&a)).await??)
 }
 
@@ -98,7 +89,8 @@ async fn a_failure_mid_profile_saves_the_partial_measurements() -> Result<()> {
     let dir = TempDir::new("loadgen-profile-partial")?;
     let output = dir.join("p.npz");
     let output_text = output.display().to_string();
-    let a = args(&[
+    let a: ProfileArgs = args(&[
+        "--quiet",
         "--speedup-ratio",
         "inf",
         "--num-gpu-blocks",
@@ -150,6 +142,7 @@ async fn the_h200_profile_is_recovered_within_5_percent() -> Result<()> {
     let run = within(
         900,
         profile(&args(&[
+            "--quiet",
             "--perf-profile",
             &profile_text,
             "--speedup-ratio",

@@ -8,20 +8,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use loadgen::{Cli, Command};
+use loadgen::Command;
 use serde_json::Value;
 
-use crate::common::{within, TempDir};
-
-fn cli(flags: &[&str]) -> Result<Cli> {
-    Ok(Cli::try_parse_from(flags)?)
-}
-
-/// Runs a loadgen command line in-process.
-async fn run(flags: &[&str]) -> Result<()> {
-    within(120, loadgen::run_async(cli(flags)?)).await??;
-    Ok(())
-}
+use crate::common::{cli, run_ok, TempDir};
 
 fn read_json(path: &Path) -> Result<Value> {
     Ok(serde_json::from_str(&std::fs::read_to_string(path)?)?)
@@ -48,29 +38,31 @@ async fn five_bench_runs_on_a_deterministic_server_have_cv_0_for_every_count() -
     let tmp = TempDir::new("loadgen-repeat")?;
     let (report, records) = (tmp.join("bench.json"), tmp.join("bench.jsonl"));
     let (r, p) = (report.display().to_string(), records.display().to_string());
-    run(&[
-        "loadgen",
-        "bench",
-        "--quiet",
-        "--speedup-ratio",
-        "inf",
-        "--num-requests",
-        "12",
-        "--concurrency",
-        "3",
-        "--input-tokens",
-        "40",
-        "--output-tokens",
-        "6",
-        "--slo",
-        "ttft=10s",
-        "--num-runs",
-        "5",
-        "--report-json",
-        &r,
-        "--per-request-jsonl",
-        &p,
-    ])
+    run_ok(
+        120,
+        &[
+            "bench",
+            "--quiet",
+            "--speedup-ratio",
+            "inf",
+            "--num-requests",
+            "12",
+            "--concurrency",
+            "3",
+            "--input-tokens",
+            "40",
+            "--output-tokens",
+            "6",
+            "--slo",
+            "ttft=10s",
+            "--num-runs",
+            "5",
+            "--report-json",
+            &r,
+            "--per-request-jsonl",
+            &p,
+        ],
+    )
     .await?;
     let json = read_json(&report)?;
     assert_eq!(json["num_runs"], 5);
@@ -134,27 +126,29 @@ async fn multiturn_and_replay_runs_repeat_the_same_schedule() -> Result<()> {
     let tmp = TempDir::new("loadgen-repeat")?;
     let report = tmp.join("multiturn.json");
     let r = report.display().to_string();
-    run(&[
-        "loadgen",
-        "multiturn",
-        "--quiet",
-        "--speedup-ratio",
-        "inf",
-        "--num-users",
-        "3",
-        "--num-turns",
-        "2",
-        "--num-user-tokens",
-        "20",
-        "--max-completion-tokens",
-        "5",
-        "--mean-delay-ms",
-        "0",
-        "--num-runs",
-        "3",
-        "--output",
-        &r,
-    ])
+    run_ok(
+        120,
+        &[
+            "multiturn",
+            "--quiet",
+            "--speedup-ratio",
+            "inf",
+            "--num-users",
+            "3",
+            "--num-turns",
+            "2",
+            "--num-user-tokens",
+            "20",
+            "--max-completion-tokens",
+            "5",
+            "--mean-delay-ms",
+            "0",
+            "--num-runs",
+            "3",
+            "--output",
+            &r,
+        ],
+    )
     .await?;
     let json = read_json(&report)?;
     assert_eq!(json["runs"].as_array().map(Vec::len), Some(3));
@@ -176,22 +170,24 @@ async fn multiturn_and_replay_runs_repeat_the_same_schedule() -> Result<()> {
         .collect();
     std::fs::write(&trace, rows)?;
     let t = trace.display().to_string();
-    run(&[
-        "loadgen",
-        "replay",
-        &t,
-        "--quiet",
-        "--speedup-ratio",
-        "inf",
-        "--trace-block-size",
-        "16",
-        "--arrival-speedup-ratio",
-        "100",
-        "--num-runs",
-        "2",
-        "--report-json",
-        &r,
-    ])
+    run_ok(
+        120,
+        &[
+            "replay",
+            &t,
+            "--quiet",
+            "--speedup-ratio",
+            "inf",
+            "--trace-block-size",
+            "16",
+            "--arrival-speedup-ratio",
+            "100",
+            "--num-runs",
+            "2",
+            "--report-json",
+            &r,
+        ],
+    )
     .await?;
     let json = read_json(&report)?;
     assert_eq!(json["runs"].as_array().map(Vec::len), Some(2));
@@ -251,8 +247,7 @@ async fn a_lora_mix_is_seeded_reported_per_adapter_and_seen_by_the_server() -> R
     let (r, p) = (report.display().to_string(), records.display().to_string());
     let flags = |seed: &'static str| {
         vec![
-            "loadgen".to_string(),
-            "bench".into(),
+            "bench".to_string(),
             "--quiet".into(),
             "--url".into(),
             url.clone(),
@@ -281,7 +276,7 @@ async fn a_lora_mix_is_seeded_reported_per_adapter_and_seen_by_the_server() -> R
             .collect()
     };
     let argv = flags("7");
-    run(&argv.iter().map(String::as_str).collect::<Vec<_>>()).await?;
+    run_ok(120, &argv.iter().map(String::as_str).collect::<Vec<_>>()).await?;
     let first = read_json(&report)?;
     let a = counts(&first);
     assert_eq!(a.iter().sum::<u64>(), 300, "{}", first["lora"]);
@@ -321,10 +316,10 @@ async fn a_lora_mix_is_seeded_reported_per_adapter_and_seen_by_the_server() -> R
         "{metrics}"
     );
     // The same seed sends the same mix; another seed another one.
-    run(&argv.iter().map(String::as_str).collect::<Vec<_>>()).await?;
+    run_ok(120, &argv.iter().map(String::as_str).collect::<Vec<_>>()).await?;
     assert_eq!(counts(&read_json(&report)?), a);
     let other = flags("8");
-    run(&other.iter().map(String::as_str).collect::<Vec<_>>()).await?;
+    run_ok(120, &other.iter().map(String::as_str).collect::<Vec<_>>()).await?;
     assert_ne!(counts(&read_json(&report)?), a);
     std::fs::remove_file(report)?;
     std::fs::remove_file(records)?;
@@ -338,27 +333,29 @@ async fn the_embedded_server_serves_the_mix_and_a_conversation_keeps_its_adapter
     let tmp = TempDir::new("loadgen-repeat")?;
     let report = tmp.join("lora-multiturn.json");
     let r = report.display().to_string();
-    run(&[
-        "loadgen",
-        "multiturn",
-        "--quiet",
-        "--speedup-ratio",
-        "inf",
-        "--num-users",
-        "8",
-        "--num-turns",
-        "3",
-        "--num-user-tokens",
-        "10",
-        "--max-completion-tokens",
-        "3",
-        "--mean-delay-ms",
-        "0",
-        "--lora-mix",
-        "mock-model:1,finance:1",
-        "--output",
-        &r,
-    ])
+    run_ok(
+        120,
+        &[
+            "multiturn",
+            "--quiet",
+            "--speedup-ratio",
+            "inf",
+            "--num-users",
+            "8",
+            "--num-turns",
+            "3",
+            "--num-user-tokens",
+            "10",
+            "--max-completion-tokens",
+            "3",
+            "--mean-delay-ms",
+            "0",
+            "--lora-mix",
+            "mock-model:1,finance:1",
+            "--output",
+            &r,
+        ],
+    )
     .await?;
     let json = read_json(&report)?;
     assert_eq!(json["failed_requests"], 0, "{}", json["failures"]);
@@ -377,19 +374,21 @@ async fn the_embedded_server_serves_the_mix_and_a_conversation_keeps_its_adapter
     assert!(lora.keys().all(|k| k == "mock-model" || k == "finance"));
 
     // Bench against the embedded server: adapters loaded, no failures.
-    run(&[
-        "loadgen",
-        "bench",
-        "--quiet",
-        "--speedup-ratio",
-        "inf",
-        "--num-requests",
-        "20",
-        "--lora-mix",
-        "base:1,a:1,b:1",
-        "--report-json",
-        &r,
-    ])
+    run_ok(
+        120,
+        &[
+            "bench",
+            "--quiet",
+            "--speedup-ratio",
+            "inf",
+            "--num-requests",
+            "20",
+            "--lora-mix",
+            "base:1,a:1,b:1",
+            "--report-json",
+            &r,
+        ],
+    )
     .await?;
     let json = read_json(&report)?;
     assert_eq!(json["failures"]["total"], 0, "{}", json["failures"]);
@@ -399,20 +398,22 @@ async fn the_embedded_server_serves_the_mix_and_a_conversation_keeps_its_adapter
     let trace =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/agentic/worked_example.jsonl");
     let t = trace.display().to_string();
-    run(&[
-        "loadgen",
-        "replay",
-        &t,
-        "--quiet",
-        "--speedup-ratio",
-        "inf",
-        "--arrival-speedup-ratio",
-        "100",
-        "--lora-mix",
-        "base:1,agent-lora:1",
-        "--report-json",
-        &r,
-    ])
+    run_ok(
+        120,
+        &[
+            "replay",
+            &t,
+            "--quiet",
+            "--speedup-ratio",
+            "inf",
+            "--arrival-speedup-ratio",
+            "100",
+            "--lora-mix",
+            "base:1,agent-lora:1",
+            "--report-json",
+            &r,
+        ],
+    )
     .await?;
     let json = read_json(&report)?;
     assert_eq!(json["failures"]["total"], 0, "{}", json["failures"]);
@@ -441,7 +442,7 @@ fn bad_values_are_refused_naming_the_flag() -> Result<()> {
         "", "a", "a:0", "a:-1", "a:nan", "a:inf", ":1", "a:1,a:1", "a:x",
     ] {
         for mode in [&["bench"][..], &["multiturn"], &["replay", "t.jsonl"]] {
-            let mut flags = vec!["loadgen"];
+            let mut flags = vec![];
             flags.extend_from_slice(mode);
             flags.extend(["--lora-mix", mix]);
             let e = refused(&flags)?;
@@ -449,30 +450,22 @@ fn bad_values_are_refused_naming_the_flag() -> Result<()> {
         }
     }
     let huge = format!("{}:1", "x".repeat(100_000));
-    let e = refused(&["loadgen", "bench", "--lora-mix", &huge])?;
+    let e = refused(&["bench", "--lora-mix", &huge])?;
     assert!(e.contains("--lora-mix") && e.len() < 300, "{}", e.len());
     for n in ["0", "101"] {
-        let e = refused(&["loadgen", "bench", "--num-runs", n])?;
+        let e = refused(&["bench", "--num-runs", n])?;
         assert!(
             e.contains("--num-runs") && e.contains("from 1 to 100"),
             "{e}"
         );
     }
     // Every run's records are kept: K x one run's requests is bounded.
-    let e = refused(&[
-        "loadgen",
-        "bench",
-        "--num-runs",
-        "100",
-        "--num-requests",
-        "1000000",
-    ])?;
+    let e = refused(&["bench", "--num-runs", "100", "--num-requests", "1000000"])?;
     assert!(
         e.contains("--num-runs x --num-requests") && e.contains("MAX_REQUESTS"),
         "{e}"
     );
     let e = refused(&[
-        "loadgen",
         "bench",
         "--concurrency",
         "4",
@@ -482,14 +475,7 @@ fn bad_values_are_refused_naming_the_flag() -> Result<()> {
         "0/2",
     ])?;
     assert!(e.contains("--num-runs") && e.contains("--shard"), "{e}");
-    let e = refused(&[
-        "loadgen",
-        "sweep",
-        "--concurrency",
-        "1,2",
-        "--num-runs",
-        "2",
-    ])?;
+    let e = refused(&["sweep", "--concurrency", "1,2", "--num-runs", "2"])?;
     assert!(e.contains("--num-runs"), "{e}");
     Ok(())
 }
@@ -497,7 +483,7 @@ fn bad_values_are_refused_naming_the_flag() -> Result<()> {
 #[test]
 fn the_flags_parse_in_every_run_command() -> Result<()> {
     for mode in [&["bench"][..], &["multiturn"], &["replay", "t.jsonl"]] {
-        let mut flags = vec!["loadgen"];
+        let mut flags = vec![];
         flags.extend_from_slice(mode);
         flags.extend(["--num-runs", "3", "--lora-mix", "base:1,x:2"]);
         let cli = cli(&flags)?;

@@ -5,28 +5,17 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use clap::Parser;
 use loadgen::replay::{ReplayArgs, SessionMode};
-use loadgen::{Cli, Command};
 use servesim::replay::{
     replay as offline_replay, replay_graph, GraphReplay, NodeStatus, ReplayConfig, ReplayOutcome,
 };
 use servesim::trace::Trigger;
 
-use crate::common::{within, TempDir};
+use crate::common::{args, run_err, within, TempDir};
 
 fn fixture(name: &str) -> String {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures");
     root.join(name).display().to_string()
-}
-
-fn args(flags: &[&str]) -> ReplayArgs {
-    let mut argv = vec!["loadgen", "replay"];
-    argv.extend_from_slice(flags);
-    match Cli::try_parse_from(argv).expect("valid flags").command {
-        Command::Replay(a) => a,
-        _ => unreachable!(),
-    }
 }
 
 /// Same engine flags and trace: `mockserve replay` (virtual clock) and `loadgen replay` against
@@ -47,7 +36,7 @@ async fn live_equals_offline_on_the_small_trace() -> Result<()> {
     ];
     let mut argv = vec![trace.as_str()];
     argv.extend_from_slice(&flags);
-    let a = args(&argv);
+    let a: ReplayArgs = args(&argv);
     let offline = offline_replay(
         &loadgen::replay::load_trace(&a)?,
         &ReplayConfig {
@@ -91,7 +80,7 @@ async fn sessions_cumulative_and_incremental() -> Result<()> {
         ("sessions_incremental.jsonl", SessionMode::Incremental, 128),
     ] {
         let path = fixture(file);
-        let a = args(&[
+        let a: ReplayArgs = args(&[
             &path,
             "--trace-block-size",
             "32",
@@ -141,7 +130,7 @@ async fn sessions_cumulative_and_incremental() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pacing_follows_the_trace_timestamps() -> Result<()> {
     let path = fixture("trace_pacing.jsonl");
-    let a = args(&[
+    let a: ReplayArgs = args(&[
         &path,
         "--arrival-speedup-ratio",
         "1",
@@ -169,7 +158,7 @@ fn trace_errors_are_line_numbered_as_in_mockserve() {
         "{\"timestamp\": 0, \"output_length\": 1, \"hash_ids\": [1]}\n{\"timestamp\": 1}\n",
     )
     .expect("write");
-    let a = args(&[path.to_str().expect("utf-8")]);
+    let a: ReplayArgs = args(&[path.to_str().expect("utf-8")]);
     let err = loadgen::replay::load_trace(&a).expect_err("bad row");
     assert!(err.to_string().contains("bad.jsonl:2:"), "{err}");
 }
@@ -203,17 +192,14 @@ async fn a_far_future_row_fails_fast_with_its_line() -> Result<()> {
     let path_str = path.to_str().expect("utf-8");
     for (row, says) in cases {
         std::fs::write(&path, format!("{first}\n{row}\n"))?;
-        let cli = Cli::try_parse_from(["loadgen", "replay", path_str, "--quiet"])?;
-        let err = within(30, loadgen::run_async(cli))
-            .await?
-            .expect_err("refused");
+        let err = run_err(30, &["replay", path_str, "--quiet"]).await?;
         let text = loadgen::error::chain(&err);
         assert!(
             matches!(err, loadgen::LoadgenError::Trace(_)) && text.contains(says),
             "{text}"
         );
     }
-    let allowed = args(&[path_str, "--allow-long-schedule"]);
+    let allowed: ReplayArgs = args(&[path_str, "--allow-long-schedule"]);
     let trace = loadgen::replay::load_trace(&allowed)?;
     assert_eq!(
         trace.sessions[0].turns[1].delay.as_micros(),
@@ -334,7 +320,7 @@ fn check_same_requests(run: &loadgen::replay::ReplayRun, offline: &ReplayOutcome
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agentic_trace_live_follows_its_dependencies_as_offline() -> Result<()> {
     let trace = fixture("agentic/worked_example.jsonl");
-    let a = args(&[
+    let a: ReplayArgs = args(&[
         &trace,
         "--arrival-speedup-ratio",
         "10",
@@ -405,7 +391,7 @@ async fn an_agentic_trace_live_follows_its_dependencies_as_offline() -> Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_weka_trace_live_follows_its_dependencies_as_offline() -> Result<()> {
     let trace = fixture("agentic/weka_subagent.json");
-    let a = args(&[
+    let a: ReplayArgs = args(&[
         &trace,
         "--trace-format",
         "weka",
@@ -441,7 +427,7 @@ async fn every_agentic_format_replays_live_as_offline() -> Result<()> {
         ("agentic/mooncake_delta.jsonl", "mooncake-delta"),
     ] {
         let trace = fixture(file);
-        let a = args(&[
+        let a: ReplayArgs = args(&[
             &trace,
             "--trace-format",
             format,
@@ -472,7 +458,7 @@ async fn every_agentic_format_replays_live_as_offline() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_in_flight_cap_delays_sends_and_dispatch_edges_follow_them() -> Result<()> {
     let trace = fixture("agentic/worked_example.jsonl");
-    let a = args(&[
+    let a: ReplayArgs = args(&[
         &trace,
         "--arrival-speedup-ratio",
         "10",
@@ -503,7 +489,7 @@ async fn the_in_flight_cap_delays_sends_and_dispatch_edges_follow_them() -> Resu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_one_lane_the_next_play_starts_when_the_first_settles() -> Result<()> {
     let trace = fixture("agentic/worked_example.jsonl");
-    let a = args(&[
+    let a: ReplayArgs = args(&[
         &trace,
         "--arrival-speedup-ratio",
         "10",
@@ -547,7 +533,7 @@ async fn a_failed_node_skips_the_rest_of_its_play() -> Result<()> {
     );
     let path = dir.join("failing.jsonl");
     std::fs::write(&path, text)?;
-    let a = args(&[
+    let a: ReplayArgs = args(&[
         path.to_str().expect("utf-8"),
         "--arrival-speedup-ratio",
         "10",
@@ -590,12 +576,12 @@ async fn a_failed_node_skips_the_rest_of_its_play() -> Result<()> {
 #[test]
 fn agentic_only_and_mooncake_only_flags_are_checked() {
     let trace = fixture("agentic/worked_example.jsonl");
-    let a = args(&[&trace, "--max-requests", "2"]);
+    let a: ReplayArgs = args(&[&trace, "--max-requests", "2"]);
     let e = loadgen::replay::load_graph(&a, servesim::trace::TraceFormat::AgenticMooncake)
         .expect_err("refused");
     assert!(e.to_string().contains("--max-requests"), "{e}");
     let small = fixture("trace_small.jsonl");
-    let a = args(&[&small, "--agentic-lanes", "2", "--quiet"]);
+    let a: ReplayArgs = args(&[&small, "--agentic-lanes", "2", "--quiet"]);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let e = rt
         .block_on(loadgen::replay::replay(&a))
@@ -617,7 +603,7 @@ fn agentic_only_and_mooncake_only_flags_are_checked() {
 #[ignore = "timing claim: run by hand on a quiet machine"]
 async fn agentic_live_mean_ttft_and_e2e_within_5_percent_of_offline() -> Result<()> {
     let trace = fixture("agentic/worked_example.jsonl");
-    let a = args(&[
+    let a: ReplayArgs = args(&[
         &trace,
         "--arrival-speedup-ratio",
         "10",
@@ -702,7 +688,7 @@ fn engine_means(live: &loadgen::replay::ReplayRun, offline: &[servesim::metrics:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tied_arrivals_run_on_the_same_workers_live_as_offline() -> Result<()> {
     let trace = fixture("trace_tied.jsonl");
-    let a = args(&[&trace, "--num-workers", "4", "--quiet"]);
+    let a: ReplayArgs = args(&[&trace, "--num-workers", "4", "--quiet"]);
     let offline = offline_replay(
         &loadgen::replay::load_trace(&a)?,
         &ReplayConfig {
@@ -734,7 +720,7 @@ async fn tied_arrivals_run_on_the_same_workers_live_as_offline() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agentic_engine_times_live_within_10_percent_of_offline_at_full_speed() -> Result<()> {
     let trace = fixture("agentic/worked_example.jsonl");
-    let a = args(&[
+    let a: ReplayArgs = args(&[
         &trace,
         "--arrival-speedup-ratio",
         "10",
@@ -757,7 +743,7 @@ async fn agentic_engine_times_live_within_10_percent_of_offline_at_full_speed() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conversation_engine_times_live_within_10_percent_of_offline() -> Result<()> {
     let trace = fixture("trace_conversation.jsonl");
-    let a = args(&[
+    let a: ReplayArgs = args(&[
         &trace,
         "--arrival-speedup-ratio",
         "5",

@@ -12,31 +12,15 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use loadgen::{Cli, Command};
+use loadgen::Command;
 use serde_json::Value;
 use servesim::replay::{replay, ReplayConfig};
 use servesim::time::{SimDuration, SimTime};
 use servesim::trace::{Session, Trace, TraceRequest};
 
-use crate::common::{run_err, within, TempDir};
-
-fn sweep_args(flags: &[&str]) -> loadgen::sweep::SweepArgs {
-    let mut argv = vec!["loadgen", "sweep", "--quiet"];
-    argv.extend_from_slice(flags);
-    match Cli::try_parse_from(argv).expect("valid flags").command {
-        Command::Sweep(a) => a,
-        _ => unreachable!(),
-    }
-}
-
-fn bench_args(flags: &[&str]) -> loadgen::bench::BenchArgs {
-    let mut argv = vec!["loadgen", "bench", "--quiet"];
-    argv.extend_from_slice(flags);
-    match Cli::try_parse_from(argv).expect("valid flags").command {
-        Command::Bench(a) => a,
-        _ => unreachable!(),
-    }
-}
+use crate::common::{cli, command, quiet_args, run_err, run_ok, within, TempDir};
+use loadgen::bench::BenchArgs;
+use loadgen::sweep::SweepArgs;
 
 /// Input and output tokens of every request of the calibration and the sweep.
 const INPUT: usize = 2048;
@@ -45,7 +29,7 @@ const OUTPUT: usize = 2;
 /// The engine's capacity (completed requests per second) for the embedded server of `flags`:
 /// 200 requests all due at once, replayed on the virtual clock with the same cluster.
 fn capacity_rps(flags: &[&str]) -> Result<f64> {
-    let args = sweep_args(flags);
+    let args = quiet_args::<SweepArgs>(flags);
     let spec = args
         .bench
         .run
@@ -117,7 +101,7 @@ async fn a_rate_sweep_saturates_where_the_engine_model_says() -> Result<()> {
         "--report-json",
         &rp,
     ]);
-    let run = within(240, loadgen::sweep::sweep(&sweep_args(&flags))).await??;
+    let run = within(240, loadgen::sweep::sweep(&quiet_args::<SweepArgs>(&flags))).await??;
     let sat: Vec<bool> = run
         .points
         .iter()
@@ -180,7 +164,7 @@ async fn the_search_finds_the_highest_load_meeting_the_slo() -> Result<()> {
         "--output-tokens",
         "8",
     ];
-    let run = within(240, loadgen::sweep::sweep(&sweep_args(&flags))).await??;
+    let run = within(240, loadgen::sweep::sweep(&quiet_args::<SweepArgs>(&flags))).await??;
     let best = run.best.context("some point met the SLO")?;
     let good = |p: &loadgen::sweep::Point| p.good(loadgen::sweep::DEFAULT_MIN_ATTAINMENT);
     assert!(good(&run.points[best]));
@@ -215,7 +199,7 @@ async fn merging_split_records_gives_the_original_report() -> Result<()> {
         jsonl_path.display().to_string(),
         html_path.display().to_string(),
     );
-    let args = bench_args(&[
+    let args = quiet_args::<BenchArgs>(&[
         "--speedup-ratio",
         "5",
         "--request-rate",
@@ -296,11 +280,10 @@ async fn merging_split_records_gives_the_original_report() -> Result<()> {
     let merged_path = tmp.join("merged.json");
     let mp = merged_path.display().to_string();
     let (ap, bp) = (a.display().to_string(), b.display().to_string());
-    let merge =
-        match Cli::try_parse_from(["loadgen", "merge", &ap, &bp, "--report-json", &mp])?.command {
-            Command::Merge(m) => m,
-            _ => unreachable!(),
-        };
+    let merge = match command(&["merge", &ap, &bp, "--report-json", &mp]) {
+        Command::Merge(m) => m,
+        _ => unreachable!(),
+    };
     let loadgen::merge::Merged::Live(merged) = loadgen::merge::run(&merge)? else {
         anyhow::bail!("bench records merged into a multiturn report");
     };
@@ -368,7 +351,7 @@ async fn a_sweep_of_only_failures_is_an_error() -> Result<()> {
         "--output-tokens",
         "2",
     ];
-    let result = within(120, loadgen::sweep::sweep(&sweep_args(&flags))).await?;
+    let result = within(120, loadgen::sweep::sweep(&quiet_args::<SweepArgs>(&flags))).await?;
     match result {
         Err(loadgen::LoadgenError::AllFailed { total }) => assert_eq!(total, 8),
         other => anyhow::bail!(
@@ -596,7 +579,7 @@ fn the_embedded_context_fits_the_engine_without_a_warning() -> Result<()> {
         (vec!["--no-chunked-prefill"], 8192),
         (vec!["--num-gpu-blocks", "10", "--block-size", "16"], 160),
     ] {
-        let spec = bench_args(&flags)
+        let spec = quiet_args::<BenchArgs>(&flags)
             .run
             .target
             .spec(&loadgen::target::EmbeddedOptions::default())?;
@@ -743,10 +726,10 @@ fn any_numeric_flag_value_validates_or_errors_without_panicking() {
                     _ => format!("{}", rng.gen_range(0.0..1e7)),
                 },
             };
-            let mut argv = vec!["loadgen".to_string()];
-            argv.extend(prefix.iter().map(|s| s.to_string()));
-            argv.push(format!("{flag}={value}"));
-            let Ok(cli) = Cli::try_parse_from(&argv) else {
+            let pair = format!("{flag}={value}");
+            let mut argv = prefix.to_vec();
+            argv.push(&pair);
+            let Ok(cli) = cli(&argv) else {
                 unparsed += 1;
                 continue;
             };
@@ -796,13 +779,6 @@ fn tokens(raws: &[loadgen::replay_report::RawSample]) -> Tokens {
         .collect()
 }
 
-/// Runs `argv` (a bench, replay or multiturn command line) in-process.
-async fn run_cli(argv: &[&str]) -> Result<()> {
-    let cli = Cli::try_parse_from(argv)?;
-    within(120, loadgen::run_async(cli)).await??;
-    Ok(())
-}
-
 /// `--max-server-lateness` fails a run whose server fell behind (a limit of 0 ms: every token
 /// is in a bucket above it) with exit status 1 after the report, passes one within it, fails
 /// one whose target does not report lateness, and is refused without scraping and in a sweep.
@@ -810,7 +786,6 @@ async fn run_cli(argv: &[&str]) -> Result<()> {
 async fn max_server_lateness_turns_a_late_server_into_a_failed_run() -> Result<()> {
     let run = |limit: &'static str, extra: &'static [&'static str]| async move {
         let mut argv = vec![
-            "loadgen",
             "bench",
             "--quiet",
             "--speedup-ratio",
@@ -825,8 +800,7 @@ async fn max_server_lateness_turns_a_late_server_into_a_failed_run() -> Result<(
             limit,
         ];
         argv.extend_from_slice(extra);
-        let cli = Cli::try_parse_from(argv)?;
-        anyhow::Ok(within(120, loadgen::run_async(cli)).await?)
+        anyhow::Ok(within(120, loadgen::run_async(cli(&argv)?)).await?)
     };
     let e = run("0", &[]).await?.expect_err("late");
     assert!(matches!(e, loadgen::LoadgenError::ServerLate(_)), "{e}");
@@ -851,17 +825,17 @@ async fn max_server_lateness_turns_a_late_server_into_a_failed_run() -> Result<(
     };
     let e = loadgen::observe::lateness_verdict(None, &observe).expect_err("unknown");
     assert!(e.to_string().contains("reported no token lateness"), "{e}");
-    let cli = Cli::try_parse_from([
-        "loadgen",
-        "sweep",
-        "--request-rate",
-        "10,20",
-        "--max-server-lateness",
-        "5",
-    ])?;
-    let e = within(60, loadgen::run_async(cli))
-        .await?
-        .expect_err("sweep");
+    let e = run_err(
+        60,
+        &[
+            "sweep",
+            "--request-rate",
+            "10,20",
+            "--max-server-lateness",
+            "5",
+        ],
+    )
+    .await?;
     assert!(e.to_string().contains("not a sweep"), "{e}");
     Ok(())
 }
@@ -883,10 +857,10 @@ fn merge_any(
     files: &[PathBuf],
     out: &std::path::Path,
 ) -> Result<loadgen::merge::Merged, loadgen::LoadgenError> {
-    let mut argv = vec!["loadgen".to_string(), "merge".to_string()];
+    let mut argv = vec!["merge".to_string()];
     argv.extend(files.iter().map(|p| p.display().to_string()));
     argv.extend(["--per-request-jsonl".to_string(), out.display().to_string()]);
-    match Cli::try_parse_from(argv).expect("valid flags").command {
+    match command(&argv.iter().map(String::as_str).collect::<Vec<_>>()) {
         Command::Merge(m) => loadgen::merge::run(&m),
         _ => unreachable!(),
     }
@@ -929,7 +903,6 @@ async fn shards_merge_into_the_unsharded_run() -> Result<()> {
     let trace = trace.display().to_string();
     let bench = |extra: &'static [&'static str]| {
         let mut argv = vec![
-            "loadgen",
             "bench",
             "--quiet",
             "--no-scrape-metrics",
@@ -959,7 +932,6 @@ async fn shards_merge_into_the_unsharded_run() -> Result<()> {
         (
             "replay",
             vec![
-                "loadgen",
                 "replay",
                 &trace,
                 "--quiet",
@@ -979,7 +951,7 @@ async fn shards_merge_into_the_unsharded_run() -> Result<()> {
         let w = whole.display().to_string();
         let mut a = argv.clone();
         a.extend(["--per-request-jsonl", &w]);
-        run_cli(&a).await?;
+        run_ok(120, &a).await?;
         let mut files = Vec::new();
         for i in 0..3 {
             let path = dir.join(format!("{name}-{i}.jsonl"));
@@ -987,7 +959,7 @@ async fn shards_merge_into_the_unsharded_run() -> Result<()> {
             let shard = format!("{i}/3");
             let mut a = argv.clone();
             a.extend(["--per-request-jsonl", &p, "--shard", &shard]);
-            run_cli(&a).await?;
+            run_ok(120, &a).await?;
             // Every record carries the shard and a global session of that shard.
             let raws = raw_records(&path)?;
             assert!(!raws.is_empty(), "{name} shard {i}");
@@ -1091,7 +1063,6 @@ async fn multiturn_shards_hold_the_unsharded_conversations() -> Result<()> {
     let dir = tmp.join("multiturn-shards");
     std::fs::create_dir_all(&dir)?;
     let argv = [
-        "loadgen",
         "multiturn",
         "--quiet",
         "--speedup-ratio",
@@ -1134,7 +1105,7 @@ async fn multiturn_shards_hold_the_unsharded_conversations() -> Result<()> {
     let w = whole.display().to_string();
     let mut a = argv.to_vec();
     a.extend(["--per-request-jsonl", &w]);
-    run_cli(&a).await?;
+    run_ok(120, &a).await?;
     let whole_records = records(&whole)?;
     assert!(whole_records.iter().all(|r| r.get("shard").is_none()));
     let expected = whole_records
@@ -1164,7 +1135,7 @@ async fn multiturn_shards_hold_the_unsharded_conversations() -> Result<()> {
         let shard = format!("{i}/3");
         let mut a = argv.to_vec();
         a.extend(["--per-request-jsonl", &p, "--shard", &shard]);
-        run_cli(&a).await?;
+        run_ok(120, &a).await?;
         for r in records(&path)? {
             assert_eq!(r["shard"], serde_json::json!([i, 3]));
             let (k, v) = key(&r)?;
@@ -1275,16 +1246,14 @@ async fn shard_and_start_at_are_checked_by_name() -> Result<()> {
             assert!(e.to_string().contains(message), "{argv:?}: {e}");
         }
         for bad in ["1", "a/3", "1/3/4", "1/x"] {
-            let mut argv = vec!["loadgen"];
-            argv.extend_from_slice(&command);
+            let mut argv = command.clone();
             argv.extend(["--shard", bad]);
-            let e = Cli::try_parse_from(&argv).expect_err(bad);
+            let e = cli(&argv).expect_err(bad);
             assert!(e.to_string().contains("--shard <I/N>"), "{e}");
         }
-        let mut argv = vec!["loadgen"];
-        argv.extend_from_slice(&command);
+        let mut argv = command.clone();
         argv.extend(["--start-at", "2026-12-02T19:00:00+01:00"]);
-        let e = Cli::try_parse_from(&argv).expect_err("not UTC");
+        let e = cli(&argv).expect_err("not UTC");
         assert!(e.to_string().contains("only UTC"), "{e}");
     }
     let e = run_err(30, &["sweep", "--concurrency", "1,2", "--shard", "0/2"]).await?;
@@ -1306,22 +1275,24 @@ async fn shard_and_start_at_are_checked_by_name() -> Result<()> {
     // With --duration alone, a shard without a user runs and sends nothing.
     let jsonl = tmp.join("empty-shard.jsonl");
     let j = jsonl.display().to_string();
-    run_cli(&[
-        "loadgen",
-        "bench",
-        "--quiet",
-        "--no-scrape-metrics",
-        "--speedup-ratio",
-        "inf",
-        "--concurrency",
-        "2",
-        "--duration",
-        "0.2",
-        "--shard",
-        "2/3",
-        "--per-request-jsonl",
-        &j,
-    ])
+    run_ok(
+        120,
+        &[
+            "bench",
+            "--quiet",
+            "--no-scrape-metrics",
+            "--speedup-ratio",
+            "inf",
+            "--concurrency",
+            "2",
+            "--duration",
+            "0.2",
+            "--shard",
+            "2/3",
+            "--per-request-jsonl",
+            &j,
+        ],
+    )
     .await?;
     assert_eq!(std::fs::read_to_string(&jsonl)?, "");
     // --start-at: the run sends nothing before that time.
@@ -1330,20 +1301,22 @@ async fn shard_and_start_at_are_checked_by_name() -> Result<()> {
         .as_micros() as u64;
     let at_us = now_us + 1_500_000;
     let at = format!("{}.{:06}", at_us / 1_000_000, at_us % 1_000_000);
-    run_cli(&[
-        "loadgen",
-        "bench",
-        "--quiet",
-        "--no-scrape-metrics",
-        "--speedup-ratio",
-        "inf",
-        "--num-requests",
-        "2",
-        "--start-at",
-        &at,
-        "--per-request-jsonl",
-        &j,
-    ])
+    run_ok(
+        120,
+        &[
+            "bench",
+            "--quiet",
+            "--no-scrape-metrics",
+            "--speedup-ratio",
+            "inf",
+            "--num-requests",
+            "2",
+            "--start-at",
+            &at,
+            "--per-request-jsonl",
+            &j,
+        ],
+    )
     .await?;
     let raws = raw_records(&jsonl)?;
     assert_eq!(raws.len(), 2);
@@ -1384,7 +1357,7 @@ async fn a_run_against_a_fleet_reports_its_routing_quality() -> Result<()> {
     let json_path = tmp.join("fleet.json");
     let jp = json_path.display().to_string();
     let metrics_url = format!("{admin}/metrics");
-    let args = bench_args(&[
+    let args = quiet_args::<BenchArgs>(&[
         "--url",
         &worker,
         "--metrics-url",

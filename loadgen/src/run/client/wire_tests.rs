@@ -3,6 +3,7 @@
 //! bound, every outcome a success with tokens or a classified failure), and the headers and
 //! bodies on a real socket.
 
+use mock_server::test_kit::within;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::{json, Value};
@@ -272,12 +273,6 @@ fn endpoint(url: String, wire: Wire, max_line_bytes: usize) -> Endpoint {
     }
 }
 
-async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(20), f)
-        .await
-        .expect("within 20 s")
-}
-
 /// Messages sends the key as `x-api-key` (no bearer) with `anthropic-version: 2023-06-01`; the
 /// others send a bearer token.
 #[tokio::test]
@@ -289,7 +284,9 @@ async fn each_wire_sends_its_own_headers() {
             && h.get("authorization").is_none()
     })
     .await;
-    let r = within(send(&endpoint(url, Wire::Messages, 1 << 20), &json!({}))).await;
+    let r = within(send(&endpoint(url, Wire::Messages, 1 << 20), &json!({})))
+        .await
+        .expect("bounded");
     assert_eq!((r.failure, r.output_tokens), (None, 3));
     let url = stub(
         "/v1/responses",
@@ -298,7 +295,9 @@ async fn each_wire_sends_its_own_headers() {
         |h| h.get("authorization").is_some_and(|v| v == "Bearer k") && h.get("x-api-key").is_none(),
     )
     .await;
-    let r = within(send(&endpoint(url, Wire::Responses, 1 << 20), &json!({}))).await;
+    let r = within(send(&endpoint(url, Wire::Responses, 1 << 20), &json!({})))
+        .await
+        .expect("bounded");
     assert_eq!(r.failure, None);
     assert_eq!(r.response_id.as_deref(), Some("resp_1"));
 }
@@ -320,7 +319,8 @@ async fn embeddings_answers_are_read_whole_and_bounded() {
         &endpoint(url.clone(), Wire::Embeddings, 1 << 20),
         &json!({}),
     ))
-    .await;
+    .await
+    .expect("bounded");
     assert_eq!(r.failure, None);
     assert_eq!(
         (r.prompt_tokens, r.output_tokens, r.chunks),
@@ -332,7 +332,9 @@ async fn embeddings_answers_are_read_whole_and_bounded() {
         Some(r.timing.end_us)
     );
     let limit = body.len() - 1;
-    let r = within(send(&endpoint(url, Wire::Embeddings, limit), &json!({}))).await;
+    let r = within(send(&endpoint(url, Wire::Embeddings, limit), &json!({})))
+        .await
+        .expect("bounded");
     assert_eq!(r.failure, Some(Failure::BodyTooLong { limit }));
     assert_eq!(r.failure.as_ref().map(Failure::kind), Some("body_too_long"));
 }
