@@ -476,15 +476,15 @@ fn bad_elastic_flags_are_refused_naming_the_flag() {
     );
     assert_eq!(
         with(&["--max-workers", "2", "--model-load", "-1s"]),
-        "--model-load: time \"-1s\" must be a finite time >= 0"
+        "--model-load: time \"-1s\" must be a finite duration >= 0"
     );
     assert_eq!(
         with(&["--max-workers", "2", "--model-load-jitter", "-30s"]),
-        "--model-load-jitter: time \"-30s\" must be a finite time >= 0"
+        "--model-load-jitter: time \"-30s\" must be a finite duration >= 0"
     );
     assert_eq!(
         with(&["--max-workers", "2", "--drain-grace", "-1ms"]),
-        "--drain-grace: time \"-1ms\" must be a finite time >= 0"
+        "--drain-grace: time \"-1ms\" must be a finite duration >= 0"
     );
     let clap = with(&["--max-workers", "2", "--workers", "2"]);
     assert!(clap.contains("--workers"), "{clap}");
@@ -622,6 +622,6 @@ fn bad_autoscale_flags_are_refused() {
             "--autoscale-timeout",
             "-1s"
         ]),
-        "--autoscale-timeout: time \"-1s\" must be a finite time >= 0"
+        "--autoscale-timeout: time \"-1s\" must be a finite duration >= 0"
     );
 }

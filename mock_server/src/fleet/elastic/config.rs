@@ -283,7 +283,7 @@ mod tests {
         };
         assert_eq!(
             err(&negative),
-            "--model-load: time \"-5s\" must be a finite time >= 0"
+            "--model-load: time \"-5s\" must be a finite duration >= 0"
         );
         let unitless = ElasticArgs {
             drain_grace: "3".into(),
@@ -291,7 +291,7 @@ mod tests {
         };
         assert_eq!(
             err(&unitless),
-            "--drain-grace: time \"3\" needs a unit: ms or s"
+            "--drain-grace: time \"3\" needs a unit: us, ms or s"
         );
         let wide = ElasticArgs {
             model_load: "10s".into(),
