@@ -17,7 +17,10 @@
 //!
 //! let profile: RateProfile = "steps:0s=1,120s=3".parse().unwrap();
 //! // 150 s of trace: 120 s at rate 1, then 30 s at three times the rate.
-//! assert_eq!(profile.map_time(SimTime(150_000_000)), SimTime(130_000_000));
+//! assert_eq!(
+//!     profile.map_time(SimTime::from_micros(150_000_000)),
+//!     SimTime::from_micros(130_000_000)
+//! );
 //! let _policy = SaturationPolicy::new(SaturationPolicyConfig::default()).unwrap();
 //! ```
 
