@@ -179,6 +179,24 @@ pub struct AgenticReport {
 }
 
 impl AgenticReport {
+    /// Per engine request id, its play's makespan (the trajectory E2E) when the play completed:
+    /// what an `--slo` `trajectory_e2e` bound is checked against ([`crate::slo::Slo::met_in`]).
+    pub fn trajectory_e2e_by_request(&self) -> crate::slo::TrajectoryE2e {
+        let completed: HashMap<&str, f64> = self
+            .plays
+            .iter()
+            .filter(|p| p.status == "completed")
+            .map(|p| (p.play_id.as_str(), p.makespan_ms))
+            .collect();
+        self.requests
+            .iter()
+            .filter_map(|node| {
+                let ms = completed.get(node.play_id.as_str())?;
+                Some((node.engine_id?.0, *ms))
+            })
+            .collect()
+    }
+
     /// Per engine request id, the node it was: `{request_id, play_id, conversation_id,
     /// parent_id?, lane_id?}` (AISimulate's per-request `agentic` object), as the offline and
     /// the live replay's per-request records carry it.

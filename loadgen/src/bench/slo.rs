@@ -102,7 +102,8 @@ mod tests {
             Slo {
                 ttft_ms: Some(200.0),
                 itl_ms: Some(50.0),
-                e2e_ms: Some(10_000.0)
+                e2e_ms: Some(10_000.0),
+                trajectory_e2e_ms: None,
             }
         );
         assert_eq!(
@@ -121,7 +122,10 @@ mod tests {
         );
         assert_eq!(
             "foo=1ms".parse::<Slo>().map_err(|e| e.to_string()),
-            Err(r#"--slo: unknown objective "foo" (ttft, itl or tpot, e2e)"#.to_string())
+            Err(
+                r#"--slo: unknown objective "foo" (ttft, itl or tpot, e2e, trajectory_e2e)"#
+                    .to_string()
+            )
         );
         let records = vec![
             rec(100.0, Some(20.0), 5_000.0, true), // good

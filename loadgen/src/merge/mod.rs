@@ -433,6 +433,10 @@ pub enum Merged {
 /// Runs `loadgen merge`: prints and writes the merged report.
 pub fn run(args: &MergeArgs) -> Result<Merged, LoadgenError> {
     check(args)?;
+    if let Some(slo) = &args.slo {
+        slo.check_trajectories(false, "loadgen merge's records (they carry no plays)")
+            .map_err(|e| LoadgenError::Config(e.to_string()))?;
+    }
     match read_records(&args.files)? {
         Records::Live(raws, skipped) => {
             run_live(args, raws, skipped).map(|l| Merged::Live(l.into()))

@@ -58,6 +58,7 @@ impl Header {
             ("ttft_ms", s.slo.ttft_ms),
             ("tpot_ms", s.slo.itl_ms),
             ("e2e_ms", s.slo.e2e_ms),
+            ("trajectory_e2e_ms", s.slo.trajectory_e2e_ms),
         ] {
             if let Some(v) = v {
                 slo.insert(k.to_string(), v);
@@ -85,6 +86,7 @@ impl Header {
             ttft_ms: self.slo.get("ttft_ms").copied(),
             itl_ms: self.slo.get("tpot_ms").copied(),
             e2e_ms: self.slo.get("e2e_ms").copied(),
+            trajectory_e2e_ms: self.slo.get("trajectory_e2e_ms").copied(),
         }
     }
 
