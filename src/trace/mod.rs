@@ -53,6 +53,7 @@ mod lines;
 mod parse;
 mod plain;
 mod row;
+pub mod synthetic;
 mod weka;
 
 pub use agentic::AGENTIC_MOONCAKE_SCHEMA;

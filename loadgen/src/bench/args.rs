@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::bench::arrival::Arrival;
 use crate::bench::plan::{BenchPlan, Lengths, Load, Rate, Stop, Warmup, DEFAULT_NUM_REQUESTS};
 use crate::bench::slo::Slo;
 use crate::error::LoadgenError;
 use crate::harness::RunArgs;
 use crate::limits;
 use crate::run::target::Api;
+use servesim::trace::synthetic::Arrival;
 
 /// `loadgen bench` flags.
 #[derive(Args, Clone, Debug)]
@@ -23,7 +23,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub request_rate: Option<f64>,
     /// Inter-arrival distribution of the open loop [default: poisson].
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = mock_server::synthetic::arrival_parser())]
     pub arrival: Option<Arrival>,
     /// Gamma shape of the inter-arrival gaps with --arrival gamma (below 1 burstier, above 1
     /// smoother; 1 = Poisson), 0.001 to 1000 [default: 1].
@@ -81,6 +81,10 @@ impl BenchArgs {
         let bad = |m: &str| Err(LoadgenError::Config(m.to_string()));
         if let Some(n) = self.concurrency {
             limits::count("--concurrency", n, 1, limits::MAX_CONCURRENCY)?;
+        }
+        if let Some(slo) = &self.slo {
+            slo.check_trajectories(false, "loadgen bench's synthetic load")
+                .map_err(|e| LoadgenError::Config(e.to_string()))?;
         }
         let load = match self.request_rate {
             None => {
@@ -484,6 +488,11 @@ mod tests {
             (&["--num-prefix-groups", "0"], "--num-prefix-groups"),
             (&["--num-prefix-groups", "2"], "--shared-prefix-tokens"),
             (&["--max-failure-rate", "2"], "--max-failure-rate"),
+            (
+                &["--request-rate", "2", "--slo", "ttft=1s,trajectory_e2e=60s"],
+                "--slo: trajectory_e2e bounds the plays (trajectories) of an agentic trace, and \
+                 loadgen bench's synthetic load has none",
+            ),
         ] {
             match plan(flags) {
                 Err(e @ (LoadgenError::Config(_) | LoadgenError::OutOfRange { .. })) => {

@@ -14,21 +14,22 @@
 //! `--input-tokens-stddev`, at least 1) unique tokens, exact for a known tokenizer.
 //!
 //! The modules: `args` holds the flags and their validation, `plan` the validated plan,
-//! `schedule` the plan as driver scripts, `report` what a run ends as; `arrival` draws the open
-//! loop's send offsets and `slo` counts goodput.
+//! `schedule` the plan as driver scripts, `report` what a run ends as; `slo` counts goodput.
+//! The open loop's send offsets and each request's lengths come from the engine's generator
+//! (`servesim::trace::synthetic`), the one `mockserve replay` and `mockserve plan` replay the
+//! same flags with.
 
 mod args;
-mod arrival;
 mod plan;
 mod report;
 mod schedule;
 mod slo;
 
 pub use args::BenchArgs;
-pub use arrival::{arrival_offsets, Arrival};
 pub use plan::{BenchPlan, Lengths, Load, Rate, Stop, Warmup};
 pub use report::BenchRun;
 pub(crate) use report::{bench_json, config_json};
+pub use servesim::trace::synthetic::{arrival_offsets, Arrival};
 pub use slo::{goodput, Goodput, Slo};
 
 use std::time::Duration;

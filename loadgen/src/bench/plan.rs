@@ -4,9 +4,9 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::bench::arrival::{arrival_offsets, Arrival};
 use crate::bench::slo::Slo;
 use crate::run::target::Api;
+use servesim::trace::synthetic::{arrival_offsets, Arrival};
 
 /// Request rate of the open loop.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -73,22 +73,8 @@ impl Stop {
     }
 }
 
-/// Prompt and output lengths.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Lengths {
-    /// Mean unique prompt tokens.
-    pub input_tokens: usize,
-    /// Their standard deviation.
-    pub input_tokens_stddev: f64,
-    /// Mean output tokens.
-    pub output_tokens: usize,
-    /// Their standard deviation.
-    pub output_tokens_stddev: f64,
-    /// Shared prefix tokens before each prompt (0 = none).
-    pub shared_prefix_tokens: usize,
-    /// Distinct shared prefixes.
-    pub num_prefix_groups: usize,
-}
+/// Prompt and output lengths (the engine generator's: `servesim::trace::synthetic`).
+pub use servesim::trace::synthetic::Lengths;
 
 /// A validated `loadgen bench` run, built from the flags before anything connects (every
 /// combination is checked here; the run itself never sees a contradictory flag).

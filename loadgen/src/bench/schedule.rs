@@ -5,10 +5,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
-
-use crate::bench::arrival::normal;
 use crate::bench::plan::{BenchPlan, Load};
 use crate::dataset::Picks;
 use crate::limits;
@@ -21,28 +17,13 @@ use crate::run::target::{request_body, Connected};
 /// Request `k`'s lengths: (unique input tokens, output tokens); with a dataset, its
 /// conversation's first turn (the synthetic output length when the data has none).
 fn lengths(plan: &BenchPlan, picks: Option<&Picks>, k: usize) -> (usize, usize) {
-    let mut rng =
-        ChaCha8Rng::seed_from_u64(plan.seed.wrapping_mul(0x9E37_79B9).wrapping_add(k as u64));
-    // A draw lies in [1, max]: a wide deviation never asks for an unbounded prompt.
-    let draw = |rng: &mut ChaCha8Rng, mean: usize, sd: f64, max: usize| {
-        ((mean as f64 + sd * normal(rng))
-            .round()
-            .clamp(1.0, max.max(1) as f64)) as usize
-    };
     let l = &plan.lengths;
-    let lengths = (
-        draw(
-            &mut rng,
-            l.input_tokens,
-            l.input_tokens_stddev,
-            limits::MAX_PROMPT_TOKENS.saturating_sub(l.shared_prefix_tokens),
-        ),
-        draw(
-            &mut rng,
-            l.output_tokens,
-            l.output_tokens_stddev,
-            limits::MAX_OUTPUT_TOKENS,
-        ),
+    let lengths = servesim::trace::synthetic::request_lengths(
+        l,
+        plan.seed,
+        k,
+        limits::MAX_PROMPT_TOKENS.saturating_sub(l.shared_prefix_tokens),
+        limits::MAX_OUTPUT_TOKENS,
     );
     match picks.and_then(|p| Some((p, p.get(k).turns.first()?))) {
         Some((p, turn)) => (
