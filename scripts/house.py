@@ -68,7 +68,7 @@ LAYERS = {
         ("driver",),
         ("api",),
         ("connection",),
-        ("args",),
+        ("args", "synthetic"),  # engine and trace flags; synthetic load instead of a trace
         ("fleet",),
         ("cmd",),
         ("plan", "test_kit"),  # the configuration search replays through cmd::replay

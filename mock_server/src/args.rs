@@ -51,9 +51,10 @@ impl std::str::FromStr for ServingModeFlag {
 #[derive(Args, Clone, Debug)]
 pub struct TraceArgs {
     /// Mooncake JSONL trace, or an agentic trace (see --trace-format); a directory is a weka
-    /// corpus (every .json and .jsonl file below it, in path order).
+    /// corpus (every .json and .jsonl file below it, in path order). `mockserve replay` and
+    /// `mockserve plan` take synthetic load instead (--request-rate ...).
     #[arg(id = "trace", value_name = "TRACE")]
-    pub path: PathBuf,
+    pub path: Option<PathBuf>,
 
     /// How to read the trace: auto (detected from the first row: a dynamo.agentic_mooncake
     /// header, a weka play, a dynamo.request.trace.v1 record, or rows with wait_for),
@@ -94,6 +95,14 @@ pub struct TraceArgs {
     /// by default such a trace is refused, naming the row past the bound.
     #[arg(long)]
     pub allow_long_schedule: bool,
+}
+
+impl TraceArgs {
+    /// The trace file; empty when none was given (the commands that read one refuse that
+    /// first: `loadgen replay` in its checks, `mockserve replay` with the synthetic flags).
+    pub fn file(&self) -> &Path {
+        self.path.as_deref().unwrap_or(Path::new(""))
+    }
 }
 
 /// A `--trace-format` value.

@@ -50,6 +50,7 @@ pub mod metrics;
 pub mod output_length;
 pub mod plan;
 pub(crate) mod stdout;
+pub mod synthetic;
 #[cfg(feature = "test-kit")]
 pub mod test_kit;
 pub mod text;

@@ -93,6 +93,12 @@ impl CalibrateArgs {
     /// Checks the flags before anything runs.
     pub fn check(&self) -> Result<(), LoadgenError> {
         self.replay.check()?;
+        if self.replay.slo.is_some() {
+            return Err(LoadgenError::Config(
+                "--slo counts goodput in loadgen replay; calibrate compares latencies, not SLOs"
+                    .into(),
+            ));
+        }
         if !(self.margin > 0.0 && self.margin < 1.0) {
             return Err(LoadgenError::OutOfRange {
                 flag: "--margin".into(),
@@ -158,7 +164,7 @@ pub struct CalibrateRun {
 /// the report is written.
 pub async fn calibrate(args: &CalibrateArgs) -> Result<CalibrateRun, LoadgenError> {
     args.check()?;
-    let path = &args.replay.trace.path;
+    let path = args.replay.trace.file();
     let format = trace::detect_format(path, args.replay.trace.format)?;
     let agentic = format != TraceFormat::Mooncake;
     let trace_name = path.display().to_string();

@@ -29,7 +29,7 @@ pub fn load_graph(args: &ReplayArgs, format: TraceFormat) -> Result<RequestGraph
         return Err(LoadgenError::Config(format!(
             "--max-requests replays the first rows of a plain Mooncake trace; {} is an agentic \
              trace ({format}), replayed whole (its rows depend on each other)",
-            args.trace.path.display()
+            args.trace.file().display()
         )));
     }
     if args.session_mode != SessionMode::Auto {
@@ -45,9 +45,9 @@ pub fn load_graph(args: &ReplayArgs, format: TraceFormat) -> Result<RequestGraph
                 .into(),
         ));
     }
-    let graph = trace::load_graph(&args.trace.path, format, args.trace.block_size)?;
+    let graph = trace::load_graph(args.trace.file(), format, args.trace.block_size)?;
     graph.check_schedule(
-        &args.trace.path.display().to_string(),
+        &args.trace.file().display().to_string(),
         args.trace.arrival_speedup_ratio,
         trace::ScheduleBound::of_flag(args.trace.allow_long_schedule),
     )?;
@@ -106,7 +106,7 @@ pub(super) async fn replay_graph(
         crate::stdout::outln!(
             "Trace {}: agentic ({format}), {} requests in {} plays, {} tokens per hash id, \
              speed-up {}{}, at most {} in flight{}",
-            args.trace.path.display(),
+            args.trace.file().display(),
             graph.nodes.len(),
             graph.plays.len(),
             graph.block_size,
@@ -271,7 +271,7 @@ impl Mode for GraphMode<'_> {
         }
         let config = json!({
             "mode": "replay",
-            "trace": args.trace.path.display().to_string(),
+            "trace": args.trace.file().display().to_string(),
             "trace_format": self.format.name(),
             "endpoint": args.endpoint.name(),
             "arrival_speedup_ratio": speedup,
@@ -285,6 +285,7 @@ impl Mode for GraphMode<'_> {
             arrival_speedup_ratio: speedup,
             trace_block_size: graph.block_size,
             config,
+            slo: args.slo,
         };
         Ok(keys.run(
             live,

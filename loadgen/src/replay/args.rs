@@ -55,6 +55,12 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "SPEC")]
     pub rate_profile: Option<servesim::autoscale::RateProfile>,
 
+    /// Objectives for goodput (the report's `slo` and `goodput`), in loadgen bench's grammar:
+    /// ttft=2000ms,tpot=50ms,e2e=10s; for an agentic trace also trajectory_e2e=120s (a request
+    /// meets it when its play completed within it).
+    #[arg(long, value_name = "OBJECTIVES")]
+    pub slo: Option<servesim::slo::Slo>,
+
     /// Report files, observers, failure threshold, target and sharding (shard I sends the
     /// trace sessions s with s % N == I, at their unsharded times).
     #[command(flatten)]
@@ -76,6 +82,11 @@ impl ReplayArgs {
     /// Checks every flag's range (and that the report files can be written) before the trace
     /// is read or anything connects.
     pub fn check(&self) -> Result<(), LoadgenError> {
+        if self.trace.path.is_none() {
+            return Err(LoadgenError::Config(
+                "give the TRACE to replay (synthetic load is loadgen bench's)".into(),
+            ));
+        }
         limits::arrival_speedup(self.trace.arrival_speedup_ratio)?;
         limits::trace_block_size(self.trace.block_size)?;
         if self.max_requests == Some(0) {

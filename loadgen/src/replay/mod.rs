@@ -75,20 +75,27 @@ pub(crate) async fn replay_with(
     console: bool,
 ) -> Result<Vec<ReplayRun>, LoadgenError> {
     args.check()?;
-    let format = trace::detect_format(&args.trace.path, args.trace.format)?;
+    let format = trace::detect_format(args.trace.file(), args.trace.format)?;
     if format != TraceFormat::Mooncake {
         if args.rate_profile.is_some() {
             return Err(LoadgenError::Config(format!(
                 "--rate-profile applies to Mooncake traces; {} is an agentic trace",
-                args.trace.path.display()
+                args.trace.file().display()
             )));
         }
         return replay_graph(args, format, console).await;
     }
+    if let Some(slo) = &args.slo {
+        slo.check_trajectories(
+            false,
+            &format!("the plain Mooncake trace {}", args.trace.file().display()),
+        )
+        .map_err(|e| LoadgenError::Config(e.to_string()))?;
+    }
     if args.trace.agentic_lanes.is_some() {
         return Err(LoadgenError::Config(format!(
             "--agentic-lanes needs an agentic trace; {} is plain Mooncake",
-            args.trace.path.display()
+            args.trace.file().display()
         )));
     }
     let trace = load_trace(args)?;
@@ -106,7 +113,7 @@ pub(crate) async fn replay_with(
     if console {
         crate::stdout::outln!(
             "Trace {}: {} requests in {} sessions; {}",
-            args.trace.path.display(),
+            args.trace.file().display(),
             trace.num_requests(),
             trace.sessions.len(),
             shape.describe()
@@ -116,7 +123,7 @@ pub(crate) async fn replay_with(
         }
     }
     let plans = plans(&trace, mode);
-    check_prompt_lengths(&trace, &plans, &args.trace.path.display().to_string())?;
+    check_prompt_lengths(&trace, &plans, &args.trace.file().display().to_string())?;
     let expected = expected_reuse(&trace, &plans, args.trace.block_size);
     let sessions = SessionsMode {
         args,

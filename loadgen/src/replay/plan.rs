@@ -221,15 +221,15 @@ pub fn load_trace(args: &ReplayArgs) -> Result<Trace, LoadgenError> {
         arrival_speedup_ratio: args.trace.arrival_speedup_ratio,
     };
     let bound = trace::ScheduleBound::of_flag(args.trace.allow_long_schedule);
-    let name = args.trace.path.display().to_string();
+    let name = args.trace.file().display().to_string();
     let trace = match args.max_requests {
-        None => trace::load_with_bound(&args.trace.path, &options, bound)?,
+        None => trace::load_with_bound(args.trace.file(), &options, bound)?,
         Some(n) => {
             // The first `n` rows only, read line by line: each line within the engine's
             // `MAX_TRACE_LINE_BYTES`, the rest of the file never read.
             let file =
-                std::fs::File::open(&args.trace.path).map_err(|source| LoadgenError::Io {
-                    path: args.trace.path.clone(),
+                std::fs::File::open(args.trace.file()).map_err(|source| LoadgenError::Io {
+                    path: args.trace.file().to_path_buf(),
                     source,
                 })?;
             let mut lines = trace::TraceLines::new(std::io::BufReader::new(file));

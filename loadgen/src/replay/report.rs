@@ -79,6 +79,39 @@ fn cap_wait_line(live: &LiveReport) -> String {
     )
 }
 
+/// `--slo`'s goodput, in `loadgen bench`'s keys: requests that succeeded and meet every
+/// objective (an agentic trace's through their plays: `trajectory_e2e`), their share of all
+/// requests (failures count as misses) and their rate over the run.
+fn goodput(
+    slo: &servesim::slo::Slo,
+    live: &LiveReport,
+    trajectories: Option<&servesim::slo::TrajectoryE2e>,
+) -> serde_json::Value {
+    let total = live.records.len();
+    let good = live
+        .records
+        .iter()
+        .filter(|r| r.error.is_none() && slo.met_in(&r.record, trajectories))
+        .count();
+    let duration_s = live.report.duration_ms / 1000.0;
+    let share = if total > 0 {
+        good as f64 / total as f64
+    } else {
+        0.0
+    };
+    let rate_rps = if duration_s > 0.0 {
+        good as f64 / duration_s
+    } else {
+        0.0
+    };
+    json!({
+        "good_requests": good,
+        "total_requests": total,
+        "share": share,
+        "rate_rps": rate_rps,
+    })
+}
+
 /// The keys a live replay's report adds to the live report's, and its `config`.
 pub(super) struct ReplayKeys {
     /// `session_mode` (Mooncake) or `trace_format` (agentic).
@@ -86,6 +119,8 @@ pub(super) struct ReplayKeys {
     pub(super) arrival_speedup_ratio: f64,
     pub(super) trace_block_size: usize,
     pub(super) config: serde_json::Value,
+    /// `--slo`: the report's `slo` and `goodput` keys.
+    pub(super) slo: Option<servesim::slo::Slo>,
 }
 
 impl ReplayKeys {
@@ -138,6 +173,11 @@ impl ReplayKeys {
                 "agentic",
                 serde_json::to_value(agentic).unwrap_or(serde_json::Value::Null),
             ));
+        }
+        if let Some(slo) = &self.slo {
+            let trajectories = agentic.as_ref().map(|a| a.trajectory_e2e_by_request());
+            keys.push(("slo", json!(slo)));
+            keys.push(("goodput", goodput(slo, &live, trajectories.as_ref())));
         }
         let mut json = live.to_json(&keys);
         crate::report::observed::annotate(&mut json, &live, observed, Some(self.config));

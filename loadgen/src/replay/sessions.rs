@@ -193,7 +193,7 @@ impl Mode for SessionsMode<'_> {
         let mode = format!("{:?}", self.session_mode).to_lowercase();
         let config = json!({
             "mode": "replay",
-            "trace": args.trace.path.display().to_string(),
+            "trace": args.trace.file().display().to_string(),
             "endpoint": args.endpoint.name(),
             "arrival_speedup_ratio": args.trace.arrival_speedup_ratio,
             "trace_block_size": args.trace.block_size,
@@ -207,6 +207,7 @@ impl Mode for SessionsMode<'_> {
             arrival_speedup_ratio: args.trace.arrival_speedup_ratio,
             trace_block_size: args.trace.block_size,
             config,
+            slo: args.slo,
         };
         Ok(keys.run(
             live,

@@ -209,7 +209,7 @@ impl SweepArgs {
         }
         let replay = self.trace.as_ref().map(|trace| crate::replay::ReplayArgs {
             trace: mock_server::args::TraceArgs {
-                path: trace.clone(),
+                path: Some(trace.clone()),
                 format: servesim::trace::TraceFormat::Auto,
                 arrival_speedup_ratio: 1.0,
                 agentic_lanes: None,
@@ -221,6 +221,7 @@ impl SweepArgs {
             session_mode: crate::replay::SessionMode::Auto,
             endpoint: self.bench.endpoint,
             rate_profile: None,
+            slo: None,
             run: crate::harness::RunArgs {
                 report: crate::observe::quiet(),
                 observe: crate::observe::ObserveArgs {
@@ -625,8 +626,7 @@ pub async fn sweep(args: &SweepArgs) -> Result<SweepRun, LoadgenError> {
     Ok(sweep)
 }
 
-/// A sweep in the harness: its points one after the other on one target, one report over
-/// them.
+/// A sweep in the harness: its points one after the other on one target, one report on them.
 struct Points<'a> {
     plan: &'a SweepPlan,
     spec: &'a crate::run::target::TargetSpec,

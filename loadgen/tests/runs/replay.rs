@@ -212,7 +212,7 @@ async fn a_far_future_row_fails_fast_with_its_line() -> Result<()> {
 /// `mockserve replay` of the same agentic trace with the same engine flags: the graph on the
 /// virtual clock.
 fn offline_graph(a: &ReplayArgs) -> Result<ReplayOutcome> {
-    let format = servesim::trace::detect_format(&a.trace.path, a.trace.format)?;
+    let format = servesim::trace::detect_format(a.trace.file(), a.trace.format)?;
     let graph = loadgen::replay::load_graph(a, format)?;
     let config = ReplayConfig {
         cluster: a.run.target.engine.cluster_config()?,
@@ -229,7 +229,7 @@ fn offline_graph(a: &ReplayArgs) -> Result<ReplayOutcome> {
 /// dependencies allowed: the source's send (dispatch) or end (completion) plus `delay_ms /
 /// speedup`, all on the run's clock.
 fn check_dependencies(a: &ReplayArgs, run: &loadgen::replay::ReplayRun) -> Result<()> {
-    let format = servesim::trace::detect_format(&a.trace.path, a.trace.format)?;
+    let format = servesim::trace::detect_format(a.trace.file(), a.trace.format)?;
     let graph = loadgen::replay::load_graph(a, format)?;
     let agentic = run.agentic.as_ref().expect("an agentic section");
     let speedup = a.trace.arrival_speedup_ratio;

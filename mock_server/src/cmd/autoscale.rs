@@ -119,7 +119,8 @@ pub struct AutoscaleArgs {
     pub rate_profile: Option<RateProfile>,
 
     /// Objectives the judge holds requests to (the report's autoscale section), in loadgen's
-    /// grammar: ttft=2000ms,tpot=50ms.
+    /// grammar: ttft=2000ms,tpot=50ms. For an agentic trace, the report's slo section instead
+    /// (attainment and goodput), where trajectory_e2e=120s also bounds each request's play.
     #[arg(long, value_name = "OBJECTIVES")]
     pub slo: Option<Slo>,
 

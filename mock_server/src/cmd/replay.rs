@@ -1,7 +1,9 @@
 //! `mockserve replay TRACE`: the engine on a virtual clock over a Mooncake trace, or over an
 //! agentic trace's request graph (`--trace-format`, detected by default), whose report then has
 //! an `agentic` section (per play: makespan, critical path, time in the engine and in tool
-//! waits, sub-agent fan-out).
+//! waits, sub-agent fan-out), and with `--slo` an `slo` section (attainment and goodput, a
+//! `trajectory_e2e` bound checked on each request's play). Instead of TRACE, synthetic load
+//! (`--request-rate ...`, [`crate::synthetic`]) replays `loadgen bench`'s open loop.
 //!
 //! Requests the engine can never run are counted as rejected (`rejected_requests` in the
 //! report) and listed by reason after it, with a warning; a run in which no request completes
@@ -19,6 +21,7 @@ use servesim::replay::{
     replay, replay_graph, replay_observed, set_wall_time, AgenticReport, GraphReplay, ReplayConfig,
     ReplayObserver, ReplayOutcome, ReplayRejection,
 };
+use servesim::slo::SloFigures;
 use servesim::time::SimTime;
 use servesim::trace::{self, TraceOptions};
 use servesim::trace::{RequestGraph, Trace, TraceFormat, TraceRequest};
@@ -26,6 +29,7 @@ use servesim::trace::{RequestGraph, Trace, TraceFormat, TraceRequest};
 use super::autoscale::AutoscaleArgs;
 use crate::args::{EngineArgs, ReportArgs, TraceArgs};
 use crate::kv_events::{JsonlSink, KvExport, KvSink};
+use crate::synthetic::SyntheticArgs;
 use servesim::replay::autoscale::{replay_elastic, AutoscaleReport};
 
 /// Writes a replay's KV events as JSON lines: the prompts are the trace's synthesized tokens.
@@ -72,6 +76,11 @@ impl ReplayObserver for KvEventsJsonl {
 /// Offline replay flags (Dynamo's offline_replay_bench flags and defaults).
 #[derive(Args, Clone, Debug)]
 pub struct ReplayArgs {
+    /// Synthetic load instead of the trace (loadgen bench's open-loop flags). Read before
+    /// the trace flags: it looks at which of them the command line gave.
+    #[command(flatten)]
+    pub synthetic: SyntheticArgs,
+
     /// The trace and how to read it.
     #[command(flatten)]
     pub trace: TraceArgs,
@@ -126,7 +135,9 @@ pub fn run_judged(args: &ReplayArgs) -> anyhow::Result<(ReplayOutcome, Option<Au
             args.trace.block_size
         );
     }
-    let ratio = args.trace.arrival_speedup_ratio;
+    let ratio = args
+        .synthetic
+        .arrival_speedup(args.trace.arrival_speedup_ratio);
     if !(ratio.is_finite() && ratio > 0.0) {
         anyhow::bail!(
             "--arrival-speedup-ratio must be finite and above 0, got {}",
@@ -142,8 +153,17 @@ pub fn run_judged(args: &ReplayArgs) -> anyhow::Result<(ReplayOutcome, Option<Au
     }
     let options = TraceOptions {
         trace_block_size: args.trace.block_size,
-        arrival_speedup_ratio: args.trace.arrival_speedup_ratio,
+        arrival_speedup_ratio: ratio,
     };
+    // Exactly one input: the trace, or synthetic load (whose prompts are in engine blocks).
+    let synthetic = args
+        .synthetic
+        .load(args.trace.path.is_some(), args.engine.seed)?;
+    let input = match &args.trace.path {
+        Some(path) => format!("the trace {}", path.display()),
+        None => "synthetic load".to_string(),
+    };
+    let engine_block_size = cluster.engine.block_size;
     // Output files are opened before the run, so a bad path fails fast instead of after it.
     let create = |path: &std::path::Path| {
         std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))
@@ -166,9 +186,16 @@ pub fn run_judged(args: &ReplayArgs) -> anyhow::Result<(ReplayOutcome, Option<Au
             trace_block_size: args.trace.block_size,
         });
     let bound = trace::ScheduleBound::of_flag(args.trace.allow_long_schedule);
-    let loaded = match trace::detect_format(&args.trace.path, args.trace.format)? {
+    let detected = match &synthetic {
+        Some(_) => TraceFormat::Mooncake,
+        None => trace::detect_format(args.trace.file(), args.trace.format)?,
+    };
+    let loaded = match detected {
         TraceFormat::Mooncake => {
-            let trace = trace::load_with_bound(&args.trace.path, &options, bound)?;
+            let trace = match &synthetic {
+                Some(load) => load.trace(engine_block_size, ratio, bound)?,
+                None => trace::load_with_bound(args.trace.file(), &options, bound)?,
+            };
             if let Some(warning) = clamped_warning(&trace, args.trace.block_size) {
                 eprintln!("mockserve: warning: {warning}");
             }
@@ -179,35 +206,33 @@ pub fn run_judged(args: &ReplayArgs) -> anyhow::Result<(ReplayOutcome, Option<Au
             Loaded::Sessions(trace)
         }
         format => {
-            let graph = trace::load_graph(&args.trace.path, format, args.trace.block_size)?;
-            graph.check_schedule(&args.trace.path.display().to_string(), ratio, bound)?;
+            let graph = trace::load_graph(args.trace.file(), format, args.trace.block_size)?;
+            graph.check_schedule(&args.trace.file().display().to_string(), ratio, bound)?;
             Loaded::Graph(graph)
         }
     };
     if let Loaded::Graph(_) = &loaded {
         let flags = [
             ("--autoscale", args.autoscale.autoscale.is_some()),
-            ("--slo", args.autoscale.slo.is_some()),
             ("--rate-profile", args.autoscale.rate_profile.is_some()),
         ];
         if let Some((flag, _)) = flags.iter().find(|(_, given)| *given) {
-            anyhow::bail!(
-                "{flag} applies to Mooncake traces; {} is an agentic trace",
-                args.trace.path.display()
-            );
+            anyhow::bail!("{flag} applies to Mooncake traces; {input} is an agentic trace");
         }
     }
+    // A trajectory bound needs plays: refused where there are none, never ignored.
+    if let Some(slo) = &args.autoscale.slo {
+        slo.check_trajectories(matches!(loaded, Loaded::Graph(_)), &input)?;
+    }
     if let (Loaded::Sessions(_), Some(_)) = (&loaded, args.trace.agentic_lanes) {
-        anyhow::bail!(
-            "--agentic-lanes needs an agentic trace; {} is plain Mooncake",
-            args.trace.path.display()
-        );
+        anyhow::bail!("--agentic-lanes needs an agentic trace; {input} is plain Mooncake");
     }
     let how = GraphReplay {
         speedup: ratio,
         lanes: args.trace.agentic_lanes.map(|l| l as usize),
     };
     let (trace_block_size, num_requests) = match &loaded {
+        Loaded::Sessions(trace) if synthetic.is_some() => (engine_block_size, trace.num_requests()),
         Loaded::Sessions(trace) => (args.trace.block_size, trace.num_requests()),
         Loaded::Graph(graph) => (graph.block_size, graph.nodes.len()),
     };
@@ -298,6 +323,18 @@ pub fn run_judged(args: &ReplayArgs) -> anyhow::Result<(ReplayOutcome, Option<Au
     if let Some(agentic) = &outcome.agentic {
         text.push_str(&agentic_summary(agentic));
     }
+    // An agentic trace's --slo: attainment and goodput, trajectories counted.
+    let slo = match (&args.autoscale.slo, &outcome.agentic) {
+        (Some(slo), Some(agentic)) => Some(slo.figures(
+            &outcome.records,
+            Some(&agentic.trajectory_e2e_by_request()),
+            outcome.report.duration_ms,
+        )),
+        _ => None,
+    };
+    if let Some(f) = &slo {
+        text.push_str(&slo_summary(f));
+    }
     if let Some(judged) = &judged {
         text.push_str(&super::autoscale::summary(judged));
     }
@@ -315,6 +352,7 @@ pub fn run_judged(args: &ReplayArgs) -> anyhow::Result<(ReplayOutcome, Option<Au
             &mut w,
             &WithConfig {
                 autoscale: judged.as_ref(),
+                slo: slo.as_ref(),
                 ..with_config(&outcome.report, &config, outcome.agentic.as_ref())
             },
         )?;
@@ -445,6 +483,28 @@ pub fn agentic_summary(agentic: &AgenticReport) -> String {
     out
 }
 
+/// An agentic trace's `--slo` figures in words.
+pub fn slo_summary(f: &SloFigures) -> String {
+    let bound = |name: &str, v: Option<f64>| v.map(|ms| format!("{name}={ms}ms"));
+    let bounds: Vec<String> = [
+        bound("ttft", f.slo.ttft_ms),
+        bound("tpot", f.slo.itl_ms),
+        bound("e2e", f.slo.e2e_ms),
+        bound("trajectory_e2e", f.slo.trajectory_e2e_ms),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    format!(
+        "SLO {}: {} of {} requests met it (attainment {:.4}), goodput {:.3} tok/s\n",
+        bounds.join(","),
+        f.good_requests,
+        f.num_requests,
+        f.slo_attainment,
+        f.goodput_tok_s
+    )
+}
+
 /// Rejections grouped by kind: count, the first reason in full, and the first trace lines.
 pub fn rejection_summary(rejections: &[ReplayRejection]) -> String {
     const LINES_SHOWN: usize = 5;
@@ -485,6 +545,9 @@ struct WithConfig<'a> {
     /// With --autoscale or --slo: the judge's verdict.
     #[serde(skip_serializing_if = "Option::is_none")]
     autoscale: Option<&'a AutoscaleReport>,
+    /// An agentic trace with --slo: attainment and goodput under it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slo: Option<&'a SloFigures>,
 }
 
 fn with_config<'a>(
@@ -497,6 +560,7 @@ fn with_config<'a>(
         report,
         agentic,
         autoscale: None,
+        slo: None,
         config: serde_json::json!({
             "latency_model": latency.model.describe(),
             "speedup_ratio": latency.speedup_ratio,

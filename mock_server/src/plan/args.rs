@@ -5,13 +5,22 @@
 //! command with `--perf-profile` made repeatable (`NAME=PATH:GPUS`), `--report-json` and
 //! `--quiet` taken over by the plan, and the search flags added. The fixed flags are kept as the
 //! strings given, and each candidate's replay is parsed from them as `mockserve replay` would.
+//!
+//! The input is a TRACE or synthetic load (`--request-rate` and the other `loadgen bench`
+//! flags, [`crate::synthetic`]): the synthetic flags are replay flags, kept among the fixed
+//! ones, so every printed command carries them; without `--arrival-speedup-ratio` the plan adds
+//! `--arrival-speedup-ratio 1` (the rate as given) so that the commands reproduce it.
 
 use std::path::PathBuf;
 
 use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, Args, Command, FromArgMatches};
+use servesim::slo::Slo;
+use servesim::trace::{self, ScheduleBound, Trace, TraceFormat};
 
+use super::PlanError;
 use crate::cmd::replay::ReplayArgs;
+use crate::synthetic::SyntheticArgs;
 
 /// The plan's own flags (besides the replay's).
 #[derive(Args, Clone, Debug)]
@@ -24,7 +33,7 @@ pub struct SearchArgs {
 
     /// Per-request bounds (the replay's `--slo` flag, read by the plan: see [`PlanArgs`]).
     #[arg(skip)]
-    pub slo: servesim::slo::Slo,
+    pub slo: Slo,
 
     /// goodput-per-gpu, goodput, fewest-gpus (at the trace's rate) or pareto (goodput per
     /// GPU against tokens/s per user).
@@ -136,8 +145,8 @@ pub enum PlanArgs {
 /// A search: the trace, the fixed replay flags as given, the profiles, and the search flags.
 #[derive(Clone, Debug)]
 pub struct SearchCommand {
-    /// The trace as given.
-    pub trace: PathBuf,
+    /// The trace as given (None: synthetic load, its flags among the fixed ones).
+    pub trace: Option<PathBuf>,
     /// Every replay flag given on the command line, as `--flag [value]` strings, in the
     /// replay command's flag order.
     pub fixed: Vec<String>,
@@ -176,7 +185,8 @@ impl Args for PlanArgs {
             .mut_arg("slo", |a| {
                 a.value_name("SLO").help(
                     "Per-request bounds in loadgen's --slo grammar, e.g. ttft=2000ms,tpot=50ms \
-                     (ttft, itl or tpot, e2e; units us, ms, s)",
+                     (ttft, itl or tpot, e2e, and for agentic traces trajectory_e2e: a request \
+                     meets it when its play completed within the bound; units us, ms, s)",
                 )
             })
             .mut_arg("report_json", |a| {
@@ -201,15 +211,23 @@ impl FromArgMatches for PlanArgs {
             return Ok(PlanArgs::Merge(MergeArgs::from_arg_matches(sub)?));
         }
         let mut search = SearchArgs::from_arg_matches(m)?;
-        if let Some(slo) = m.get_one::<servesim::slo::Slo>("slo") {
+        if let Some(slo) = m.get_one::<Slo>("slo") {
             search.slo = *slo;
+        }
+        let synthetic = SyntheticArgs::from_arg_matches(m)?.is_given();
+        if synthetic && search.verify {
+            return Err(clap::Error::raw(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--verify replays the TRACE live through loadgen replay; with synthetic load, \
+                 check the best candidate with loadgen bench and the same load flags\n",
+            ));
         }
         let raw = |id: &str| -> Vec<String> {
             m.get_raw(id)
                 .map(|vs| vs.map(|v| v.to_string_lossy().into_owned()).collect())
                 .unwrap_or_default()
         };
-        let trace = raw("trace").into_iter().next().unwrap_or_default().into();
+        let trace = raw("trace").into_iter().next().map(PathBuf::from);
         let mut fixed = Vec::new();
         for arg in replay_command().get_arguments() {
             let id = arg.get_id().as_str();
@@ -241,6 +259,10 @@ impl FromArgMatches for PlanArgs {
                 fixed.push(format!("--{long}"));
             }
         }
+        if synthetic && m.value_source("arrival_speedup_ratio") != Some(ValueSource::CommandLine) {
+            fixed.push("--arrival-speedup-ratio".into());
+            fixed.push("1".into());
+        }
         Ok(PlanArgs::Search(Box::new(SearchCommand {
             trace,
             fixed,
@@ -254,5 +276,76 @@ impl FromArgMatches for PlanArgs {
     fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
         *self = Self::from_arg_matches(m)?;
         Ok(())
+    }
+}
+
+/// Checks the plan's input against its SLO: exactly one of TRACE and synthetic load, and a
+/// `trajectory_e2e` bound only for an agentic trace (refused, naming `--slo`, for a plain
+/// Mooncake trace or synthetic load, which have no trajectories).
+pub fn check_input(slo: &Slo, replay: &ReplayArgs) -> Result<(), PlanError> {
+    let flag = |e: String| PlanError::Flag(e);
+    replay
+        .synthetic
+        .load(replay.trace.path.is_some(), replay.engine.seed)
+        .map_err(|e| flag(e.to_string()))?;
+    let (has_trajectories, input) = match &replay.trace.path {
+        None => (false, "synthetic load".to_string()),
+        Some(path) => {
+            let format =
+                trace::detect_format(path, replay.trace.format).map_err(|e| flag(e.to_string()))?;
+            (
+                format != TraceFormat::Mooncake,
+                format!("the plain Mooncake trace {}", path.display()),
+            )
+        }
+    };
+    slo.check_trajectories(has_trajectories, &input)
+        .map_err(|e| flag(e.to_string()))
+}
+
+/// The synthetic trace of a candidate's replay flags (None: it reads its TRACE), cut to its
+/// first `prefix` requests when given; its arrivals divided by `--arrival-speedup-ratio`.
+pub fn synthetic_trace(args: &ReplayArgs, prefix: Option<usize>) -> Result<Option<Trace>, String> {
+    let Some(load) = args
+        .synthetic
+        .load(args.trace.path.is_some(), args.engine.seed)
+        .map_err(|e| e.to_string())?
+    else {
+        return Ok(None);
+    };
+    let bound = ScheduleBound::of_flag(args.trace.allow_long_schedule);
+    let mut trace = load
+        .trace(
+            args.engine.block_size,
+            args.trace.arrival_speedup_ratio,
+            bound,
+        )
+        .map_err(|e| e.to_string())?;
+    if let Some(k) = prefix {
+        trace.sessions.truncate(k);
+    }
+    Ok(Some(trace))
+}
+
+/// What a loaded trace depends on beyond the trace flags: the synthetic load's flags, seed and
+/// block size (empty for a trace file).
+pub fn input_key(args: &ReplayArgs) -> String {
+    if args.synthetic.is_given() {
+        format!(
+            "{:?} seed {} block {}",
+            args.synthetic.flags, args.engine.seed, args.engine.block_size
+        )
+    } else {
+        String::new()
+    }
+}
+
+/// Prompt tokens per hash id of the replayed trace: the engine's block size for synthetic load
+/// (its shared prefixes are whole KV blocks), else `--trace-block-size`.
+pub fn trace_block_size(args: &ReplayArgs) -> usize {
+    if args.synthetic.is_given() {
+        args.engine.block_size
+    } else {
+        args.trace.block_size
     }
 }

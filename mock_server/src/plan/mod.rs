@@ -319,7 +319,12 @@ pub fn search(cmd: &SearchCommand) -> anyhow::Result<()> {
             .into());
         }
     }
-    let trace = cmd.trace.display().to_string();
+    // The trace, or "" for synthetic load (its flags are among the fixed ones).
+    let trace = cmd
+        .trace
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
     let mut fixed = cmd.fixed.clone();
     let replay_cmd =
         <crate::cmd::replay::ReplayArgs as clap::Args>::augment_args(clap::Command::new("replay"));
@@ -339,9 +344,11 @@ pub fn search(cmd: &SearchCommand) -> anyhow::Result<()> {
         fixed.push("--perf-profile".into());
         fixed.push(profiles[0].path.clone());
     }
-    let mut base = vec![trace.clone()];
+    let mut base: Vec<String> = cmd.trace.iter().map(|_| trace.clone()).collect();
     base.extend(fixed.iter().cloned());
-    trial::parse_replay(&base).map_err(|e| PlanError::Flag(format!("fixed flags: {e}")))?;
+    let replay =
+        trial::parse_replay(&base).map_err(|e| PlanError::Flag(format!("fixed flags: {e}")))?;
+    args::check_input(&s.slo, &replay)?;
     // Every value of every key, alone over the fixed flags: a bad one is named by its key.
     for d in space.dims.iter().chain(space.disagg.iter().flatten()) {
         for v in &d.values {

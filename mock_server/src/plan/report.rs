@@ -134,7 +134,11 @@ pub(super) fn join(words: &[String]) -> String {
 
 /// The replay words of a trial (after `mockserve replay`).
 pub(super) fn replay_words(header: &Header, r: &TrialRecord) -> Vec<String> {
-    let mut words = vec![header.trace.clone()];
+    // No trace word for synthetic load: its flags are among the fixed ones.
+    let mut words: Vec<String> = Some(header.trace.clone())
+        .filter(|t| !t.is_empty())
+        .into_iter()
+        .collect();
     words.extend(header.fixed.iter().cloned());
     words.extend(r.flags.iter().cloned());
     words
@@ -146,7 +150,9 @@ fn engine_words(header: &Header, r: &TrialRecord) -> Vec<String> {
     let all: Vec<&String> = header.fixed.iter().chain(&r.flags).collect();
     let mut i = 0;
     while i < all.len() {
+        let synthetic = crate::synthetic::FLAGS.contains(&all[i].as_str());
         match TRACE_FLAGS.iter().find(|(f, _)| f == all[i]) {
+            _ if synthetic => i += 2,
             Some((_, takes)) => i += if *takes { 2 } else { 1 },
             None => {
                 out.push(all[i].clone());
@@ -372,7 +378,11 @@ impl Report {
         let mut table = format!(
             "Plan over {}: {} candidates, {} trials on the whole trace ({} failed){}, objective \
              {}, SLO {}{}\n",
-            header.trace,
+            if header.trace.is_empty() {
+                "synthetic load"
+            } else {
+                &header.trace
+            },
             header.candidates,
             full.len(),
             failed,

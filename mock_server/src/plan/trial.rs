@@ -67,10 +67,15 @@ impl TraceCache {
     fn get(&self, args: &ReplayArgs, prefix: Option<usize>) -> Result<Arc<Loaded>, String> {
         let t = &args.trace;
         let key = (
-            t.path.clone(),
+            t.file().to_path_buf(),
             t.arrival_speedup_ratio.to_bits(),
             t.block_size,
-            format!("{:?}{}{prefix:?}", t.format, t.allow_long_schedule),
+            format!(
+                "{:?}{}{prefix:?}{}",
+                t.format,
+                t.allow_long_schedule,
+                super::args::input_key(args)
+            ),
         );
         if let Some(hit) = self.loaded.lock().ok().and_then(|m| m.get(&key).cloned()) {
             return Ok(hit);
@@ -80,10 +85,18 @@ impl TraceCache {
             trace_block_size: t.block_size,
             arrival_speedup_ratio: t.arrival_speedup_ratio,
         };
-        let loaded = match trace::detect_format(&t.path, t.format).map_err(|e| e.to_string())? {
+        let synthetic = super::args::synthetic_trace(args, prefix)?;
+        let format = match &synthetic {
+            Some(_) => TraceFormat::Mooncake,
+            None => trace::detect_format(t.file(), t.format).map_err(|e| e.to_string())?,
+        };
+        let loaded = match format {
             TraceFormat::Mooncake => {
-                let mut trace =
-                    trace::load_with_bound(&t.path, &options, bound).map_err(|e| e.to_string())?;
+                let mut trace = match synthetic {
+                    Some(trace) => trace,
+                    None => trace::load_with_bound(t.file(), &options, bound)
+                        .map_err(|e| e.to_string())?,
+                };
                 if let Some(k) = prefix {
                     trace.sessions.truncate(k);
                 }
@@ -94,10 +107,10 @@ impl TraceCache {
                     return Err("halving needs a Mooncake trace (prefixes of sessions)".into());
                 }
                 let graph =
-                    trace::load_graph(&t.path, format, t.block_size).map_err(|e| e.to_string())?;
+                    trace::load_graph(t.file(), format, t.block_size).map_err(|e| e.to_string())?;
                 graph
                     .check_schedule(
-                        &t.path.display().to_string(),
+                        &t.file().display().to_string(),
                         t.arrival_speedup_ratio,
                         bound,
                     )
@@ -161,7 +174,7 @@ fn once(
         Loaded::Sessions(trace) => {
             let config = ReplayConfig {
                 cluster,
-                trace_block_size: args.trace.block_size,
+                trace_block_size: super::args::trace_block_size(args),
             };
             replay(trace, &config, |_, _| {})
         }
@@ -185,7 +198,16 @@ fn once(
             report.rejected_requests, report.num_requests
         ));
     }
-    let good: Vec<_> = outcome.records.iter().filter(|r| slo.met(r)).collect();
+    // An agentic trace's requests meet a trajectory bound through their plays.
+    let trajectories = outcome
+        .agentic
+        .as_ref()
+        .map(|a| a.trajectory_e2e_by_request());
+    let good: Vec<_> = outcome
+        .records
+        .iter()
+        .filter(|r| slo.met_in(r, trajectories.as_ref()))
+        .collect();
     let good_tokens: u64 = good.iter().map(|r| r.output_length).sum();
     let duration_s = report.duration_ms / 1000.0;
     let goodput = if duration_s > 0.0 {

@@ -2,6 +2,8 @@
 //! ledger, shards merged into the unsharded report's bytes, the printed replay command
 //! reproducing the ledger's figures, and every bad input named.
 
+mod inputs;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
