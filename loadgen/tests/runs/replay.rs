@@ -779,3 +779,58 @@ async fn conversation_engine_times_live_within_10_percent_of_offline() -> Result
     engine_means(&run, &offline.records);
     Ok(())
 }
+
+/// `--slo` on an agentic trace live: goodput counts each request through its play (a
+/// `trajectory_e2e` bound below the longer play's makespan keeps only the other's request), and a
+/// plain Mooncake trace, which has no plays, refuses the bound naming `--slo`; without a TRACE,
+/// loadgen replay says where synthetic load is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slo_goodput_counts_trajectories_live() -> Result<()> {
+    let trace = fixture("agentic/worked_example.jsonl");
+    let base = [
+        trace.as_str(),
+        "--arrival-speedup-ratio",
+        "10",
+        "--num-workers",
+        "1",
+        "--quiet",
+    ];
+    let mut flags = base.to_vec();
+    flags.extend(["--slo", "ttft=600s"]);
+    let run = within(60, loadgen::replay::replay(&args(&flags))).await??;
+    assert_eq!(run.json["goodput"]["good_requests"], 5);
+    assert_eq!(run.json["goodput"]["share"], 1.0);
+    // Play p0 waits for a floor of 1000 ms / 10, so it takes at least 100 ms; p1 is one short
+    // request. A 95 ms bound keeps only p1's request.
+    let agentic = run.agentic.as_ref().expect("agentic");
+    let makespan = |id: &str| {
+        let p = agentic
+            .plays
+            .iter()
+            .find(|p| p.play_id == id)
+            .expect("play");
+        (p.makespan_ms, p.requests)
+    };
+    assert!(makespan("p0").0 >= 100.0 && makespan("p1").1 == 1);
+    let mut flags = base.to_vec();
+    flags.extend(["--slo", "ttft=600s,trajectory_e2e=95ms"]);
+    let run = within(60, loadgen::replay::replay(&args(&flags))).await??;
+    assert_eq!(run.json["goodput"]["good_requests"], 1);
+    assert_eq!(run.json["goodput"]["total_requests"], 5);
+    assert_eq!(run.json["goodput"]["share"], 0.2);
+    assert_eq!(run.json["slo"]["trajectory_e2e_ms"], 95.0);
+    let small = fixture("trace_small.jsonl");
+    let a: ReplayArgs = args(&[&small, "--slo", "trajectory_e2e=60s", "--quiet"]);
+    let e = loadgen::replay::replay(&a).await.expect_err("refused");
+    assert!(
+        e.to_string().contains(
+            "--slo: trajectory_e2e bounds the plays (trajectories) of an agentic trace, and the \
+             plain Mooncake trace"
+        ),
+        "{e}"
+    );
+    let a: ReplayArgs = args(&["--quiet"]);
+    let e = loadgen::replay::replay(&a).await.expect_err("refused");
+    assert!(e.to_string().contains("give the TRACE to replay"), "{e}");
+    Ok(())
+}
