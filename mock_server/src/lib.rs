@@ -88,9 +88,11 @@ pub enum Command {
     /// N simulated vLLM-like workers in one process, each its own endpoint (HTTP, metrics, KV
     /// events), for routers in front of them; a judge scores every routing decision.
     Fleet(Box<cmd::fleet::FleetArgs>),
-    /// Replay a Mooncake trace on a virtual clock and report Dynamo-compatible metrics.
+    /// Replay a trace (Mooncake or agentic), or synthetic load (--request-rate ...), on a
+    /// virtual clock and report Dynamo-compatible metrics.
     Replay(Box<cmd::replay::ReplayArgs>),
-    /// Search engine and fleet configurations for the one that serves a trace within SLOs for
+    /// Search engine and fleet configurations for the one that serves a trace (or synthetic
+    /// load) within SLOs for
     /// the fewest GPUs (replays on every core); `mockserve plan merge` joins shard ledgers.
     Plan(Box<plan::args::PlanArgs>),
     /// Print a shell completion script on stdout, e.g. `mockserve completions bash`.

@@ -116,10 +116,11 @@ pub const FLAGS: &[&str] = &[
 
 impl Args for SyntheticArgs {
     fn augment_args(cmd: Command) -> Command {
-        SyntheticFlags::augment_args(cmd)
+        // The heading ends with these flags: the ones after them go back under "Options".
+        SyntheticFlags::augment_args(cmd).next_help_heading(None::<&'static str>)
     }
     fn augment_args_for_update(cmd: Command) -> Command {
-        SyntheticFlags::augment_args_for_update(cmd)
+        Self::augment_args(cmd)
     }
 }
 

@@ -502,4 +502,56 @@ mod tests {
             }
         }
     }
+
+    /// The engine's generator gives `mockserve replay` and `mockserve plan` the requests bench
+    /// sends for the same flags: the same send offsets and the same lengths.
+    #[test]
+    fn bench_sends_the_requests_the_engine_generator_replays() {
+        use servesim::trace::synthetic::{Lengths, SyntheticLoad};
+        let p = ok(&[
+            "--request-rate",
+            "40",
+            "--num-requests",
+            "30",
+            "--input-tokens",
+            "300",
+            "--input-tokens-stddev",
+            "60",
+            "--output-tokens",
+            "12",
+            "--output-tokens-stddev",
+            "3",
+            "--shared-prefix-tokens",
+            "128",
+            "--num-prefix-groups",
+            "2",
+            "--seed",
+            "5",
+        ]);
+        let load = SyntheticLoad {
+            rate: 40.0,
+            arrival: Arrival::Poisson,
+            burstiness: 1.0,
+            num_requests: Some(30),
+            duration_s: None,
+            lengths: Lengths {
+                input_tokens: 300,
+                input_tokens_stddev: 60.0,
+                output_tokens: 12,
+                output_tokens_stddev: 3.0,
+                shared_prefix_tokens: 128,
+                num_prefix_groups: 2,
+            },
+            seed: 5,
+        };
+        assert_eq!(p.arrival_offsets(), load.offsets().expect("offsets"));
+        let mut distinct = std::collections::BTreeSet::new();
+        for k in 0..30 {
+            let info = crate::bench::schedule::info(&p, None, k);
+            let (unique, output) = load.lengths(k);
+            assert_eq!((info.input_length, info.max_output), (128 + unique, output));
+            distinct.insert(unique);
+        }
+        assert!(distinct.len() > 5, "the lengths vary: {distinct:?}");
+    }
 }
