@@ -214,6 +214,14 @@ impl FromArgMatches for PlanArgs {
         if let Some(slo) = m.get_one::<Slo>("slo") {
             search.slo = *slo;
         }
+        if search.verify && search.slo.trajectory_e2e_ms.is_some() {
+            return Err(clap::Error::raw(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--verify measures the live requests one by one, not their plays: it cannot \
+                 check --slo trajectory_e2e; verify without it, or compare with loadgen replay \
+                 --slo\n",
+            ));
+        }
         let synthetic = SyntheticArgs::from_arg_matches(m)?.is_given();
         if synthetic && search.verify {
             return Err(clap::Error::raw(

@@ -187,6 +187,20 @@ fn a_trajectory_bound_without_trajectories_is_refused_naming_slo() {
     ]));
     assert!(err.contains("and synthetic load has none"), "{err}");
     let err = fails(&mockserve(&[
+        "plan",
+        "fixtures/agentic/worked_example.jsonl",
+        "--space",
+        &space,
+        "--slo",
+        slo,
+        "--verify",
+        "-q",
+    ]));
+    assert!(
+        err.contains("it cannot check --slo trajectory_e2e"),
+        "{err}"
+    );
+    let err = fails(&mockserve(&[
         "replay",
         "fixtures/trace_small.jsonl",
         "--slo",
