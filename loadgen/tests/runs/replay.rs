@@ -793,6 +793,8 @@ async fn slo_goodput_counts_trajectories_live() -> Result<()> {
         "10",
         "--num-workers",
         "1",
+        "--speedup-ratio",
+        "10",
         "--quiet",
     ];
     let mut flags = base.to_vec();
@@ -801,7 +803,8 @@ async fn slo_goodput_counts_trajectories_live() -> Result<()> {
     assert_eq!(run.json["goodput"]["good_requests"], 5);
     assert_eq!(run.json["goodput"]["share"], 1.0);
     // Play p0 waits for a floor of 1000 ms / 10, so it takes at least 100 ms; p1 is one short
-    // request. A 95 ms bound keeps only p1's request.
+    // request on an engine ten times faster (about 7 ms of engine time). A 95 ms bound keeps
+    // only p1's request.
     let agentic = run.agentic.as_ref().expect("agentic");
     let makespan = |id: &str| {
         let p = agentic
