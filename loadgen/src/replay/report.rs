@@ -210,6 +210,17 @@ impl Report for ReplayRun {
              (cached_tokens) {:.4}\n",
             self.expected_prefix_reuse_ratio, self.live.report.prefix_cache_reused_ratio
         ));
+        // With --slo: the goodput line bench prints, from the report's `goodput`.
+        if let Some(g) = self.json.get("goodput") {
+            let f = |k: &str| g.get(k).and_then(serde_json::Value::as_f64).unwrap_or(0.0);
+            s.push_str(&format!(
+                "Goodput: {}/{} requests met every SLO ({:.1}%), {:.2} req/s\n",
+                f("good_requests"),
+                f("total_requests"),
+                100.0 * f("share"),
+                f("rate_rps")
+            ));
+        }
         if self.prompt_length_mismatches > 0 {
             s.push_str(&format!(
                 "WARNING: {} prompts did not have the trace's input_length (server \
