@@ -220,7 +220,7 @@ impl Runner<'_> {
                     let (c, prefix) = &todo[i];
                     let mut all = words.clone();
                     all.extend(c.flags.iter().cloned());
-                    let result = trial::run(&all, c.gpus, *prefix, settings, cache);
+                    let result = trial::evaluate(&all, c.gpus, *prefix, settings, cache);
                     let record = TrialRecord::new(c, *prefix, result);
                     if tx.send((i, record)).is_err() {
                         break;
@@ -439,11 +439,10 @@ pub fn search(cmd: &SearchCommand) -> anyhow::Result<()> {
             done.len()
         );
     }
-    let jobs = s.jobs.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let jobs = s.jobs.unwrap_or(cores);
     let slo = s.slo;
     let mut runner = Runner {
         words: base,
@@ -451,6 +450,9 @@ pub fn search(cmd: &SearchCommand) -> anyhow::Result<()> {
             slo: &slo,
             attainment: s.attainment.unwrap_or(DEFAULT_ATTAINMENT),
             speedup_steps: s.speedup_steps,
+            early_stop: !s.no_early_stop,
+            // Trials on every core leave none to a replay's helper threads.
+            one_thread: jobs >= cores,
         },
         cache: trial::TraceCache::default(),
         jobs,
