@@ -38,7 +38,8 @@ pub struct Header {
     pub candidates: usize,
     /// A hash of every candidate's flags.
     pub space_hash: String,
-    /// Trials stop once their SLO is lost (false in ledgers written before early stop).
+    /// Trials stop once their SLO is lost: with `--attainment` or `fewest-gpus`, unless
+    /// `--no-early-stop` (false in ledgers written before early stop).
     #[serde(default)]
     pub early_stop: bool,
     /// `I/N` for a shard.
@@ -78,7 +79,7 @@ impl Header {
             speedup_steps: s.speedup_steps,
             candidates,
             space_hash,
-            early_stop: !s.no_early_stop,
+            early_stop: super::trials_stop(s),
             shard: s.shard.map(|sh| format!("{}/{}", sh.index, sh.count)),
         }
     }

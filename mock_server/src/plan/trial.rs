@@ -225,18 +225,29 @@ pub struct Settings<'a> {
     pub attainment: f64,
     /// Bisection steps of the speed-up search (0: none).
     pub speedup_steps: u32,
-    /// Stop each replay (of a Mooncake trace) once the attainment is out of reach.
-    pub early_stop: bool,
+    /// Which replays (of a Mooncake trace) stop once the attainment is out of reach.
+    pub early_stop: EarlyStop,
     /// Run each replay on its own thread alone (the trials already use every core given).
     pub one_thread: bool,
 }
 
-/// One replay's figures (no speed-up search), or its stop.
+/// Which replays stop once the attainment is out of reach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum EarlyStop {
+    /// None: every replay runs to the end.
+    Off,
+    /// The steps of the speed-up search (they only need a yes or no); trials run in full.
+    Steps,
+    /// Trials too: a trial below the attainment is recorded as stopped, without figures.
+    Trials,
+}
+
+/// One replay's figures (no speed-up search), or its stop when `stop`.
 fn once(
     args: &ReplayArgs,
     gpus: u64,
     prefix: Option<usize>,
-    settings: &Settings,
+    (settings, stop): (&Settings, bool),
     cache: &TraceCache,
 ) -> Result<Outcome, String> {
     let slo = settings.slo;
@@ -249,7 +260,7 @@ fn once(
                 trace_block_size: args.trace.block_size,
             };
             let options = ReplayOptions {
-                stop: settings.early_stop.then_some(StopRule {
+                stop: stop.then_some(StopRule {
                     slo: *slo,
                     attainment: settings.attainment,
                 }),
@@ -329,7 +340,7 @@ fn once(
     }))
 }
 
-/// Runs a candidate in full, whatever `settings.early_stop`: [`evaluate`]'s figures.
+/// Runs a candidate in full (its speed-up steps may stop early): [`evaluate`]'s figures.
 pub fn run(
     words: &[String],
     gpus: u64,
@@ -338,7 +349,7 @@ pub fn run(
     cache: &TraceCache,
 ) -> Result<Figures, String> {
     let full = Settings {
-        early_stop: false,
+        early_stop: settings.early_stop.min(EarlyStop::Steps),
         ..*settings
     };
     match evaluate(words, gpus, prefix, &full, cache)? {
@@ -358,7 +369,9 @@ pub fn evaluate(
     cache: &TraceCache,
 ) -> Result<Outcome, String> {
     let mut args = parse_replay(words)?;
-    let mut figures = match once(&args, gpus, prefix, settings, cache)? {
+    let stop_trial = settings.early_stop == EarlyStop::Trials;
+    let stop_step = settings.early_stop != EarlyStop::Off;
+    let mut figures = match once(&args, gpus, prefix, (settings, stop_trial), cache)? {
         Outcome::Figures(f) => f,
         // A stopped candidate's highest speed-up is not searched: it misses at its own rate.
         stopped @ Outcome::Stopped { .. } => return Ok(stopped),
@@ -369,10 +382,12 @@ pub fn evaluate(
     let base = args.trace.arrival_speedup_ratio;
     let meets = |args: &mut ReplayArgs, ratio: f64| -> Result<bool, String> {
         args.trace.arrival_speedup_ratio = ratio;
-        Ok(match once(args, gpus, None, settings, cache)? {
-            Outcome::Figures(f) => f.slo_attainment >= settings.attainment,
-            Outcome::Stopped { .. } => false,
-        })
+        Ok(
+            match once(args, gpus, None, (settings, stop_step), cache)? {
+                Outcome::Figures(f) => f.slo_attainment >= settings.attainment,
+                Outcome::Stopped { .. } => false,
+            },
+        )
     };
     // Doubling (or halving) from the trace's rate until the verdict flips, then geometric
     // bisection with the steps left.

@@ -218,7 +218,7 @@ pub fn run(
         slo: opts.slo,
         attainment: opts.attainment,
         speedup_steps: 0,
-        early_stop: false,
+        early_stop: trial::EarlyStop::Off,
         one_thread: false,
     };
     let predicted = trial::run(&words, best.gpus, None, &settings, cache)

@@ -101,13 +101,14 @@ fn grid_ranks_every_candidate_and_its_command_reproduces_the_ledger() {
     let ledger = dir.join("l.jsonl").display().to_string();
     let html = dir.join("r.html").display().to_string();
     let mut args = plan_args(&space, &report, &ledger);
-    args.extend(["--html", html.as_str(), "--top", "3"]);
+    args.extend(["--html", html.as_str(), "--top", "3", "--attainment", "0.9"]);
     let table = ok(&mockserve(&args));
     let r = json(Path::new(&report));
     // 3 x 2 x 2 aggregated; 2 x 2 x 2 disaggregated, minus 2+2 over max_gpus = 3.
     assert_eq!(r["counts"]["candidates"], 18);
     assert_eq!(r["counts"]["trials"], 18);
-    // 12 candidates miss the SLOs for more than 10% of the requests: stopped early.
+    // 12 candidates miss the SLOs for more than 10% of the requests: with --attainment, they
+    // stop early.
     assert_eq!(r["counts"]["stopped"], 12);
     assert_eq!(r["counts"]["failed"], 0);
     let all = r["trials"].as_array().expect("trials");
@@ -266,21 +267,13 @@ fn halving_spends_prefixes_and_ends_on_a_grid_figure() {
     let space = write(&dir, "space.toml", SPACE);
     let grid = dir.join("grid.json").display().to_string();
     let grid_ledger = dir.join("grid.jsonl").display().to_string();
-    // On 20 requests, a prefix of 1 to 7 sessions tells little of the whole trace: the
-    // survivor misses the SLOs, so both runs keep every trial's figures.
     let mut args = plan_args(&space, &grid, &grid_ledger);
-    args.extend(["--speedup-steps", "0", "--no-early-stop"]);
+    args.extend(["--speedup-steps", "0"]);
     ok(&mockserve(&args));
     let report = dir.join("h.json").display().to_string();
     let ledger = dir.join("h.jsonl").display().to_string();
     let mut args = plan_args(&space, &report, &ledger);
-    args.extend([
-        "--strategy",
-        "halving",
-        "--speedup-steps",
-        "0",
-        "--no-early-stop",
-    ]);
+    args.extend(["--strategy", "halving", "--speedup-steps", "0"]);
     ok(&mockserve(&args));
     let h = json(Path::new(&report));
     let g = json(Path::new(&grid));
@@ -376,6 +369,13 @@ fn early_stop_stops_only_infeasible_candidates_and_changes_no_figure() {
     }
     assert_eq!(early["counts"]["stopped"], 12);
     assert_eq!(full["counts"]["stopped"], 0);
+    // Without --attainment the ranking ranks every candidate: trials run in full.
+    let report = dir.join("u.json").display().to_string();
+    let ledger = dir.join("u.jsonl").display().to_string();
+    ok(&mockserve(&plan_args(&space, &report, &ledger)));
+    let lines = ledger_lines(&ledger);
+    assert_eq!(lines[0]["plan"]["early_stop"], false);
+    assert!(lines[1..].iter().all(|l| l["status"] == "ok"));
     // A resumed early-stop run does not accept the full run's ledger.
     let report = dir.join("x.json").display().to_string();
     let ledger = dir.join("full.jsonl").display().to_string();
