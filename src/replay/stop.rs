@@ -403,7 +403,7 @@ mod tests {
     /// the step where the bound has passed, and its late token does not count it again.
     #[test]
     fn a_request_waiting_past_the_ttft_bound_misses() {
-        let mut j = Judge::new(rule(100.0, 20.0, 0.5), 4);
+        let mut j = Judge::new(rule(100.0, 20.0, 0.6), 4);
         j.arrival(RequestId(0), ms(0));
         j.arrival(RequestId(1), ms(50));
         j.step_done(ms(100));
