@@ -137,3 +137,58 @@ fn kv_routing_beats_round_robin_on_prefix_reuse() {
         rr.report.prefix_cache_reused_ratio
     );
 }
+
+/// A replay with a stop rule stops exactly when its full run misses the attainment: a run that
+/// goes to the end has the full run's report, byte for byte (on one thread or two), and a
+/// stopped one's bound on its attainment holds and is below the target.
+#[test]
+fn a_replay_stops_exactly_when_its_slo_is_lost() {
+    use servesim::replay::{replay_with, Ended, ReplayOptions, StopRule};
+    use servesim::slo::Slo;
+    let (mut stopped, mut complete) = (0, 0);
+    for speedup in [1.0, 4.0, 16.0] {
+        let options = TraceOptions {
+            arrival_speedup_ratio: speedup,
+            ..TraceOptions::default()
+        };
+        let trace = trace::load(&fixture("trace_small.jsonl"), &options).unwrap();
+        for (workers, mode) in [(1, RouterMode::RoundRobin), (2, RouterMode::KvRouter)] {
+            let c = config(workers, mode);
+            let full = replay(&trace, &c, |_, _| {}).unwrap();
+            let text = |o: &servesim::replay::ReplayOutcome| {
+                serde_json::to_string(&o.report).unwrap() + &format!("{:?}", o.records)
+            };
+            for slo in ["ttft=100ms,tpot=20ms", "ttft=400ms", "e2e=1s", "tpot=15ms"] {
+                let slo: Slo = slo.parse().unwrap();
+                let good = full.records.iter().filter(|r| slo.met(r)).count();
+                let share = good as f64 / full.records.len() as f64;
+                for attainment in [0.5, 0.8, 0.95] {
+                    let stop = Some(StopRule { slo, attainment });
+                    for one_thread in [false, true] {
+                        let opts = ReplayOptions { stop, one_thread };
+                        let at = format!("x{speedup} {workers} {mode} {slo:?} {attainment}");
+                        match replay_with(&trace, &c, &opts).unwrap() {
+                            Ended::Complete(o) => {
+                                assert!(share >= attainment, "{at}: ran on at {share}");
+                                assert_eq!(text(&o), text(&full), "{at}");
+                                complete += 1;
+                            }
+                            Ended::Stopped(s) => {
+                                assert!(share < attainment, "{at}: stopped at {share}");
+                                let most = s.attainment_at_most();
+                                assert!(share <= most && most < attainment, "{at}: {s:?}");
+                                assert!(s.line >= 1 && s.line <= 20, "{at}: {s:?}");
+                                assert!(s.nth <= s.missed, "{at}: {s:?}");
+                                stopped += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        stopped > 10 && complete > 10,
+        "{stopped} stopped, {complete} ran on"
+    );
+}

@@ -36,12 +36,17 @@ pub(crate) trait Arrivals {
 
     /// The loop finished a step (work for the time between steps goes here).
     fn step_done(&mut self) {}
+
+    /// True when the replay is to stop here, before its end (its SLO is lost).
+    fn stopped(&self) -> bool {
+        false
+    }
 }
 
 /// Drives `cluster` and `arrivals` to the end: until nothing is due and no timer is set.
 /// `progress` is called with (ended, `total`) requests every 64 ended and at the end. Returns
 /// the last instant; a run that stops with requests still in the cluster is a
-/// [`ReplayError::DeadEnd`].
+/// [`ReplayError::DeadEnd`], unless the arrivals asked it to stop ([`Arrivals::stopped`]).
 pub(crate) fn drive(
     cluster: &mut Cluster,
     arrivals: &mut impl Arrivals,
@@ -72,6 +77,10 @@ pub(crate) fn drive(
         observer.outputs(cluster, &outputs, now);
         arrivals.take(&mut outputs);
         arrivals.step_done();
+        if arrivals.stopped() {
+            // Requests are still in flight: the caller knows the run was cut.
+            return Ok(now);
+        }
         let ended = arrivals.ended();
         if ended >= last_progress + 64 {
             last_progress = ended;

@@ -29,6 +29,7 @@ mod drive;
 mod graph;
 mod prepare;
 mod readiness;
+mod stop;
 mod trajectory;
 
 use drive::{drive, Arrivals};
@@ -38,6 +39,8 @@ pub use graph::{
 };
 use prepare::{Post, Prepared};
 pub use readiness::{Readiness, Settled};
+use stop::Judge;
+pub use stop::{Miss, StopRule, Stopped};
 pub use trajectory::TrajectoryFigures;
 
 /// Why a replay could not run to the end.
@@ -145,6 +148,10 @@ struct Ledger<'a> {
     arrivals: TurnQueue,
     rejections: Vec<ReplayRejection>,
     done: usize,
+    /// Watches the requests against a stop rule ([`ReplayOptions::stop`]).
+    judge: Option<Judge>,
+    /// The instant of the step under way.
+    now: SimTime,
 }
 
 /// What the metrics collector is told, in order: only what it reads, 24 bytes a note (tokens
@@ -405,6 +412,7 @@ impl Arrivals for Ledger<'_> {
     /// Submits the turns due by `now`, each built ahead where it could be, building the next
     /// ones while the cluster waits for a routing decision.
     fn release(&mut self, now: SimTime, cluster: &mut Cluster, observer: &mut dyn ReplayObserver) {
+        self.now = now;
         while let Some((ready, origin)) = self.arrivals.pop_due(now) {
             let session = &self.trace.sessions[origin.session];
             let turn = &session.turns[origin.turn];
@@ -431,6 +439,12 @@ impl Arrivals for Ledger<'_> {
                 session: session.id.clone(),
                 turn: origin.turn,
             })));
+            if let Some(judge) = &mut self.judge {
+                judge.arrival(id, ready);
+                if submitted.is_err() {
+                    judge.rejected(id);
+                }
+            }
             if let Err(rejection) = submitted {
                 self.collector.note(Note::Rejected { id, time: now });
                 self.reject(id, now, rejection.reason);
@@ -440,6 +454,9 @@ impl Arrivals for Ledger<'_> {
 
     fn take(&mut self, outputs: &mut Vec<Output>) {
         for out in outputs.drain(..) {
+            if let Some(judge) = &mut self.judge {
+                judge.output(&out);
+            }
             match out {
                 Output::Finished { id, time } => self.end(id, time),
                 Output::Rejected { id, time, reason } => self.reject(id, time, reason),
@@ -458,6 +475,13 @@ impl Arrivals for Ledger<'_> {
     /// Hands the turns asked for in this step to the thread that builds them ahead.
     fn step_done(&mut self) {
         self.prepared.flush();
+        if let Some(judge) = &mut self.judge {
+            judge.step_done(self.now);
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.judge.as_ref().is_some_and(Judge::lost)
     }
 }
 
@@ -511,13 +535,58 @@ pub fn replay_observed(
     progress: impl FnMut(usize, usize),
     observer: &mut dyn ReplayObserver,
 ) -> Result<ReplayOutcome, ReplayError> {
+    match run_sessions(trace, config, &ReplayOptions::default(), progress, observer)? {
+        Ended::Complete(outcome) => Ok(*outcome),
+        // No stop rule, no stop.
+        Ended::Stopped(s) => unreachable!("a replay without a stop rule stopped: {s:?}"),
+    }
+}
+
+/// How [`replay_with`] runs, beyond the cluster's settings.
+#[derive(Clone, Debug, Default)]
+pub struct ReplayOptions {
+    /// Stop once the SLO is lost (see [`StopRule`]); None runs to the end.
+    pub stop: Option<StopRule>,
+    /// Run on this thread alone, as where only one core is available (a caller that runs
+    /// replays on every core already has no core to give one replay's helper threads). The
+    /// results are the same either way.
+    pub one_thread: bool,
+}
+
+/// How a replay with a stop rule ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// It ran to the end.
+    Complete(Box<ReplayOutcome>),
+    /// It stopped once its SLO was lost: its partial run has no figures.
+    Stopped(Stopped),
+}
+
+/// [`replay`] with options: a stop rule, one thread.
+pub fn replay_with(
+    trace: &Trace,
+    config: &ReplayConfig,
+    options: &ReplayOptions,
+) -> Result<Ended, ReplayError> {
+    run_sessions(trace, config, options, |_, _| {}, &mut ())
+}
+
+/// The Mooncake replay.
+fn run_sessions(
+    trace: &Trace,
+    config: &ReplayConfig,
+    options: &ReplayOptions,
+    progress: impl FnMut(usize, usize),
+    observer: &mut dyn ReplayObserver,
+) -> Result<Ended, ReplayError> {
     let mut cluster = Cluster::new(config.cluster.clone())?;
     // With a second core, the KV router's bookkeeping runs beside the workers on a second
     // thread, and the metrics collector in that thread's idle time (a third busy thread would
     // take turns with the other two on two cores); where the router keeps no bookkeeping, the
     // collector has the second thread. On one core either would only add its jobs and waits.
     // Results are those of a single thread, which is also what stays if no thread can start.
-    let second_core = std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
+    let second_core =
+        !options.one_thread && std::thread::available_parallelism().is_ok_and(|n| n.get() > 1);
     let router_moved = second_core && cluster.offload_router().unwrap_or(false);
     observer.start(&mut cluster);
     let block_size = cluster.block_size();
@@ -552,6 +621,8 @@ pub fn replay_observed(
         arrivals: TurnQueue::default(),
         rejections: Vec::new(),
         done: 0,
+        judge: options.stop.map(|rule| Judge::new(rule, total)),
+        now: SimTime::ZERO,
     };
     for (s, session) in trace.sessions.iter().enumerate() {
         if !session.turns.is_empty() {
@@ -564,18 +635,35 @@ pub fn replay_observed(
             );
         }
     }
-    drive(&mut cluster, &mut ledger, observer, total, progress)?;
+    let end = drive(&mut cluster, &mut ledger, observer, total, progress)?;
+    if let Some(judge) = ledger.judge.as_ref() {
+        if let Some((id, miss, nth)) = judge.lost_by() {
+            let o = ledger.origins[id.0 as usize];
+            let session = &trace.sessions[o.session];
+            return Ok(Ended::Stopped(Stopped {
+                time: end,
+                requests: total,
+                missed: judge.missed(),
+                ended: ledger.done,
+                nth,
+                line: session.turns[o.turn].line,
+                session: session.id.clone(),
+                turn: o.turn,
+                miss,
+            }));
+        }
+    }
     let stats = cluster.snapshot();
     let (mut report, records) = ledger.collector.into_inner().finish(Duration::ZERO);
     add_topology_figures(&mut report, &stats, config);
     let mut rejections = ledger.rejections;
     rejections.sort_by_key(|r| r.id);
-    Ok(ReplayOutcome {
+    Ok(Ended::Complete(Box::new(ReplayOutcome {
         report,
         records,
         rejections,
         agentic: None,
-    })
+    })))
 }
 
 /// Sets the report's wall-clock figures from the host time the run took: `wall_time_ms` and

@@ -60,6 +60,13 @@ pub struct SearchArgs {
     #[arg(long, value_name = "N")]
     pub max_trials: Option<usize>,
 
+    /// Run every replay to the end, even once its SLO is lost. By default a step of the
+    /// speed-up search, and with --attainment or fewest-gpus a trial, stops as soon as more
+    /// requests have missed the SLOs than the attainment allows (a stopped trial is recorded
+    /// without figures).
+    #[arg(long)]
+    pub no_early_stop: bool,
+
     /// Parallel trials [default: the cores available].
     #[arg(long, short = 'j', value_name = "N")]
     pub jobs: Option<usize>,

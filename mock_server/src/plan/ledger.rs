@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::args::SearchArgs;
 use super::space::Candidate;
-use super::trial::Figures;
+use super::trial::{Figures, Outcome, StopNote};
 use super::PlanError;
 
 /// What a ledger's trials answer: the trace, the fixed flags, the space and the settings.
@@ -38,6 +38,10 @@ pub struct Header {
     pub candidates: usize,
     /// A hash of every candidate's flags.
     pub space_hash: String,
+    /// Trials stop once their SLO is lost: with `--attainment` or `fewest-gpus`, unless
+    /// `--no-early-stop` (false in ledgers written before early stop).
+    #[serde(default)]
+    pub early_stop: bool,
     /// `I/N` for a shard.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shard: Option<String>,
@@ -76,6 +80,7 @@ impl Header {
             speedup_steps: s.speedup_steps,
             candidates,
             space_hash,
+            early_stop: super::trials_stop(s),
             shard: s.shard.map(|sh| format!("{}/{}", sh.index, sh.count)),
         }
     }
@@ -129,22 +134,26 @@ pub struct TrialRecord {
     pub gpus: u64,
     /// Sessions of the trace prefix replayed (halving's early rounds); None: the whole trace.
     pub prefix_sessions: Option<usize>,
-    /// `ok` or `failed`.
+    /// `ok`, `stopped` (its SLO was lost: infeasible, no figures) or `failed`.
     pub status: String,
-    /// Why it failed.
+    /// Why it stopped or failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    /// Its figures, when it ran.
+    /// Its figures, when it ran to the end.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub figures: Option<Figures>,
+    /// Where it stopped, when its SLO was lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<StopNote>,
 }
 
 impl TrialRecord {
     /// A trial's record.
-    pub fn new(c: &Candidate, prefix: Option<usize>, result: Result<Figures, String>) -> Self {
-        let (status, reason, figures) = match result {
-            Ok(f) => ("ok", None, Some(f)),
-            Err(e) => ("failed", Some(e), None),
+    pub fn new(c: &Candidate, prefix: Option<usize>, result: Result<Outcome, String>) -> Self {
+        let (status, reason, figures, stopped) = match result {
+            Ok(Outcome::Figures(f)) => ("ok", None, Some(f), None),
+            Ok(Outcome::Stopped { note, reason }) => ("stopped", Some(reason), None, Some(note)),
+            Err(e) => ("failed", Some(e), None, None),
         };
         TrialRecord {
             index: c.index,
@@ -157,6 +166,7 @@ impl TrialRecord {
             status: status.into(),
             reason,
             figures,
+            stopped,
         }
     }
 }

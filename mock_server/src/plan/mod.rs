@@ -220,7 +220,7 @@ impl Runner<'_> {
                     let (c, prefix) = &todo[i];
                     let mut all = words.clone();
                     all.extend(c.flags.iter().cloned());
-                    let result = trial::run(&all, c.gpus, *prefix, settings, cache);
+                    let result = trial::evaluate(&all, c.gpus, *prefix, settings, cache);
                     let record = TrialRecord::new(c, *prefix, result);
                     if tx.send((i, record)).is_err() {
                         break;
@@ -446,11 +446,10 @@ pub fn search(cmd: &SearchCommand) -> anyhow::Result<()> {
             done.len()
         );
     }
-    let jobs = s.jobs.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let jobs = s.jobs.unwrap_or(cores);
     let slo = s.slo;
     let mut runner = Runner {
         words: base,
@@ -458,6 +457,15 @@ pub fn search(cmd: &SearchCommand) -> anyhow::Result<()> {
             slo: &slo,
             attainment: s.attainment.unwrap_or(DEFAULT_ATTAINMENT),
             speedup_steps: s.speedup_steps,
+            early_stop: if s.no_early_stop {
+                trial::EarlyStop::Off
+            } else if trials_stop(s) {
+                trial::EarlyStop::Trials
+            } else {
+                trial::EarlyStop::Steps
+            },
+            // Trials on every core leave none to a replay's helper threads.
+            one_thread: jobs >= cores,
         },
         cache: trial::TraceCache::default(),
         jobs,
@@ -516,6 +524,14 @@ pub fn search(cmd: &SearchCommand) -> anyhow::Result<()> {
             Err(e)
         }
     }
+}
+
+/// True when trials stop once their SLO is lost: the ranking keeps only the candidates that
+/// meet the SLOs at the attainment (`--attainment`, or `fewest-gpus`), so a candidate below it
+/// needs no figures; `--no-early-stop` runs them in full. Without either, the ranking ranks
+/// every candidate by its figures, and only the speed-up search's steps stop early.
+pub(crate) fn trials_stop(s: &args::SearchArgs) -> bool {
+    !s.no_early_stop && (s.attainment.is_some() || s.objective == Objective::FewestGpus)
 }
 
 /// The seed: the replay's `--seed` (the router's tie-breaks), which also seeds the draws.

@@ -34,9 +34,11 @@ fn objective(header: &Header) -> Objective {
     header.objective.parse().unwrap_or(Objective::GoodputPerGpu)
 }
 
-/// True when the ranking keeps only candidates meeting the SLOs at the attainment.
+/// True when the ranking keeps only candidates meeting the SLOs at the attainment: with
+/// `--attainment`, for `fewest-gpus`, and with early stop (a candidate below the attainment
+/// stops, without figures to rank).
 fn gated(header: &Header) -> bool {
-    header.attainment.is_some() || objective(header) == Objective::FewestGpus
+    header.attainment.is_some() || objective(header) == Objective::FewestGpus || header.early_stop
 }
 
 fn attainment(header: &Header) -> f64 {
@@ -61,9 +63,10 @@ fn front(figs: &[(usize, &Figures)]) -> Vec<usize> {
     out
 }
 
-/// Positions in `records`, best first: trials that ran before failed ones, those meeting the
-/// SLOs first when the objective needs it, then by the objective; the candidate's index breaks
-/// ties.
+/// Positions in `records`, best first: trials that ran to the end, those meeting the SLOs
+/// first when the objective needs it, then by the objective; then trials stopped once their SLO
+/// was lost, those that held longest (most requests ended) first; then failed ones. The
+/// candidate's index breaks ties.
 pub fn order(header: &Header, records: &[TrialRecord]) -> Vec<usize> {
     let q = attainment(header);
     let gate = gated(header);
@@ -87,7 +90,10 @@ pub fn order(header: &Header, records: &[TrialRecord]) -> Vec<usize> {
             (Some(fa), Some(fb)) => (fa, fb),
             (Some(_), None) => return Ordering::Less,
             (None, Some(_)) => return Ordering::Greater,
-            (None, None) => return a.index.cmp(&b.index),
+            (None, None) => {
+                let held = |r: &TrialRecord| r.stopped.as_ref().map(|s| s.ended_requests);
+                return held(b).cmp(&held(a)).then(a.index.cmp(&b.index));
+            }
         };
         let meets = |f: &Figures| !gate || f.slo_attainment >= q;
         meets(fb)
@@ -275,6 +281,11 @@ fn entry(header: &Header, r: &TrialRecord) -> Map<String, Value> {
     if let Some(reason) = &r.reason {
         m.insert("reason".into(), reason.clone().into());
     }
+    if let Some(stop) = &r.stopped {
+        if let Ok(v) = serde_json::to_value(stop) {
+            m.insert("stopped".into(), v);
+        }
+    }
     if let Some(f) = &r.figures {
         if let Ok(Value::Object(fig)) = serde_json::to_value(f) {
             for (k, v) in fig {
@@ -292,6 +303,16 @@ fn entry(header: &Header, r: &TrialRecord) -> Map<String, Value> {
     words.extend(replay_words(header, r));
     m.insert("command".into(), join(&words).into());
     m
+}
+
+/// The bounds as `--slo` reads them.
+fn slo_text(header: &Header) -> String {
+    header
+        .slo
+        .iter()
+        .map(|(k, v)| format!("{}={v}ms", k.trim_end_matches("_ms")))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn num(v: Option<f64>, digits: usize) -> String {
@@ -350,7 +371,11 @@ impl Report {
             m.extend(deployment(header, &full[i]));
             Value::Object(m)
         };
-        let failed = full.iter().filter(|r| r.figures.is_none()).count();
+        let stopped = full.iter().filter(|r| r.stopped.is_some()).count();
+        let failed = full
+            .iter()
+            .filter(|r| r.figures.is_none() && r.stopped.is_none())
+            .count();
         let mut plan = serde_json::to_value(header).unwrap_or(Value::Null);
         if let Value::Object(p) = &mut plan {
             p.remove("shard");
@@ -361,6 +386,7 @@ impl Report {
                 "candidates": header.candidates,
                 "trials": full.len(),
                 "failed": failed,
+                "stopped": stopped,
                 "ranked": ranked.len(),
                 "prefix_trials": prefix_trials,
             },
@@ -376,8 +402,8 @@ impl Report {
             "trials": full.iter().map(|r| Value::Object(entry(header, r))).collect::<Vec<_>>(),
         });
         let mut table = format!(
-            "Plan over {}: {} candidates, {} trials on the whole trace ({} failed){}, objective \
-             {}, SLO {}{}\n",
+            "Plan over {}: {} candidates, {} trials on the whole trace ({} failed, {} stopped once \
+             their SLO was lost){}, objective {}, SLO {}{}\n",
             if header.trace.is_empty() {
                 "synthetic load"
             } else {
@@ -386,6 +412,7 @@ impl Report {
             header.candidates,
             full.len(),
             failed,
+            stopped,
             if prefix_trials > 0 {
                 format!(", {prefix_trials} on prefixes")
             } else {
@@ -449,11 +476,43 @@ impl Report {
                     .collect();
                 table.push_str(&format!("Best (vLLM): {}\n", args.join(" ")));
             }
-        } else if full.iter().all(|r| r.figures.is_none()) {
+        } else if full
+            .iter()
+            .all(|r| r.figures.is_none() && r.stopped.is_none())
+        {
             failure = Some(match full.first().and_then(|r| r.reason.clone()) {
                 Some(reason) => format!("every trial failed; the first: {reason}"),
                 None => "no trial ran".into(),
             });
+        } else if full.iter().all(|r| r.figures.is_none()) {
+            // Every trial that ran stopped: none has an attainment, only a bound on it.
+            let closest = order(header, &full)
+                .into_iter()
+                .find(|&i| full[i].stopped.is_some());
+            let closest = closest.map_or_else(String::new, |i| {
+                let r = &full[i];
+                let (at_most, ended, requests) = r.stopped.as_ref().map_or((0.0, 0, 0), |s| {
+                    (s.attainment_at_most, s.ended_requests, s.num_requests)
+                });
+                format!(
+                    "; every trial stopped once its SLO was lost. The one that held longest \
+                     ({ended} of {requests} requests ended; {} GPUs, {}) meets them for at most \
+                     {:.2}% of requests: an upper bound, not its attainment (--no-early-stop \
+                     measures it in full): {}",
+                    r.gpus,
+                    knobs_text(r),
+                    at_most * 100.0,
+                    entry(header, r)
+                        .get("command")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                )
+            });
+            failure = Some(format!(
+                "no candidate meets --slo {} for {:.0}% of requests (--attainment){closest}",
+                slo_text(header),
+                q * 100.0
+            ));
         } else {
             let closest = order(
                 &Header {
@@ -486,12 +545,7 @@ impl Report {
             });
             failure = Some(format!(
                 "no candidate meets --slo {} for {:.0}% of requests (--attainment){closest}",
-                header
-                    .slo
-                    .iter()
-                    .map(|(k, v)| format!("{}={v}ms", k.trim_end_matches("_ms")))
-                    .collect::<Vec<_>>()
-                    .join(","),
+                slo_text(header),
                 q * 100.0
             ));
         }

@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use clap::Parser;
 use serde::{Deserialize, Serialize};
-use servesim::replay::{replay, replay_graph, GraphReplay, ReplayConfig};
+use servesim::replay::{
+    replay_graph, replay_with, Ended, GraphReplay, ReplayConfig, ReplayOptions, StopRule, Stopped,
+};
 use servesim::slo::Slo;
 use servesim::trace::{self, RequestGraph, Trace, TraceFormat, TraceOptions};
 
@@ -45,6 +47,83 @@ pub struct Figures {
     pub max_speedup: Option<f64>,
     /// The replay report's latency statistics (`p90_ttft_ms`, ...).
     pub report: BTreeMap<String, f64>,
+}
+
+/// Where and why a trial stopped once its SLO was lost: it has no figures.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StopNote {
+    /// The simulated instant of the stop (ms).
+    pub at_ms: f64,
+    /// Requests in the trace (or its prefix).
+    pub num_requests: u64,
+    /// Requests ended (finished or rejected) by then.
+    pub ended_requests: u64,
+    /// Requests known to miss the SLOs by then.
+    pub missed_requests: u64,
+    /// The 1-based trace line of the request whose miss lost the SLO.
+    pub line: usize,
+    /// The highest share of requests the whole run could have had meeting the SLOs: all but
+    /// those that had missed (below the attainment).
+    pub attainment_at_most: f64,
+}
+
+/// How a trial ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// It ran to the end.
+    Figures(Figures),
+    /// It stopped once its SLO was lost (`reason` says where and why).
+    Stopped {
+        /// The figures of the stop.
+        note: StopNote,
+        /// The reason, in words.
+        reason: String,
+    },
+}
+
+/// The stop of a replay, in the ledger's words.
+fn stop_outcome(s: &Stopped, attainment: f64) -> Outcome {
+    let at_most = s.attainment_at_most();
+    let reason = format!(
+        "SLO lost at {:.3} s (simulated), {} of {} requests ended: the request of trace line {} \
+         (session {}, turn {}) was the {} to miss the SLOs ({}); with {} missed by then, at most \
+         {:.2}% of requests can meet them, below the attainment {}%. Stopped early \
+         (--no-early-stop runs it in full)",
+        s.time.as_millis_f64() / 1000.0,
+        s.ended,
+        s.requests,
+        s.line,
+        s.session,
+        s.turn,
+        ordinal(s.nth),
+        s.miss,
+        s.missed,
+        at_most * 100.0,
+        attainment * 100.0,
+    );
+    Outcome::Stopped {
+        note: StopNote {
+            at_ms: s.time.as_millis_f64(),
+            num_requests: s.requests as u64,
+            ended_requests: s.ended as u64,
+            missed_requests: s.missed as u64,
+            line: s.line,
+            attainment_at_most: at_most,
+        },
+        reason,
+    }
+}
+
+/// 1st, 2nd, 3rd, 4th, 11th, 21st, ...
+fn ordinal(n: usize) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
 }
 
 /// A trace loaded once per (arrival speed-up, prefix) and shared by the trials.
@@ -151,6 +230,7 @@ pub fn parse_replay(words: &[String]) -> Result<ReplayArgs, String> {
 }
 
 /// What one trial measures.
+#[derive(Clone, Copy)]
 pub struct Settings<'a> {
     /// The bounds.
     pub slo: &'a Slo,
@@ -158,16 +238,32 @@ pub struct Settings<'a> {
     pub attainment: f64,
     /// Bisection steps of the speed-up search (0: none).
     pub speedup_steps: u32,
+    /// Which replays (of a Mooncake trace) stop once the attainment is out of reach.
+    pub early_stop: EarlyStop,
+    /// Run each replay on its own thread alone (the trials already use every core given).
+    pub one_thread: bool,
 }
 
-/// One replay's figures (no speed-up search).
+/// Which replays stop once the attainment is out of reach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum EarlyStop {
+    /// None: every replay runs to the end.
+    Off,
+    /// The steps of the speed-up search (they only need a yes or no); trials run in full.
+    Steps,
+    /// Trials too: a trial below the attainment is recorded as stopped, without figures.
+    Trials,
+}
+
+/// One replay's figures (no speed-up search), or its stop when `stop`.
 fn once(
     args: &ReplayArgs,
     gpus: u64,
     prefix: Option<usize>,
-    slo: &Slo,
+    (settings, stop): (&Settings, bool),
     cache: &TraceCache,
-) -> Result<Figures, String> {
+) -> Result<Outcome, String> {
+    let slo = settings.slo;
     let cluster = args.engine.cluster_config().map_err(|e| e.to_string())?;
     let loaded = cache.get(args, prefix)?;
     let outcome = match &*loaded {
@@ -176,7 +272,18 @@ fn once(
                 cluster,
                 trace_block_size: super::args::trace_block_size(args),
             };
-            replay(trace, &config, |_, _| {})
+            let options = ReplayOptions {
+                stop: stop.then_some(StopRule {
+                    slo: *slo,
+                    attainment: settings.attainment,
+                }),
+                one_thread: settings.one_thread,
+            };
+            match replay_with(trace, &config, &options) {
+                Ok(Ended::Complete(outcome)) => Ok(*outcome),
+                Ok(Ended::Stopped(s)) => return Ok(stop_outcome(&s, settings.attainment)),
+                Err(e) => Err(e),
+            }
         }
         Loaded::Graph(graph) => {
             let config = ReplayConfig {
@@ -231,7 +338,7 @@ fn once(
             .unwrap_or(0.0)
     };
     let mean_tpot = num("mean_tpot_ms");
-    Ok(Figures {
+    Ok(Outcome::Figures(Figures {
         goodput_tok_s: goodput,
         goodput_per_gpu_tok_s: goodput / gpus.max(1) as f64,
         slo_attainment: if report.num_requests > 0 {
@@ -252,11 +359,10 @@ fn once(
         duration_ms: report.duration_ms,
         max_speedup: None,
         report: stats,
-    })
+    }))
 }
 
-/// Runs a candidate: its figures at the trace's rate (on a prefix of `prefix` sessions when
-/// given), then, on the whole trace, the speed-up search.
+/// Runs a candidate in full (its speed-up steps may stop early): [`evaluate`]'s figures.
 pub fn run(
     words: &[String],
     gpus: u64,
@@ -264,16 +370,46 @@ pub fn run(
     settings: &Settings,
     cache: &TraceCache,
 ) -> Result<Figures, String> {
+    let full = Settings {
+        early_stop: settings.early_stop.min(EarlyStop::Steps),
+        ..*settings
+    };
+    match evaluate(words, gpus, prefix, &full, cache)? {
+        Outcome::Figures(f) => Ok(f),
+        Outcome::Stopped { reason, .. } => Err(reason),
+    }
+}
+
+/// Evaluates a candidate: its figures at the trace's rate (on a prefix of `prefix` sessions
+/// when given), then, on the whole trace, the speed-up search; or, with early stop, where its
+/// SLO was lost.
+pub fn evaluate(
+    words: &[String],
+    gpus: u64,
+    prefix: Option<usize>,
+    settings: &Settings,
+    cache: &TraceCache,
+) -> Result<Outcome, String> {
     let mut args = parse_replay(words)?;
-    let mut figures = once(&args, gpus, prefix, settings.slo, cache)?;
+    let stop_trial = settings.early_stop == EarlyStop::Trials;
+    let stop_step = settings.early_stop != EarlyStop::Off;
+    let mut figures = match once(&args, gpus, prefix, (settings, stop_trial), cache)? {
+        Outcome::Figures(f) => f,
+        // A stopped candidate's highest speed-up is not searched: it misses at its own rate.
+        stopped @ Outcome::Stopped { .. } => return Ok(stopped),
+    };
     if prefix.is_some() || settings.speedup_steps == 0 {
-        return Ok(figures);
+        return Ok(Outcome::Figures(figures));
     }
     let base = args.trace.arrival_speedup_ratio;
     let meets = |args: &mut ReplayArgs, ratio: f64| -> Result<bool, String> {
         args.trace.arrival_speedup_ratio = ratio;
-        let f = once(args, gpus, None, settings.slo, cache)?;
-        Ok(f.slo_attainment >= settings.attainment)
+        Ok(
+            match once(args, gpus, None, (settings, stop_step), cache)? {
+                Outcome::Figures(f) => f.slo_attainment >= settings.attainment,
+                Outcome::Stopped { .. } => false,
+            },
+        )
     };
     // Doubling (or halving) from the trace's rate until the verdict flips, then geometric
     // bisection with the steps left.
@@ -318,5 +454,5 @@ pub fn run(
         }
     }
     figures.max_speedup = lo;
-    Ok(figures)
+    Ok(Outcome::Figures(figures))
 }

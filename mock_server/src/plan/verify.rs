@@ -218,6 +218,8 @@ pub fn run(
         slo: opts.slo,
         attainment: opts.attainment,
         speedup_steps: 0,
+        early_stop: trial::EarlyStop::Off,
+        one_thread: false,
     };
     let predicted = trial::run(&words, best.gpus, None, &settings, cache)
         .map_err(|e| anyhow::anyhow!("--verify: the offline replay at the speed-up: {e}"))?;

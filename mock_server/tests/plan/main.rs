@@ -103,19 +103,30 @@ fn grid_ranks_every_candidate_and_its_command_reproduces_the_ledger() {
     let ledger = dir.join("l.jsonl").display().to_string();
     let html = dir.join("r.html").display().to_string();
     let mut args = plan_args(&space, &report, &ledger);
-    args.extend(["--html", html.as_str(), "--top", "3"]);
+    args.extend(["--html", html.as_str(), "--top", "3", "--attainment", "0.9"]);
     let table = ok(&mockserve(&args));
     let r = json(Path::new(&report));
     // 3 x 2 x 2 aggregated; 2 x 2 x 2 disaggregated, minus 2+2 over max_gpus = 3.
     assert_eq!(r["counts"]["candidates"], 18);
     assert_eq!(r["counts"]["trials"], 18);
-    let trials = r["trials"].as_array().expect("trials");
-    let indexes: Vec<u64> = trials
-        .iter()
-        .map(|t| t["index"].as_u64().unwrap())
-        .collect();
+    // 12 candidates miss the SLOs for more than 10% of the requests: with --attainment, they
+    // stop early.
+    assert_eq!(r["counts"]["stopped"], 12);
+    assert_eq!(r["counts"]["failed"], 0);
+    let all = r["trials"].as_array().expect("trials");
+    let indexes: Vec<u64> = all.iter().map(|t| t["index"].as_u64().unwrap()).collect();
     assert_eq!(indexes, (0..18).collect::<Vec<u64>>());
-    for t in trials {
+    for t in all.iter().filter(|t| t["status"] == "stopped") {
+        assert!(t.get("goodput_per_gpu_tok_s").is_none(), "{t}");
+        assert!(t["stopped"]["attainment_at_most"].as_f64().unwrap() < 0.9);
+        assert!(t["command"]
+            .as_str()
+            .unwrap()
+            .starts_with("mockserve replay "));
+    }
+    let trials: Vec<&Value> = all.iter().filter(|t| t["status"] == "ok").collect();
+    assert_eq!(trials.len(), 6);
+    for t in &trials {
         for key in [
             "gpus",
             "goodput_per_gpu_tok_s",
@@ -130,10 +141,10 @@ fn grid_ranks_every_candidate_and_its_command_reproduces_the_ledger() {
             assert!(t.get(key).is_some(), "{key} in {t}");
         }
     }
-    assert!(trials.iter().all(|t| t["gpus"].as_u64().unwrap() <= 3));
+    assert!(all.iter().all(|t| t["gpus"].as_u64().unwrap() <= 3));
     // The ranking is by goodput per GPU, best first; best is its head.
     let ranking = r["ranking"].as_array().expect("ranking");
-    assert_eq!(ranking.len(), 18);
+    assert_eq!(ranking.len(), 6);
     let g: Vec<f64> = ranking
         .iter()
         .map(|t| t["goodput_per_gpu_tok_s"].as_f64().unwrap())
@@ -154,7 +165,7 @@ fn grid_ranks_every_candidate_and_its_command_reproduces_the_ledger() {
             p["goodput_per_gpu_tok_s"].as_f64().unwrap(),
             p["tok_s_per_user"].as_f64().unwrap(),
         );
-        for t in trials {
+        for t in &trials {
             let (tg, tu) = (
                 t["goodput_per_gpu_tok_s"].as_f64().unwrap(),
                 t["tok_s_per_user"].as_f64().unwrap(),
@@ -225,6 +236,8 @@ fn random_is_seeded_and_independent_of_the_thread_count() {
             seed,
             "-j",
             jobs,
+            "--attainment",
+            "0.5",
         ]);
         ok(&mockserve(&args));
         std::fs::read_to_string(&report).unwrap()
@@ -286,6 +299,91 @@ fn halving_spends_prefixes_and_ends_on_a_grid_figure() {
     for key in ["goodput_per_gpu_tok_s", "slo_attainment", "p90_ttft_ms"] {
         assert_eq!(best[key], same[key], "{key}");
     }
+}
+
+/// Early stop (the default) against `--no-early-stop` on the same grid: the candidates that
+/// meet the SLOs keep their figures, rank and front; each stopped one is below the attainment
+/// in full, within its recorded bound, and its reason names the request that lost the SLO.
+#[test]
+fn early_stop_stops_only_infeasible_candidates_and_changes_no_figure() {
+    let dir = scratch("early");
+    let space = write(&dir, "space.toml", SPACE);
+    let run = |name: &str, extra: &[&str]| {
+        let report = dir.join(format!("{name}.json")).display().to_string();
+        let ledger = dir.join(format!("{name}.jsonl")).display().to_string();
+        let mut args = plan_args(&space, &report, &ledger);
+        args.extend(["--attainment", "0.9"]);
+        args.extend_from_slice(extra);
+        ok(&mockserve(&args));
+        (json(Path::new(&report)), ledger_lines(&ledger))
+    };
+    let (early, early_lines) = run("early", &[]);
+    let (full, full_lines) = run("full", &["--no-early-stop"]);
+    assert_eq!(early_lines[0]["plan"]["early_stop"], true);
+    assert_eq!(full_lines[0]["plan"]["early_stop"], false);
+    let by_index = |lines: &[Value]| -> std::collections::BTreeMap<u64, Value> {
+        lines[1..]
+            .iter()
+            .map(|l| (l["index"].as_u64().unwrap(), l.clone()))
+            .collect()
+    };
+    let (e, f) = (by_index(&early_lines), by_index(&full_lines));
+    assert_eq!(e.len(), 18);
+    let mut stopped = 0;
+    for (i, t) in &e {
+        let whole = &f[i]["figures"];
+        let attained = whole["slo_attainment"].as_f64().unwrap();
+        match t["status"].as_str().unwrap() {
+            "ok" => {
+                assert_eq!(&t["figures"], whole, "candidate {i}");
+                assert!(attained >= 0.9);
+            }
+            "stopped" => {
+                stopped += 1;
+                assert!(t.get("figures").is_none(), "{t}");
+                let note = &t["stopped"];
+                let bound = note["attainment_at_most"].as_f64().unwrap();
+                assert!(attained <= bound && bound < 0.9, "{i}: {attained} {t}");
+                // 20 requests at 90%: the third miss loses it.
+                assert!(note["missed_requests"].as_u64().unwrap() >= 3, "{t}");
+                assert_eq!(note["num_requests"], 20);
+                let reason = t["reason"].as_str().unwrap();
+                let line = note["line"].as_u64().unwrap();
+                assert!(
+                    reason.contains(&format!("the request of trace line {line} (session ")),
+                    "{reason}"
+                );
+                assert!(reason.contains("below the attainment 90%"), "{reason}");
+            }
+            other => panic!("candidate {i}: status {other}"),
+        }
+    }
+    assert_eq!(stopped, 12);
+    assert_eq!(
+        e[&0]["reason"],
+        "SLO lost at 0.360 s (simulated), 2 of 20 requests ended: the request of trace line 2 \
+         (session request_2, turn 0) was the 3rd to miss the SLOs (TPOT 27.341 ms > 20 ms); \
+         with 4 missed by then, at most 80.00% of requests can meet them, below the attainment \
+         90%. Stopped early (--no-early-stop runs it in full)"
+    );
+    for key in ["best", "top", "ranking", "pareto"] {
+        assert_eq!(early[key], full[key], "{key}");
+    }
+    assert_eq!(early["counts"]["stopped"], 12);
+    assert_eq!(full["counts"]["stopped"], 0);
+    // Without --attainment the ranking ranks every candidate: trials run in full.
+    let report = dir.join("u.json").display().to_string();
+    let ledger = dir.join("u.jsonl").display().to_string();
+    ok(&mockserve(&plan_args(&space, &report, &ledger)));
+    let lines = ledger_lines(&ledger);
+    assert_eq!(lines[0]["plan"]["early_stop"], false);
+    assert!(lines[1..].iter().all(|l| l["status"] == "ok"));
+    // A resumed early-stop run does not accept the full run's ledger.
+    let report = dir.join("x.json").display().to_string();
+    let ledger = dir.join("full.jsonl").display().to_string();
+    let mut args = plan_args(&space, &report, &ledger);
+    args.extend(["--attainment", "0.9"]);
+    assert!(fails(&mockserve(&args)).contains("holds another search"));
 }
 
 #[test]
@@ -506,9 +604,23 @@ fn bad_input_is_named() {
         ),
         (
             "num_workers = [1, 2]\n",
-            &["--slo", "ttft=1us", "--attainment", "0.9"],
+            &[
+                "--slo",
+                "ttft=1us",
+                "--attainment",
+                "0.9",
+                "--no-early-stop",
+            ],
             "no candidate meets --slo ttft=0.001ms for 90% of requests (--attainment); the \
-             closest meets them for",
+             closest meets them for 0.0% of requests (1 GPUs, num_workers=1): mockserve replay",
+        ),
+        (
+            "num_workers = [1, 2]\n",
+            &["--slo", "ttft=1us", "--attainment", "0.9"],
+            "no candidate meets --slo ttft=0.001ms for 90% of requests (--attainment); every \
+             trial stopped once its SLO was lost. The one that held longest (0 of 20 requests \
+             ended; 1 GPUs, num_workers=1) meets them for at most 85.00% of requests: an upper \
+             bound, not its attainment (--no-early-stop measures it in full): mockserve replay",
         ),
     ];
     for (i, (space, extra, needle)) in cases.iter().enumerate() {
