@@ -577,7 +577,8 @@ fn verify_replays_the_best_candidate_live_beside_its_prediction() {
     let stdout = ok(&out);
     assert!(
         stdout.contains(
-            "Verify (live on 127.0.0.1, arrival speed-up 10): 20 requests live, 0 failed"
+            "Verify (live on 127.0.0.1, 10x faster: arrival speed-up 10, engine speed-up 10; \
+             times on the trace's clock): 20 requests live, 0 failed"
         ),
         "{stdout}"
     );
@@ -585,6 +586,9 @@ fn verify_replays_the_best_candidate_live_beside_its_prediction() {
     let v = &r["verify"];
     assert_eq!(v["candidate"], r["best"]["index"]);
     assert_eq!(v["speedup"], 10.0);
+    assert_eq!(v["time_scale"], 10.0);
+    assert_eq!(v["arrival_speedup_ratio"], 10.0);
+    assert_eq!(v["engine_speedup_ratio"], 10.0);
     assert_eq!(v["requests"], 20);
     assert_eq!(v["failures"], 0);
     let best_workers = r["best"]["knobs"]["num_workers"].as_u64().expect("knob");
@@ -592,11 +596,12 @@ fn verify_replays_the_best_candidate_live_beside_its_prediction() {
         v["command"],
         format!(
             "loadgen replay {TRACE} --max-num-batched-tokens 8192 --num-workers {best_workers} \
-             --arrival-speedup-ratio 10 --quiet"
+             --speedup-ratio 10 --arrival-speedup-ratio 10 --quiet"
         )
     );
-    // The prediction is the offline replay at the speed-up: the same figures as the replay
-    // command at --arrival-speedup-ratio 10.
+    // The prediction is the offline replay of the live run's flags, the whole replay 10 times
+    // faster (arrivals and engine), printed on the trace's clock: the replay command's figures
+    // at --arrival-speedup-ratio 10 --speedup-ratio 10, times 10.
     let offline = dir.join("offline.json").display().to_string();
     let workers = best_workers.to_string();
     ok(&mockserve(&[
@@ -607,6 +612,8 @@ fn verify_replays_the_best_candidate_live_beside_its_prediction() {
         "--num-workers",
         &workers,
         "--arrival-speedup-ratio",
+        "10",
+        "--speedup-ratio",
         "10",
         "-q",
         "--report-json",
@@ -619,7 +626,8 @@ fn verify_replays_the_best_candidate_live_beside_its_prediction() {
         "p90_itl_ms",
         "p90_e2e_latency_ms",
     ] {
-        assert_eq!(v["predicted"][key], offline[key], "{key}");
+        let offline = offline[key].as_f64().expect("offline figure");
+        assert_eq!(v["predicted"][key].as_f64(), Some(offline * 10.0), "{key}");
     }
     // Live on loopback runs the same engine: the figures agree within a generous bound (a
     // debug build and a shared machine add host time to every request).
