@@ -9,10 +9,12 @@
 //! each at its absolute deadline (so lateness never accumulates); every later deadline is
 //! absolute too. A request's body is encoded before it is due, and the last millisecond before
 //! the deadline is spent yielding rather than on tokio's millisecond timer
-//! ([`sleep_until_precisely`]), so a request leaves at its time, not up to a tick later. With [`DriverConfig::ordered_ties`], sessions whose first requests
-//! are due at the same instant (a trace's tied timestamps) send them one after another in session
-//! order, each once the one before it has its response headers, so the server admits them in
-//! trace order as an offline replay does. An optional semaphore caps requests in flight.
+//! (`sleep_until_precisely`), so a request leaves at its time, not up to a tick later.
+//!
+//! With [`DriverConfig::ordered_ties`], sessions whose first requests are due at the same
+//! instant (a trace's tied timestamps) send them one after another in session order, each once
+//! the one before it has its response headers, so the server admits them in trace order as an
+//! offline replay does. An optional semaphore caps requests in flight.
 //!
 //! Every [`Sample`] carries its scheduled and actual send times, so latencies are measured from
 //! the scheduled time (no coordinated omission) and the schedule lag (actual − scheduled) shows
