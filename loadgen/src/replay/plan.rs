@@ -91,6 +91,15 @@ impl PromptPlan {
             .collect()
     }
 
+    /// The token ids of [`PromptPlan::text`], when `synth`'s pieces are exact.
+    pub(crate) fn token_ids(&self, synth: &PromptSynth) -> Option<Vec<u32>> {
+        let mut out = Vec::with_capacity(self.len());
+        for (ids, n) in &self.segments {
+            out.extend(synth.prompt_ids(ids, *n)?);
+        }
+        Some(out)
+    }
+
     /// Hash ids in prompt order (block-level identity, for the expected reuse).
     fn ids(&self) -> Vec<u64> {
         self.segments

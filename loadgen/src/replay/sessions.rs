@@ -17,7 +17,7 @@ use crate::report::replay_report::{self, RequestInfo};
 use crate::run::client::Response;
 use crate::run::driver::{self, Planned, RunHooks, Script, Start};
 use crate::run::prompt::PromptSynth;
-use crate::run::target::{request_body, Api, Connected};
+use crate::run::target::{request_body, token_request_body, Api, Connected};
 
 /// One session as a driver script.
 struct SessionScript {
@@ -28,6 +28,8 @@ struct SessionScript {
     api: Api,
     /// Whether bodies ask for the serving worker.
     ask_worker_id: bool,
+    /// Completions prompts go as token ids (the embedded server shares the tokenizer).
+    token_prompts: bool,
     session: usize,
     next_turn: usize,
 }
@@ -45,18 +47,24 @@ impl Script for SessionScript {
         } else {
             Start::After(turn.delay.into())
         };
-        let text = self.plans[self.session][self.next_turn].text(&self.synth);
+        let plan = &self.plans[self.session][self.next_turn];
         self.next_turn += 1;
-        Some(Planned {
-            start,
-            body: request_body(
+        let ids = (self.token_prompts && self.api == Api::Completions)
+            .then(|| plan.token_ids(&self.synth))
+            .flatten();
+        let body = match ids {
+            Some(ids) => {
+                token_request_body(&self.model, ids, turn.output_length, self.ask_worker_id)
+            }
+            None => request_body(
                 self.api,
                 &self.model,
-                text,
+                plan.text(&self.synth),
                 turn.output_length,
                 self.ask_worker_id,
             ),
-        })
+        };
+        Some(Planned { start, body })
     }
 }
 
@@ -130,6 +138,7 @@ impl Mode for SessionsMode<'_> {
                         .map_or_else(|| model.clone(), |l| l.model(session).clone()),
                     api: args.endpoint,
                     ask_worker_id: target.ask_worker_id,
+                    token_prompts: target.takes_token_prompts(),
                     session,
                     next_turn: 0,
                 }) as Box<dyn Script>

@@ -6,11 +6,15 @@
 //! ([`Start::At`], open loop: trace timestamps, Poisson arrivals) or a delay after the previous
 //! request of the same session completed ([`Start::After`], closed loop: think times, trace
 //! `delay`s, concurrency). The pacer walks the sessions in order of their first start and wakes
-//! each at its absolute deadline (`sleep_until`, so lateness never accumulates); every later
-//! deadline is absolute too. With [`DriverConfig::ordered_ties`], sessions whose first requests
-//! are due at the same instant (a trace's tied timestamps) send them one after another in session
-//! order, each once the one before it has its response headers, so the server admits them in
-//! trace order as an offline replay does. An optional semaphore caps requests in flight.
+//! each at its absolute deadline (so lateness never accumulates); every later deadline is
+//! absolute too. A request's body is encoded before it is due, and the last millisecond before
+//! the deadline is spent yielding rather than on tokio's millisecond timer
+//! (`sleep_until_precisely`), so a request leaves at its time, not up to a tick later.
+//!
+//! With [`DriverConfig::ordered_ties`], sessions whose first requests are due at the same
+//! instant (a trace's tied timestamps) send them one after another in session order, each once
+//! the one before it has its response headers, so the server admits them in trace order as an
+//! offline replay does. An optional semaphore caps requests in flight.
 //!
 //! Every [`Sample`] carries its scheduled and actual send times, so latencies are measured from
 //! the scheduled time (no coordinated omission) and the schedule lag (actual − scheduled) shows
@@ -26,7 +30,7 @@ use tokio::sync::{oneshot, watch, Semaphore};
 use tokio::time::Instant;
 
 use crate::error::LoadgenError;
-use crate::run::client::{self, Endpoint, FirstToken, Response};
+use crate::run::client::{self, Encoded, Endpoint, FirstToken, Response};
 #[cfg(doc)]
 use crate::run::failure::Failure;
 
@@ -232,11 +236,43 @@ fn since(start: Instant, t: Instant) -> u64 {
     t.saturating_duration_since(start).as_micros() as u64
 }
 
-/// One request to the shared endpoint; `on_headers` is dropped once its response headers came.
-async fn send(shared: &Shared, body: &Value, on_headers: Option<oneshot::Sender<()>>) -> Response {
-    match &shared.url {
-        Some(url) => client::send_to(&shared.endpoint, url, body, on_headers).await,
-        None => client::send(&shared.endpoint, body).await,
+/// One request to the shared endpoint, its body encoded before it was due; `on_headers` is
+/// dropped once its response headers came.
+async fn send(
+    shared: &Shared,
+    body: Result<Encoded, serde_json::Error>,
+    raw: &Value,
+    on_headers: Option<oneshot::Sender<()>>,
+) -> Response {
+    match (&shared.url, body) {
+        (Some(url), Ok(body)) => {
+            client::send_encoded(&shared.endpoint, url, body, on_headers).await
+        }
+        // reqwest reports a bad URL, and the encoding error is reported, as `send` does.
+        _ => client::send(&shared.endpoint, raw).await,
+    }
+}
+
+/// How long before a send is due the pacer leaves tokio's timer, which rounds every sleep up to
+/// its next millisecond tick (a send 0.5 ms late on average, up to 1 ms), and yields to the
+/// runtime's other tasks until the clock reaches the deadline.
+pub(crate) const YIELD_BEFORE: Duration = Duration::from_millis(1);
+
+/// Resolves once tokio's clock has reached `due`: on tokio's timer until [`YIELD_BEFORE`] before
+/// it, then by yielding. The yielding lasts at most about twice [`YIELD_BEFORE`] of real time;
+/// after that (a paused test clock, which yielding never advances) tokio's timer finishes the
+/// wait.
+pub(crate) async fn sleep_until_precisely(due: Instant) {
+    if let Some(early) = due.checked_sub(YIELD_BEFORE) {
+        tokio::time::sleep_until(early).await;
+    }
+    let bound = std::time::Instant::now() + 2 * YIELD_BEFORE;
+    while Instant::now() < due {
+        if std::time::Instant::now() > bound {
+            tokio::time::sleep_until(due).await;
+            break;
+        }
+        tokio::task::yield_now().await;
     }
 }
 
@@ -276,10 +312,12 @@ async fn run_session(
         if shared.stop_at.is_some_and(|stop| due > stop) || is_aborted(&shared.abort) {
             break;
         }
+        // Encoded before it is due, so the send itself does no JSON work.
+        let body = Encoded::new(&planned.body);
         tokio::select! {
             biased;
             _ = aborted(shared.abort.clone()) => break,
-            _ = tokio::time::sleep_until(due) => {}
+            _ = sleep_until_precisely(due) => {}
         }
         if let Some(after) = tie.after.take() {
             // An error is the previous session gone without sending: nothing to wait for.
@@ -306,7 +344,7 @@ async fn run_session(
         let response = tokio::select! {
             biased;
             _ = aborted(shared.abort.clone()) => client::cancelled(sent),
-            r = send(&shared, &planned.body, tie.admitted.take()) => r,
+            r = send(&shared, body, &planned.body, tie.admitted.take()) => r,
         };
         drop(permit);
         previous_end = sent + Duration::from_micros(response.timing.end_us);

@@ -18,6 +18,11 @@
 //! The text is sent as a raw `/v1/completions` prompt: no chat template adds leading tokens, so
 //! trace block `i` starts at token `i * trace_block_size` and, when that is a multiple of the
 //! engine's KV block size, engine blocks line up with trace blocks exactly as in offline replay.
+//!
+//! With exact pieces each piece is one token id, so a prompt's ids are known without encoding
+//! its text ([`PromptSynth::prompt_ids`]): the ids the tokenizer gives the text (a test checks
+//! it), which a server that shares the tokenizer (loadgen's embedded mockserve) can take as they
+//! are instead of tokenizing some 100 kB of text per trace request.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -31,6 +36,8 @@ const FILLER_SALT: u64 = 0x5EED_B10C_0000_0001;
 pub(crate) struct PromptSynth {
     /// One-token pieces, in a fixed order.
     pieces: Vec<String>,
+    /// Each piece's token id when the pieces are exact (empty otherwise).
+    ids: Vec<u32>,
     /// Token counts are exact (a tokenizer was known).
     exact: bool,
     /// Tokens per hash id.
@@ -42,18 +49,20 @@ pub(crate) struct PromptSynth {
 impl PromptSynth {
     /// Exact blocks for `tok`: its continuation answer words that encode to one token each.
     pub(crate) fn exact(tok: &dyn Tokenizer, block_size: usize) -> PromptSynth {
-        let pieces: Vec<String> = tok
+        let (ids, pieces): (Vec<u32>, Vec<String>) = tok
             .answer_words()
             .continuation()
             .iter()
             .map(|&id| (id, tok.decode(&[id])))
             .filter(|(id, text)| tok.encode(text) == [*id])
-            .map(|(_, text)| text)
-            .collect();
+            .unzip();
         if pieces.len() < 2 {
             return PromptSynth::heuristic(block_size);
         }
-        PromptSynth::from_pieces(pieces, true, block_size)
+        PromptSynth {
+            ids,
+            ..PromptSynth::from_pieces(pieces, true, block_size)
+        }
     }
 
     /// Approximate blocks for an unknown tokenizer: the default tokenizer's one-token words
@@ -64,6 +73,7 @@ impl PromptSynth {
             if exact.is_exact() {
                 return PromptSynth {
                     exact: false,
+                    ids: Vec::new(),
                     ..exact
                 };
             }
@@ -83,6 +93,7 @@ impl PromptSynth {
         }
         PromptSynth {
             pieces,
+            ids: Vec::new(),
             exact,
             block_size: block_size.max(1),
             id_digits,
@@ -143,6 +154,19 @@ impl PromptSynth {
     /// The prompt text of `hash_ids` cut to `input_length` tokens.
     pub(crate) fn prompt(&self, hash_ids: &[u64], input_length: usize) -> String {
         self.text(&self.prompt_pieces(hash_ids, input_length))
+    }
+
+    /// The token ids of [`PromptSynth::prompt`]'s text, when the pieces are exact (None
+    /// otherwise): each piece's id, no text built or encoded.
+    pub(crate) fn prompt_ids(&self, hash_ids: &[u64], input_length: usize) -> Option<Vec<u32>> {
+        if !self.exact || self.ids.len() != self.pieces.len() {
+            return None;
+        }
+        let mut ids = self.prompt_pieces(hash_ids, input_length);
+        for p in &mut ids {
+            *p = self.ids[*p as usize];
+        }
+        Some(ids)
     }
 }
 
@@ -208,6 +232,36 @@ mod tests {
         let b = tok.encode(&synth.prompt(&[1, 2, 4], 48));
         assert_eq!(a[..32], b[..32]);
         assert_ne!(a[32], b[32]);
+    }
+
+    /// A prompt's ids are exactly what the tokenizer makes of its text (so a server given the
+    /// ids runs the same engine request as one given the text), for the default tokenizer and
+    /// the built-in one; the heuristic pieces have no ids.
+    #[test]
+    fn prompt_ids_are_the_encoded_text() {
+        let default = match servesim::tokenizer::default_tokenizer() {
+            Ok(t) => t,
+            Err(e) => panic!("{e}"),
+        };
+        let builtin = BuiltinTokenizer::new();
+        let tokenizers: [&dyn Tokenizer; 2] = [&default, &builtin];
+        for tok in tokenizers {
+            let synth = PromptSynth::exact(tok, 64);
+            for (ids, len) in [
+                (vec![1u64, 2, 3], 192),
+                (vec![7, 8], 100),
+                (vec![u64::MAX, 0, 42], 129),
+                ((0..40).collect::<Vec<u64>>(), 2_500),
+            ] {
+                let text = synth.prompt(&ids, len);
+                assert_eq!(
+                    synth.prompt_ids(&ids, len),
+                    Some(tok.encode(&text)),
+                    "hash ids {ids:?}"
+                );
+            }
+        }
+        assert_eq!(PromptSynth::heuristic(16).prompt_ids(&[1], 16), None);
     }
 
     #[test]

@@ -375,6 +375,13 @@ impl Connected {
         }
     }
 
+    /// Whether `/v1/completions` prompts may go as token ids: the embedded server, whose
+    /// tokenizer is loadgen's, so the ids are those it would make of the text (it then does not
+    /// tokenize every prompt again). A server behind `--url` always gets text.
+    pub(crate) fn takes_token_prompts(&self) -> bool {
+        self.embedded.is_some() && self.tokenizer.is_some()
+    }
+
     /// Stops the embedded server, if any.
     pub async fn shutdown(self) {
         if let Some(e) = self.embedded {
@@ -558,6 +565,28 @@ pub(crate) fn request_body(
         body["nvext"] = serde_json::json!({"extra_fields": ["worker_id", "timing"]});
     }
     api.wire().body(body)
+}
+
+/// [`request_body`] of a `/v1/completions` prompt given as token ids (the server's tokenizer's
+/// ids of the prompt text: see [`Connected::takes_token_prompts`]).
+pub(crate) fn token_request_body(
+    model: &str,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    ask_worker_id: bool,
+) -> serde_json::Value {
+    let mut body = serde_json::json!({
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": true,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    if ask_worker_id {
+        body["nvext"] = serde_json::json!({"extra_fields": ["worker_id", "timing"]});
+    }
+    body
 }
 
 /// A streamed `/v1/completions` body: `max_tokens` tokens exactly (`ignore_eos`), usage included.

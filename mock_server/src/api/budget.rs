@@ -173,18 +173,39 @@ fn char_class(c: char) -> CharClass {
     }
 }
 
+/// [`char_class`] of each ASCII character, so that ASCII text is classified a byte at a time.
+static ASCII_CLASSES: std::sync::LazyLock<[CharClass; 128]> =
+    std::sync::LazyLock::new(|| std::array::from_fn(|b| char_class(char::from(b as u8))));
+
 /// Checks that no word of `text` (a run of one class of characters, digits aside) is longer
-/// than [`MAX_WORD_BYTES`]: a 400 naming `param` otherwise. One pass over the text.
+/// than [`MAX_WORD_BYTES`]: a 400 naming `param` otherwise. One pass over the text, none for a
+/// text that is no longer than a word may be; ASCII characters are classified from a table.
 pub(crate) fn check_word_lengths(text: &str, param: &str) -> Result<(), ApiError> {
+    if text.len() <= MAX_WORD_BYTES {
+        return Ok(());
+    }
+    let ascii = &*ASCII_CLASSES;
+    let bytes = text.as_bytes();
     let mut class = None;
     let mut run = 0usize;
-    for c in text.chars() {
-        let this = char_class(c);
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        let (this, len) = if b.is_ascii() {
+            (ascii[usize::from(b)], 1)
+        } else {
+            // `i` is on a character boundary: every step moves by a whole character.
+            let c = text[i..]
+                .chars()
+                .next()
+                .unwrap_or(char::REPLACEMENT_CHARACTER);
+            (char_class(c), c.len_utf8())
+        };
+        i += len;
         if class == Some(this) {
-            run += c.len_utf8();
+            run += len;
         } else {
             class = Some(this);
-            run = c.len_utf8();
+            run = len;
         }
         if this != CharClass::Digit && run > MAX_WORD_BYTES {
             return Err(exceeded(
@@ -285,6 +306,59 @@ pub(crate) fn check_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The word check one character at a time, as it was before the ASCII table.
+    fn longest_word_fits(text: &str) -> bool {
+        let mut class = None;
+        let mut run = 0usize;
+        for c in text.chars() {
+            let this = char_class(c);
+            if class == Some(this) {
+                run += c.len_utf8();
+            } else {
+                class = Some(this);
+                run = c.len_utf8();
+            }
+            if this != CharClass::Digit && run > MAX_WORD_BYTES {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The table-driven check decides as the character-at-a-time one: runs of ASCII letters,
+    /// spaces (a vertical tab among them), symbols and digits, and runs with multi-byte
+    /// characters in them, each at the cap and one byte over it.
+    #[test]
+    fn word_check_matches_the_character_classes() {
+        let cap = MAX_WORD_BYTES;
+        let texts = [
+            "a".repeat(cap),
+            "a".repeat(cap + 1),
+            format!("x {}", "b".repeat(cap)),
+            format!("x {}", "b".repeat(cap + 1)),
+            " \t\x0b".repeat(cap / 3 + 1),
+            "~".repeat(cap + 1),
+            "7".repeat(cap + 5),
+            format!("{}é", "a".repeat(cap - 2)),
+            format!("{}é", "a".repeat(cap - 1)),
+            format!("{}\u{3000}", " ".repeat(cap - 3)),
+            format!("{}\u{3000}", " ".repeat(cap - 2)),
+            "ab ".repeat(cap),
+            "é!".repeat(cap),
+        ];
+        for text in &texts {
+            assert_eq!(
+                check_word_lengths(text, "prompt").is_ok(),
+                longest_word_fits(text),
+                "{} bytes starting {:?}",
+                text.len(),
+                &text.chars().take(4).collect::<String>()
+            );
+        }
+        assert!(check_word_lengths(&"a".repeat(cap + 1), "prompt").is_err());
+        assert!(check_word_lengths(&"ab ".repeat(cap), "prompt").is_ok());
+    }
 
     #[test]
     fn plans_beyond_a_cap_name_its_parameter() {

@@ -96,7 +96,9 @@ pub struct SearchArgs {
     #[arg(long)]
     pub verify: bool,
 
-    /// The arrival speed-up of the live check (and of the prediction it is compared with).
+    /// How many times faster than the candidate's replay the live check runs: on loopback its
+    /// arrivals and its engine (--speedup-ratio) both, against --url its arrivals only; the
+    /// prediction is the offline replay of the same flags.
     #[arg(long, default_value_t = 10.0, value_name = "S", requires = "verify")]
     pub verify_speedup: f64,
 

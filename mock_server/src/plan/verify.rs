@@ -1,11 +1,19 @@
 //! `mockserve plan --verify`: the best candidate checked live.
 //!
-//! The prediction is the candidate's offline replay at `--verify-speedup`. The measurement is
-//! `loadgen replay` (the binary beside this executable: loadgen depends on this crate, so it is
-//! run, not linked) with the same trace and flags at the same speed-up: without `--url` it
-//! stands mockserve up on 127.0.0.1 with the candidate's engine flags and sends every request
-//! over HTTP; with `--url` it measures that deployment. The child is killed when the bound
-//! `--verify-timeout-s` passes, so the check never hangs.
+//! `--verify-speedup K` runs the candidate's own replay K times faster. On loopback both clocks
+//! of the trace are compressed: the arrivals (`--arrival-speedup-ratio` times K) and the engine
+//! (`--speedup-ratio` times K), so the fleet sees the load the plan measured, in a tenth of the
+//! time at K = 10, and every latency is a K-th of the plan's. Against `--url` the deployment runs
+//! at its own speed, so only the arrivals are sped up (K times the candidate's rate).
+//!
+//! The prediction is the offline replay of exactly the flags the live run gets. The measurement
+//! is `loadgen replay` (the binary beside this executable: loadgen depends on this crate, so it
+//! is run, not linked) with the same trace and flags: without `--url` it stands mockserve up on
+//! 127.0.0.1 with the candidate's engine flags and sends every request over HTTP; with `--url`
+//! it measures that deployment. Both sides are printed on the trace's clock (times multiplied by
+//! the compression, the same factor on both sides), so they read like the plan's own figures and
+//! the SLO bounds apply unchanged. The child is killed when the bound `--verify-timeout-s`
+//! passes, so the check never hangs.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -72,22 +80,68 @@ fn loadgen_path() -> anyhow::Result<PathBuf> {
     }
 }
 
-/// The trial's replay words with the arrival speed-up replaced by `speedup`.
-fn words_at(header: &Header, best: &TrialRecord, speedup: f64) -> Vec<String> {
-    let all = replay_words(header, best);
-    let mut out = Vec::new();
+/// The candidate's replay as the live check runs it.
+#[derive(Clone, Debug, PartialEq)]
+struct Scaled {
+    /// The replay words: the trial's, with the clock flags replaced.
+    words: Vec<String>,
+    /// The live run's arrival speed-up.
+    arrival_speedup: f64,
+    /// The live engine's `--speedup-ratio` (None against `--url`: the deployment's own speed).
+    engine_speedup: Option<f64>,
+    /// How much faster than the trace's clock both sides run: K on loopback, 1 with `--url`.
+    time_scale: f64,
+}
+
+/// The replay words `all` (a trial's) run `speedup` times faster: the arrival speed-up times
+/// `speedup`, and on `loopback` the engine's `--speedup-ratio` too (the whole replay
+/// compressed).
+fn scaled(all: &[String], speedup: f64, loopback: bool) -> anyhow::Result<Scaled> {
+    let args = trial::parse_replay(all)
+        .map_err(|e| anyhow::anyhow!("--verify: the best candidate's flags: {e}"))?;
+    let arrival_speedup = args.trace.arrival_speedup_ratio * speedup;
+    let engine_speedup = loopback.then_some(args.engine.speedup_ratio * speedup);
+    let mut replaced = vec!["--arrival-speedup-ratio"];
+    if loopback {
+        replaced.push("--speedup-ratio");
+    }
+    let mut words = Vec::with_capacity(all.len() + 4);
     let mut i = 0;
     while i < all.len() {
-        if all[i] == "--arrival-speedup-ratio" {
+        let w = all[i].as_str();
+        if replaced.contains(&w) {
             i += 2;
             continue;
         }
-        out.push(all[i].clone());
+        if !replaced
+            .iter()
+            .any(|f| w.strip_prefix(f).is_some_and(|r| r.starts_with('=')))
+        {
+            words.push(all[i].clone());
+        }
         i += 1;
     }
-    out.push("--arrival-speedup-ratio".into());
-    out.push(speedup.to_string());
-    out
+    if let Some(engine) = engine_speedup {
+        words.push("--speedup-ratio".into());
+        words.push(engine.to_string());
+    }
+    words.push("--arrival-speedup-ratio".into());
+    words.push(arrival_speedup.to_string());
+    Ok(Scaled {
+        words,
+        arrival_speedup,
+        engine_speedup,
+        time_scale: if loopback { speedup } else { 1.0 },
+    })
+}
+
+/// `slo` on a clock `scale` times faster: every bound divided by it.
+fn slo_at(slo: &Slo, scale: f64) -> Slo {
+    Slo {
+        ttft_ms: slo.ttft_ms.map(|v| v / scale),
+        itl_ms: slo.itl_ms.map(|v| v / scale),
+        e2e_ms: slo.e2e_ms.map(|v| v / scale),
+    }
 }
 
 /// Runs `cmd` until it exits or `timeout` passes (then kills it); returns its status and the
@@ -213,15 +267,23 @@ pub fn run(
         anyhow::bail!("--verify-speedup must be above 0, got {}", opts.speedup);
     }
     let loadgen = loadgen_path()?;
-    let words = words_at(header, best, opts.speedup);
+    let run = scaled(
+        &replay_words(header, best),
+        opts.speedup,
+        opts.url.is_none(),
+    )?;
+    let scale = run.time_scale;
+    // The bounds on the run's clock: the same requests meet them as on the trace's.
+    let slo = slo_at(opts.slo, scale);
+    let words = &run.words;
     let settings = trial::Settings {
-        slo: opts.slo,
+        slo: &slo,
         attainment: opts.attainment,
         speedup_steps: 0,
         early_stop: trial::EarlyStop::Off,
         one_thread: false,
     };
-    let predicted = trial::run(&words, best.gpus, None, &settings, cache)
+    let predicted = trial::run(words, best.gpus, None, &settings, cache)
         .map_err(|e| anyhow::anyhow!("--verify: the offline replay at the speed-up: {e}"))?;
     let dir = std::env::temp_dir().join(format!(
         "mockserve-plan-verify-{}-{}",
@@ -257,7 +319,7 @@ pub fn run(
                 "--verify: loadgen exited with {status} and wrote no report; its stderr:\n{stderr}"
             );
         };
-        let counts = live_counts(&requests_path, opts.slo)?;
+        let counts = live_counts(&requests_path, &slo)?;
         Ok((status, stderr, report, counts))
     });
     let _ = std::fs::remove_dir_all(&dir);
@@ -279,18 +341,20 @@ pub fn run(
     let mut diff = Map::new();
     pred.insert("slo_attainment".into(), predicted.slo_attainment.into());
     meas.insert("slo_attainment".into(), measured_attainment.into());
+    let target = opts
+        .url
+        .map_or_else(|| "live on 127.0.0.1".to_string(), |u| u.to_string());
+    let clocks = match run.engine_speedup {
+        Some(engine) => format!(
+            "{}x faster: arrival speed-up {}, engine speed-up {}; times on the trace's clock",
+            opts.speedup, run.arrival_speedup, engine
+        ),
+        None => format!("arrival speed-up {}", run.arrival_speedup),
+    };
     let mut table = format!(
-        "Verify ({}, arrival speed-up {}): {} requests live, {} failed\n{:<24} {:>11} {:>11} \
+        "Verify ({target}, {clocks}): {} requests live, {} failed\n{:<24} {:>11} {:>11} \
          {:>11}\n",
-        opts.url
-            .map_or_else(|| "live on 127.0.0.1".to_string(), |u| u.to_string()),
-        opts.speedup,
-        counts.requests,
-        failures,
-        "figure",
-        "predicted",
-        "measured",
-        "difference"
+        counts.requests, failures, "figure", "predicted", "measured", "difference"
     );
     table.push_str(&format!(
         "{:<24} {:>10.1}% {:>10.1}%\n",
@@ -298,17 +362,12 @@ pub fn run(
         predicted.slo_attainment * 100.0,
         measured_attainment * 100.0
     ));
-    for key in KEYS {
-        let p = predicted.report.get(*key).copied();
-        let m = live.get(*key).and_then(Value::as_f64);
-        pred.insert((*key).into(), p.into());
-        meas.insert((*key).into(), m.into());
+    let cell = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.3}"));
+    let row = |table: &mut String, key: &str, p: Option<f64>, m: Option<f64>| {
         let d = match (p, m) {
             (Some(p), Some(m)) if p > 0.0 => Some(100.0 * (m / p - 1.0)),
             _ => None,
         };
-        diff.insert((*key).into(), d.into());
-        let cell = |v: Option<f64>| v.map_or_else(|| "-".into(), |v| format!("{v:.3}"));
         table.push_str(&format!(
             "{:<24} {:>11} {:>11} {:>11}\n",
             key,
@@ -316,20 +375,42 @@ pub fn run(
             cell(m),
             d.map_or_else(|| "-".into(), |d| format!("{d:+.2}%"))
         ));
+        d
+    };
+    for key in KEYS {
+        let p = predicted.report.get(*key).map(|v| v * scale);
+        let m = live.get(*key).and_then(Value::as_f64).map(|v| v * scale);
+        pred.insert((*key).into(), p.into());
+        meas.insert((*key).into(), m.into());
+        let d = row(&mut table, key, p, m);
+        diff.insert((*key).into(), d.into());
     }
+    // The server's own times (from its engine's submission): the client's figures less the
+    // time spent outside the engine.
     let (mut et, mut ee) = (counts.engine_ttft, counts.engine_e2e);
-    meas.insert(
-        "median_engine_ttft_ms".into(),
-        percentile(&mut et, 0.5).into(),
-    );
-    meas.insert("p90_engine_ttft_ms".into(), percentile(&mut et, 0.9).into());
-    meas.insert(
-        "median_engine_e2e_ms".into(),
-        percentile(&mut ee, 0.5).into(),
-    );
-    meas.insert("p90_engine_e2e_ms".into(), percentile(&mut ee, 0.9).into());
+    let at = |v: &mut Vec<f64>, q: f64| percentile(v, q).map(|x| x * scale);
+    let engine = [
+        ("median_engine_ttft_ms", "median_ttft_ms", at(&mut et, 0.5)),
+        ("p90_engine_ttft_ms", "p90_ttft_ms", at(&mut et, 0.9)),
+        (
+            "median_engine_e2e_ms",
+            "median_e2e_latency_ms",
+            at(&mut ee, 0.5),
+        ),
+        ("p90_engine_e2e_ms", "p90_e2e_latency_ms", at(&mut ee, 0.9)),
+    ];
+    for (key, predicted_key, m) in engine {
+        meas.insert(key.into(), m.into());
+        if m.is_some() {
+            let p = pred.get(predicted_key).and_then(Value::as_f64);
+            row(&mut table, key, p, m);
+        }
+    }
     let json = json!({
         "speedup": opts.speedup,
+        "arrival_speedup_ratio": run.arrival_speedup,
+        "engine_speedup_ratio": run.engine_speedup,
+        "time_scale": scale,
         "target": opts.url.unwrap_or("127.0.0.1 (loadgen's embedded mockserve)"),
         "candidate": best.index,
         "command": join(&shown),
@@ -360,5 +441,78 @@ mod tests {
         assert_eq!(percentile(&mut v, 0.5), Some(2.5));
         assert!(percentile(&mut v, 0.9).is_some_and(|p| (p - 3.7).abs() < 1e-9));
         assert_eq!(percentile(&mut [], 0.5), None);
+    }
+
+    fn words(w: &[&str]) -> Vec<String> {
+        w.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// On loopback the whole replay is compressed (arrivals and engine, whichever way the
+    /// flags were written); against a deployment only the arrivals, its engine flags kept.
+    #[test]
+    fn speedup_compresses_both_clocks_on_loopback_and_the_arrivals_only_elsewhere() {
+        let trial = words(&[
+            "t.jsonl",
+            "--num-workers",
+            "4",
+            "--arrival-speedup-ratio",
+            "3",
+            "--speedup-ratio=2",
+        ]);
+        let live = scaled(&trial, 10.0, true).expect("valid flags");
+        assert_eq!(
+            live,
+            Scaled {
+                words: words(&[
+                    "t.jsonl",
+                    "--num-workers",
+                    "4",
+                    "--speedup-ratio",
+                    "20",
+                    "--arrival-speedup-ratio",
+                    "30",
+                ]),
+                arrival_speedup: 30.0,
+                engine_speedup: Some(20.0),
+                time_scale: 10.0,
+            }
+        );
+        let remote = scaled(&trial, 10.0, false).expect("valid flags");
+        assert_eq!(
+            remote.words,
+            words(&[
+                "t.jsonl",
+                "--num-workers",
+                "4",
+                "--speedup-ratio=2",
+                "--arrival-speedup-ratio",
+                "30",
+            ])
+        );
+        assert_eq!((remote.engine_speedup, remote.time_scale), (None, 1.0));
+        // The defaults (arrival 4, engine 1) are scaled too.
+        let plain = scaled(&words(&["t.jsonl"]), 2.5, true).expect("valid flags");
+        assert_eq!(
+            plain.words,
+            words(&[
+                "t.jsonl",
+                "--speedup-ratio",
+                "2.5",
+                "--arrival-speedup-ratio",
+                "10"
+            ])
+        );
+        let bounds = slo_at(
+            &Slo {
+                ttft_ms: Some(2000.0),
+                itl_ms: None,
+                e2e_ms: Some(50.0),
+            },
+            10.0,
+        );
+        assert_eq!(
+            (bounds.ttft_ms, bounds.itl_ms, bounds.e2e_ms),
+            (Some(200.0), None, Some(5.0))
+        );
     }
 }

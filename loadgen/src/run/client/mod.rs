@@ -127,10 +127,33 @@ fn classify(e: &reqwest::Error, other: fn(String) -> Failure, when: &str) -> Fai
     }
 }
 
+/// A request body serialized before its send is due, so that the timed send does no JSON
+/// work (a trace prompt of 15,000 tokens is about 100 kB of JSON text).
+#[derive(Debug)]
+pub struct Encoded(Vec<u8>);
+
+impl Encoded {
+    /// `body` as JSON bytes.
+    pub fn new(body: &Value) -> Result<Encoded, serde_json::Error> {
+        serde_json::to_vec(body).map(Encoded)
+    }
+}
+
+/// The failed response of a body that could not be encoded (sent at `start`).
+fn unencodable(start: Instant, e: &serde_json::Error) -> Response {
+    StreamState::new(start).finish(Some(Failure::Transport(format!(
+        "the request body could not be encoded as JSON: {e}"
+    ))))
+}
+
 /// Sends one streamed chat request and reads it to the end.
 pub async fn send(endpoint: &Endpoint, body: &Value) -> Response {
+    let body = match Encoded::new(body) {
+        Ok(b) => b,
+        Err(e) => return unencodable(Instant::now(), &e),
+    };
     match reqwest::Url::parse(&endpoint.url) {
-        Ok(url) => send_to(endpoint, &url, body, None).await,
+        Ok(url) => send_encoded(endpoint, &url, body, None).await,
         // reqwest reports the bad URL as it would have.
         Err(_) => send_request(endpoint, endpoint.client.post(&endpoint.url), body, None).await,
     }
@@ -145,6 +168,20 @@ pub(crate) async fn send_to(
     body: &Value,
     on_headers: Option<tokio::sync::oneshot::Sender<()>>,
 ) -> Response {
+    match Encoded::new(body) {
+        Ok(body) => send_encoded(endpoint, url, body, on_headers).await,
+        Err(e) => unencodable(Instant::now(), &e),
+    }
+}
+
+/// [`send_to`] with the body already encoded: the send itself only hands the bytes to the
+/// connection.
+pub(crate) async fn send_encoded(
+    endpoint: &Endpoint,
+    url: &reqwest::Url,
+    body: Encoded,
+    on_headers: Option<tokio::sync::oneshot::Sender<()>>,
+) -> Response {
     send_request(
         endpoint,
         endpoint.client.post(url.clone()),
@@ -157,10 +194,12 @@ pub(crate) async fn send_to(
 async fn send_request(
     endpoint: &Endpoint,
     request: reqwest::RequestBuilder,
-    body: &Value,
+    body: Encoded,
     on_headers: Option<tokio::sync::oneshot::Sender<()>>,
 ) -> Response {
-    let mut request = request.json(body);
+    let mut request = request
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body.0);
     let wire = endpoint.wire;
     if wire == Wire::Messages {
         request = request.header("anthropic-version", messages::ANTHROPIC_VERSION);
