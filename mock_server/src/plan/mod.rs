@@ -499,10 +499,17 @@ pub fn search(cmd: &SearchCommand) -> anyhow::Result<()> {
         attainment: s.attainment.unwrap_or(DEFAULT_ATTAINMENT),
     };
     if !cmd.quiet {
-        eprintln!(
-            "mockserve: verifying the best candidate live at arrival speed-up {}",
-            s.verify_speedup
-        );
+        match s.url {
+            Some(ref url) => eprintln!(
+                "mockserve: verifying the best candidate on {url} at arrival speed-up {}",
+                s.verify_speedup
+            ),
+            None => eprintln!(
+                "mockserve: verifying the best candidate live on loopback, its whole clock {}x \
+                 faster",
+                s.verify_speedup
+            ),
+        }
     }
     match verify::run(&header, &best, &opts, &runner.cache) {
         Ok(v) => {
