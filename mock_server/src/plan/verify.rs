@@ -141,6 +141,7 @@ fn slo_at(slo: &Slo, scale: f64) -> Slo {
         ttft_ms: slo.ttft_ms.map(|v| v / scale),
         itl_ms: slo.itl_ms.map(|v| v / scale),
         e2e_ms: slo.e2e_ms.map(|v| v / scale),
+        trajectory_e2e_ms: slo.trajectory_e2e_ms.map(|v| v / scale),
     }
 }
 
@@ -507,6 +508,7 @@ mod tests {
                 ttft_ms: Some(2000.0),
                 itl_ms: None,
                 e2e_ms: Some(50.0),
+                ..Slo::default()
             },
             10.0,
         );
