@@ -98,4 +98,12 @@ for c in cases:
         t = lambda t: "-" if t is None else ("pass" if t["pass"] else "fail") + f" {t['ratio']:.3f} [{t['ci_low']:.3f}, {t['ci_high']:.3f}]"
         print(f"| {c} | {k} | {m['n']} | {f(m['bias'])} | {f(m['mape'])[1:] if m['mape'] is not None else '-'} "
               f"| {f(m['pearson_r'], False)} | {f(m['ks_stat'], False)} | {t(m['tost_mean'])} | {t(m['tost_p90'])} |")
+print()
+print("| case | same worker | live TTFT - engine TTFT: mean / p50 / p90 |")
+print("|---|---|---|")
+for c in cases:
+    p = json.load(open(f"{out}/{c}.json")).get("live_path", {})
+    o = p.get("ttft_overhead_ms") or {}
+    ms = " / ".join(f"{o[k]:.2f}" for k in ("mean", "p50", "p90")) + " ms" if o else "-"
+    print(f"| {c} | {p.get('same_worker', '-')} of {p.get('workers_compared', '-')} | {ms} |")
 EOF

@@ -219,6 +219,7 @@ pub async fn calibrate(args: &CalibrateArgs) -> Result<CalibrateRun, LoadgenErro
                             for stat = mean and p90",
         "bootstrap": {"resamples": stats::BOOTSTRAP_RESAMPLES, "confidence": 0.9, "seed": base_seed},
         "counts": first.counts,
+        "live_path": first.live_path,
         "metrics": first.metrics,
         "load_levels": first.windows,
     });

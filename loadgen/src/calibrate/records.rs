@@ -34,6 +34,11 @@ pub(crate) struct Rec {
     pub cached_tokens: f64,
     /// Output tokens requested: the identity check between the two sides.
     pub max_output_tokens: u64,
+    /// The worker that served it, when the record says (`worker`).
+    pub worker: Option<u64>,
+    /// The server's own TTFT, from its engine's arrival (`engine_ttft_ms`, live records of a
+    /// server that reports it).
+    pub engine_ttft_ms: Option<f64>,
     /// Completed (not failed, rejected or incomplete).
     pub ok: bool,
     /// Where it came from (`FILE:LINE`, or `record N` of a run).
@@ -90,6 +95,8 @@ pub(crate) fn parse(v: &Value, origin: String) -> Result<Rec, LoadgenError> {
             .get("max_output_tokens")
             .and_then(Value::as_u64)
             .ok_or_else(|| bad("max_output_tokens missing"))?,
+        worker: obj.get("worker").and_then(Value::as_u64),
+        engine_ttft_ms: num("engine_ttft_ms"),
         ok: status == "completed" && !failed,
         origin,
     })

@@ -246,6 +246,33 @@ pub(crate) struct Calibration {
     pub windows: Vec<Window>,
     /// Counts of the matching.
     pub counts: Value,
+    /// Where live differs from offline outside the engine's model, over the compared pairs:
+    /// the share of requests served by the same worker, and what the client and the HTTP path
+    /// add to TTFT (see [`live_path`]).
+    pub live_path: Value,
+}
+
+/// The `live_path` section: over the pairs compared (after the warm-up), how many ran on the
+/// same worker live as offline (of those whose worker both sides name), and the live TTFT less
+/// the server's own TTFT from its engine's arrival (`engine_ttft_ms`): the time from the
+/// scheduled send until the engine had the request (client lateness, HTTP, parsing and
+/// tokenizing beyond what the server dates back) plus the first token's way back to the client.
+fn live_path(m: &Matched, warmup_ms: f64) -> Value {
+    let compared = || m.pairs.iter().filter(|(o, _)| o.arrival_ms >= warmup_ms);
+    let placed: Vec<bool> = compared()
+        .filter_map(|(o, l)| Some(o.worker? == l.worker?))
+        .collect();
+    let overhead: Vec<f64> = compared()
+        .filter_map(|(_, l)| Some(l.ttft_ms? - l.engine_ttft_ms?))
+        .collect();
+    let n = overhead.len();
+    let overhead = (n > 0).then(|| summary(overhead));
+    json!({
+        "workers_compared": placed.len(),
+        "same_worker": placed.iter().filter(|same| **same).count(),
+        "ttft_overhead_n": n,
+        "ttft_overhead_ms": overhead,
+    })
 }
 
 /// Computes the calibration of `m`.
@@ -273,6 +300,7 @@ pub(crate) fn calibrate(m: &Matched, s: &Settings, agentic: bool) -> Calibration
         metrics,
         pairs: pairs_of,
         windows: windows(m, s),
+        live_path: live_path(m, s.warmup_ms),
         counts: json!({
             "live_records": m.live,
             "offline_records": m.offline,
@@ -361,6 +389,23 @@ pub(crate) fn console(c: &Calibration, s: &Settings) -> String {
                 b("e2e")
             ));
         }
+    }
+    let p = &c.live_path;
+    if p["workers_compared"].as_u64().unwrap_or(0) > 0 {
+        out.push_str(&format!(
+            "  Placement: {} of {} requests on the same worker live as offline\n",
+            p["same_worker"], p["workers_compared"]
+        ));
+    }
+    if let Some(o) = p["ttft_overhead_ms"].as_object() {
+        let ms = |k: &str| o.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+        out.push_str(&format!(
+            "  Live TTFT less the server's engine TTFT (client, HTTP, tokenizing): mean {:.2} \
+             ms, p50 {:.2} ms, p90 {:.2} ms\n",
+            ms("mean"),
+            ms("p50"),
+            ms("p90")
+        ));
     }
     let failed = c.counts["failed_live"].as_u64().unwrap_or(0);
     if failed > 0 {

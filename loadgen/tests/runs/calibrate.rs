@@ -67,6 +67,11 @@ async fn the_offline_replay_against_itself_is_exact() -> Result<()> {
         assert_eq!(m["tost_pass"], true, "{key}");
     }
     assert_eq!(metric(&run, "e2e")["pearson_r"], 1.0);
+    // Both sides name the worker (the same records): every request on the same one.
+    assert_eq!(run.json["live_path"]["workers_compared"], 20);
+    assert_eq!(run.json["live_path"]["same_worker"], 20);
+    // Offline records have no server-side TTFT: no live overhead to show.
+    assert_eq!(run.json["live_path"]["ttft_overhead_n"], 0);
     assert!(run.json["metrics"].get("trajectory_e2e").is_none());
     // Both sides through the same parser (serde_json's default float parsing is not exact).
     let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report)?)?;
@@ -160,6 +165,13 @@ async fn live_on_the_same_engine_flags_matches_every_request() -> Result<()> {
     for key in ["ttft", "itl", "cached_tokens"] {
         assert_eq!(metric(&run, key)["n"], n, "{key}");
     }
+    // Every compared request names its worker on both sides, and the server its own TTFT,
+    // from the engine's arrival: the client and HTTP path only ever add to it.
+    let path = &run.json["live_path"];
+    assert_eq!(path["workers_compared"], n);
+    assert_eq!(path["ttft_overhead_n"], n);
+    let overhead = path["ttft_overhead_ms"]["p50"].as_f64().expect("a median");
+    assert!(overhead >= 0.0, "live TTFT less engine TTFT: {overhead} ms");
     assert_eq!(run.json["load_levels"].as_array().map(Vec::len), Some(2));
     Ok(())
 }

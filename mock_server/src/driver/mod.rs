@@ -9,13 +9,16 @@
 //! request's channel ([`Event::Output`]). A closed channel means the client left: the request
 //! is cancelled and its KV blocks freed.
 //!
-//! A submission also advances the engine through what its arrival made due (its admission,
-//! which starts its prefill at once on an idle worker), under the same lock, and its handler
-//! sends its own request's outputs itself. The task is nudged only when the engine's next event
-//! is now earlier than the wake-up it planned, or when that advance produced outputs for other
-//! requests (which the task sends, in order). In a burst of submissions the task then plans once
-//! for the burst instead of running once per submission, and no handler is woken a second time
-//! for its own admission.
+//! Before it is routed, a submission advances the engine through every event before its arrival
+//! that a late wake-up of the task has not reached yet, so the router decides on the state the
+//! engine had at that instant, as the offline replay's does (events at the arrival itself come
+//! after it, as offline). A submission also advances the engine through what its arrival made
+//! due (its admission, which starts its prefill at once on an idle worker), under the same lock,
+//! and its handler sends its own request's outputs itself. The task is nudged only when the
+//! engine's next event is now earlier than the wake-up it planned, or when that advance produced
+//! outputs for other requests (which the task sends, in order). In a burst of submissions the
+//! task then plans once for the burst instead of running once per submission, and no handler is
+//! woken a second time for its own admission.
 //!
 //! Wake-ups: tokio's timer rounds every sleep up to its next millisecond tick, which made
 //! tokens up to a millisecond late and decode steps shorter than a millisecond arrive in

@@ -194,6 +194,27 @@ impl Driver {
         })
     }
 
+    /// Advances the engine through its events before `arrival`, which a late wake-up of the
+    /// task may not have reached yet: a request is routed on the state the engine had at its
+    /// arrival (a pass that ended before it has freed its load and stored its blocks), as the
+    /// offline replay routes it. Events at `arrival` itself come after it, as offline. A panic
+    /// of the engine there stops the driver, as in [`Driver::catch_up`].
+    fn advance_before(&mut self, arrival: SimTime) -> Result<(), SubmitError> {
+        let advanced = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut next = self.next_wake();
+            for _ in 0..MAX_STEPS_PER_WAKE {
+                match next {
+                    Some(due) if due < arrival => next = self.step(due),
+                    _ => break,
+                }
+            }
+        }));
+        advanced.map_err(|_| {
+            self.stop();
+            SubmitError::Stopped
+        })
+    }
+
     /// Ends service: every request's event channel closes (its handler answers with an error),
     /// and later calls are refused.
     pub(super) fn stop(&mut self) {
@@ -266,6 +287,7 @@ impl Driver {
                 .saturating_sub(SimTime::from_micros(MAX_BACKDATE_US).as_nanos()),
         );
         let arrival = received.map_or(now, |r| r.clamp(earliest, now));
+        self.advance_before(arrival)?;
         if let (Some(observer), Some(worker)) = (&self.observer, pinned) {
             observer.arrived(&self.cluster, &request, worker, arrival);
         }
