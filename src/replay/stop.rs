@@ -340,6 +340,7 @@ mod tests {
                 ttft_ms: Some(ttft),
                 itl_ms: Some(tpot),
                 e2e_ms: None,
+                trajectory_e2e_ms: None,
             },
             attainment: q,
         }
