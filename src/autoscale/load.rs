@@ -1,6 +1,7 @@
-//! `load`: a load-based planner in the manner of Dynamo's SLA planner. It predicts the next
-//! interval's load (request rate × ISL prefill tokens per second, request rate × OSL decode
-//! tokens per second) and divides it by what one worker sustains within the SLO.
+//! `load`: a load-based planner in the manner of Dynamo's SLA planner. It predicts the load of
+//! the interval a new worker would serve (request rate × ISL prefill tokens per second, request
+//! rate × OSL decode tokens per second) and divides it by what one worker sustains within the
+//! SLO.
 //!
 //! Per pool, with `r` the predicted request rate:
 //! - prefill workers: `ceil(r · ISL / (prefill_tokens_per_s · target_utilisation))`;
@@ -9,10 +10,11 @@
 //!   `ceil((r · ISL / prefill_tokens_per_s + r · OSL / decode_tokens_per_s) / target_utilisation)`.
 //!
 //! The prediction fits a least-squares line through the request rates of the last `window`
-//! scrapes: its level at the latest scrape (never below the window's mean or the latest rate),
-//! raised by its rising slope carried `lookahead_s` ahead (a new worker serves only once its
-//! model has loaded). ISL and OSL are the window's request-weighted means. Requests queued at
-//! the scrape add their prompts to the prefill load, to be cleared within one `lookahead_s`.
+//! scrapes: its level at the latest scrape, raised by its rising slope carried `lookahead_s`
+//! ahead (a new worker serves only once its model has loaded); a falling slope is not carried
+//! (a worker given up cannot be back within the lookahead). ISL and OSL are the window's
+//! request-weighted means. Requests queued at the scrape add their prompts to the prefill load,
+//! to be cleared within one `lookahead_s`.
 //!
 //! A pool grows at once; it shrinks only to the largest size the last `down_window` decisions
 //! asked for, and never while it has workers loading (cancelling them would throw away the
@@ -101,7 +103,6 @@ impl LoadPolicy {
             }
         };
         let (isl, osl) = (weighted(|h| h.1), weighted(|h| h.2));
-        let latest = self.history.back().map_or(0.0, |h| h.0);
         // Least-squares line through the window's rates (scrape index against rate): its value
         // at the latest scrape is the level, its slope the trend per scrape.
         let len = self.history.len();
@@ -118,8 +119,10 @@ impl LoadPolicy {
         } else {
             (rate, 0.0)
         };
+        // Rising: the level carried to the end of the lead. Falling: the level now (a worker
+        // given up cannot be back within the lead, so a fall is not anticipated).
         (
-            level.max(rate).max(latest) + slope.max(0.0) * self.lookahead_scrapes(),
+            level.max(0.0) + slope.max(0.0) * self.lookahead_scrapes(),
             isl,
             osl,
         )
@@ -283,6 +286,21 @@ mod tests {
         assert_eq!(
             p.decide(&observation(1, 0.1, 0, 8.0)),
             Ok(Decision::Workers(3))
+        );
+        // Falling 14, 12, 10, 8: the level is 8 (below the window's mean of 11), not carried
+        // further down: 8 req/s -> 0.8 + 0.8 = 1.6 -> 2.
+        let mut f = LoadPolicy::new(LoadPolicyConfig {
+            window: 4,
+            lookahead_s: 60.0,
+            ..config()
+        })
+        .unwrap();
+        for rate in [14.0, 12.0, 10.0] {
+            f.decide(&observation(3, 0.1, 0, rate)).unwrap();
+        }
+        assert_eq!(
+            f.decide(&observation(3, 0.1, 0, 8.0)),
+            Ok(Decision::Workers(2))
         );
         // 9 req/s alone: 0.9 + 0.9 = 1.8 -> 2 workers. A queue of 90 requests x 1000 tokens
         // to clear within one 30 s interval adds 3000 tok/s = 0.3 of a worker: 2.1 -> 3.
