@@ -64,13 +64,17 @@ impl Default for SaturationPolicyConfig {
 /// ready worker).
 type Signals = (f64, f64, f64, f64);
 
+/// One decision's raw recommendations: (time, from the latest scrape, from the averaged
+/// signals).
+type Recommendation = (f64, usize, usize);
+
 /// The saturation policy (see the module doc).
 #[derive(Clone, Debug)]
 pub struct SaturationPolicy {
     config: SaturationPolicyConfig,
     /// Per pool role, recent (time, recommendation from the latest scrape, recommendation from
     /// the averaged signals), oldest first.
-    history: Vec<(PoolRole, VecDeque<(f64, usize, usize)>)>,
+    history: Vec<(PoolRole, VecDeque<Recommendation>)>,
     /// Per pool role, recent scrapes' signals, oldest first.
     signals: Vec<(PoolRole, VecDeque<Signals>)>,
 }
