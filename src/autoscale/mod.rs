@@ -41,7 +41,7 @@ pub use external::ExternalPolicy;
 pub use lifecycle::{
     LifecycleConfig, LifecycleError, PoolBounds, DEFAULT_MODEL_LOAD, DEFAULT_MODEL_LOAD_JITTER,
 };
-pub use load::{LoadPolicy, LoadPolicyConfig};
+pub use load::{LoadPolicy, LoadPolicyConfig, LoadTiming};
 pub use policy::{
     Decision, Observation, Policy, PolicyError, PolicySpec, PoolObservation, PoolRole,
     WorkerObservation, WorkerState,

@@ -37,8 +37,8 @@ use serde::Serialize;
 use super::{replay_observed, ReplayConfig, ReplayError, ReplayObserver, ReplayOutcome};
 use crate::autoscale::{
     slo_capacity, Decision, ExternalPolicy, LifecycleConfig, LifecycleError, LoadPolicy,
-    LoadPolicyConfig, Observation, Policy, PolicySpec, PoolObservation, PoolRole, SaturationPolicy,
-    SaturationPolicyConfig, SloCapacity, WorkerObservation, WorkerState,
+    LoadPolicyConfig, LoadTiming, Observation, Policy, PolicySpec, PoolObservation, PoolRole,
+    SaturationPolicy, SaturationPolicyConfig, SloCapacity, WorkerObservation, WorkerState,
 };
 use crate::cluster::{Cluster, ClusterConfig, Output, ServingMode};
 use crate::ids::RequestId;
@@ -502,15 +502,14 @@ fn secs(d: SimDuration) -> f64 {
     d.as_micros() as f64 / 1e6
 }
 
-/// How far ahead the `load` policy must look: from the middle of the interval its latest rate
-/// was measured over (half a tick before the scrape, which is `scrape_delay` old) to when a
-/// worker asked for at the next decision, a tick later, has loaded (the longest load delay).
-pub fn load_lead_s(settings: &AutoscaleSettings) -> f64 {
-    secs(settings.tick) / 2.0
-        + secs(settings.scrape_delay)
-        + secs(settings.tick)
-        + secs(settings.lifecycle.model_load)
-        + secs(settings.lifecycle.model_load_jitter)
+/// The lifecycle timing the `load` policy plans around.
+pub fn load_timing(settings: &AutoscaleSettings) -> LoadTiming {
+    LoadTiming {
+        tick_s: secs(settings.tick),
+        scrape_delay_s: secs(settings.scrape_delay),
+        model_load_s: secs(settings.lifecycle.model_load),
+        model_load_jitter_s: secs(settings.lifecycle.model_load_jitter),
+    }
 }
 
 fn build_policy(
@@ -524,24 +523,11 @@ fn build_policy(
     Ok(Some(match spec {
         PolicySpec::Load => {
             let c = trace_slo_capacity(config, trace, &settings.slo);
-            let lead_s = load_lead_s(settings);
-            // The trend is fitted over as long a past as it is carried into the future.
-            let window = (lead_s / secs(settings.tick)).ceil() as usize;
-            // A worker removed now is back at the earliest one model-load delay later: a pool
-            // shrinks only when no decision of the last model-load delay wanted it.
-            let down_window =
-                (secs(settings.lifecycle.model_load) / secs(settings.tick)).ceil() as usize;
-            Box::new(
-                LoadPolicy::new(LoadPolicyConfig {
-                    prefill_tokens_per_s: c.prefill_tokens_per_s,
-                    decode_tokens_per_s: c.decode_tokens_per_s,
-                    target_utilisation: settings.load_utilisation.unwrap_or(c.utilisation),
-                    window: window.max(2),
-                    lookahead_s: lead_s,
-                    down_window: down_window.max(1),
-                })
-                .map_err(AutoscaleError::Policy)?,
-            )
+            let mut planned = LoadPolicyConfig::planned(&c, &load_timing(settings));
+            if let Some(utilisation) = settings.load_utilisation {
+                planned.target_utilisation = utilisation;
+            }
+            Box::new(LoadPolicy::new(planned).map_err(AutoscaleError::Policy)?)
         }
         PolicySpec::Saturation => {
             let mut saturation = settings.saturation.clone();
