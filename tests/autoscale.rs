@@ -4,7 +4,8 @@
 use clap::Parser;
 use mock_server::cmd::replay::{run_judged, ReplayArgs};
 use mock_server::Cli;
-use servesim::replay::autoscale::AutoscaleReport;
+use servesim::autoscale::PoolRole;
+use servesim::replay::autoscale::{AutoscaleReport, ScaleEvent};
 
 /// A temporary folder removed on drop.
 struct Scratch(std::path::PathBuf);
@@ -107,16 +108,51 @@ fn static_run(trace: &str, workers: &str) -> AutoscaleReport {
 #[test]
 fn policies_scale_up_for_the_peak_and_back_down_with_fewer_gpu_seconds_than_a_static_peak_fleet() {
     let dir = Scratch::new("policies");
-    let trace = dir.trace(1000);
+    // 2000 requests: 80 before the rise, 720 during it, then 600 s at the low rate, longer
+    // than the saturation policy's 300 s scale-down window.
+    let trace = dir.trace(2000);
     let peak = static_run(&trace, "4");
     assert_eq!(peak.policy, "static");
     assert_eq!(peak.scale_events, 0);
     assert_eq!(peak.peak_gpus, 4);
     assert!((peak.mean_gpus - 4.0).abs() < 1e-9);
     assert!((peak.gpu_seconds - 4.0 * peak.duration_s).abs() < 1e-6);
+    assert!((peak.gpu_seconds - 2799.619299204).abs() < 1e-6);
+    assert_eq!(peak.slo_attainment, 1.0);
     for policy in ["load", "saturation"] {
         let run = judged(&trace, &["--autoscale", policy]).unwrap();
         assert_eq!(run.policy, policy);
+        // Exact figures (the replay is deterministic): both policies go from 1 to 4 workers at
+        // the first tick that sees the rise (45 s: the scrape at 43 s is the first after it),
+        // lose the requests that arrive before the new workers have loaded (the step is
+        // instantaneous, the load 10 ± 2 s), and come back to 1: `load` a model-load delay
+        // after the fall, `saturation` after its 300 s scale-down window, one worker a tick.
+        let (gpu_seconds, downs_at) = match policy {
+            "load" => (909.904824801, [110.0, 115.0, 120.0]),
+            _ => (2049.904824801, [490.0, 495.0, 500.0]),
+        };
+        assert!(
+            (run.gpu_seconds - gpu_seconds).abs() < 1e-6,
+            "{policy}: {}",
+            run.gpu_seconds
+        );
+        assert!((run.slo_attainment - 0.91).abs() < 1e-12, "{policy}");
+        assert_eq!(run.violation_seconds, 15.0, "{policy}");
+        let events: Vec<(f64, usize, usize)> = run
+            .events
+            .iter()
+            .map(|e| (e.time_s, e.from, e.to))
+            .collect();
+        assert_eq!(
+            events,
+            vec![
+                (45.0, 1, 4),
+                (downs_at[0], 4, 3),
+                (downs_at[1], 3, 2),
+                (downs_at[2], 2, 1)
+            ],
+            "{policy}"
+        );
         let ups = run.events.iter().filter(|e| e.to > e.from).count();
         let downs = run.events.iter().filter(|e| e.to < e.from).count();
         assert!(ups >= 1 && downs >= 1, "{policy}: {:?}", run.events);
@@ -140,6 +176,90 @@ fn policies_scale_up_for_the_peak_and_back_down_with_fewer_gpu_seconds_than_a_st
             "{policy}"
         );
     }
+}
+
+/// Integral of the step series of pool sizes the events give (each pool starting at `initial`),
+/// over `[0, end)`: the GPUs held by ready and loading workers, draining ones left out.
+fn target_gpu_seconds(run: &AutoscaleReport, initial: usize) -> f64 {
+    let mut size = initial as f64;
+    let mut t = 0.0;
+    let mut total = 0.0;
+    for e in &run.events {
+        total += size * (e.time_s - t);
+        size += e.to as f64 - e.from as f64;
+        t = e.time_s;
+    }
+    total + size * (run.duration_s - t)
+}
+
+#[test]
+fn a_disaggregated_fleet_scales_its_prefill_and_decode_pools_apart() {
+    let dir = Scratch::new("disagg");
+    let trace = dir.trace(1000);
+    // The FAST settings with per-pool bounds: prefill 1..=3, decode 1..=2.
+    let mut flags = vec![trace.as_str()];
+    let bounds = FAST
+        .iter()
+        .position(|f| *f == "--min-workers")
+        .expect("FAST sets --min-workers");
+    flags.extend_from_slice(&FAST[..bounds]);
+    flags.extend_from_slice(&[
+        "--serving-mode",
+        "disagg",
+        "--min-workers",
+        "prefill=1,decode=1",
+        "--max-workers",
+        "prefill=3,decode=2",
+        "--autoscale",
+        "load",
+        "--quiet",
+    ]);
+    let (outcome, report) = run_judged(&args(&flags).unwrap()).unwrap();
+    let run = report.expect("an autoscale section");
+    assert_eq!(outcome.report.completed_requests, 1000);
+    // 8000-token prompts and 40 tokens out: the rise needs prefill workers, not decode ones.
+    // The prefill pool grows to its maximum and back; the decode pool, whose load stays
+    // within one worker, never moves.
+    let of = |role: PoolRole| -> Vec<&ScaleEvent> {
+        run.events.iter().filter(|e| e.role == role).collect()
+    };
+    let prefill = of(PoolRole::Prefill);
+    assert!(prefill.iter().any(|e| e.to == 3), "{:?}", run.events);
+    assert!(prefill.iter().any(|e| e.to < e.from), "{:?}", run.events);
+    assert!(of(PoolRole::Decode).is_empty(), "{:?}", run.events);
+    assert!(of(PoolRole::Aggregated).is_empty());
+    assert!(run.events.iter().all(|e| e.to <= 3 && e.to >= 1));
+    // The judge's figures agree with each other: GPU-seconds are the timeline's mean GPUs over
+    // its windows, at least what the pools' sizes (ready and loading workers) hold, and the
+    // rest is draining workers finishing their requests, at most one drain per scale-down
+    // lasting no longer than the run.
+    assert_eq!(run.peak_gpus, 4);
+    assert!((run.mean_gpus - run.gpu_seconds / run.duration_s).abs() < 1e-9);
+    let windows: f64 = run
+        .timeline
+        .iter()
+        .map(|w| w.gpus * (run.duration_s - w.start_s).min(run.window_s))
+        .sum();
+    assert!(
+        (windows - run.gpu_seconds).abs() < 1e-6,
+        "{windows} vs {}",
+        run.gpu_seconds
+    );
+    let held = target_gpu_seconds(&run, 2);
+    assert!(
+        run.gpu_seconds >= held - 1e-6,
+        "{} < {held}",
+        run.gpu_seconds
+    );
+    assert!(
+        run.gpu_seconds > 2.0 * run.duration_s && run.gpu_seconds < 5.0 * run.duration_s,
+        "{}",
+        run.gpu_seconds
+    );
+    // No oracle for a disaggregated fleet.
+    assert_eq!(run.oracle_gpu_seconds, None);
+    assert_eq!(run.regret_gpu_seconds, None);
+    assert!(run.warnings.is_empty(), "{:?}", run.warnings);
 }
 
 #[test]

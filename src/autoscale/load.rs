@@ -1,6 +1,7 @@
-//! `load`: a load-based planner in the manner of Dynamo's SLA planner. It predicts the next
-//! interval's load (request rate × ISL prefill tokens per second, request rate × OSL decode
-//! tokens per second) and divides it by what one worker sustains within the SLO.
+//! `load`: a load-based planner in the manner of Dynamo's SLA planner. It predicts the load of
+//! the interval a new worker would serve (request rate × ISL prefill tokens per second, request
+//! rate × OSL decode tokens per second) and divides it by what one worker sustains within the
+//! SLO.
 //!
 //! Per pool, with `r` the predicted request rate:
 //! - prefill workers: `ceil(r · ISL / (prefill_tokens_per_s · target_utilisation))`;
@@ -9,10 +10,11 @@
 //!   `ceil((r · ISL / prefill_tokens_per_s + r · OSL / decode_tokens_per_s) / target_utilisation)`.
 //!
 //! The prediction fits a least-squares line through the request rates of the last `window`
-//! scrapes: its level at the latest scrape (never below the window's mean or the latest rate),
-//! raised by its rising slope carried `lookahead_s` ahead (a new worker serves only once its
-//! model has loaded). ISL and OSL are the window's request-weighted means. Requests queued at
-//! the scrape add their prompts to the prefill load, to be cleared within one `lookahead_s`.
+//! scrapes: its level at the latest scrape, raised by its rising slope carried `lookahead_s`
+//! ahead (a new worker serves only once its model has loaded); a falling slope is not carried
+//! (a worker given up cannot be back within the lookahead). ISL and OSL are the window's
+//! request-weighted means. Requests queued at the scrape add their prompts to the prefill load,
+//! to be cleared within one `lookahead_s`.
 //!
 //! A pool grows at once; it shrinks only to the largest size the last `down_window` decisions
 //! asked for, and never while it has workers loading (cancelling them would throw away the
@@ -20,6 +22,7 @@
 
 use std::collections::VecDeque;
 
+use super::capacity::SloCapacity;
 use super::policy::{Decision, Observation, Policy, PolicyError, PoolRole};
 
 /// Settings of the load-based policy.
@@ -39,6 +42,58 @@ pub struct LoadPolicyConfig {
     /// `down_window` decisions asked for (1 = at once). It never shrinks while it has workers
     /// loading.
     pub down_window: usize,
+}
+
+/// The timing a load policy plans around, in seconds: its tick, the age of the metrics a
+/// decision sees, and the model-load delay of a new worker (mean and jitter).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LoadTiming {
+    /// Time between decisions.
+    pub tick_s: f64,
+    /// How old the scrape a decision sees is.
+    pub scrape_delay_s: f64,
+    /// Mean model-load delay.
+    pub model_load_s: f64,
+    /// The most a delay differs from the mean.
+    pub model_load_jitter_s: f64,
+}
+
+impl LoadTiming {
+    /// How far ahead the policy must look: from the middle of the interval its latest rate was
+    /// measured over (half a tick before the scrape, which is `scrape_delay_s` old) to when a
+    /// worker asked for at the next decision, a tick later, has loaded (the longest delay).
+    pub fn lead_s(&self) -> f64 {
+        self.tick_s / 2.0
+            + self.scrape_delay_s
+            + self.tick_s
+            + self.model_load_s
+            + self.model_load_jitter_s
+    }
+}
+
+impl LoadPolicyConfig {
+    /// The settings `mockserve replay --autoscale load` uses: the capacity and utilisation of
+    /// `capacity`; the lead of `timing` as lookahead; the trend fitted over as long a past as
+    /// it is carried into the future (`ceil(lead / tick)` scrapes, at least 2); a scale-down
+    /// window of one model-load delay (`ceil(model_load / tick)` decisions: a worker removed
+    /// now could not be back sooner).
+    pub fn planned(capacity: &SloCapacity, timing: &LoadTiming) -> LoadPolicyConfig {
+        let tick_s = if timing.tick_s > 0.0 {
+            timing.tick_s
+        } else {
+            1.0
+        };
+        let lead_s = timing.lead_s();
+        let scrapes = |s: f64| (s / tick_s).ceil().clamp(0.0, 1e6) as usize;
+        LoadPolicyConfig {
+            prefill_tokens_per_s: capacity.prefill_tokens_per_s,
+            decode_tokens_per_s: capacity.decode_tokens_per_s,
+            target_utilisation: capacity.utilisation,
+            window: scrapes(lead_s).max(2),
+            lookahead_s: lead_s,
+            down_window: scrapes(timing.model_load_s).max(1),
+        }
+    }
 }
 
 /// The load-based policy (see the module doc).
@@ -101,7 +156,6 @@ impl LoadPolicy {
             }
         };
         let (isl, osl) = (weighted(|h| h.1), weighted(|h| h.2));
-        let latest = self.history.back().map_or(0.0, |h| h.0);
         // Least-squares line through the window's rates (scrape index against rate): its value
         // at the latest scrape is the level, its slope the trend per scrape.
         let len = self.history.len();
@@ -118,8 +172,10 @@ impl LoadPolicy {
         } else {
             (rate, 0.0)
         };
+        // Rising: the level carried to the end of the lead. Falling: the level now (a worker
+        // given up cannot be back within the lead, so a fall is not anticipated).
         (
-            level.max(rate).max(latest) + slope.max(0.0) * self.lookahead_scrapes(),
+            level.max(0.0) + slope.max(0.0) * self.lookahead_scrapes(),
             isl,
             osl,
         )
@@ -284,6 +340,21 @@ mod tests {
             p.decide(&observation(1, 0.1, 0, 8.0)),
             Ok(Decision::Workers(3))
         );
+        // Falling 14, 12, 10, 8: the level is 8 (below the window's mean of 11), not carried
+        // further down: 8 req/s -> 0.8 + 0.8 = 1.6 -> 2.
+        let mut f = LoadPolicy::new(LoadPolicyConfig {
+            window: 4,
+            lookahead_s: 60.0,
+            ..config()
+        })
+        .unwrap();
+        for rate in [14.0, 12.0, 10.0] {
+            f.decide(&observation(3, 0.1, 0, rate)).unwrap();
+        }
+        assert_eq!(
+            f.decide(&observation(3, 0.1, 0, 8.0)),
+            Ok(Decision::Workers(2))
+        );
         // 9 req/s alone: 0.9 + 0.9 = 1.8 -> 2 workers. A queue of 90 requests x 1000 tokens
         // to clear within one 30 s interval adds 3000 tok/s = 0.3 of a worker: 2.1 -> 3.
         let mut q = LoadPolicy::new(config()).unwrap();
@@ -326,6 +397,36 @@ mod tests {
         obs.pools[0].loading = 1;
         obs.pools[0].current = 4;
         assert_eq!(p.decide(&obs), Ok(Decision::Workers(4)));
+    }
+
+    #[test]
+    fn the_planned_settings_follow_the_lifecycle_timing() {
+        let capacity = SloCapacity {
+            prefill_tokens_per_s: 44_000.0,
+            decode_tokens_per_s: 2_000.0,
+            utilisation: 0.29,
+            requests_per_s: 0.69,
+            running: 0.91,
+        };
+        let timing = LoadTiming {
+            tick_s: 30.0,
+            scrape_delay_s: 15.0,
+            model_load_s: 240.0,
+            model_load_jitter_s: 30.0,
+        };
+        // 15 + 15 + 30 + 240 + 30 = 330 s: 11 scrapes; 240 s: 8 decisions.
+        assert_eq!(timing.lead_s(), 330.0);
+        assert_eq!(
+            LoadPolicyConfig::planned(&capacity, &timing),
+            LoadPolicyConfig {
+                prefill_tokens_per_s: 44_000.0,
+                decode_tokens_per_s: 2_000.0,
+                target_utilisation: 0.29,
+                window: 11,
+                lookahead_s: 330.0,
+                down_window: 8,
+            }
+        );
     }
 
     #[test]

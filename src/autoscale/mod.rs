@@ -8,6 +8,8 @@
 //!   load over per-worker capacity), [`SaturationPolicy`] (KV and queue thresholds with
 //!   stabilisation windows) and [`ExternalPolicy`] (a process speaking JSON lines) implement it.
 //!   A [`PolicyError`] means "hold the current count" with a warning, never a stopped run.
+//! - [`worker_capacity`]: what one worker sustains within a TPOT bound, from its latency
+//!   model (the `load` policy's capacity, offline and live).
 //! - [`LifecycleConfig`]: model-load delays (240 ± 30 s by default, seeded) and per-pool
 //!   minimum and maximum sizes.
 //!
@@ -24,6 +26,7 @@
 //! let _policy = SaturationPolicy::new(SaturationPolicyConfig::default()).unwrap();
 //! ```
 
+mod capacity;
 mod external;
 mod lifecycle;
 mod load;
@@ -31,11 +34,14 @@ mod policy;
 mod profile;
 mod saturation;
 
+pub use capacity::{
+    slo_capacity, slo_utilisation, worker_capacity, SloCapacity, DEFAULT_TPOT_MS, PLANNED_MISS,
+};
 pub use external::ExternalPolicy;
 pub use lifecycle::{
     LifecycleConfig, LifecycleError, PoolBounds, DEFAULT_MODEL_LOAD, DEFAULT_MODEL_LOAD_JITTER,
 };
-pub use load::{LoadPolicy, LoadPolicyConfig};
+pub use load::{LoadPolicy, LoadPolicyConfig, LoadTiming};
 pub use policy::{
     Decision, Observation, Policy, PolicyError, PolicySpec, PoolObservation, PoolRole,
     WorkerObservation, WorkerState,

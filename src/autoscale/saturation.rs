@@ -1,17 +1,20 @@
-//! `saturation`: KV-usage and queue thresholds with stabilisation windows, in the manner of
-//! Kubernetes' HPA and llm-d's Workload Variant Autoscaler.
+//! `saturation`: KV-usage, queue and running-request thresholds with stabilisation windows, in
+//! the manner of Kubernetes' HPA and llm-d's Workload Variant Autoscaler.
 //!
 //! Per pool, over its ready workers: `ratio = max(kv_usage / kv_target, running_per_worker /
-//! running_target, waiting_per_worker / queue_target)`, each signal the mean of the scrapes of
-//! the last `smooth_window_s` (point-sampled gauges are noisy); KV usage stays low when prompts
-//! fit the cache easily and a queue forms only once TTFT is lost, while the requests running
-//! per worker (running-batch saturation) rise with the load before either. Within `tolerance`
-//! of 1 the recommendation is the current size, else `ceil(ready · ratio)` (at least 1 while
-//! anything is running or waiting). As HPA does, a scale-up takes the smallest recommendation
-//! of the last `up_window` and a scale-down the largest of the last `down_window`, so one quiet scrape does not drop workers that the next
-//! burst needs; a scale-down then removes one worker per decision (HPA's scale-down policies
-//! limit the rate the same way). While workers of the pool are still loading the pool is not
-//! shrunk (their capacity is not in the metrics yet).
+//! running_target, waiting_per_worker / queue_target)`. KV usage stays low when prompts fit the
+//! cache easily and a queue forms only once TTFT is lost; the requests running per worker rise
+//! with the load before either, and their target comes from the SLO (the requests in flight on
+//! a worker that takes the rate it serves within the SLO). Within `tolerance` of 1 the
+//! recommendation is the current size, else `ceil(ready · ratio)` (at least 1 while anything is
+//! running or waiting).
+//!
+//! Scale up fast, down slowly: a scale-up follows the latest scrape (the smallest
+//! recommendation of the last `up_window_s`, HPA's 0 s by default); a scale-down follows the
+//! signals averaged over the last `smooth_window_s` (point-sampled gauges are noisy), and waits
+//! until the largest such recommendation of the last `down_window_s` is below the current
+//! size, then removes one worker per decision (as WVA does). While workers of the pool are
+//! still loading the pool is not shrunk (their capacity is not in the metrics yet).
 
 use std::collections::VecDeque;
 
@@ -30,9 +33,10 @@ pub struct SaturationPolicyConfig {
     pub up_window_s: f64,
     /// Seconds of recommendations a scale-down takes the maximum of (HPA: 300).
     pub down_window_s: f64,
-    /// Target requests running per ready worker (running-batch saturation: a worker serving
-    /// more at once than this is near the load it holds within the SLO); above 0.
-    pub running_target: f64,
+    /// Target requests running per ready worker (a worker serving more at once than this is
+    /// past the load it holds within the SLO); above 0. None: no such signal. `mockserve
+    /// replay` derives it from the SLO ([`crate::autoscale::SloCapacity::running`]).
+    pub running_target: Option<f64>,
     /// Seconds of scrapes the signals are averaged over before they are compared with their
     /// targets (as `avg_over_time` smooths point-sampled gauges); 0 = the latest scrape only.
     pub smooth_window_s: f64,
@@ -41,13 +45,17 @@ pub struct SaturationPolicyConfig {
 impl Default for SaturationPolicyConfig {
     fn default() -> Self {
         SaturationPolicyConfig {
+            // WVA's saturation defaults: a KV threshold of 0.8 with a spare trigger of 0.1, a
+            // queue threshold of 5 with a spare trigger of 3.
             kv_target: 0.7,
-            queue_target: 1.0,
+            queue_target: 2.0,
+            // HPA's defaults: a 10% tolerance, scale-up at once, a 300 s scale-down window.
             tolerance: 0.1,
             up_window_s: 0.0,
-            down_window_s: 240.0,
-            running_target: 1.5,
-            smooth_window_s: 90.0,
+            down_window_s: 300.0,
+            running_target: None,
+            // The gauges averaged over 2 minutes, the range of prometheus-adapter's usual rules.
+            smooth_window_s: 120.0,
         }
     }
 }
@@ -56,12 +64,17 @@ impl Default for SaturationPolicyConfig {
 /// ready worker).
 type Signals = (f64, f64, f64, f64);
 
+/// One decision's raw recommendations: (time, from the latest scrape, from the averaged
+/// signals).
+type Recommendation = (f64, usize, usize);
+
 /// The saturation policy (see the module doc).
 #[derive(Clone, Debug)]
 pub struct SaturationPolicy {
     config: SaturationPolicyConfig,
-    /// Per pool role, recent (time, recommendation), oldest first.
-    history: Vec<(PoolRole, VecDeque<(f64, usize)>)>,
+    /// Per pool role, recent (time, recommendation from the latest scrape, recommendation from
+    /// the averaged signals), oldest first.
+    history: Vec<(PoolRole, VecDeque<Recommendation>)>,
     /// Per pool role, recent scrapes' signals, oldest first.
     signals: Vec<(PoolRole, VecDeque<Signals>)>,
 }
@@ -86,11 +99,12 @@ impl SaturationPolicy {
         {
             return Err("saturation policy: tolerance and windows must be finite and >= 0".into());
         }
-        if !(config.running_target.is_finite() && config.running_target > 0.0) {
-            return Err(format!(
-                "saturation policy: running target {} must be above 0",
-                config.running_target
-            ));
+        if let Some(target) = config.running_target {
+            if !(target.is_finite() && target > 0.0) {
+                return Err(format!(
+                    "saturation policy: running target {target} must be above 0"
+                ));
+            }
         }
         if !(config.smooth_window_s.is_finite() && config.smooth_window_s >= 0.0) {
             return Err("saturation policy: smoothing window must be finite and >= 0".into());
@@ -102,10 +116,11 @@ impl SaturationPolicy {
         })
     }
 
-    /// The raw recommendation for one pool at `time_s`.
-    fn recommend(&mut self, time_s: f64, pool: &PoolObservation) -> usize {
+    /// The raw recommendations for one pool at `time_s`: (from the latest scrape, from the
+    /// signals averaged over `smooth_window_s`).
+    fn recommend(&mut self, time_s: f64, pool: &PoolObservation) -> (usize, usize) {
         if pool.ready == 0 {
-            return pool.current;
+            return (pool.current, pool.current);
         }
         let ready = pool.ready as f64;
         let idx = match self.signals.iter().position(|(r, _)| *r == pool.role) {
@@ -116,12 +131,13 @@ impl SaturationPolicy {
             }
         };
         let signals = &mut self.signals[idx].1;
-        signals.push_back((
+        let latest = (
             time_s,
             pool.kv_usage,
             pool.running as f64 / ready,
             pool.waiting as f64 / ready,
-        ));
+        );
+        signals.push_back(latest);
         while signals
             .front()
             .is_some_and(|&(t, ..)| t < time_s - self.config.smooth_window_s)
@@ -130,21 +146,24 @@ impl SaturationPolicy {
         }
         let n = signals.len() as f64;
         let mean = |f: fn(&Signals) -> f64| signals.iter().map(f).sum::<f64>() / n;
-        let (kv, running, waiting) = (mean(|s| s.1), mean(|s| s.2), mean(|s| s.3));
-        let ratio = (kv / self.config.kv_target)
-            .max(running / self.config.running_target)
-            .max(waiting / self.config.queue_target);
-        if (ratio - 1.0).abs() <= self.config.tolerance {
-            return pool.current;
-        }
-        let busy = pool.running + pool.waiting > 0;
-        let n = (ready * ratio).ceil() as usize;
-        n.max(usize::from(busy))
+        let averaged = (time_s, mean(|s| s.1), mean(|s| s.2), mean(|s| s.3));
+        let config = &self.config;
+        let size = |&(_, kv, running, waiting): &Signals| {
+            let ratio = (kv / config.kv_target)
+                .max(config.running_target.map_or(0.0, |t| running / t))
+                .max(waiting / config.queue_target);
+            if (ratio - 1.0).abs() <= config.tolerance {
+                return pool.current;
+            }
+            let busy = pool.running + pool.waiting > 0;
+            ((ready * ratio).ceil() as usize).max(usize::from(busy))
+        };
+        (size(&latest), size(&averaged))
     }
 
     /// The stabilised size of one pool.
     fn stabilise(&mut self, time_s: f64, pool: &PoolObservation) -> usize {
-        let raw = self.recommend(time_s, pool);
+        let (raw_up, raw_down) = self.recommend(time_s, pool);
         let idx = match self.history.iter().position(|(r, _)| *r == pool.role) {
             Some(i) => i,
             None => {
@@ -154,19 +173,19 @@ impl SaturationPolicy {
         };
         let keep = self.config.up_window_s.max(self.config.down_window_s);
         let history = &mut self.history[idx].1;
-        history.push_back((time_s, raw));
-        while history.front().is_some_and(|&(t, _)| t < time_s - keep) {
+        history.push_back((time_s, raw_up, raw_down));
+        while history.front().is_some_and(|&(t, ..)| t < time_s - keep) {
             history.pop_front();
         }
-        let within = |w: f64| history.iter().filter(move |&&(t, _)| t >= time_s - w);
+        let within = |w: f64| history.iter().filter(move |&&(t, ..)| t >= time_s - w);
         let up = within(self.config.up_window_s)
             .map(|h| h.1)
             .min()
-            .unwrap_or(raw);
+            .unwrap_or(raw_up);
         let down = within(self.config.down_window_s)
-            .map(|h| h.1)
+            .map(|h| h.2)
             .max()
-            .unwrap_or(raw);
+            .unwrap_or(raw_down);
         if up > pool.current {
             up
         } else if down < pool.current && pool.loading == 0 {
@@ -201,10 +220,10 @@ mod tests {
     use super::*;
     use crate::autoscale::policy::tests::observation;
 
-    /// The KV and queue signals alone, unsmoothed (the running signal far off).
+    /// The KV and queue signals alone (queue target 1), unsmoothed.
     fn kv_queue() -> SaturationPolicyConfig {
         SaturationPolicyConfig {
-            running_target: 100.0,
+            queue_target: 1.0,
             smooth_window_s: 0.0,
             ..SaturationPolicyConfig::default()
         }
@@ -286,23 +305,43 @@ mod tests {
     }
 
     #[test]
-    fn running_requests_per_worker_are_averaged_then_scale_up() {
-        let mut p = SaturationPolicy::new(SaturationPolicyConfig::default()).unwrap();
-        // 2 workers, 1 running each (target 1.5): ratio 0.67 -> ceil(1.33) = 2, held.
-        let mut obs = at(observation(2, 0.01, 0, 1.0), 0.0);
-        assert_eq!(p.decide(&obs), Ok(Decision::Workers(2)));
-        // A burst of 6 running on each: the 90 s mean over the two scrapes is 3.5 per worker,
-        // ratio 2.33 -> ceil(4.67) = 5.
-        obs.time_s = 30.0;
-        obs.pools[0].running = 12;
-        assert_eq!(p.decide(&obs), Ok(Decision::Workers(5)));
-        // Without smoothing the same burst reads 6 per worker: ratio 4 -> 8.
-        let mut q = SaturationPolicy::new(SaturationPolicyConfig {
-            smooth_window_s: 0.0,
+    fn a_burst_scales_up_at_once_and_the_averaged_load_scales_down() {
+        let mut p = SaturationPolicy::new(SaturationPolicyConfig {
+            running_target: Some(1.5),
+            down_window_s: 60.0,
             ..SaturationPolicyConfig::default()
         })
         .unwrap();
-        assert_eq!(q.decide(&obs), Ok(Decision::Workers(8)));
+        // 2 workers, 1 running each (target 1.5): ratio 0.67 -> ceil(1.33) = 2, held.
+        let mut obs = at(observation(2, 0.01, 0, 1.0), 0.0);
+        assert_eq!(p.decide(&obs), Ok(Decision::Workers(2)));
+        // A burst of 6 running on each, read at once: ratio 4 -> 8.
+        obs.time_s = 30.0;
+        obs.pools[0].running = 12;
+        assert_eq!(p.decide(&obs), Ok(Decision::Workers(8)));
+        // 8 workers, quiet again (1 running in all): the 120 s averages still hold the burst
+        // (per worker: 1, 6, 0.125 -> mean 2.375, ratio 1.58 -> 13 from the averages), so the
+        // fleet holds, though the latest scrape alone would ask for 1.
+        let mut quiet = at(observation(8, 0.01, 0, 1.0), 60.0);
+        quiet.pools[0].running = 1;
+        assert_eq!(p.decide(&quiet), Ok(Decision::Workers(8)));
+        // Once the burst has left the 120 s average and the 60 s window, one worker goes per
+        // decision.
+        for t in [90.0, 120.0, 150.0, 180.0] {
+            quiet.time_s = t;
+            assert_eq!(p.decide(&quiet), Ok(Decision::Workers(8)), "t={t}");
+        }
+        quiet.time_s = 210.0;
+        assert_eq!(p.decide(&quiet), Ok(Decision::Workers(7)));
+    }
+
+    #[test]
+    fn without_a_running_target_the_running_requests_do_not_count() {
+        let mut p = SaturationPolicy::new(SaturationPolicyConfig::default()).unwrap();
+        let mut obs = at(observation(2, 0.01, 0, 1.0), 0.0);
+        obs.pools[0].running = 40;
+        // KV usage 0.01 alone: ratio 0.014, down by one.
+        assert_eq!(p.decide(&obs), Ok(Decision::Workers(1)));
     }
 
     #[test]
@@ -315,7 +354,7 @@ mod tests {
             .unwrap_err()
             .contains("KV target"));
         let bad = SaturationPolicyConfig {
-            running_target: 0.0,
+            running_target: Some(0.0),
             ..SaturationPolicyConfig::default()
         };
         assert!(SaturationPolicy::new(bad)

@@ -218,14 +218,9 @@ impl AutoscaleArgs {
                 .unwrap_or(SimDuration::from_micros(15_000_000)),
             slo,
             external_timeout: self.autoscale_timeout.unwrap_or(Duration::from_secs(10)),
-            // The scale-down stabilisation window: eight ticks (240 s at the default tick); the
-            // signals averaged over three ticks (90 s).
-            saturation: SaturationPolicyConfig {
-                down_window_s: 8.0 * tick.as_micros() as f64 / 1e6,
-                smooth_window_s: 3.0 * tick.as_micros() as f64 / 1e6,
-                ..SaturationPolicyConfig::default()
-            },
-            load_utilisation: 0.5,
+            // HPA's and WVA's defaults; the running-requests target from the SLO.
+            saturation: SaturationPolicyConfig::default(),
+            load_utilisation: None,
             oracle: !self.no_oracle,
         }))
     }

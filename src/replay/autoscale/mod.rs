@@ -36,13 +36,12 @@ use serde::Serialize;
 
 use super::{replay_observed, ReplayConfig, ReplayError, ReplayObserver, ReplayOutcome};
 use crate::autoscale::{
-    Decision, ExternalPolicy, LifecycleConfig, LifecycleError, LoadPolicy, LoadPolicyConfig,
-    Observation, Policy, PolicySpec, PoolObservation, PoolRole, SaturationPolicy,
-    SaturationPolicyConfig, WorkerObservation, WorkerState,
+    slo_capacity, Decision, ExternalPolicy, LifecycleConfig, LifecycleError, LoadPolicy,
+    LoadPolicyConfig, LoadTiming, Observation, Policy, PolicySpec, PoolObservation, PoolRole,
+    SaturationPolicy, SaturationPolicyConfig, SloCapacity, WorkerObservation, WorkerState,
 };
 use crate::cluster::{Cluster, ClusterConfig, Output, ServingMode};
 use crate::ids::RequestId;
-use crate::perf::{DecodeBatch, PrefillBatch};
 use crate::slo::Slo;
 use crate::time::{SimDuration, SimTime};
 use crate::trace::{Trace, TraceRequest};
@@ -67,10 +66,12 @@ pub struct AutoscaleSettings {
     pub slo: Slo,
     /// How long an external policy may take per answer (wall clock).
     pub external_timeout: Duration,
-    /// Settings of the saturation policy.
+    /// Settings of the saturation policy (a running target of None is derived from the SLO:
+    /// [`crate::autoscale::SloCapacity::running`]).
     pub saturation: SaturationPolicyConfig,
-    /// Target utilisation of the load policy.
-    pub load_utilisation: f64,
+    /// Target utilisation of the load policy; None: derived from the SLO
+    /// ([`crate::autoscale::SloCapacity::utilisation`]).
+    pub load_utilisation: Option<f64>,
     /// Whether to run the oracle's static replays.
     pub oracle: bool,
 }
@@ -485,50 +486,30 @@ impl ReplayObserver for Fleet<'_> {
     }
 }
 
-/// Per-worker capacities for the load policy from the latency model: prefill tokens per second
-/// of one mean-length prompt (no cache hits), and decode tokens per second of the largest batch
-/// at mean context whose step stays within the TPOT objective (50 ms when none is set) and the
-/// KV cache.
-pub fn worker_capacity(config: &ClusterConfig, trace: &Trace, slo: &Slo) -> (f64, f64) {
+/// One worker's capacity within the SLO ([`crate::autoscale::slo_capacity`]) at the trace's
+/// mean prompt and output lengths: what the `load` policy divides its predicted load by and the
+/// `saturation` policy's running-requests target.
+pub fn trace_slo_capacity(config: &ClusterConfig, trace: &Trace, slo: &Slo) -> SloCapacity {
     let turns = || trace.sessions.iter().flat_map(|s| &s.turns);
     let n = turns().count().max(1);
     let isl = turns().map(|t| t.input_length).sum::<usize>() / n;
     let osl = turns().map(|t| t.output_length).sum::<usize>() / n;
-    let engine = &config.engine;
-    let isl = isl.max(1);
-    let prefill_ms = engine.latency.prefill_ms(&PrefillBatch {
-        num_requests: 1,
-        total_isl: isl,
-        total_prefix: 0,
-    });
-    let prefill = if prefill_ms > 0.0 {
-        isl as f64 / (prefill_ms / 1000.0)
-    } else {
-        f64::MAX
-    };
-    let tpot = slo.itl_ms.unwrap_or(50.0);
-    let context = isl + osl / 2;
-    let total_kv_tokens = engine.num_gpu_blocks * engine.block_size;
-    let mut decode = 0.0f64;
-    for b in 1..=engine.max_num_seqs.max(1) {
-        if b > 1 && b * context > total_kv_tokens {
-            break;
-        }
-        let ms = engine.latency.decode_ms(&DecodeBatch {
-            num_requests: b,
-            active_kv_tokens: b * context,
-            total_kv_tokens,
-        });
-        if b > 1 && ms > tpot {
-            break;
-        }
-        decode = if ms > 0.0 {
-            b as f64 / (ms / 1000.0)
-        } else {
-            f64::MAX
-        };
+    slo_capacity(&config.engine, isl, osl, slo)
+}
+
+/// Seconds of a duration.
+fn secs(d: SimDuration) -> f64 {
+    d.as_micros() as f64 / 1e6
+}
+
+/// The lifecycle timing the `load` policy plans around.
+pub fn load_timing(settings: &AutoscaleSettings) -> LoadTiming {
+    LoadTiming {
+        tick_s: secs(settings.tick),
+        scrape_delay_s: secs(settings.scrape_delay),
+        model_load_s: secs(settings.lifecycle.model_load),
+        model_load_jitter_s: secs(settings.lifecycle.model_load_jitter),
     }
-    (prefill, decode)
 }
 
 fn build_policy(
@@ -541,25 +522,21 @@ fn build_policy(
     };
     Ok(Some(match spec {
         PolicySpec::Load => {
-            let (prefill, decode) = worker_capacity(config, trace, &settings.slo);
-            Box::new(
-                LoadPolicy::new(LoadPolicyConfig {
-                    prefill_tokens_per_s: prefill,
-                    decode_tokens_per_s: decode,
-                    target_utilisation: settings.load_utilisation,
-                    window: 4,
-                    // A new worker serves one model-load delay after the decision; the prediction
-                    // window's four ticks on top are headroom for a rate still rising after it.
-                    lookahead_s: settings.lifecycle.model_load.as_micros() as f64 / 1e6
-                        + 4.0 * settings.tick.as_micros() as f64 / 1e6,
-                    down_window: 8,
-                })
-                .map_err(AutoscaleError::Policy)?,
-            )
+            let c = trace_slo_capacity(config, trace, &settings.slo);
+            let mut planned = LoadPolicyConfig::planned(&c, &load_timing(settings));
+            if let Some(utilisation) = settings.load_utilisation {
+                planned.target_utilisation = utilisation;
+            }
+            Box::new(LoadPolicy::new(planned).map_err(AutoscaleError::Policy)?)
         }
-        PolicySpec::Saturation => Box::new(
-            SaturationPolicy::new(settings.saturation.clone()).map_err(AutoscaleError::Policy)?,
-        ),
+        PolicySpec::Saturation => {
+            let mut saturation = settings.saturation.clone();
+            if saturation.running_target.is_none() {
+                saturation.running_target =
+                    Some(trace_slo_capacity(config, trace, &settings.slo).running);
+            }
+            Box::new(SaturationPolicy::new(saturation).map_err(AutoscaleError::Policy)?)
+        }
         PolicySpec::External(cmd) => Box::new(
             ExternalPolicy::spawn(cmd, settings.external_timeout)
                 .map_err(|e| AutoscaleError::Policy(e.to_string()))?,

@@ -23,7 +23,6 @@ use servesim::autoscale::{
     WorkerObservation, WorkerState,
 };
 use servesim::ids::WorkerId;
-use servesim::perf::{DecodeBatch, PrefillBatch};
 use servesim::scheduler::EngineConfig;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -31,9 +30,6 @@ use tokio_util::sync::CancellationToken;
 use super::{Lifecycle, Phase};
 use crate::driver::EngineHandle;
 use crate::metrics::Metrics;
-
-/// The step time within which the `load` policy's decode capacity is measured.
-const TPOT_MS: f64 = 50.0;
 
 /// What the autoscaler task needs.
 #[derive(Debug)]
@@ -54,45 +50,10 @@ pub(crate) struct Autoscaler {
     pub worker: EngineConfig,
 }
 
-/// Tokens per second one worker sustains at `isl`/`osl`: (prefill, decode).
+/// Tokens per second one worker sustains at `isl`/`osl`: (prefill, decode), within the
+/// default 50 ms decode step (the engine's [`servesim::autoscale::worker_capacity`]).
 pub(crate) fn capacity(engine: &EngineConfig, isl: usize, osl: usize) -> (f64, f64) {
-    let isl = isl.max(1);
-    let per_s = |tokens: usize, us: u64| {
-        if us == 0 {
-            f64::MAX
-        } else {
-            tokens as f64 / (us as f64 / 1e6)
-        }
-    };
-    let prefill_us = engine
-        .latency
-        .prefill(&PrefillBatch {
-            num_requests: 1,
-            total_isl: isl,
-            total_prefix: 0,
-        })
-        .as_micros();
-    let context = isl + osl / 2;
-    let total_kv_tokens = engine.num_gpu_blocks * engine.block_size;
-    let mut decode = 0.0f64;
-    for b in 1..=engine.max_num_seqs.max(1) {
-        if b > 1 && b * context > total_kv_tokens {
-            break;
-        }
-        let us = engine
-            .latency
-            .decode(&DecodeBatch {
-                num_requests: b,
-                active_kv_tokens: b * context,
-                total_kv_tokens,
-            })
-            .as_micros();
-        if b > 1 && us as f64 / 1e3 > TPOT_MS {
-            break;
-        }
-        decode = per_s(b, us);
-    }
-    (per_s(isl, prefill_us), decode)
+    servesim::autoscale::worker_capacity(engine, isl, osl, servesim::autoscale::DEFAULT_TPOT_MS)
 }
 
 /// Counters at the previous scrape.
