@@ -55,6 +55,17 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "SPEC")]
     pub rate_profile: Option<servesim::autoscale::RateProfile>,
 
+    /// Judge the run as an elastic fleet's, with `mockserve replay --autoscale`'s judge: read
+    /// the lifecycle `mockserve fleet --elastic --lifecycle-log PATH` wrote (at the same
+    /// speed-up) once the run ends, and add the report's `autoscale` section, in trace time.
+    #[arg(long, value_name = "PATH", requires = "slo")]
+    pub fleet_lifecycle: Option<std::path::PathBuf>,
+
+    /// The objectives the judge of --fleet-lifecycle holds requests to, in trace time
+    /// (`ttft=2000ms,tpot=50ms`; also `itl`, `e2e`).
+    #[arg(long, value_name = "OBJECTIVES", requires = "fleet_lifecycle")]
+    pub slo: Option<servesim::slo::Slo>,
+
     /// Report files, observers, failure threshold, target and sharding (shard I sends the
     /// trace sessions s with s % N == I, at their unsharded times).
     #[command(flatten)]

@@ -208,13 +208,21 @@ impl Mode for SessionsMode<'_> {
             trace_block_size: args.trace.block_size,
             config,
         };
-        Ok(keys.run(
+        let autoscale = super::fleet::judge(
+            args.fleet_lifecycle.as_deref(),
+            args.slo.as_ref(),
+            args.trace.arrival_speedup_ratio,
+            &live,
+        )?;
+        let mut run = keys.run(
             live,
             &items,
             None,
             self.session_mode,
             args.run.sharding.shard,
             observed,
-        ))
+        );
+        run.judged(autoscale);
+        Ok(run)
     }
 }
