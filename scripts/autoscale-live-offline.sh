@@ -21,6 +21,9 @@ MAX=${MAX:-4}
 SLO=${SLO:-ttft=2000ms,tpot=50ms}
 SEED=${SEED:-0}
 BIN=${BIN:-target/release}
+# The replay sets no context limit: the live fleet's must admit the trace's longest prompts
+# (191,378 tokens in the public trace).
+MAX_MODEL_LEN=${MAX_MODEL_LEN:-262144}
 mkdir -p "$OUT"
 if [ -n "${MAX_REQUESTS:-}" ]; then
   head -n "$MAX_REQUESTS" "$TRACE" >"$OUT/trace.jsonl"
@@ -47,6 +50,7 @@ for policy in $POLICIES; do
   rm -f "$OUT/lifecycle-$policy.json" "$OUT/fleet-$policy.out"
   "$BIN/mockserve" fleet --elastic "${engine[@]}" --speedup-ratio "$S" --autoscale "$policy" \
     --min-workers "$MIN" --max-workers "$MAX" --port 0 --front-port 0 --drain-grace 0s \
+    --max-model-len "$MAX_MODEL_LEN" \
     --lifecycle-log "$OUT/lifecycle-$policy.json" >"$OUT/fleet-$policy.out" 2>"$OUT/fleet-$policy.err" &
   fleet_pid=$!
   front=
