@@ -35,3 +35,33 @@ pub(super) fn judge(
         .map(Some)
         .map_err(|e| bad(e.to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[test]
+    fn the_lifecycle_needs_objectives_and_a_readable_file() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["loadgen", "replay", "t.jsonl"];
+            argv.extend_from_slice(extra);
+            crate::Cli::try_parse_from(argv).map(|_| ())
+        };
+        let err = parse(&["--fleet-lifecycle", "l.json"]).expect_err("needs --slo");
+        assert!(err.to_string().contains("--slo"), "{err}");
+        let err = parse(&["--slo", "ttft=1s"]).expect_err("needs --fleet-lifecycle");
+        assert!(err.to_string().contains("--fleet-lifecycle"), "{err}");
+        let live = crate::report::replay_report::build(&[], std::time::Duration::ZERO);
+        let slo: servesim::slo::Slo = "ttft=1s".parse().expect("an SLO");
+        let missing = std::path::Path::new("/nonexistent/lifecycle.json");
+        let err = super::judge(Some(missing), Some(&slo), 10.0, &live).expect_err("no file");
+        assert!(
+            err.to_string()
+                .contains("--fleet-lifecycle /nonexistent/lifecycle.json: "),
+            "{err}"
+        );
+        assert!(super::judge(None, None, 10.0, &live)
+            .expect("nothing asked")
+            .is_none());
+    }
+}
