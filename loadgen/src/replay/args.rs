@@ -55,9 +55,16 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "SPEC")]
     pub rate_profile: Option<servesim::autoscale::RateProfile>,
 
-    /// Objectives for goodput (the report's `slo` and `goodput`), in loadgen bench's grammar:
-    /// ttft=2000ms,tpot=50ms,e2e=10s; for an agentic trace also trajectory_e2e=120s (a request
-    /// meets it when its play completed within it).
+    /// Judge the run as an elastic fleet's, with `mockserve replay --autoscale`'s judge: read
+    /// the lifecycle `mockserve fleet --elastic --lifecycle-log PATH` wrote (at the same
+    /// speed-up) once the run ends, and add the report's `autoscale` section, in trace time,
+    /// against --slo.
+    #[arg(long, value_name = "PATH", requires = "slo")]
+    pub fleet_lifecycle: Option<std::path::PathBuf>,
+
+    /// Objectives for goodput (the report's `slo` and `goodput`) and for --fleet-lifecycle's
+    /// judge, in loadgen bench's grammar: ttft=2000ms,tpot=50ms,e2e=10s; for an agentic trace
+    /// also trajectory_e2e=120s (a request meets it when its play completed within it).
     #[arg(long, value_name = "OBJECTIVES")]
     pub slo: Option<servesim::slo::Slo>,
 

@@ -25,6 +25,7 @@
 
 mod agentic;
 mod args;
+mod fleet;
 pub(crate) mod graph_driver;
 mod plan;
 mod report;

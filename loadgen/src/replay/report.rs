@@ -3,6 +3,7 @@
 //! and files.
 
 use serde_json::json;
+use servesim::replay::autoscale::AutoscaleReport;
 use servesim::replay::AgenticReport;
 
 use crate::error::LoadgenError;
@@ -30,6 +31,21 @@ pub struct ReplayRun {
     /// For an agentic trace: the plays' outcomes and every node's times (µs since the run
     /// start), as `mockserve replay` reports them.
     pub agentic: Option<AgenticReport>,
+    /// With `--fleet-lifecycle`: the elastic fleet's judge (the report's `autoscale`).
+    pub autoscale: Option<AutoscaleReport>,
+}
+
+impl ReplayRun {
+    /// Adds the judge's verdict (`--fleet-lifecycle`) to the run and its report JSON.
+    pub(super) fn judged(&mut self, autoscale: Option<AutoscaleReport>) {
+        if let (Some(a), Some(map)) = (&autoscale, self.json.as_object_mut()) {
+            map.insert(
+                "autoscale".into(),
+                serde_json::to_value(a).unwrap_or(serde_json::Value::Null),
+            );
+        }
+        self.autoscale = autoscale;
+    }
 }
 
 /// Plays listed one per line on the console at most; the rest are counted (every play is in
@@ -190,6 +206,7 @@ impl ReplayKeys {
             json,
             server_lateness: observed.lateness(),
             agentic,
+            autoscale: None,
         }
     }
 }
@@ -231,6 +248,9 @@ impl Report for ReplayRun {
         s.push_str(&self.live.failure_lines());
         s.push_str(&self.live.lag_lines());
         s.push_str(&cap_wait_line(&self.live));
+        if let Some(a) = &self.autoscale {
+            s.push_str(&mock_server::cmd::autoscale::summary(a));
+        }
         s
     }
 

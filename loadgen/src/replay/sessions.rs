@@ -218,13 +218,21 @@ impl Mode for SessionsMode<'_> {
             config,
             slo: args.slo,
         };
-        Ok(keys.run(
+        let autoscale = super::fleet::judge(
+            args.fleet_lifecycle.as_deref(),
+            args.slo.as_ref(),
+            args.trace.arrival_speedup_ratio,
+            &live,
+        )?;
+        let mut run = keys.run(
             live,
             &items,
             None,
             self.session_mode,
             args.run.sharding.shard,
             observed,
-        ))
+        );
+        run.judged(autoscale);
+        Ok(run)
     }
 }

@@ -221,6 +221,7 @@ impl SweepArgs {
             session_mode: crate::replay::SessionMode::Auto,
             endpoint: self.bench.endpoint,
             rate_profile: None,
+            fleet_lifecycle: None,
             slo: None,
             run: crate::harness::RunArgs {
                 report: crate::observe::quiet(),

@@ -80,7 +80,12 @@ pub struct FleetArgs {
 impl FleetConfig {
     /// The fleet the flags describe, checked before anything binds.
     pub fn from_args(args: &FleetArgs) -> Result<FleetConfig, FleetError> {
-        let elastic = elastic::ElasticConfig::from_args(&args.elastic, args.serve.engine.seed)?;
+        let elastic = elastic::ElasticConfig::from_args(
+            &args.elastic,
+            args.serve.engine.seed,
+            args.serve.engine.speedup_ratio,
+            &args.serve.host,
+        )?;
         // An elastic fleet sets aside a listener for each of its most workers.
         let given = match &elastic {
             Some(e) if !args.listen.is_empty() && args.listen.len() != e.max => {
@@ -202,6 +207,9 @@ pub fn run(args: &FleetArgs) -> anyhow::Result<()> {
                     "mockserve fleet worker {} listening on {}\n",
                     w.index, w.url
                 ));
+            }
+            if let Some(url) = fleet.elastic.as_ref().and_then(|l| l.front_url.as_ref()) {
+                lines.push_str(&format!("mockserve fleet front listening on {url}\n"));
             }
             if let Some(url) = &fleet.manifest.admin_url {
                 lines.push_str(&format!("mockserve fleet admin listening on {url}\n"));

@@ -273,6 +273,21 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
         Some(addr) => Some(bind("--admin-port".into(), addr.clone()).await?),
         None => None,
     };
+    let front = match config.elastic.as_ref().and_then(|e| e.front.clone()) {
+        Some(addr) => Some(bind("--front-port".into(), addr).await?),
+        None => None,
+    };
+    let front_url = match &front {
+        Some(l) => Some(format!(
+            "http://{}",
+            dialable(l.local_addr().map_err(|error| FleetError::Bind {
+                what: "--front-port".into(),
+                addr: "front".into(),
+                error,
+            })?)
+        )),
+        None => None,
+    };
     let server = config.server;
     let cluster = Cluster::new(server.live_cluster())?;
     let mut engine_metrics = Metrics::for_model(&server.model_name, server.max_model_len);
@@ -385,6 +400,7 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
                 metrics: replica_metrics,
                 engine_metrics: Arc::clone(&engine_metrics),
                 worker: server.cluster.engine.clone(),
+                front_url,
             };
             Some(elastic::Lifecycle::new(elastic, parts)?)
         }
@@ -412,6 +428,9 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
         config: server.cluster.engine.clone(),
         dialect: config.metrics_dialect,
     };
+    // The front endpoint's generations end with it (its own token).
+    let front_generations = CancellationToken::new();
+    let mut front_workers = Vec::new();
     for (i, listener) in listeners.into_iter().enumerate() {
         let worker = WorkerId(u32::try_from(i).unwrap_or(u32::MAX));
         let own = Arc::new(Metrics::for_model(&server.model_name, server.max_model_len));
@@ -426,6 +445,23 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
             faults: Arc::clone(&faults),
             lifecycle: lifecycle.clone(),
         };
+        if let (Some(l), Some(_)) = (&lifecycle, &front) {
+            let state = AppState {
+                stop_generations: front_generations.clone(),
+                ..seat.state.clone()
+            };
+            let api = http::worker_router(
+                state,
+                seat.view.clone(),
+                seat.routes.clone(),
+                (Arc::clone(&seat.faults), i),
+            )
+            .layer(axum::middleware::from_fn_with_state(
+                (Arc::clone(l), i),
+                elastic::gate,
+            ));
+            front_workers.push(api);
+        }
         // An absent slot's listener closes now; provisioning binds its address again.
         let addr = listener.local_addr().ok();
         let listener = match &lifecycle {
@@ -445,6 +481,18 @@ pub async fn launch(config: FleetConfig) -> Result<RunningFleet, FleetError> {
             limits: server.http.clone(),
             stop_generations: CancellationToken::new(),
             router: http::admin_router(routes.clone()),
+        };
+        tasks.spawn(edge.run(listener, stop.clone().cancelled_owned()));
+    }
+    if let (Some(listener), Some(l)) = (front, &lifecycle) {
+        let edge = Edge {
+            limits: server.http.clone(),
+            stop_generations: front_generations,
+            router: elastic::front::router(elastic::front::Front {
+                lifecycle: Arc::clone(l),
+                workers: Arc::new(front_workers),
+                next: Arc::default(),
+            }),
         };
         tasks.spawn(edge.run(listener, stop.clone().cancelled_owned()));
     }

@@ -25,6 +25,8 @@ mod faults;
 mod fleet;
 // `mockserve fleet --elastic`: scale requests, model loads, drains that lose no request.
 mod fleet_elastic;
+// The live elastic fleet against the offline replay: the same judge, the same scale events.
+mod fleet_elastic_live;
 // Faults on fleet workers (down, slow, stalled, 503): on the wire, by schedule and admin route.
 mod fleet_faults;
 // The routing judge against a router of the test's own: every decision and sum exact; a fleet

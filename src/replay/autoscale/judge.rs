@@ -103,6 +103,55 @@ pub(super) fn oracle_workers(
         .collect())
 }
 
+/// A run judged from its records and lifecycle, outside a replay (the live elastic fleet's,
+/// read back in trace time): the same windows, figures and definitions as an elastic replay's,
+/// without an oracle.
+#[derive(Debug)]
+pub struct RunSeries<'a> {
+    /// The policy's name (`load`, `saturation`, `external`, `static`).
+    pub policy: String,
+    /// Every request, on the run's clock.
+    pub records: &'a [RequestRecord],
+    /// The objectives.
+    pub slo: &'a Slo,
+    /// The window length (the tick).
+    pub tick: SimDuration,
+    /// The mean model-load delay (the oscillation window).
+    pub model_load: SimDuration,
+    /// The fewest workers.
+    pub min_workers: usize,
+    /// GPUs held, at each change.
+    pub gpus: &'a [(SimTime, usize)],
+    /// Ready workers, at each change.
+    pub ready: &'a [(SimTime, usize)],
+    /// Every scale event.
+    pub events: Vec<ScaleEvent>,
+    /// Ticks at which the policy gave no answer.
+    pub warnings: Vec<String>,
+}
+
+/// Judges a run given as [`RunSeries`]; it ends with its last request (later changes of its
+/// series do not count), and the oracle's figures are None.
+pub fn judge_run(run: RunSeries<'_>) -> AutoscaleReport {
+    let end = run_end(run.records);
+    let windows = Windows::new(run.tick, end);
+    let attainment = windows.attainment(run.records, run.slo);
+    judge(JudgeInput {
+        policy: run.policy,
+        windows: &windows,
+        records: run.records,
+        slo: run.slo,
+        attainment: &attainment,
+        gpus: run.gpus,
+        ready: run.ready,
+        oracle: None,
+        model_load: run.model_load,
+        min_workers: run.min_workers,
+        events: run.events,
+        warnings: run.warnings,
+    })
+}
+
 pub(super) struct JudgeInput<'a> {
     pub(super) policy: String,
     pub(super) windows: &'a Windows,

@@ -48,8 +48,12 @@ use crate::trace::{Trace, TraceRequest};
 
 mod judge;
 
-pub use judge::ATTAINMENT_TARGET;
 use judge::{judge, oracle_workers, run_end, JudgeInput, Windows};
+pub use judge::{judge_run, RunSeries, ATTAINMENT_TARGET};
+
+/// Mixed into `--seed` for the model-load draws, so that a live elastic fleet with the same
+/// seed draws the same delays in the same order.
+pub const LOAD_DELAY_SEED: u64 = 0x0a57_0ca1e;
 
 /// How an elastic replay scales and is judged.
 #[derive(Clone, Debug)]
@@ -610,7 +614,7 @@ pub fn replay_elastic(
     let mut fleet = Fleet {
         inner,
         policy,
-        rng: ChaCha8Rng::seed_from_u64(settings.lifecycle.seed ^ 0x0a57_0ca1e),
+        rng: ChaCha8Rng::seed_from_u64(settings.lifecycle.seed ^ LOAD_DELAY_SEED),
         lifecycle: settings.lifecycle.clone(),
         pools,
         slots,

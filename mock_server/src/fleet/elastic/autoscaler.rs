@@ -5,10 +5,15 @@
 //! `--max-workers`). A policy that fails (an external one that hangs, crashes or answers
 //! garbage) holds the current count, with a warning on stderr; the fleet keeps serving.
 //!
-//! The observation's clock is the fleet's wall clock (seconds since launch). Its request rate
-//! counts the generation requests the workers' gates let in during the tick; its ISL is the
-//! prompt tokens the engine received over them, its OSL the output tokens generated over them.
-//! `load` needs each worker's capacity: it is derived from the engine's latency model at the
+//! The observation's clock is the fleet's simulated clock: seconds since the first generation
+//! request, wall time multiplied by `--speedup-ratio`, so that a policy sees the rates and
+//! intervals of `mockserve replay` at any speed-up. Tick `k` (k ≥ 1) decides at `k · tick` on
+//! that clock from the scrape taken at `k · tick − scrape delay`, as the replay does. Its
+//! request rate counts the generation requests the workers' gates let in between scrapes; its
+//! ISL is the prompt tokens the engine received over them, its OSL the output tokens generated
+//! over them.
+//! `load` needs each worker's capacity: it is derived from the engine's latency model (at a
+//! speed-up of 1: in simulated time, as the observation is) at the
 //! ISL and OSL first observed (prefill tokens per second of one request of that ISL; decode
 //! tokens per second of the largest batch whose step stays within 50 ms), so it decides from
 //! the first tick that saw requests.
@@ -36,8 +41,6 @@ use crate::metrics::Metrics;
 pub(crate) struct Autoscaler {
     /// The policy named by `--autoscale`.
     pub spec: PolicySpec,
-    /// `--autoscale-tick`.
-    pub tick: Duration,
     /// `--autoscale-timeout`: an external policy's answer time.
     pub timeout: Duration,
     /// The fleet's slots.
@@ -78,16 +81,17 @@ impl Autoscaler {
             .sum()
     }
 
-    /// The fleet as it is now.
+    /// The fleet as it is now (`start` is the fleet's clock zero).
     async fn observe(&self, start: Instant, last: &mut (Instant, Totals)) -> Option<Observation> {
         let live = self.engine.snapshot().await.ok()?;
         let now = Instant::now();
+        let speedup = self.lifecycle.config.speedup;
         let totals = Totals {
             arrivals: self.lifecycle.arrivals.load(Ordering::Relaxed),
             prompt_tokens: live.prompt_tokens,
             output_tokens: self.output_tokens(),
         };
-        let interval_s = (now - last.0).as_secs_f64().max(1e-6);
+        let interval_s = ((now - last.0).as_secs_f64() * speedup).max(1e-6);
         let arrived = totals.arrivals.saturating_sub(last.1.arrivals);
         let per = |d: u64| {
             if arrived == 0 {
@@ -132,7 +136,7 @@ impl Autoscaler {
         let running = workers.iter().map(|w| w.running).sum();
         let waiting: usize = workers.iter().map(|w| w.waiting).sum();
         Some(Observation {
-            time_s: (now - start).as_secs_f64(),
+            time_s: (now - start).as_secs_f64() * speedup,
             interval_s,
             request_rate: arrived as f64 / interval_s,
             mean_isl,
@@ -156,12 +160,13 @@ impl Autoscaler {
 
     /// The policy, once it can be built (`load` waits for a tick with requests).
     fn build(&self, observation: &Observation) -> Result<Option<Box<dyn Policy>>, String> {
+        let tick_s = self.lifecycle.config.autoscale_tick.as_secs_f64();
         Ok(Some(match &self.spec {
-            // The same settings as `mockserve replay --autoscale` (`cmd::autoscale`), the tick
-            // being the interval between observations.
+            // The same settings as `mockserve replay --autoscale` (`cmd::autoscale`), in
+            // simulated time.
             PolicySpec::Saturation => Box::new(SaturationPolicy::new(SaturationPolicyConfig {
-                down_window_s: 8.0 * observation.interval_s,
-                smooth_window_s: 3.0 * observation.interval_s,
+                down_window_s: 8.0 * tick_s,
+                smooth_window_s: 3.0 * tick_s,
                 ..SaturationPolicyConfig::default()
             })?),
             PolicySpec::External(command) => {
@@ -173,44 +178,67 @@ impl Autoscaler {
                 }
                 let isl = observation.mean_isl.round() as usize;
                 let osl = observation.mean_osl.round() as usize;
-                let (prefill, decode) = capacity(&self.worker, isl, osl);
+                // Simulated time, as the observation's rates.
+                let mut worker = self.worker.clone();
+                worker.latency.speedup_ratio = 1.0;
+                let (prefill, decode) = capacity(&worker, isl, osl);
                 Box::new(LoadPolicy::new(LoadPolicyConfig {
                     prefill_tokens_per_s: prefill,
                     decode_tokens_per_s: decode,
                     target_utilisation: 0.5,
                     window: 4,
-                    lookahead_s: self.lifecycle.config.model_load.as_secs_f64()
-                        + 4.0 * observation.interval_s,
+                    lookahead_s: self.lifecycle.config.model_load.as_secs_f64() + 4.0 * tick_s,
                     down_window: 8,
                 })?)
             }
         }))
     }
 
-    /// Decides every tick until `stop`.
+    /// Sleeps until `at`; false when `stop` came first.
+    async fn sleep_until(stop: &CancellationToken, at: Instant) -> bool {
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => false,
+            () = tokio::time::sleep_until(at) => true,
+        }
+    }
+
+    /// Decides every tick from the first request on, until `stop`.
     pub(crate) async fn run(self, stop: CancellationToken) {
-        let start = Instant::now();
+        let start = tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            zero = self.lifecycle.first_request() => zero,
+        };
+        let config = &self.lifecycle.config;
+        let tick = config.wall(config.autoscale_tick);
+        let delay = config.wall(config.scrape_delay);
         let mut last = (start, Totals::default());
         let mut policy: Option<Box<dyn Policy>> = None;
-        let mut ticks = tokio::time::interval_at(start + self.tick, self.tick);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut k: u32 = 0;
         loop {
-            tokio::select! {
-                biased;
-                () = stop.cancelled() => return,
-                _ = ticks.tick() => {}
+            k = k.saturating_add(1);
+            let decide_at = start + tick * k;
+            // A tick missed (the runtime was late) is skipped, not run twice.
+            if decide_at + tick < Instant::now() {
+                continue;
+            }
+            if !Self::sleep_until(&stop, decide_at.checked_sub(delay).unwrap_or(start)).await {
+                return;
             }
             let Some(observation) = self.observe(start, &mut last).await else {
                 return;
             };
+            if !Self::sleep_until(&stop, decide_at).await {
+                return;
+            }
             if policy.is_none() {
                 match self.build(&observation) {
                     Ok(built) => policy = built,
                     Err(e) => {
-                        eprintln!(
-                            "mockserve fleet: warning: --autoscale {}: {e}; holding",
-                            self.spec
-                        );
+                        let text = format!("--autoscale {}: {e}; holding", self.spec);
+                        eprintln!("mockserve fleet: warning: {text}");
+                        self.lifecycle.warn(text);
                         continue;
                     }
                 }
@@ -241,10 +269,12 @@ impl Autoscaler {
                         shape: "aggregated",
                     };
                     eprintln!("mockserve fleet: warning: {e}");
+                    self.lifecycle.warn(e.to_string());
                     continue;
                 }
                 Err(e) => {
                     eprintln!("mockserve fleet: warning: {e}");
+                    self.lifecycle.warn(e.to_string());
                     continue;
                 }
             };

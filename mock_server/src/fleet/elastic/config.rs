@@ -1,5 +1,11 @@
 //! The elastic fleet's flags ([`ElasticArgs`]) and their validated value ([`ElasticConfig`]);
 //! [`ElasticError`] names the bad flag.
+//!
+//! The lifecycle's durations (`--model-load`, `--model-load-jitter`, `--autoscale-tick`,
+//! `--scrape-delay`) are simulated time, as `mockserve replay` takes them: the fleet runs them
+//! `--speedup-ratio` times faster on the wall clock, as its engine runs every pass, so one flag
+//! speeds the whole fleet up. `--drain-grace` and `--autoscale-timeout` stay wall-clock time
+//! (they wait on routers and on a process, not on the simulation).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,6 +16,9 @@ use crate::fleet::fault;
 
 /// The longest model load or drain grace (365 days, as a fault window).
 const MAX_DELAY: Duration = fault::MAX_FAULT_TIME;
+
+/// The scrape delay without `--scrape-delay` (at most half the tick), as `mockserve replay`'s.
+const DEFAULT_SCRAPE_DELAY: Duration = Duration::from_secs(15);
 
 /// `mockserve fleet --elastic` flags.
 #[derive(Args, Debug, Clone, Default)]
@@ -63,6 +72,24 @@ pub struct ElasticArgs {
     /// `PUT /fleet/scale` scales.
     #[arg(long, value_name = "POLICY", requires = "elastic")]
     pub autoscale: Option<servesim::autoscale::PolicySpec>,
+
+    /// How old the metrics a decision sees are: the autoscaler scrapes the fleet this long
+    /// before each tick, as `mockserve replay --scrape-delay` does (below the tick) [default:
+    /// 15s, or half the tick when that is shorter].
+    #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
+    pub scrape_delay: Option<String>,
+
+    /// Serve one endpoint in front of the fleet on this port of --host (0 picks one): each
+    /// generation request goes to the next ready worker, round-robin, so that a client with one
+    /// URL (loadgen) follows the fleet's size.
+    #[arg(long, value_name = "PORT", requires = "elastic")]
+    pub front_port: Option<u16>,
+
+    /// Write the fleet's lifecycle here, rewritten on every change: GPUs held and ready
+    /// workers over time, every scale event, in simulated seconds from the first request
+    /// (`loadgen replay --fleet-lifecycle` judges a run from it).
+    #[arg(long, value_name = "PATH", requires = "elastic")]
+    pub lifecycle_log: Option<PathBuf>,
 
     /// Time between the autoscaler's decisions.
     #[arg(
@@ -146,9 +173,9 @@ pub struct ElasticConfig {
     pub min: usize,
     /// Most workers (slots).
     pub max: usize,
-    /// Mean model load.
+    /// Mean model load, simulated time.
     pub model_load: Duration,
-    /// Half-width of the load's uniform spread.
+    /// Half-width of the load's uniform spread, simulated time.
     pub model_load_jitter: Duration,
     /// How long a draining worker still takes new requests.
     pub drain_grace: Duration,
@@ -158,8 +185,16 @@ pub struct ElasticConfig {
     pub seed: u64,
     /// The policy that scales the fleet from inside, if any.
     pub autoscale: Option<servesim::autoscale::PolicySpec>,
-    /// Time between its decisions (above 0).
+    /// Time between its decisions (above 0), simulated time.
     pub autoscale_tick: Duration,
+    /// How long before a decision its scrape is taken (below the tick), simulated time.
+    pub scrape_delay: Duration,
+    /// The simulated clock's speed-up over the wall clock (`--speedup-ratio`).
+    pub speedup: f64,
+    /// The front endpoint's `(host, port)`, if any.
+    pub front: Option<(String, u16)>,
+    /// Where to write the lifecycle, if anywhere.
+    pub lifecycle_log: Option<PathBuf>,
     /// An external policy's answer time.
     pub autoscale_timeout: Duration,
 }
@@ -176,8 +211,19 @@ fn time_flag(flag: &'static str, text: &str) -> Result<Duration, ElasticError> {
 }
 
 impl ElasticConfig {
-    /// The elastic fleet the flags describe, or None without `--elastic`.
-    pub fn from_args(args: &ElasticArgs, seed: u64) -> Result<Option<ElasticConfig>, ElasticError> {
+    /// The wall-clock time of simulated duration `d`.
+    pub fn wall(&self, d: Duration) -> Duration {
+        Duration::from_secs_f64(d.as_secs_f64() / self.speedup)
+    }
+
+    /// The elastic fleet the flags describe, or None without `--elastic`; `speedup` is the
+    /// engine's `--speedup-ratio` (validated above 0 with it), `host` the fleet's `--host`.
+    pub fn from_args(
+        args: &ElasticArgs,
+        seed: u64,
+        speedup: f64,
+        host: &str,
+    ) -> Result<Option<ElasticConfig>, ElasticError> {
         if !args.elastic {
             return Ok(None);
         }
@@ -212,6 +258,30 @@ impl ElasticConfig {
                 reason: "the tick must be above 0".into(),
             });
         }
+        let scrape_delay = match &args.scrape_delay {
+            None => DEFAULT_SCRAPE_DELAY.min(autoscale_tick / 2),
+            Some(text) => {
+                let delay = time_flag("scrape-delay", text)?;
+                if args.autoscale.is_some() && delay >= autoscale_tick {
+                    return Err(ElasticError::Time {
+                        flag: "scrape-delay",
+                        reason: format!(
+                            "{} is not below --autoscale-tick {}",
+                            fault::quoted(text),
+                            fault::quoted(&args.autoscale_tick)
+                        ),
+                    });
+                }
+                delay
+            }
+        };
+        // `--speedup-ratio` is checked with the engine's flags; "inf" runs the engine without
+        // delays, and the lifecycle at its own times.
+        let speedup = if speedup.is_finite() && speedup > 0.0 {
+            speedup
+        } else {
+            1.0
+        };
         Ok(Some(ElasticConfig {
             min: args.min_workers,
             max,
@@ -223,6 +293,10 @@ impl ElasticConfig {
             autoscale: args.autoscale.clone(),
             autoscale_tick,
             autoscale_timeout: time_flag("autoscale-timeout", &args.autoscale_timeout)?,
+            scrape_delay,
+            speedup,
+            front: args.front_port.map(|port| (host.to_string(), port)),
+            lifecycle_log: args.lifecycle_log.clone(),
         }))
     }
 }
@@ -243,25 +317,34 @@ mod tests {
             autoscale: None,
             autoscale_tick: "30s".into(),
             autoscale_timeout: "10s".into(),
+            scrape_delay: None,
+            front_port: None,
+            lifecycle_log: None,
         }
     }
 
     #[test]
     fn flags_validate_and_name_the_bad_one() {
-        let ok = ElasticConfig::from_args(&args(1, Some(4)), 7)
+        let ok = ElasticConfig::from_args(&args(1, Some(4)), 7, 10.0, "127.0.0.1")
             .expect("valid")
             .expect("elastic");
         assert_eq!((ok.min, ok.max), (1, 4));
         assert_eq!(ok.model_load, Duration::from_secs(240));
         assert_eq!(ok.model_load_jitter, Duration::from_secs(30));
         assert_eq!(ok.drain_grace, Duration::from_secs(2));
+        // Simulated durations run ten times faster on the wall clock.
+        assert_eq!(ok.wall(ok.model_load), Duration::from_secs(24));
+        assert_eq!(ok.wall(ok.scrape_delay), Duration::from_millis(1500));
         let not = ElasticArgs {
             elastic: false,
             ..args(1, Some(4))
         };
-        assert_eq!(ElasticConfig::from_args(&not, 0), Ok(None));
+        assert_eq!(
+            ElasticConfig::from_args(&not, 0, 1.0, "127.0.0.1"),
+            Ok(None)
+        );
         let err = |a: &ElasticArgs| {
-            ElasticConfig::from_args(a, 0)
+            ElasticConfig::from_args(a, 0, 1.0, "127.0.0.1")
                 .expect_err("refused")
                 .to_string()
         };
@@ -292,6 +375,15 @@ mod tests {
         assert_eq!(
             err(&unitless),
             "--drain-grace: time \"3\" needs a unit: us, ms or s"
+        );
+        let late = ElasticArgs {
+            autoscale: Some(servesim::autoscale::PolicySpec::Load),
+            scrape_delay: Some("30s".into()),
+            ..args(1, Some(2))
+        };
+        assert_eq!(
+            err(&late),
+            "--scrape-delay: \"30s\" is not below --autoscale-tick \"30s\""
         );
         let wide = ElasticArgs {
             model_load: "10s".into(),

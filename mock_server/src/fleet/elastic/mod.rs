@@ -21,10 +21,16 @@
 //! discovery file (`--discovery-file`, [`super::discovery`]) whole, listing only the workers
 //! that take requests (ready), so that routers following either file add a worker once it has
 //! loaded and remove it when its drain starts.
+//!
+//! The fleet runs on simulated time sped up by `--speedup-ratio` (see `config`): model loads
+//! and the autoscaler's tick and scrape delay are divided by it. Its clock for the autoscaler
+//! and the lifecycle record ([`LifecycleLog`], `--lifecycle-log`) starts at the first
+//! generation request, as a replay's starts at its first arrival. `front` serves one endpoint
+//! in front of the ready workers (`--front-port`).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -37,7 +43,7 @@ use futures_util::StreamExt;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 use servesim::ids::WorkerId;
@@ -52,9 +58,12 @@ use crate::api::ApiError;
 use crate::driver::EngineHandle;
 use crate::metrics::Metrics;
 pub use config::{ElasticArgs, ElasticConfig, ElasticError};
+pub use log::{LifecycleLog, LogError, LoggedEvent};
 
 mod autoscaler;
 mod config;
+pub(crate) mod front;
+mod log;
 
 /// How long a drained worker's KV reset is retried while the engine still holds its blocks.
 const KV_RESET_RETRY: Duration = Duration::from_millis(10);
@@ -73,6 +82,14 @@ pub enum PublishError {
     /// `--discovery-file`.
     #[error("--discovery-file {}: {error}", path.display())]
     Discovery {
+        /// As given.
+        path: PathBuf,
+        /// The write's error.
+        error: std::io::Error,
+    },
+    /// `--lifecycle-log`.
+    #[error("--lifecycle-log {}: {error}", path.display())]
+    Lifecycle {
         /// As given.
         path: PathBuf,
         /// The write's error.
@@ -202,6 +219,8 @@ struct Slots {
     epochs: Vec<u64>,
     /// Draws the load delays.
     rng: ChaCha8Rng,
+    /// What changed when.
+    record: log::Recorder,
 }
 
 /// Every slot of an elastic fleet, the desired count, and what follows their changes.
@@ -233,6 +252,16 @@ pub struct Lifecycle {
     pub(crate) write_failures: AtomicU64,
     /// Generation requests the gates let in (the autoscaler's request rate).
     pub(crate) arrivals: AtomicU64,
+    /// When the fleet launched.
+    launched: Instant,
+    /// When the first generation request came: the fleet's clock starts there.
+    zero: OnceLock<Instant>,
+    /// Woken once, at the first request (the autoscaler waits for it).
+    started: Notify,
+    /// The settings the lifecycle log carries.
+    log_settings: log::LogSettings,
+    /// The front endpoint's URL (`--front-port`).
+    pub front_url: Option<String>,
 }
 
 /// What [`Lifecycle::new`] needs besides the flags.
@@ -256,6 +285,8 @@ pub(crate) struct LifecycleParts {
     pub engine_metrics: Arc<Metrics>,
     /// Every worker's engine settings (the `load` policy's capacity).
     pub worker: servesim::scheduler::EngineConfig,
+    /// The front endpoint's URL (`--front-port`), once bound.
+    pub front_url: Option<String>,
 }
 
 /// A slot's line in `GET /fleet/scale`.
@@ -311,7 +342,10 @@ impl Lifecycle {
                 desired: config.min,
                 phases,
                 epochs: vec![0; max],
-                rng: ChaCha8Rng::seed_from_u64(config.seed ^ 0x0065_6c61_7374_6963),
+                rng: ChaCha8Rng::seed_from_u64(
+                    config.seed ^ servesim::replay::autoscale::LOAD_DELAY_SEED,
+                ),
+                record: log::Recorder::default(),
             }),
             counts: (0..max).map(|_| SlotCount::default()).collect(),
             faults: parts.faults,
@@ -324,15 +358,31 @@ impl Lifecycle {
             stop: parts.stop,
             write_failures: AtomicU64::new(0),
             arrivals: AtomicU64::new(0),
+            launched: Instant::now(),
+            zero: OnceLock::new(),
+            started: Notify::new(),
+            log_settings: log::LogSettings {
+                policy: match &config.autoscale {
+                    None => "manual".into(),
+                    Some(servesim::autoscale::PolicySpec::External(_)) => "external".into(),
+                    Some(spec) => spec.to_string(),
+                },
+                speedup: config.speedup,
+                tick: config.autoscale_tick,
+                model_load: config.model_load,
+                min: config.min,
+                max: config.max,
+            },
+            front_url: parts.front_url,
             config,
         });
-        let slots = lifecycle.lock();
+        let mut slots = lifecycle.lock();
+        lifecycle.count(&mut slots);
         lifecycle.publish(&slots)?;
         drop(slots);
         if let Some(spec) = lifecycle.config.autoscale.clone() {
             let autoscaler = autoscaler::Autoscaler {
                 spec,
-                tick: lifecycle.config.autoscale_tick,
                 timeout: lifecycle.config.autoscale_timeout,
                 lifecycle: Arc::clone(&lifecycle),
                 engine: lifecycle.engine.clone(),
@@ -342,6 +392,86 @@ impl Lifecycle {
             tokio::spawn(autoscaler.run(lifecycle.stop.clone()));
         }
         Ok(lifecycle)
+    }
+
+    /// The fleet's clock zero: its first generation request (None before one).
+    pub(crate) fn zero(&self) -> Option<Instant> {
+        self.zero.get().copied()
+    }
+
+    /// Waits for the first generation request; its instant.
+    pub(crate) async fn first_request(&self) -> Instant {
+        loop {
+            let started = self.started.notified();
+            if let Some(zero) = self.zero() {
+                return zero;
+            }
+            started.await;
+        }
+    }
+
+    /// Marks the first generation request (later calls do nothing).
+    fn arrived(&self) {
+        if self.zero.set(Instant::now()).is_ok() {
+            self.started.notify_waiters();
+            self.started.notify_one();
+            let slots = self.lock();
+            self.write_log(&slots);
+        }
+    }
+
+    /// The lifecycle so far, in simulated seconds from the first request.
+    pub fn lifecycle_log(&self) -> LifecycleLog {
+        let slots = self.lock();
+        self.log_of(&slots)
+    }
+
+    fn log_of(&self, slots: &Slots) -> LifecycleLog {
+        let zero = self.zero();
+        LifecycleLog::of(
+            &slots.record,
+            &self.log_settings,
+            zero.unwrap_or(self.launched),
+            zero.is_some(),
+        )
+    }
+
+    /// A tick at which the autoscaler held (kept in the log).
+    pub(crate) fn warn(&self, text: String) {
+        let mut slots = self.lock();
+        slots.record.warning(Instant::now(), text);
+        self.write_log(&slots);
+    }
+
+    /// Records the GPUs held and the ready workers now.
+    fn count(&self, slots: &mut Slots) {
+        let gpus = slots.phases.iter().filter(|p| **p != Phase::Absent).count();
+        let ready = slots.phases.iter().filter(|p| **p == Phase::Ready).count();
+        slots.record.counts(Instant::now(), gpus, ready);
+    }
+
+    /// Rewrites `--lifecycle-log` (a failure is counted and printed).
+    fn write_log(&self, slots: &Slots) {
+        let Some(path) = &self.config.lifecycle_log else {
+            return;
+        };
+        let text = serde_json::to_string(&self.log_of(slots)).unwrap_or_default();
+        if let Err(error) = write_whole(path, &text) {
+            self.write_failures.fetch_add(1, Ordering::Relaxed);
+            let e = PublishError::Lifecycle {
+                path: path.clone(),
+                error,
+            };
+            eprintln!("mockserve fleet: warning: {e}");
+        }
+    }
+
+    /// Slots that take requests now, by index.
+    pub(crate) fn ready_slots(&self) -> Vec<usize> {
+        let slots = self.lock();
+        (0..slots.phases.len())
+            .filter(|&i| slots.phases[i] == Phase::Ready)
+            .collect()
     }
 
     fn lock(&self) -> MutexGuard<'_, Slots> {
@@ -404,6 +534,8 @@ impl Lifecycle {
         let mut slots = self.lock();
         if slots.desired != n {
             self.metrics.scale_events.inc();
+            let live = slots.phases.iter().filter(|p| p.is_live()).count();
+            slots.record.event(Instant::now(), live, n);
         }
         slots.desired = n;
         self.reconcile(&mut slots);
@@ -442,6 +574,8 @@ impl Lifecycle {
             }
             live -= 1;
         }
+        self.count(slots);
+        self.write_log(slots);
         if let Err(e) = self.publish(slots) {
             self.write_failures.fetch_add(1, Ordering::Relaxed);
             eprintln!("mockserve fleet: warning: rewriting the fleet's files failed: {e}");
@@ -450,14 +584,17 @@ impl Lifecycle {
 
     /// Slot `i` starts loading: its listener opens, it becomes ready after a drawn delay.
     fn provision(self: &Arc<Self>, slots: &mut Slots, i: usize) {
-        let (mean, jitter) = (self.config.model_load, self.config.model_load_jitter);
-        let delay = if jitter.is_zero() {
-            mean
-        } else {
-            let spread = jitter.as_secs_f64();
-            let offset = slots.rng.gen_range(-spread..=spread);
-            Duration::from_secs_f64((mean.as_secs_f64() + offset).max(0.0))
+        // The draw of `mockserve replay --autoscale` (same seed, same sequence), in simulated
+        // time, then on the wall clock.
+        let lifecycle = servesim::autoscale::LifecycleConfig {
+            model_load: self.config.model_load.into(),
+            model_load_jitter: self.config.model_load_jitter.into(),
+            seed: self.config.seed,
+            pools: Vec::new(),
         };
+        let delay = self
+            .config
+            .wall(lifecycle.draw_load_delay(&mut slots.rng).into());
         slots.epochs[i] += 1;
         slots.phases[i] = Phase::Loading;
         self.faults.switch(i, WorkerState::Ok);
@@ -651,6 +788,7 @@ pub(crate) async fn gate(
             };
             match lifecycle.phase(index) {
                 Phase::Ready | Phase::Draining { refusing: false } => {
+                    lifecycle.arrived();
                     lifecycle.arrivals.fetch_add(1, Ordering::Relaxed);
                     let response = next.run(request).await;
                     let (parts, body) = response.into_parts();
