@@ -7,7 +7,7 @@
 #
 # Run with: scripts/autoscale-live-offline.sh [TRACE] [OUT_DIR]
 # Settings (environment): S (10), POLICIES ("load saturation"), PERIOD (1700, seconds of the
-# diurnal day in trace time), MIN_RATE (0.2), MIN (2), MAX (4), SLO, SEED (0), MAX_REQUESTS
+# diurnal day in trace time), MIN_RATE (0.2), MIN (3), MAX (4), SLO, SEED (0), MAX_REQUESTS
 # (all), BIN (target/release).
 set -euo pipefail
 TRACE=${1:-traces/mooncake_synthetic_trace.jsonl}
@@ -16,7 +16,7 @@ S=${S:-10}
 POLICIES=${POLICIES:-load saturation}
 PERIOD=${PERIOD:-1700}
 MIN_RATE=${MIN_RATE:-0.2}
-MIN=${MIN:-2}
+MIN=${MIN:-3}
 MAX=${MAX:-4}
 SLO=${SLO:-ttft=2000ms,tpot=50ms}
 SEED=${SEED:-0}
@@ -50,7 +50,7 @@ for policy in $POLICIES; do
   rm -f "$OUT/lifecycle-$policy.json" "$OUT/fleet-$policy.out"
   "$BIN/mockserve" fleet --elastic "${engine[@]}" --speedup-ratio "$S" --autoscale "$policy" \
     --min-workers "$MIN" --max-workers "$MAX" --port 0 --front-port 0 --drain-grace 0s \
-    --max-model-len "$MAX_MODEL_LEN" \
+    --max-model-len "$MAX_MODEL_LEN" --slo "$SLO" \
     --lifecycle-log "$OUT/lifecycle-$policy.json" >"$OUT/fleet-$policy.out" 2>"$OUT/fleet-$policy.err" &
   fleet_pid=$!
   front=

@@ -12,18 +12,17 @@
 //! request rate counts the generation requests the workers' gates let in between scrapes; its
 //! ISL is the prompt tokens the engine received over them, its OSL the output tokens generated
 //! over them.
-//! `load` needs each worker's capacity: it is derived from the engine's latency model (at a
-//! speed-up of 1: in simulated time, as the observation is) at the
-//! ISL and OSL first observed (prefill tokens per second of one request of that ISL; decode
-//! tokens per second of the largest batch whose step stays within 50 ms), so it decides from
-//! the first tick that saw requests.
+//! `load` and `saturation` size a worker with the engine's
+//! [`servesim::autoscale::slo_capacity`] for `--slo`, at a speed-up of 1 (in simulated time, as
+//! the observation is), at the ISL and OSL of the first tick that saw requests, with the settings
+//! of `mockserve replay --autoscale`; they decide from that tick on.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use servesim::autoscale::{
-    Decision, ExternalPolicy, LoadPolicy, LoadPolicyConfig, Observation, Policy, PolicyError,
+    Decision, ExternalPolicy, LoadPolicy, LoadPolicyConfig, LoadTiming, Observation, Policy, PolicyError,
     PolicySpec, PoolObservation, PoolRole, SaturationPolicy, SaturationPolicyConfig,
     WorkerObservation, WorkerState,
 };
@@ -51,12 +50,6 @@ pub(crate) struct Autoscaler {
     pub metrics: Arc<Metrics>,
     /// Every worker's engine settings (the `load` policy's capacity).
     pub worker: EngineConfig,
-}
-
-/// Tokens per second one worker sustains at `isl`/`osl`: (prefill, decode), within the
-/// default 50 ms decode step (the engine's [`servesim::autoscale::worker_capacity`]).
-pub(crate) fn capacity(engine: &EngineConfig, isl: usize, osl: usize) -> (f64, f64) {
-    servesim::autoscale::worker_capacity(engine, isl, osl, servesim::autoscale::DEFAULT_TPOT_MS)
 }
 
 /// Counters at the previous scrape.
@@ -158,38 +151,39 @@ impl Autoscaler {
         })
     }
 
-    /// The policy, once it can be built (`load` waits for a tick with requests).
+    /// The policy, once it can be built: `load` and `saturation` size a worker at the ISL and
+    /// OSL of the first tick that saw requests, for `--slo`, with the settings of
+    /// `mockserve replay --autoscale` (which sizes it at the trace's means).
     fn build(&self, observation: &Observation) -> Result<Option<Box<dyn Policy>>, String> {
-        let tick_s = self.lifecycle.config.autoscale_tick.as_secs_f64();
+        let config = &self.lifecycle.config;
+        let capacity = || {
+            // Simulated time, as the observation's rates.
+            let mut worker = self.worker.clone();
+            worker.latency.speedup_ratio = 1.0;
+            let isl = observation.mean_isl.round() as usize;
+            let osl = observation.mean_osl.round() as usize;
+            servesim::autoscale::slo_capacity(&worker, isl, osl, &config.slo)
+        };
         Ok(Some(match &self.spec {
-            // The same settings as `mockserve replay --autoscale` (`cmd::autoscale`), in
-            // simulated time.
-            PolicySpec::Saturation => Box::new(SaturationPolicy::new(SaturationPolicyConfig {
-                down_window_s: 8.0 * tick_s,
-                smooth_window_s: 3.0 * tick_s,
-                ..SaturationPolicyConfig::default()
-            })?),
             PolicySpec::External(command) => {
                 Box::new(ExternalPolicy::spawn(command, self.timeout).map_err(|e| e.to_string())?)
             }
+            _ if observation.request_rate <= 0.0 => return Ok(None),
+            PolicySpec::Saturation => Box::new(SaturationPolicy::new(SaturationPolicyConfig {
+                running_target: Some(capacity().running),
+                ..SaturationPolicyConfig::default()
+            })?),
             PolicySpec::Load => {
-                if observation.request_rate <= 0.0 {
-                    return Ok(None);
-                }
-                let isl = observation.mean_isl.round() as usize;
-                let osl = observation.mean_osl.round() as usize;
-                // Simulated time, as the observation's rates.
-                let mut worker = self.worker.clone();
-                worker.latency.speedup_ratio = 1.0;
-                let (prefill, decode) = capacity(&worker, isl, osl);
-                Box::new(LoadPolicy::new(LoadPolicyConfig {
-                    prefill_tokens_per_s: prefill,
-                    decode_tokens_per_s: decode,
-                    target_utilisation: 0.5,
-                    window: 4,
-                    lookahead_s: self.lifecycle.config.model_load.as_secs_f64() + 4.0 * tick_s,
-                    down_window: 8,
-                })?)
+                let timing = LoadTiming {
+                    tick_s: config.autoscale_tick.as_secs_f64(),
+                    scrape_delay_s: config.scrape_delay.as_secs_f64(),
+                    model_load_s: config.model_load.as_secs_f64(),
+                    model_load_jitter_s: config.model_load_jitter.as_secs_f64(),
+                };
+                Box::new(LoadPolicy::new(LoadPolicyConfig::planned(
+                    &capacity(),
+                    &timing,
+                ))?)
             }
         }))
     }
@@ -284,31 +278,5 @@ impl Autoscaler {
             let _ = self.lifecycle.scale(n);
             self.lifecycle.metrics.decisions.inc();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use servesim::scheduler::EngineConfig;
-
-    #[test]
-    fn capacity_follows_the_latency_model() {
-        // Fixed passes: a 1000-token prefill in 100 ms; a decode step of any batch in 10 ms,
-        // so the largest batch that fits (max_num_seqs, KV permitting) sets the decode rate.
-        let mut engine = EngineConfig::default();
-        engine.latency.model = Arc::new(servesim::perf::Fixed {
-            prefill_ms: 100.0,
-            decode_ms: 10.0,
-        });
-        engine.latency.speedup_ratio = 1.0;
-        engine.max_num_seqs = 8;
-        engine.num_gpu_blocks = 10_000;
-        let (prefill, decode) = capacity(&engine, 1000, 100);
-        assert_eq!(prefill, 10_000.0);
-        assert_eq!(decode, 800.0);
-        // With room for only two sequences of 1050 tokens, two decode at once.
-        engine.num_gpu_blocks = 2 * 1050 / engine.block_size + 1;
-        assert_eq!(capacity(&engine, 1000, 100).1, 200.0);
     }
 }

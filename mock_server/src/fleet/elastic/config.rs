@@ -113,6 +113,13 @@ pub struct ElasticArgs {
     /// every change.
     #[arg(long, value_name = "PATH", requires = "elastic")]
     pub discovery_file: Option<PathBuf>,
+
+    /// The objectives `load` and `saturation` size a worker for, as `mockserve replay --slo`
+    /// does (ttft=2000ms,tpot=50ms): the utilisation at which requests still meet the TTFT
+    /// bound, and the decode batch within the TPOT bound. Without it, a worker counts at full
+    /// utilisation within a 50 ms decode step.
+    #[arg(long, value_name = "OBJECTIVES", requires = "autoscale")]
+    pub slo: Option<servesim::slo::Slo>,
 }
 
 /// Why the elastic flags are refused.
@@ -197,6 +204,8 @@ pub struct ElasticConfig {
     pub lifecycle_log: Option<PathBuf>,
     /// An external policy's answer time.
     pub autoscale_timeout: Duration,
+    /// `--slo`: what `load` and `saturation` size a worker for.
+    pub slo: servesim::slo::Slo,
 }
 
 fn time_flag(flag: &'static str, text: &str) -> Result<Duration, ElasticError> {
@@ -297,6 +306,7 @@ impl ElasticConfig {
             speedup,
             front: args.front_port.map(|port| (host.to_string(), port)),
             lifecycle_log: args.lifecycle_log.clone(),
+            slo: args.slo.unwrap_or_default(),
         }))
     }
 }
@@ -320,6 +330,7 @@ mod tests {
             scrape_delay: None,
             front_port: None,
             lifecycle_log: None,
+            slo: None,
         }
     }
 
