@@ -143,7 +143,7 @@ impl CalibrateArgs {
         )?;
         if self.records.is_some() && self.fit_profile.is_some() && self.fit.is_none() {
             return Err(LoadgenError::Config(
-                "--fit-profile without --fit measures the live target with loadgen profile; \
+                "--fit-profile measures the live target (with loadgen profile, without --fit); \
                  with --records nothing is measured (fit on another trace's run with --fit \
                  FIT_TRACE --fit-records R, or time the offline side with --perf-profile)"
                     .into(),
