@@ -77,8 +77,8 @@ pub struct CalibrateArgs {
     #[arg(long, value_name = "FIT_TRACE")]
     pub fit: Option<PathBuf>,
 
-    /// With `--fit`: read the fit run from these per-request records of a live run of
-    /// FIT_TRACE (`loadgen replay --per-request-jsonl`) instead of running it.
+    /// With `--fit`: read the fit run from these per-request records of a run of FIT_TRACE
+    /// (`loadgen replay --per-request-jsonl`, or `mockserve replay`'s) instead of running it.
     #[arg(long, value_name = "PATH")]
     pub fit_records: Option<PathBuf>,
 
