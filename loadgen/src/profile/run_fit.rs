@@ -22,9 +22,9 @@
 //! A phase or TTFT during which a prompt longer than one pass (`max_prefill_tokens`, the
 //! offline engine's per-pass token budget) was prefilled is left out. A second fit drops the
 //! equations more than three robust deviations off; a slope that comes out negative is dropped
-//! and the rest refitted. The profile holds the fitted model on grids over what was observed:
-//! prefill over the uncached prompt tokens seen, decode over the active KV tokens and mean
-//! contexts seen.
+//! and the rest refitted. The profile holds the fitted model on grids: prefill from 1 token to
+//! the per-pass budget (or the largest prefill seen), decode over the active KV tokens and
+//! mean contexts seen.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -517,8 +517,10 @@ pub(crate) fn fit_run(reqs: &[Timeline], max_prefill_tokens: usize) -> Result<Ru
         .filter(|r| r.x[3] > 0.0)
         .flat_map(|r| [r.x[4] / r.x[3]])
         .collect();
-    let (t_lo, t_hi) = span(&prefill_seen);
-    let prefill_isl = grid(t_lo.max(1.0), t_hi.max(t_lo.max(1.0) + 1.0), 8);
+    // Up to the per-pass budget: the offline engine prefills chunks that large even when the
+    // fit run's prompts were shorter (the table would otherwise extend its last segment).
+    let (_, t_hi) = span(&prefill_seen);
+    let prefill_isl = grid(1.0, t_hi.max(max_prefill_tokens as f64).max(2.0), 12);
     let prefill_ttft_ms: Vec<f64> = prefill_isl
         .iter()
         .map(|&t| model.prefill_ms(t).max(1e-3))
