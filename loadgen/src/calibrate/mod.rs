@@ -7,9 +7,15 @@
 //! report gives MAPE, signed bias, Pearson r, the two-sample KS statistic and p-value and the
 //! TOST equivalence verdict at `--margin`, after a warm-up and by load level.
 //!
+//! Fit, then gate: with `--fit-profile PATH` the offline side is timed by a profile fitted on
+//! the live target first, from a live run of another trace (`--fit FIT_TRACE`, or its records
+//! with `--fit-records`) or from `loadgen profile`'s probe workload (no `--fit`).
+//!
 //! The modules: `stats` (the formulas), `records` (records read, keyed and matched), `report`
-//! (the figures and the console table) and `html` (the scatter and CDF page).
+//! (the figures and the console table), `html` (the scatter and CDF page) and `fit` (the fit
+//! run, kept apart from the gate trace).
 
+mod fit;
 mod html;
 mod records;
 mod report;
@@ -57,13 +63,24 @@ pub struct CalibrateArgs {
     #[arg(long, default_value_t = 4)]
     pub windows: usize,
 
-    /// Fit, then gate: before the live run, measure the live target with `loadgen profile`
-    /// (its own probe workload: no request of TRACE goes into the fit), write the fitted
-    /// profile to PATH (mocker .npz, with its .json and .svg beside it), and time the offline
-    /// side with it instead of the engine's latency model (`--perf-profile PATH`, speed-up
-    /// ratios 1).
+    /// Fit, then gate: fit a latency profile of the live target, write it to PATH (mocker
+    /// .npz, with its .json and .svg beside it), and time the offline side with it instead of
+    /// the engine's latency model (`--perf-profile PATH`, speed-up ratios 1). Fitted from a
+    /// live run of `--fit FIT_TRACE`; without `--fit`, from `loadgen profile`'s own probe
+    /// workload. No request of TRACE goes into the fit either way.
     #[arg(long, value_name = "PATH")]
     pub fit_profile: Option<PathBuf>,
+
+    /// The trace the profile is fitted on (with `--fit-profile`): run live against the same
+    /// target before the gate run, its per-request records give prefill times and decode
+    /// steps. It must not be TRACE nor share a request with it.
+    #[arg(long, value_name = "FIT_TRACE")]
+    pub fit: Option<PathBuf>,
+
+    /// With `--fit`: read the fit run from these per-request records of a run of FIT_TRACE
+    /// (`loadgen replay --per-request-jsonl`, or `mockserve replay`'s) instead of running it.
+    #[arg(long, value_name = "PATH")]
+    pub fit_records: Option<PathBuf>,
 
     /// Run the live side K times, the embedded engine's `--seed` (and the offline replay's)
     /// stepped by one each time; the spread of the measured means across them is reported
@@ -125,10 +142,16 @@ impl CalibrateArgs {
                 "--seeds runs the live side several times; --records reads one run".into(),
             ));
         }
-        if self.records.is_some() && self.fit_profile.is_some() {
+        fit::check_flags(
+            self.fit.as_ref(),
+            self.fit_records.as_ref(),
+            self.fit_profile.as_ref(),
+        )?;
+        if self.records.is_some() && self.fit_profile.is_some() && self.fit.is_none() {
             return Err(LoadgenError::Config(
-                "--fit-profile measures the live target; with --records nothing is measured \
-                 (time the offline side with --perf-profile instead)"
+                "--fit-profile measures the live target (with loadgen profile, without --fit); \
+                 with --records nothing is measured (fit on another trace's run with --fit \
+                 FIT_TRACE --fit-records R, or time the offline side with --perf-profile)"
                     .into(),
             ));
         }
@@ -175,9 +198,16 @@ pub async fn calibrate(args: &CalibrateArgs) -> Result<CalibrateRun, LoadgenErro
         windows: args.windows,
         seed: base_seed,
     };
-    if let Some(path) = &args.fit_profile {
-        fit_profile(args, path).await?;
-    }
+    let fitted = match (&args.fit, &args.fit_profile) {
+        (Some(fit_trace), Some(path)) => {
+            Some(fit::fit(&args.replay, fit_trace, args.fit_records.as_deref(), path).await?)
+        }
+        (None, Some(path)) => {
+            fit_profile(args, path).await?;
+            None
+        }
+        _ => None,
+    };
     let mut runs: Vec<(Calibration, usize)> = Vec::with_capacity(args.seeds);
     for k in 0..args.seeds {
         let mut side = args.replay.clone();
@@ -211,6 +241,8 @@ pub async fn calibrate(args: &CalibrateArgs) -> Result<CalibrateRun, LoadgenErro
         "arrival_speedup_ratio": args.replay.trace.arrival_speedup_ratio,
         "margin": args.margin,
         "fit_profile": args.fit_profile.as_ref().map(|p| p.display().to_string()),
+        "gate_trace": trace_name,
+        "fit": fitted.as_ref().map(|f| f.json.clone()),
         "warmup_ms": args.warmup,
         "bias_definition": "mean(measured) / mean(predicted) - 1",
         "mape_definition": "mean(|predicted - measured| / measured), measured > 0",
@@ -223,12 +255,17 @@ pub async fn calibrate(args: &CalibrateArgs) -> Result<CalibrateRun, LoadgenErro
         "metrics": first.metrics,
         "load_levels": first.windows,
     });
-    let offline_name = match &args.fit_profile {
-        Some(p) => format!(
+    let offline_name = match (&args.fit_profile, &args.fit) {
+        (Some(p), Some(f)) => format!(
+            "servesim replay timed by the profile {} fitted on {}",
+            p.display(),
+            f.display()
+        ),
+        (Some(p), None) => format!(
             "servesim replay timed by the fitted profile {}",
             p.display()
         ),
-        None => "servesim replay with the engine flags given".into(),
+        _ => "servesim replay with the engine flags given".into(),
     };
     let mut text = format!(
         "loadgen calibrate: {trace_name} ({}), live: {}, offline: {offline_name}\n",

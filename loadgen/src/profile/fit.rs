@@ -70,13 +70,9 @@ pub(crate) fn median(samples: &[f64]) -> f64 {
 /// client overhead's noise comes out as this.
 const MIN_MS: f64 = 1e-3;
 
-/// The tables the measurements describe:
-/// - prefill: one point per distinct prompt length (samples of equal lengths averaged);
-/// - decode: one column per context length asked for (at the mean measured context of its
-///   points), one row per distinct measured active-KV-token count; a column's value at a row is
-///   the linear interpolation of its own points over active KV tokens, the nearest point's value
-///   outside their range (the profile README's construction).
-pub(crate) fn tables(m: &Measurements) -> Result<ProfileTables, String> {
+/// The prefill axis and times of the measurements' prefill points: one point per distinct
+/// prompt length (samples of equal lengths averaged), sorted; at least 2.
+pub(crate) fn tables_prefill(m: &Measurements) -> Result<(Vec<f64>, Vec<f64>), String> {
     let mut prefill: Vec<(f64, f64)> = m
         .prefill
         .iter()
@@ -103,6 +99,17 @@ pub(crate) fn tables(m: &Measurements) -> Result<ProfileTables, String> {
             prefill_isl.len()
         ));
     }
+    Ok((prefill_isl, prefill_ttft_ms))
+}
+
+/// The tables the measurements describe:
+/// - prefill: one point per distinct prompt length (samples of equal lengths averaged);
+/// - decode: one column per context length asked for (at the mean measured context of its
+///   points), one row per distinct measured active-KV-token count; a column's value at a row is
+///   the linear interpolation of its own points over active KV tokens, the nearest point's value
+///   outside their range (the profile README's construction).
+pub(crate) fn tables(m: &Measurements) -> Result<ProfileTables, String> {
+    let (prefill_isl, prefill_ttft_ms) = tables_prefill(m)?;
     let mut contexts: Vec<usize> = m.decode.iter().map(|d| d.context_length).collect();
     contexts.sort_unstable();
     contexts.dedup();

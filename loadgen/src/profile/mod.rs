@@ -16,11 +16,14 @@
 //!   context, both taken at the middle of the window.
 //!
 //! Measurement runs in `measure`; `fit` turns the points into tables, a summary and the SVG.
+//! `run_fit` fits the same tables from the per-request records of a trace run instead of a
+//! probe (`loadgen calibrate --fit`).
 //! A request that fails mid-profile stops the run with [`LoadgenError::Profile`] after the points
 //! measured so far are written next to `--output` (`*.partial.json`).
 
 pub(crate) mod fit;
 pub(crate) mod measure;
+pub(crate) mod run_fit;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -4,6 +4,7 @@
 //! - [`bounds`]: issue 43: a closed stdout pipe, merge's header checks, capped reads, the
 //!   agentic in-flight cap, the routing line's own decisions;
 //! - [`calibrate`]: `calibrate`, a live run against the offline replay, and its bad input;
+//! - [`calibrate_fit`]: `calibrate --fit`: fit on one trace's run, gate on another;
 //! - [`convert`]: `trace convert`, and the round trip of a multiturn run through a trace;
 //! - [`dataset`]: `--dataset` prompts in `bench` and `multiturn`, and their errors;
 //! - [`endpoints`]: `--endpoint responses|messages|embeddings` count tokens as chat does;
@@ -19,6 +20,7 @@ mod common;
 
 mod bounds;
 mod calibrate;
+mod calibrate_fit;
 mod convert;
 mod dataset;
 mod endpoints;
