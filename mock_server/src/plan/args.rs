@@ -172,6 +172,20 @@ pub struct SearchCommand {
 /// Replay flags that a search cannot take (they describe one run's outputs).
 const NOT_FIXED: &[&str] = &["per_request_jsonl", "kv_events_jsonl", "iterations"];
 
+/// The replay's elastic-fleet flags: a candidate is a static fleet, so a search refuses them
+/// (and its `--help` hides them).
+const ELASTIC: &[&str] = &[
+    "autoscale",
+    "min_workers",
+    "max_workers",
+    "model_load",
+    "model_load_jitter",
+    "autoscale_tick",
+    "scrape_delay",
+    "autoscale_timeout",
+    "no_oracle",
+];
+
 /// The replay command's arguments, by id.
 fn replay_command() -> Command {
     ReplayArgs::augment_args(Command::new("replay"))
@@ -179,7 +193,11 @@ fn replay_command() -> Command {
 
 impl Args for PlanArgs {
     fn augment_args(cmd: Command) -> Command {
-        let cmd = ReplayArgs::augment_args(cmd)
+        let cmd = ELASTIC
+            .iter()
+            .fold(ReplayArgs::augment_args(cmd), |cmd, id| {
+                cmd.mut_arg(*id, |a| a.hide(true))
+            })
             .mut_arg("perf_profile", |a| {
                 a.action(ArgAction::Append)
                     .value_name("NAME=PATH:GPUS")
@@ -258,6 +276,16 @@ impl FromArgMatches for PlanArgs {
             let Some(long) = arg.get_long() else {
                 continue;
             };
+            if ELASTIC.contains(&id) {
+                return Err(clap::Error::raw(
+                    clap::error::ErrorKind::ArgumentConflict,
+                    format!(
+                        "--{long} scales one replay's fleet; `mockserve plan` searches static \
+                         fleets (num_workers, or num_prefill_workers and num_decode_workers in \
+                         the space): judge an autoscaler with mockserve replay --autoscale\n"
+                    ),
+                ));
+            }
             if NOT_FIXED.contains(&id) {
                 return Err(clap::Error::raw(
                     clap::error::ErrorKind::ArgumentConflict,

@@ -603,6 +603,11 @@ fn bad_input_is_named() {
             "--per-request-jsonl describes one replay's output",
         ),
         (
+            "num_workers = [1]\n",
+            &["--autoscale", "load"],
+            "--autoscale scales one replay's fleet; `mockserve plan` searches static fleets",
+        ),
+        (
             "num_workers = [1, 2]\n",
             &[
                 "--slo",
