@@ -25,7 +25,7 @@ fn err(message: String) -> LoadgenError {
 /// The replay flags of the fit run: the gate's, on the fit trace.
 pub(crate) fn fit_side(gate: &ReplayArgs, fit_trace: &Path) -> ReplayArgs {
     let mut side = gate.clone();
-    side.trace.path = fit_trace.to_path_buf();
+    side.trace.path = Some(fit_trace.to_path_buf());
     side.run.report.report_json = None;
     side.run.report.per_request_jsonl = None;
     side.run.report.quiet = true;
@@ -43,7 +43,7 @@ struct TraceRow {
 }
 
 fn rows_of(args: &ReplayArgs) -> Result<Vec<TraceRow>, LoadgenError> {
-    let format = trace::detect_format(&args.trace.path, args.trace.format)?;
+    let format = trace::detect_format(args.trace.file(), args.trace.format)?;
     let digest = |parts: &[&[u8]]| {
         let mut h = Xxh3::new();
         for p in parts {
@@ -94,7 +94,7 @@ pub(crate) fn check_separate(
     gate: &ReplayArgs,
     fit_trace: &Path,
 ) -> Result<Vec<String>, LoadgenError> {
-    let gate_path = &gate.trace.path;
+    let gate_path = gate.trace.file();
     let same = match (gate_path.canonicalize(), fit_trace.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
         _ => gate_path == fit_trace,
@@ -156,7 +156,7 @@ async fn fit_records(
     }
     crate::stdout::outln!(
         "Fit run: {} live (loadgen replay)",
-        side.trace.path.display()
+        side.trace.file().display()
     );
     let runs = crate::replay::replay_with(side, false).await?;
     let run = crate::harness::first(runs)?;
