@@ -4,11 +4,7 @@
 //! When a node is due is `servesim::replay::Readiness`'s rule, the offline replay's, driven
 //! here in microseconds since the run started: dispatch edges fire when a request is handed to
 //! the HTTP client, completion edges when its stream ends (its last token and the end of the
-//! stream arrive together); nodes due at the same instant go in `request_id` order, each sent
-//! once the one before it has its response headers (a server that admits a request before
-//! answering its headers, as mockserve does, has admitted it then), so the server admits them
-//! in the offline replay's order. Without that, tied requests reach the server in whatever
-//! order their tasks and connections happen to run.
+//! stream arrive together); nodes due at the same instant go in `request_id` order.
 //!
 //! Tool waits are real waits; sub-agents are requests in flight at once. A node whose request
 //! fails (an HTTP error, a broken stream, a timeout, a cancellation) fails its play: the play's
@@ -29,11 +25,11 @@ use std::time::Duration;
 use servesim::replay::{NodeTimes, Readiness};
 use servesim::time::SimTime;
 use servesim::trace::RequestGraph;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 
 use crate::client::{self, Endpoint};
-use crate::driver::{aborted, is_aborted, DriverConfig, Sample, TieOrder, PACER_LEAD};
+use crate::driver::{aborted, is_aborted, DriverConfig, Sample, PACER_LEAD};
 use crate::error::LoadgenError;
 use crate::run::prompt::PromptSynth;
 use crate::target::{request_body, Api};
@@ -119,13 +115,11 @@ fn nearest_us(t: SimTime) -> u64 {
     t.as_nanos().saturating_add(500) / 1_000
 }
 
-/// Sends node `node` (due at `due_us`, after the node tied with it before it in `tie`) and
-/// reports to the scheduler.
+/// Sends node `node` (due at `due_us`) and reports to the scheduler.
 async fn send_node(
     shared: Arc<Shared>,
     node: usize,
     due_us: u64,
-    mut tie: TieOrder,
     tx: mpsc::UnboundedSender<Event>,
 ) {
     let graph = &shared.plan.graph;
@@ -153,8 +147,6 @@ async fn send_node(
         _ = aborted(abort.clone()) => {}
         _ = tokio::time::sleep_until(shared.start + Duration::from_micros(due_us)) => {}
     }
-    // A stopped run skips the node below (its admission is dropped: the next tied node goes).
-    tie.wait_turn(abort).await;
     let before_cap = Instant::now();
     let permit = match &shared.cap {
         Some(s) => tokio::select! {
@@ -184,9 +176,7 @@ async fn send_node(
         _ = aborted(abort.clone()) => client::cancelled(sent),
         r = async {
             match &shared.url {
-                Some(url) => {
-                    client::send_to(&shared.endpoint, url, &body, tie.admitted.take()).await
-                }
+                Some(url) => client::send_to(&shared.endpoint, url, &body, None).await,
                 None => client::send(&shared.endpoint, &body).await,
             }
         } => r,
@@ -270,22 +260,13 @@ pub(crate) async fn drive_graph(
     let mut pending = 0usize;
     let mut samples: Vec<Sample> = Vec::new();
     let mut stopped = false;
-    // The due time and admission of the node last handed out: the next waits for it when tied.
-    let mut previous: Option<(SimTime, oneshot::Receiver<()>)> = None;
     loop {
         // Send everything due (a node of a failed play is skipped); a task starts up to
         // `PACER_LEAD` early to build its body, then waits for the exact time.
         let horizon = wall(since(start, Instant::now() + PACER_LEAD));
         while let Some((n, due)) = state.pop_due(horizon) {
             pending += 1;
-            let tie = TieOrder::next(&mut previous, due, true);
-            tasks.spawn(send_node(
-                shared.clone(),
-                n,
-                nearest_us(due),
-                tie,
-                tx.clone(),
-            ));
+            tasks.spawn(send_node(shared.clone(), n, nearest_us(due), tx.clone()));
         }
         if state.is_drained() && pending == 0 {
             break;

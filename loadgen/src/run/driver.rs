@@ -282,47 +282,12 @@ pub(crate) async fn sleep_until_precisely(due: Instant) {
 /// does, has admitted it then), and it lets the one after it go when its own headers came.
 /// Without this, tied requests reach the server in whatever order their tasks and connections
 /// happen to run, and routing tie-breaks fall differently than offline.
-/// The agentic graph driver orders the nodes due at the same instant the same way.
 #[derive(Default)]
-pub(crate) struct TieOrder {
-    /// Resolves (or is dropped) when the previous tied request was admitted.
+struct TieOrder {
+    /// Resolves (or is dropped) when the previous tied session's first request was admitted.
     after: Option<oneshot::Receiver<()>>,
-    /// Dropped when this request has its headers (or never went).
-    pub(crate) admitted: Option<oneshot::Sender<()>>,
-}
-
-impl TieOrder {
-    /// The gate of the next request of a series in send order, due at `at`: it waits for the
-    /// one before it when `ordered` and that one is due at the same instant. `previous` holds
-    /// the due time and admission of the one before, and takes this one's.
-    pub(crate) fn next<T: PartialEq + Copy>(
-        previous: &mut Option<(T, oneshot::Receiver<()>)>,
-        at: T,
-        ordered: bool,
-    ) -> TieOrder {
-        let (admitted, next) = oneshot::channel();
-        let after = previous
-            .replace((at, next))
-            .and_then(|(t, rx)| (ordered && t == at).then_some(rx));
-        TieOrder {
-            after,
-            admitted: Some(admitted),
-        }
-    }
-
-    /// Waits until the previous tied request was admitted (at once if there is none); false if
-    /// the run was stopped meanwhile.
-    pub(crate) async fn wait_turn(&mut self, abort: &Option<watch::Receiver<bool>>) -> bool {
-        let Some(after) = self.after.take() else {
-            return true;
-        };
-        // An error is the previous request gone without sending: nothing to wait for.
-        tokio::select! {
-            biased;
-            _ = aborted(abort.clone()) => false,
-            _ = after => true,
-        }
-    }
+    /// Dropped when this session's first request has its headers (or never went).
+    admitted: Option<oneshot::Sender<()>>,
 }
 
 async fn run_session(
@@ -354,8 +319,13 @@ async fn run_session(
             _ = aborted(shared.abort.clone()) => break,
             _ = sleep_until_precisely(due) => {}
         }
-        if !tie.wait_turn(&shared.abort).await {
-            break;
+        if let Some(after) = tie.after.take() {
+            // An error is the previous session gone without sending: nothing to wait for.
+            tokio::select! {
+                biased;
+                _ = aborted(shared.abort.clone()) => break,
+                _ = after => {}
+            }
         }
         let before_cap = Instant::now();
         let permit = match &shared.cap {
@@ -435,7 +405,14 @@ pub async fn drive(
     // The admission gate of the previous session when it is due at the same instant.
     let mut previous: Option<(Duration, oneshot::Receiver<()>)> = None;
     for (first, index, script) in order {
-        let tie = TieOrder::next(&mut previous, first, config.ordered_ties);
+        let (admitted, next) = oneshot::channel();
+        let after = previous
+            .replace((first, next))
+            .and_then(|(t, rx)| (config.ordered_ties && t == first).then_some(rx));
+        let tie = TieOrder {
+            after,
+            admitted: Some(admitted),
+        };
         if shared.stop_at.is_some_and(|stop| start + first > stop) || is_aborted(&shared.abort) {
             continue;
         }
