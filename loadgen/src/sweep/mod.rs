@@ -78,8 +78,7 @@ pub struct SweepArgs {
     #[arg(long, default_value_t = 512)]
     pub trace_block_size: usize,
 
-    /// Replay points: replay --trace even when its schedule, sped up, runs longer than seven
-    /// days (as `replay --allow-long-schedule`).
+    /// Replay points: replay --trace even when its sped-up schedule exceeds seven days.
     #[arg(long)]
     pub allow_long_schedule: bool,
 

@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use servesim::autoscale::{
-    Decision, ExternalPolicy, LoadPolicy, LoadPolicyConfig, LoadTiming, Observation, Policy, PolicyError,
-    PolicySpec, PoolObservation, PoolRole, SaturationPolicy, SaturationPolicyConfig,
+    Decision, ExternalPolicy, LoadPolicy, LoadPolicyConfig, LoadTiming, Observation, Policy,
+    PolicyError, PolicySpec, PoolObservation, PoolRole, SaturationPolicy, SaturationPolicyConfig,
     WorkerObservation, WorkerState,
 };
 use servesim::ids::WorkerId;

@@ -40,9 +40,6 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::StreamExt;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
@@ -59,11 +56,13 @@ use crate::driver::EngineHandle;
 use crate::metrics::Metrics;
 pub use config::{ElasticArgs, ElasticConfig, ElasticError};
 pub use log::{LifecycleLog, LogError, LoggedEvent};
+pub use replica_metrics::ReplicaMetrics;
 
 mod autoscaler;
 mod config;
 pub(crate) mod front;
 mod log;
+mod replica_metrics;
 
 /// How long a drained worker's KV reset is retried while the engine still holds its blocks.
 const KV_RESET_RETRY: Duration = Duration::from_millis(10);
@@ -144,59 +143,6 @@ pub enum ScaleError {
         /// `--max-workers`.
         max: usize,
     },
-}
-
-/// The fleet's replica series on the admin listener's `/metrics`.
-#[derive(Clone, Debug, Default)]
-pub struct ReplicaMetrics {
-    /// `servesim_fleet_desired_replicas`.
-    pub desired: Gauge,
-    /// `servesim_fleet_ready_replicas`.
-    pub ready: Gauge,
-    /// `servesim_fleet_loading_replicas`.
-    pub loading: Gauge,
-    /// `servesim_fleet_draining_replicas`.
-    pub draining: Gauge,
-    /// `servesim_fleet_scale_requests`: accepted scale requests that changed the count.
-    pub scale_events: Counter,
-    /// `servesim_fleet_autoscale_decisions`: decisions `--autoscale` applied.
-    pub decisions: Counter,
-}
-
-impl ReplicaMetrics {
-    /// Registers every series in `registry`.
-    pub fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "servesim_fleet_desired_replicas",
-            "Workers the elastic fleet was asked for (PUT /fleet/scale)",
-            self.desired.clone(),
-        );
-        registry.register(
-            "servesim_fleet_ready_replicas",
-            "Workers whose model has loaded and that take requests",
-            self.ready.clone(),
-        );
-        registry.register(
-            "servesim_fleet_loading_replicas",
-            "Provisioned workers still loading their model",
-            self.loading.clone(),
-        );
-        registry.register(
-            "servesim_fleet_draining_replicas",
-            "Scaled-down workers finishing their requests in flight",
-            self.draining.clone(),
-        );
-        registry.register(
-            "servesim_fleet_scale_requests",
-            "Scale requests that changed the desired count",
-            self.scale_events.clone(),
-        );
-        registry.register(
-            "servesim_fleet_autoscale_decisions",
-            "Decisions of --autoscale applied (a failing policy's ticks are not counted)",
-            self.decisions.clone(),
-        );
-    }
 }
 
 /// One slot's counters, read without the lock.
