@@ -138,21 +138,7 @@ async fn fit_records(
     file: Option<&Path>,
 ) -> Result<Vec<(Value, String)>, LoadgenError> {
     if let Some(path) = file {
-        let text = std::fs::read_to_string(path).map_err(|source| LoadgenError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let mut out = Vec::new();
-        for (i, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            let origin = format!("{}:{}", path.display(), i + 1);
-            let v: Value = serde_json::from_str(line)
-                .map_err(|e| err(format!("--fit-records {origin}: not JSON ({e})")))?;
-            out.push((v, origin));
-        }
-        return Ok(out);
+        return records::read_values(path, "--fit-records ");
     }
     crate::stdout::outln!(
         "Fit run: {} live (loadgen replay)",

@@ -105,8 +105,9 @@ pub(crate) fn parse(v: &Value, origin: String) -> Result<Rec, LoadgenError> {
 /// Largest records file read (bytes): far above any trace's records, and a bound on memory.
 const MAX_RECORDS_BYTES: u64 = 4 << 30;
 
-/// The records of a JSONL file, in file order; blank lines skipped.
-pub(crate) fn read(path: &Path) -> Result<Vec<Rec>, LoadgenError> {
+/// The JSON lines of a records file with their origins (`path:line`), in file order; blank
+/// lines skipped. `flag` prefixes the errors of a line that is not JSON.
+pub(crate) fn read_values(path: &Path, flag: &str) -> Result<Vec<(Value, String)>, LoadgenError> {
     let io = |source| LoadgenError::Io {
         path: path.to_path_buf(),
         source,
@@ -114,7 +115,7 @@ pub(crate) fn read(path: &Path) -> Result<Vec<Rec>, LoadgenError> {
     let len = std::fs::metadata(path).map_err(io)?.len();
     if len > MAX_RECORDS_BYTES {
         return Err(LoadgenError::Calibrate(format!(
-            "{}: {len} bytes, above the {MAX_RECORDS_BYTES}-byte bound on a records file",
+            "{flag}{}: {len} bytes, above the {MAX_RECORDS_BYTES}-byte bound on a records file",
             path.display()
         )));
     }
@@ -126,9 +127,18 @@ pub(crate) fn read(path: &Path) -> Result<Vec<Rec>, LoadgenError> {
         }
         let origin = format!("{}:{}", path.display(), i + 1);
         let v: Value = serde_json::from_str(line)
-            .map_err(|e| LoadgenError::Calibrate(format!("{origin}: not JSON ({e})")))?;
-        out.push(parse(&v, origin)?);
+            .map_err(|e| LoadgenError::Calibrate(format!("{flag}{origin}: not JSON ({e})")))?;
+        out.push((v, origin));
     }
+    Ok(out)
+}
+
+/// The records of a JSONL file, in file order; blank lines skipped.
+pub(crate) fn read(path: &Path) -> Result<Vec<Rec>, LoadgenError> {
+    let out = read_values(path, "")?
+        .into_iter()
+        .map(|(v, origin)| parse(&v, origin))
+        .collect::<Result<Vec<_>, _>>()?;
     if out.is_empty() {
         return Err(LoadgenError::Calibrate(format!(
             "{}: no records (an empty file)",
