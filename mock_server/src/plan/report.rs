@@ -484,65 +484,62 @@ impl Report {
                 Some(reason) => format!("every trial failed; the first: {reason}"),
                 None => "no trial ran".into(),
             });
-        } else if full.iter().all(|r| r.figures.is_none()) {
-            // Every trial that ran stopped: none has an attainment, only a bound on it.
-            let closest = order(header, &full)
-                .into_iter()
-                .find(|&i| full[i].stopped.is_some());
-            let closest = closest.map_or_else(String::new, |i| {
-                let r = &full[i];
-                let (at_most, ended, requests) = r.stopped.as_ref().map_or((0.0, 0, 0), |s| {
-                    (s.attainment_at_most, s.ended_requests, s.num_requests)
-                });
-                format!(
-                    "; every trial stopped once its SLO was lost. The one that held longest \
-                     ({ended} of {requests} requests ended; {} GPUs, {}) meets them for at most \
-                     {:.2}% of requests: an upper bound, not its attainment (--no-early-stop \
-                     measures it in full): {}",
-                    r.gpus,
-                    knobs_text(r),
-                    at_most * 100.0,
-                    entry(header, r)
-                        .get("command")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                )
-            });
-            failure = Some(format!(
-                "no candidate meets --slo {} for {:.0}% of requests (--attainment){closest}",
-                slo_text(header),
-                q * 100.0
-            ));
         } else {
-            let closest = order(
-                &Header {
-                    attainment: None,
-                    objective: "goodput-per-gpu".into(),
-                    ..header.clone()
-                },
-                &full,
-            )
-            .into_iter()
-            .filter(|&i| full[i].figures.is_some())
-            .max_by(|&a, &b| {
-                let att = |i: usize| full[i].figures.as_ref().map_or(0.0, |f| f.slo_attainment);
-                att(a)
-                    .total_cmp(&att(b))
-                    .then(full[b].index.cmp(&full[a].index))
-            });
-            let closest = closest.map_or_else(String::new, |i| {
-                let r = &full[i];
-                format!(
-                    "; the closest meets them for {:.1}% of requests ({} GPUs, {}): {}",
-                    r.figures.as_ref().map_or(0.0, |f| f.slo_attainment * 100.0),
-                    r.gpus,
-                    knobs_text(r),
-                    entry(header, r)
-                        .get("command")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
+            let closest = if full.iter().all(|r| r.figures.is_none()) {
+                // Every trial that ran stopped: none has an attainment, only a bound on it.
+                let closest = order(header, &full)
+                    .into_iter()
+                    .find(|&i| full[i].stopped.is_some());
+                closest.map_or_else(String::new, |i| {
+                    let r = &full[i];
+                    let (at_most, ended, requests) = r.stopped.as_ref().map_or((0.0, 0, 0), |s| {
+                        (s.attainment_at_most, s.ended_requests, s.num_requests)
+                    });
+                    format!(
+                        "; every trial stopped once its SLO was lost. The one that held longest \
+                         ({ended} of {requests} requests ended; {} GPUs, {}) meets them for at most \
+                         {:.2}% of requests: an upper bound, not its attainment (--no-early-stop \
+                         measures it in full): {}",
+                        r.gpus,
+                        knobs_text(r),
+                        at_most * 100.0,
+                        entry(header, r)
+                            .get("command")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                    )
+                })
+            } else {
+                let closest = order(
+                    &Header {
+                        attainment: None,
+                        objective: "goodput-per-gpu".into(),
+                        ..header.clone()
+                    },
+                    &full,
                 )
-            });
+                .into_iter()
+                .filter(|&i| full[i].figures.is_some())
+                .max_by(|&a, &b| {
+                    let att = |i: usize| full[i].figures.as_ref().map_or(0.0, |f| f.slo_attainment);
+                    att(a)
+                        .total_cmp(&att(b))
+                        .then(full[b].index.cmp(&full[a].index))
+                });
+                closest.map_or_else(String::new, |i| {
+                    let r = &full[i];
+                    format!(
+                        "; the closest meets them for {:.1}% of requests ({} GPUs, {}): {}",
+                        r.figures.as_ref().map_or(0.0, |f| f.slo_attainment * 100.0),
+                        r.gpus,
+                        knobs_text(r),
+                        entry(header, r)
+                            .get("command")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                    )
+                })
+            };
             failure = Some(format!(
                 "no candidate meets --slo {} for {:.0}% of requests (--attainment){closest}",
                 slo_text(header),
