@@ -33,6 +33,15 @@ fi
 live_period=$(python3 -c "print(f'{$PERIOD / $S:g}')")
 # Both sides route round-robin over the ready workers (the fleet's front endpoint does).
 engine=(--seed "$SEED" --router-mode round-robin)
+# Both sides size a worker at the trace's mean prompt and output lengths, as the replay does by
+# default: the live fleet cannot read the trace, and would size at its first tick's requests.
+read -r isl osl < <(python3 - "$TRACE" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print(sum(r["input_length"] for r in rows) // len(rows), sum(r["output_length"] for r in rows) // len(rows))
+PY
+)
+sizing=(--autoscale-isl "$isl" --autoscale-osl "$osl")
 fleet_pid=
 stop_fleet() {
   if [ -n "$fleet_pid" ]; then
@@ -45,12 +54,12 @@ trap stop_fleet EXIT
 for policy in $POLICIES; do
   "$BIN/mockserve" replay "$TRACE" "${engine[@]}" --arrival-speedup-ratio 1 \
     --rate-profile "diurnal:period=${PERIOD}s,min=$MIN_RATE" --slo "$SLO" \
-    --autoscale "$policy" --min-workers "$MIN" --max-workers "$MAX" --no-oracle --quiet \
+    --autoscale "$policy" --min-workers "$MIN" --max-workers "$MAX" --no-oracle --quiet "${sizing[@]}" \
     --report-json "$OUT/offline-$policy.json" >/dev/null
   rm -f "$OUT/lifecycle-$policy.json" "$OUT/fleet-$policy.out"
   "$BIN/mockserve" fleet --elastic "${engine[@]}" --speedup-ratio "$S" --autoscale "$policy" \
     --min-workers "$MIN" --max-workers "$MAX" --port 0 --front-port 0 --drain-grace 0s \
-    --max-model-len "$MAX_MODEL_LEN" --slo "$SLO" \
+    --max-model-len "$MAX_MODEL_LEN" --slo "$SLO" "${sizing[@]}" \
     --lifecycle-log "$OUT/lifecycle-$policy.json" >"$OUT/fleet-$policy.out" 2>"$OUT/fleet-$policy.err" &
   fleet_pid=$!
   front=

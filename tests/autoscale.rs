@@ -379,4 +379,51 @@ fn bad_settings_are_named_before_the_run() {
     assert!(err(&["--rate-profile", "diurnal:period=10s"]).contains("missing key \"min\""));
     assert!(err(&[slo[0], "p50=1s"]).contains("unknown objective"));
     assert!(err(&with(&["--min-workers", "0"])).contains("at least 1"));
+    assert!(err(&["--autoscale-isl", "900"]).contains("--autoscale-isl needs --autoscale"));
+    assert!(err(&with(&["--autoscale-osl", "0"])).contains("--autoscale-osl"));
+    assert!(err(&[
+        "--autoscale",
+        "external:cat",
+        "--slo",
+        "ttft=2s",
+        "--autoscale-isl",
+        "900"
+    ])
+    .contains("an external policy sizes its workers itself"));
+}
+
+#[test]
+fn the_policies_size_a_worker_at_the_trace_means_unless_told_the_lengths() {
+    let dir = Scratch::new("sizing");
+    let trace = dir.trace(600);
+    for policy in ["load", "saturation"] {
+        let default = judged(&trace, &["--autoscale", policy]).unwrap();
+        // The trace's means, given: the same run.
+        let given = judged(
+            &trace,
+            &[
+                "--autoscale",
+                policy,
+                "--autoscale-isl",
+                "8000",
+                "--autoscale-osl",
+                "40",
+            ],
+        )
+        .unwrap();
+        assert_eq!(given.events, default.events, "{policy}");
+        assert_eq!(given.gpu_seconds, default.gpu_seconds, "{policy}");
+    }
+    // Sized for prompts a quarter as long, a worker counts for more: `load` goes to 3 workers at
+    // the rise instead of 4, and to 4 a tick later.
+    let short = judged(&trace, &["--autoscale", "load", "--autoscale-isl", "2000"]).unwrap();
+    let events: Vec<(f64, usize, usize)> = short
+        .events
+        .iter()
+        .map(|e| (e.time_s, e.from, e.to))
+        .collect();
+    assert_eq!(events, vec![(45.0, 1, 3), (50.0, 3, 4), (75.0, 4, 3)]);
+    let default = judged(&trace, &["--autoscale", "load"]).unwrap();
+    assert_eq!(default.events.len(), 1);
+    assert!(short.gpu_seconds < default.gpu_seconds);
 }

@@ -127,6 +127,17 @@ pub struct AutoscaleArgs {
     /// Skip the oracle's static replays (the oracle and regret figures are then null).
     #[arg(long)]
     pub no_oracle: bool,
+
+    /// The mean prompt length (tokens) at which `load` and `saturation` size a worker's
+    /// capacity for --slo [default: the trace's mean]. `mockserve fleet --elastic` takes the
+    /// same flag; give both the same value to compare a live fleet with the replay.
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub autoscale_isl: Option<u32>,
+
+    /// The mean output length (tokens) at which `load` and `saturation` size a worker's
+    /// capacity [default: the trace's mean].
+    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub autoscale_osl: Option<u32>,
 }
 
 impl AutoscaleArgs {
@@ -145,11 +156,20 @@ impl AutoscaleArgs {
             ("--model-load-jitter", self.model_load_jitter.is_some()),
             ("--scrape-delay", self.scrape_delay.is_some()),
             ("--autoscale-timeout", self.autoscale_timeout.is_some()),
+            ("--autoscale-isl", self.autoscale_isl.is_some()),
+            ("--autoscale-osl", self.autoscale_osl.is_some()),
         ];
         if self.autoscale.is_none() {
             if let Some((flag, _)) = lifecycle_flags.iter().find(|(_, given)| *given) {
                 anyhow::bail!("{flag} needs --autoscale");
             }
+        }
+        let sized = self.autoscale_isl.is_some() || self.autoscale_osl.is_some();
+        if sized && matches!(self.autoscale, Some(PolicySpec::External(_))) {
+            anyhow::bail!(
+                "--autoscale-isl and --autoscale-osl size the load and saturation policies; an \
+                 external policy sizes its workers itself"
+            );
         }
         let Some(slo) = self.slo else {
             if self.autoscale.is_some() {
@@ -221,6 +241,8 @@ impl AutoscaleArgs {
             // HPA's and WVA's defaults; the running-requests target from the SLO.
             saturation: SaturationPolicyConfig::default(),
             load_utilisation: None,
+            sizing_isl: self.autoscale_isl.map(|v| v as usize),
+            sizing_osl: self.autoscale_osl.map(|v| v as usize),
             oracle: !self.no_oracle,
         }))
     }

@@ -184,6 +184,8 @@ const ELASTIC: &[&str] = &[
     "scrape_delay",
     "autoscale_timeout",
     "no_oracle",
+    "autoscale_isl",
+    "autoscale_osl",
 ];
 
 /// The replay command's arguments, by id.

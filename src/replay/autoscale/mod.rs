@@ -76,6 +76,10 @@ pub struct AutoscaleSettings {
     /// Target utilisation of the load policy; None: derived from the SLO
     /// ([`crate::autoscale::SloCapacity::utilisation`]).
     pub load_utilisation: Option<f64>,
+    /// The mean prompt length a worker's SLO capacity is sized at; None: the trace's mean.
+    pub sizing_isl: Option<usize>,
+    /// The mean output length a worker's SLO capacity is sized at; None: the trace's mean.
+    pub sizing_osl: Option<usize>,
     /// Whether to run the oracle's static replays.
     pub oracle: bool,
 }
@@ -490,15 +494,23 @@ impl ReplayObserver for Fleet<'_> {
     }
 }
 
-/// One worker's capacity within the SLO ([`crate::autoscale::slo_capacity`]) at the trace's
-/// mean prompt and output lengths: what the `load` policy divides its predicted load by and the
-/// `saturation` policy's running-requests target.
-pub fn trace_slo_capacity(config: &ClusterConfig, trace: &Trace, slo: &Slo) -> SloCapacity {
+/// One worker's capacity within the SLO ([`crate::autoscale::slo_capacity`]) at the
+/// settings' sizing lengths, each defaulting to the trace's mean: what the `load` policy
+/// divides its predicted load by and the `saturation` policy's running-requests target.
+pub fn trace_slo_capacity(
+    config: &ClusterConfig,
+    trace: &Trace,
+    settings: &AutoscaleSettings,
+) -> SloCapacity {
     let turns = || trace.sessions.iter().flat_map(|s| &s.turns);
     let n = turns().count().max(1);
-    let isl = turns().map(|t| t.input_length).sum::<usize>() / n;
-    let osl = turns().map(|t| t.output_length).sum::<usize>() / n;
-    slo_capacity(&config.engine, isl, osl, slo)
+    let isl = settings
+        .sizing_isl
+        .unwrap_or_else(|| turns().map(|t| t.input_length).sum::<usize>() / n);
+    let osl = settings
+        .sizing_osl
+        .unwrap_or_else(|| turns().map(|t| t.output_length).sum::<usize>() / n);
+    slo_capacity(&config.engine, isl, osl, &settings.slo)
 }
 
 /// Seconds of a duration.
@@ -526,7 +538,7 @@ fn build_policy(
     };
     Ok(Some(match spec {
         PolicySpec::Load => {
-            let c = trace_slo_capacity(config, trace, &settings.slo);
+            let c = trace_slo_capacity(config, trace, settings);
             let mut planned = LoadPolicyConfig::planned(&c, &load_timing(settings));
             if let Some(utilisation) = settings.load_utilisation {
                 planned.target_utilisation = utilisation;
@@ -537,7 +549,7 @@ fn build_policy(
             let mut saturation = settings.saturation.clone();
             if saturation.running_target.is_none() {
                 saturation.running_target =
-                    Some(trace_slo_capacity(config, trace, &settings.slo).running);
+                    Some(trace_slo_capacity(config, trace, settings).running);
             }
             Box::new(SaturationPolicy::new(saturation).map_err(AutoscaleError::Policy)?)
         }

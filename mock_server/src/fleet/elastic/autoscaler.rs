@@ -14,8 +14,9 @@
 //! over them.
 //! `load` and `saturation` size a worker with the engine's
 //! [`servesim::autoscale::slo_capacity`] for `--slo`, at a speed-up of 1 (in simulated time, as
-//! the observation is), at the ISL and OSL of the first tick that saw requests, with the settings
-//! of `mockserve replay --autoscale`; they decide from that tick on.
+//! the observation is), at the ISL and OSL of the first tick that saw requests (or at
+//! `--autoscale-isl` and `--autoscale-osl`), with the settings of `mockserve replay
+//! --autoscale`; they decide from that tick on.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -152,16 +153,21 @@ impl Autoscaler {
     }
 
     /// The policy, once it can be built: `load` and `saturation` size a worker at the ISL and
-    /// OSL of the first tick that saw requests, for `--slo`, with the settings of
-    /// `mockserve replay --autoscale` (which sizes it at the trace's means).
+    /// OSL of the first tick that saw requests (or `--autoscale-isl`, `--autoscale-osl`), for
+    /// `--slo`, with the settings of `mockserve replay --autoscale` (which sizes it at the
+    /// trace's means).
     fn build(&self, observation: &Observation) -> Result<Option<Box<dyn Policy>>, String> {
         let config = &self.lifecycle.config;
         let capacity = || {
             // Simulated time, as the observation's rates.
             let mut worker = self.worker.clone();
             worker.latency.speedup_ratio = 1.0;
-            let isl = observation.mean_isl.round() as usize;
-            let osl = observation.mean_osl.round() as usize;
+            let isl = config
+                .sizing_isl
+                .unwrap_or(observation.mean_isl.round() as usize);
+            let osl = config
+                .sizing_osl
+                .unwrap_or(observation.mean_osl.round() as usize);
             servesim::autoscale::slo_capacity(&worker, isl, osl, &config.slo)
         };
         Ok(Some(match &self.spec {

@@ -120,6 +120,27 @@ pub struct ElasticArgs {
     /// utilisation within a 50 ms decode step.
     #[arg(long, value_name = "OBJECTIVES", requires = "autoscale")]
     pub slo: Option<servesim::slo::Slo>,
+
+    /// The mean prompt length (tokens) at which `load` and `saturation` size a worker for
+    /// --slo [default: the prompts of the first tick that saw requests]. Give the value
+    /// `mockserve replay --autoscale` sizes at (the trace's mean) to compare the two.
+    #[arg(
+        long,
+        value_name = "TOKENS",
+        requires = "autoscale",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub autoscale_isl: Option<u32>,
+
+    /// The mean output length (tokens) at which `load` and `saturation` size a worker
+    /// [default: the outputs of the first tick that saw requests].
+    #[arg(
+        long,
+        value_name = "TOKENS",
+        requires = "autoscale",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub autoscale_osl: Option<u32>,
 }
 
 /// Why the elastic flags are refused.
@@ -160,6 +181,12 @@ pub enum ElasticError {
         /// Addresses given.
         addresses: usize,
     },
+    /// `--autoscale-isl` or `--autoscale-osl` with an external policy.
+    #[error(
+        "--autoscale-isl and --autoscale-osl size the load and saturation policies; an \
+         external policy sizes its workers itself"
+    )]
+    SizingExternal,
     /// A jitter larger than the load it varies.
     #[error(
         "--model-load-jitter {jitter} is longer than --model-load {load}: a load would take \
@@ -206,6 +233,10 @@ pub struct ElasticConfig {
     pub autoscale_timeout: Duration,
     /// `--slo`: what `load` and `saturation` size a worker for.
     pub slo: servesim::slo::Slo,
+    /// `--autoscale-isl`: the mean prompt length a worker is sized at (None: observed).
+    pub sizing_isl: Option<usize>,
+    /// `--autoscale-osl`: the mean output length a worker is sized at (None: observed).
+    pub sizing_osl: Option<usize>,
 }
 
 fn time_flag(flag: &'static str, text: &str) -> Result<Duration, ElasticError> {
@@ -260,6 +291,15 @@ impl ElasticConfig {
                 load: args.model_load.clone(),
             });
         }
+        let sized = args.autoscale_isl.is_some() || args.autoscale_osl.is_some();
+        if sized
+            && matches!(
+                args.autoscale,
+                Some(servesim::autoscale::PolicySpec::External(_))
+            )
+        {
+            return Err(ElasticError::SizingExternal);
+        }
         let autoscale_tick = time_flag("autoscale-tick", &args.autoscale_tick)?;
         if autoscale_tick.is_zero() {
             return Err(ElasticError::Time {
@@ -307,6 +347,8 @@ impl ElasticConfig {
             front: args.front_port.map(|port| (host.to_string(), port)),
             lifecycle_log: args.lifecycle_log.clone(),
             slo: args.slo.unwrap_or_default(),
+            sizing_isl: args.autoscale_isl.map(|v| v as usize),
+            sizing_osl: args.autoscale_osl.map(|v| v as usize),
         }))
     }
 }
@@ -331,6 +373,8 @@ mod tests {
             front_port: None,
             lifecycle_log: None,
             slo: None,
+            autoscale_isl: None,
+            autoscale_osl: None,
         }
     }
 
@@ -405,6 +449,29 @@ mod tests {
             err(&wide),
             "--model-load-jitter 20s is longer than --model-load 10s: a load would take less \
              than no time"
+        );
+        let external_sized = ElasticArgs {
+            autoscale: Some(servesim::autoscale::PolicySpec::External("cat".into())),
+            autoscale_isl: Some(1000),
+            ..args(1, Some(2))
+        };
+        assert_eq!(
+            err(&external_sized),
+            "--autoscale-isl and --autoscale-osl size the load and saturation policies; an \
+             external policy sizes its workers itself"
+        );
+        let sized = ElasticArgs {
+            autoscale: Some(servesim::autoscale::PolicySpec::Load),
+            autoscale_isl: Some(15_325),
+            autoscale_osl: Some(382),
+            ..args(1, Some(2))
+        };
+        let sized = ElasticConfig::from_args(&sized, 0, 1.0, "127.0.0.1")
+            .expect("valid")
+            .expect("elastic");
+        assert_eq!(
+            (sized.sizing_isl, sized.sizing_osl),
+            (Some(15_325), Some(382))
         );
     }
 }
