@@ -176,6 +176,66 @@ async fn live_on_the_same_engine_flags_matches_every_request() -> Result<()> {
     Ok(())
 }
 
+/// The public Mooncake trace's first `rows` rows at arrival speed-up `speedup`, live on the
+/// embedded server against the replay with the same (default) engine flags: TOST at ±10%
+/// passes on the mean and the p90 of TTFT, ITL and E2E, with every request matched and none
+/// failed. Real-time, so `#[ignore]`d: run by hand, alone, on a quiet machine (`cargo test -p
+/// loadgen --test runs -- --ignored --exact --test-threads=1 calibrate::live_equals_...`).
+/// Not in CI: with one core taken by a busy loop, the x10 case failed its E2E p90 TOST once in
+/// two runs (docs/calibrate.md). The longer cases are `scripts/calibrate.sh`'s.
+async fn live_equals_offline_on_mooncake(rows: &str, speedup: &str) -> Result<()> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../traces");
+    let trace = root
+        .join("mooncake_synthetic_trace.jsonl")
+        .display()
+        .to_string();
+    let a = args::<CalibrateArgs>(&[
+        &trace,
+        "--max-requests",
+        rows,
+        "--arrival-speedup-ratio",
+        speedup,
+        "--warmup",
+        "2s",
+        "--windows",
+        "2",
+    ]);
+    let run = within(300, loadgen::calibrate::calibrate(&a)).await??;
+    for key in ["ttft", "itl", "e2e"] {
+        let m = metric(&run, key);
+        eprintln!(
+            "x{speedup} {key}: mean {} p90 {}",
+            m["tost_mean"], m["tost_p90"]
+        );
+    }
+    let counts = &run.json["counts"];
+    assert_eq!(counts["failed_live"], 0);
+    assert_eq!(counts["missing_live"], 0);
+    for key in ["ttft", "itl", "e2e"] {
+        let m = metric(&run, key);
+        for tost in ["tost_mean", "tost_p90"] {
+            assert_eq!(
+                m[tost]["pass"], true,
+                "x{speedup} {key} {tost}: {}",
+                m[tost]
+            );
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "real time: run by hand on a quiet machine"]
+async fn live_equals_offline_on_mooncake_at_speedup_1() -> Result<()> {
+    live_equals_offline_on_mooncake("100", "1").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "real time: run by hand on a quiet machine"]
+async fn live_equals_offline_on_mooncake_at_speedup_10() -> Result<()> {
+    live_equals_offline_on_mooncake("300", "10").await
+}
+
 /// An agentic trace: trajectory E2E per play beside the per-request metrics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agentic_trace_gets_trajectory_e2e() -> Result<()> {
