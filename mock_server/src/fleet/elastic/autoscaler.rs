@@ -162,12 +162,7 @@ impl Autoscaler {
             // Simulated time, as the observation's rates.
             let mut worker = self.worker.clone();
             worker.latency.speedup_ratio = 1.0;
-            let isl = config
-                .sizing_isl
-                .unwrap_or(observation.mean_isl.round() as usize);
-            let osl = config
-                .sizing_osl
-                .unwrap_or(observation.mean_osl.round() as usize);
+            let (isl, osl) = sizing_lengths(config, observation);
             servesim::autoscale::slo_capacity(&worker, isl, osl, &config.slo)
         };
         Ok(Some(match &self.spec {
@@ -284,5 +279,68 @@ impl Autoscaler {
             let _ = self.lifecycle.scale(n);
             self.lifecycle.metrics.decisions.inc();
         }
+    }
+}
+
+/// The mean prompt and output lengths a worker is sized at: `--autoscale-isl` and
+/// `--autoscale-osl` where given, else the observation's means, rounded.
+fn sizing_lengths(config: &super::ElasticConfig, observation: &Observation) -> (usize, usize) {
+    (
+        config
+            .sizing_isl
+            .unwrap_or(observation.mean_isl.round() as usize),
+        config
+            .sizing_osl
+            .unwrap_or(observation.mean_osl.round() as usize),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::elastic::{ElasticArgs, ElasticConfig};
+
+    #[test]
+    fn a_worker_is_sized_at_the_given_lengths_else_at_the_observed_means() {
+        let args = |isl: Option<u32>, osl: Option<u32>| ElasticArgs {
+            elastic: true,
+            max_workers: Some(2),
+            model_load: "240s".into(),
+            model_load_jitter: "30s".into(),
+            drain_grace: "2s".into(),
+            autoscale: Some(PolicySpec::Load),
+            autoscale_tick: "30s".into(),
+            autoscale_timeout: "10s".into(),
+            autoscale_isl: isl,
+            autoscale_osl: osl,
+            ..ElasticArgs::default()
+        };
+        let config = |isl, osl| {
+            ElasticConfig::from_args(&args(isl, osl), 0, 1.0, "127.0.0.1")
+                .expect("valid")
+                .expect("elastic")
+        };
+        let observation = Observation {
+            time_s: 30.0,
+            interval_s: 30.0,
+            request_rate: 2.0,
+            mean_isl: 23_795.6,
+            mean_osl: 148.4,
+            queue: 0,
+            pools: Vec::new(),
+            workers: Vec::new(),
+        };
+        assert_eq!(
+            sizing_lengths(&config(None, None), &observation),
+            (23_796, 148)
+        );
+        assert_eq!(
+            sizing_lengths(&config(Some(15_325), Some(149)), &observation),
+            (15_325, 149)
+        );
+        assert_eq!(
+            sizing_lengths(&config(Some(15_325), None), &observation),
+            (15_325, 148)
+        );
     }
 }
