@@ -104,6 +104,7 @@ pub(crate) fn raw(r: &RawSample) -> Result<(), String> {
         ("scheduled_us", Some(r.scheduled_us)),
         ("sent_us", Some(r.sent_us)),
         ("cap_wait_us", Some(r.cap_wait_us)),
+        ("tie_wait_us", Some(r.tie_wait_us)),
         ("headers_us", r.headers_us),
         ("first_chunk_us", r.first_chunk_us),
         ("first_reasoning_us", r.first_reasoning_us),

@@ -190,6 +190,7 @@ async fn send_node(
         scheduled_us: due_us,
         sent_us,
         cap_wait_us: sent.saturating_duration_since(before_cap).as_micros() as u64,
+        tie_wait_us: 0,
         response,
     };
     if let Some(bar) = &shared.config.bar {

@@ -95,6 +95,29 @@ fn cap_wait_line(live: &LiveReport) -> String {
     )
 }
 
+/// How many tied requests waited 1 ms or more for the one before them to be admitted, and how
+/// long at most (`crate::run::driver::TIE_WAIT` bounds it): the part of the schedule lag that
+/// keeping tied timestamps in trace order explains. Empty when none waited.
+fn tie_wait_line(live: &LiveReport) -> String {
+    let waits = live
+        .records
+        .iter()
+        .map(|r| r.raw.tie_wait_us)
+        .filter(|&w| w >= CAP_WAIT_NOTED_US);
+    let (count, max_us) = waits.fold((0usize, 0u64), |(n, m), w| (n + 1, m.max(w)));
+    if count == 0 {
+        return String::new();
+    }
+    format!(
+        "Tied timestamps: {count} of {} requests waited for the one before them to be admitted \
+         (up to {:.1} ms; each goes after {} ms at the latest); their latencies count from \
+         their scheduled times\n",
+        live.records.len(),
+        max_us as f64 / 1000.0,
+        crate::run::driver::TIE_WAIT.as_millis()
+    )
+}
+
 /// `--slo`'s goodput, in `loadgen bench`'s keys: requests that succeeded and meet every
 /// objective (an agentic trace's through their plays: `trajectory_e2e`), their share of all
 /// requests (failures count as misses) and their rate over the run.
@@ -248,6 +271,7 @@ impl Report for ReplayRun {
         s.push_str(&self.live.failure_lines());
         s.push_str(&self.live.lag_lines());
         s.push_str(&cap_wait_line(&self.live));
+        s.push_str(&tie_wait_line(&self.live));
         if let Some(a) = &self.autoscale {
             s.push_str(&mock_server::cmd::autoscale::summary(a));
         }

@@ -154,8 +154,10 @@ impl Mode for SessionsMode<'_> {
         hooks: RunHooks,
     ) -> Result<driver::DriverOutput, LoadgenError> {
         let config = driver::DriverConfig {
-            // Tied timestamps are admitted in trace order, as `mockserve replay` admits them.
-            ordered_ties: true,
+            // Tied timestamps are admitted in trace order, as `mockserve replay` admits them. An
+            // answer that is not streamed has its headers only when it is whole: waiting for
+            // them would send tied requests one at a time.
+            ordered_ties: target.endpoint.wire != crate::run::client::Wire::Embeddings,
             ..hooks.driver_config(self.args.max_in_flight, None)
         };
         driver::drive(target.endpoint.clone(), scripts, &config).await

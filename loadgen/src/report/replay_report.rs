@@ -108,6 +108,9 @@ pub struct RawSample {
     pub sent_us: u64,
     /// Time waited for the in-flight cap.
     pub cap_wait_us: u64,
+    /// Time a tied request waited for the one before it (absent in older records: 0).
+    #[serde(default)]
+    pub tie_wait_us: u64,
     /// Response headers, from the send.
     pub headers_us: Option<u64>,
     /// First SSE event, from the send.
@@ -168,6 +171,7 @@ impl RawSample {
             scheduled_us: s.scheduled_us,
             sent_us: s.sent_us,
             cap_wait_us: s.cap_wait_us,
+            tie_wait_us: s.tie_wait_us,
             headers_us: r.timing.headers_us,
             first_chunk_us: r.timing.first_chunk_us,
             first_reasoning_us: r.timing.first_reasoning_us,
@@ -204,6 +208,7 @@ impl RawSample {
             scheduled_us: self.scheduled_us + shift_us,
             sent_us: self.sent_us + shift_us,
             cap_wait_us: self.cap_wait_us,
+            tie_wait_us: self.tie_wait_us,
             response: Response {
                 timing: Timing {
                     headers_us: self.headers_us,
@@ -600,6 +605,7 @@ mod tests {
             scheduled_us: 1_000,
             sent_us: 1_000 + lag_us,
             cap_wait_us: 0,
+            tie_wait_us: 0,
             response: Response {
                 timing: Timing {
                     headers_us: Some(100),

@@ -13,8 +13,9 @@
 //!
 //! With [`DriverConfig::ordered_ties`], sessions whose first requests are due at the same
 //! instant (a trace's tied timestamps) send them one after another in session order, each once
-//! the one before it has its response headers, so the server admits them in trace order as an
-//! offline replay does. An optional semaphore caps requests in flight.
+//! the one before it has its response headers (or [`TIE_WAIT`] has passed), so the server
+//! admits them in trace order as an offline replay does. An optional semaphore caps requests in
+//! flight.
 //!
 //! Every [`Sample`] carries its scheduled and actual send times, so latencies are measured from
 //! the scheduled time (no coordinated omission) and the schedule lag (actual − scheduled) shows
@@ -81,6 +82,9 @@ pub struct Sample {
     pub sent_us: u64,
     /// Of `sent_us - scheduled_us`, the time spent waiting for the in-flight cap.
     pub cap_wait_us: u64,
+    /// Of `sent_us - scheduled_us`, the time a tied request waited for the one before it to
+    /// be admitted (at most [`TIE_WAIT`]; 0 without a tie).
+    pub tie_wait_us: u64,
     /// What came back (times relative to `sent_us`; `content` is cleared once the script saw it).
     pub response: Response,
 }
@@ -91,9 +95,12 @@ impl Sample {
         self.sent_us.saturating_sub(self.scheduled_us)
     }
 
-    /// Lag not explained by the in-flight cap: the pacer's own lateness.
+    /// Lag explained neither by the in-flight cap nor by a tie's order: the pacer's own
+    /// lateness.
     pub(crate) fn pacer_lag_us(&self) -> u64 {
-        self.lag_us().saturating_sub(self.cap_wait_us)
+        self.lag_us()
+            .saturating_sub(self.cap_wait_us)
+            .saturating_sub(self.tie_wait_us)
     }
 
     /// Absolute time (µs from the run start) of a response offset.
@@ -276,6 +283,12 @@ pub(crate) async fn sleep_until_precisely(due: Instant) {
     }
 }
 
+/// The longest a tied request waits for the response headers of the one before it
+/// ([`TieOrder`]): a server that answers headers only with its first token (or its whole
+/// answer) would otherwise have tied requests sent one at a time, each a TTFT after the last.
+/// mockserve answers headers once its engine has the request, within milliseconds.
+pub(crate) const TIE_WAIT: Duration = Duration::from_millis(20);
+
 /// How a session's first request keeps its place among the sessions due at the same instant
 /// (a trace's tied timestamps): it is sent once the one before it in the pacer's order has its
 /// response headers (a server that admits a request before answering its headers, as mockserve
@@ -319,15 +332,19 @@ async fn run_session(
             _ = aborted(shared.abort.clone()) => break,
             _ = sleep_until_precisely(due) => {}
         }
+        let before_tie = Instant::now();
         if let Some(after) = tie.after.take() {
-            // An error is the previous session gone without sending: nothing to wait for.
+            // An error is the previous session gone without sending: nothing to wait for. A
+            // server slow to answer headers holds a tie back for TIE_WAIT at most.
             tokio::select! {
                 biased;
                 _ = aborted(shared.abort.clone()) => break,
                 _ = after => {}
+                () = tokio::time::sleep(TIE_WAIT) => {}
             }
         }
         let before_cap = Instant::now();
+        let tie_wait_us = before_cap.saturating_duration_since(before_tie).as_micros() as u64;
         let permit = match &shared.cap {
             Some(s) => tokio::select! {
                 biased;
@@ -355,6 +372,7 @@ async fn run_session(
             scheduled_us: since(shared.start, due),
             sent_us: since(shared.start, sent),
             cap_wait_us: sent.saturating_duration_since(before_cap).as_micros() as u64,
+            tie_wait_us,
             response,
         };
         if let Some(bar) = &shared.bar {

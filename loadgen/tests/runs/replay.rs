@@ -712,6 +712,68 @@ async fn tied_arrivals_run_on_the_same_workers_live_as_offline() -> Result<()> {
     Ok(())
 }
 
+/// Tied arrivals against a server that answers its headers only with the whole answer (300 ms
+/// later): each waits for the one before it at most `TIE_WAIT` (20 ms), so the fifth of five
+/// tied requests leaves well within 4 x 300 ms of its time, and every request completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tied_arrivals_are_not_serialized_by_a_server_slow_to_answer_headers() -> Result<()> {
+    use axum::routing::post;
+    let app = axum::Router::new().route(
+        "/v1/completions",
+        post(|| async {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            let chunk = r#"{"choices":[{"index":0,"text":"x "}]}"#;
+            let usage = r#"{"choices":[],"usage":{"prompt_tokens":64,"completion_tokens":2}}"#;
+            (
+                [("content-type", "text/event-stream")],
+                format!("data: {chunk}\n\ndata: {chunk}\n\ndata: {usage}\n\ndata: [DONE]\n\n"),
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let tmp = TempDir::new("loadgen-slow-headers")?;
+    let trace = tmp.join("tied.jsonl");
+    let rows: Vec<String> = (0..5)
+        .map(|i| {
+            format!(
+                r#"{{"timestamp": 0, "input_length": 64, "output_length": 2, "hash_ids": [{i}]}}"#
+            )
+        })
+        .collect();
+    std::fs::write(&trace, rows.join("\n") + "\n")?;
+    let trace = trace.display().to_string();
+    let a: ReplayArgs = args(&[
+        &trace,
+        "--url",
+        &url,
+        "--model",
+        "stub",
+        "--trace-block-size",
+        "64",
+        "--no-scrape-metrics",
+        "--quiet",
+    ]);
+    let run = within(60, loadgen::replay::replay(&a)).await??;
+    assert_eq!(run.live.records.len(), 5);
+    assert_eq!(run.live.failures.total, 0);
+    for r in &run.live.records {
+        assert!(r.schedule_lag_ms < 200.0, "lag {} ms", r.schedule_lag_ms);
+    }
+    // The four that followed another waited for it, and the wait is reported as such.
+    let waited = run
+        .live
+        .records
+        .iter()
+        .filter(|r| r.raw.tie_wait_us >= 15_000)
+        .count();
+    assert_eq!(waited, 4);
+    Ok(())
+}
+
 /// The agentic agreement with the engine at full speed, on the engine's own times: the
 /// reference's worked example at speed-up 10 on one worker (no placement to differ), the mean
 /// TTFT and E2E the server timed (`nvext.timing`) within 10% of offline's. The client-side times
