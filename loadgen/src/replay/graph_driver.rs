@@ -4,7 +4,12 @@
 //! When a node is due is `servesim::replay::Readiness`'s rule, the offline replay's, driven
 //! here in microseconds since the run started: dispatch edges fire when a request is handed to
 //! the HTTP client, completion edges when its stream ends (its last token and the end of the
-//! stream arrive together); nodes due at the same instant go in `request_id` order.
+//! stream arrive together); nodes due at the same instant go in `request_id` order, each sent
+//! once the one before it has its response headers (a server that admits a request before
+//! answering its headers, as mockserve does, has admitted it then) or after
+//! [`crate::driver::TIE_WAIT`] at the latest, so the server admits them in the offline replay's
+//! order without a server slow to answer headers sending them one at a time. Unstreamed
+//! embeddings go unordered (their headers come with the whole answer).
 //!
 //! Tool waits are real waits; sub-agents are requests in flight at once. A node whose request
 //! fails (an HTTP error, a broken stream, a timeout, a cancellation) fails its play: the play's
@@ -25,11 +30,11 @@ use std::time::Duration;
 use servesim::replay::{NodeTimes, Readiness};
 use servesim::time::SimTime;
 use servesim::trace::RequestGraph;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
 use crate::client::{self, Endpoint};
-use crate::driver::{aborted, is_aborted, DriverConfig, Sample, PACER_LEAD};
+use crate::driver::{aborted, is_aborted, DriverConfig, Sample, TieOrder, PACER_LEAD};
 use crate::error::LoadgenError;
 use crate::run::prompt::PromptSynth;
 use crate::target::{request_body, Api};
@@ -115,11 +120,13 @@ fn nearest_us(t: SimTime) -> u64 {
     t.as_nanos().saturating_add(500) / 1_000
 }
 
-/// Sends node `node` (due at `due_us`) and reports to the scheduler.
+/// Sends node `node` (due at `due_us`, after the node tied with it before it in `tie`) and
+/// reports to the scheduler.
 async fn send_node(
     shared: Arc<Shared>,
     node: usize,
     due_us: u64,
+    mut tie: TieOrder,
     tx: mpsc::UnboundedSender<Event>,
 ) {
     let graph = &shared.plan.graph;
@@ -147,6 +154,8 @@ async fn send_node(
         _ = aborted(abort.clone()) => {}
         _ = tokio::time::sleep_until(shared.start + Duration::from_micros(due_us)) => {}
     }
+    // A stopped run skips the node below (its admission is dropped: the next tied node goes).
+    let tie_wait = tie.wait_turn(abort).await.unwrap_or_default();
     let before_cap = Instant::now();
     let permit = match &shared.cap {
         Some(s) => tokio::select! {
@@ -176,8 +185,13 @@ async fn send_node(
         _ = aborted(abort.clone()) => client::cancelled(sent),
         r = async {
             match &shared.url {
-                Some(url) => client::send_to(&shared.endpoint, url, &body, None).await,
-                None => client::send(&shared.endpoint, &body).await,
+                Some(url) => {
+                    client::send_to(&shared.endpoint, url, &body, tie.admitted.take()).await
+                }
+                None => {
+                    drop(tie.admitted.take());
+                    client::send(&shared.endpoint, &body).await
+                }
             }
         } => r,
     };
@@ -190,7 +204,7 @@ async fn send_node(
         scheduled_us: due_us,
         sent_us,
         cap_wait_us: sent.saturating_duration_since(before_cap).as_micros() as u64,
-        tie_wait_us: 0,
+        tie_wait_us: tie_wait.as_micros() as u64,
         response,
     };
     if let Some(bar) = &shared.config.bar {
@@ -261,13 +275,23 @@ pub(crate) async fn drive_graph(
     let mut pending = 0usize;
     let mut samples: Vec<Sample> = Vec::new();
     let mut stopped = false;
+    // The due time and admission of the node last handed out: the next waits for it when tied.
+    let mut previous: Option<(SimTime, oneshot::Receiver<()>)> = None;
+    let ordered = shared.plan.api != Api::Embeddings;
     loop {
         // Send everything due (a node of a failed play is skipped); a task starts up to
         // `PACER_LEAD` early to build its body, then waits for the exact time.
         let horizon = wall(since(start, Instant::now() + PACER_LEAD));
         while let Some((n, due)) = state.pop_due(horizon) {
             pending += 1;
-            tasks.spawn(send_node(shared.clone(), n, nearest_us(due), tx.clone()));
+            let tie = TieOrder::next(&mut previous, due, ordered);
+            tasks.spawn(send_node(
+                shared.clone(),
+                n,
+                nearest_us(due),
+                tie,
+                tx.clone(),
+            ));
         }
         if state.is_drained() && pending == 0 {
             break;

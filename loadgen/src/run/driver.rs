@@ -295,12 +295,53 @@ pub(crate) const TIE_WAIT: Duration = Duration::from_millis(20);
 /// does, has admitted it then), and it lets the one after it go when its own headers came.
 /// Without this, tied requests reach the server in whatever order their tasks and connections
 /// happen to run, and routing tie-breaks fall differently than offline.
+/// The agentic graph driver orders the nodes due at the same instant the same way.
 #[derive(Default)]
-struct TieOrder {
-    /// Resolves (or is dropped) when the previous tied session's first request was admitted.
+pub(crate) struct TieOrder {
+    /// Resolves (or is dropped) when the previous tied request was admitted.
     after: Option<oneshot::Receiver<()>>,
-    /// Dropped when this session's first request has its headers (or never went).
-    admitted: Option<oneshot::Sender<()>>,
+    /// Dropped when this request has its headers (or never went).
+    pub(crate) admitted: Option<oneshot::Sender<()>>,
+}
+
+impl TieOrder {
+    /// The gate of the next request of a series in send order, due at `at`: it waits for the
+    /// one before it when `ordered` and that one is due at the same instant. `previous` holds
+    /// the due time and admission of the one before, and takes this one's.
+    pub(crate) fn next<T: PartialEq + Copy>(
+        previous: &mut Option<(T, oneshot::Receiver<()>)>,
+        at: T,
+        ordered: bool,
+    ) -> TieOrder {
+        let (admitted, next) = oneshot::channel();
+        let after = previous
+            .replace((at, next))
+            .and_then(|(t, rx)| (ordered && t == at).then_some(rx));
+        TieOrder {
+            after,
+            admitted: Some(admitted),
+        }
+    }
+
+    /// Waits until the previous tied request was admitted, [`TIE_WAIT`] at most (at once if
+    /// there is none): the time waited, or None if the run was stopped meanwhile.
+    pub(crate) async fn wait_turn(
+        &mut self,
+        abort: &Option<watch::Receiver<bool>>,
+    ) -> Option<Duration> {
+        let Some(after) = self.after.take() else {
+            return Some(Duration::ZERO);
+        };
+        let start = Instant::now();
+        // An error is the previous request gone without sending: nothing to wait for.
+        tokio::select! {
+            biased;
+            _ = aborted(abort.clone()) => return None,
+            _ = after => {}
+            () = tokio::time::sleep(TIE_WAIT) => {}
+        }
+        Some(start.elapsed())
+    }
 }
 
 async fn run_session(
@@ -332,19 +373,11 @@ async fn run_session(
             _ = aborted(shared.abort.clone()) => break,
             _ = sleep_until_precisely(due) => {}
         }
-        let before_tie = Instant::now();
-        if let Some(after) = tie.after.take() {
-            // An error is the previous session gone without sending: nothing to wait for. A
-            // server slow to answer headers holds a tie back for TIE_WAIT at most.
-            tokio::select! {
-                biased;
-                _ = aborted(shared.abort.clone()) => break,
-                _ = after => {}
-                () = tokio::time::sleep(TIE_WAIT) => {}
-            }
-        }
+        let Some(tie_wait) = tie.wait_turn(&shared.abort).await else {
+            break;
+        };
+        let tie_wait_us = tie_wait.as_micros() as u64;
         let before_cap = Instant::now();
-        let tie_wait_us = before_cap.saturating_duration_since(before_tie).as_micros() as u64;
         let permit = match &shared.cap {
             Some(s) => tokio::select! {
                 biased;
@@ -423,14 +456,7 @@ pub async fn drive(
     // The admission gate of the previous session when it is due at the same instant.
     let mut previous: Option<(Duration, oneshot::Receiver<()>)> = None;
     for (first, index, script) in order {
-        let (admitted, next) = oneshot::channel();
-        let after = previous
-            .replace((first, next))
-            .and_then(|(t, rx)| (config.ordered_ties && t == first).then_some(rx));
-        let tie = TieOrder {
-            after,
-            admitted: Some(admitted),
-        };
+        let tie = TieOrder::next(&mut previous, first, config.ordered_ties);
         if shared.stop_at.is_some_and(|stop| start + first > stop) || is_aborted(&shared.abort) {
             continue;
         }

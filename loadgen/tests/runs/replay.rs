@@ -712,11 +712,9 @@ async fn tied_arrivals_run_on_the_same_workers_live_as_offline() -> Result<()> {
     Ok(())
 }
 
-/// Tied arrivals against a server that answers its headers only with the whole answer (300 ms
-/// later): each waits for the one before it at most `TIE_WAIT` (20 ms), so the fifth of five
-/// tied requests leaves well within 4 x 300 ms of its time, and every request completes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tied_arrivals_are_not_serialized_by_a_server_slow_to_answer_headers() -> Result<()> {
+/// A server that answers `/v1/completions` only once its whole answer is ready, 300 ms after
+/// the request: its headers come with the last token. Returns its base URL.
+async fn slow_headers_server() -> Result<String> {
     use axum::routing::post;
     let app = axum::Router::new().route(
         "/v1/completions",
@@ -735,15 +733,17 @@ async fn tied_arrivals_are_not_serialized_by_a_server_slow_to_answer_headers() -
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
-    let tmp = TempDir::new("loadgen-slow-headers")?;
+    Ok(url)
+}
+
+/// Five tied requests (`rows`, a trace of either format) against [`slow_headers_server`]: each
+/// waits for the one before it at most `TIE_WAIT` (20 ms), so all leave well within the
+/// 4 x 300 ms that sending them one at a time would take, every one completes, and the four
+/// that followed another report their wait.
+async fn tied_against_slow_headers(name: &str, rows: &[String]) -> Result<()> {
+    let url = slow_headers_server().await?;
+    let tmp = TempDir::new(name)?;
     let trace = tmp.join("tied.jsonl");
-    let rows: Vec<String> = (0..5)
-        .map(|i| {
-            format!(
-                r#"{{"timestamp": 0, "input_length": 64, "output_length": 2, "hash_ids": [{i}]}}"#
-            )
-        })
-        .collect();
     std::fs::write(&trace, rows.join("\n") + "\n")?;
     let trace = trace.display().to_string();
     let a: ReplayArgs = args(&[
@@ -763,7 +763,6 @@ async fn tied_arrivals_are_not_serialized_by_a_server_slow_to_answer_headers() -
     for r in &run.live.records {
         assert!(r.schedule_lag_ms < 200.0, "lag {} ms", r.schedule_lag_ms);
     }
-    // The four that followed another waited for it, and the wait is reported as such.
     let waited = run
         .live
         .records
@@ -772,6 +771,32 @@ async fn tied_arrivals_are_not_serialized_by_a_server_slow_to_answer_headers() -
         .count();
     assert_eq!(waited, 4);
     Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tied_arrivals_are_not_serialized_by_a_server_slow_to_answer_headers() -> Result<()> {
+    let rows: Vec<String> = (0..5)
+        .map(|i| {
+            format!(
+                r#"{{"timestamp": 0, "input_length": 64, "output_length": 2, "hash_ids": [{i}]}}"#
+            )
+        })
+        .collect();
+    tied_against_slow_headers("loadgen-slow-headers", &rows).await
+}
+
+/// The same for an agentic trace: five plays whose first nodes are due at the same instant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tied_agentic_nodes_are_not_serialized_by_a_server_slow_to_answer_headers() -> Result<()> {
+    let header = r#"{"schema":"dynamo.agentic_mooncake","version":2,"block_size":64,"hash_id_scope":"local","source":{"format":"hand","digest":"x"}}"#;
+    let rows: Vec<String> = std::iter::once(header.to_string())
+        .chain((0..5).map(|i| {
+            format!(
+                r#"{{"request_id":"r{i}","play_id":"p{i}","session_id":"main","model":"M","input_length":64,"output_length":2,"hash_ids":[{i}],"not_before_ms":0,"dependencies":[]}}"#
+            )
+        }))
+        .collect();
+    tied_against_slow_headers("loadgen-slow-headers-agentic", &rows).await
 }
 
 /// The agentic agreement with the engine at full speed, on the engine's own times: the
