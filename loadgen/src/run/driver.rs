@@ -287,7 +287,7 @@ pub(crate) async fn sleep_until_precisely(due: Instant) {
 /// ([`TieOrder`]): a server that answers headers only with its first token (or its whole
 /// answer) would otherwise have tied requests sent one at a time, each a TTFT after the last.
 /// mockserve answers headers once its engine has the request, within milliseconds.
-pub(crate) const TIE_WAIT: Duration = Duration::from_millis(20);
+pub const TIE_WAIT: Duration = Duration::from_millis(20);
 
 /// How a session's first request keeps its place among the sessions due at the same instant
 /// (a trace's tied timestamps): it is sent once the one before it in the pacer's order has its
