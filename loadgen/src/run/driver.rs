@@ -283,10 +283,11 @@ pub(crate) async fn sleep_until_precisely(due: Instant) {
     }
 }
 
-/// The longest a tied request waits for the response headers of the one before it
-/// (the driver orders tied timestamps): a server that answers headers only with its first token (or its whole
-/// answer) would otherwise have tied requests sent one at a time, each a TTFT after the last.
-/// mockserve answers headers once its engine has the request, within milliseconds.
+/// The longest a tied request waits for the response headers of the one before it, when the
+/// driver keeps tied timestamps in order: a server that answers headers only with its first
+/// token (or its whole answer) would otherwise have tied requests sent one at a time, each a
+/// TTFT after the last. mockserve answers headers once its engine has the request, within
+/// milliseconds.
 pub const TIE_WAIT: Duration = Duration::from_millis(20);
 
 /// How a session's first request keeps its place among the sessions due at the same instant
