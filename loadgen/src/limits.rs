@@ -36,11 +36,11 @@ pub(crate) const MAX_REQUESTS: usize = 10_000_000;
 /// Prompt tokens of one request at most (4,194,304, the embedded server's context length):
 /// `--input-tokens` plus `--shared-prefix-tokens`, `--num-user-tokens`, `--prefill-isl`,
 /// `--decode-context-lengths`, `--prefill-chunk`, and every trace row.
-pub(crate) const MAX_PROMPT_TOKENS: usize = 1 << 22;
+pub(crate) const MAX_PROMPT_TOKENS: usize = servesim::trace::synthetic::MAX_SYNTHETIC_PROMPT_TOKENS;
 
 /// Output tokens of one request at most: `--output-tokens`, `--max-completion-tokens`,
 /// `--decode-tokens`.
-pub(crate) const MAX_OUTPUT_TOKENS: usize = 1 << 22;
+pub(crate) const MAX_OUTPUT_TOKENS: usize = servesim::trace::synthetic::MAX_SYNTHETIC_OUTPUT_TOKENS;
 
 /// Tokens of the prompts and answers of the requests that can be in flight at once at most
 /// (268,435,456, about a gigabyte of text): `--concurrency` x the longest prompt and answer of
@@ -49,7 +49,7 @@ pub(crate) const MAX_OUTPUT_TOKENS: usize = 1 << 22;
 pub(crate) const MAX_TOKENS_IN_FLIGHT: usize = 1 << 28;
 
 /// Seven days in seconds: the longest `--duration`, `--time-budget-s` and `--warmup Ns`.
-pub(crate) const MAX_DURATION_S: f64 = 7.0 * 86_400.0;
+pub(crate) const MAX_DURATION_S: f64 = servesim::trace::synthetic::MAX_SYNTHETIC_DURATION_S;
 
 /// One day in seconds: the longest `--request-timeout-s`.
 pub(crate) const MAX_REQUEST_TIMEOUT_S: f64 = 86_400.0;
@@ -59,13 +59,13 @@ pub(crate) const MAX_DELAY_MS: u64 = 3_600_000;
 
 /// Requests per second at most (`--request-rate`, `--search-start` of a rate search); `inf`
 /// (everything at once) is accepted where the flag's help says so.
-pub(crate) const MAX_REQUEST_RATE: f64 = 1e6;
+pub(crate) const MAX_REQUEST_RATE: f64 = servesim::trace::synthetic::MAX_SYNTHETIC_RATE;
 
 /// `--burstiness` (a gamma shape) lies in `[MIN_BURSTINESS, MAX_BURSTINESS]`.
-pub(crate) const MIN_BURSTINESS: f64 = 1e-3;
+pub(crate) const MIN_BURSTINESS: f64 = servesim::trace::synthetic::SYNTHETIC_BURSTINESS.0;
 
 /// See [`MIN_BURSTINESS`].
-pub(crate) const MAX_BURSTINESS: f64 = 1e3;
+pub(crate) const MAX_BURSTINESS: f64 = servesim::trace::synthetic::SYNTHETIC_BURSTINESS.1;
 
 /// `--arrival-speedup-ratio` lies in `[MIN_ARRIVAL_SPEEDUP, MAX_ARRIVAL_SPEEDUP]` (the trace's
 /// schedule bound then applies to the sped-up schedule).

@@ -12,21 +12,17 @@
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Command, FromArgMatches};
-use servesim::trace::synthetic::{Arrival, Lengths, SyntheticError, SyntheticLoad};
+use servesim::trace::synthetic::{
+    Arrival, Lengths, SyntheticError, SyntheticLoad, MAX_SYNTHETIC_DURATION_S,
+    MAX_SYNTHETIC_OUTPUT_TOKENS, MAX_SYNTHETIC_PROMPT_TOKENS, MAX_SYNTHETIC_RATE,
+    SYNTHETIC_BURSTINESS,
+};
 
 /// The `--arrival` values, parsed into the engine's [`Arrival`] (for loadgen bench too).
 pub fn arrival_parser() -> impl TypedValueParser<Value = Arrival> {
     PossibleValuesParser::new(Arrival::ALL.map(Arrival::name)).try_map(|s| s.parse::<Arrival>())
 }
 
-/// Most requests per second (loadgen's `MAX_REQUEST_RATE`).
-const MAX_REQUEST_RATE: f64 = 1e6;
-/// Longest `--duration`, seconds: seven days (loadgen's `MAX_DURATION_S`).
-const MAX_DURATION_S: f64 = 7.0 * 86_400.0;
-/// Most tokens of a prompt or an output (loadgen's `MAX_PROMPT_TOKENS`, `MAX_OUTPUT_TOKENS`).
-const MAX_TOKENS: usize = 1 << 22;
-/// `--burstiness` range (loadgen's).
-const BURSTINESS: (f64, f64) = (1e-3, 1e3);
 /// Default means of the lengths (loadgen bench's).
 const DEFAULT_INPUT_TOKENS: usize = 256;
 const DEFAULT_OUTPUT_TOKENS: usize = 128;
@@ -241,9 +237,10 @@ impl SyntheticArgs {
                 given[0]
             ));
         };
-        if !(rate == f64::INFINITY || (rate > 0.0 && rate <= MAX_REQUEST_RATE)) {
+        if !(rate == f64::INFINITY || (rate > 0.0 && rate <= MAX_SYNTHETIC_RATE)) {
             return bad(format!(
-                "--request-rate must be above 0 and at most 1000000, or inf, got {rate}"
+                "--request-rate must be above 0 and at most {MAX_SYNTHETIC_RATE}, or inf, got \
+                 {rate}"
             ));
         }
         if rate.is_infinite() && (f.arrival.is_some() || f.burstiness.is_some()) {
@@ -261,8 +258,9 @@ impl SyntheticArgs {
                     "--burstiness is the shape of gamma gaps: it needs --arrival gamma".into(),
                 )
             }
-            Some(b) if !(BURSTINESS.0..=BURSTINESS.1).contains(&b) => {
-                return bad(format!("--burstiness must be from 0.001 to 1000, got {b}"))
+            Some(b) if !(SYNTHETIC_BURSTINESS.0..=SYNTHETIC_BURSTINESS.1).contains(&b) => {
+                let (lo, hi) = SYNTHETIC_BURSTINESS;
+                return bad(format!("--burstiness must be from {lo} to {hi}, got {b}"));
             }
             Some(b) => b,
         };
@@ -271,9 +269,13 @@ impl SyntheticArgs {
                 "--num-requests must be from 1 to 10000000, got {n}"
             ));
         }
-        if let Some(d) = f.duration.filter(|d| !(*d > 0.0 && *d <= MAX_DURATION_S)) {
+        if let Some(d) = f
+            .duration
+            .filter(|d| !(*d > 0.0 && *d <= MAX_SYNTHETIC_DURATION_S))
+        {
             return bad(format!(
-                "--duration must be above 0 and at most 604800 (seconds), got {d}"
+                "--duration must be above 0 and at most {MAX_SYNTHETIC_DURATION_S} (seconds), got \
+                 {d}"
             ));
         }
         if rate.is_infinite() && f.num_requests.is_none() {
@@ -289,7 +291,8 @@ impl SyntheticArgs {
             shared_prefix_tokens: f.shared_prefix_tokens.unwrap_or(0),
             num_prefix_groups: f.num_prefix_groups.unwrap_or(1),
         };
-        let max = MAX_TOKENS as f64;
+        let max = MAX_SYNTHETIC_PROMPT_TOKENS as f64;
+        let max_output = MAX_SYNTHETIC_OUTPUT_TOKENS as f64;
         for (flag, v, lo, hi) in [
             ("--input-tokens", lengths.input_tokens as f64, 0.0, max),
             (
@@ -310,12 +313,17 @@ impl SyntheticArgs {
                 0.0,
                 max,
             ),
-            ("--output-tokens", lengths.output_tokens as f64, 1.0, max),
+            (
+                "--output-tokens",
+                lengths.output_tokens as f64,
+                1.0,
+                max_output,
+            ),
             (
                 "--output-tokens-stddev",
                 lengths.output_tokens_stddev,
                 0.0,
-                max,
+                max_output,
             ),
             (
                 "--num-prefix-groups",

@@ -24,6 +24,19 @@ pub const MAX_SYNTHETIC_REQUESTS: usize = 10_000_000;
 /// Requests when neither a count nor a duration is given (loadgen bench's default).
 pub const DEFAULT_NUM_REQUESTS: usize = 100;
 
+/// Most requests per second of a synthetic load (`--request-rate`; `inf` is every request at
+/// once), in loadgen and mockserve alike.
+pub const MAX_SYNTHETIC_RATE: f64 = 1e6;
+
+/// The range of `--burstiness`, the shape of gamma gaps.
+pub const SYNTHETIC_BURSTINESS: (f64, f64) = (1e-3, 1e3);
+
+/// Longest `--duration` of a synthetic load, seconds: seven days.
+pub const MAX_SYNTHETIC_DURATION_S: f64 = 7.0 * 86_400.0;
+
+/// Most prompt tokens a synthetic request may have (`--input-tokens` with its shared prefix).
+pub const MAX_SYNTHETIC_PROMPT_TOKENS: usize = 1 << 22;
+
 /// Open-loop inter-arrival distribution.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
