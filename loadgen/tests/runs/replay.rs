@@ -825,8 +825,8 @@ async fn agentic_engine_times_live_within_10_percent_of_offline_at_full_speed() 
 /// The agentic agreement on the client's own clock, engine at full speed: the worked example
 /// at speed-up 10 on one worker, the client's mean E2E and mean trajectory E2E within 10% of
 /// offline's (a debug client adds about 2.5 ms to each request of about 76 ms). Real time, so
-/// `#[ignore]`d: run by hand, alone (debug build, quiet VM: +2.8% to +4.1% on both over five
-/// runs; +7.0% with a busy loop on one of the two cores).
+/// `#[ignore]`d: run by hand, alone (debug build, quiet VM: +2.5% to +4.1% on both over four
+/// runs; up to +7.0% with a busy loop on one of the two cores).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "real time: run by hand on a quiet machine"]
 async fn agentic_client_times_live_within_10_percent_of_offline_at_full_speed() -> Result<()> {
