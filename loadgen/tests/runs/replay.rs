@@ -799,13 +799,9 @@ async fn tied_agentic_nodes_are_not_serialized_by_a_server_slow_to_answer_header
     tied_against_slow_headers("loadgen-slow-headers-agentic", &rows).await
 }
 
-/// The agentic agreement with the engine at full speed, on the engine's own times: the
-/// reference's worked example at speed-up 10 on one worker (no placement to differ), the mean
-/// TTFT and E2E the server timed (`nvext.timing`) within 10% of offline's. The client-side times
-/// carry 5 to 7 ms of tokenization and HTTP per request in a debug build (the ignored test
-/// above needs the engine slowed tenfold for them).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agentic_engine_times_live_within_10_percent_of_offline_at_full_speed() -> Result<()> {
+/// The worked example at speed-up 10 on one worker (no placement to differ), live on the
+/// embedded server and offline, with the same requests, tokens and cache hits on both sides.
+async fn worked_example_at_full_speed() -> Result<(loadgen::replay::ReplayRun, ReplayOutcome)> {
     let trace = fixture("agentic/worked_example.jsonl");
     let a: ReplayArgs = args(&[
         &trace,
@@ -818,6 +814,17 @@ async fn agentic_engine_times_live_within_10_percent_of_offline_at_full_speed() 
     let offline = offline_graph(&a)?;
     let run = within(60, loadgen::replay::replay(&a)).await??;
     check_same_requests(&run, &offline);
+    Ok((run, offline))
+}
+
+/// The agentic agreement with the engine at full speed, on the engine's own times: the
+/// reference's worked example at speed-up 10 on one worker (no placement to differ), the mean
+/// TTFT and E2E the server timed (`nvext.timing`) within 10% of offline's. The client-side times
+/// carry 5 to 7 ms of tokenization and HTTP per request in a debug build (the ignored test
+/// above needs the engine slowed tenfold for them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agentic_engine_times_live_within_10_percent_of_offline_at_full_speed() -> Result<()> {
+    let (run, offline) = worked_example_at_full_speed().await?;
     engine_means(&run, &offline.records);
     Ok(())
 }
@@ -830,18 +837,7 @@ async fn agentic_engine_times_live_within_10_percent_of_offline_at_full_speed() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "real time: run by hand on a quiet machine"]
 async fn agentic_client_times_live_within_10_percent_of_offline_at_full_speed() -> Result<()> {
-    let trace = fixture("agentic/worked_example.jsonl");
-    let a: ReplayArgs = args(&[
-        &trace,
-        "--arrival-speedup-ratio",
-        "10",
-        "--num-workers",
-        "1",
-        "--quiet",
-    ]);
-    let offline = offline_graph(&a)?;
-    let run = within(60, loadgen::replay::replay(&a)).await??;
-    check_same_requests(&run, &offline);
+    let (run, offline) = worked_example_at_full_speed().await?;
     let mean = |xs: Vec<f64>| xs.iter().sum::<f64>() / xs.len().max(1) as f64;
     let live_e2e = mean(
         run.live
