@@ -10,7 +10,7 @@ use crate::error::LoadgenError;
 use crate::harness::Report;
 use crate::observe::Observed;
 use crate::replay::args::SessionMode;
-use crate::report::replay_report::{self, LiveReport, RequestInfo};
+use crate::report::replay_report::{self, LiveReport, RawSample, RequestInfo};
 use mock_server::args::ReportArgs;
 
 /// The outcome of a live replay.
@@ -71,51 +71,47 @@ fn agentic_lines(agentic: &AgenticReport) -> String {
     s
 }
 
-/// A wait for the in-flight cap shorter than this (µs) is taking a free slot, not waiting.
-const CAP_WAIT_NOTED_US: u64 = 1_000;
+/// A wait shorter than this (µs) is taking a free slot or an open turn, not waiting.
+const WAIT_NOTED_US: u64 = 1_000;
 
-/// How many requests waited for the in-flight cap (1 ms or more), and how long at most: the
-/// part of the schedule lag the cap explains (the lag line's "pacer alone" is the rest). Empty
-/// when none waited.
-fn cap_wait_line(live: &LiveReport) -> String {
+/// The requests whose wait (`wait_us` of their raw record) was 1 ms or more: how many, and the
+/// longest wait in ms; None when none waited.
+fn waited(live: &LiveReport, wait_us: impl Fn(&RawSample) -> u64) -> Option<(usize, f64)> {
     let waits = live
         .records
         .iter()
-        .map(|r| r.raw.cap_wait_us)
-        .filter(|&w| w >= CAP_WAIT_NOTED_US);
+        .map(|r| wait_us(&r.raw))
+        .filter(|&w| w >= WAIT_NOTED_US);
     let (count, max_us) = waits.fold((0usize, 0u64), |(n, m), w| (n + 1, m.max(w)));
-    if count == 0 {
-        return String::new();
-    }
-    format!(
-        "In-flight cap: {count} of {} requests waited for a slot (up to {:.1} ms); their \
-         latencies count from their scheduled times\n",
-        live.records.len(),
-        max_us as f64 / 1000.0
-    )
+    (count > 0).then(|| (count, max_us as f64 / 1000.0))
 }
 
-/// How many tied requests waited 1 ms or more for the one before them to be admitted, and how
-/// long at most (`crate::run::driver::TIE_WAIT` bounds it): the part of the schedule lag that
-/// keeping tied timestamps in trace order explains. Empty when none waited.
+/// How many requests waited for the in-flight cap, and how long at most: the part of the
+/// schedule lag the cap explains (the lag line's "pacer alone" is the rest). Empty when none
+/// waited.
+fn cap_wait_line(live: &LiveReport) -> String {
+    waited(live, |r| r.cap_wait_us).map_or_else(String::new, |(count, max_ms)| {
+        format!(
+            "In-flight cap: {count} of {} requests waited for a slot (up to {max_ms:.1} ms); \
+             their latencies count from their scheduled times\n",
+            live.records.len(),
+        )
+    })
+}
+
+/// How many tied requests waited for the one before them to be admitted, and how long at most
+/// (`crate::run::driver::TIE_WAIT` bounds it): the part of the schedule lag that keeping tied
+/// timestamps in trace order explains. Empty when none waited.
 fn tie_wait_line(live: &LiveReport) -> String {
-    let waits = live
-        .records
-        .iter()
-        .map(|r| r.raw.tie_wait_us)
-        .filter(|&w| w >= CAP_WAIT_NOTED_US);
-    let (count, max_us) = waits.fold((0usize, 0u64), |(n, m), w| (n + 1, m.max(w)));
-    if count == 0 {
-        return String::new();
-    }
-    format!(
-        "Tied timestamps: {count} of {} requests waited for the one before them to be admitted \
-         (up to {:.1} ms; each goes after {} ms at the latest); their latencies count from \
-         their scheduled times\n",
-        live.records.len(),
-        max_us as f64 / 1000.0,
-        crate::run::driver::TIE_WAIT.as_millis()
-    )
+    waited(live, |r| r.tie_wait_us).map_or_else(String::new, |(count, max_ms)| {
+        format!(
+            "Tied timestamps: {count} of {} requests waited for the one before them to be \
+             admitted (up to {max_ms:.1} ms; each goes after {} ms at the latest); their \
+             latencies count from their scheduled times\n",
+            live.records.len(),
+            crate::run::driver::TIE_WAIT.as_millis()
+        )
+    })
 }
 
 /// `--slo`'s goodput, in `loadgen bench`'s keys: requests that succeeded and meet every
