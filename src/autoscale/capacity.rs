@@ -42,6 +42,11 @@ pub fn slo_utilisation(service_s: f64, ttft_s: Option<f64>, miss: f64) -> f64 {
     lo
 }
 
+/// Why `--autoscale-isl` and `--autoscale-osl` (the lengths a worker's capacity is sized at)
+/// are refused with an external policy, in `mockserve replay` and `mockserve fleet` alike.
+pub const EXTERNAL_SIZES_ITSELF: &str = "--autoscale-isl and --autoscale-osl size the load and \
+     saturation policies; an external policy sizes its workers itself";
+
 /// One worker's capacity within an SLO, at mean prompt length `isl` and output length `osl`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SloCapacity {

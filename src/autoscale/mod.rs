@@ -35,7 +35,8 @@ mod profile;
 mod saturation;
 
 pub use capacity::{
-    slo_capacity, slo_utilisation, worker_capacity, SloCapacity, DEFAULT_TPOT_MS, PLANNED_MISS,
+    slo_capacity, slo_utilisation, worker_capacity, SloCapacity, DEFAULT_TPOT_MS,
+    EXTERNAL_SIZES_ITSELF, PLANNED_MISS,
 };
 pub use external::ExternalPolicy;
 pub use lifecycle::{

@@ -277,7 +277,7 @@ pub(crate) async fn drive_graph(
     let mut stopped = false;
     // The due time and admission of the node last handed out: the next waits for it when tied.
     let mut previous: Option<(SimTime, oneshot::Receiver<()>)> = None;
-    let ordered = shared.plan.api != Api::Embeddings;
+    let ordered = shared.endpoint.wire.streams();
     loop {
         // Send everything due (a node of a failed play is skipped); a task starts up to
         // `PACER_LEAD` early to build its body, then waits for the exact time.

@@ -157,7 +157,7 @@ impl Mode for SessionsMode<'_> {
             // Tied timestamps are admitted in trace order, as `mockserve replay` admits them. An
             // answer that is not streamed has its headers only when it is whole: waiting for
             // them would send tied requests one at a time.
-            ordered_ties: target.endpoint.wire != crate::run::client::Wire::Embeddings,
+            ordered_ties: target.endpoint.wire.streams(),
             ..hooks.driver_config(self.args.max_in_flight, None)
         };
         driver::drive(target.endpoint.clone(), scripts, &config).await

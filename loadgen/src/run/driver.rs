@@ -297,7 +297,6 @@ pub const TIE_WAIT: Duration = Duration::from_millis(20);
 /// Without this, tied requests reach the server in whatever order their tasks and connections
 /// happen to run, and routing tie-breaks fall differently than offline.
 /// The agentic graph driver orders the nodes due at the same instant the same way.
-#[derive(Default)]
 pub(crate) struct TieOrder {
     /// Resolves (or is dropped) when the previous tied request was admitted.
     after: Option<oneshot::Receiver<()>>,

@@ -166,10 +166,7 @@ impl AutoscaleArgs {
         }
         let sized = self.autoscale_isl.is_some() || self.autoscale_osl.is_some();
         if sized && matches!(self.autoscale, Some(PolicySpec::External(_))) {
-            anyhow::bail!(
-                "--autoscale-isl and --autoscale-osl size the load and saturation policies; an \
-                 external policy sizes its workers itself"
-            );
+            anyhow::bail!(servesim::autoscale::EXTERNAL_SIZES_ITSELF);
         }
         let Some(slo) = self.slo else {
             if self.autoscale.is_some() {

@@ -52,6 +52,12 @@ pub enum Wire {
 }
 
 impl Wire {
+    /// Whether answers stream, so that the response headers come before the answer is whole
+    /// (every wire but embeddings').
+    pub(crate) fn streams(self) -> bool {
+        self != Wire::Embeddings
+    }
+
     /// The request body for this wire of the chat (or completions) body `chat`.
     pub(crate) fn body(self, chat: Value) -> Value {
         match self {

@@ -182,10 +182,7 @@ pub enum ElasticError {
         addresses: usize,
     },
     /// `--autoscale-isl` or `--autoscale-osl` with an external policy.
-    #[error(
-        "--autoscale-isl and --autoscale-osl size the load and saturation policies; an \
-         external policy sizes its workers itself"
-    )]
+    #[error("{}", servesim::autoscale::EXTERNAL_SIZES_ITSELF)]
     SizingExternal,
     /// A jitter larger than the load it varies.
     #[error(
