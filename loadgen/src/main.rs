@@ -1,5 +1,5 @@
 //! The `loadgen` binary: parse, run, map errors to an exit code (0 success, 1 error, 2 bad
-//! flags, 3 too many failed requests).
+//! flags, 3 too many failed requests, 4 a failed `calibrate --gate`).
 
 use std::io::Write as _;
 use std::process::ExitCode;

@@ -87,7 +87,16 @@ pub struct CalibrateArgs {
     /// beside each error (1 to 100).
     #[arg(long, default_value_t = 1)]
     pub seeds: usize,
+
+    /// Exit with status 4 (after the report) unless TOST passes, mean and p90, on every gated
+    /// metric: TTFT, ITL, E2E and, for agentic traces, trajectory E2E (cached tokens are
+    /// reported, not gated). With `--seeds K`, the first run's verdicts.
+    #[arg(long)]
+    pub gate: bool,
 }
+
+/// The metrics `--gate` holds to their TOST verdict, by report key.
+pub const GATED: [&str; 4] = ["ttft", "itl", "e2e", "trajectory_e2e"];
 
 /// `--warmup`: `30s`, `500ms`, or a plain number of seconds; in ms.
 fn parse_warmup_ms(s: &str) -> Result<f64, String> {
@@ -293,11 +302,33 @@ pub async fn calibrate(args: &CalibrateArgs) -> Result<CalibrateRun, LoadgenErro
         *failed_live,
         args.replay.run.failures.max_failure_rate,
     )?;
+    if args.gate {
+        gate(first, agentic, args.margin)?;
+    }
     Ok(CalibrateRun {
         json,
         failed_live: *failed_live,
         live_records,
     })
+}
+
+/// `--gate`: an error naming every gated metric whose TOST verdict failed, or that has no
+/// figures at all (trajectory E2E is gated on agentic traces only).
+fn gate(run: &Calibration, agentic: bool, margin: f64) -> Result<(), LoadgenError> {
+    let gated = GATED
+        .iter()
+        .filter(|key| agentic || **key != "trajectory_e2e");
+    let failed: Vec<String> = gated
+        .clone()
+        .filter(|key| !run.metrics.get(**key).is_some_and(|m| m.tost_pass))
+        .map(|key| key.to_string())
+        .collect();
+    if !failed.is_empty() {
+        return Err(LoadgenError::GateFailed { failed, margin });
+    }
+    let names: Vec<&str> = gated.copied().collect();
+    crate::stdout::outln!("Gate: TOST at ±{margin} passes on {}", names.join(", "));
+    Ok(())
 }
 
 /// The `seeds` section: per metric the bias and MAPE of each seed's run, the spread of the

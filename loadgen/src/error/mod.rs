@@ -89,6 +89,15 @@ pub enum LoadgenError {
         /// The allowed share.
         max_rate: f64,
     },
+    /// `calibrate --gate`: the prediction is not equivalent to the measurement on these
+    /// metrics (TOST at the margin failed on the mean or the p90, or had no pairs).
+    #[error("calibrate --gate: TOST at ±{margin} failed on {}", failed.join(", "))]
+    GateFailed {
+        /// The metrics whose verdict failed, by report key.
+        failed: Vec<String>,
+        /// The margin.
+        margin: f64,
+    },
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {
@@ -152,6 +161,7 @@ impl LoadgenError {
             LoadgenError::AllFailed { .. } | LoadgenError::TooManyFailures { .. } => {
                 EXIT_TOO_MANY_FAILURES
             }
+            LoadgenError::GateFailed { .. } => EXIT_GATE_FAILED,
             _ => 1,
         }
     }
@@ -160,6 +170,10 @@ impl LoadgenError {
 /// Exit status of a run that completed but whose failed requests are above
 /// `--max-failure-rate` (or all of them failed). Other errors exit with 1, flag errors with 2.
 pub const EXIT_TOO_MANY_FAILURES: u8 = 3;
+
+/// Exit status of `loadgen calibrate --gate` when a gated metric failed its TOST verdict (after
+/// the report is written).
+pub const EXIT_GATE_FAILED: u8 = 4;
 
 /// An error and its causes on one line, each cause once (a cause whose text the message already
 /// holds is not repeated): `cannot read trace t.jsonl: No such file or directory (os error 2)`.
