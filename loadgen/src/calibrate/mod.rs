@@ -19,6 +19,7 @@ mod fit;
 mod html;
 mod records;
 mod report;
+mod spread;
 mod stats;
 
 use std::collections::BTreeMap;
@@ -93,10 +94,22 @@ pub struct CalibrateArgs {
     /// reported, not gated). With `--seeds K`, the first run's verdicts.
     #[arg(long)]
     pub gate: bool,
+
+    /// The prediction's own spread: replay the trace offline K more times, each arrival moved
+    /// later by a seeded uniform draw below `--jitter-ms` (a live request's path moves it about
+    /// that much), and report each statistic's range across them beside the measured ratio
+    /// (Mooncake traces; 0 to 100).
+    #[arg(long, default_value_t = 0, value_name = "K")]
+    pub jitter_draws: usize,
+
+    /// With `--jitter-draws`: the bound of each arrival's move, in ms of the sped-up schedule
+    /// (above 0, at most 1000) [default: 1].
+    #[arg(long, value_name = "MS")]
+    pub jitter_ms: Option<f64>,
 }
 
 /// The metrics `--gate` holds to their TOST verdict, by report key.
-pub const GATED: [&str; 4] = ["ttft", "itl", "e2e", "trajectory_e2e"];
+const GATED: [&str; 4] = ["ttft", "itl", "e2e", "trajectory_e2e"];
 
 /// `--warmup`: `30s`, `500ms`, or a plain number of seconds; in ms.
 fn parse_warmup_ms(s: &str) -> Result<f64, String> {
@@ -145,6 +158,27 @@ impl CalibrateArgs {
                 got: self.seeds.to_string(),
                 allowed: "1 to 100".into(),
             });
+        }
+        if self.jitter_draws > 100 {
+            return Err(LoadgenError::OutOfRange {
+                flag: "--jitter-draws".into(),
+                got: self.jitter_draws.to_string(),
+                allowed: "0 to 100".into(),
+            });
+        }
+        if let Some(ms) = self.jitter_ms {
+            if !(ms > 0.0 && ms <= 1000.0) {
+                return Err(LoadgenError::OutOfRange {
+                    flag: "--jitter-ms".into(),
+                    got: ms.to_string(),
+                    allowed: "above 0, at most 1000".into(),
+                });
+            }
+            if self.jitter_draws == 0 {
+                return Err(LoadgenError::Config(
+                    "--jitter-ms sets the moves of --jitter-draws K: give K too".into(),
+                ));
+            }
         }
         if self.records.is_some() && self.seeds > 1 {
             return Err(LoadgenError::Config(
@@ -199,6 +233,14 @@ pub async fn calibrate(args: &CalibrateArgs) -> Result<CalibrateRun, LoadgenErro
     let path = args.replay.trace.file();
     let format = trace::detect_format(path, args.replay.trace.format)?;
     let agentic = format != TraceFormat::Mooncake;
+    if agentic && args.jitter_draws > 0 {
+        return Err(LoadgenError::Config(format!(
+            "--jitter-draws moves a Mooncake trace's arrivals; {} is an agentic trace ({})",
+            path.display(),
+            format.name()
+        )));
+    }
+    let jitter_ms = args.jitter_ms.unwrap_or(DEFAULT_JITTER_MS);
     let trace_name = path.display().to_string();
     let base_seed = args.replay.run.target.engine.seed;
     let settings = Settings {
@@ -218,6 +260,7 @@ pub async fn calibrate(args: &CalibrateArgs) -> Result<CalibrateRun, LoadgenErro
         _ => None,
     };
     let mut runs: Vec<(Calibration, usize)> = Vec::with_capacity(args.seeds);
+    let mut draws = Vec::with_capacity(args.jitter_draws);
     for k in 0..args.seeds {
         let mut side = args.replay.clone();
         side.run.target.engine.seed = base_seed.wrapping_add(k as u64);
@@ -228,11 +271,19 @@ pub async fn calibrate(args: &CalibrateArgs) -> Result<CalibrateRun, LoadgenErro
             engine.speedup_ratio = 1.0;
             engine.decode_speedup_ratio = 1.0;
         }
-        let offline = offline_records(&offline_side, format)?;
+        let offline = offline_records(&offline_side, format, None)?;
         let live = match &args.records {
             Some(file) => records::read(file)?,
             None => live_records(&side, k, args.seeds).await?,
         };
+        if k == 0 {
+            for d in 0..args.jitter_draws {
+                let jitter = Some((jitter_ms, base_seed.wrapping_add(d as u64)));
+                let moved = offline_records(&offline_side, format, jitter)?;
+                let matched = records::match_up(moved, live.clone(), &trace_name)?;
+                draws.push(report::predicted(&matched, &settings));
+            }
+        }
         let matched = records::match_up(offline, live, &trace_name)?;
         let failed = matched.failed_live;
         runs.push((report::calibrate(&matched, &settings, agentic), failed));
@@ -282,6 +333,11 @@ pub async fn calibrate(args: &CalibrateArgs) -> Result<CalibrateRun, LoadgenErro
         json["live"].as_str().unwrap_or_default()
     );
     text.push_str(&report::console(first, &settings));
+    if !draws.is_empty() {
+        let section = spread::section(first, &draws, jitter_ms, base_seed);
+        text.push_str(&spread::lines(&section, &report::METRICS));
+        json["offline_spread"] = section;
+    }
     if runs.len() > 1 {
         let seeds = seed_spread(&runs, base_seed);
         text.push_str(&seed_lines(&seeds));
@@ -429,14 +485,25 @@ async fn fit_profile(args: &CalibrateArgs, path: &std::path::Path) -> Result<(),
     crate::profile::profile(&profile).await.map(|_| ())
 }
 
+/// `--jitter-ms` when not given.
+const DEFAULT_JITTER_MS: f64 = 1.0;
+
 /// The offline replay of the trace with the engine flags of `args`: its per-request records.
-fn offline_records(args: &ReplayArgs, format: TraceFormat) -> Result<Vec<Rec>, LoadgenError> {
+/// `jitter`: (bound in ms, seed) to move a Mooncake trace's arrivals first ([`spread::jittered`]).
+fn offline_records(
+    args: &ReplayArgs,
+    format: TraceFormat,
+    jitter: Option<(f64, u64)>,
+) -> Result<Vec<Rec>, LoadgenError> {
     let cluster = args.run.target.engine.cluster_config()?;
     let offline_err = |e: servesim::replay::ReplayError| {
         LoadgenError::Calibrate(format!("the offline replay failed: {e}"))
     };
     let outcome = if format == TraceFormat::Mooncake {
-        let trace = crate::replay::load_trace(args)?;
+        let mut trace = crate::replay::load_trace(args)?;
+        if let Some((ms, seed)) = jitter {
+            trace = spread::jittered(&trace, ms, seed);
+        }
         let config = ReplayConfig {
             cluster,
             trace_block_size: args.trace.block_size,

@@ -275,6 +275,18 @@ fn live_path(m: &Matched, warmup_ms: f64) -> Value {
     })
 }
 
+/// The predicted side's mean, p50 and p90 of each per-request metric over the pairs compared
+/// (for the prediction's spread across jittered replays, [`super::spread`]).
+pub(crate) fn predicted(m: &Matched, s: &Settings) -> BTreeMap<&'static str, Summary> {
+    METRICS[..4]
+        .iter()
+        .map(|(key, _, _)| {
+            let (pairs, _) = request_pairs(m, key, s.warmup_ms);
+            (*key, summary(pairs.into_iter().map(|(p, _)| p).collect()))
+        })
+        .collect()
+}
+
 /// Computes the calibration of `m`.
 pub(crate) fn calibrate(m: &Matched, s: &Settings, agentic: bool) -> Calibration {
     let mut metrics = BTreeMap::new();

@@ -261,6 +261,77 @@ async fn live_equals_offline_on_mooncake_at_speedup_10() -> Result<()> {
     live_equals_offline_on_mooncake("300", "10").await
 }
 
+/// `--jitter-draws K`: K more offline replays with arrivals moved by up to `--jitter-ms`; the
+/// section brackets the unmoved prediction (1), the offline records read back as the live side
+/// lie within it, moves of up to half a second do move the figures, and the same seed gives
+/// the same section. Bad values and an agentic trace are refused before anything runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jittered_replays_give_the_prediction_s_own_spread() -> Result<()> {
+    let tmp = TempDir::new("loadgen-calibrate")?;
+    let trace = fixture("trace_small.jsonl");
+    let records = tmp.join("self.jsonl");
+    offline_records(&trace, &[], &records);
+    let base = [trace.as_str(), "--records", records.to_str().unwrap()];
+    let with = |extra: &[&str]| {
+        let mut argv = base.to_vec();
+        argv.extend_from_slice(extra);
+        args::<CalibrateArgs>(&argv)
+    };
+    let run = within(
+        60,
+        loadgen::calibrate::calibrate(&with(&["--jitter-draws", "4"])),
+    )
+    .await??;
+    let spread = &run.json["offline_spread"];
+    assert_eq!(spread["draws"], 4);
+    assert_eq!(spread["jitter_ms"], 1.0);
+    for key in ["ttft", "itl", "e2e", "cached_tokens"] {
+        let m = &spread["metrics"][key];
+        for stat in ["mean", "p90"] {
+            let (lo, hi) = (m[stat][0].as_f64().unwrap(), m[stat][1].as_f64().unwrap());
+            assert!(lo <= 1.0 && 1.0 <= hi, "{key} {stat}: {m}");
+            assert_eq!(m["measured"][stat], 1.0, "{key} {stat}");
+            assert_eq!(m["within"][stat], true, "{key} {stat}");
+        }
+    }
+    let wide = with(&["--jitter-draws", "4", "--jitter-ms", "500"]);
+    let moved = within(60, loadgen::calibrate::calibrate(&wide)).await??;
+    let ttft = &moved.json["offline_spread"]["metrics"]["ttft"]["mean"];
+    assert!(
+        ttft[0] != ttft[1],
+        "arrivals moved by up to 500 ms move TTFT: {ttft}"
+    );
+    let again = within(60, loadgen::calibrate::calibrate(&wide)).await??;
+    assert_eq!(again.json["offline_spread"], moved.json["offline_spread"]);
+
+    for (flags, expect) in [
+        (vec!["--jitter-ms", "2"], "give K too"),
+        (vec!["--jitter-draws", "101"], "--jitter-draws"),
+        (
+            vec!["--jitter-draws", "2", "--jitter-ms", "0"],
+            "--jitter-ms",
+        ),
+    ] {
+        let err = within(60, loadgen::calibrate::calibrate(&with(&flags)))
+            .await?
+            .expect_err("refused");
+        assert!(err.to_string().contains(expect), "{flags:?}: {err}");
+    }
+    let agentic = fixture("agentic/worked_example.jsonl");
+    let a = args::<CalibrateArgs>(&[
+        &agentic,
+        "--records",
+        records.to_str().unwrap(),
+        "--jitter-draws",
+        "2",
+    ]);
+    let err = within(60, loadgen::calibrate::calibrate(&a))
+        .await?
+        .expect_err("refused");
+    assert!(err.to_string().contains("agentic trace"), "{err}");
+    Ok(())
+}
+
 /// An agentic trace: trajectory E2E per play beside the per-request metrics.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agentic_trace_gets_trajectory_e2e() -> Result<()> {
