@@ -23,7 +23,9 @@
 #      PLAYS     agentic plays (default 12)
 #      OUT       where the traces and reports go (default /tmp/calibrate)
 # Prints each case's console table, then one summary line per case and metric (bias, MAPE,
-# TOST). Exits non-zero if a case fails to run.
+# TOST), and for every case but the agentic one the prediction's own spread across 10
+# offline replays with arrivals moved by up to 1 ms (--jitter-draws). Exits non-zero if a case
+# fails to run.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 if [ -z "${LOADGEN:-}" ]; then
@@ -43,7 +45,7 @@ echo "loadgen: $LOADGEN; load average: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc
 for s in 1 2 5 10; do
   echo "== mooncake-x$s"
   "$LOADGEN" calibrate "$TRACE" --max-requests "$ROWS" --arrival-speedup-ratio "$s" \
-    --warmup 2s --windows 4 --report-json "$OUT/mooncake-x$s.json" --quiet
+    --warmup 2s --windows 4 --jitter-draws 10 --report-json "$OUT/mooncake-x$s.json" --quiet
 done
 
 python3 - "$SESSIONS" > "$OUT/conversation.jsonl" <<'EOF'
@@ -67,7 +69,7 @@ for s in range(sessions):
 EOF
 echo "== conversation ($(wc -l < "$OUT/conversation.jsonl") requests)"
 "$LOADGEN" calibrate "$OUT/conversation.jsonl" --arrival-speedup-ratio 1 --warmup 2s \
-  --windows 4 --report-json "$OUT/conversation.json" --quiet
+  --windows 4 --jitter-draws 10 --report-json "$OUT/conversation.json" --quiet
 
 python3 "$here/scripts/gen-agentic-trace.py" agentic-mooncake --plays "$PLAYS" > "$OUT/agentic.jsonl"
 echo "== agentic ($(($(wc -l < "$OUT/agentic.jsonl") - 1)) requests, $PLAYS plays)"
@@ -78,7 +80,7 @@ echo "== decode-0.8"
 "$LOADGEN" replay "$TRACE" --max-requests "$ROWS" --arrival-speedup-ratio 10 \
   --decode-speedup-ratio 0.8 --per-request-jsonl "$OUT/slow.jsonl" --quiet > /dev/null
 "$LOADGEN" calibrate "$TRACE" --max-requests "$ROWS" --arrival-speedup-ratio 10 --warmup 2s \
-  --records "$OUT/slow.jsonl" --report-json "$OUT/decode-0.8.json" --quiet
+  --jitter-draws 10 --records "$OUT/slow.jsonl" --report-json "$OUT/decode-0.8.json" --quiet
 
 echo "== summary (bias = mean measured / mean predicted - 1; TOST at ±10% on mean and p90)"
 python3 - "$OUT" <<'EOF'
@@ -106,4 +108,21 @@ for c in cases:
     o = p.get("ttft_overhead_ms") or {}
     ms = " / ".join(f"{o[k]:.2f}" for k in ("mean", "p50", "p90")) + " ms" if o else "-"
     print(f"| {c} | {p.get('same_worker', '-')} of {p.get('workers_compared', '-')} | {ms} |")
+print()
+print("Prediction's own spread (--jitter-draws 10: arrivals moved later by up to 1 ms; "
+      "statistic / unmoved prediction), and the measured ratio:")
+print()
+print("| case | metric | mean: range, measured | p90: range, measured |")
+print("|---|---|---|---|")
+for c in cases:
+    sp = json.load(open(f"{out}/{c}.json")).get("offline_spread")
+    if not sp:
+        continue
+    for k in ["ttft", "itl", "e2e"]:
+        m = sp["metrics"].get(k)
+        if not m:
+            continue
+        cell = lambda st: (f"{m[st][0]:.3f}-{m[st][1]:.3f}, {m['measured'][st]:.3f} "
+                           + ("within" if m["within"][st] else "outside"))
+        print(f"| {c} | {k} | {cell('mean')} | {cell('p90')} |")
 EOF
