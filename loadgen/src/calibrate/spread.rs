@@ -25,8 +25,12 @@ pub(crate) fn jittered(trace: &Trace, jitter_ms: f64, seed: u64) -> Trace {
     let draw =
         |rng: &mut ChaCha8Rng| SimDuration::from_micros_f64(rng.gen_range(0.0..jitter_ms * 1000.0));
     let mut out = trace.clone();
+    // In the pacer's order (first arrival, then trace order), so tied sessions are neighbours.
+    let mut order: Vec<usize> = (0..out.sessions.len()).collect();
+    order.sort_by_key(|&i| (trace.sessions[i].first_arrival, i));
     let mut previous: Option<(SimTime, SimTime)> = None;
-    for session in &mut out.sessions {
+    for i in order {
+        let session = &mut out.sessions[i];
         let unmoved = session.first_arrival;
         let mut moved = unmoved + draw(&mut rng);
         if let Some((before, before_moved)) = previous {
@@ -170,8 +174,8 @@ mod tests {
             sessions: vec![
                 session("a", 0, 1),
                 session("b", 0, 1),
-                session("c", 0, 1),
                 session("d", 5, 3),
+                session("c", 0, 1),
             ],
         };
         for seed in 0..50 {
@@ -185,9 +189,10 @@ mod tests {
                 }
                 assert_eq!(m.turns[0].delay, u.turns[0].delay, "turn 0 has no delay");
             }
-            let tied: Vec<u64> = moved.sessions[..3]
+            // a, b and c (listed after d) are tied: moved, they keep their trace order.
+            let tied: Vec<u64> = [0, 1, 3]
                 .iter()
-                .map(|s| s.first_arrival.as_nanos())
+                .map(|&i| moved.sessions[i].first_arrival.as_nanos())
                 .collect();
             assert!(tied.windows(2).all(|w| w[0] <= w[1]), "{tied:?}");
             // Same seed, same draws.
