@@ -30,6 +30,17 @@ pub struct ApiError {
     pub code: Option<&'static str>,
 }
 
+/// Characters of a request's method shown in a 405's message at most.
+pub(crate) const SHOWN_METHOD_CHARS: usize = 32;
+
+/// `text` cut to its first `max_chars` characters, with its length said when cut.
+pub(crate) fn cut(text: &str, max_chars: usize) -> String {
+    match text.char_indices().nth(max_chars) {
+        None => text.to_string(),
+        Some((end, _)) => format!("{}... ({} bytes)", &text[..end], text.len()),
+    }
+}
+
 impl ApiError {
     /// A 400 `invalid_request_error`.
     pub fn invalid(message: impl Into<String>, param: Option<&str>) -> ApiError {
@@ -122,8 +133,11 @@ impl ApiError {
         .with_code("context_length_exceeded")
     }
 
-    /// 405 for a route that exists but not with this method (the router adds `Allow`).
+    /// 405 for a route that exists but not with this method (the router adds `Allow`). An
+    /// extension method is any token, so the message shows at most [`SHOWN_METHOD_CHARS`] of
+    /// it.
     pub fn method_not_allowed(method: &str, path: &str) -> ApiError {
+        let method = cut(method, SHOWN_METHOD_CHARS);
         ApiError {
             status: StatusCode::METHOD_NOT_ALLOWED,
             message: format!("Method {method} is not allowed on {path}"),
@@ -325,6 +339,21 @@ mod tests {
                 e.message
             );
         }
+    }
+
+    #[test]
+    fn a_405_shows_a_short_prefix_of_a_long_extension_method() {
+        let method = "DELE".repeat(300);
+        let e = ApiError::method_not_allowed(&method, "/fleet/decisions");
+        assert_eq!(
+            e.message,
+            format!(
+                "Method {}... (1200 bytes) is not allowed on /fleet/decisions",
+                &method[..SHOWN_METHOD_CHARS]
+            )
+        );
+        let short = ApiError::method_not_allowed("PATCH", "/v1/models");
+        assert_eq!(short.message, "Method PATCH is not allowed on /v1/models");
     }
 
     #[test]

@@ -30,6 +30,7 @@ use serde_json::json;
 use super::fault::{canonical_index, canonical_number, gate, quoted, WorkerFaults, WorkerState};
 use super::judge::{to_jsonl, Judge, MAX_DECISIONS_PAGE};
 use super::metrics::WorkerMetrics;
+use crate::api::error::cut;
 use crate::api::{app, ApiError, AppState};
 use crate::driver::EngineHandle;
 use crate::kv_events::RestartSwitch;
@@ -134,14 +135,6 @@ pub(crate) fn admin_router(fleet: FleetRoutes) -> Router {
 /// `uri`'s path for a message, cut to a short prefix.
 fn shown_path(uri: &Uri) -> String {
     cut(uri.path(), SHOWN_MESSAGE_CHARS)
-}
-
-/// `text` cut to its first `max_chars` characters, with its length said when cut.
-fn cut(text: &str, max_chars: usize) -> String {
-    match text.char_indices().nth(max_chars) {
-        None => text.to_string(),
-        Some((end, _)) => format!("{}... ({} bytes)", &text[..end], text.len()),
-    }
 }
 
 /// Answers 401 unless the request carries `Authorization: Bearer KEY` for `--api-key` (every
