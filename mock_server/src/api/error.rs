@@ -134,8 +134,7 @@ impl ApiError {
     }
 
     /// 405 for a route that exists but not with this method (the router adds `Allow`). An
-    /// extension method is any token, so the message shows at most [`SHOWN_METHOD_CHARS`] of
-    /// it.
+    /// extension method is any token, so the message shows at most its first 32 characters.
     pub fn method_not_allowed(method: &str, path: &str) -> ApiError {
         let method = cut(method, SHOWN_METHOD_CHARS);
         ApiError {
