@@ -29,7 +29,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser as _};
 use serde_json::{json, Value};
 use servesim::replay::{replay as offline_replay, replay_graph, GraphReplay, ReplayConfig};
-use servesim::trace::{self, TraceFormat};
+use servesim::trace::{self, Trace, TraceFormat};
 
 use crate::error::LoadgenError;
 use crate::replay::ReplayArgs;
@@ -276,10 +276,12 @@ pub async fn calibrate(args: &CalibrateArgs) -> Result<CalibrateRun, LoadgenErro
             Some(file) => records::read(file)?,
             None => live_records(&side, k, args.seeds).await?,
         };
-        if k == 0 {
+        if k == 0 && args.jitter_draws > 0 {
+            // Read once; each draw moves its own copy.
+            let unmoved = crate::replay::load_trace(&offline_side)?;
             for d in 0..args.jitter_draws {
-                let jitter = Some((jitter_ms, base_seed.wrapping_add(d as u64)));
-                let moved = offline_records(&offline_side, format, jitter)?;
+                let trace = spread::jittered(&unmoved, jitter_ms, base_seed.wrapping_add(d as u64));
+                let moved = offline_records(&offline_side, format, Some(&trace))?;
                 let matched = records::match_up(moved, live.clone(), &trace_name)?;
                 draws.push(report::predicted(&matched, &settings));
             }
@@ -489,26 +491,31 @@ async fn fit_profile(args: &CalibrateArgs, path: &std::path::Path) -> Result<(),
 const DEFAULT_JITTER_MS: f64 = 1.0;
 
 /// The offline replay of the trace with the engine flags of `args`: its per-request records.
-/// `jitter`: (bound in ms, seed) to move a Mooncake trace's arrivals first ([`spread::jittered`]).
+/// `moved`: a Mooncake trace already loaded (with its arrivals moved, [`spread::jittered`]) to
+/// replay instead of reading the file.
 fn offline_records(
     args: &ReplayArgs,
     format: TraceFormat,
-    jitter: Option<(f64, u64)>,
+    moved: Option<&Trace>,
 ) -> Result<Vec<Rec>, LoadgenError> {
     let cluster = args.run.target.engine.cluster_config()?;
     let offline_err = |e: servesim::replay::ReplayError| {
         LoadgenError::Calibrate(format!("the offline replay failed: {e}"))
     };
     let outcome = if format == TraceFormat::Mooncake {
-        let mut trace = crate::replay::load_trace(args)?;
-        if let Some((ms, seed)) = jitter {
-            trace = spread::jittered(&trace, ms, seed);
-        }
+        let loaded;
+        let trace = match moved {
+            Some(trace) => trace,
+            None => {
+                loaded = crate::replay::load_trace(args)?;
+                &loaded
+            }
+        };
         let config = ReplayConfig {
             cluster,
             trace_block_size: args.trace.block_size,
         };
-        offline_replay(&trace, &config, |_, _| {}).map_err(offline_err)?
+        offline_replay(trace, &config, |_, _| {}).map_err(offline_err)?
     } else {
         let graph = crate::replay::load_graph(args, format)?;
         let config = ReplayConfig {
